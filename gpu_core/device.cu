@@ -1,0 +1,35 @@
+// gpu_core/device.cu: device discovery through the CUDA runtime (see device.cuh).
+#include "gpu_core/device.cuh"
+
+#include <cuda_runtime.h>
+#include <cstdio>
+
+namespace tandem::gpu {
+
+void gpu_device_probe(DeviceProbe* out) {
+  *out = DeviceProbe{};
+  int n = 0;
+  cudaError_t err = cudaGetDeviceCount(&n);
+  if (err != cudaSuccess) {
+    std::snprintf(out->reason, sizeof(out->reason), "no CUDA device (%s)", cudaGetErrorString(err));
+    cudaGetLastError();  // clear the sticky error so later probes start clean
+    return;
+  }
+  if (n == 0) {
+    std::snprintf(out->reason, sizeof(out->reason), "no CUDA device found");
+    return;
+  }
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) {
+    std::snprintf(out->reason, sizeof(out->reason), "cannot query CUDA device 0");
+    cudaGetLastError();
+    return;
+  }
+  out->device_count = n;
+  std::snprintf(out->name, sizeof(out->name), "%s", prop.name);
+  out->total_bytes = prop.totalGlobalMem;
+  out->cc_major = prop.major;
+  out->cc_minor = prop.minor;
+}
+
+}  // namespace tandem::gpu

@@ -1,0 +1,20 @@
+// gpu_core/device.cuh: which CUDA devices this process can use.
+//
+// Contract: plain functions, no exceptions, usable from any translation unit (C++ or CUDA).
+// gpu_device_probe fills `out` with the device count and, when zero, a human-readable reason
+// (no driver, no device, built without CUDA). Thread-safe; each call asks the driver afresh.
+#pragma once
+
+namespace tandem::gpu {
+
+struct DeviceProbe {
+  int device_count = 0;
+  char name[256] = {0};        // name of device 0, when there is one
+  unsigned long long total_bytes = 0;  // global memory of device 0
+  int cc_major = 0, cc_minor = 0;
+  char reason[256] = {0};      // why device_count is 0
+};
+
+void gpu_device_probe(DeviceProbe* out);
+
+}  // namespace tandem::gpu

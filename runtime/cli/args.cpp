@@ -1,0 +1,105 @@
+#include "runtime/cli/args.h"
+
+#include <algorithm>
+#include <charconv>
+
+#include "runtime/error.h"
+
+namespace tandem::cli {
+
+std::string nearest(const std::string& word, const std::vector<std::string>& candidates) {
+  auto distance = [](const std::string& a, const std::string& b) {
+    std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+    for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+    for (size_t i = 1; i <= a.size(); ++i) {
+      cur[0] = i;
+      for (size_t j = 1; j <= b.size(); ++j)
+        cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
+      std::swap(prev, cur);
+    }
+    return prev[b.size()];
+  };
+  std::string best;
+  size_t best_d = std::max<size_t>(3, word.size() / 2) + 1;
+  for (const auto& c : candidates) {
+    const size_t d = distance(word, c);
+    if (d < best_d) {
+      best_d = d;
+      best = c;
+    }
+  }
+  return best;
+}
+
+void Args::parse(int argc, char** argv, int first) {
+  for (int i = first; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a.rfind("--", 0) != 0) throw UsageError(str_cat("tandem ", command_, ": unexpected argument '", a, "'"));
+    a = a.substr(2);
+    std::string value;
+    bool has_value = false;
+    if (const auto eq = a.find('='); eq != std::string::npos) {
+      value = a.substr(eq + 1);
+      a = a.substr(0, eq);
+      has_value = true;
+    }
+    auto it = std::find_if(flags_.begin(), flags_.end(), [&](const Flag& f) { return f.name == a; });
+    if (it == flags_.end()) {
+      std::vector<std::string> names;
+      for (const auto& f : flags_) names.push_back(f.name);
+      const std::string near = nearest(a, names);
+      throw UsageError(str_cat("tandem ", command_, ": unknown option '--", a, "'",
+                               near.empty() ? std::string() : str_cat(" (did you mean '--", near, "'?)")));
+    }
+    if (it->takes_value && !has_value) {
+      if (i + 1 >= argc) throw UsageError(str_cat("tandem ", command_, ": option '--", a, "' needs a value"));
+      value = argv[++i];
+    }
+    values_[a] = it->takes_value ? value : "1";
+  }
+}
+
+std::string Args::get(const std::string& name) const {
+  auto it = values_.find(name);
+  if (it == values_.end()) throw UsageError(str_cat("tandem ", command_, ": missing required option '--", name, "'"));
+  return it->second;
+}
+
+std::string Args::get(const std::string& name, const std::string& dflt) const {
+  auto it = values_.find(name);
+  return it == values_.end() ? dflt : it->second;
+}
+
+int64_t Args::get_int(const std::string& name, int64_t dflt) const {
+  if (!has(name)) return dflt;
+  const std::string v = get(name);
+  int64_t out = 0;
+  auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), out);
+  if (ec != std::errc() || p != v.data() + v.size())
+    throw UsageError(str_cat("tandem ", command_, ": option '--", name, "' expects an integer, got '", v, "'"));
+  return out;
+}
+
+double Args::get_double(const std::string& name, double dflt) const {
+  if (!has(name)) return dflt;
+  const std::string v = get(name);
+  try {
+    size_t used = 0;
+    const double d = std::stod(v, &used);
+    if (used == v.size()) return d;
+  } catch (const std::exception&) {
+  }
+  throw UsageError(str_cat("tandem ", command_, ": option '--", name, "' expects a number, got '", v, "'"));
+}
+
+std::string Args::usage() const {
+  std::string s = "usage: tandem " + command_ + " [options]\n";
+  for (const auto& f : flags_) {
+    std::string left = "  --" + f.name + (f.takes_value ? " VALUE" : "");
+    left.resize(std::max<size_t>(left.size() + 2, 26), ' ');
+    s += left + f.help + "\n";
+  }
+  return s;
+}
+
+}  // namespace tandem::cli

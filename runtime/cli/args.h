@@ -1,0 +1,46 @@
+// runtime/cli/args.h: a small, strict command-line parser shared by the tandem subcommands.
+//
+// Each subcommand declares its flags (name, whether it takes a value, help); parse() rejects unknown
+// flags naming the nearest valid one, and missing values. Errors throw UsageError (exit code 2).
+#pragma once
+
+#include <map>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace tandem::cli {
+
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct Flag {
+  std::string name;  // without the leading "--"
+  bool takes_value = true;
+  std::string help;
+};
+
+class Args {
+ public:
+  Args(std::string command, std::vector<Flag> flags) : command_(std::move(command)), flags_(std::move(flags)) {}
+  void parse(int argc, char** argv, int first);
+
+  bool has(const std::string& name) const { return values_.count(name) > 0; }
+  std::string get(const std::string& name) const;  // required: throws UsageError if absent
+  std::string get(const std::string& name, const std::string& dflt) const;
+  int64_t get_int(const std::string& name, int64_t dflt) const;
+  double get_double(const std::string& name, double dflt) const;
+  std::string usage() const;
+
+ private:
+  std::string command_;
+  std::vector<Flag> flags_;
+  std::map<std::string, std::string> values_;
+};
+
+// Nearest candidate by edit distance (for "did you mean" messages); empty when nothing is close.
+std::string nearest(const std::string& word, const std::vector<std::string>& candidates);
+
+}  // namespace tandem::cli

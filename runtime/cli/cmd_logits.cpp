@@ -1,0 +1,175 @@
+// tandem logits: the stable regression interface. The first --prefill ids go in one forward call,
+// the rest one at a time through the cache (the decode path); logits [ids, vocab] float32 -> .npy.
+#include <omp.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "gpu_core/device.cuh"
+#include "runtime/cli/args.h"
+#include "runtime/cli/commands.h"
+#include "runtime/error.h"
+#include "runtime/models/qwen3_5_moe.h"
+#include "runtime/npy.h"
+
+namespace tandem::cli {
+
+namespace {
+
+std::vector<int32_t> parse_ids(const std::string& spec) {
+  std::string text = spec;
+  std::string origin = "--ids";
+  if (!spec.empty() && spec[0] == '@') {
+    origin = spec.substr(1);
+    std::ifstream in(origin);
+    if (!in) fail(origin, ": cannot open the ids file");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    text = ss.str();
+  }
+  for (char& ch : text)
+    if (ch == ',' || ch == '\n' || ch == '\r' || ch == '\t') ch = ' ';
+  std::vector<int32_t> ids;
+  std::istringstream is(text);
+  std::string tok;
+  while (is >> tok) {
+    size_t used = 0;
+    long long v = -1;
+    try {
+      v = std::stoll(tok, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != tok.size() || v < 0 || v > INT32_MAX)
+      throw UsageError(str_cat("tandem logits: ", origin, ": '", tok, "' is not a token id"));
+    ids.push_back(static_cast<int32_t>(v));
+  }
+  if (ids.empty()) throw UsageError(str_cat("tandem logits: ", origin, ": no token ids given"));
+  return ids;
+}
+
+// Relative L2 error of each row of `got` against `want`.
+std::vector<double> rel_l2_rows(const float* got, const float* want, int64_t rows, int64_t cols) {
+  std::vector<double> out(rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    double num = 0, den = 0;
+    for (int64_t c = 0; c < cols; ++c) {
+      const double d = double(got[r * cols + c]) - want[r * cols + c];
+      num += d * d;
+      den += double(want[r * cols + c]) * want[r * cols + c];
+    }
+    out[r] = std::sqrt(num / std::max(den, 1e-30));
+  }
+  return out;
+}
+
+void check_device(const std::string& device) {
+  if (device == "ref") return;
+  if (device == "gpu" || device == "hybrid") {
+    gpu::DeviceProbe probe;
+    gpu::gpu_device_probe(&probe);
+    if (probe.device_count == 0) fail("--device ", device, ": ", probe.reason);
+  }
+  if (device == "cpu" || device == "gpu" || device == "hybrid")
+    fail("--device ", device, " is not available in this version; use --device ref (the exact reference)");
+  throw UsageError(str_cat("tandem logits: --device must be one of ref, cpu, gpu, hybrid (got '", device, "')"));
+}
+
+}  // namespace
+
+int cmd_logits(int argc, char** argv) {
+  Args args("logits", {
+                          {"model", true, "model folder (config.json + safetensors)"},
+                          {"ids", true, "token ids, comma/space separated, or @FILE"},
+                          {"prefill", true, "how many leading ids go in one prefill call (default: all)"},
+                          {"out", true, "output .npy file, float32 [ids, vocab]"},
+                          {"device", true, "ref (exact fp32 reference) | cpu | gpu | hybrid"},
+                          {"threads", true, "CPU threads (default: all cores)"},
+                          {"compare", true, "reference .npy: report relative L2 error per position"},
+                          {"tol", true, "with --compare: fail (exit 1) above this relative L2 error (default 1e-4)"},
+                          {"help", false, "show this help"},
+                      });
+  args.parse(argc, argv, 2);
+  if (args.has("help")) {
+    std::fputs(args.usage().c_str(), stdout);
+    return 0;
+  }
+  const std::string model_dir = args.get("model");
+  const std::vector<int32_t> ids = parse_ids(args.get("ids"));
+  const int64_t n = static_cast<int64_t>(ids.size());
+  const int64_t prefill = args.get_int("prefill", n);
+  if (prefill < 0 || prefill > n)
+    throw UsageError(str_cat("tandem logits: --prefill ", prefill, " must be between 0 and the number of ids (", n, ")"));
+  const std::string device = args.get("device", "ref");
+  check_device(device);
+  if (args.has("threads")) {
+    const int64_t t = args.get_int("threads", 0);
+    if (t < 1) throw UsageError("tandem logits: --threads must be at least 1");
+    omp_set_num_threads(static_cast<int>(t));
+  }
+  if (!args.has("out") && !args.has("compare"))
+    throw UsageError("tandem logits: give --out FILE.npy (and/or --compare REF.npy)");
+
+  using clock = std::chrono::steady_clock;
+  const auto t_load = clock::now();
+  auto model = Qwen35Moe::load(model_dir);
+  const ModelConfig& cfg = model->config();
+  const double load_s = std::chrono::duration<double>(clock::now() - t_load).count();
+  for (int64_t i = 0; i < n; ++i)
+    if (ids[i] >= cfg.vocab_size)
+      fail("--ids: token id ", ids[i], " at position ", i, " is outside the vocabulary of ", model_dir, " (vocab_size ",
+           cfg.vocab_size, ")");
+
+  const int64_t V = cfg.vocab_size;
+  std::vector<float> logits(static_cast<size_t>(n * V));
+  Qwen35State state = model->new_state();
+  const auto t0 = clock::now();
+  if (prefill > 0) model->forward(state, std::span(ids.data(), prefill), logits.data());
+  const auto t1 = clock::now();
+  for (int64_t i = prefill; i < n; ++i) model->forward(state, std::span(ids.data() + i, 1), logits.data() + i * V);
+  const auto t2 = clock::now();
+
+  const double prefill_s = std::chrono::duration<double>(t1 - t0).count();
+  const double decode_s = std::chrono::duration<double>(t2 - t1).count();
+  std::fprintf(stderr, "model   %s: %d layers (%d attention), %d experts top-%d, hidden %lld, vocab %lld; %s\n",
+               model_dir.c_str(), cfg.num_layers, cfg.num_full_attention_layers(), cfg.num_experts,
+               cfg.num_experts_per_tok, (long long)cfg.hidden_size, (long long)V, model->layout_description().c_str());
+  std::fprintf(stderr, "run     device %s, %d threads, load %.2f s\n", device.c_str(), omp_get_max_threads(), load_s);
+  if (prefill > 0)
+    std::fprintf(stderr, "prefill %lld tokens in %.1f ms (%.1f tok/s)\n", (long long)prefill, prefill_s * 1e3,
+                 prefill / std::max(prefill_s, 1e-9));
+  if (n > prefill)
+    std::fprintf(stderr, "decode  %lld tokens, %.2f ms/token (%.1f tok/s)\n", (long long)(n - prefill),
+                 decode_s * 1e3 / (n - prefill), (n - prefill) / std::max(decode_s, 1e-9));
+
+  if (args.has("out")) {
+    write_npy_f32(args.get("out"), logits.data(), {n, V});
+    std::fprintf(stderr, "wrote   %s [%lld x %lld] float32\n", args.get("out").c_str(), (long long)n, (long long)V);
+  }
+  if (args.has("compare")) {
+    const std::string ref_path = args.get("compare");
+    const NpyArray ref = read_npy_f32(ref_path);
+    if (ref.shape != std::vector<int64_t>{n, V})
+      fail(ref_path, ": shape differs from the logits [", n, ", ", V, "]");
+    const double tol = args.get_double("tol", 1e-4);
+    const auto err = rel_l2_rows(logits.data(), ref.data.data(), n, V);
+    const auto worst = std::max_element(err.begin(), err.end());
+    int64_t argmax_agree = 0;
+    for (int64_t r = 0; r < n; ++r) {
+      const float* a = logits.data() + r * V;
+      const float* b = ref.data.data() + r * V;
+      argmax_agree += std::max_element(a, a + V) - a == std::max_element(b, b + V) - b;
+    }
+    const bool ok = *worst <= tol;
+    std::fprintf(stderr, "compare %s: max relative L2 %.2e at position %lld (tolerance %.0e), argmax agrees at %lld/%lld: %s\n",
+                 ref_path.c_str(), *worst, (long long)(worst - err.begin()), tol, (long long)argmax_agree, (long long)n,
+                 ok ? "OK" : "MISMATCH");
+    if (!ok) return 1;
+  }
+  return 0;
+}
+
+}  // namespace tandem::cli

@@ -1,0 +1,9 @@
+// runtime/cli/commands.h: the tandem subcommands. Each returns the process exit code.
+#pragma once
+
+namespace tandem::cli {
+
+int cmd_logits(int argc, char** argv);
+int cmd_info(int argc, char** argv);
+
+}  // namespace tandem::cli

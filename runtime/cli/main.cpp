@@ -1,0 +1,62 @@
+// tandem: command-line entry point. Errors at boundaries become one line on stderr and exit code
+// 1 (bad input data: files, checkpoints, configs) or 2 (bad usage: flags, values).
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <string>
+
+#include "runtime/cli/args.h"
+#include "runtime/cli/commands.h"
+#include "runtime/error.h"
+
+namespace {
+
+constexpr const char* kUsage =
+    "usage: tandem <command> [options]\n"
+    "\n"
+    "commands:\n"
+    "  logits   run ids through the model and write float32 logits as .npy (regression checks)\n"
+    "  info     describe a model folder: config, layout, tensor bytes, CUDA devices\n"
+    "\n"
+    "Run 'tandem <command> --help' for the options of a command.\n";
+
+struct Command {
+  const char* name;
+  int (*run)(int, char**);
+};
+constexpr Command kCommands[] = {{"logits", tandem::cli::cmd_logits}, {"info", tandem::cli::cmd_info}};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
+    std::fputs(kUsage, argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  if (!std::strcmp(argv[1], "--version")) {
+    std::puts("tandem 0.1.0");
+    return 0;
+  }
+  try {
+    for (const auto& c : kCommands)
+      if (!std::strcmp(argv[1], c.name)) return c.run(argc, argv);
+    std::vector<std::string> names;
+    for (const auto& c : kCommands) names.push_back(c.name);
+    const std::string near = tandem::cli::nearest(argv[1], names);
+    std::fprintf(stderr, "tandem: unknown command '%s'%s%s%s; 'tandem --help' lists them\n", argv[1],
+                 near.empty() ? "" : " (did you mean '", near.c_str(), near.empty() ? "" : "'?)");
+    return 2;
+  } catch (const tandem::cli::UsageError& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 2;
+  } catch (const tandem::Error& e) {
+    std::fprintf(stderr, "tandem: error: %s\n", e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "tandem: error: out of host memory\n");
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "tandem: internal error: %s\n", e.what());
+    return 1;
+  }
+}

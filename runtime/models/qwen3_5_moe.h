@@ -1,0 +1,97 @@
+// runtime/models/qwen3_5_moe.h: the Qwen3.5-MoE text decoder (hybrid Gated DeltaNet + gated attention,
+// sparse MoE with a shared expert): hyper-parameters, the tensor table, and the forward pass.
+//
+// Loading resolves every tensor the forward needs from a memory-mapped Checkpoint, in any of the
+// on-disk layouts (official fused BF16, per-expert BF16, GPTQ-Int4 per expert), checking names,
+// shapes and dtypes once so the forward never meets a surprise. Weights stay in the mapping.
+//
+// forward() feeds T tokens at the state's current position (T > 1 is a prefill, T == 1 a decode
+// step) and returns float32 logits [T, vocab]. State (KV cache, conv windows, DeltaNet matrices)
+// lives in Qwen35State, one per sequence.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "runtime/config.h"
+#include "runtime/linear.h"
+#include "runtime/safetensors.h"
+
+namespace tandem {
+
+struct AttentionWeights {
+  LinearWeight q_proj, k_proj, v_proj, o_proj;  // q_proj rows: per head [query | gate]
+  std::vector<float> q_norm, k_norm;            // [head_dim], zero-centred
+};
+
+struct DeltaNetWeights {
+  LinearWeight in_proj_qkv, in_proj_z, in_proj_b, in_proj_a, out_proj;
+  std::vector<float> conv;     // [conv_dim][kernel]
+  std::vector<float> A_log;    // [Hv]
+  std::vector<float> dt_bias;  // [Hv]
+  std::vector<float> norm;     // [dv], used as is (not zero-centred)
+};
+
+struct MoeWeights {
+  LinearWeight router;                            // [E, H]
+  std::vector<LinearWeight> gate, up, down;       // per routed expert
+  LinearWeight shared_gate, shared_up, shared_down;
+  LinearWeight shared_expert_gate;                // [1, H]
+};
+
+struct LayerWeights {
+  LayerKind kind = LayerKind::LinearAttention;
+  std::vector<float> input_norm, post_attention_norm;
+  AttentionWeights attn;
+  DeltaNetWeights deltanet;
+  MoeWeights moe;
+};
+
+// Per-sequence state. KV rows are post-norm, post-RoPE keys and raw values, fp32 in the reference.
+struct Qwen35State {
+  int64_t pos = 0;
+  std::vector<std::vector<float>> k_cache, v_cache;  // per layer: [pos][kv_heads * head_dim]
+  std::vector<std::vector<float>> conv_window;       // per layer: [kernel-1][conv_dim]
+  std::vector<std::vector<float>> recurrent;         // per layer: [Hv][dk][dv]
+};
+
+// Called with every named intermediate when set (llama.cpp-style "cb"), for layer-by-layer
+// comparison with HF; `layer` is -1 outside the layer stack. Data is [rows, cols] fp32.
+using TensorTap = std::function<void(const char* name, int layer, const float* data, int64_t rows, int64_t cols)>;
+
+class Qwen35Moe {
+ public:
+  // Opens `dir` (config.json + safetensors). Throws tandem::Error naming the file/tensor on problems.
+  static std::unique_ptr<Qwen35Moe> load(const std::string& dir);
+
+  const ModelConfig& config() const { return cfg_; }
+  const Checkpoint& checkpoint() const { return ckpt_; }
+  std::string layout_description() const;  // e.g. "BF16, fused experts" / "GPTQ-Int4 g128 sym (v1 zeros)"
+
+  Qwen35State new_state() const;
+  // Feeds ids (each < vocab) at state.pos; writes logits [ids.size(), vocab] to `logits`.
+  void forward(Qwen35State& state, std::span<const int32_t> ids, float* logits, const TensorTap& tap = {}) const;
+
+ private:
+  void load_weights();
+  void deltanet_forward(const LayerWeights& L, int layer, Qwen35State& st, const float* x, int64_t T, float* out,
+                        const TensorTap& tap) const;
+  void attention_forward(const LayerWeights& L, int layer, Qwen35State& st, const float* x, int64_t T, float* out,
+                         const TensorTap& tap) const;
+  void moe_forward(const LayerWeights& L, int layer, const float* x, int64_t T, float* out, const TensorTap& tap) const;
+
+  ModelConfig cfg_;
+  Checkpoint ckpt_;
+  std::string prefix_;  // "model.language_model." or "model."
+  std::string expert_layout_;
+  LinearWeight embed_, lm_head_;
+  std::vector<float> final_norm_;
+  std::vector<LayerWeights> layers_;
+  std::vector<float> inv_freq_;
+};
+
+}  // namespace tandem

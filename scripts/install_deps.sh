@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Installs what Tandem needs to build and test, from Debian packages (and PyPI for Python test tools).
+# Idempotent: does nothing when everything is already present, so `make` targets can call it each time.
+set -euo pipefail
+
+debs=(
+  cmake ninja-build ccache g++ clang pkg-config make
+  libgtest-dev libgmock-dev libbenchmark-dev
+  nlohmann-json3-dev libyaml-cpp-dev libhwloc-dev libdnnl-dev libomp-dev
+  libicu-dev pybind11-dev python3-dev
+)
+
+missing=()
+for p in "${debs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+
+if ((${#missing[@]})); then
+  echo "tandem: installing Debian packages: ${missing[*]}"
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# The tandem CLI end to end: logits on every fixture within tolerance, and for bad input an exit code
+# of 1 or 2 with exactly one clear line on stderr (never a crash).
+set -u
+tandem="$1"
+data="$2"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+failures=0
+passes=0
+
+ids_of() { python3 -c "import json,sys; print(','.join(map(str, json.load(open(sys.argv[1]))['ids'])))" "$1/reference.json"; }
+prefill_of() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['prefill'])" "$1/reference.json"; }
+
+check() {  # check NAME EXPECTED_CODES GREP_PATTERN -- command...
+  local name="$1" codes="$2" pattern="$3"
+  shift 4
+  "$@" >"$tmp/out" 2>"$tmp/err"
+  local rc=$?
+  local lines
+  lines=$(wc -l <"$tmp/err")
+  if [[ " $codes " != *" $rc "* ]]; then
+    echo "FAIL $name: exit code $rc, expected one of [$codes]"; cat "$tmp/err"; failures=$((failures + 1)); return
+  fi
+  if [ "$rc" -ne 0 ] && [ "$lines" -ne 1 ]; then
+    echo "FAIL $name: expected one line on stderr, got $lines:"; cat "$tmp/err"; failures=$((failures + 1)); return
+  fi
+  if ! grep -q -- "$pattern" "$tmp/err"; then
+    echo "FAIL $name: stderr lacks '$pattern':"; cat "$tmp/err"; failures=$((failures + 1)); return
+  fi
+  echo "ok   $name"
+  passes=$((passes + 1))
+}
+
+for d in "$data"/*/; do
+  d=${d%/}
+  [ -f "$d/reference.json" ] || continue
+  n=$(basename "$d")
+  check "logits $n matches HF" "0" "OK" -- "$tandem" logits --model "$d" --ids "$(ids_of "$d")" \
+    --prefill "$(prefill_of "$d")" --out "$tmp/l.npy" --compare "$d/logits.npy" --tol 1e-4
+done
+
+fx="$data/bf16_text_only"
+ids=$(ids_of "$fx")
+printf '%s' "$ids" | tr ',' '\n' >"$tmp/ids.txt"
+check "ids from a file" "0" "OK" -- "$tandem" logits --model "$fx" --ids "@$tmp/ids.txt" --prefill "$(prefill_of "$fx")" --compare "$fx/logits.npy"
+
+cp -r "$fx" "$tmp/trunc"
+truncate -s 5000 "$tmp/trunc/model.safetensors"
+check "truncated checkpoint" "1 2" "model.safetensors.*truncated" -- "$tandem" logits --model "$tmp/trunc" --ids 1,2 --out "$tmp/x.npy"
+
+cp -r "$fx" "$tmp/badcfg"
+sed -i 's/"hidden_size": [0-9]*/"hidden_size": "wide"/' "$tmp/badcfg/config.json"
+check "bad config value" "1 2" "hidden_size" -- "$tandem" logits --model "$tmp/badcfg" --ids 1,2 --out "$tmp/x.npy"
+
+check "missing model folder" "1 2" "no-such-model" -- "$tandem" logits --model "$tmp/no-such-model" --ids 1 --out "$tmp/x.npy"
+check "id beyond vocab" "1 2" "outside the vocabulary" -- "$tandem" logits --model "$fx" --ids 1,99999 --out "$tmp/x.npy"
+check "prefill beyond ids" "2" "--prefill 5" -- "$tandem" logits --model "$fx" --ids 1,2 --prefill 5 --out "$tmp/x.npy"
+check "bad id text" "2" "'x7' is not a token id" -- "$tandem" logits --model "$fx" --ids 1,x7 --out "$tmp/x.npy"
+check "unknown flag" "2" "did you mean '--prefill'" -- "$tandem" logits --model "$fx" --ids 1 --prefil 1 --out "$tmp/x.npy"
+check "unknown device" "2" "--device must be one of" -- "$tandem" logits --model "$fx" --ids 1 --device tpu --out "$tmp/x.npy"
+if "$tandem" info | grep -q "no CUDA device"; then
+  check "gpu without a device" "1" "no CUDA device" -- "$tandem" logits --model "$fx" --ids 1 --device gpu --out "$tmp/x.npy"
+else
+  check "gpu path not in this version" "1" "not available in this version" -- "$tandem" logits --model "$fx" --ids 1 --device gpu --out "$tmp/x.npy"
+fi
+check "unknown command" "2" "did you mean 'logits'" -- "$tandem" logit
+
+echo "$passes passed, $failures failed"
+[ "$failures" -eq 0 ]
