@@ -19,6 +19,12 @@ import inspect
 import json
 import os
 import shutil
+import sys
+
+# Keep HF on its pure-torch reference paths even where optional kernels are installed: HF silently
+# prefers flash-linear-attention / causal-conv1d / hub kernels, which are CUDA-only and round differently.
+for _pkg in ("fla", "causal_conv1d", "kernels"):
+    sys.modules.setdefault(_pkg, None)
 
 import numpy as np
 import torch

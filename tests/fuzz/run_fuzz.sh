@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets with clang (ASan + UBSan) and runs each for a short time.
+# usage: run_fuzz.sh BUILD_DIR SECONDS
+set -euo pipefail
+build="${1:-build}"
+seconds="${2:-30}"
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+out="$root/$build/fuzz"
+mkdir -p "$out"
+cxx="${FUZZ_CXX:-clang++}"
+flags=(-std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -I"$root")
+
+build_target() {  # name sources...
+  local name="$1"; shift
+  local bin="$out/$name"
+  local newest
+  newest=$(ls -t "$@" "$0" | head -1)
+  if [ ! -x "$bin" ] || [ "$newest" -nt "$bin" ]; then
+    echo "fuzz: building $name"
+    "$cxx" "${flags[@]}" "$@" -o "$bin"
+  fi
+}
+
+build_target fuzz_safetensors_header "$root/tests/fuzz/fuzz_safetensors_header.cpp" \
+  "$root/runtime/safetensors.cpp" "$root/runtime/dtype.cpp"
+build_target fuzz_config "$root/tests/fuzz/fuzz_config.cpp" "$root/runtime/config.cpp"
+
+half=$(( seconds / 2 > 1 ? seconds / 2 : 1 ))
+for t in safetensors_header config; do
+  work="$out/corpus-$t"
+  mkdir -p "$work"
+  echo "fuzz: $t for ${half}s"
+  "$out/fuzz_$t" -max_total_time="$half" -max_len=4096 -timeout=10 -rss_limit_mb=2048 -print_final_stats=0 \
+    "$work" "$root/tests/fuzz/corpus/$t" 2>"$out/$t.log" || { tail -40 "$out/$t.log"; echo "fuzz: $t FAILED"; exit 1; }
+  grep -E "^#[0-9]+.*DONE" "$out/$t.log" | tail -1 || true
+done
+echo "fuzz: no crashes"
