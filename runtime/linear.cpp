@@ -58,7 +58,9 @@ float dot_f32(const float* a, const float* b, int64_t n) {
 }
 
 void linear_ref(const LinearWeight& w, const float* x, int64_t tokens, float* y) {
-#pragma omp parallel
+  // Threads only pay off on real sizes; tiny test models would spend their time in the runtime.
+  const bool parallel = w.out * w.in * tokens >= (int64_t(1) << 18);
+#pragma omp parallel if (parallel)
   {
     std::vector<float> row(static_cast<size_t>(w.in));
 #pragma omp for schedule(static)

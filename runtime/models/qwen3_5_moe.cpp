@@ -287,7 +287,7 @@ void Qwen35Moe::deltanet_forward(const LayerWeights& L, int layer, Qwen35State& 
   float* S = st.recurrent[layer].data();
   const float q_scale = 1.0f / std::sqrt(static_cast<float>(dk));
   // Heads are independent: each owns its [dk][dv] state; tokens go in order within a head.
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (int64_t(Hv) * dk * dv * T >= (int64_t(1) << 16))
   for (int h = 0; h < Hv; ++h) {
     std::vector<float> q(dk), k(dk), o(dv);
     const int kh = h / group;
@@ -336,7 +336,7 @@ void Qwen35Moe::attention_forward(const LayerWeights& L, int layer, Qwen35State&
   vc.insert(vc.end(), v.begin(), v.end());
 
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-#pragma omp parallel
+#pragma omp parallel if (T * nh * (pos0 + T) * hd >= (int64_t(1) << 16))
   {
     std::vector<float> q(hd), scores(pos0 + T);
 #pragma omp for collapse(2) schedule(static)
