@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <charconv>
+#include <climits>
+#include <fstream>
+#include <sstream>
 
 #include "runtime/error.h"
 
@@ -55,19 +58,24 @@ void Args::parse(int argc, char** argv, int first) {
       if (i + 1 >= argc) throw UsageError(str_cat("tandem ", command_, ": option '--", a, "' needs a value"));
       value = argv[++i];
     }
-    values_[a] = it->takes_value ? value : "1";
+    values_[a].push_back(it->takes_value ? value : "1");
   }
 }
 
 std::string Args::get(const std::string& name) const {
   auto it = values_.find(name);
   if (it == values_.end()) throw UsageError(str_cat("tandem ", command_, ": missing required option '--", name, "'"));
-  return it->second;
+  return it->second.back();
 }
 
 std::string Args::get(const std::string& name, const std::string& dflt) const {
   auto it = values_.find(name);
-  return it == values_.end() ? dflt : it->second;
+  return it == values_.end() ? dflt : it->second.back();
+}
+
+std::vector<std::string> Args::get_all(const std::string& name) const {
+  auto it = values_.find(name);
+  return it == values_.end() ? std::vector<std::string>{} : it->second;
 }
 
 int64_t Args::get_int(const std::string& name, int64_t dflt) const {
@@ -100,6 +108,38 @@ std::string Args::usage() const {
     s += left + f.help + "\n";
   }
   return s;
+}
+
+std::vector<int32_t> parse_id_list(const std::string& spec, const std::string& command) {
+  std::string text = spec;
+  std::string origin = "--ids";
+  if (!spec.empty() && spec[0] == '@') {
+    origin = spec.substr(1);
+    std::ifstream in(origin);
+    if (!in) fail(origin, ": cannot open the ids file");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    text = ss.str();
+  }
+  for (char& ch : text)
+    if (ch == ',' || ch == '\n' || ch == '\r' || ch == '\t') ch = ' ';
+  std::vector<int32_t> ids;
+  std::istringstream is(text);
+  std::string tok;
+  while (is >> tok) {
+    size_t used = 0;
+    long long v = -1;
+    try {
+      v = std::stoll(tok, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != tok.size() || v < 0 || v > INT32_MAX)
+      throw UsageError(str_cat("tandem ", command, ": ", origin, ": '", tok, "' is not a token id"));
+    ids.push_back(static_cast<int32_t>(v));
+  }
+  if (ids.empty()) throw UsageError(str_cat("tandem ", command, ": ", origin, ": no token ids given"));
+  return ids;
 }
 
 }  // namespace tandem::cli

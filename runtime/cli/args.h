@@ -4,6 +4,7 @@
 // flags naming the nearest valid one, and missing values. Errors throw UsageError (exit code 2).
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <optional>
 #include <stdexcept>
@@ -30,6 +31,7 @@ class Args {
   bool has(const std::string& name) const { return values_.count(name) > 0; }
   std::string get(const std::string& name) const;  // required: throws UsageError if absent
   std::string get(const std::string& name, const std::string& dflt) const;
+  std::vector<std::string> get_all(const std::string& name) const;  // a flag given several times
   int64_t get_int(const std::string& name, int64_t dflt) const;
   double get_double(const std::string& name, double dflt) const;
   std::string usage() const;
@@ -37,8 +39,11 @@ class Args {
  private:
   std::string command_;
   std::vector<Flag> flags_;
-  std::map<std::string, std::string> values_;
+  std::map<std::string, std::vector<std::string>> values_;
 };
+
+// Token ids from "5,17 3" or "@FILE" (comma or whitespace separated); UsageError names the bad entry.
+std::vector<int32_t> parse_id_list(const std::string& spec, const std::string& command);
 
 // Nearest candidate by edit distance (for "did you mean" messages); empty when nothing is close.
 std::string nearest(const std::string& word, const std::vector<std::string>& candidates);

@@ -5,8 +5,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
-#include <sstream>
 
 #include "gpu_core/device.cuh"
 #include "runtime/cli/args.h"
@@ -18,38 +16,6 @@
 namespace tandem::cli {
 
 namespace {
-
-std::vector<int32_t> parse_ids(const std::string& spec) {
-  std::string text = spec;
-  std::string origin = "--ids";
-  if (!spec.empty() && spec[0] == '@') {
-    origin = spec.substr(1);
-    std::ifstream in(origin);
-    if (!in) fail(origin, ": cannot open the ids file");
-    std::stringstream ss;
-    ss << in.rdbuf();
-    text = ss.str();
-  }
-  for (char& ch : text)
-    if (ch == ',' || ch == '\n' || ch == '\r' || ch == '\t') ch = ' ';
-  std::vector<int32_t> ids;
-  std::istringstream is(text);
-  std::string tok;
-  while (is >> tok) {
-    size_t used = 0;
-    long long v = -1;
-    try {
-      v = std::stoll(tok, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used != tok.size() || v < 0 || v > INT32_MAX)
-      throw UsageError(str_cat("tandem logits: ", origin, ": '", tok, "' is not a token id"));
-    ids.push_back(static_cast<int32_t>(v));
-  }
-  if (ids.empty()) throw UsageError(str_cat("tandem logits: ", origin, ": no token ids given"));
-  return ids;
-}
 
 // Relative L2 error of each row of `got` against `want`.
 std::vector<double> rel_l2_rows(const float* got, const float* want, int64_t rows, int64_t cols) {
@@ -98,7 +64,7 @@ int cmd_logits(int argc, char** argv) {
     return 0;
   }
   const std::string model_dir = args.get("model");
-  const std::vector<int32_t> ids = parse_ids(args.get("ids"));
+  const std::vector<int32_t> ids = parse_id_list(args.get("ids"), "logits");
   const int64_t n = static_cast<int64_t>(ids.size());
   const int64_t prefill = args.get_int("prefill", n);
   if (prefill < 0 || prefill > n)

@@ -228,7 +228,8 @@ Qwen35State Qwen35Moe::new_state() const {
   return s;
 }
 
-void Qwen35Moe::forward(Qwen35State& st, std::span<const int32_t> ids, float* logits, const TensorTap& tap) const {
+void Qwen35Moe::forward(Qwen35State& st, std::span<const int32_t> ids, float* logits, const TensorTap& tap,
+                        LogitRows rows) const {
   const ModelConfig& c = cfg_;
   const int64_t T = static_cast<int64_t>(ids.size()), H = c.hidden_size;
   if (T == 0) return;
@@ -257,10 +258,11 @@ void Qwen35Moe::forward(Qwen35State& st, std::span<const int32_t> ids, float* lo
     for (int64_t i = 0; i < T * H; ++i) h[i] += out[i];
     emit("layer_out", l, h.data(), T, H);
   }
-  for (int64_t t = 0; t < T; ++t) ref::rmsnorm_zc(h.data() + t * H, final_norm_.data(), H, eps, x.data() + t * H);
-  emit("final_norm", -1, x.data(), T, H);
-  linear_ref(lm_head_, x.data(), T, logits);
-  emit("logits", -1, logits, T, c.vocab_size);
+  const int64_t first = rows == LogitRows::Last ? T - 1 : 0, n_out = T - first;
+  for (int64_t t = first; t < T; ++t) ref::rmsnorm_zc(h.data() + t * H, final_norm_.data(), H, eps, x.data() + t * H);
+  emit("final_norm", -1, x.data() + first * H, n_out, H);
+  linear_ref(lm_head_, x.data() + first * H, n_out, logits);
+  emit("logits", -1, logits, n_out, c.vocab_size);
   st.pos += T;
 }
 

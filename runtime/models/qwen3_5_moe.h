@@ -73,8 +73,12 @@ class Qwen35Moe {
   std::string layout_description() const;  // e.g. "BF16, fused experts" / "GPTQ-Int4 g128 sym (v1 zeros)"
 
   Qwen35State new_state() const;
-  // Feeds ids (each < vocab) at state.pos; writes logits [ids.size(), vocab] to `logits`.
-  void forward(Qwen35State& state, std::span<const int32_t> ids, float* logits, const TensorTap& tap = {}) const;
+  // Feeds ids (each < vocab) at state.pos. With LogitRows::All writes logits [ids.size(), vocab];
+  // with LogitRows::Last only the last position's [vocab] (what generation needs: a 4096-token
+  // prompt would otherwise need 4 GB of logits).
+  enum class LogitRows { All, Last };
+  void forward(Qwen35State& state, std::span<const int32_t> ids, float* logits, const TensorTap& tap = {},
+               LogitRows rows = LogitRows::All) const;
 
  private:
   void load_weights();
