@@ -5,5 +5,6 @@ namespace tandem::cli {
 
 int cmd_logits(int argc, char** argv);
 int cmd_info(int argc, char** argv);
+int cmd_bench(int argc, char** argv);
 
 }  // namespace tandem::cli

@@ -17,6 +17,7 @@ constexpr const char* kUsage =
     "commands:\n"
     "  logits   run ids through the model and write float32 logits as .npy (regression checks)\n"
     "  info     describe a model folder: config, layout, tensor bytes, CUDA devices\n"
+    "  bench    end-to-end speed: prefill, decode, latency, against the bandwidth bound\n"
     "\n"
     "Run 'tandem <command> --help' for the options of a command.\n";
 
@@ -24,7 +25,11 @@ struct Command {
   const char* name;
   int (*run)(int, char**);
 };
-constexpr Command kCommands[] = {{"logits", tandem::cli::cmd_logits}, {"info", tandem::cli::cmd_info}};
+constexpr Command kCommands[] = {
+    {"logits", tandem::cli::cmd_logits},
+    {"info", tandem::cli::cmd_info},
+    {"bench", tandem::cli::cmd_bench},
+};
 
 }  // namespace
 

@@ -212,6 +212,30 @@ std::string Qwen35Moe::layout_description() const {
   return str_cat(prefix_ == "model." ? "text-only names" : "composite names", ", experts ", expert_layout_);
 }
 
+WeightBytes Qwen35Moe::weight_bytes() const {
+  WeightBytes b;
+  auto vec = [](const std::vector<float>& v, uint64_t elem) { return v.size() * elem; };
+  uint64_t dense = lm_head_.stored_bytes() + vec(final_norm_, 2);
+  const uint64_t embed_row = static_cast<uint64_t>(embed_.in) * dtype_size(embed_.dense_dtype);
+  for (const LayerWeights& L : layers_) {
+    dense += vec(L.input_norm, 2) + vec(L.post_attention_norm, 2);
+    for (const LinearWeight* w : {&L.attn.q_proj, &L.attn.k_proj, &L.attn.v_proj, &L.attn.o_proj, &L.deltanet.in_proj_qkv,
+                                  &L.deltanet.in_proj_z, &L.deltanet.in_proj_a, &L.deltanet.in_proj_b,
+                                  &L.deltanet.out_proj, &L.moe.router, &L.moe.shared_gate, &L.moe.shared_up,
+                                  &L.moe.shared_down, &L.moe.shared_expert_gate})
+      dense += w->stored_bytes();
+    dense += vec(L.deltanet.conv, 2) + vec(L.attn.q_norm, 2) + vec(L.attn.k_norm, 2);
+    uint64_t experts = 0;
+    for (int64_t e = 0; e < static_cast<int64_t>(L.moe.gate.size()); ++e)
+      experts += L.moe.gate[e].stored_bytes() + L.moe.up[e].stored_bytes() + L.moe.down[e].stored_bytes();
+    b.routed_experts += experts;
+    if (!L.moe.gate.empty()) b.per_token_active += experts / L.moe.gate.size() * cfg_.num_experts_per_tok;
+  }
+  b.non_expert = dense + embed_.stored_bytes() * (lm_head_.dense == embed_.dense ? 0 : 1);
+  b.per_token_active += dense + embed_row;
+  return b;
+}
+
 Qwen35State Qwen35Moe::new_state() const {
   Qwen35State s;
   const int n = cfg_.num_layers;

@@ -63,6 +63,14 @@ struct Qwen35State {
 // comparison with HF; `layer` is -1 outside the layer stack. Data is [rows, cols] fp32.
 using TensorTap = std::function<void(const char* name, int layer, const float* data, int64_t rows, int64_t cols)>;
 
+// Bytes of weights as stored, for bandwidth bounds: what one decode token must read at batch 1
+// (every non-expert weight, the embedding row, lm_head, and top-k routed experts per layer).
+struct WeightBytes {
+  uint64_t non_expert = 0;        // everything but routed experts
+  uint64_t routed_experts = 0;    // all routed experts of all layers
+  uint64_t per_token_active = 0;  // read by one decode step at batch 1
+};
+
 class Qwen35Moe {
  public:
   // Opens `dir` (config.json + safetensors). Throws tandem::Error naming the file/tensor on problems.
@@ -73,6 +81,7 @@ class Qwen35Moe {
   std::string layout_description() const;  // e.g. "BF16, fused experts" / "GPTQ-Int4 g128 sym (v1 zeros)"
 
   Qwen35State new_state() const;
+  WeightBytes weight_bytes() const;
   // Feeds ids (each < vocab) at state.pos. With LogitRows::All writes logits [ids.size(), vocab];
   // with LogitRows::Last only the last position's [vocab] (what generation needs: a 4096-token
   // prompt would otherwise need 4 GB of logits).

@@ -1,0 +1,215 @@
+// tandem bench: end-to-end speed with warm-up, repeats, medians and spread, and the bandwidth bound.
+//
+// Per prompt length: a random prompt (seeded) is prefilled in one call, then --gen tokens are decoded
+// greedily one at a time. Reported: prefill tok/s, time to first token, decode tok/s, inter-token
+// latency p50/p99, peak host memory; the bound is the active weight bytes per decode token over the
+// read bandwidth measured here (CPU DRAM for the CPU paths).
+#include <omp.h>
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+
+#include "runtime/cli/args.h"
+#include "runtime/cli/commands.h"
+#include "runtime/error.h"
+#include "runtime/membw.h"
+#include "runtime/models/qwen3_5_moe.h"
+
+namespace tandem::cli {
+
+namespace {
+
+struct Stat {
+  double median = 0, min = 0, max = 0;
+};
+
+Stat stat_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return {n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]), v.front(), v.back()};
+}
+
+double percentile(std::vector<double> v, double p) {
+  std::sort(v.begin(), v.end());
+  const double pos = p * (v.size() - 1);
+  const size_t i = static_cast<size_t>(pos);
+  return i + 1 < v.size() ? v[i] + (pos - i) * (v[i + 1] - v[i]) : v.back();
+}
+
+std::vector<int64_t> parse_lengths(const std::string& s) {
+  std::vector<int64_t> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    try {
+      size_t used = 0;
+      const long long v = std::stoll(item, &used);
+      if (used != item.size() || v < 1) throw std::invalid_argument(item);
+      out.push_back(v);
+    } catch (const std::exception&) {
+      throw UsageError(str_cat("tandem bench: --prompt-len: '", item, "' is not a positive length"));
+    }
+  }
+  if (out.empty()) throw UsageError("tandem bench: --prompt-len needs at least one length");
+  return out;
+}
+
+// VmHWM: peak resident set since start or since the last clear_refs reset.
+uint64_t peak_rss_bytes() {
+  if (FILE* f = std::fopen("/proc/self/status", "r")) {
+    char line[256];
+    while (std::fgets(line, sizeof line, f))
+      if (!std::strncmp(line, "VmHWM:", 6)) {
+        std::fclose(f);
+        return std::strtoull(line + 6, nullptr, 10) * 1024;
+      }
+    std::fclose(f);
+  }
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<uint64_t>(ru.ru_maxrss) * 1024;
+}
+
+struct Run {
+  double prefill_tok_s, ttft_ms, decode_tok_s;
+  std::vector<double> itl_ms;
+};
+
+Run run_once(const Qwen35Moe& m, int64_t prompt_len, int64_t gen, uint64_t seed) {
+  using clock = std::chrono::steady_clock;
+  const int64_t V = m.config().vocab_size;
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int32_t> id(0, static_cast<int32_t>(V - 1));
+  std::vector<int32_t> prompt(prompt_len);
+  for (auto& t : prompt) t = id(rng);
+  std::vector<float> logits(V);
+  Qwen35State st = m.new_state();
+  auto argmax = [&] { return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin()); };
+  const auto t0 = clock::now();
+  m.forward(st, prompt, logits.data(), {}, Qwen35Moe::LogitRows::Last);
+  int32_t next = argmax();
+  const double ttft = std::chrono::duration<double>(clock::now() - t0).count();
+  Run r{prompt_len / ttft, ttft * 1e3, 0, {}};
+  const auto d0 = clock::now();
+  for (int64_t i = 1; i < gen; ++i) {
+    const auto s0 = clock::now();
+    m.forward(st, std::span(&next, 1), logits.data(), {}, Qwen35Moe::LogitRows::Last);
+    next = argmax();
+    r.itl_ms.push_back(std::chrono::duration<double>(clock::now() - s0).count() * 1e3);
+  }
+  const double dt = std::chrono::duration<double>(clock::now() - d0).count();
+  r.decode_tok_s = gen > 1 ? (gen - 1) / dt : 0;
+  return r;
+}
+
+}  // namespace
+
+int cmd_bench(int argc, char** argv) {
+  Args a("bench", {{"model", true, "model folder"},
+                   {"device", true, "ref | cpu (both the reference forward for now)"},
+                   {"prompt-len", true, "comma-separated prompt lengths (default 512)"},
+                   {"gen", true, "generated tokens per run (default 128)"},
+                   {"repeat", true, "measured runs per prompt length after one warm-up (default 5)"},
+                   {"threads", true, "CPU threads (default: all cores)"},
+                   {"seed", true, "seed of the random prompts (default 0)"},
+                   {"json", false, "print one JSON object instead of the table"},
+                   {"help", false, "show this help"}});
+  a.parse(argc, argv, 2);
+  if (a.has("help")) {
+    std::fputs(a.usage().c_str(), stdout);
+    return 0;
+  }
+  const std::string device = a.get("device", "ref");
+  if (device != "ref" && device != "cpu")
+    fail("--device ", device, " is not available in this version; use --device ref or cpu");
+  if (a.has("threads")) omp_set_num_threads(static_cast<int>(std::max<int64_t>(1, a.get_int("threads", 1))));
+  const auto lengths = parse_lengths(a.get("prompt-len", "512"));
+  const int64_t gen = a.get_int("gen", 128), repeat = a.get_int("repeat", 5);
+  if (gen < 1 || repeat < 1) throw UsageError("tandem bench: --gen and --repeat must be at least 1");
+  const uint64_t seed = static_cast<uint64_t>(a.get_int("seed", 0));
+  const bool json_out = a.has("json");
+
+  auto model = Qwen35Moe::load(a.get("model"));
+  const ModelConfig& cfg = model->config();
+  for (int64_t L : lengths)
+    if (L + gen > cfg.max_position_embeddings)
+      fail("--prompt-len ", L, " + --gen ", gen, " exceeds the model's context of ", cfg.max_position_embeddings);
+  const WeightBytes wb = model->weight_bytes();
+  if (!json_out) std::fprintf(stderr, "measuring memory read bandwidth...\n");
+  const BandwidthResult bw = measure_read_bandwidth();
+  const double bound = bw.bytes_per_s / static_cast<double>(wb.per_token_active);
+  // The probe's buffer is freed; restart the peak-RSS mark so it reports the model runs alone.
+  if (FILE* f = std::fopen("/proc/self/clear_refs", "w")) std::fputs("5", f), std::fclose(f);
+
+  nlohmann::json results = nlohmann::json::array();
+  if (!json_out) {
+    std::printf("tandem bench: %s, device %s, %d threads\n", a.get("model").c_str(), device.c_str(), omp_get_max_threads());
+    std::printf("weights: %.2f GB non-expert + %.2f GB routed experts; %.3f GB read per decode token\n",
+                wb.non_expert / 1e9, wb.routed_experts / 1e9, wb.per_token_active / 1e9);
+    std::printf("CPU read bandwidth: %.1f GB/s -> decode bound %.2f tok/s\n\n", bw.bytes_per_s / 1e9, bound);
+    std::printf("%8s  %22s  %18s  %22s  %18s  %8s\n", "prompt", "prefill tok/s [min-max]", "TTFT ms", "decode tok/s [min-max]",
+                "ITL p50/p99 ms", "/bound");
+  }
+  for (int64_t L : lengths) {
+    if (!json_out) std::fprintf(stderr, "prompt %lld: warm-up + %lld runs...\r", (long long)L, (long long)repeat);
+    run_once(*model, L, std::min<int64_t>(gen, 4), seed);  // warm-up: page in weights, grow caches
+    std::vector<double> pf, ttft, dec, itl;
+    for (int64_t r = 0; r < repeat; ++r) {
+      Run x = run_once(*model, L, gen, seed + 1 + r);
+      pf.push_back(x.prefill_tok_s);
+      ttft.push_back(x.ttft_ms);
+      dec.push_back(x.decode_tok_s);
+      itl.insert(itl.end(), x.itl_ms.begin(), x.itl_ms.end());
+    }
+    const Stat p = stat_of(pf), t = stat_of(ttft), d = gen > 1 ? stat_of(dec) : Stat{};
+    const double p50 = itl.empty() ? 0 : percentile(itl, 0.5), p99 = itl.empty() ? 0 : percentile(itl, 0.99);
+    results.push_back({{"prompt_len", L},
+                       {"prefill_tok_s", p.median},
+                       {"prefill_tok_s_min", p.min},
+                       {"prefill_tok_s_max", p.max},
+                       {"ttft_ms", t.median},
+                       {"ttft_ms_min", t.min},
+                       {"ttft_ms_max", t.max},
+                       {"decode_tok_s", d.median},
+                       {"decode_tok_s_min", d.min},
+                       {"decode_tok_s_max", d.max},
+                       {"itl_p50_ms", p50},
+                       {"itl_p99_ms", p99},
+                       {"decode_ratio_to_bound", d.median / bound}});
+    if (!json_out)
+      std::printf("%8lld  %9.1f [%5.1f-%5.1f]  %18.1f  %9.2f [%5.2f-%5.2f]  %8.2f / %7.2f  %7.1f%%\n", (long long)L, p.median,
+                  p.min, p.max, t.median, d.median, d.min, d.max, p50, p99, 100 * d.median / bound);
+  }
+  const uint64_t peak_host = peak_rss_bytes();
+  if (json_out) {
+    const auto& first = results[0];
+    nlohmann::json j = {{"model", a.get("model")},
+                        {"device", device},
+                        {"threads", omp_get_max_threads()},
+                        {"gen", gen},
+                        {"repeat", repeat},
+                        {"prefill_tok_s", first["prefill_tok_s"]},
+                        {"decode_tok_s", first["decode_tok_s"]},
+                        {"ttft_ms", first["ttft_ms"]},
+                        {"peak_vram_bytes", 0},
+                        {"peak_host_bytes", peak_host},
+                        {"gpu_expert_fraction", 0.0},
+                        {"cpu_read_bytes_per_s", bw.bytes_per_s},
+                        {"active_bytes_per_token", wb.per_token_active},
+                        {"bound_decode_tok_s", bound},
+                        {"results", results}};
+    std::printf("%s\n", j.dump(2).c_str());
+  } else {
+    std::printf("\npeak host memory %.2f GB (mapped weights count when touched); GPU: none on this path\n", peak_host / 1e9);
+  }
+  return 0;
+}
+
+}  // namespace tandem::cli
