@@ -1,0 +1,40 @@
+// gpu_core/gemv.cuh: batch-1..8 matrix-vector products for decode, the memory-bound heart of it.
+//
+// Contract (both kernels): y[t * N + n] = sum_k W[n, k] * x[t, k] for t < T, fp32 output, fp32
+// accumulation; device pointers; launched on `stream`; return the launch status (never synchronize).
+//
+// gemv_bf16: W bf16 row-major [N, K] (nn.Linear layout, as in the checkpoint), K % 8 == 0, rows
+//   16-byte aligned; x fp32 [T, K]. Exact products, fp32 sums: ~1e-6 relative to the fp32 reference.
+//
+// gemv_int4: W in the Int4Layout of gpu_core/int4_layout.h (GPTQ repacked once at load: rows
+//   contiguous, act-order permutation folded into the input order, nibbles ordered for half2
+//   unpacking); x is fp16 [T, K] already in that permuted order (gather_x_half prepares it).
+//   K % 8 == 0, group_size % 8 == 0 (fast path when both are multiples of 32).
+//   (q - z) is formed exactly in fp16, multiplied by fp16 x and summed in fp16 over 32 inputs, then
+//   scaled and accumulated in fp32: relative error ~1e-3 against the dequantize-then-fp32 reference
+//   (the fp16 rounding of x dominates).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace tandem::gpu {
+
+constexpr int kMaxGemvTokens = 8;
+
+cudaError_t gemv_bf16(const uint16_t* W, int64_t N, int64_t K, const float* x, int T, float* y, cudaStream_t stream);
+
+struct Int4View {
+  const uint32_t* qweight = nullptr;  // [N][K/8]
+  const uint16_t* scales = nullptr;   // fp16 [N][G]
+  const uint8_t* zeros = nullptr;     // [N][G], the actual zero point (0..16)
+  int64_t N = 0, K = 0, group_size = 0;
+};
+
+cudaError_t gemv_int4(const Int4View& W, const uint16_t* x_half, int T, float* y, cudaStream_t stream);
+
+// x_half[t, k'] = fp16(x[t, perm[k']]) (perm == nullptr: identity).
+cudaError_t gather_x_half(const float* x, const int32_t* perm, int64_t K, int T, uint16_t* x_half, cudaStream_t stream);
+
+}  // namespace tandem::gpu

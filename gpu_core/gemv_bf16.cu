@@ -1,0 +1,72 @@
+// gpu_core/gemv_bf16.cu: bf16 weights x fp32 activations, one warp per output row (see gemv.cuh).
+#include <cuda_runtime.h>
+
+#include "gpu_core/gemv.cuh"
+
+namespace tandem::gpu {
+
+namespace {
+
+constexpr int kWarpsPerBlock = 8;
+
+// Weights are read once: keep them out of L1 so the activations stay there.
+__device__ __forceinline__ uint4 load_stream(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ float lo_bf16(uint32_t w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float hi_bf16(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
+
+template <int TMAX>
+__global__ void __launch_bounds__(kWarpsPerBlock * 32)
+    gemv_bf16_kernel(const uint16_t* __restrict__ W, int64_t N, int64_t K, const float* __restrict__ x, int T,
+                     float* __restrict__ y) {
+  const int lane = threadIdx.x & 31;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
+  if (row >= N) return;  // whole warps exit together: shuffles below stay full-warp
+  const uint4* w = reinterpret_cast<const uint4*>(W + row * K);
+  float acc[TMAX];
+#pragma unroll
+  for (int t = 0; t < TMAX; ++t) acc[t] = 0.0f;
+  const int64_t chunks = K / 8;
+#pragma unroll 4
+  for (int64_t c = lane; c < chunks; c += 32) {
+    const uint4 v = load_stream(w + c);
+    const float wf[8] = {lo_bf16(v.x), hi_bf16(v.x), lo_bf16(v.y), hi_bf16(v.y),
+                         lo_bf16(v.z), hi_bf16(v.z), lo_bf16(v.w), hi_bf16(v.w)};
+#pragma unroll
+    for (int t = 0; t < TMAX; ++t) {
+      if (t >= T) break;
+      const float4* xp = reinterpret_cast<const float4*>(x + t * K + c * 8);
+      const float4 a = __ldg(xp), b = __ldg(xp + 1);
+      acc[t] += wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w + wf[4] * b.x + wf[5] * b.y + wf[6] * b.z +
+                wf[7] * b.w;
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < TMAX; ++t) {
+    if (t >= T) break;
+    float v = acc[t];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (lane == 0) y[t * N + row] = v;
+  }
+}
+
+}  // namespace
+
+cudaError_t gemv_bf16(const uint16_t* W, int64_t N, int64_t K, const float* x, int T, float* y, cudaStream_t stream) {
+  if (T < 1 || T > kMaxGemvTokens || K % 8 != 0 || N < 1) return cudaErrorInvalidValue;
+  const dim3 grid(static_cast<unsigned>((N + kWarpsPerBlock - 1) / kWarpsPerBlock)), block(kWarpsPerBlock * 32);
+  if (T == 1) gemv_bf16_kernel<1><<<grid, block, 0, stream>>>(W, N, K, x, T, y);
+  else if (T <= 2) gemv_bf16_kernel<2><<<grid, block, 0, stream>>>(W, N, K, x, T, y);
+  else if (T <= 4) gemv_bf16_kernel<4><<<grid, block, 0, stream>>>(W, N, K, x, T, y);
+  else gemv_bf16_kernel<8><<<grid, block, 0, stream>>>(W, N, K, x, T, y);
+  return cudaGetLastError();
+}
+
+}  // namespace tandem::gpu

@@ -1,0 +1,63 @@
+#include "gpu_core/int4_layout.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <stdexcept>
+
+namespace tandem::gpu {
+
+namespace {
+float half_to_float(uint16_t h) {
+  const uint32_t sign = h >> 15, exp = (h >> 10) & 31, mant = h & 1023;
+  float v = exp == 0 ? std::ldexp(float(mant), -24) : std::ldexp(float(mant | 1024), int(exp) - 25);
+  return sign ? -v : v;
+}
+int nibble_shift(int64_t j) { return static_cast<int>(4 * (j / 2) + 16 * (j % 2)); }
+}  // namespace
+
+Int4Host repack_gptq_int4(const GptqSource& s) {
+  if (s.K % 8 || s.N % 8 || s.group_size <= 0 || s.K % s.group_size)
+    throw std::invalid_argument("repack_gptq_int4: K and N must be multiples of 8 and group_size must divide K");
+  Int4Host w;
+  w.N = s.N;
+  w.K = s.K;
+  w.group_size = s.group_size;
+  const int64_t G = s.K / s.group_size;
+  auto group_of = [&](int64_t k) { return s.g_idx ? static_cast<int64_t>(s.g_idx[k]) : k / s.group_size; };
+  w.perm.resize(s.K);
+  std::iota(w.perm.begin(), w.perm.end(), 0);
+  std::stable_sort(w.perm.begin(), w.perm.end(), [&](int32_t a, int32_t b) { return group_of(a) < group_of(b); });
+  for (int64_t k = 0; k < s.K; ++k) {
+    if (group_of(w.perm[k]) != k / s.group_size)
+      throw std::invalid_argument("repack_gptq_int4: g_idx does not assign exactly group_size inputs to each group");
+    w.permuted = w.permuted || w.perm[k] != k;
+  }
+  w.qweight.assign(s.N * (s.K / 8), 0);
+  for (int64_t kp = 0; kp < s.K; ++kp) {
+    const int64_t k = w.perm[kp];
+    const int64_t src_row = (k / 8) * s.N, src_shift = (k % 8) * 4;
+    for (int64_t n = 0; n < s.N; ++n) {
+      const uint32_t q = (static_cast<uint32_t>(s.qweight[src_row + n]) >> src_shift) & 0xfu;
+      w.qweight[n * (s.K / 8) + kp / 8] |= q << nibble_shift(kp % 8);
+    }
+  }
+  w.scales.resize(s.N * G);
+  w.zeros.resize(s.N * G);
+  for (int64_t g = 0; g < G; ++g)
+    for (int64_t n = 0; n < s.N; ++n) {
+      const uint32_t zw = static_cast<uint32_t>(s.qzeros[g * (s.N / 8) + n / 8]);
+      w.zeros[n * G + g] = static_cast<uint8_t>(((zw >> ((n % 8) * 4)) & 0xfu) + s.zero_offset);
+      w.scales[n * G + g] = s.scales_f16[g * s.N + n];
+    }
+  return w;
+}
+
+float int4_host_weight(const Int4Host& w, int64_t n, int64_t k_original) {
+  const int64_t kp = std::find(w.perm.begin(), w.perm.end(), k_original) - w.perm.begin();
+  const int64_t G = w.K / w.group_size, g = kp / w.group_size;
+  const uint32_t q = (w.qweight[n * (w.K / 8) + kp / 8] >> nibble_shift(kp % 8)) & 0xfu;
+  return half_to_float(w.scales[n * G + g]) * static_cast<float>(static_cast<int>(q) - w.zeros[n * G + g]);
+}
+
+}  // namespace tandem::gpu

@@ -1,0 +1,59 @@
+// The GPU int4 layout (gpu_core/int4_layout.h) is built on the host: check it reproduces every weight
+// of the runtime's GPTQ definition exactly, for each format variant (runs without a GPU).
+#include <numeric>
+
+#include "gpu_core/int4_layout.h"
+#include "runtime/linear.h"
+#include "tests/unit/test_util.h"
+
+namespace tandem {
+namespace {
+
+struct Case {
+  int64_t N, K, gs;
+  bool sym, act_order, v1;
+};
+
+class Int4Layout : public ::testing::TestWithParam<Case> {};
+
+TEST_P(Int4Layout, RepackIsExact) {
+  const Case c = GetParam();
+  std::mt19937 rng(test::test_seed());
+  const int64_t G = c.K / c.gs;
+  std::uniform_int_distribution<int> nib(0, 15), exp_dist(5, 9), mant(0, 1023);
+  std::vector<int32_t> qweight(c.K / 8 * c.N, 0), qzeros(G * c.N / 8, 0), g_idx(c.K), perm(c.K);
+  std::vector<uint16_t> scales(G * c.N);
+  for (auto& w : qweight) w = static_cast<int32_t>(rng());
+  for (auto& w : qzeros)
+    for (int j = 0; j < 8; ++j) w |= static_cast<int32_t>(static_cast<uint32_t>(c.sym ? (c.v1 ? 7 : 8) : nib(rng)) << (4 * j));
+  for (auto& s : scales) s = static_cast<uint16_t>((exp_dist(rng) << 10) | mant(rng));
+  std::iota(perm.begin(), perm.end(), 0);
+  if (c.act_order) std::shuffle(perm.begin(), perm.end(), rng);
+  for (int64_t k = 0; k < c.K; ++k) g_idx[k] = static_cast<int32_t>(perm[k] / c.gs);
+  const int32_t* gi = c.act_order ? g_idx.data() : nullptr;
+  LinearWeight lw;
+  lw.kind = LinearWeight::Kind::Gptq;
+  lw.out = c.N;
+  lw.in = c.K;
+  lw.gptq = {qweight.data(), qzeros.data(), scales.data(), DType::F16, gi, c.gs, G, c.v1 ? 1 : 0};
+  const gpu::Int4Host h = gpu::repack_gptq_int4({qweight.data(), qzeros.data(), scales.data(), gi, c.N, c.K, c.gs, c.v1 ? 1 : 0});
+  EXPECT_EQ(h.permuted, c.act_order);
+  std::vector<float> row(c.K);
+  for (int64_t n = 0; n < c.N; ++n) {
+    lw.dequant_row(n, row.data());
+    for (int64_t k = 0; k < c.K; ++k) ASSERT_EQ(gpu::int4_host_weight(h, n, k), row[k]) << "n=" << n << " k=" << k;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, Int4Layout,
+                         ::testing::Values(Case{16, 256, 128, true, false, true}, Case{24, 96, 32, false, true, false},
+                                           Case{8, 48, 16, false, true, true}, Case{8, 64, 64, true, false, false}));
+
+TEST(Int4Layout, RejectsUnevenGroups) {
+  std::vector<int32_t> q(8, 0), z(2, 0), g(64, 0);  // every input in group 0 of 2
+  std::vector<uint16_t> s(16, 0x3c00);
+  EXPECT_THROW(gpu::repack_gptq_int4({q.data(), z.data(), s.data(), g.data(), 8, 64, 32, 1}), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace tandem
