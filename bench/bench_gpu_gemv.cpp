@@ -66,7 +66,7 @@ void time_kernel(benchmark::State& state, double bytes, Launch&& launch) {
   state.counters["GB/s"] =
       benchmark::Counter(bytes * kInner * state.iterations(), benchmark::Counter::kIsRate, benchmark::Counter::kIs1000);
   state.counters["us_per_call"] =
-      benchmark::Counter(1e6 / kInner * state.iterations(), benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+      benchmark::Counter(state.iterations() * kInner / 1e6, benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
   state.counters["copy_GB/s"] = bw / 1e9;
   state.counters["bytes"] = bytes;
   cudaEventDestroy(e0);
@@ -128,10 +128,10 @@ void BM_gemv_int4(benchmark::State& state) {
 // (8 x 1024 = 8192 x 2048) and their down projections (8 x 2048 = 16384 x 512).
 BENCHMARK(BM_gemv_bf16)
     ->Args({8192, 2048, 1})->Args({4096, 2048, 1})->Args({2048, 4096, 1})->Args({248320, 2048, 1})->Args({8192, 2048, 4})
-    ->UseManualTime()->Unit(benchmark::kMicrosecond);
+    ->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_gemv_int4)
     ->Args({8192, 2048, 1})->Args({16384, 512, 1})->Args({512, 2048, 1})->Args({8192, 2048, 4})
-    ->UseManualTime()->Unit(benchmark::kMicrosecond);
+    ->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 

@@ -31,7 +31,7 @@ fi
 
 if [ $build_rc -eq 0 ] && [ -x build-gpu/bench/bench_gpu_gemv ]; then
   step "GPU GEMV benchmark"
-  build-gpu/bench/bench_gpu_gemv --benchmark_min_time=0.2s --benchmark_repetitions=3 --benchmark_report_aggregates_only=true \
+  build-gpu/bench/bench_gpu_gemv --benchmark_repetitions=3 --benchmark_report_aggregates_only=true \
     --benchmark_out="$OUT/bench_gpu_gemv.json" --benchmark_out_format=json > "$OUT/bench_gpu_gemv.txt" 2>&1
   grep -E "median" "$OUT/bench_gpu_gemv.txt"
 fi
