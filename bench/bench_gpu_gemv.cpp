@@ -5,11 +5,13 @@
 #include <benchmark/benchmark.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <random>
 #include <vector>
 
 #include "gpu_core/gemv.cuh"
 #include "gpu_core/int4_layout.h"
+#include "gpu_core/moe.cuh"
 
 namespace {
 
@@ -123,6 +125,54 @@ void BM_gemv_int4(benchmark::State& state) {
   cudaFree(y);
 }
 
+// One MoE layer of the 35B model at decode: 256 int4 experts (2048 x 512, group 128) resident, k of
+// them selected per token at random; bytes = the selected experts' codes, scales and zeros.
+void BM_moe_int4_decode(benchmark::State& state) {
+  if (!gpu_present()) return state.SkipWithError("no CUDA device");
+  const int64_t H = 2048, I = 512, gs = 128, E = 256;
+  const int k = static_cast<int>(state.range(0)), T = static_cast<int>(state.range(1));
+  auto bytes_of = [&](int64_t N, int64_t K) { return N * K / 2 + N * (K / gs) * 3; };
+  const int64_t per_expert = 2 * bytes_of(I, H) + bytes_of(H, I);
+  char* pool;
+  cudaMalloc(&pool, E * per_expert + 4096);
+  cudaMemset(pool, 0x11, E * per_expert);
+  std::vector<tandem::gpu::Int4Expert> experts(E);
+  char* p = pool;
+  auto carve = [&](int64_t N, int64_t K) {
+    tandem::gpu::Int4View v{reinterpret_cast<uint32_t*>(p), nullptr, nullptr, N, K, gs};
+    p += N * K / 2;
+    v.scales = reinterpret_cast<uint16_t*>(p);
+    p += N * (K / gs) * 2;
+    v.zeros = reinterpret_cast<uint8_t*>(p);
+    p += (N * (K / gs) + 15) / 16 * 16;
+    return v;
+  };
+  for (auto& e : experts) e = {carve(I, H), carve(I, H), carve(H, I)};
+  std::mt19937 rng(7);
+  std::vector<int32_t> ids(T * k);
+  for (auto& i : ids) i = static_cast<int32_t>(rng() % E);
+  std::vector<float> w(T * k, 0.125f);
+  tandem::gpu::Int4Expert* dexp;
+  int32_t* dids;
+  float *dw, *out;
+  uint16_t *xh, *h;
+  cudaMalloc(&dexp, E * sizeof(tandem::gpu::Int4Expert));
+  cudaMalloc(&dids, ids.size() * 4);
+  cudaMalloc(&dw, w.size() * 4);
+  cudaMalloc(&out, T * H * 4);
+  cudaMalloc(&xh, T * H * 2);
+  cudaMalloc(&h, T * k * I * 2);
+  cudaMemcpy(dexp, experts.data(), E * sizeof(tandem::gpu::Int4Expert), cudaMemcpyHostToDevice);
+  cudaMemcpy(dids, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice);
+  cudaMemcpy(dw, w.data(), w.size() * 4, cudaMemcpyHostToDevice);
+  cudaMemset(xh, 0, T * H * 2);
+  std::vector<int32_t> distinct(ids);
+  std::sort(distinct.begin(), distinct.end());
+  const double bytes = double(std::unique(distinct.begin(), distinct.end()) - distinct.begin()) * per_expert;
+  time_kernel(state, bytes, [&] { tandem::gpu::moe_int4_decode(dexp, H, I, gs, dids, dw, T, k, xh, h, out, nullptr); });
+  for (void* q : {(void*)pool, (void*)dexp, (void*)dids, (void*)dw, (void*)out, (void*)xh, (void*)h}) cudaFree(q);
+}
+
 // 35B shapes: DeltaNet in_proj_qkv 8192x2048, in_proj_z 4096x2048, out_proj 2048x4096, attention
 // q_proj 8192x2048, lm_head 248320x2048; int4: the 8 selected experts' gate+up rows stacked
 // (8 x 1024 = 8192 x 2048) and their down projections (8 x 2048 = 16384 x 512).
@@ -132,6 +182,7 @@ BENCHMARK(BM_gemv_bf16)
 BENCHMARK(BM_gemv_int4)
     ->Args({8192, 2048, 1})->Args({16384, 512, 1})->Args({512, 2048, 1})->Args({8192, 2048, 4})
     ->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_moe_int4_decode)->Args({8, 1})->Args({8, 4})->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 

@@ -2,12 +2,12 @@
 // random inputs at the 35B model's shapes and odd ones. Bounds follow the arithmetic: bf16 weights
 // with fp32 math ~1e-6; int4 with fp16 activations and fp16 partial sums over 32 inputs: 3e-3.
 #include <cmath>
-#include <numeric>
 
 #include "gpu_core/gemv.cuh"
 #include "gpu_core/int4_layout.h"
 #include "runtime/linear.h"
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/gpu/gptq_random.h"
 #include "tests/unit/test_util.h"
 
 namespace tandem {
@@ -68,31 +68,9 @@ TEST_P(GpuGemvInt4, MatchesDequantizedReference) {
   TANDEM_REQUIRE_GPU();
   const Int4Case c = GetParam();
   std::mt19937 rng(test::test_seed());
-  const int64_t G = c.K / c.gs;
-  std::uniform_int_distribution<int> nib(0, 15), exp_dist(5, 9), mant(0, 1023);
-  std::vector<int32_t> qweight(c.K / 8 * c.N, 0), qzeros(G * c.N / 8, 0), g_idx(c.K);
-  std::vector<uint16_t> scales(G * c.N);
-  for (auto& w : qweight)
-    for (int j = 0; j < 8; ++j) w |= static_cast<int32_t>(static_cast<uint32_t>(nib(rng)) << (4 * j));
-  for (auto& w : qzeros)
-    for (int j = 0; j < 8; ++j) {
-      const int zero = c.sym ? 8 : nib(rng) + (c.v1 ? 1 : 0);
-      w |= static_cast<int32_t>(static_cast<uint32_t>((zero - (c.v1 ? 1 : 0)) & 15) << (4 * j));
-    }
-  for (auto& s : scales) s = static_cast<uint16_t>((exp_dist(rng) << 10) | mant(rng));
-  std::vector<int32_t> perm(c.K);
-  std::iota(perm.begin(), perm.end(), 0);
-  if (c.act_order) std::shuffle(perm.begin(), perm.end(), rng);
-  for (int64_t k = 0; k < c.K; ++k) g_idx[k] = static_cast<int32_t>(perm[k] / c.gs);
-
-  LinearWeight lw;  // the runtime's definition of these weights
-  lw.kind = LinearWeight::Kind::Gptq;
-  lw.out = c.N;
-  lw.in = c.K;
-  lw.gptq = {qweight.data(), qzeros.data(), scales.data(), DType::F16, c.act_order ? g_idx.data() : nullptr, c.gs, G, c.v1 ? 1 : 0};
-
-  gpu::GptqSource src{qweight.data(), qzeros.data(), scales.data(), c.act_order ? g_idx.data() : nullptr, c.N, c.K, c.gs, c.v1 ? 1 : 0};
-  const gpu::Int4Host h = gpu::repack_gptq_int4(src);
+  const test::RandomGptq m(rng, c.N, c.K, c.gs, c.sym, c.act_order, c.v1);
+  const LinearWeight lw = m.view();
+  const gpu::Int4Host h = gpu::repack_gptq_int4(m.source());
   EXPECT_EQ(h.permuted, c.act_order);  // the host layout itself is checked in tests/unit/test_int4_layout.cpp
   const auto x = test::random_floats(rng, c.T * c.K);
   test::DeviceBuffer<uint32_t> dq(h.qweight);
