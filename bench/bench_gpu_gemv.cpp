@@ -12,6 +12,7 @@
 #include "gpu_core/gemv.cuh"
 #include "gpu_core/int4_layout.h"
 #include "gpu_core/moe.cuh"
+#include "gpu_core/deltanet.cuh"
 
 namespace {
 
@@ -173,6 +174,27 @@ void BM_moe_int4_decode(benchmark::State& state) {
   for (void* q : {(void*)pool, (void*)dexp, (void*)dids, (void*)dw, (void*)out, (void*)xh, (void*)h}) cudaFree(q);
 }
 
+// One DeltaNet layer's decode step at the 35B shape (16/32 heads x 128): bytes = the fp32 state read
+// and written (2 x 2 MiB) + conv state read and written + conv weights + this token's inputs.
+void BM_deltanet_decode(benchmark::State& state) {
+  if (!gpu_present()) return state.SkipWithError("no CUDA device");
+  tandem::gpu::DeltaNetDecodeArgs p;
+  p.Hk = 16, p.Hv = 32, p.dk = 128, p.dv = 128, p.kernel = 4;
+  const int64_t conv_dim = 2 * 16 * 128 + 32 * 128, Vd = 32 * 128, S = int64_t(32) * 128 * 128;
+  float* buf;
+  const int64_t n = conv_dim * 2 + Vd * 2 + 32 * 4 + 128 + conv_dim * 4 + conv_dim * 3 + S;
+  cudaMalloc(&buf, n * 4);
+  cudaMemset(buf, 0, n * 4);
+  float* q = buf;
+  auto take = [&](int64_t count) { float* r = q; q += count; return r; };
+  p.qkv = take(conv_dim), p.conv_out = take(conv_dim), p.z = take(Vd), p.out = take(Vd), p.b = take(32), p.a = take(32);
+  p.A_log = take(32), p.dt_bias = take(32), p.norm_w = take(128), p.conv_w = take(conv_dim * 4);
+  p.conv_state = take(conv_dim * 3), p.state = take(S);
+  const double bytes = 2.0 * S * 4 + 2.0 * conv_dim * 3 * 4 + conv_dim * 4 * 4 + (conv_dim + 2 * Vd) * 4;
+  time_kernel(state, bytes, [&] { tandem::gpu::deltanet_decode(p, nullptr); });
+  cudaFree(buf);
+}
+
 // 35B shapes: DeltaNet in_proj_qkv 8192x2048, in_proj_z 4096x2048, out_proj 2048x4096, attention
 // q_proj 8192x2048, lm_head 248320x2048; int4: the 8 selected experts' gate+up rows stacked
 // (8 x 1024 = 8192 x 2048) and their down projections (8 x 2048 = 16384 x 512).
@@ -182,6 +204,7 @@ BENCHMARK(BM_gemv_bf16)
 BENCHMARK(BM_gemv_int4)
     ->Args({8192, 2048, 1})->Args({16384, 512, 1})->Args({512, 2048, 1})->Args({8192, 2048, 4})
     ->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_deltanet_decode)->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_moe_int4_decode)->Args({8, 1})->Args({8, 4})->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
 
 }  // namespace

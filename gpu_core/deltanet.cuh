@@ -1,0 +1,37 @@
+// gpu_core/deltanet.cuh: Gated DeltaNet decode step (one token) on the GPU, fp32 state.
+//
+// Inputs are this token's projections (fp32): qkv [conv_dim = 2*Hk*dk + Hv*dv] (q | k | v, plain
+// contiguous heads), z [Hv*dv], b [Hv], a [Hv]. Two launches:
+//  1. causal depthwise conv + SiLU over all conv_dim channels, shifting conv_state
+//     ([kernel-1][conv_dim], oldest first) and writing conv_out [conv_dim];
+//  2. one block per value head h (q/k head h / (Hv/Hk)): L2-normalise q (and scale by dk^-0.5) and k,
+//     beta = sigmoid(b), g = -exp(A_log) * softplus(a + dt_bias); S <- e^g S; delta = beta (v - S^T k);
+//     S += k delta^T; o = S^T q (read after the write); out = gated RMSNorm(o, z) with norm_w.
+// The state S [Hv][dk][dv] is read and written once per step, each thread keeping its slice in
+// registers. Limits: dk <= 128, dv <= 256, kernel <= 8. Same arithmetic as runtime/ops_ref (fp32).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+namespace tandem::gpu {
+
+struct DeltaNetDecodeArgs {
+  const float* qkv = nullptr;
+  const float* z = nullptr;
+  const float* b = nullptr;
+  const float* a = nullptr;
+  const float* conv_w = nullptr;  // [conv_dim][kernel]
+  float* conv_state = nullptr;    // [kernel-1][conv_dim]
+  float* conv_out = nullptr;      // scratch [conv_dim]
+  const float* A_log = nullptr;   // [Hv]
+  const float* dt_bias = nullptr; // [Hv]
+  const float* norm_w = nullptr;  // [dv]
+  float* state = nullptr;         // [Hv][dk][dv]
+  float* out = nullptr;           // [Hv*dv]
+  int Hk = 0, Hv = 0, dk = 0, dv = 0, kernel = 4;
+  float eps = 1e-6f;
+};
+
+cudaError_t deltanet_decode(const DeltaNetDecodeArgs& args, cudaStream_t stream);
+
+}  // namespace tandem::gpu
