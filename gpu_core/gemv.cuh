@@ -9,8 +9,8 @@
 // gemv_int4: W in the Int4Layout of gpu_core/int4_layout.h (GPTQ repacked once at load: rows
 //   contiguous, act-order permutation folded into the input order, nibbles ordered for half2
 //   unpacking); x is fp16 [T, K] already in that permuted order (gather_x_half prepares it).
-//   K % 8 == 0, group_size % 8 == 0 (fast path when both are multiples of 32).
-//   (q - z) is formed exactly in fp16, multiplied by fp16 x and summed in fp16 over 32 inputs, then
+//   K % 8 == 0, group_size % 8 == 0.
+//   (q - z) is formed exactly in fp16, multiplied by fp16 x and summed in fp16 over 8 inputs, then
 //   scaled and accumulated in fp32: relative error ~1e-3 against the dequantize-then-fp32 reference
 //   (the fp16 rounding of x dominates).
 #pragma once

@@ -8,7 +8,7 @@ namespace {
 using namespace detail;
 constexpr int kWarpsPerBlock = 8;
 
-template <int TMAX, int LANES, bool kChunk32>
+template <int TMAX, int LANES>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     gemv_int4_kernel(Int4View W, const __half* __restrict__ x, int T, float* __restrict__ y) {
   constexpr int kRowsPerWarp = 32 / LANES;
@@ -18,7 +18,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   float acc[TMAX];
 #pragma unroll
   for (int t = 0; t < TMAX; ++t) acc[t] = 0.0f;
-  if (valid) int4_row_dot<TMAX, LANES, kChunk32>(W, row, l, x, W.K, T, acc);
+  if (valid) int4_row_dot<TMAX, LANES>(W, row, l, x, W.K, T, acc);
 #pragma unroll
   for (int t = 0; t < TMAX; ++t) {
     if (t >= T) break;
@@ -31,13 +31,12 @@ template <int TMAX, int LANES>
 void launch(const Int4View& W, const __half* x, int T, float* y, cudaStream_t stream) {
   const int64_t rows_per_block = kWarpsPerBlock * (32 / LANES);
   const dim3 grid(static_cast<unsigned>((W.N + rows_per_block - 1) / rows_per_block)), block(kWarpsPerBlock * 32);
-  if (chunk32(W.K, W.group_size)) gemv_int4_kernel<TMAX, LANES, true><<<grid, block, 0, stream>>>(W, x, T, y);
-  else gemv_int4_kernel<TMAX, LANES, false><<<grid, block, 0, stream>>>(W, x, T, y);
+  gemv_int4_kernel<TMAX, LANES><<<grid, block, 0, stream>>>(W, x, T, y);
 }
 
 template <int TMAX>
 void launch_lanes(const Int4View& W, const __half* x, int T, float* y, cudaStream_t stream) {
-  switch (lanes_for(W.K, W.group_size)) {
+  switch (lanes_for(W.K)) {
     case 32: return launch<TMAX, 32>(W, x, T, y, stream);
     case 16: return launch<TMAX, 16>(W, x, T, y, stream);
     default: return launch<TMAX, 8>(W, x, T, y, stream);

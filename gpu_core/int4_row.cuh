@@ -38,58 +38,47 @@ __device__ __forceinline__ __half2 zero_1024(uint8_t z) {
   return __half2half2(__ushort_as_half(static_cast<unsigned short>(0x6400 + z)));
 }
 
-// kChunk32: group_size and K are multiples of 32, so one uint4 of codes (32 inputs) has one scale.
-template <int TMAX, int LANES, bool kChunk32>
+__device__ __forceinline__ uint32_t load_stream(const uint32_t* p) {
+  uint32_t v;
+  asm("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(v) : "l"(p));  // not volatile: free to hoist
+  return v;
+}
+
+// Consecutive lanes take consecutive 8-input code words, so both the codes (4 B a lane) and the
+// activations (16 B a lane) are contiguous across the warp: few L1 wavefronts per load. (Giving
+// each lane 32 inputs instead made activation loads stride 64 B across lanes, and the kernel ran
+// at a tenth of the bandwidth.)
+template <int TMAX, int LANES>
 __device__ __forceinline__ void int4_row_dot(const Int4View& W, int64_t row, int l, const __half* __restrict__ x,
                                              int64_t x_stride, int T, float (&acc)[TMAX]) {
-  const int64_t K = W.K, G = K / W.group_size;
+  const int64_t K = W.K, G = K / W.group_size, words = K / 8;
+  const uint32_t* qw = W.qweight + row * words;
   const uint16_t* sc = W.scales + row * G;
   const uint8_t* zr = W.zeros + row * G;
-  if constexpr (kChunk32) {
-    const uint4* q = reinterpret_cast<const uint4*>(W.qweight + row * (K / 8));
-    for (int64_t c = l; c < K / 32; c += LANES) {
-      const uint4 v = load_stream(q + c);
-      const uint32_t words[4] = {v.x, v.y, v.z, v.w};
-      const int64_t k0 = c * 32, g = k0 / W.group_size;
-      const __half2 z = zero_1024(zr[g]);
-      const float s = __half2float(__ushort_as_half(sc[g]));
-      __half2 part[TMAX];
+  // Issue a batch of code loads before using any, so each lane keeps kBatch requests in flight.
+  constexpr int kBatch = 8;
+  for (int64_t w0 = l; w0 < words; w0 += kBatch * LANES) {
+    uint32_t wd[kBatch];
 #pragma unroll
-      for (int t = 0; t < TMAX; ++t) part[t] = __float2half2_rn(0.0f);
-#pragma unroll
-      for (int wi = 0; wi < 4; ++wi) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const __half2 wv = dequant_pair(words[wi], i, z);
-#pragma unroll
-          for (int t = 0; t < TMAX; ++t) {
-            if (t >= T) break;
-            part[t] = __hfma2(wv, reinterpret_cast<const __half2*>(x + t * x_stride + k0 + wi * 8)[i], part[t]);
-          }
-        }
-      }
-#pragma unroll
-      for (int t = 0; t < TMAX; ++t) {
-        if (t >= T) break;
-        const float2 f = __half22float2(part[t]);
-        acc[t] += s * (f.x + f.y);
-      }
+    for (int u = 0; u < kBatch; ++u) {
+      const int64_t w = w0 + u * LANES;
+      wd[u] = w < words ? load_stream(qw + w) : 0u;
     }
-  } else {
-    // Small groups or K not a multiple of 32: one 8-input word per step, scaled per word.
-    const uint32_t* qw = W.qweight + row * (K / 8);
-    for (int64_t w = l; w < K / 8; w += LANES) {
-      const uint32_t word = __ldg(qw + w);
-      const int64_t k0 = w * 8, g = k0 / W.group_size;
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int64_t w = w0 + u * LANES;
+      if (w >= words) break;
+      const int64_t g = (w * 8) / W.group_size;
       const __half2 z = zero_1024(zr[g]);
       const float s = __half2float(__ushort_as_half(sc[g]));
 #pragma unroll
       for (int t = 0; t < TMAX; ++t) {
         if (t >= T) break;
-        __half2 part = __float2half2_rn(0.0f);
+        const uint4 xv = *reinterpret_cast<const uint4*>(x + t * x_stride + w * 8);
+        const uint32_t xw[4] = {xv.x, xv.y, xv.z, xv.w};
+        __half2 part = __hmul2(dequant_pair(wd[u], 0, z), as_half2(xw[0]));
 #pragma unroll
-        for (int i = 0; i < 4; ++i)
-          part = __hfma2(dequant_pair(word, i, z), reinterpret_cast<const __half2*>(x + t * x_stride + k0)[i], part);
+        for (int i = 1; i < 4; ++i) part = __hfma2(dequant_pair(wd[u], i, z), as_half2(xw[i]), part);
         const float2 f = __half22float2(part);
         acc[t] += s * (f.x + f.y);
       }
@@ -105,12 +94,10 @@ __device__ __forceinline__ float group_sum(float v) {
   return v;
 }
 
-inline bool chunk32(int64_t K, int64_t group_size) { return K % 32 == 0 && group_size % 32 == 0; }
-
-// Lanes per row: enough to cover a row in few steps, few enough to keep short rows busy.
-inline int lanes_for(int64_t K, int64_t group_size) {
-  const int64_t steps = chunk32(K, group_size) ? K / 32 : K / 8;
-  return steps >= 32 ? 32 : steps >= 16 ? 16 : 8;
+// Lanes per row: a full warp for real rows, fewer for short ones so lanes are not left idle.
+inline int lanes_for(int64_t K) {
+  const int64_t words = K / 8;
+  return words >= 32 ? 32 : words >= 16 ? 16 : 8;
 }
 
 }  // namespace tandem::gpu::detail

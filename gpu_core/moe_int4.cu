@@ -14,7 +14,7 @@ __device__ __forceinline__ int64_t row_of_thread() {
   return (static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5)) * (32 / LANES) + (threadIdx.x & 31) / LANES;
 }
 
-template <int LANES, bool kChunk32>
+template <int LANES>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     moe_gate_up_kernel(const Int4Expert* __restrict__ experts, int64_t H, int64_t I, const int32_t* __restrict__ ids, int k,
                        const __half* __restrict__ x, __half* __restrict__ h) {
@@ -24,14 +24,14 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   const bool valid = row < I;
   float g[1] = {0.0f}, u[1] = {0.0f};
   if (valid) {
-    int4_row_dot<1, LANES, kChunk32>(ex.gate, row, l, x + t * H, H, 1, g);
-    int4_row_dot<1, LANES, kChunk32>(ex.up, row, l, x + t * H, H, 1, u);
+    int4_row_dot<1, LANES>(ex.gate, row, l, x + t * H, H, 1, g);
+    int4_row_dot<1, LANES>(ex.up, row, l, x + t * H, H, 1, u);
   }
   const float gs = group_sum<LANES>(g[0]), us = group_sum<LANES>(u[0]);
   if (valid && l == 0) h[p * I + row] = __float2half_rn(gs / (1.0f + __expf(-gs)) * us);
 }
 
-template <int LANES, bool kChunk32>
+template <int LANES>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     moe_down_kernel(const Int4Expert* __restrict__ experts, int64_t H, int64_t I, const int32_t* __restrict__ ids,
                     const float* __restrict__ weights, int k, const __half* __restrict__ h, float* __restrict__ out) {
@@ -43,7 +43,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     for (int j = 0; j < k; ++j) {
       const int p = t * k + j;
       float a[1] = {0.0f};
-      int4_row_dot<1, LANES, kChunk32>(experts[ids[p]].down, row, l, h + p * I, I, 1, a);
+      int4_row_dot<1, LANES>(experts[ids[p]].down, row, l, h + p * I, I, 1, a);
       acc += weights[p] * a[0];  // weighting each lane's share is the same as weighting the sum
     }
   acc = group_sum<LANES>(acc);
@@ -51,21 +51,18 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 }
 
 template <int LANES>
-void launch_gate_up(const Int4Expert* e, int64_t H, int64_t I, int64_t gs, const int32_t* ids, int T, int k,
-                    const __half* x, __half* h, cudaStream_t s) {
+void launch_gate_up(const Int4Expert* e, int64_t H, int64_t I, const int32_t* ids, int T, int k, const __half* x, __half* h, cudaStream_t s) {
   const int64_t rows = kWarpsPerBlock * (32 / LANES);
   const dim3 grid(static_cast<unsigned>((I + rows - 1) / rows), static_cast<unsigned>(T * k));
-  if (chunk32(H, gs)) moe_gate_up_kernel<LANES, true><<<grid, kWarpsPerBlock * 32, 0, s>>>(e, H, I, ids, k, x, h);
-  else moe_gate_up_kernel<LANES, false><<<grid, kWarpsPerBlock * 32, 0, s>>>(e, H, I, ids, k, x, h);
+  moe_gate_up_kernel<LANES><<<grid, kWarpsPerBlock * 32, 0, s>>>(e, H, I, ids, k, x, h);
 }
 
 template <int LANES>
-void launch_down(const Int4Expert* e, int64_t H, int64_t I, int64_t gs, const int32_t* ids, const float* w, int T,
+void launch_down(const Int4Expert* e, int64_t H, int64_t I, const int32_t* ids, const float* w, int T,
                  int k, const __half* h, float* out, cudaStream_t s) {
   const int64_t rows = kWarpsPerBlock * (32 / LANES);
   const dim3 grid(static_cast<unsigned>((H + rows - 1) / rows), static_cast<unsigned>(T));
-  if (chunk32(I, gs)) moe_down_kernel<LANES, true><<<grid, kWarpsPerBlock * 32, 0, s>>>(e, H, I, ids, w, k, h, out);
-  else moe_down_kernel<LANES, false><<<grid, kWarpsPerBlock * 32, 0, s>>>(e, H, I, ids, w, k, h, out);
+  moe_down_kernel<LANES><<<grid, kWarpsPerBlock * 32, 0, s>>>(e, H, I, ids, w, k, h, out);
 }
 
 }  // namespace
@@ -77,15 +74,15 @@ cudaError_t moe_int4_decode(const Int4Expert* experts, int64_t H, int64_t I, int
     return cudaErrorInvalidValue;
   const auto* x = reinterpret_cast<const __half*>(x_half);
   auto* h = reinterpret_cast<__half*>(h_scratch);
-  switch (lanes_for(H, group_size)) {
-    case 32: launch_gate_up<32>(experts, H, I, group_size, ids, T, k, x, h, stream); break;
-    case 16: launch_gate_up<16>(experts, H, I, group_size, ids, T, k, x, h, stream); break;
-    default: launch_gate_up<8>(experts, H, I, group_size, ids, T, k, x, h, stream);
+  switch (lanes_for(H)) {
+    case 32: launch_gate_up<32>(experts, H, I, ids, T, k, x, h, stream); break;
+    case 16: launch_gate_up<16>(experts, H, I, ids, T, k, x, h, stream); break;
+    default: launch_gate_up<8>(experts, H, I, ids, T, k, x, h, stream);
   }
-  switch (lanes_for(I, group_size)) {
-    case 32: launch_down<32>(experts, H, I, group_size, ids, weights, T, k, h, out, stream); break;
-    case 16: launch_down<16>(experts, H, I, group_size, ids, weights, T, k, h, out, stream); break;
-    default: launch_down<8>(experts, H, I, group_size, ids, weights, T, k, h, out, stream);
+  switch (lanes_for(I)) {
+    case 32: launch_down<32>(experts, H, I, ids, weights, T, k, h, out, stream); break;
+    case 16: launch_down<16>(experts, H, I, ids, weights, T, k, h, out, stream); break;
+    default: launch_down<8>(experts, H, I, ids, weights, T, k, h, out, stream);
   }
   return cudaGetLastError();
 }
