@@ -1,0 +1,38 @@
+// gpu_core/attention.cuh: gated full attention for decode (one new token), bf16 KV cache.
+//
+// attention_decode_prepare: for the token at position *pos (device int, so the step can live in a
+//   CUDA graph): q heads = zero-centred RMSNorm(q, q_norm) then partial NeoX RoPE (first rotary_dim
+//   dims, pairs (i, i + rotary_dim/2), angle pos * inv_freq[i]); k likewise with k_norm; k and raw v
+//   are appended to the caches at row *pos. qg is q_proj's output [nh][2][hd] (query | gate per head).
+// attention_decode: softmax(q . K^T * scale) V over rows 0..*pos for every query head (GQA: head h
+//   reads kv head h / (nh / nkv)), split over the context in chunks combined with the log-sum-exp
+//   rule, then multiplied by sigmoid(gate): out [nh * hd] fp32.
+// Caches: bf16 [max_ctx][nkv][hd]. Limits: hd <= 256 and even rotary_dim <= hd.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace tandem::gpu {
+
+struct AttentionDecodeArgs {
+  const float* qg = nullptr;       // [nh][2*hd]
+  const float* k = nullptr;        // [nkv][hd]
+  const float* v = nullptr;        // [nkv][hd]
+  const float* q_norm = nullptr;   // [hd] (zero-centred weights)
+  const float* k_norm = nullptr;   // [hd]
+  const float* inv_freq = nullptr; // [rotary_dim/2]
+  const int32_t* pos = nullptr;    // device scalar: position of this token
+  uint16_t* k_cache = nullptr;     // bf16 [max_ctx][nkv][hd]
+  uint16_t* v_cache = nullptr;
+  float* q_rot = nullptr;          // scratch [nh][hd]
+  float* partial = nullptr;        // scratch [nh][max_splits][hd + 2]
+  float* out = nullptr;            // [nh][hd]
+  int nh = 0, nkv = 0, hd = 0, rotary_dim = 0, max_ctx = 0, max_splits = 32;
+  float eps = 1e-6f, scale = 0.0f;
+};
+
+cudaError_t attention_decode(const AttentionDecodeArgs& args, cudaStream_t stream);
+
+}  // namespace tandem::gpu
