@@ -116,7 +116,7 @@ void BM_gemv_int4(benchmark::State& state) {
   cudaMemcpy(ds, s.data(), s.size() * 2, cudaMemcpyHostToDevice);
   cudaMemcpy(dz, z.data(), z.size(), cudaMemcpyHostToDevice);
   cudaMemset(xh, 0, T * K * 2);
-  const tandem::gpu::Int4View v{dq, ds, dz, N, K, gs};
+  const tandem::gpu::Int4View v{dq, ds, dz, N, K, gs, nullptr};
   const double bytes = double(N * K / 2 + N * G * 3);  // codes + fp16 scales + u8 zeros
   time_kernel(state, bytes, [&] { tandem::gpu::gemv_int4(v, xh, T, y, nullptr); });
   cudaFree(dq);
@@ -140,7 +140,7 @@ void BM_moe_int4_decode(benchmark::State& state) {
   std::vector<tandem::gpu::Int4Expert> experts(E);
   char* p = pool;
   auto carve = [&](int64_t N, int64_t K) {
-    tandem::gpu::Int4View v{reinterpret_cast<uint32_t*>(p), nullptr, nullptr, N, K, gs};
+    tandem::gpu::Int4View v{reinterpret_cast<uint32_t*>(p), nullptr, nullptr, N, K, gs, nullptr};
     p += N * K / 2;
     v.scales = reinterpret_cast<uint16_t*>(p);
     p += N * (K / gs) * 2;

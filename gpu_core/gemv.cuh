@@ -30,6 +30,7 @@ struct Int4View {
   const uint16_t* scales = nullptr;   // fp16 [N][G]
   const uint8_t* zeros = nullptr;     // [N][G], the actual zero point (0..16)
   int64_t N = 0, K = 0, group_size = 0;
+  const int32_t* perm = nullptr;      // act-order input order [K] (int4_layout.h), nullptr: identity
 };
 
 cudaError_t gemv_int4(const Int4View& W, const uint16_t* x_half, int T, float* y, cudaStream_t stream);

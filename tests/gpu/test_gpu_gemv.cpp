@@ -79,7 +79,7 @@ TEST_P(GpuGemvInt4, MatchesDequantizedReference) {
   test::DeviceBuffer<int32_t> dperm(h.perm);
   test::DeviceBuffer<float> dx(x), dy(c.T * c.N);
   CUDA_OK(gpu::gather_x_half(dx.ptr, h.permuted ? dperm.ptr : nullptr, c.K, c.T, dxh.ptr, nullptr));
-  gpu::Int4View v{dq.ptr, ds.ptr, dz.ptr, c.N, c.K, c.gs};
+  gpu::Int4View v{dq.ptr, ds.ptr, dz.ptr, c.N, c.K, c.gs, nullptr};
   CUDA_OK(gpu::gemv_int4(v, dxh.ptr, c.T, dy.ptr, nullptr));
   CUDA_OK(cudaDeviceSynchronize());
   const auto y = dy.to_host();

@@ -16,6 +16,7 @@ namespace {
 struct MoeCase {
   int E, k, T;
   int64_t H, I, gs;
+  bool act_order = false;
 };
 
 class GpuMoeInt4 : public ::testing::TestWithParam<MoeCase> {};
@@ -36,20 +37,26 @@ TEST_P(GpuMoeInt4, MatchesReference) {
   std::mt19937 rng(test::test_seed());
   std::vector<test::RandomGptq> gate, up, down;
   for (int e = 0; e < c.E; ++e) {
-    gate.emplace_back(rng, c.I, c.H, c.gs, true, false, true);
-    up.emplace_back(rng, c.I, c.H, c.gs, false, false, false);
-    down.emplace_back(rng, c.H, c.I, c.gs, true, false, true);
+    gate.emplace_back(rng, c.I, c.H, c.gs, true, c.act_order, true);
+    up.emplace_back(rng, c.I, c.H, c.gs, false, c.act_order, false);
+    down.emplace_back(rng, c.H, c.I, c.gs, true, c.act_order, true);
   }
   // Device copies of each expert's repacked matrices, kept alive for the test.
   std::vector<std::unique_ptr<test::DeviceBuffer<uint32_t>>> qs;
   std::vector<std::unique_ptr<test::DeviceBuffer<uint16_t>>> ss;
   std::vector<std::unique_ptr<test::DeviceBuffer<uint8_t>>> zs;
+  std::vector<std::unique_ptr<test::DeviceBuffer<int32_t>>> perms;
   auto upload = [&](const test::RandomGptq& m) {
     const gpu::Int4Host h = gpu::repack_gptq_int4(m.source());
     qs.push_back(std::make_unique<test::DeviceBuffer<uint32_t>>(h.qweight));
     ss.push_back(std::make_unique<test::DeviceBuffer<uint16_t>>(h.scales));
     zs.push_back(std::make_unique<test::DeviceBuffer<uint8_t>>(h.zeros));
-    return gpu::Int4View{qs.back()->ptr, ss.back()->ptr, zs.back()->ptr, h.N, h.K, h.group_size};
+    gpu::Int4View v{qs.back()->ptr, ss.back()->ptr, zs.back()->ptr, h.N, h.K, h.group_size, nullptr};
+    if (h.permuted) {
+      perms.push_back(std::make_unique<test::DeviceBuffer<int32_t>>(h.perm));
+      v.perm = perms.back()->ptr;
+    }
+    return v;
   };
   std::vector<gpu::Int4Expert> experts;
   for (int e = 0; e < c.E; ++e) experts.push_back({upload(gate[e]), upload(up[e]), upload(down[e])});
@@ -93,7 +100,9 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GpuMoeInt4,
                          ::testing::Values(MoeCase{16, 8, 1, 2048, 512, 128},  // the 35B layer shape, 16 of 256 experts
                                            MoeCase{16, 8, 4, 2048, 512, 128},
                                            MoeCase{10, 3, 3, 48, 48, 16},      // fixture-sized, small groups
-                                           MoeCase{8, 2, 1, 256, 96, 32}));
+                                           MoeCase{8, 2, 1, 256, 96, 32},
+                                           MoeCase{10, 3, 2, 48, 48, 16, true},  // act-order experts (fixture)
+                                           MoeCase{16, 8, 1, 2048, 512, 128, true}));
 
 }  // namespace
 }  // namespace tandem
