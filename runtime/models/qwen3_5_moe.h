@@ -82,6 +82,13 @@ class Qwen35Moe {
 
   Qwen35State new_state() const;
   WeightBytes weight_bytes() const;
+
+  // The resolved tensor table, for the other placements (GPU upload, CPU expert repack).
+  const std::vector<LayerWeights>& layers() const { return layers_; }
+  const LinearWeight& embed() const { return embed_; }
+  const LinearWeight& lm_head() const { return lm_head_; }
+  const std::vector<float>& final_norm() const { return final_norm_; }
+  const std::vector<float>& rope_inv_freq() const { return inv_freq_; }
   // Feeds ids (each < vocab) at state.pos. With LogitRows::All writes logits [ids.size(), vocab];
   // with LogitRows::Last only the last position's [vocab] (what generation needs: a 4096-token
   // prompt would otherwise need 4 GB of logits).

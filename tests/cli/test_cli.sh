@@ -62,7 +62,13 @@ check "unknown device" "2" "--device must be one of" -- "$tandem" logits --model
 if "$tandem" info | grep -q "no CUDA device"; then
   check "gpu without a device" "1" "no CUDA device" -- "$tandem" logits --model "$fx" --ids 1 --device gpu --out "$tmp/x.npy"
 else
-  check "gpu path not in this version" "1" "not available in this version" -- "$tandem" logits --model "$fx" --ids 1 --device gpu --out "$tmp/x.npy"
+  for d in "$data"/*/; do
+    d=${d%/}
+    [ -f "$d/reference.json" ] || continue
+    check "gpu logits $(basename "$d") within 2e-2" "0" "OK" -- "$tandem" logits --model "$d" --ids "$(ids_of "$d")" \
+      --prefill "$(prefill_of "$d")" --device gpu --compare "$d/logits.npy" --tol 2e-2
+  done
+  check "gpu budget too small" "1" "raise --gpu-mem" -- "$tandem" logits --model "$fx" --ids 1 --device gpu --gpu-mem 1MiB --out "$tmp/x.npy"
 fi
 check "unknown command" "2" "did you mean 'logits'" -- "$tandem" logit
 

@@ -1,0 +1,408 @@
+// The Qwen3.5-MoE forward on one GPU (see qwen3_5_moe_gpu.h). Weights are planned, then uploaded
+// into one device allocation; the layer walk mirrors Qwen35Moe::forward step by step.
+#include "runtime/models/qwen3_5_moe_gpu.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+
+#include "gpu_core/attention.cuh"
+#include "gpu_core/deltanet.cuh"
+#include "gpu_core/gemv.cuh"
+#include "gpu_core/int4_layout.h"
+#include "gpu_core/moe.cuh"
+#include "gpu_core/ops.cuh"
+#include "runtime/error.h"
+
+namespace tandem {
+
+namespace {
+
+void cuda_check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) fail("CUDA error in ", what, ": ", cudaGetErrorString(e));
+}
+#define CK(expr) cuda_check((expr), #expr)
+
+std::string gib(uint64_t b) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f GiB", b / double(1ull << 30));
+  return buf;
+}
+
+enum class Kind { Dense, Experts, Kv, State, Work };
+
+// Two passes over the same upload code: first it only counts bytes per kind (plan), then it
+// allocates from one device block and copies (commit).
+class Uploader {
+ public:
+  bool committing() const { return base_ != nullptr; }
+  void begin_commit(char* base) { base_ = base, offset_ = 0; }
+  GpuMemoryPlan& plan() { return plan_; }
+
+  void* alloc(uint64_t bytes, Kind kind) {
+    bytes = (bytes + 255) / 256 * 256;
+    if (!committing()) {
+      (kind == Kind::Dense ? plan_.dense_weights : kind == Kind::Experts ? plan_.expert_weights
+       : kind == Kind::Kv ? plan_.kv_cache : kind == Kind::State ? plan_.deltanet_state : plan_.workspace) += bytes;
+      return nullptr;
+    }
+    void* p = base_ + offset_;
+    offset_ += bytes;
+    return p;
+  }
+  template <typename T>
+  T* upload(const T* host, size_t count, Kind kind) {
+    auto* d = static_cast<T*>(alloc(count * sizeof(T), kind));
+    if (d) CK(cudaMemcpy(d, host, count * sizeof(T), cudaMemcpyHostToDevice));
+    return d;
+  }
+  template <typename T>
+  T* zeros(size_t count, Kind kind) {
+    auto* d = static_cast<T*>(alloc(count * sizeof(T), kind));
+    if (d) CK(cudaMemset(d, 0, count * sizeof(T)));
+    return d;
+  }
+
+ private:
+  char* base_ = nullptr;
+  uint64_t offset_ = 0;
+  GpuMemoryPlan plan_;
+};
+
+struct DevLinear {
+  bool int4 = false;
+  const uint16_t* w = nullptr;  // bf16 [out, in]
+  gpu::Int4View q;
+  int64_t out = 0, in = 0;
+};
+
+DevLinear upload_linear(Uploader& up, const LinearWeight& L, Kind kind) {
+  DevLinear d;
+  d.out = L.out;
+  d.in = L.in;
+  if (L.kind == LinearWeight::Kind::Gptq) {
+    d.int4 = true;
+    const int64_t G = L.gptq.num_groups;
+    if (!up.committing()) {  // sizes only: repacking is the expensive part
+      up.alloc(L.out * L.in / 2, kind), up.alloc(L.out * G * 2, kind), up.alloc(L.out * G, kind);
+      if (L.gptq.g_idx) up.alloc(L.in * 4, kind);
+      return d;
+    }
+    if (L.gptq.scales_dtype != DType::F16) fail(L.name, ": the GPU path needs F16 GPTQ scales (found ", dtype_name(L.gptq.scales_dtype), ")");
+    const gpu::Int4Host h = gpu::repack_gptq_int4({L.gptq.qweight, L.gptq.qzeros, static_cast<const uint16_t*>(L.gptq.scales),
+                                                   L.gptq.g_idx, L.out, L.in, L.gptq.group_size, L.gptq.zero_offset});
+    d.q.qweight = up.upload(h.qweight.data(), h.qweight.size(), kind);
+    d.q.scales = up.upload(h.scales.data(), h.scales.size(), kind);
+    d.q.zeros = up.upload(h.zeros.data(), h.zeros.size(), kind);
+    d.q.perm = L.gptq.g_idx ? up.upload(h.perm.data(), h.perm.size(), kind) : nullptr;
+    d.q.N = L.out, d.q.K = L.in, d.q.group_size = L.gptq.group_size;
+    return d;
+  }
+  const size_t n = static_cast<size_t>(L.out * L.in);
+  if (!up.committing()) {
+    up.alloc(n * 2, kind);
+    return d;
+  }
+  if (L.dense_dtype == DType::BF16) {
+    d.w = up.upload(static_cast<const uint16_t*>(L.dense), n, kind);
+    return d;
+  }
+  std::vector<uint16_t> bf(n);  // F16 / F32 checkpoint tensors are kept as bf16 on the GPU
+  for (size_t i = 0; i < n; ++i) bf[i] = f32_to_bf16(load_as_f32(L.dense, L.dense_dtype, static_cast<int64_t>(i)));
+  d.w = up.upload(bf.data(), n, kind);
+  return d;
+}
+
+struct DevLayer {
+  LayerKind kind;
+  const float *in_norm, *post_norm;
+  DevLinear qkv, z, b, a, out_proj;
+  const float *conv_w, *A_log, *dt_bias, *dn_norm;
+  float *conv_state, *ssm_state;
+  DevLinear q, k, v, o;
+  const float *q_norm, *k_norm;
+  uint16_t *k_cache, *v_cache;
+  DevLinear router, sh_gate, sh_up, sh_down, sh_expert_gate;
+  bool int4_experts = false;
+  int64_t expert_group = 0;
+  gpu::Int4Expert* experts_i4 = nullptr;
+  gpu::Bf16Expert* experts_bf16 = nullptr;
+};
+
+}  // namespace
+
+std::string GpuMemoryPlan::describe() const {
+  return str_cat("dense weights ", gib(dense_weights), ", routed experts ", gib(expert_weights), ", KV cache ", gib(kv_cache),
+                 ", DeltaNet state ", gib(deltanet_state), ", workspace ", gib(workspace), "; total ", gib(total()));
+}
+
+uint64_t parse_bytes(const std::string& text, const std::string& what) {
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    fail(what, ": '", text, "' is not a size (examples: 24GiB, 512MiB, 16GB)");
+  }
+  std::string unit = text.substr(used);
+  for (auto& c : unit) c = static_cast<char>(std::tolower(c));
+  double mul = 1;
+  if (unit == "" || unit == "b") mul = 1;
+  else if (unit == "k" || unit == "kib") mul = 1024.0;
+  else if (unit == "m" || unit == "mib") mul = 1024.0 * 1024;
+  else if (unit == "g" || unit == "gib") mul = 1024.0 * 1024 * 1024;
+  else if (unit == "kb") mul = 1e3;
+  else if (unit == "mb") mul = 1e6;
+  else if (unit == "gb") mul = 1e9;
+  else fail(what, ": unknown unit '", text.substr(used), "' in '", text, "' (use B, KiB, MiB, GiB, KB, MB or GB)");
+  if (!(v > 0)) fail(what, ": '", text, "' must be positive");
+  return static_cast<uint64_t>(v * mul);
+}
+
+struct Qwen35MoeGpu::Impl {
+  const Qwen35Moe& model;
+  GpuOptions opts;
+  GpuMemoryPlan plan;
+  char* arena = nullptr;
+  cudaStream_t stream = nullptr;
+  std::vector<DevLayer> layers;
+  const uint16_t* embed = nullptr;
+  DevLinear lm_head;
+  const float *final_norm = nullptr, *inv_freq = nullptr;
+  int64_t pos = 0;
+  // workspace
+  float *h, *x, *o, *qkv, *z, *b, *a, *core, *conv_out, *qg, *kk, *vv, *q_rot, *attn_part, *attn_out, *router, *moe_out,
+      *hscratch, *sg, *su, *sd, *sgate, *logits;
+  uint16_t* xh;
+  int32_t *ids, *topk_ids, *pos_dev;
+  float* topk_w;
+
+  explicit Impl(const Qwen35Moe& m, const GpuOptions& o) : model(m), opts(o) {}
+  ~Impl() {
+    if (arena) cudaFree(arena);
+    if (stream) cudaStreamDestroy(stream);
+  }
+
+  void build(Uploader& up) {
+    const ModelConfig& c = model.config();
+    const int64_t H = c.hidden_size, V = c.vocab_size, conv_dim = c.linear_conv_dim(), Vd = c.linear_value_dim();
+    const int64_t I = c.moe_intermediate_size, Is = c.shared_expert_intermediate_size, E = c.num_experts;
+    const int k = c.num_experts_per_tok, nh = c.num_heads, nkv = c.num_kv_heads, hd = c.head_dim;
+    const int max_splits = static_cast<int>((opts.max_context + 255) / 256);
+
+    auto vec = [&](const std::vector<float>& v, Kind kind) { return up.upload(v.data(), v.size(), kind); };
+    if (model.embed().dense_dtype != DType::BF16) {
+      DevLinear e = upload_linear(up, model.embed(), Kind::Dense);
+      embed = e.w;
+    } else {
+      embed = up.upload(static_cast<const uint16_t*>(model.embed().dense), static_cast<size_t>(V * H), Kind::Dense);
+    }
+    lm_head = model.lm_head().dense == model.embed().dense && model.embed().dense_dtype == DType::BF16
+                  ? DevLinear{false, embed, {}, V, H}
+                  : upload_linear(up, model.lm_head(), Kind::Dense);
+    final_norm = vec(model.final_norm(), Kind::Dense);
+    inv_freq = vec(model.rope_inv_freq(), Kind::Dense);
+
+    layers.clear();
+    for (const LayerWeights& L : model.layers()) {
+      DevLayer d{};
+      d.kind = L.kind;
+      d.in_norm = vec(L.input_norm, Kind::Dense);
+      d.post_norm = vec(L.post_attention_norm, Kind::Dense);
+      if (L.kind == LayerKind::LinearAttention) {
+        const DeltaNetWeights& w = L.deltanet;
+        d.qkv = upload_linear(up, w.in_proj_qkv, Kind::Dense);
+        d.z = upload_linear(up, w.in_proj_z, Kind::Dense);
+        d.b = upload_linear(up, w.in_proj_b, Kind::Dense);
+        d.a = upload_linear(up, w.in_proj_a, Kind::Dense);
+        d.out_proj = upload_linear(up, w.out_proj, Kind::Dense);
+        d.conv_w = vec(w.conv, Kind::Dense);
+        d.A_log = vec(w.A_log, Kind::Dense);
+        d.dt_bias = vec(w.dt_bias, Kind::Dense);
+        d.dn_norm = vec(w.norm, Kind::Dense);
+        d.conv_state = up.zeros<float>((c.linear_conv_kernel - 1) * conv_dim, Kind::State);
+        d.ssm_state = up.zeros<float>(int64_t(c.linear_num_value_heads) * c.linear_key_head_dim * c.linear_value_head_dim, Kind::State);
+      } else {
+        const AttentionWeights& w = L.attn;
+        d.q = upload_linear(up, w.q_proj, Kind::Dense);
+        d.k = upload_linear(up, w.k_proj, Kind::Dense);
+        d.v = upload_linear(up, w.v_proj, Kind::Dense);
+        d.o = upload_linear(up, w.o_proj, Kind::Dense);
+        d.q_norm = vec(w.q_norm, Kind::Dense);
+        d.k_norm = vec(w.k_norm, Kind::Dense);
+        d.k_cache = up.zeros<uint16_t>(opts.max_context * nkv * hd, Kind::Kv);
+        d.v_cache = up.zeros<uint16_t>(opts.max_context * nkv * hd, Kind::Kv);
+      }
+      const MoeWeights& m = L.moe;
+      d.router = upload_linear(up, m.router, Kind::Dense);
+      d.sh_gate = upload_linear(up, m.shared_gate, Kind::Dense);
+      d.sh_up = upload_linear(up, m.shared_up, Kind::Dense);
+      d.sh_down = upload_linear(up, m.shared_down, Kind::Dense);
+      d.sh_expert_gate = upload_linear(up, m.shared_expert_gate, Kind::Dense);
+      d.int4_experts = m.gate[0].kind == LinearWeight::Kind::Gptq;
+      d.expert_group = d.int4_experts ? m.gate[0].gptq.group_size : 0;
+      std::vector<gpu::Int4Expert> i4(E);
+      std::vector<gpu::Bf16Expert> b16(E);
+      for (int64_t e = 0; e < E; ++e) {
+        for (const LinearWeight* w : {&m.gate[e], &m.up[e], &m.down[e]})
+          if ((w->kind == LinearWeight::Kind::Gptq) != d.int4_experts || (d.int4_experts && w->gptq.group_size != d.expert_group))
+            fail(w->name, ": the GPU MoE kernels need every expert of a layer in one format and group size");
+        const DevLinear g = upload_linear(up, m.gate[e], Kind::Experts), u = upload_linear(up, m.up[e], Kind::Experts),
+                        dn = upload_linear(up, m.down[e], Kind::Experts);
+        i4[e] = {g.q, u.q, dn.q};
+        b16[e] = {g.w, u.w, dn.w};
+      }
+      if (d.int4_experts) d.experts_i4 = up.upload(i4.data(), i4.size(), Kind::Experts);
+      else d.experts_bf16 = up.upload(b16.data(), b16.size(), Kind::Experts);
+      layers.push_back(d);
+    }
+
+    const int64_t wide = std::max({H, conv_dim, Vd, int64_t(nh) * 2 * hd, I * k, Is});
+    auto ws = [&](int64_t n) { return up.zeros<float>(n, Kind::Work); };
+    h = ws(H), x = ws(H), o = ws(H), qkv = ws(conv_dim), z = ws(Vd), b = ws(c.linear_num_value_heads),
+    a = ws(c.linear_num_value_heads), core = ws(Vd), conv_out = ws(conv_dim), qg = ws(int64_t(nh) * 2 * hd),
+    kk = ws(int64_t(nkv) * hd), vv = ws(int64_t(nkv) * hd), q_rot = ws(int64_t(nh) * hd),
+    attn_part = ws(int64_t(nh) * max_splits * (hd + 2)), attn_out = ws(int64_t(nh) * hd), router = ws(E), moe_out = ws(H),
+    hscratch = ws(I * k), sg = ws(Is), su = ws(Is), sd = ws(H), sgate = ws(1), logits = ws(V);
+    xh = up.zeros<uint16_t>(wide, Kind::Work);
+    ids = up.zeros<int32_t>(1, Kind::Work);
+    topk_ids = up.zeros<int32_t>(k, Kind::Work);
+    topk_w = ws(k);
+    pos_dev = up.zeros<int32_t>(1, Kind::Work);
+  }
+
+  void linear(const DevLinear& L, const float* in, float* out) {
+    if (L.int4) {
+      CK(gpu::gather_x_half(in, L.q.perm, L.in, 1, xh, stream));
+      CK(gpu::gemv_int4(L.q, xh, 1, out, stream));
+    } else {
+      CK(gpu::gemv_bf16(L.w, L.out, L.in, in, 1, out, stream));
+    }
+  }
+
+  void step(int32_t id, float* logits_host) {
+    const ModelConfig& c = model.config();
+    const int64_t H = c.hidden_size, I = c.moe_intermediate_size;
+    const int k = c.num_experts_per_tok;
+    const float eps = static_cast<float>(c.rms_norm_eps);
+    const int32_t p32 = static_cast<int32_t>(pos);
+    CK(cudaMemcpyAsync(ids, &id, 4, cudaMemcpyHostToDevice, stream));
+    CK(cudaMemcpyAsync(pos_dev, &p32, 4, cudaMemcpyHostToDevice, stream));
+    CK(gpu::embed_bf16(embed, H, ids, 1, h, stream));
+    for (const DevLayer& L : layers) {
+      CK(gpu::rmsnorm_zc(h, L.in_norm, H, 1, eps, x, stream));
+      if (L.kind == LayerKind::LinearAttention) {
+        linear(L.qkv, x, qkv);
+        linear(L.z, x, z);
+        linear(L.b, x, b);
+        linear(L.a, x, a);
+        gpu::DeltaNetDecodeArgs p;
+        p.qkv = qkv, p.z = z, p.b = b, p.a = a, p.conv_w = L.conv_w, p.conv_state = L.conv_state, p.conv_out = conv_out;
+        p.A_log = L.A_log, p.dt_bias = L.dt_bias, p.norm_w = L.dn_norm, p.state = L.ssm_state, p.out = core;
+        p.Hk = c.linear_num_key_heads, p.Hv = c.linear_num_value_heads, p.dk = c.linear_key_head_dim,
+        p.dv = c.linear_value_head_dim, p.kernel = c.linear_conv_kernel, p.eps = eps;
+        CK(gpu::deltanet_decode(p, stream));
+        linear(L.out_proj, core, o);
+      } else {
+        linear(L.q, x, qg);
+        linear(L.k, x, kk);
+        linear(L.v, x, vv);
+        gpu::AttentionDecodeArgs p;
+        p.qg = qg, p.k = kk, p.v = vv, p.q_norm = L.q_norm, p.k_norm = L.k_norm, p.inv_freq = inv_freq, p.pos = pos_dev;
+        p.k_cache = L.k_cache, p.v_cache = L.v_cache, p.q_rot = q_rot, p.partial = attn_part, p.out = attn_out;
+        p.nh = c.num_heads, p.nkv = c.num_kv_heads, p.hd = c.head_dim, p.rotary_dim = c.rotary_dim;
+        p.max_ctx = static_cast<int>(opts.max_context), p.max_splits = static_cast<int>((opts.max_context + 255) / 256);
+        p.eps = eps, p.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+        CK(gpu::attention_decode(p, stream));
+        linear(L.o, attn_out, o);
+      }
+      CK(gpu::add_inplace(h, o, H, stream));
+      CK(gpu::rmsnorm_zc(h, L.post_norm, H, 1, eps, x, stream));
+      linear(L.router, x, router);
+      CK(gpu::router_topk(router, c.num_experts, k, 1, topk_ids, topk_w, stream));
+      if (L.int4_experts) {
+        CK(gpu::gather_x_half(x, nullptr, H, 1, xh, stream));
+        CK(gpu::moe_int4_decode(L.experts_i4, H, I, L.expert_group, topk_ids, topk_w, 1, k, xh,
+                                reinterpret_cast<uint16_t*>(hscratch), moe_out, stream));
+      } else {
+        CK(gpu::moe_bf16_decode(L.experts_bf16, H, I, topk_ids, topk_w, 1, k, x, hscratch, moe_out, stream));
+      }
+      linear(L.sh_gate, x, sg);
+      linear(L.sh_up, x, su);
+      CK(gpu::silu_mul(sg, su, c.shared_expert_intermediate_size, stream));
+      linear(L.sh_down, sg, sd);
+      linear(L.sh_expert_gate, x, sgate);
+      CK(gpu::gated_add(moe_out, sd, sgate, H, 1, stream));
+      CK(gpu::add_inplace(h, moe_out, H, stream));
+    }
+    ++pos;
+    if (!logits_host) return;
+    CK(gpu::rmsnorm_zc(h, final_norm, H, 1, eps, x, stream));
+    linear(lm_head, x, logits);
+    CK(cudaMemcpyAsync(logits_host, logits, c.vocab_size * sizeof(float), cudaMemcpyDeviceToHost, stream));
+    CK(cudaStreamSynchronize(stream));
+  }
+};
+
+Qwen35MoeGpu::Qwen35MoeGpu(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Qwen35MoeGpu::~Qwen35MoeGpu() = default;
+const GpuMemoryPlan& Qwen35MoeGpu::memory() const { return impl_->plan; }
+
+std::unique_ptr<Qwen35MoeGpu> Qwen35MoeGpu::create(const Qwen35Moe& model, const GpuOptions& opts) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+    cudaGetLastError();
+    fail("--device gpu: no CUDA device");
+  }
+  if (opts.max_context < 1 || opts.max_context > model.config().max_position_embeddings)
+    fail("--context ", opts.max_context, " must be between 1 and the model's ", model.config().max_position_embeddings);
+  auto impl = std::make_unique<Impl>(model, opts);
+  Uploader up;
+  impl->build(up);  // plan
+  impl->plan = up.plan();
+  size_t free_b = 0, total_b = 0;
+  CK(cudaMemGetInfo(&free_b, &total_b));
+  const uint64_t budget = opts.budget_bytes ? opts.budget_bytes : free_b;
+  if (impl->plan.total() > budget)
+    fail("the model needs ", gib(impl->plan.total()), " of GPU memory at context ", opts.max_context, " (",
+         impl->plan.describe(), ") but the budget is ", gib(budget),
+         opts.budget_bytes ? " (--gpu-mem)" : " (free device memory)", "; raise --gpu-mem, lower --context, or use --device hybrid");
+  if (impl->plan.total() > free_b) fail("the model needs ", gib(impl->plan.total()), " of GPU memory but only ", gib(free_b), " is free");
+  CK(cudaMalloc(&impl->arena, impl->plan.total()));
+  CK(cudaStreamCreate(&impl->stream));
+  Uploader commit;
+  commit.begin_commit(impl->arena);
+  impl->build(commit);
+  CK(cudaDeviceSynchronize());
+  return std::unique_ptr<Qwen35MoeGpu>(new Qwen35MoeGpu(std::move(impl)));
+}
+
+void Qwen35MoeGpu::reset() {
+  Impl& m = *impl_;
+  m.pos = 0;
+  for (DevLayer& L : m.layers) {
+    const ModelConfig& c = m.model.config();
+    if (L.kind == LayerKind::LinearAttention) {
+      CK(cudaMemsetAsync(L.conv_state, 0, (c.linear_conv_kernel - 1) * c.linear_conv_dim() * sizeof(float), m.stream));
+      CK(cudaMemsetAsync(L.ssm_state, 0,
+                         int64_t(c.linear_num_value_heads) * c.linear_key_head_dim * c.linear_value_head_dim * sizeof(float), m.stream));
+    }
+  }
+  CK(cudaStreamSynchronize(m.stream));
+}
+
+void Qwen35MoeGpu::forward(std::span<const int32_t> ids, float* logits, Qwen35Moe::LogitRows rows) {
+  Impl& m = *impl_;
+  const int64_t V = m.model.config().vocab_size, T = static_cast<int64_t>(ids.size());
+  for (int64_t t = 0; t < T; ++t) {
+    if (ids[t] < 0 || ids[t] >= V) fail("token id ", ids[t], " at position ", t, " is outside the vocabulary (0..", V - 1, ")");
+    if (m.pos >= m.opts.max_context) fail("the sequence reached the context limit of ", m.opts.max_context, " tokens (--context)");
+    const bool want = rows == Qwen35Moe::LogitRows::All || t == T - 1;
+    m.step(ids[t], want ? logits + (rows == Qwen35Moe::LogitRows::All ? t * V : 0) : nullptr);
+  }
+}
+
+}  // namespace tandem
