@@ -49,7 +49,7 @@ TEST_P(GpuModel, MatchesTransformers) {
 TEST(GpuModelBudget, TooSmallBudgetSaysWhatItNeeds) {
   TANDEM_REQUIRE_GPU();
   auto model = Qwen35Moe::load(std::string(TANDEM_TEST_DATA) + "/bf16_fused");
-  test::expect_error([&] { Qwen35MoeGpu::create(*model, {1 << 20, 256}); },
+  test::expect_error([&] { Qwen35MoeGpu::create(*model, {4096, 256}); },
                      {"needs", "dense weights", "KV cache", "budget is 0.00 GiB (--gpu-mem)"});
 }
 
