@@ -85,6 +85,42 @@ LinearWeight load_linear(const Checkpoint& c, const ModelConfig& cfg, const std:
   return w;
 }
 
+// The reference routed experts: grouped by expert so that each weight row is rebuilt once per call.
+void routed_experts_ref(const MoeWeights& w, const float* x, int64_t T, const int32_t* ids, const float* weights, int K,
+                        float* out) {
+  const int64_t H = w.down.empty() ? 0 : w.down[0].out, I = w.gate.empty() ? 0 : w.gate[0].out;
+  const int E = static_cast<int>(w.gate.size());
+  std::fill_n(out, T * H, 0.0f);
+  std::vector<std::vector<std::pair<int64_t, float>>> users(E);
+  for (int64_t t = 0; t < T; ++t)
+    for (int j = 0; j < K; ++j) users[ids[t * K + j]].push_back({t, weights[t * K + j]});
+  std::vector<float> xe, g, u, d;
+  for (int e = 0; e < E; ++e) {
+    const auto& us = users[e];
+    if (us.empty()) continue;
+    const int64_t n = static_cast<int64_t>(us.size());
+    xe.resize(n * H);
+    g.resize(n * I);
+    u.resize(n * I);
+    d.resize(n * H);
+    for (int64_t i = 0; i < n; ++i) std::copy_n(x + us[i].first * H, H, xe.data() + i * H);
+    linear_ref(w.gate[e], xe.data(), n, g.data());
+    linear_ref(w.up[e], xe.data(), n, u.data());
+    for (int64_t i = 0; i < n * I; ++i) g[i] = ref::silu(g[i]) * u[i];
+    linear_ref(w.down[e], g.data(), n, d.data());
+    for (int64_t i = 0; i < n; ++i) {
+      float* o = out + us[i].first * H;
+      const float s = us[i].second;
+      for (int64_t k = 0; k < H; ++k) o[k] += s * d[i * H + k];
+    }
+  }
+}
+
+void linear(const Qwen35State& st, const LinearWeight& w, const float* x, int64_t T, float* y) {
+  if (st.backend) st.backend->linear(w, x, T, y);
+  else linear_ref(w, x, T, y);
+}
+
 }  // namespace
 
 std::unique_ptr<Qwen35Moe> Qwen35Moe::load(const std::string& dir) {
@@ -278,14 +314,14 @@ void Qwen35Moe::forward(Qwen35State& st, std::span<const int32_t> ids, float* lo
     for (int64_t t = 0; t < T; ++t)
       ref::rmsnorm_zc(h.data() + t * H, L.post_attention_norm.data(), H, eps, x.data() + t * H);
     emit("ffn_norm", l, x.data(), T, H);
-    moe_forward(L, l, x.data(), T, out.data(), tap);
+    moe_forward(L, l, st, x.data(), T, out.data(), tap);
     for (int64_t i = 0; i < T * H; ++i) h[i] += out[i];
     emit("layer_out", l, h.data(), T, H);
   }
   const int64_t first = rows == LogitRows::Last ? T - 1 : 0, n_out = T - first;
   for (int64_t t = first; t < T; ++t) ref::rmsnorm_zc(h.data() + t * H, final_norm_.data(), H, eps, x.data() + t * H);
   emit("final_norm", -1, x.data() + first * H, n_out, H);
-  linear_ref(lm_head_, x.data() + first * H, n_out, logits);
+  linear(st, lm_head_, x.data() + first * H, n_out, logits);
   emit("logits", -1, logits, n_out, c.vocab_size);
   st.pos += T;
 }
@@ -300,10 +336,10 @@ void Qwen35Moe::deltanet_forward(const LayerWeights& L, int layer, Qwen35State& 
   const float eps = static_cast<float>(c.rms_norm_eps);
 
   std::vector<float> qkv(T * conv_dim), conv(T * conv_dim), z(T * Vd), b(T * Hv), a(T * Hv), core(T * Vd);
-  linear_ref(w.in_proj_qkv, x, T, qkv.data());
-  linear_ref(w.in_proj_z, x, T, z.data());
-  linear_ref(w.in_proj_b, x, T, b.data());
-  linear_ref(w.in_proj_a, x, T, a.data());
+  linear(st, w.in_proj_qkv, x, T, qkv.data());
+  linear(st, w.in_proj_z, x, T, z.data());
+  linear(st, w.in_proj_b, x, T, b.data());
+  linear(st, w.in_proj_a, x, T, a.data());
   float* window = st.conv_window[layer].data();
   for (int64_t t = 0; t < T; ++t)
     ref::causal_conv_step(qkv.data() + t * conv_dim, window, w.conv.data(), conv_dim, c.linear_conv_kernel,
@@ -333,7 +369,7 @@ void Qwen35Moe::deltanet_forward(const LayerWeights& L, int layer, Qwen35State& 
     }
   }
   if (tap) tap("linear_attn_core", layer, core.data(), T, Vd);
-  linear_ref(w.out_proj, core.data(), T, out);
+  linear(st, w.out_proj, core.data(), T, out);
   if (tap) tap("linear_attn_out", layer, out, T, c.hidden_size);
 }
 
@@ -346,9 +382,9 @@ void Qwen35Moe::attention_forward(const LayerWeights& L, int layer, Qwen35State&
   const float eps = static_cast<float>(c.rms_norm_eps);
 
   std::vector<float> qg(T * nh * 2 * hd), k(T * kv_row), v(T * kv_row), o(T * nh * hd);
-  linear_ref(w.q_proj, x, T, qg.data());
-  linear_ref(w.k_proj, x, T, k.data());
-  linear_ref(w.v_proj, x, T, v.data());
+  linear(st, w.q_proj, x, T, qg.data());
+  linear(st, w.k_proj, x, T, k.data());
+  linear(st, w.v_proj, x, T, v.data());
 
   std::vector<float>& kc = st.k_cache[layer];
   std::vector<float>& vc = st.v_cache[layer];
@@ -380,56 +416,36 @@ void Qwen35Moe::attention_forward(const LayerWeights& L, int layer, Qwen35State&
       }
   }
   if (tap) tap("attn_gated", layer, o.data(), T, int64_t(nh) * hd);
-  linear_ref(w.o_proj, o.data(), T, out);
+  linear(st, w.o_proj, o.data(), T, out);
   if (tap) tap("attn_out", layer, out, T, c.hidden_size);
 }
 
-void Qwen35Moe::moe_forward(const LayerWeights& L, int layer, const float* x, int64_t T, float* out,
+void Qwen35Moe::moe_forward(const LayerWeights& L, int layer, Qwen35State& st, const float* x, int64_t T, float* out,
                             const TensorTap& tap) const {
   const ModelConfig& c = cfg_;
   const MoeWeights& w = L.moe;
-  const int64_t H = c.hidden_size, I = c.moe_intermediate_size, Is = c.shared_expert_intermediate_size;
+  const int64_t H = c.hidden_size, Is = c.shared_expert_intermediate_size;
   const int E = c.num_experts, K = c.num_experts_per_tok;
 
   std::vector<float> router(T * E);
-  linear_ref(w.router, x, T, router.data());
-  std::vector<int> idx(T * K);
+  linear(st, w.router, x, T, router.data());
+  std::vector<int32_t> idx(T * K);
   std::vector<float> wt(T * K);
   for (int64_t t = 0; t < T; ++t) ref::route_topk(router.data() + t * E, E, K, idx.data() + t * K, wt.data() + t * K);
 
-  // Routed experts, grouped by expert so each weight row is rebuilt once per call.
-  std::fill_n(out, T * H, 0.0f);
-  std::vector<std::vector<std::pair<int64_t, float>>> users(E);
-  for (int64_t t = 0; t < T; ++t)
-    for (int j = 0; j < K; ++j) users[idx[t * K + j]].push_back({t, wt[t * K + j]});
-  std::vector<float> xe, g, u, d;
-  for (int e = 0; e < E; ++e) {
-    const auto& us = users[e];
-    if (us.empty()) continue;
-    const int64_t n = static_cast<int64_t>(us.size());
-    xe.resize(n * H);
-    g.resize(n * I);
-    u.resize(n * I);
-    d.resize(n * H);
-    for (int64_t i = 0; i < n; ++i) std::copy_n(x + us[i].first * H, H, xe.data() + i * H);
-    linear_ref(w.gate[e], xe.data(), n, g.data());
-    linear_ref(w.up[e], xe.data(), n, u.data());
-    for (int64_t i = 0; i < n * I; ++i) g[i] = ref::silu(g[i]) * u[i];
-    linear_ref(w.down[e], g.data(), n, d.data());
-    for (int64_t i = 0; i < n; ++i) {
-      float* o = out + us[i].first * H;
-      const float s = us[i].second;
-      for (int64_t k = 0; k < H; ++k) o[k] += s * d[i * H + k];
-    }
+  if (st.backend) {
+    st.backend->routed_experts(layer, x, T, idx.data(), wt.data(), K, out);
+  } else {
+    routed_experts_ref(L.moe, x, T, idx.data(), wt.data(), K, out);
   }
   if (tap) tap("moe_routed", layer, out, T, H);
 
   std::vector<float> sg(T * Is), su(T * Is), sd(T * H), sgate(T);
-  linear_ref(w.shared_gate, x, T, sg.data());
-  linear_ref(w.shared_up, x, T, su.data());
+  linear(st, w.shared_gate, x, T, sg.data());
+  linear(st, w.shared_up, x, T, su.data());
   for (int64_t i = 0; i < T * Is; ++i) sg[i] = ref::silu(sg[i]) * su[i];
-  linear_ref(w.shared_down, sg.data(), T, sd.data());
-  linear_ref(w.shared_expert_gate, x, T, sgate.data());
+  linear(st, w.shared_down, sg.data(), T, sd.data());
+  linear(st, w.shared_expert_gate, x, T, sgate.data());
   for (int64_t t = 0; t < T; ++t) {
     const float s = ref::sigmoid(sgate[t]);
     for (int64_t k = 0; k < H; ++k) out[t * H + k] += s * sd[t * H + k];

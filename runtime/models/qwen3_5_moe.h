@@ -51,9 +51,23 @@ struct LayerWeights {
   MoeWeights moe;
 };
 
+// The matrix products of a forward pass. Without one the forward uses the exact reference
+// (linear_ref, experts grouped by id); a placement such as the fast CPU path supplies its own, and
+// everything else in the layer walk stays shared.
+class MatmulBackend {
+ public:
+  virtual ~MatmulBackend() = default;
+  // y [T, w.out] = x [T, w.in] W^T
+  virtual void linear(const LinearWeight& w, const float* x, int64_t T, float* y) = 0;
+  // out [T, H] = sum_j weights[t*k + j] * expert_{ids[t*k + j]}(x_t): the routed experts of `layer`.
+  virtual void routed_experts(int layer, const float* x, int64_t T, const int32_t* ids, const float* weights, int k,
+                              float* out) = 0;
+};
+
 // Per-sequence state. KV rows are post-norm, post-RoPE keys and raw values, fp32 in the reference.
 struct Qwen35State {
   int64_t pos = 0;
+  MatmulBackend* backend = nullptr;  // not owned; nullptr: the reference
   std::vector<std::vector<float>> k_cache, v_cache;  // per layer: [pos][kv_heads * head_dim]
   std::vector<std::vector<float>> conv_window;       // per layer: [kernel-1][conv_dim]
   std::vector<std::vector<float>> recurrent;         // per layer: [Hv][dk][dv]
@@ -102,7 +116,8 @@ class Qwen35Moe {
                         const TensorTap& tap) const;
   void attention_forward(const LayerWeights& L, int layer, Qwen35State& st, const float* x, int64_t T, float* out,
                          const TensorTap& tap) const;
-  void moe_forward(const LayerWeights& L, int layer, const float* x, int64_t T, float* out, const TensorTap& tap) const;
+  void moe_forward(const LayerWeights& L, int layer, Qwen35State& st, const float* x, int64_t T, float* out,
+                   const TensorTap& tap) const;
 
   ModelConfig cfg_;
   Checkpoint ckpt_;
