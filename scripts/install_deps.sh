@@ -22,3 +22,11 @@ if ((${#missing[@]})); then
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
+
+# Python test tools (PyPI): HF `tokenizers` checks that synthesized tokenizer.json files load in the
+# reference implementation; numpy reads .npy files in tools/.
+if ! python3 -c "import tokenizers, numpy" >/dev/null 2>&1; then
+  echo "tandem: installing Python test tools (tokenizers, numpy)"
+  python3 -m pip install --quiet --disable-pip-version-check tokenizers numpy \
+    || python3 -m pip install --quiet --disable-pip-version-check --break-system-packages tokenizers numpy
+fi
