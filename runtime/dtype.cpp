@@ -46,4 +46,19 @@ float f16_to_f32(uint16_t h) {
   return sign ? -v : v;
 }
 
+uint16_t f32_to_f16(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, sizeof x);
+  const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
+  const uint32_t ax = x & 0x7fffffffu;
+  if (ax > 0x7f800000u) return sign | 0x7e00u;   // NaN
+  if (ax >= 0x477ff000u) return sign | 0x7c00u;  // rounds to >= 65520: inf
+  if (ax < 0x38800000u) {                        // below 2^-14: subnormal half (or zero)
+    const float a = std::fabs(f) * 16777216.0f;  // in units of 2^-24, exact
+    return sign | static_cast<uint16_t>(std::nearbyint(a));  // default rounding mode: to nearest even
+  }
+  const uint32_t rounded = ax + 0xfffu + ((ax >> 13) & 1u);  // RNE on the 13 dropped bits
+  return sign | static_cast<uint16_t>((rounded - 0x38000000u) >> 13);
+}
+
 }  // namespace tandem

@@ -34,6 +34,8 @@ inline uint16_t f32_to_bf16(float f) {
 }
 
 float f16_to_f32(uint16_t h);
+// Round-to-nearest-even to IEEE half (overflow -> inf, tiny -> subnormal/zero); for checkpoint writers.
+uint16_t f32_to_f16(float f);
 
 // Reads element i of a buffer of a floating dtype (BF16 / F16 / F32) as float32, exactly.
 inline float load_as_f32(const void* base, DType t, int64_t i) {

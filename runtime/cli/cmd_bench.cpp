@@ -19,8 +19,9 @@
 #include "runtime/cli/args.h"
 #include "runtime/cli/commands.h"
 #include "runtime/error.h"
-#include "runtime/membw.h"
+#include "runtime/cli/device_flags.h"
 #include "runtime/models/qwen3_5_moe.h"
+#include "runtime/runner.h"
 
 namespace tandem::cli {
 
@@ -82,25 +83,24 @@ struct Run {
   std::vector<double> itl_ms;
 };
 
-Run run_once(const Qwen35Moe& m, int64_t prompt_len, int64_t gen, uint64_t seed) {
+Run run_once(Runner& runner, int64_t V, int64_t prompt_len, int64_t gen, uint64_t seed) {
   using clock = std::chrono::steady_clock;
-  const int64_t V = m.config().vocab_size;
   std::mt19937_64 rng(seed);
   std::uniform_int_distribution<int32_t> id(0, static_cast<int32_t>(V - 1));
   std::vector<int32_t> prompt(prompt_len);
   for (auto& t : prompt) t = id(rng);
   std::vector<float> logits(V);
-  Qwen35State st = m.new_state();
+  runner.reset();
   auto argmax = [&] { return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin()); };
   const auto t0 = clock::now();
-  m.forward(st, prompt, logits.data(), {}, Qwen35Moe::LogitRows::Last);
+  runner.forward(prompt, logits.data(), Qwen35Moe::LogitRows::Last);
   int32_t next = argmax();
   const double ttft = std::chrono::duration<double>(clock::now() - t0).count();
   Run r{prompt_len / ttft, ttft * 1e3, 0, {}};
   const auto d0 = clock::now();
   for (int64_t i = 1; i < gen; ++i) {
     const auto s0 = clock::now();
-    m.forward(st, std::span(&next, 1), logits.data(), {}, Qwen35Moe::LogitRows::Last);
+    runner.forward(std::span(&next, 1), logits.data(), Qwen35Moe::LogitRows::Last);
     next = argmax();
     r.itl_ms.push_back(std::chrono::duration<double>(clock::now() - s0).count() * 1e3);
   }
@@ -112,57 +112,59 @@ Run run_once(const Qwen35Moe& m, int64_t prompt_len, int64_t gen, uint64_t seed)
 }  // namespace
 
 int cmd_bench(int argc, char** argv) {
-  Args a("bench", {{"model", true, "model folder"},
-                   {"device", true, "ref | cpu (both the reference forward for now)"},
-                   {"prompt-len", true, "comma-separated prompt lengths (default 512)"},
-                   {"gen", true, "generated tokens per run (default 128)"},
-                   {"repeat", true, "measured runs per prompt length after one warm-up (default 5)"},
-                   {"threads", true, "CPU threads (default: all cores)"},
-                   {"seed", true, "seed of the random prompts (default 0)"},
-                   {"json", false, "print one JSON object instead of the table"},
-                   {"help", false, "show this help"}});
+  std::vector<Flag> flags = {{"model", true, "model folder"},
+                             {"prompt-len", true, "comma-separated prompt lengths (default 512)"},
+                             {"gen", true, "generated tokens per run (default 128)"},
+                             {"repeat", true, "measured runs per prompt length after one warm-up (default 5)"},
+                             {"seed", true, "seed of the random prompts (default 0)"},
+                             {"json", false, "print one JSON object instead of the table"}};
+  for (auto& f : device_flags()) flags.push_back(f);
+  flags.push_back({"help", false, "show this help"});
+  Args a("bench", flags);
   a.parse(argc, argv, 2);
   if (a.has("help")) {
     std::fputs(a.usage().c_str(), stdout);
     return 0;
   }
-  const std::string device = a.get("device", "ref");
-  if (device != "ref" && device != "cpu")
-    fail("--device ", device, " is not available in this version; use --device ref or cpu");
-  if (a.has("threads")) omp_set_num_threads(static_cast<int>(std::max<int64_t>(1, a.get_int("threads", 1))));
   const auto lengths = parse_lengths(a.get("prompt-len", "512"));
   const int64_t gen = a.get_int("gen", 128), repeat = a.get_int("repeat", 5);
   if (gen < 1 || repeat < 1) throw UsageError("tandem bench: --gen and --repeat must be at least 1");
   const uint64_t seed = static_cast<uint64_t>(a.get_int("seed", 0));
   const bool json_out = a.has("json");
 
+  int64_t longest = 0;
+  for (int64_t L : lengths) longest = std::max(longest, L);
+  const RunnerOptions ro = runner_options(a, longest + gen);
+  const std::string device = ro.device;
   auto model = Qwen35Moe::load(a.get("model"));
   const ModelConfig& cfg = model->config();
+  auto runner = make_runner(*model, ro);
   for (int64_t L : lengths)
     if (L + gen > cfg.max_position_embeddings)
       fail("--prompt-len ", L, " + --gen ", gen, " exceeds the model's context of ", cfg.max_position_embeddings);
   const WeightBytes wb = model->weight_bytes();
-  if (!json_out) std::fprintf(stderr, "measuring memory read bandwidth...\n");
-  const BandwidthResult bw = measure_read_bandwidth();
-  const double bound = bw.bytes_per_s / static_cast<double>(wb.per_token_active);
+  if (!json_out) std::fprintf(stderr, "measuring memory bandwidth...\n");
+  std::string bw_what;
+  const double bw_bytes = runner->weight_bandwidth(&bw_what);
+  const double bound = bw_bytes / static_cast<double>(wb.per_token_active);
   // The probe's buffer is freed; restart the peak-RSS mark so it reports the model runs alone.
   if (FILE* f = std::fopen("/proc/self/clear_refs", "w")) std::fputs("5", f), std::fclose(f);
 
   nlohmann::json results = nlohmann::json::array();
   if (!json_out) {
-    std::printf("tandem bench: %s, device %s, %d threads\n", a.get("model").c_str(), device.c_str(), omp_get_max_threads());
+    std::printf("tandem bench: %s\n%s\n", a.get("model").c_str(), runner->describe().c_str());
     std::printf("weights: %.2f GB non-expert + %.2f GB routed experts; %.3f GB read per decode token\n",
                 wb.non_expert / 1e9, wb.routed_experts / 1e9, wb.per_token_active / 1e9);
-    std::printf("CPU read bandwidth: %.1f GB/s -> decode bound %.2f tok/s\n\n", bw.bytes_per_s / 1e9, bound);
+    std::printf("%s: %.1f GB/s -> decode bound %.2f tok/s\n\n", bw_what.c_str(), bw_bytes / 1e9, bound);
     std::printf("%8s  %22s  %18s  %22s  %18s  %8s\n", "prompt", "prefill tok/s [min-max]", "TTFT ms", "decode tok/s [min-max]",
                 "ITL p50/p99 ms", "/bound");
   }
   for (int64_t L : lengths) {
     if (!json_out) std::fprintf(stderr, "prompt %lld: warm-up + %lld runs...\r", (long long)L, (long long)repeat);
-    run_once(*model, L, std::min<int64_t>(gen, 4), seed);  // warm-up: page in weights, grow caches
+    run_once(*runner, cfg.vocab_size, L, std::min<int64_t>(gen, 4), seed);  // warm-up: page in weights, grow caches
     std::vector<double> pf, ttft, dec, itl;
     for (int64_t r = 0; r < repeat; ++r) {
-      Run x = run_once(*model, L, gen, seed + 1 + r);
+      Run x = run_once(*runner, cfg.vocab_size, L, gen, seed + 1 + r);
       pf.push_back(x.prefill_tok_s);
       ttft.push_back(x.ttft_ms);
       dec.push_back(x.decode_tok_s);
@@ -198,16 +200,18 @@ int cmd_bench(int argc, char** argv) {
                         {"prefill_tok_s", first["prefill_tok_s"]},
                         {"decode_tok_s", first["decode_tok_s"]},
                         {"ttft_ms", first["ttft_ms"]},
-                        {"peak_vram_bytes", 0},
+                        {"peak_vram_bytes", runner->peak_device_bytes()},
                         {"peak_host_bytes", peak_host},
-                        {"gpu_expert_fraction", 0.0},
-                        {"cpu_read_bytes_per_s", bw.bytes_per_s},
+                        {"gpu_expert_fraction", device == "gpu" ? 1.0 : 0.0},
+                        {"bandwidth_bytes_per_s", bw_bytes},
+                        {"bandwidth_kind", bw_what},
                         {"active_bytes_per_token", wb.per_token_active},
                         {"bound_decode_tok_s", bound},
                         {"results", results}};
     std::printf("%s\n", j.dump(2).c_str());
   } else {
-    std::printf("\npeak host memory %.2f GB (mapped weights count when touched); GPU: none on this path\n", peak_host / 1e9);
+    std::printf("\npeak host memory %.2f GB (mapped weights count when touched); GPU memory %.2f GB; routed experts on the GPU: %s\n",
+                peak_host / 1e9, runner->peak_device_bytes() / 1e9, device == "gpu" ? "all" : "none");
   }
   return 0;
 }

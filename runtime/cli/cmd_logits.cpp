@@ -2,21 +2,17 @@
 // the rest one at a time through the cache (the decode path); logits [ids, vocab] float32 -> .npy.
 #include <omp.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <functional>
-#include <memory>
 #include <cstdio>
 
-#include "gpu_core/device.cuh"
 #include "runtime/cli/args.h"
 #include "runtime/cli/commands.h"
+#include "runtime/cli/device_flags.h"
 #include "runtime/error.h"
-#include "runtime/models/qwen3_5_moe.h"
 #include "runtime/npy.h"
-#ifdef TANDEM_HAVE_CUDA
-#include "runtime/models/qwen3_5_moe_gpu.h"
-#endif
+#include "runtime/runner.h"
 
 namespace tandem::cli {
 
@@ -37,37 +33,37 @@ std::vector<double> rel_l2_rows(const float* got, const float* want, int64_t row
   return out;
 }
 
-void check_device(const std::string& device) {
-  if (device == "ref") return;
-  if (device == "gpu" || device == "hybrid") {
-    gpu::DeviceProbe probe;
-    gpu::gpu_device_probe(&probe);
-    if (probe.device_count == 0) fail("--device ", device, ": ", probe.reason);
+// Positions where the reference is decisive (top-2 margin above 0.1) and the argmax differs.
+std::pair<int64_t, int64_t> argmax_check(const float* got, const float* want, int64_t rows, int64_t V) {
+  int64_t decisive = 0, disagree = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* a = got + r * V;
+    const float* b = want + r * V;
+    const int64_t ib = std::max_element(b, b + V) - b;
+    float second = -INFINITY;
+    for (int64_t c = 0; c < V; ++c)
+      if (c != ib) second = std::max(second, b[c]);
+    if (b[ib] - second <= 0.1f) continue;
+    ++decisive;
+    disagree += std::max_element(a, a + V) - a != ib;
   }
-#ifdef TANDEM_HAVE_CUDA
-  if (device == "gpu") return;
-#endif
-  if (device == "cpu" || device == "gpu" || device == "hybrid")
-    fail("--device ", device, " is not available in this version; use --device ref (the exact reference)");
-  throw UsageError(str_cat("tandem logits: --device must be one of ref, cpu, gpu, hybrid (got '", device, "')"));
+  return {decisive, disagree};
 }
 
 }  // namespace
 
 int cmd_logits(int argc, char** argv) {
-  Args args("logits", {
-                          {"model", true, "model folder (config.json + safetensors)"},
-                          {"ids", true, "token ids, comma/space separated, or @FILE"},
-                          {"prefill", true, "how many leading ids go in one prefill call (default: all)"},
-                          {"out", true, "output .npy file, float32 [ids, vocab]"},
-                          {"device", true, "ref (exact fp32 reference) | cpu | gpu | hybrid"},
-                          {"threads", true, "CPU threads (default: all cores)"},
-                          {"gpu-mem", true, "GPU memory budget for --device gpu, e.g. 24GiB (default: free memory)"},
-                          {"context", true, "longest sequence the GPU KV cache is sized for (default 4096)"},
-                          {"compare", true, "reference .npy: report relative L2 error per position"},
-                          {"tol", true, "with --compare: fail (exit 1) above this relative L2 error (default 1e-4)"},
-                          {"help", false, "show this help"},
-                      });
+  std::vector<Flag> flags = {
+      {"model", true, "model folder (config.json + safetensors)"},
+      {"ids", true, "token ids, comma/space separated, or @FILE"},
+      {"prefill", true, "how many leading ids go in one prefill call (default: all)"},
+      {"out", true, "output .npy file, float32 [ids, vocab]"},
+      {"compare", true, "reference .npy: relative L2 error per position and argmax at decisive positions"},
+      {"tol", true, "with --compare: fail (exit 1) above this relative L2 error (default 1e-4)"},
+  };
+  for (auto& f : device_flags()) flags.push_back(f);
+  flags.push_back({"help", false, "show this help"});
+  Args args("logits", flags);
   args.parse(argc, argv, 2);
   if (args.has("help")) {
     std::fputs(args.usage().c_str(), stdout);
@@ -79,47 +75,28 @@ int cmd_logits(int argc, char** argv) {
   const int64_t prefill = args.get_int("prefill", n);
   if (prefill < 0 || prefill > n)
     throw UsageError(str_cat("tandem logits: --prefill ", prefill, " must be between 0 and the number of ids (", n, ")"));
-  const std::string device = args.get("device", "ref");
-  check_device(device);
-  if (args.has("threads")) {
-    const int64_t t = args.get_int("threads", 0);
-    if (t < 1) throw UsageError("tandem logits: --threads must be at least 1");
-    omp_set_num_threads(static_cast<int>(t));
-  }
   if (!args.has("out") && !args.has("compare"))
     throw UsageError("tandem logits: give --out FILE.npy (and/or --compare REF.npy)");
+  const RunnerOptions ro = runner_options(args, n);
 
   using clock = std::chrono::steady_clock;
   const auto t_load = clock::now();
   auto model = Qwen35Moe::load(model_dir);
   const ModelConfig& cfg = model->config();
-  const double load_s = std::chrono::duration<double>(clock::now() - t_load).count();
   for (int64_t i = 0; i < n; ++i)
     if (ids[i] >= cfg.vocab_size)
       fail("--ids: token id ", ids[i], " at position ", i, " is outside the vocabulary of ", model_dir, " (vocab_size ",
            cfg.vocab_size, ")");
+  auto runner = make_runner(*model, ro);
+  const double load_s = std::chrono::duration<double>(clock::now() - t_load).count();
 
   const int64_t V = cfg.vocab_size;
   std::vector<float> logits(static_cast<size_t>(n * V));
-  // One forward function per placement; the call pattern (one prefill call, then single tokens) is the same.
-  std::function<void(std::span<const int32_t>, float*)> forward;
-  Qwen35State state = model->new_state();
-  forward = [&](std::span<const int32_t> part, float* out) { model->forward(state, part, out); };
-#ifdef TANDEM_HAVE_CUDA
-  std::unique_ptr<Qwen35MoeGpu> gpu_model;
-  if (device == "gpu") {
-    GpuOptions go;
-    if (args.has("gpu-mem")) go.budget_bytes = parse_bytes(args.get("gpu-mem"), "--gpu-mem");
-    go.max_context = std::max<int64_t>(args.get_int("context", 4096), n);
-    gpu_model = Qwen35MoeGpu::create(*model, go);
-    std::fprintf(stderr, "gpu     %s\n", gpu_model->memory().describe().c_str());
-    forward = [&](std::span<const int32_t> part, float* out) { gpu_model->forward(part, out); };
-  }
-#endif
   const auto t0 = clock::now();
-  if (prefill > 0) forward(std::span(ids.data(), prefill), logits.data());
+  if (prefill > 0) runner->forward(std::span(ids.data(), prefill), logits.data(), Qwen35Moe::LogitRows::All);
   const auto t1 = clock::now();
-  for (int64_t i = prefill; i < n; ++i) forward(std::span(ids.data() + i, 1), logits.data() + i * V);
+  for (int64_t i = prefill; i < n; ++i)
+    runner->forward(std::span(ids.data() + i, 1), logits.data() + i * V, Qwen35Moe::LogitRows::All);
   const auto t2 = clock::now();
 
   const double prefill_s = std::chrono::duration<double>(t1 - t0).count();
@@ -127,7 +104,7 @@ int cmd_logits(int argc, char** argv) {
   std::fprintf(stderr, "model   %s: %d layers (%d attention), %d experts top-%d, hidden %lld, vocab %lld; %s\n",
                model_dir.c_str(), cfg.num_layers, cfg.num_full_attention_layers(), cfg.num_experts,
                cfg.num_experts_per_tok, (long long)cfg.hidden_size, (long long)V, model->layout_description().c_str());
-  std::fprintf(stderr, "run     device %s, %d threads, load %.2f s\n", device.c_str(), omp_get_max_threads(), load_s);
+  std::fprintf(stderr, "run     %s; load %.2f s\n", runner->describe().c_str(), load_s);
   if (prefill > 0)
     std::fprintf(stderr, "prefill %lld tokens in %.1f ms (%.1f tok/s)\n", (long long)prefill, prefill_s * 1e3,
                  prefill / std::max(prefill_s, 1e-9));
@@ -142,26 +119,15 @@ int cmd_logits(int argc, char** argv) {
   if (args.has("compare")) {
     const std::string ref_path = args.get("compare");
     const NpyArray ref = read_npy_f32(ref_path);
-    if (ref.shape != std::vector<int64_t>{n, V})
-      fail(ref_path, ": shape differs from the logits [", n, ", ", V, "]");
+    if (ref.shape != std::vector<int64_t>{n, V}) fail(ref_path, ": shape differs from the logits [", n, ", ", V, "]");
     const double tol = args.get_double("tol", 1e-4);
     const auto err = rel_l2_rows(logits.data(), ref.data.data(), n, V);
     const auto worst = std::max_element(err.begin(), err.end());
-    // Argmax must agree wherever the reference is decisive (top-2 margin above 0.1).
-    int64_t decisive = 0, disagree = 0;
-    for (int64_t r = 0; r < n; ++r) {
-      const float* a = logits.data() + r * V;
-      const float* b = ref.data.data() + r * V;
-      const int64_t ib = std::max_element(b, b + V) - b;
-      float second = -INFINITY;
-      for (int64_t c = 0; c < V; ++c)
-        if (c != ib) second = std::max(second, b[c]);
-      if (b[ib] - second <= 0.1f) continue;
-      ++decisive;
-      disagree += std::max_element(a, a + V) - a != ib;
-    }
+    const auto [decisive, disagree] = argmax_check(logits.data(), ref.data.data(), n, V);
     const bool ok = *worst <= tol && disagree == 0;
-    std::fprintf(stderr, "compare %s: max relative L2 %.2e at position %lld (tolerance %.0e); argmax agrees at %lld/%lld decisive positions: %s\n",
+    std::fprintf(stderr,
+                 "compare %s: max relative L2 %.2e at position %lld (tolerance %.0e); argmax agrees at %lld/%lld "
+                 "decisive positions: %s\n",
                  ref_path.c_str(), *worst, (long long)(worst - err.begin()), tol, (long long)(decisive - disagree),
                  (long long)decisive, ok ? "OK" : "MISMATCH");
     if (!ok) return 1;

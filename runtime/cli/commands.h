@@ -6,5 +6,10 @@ namespace tandem::cli {
 int cmd_logits(int argc, char** argv);
 int cmd_info(int argc, char** argv);
 int cmd_bench(int argc, char** argv);
+int cmd_generate(int argc, char** argv);
+int cmd_chat(int argc, char** argv);
+int cmd_tokenize(int argc, char** argv);
+int cmd_detokenize(int argc, char** argv);
+int cmd_synth(int argc, char** argv);
 
 }  // namespace tandem::cli

@@ -15,9 +15,13 @@ constexpr const char* kUsage =
     "usage: tandem <command> [options]\n"
     "\n"
     "commands:\n"
-    "  logits   run ids through the model and write float32 logits as .npy (regression checks)\n"
-    "  info     describe a model folder: config, layout, tensor bytes, CUDA devices\n"
-    "  bench    end-to-end speed: prefill, decode, latency, against the bandwidth bound\n"
+    "  generate    text in, streamed text out (--chat for the chat template)\n"
+    "  chat        interactive multi-turn conversation\n"
+    "  tokenize    text to token ids; detokenize: ids to text\n"
+    "  logits      run ids through the model and write float32 logits as .npy (regression checks)\n"
+    "  info        describe a model folder: config, layout, tensor bytes, CUDA devices\n"
+    "  bench       end-to-end speed: prefill, decode, latency, against the bandwidth bound\n"
+    "  synth       write a model folder with random weights in the real format (tiny .. 35B-A3B)\n"
     "\n"
     "Run 'tandem <command> --help' for the options of a command.\n";
 
@@ -26,9 +30,10 @@ struct Command {
   int (*run)(int, char**);
 };
 constexpr Command kCommands[] = {
-    {"logits", tandem::cli::cmd_logits},
-    {"info", tandem::cli::cmd_info},
-    {"bench", tandem::cli::cmd_bench},
+    {"generate", tandem::cli::cmd_generate}, {"chat", tandem::cli::cmd_chat},
+    {"tokenize", tandem::cli::cmd_tokenize}, {"detokenize", tandem::cli::cmd_detokenize},
+    {"logits", tandem::cli::cmd_logits},     {"bench", tandem::cli::cmd_bench},
+    {"synth", tandem::cli::cmd_synth},       {"info", tandem::cli::cmd_info},
 };
 
 }  // namespace

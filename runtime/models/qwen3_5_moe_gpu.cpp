@@ -15,6 +15,7 @@
 #include "gpu_core/int4_layout.h"
 #include "gpu_core/moe.cuh"
 #include "gpu_core/ops.cuh"
+#include "runtime/bytes.h"
 #include "runtime/error.h"
 
 namespace tandem {
@@ -26,11 +27,6 @@ void cuda_check(cudaError_t e, const char* what) {
 }
 #define CK(expr) cuda_check((expr), #expr)
 
-std::string gib(uint64_t b) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.2f GiB", b / double(1ull << 30));
-  return buf;
-}
 
 enum class Kind { Dense, Experts, Kv, State, Work };
 
@@ -135,31 +131,8 @@ struct DevLayer {
 }  // namespace
 
 std::string GpuMemoryPlan::describe() const {
-  return str_cat("dense weights ", gib(dense_weights), ", routed experts ", gib(expert_weights), ", KV cache ", gib(kv_cache),
-                 ", DeltaNet state ", gib(deltanet_state), ", workspace ", gib(workspace), "; total ", gib(total()));
-}
-
-uint64_t parse_bytes(const std::string& text, const std::string& what) {
-  size_t used = 0;
-  double v = 0;
-  try {
-    v = std::stod(text, &used);
-  } catch (const std::exception&) {
-    fail(what, ": '", text, "' is not a size (examples: 24GiB, 512MiB, 16GB)");
-  }
-  std::string unit = text.substr(used);
-  for (auto& c : unit) c = static_cast<char>(std::tolower(c));
-  double mul = 1;
-  if (unit == "" || unit == "b") mul = 1;
-  else if (unit == "k" || unit == "kib") mul = 1024.0;
-  else if (unit == "m" || unit == "mib") mul = 1024.0 * 1024;
-  else if (unit == "g" || unit == "gib") mul = 1024.0 * 1024 * 1024;
-  else if (unit == "kb") mul = 1e3;
-  else if (unit == "mb") mul = 1e6;
-  else if (unit == "gb") mul = 1e9;
-  else fail(what, ": unknown unit '", text.substr(used), "' in '", text, "' (use B, KiB, MiB, GiB, KB, MB or GB)");
-  if (!(v > 0)) fail(what, ": '", text, "' must be positive");
-  return static_cast<uint64_t>(v * mul);
+  return str_cat("dense weights ", format_gib(dense_weights), ", routed experts ", format_gib(expert_weights), ", KV cache ", format_gib(kv_cache),
+                 ", DeltaNet state ", format_gib(deltanet_state), ", workspace ", format_gib(workspace), "; total ", format_gib(total()));
 }
 
 struct Qwen35MoeGpu::Impl {
@@ -367,10 +340,10 @@ std::unique_ptr<Qwen35MoeGpu> Qwen35MoeGpu::create(const Qwen35Moe& model, const
   CK(cudaMemGetInfo(&free_b, &total_b));
   const uint64_t budget = opts.budget_bytes ? opts.budget_bytes : free_b;
   if (impl->plan.total() > budget)
-    fail("the model needs ", gib(impl->plan.total()), " of GPU memory at context ", opts.max_context, " (",
-         impl->plan.describe(), ") but the budget is ", gib(budget),
+    fail("the model needs ", format_gib(impl->plan.total()), " of GPU memory at context ", opts.max_context, " (",
+         impl->plan.describe(), ") but the budget is ", format_gib(budget),
          opts.budget_bytes ? " (--gpu-mem)" : " (free device memory)", "; raise --gpu-mem, lower --context, or use --device hybrid");
-  if (impl->plan.total() > free_b) fail("the model needs ", gib(impl->plan.total()), " of GPU memory but only ", gib(free_b), " is free");
+  if (impl->plan.total() > free_b) fail("the model needs ", format_gib(impl->plan.total()), " of GPU memory but only ", format_gib(free_b), " is free");
   CK(cudaMalloc(&impl->arena, impl->plan.total()));
   CK(cudaStreamCreate(&impl->stream));
   Uploader commit;
@@ -378,6 +351,31 @@ std::unique_ptr<Qwen35MoeGpu> Qwen35MoeGpu::create(const Qwen35Moe& model, const
   impl->build(commit);
   CK(cudaDeviceSynchronize());
   return std::unique_ptr<Qwen35MoeGpu>(new Qwen35MoeGpu(std::move(impl)));
+}
+
+double Qwen35MoeGpu::copy_bandwidth() const {
+  const size_t bytes = size_t(256) << 20;
+  void *a = nullptr, *b = nullptr;
+  CK(cudaMalloc(&a, bytes));
+  CK(cudaMalloc(&b, bytes));
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  float best = 1e30f;
+  for (int i = 0; i < 6; ++i) {
+    CK(cudaEventRecord(e0, impl_->stream));
+    CK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, impl_->stream));
+    CK(cudaEventRecord(e1, impl_->stream));
+    CK(cudaEventSynchronize(e1));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    if (i > 0) best = std::min(best, ms);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaFree(a);
+  cudaFree(b);
+  return 2.0 * bytes / (best * 1e-3);
 }
 
 void Qwen35MoeGpu::reset() {

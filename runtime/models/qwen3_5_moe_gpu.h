@@ -37,6 +37,8 @@ class Qwen35MoeGpu {
   ~Qwen35MoeGpu();
 
   const GpuMemoryPlan& memory() const;
+  // Device copy bandwidth (read + write bytes of a 256 MiB device-to-device copy), measured now.
+  double copy_bandwidth() const;
   void reset();  // start a new sequence
   // Like Qwen35Moe::forward: ids at the current position; logits to host memory, all rows or the last.
   void forward(std::span<const int32_t> ids, float* logits, Qwen35Moe::LogitRows rows = Qwen35Moe::LogitRows::All);
@@ -47,8 +49,5 @@ class Qwen35MoeGpu {
   explicit Qwen35MoeGpu(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
-
-// Parses "24GiB", "512MiB", "16GB", "1.5G", "1073741824" into bytes; throws tandem::Error naming `what`.
-uint64_t parse_bytes(const std::string& text, const std::string& what);
 
 }  // namespace tandem

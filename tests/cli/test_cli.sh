@@ -72,5 +72,32 @@ else
 fi
 check "unknown command" "2" "did you mean 'logits'" -- "$tandem" logit
 
+# Text in, text out on a synthesized tiny model (real tokenizer, chat template, sampling).
+"$tandem" synth --preset tiny --out "$tmp/tiny" >/dev/null 2>&1 || { echo "FAIL synth tiny"; failures=$((failures + 1)); }
+gen() { "$tandem" generate --model "$tmp/tiny" --max-new-tokens 24 "$@" 2>/dev/null; }
+a=$(gen --prompt "The sea is" --temperature 0); b=$(gen --prompt "The sea is" --temperature 0)
+if [ -n "$a" ] && [ "$a" = "$b" ]; then echo "ok   greedy generation is deterministic"; passes=$((passes + 1));
+else echo "FAIL greedy generation differs between runs"; failures=$((failures + 1)); fi
+a=$(gen --prompt "Hello" --seed 7 --preset instruct); b=$(gen --prompt "Hello" --seed 7 --preset instruct)
+c=$(gen --prompt "Hello" --seed 8 --preset instruct)
+if [ "$a" = "$b" ] && [ "$a" != "$c" ]; then echo "ok   seeded sampling reproduces (and the seed matters)"; passes=$((passes + 1));
+else echo "FAIL seeded sampling: '$a' / '$b' / '$c'"; failures=$((failures + 1)); fi
+full=$(gen --prompt "The sea is" --temperature 0)
+stop=${full:6:4}
+cut=$(gen --prompt "The sea is" --temperature 0 --stop "$stop")
+if [ -n "$stop" ] && [ "$cut" = "${full%%"$stop"*}" ]; then echo "ok   --stop ends the text before the stop string"; passes=$((passes + 1));
+else echo "FAIL --stop '$stop': got '$cut' from '$full'"; failures=$((failures + 1)); fi
+check "generate stats line" "0" "prefill .* tok/s .* decode .* tok/s" -- "$tandem" generate --model "$tmp/tiny" --prompt hi --chat --max-new-tokens 4
+check "chat REPL: two turns, reset, Ctrl-D" "0" "stop:" -- bash -c "printf 'hi\n/reset\nhello again\n' | '$tandem' chat --model '$tmp/tiny' --max-new-tokens 4 --temperature 0"
+text='Hello, world! Grüße — 你好 🙂'
+ids=$("$tandem" tokenize --model "$tmp/tiny" --text "$text" 2>/dev/null)
+back=$("$tandem" detokenize --model "$tmp/tiny" --ids "$ids" 2>/dev/null)
+if [ -n "$ids" ] && [ "$back" = "$text" ]; then echo "ok   tokenize / detokenize round trip"; passes=$((passes + 1));
+else echo "FAIL tokenize round trip: '$ids' -> '$back'"; failures=$((failures + 1)); fi
+check "generate without prompt" "2" "missing required option '--prompt'" -- "$tandem" generate --model "$tmp/tiny"
+check "bad temperature" "2" "temperature" -- "$tandem" generate --model "$tmp/tiny" --prompt x --temperature -1
+check "unknown preset" "2" "unknown sampling preset" -- "$tandem" generate --model "$tmp/tiny" --prompt x --preset wild
+check "no-think without chat" "2" "need --chat" -- "$tandem" generate --model "$tmp/tiny" --prompt x --no-think
+
 echo "$passes passed, $failures failed"
 [ "$failures" -eq 0 ]

@@ -10,23 +10,30 @@ mkdir -p "$out"
 cxx="${FUZZ_CXX:-clang++}"
 flags=(-std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -I"$root")
 
-build_target() {  # name sources...
+build_target() {  # name sources... [-- extra compiler and linker flags]
   local name="$1"; shift
   local bin="$out/$name"
+  local sources=() extra=()
+  while [ $# -gt 0 ] && [ "$1" != "--" ]; do sources+=("$1"); shift; done
+  if [ $# -gt 0 ]; then shift; extra=("$@"); fi
   local newest
-  newest=$(ls -t "$@" "$0" | head -1)
+  newest=$(ls -t "${sources[@]}" "$0" "$root"/runtime/*.h | head -1)
   if [ ! -x "$bin" ] || [ "$newest" -nt "$bin" ]; then
     echo "fuzz: building $name"
-    "$cxx" "${flags[@]}" "$@" -o "$bin"
+    "$cxx" "${flags[@]}" "${sources[@]}" "${extra[@]}" -o "$bin"
   fi
 }
 
 build_target fuzz_safetensors_header "$root/tests/fuzz/fuzz_safetensors_header.cpp" \
   "$root/runtime/safetensors.cpp" "$root/runtime/dtype.cpp"
 build_target fuzz_config "$root/tests/fuzz/fuzz_config.cpp" "$root/runtime/config.cpp"
+build_target fuzz_tokenizer "$root/tests/fuzz/fuzz_tokenizer.cpp" "$root/runtime/tokenizer.cpp" \
+  "$root/runtime/tokenizer_load.cpp" "$root/runtime/tokenizer_bpe.cpp" "$root/runtime/tokenizer_pretok.cpp" \
+  "$root/runtime/tokenizer_unicode.cpp" -- -DTANDEM_TOKENIZER_DIR="\"$root/tests/data/tokenizers\"" -licuuc
 
-half=$(( seconds / 2 > 1 ? seconds / 2 : 1 ))
-for t in safetensors_header config; do
+targets=(safetensors_header config tokenizer)
+half=$(( seconds / ${#targets[@]} > 1 ? seconds / ${#targets[@]} : 1 ))  # the time is shared by all targets
+for t in "${targets[@]}"; do
   work="$out/corpus-$t"
   mkdir -p "$work"
   echo "fuzz: $t for ${half}s"

@@ -1,0 +1,39 @@
+#include "runtime/bytes.h"
+
+#include <cctype>
+#include <cstdio>
+
+#include "runtime/error.h"
+
+namespace tandem {
+
+uint64_t parse_bytes(const std::string& text, const std::string& what) {
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    fail(what, ": '", text, "' is not a size (examples: 24GiB, 512MiB, 16GB)");
+  }
+  std::string unit = text.substr(used);
+  for (auto& c : unit) c = static_cast<char>(std::tolower(c));
+  double mul = 1;
+  if (unit == "" || unit == "b") mul = 1;
+  else if (unit == "k" || unit == "kib") mul = 1024.0;
+  else if (unit == "m" || unit == "mib") mul = 1024.0 * 1024;
+  else if (unit == "g" || unit == "gib") mul = 1024.0 * 1024 * 1024;
+  else if (unit == "kb") mul = 1e3;
+  else if (unit == "mb") mul = 1e6;
+  else if (unit == "gb") mul = 1e9;
+  else fail(what, ": unknown unit '", text.substr(used), "' in '", text, "' (use B, KiB, MiB, GiB, KB, MB or GB)");
+  if (!(v > 0)) fail(what, ": '", text, "' must be positive");
+  return static_cast<uint64_t>(v * mul);
+}
+
+std::string format_gib(uint64_t b) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f GiB", b / double(1ull << 30));
+  return buf;
+}
+
+}  // namespace tandem

@@ -1,0 +1,226 @@
+// tandem generate / tandem chat: text in, streamed text out, with a stats line on stderr.
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <iostream>
+
+#include "runtime/chat_template.h"
+#include "runtime/cli/args.h"
+#include "runtime/cli/commands.h"
+#include "runtime/cli/device_flags.h"
+#include "runtime/error.h"
+#include "runtime/generate.h"
+
+namespace tandem::cli {
+
+namespace {
+
+std::atomic<bool> g_cancel{false};
+std::atomic<bool> g_generating{false};
+std::atomic<bool> g_interrupted{false};
+
+void on_sigint(int) {
+  if (g_generating.load()) g_cancel.store(true);
+  else g_interrupted.store(true);
+}
+
+std::vector<Flag> sampling_flags() {
+  return {
+      {"preset", true, "sampling preset: thinking | thinking-coding | instruct | instruct-reasoning"},
+      {"temperature", true, "0 = greedy (deterministic)"},
+      {"top-k", true, "keep the k most likely tokens (0 = off)"},
+      {"top-p", true, "nucleus: smallest set reaching this mass (1 = off)"},
+      {"min-p", true, "drop tokens below min-p x the best probability"},
+      {"presence-penalty", true, "subtract for every token already generated"},
+      {"frequency-penalty", true, "subtract per occurrence in the output"},
+      {"repetition-penalty", true, "HF repetition penalty over prompt + output (1 = off)"},
+      {"seed", true, "RNG seed for reproducible sampling"},
+      {"stop", true, "stop when this text appears (repeatable)"},
+      {"max-new-tokens", true, "upper bound on generated tokens (default 512)"},
+  };
+}
+
+// generation_config.json < --preset < individual flags.
+SamplingParams sampling_from_args(const Args& a, const GenerationDefaults& defaults) {
+  SamplingParams p = defaults.sampling;
+  try {
+    if (a.has("preset")) p = sampling_preset(a.get("preset"));
+  } catch (const Error& e) {
+    throw UsageError(str_cat("tandem ", "generate: --preset: ", e.what()));
+  }
+  p.temperature = static_cast<float>(a.get_double("temperature", p.temperature));
+  p.top_k = static_cast<int>(a.get_int("top-k", p.top_k));
+  p.top_p = static_cast<float>(a.get_double("top-p", p.top_p));
+  p.min_p = static_cast<float>(a.get_double("min-p", p.min_p));
+  p.presence_penalty = static_cast<float>(a.get_double("presence-penalty", p.presence_penalty));
+  p.frequency_penalty = static_cast<float>(a.get_double("frequency-penalty", p.frequency_penalty));
+  p.repetition_penalty = static_cast<float>(a.get_double("repetition-penalty", p.repetition_penalty));
+  if (a.has("seed")) {
+    p.seed = static_cast<uint64_t>(a.get_int("seed", 0));
+    p.seeded = true;
+  }
+  try {
+    p.validate();
+  } catch (const Error& e) {
+    throw UsageError(str_cat("tandem: sampling: ", e.what()));
+  }
+  return p;
+}
+
+struct Session {
+  std::unique_ptr<Qwen35Moe> model;
+  Tokenizer tokenizer;
+  GenerationDefaults defaults;
+  std::vector<int32_t> eos;
+  std::unique_ptr<Runner> runner;
+};
+
+Session open_session(const Args& a) {
+  const RunnerOptions ro = runner_options(a);
+  const std::string dir = a.get("model");
+  Session s{Qwen35Moe::load(dir), Tokenizer::from_model_dir(dir), load_generation_config(dir), {}, nullptr};
+  s.runner = make_runner(*s.model, ro);
+  for (int64_t id : s.defaults.eos_token_ids) s.eos.push_back(static_cast<int32_t>(id));
+  if (s.eos.empty())
+    for (int64_t id : s.model->config().eos_token_ids) s.eos.push_back(static_cast<int32_t>(id));
+  for (const char* t : {"<|im_end|>", "<|endoftext|>"})
+    if (const int32_t id = s.tokenizer.token_to_id(t); id >= 0 && std::find(s.eos.begin(), s.eos.end(), id) == s.eos.end())
+      s.eos.push_back(id);
+  return s;
+}
+
+void print_stats(const GenerateResult& r) {
+  std::fprintf(stderr, "\n[prompt %lld tokens, prefill %.1f tok/s | generated %zu tokens, decode %.1f tok/s | stop: %s]\n",
+               (long long)r.prompt_tokens, r.prefill_tok_s(), r.tokens.size(), r.decode_tok_s(), stop_reason_name(r.stop));
+}
+
+GenerateResult run(Session& s, const Args& a, std::vector<int32_t> prompt, const SamplingParams& sp) {
+  GenerateRequest req;
+  req.prompt = std::move(prompt);
+  req.max_new_tokens = a.get_int("max-new-tokens", 512);
+  if (req.max_new_tokens < 1) throw UsageError("tandem: --max-new-tokens must be at least 1");
+  req.sampling = sp;
+  req.eos_ids = s.eos;
+  req.stop = a.get_all("stop");
+  req.cancel = &g_cancel;
+  req.on_text = [](std::string_view t) {
+    std::fwrite(t.data(), 1, t.size(), stdout);
+    std::fflush(stdout);
+  };
+  const int64_t limit = a.get("device", "ref") == "gpu" ? a.get_int("context", 4096) : s.model->config().max_position_embeddings;
+  if (static_cast<int64_t>(req.prompt.size()) + req.max_new_tokens > limit)
+    fail("the prompt (", req.prompt.size(), " tokens) plus --max-new-tokens ", req.max_new_tokens,
+         " exceeds the model's context of ", limit, " tokens");
+  g_cancel = false;
+  g_generating = true;
+  GenerateResult r = generate(*s.runner, s.model->config().vocab_size, s.tokenizer, req);
+  g_generating = false;
+  return r;
+}
+
+void install_sigint() {
+  struct sigaction sa {};
+  sa.sa_handler = on_sigint;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = 0;  // no SA_RESTART: a read at the prompt returns so the REPL can redraw it
+  sigaction(SIGINT, &sa, nullptr);
+}
+
+std::vector<Flag> with_common(std::vector<Flag> own) {
+  own.push_back({"model", true, "model folder (config.json, safetensors, tokenizer.json)"});
+  for (auto& f : device_flags()) own.push_back(f);
+  for (auto& f : sampling_flags()) own.push_back(f);
+  own.push_back({"help", false, "show this help"});
+  return own;
+}
+
+}  // namespace
+
+int cmd_generate(int argc, char** argv) {
+  Args a("generate", with_common({
+                         {"prompt", true, "the prompt text"},
+                         {"chat", false, "wrap the prompt as a user turn of the chat template"},
+                         {"no-think", false, "with --chat: thinking off"},
+                         {"system", true, "with --chat: a system message"},
+                     }));
+  a.parse(argc, argv, 2);
+  if (a.has("help")) {
+    std::fputs(a.usage().c_str(), stdout);
+    return 0;
+  }
+  const std::string prompt = a.get("prompt");
+  Session s = open_session(a);
+  const SamplingParams sp = sampling_from_args(a, s.defaults);
+  std::string text = prompt;
+  if (a.has("chat")) {
+    std::vector<ChatMessage> msgs;
+    if (a.has("system")) msgs.push_back({"system", a.get("system"), {}, {}});
+    msgs.push_back({"user", prompt, {}, {}});
+    ChatOptions o;
+    o.enable_thinking = !a.has("no-think");
+    text = render_chat(msgs, o);
+  } else if (a.has("no-think") || a.has("system")) {
+    throw UsageError("tandem generate: --no-think and --system need --chat");
+  }
+  install_sigint();
+  const GenerateResult r = run(s, a, s.tokenizer.encode(text), sp);
+  print_stats(r);
+  return 0;
+}
+
+int cmd_chat(int argc, char** argv) {
+  Args a("chat", with_common({
+                     {"no-think", false, "thinking off"},
+                     {"system", true, "a system message"},
+                 }));
+  a.parse(argc, argv, 2);
+  if (a.has("help")) {
+    std::fputs(a.usage().c_str(), stdout);
+    return 0;
+  }
+  Session s = open_session(a);
+  const SamplingParams sp = sampling_from_args(a, s.defaults);
+  ChatOptions opts;
+  opts.enable_thinking = !a.has("no-think");
+  std::vector<ChatMessage> history;
+  if (a.has("system")) history.push_back({"system", a.get("system"), {}, {}});
+  const bool tty = isatty(STDIN_FILENO);
+  install_sigint();
+  std::fprintf(stderr, "tandem chat: Ctrl-D exits, Ctrl-C stops an answer, /reset clears the conversation, /think on|off\n");
+  while (true) {
+    if (tty) std::fputs("\n> ", stdout), std::fflush(stdout);
+    std::string line;
+    g_interrupted = false;
+    if (!std::getline(std::cin, line)) {
+      if (g_interrupted.load()) {  // Ctrl-C at the prompt: a fresh prompt, not an exit
+        std::cin.clear();
+        std::fputs("\n(Ctrl-D exits)", stdout);
+        continue;
+      }
+      break;  // Ctrl-D / end of input
+    }
+    if (line.empty()) continue;
+    if (line == "/reset") {
+      history.erase(std::remove_if(history.begin(), history.end(), [](const ChatMessage& m) { return m.role != "system"; }),
+                    history.end());
+      std::fputs("(conversation cleared)\n", stdout);
+      continue;
+    }
+    if (line == "/think on" || line == "/think off") {
+      opts.enable_thinking = line == "/think on";
+      continue;
+    }
+    history.push_back({"user", line, {}, {}});
+    const std::vector<int32_t> ids = s.tokenizer.encode(render_chat(history, opts));
+    const GenerateResult r = run(s, a, ids, sp);
+    // The reply joins the conversation even when cut short by Ctrl-C.
+    history.push_back({"assistant", (opts.enable_thinking ? "<think>\n" : "<think>\n\n</think>\n\n") + r.text, {}, {}});
+    print_stats(r);
+  }
+  std::fputs("\n", stdout);
+  return 0;
+}
+
+}  // namespace tandem::cli

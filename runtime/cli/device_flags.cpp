@@ -1,0 +1,52 @@
+#include "runtime/cli/device_flags.h"
+
+#include <omp.h>
+
+#include <algorithm>
+
+#include "runtime/bytes.h"
+#include "runtime/error.h"
+
+namespace tandem::cli {
+
+std::vector<Flag> device_flags() {
+  return {
+      {"device", true, "ref (exact fp32 reference) | cpu (fast CPU kernels) | gpu (everything on one GPU)"},
+      {"threads", true, "CPU threads (default: all physical cores)"},
+      {"cpu-expert-format", true, "--device cpu: int8 (default) or bf16 for BF16 checkpoints' experts"},
+      {"gpu-mem", true, "--device gpu: memory budget, e.g. 24GiB (default: free device memory)"},
+      {"context", true, "--device gpu: longest sequence the KV cache holds (default 4096)"},
+  };
+}
+
+RunnerOptions runner_options(const Args& a, int64_t min_context) {
+  RunnerOptions o;
+  o.device = a.get("device", "ref");
+  static const std::vector<std::string> devices = {"ref", "cpu", "gpu", "hybrid"};
+  if (std::find(devices.begin(), devices.end(), o.device) == devices.end()) {
+    const std::string near = nearest(o.device, devices);
+    throw UsageError(str_cat("--device must be one of ref, cpu, gpu, hybrid (got '", o.device, "')",
+                             near.empty() ? std::string() : str_cat("; did you mean '", near, "'?")));
+  }
+  if (a.has("threads")) {
+    const int64_t t = a.get_int("threads", 0);
+    if (t < 1) throw UsageError("--threads must be at least 1");
+    o.threads = static_cast<int>(t);
+    omp_set_num_threads(o.threads);
+  }
+  o.cpu_expert_format = a.get("cpu-expert-format", "int8");
+  if (o.cpu_expert_format != "int8" && o.cpu_expert_format != "bf16")
+    throw UsageError(str_cat("--cpu-expert-format must be int8 or bf16 (got '", o.cpu_expert_format, "')"));
+  if (a.has("gpu-mem")) {
+    try {
+      o.gpu_mem = parse_bytes(a.get("gpu-mem"), "--gpu-mem");
+    } catch (const Error& e) {
+      throw UsageError(e.what());
+    }
+  }
+  o.context = std::max(a.get_int("context", 4096), min_context);
+  if (o.context < 1) throw UsageError("--context must be at least 1");
+  return o;
+}
+
+}  // namespace tandem::cli

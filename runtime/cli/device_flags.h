@@ -1,0 +1,16 @@
+// runtime/cli/device_flags.h: the placement flags every model-running command shares.
+#pragma once
+
+#include <vector>
+
+#include "runtime/cli/args.h"
+#include "runtime/runner.h"
+
+namespace tandem::cli {
+
+// --device, --threads, --cpu-expert-format, --gpu-mem, --context
+std::vector<Flag> device_flags();
+// Reads them (and sets the OpenMP thread count for the shared host ops); UsageError on bad values.
+RunnerOptions runner_options(const Args& a, int64_t min_context = 0);
+
+}  // namespace tandem::cli

@@ -1,0 +1,97 @@
+#include "runtime/generate.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "runtime/error.h"
+
+namespace tandem {
+
+const char* stop_reason_name(StopReason r) {
+  switch (r) {
+    case StopReason::Eos: return "eos";
+    case StopReason::StopString: return "stop string";
+    case StopReason::MaxTokens: return "max tokens";
+    case StopReason::Cancelled: return "cancelled";
+  }
+  return "?";
+}
+
+size_t held_back_suffix(std::string_view text, const std::vector<std::string>& stops) {
+  size_t hold = 0;
+  for (const auto& s : stops)
+    for (size_t n = std::min(s.size() - 1, text.size()); n > hold; --n)
+      if (text.substr(text.size() - n) == std::string_view(s).substr(0, n)) {
+        hold = n;
+        break;
+      }
+  return hold;
+}
+
+GenerateResult generate(Runner& runner, int64_t vocab, const Tokenizer& tokenizer, const GenerateRequest& req) {
+  if (req.prompt.empty()) fail("generate: the prompt is empty (no tokens)");
+  for (const auto& s : req.stop)
+    if (s.empty()) fail("generate: empty stop string");
+  using clock = std::chrono::steady_clock;
+  const int64_t V = vocab;
+  GenerateResult res;
+  res.prompt_tokens = static_cast<int64_t>(req.prompt.size());
+
+  runner.reset();
+  Sampler sampler(req.sampling);
+  StreamDecoder decoder(tokenizer, /*skip_special=*/true);
+  std::vector<float> logits(V);
+  std::vector<int32_t> context = req.prompt;
+  std::string pending;  // decoded text not yet emitted
+
+  auto emit = [&](std::string_view s) {
+    if (s.empty()) return;
+    res.text.append(s);
+    if (req.on_text) req.on_text(s);
+  };
+
+  const auto t0 = clock::now();
+  runner.forward(req.prompt, logits.data(), Qwen35Moe::LogitRows::Last);
+  res.prefill_s = std::chrono::duration<double>(clock::now() - t0).count();
+  const auto t1 = clock::now();
+  for (int64_t step = 0; step < req.max_new_tokens; ++step) {
+    if (req.cancel && req.cancel->load()) {
+      res.stop = StopReason::Cancelled;
+      break;
+    }
+    const int32_t id = sampler.sample(logits, context, res.tokens);
+    res.tokens.push_back(id);
+    context.push_back(id);
+    if (std::find(req.eos_ids.begin(), req.eos_ids.end(), id) != req.eos_ids.end()) {
+      res.stop = StopReason::Eos;
+      break;
+    }
+    pending += decoder.push(id);
+    if (!req.stop.empty()) {
+      size_t cut = std::string::npos;
+      for (const auto& s : req.stop) cut = std::min(cut, pending.find(s));
+      if (cut != std::string::npos) {
+        emit(std::string_view(pending).substr(0, cut));
+        pending.clear();
+        res.stop = StopReason::StopString;
+        break;
+      }
+      const size_t hold = held_back_suffix(pending, req.stop);
+      emit(std::string_view(pending).substr(0, pending.size() - hold));
+      pending.erase(0, pending.size() - hold);
+    } else {
+      emit(pending);
+      pending.clear();
+    }
+    if (step + 1 == req.max_new_tokens) break;  // no forward for a token we will not sample from
+    runner.forward(std::span(&id, 1), logits.data(), Qwen35Moe::LogitRows::Last);
+  }
+  if (res.stop != StopReason::StopString) {
+    pending += decoder.flush();
+    emit(pending);
+  }
+  res.decode_s = std::chrono::duration<double>(clock::now() - t1).count();
+  return res;
+}
+
+}  // namespace tandem
