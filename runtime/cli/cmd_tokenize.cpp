@@ -43,7 +43,10 @@ int cmd_tokenize(int argc, char** argv) {
   const Tokenizer tok = open_tokenizer(a, "tokenize");
   const auto ids = tok.encode(text);
   std::string out;
-  for (size_t i = 0; i < ids.size(); ++i) out += (i ? " " : "") + std::to_string(ids[i]);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (i) out += ' ';
+    out += std::to_string(ids[i]);
+  }
   std::puts(out.c_str());
   return 0;
 }
