@@ -4,6 +4,8 @@
 //    measured first in this binary (streaming AVX-512 loads, all pool threads, 4 GiB, median pass,
 //    with and without software prefetch; the larger is the denominator);
 //  - prefill (512 and 4096 tokens over 256 experts): TOPS (2 ops per multiply-add) and tokens/s;
+//  - int4 / int8 with 16-bit activations (".a16", the default: two int8 halves, twice the integer
+//    work) and 8-bit (".a8");
 //  - oneDNN u8s8 matmul at expert shapes as a library baseline (when built with oneDNN).
 // Decode walks several layers (>= 2.5 GiB of experts) with 64 fresh routings, so weights come from
 // DRAM as in the 40-layer model, not from a large L3.
@@ -228,7 +230,7 @@ std::vector<Routing> make_routes(const CpuExpertStore& store, int64_t T, uint32_
   return r;
 }
 
-void BM_moe(benchmark::State& st, WeightFormat fmt, Isa isa, int64_t T) {
+void BM_moe(benchmark::State& st, WeightFormat fmt, Isa isa, int64_t T, ActPrecision act) {
   const Store& st_ = store_for(fmt);
   const CpuExpertStore& store = *st_.store;
   const CpuKernels& kern = cpu_kernels(isa);
@@ -248,7 +250,7 @@ void BM_moe(benchmark::State& st, WeightFormat fmt, Isa isa, int64_t T) {
     const Routing& r = routes[(i / static_cast<size_t>(st_.layers)) % routes.size()];
     ++i;
     std::fill(out.begin(), out.end(), 0.0f);
-    cpu_moe_forward(store, layer, x.data(), T, r.ids.data(), r.w.data(), kTopK, out.data(), pool, ws, kern);
+    cpu_moe_forward(store, layer, x.data(), T, r.ids.data(), r.w.data(), kTopK, out.data(), pool, ws, kern, act);
     bytes += static_cast<double>(r.bytes);
   }
   benchmark::DoNotOptimize(out.data());
@@ -328,20 +330,27 @@ int main(int argc, char** argv) {
   benchmark::RegisterBenchmark("read_bandwidth/plain", BM_read_bandwidth, false)->UseRealTime()->Unit(benchmark::kMillisecond);
   benchmark::RegisterBenchmark("read_bandwidth/prefetch", BM_read_bandwidth, true)->UseRealTime()->Unit(benchmark::kMillisecond);
   const int top = static_cast<int>(default_isa().isa);
+  // Int formats run with both activation precisions (16-bit is the runtime's default): names
+  // decode/int4.a16/..., decode/int4.a8/...; bf16 has fp32 activations.
   for (WeightFormat fmt : {WeightFormat::Int4, WeightFormat::Int8, WeightFormat::BF16}) {
-    for (int lvl = top; lvl >= 0; --lvl) {
-      const Isa isa = static_cast<Isa>(lvl);
-      for (int64_t T : {1, 4}) {
-        if (isa == Isa::Scalar && T > 1) continue;
-        const std::string name = std::string("decode/") + format_name(fmt) + "/" + isa_name(isa) + "/T:" + std::to_string(T);
-        benchmark::RegisterBenchmark(name.c_str(), BM_moe, fmt, isa, T)->UseRealTime()->Unit(benchmark::kMicrosecond);
+    for (ActPrecision act : {ActPrecision::Int16, ActPrecision::Int8}) {
+      if (fmt == WeightFormat::BF16 && act == ActPrecision::Int8) continue;
+      const std::string f = std::string(format_name(fmt)) +
+                            (fmt == WeightFormat::BF16 ? "" : act == ActPrecision::Int16 ? ".a16" : ".a8");
+      for (int lvl = top; lvl >= 0; --lvl) {
+        const Isa isa = static_cast<Isa>(lvl);
+        for (int64_t T : {1, 4}) {
+          if (isa == Isa::Scalar && T > 1) continue;
+          const std::string name = "decode/" + f + "/" + isa_name(isa) + "/T:" + std::to_string(T);
+          benchmark::RegisterBenchmark(name.c_str(), BM_moe, fmt, isa, T, act)->UseRealTime()->Unit(benchmark::kMicrosecond);
+        }
       }
-    }
-    for (int lvl = top; lvl >= 1; --lvl) {
-      const Isa isa = static_cast<Isa>(lvl);
-      for (int64_t T : {512, 4096}) {
-        const std::string name = std::string("prefill/") + format_name(fmt) + "/" + isa_name(isa) + "/T:" + std::to_string(T);
-        benchmark::RegisterBenchmark(name.c_str(), BM_moe, fmt, isa, T)->UseRealTime()->Unit(benchmark::kMillisecond);
+      for (int lvl = top; lvl >= 1; --lvl) {
+        const Isa isa = static_cast<Isa>(lvl);
+        for (int64_t T : {512, 4096}) {
+          const std::string name = "prefill/" + f + "/" + isa_name(isa) + "/T:" + std::to_string(T);
+          benchmark::RegisterBenchmark(name.c_str(), BM_moe, fmt, isa, T, act)->UseRealTime()->Unit(benchmark::kMillisecond);
+        }
       }
     }
   }

@@ -54,6 +54,16 @@ TANDEM_TARGET_AVX2 inline int32_t hsum(__m256i v) {
   return _mm_cvtsi128_si32(s);
 }
 
+// The first n of 8 int32 lanes (already in int8 range) as int8: pack to 16 then 8 bits, fix the order.
+TANDEM_TARGET_AVX2 inline void store_i8(__m256i v, int8_t* dst, int64_t n) {
+  const __m256i w16 = _mm256_packs_epi32(v, v);
+  const __m256i w8 = _mm256_packs_epi16(w16, w16);
+  const __m128i bytes = _mm_unpacklo_epi32(_mm256_castsi256_si128(w8), _mm256_extracti128_si256(w8, 1));
+  alignas(16) int8_t tmp[16];
+  _mm_store_si128(reinterpret_cast<__m128i*>(tmp), bytes);
+  for (int64_t j = 0; j < n; ++j) dst[j] = tmp[j];
+}
+
 TANDEM_TARGET_AVX2 void quantize_rows_impl(const float* x, int64_t ldx, const int32_t* src_rows, int64_t rows,
                                            const int32_t* perm, int64_t cols, int64_t cols_padded, int64_t gs,
                                            const QuantActs& out) {
@@ -67,25 +77,28 @@ TANDEM_TARGET_AVX2 void quantize_rows_impl(const float* x, int64_t ldx, const in
       __m256 mx = _mm256_setzero_ps();
       for (int64_t k = k0; k < k1; k += 8) mx = _mm256_max_ps(mx, _mm256_and_ps(load_cols(xr, perm, k, cols, k1), abs_mask));
       const float amax = hmax(mx);
-      const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+      const int32_t qmax = out.wide() ? kAct16Max : kAct8Max;
+      const float fmax = static_cast<float>(qmax);
+      const float inv = amax > 0.0f ? fmax / amax : 0.0f;
       const __m256 vinv = _mm256_set1_ps(inv);
-      __m256i sum = _mm256_setzero_si256();
+      __m256i sum = _mm256_setzero_si256(), sum_hi = _mm256_setzero_si256();
       for (int64_t k = k0; k < k1; k += 8) {
         __m256i v = _mm256_cvtps_epi32(_mm256_mul_ps(load_cols(xr, perm, k, cols, k1), vinv));
-        v = _mm256_min_epi32(_mm256_max_epi32(v, _mm256_set1_epi32(-127)), _mm256_set1_epi32(127));
+        v = _mm256_min_epi32(_mm256_max_epi32(v, _mm256_set1_epi32(-qmax)), _mm256_set1_epi32(qmax));
         v = _mm256_and_si256(v, lane_mask(k1 - k));
-        sum = _mm256_add_epi32(sum, v);
-        // int32 -> int8 (values already in range): pack to 16 then 8 bits, fix the lane order.
-        const __m256i w16 = _mm256_packs_epi32(v, v);
-        const __m256i w8 = _mm256_packs_epi16(w16, w16);
-        const __m128i lo = _mm256_castsi256_si128(w8), hi = _mm256_extracti128_si256(w8, 1);
-        const __m128i bytes = _mm_unpacklo_epi32(lo, hi);
-        alignas(16) int8_t tmp[16];
-        _mm_store_si128(reinterpret_cast<__m128i*>(tmp), bytes);
         const int64_t n = k1 - k < 8 ? k1 - k : 8;
-        for (int64_t j = 0; j < n; ++j) q[k + j] = tmp[j];
+        if (out.wide()) {
+          // Nearest integer to v / 255 through fp32 (exact here; see act_ops_avx512.cpp).
+          const __m256i hi = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_cvtepi32_ps(v), _mm256_set1_ps(1.0f / kAct16Base)));
+          v = _mm256_sub_epi32(v, _mm256_mullo_epi32(hi, _mm256_set1_epi32(kAct16Base)));
+          store_i8(hi, out.q_hi + r * out.q_stride + k, n);
+          sum_hi = _mm256_add_epi32(sum_hi, hi);
+        }
+        sum = _mm256_add_epi32(sum, v);
+        store_i8(v, q + k, n);
       }
-      out.scale[r * out.g_stride + g] = amax / 127.0f;
+      out.scale[r * out.g_stride + g] = amax / fmax;
+      if (out.wide()) out.sum_hi[r * out.g_stride + g] = hsum(sum_hi);
       out.sum[r * out.g_stride + g] = hsum(sum);
     }
   }

@@ -65,19 +65,30 @@ TANDEM_TARGET_AVX512 void quantize_rows_impl(const float* x, int64_t ldx, const 
       __m512 mx = _mm512_setzero_ps();
       for (int64_t k = k0; k < k1; k += 16) mx = _mm512_max_ps(mx, _mm512_and_ps(load_cols(xr, perm, k, cols, k1), abs_mask));
       const float amax = hmax(mx);
-      const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+      const int32_t qmax = out.wide() ? kAct16Max : kAct8Max;
+      const float fmax = static_cast<float>(qmax);
+      const float inv = amax > 0.0f ? fmax / amax : 0.0f;
       const __m512 vinv = _mm512_set1_ps(inv);
-      __m512i sum = _mm512_setzero_si512();
+      __m512i sum = _mm512_setzero_si512(), sum_hi = _mm512_setzero_si512();
       for (int64_t k = k0; k < k1; k += 16) {
         __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(load_cols(xr, perm, k, cols, k1), vinv));
-        v = _mm512_min_epi32(_mm512_max_epi32(v, _mm512_set1_epi32(-127)), _mm512_set1_epi32(127));
+        v = _mm512_min_epi32(_mm512_max_epi32(v, _mm512_set1_epi32(-qmax)), _mm512_set1_epi32(qmax));
         const int64_t n = k1 - k;
         const __mmask16 m = n >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << n) - 1);
         v = _mm512_maskz_mov_epi32(m, v);
+        if (out.wide()) {
+          // hi = nearest integer to v / 255: |v| <= 32512, so v * fl(1/255) is within 2e-5 of v / 255,
+          // which is at least 1/510 away from a half-integer: the fp32 rounding gives act16_hi(v).
+          const __m512i hi = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_cvtepi32_ps(v), _mm512_set1_ps(1.0f / kAct16Base)));
+          v = _mm512_sub_epi32(v, _mm512_mullo_epi32(hi, _mm512_set1_epi32(kAct16Base)));
+          _mm512_mask_cvtepi32_storeu_epi8(out.q_hi + r * out.q_stride + k, m, hi);
+          sum_hi = _mm512_add_epi32(sum_hi, hi);
+        }
         _mm512_mask_cvtepi32_storeu_epi8(q + k, m, v);
         sum = _mm512_add_epi32(sum, v);
       }
-      out.scale[r * out.g_stride + g] = amax / 127.0f;
+      out.scale[r * out.g_stride + g] = amax / fmax;
+      if (out.wide()) out.sum_hi[r * out.g_stride + g] = hsum(sum_hi);
       out.sum[r * out.g_stride + g] = hsum(sum);
     }
   }

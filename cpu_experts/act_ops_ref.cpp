@@ -4,6 +4,10 @@
 
 #include "cpu_experts/act_ops.h"
 
+namespace tandem::cpu {
+const char* act_precision_name(ActPrecision p) { return p == ActPrecision::Int16 ? "int16" : "int8"; }
+}  // namespace tandem::cpu
+
 namespace tandem::cpu::ref {
 
 void quantize_rows(const float* x, int64_t ldx, const int32_t* src_rows, int64_t rows, const int32_t* perm,
@@ -17,14 +21,24 @@ void quantize_rows(const float* x, int64_t ldx, const int32_t* src_rows, int64_t
       const int64_t k0 = g * group_size, k1 = k0 + group_size;
       float amax = 0.0f;
       for (int64_t k = k0; k < k1; ++k) amax = std::max(amax, std::fabs(at(k)));
-      const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-      int32_t sum = 0;
+      const int32_t qmax = out.wide() ? kAct16Max : kAct8Max;
+      const float fmax = static_cast<float>(qmax);
+      const float inv = amax > 0.0f ? fmax / amax : 0.0f;
+      int32_t sum = 0, sum_hi = 0;
       for (int64_t k = k0; k < k1; ++k) {
-        const int v = static_cast<int>(std::nearbyint(at(k) * inv));
-        q[k] = static_cast<int8_t>(std::clamp(v, -127, 127));
+        const int v = std::clamp(static_cast<int>(std::nearbyint(at(k) * inv)), -qmax, qmax);
+        if (out.wide()) {
+          const int32_t hi = act16_hi(v);
+          out.q_hi[r * out.q_stride + k] = static_cast<int8_t>(hi);
+          sum_hi += hi;
+          q[k] = static_cast<int8_t>(v - kAct16Base * hi);
+        } else {
+          q[k] = static_cast<int8_t>(v);
+        }
         sum += q[k];
       }
-      out.scale[r * out.g_stride + g] = amax / 127.0f;
+      out.scale[r * out.g_stride + g] = amax / fmax;
+      if (out.wide()) out.sum_hi[r * out.g_stride + g] = sum_hi;
       out.sum[r * out.g_stride + g] = sum;
     }
   }

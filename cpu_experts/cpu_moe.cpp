@@ -135,7 +135,8 @@ std::string CpuExpertStore::description() const {
     s += str_cat(first ? "" : ", ", n, " ", k);
     first = false;
   }
-  s += str_cat("), ", stream_bytes() >> 20, " MiB of weights", exact ? "" : " (some rounded at repack)", ", ",
+  s += str_cat("), ", act_precision_name(opt_.act), " activations, ", stream_bytes() >> 20, " MiB of weights",
+               exact ? "" : " (some rounded at repack)", ", ",
                arena_->mapped_bytes() >> 20, " MiB mapped, ", arena_->huge_page_bytes() >> 20, " MiB huge-page advised");
   return s;
 }
@@ -147,6 +148,7 @@ namespace {
 // Activations prepared once per call for all rows of x (identity column order).
 struct XPrep {
   bool is_int = true;
+  bool wide = false;  // 16-bit activations
   int64_t group_size = 0, cols_padded = 0;
   size_t off = 0;  // into the per-call buffer
   QuantActs q;
@@ -211,31 +213,47 @@ void grow(std::vector<uint8_t>& v, size_t bytes) {
   if (v.size() < bytes) v.resize(bytes + bytes / 4);
 }
 
-// Quantized-activation buffer sizes for `rows` rows of a matrix input.
-size_t quant_bytes(int64_t rows, int64_t cols_padded, int64_t groups) {
-  return align64(static_cast<size_t>(rows * round_up(cols_padded, 64))) + 2 * align64(static_cast<size_t>(rows * groups * 4));
+// Whether m's activations are quantized to 16 bits (the store's precision, where the group size
+// allows it: qmatmul.h's limit).
+bool wide_acts(const PackedMatrix& m, ActPrecision act) {
+  return m.is_int() && act == ActPrecision::Int16 && act16_group_ok(m);
 }
 
-QuantActs quant_view(uint8_t* base, int64_t rows, int64_t cols_padded, int64_t groups) {
+// Quantized-activation buffer sizes for `rows` rows of a matrix input (16-bit: two planes, two sums).
+size_t quant_bytes(int64_t rows, int64_t cols_padded, int64_t groups, bool wide) {
+  const size_t planes = wide ? 2 : 1;
+  return planes * align64(static_cast<size_t>(rows * round_up(cols_padded, 64))) +
+         (1 + planes) * align64(static_cast<size_t>(rows * groups * 4));
+}
+
+QuantActs quant_view(uint8_t* base, int64_t rows, int64_t cols_padded, int64_t groups, bool wide) {
   QuantActs q;
   q.q_stride = round_up(cols_padded, 64);
   q.g_stride = groups;
+  const size_t plane = align64(static_cast<size_t>(rows * q.q_stride)), sums = align64(static_cast<size_t>(rows * groups * 4));
   q.q = reinterpret_cast<int8_t*>(base);
-  base += align64(static_cast<size_t>(rows * q.q_stride));
+  base += plane;
   q.scale = reinterpret_cast<float*>(base);
-  base += align64(static_cast<size_t>(rows * groups * 4));
+  base += sums;
   q.sum = reinterpret_cast<int32_t*>(base);
+  base += sums;
+  if (wide) {
+    q.q_hi = reinterpret_cast<int8_t*>(base);
+    q.sum_hi = reinterpret_cast<int32_t*>(base + plane);
+  }
   return q;
 }
 
-int find_or_add_prep(std::vector<XPrep>& preps, const PackedMatrix& m) {
+int find_or_add_prep(std::vector<XPrep>& preps, const PackedMatrix& m, ActPrecision act) {
   if (m.col_perm) return -1;
+  const bool wide = wide_acts(m, act);
   for (size_t i = 0; i < preps.size(); ++i)
     if (preps[i].is_int == m.is_int() && preps[i].cols_padded == m.cols_padded &&
-        (!m.is_int() || preps[i].group_size == m.group_size))
+        (!m.is_int() || (preps[i].group_size == m.group_size && preps[i].wide == wide)))
       return static_cast<int>(i);
   XPrep p;
   p.is_int = m.is_int();
+  p.wide = wide;
   p.group_size = m.group_size;
   p.cols_padded = m.cols_padded;
   preps.push_back(p);
@@ -252,6 +270,12 @@ constexpr int64_t kDownBlockTiles = 2;  // phase 2: 32 output rows per task
 void cpu_moe_forward(const CpuExpertStore& store, int layer, const float* x, int64_t T, const int32_t* ids,
                      const float* weights, int k, float* out, ThreadPool& pool, CpuMoeWorkspace& workspace,
                      const CpuKernels& kern) {
+  cpu_moe_forward(store, layer, x, T, ids, weights, k, out, pool, workspace, kern, store.options().act);
+}
+
+void cpu_moe_forward(const CpuExpertStore& store, int layer, const float* x, int64_t T, const int32_t* ids,
+                     const float* weights, int k, float* out, ThreadPool& pool, CpuMoeWorkspace& workspace,
+                     const CpuKernels& kern, ActPrecision act) {
   if (T <= 0 || k <= 0) return;
   CpuMoeWorkspace::Impl& ws = *workspace.impl;
 
@@ -287,12 +311,12 @@ void cpu_moe_forward(const CpuExpertStore& store, int layer, const float* x, int
   // Sizes: prepared x, per-job h and hq, per-worker scratch.
   size_t off = 0;
   for (Job& j : ws.jobs) {
-    j.xprep_gate = find_or_add_prep(ws.preps, j.w->gate);
-    j.xprep_up = find_or_add_prep(ws.preps, j.w->up);
+    j.xprep_gate = find_or_add_prep(ws.preps, j.w->gate, act);
+    j.xprep_up = find_or_add_prep(ws.preps, j.w->up, act);
   }
   for (XPrep& p : ws.preps) {
     p.off = off;
-    if (p.is_int) off += quant_bytes(T, p.cols_padded, p.cols_padded / p.group_size);
+    if (p.is_int) off += quant_bytes(T, p.cols_padded, p.cols_padded / p.group_size, p.wide);
     else if (p.cols_padded != H) off += align64(static_cast<size_t>(T * p.cols_padded * 4));
   }
   size_t groups_total = 0;
@@ -303,26 +327,27 @@ void cpu_moe_forward(const CpuExpertStore& store, int layer, const float* x, int
     j.grp0 = groups_total;
     if (d.is_int()) groups_total += static_cast<size_t>(d.groups);
     const PackedMatrix& u = j.w->up;
-    j.up_shares_gate = u.col_perm && u.col_perm == g.col_perm && u.group_size == g.group_size;
+    j.up_shares_gate = u.col_perm && u.col_perm == g.col_perm && u.group_size == g.group_size &&
+                       wide_acts(u, act) == wide_acts(g, act);
     if (g.col_perm) {
       j.xg_off = align64(off);
-      off = j.xg_off + quant_bytes(j.ntok, g.cols_padded, g.groups);
+      off = j.xg_off + quant_bytes(j.ntok, g.cols_padded, g.groups, wide_acts(g, act));
     }
     if (u.col_perm && !j.up_shares_gate) {
       j.xu_off = align64(off);
-      off = j.xu_off + quant_bytes(j.ntok, u.cols_padded, u.groups);
+      off = j.xu_off + quant_bytes(j.ntok, u.cols_padded, u.groups, wide_acts(u, act));
     }
     off = align64(off);
     j.h_off = off;
     off += static_cast<size_t>(j.ntok * j.h_stride * 4);
     j.hq_off = align64(off);
-    off = j.hq_off + (d.is_int() ? quant_bytes(j.ntok, d.cols_padded, d.groups) : 0);
+    off = j.hq_off + (d.is_int() ? quant_bytes(j.ntok, d.cols_padded, d.groups, wide_acts(d, act)) : 0);
   }
   grow(ws.buf, off + 64);
   uint8_t* base = reinterpret_cast<uint8_t*>(align64(reinterpret_cast<size_t>(ws.buf.data())));
   for (XPrep& p : ws.preps) {
     if (p.is_int) {
-      p.q = quant_view(base + p.off, T, p.cols_padded, p.cols_padded / p.group_size);
+      p.q = quant_view(base + p.off, T, p.cols_padded, p.cols_padded / p.group_size, p.wide);
     } else if (p.cols_padded != H) {
       auto* f = reinterpret_cast<float*>(base + p.off);
       for (int64_t t = 0; t < T; ++t) {
@@ -338,11 +363,11 @@ void cpu_moe_forward(const CpuExpertStore& store, int layer, const float* x, int
   }
   for (Job& j : ws.jobs) {
     j.h = reinterpret_cast<float*>(base + j.h_off);
-    if (j.w->gate.col_perm) j.xq_gate = quant_view(base + j.xg_off, j.ntok, j.w->gate.cols_padded, j.w->gate.groups);
-    if (j.w->up.col_perm)
-      j.xq_up = j.up_shares_gate ? j.xq_gate : quant_view(base + j.xu_off, j.ntok, j.w->up.cols_padded, j.w->up.groups);
-    const PackedMatrix& d = j.w->down;
-    if (d.is_int()) j.hq = quant_view(base + j.hq_off, j.ntok, d.cols_padded, d.groups);
+    const PackedMatrix &g = j.w->gate, &u = j.w->up, &d = j.w->down;
+    if (g.col_perm) j.xq_gate = quant_view(base + j.xg_off, j.ntok, g.cols_padded, g.groups, wide_acts(g, act));
+    if (u.col_perm)
+      j.xq_up = j.up_shares_gate ? j.xq_gate : quant_view(base + j.xu_off, j.ntok, u.cols_padded, u.groups, wide_acts(u, act));
+    if (d.is_int()) j.hq = quant_view(base + j.hq_off, j.ntok, d.cols_padded, d.groups, wide_acts(d, act));
     const int64_t written = j.w->gate.tiles * kTileRows;  // phase 1 writes columns [0, written)
     if (j.h_stride > written)
       for (int64_t i = 0; i < j.ntok; ++i) std::fill(j.h + i * j.h_stride + written, j.h + (i + 1) * j.h_stride, 0.0f);
@@ -398,6 +423,10 @@ void cpu_moe_forward(const CpuExpertStore& store, int layer, const float* x, int
         q.q += r0 * q.q_stride;
         q.scale += r0 * q.g_stride;
         q.sum += r0 * q.g_stride;
+        if (q.wide()) {
+          q.q_hi += r0 * q.q_stride;
+          q.sum_hi += r0 * q.g_stride;
+        }
         kern.quantize_rows(x + r0 * H, H, nullptr, r1 - r0, nullptr, H, p.cols_padded, p.group_size, q);
       } else {
         const Job& j = ws.jobs[static_cast<size_t>(-1 - a)];
@@ -454,6 +483,10 @@ void cpu_moe_forward(const CpuExpertStore& store, int layer, const float* x, int
         q.q += c0;
         q.scale += g;
         q.sum += g;
+        if (q.wide()) {
+          q.q_hi += c0;
+          q.sum_hi += g;
+        }
         kern.quantize_rows(j.h + c0, j.h_stride, nullptr, j.ntok, nullptr, d.group_size, d.group_size, d.group_size, q);
       }
     }

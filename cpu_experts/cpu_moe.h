@@ -9,7 +9,9 @@
 //
 // cpu_moe_forward(x [T, H] fp32, ids/weights [T, k]) ACCUMULATES into out [T, H] fp32 (the caller
 // zeroes it, or adds GPU-side experts / the shared expert into the same buffer). ids < 0 are skipped
-// (experts the GPU handles). Per call: x is quantized once per group size (int formats); then
+// (experts the GPU handles). Activations of int formats are quantized per group in the store's
+// precision (options().act: 16-bit by default, 8-bit on request; act_ops.h), for decode and prefill
+// alike. Per call: x is quantized once per group size (int formats); then
 //   phase 1: tasks (expert, block of 64 intermediate rows): gate and up over the block with the
 //            activations hot in L1, SwiGLU; the task that writes the last rows of a down-input group
 //            re-quantizes that group (atomic countdown per group);
@@ -45,6 +47,10 @@ struct CpuExpertStoreOptions {
   WeightFormat format = WeightFormat::Int4;        // target format
   WeightFormat dense_format = WeightFormat::Int8;  // used for dense sources when format is Int4
   int64_t int8_group_size = 128;                   // 32, 64 or 128
+  // Activation quantization for int4/int8 experts (x and the re-quantized h): 16-bit (default; two
+  // int8 halves, act_ops.h) or 8-bit (half the integer work, ~256x the rounding error). Matrices whose
+  // group size exceeds qmatmul.h's 16-bit limit use 8-bit.
+  ActPrecision act = ActPrecision::Int16;
   HostMemoryHooks hooks;
 };
 
@@ -86,8 +92,13 @@ class CpuMoeWorkspace {
   std::unique_ptr<Impl> impl;
 };
 
+// Activations in the store's precision (options().act).
 void cpu_moe_forward(const CpuExpertStore& store, int layer, const float* x, int64_t T, const int32_t* ids,
                      const float* weights, int k, float* out, ThreadPool& pool, CpuMoeWorkspace& ws,
                      const CpuKernels& kernels = default_cpu_kernels());
+// The same with the activation precision chosen per call (benchmarks, comparisons).
+void cpu_moe_forward(const CpuExpertStore& store, int layer, const float* x, int64_t T, const int32_t* ids,
+                     const float* weights, int k, float* out, ThreadPool& pool, CpuMoeWorkspace& ws,
+                     const CpuKernels& kernels, ActPrecision act);
 
 }  // namespace tandem::cpu

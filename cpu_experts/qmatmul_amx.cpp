@@ -7,6 +7,8 @@
 //  - int4 / int8: tdpbsud (s8 activations x u8 codes) over one quantization group (K chunks of 64,
 //    or 32 for group size 32), C stored, then the reference epilogue per group:
 //    acc = fma(float(dot - zero * sum), f32(scale) * act_scale, acc): bit-identical to the reference.
+//    16-bit activations: the low and high halves of 16 rows take the two A tiles (C = lo and hi
+//    products of 16 rows x 32 outputs), joined per group as 255 (hi - zero sum_hi) + (lo - zero sum).
 //    Groups that are not a multiple of 32 go to the AVX-512 kernel.
 //  - bf16: activations rounded to bf16 (RNE), tdpbf16ps over all of K (fp32 accumulation inside the
 //    tile unit): not bit-identical, see qmatmul.h.
@@ -133,6 +135,8 @@ struct Job {
   int64_t a_stride, m, mpad;
   const float* sa;  // [m][groups] activation scales (int)
   const int32_t* sum;
+  const uint8_t* A_hi;  // 16-bit activations: high halves, same layout as A (null: 8-bit)
+  const int32_t* sum_hi;
   uint8_t* bbuf;    // int4: unpacked B rows of one group, 2 tiles
   int32_t* cbuf;    // 4 C tiles
   float* acc;       // [m][32]
@@ -166,8 +170,12 @@ AMX_TARGET void int_kernel(const Job& j) {
           b[jj] = dst;
         }
       }
-      for (int64_t mb = 0; mb < j.mpad; mb += 32) {
-        const int na = mb + 16 < j.mpad ? 2 : 1;
+      // 8-bit: A tiles 4, 5 = activation rows mb .. mb+31, C[i][jj] = A[i] B[jj].
+      // 16-bit: A4 = low halves, A5 = high halves of rows mb .. mb+15; C[0][jj] lo, C[1][jj] hi.
+      const bool wide = j.A_hi != nullptr;
+      for (int64_t mb = 0; mb < j.mpad; mb += wide ? 16 : 32) {
+        const int na = wide ? 2 : mb + 16 < j.mpad ? 2 : 1;
+        const uint8_t* a5 = wide ? j.A_hi + mb * j.a_stride : j.A + (mb + 16) * j.a_stride;
         TILE_ZERO(0);
         TILE_ZERO(1);
         TILE_ZERO(2);
@@ -175,7 +183,7 @@ AMX_TARGET void int_kernel(const Job& j) {
         for (int64_t c = 0; c < chunks; ++c) {
           const int64_t k = g * gs + c * kc;
           TILE_LOAD(4, j.A + mb * j.a_stride + k, j.a_stride);
-          if (na == 2) TILE_LOAD(5, j.A + (mb + 16) * j.a_stride + k, j.a_stride);
+          if (na == 2) TILE_LOAD(5, a5 + k, j.a_stride);
           TILE_LOAD(6, b[0] + c * kc * 16, 64);
           if (nt == 2) TILE_LOAD(7, b[1] + c * kc * 16, 64);
           TILE_DPBSUD(0, 4, 6);
@@ -194,12 +202,17 @@ AMX_TARGET void int_kernel(const Job& j) {
           const __m512 ws = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w.scales + at)));
           const __m512i zero = j.kind == 1 ? _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(w.zeros + at)))
                                            : _mm512_set1_epi32(j.kind == 0 ? 8 : 128);
-          for (int i = 0; i < na; ++i)
+          for (int i = 0; i < (wide ? 1 : na); ++i)
             for (int r = 0; r < 16; ++r) {
               const int64_t m = mb + 16 * i + r;
               if (m >= j.m) break;
               const __m512i d = _mm512_loadu_si512(j.cbuf + (2 * i + jj) * 256 + 16 * r);
-              const __m512i cv = _mm512_sub_epi32(d, _mm512_mullo_epi32(zero, _mm512_set1_epi32(j.sum[m * G + g])));
+              __m512i cv = _mm512_sub_epi32(d, _mm512_mullo_epi32(zero, _mm512_set1_epi32(j.sum[m * G + g])));
+              if (wide) {
+                __m512i dh = _mm512_loadu_si512(j.cbuf + (2 + jj) * 256 + 16 * r);
+                dh = _mm512_sub_epi32(dh, _mm512_mullo_epi32(zero, _mm512_set1_epi32(j.sum_hi[m * G + g])));
+                cv = _mm512_add_epi32(cv, _mm512_mullo_epi32(dh, _mm512_set1_epi32(kAct16Base)));
+              }
               const __m512 s = _mm512_mul_ps(ws, _mm512_set1_ps(j.sa[m * G + g]));
               float* a = j.acc + m * 32 + 16 * jj;
               _mm512_storeu_ps(a, _mm512_fmadd_ps(_mm512_cvtepi32_ps(cv), s, _mm512_loadu_ps(a)));
@@ -268,9 +281,9 @@ AMX_TARGET void to_bf16_rows(const ActRows& a, int64_t cols, uint16_t* dst, int6
 }
 
 struct Scratch {
-  std::vector<uint8_t> a, b;
+  std::vector<uint8_t> a, a_hi, b;
   std::vector<float> sa, acc;
-  std::vector<int32_t> sum, c;
+  std::vector<int32_t> sum, sum_hi, c;
 };
 
 Scratch& scratch() {
@@ -281,20 +294,31 @@ Scratch& scratch() {
 void matmul_int(const PackedMatrix& w, int64_t t0, int64_t t1, const ActRows& a, float* y, int64_t ldy, int kind) {
   Scratch& s = scratch();
   const int64_t G = w.groups, mpad = (a.nrows + 15) / 16 * 16, stride = (w.cols_padded + 63) / 64 * 64;
+  const bool wide = a.q.wide();
   s.a.resize(static_cast<size_t>(mpad * stride));
   std::memset(s.a.data() + a.nrows * stride, 0, static_cast<size_t>((mpad - a.nrows) * stride));  // pad rows
   s.sa.resize(static_cast<size_t>(a.nrows * G));
   s.sum.resize(static_cast<size_t>(a.nrows * G));
+  if (wide) {
+    s.a_hi.resize(static_cast<size_t>(mpad * stride));
+    std::memset(s.a_hi.data() + a.nrows * stride, 0, static_cast<size_t>((mpad - a.nrows) * stride));
+    s.sum_hi.resize(static_cast<size_t>(a.nrows * G));
+  }
   for (int64_t i = 0; i < a.nrows; ++i) {
     const int64_t r = a.rows[i];
     std::memcpy(s.a.data() + i * stride, a.q.q + r * a.q.q_stride, static_cast<size_t>(w.cols_padded));
     std::memcpy(s.sa.data() + i * G, a.q.scale + r * a.q.g_stride, static_cast<size_t>(G) * 4);
     std::memcpy(s.sum.data() + i * G, a.q.sum + r * a.q.g_stride, static_cast<size_t>(G) * 4);
+    if (wide) {
+      std::memcpy(s.a_hi.data() + i * stride, a.q.q_hi + r * a.q.q_stride, static_cast<size_t>(w.cols_padded));
+      std::memcpy(s.sum_hi.data() + i * G, a.q.sum_hi + r * a.q.g_stride, static_cast<size_t>(G) * 4);
+    }
   }
   s.b.resize(static_cast<size_t>(2 * w.group_size * 16));
   s.c.resize(1024);
   s.acc.resize(static_cast<size_t>(a.nrows * 32));
   const Job j{&w, t0, t1, kind, s.a.data(), stride, a.nrows, mpad, s.sa.data(), s.sum.data(),
+              wide ? s.a_hi.data() : nullptr, wide ? s.sum_hi.data() : nullptr,
               s.b.data(), s.c.data(), s.acc.data(), y, ldy};
   int_kernel(j);
 }
@@ -319,7 +343,8 @@ void matmul_bf16(const PackedMatrix& w, int64_t t0, int64_t t1, const ActRows& a
   std::memset(s.a.data() + a.nrows * stride * 2, 0, static_cast<size_t>((mpad - a.nrows) * stride * 2));
   to_bf16_rows(a, w.cols_padded, reinterpret_cast<uint16_t*>(s.a.data()), stride);
   s.c.resize(1024);
-  const Job j{&w, t0, t1, 3, s.a.data(), stride * 2, a.nrows, mpad, nullptr, nullptr, nullptr, s.c.data(), nullptr, y, ldy};
+  const Job j{&w, t0, t1, 3, s.a.data(), stride * 2, a.nrows, mpad, nullptr, nullptr, nullptr, nullptr, nullptr,
+              s.c.data(), nullptr, y, ldy};
   bf16_kernel(j);
 }
 

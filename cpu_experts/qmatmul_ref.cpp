@@ -1,4 +1,5 @@
 // Scalar reference for cpu_experts/qmatmul.h: the arithmetic every fast kernel reproduces.
+#include <cassert>
 #include <cmath>
 
 #include "cpu_experts/qmatmul.h"
@@ -24,15 +25,22 @@ void matmul_int(const PackedMatrix& w, int64_t t0, int64_t t1, const ActRows& a,
       for (int64_t i = 0; i < a.nrows; ++i) {
         const int64_t row = a.rows[i];
         const int8_t* xq = a.q.q + row * a.q.q_stride;
+        const int8_t* xh = a.q.wide() ? a.q.q_hi + row * a.q.q_stride : nullptr;
         const float* xs = a.q.scale + row * a.q.g_stride;
         const int32_t* xsum = a.q.sum + row * a.q.g_stride;
+        const int32_t* xsum_hi = a.q.wide() ? a.q.sum_hi + row * a.q.g_stride : nullptr;
         float acc = 0.0f;
         for (int64_t g = 0; g < w.groups; ++g) {
-          int32_t dot = 0;
-          for (int64_t k = g * w.group_size; k < (g + 1) * w.group_size; ++k) dot += code_at(w, tile, r, k) * xq[k];
+          int64_t dot = 0, dot_hi = 0;
+          for (int64_t k = g * w.group_size; k < (g + 1) * w.group_size; ++k) {
+            dot += code_at(w, tile, r, k) * xq[k];
+            if (xh) dot_hi += code_at(w, tile, r, k) * xh[k];
+          }
           const int64_t at = (t * w.groups + g) * kTileRows + r;
           const int32_t zero = w.format == WeightFormat::Int8 ? 128 : (w.zeros ? w.zeros[at] : 8);
-          const int32_t c = dot - zero * xsum[g];
+          int64_t c = dot - int64_t{zero} * xsum[g];
+          if (xh) c += kAct16Base * (dot_hi - int64_t{zero} * xsum_hi[g]);
+          assert(c == static_cast<int32_t>(c));  // qmatmul.h's group-size limit keeps c in int32
           const float s = f16_to_f32(w.scales[at]) * xs[g];
           acc = std::fma(static_cast<float>(c), s, acc);
         }

@@ -18,6 +18,7 @@ cpu::CpuExpertStoreOptions store_options(const Qwen35Moe& m, const CpuBackendOpt
   const bool gptq = !m.layers().empty() && m.layers()[0].moe.gate[0].kind == LinearWeight::Kind::Gptq;
   s.format = gptq ? cpu::WeightFormat::Int4 : o.dense_expert_format;
   s.dense_format = o.dense_expert_format;
+  s.act = o.expert_act;
   return s;
 }
 

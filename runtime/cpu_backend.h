@@ -3,9 +3,10 @@
 //
 // At construction every dense projection is repacked once into the kernels' bf16 layout (exact
 // products with fp32 activations) and every routed expert into a CpuExpertStore: GPTQ experts as
-// int4 (lossless), BF16/F16 experts as int8 per group (the official BF16 checkpoint runs with int8
-// CPU experts) or bf16 on request. linear() splits a matrix's 16-row tiles over the worker pool;
-// routed_experts() is cpu_moe_forward. The rest of the layer walk stays the model's own.
+// int4 (lossless), BF16/F16 experts as bf16 (exact) or, on request, int8 per group (half the bytes;
+// the official BF16 checkpoint can run with int8 CPU experts); int experts see 16-bit activations
+// (cpu_moe.h) unless 8-bit is asked for. linear() splits a matrix's 16-row tiles over the worker pool; routed_experts() is
+// cpu_moe_forward. The rest of the layer walk stays the model's own.
 #pragma once
 
 #include <memory>
@@ -20,7 +21,8 @@ namespace tandem {
 
 struct CpuBackendOptions {
   int threads = 0;                                   // 0: physical cores
-  cpu::WeightFormat dense_expert_format = cpu::WeightFormat::Int8;  // for BF16/F16 experts
+  cpu::WeightFormat dense_expert_format = cpu::WeightFormat::BF16;  // for BF16/F16 experts (int8 on request)
+  cpu::ActPrecision expert_act = cpu::ActPrecision::Int16;           // int expert activations
 };
 
 class CpuBackend final : public MatmulBackend {

@@ -19,7 +19,7 @@ namespace tandem {
 struct RunnerOptions {
   std::string device = "ref";
   int threads = 0;                       // cpu: worker threads (0: physical cores)
-  std::string cpu_expert_format = "int8";  // cpu: int8 | bf16 for BF16 checkpoints' experts
+  std::string cpu_expert_format = "bf16";  // cpu: bf16 | int8 for BF16 checkpoints' experts
   uint64_t gpu_mem = 0;                  // gpu: budget in bytes (0: free device memory)
   int64_t context = 4096;                // gpu: KV cache length
 };

@@ -13,7 +13,7 @@ std::vector<Flag> device_flags() {
   return {
       {"device", true, "ref (exact fp32 reference) | cpu (fast CPU kernels) | gpu (everything on one GPU)"},
       {"threads", true, "CPU threads (default: all physical cores)"},
-      {"cpu-expert-format", true, "--device cpu: int8 (default) or bf16 for BF16 checkpoints' experts"},
+      {"cpu-expert-format", true, "--device cpu: experts of BF16 checkpoints as bf16 (default, exact) or int8 (half the bytes)"},
       {"gpu-mem", true, "--device gpu: memory budget, e.g. 24GiB (default: free device memory)"},
       {"context", true, "--device gpu: longest sequence the KV cache holds (default 4096)"},
   };
@@ -34,7 +34,7 @@ RunnerOptions runner_options(const Args& a, int64_t min_context) {
     o.threads = static_cast<int>(t);
     omp_set_num_threads(o.threads);
   }
-  o.cpu_expert_format = a.get("cpu-expert-format", "int8");
+  o.cpu_expert_format = a.get("cpu-expert-format", "bf16");
   if (o.cpu_expert_format != "int8" && o.cpu_expert_format != "bf16")
     throw UsageError(str_cat("--cpu-expert-format must be int8 or bf16 (got '", o.cpu_expert_format, "')"));
   if (a.has("gpu-mem")) {

@@ -7,8 +7,10 @@
 //    bit-identical. Exception: AMX-BF16 rounds activations to bf16 inside the tile unit; it is held
 //    to the bound below with a relative activation error of 2^-8 (bf16 rounding is 2^-9).
 //  - Scalar reference vs the exact definition (runtime/linear.h dequantize-then-matmul, in double):
-//    a per-element bound propagated through the expert. int8 activation quantization moves each
-//    input by at most half a step, amax(group) / 254; weight quantization (int8 from bf16) adds
+//    a per-element bound propagated through the expert. Activation quantization moves each input by
+//    at most half a step (plus the fp32 rounding of x * inv, qmax 2^-21 steps): amax(group) / 254
+//    (8-bit) or amax(group) / 65024 (16-bit, step amax / 32512; float(c) then rounds once more per
+//    group, counted as one more fp32 term); weight quantization (int8 from bf16) adds
 //    sum |Wq - W| |a|; silu is 1.1-Lipschitz, so h = silu(g) u moves by 1.1 e_g (|u| + e_u) +
 //    |silu(g)| e_u; fp32 accumulation adds (terms + 4) 2^-24 sum |W a|.
 #include <gtest/gtest.h>
@@ -202,23 +204,48 @@ TEST(CpuOps, QuantizeRowsAndSwigluBitwise) {
   std::shuffle(perm.begin(), perm.end(), rng);
   for (int64_t gs : {8, 16, 40, 64, 128}) {
     for (bool use_perm : {false, true}) {
-      const int64_t cp = (cols + gs - 1) / gs * gs, groups = cp / gs;
-      auto run = [&](QuantizeRowsFn fn, std::vector<int8_t>& q, std::vector<float>& s, std::vector<int32_t>& sum) {
-        q.assign(rows * cp, 99);
-        s.assign(rows * groups, -1);
-        sum.assign(rows * groups, -1);
-        fn(x.data(), cols, src_rows.data(), rows, use_perm ? perm.data() : nullptr, cols, cp, gs,
-           QuantActs{q.data(), s.data(), sum.data(), cp, groups});
-      };
-      std::vector<int8_t> q0, q1;
-      std::vector<float> s0, s1;
-      std::vector<int32_t> u0, u1;
-      run(ref::quantize_rows, q0, s0, u0);
-      for (Isa isa : fast_isas()) {
-        run(cpu_kernels(isa).quantize_rows, q1, s1, u1);
-        EXPECT_EQ(q0, q1) << isa_name(isa) << " gs " << gs;
-        EXPECT_EQ(0, std::memcmp(s0.data(), s1.data(), s0.size() * 4)) << isa_name(isa);
-        EXPECT_EQ(u0, u1) << isa_name(isa);
+      for (bool wide : {false, true}) {
+        const int64_t cp = (cols + gs - 1) / gs * gs, groups = cp / gs;
+        struct Out {
+          std::vector<int8_t> q, q_hi;
+          std::vector<float> s;
+          std::vector<int32_t> sum, sum_hi;
+        };
+        auto run = [&](QuantizeRowsFn fn, Out& o) {
+          o.q.assign(rows * cp, 99);
+          o.q_hi.assign(wide ? rows * cp : 0, 99);
+          o.s.assign(rows * groups, -1);
+          o.sum.assign(rows * groups, -1);
+          o.sum_hi.assign(wide ? rows * groups : 0, -1);
+          QuantActs qa{o.q.data(), o.s.data(), o.sum.data(), cp, groups};
+          if (wide) {
+            qa.q_hi = o.q_hi.data();
+            qa.sum_hi = o.sum_hi.data();
+          }
+          fn(x.data(), cols, src_rows.data(), rows, use_perm ? perm.data() : nullptr, cols, cp, gs, qa);
+        };
+        Out o0, o1;
+        run(ref::quantize_rows, o0);
+        if (wide) {  // the split: halves in -127..127, 255 hi + lo within half a step of x / scale
+          for (int64_t r = 0; r < rows; ++r)
+            for (int64_t k = 0; k < cp; ++k) {
+              const int8_t lo = o0.q[r * cp + k], hi = o0.q_hi[r * cp + k];
+              ASSERT_TRUE(lo >= -127 && hi >= -127) << r << "," << k;
+              const int64_t src = use_perm ? perm[k] : k;
+              const double xv = k < cols ? x[src_rows[r] * cols + src] : 0.0, sc = o0.s[r * groups + k / gs];
+              const double want = sc > 0 ? xv / sc : 0.0;
+              // x * inv (fp32, inv rounded) vs x / scale: a few ulps of 32512 apart.
+              ASSERT_LE(std::fabs(kAct16Base * hi + lo - want), 0.5 + kAct16Max * std::ldexp(1.0, -21)) << r << "," << k;
+            }
+        }
+        for (Isa isa : fast_isas()) {
+          run(cpu_kernels(isa).quantize_rows, o1);
+          EXPECT_EQ(o0.q, o1.q) << isa_name(isa) << " gs " << gs << " wide " << wide;
+          EXPECT_EQ(o0.q_hi, o1.q_hi) << isa_name(isa) << " gs " << gs;
+          EXPECT_EQ(0, std::memcmp(o0.s.data(), o1.s.data(), o0.s.size() * 4)) << isa_name(isa);
+          EXPECT_EQ(o0.sum, o1.sum) << isa_name(isa);
+          EXPECT_EQ(o0.sum_hi, o1.sum_hi) << isa_name(isa);
+        }
       }
     }
   }
@@ -259,11 +286,23 @@ TEST(CpuOps, MatmulBitwiseAcrossIsas) {
     const PackedMatrix p = pack_weight(m->w, {c.fmt, gs8, nullptr}, arena);
     const int64_t R = 21;
     std::vector<float> x = test::random_floats(rng, R * K);
-    std::vector<int8_t> q(R * 256);
+    std::vector<int8_t> q(R * 256), q_hi(R * 256);
     std::vector<float> s(R * 64), xf(R * p.cols_padded, 0.0f);
-    std::vector<int32_t> sum(R * 64);
+    std::vector<int32_t> sum(R * 64), sum_hi(R * 64);
     QuantActs qa{q.data(), s.data(), sum.data(), 256, 64};
-    if (p.is_int()) ref::quantize_rows(x.data(), K, nullptr, R, p.col_perm, K, p.cols_padded, p.group_size, qa);
+    QuantActs qw = qa;  // 16-bit activations: own scales / sums
+    std::vector<float> s16(R * 64);
+    std::vector<int32_t> sum16(R * 64);
+    std::vector<int8_t> q16(R * 256);
+    qw.q = q16.data();
+    qw.scale = s16.data();
+    qw.sum = sum16.data();
+    qw.q_hi = q_hi.data();
+    qw.sum_hi = sum_hi.data();
+    if (p.is_int()) {
+      ref::quantize_rows(x.data(), K, nullptr, R, p.col_perm, K, p.cols_padded, p.group_size, qa);
+      ref::quantize_rows(x.data(), K, nullptr, R, p.col_perm, K, p.cols_padded, p.group_size, qw);
+    }
     for (int64_t r = 0; r < R; ++r) std::copy_n(x.data() + r * K, K, xf.data() + r * p.cols_padded);
     std::vector<int32_t> rows(R);
     for (int64_t r = 0; r < R; ++r) rows[r] = static_cast<int32_t>((r * 5) % R);
@@ -275,37 +314,41 @@ TEST(CpuOps, MatmulBitwiseAcrossIsas) {
       impls.push_back({"amx-emulated", emu[static_cast<int>(c.fmt)]});
     }
     for (int64_t nrows : {1, 2, 3, 5, 8, 9, 13, 21}) {
-      ActRows a;
-      a.q = qa;
-      if (!p.is_int()) {
-        a.f = xf.data();
-        a.f_stride = p.cols_padded;
-      }
-      a.rows = rows.data();
-      a.nrows = nrows;
-      const int64_t t0 = 1, t1 = p.tiles, ldy = (t1 - t0) * 16 + 3;
-      std::vector<float> y0(nrows * ldy, 7.0f), y1;
-      cpu_kernels(Isa::Scalar).matmul[static_cast<int>(c.fmt)](p, t0, t1, a, y0.data(), ldy);
-      for (const auto& [name, fn] : impls) {
-        y1.assign(nrows * ldy, 7.0f);
-        fn(p, t0, t1, a, y1.data(), ldy);
-        if (c.fmt == WeightFormat::BF16 && name.rfind("amx", 0) == 0 && nrows >= 8) {
-          // AMX-BF16 rounds activations to bf16: |dy| <= sum |w x| (2^-8 + K 2^-24).
-          std::vector<float> wrow(K);
-          for (int64_t i = 0; i < nrows; ++i)
-            for (int64_t j = 0; j < (t1 - t0) * 16; ++j) {
-              const int64_t n = t0 * 16 + j;
-              double mag = 0;
-              if (n < N) {
-                p.dequant_row(n, wrow.data());
-                for (int64_t k = 0; k < K; ++k) mag += std::fabs(wrow[k] * x[rows[i] * K + k]);
-              }
-              const double lim = mag * (std::ldexp(1.0, -8) + K * std::ldexp(1.0, -24)) + 1e-30;
-              ASSERT_LE(std::fabs(y1[i * ldy + j] - y0[i * ldy + j]), lim) << name << " row " << i << " col " << j;
-            }
-          continue;
+      for (bool wide : {false, true}) {
+        if (wide && !p.is_int()) continue;
+        ActRows a;
+        a.q = wide ? qw : qa;
+        if (!p.is_int()) {
+          a.f = xf.data();
+          a.f_stride = p.cols_padded;
         }
-        EXPECT_EQ(0, std::memcmp(y0.data(), y1.data(), y0.size() * 4)) << c.name << " " << name << " rows " << nrows;
+        a.rows = rows.data();
+        a.nrows = nrows;
+        const int64_t t0 = 1, t1 = p.tiles, ldy = (t1 - t0) * 16 + 3;
+        std::vector<float> y0(nrows * ldy, 7.0f), y1;
+        cpu_kernels(Isa::Scalar).matmul[static_cast<int>(c.fmt)](p, t0, t1, a, y0.data(), ldy);
+        for (const auto& [name, fn] : impls) {
+          y1.assign(nrows * ldy, 7.0f);
+          fn(p, t0, t1, a, y1.data(), ldy);
+          if (c.fmt == WeightFormat::BF16 && name.rfind("amx", 0) == 0 && nrows >= 8) {
+            // AMX-BF16 rounds activations to bf16: |dy| <= sum |w x| (2^-8 + K 2^-24).
+            std::vector<float> wrow(K);
+            for (int64_t i = 0; i < nrows; ++i)
+              for (int64_t j = 0; j < (t1 - t0) * 16; ++j) {
+                const int64_t n = t0 * 16 + j;
+                double mag = 0;
+                if (n < N) {
+                  p.dequant_row(n, wrow.data());
+                  for (int64_t k = 0; k < K; ++k) mag += std::fabs(wrow[k] * x[rows[i] * K + k]);
+                }
+                const double lim = mag * (std::ldexp(1.0, -8) + K * std::ldexp(1.0, -24)) + 1e-30;
+                ASSERT_LE(std::fabs(y1[i * ldy + j] - y0[i * ldy + j]), lim) << name << " row " << i << " col " << j;
+              }
+            continue;
+          }
+          EXPECT_EQ(0, std::memcmp(y0.data(), y1.data(), y0.size() * 4))
+              << c.name << " " << name << " rows " << nrows << (wide ? " 16-bit" : " 8-bit");
+        }
       }
     }
   }

@@ -5,12 +5,16 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <tuple>
 
 #include "cpu_experts/cpu_moe.h"
 #include "tests/unit/cpu_experts_cases.h"
 #include "tests/unit/test_util.h"
 
 namespace tandem::cpu {
+
+void PrintTo(ActPrecision a, std::ostream* os) { *os << act_precision_name(a); }  // gtest parameter names
+
 namespace {
 
 enum class Src { Gptq, Dense };
@@ -64,10 +68,11 @@ struct Built {
   int k = 0;
 };
 
-Built build(const MoeCase& c, uint32_t seed) {
+Built build(const MoeCase& c, uint32_t seed, ActPrecision act = ActPrecision::Int16) {
   std::mt19937 rng(seed);
   Built b;
   CpuExpertStoreOptions opt;
+  opt.act = act;
   opt.format = c.fmt;
   opt.dense_format = WeightFormat::BF16;
   opt.int8_group_size = c.spec.group_size;
@@ -122,7 +127,7 @@ const CpuKernels* amx_emulated_kernels() {
 
 // ---- the exact definition and its error bound
 
-enum class ActModel { Int8Group, Bf16, None };
+enum class ActModel { Int8Group, Int16Group, Bf16, None };
 
 struct Mat {
   int64_t out = 0, in = 0, groups = 1;
@@ -158,11 +163,12 @@ struct LinOut {
 LinOut lin(const Mat& m, const std::vector<double>& a, const std::vector<double>& ea, const std::vector<double>& va,
            ActModel model, int64_t terms) {
   std::vector<double> d(ea), q2(a.size(), 0.0), amax(static_cast<size_t>(m.groups), 0.0);
-  if (model == ActModel::Int8Group) {
+  if (model == ActModel::Int8Group || model == ActModel::Int16Group) {
+    const double qmax = model == ActModel::Int8Group ? kAct8Max : kAct16Max;
     for (int64_t k = 0; k < m.in; ++k) amax[m.group[k]] = std::max(amax[m.group[k]], std::fabs(a[k]) + ea[k]);
     for (int64_t k = 0; k < m.in; ++k) {
-      d[k] += amax[m.group[k]] / 254.0;
-      q2[k] = std::pow(amax[m.group[k]] / 127.0, 2) / 12.0;
+      d[k] += amax[m.group[k]] / qmax * (0.5 + qmax * std::ldexp(1.0, -21));  // + fp32 rounding of x * inv
+      q2[k] = std::pow(amax[m.group[k]] / qmax, 2) / 12.0;
     }
   } else if (model == ActModel::Bf16) {
     for (int64_t k = 0; k < m.in; ++k) {
@@ -204,6 +210,7 @@ struct ExactCheck {
 
 // Checks `got` against the exact MoE output with the propagated worst-case bound.
 ExactCheck check_against_exact(const Built& b, const MoeCase& c, const std::vector<float>& got, bool amx_bf16) {
+  const bool wide = b.store->options().act == ActPrecision::Int16;
   std::vector<ExpertMats> mats;
   for (size_t e = 0; e < b.experts.size(); ++e) {
     const ExpertWeights& pw = *b.store->find(0, static_cast<int>(e));
@@ -212,9 +219,10 @@ ExactCheck check_against_exact(const Built& b, const MoeCase& c, const std::vect
                     mat_of(src.down->w, pw.down, nullptr)});
   }
   auto model_of = [&](const Mat& m) {
-    return m.is_int ? ActModel::Int8Group : amx_bf16 ? ActModel::Bf16 : ActModel::None;
+    return m.is_int ? (wide ? ActModel::Int16Group : ActModel::Int8Group) : amx_bf16 ? ActModel::Bf16 : ActModel::None;
   };
-  auto terms_of = [&](const Mat& m) { return m.is_int ? m.groups : m.in + 32; };
+  // 16-bit: float(c) may round too (|c| up to ~2^29), one more fp32 rounding per group.
+  auto terms_of = [&](const Mat& m) { return m.is_int ? (wide ? 2 : 1) * m.groups : m.in + 32; };
   ExactCheck r;
   double se = 0, sv = 0;
   const double u = std::ldexp(1.0, -24);
@@ -261,11 +269,11 @@ ExactCheck check_against_exact(const Built& b, const MoeCase& c, const std::vect
   return r;
 }
 
-class CpuMoe : public ::testing::TestWithParam<MoeCase> {};
+class CpuMoe : public ::testing::TestWithParam<std::tuple<MoeCase, ActPrecision>> {};
 
 TEST_P(CpuMoe, IsasMatchReferenceBitwise) {
-  const MoeCase& c = GetParam();
-  const Built b = build(c, test::test_seed());
+  const MoeCase& c = std::get<0>(GetParam());
+  const Built b = build(c, test::test_seed(), std::get<1>(GetParam()));
   const std::vector<float> want = run(b, c, Isa::Scalar);
   std::vector<const CpuKernels*> impls;
   // Levels up to the chosen one (TANDEM_MAX_ISA caps it), plus the AMX kernels on the tile emulator.
@@ -293,12 +301,12 @@ TEST_P(CpuMoe, IsasMatchReferenceBitwise) {
 }
 
 TEST_P(CpuMoe, ReferenceWithinDerivedBoundOfExactDefinition) {
-  const MoeCase& c = GetParam();
-  const Built b = build(c, test::test_seed() + 1);
+  const MoeCase& c = std::get<0>(GetParam());
+  const Built b = build(c, test::test_seed() + 1, std::get<1>(GetParam()));
   const std::vector<float> got = run(b, c, Isa::Scalar);
   const ExactCheck r = check_against_exact(b, c, got, false);
-  std::printf("[ cpu_experts ] %s scalar: max |err| / worst-case bound = %.3g; RMS err %.3g, predicted %.3g\n",
-              c.name, r.worst, r.rms_err, r.rms_pred);
+  std::printf("[ cpu_experts ] %s %s scalar: max |err| / worst-case bound = %.3g; RMS err %.3g, predicted %.3g\n",
+              c.name, act_precision_name(std::get<1>(GetParam())), r.worst, r.rms_err, r.rms_pred);
   // The worst-case bound is loose by ~sqrt(terms); the RMS prediction (independent roundings) is not,
   // so it catches systematic errors far below the bound and shows the quantization model is right.
   if (c.fmt != WeightFormat::BF16) {
@@ -336,9 +344,14 @@ TEST(CpuMoe, ActOrderSharedByGateAndUpIsGatheredOnce) {
   EXPECT_NE(store.description().find("act-order"), std::string::npos) << store.description();
 }
 
-std::string case_name(const ::testing::TestParamInfo<MoeCase>& info) { return info.param.name; }
+std::string case_name(const ::testing::TestParamInfo<std::tuple<MoeCase, ActPrecision>>& info) {
+  return std::string(std::get<0>(info.param).name) + "_act" + act_precision_name(std::get<1>(info.param));
+}
 
-INSTANTIATE_TEST_SUITE_P(Cases, CpuMoe, ::testing::ValuesIn(kCases), case_name);
+INSTANTIATE_TEST_SUITE_P(Cases, CpuMoe,
+                         ::testing::Combine(::testing::ValuesIn(kCases),
+                                            ::testing::Values(ActPrecision::Int16, ActPrecision::Int8)),
+                         case_name);
 
 }  // namespace
 }  // namespace tandem::cpu
