@@ -1,16 +1,9 @@
 #!/usr/bin/env bash
 # The tandem CLI end to end: logits on every fixture within tolerance, and for bad input an exit code
 # of 1 or 2 with exactly one clear line on stderr (never a crash).
-set -u
 tandem="$1"
 data="$2"
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-failures=0
-passes=0
-
-ids_of() { python3 -c "import json,sys; print(','.join(map(str, json.load(open(sys.argv[1]))['ids'])))" "$1/reference.json"; }
-prefill_of() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['prefill'])" "$1/reference.json"; }
+source "$(dirname "$0")/common.sh"
 
 check() {  # check NAME EXPECTED_CODES GREP_PATTERN -- command...
   local name="$1" codes="$2" pattern="$3"

@@ -7,16 +7,9 @@
 #    (16-bit activations) are checked too, at 5e-2: their weight rounding alone moves these tiny
 #    random-weight models' logits by 2.7-3.2% (bench/results/2026-11-29-cpu-experts-devbox.md).
 # usage: test_cpu_device.sh TANDEM DATA_DIR
-set -u
 tandem="$1"
 data="$2"
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-failures=0
-passes=0
-
-ids_of() { python3 -c "import json,sys; print(','.join(map(str, json.load(open(sys.argv[1]))['ids'])))" "$1/reference.json"; }
-prefill_of() { python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['prefill'])" "$1/reference.json"; }
+source "$(dirname "$0")/common.sh"
 is_gptq() { python3 -c "import json,sys; sys.exit(0 if 'quantization_config' in json.load(open(sys.argv[1])) else 1)" "$1/config.json"; }
 
 run() {  # run ISA NAME DIR TOL [extra args...]; returns 3 when the level is not available here
