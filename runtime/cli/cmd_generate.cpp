@@ -48,7 +48,7 @@ SamplingParams sampling_from_args(const Args& a, const GenerationDefaults& defau
   try {
     if (a.has("preset")) p = sampling_preset(a.get("preset"));
   } catch (const Error& e) {
-    throw UsageError(str_cat("tandem ", "generate: --preset: ", e.what()));
+    throw UsageError(str_cat("tandem: --preset: ", e.what()));
   }
   p.temperature = static_cast<float>(a.get_double("temperature", p.temperature));
   p.top_k = static_cast<int>(a.get_int("top-k", p.top_k));
