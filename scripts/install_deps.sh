@@ -4,7 +4,7 @@
 set -euo pipefail
 
 debs=(
-  cmake ninja-build ccache g++ clang pkg-config make
+  cmake ninja-build ccache g++ clang libclang-rt-dev pkg-config make
   libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libyaml-cpp-dev libhwloc-dev libdnnl-dev libomp-dev
   libicu-dev pybind11-dev python3-dev
