@@ -12,6 +12,7 @@
 #include "runtime/models/qwen3_5_moe.h"
 #include "runtime/safetensors.h"
 #include "runtime/safetensors_stream.h"
+#include "runtime/config.h"
 #include "runtime/synth.h"
 #include "tests/unit/test_util.h"
 
@@ -312,6 +313,12 @@ TEST(Synth, ConfigOnly35BEqualsTheSpec) {
     const std::string text = read_bytes(dir.file("config.json"));
     SCOPED_TRACE(std::string(synth::quant_name(q)));
     expect_json_equal(json::parse(text), want);
+    // ... and the loader accepts the folder's config.
+    const ModelConfig cfg = load_model_config(dir.str());
+    EXPECT_EQ(cfg.num_layers, 40);
+    EXPECT_EQ(cfg.num_full_attention_layers(), 10);
+    EXPECT_EQ(cfg.vocab_size, 248320);
+    EXPECT_EQ(cfg.quant.gptq, q == synth::Quant::GptqInt4);
     // The official `dynamic` order matters (first match wins): keep it as written.
     if (q == synth::Quant::GptqInt4) {
       EXPECT_LT(text.find("\"lm_head\""), text.find("\"-:.*visual.*\""));
