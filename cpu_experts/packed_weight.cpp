@@ -208,22 +208,6 @@ const char* format_name(WeightFormat f) {
   return "?";
 }
 
-uint16_t f32_to_f16(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, 4);
-  const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
-  const uint32_t ax = x & 0x7fffffffu;
-  if (ax >= 0x7f800000u) return sign | (ax > 0x7f800000u ? 0x7e00 : 0x7c00);
-  if (ax >= 0x477ff000u) return sign | 0x7c00;  // rounds past 65504
-  if (ax < 0x38800000u) {                        // below 2^-14: f16 subnormal, unit 2^-24
-    float a;
-    std::memcpy(&a, &ax, 4);
-    return sign | static_cast<uint16_t>(std::nearbyint(a * 16777216.0f));
-  }
-  const uint32_t r = ax - (112u << 23);
-  return sign | static_cast<uint16_t>((r + 0xfffu + ((r >> 13) & 1u)) >> 13);
-}
-
 uint64_t PackedMatrix::stream_bytes() const {
   uint64_t b = static_cast<uint64_t>(tiles * tile_bytes);
   if (is_int()) b += static_cast<uint64_t>(tiles * groups * kTileRows) * (zeros ? 3 : 2);

@@ -109,7 +109,4 @@ size_t packed_bytes(const LinearWeight& src, const PackOptions& opt);
 // (GPTQ through dequant_row). Throws tandem::Error naming the module when the source cannot be packed.
 PackedMatrix pack_weight(const LinearWeight& src, const PackOptions& opt, HostArena& arena);
 
-// Round-to-nearest-even f32 -> f16 bits (finite inputs); f16 -> f32 is tandem::f16_to_f32.
-uint16_t f32_to_f16(float f);
-
 }  // namespace tandem::cpu
