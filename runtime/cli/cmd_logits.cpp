@@ -4,53 +4,18 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <cstdio>
 
 #include "runtime/cli/args.h"
 #include "runtime/cli/commands.h"
 #include "runtime/cli/device_flags.h"
 #include "runtime/error.h"
+#include "runtime/logits_compare.h"
 #include "runtime/npy.h"
 #include "runtime/runner.h"
 
 namespace tandem::cli {
 
-namespace {
-
-// Relative L2 error of each row of `got` against `want`.
-std::vector<double> rel_l2_rows(const float* got, const float* want, int64_t rows, int64_t cols) {
-  std::vector<double> out(rows);
-  for (int64_t r = 0; r < rows; ++r) {
-    double num = 0, den = 0;
-    for (int64_t c = 0; c < cols; ++c) {
-      const double d = double(got[r * cols + c]) - want[r * cols + c];
-      num += d * d;
-      den += double(want[r * cols + c]) * want[r * cols + c];
-    }
-    out[r] = std::sqrt(num / std::max(den, 1e-30));
-  }
-  return out;
-}
-
-// Positions where the reference is decisive (top-2 margin above 0.1) and the argmax differs.
-std::pair<int64_t, int64_t> argmax_check(const float* got, const float* want, int64_t rows, int64_t V) {
-  int64_t decisive = 0, disagree = 0;
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* a = got + r * V;
-    const float* b = want + r * V;
-    const int64_t ib = std::max_element(b, b + V) - b;
-    float second = -INFINITY;
-    for (int64_t c = 0; c < V; ++c)
-      if (c != ib) second = std::max(second, b[c]);
-    if (b[ib] - second <= 0.1f) continue;
-    ++decisive;
-    disagree += std::max_element(a, a + V) - a != ib;
-  }
-  return {decisive, disagree};
-}
-
-}  // namespace
 
 int cmd_logits(int argc, char** argv) {
   std::vector<Flag> flags = {
@@ -121,15 +86,14 @@ int cmd_logits(int argc, char** argv) {
     const NpyArray ref = read_npy_f32(ref_path);
     if (ref.shape != std::vector<int64_t>{n, V}) fail(ref_path, ": shape differs from the logits [", n, ", ", V, "]");
     const double tol = args.get_double("tol", 1e-4);
-    const auto err = rel_l2_rows(logits.data(), ref.data.data(), n, V);
-    const auto worst = std::max_element(err.begin(), err.end());
-    const auto [decisive, disagree] = argmax_check(logits.data(), ref.data.data(), n, V);
-    const bool ok = *worst <= tol && disagree == 0;
+    const LogitsComparison c = compare_logits(logits.data(), ref.data.data(), n, V);
+    const int64_t misses = static_cast<int64_t>(c.argmax_misses.size());
+    const bool ok = c.worst() <= tol && misses == 0;
     std::fprintf(stderr,
                  "compare %s: max relative L2 %.2e at position %lld (tolerance %.0e); argmax agrees at %lld/%lld "
                  "decisive positions: %s\n",
-                 ref_path.c_str(), *worst, (long long)(worst - err.begin()), tol, (long long)(decisive - disagree),
-                 (long long)decisive, ok ? "OK" : "MISMATCH");
+                 ref_path.c_str(), c.worst(), (long long)c.worst_row(), tol, (long long)(c.decisive - misses),
+                 (long long)c.decisive, ok ? "OK" : "MISMATCH");
     if (!ok) return 1;
   }
   return 0;

@@ -2,6 +2,7 @@
 // then single-token decode through the cache, within 1e-4 relative L2 error at every position.
 #include <cmath>
 
+#include "runtime/logits_compare.h"
 #include "runtime/models/qwen3_5_moe.h"
 #include "runtime/npy.h"
 #include "tests/unit/fixture_util.h"
@@ -19,14 +20,6 @@ std::vector<float> run_logits(const Qwen35Moe& m, const std::vector<int32_t>& id
   return out;
 }
 
-double row_rel_l2(const float* a, const float* b, int64_t n) {
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
-    den += double(b[i]) * b[i];
-  }
-  return std::sqrt(num / den);
-}
 
 TEST(Fixtures, AllExpectedFixturesArePresent) {
   const auto names = test::fixture_names();
@@ -44,8 +37,9 @@ TEST_P(HfReference, RefDeviceMatchesTransformers) {
   const int64_t n = static_cast<int64_t>(f.ids.size());
   ASSERT_EQ(ref.shape, (std::vector<int64_t>{n, f.vocab}));
   const auto got = run_logits(*model, f.ids, f.prefill);
+  const LogitsComparison cmp = compare_logits(got.data(), ref.data.data(), n, f.vocab);
   for (int64_t t = 0; t < n; ++t) {
-    const double err = row_rel_l2(got.data() + t * f.vocab, ref.data.data() + t * f.vocab, f.vocab);
+    const double err = cmp.rel_l2[t];
     EXPECT_LT(err, 1e-4) << f.name << " position " << t << (t < f.prefill ? " (prefill)" : " (decode)");
   }
 }
@@ -57,12 +51,29 @@ TEST_P(HfReference, PrefillEqualsStepByStep) {
   const int64_t n = std::min<int64_t>(static_cast<int64_t>(f.ids.size()), 12);
   std::vector<int32_t> ids(f.ids.begin(), f.ids.begin() + n);
   const auto all = run_logits(*model, ids, n), steps = run_logits(*model, ids, 0);
-  for (int64_t t = 0; t < n; ++t)
-    EXPECT_LT(row_rel_l2(steps.data() + t * f.vocab, all.data() + t * f.vocab, f.vocab), 1e-5) << "position " << t;
+  const LogitsComparison cmp = compare_logits(steps.data(), all.data(), n, f.vocab);
+  for (int64_t t = 0; t < n; ++t) EXPECT_LT(cmp.rel_l2[t], 1e-5) << "position " << t;
 }
 
 INSTANTIATE_TEST_SUITE_P(Tandem, HfReference, ::testing::ValuesIn(test::fixture_names()),
                          [](const auto& info) { return info.param; });
+
+}  // namespace
+}  // namespace tandem
+
+namespace tandem {
+namespace {
+
+TEST(LogitsCompare, RelativeErrorAndDecisiveArgmax) {
+  // Row 0: decisive (margin 1), argmax kept; row 1: decisive, argmax moved; row 2: a tie, not decisive.
+  const std::vector<float> want = {3, 2, 0, 3, 2, 0, 1, 1, 0};
+  const std::vector<float> got = {3, 2, 0.3f, 2, 3, 0, 0, 1, 0};
+  const LogitsComparison c = compare_logits(got.data(), want.data(), 3, 3);
+  EXPECT_EQ(c.decisive, 2);
+  EXPECT_EQ(c.argmax_misses, std::vector<int64_t>{1});
+  EXPECT_NEAR(c.rel_l2[0], 0.3 / std::sqrt(13.0), 1e-7);
+  EXPECT_EQ(c.worst_row(), 2);  // row 2: error 1 against norm sqrt(2)
+}
 
 }  // namespace
 }  // namespace tandem
