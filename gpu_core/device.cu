@@ -30,6 +30,9 @@ void gpu_device_probe(DeviceProbe* out) {
   out->total_bytes = prop.totalGlobalMem;
   out->cc_major = prop.major;
   out->cc_minor = prop.minor;
+  size_t free_b = 0, total_b = 0;
+  if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) out->free_bytes = free_b;
+  else cudaGetLastError();
 }
 
 }  // namespace tandem::gpu

@@ -11,6 +11,7 @@ struct DeviceProbe {
   int device_count = 0;
   char name[256] = {0};        // name of device 0, when there is one
   unsigned long long total_bytes = 0;  // global memory of device 0
+  unsigned long long free_bytes = 0;   // free now on device 0 (creates the CUDA context)
   int cc_major = 0, cc_minor = 0;
   char reason[256] = {0};      // why device_count is 0
 };

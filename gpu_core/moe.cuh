@@ -7,6 +7,8 @@
 // Each selected expert's weights are streamed exactly once per token. Experts are Int4Views in the
 // int4_layout.h form; act-order experts (perm set) have their input gathered into shared memory in
 // the permuted order first. Arithmetic as gemv_int4, plus the fp16 rounding of h: ~2e-3 relative.
+// An expert whose pointers are null is not resident on the GPU (hybrid placement): it contributes
+// nothing here, and the host adds its share.
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -38,6 +38,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
                    const float* __restrict__ x, float* __restrict__ h) {
   const int p = blockIdx.y, t = p / k, l = (threadIdx.x & 31) % LANES;
   const Bf16Expert ex = experts[ids[p]];
+  if (!ex.gate) return;  // not resident on the GPU (hybrid): the CPU computes it
   const int64_t row = row_of_thread<LANES>();
   const bool valid = row < I;
   float g = 0.0f, u = 0.0f;
@@ -61,7 +62,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   if (valid)
     for (int j = 0; j < k; ++j) {
       const int p = t * k + j;
-      acc += weights[p] * bf16_row_dot<LANES>(experts[ids[p]].down + row * I, h + p * I, I, l);
+      const uint16_t* down = experts[ids[p]].down;
+      if (down) acc += weights[p] * bf16_row_dot<LANES>(down + row * I, h + p * I, I, l);
     }
   acc = group_sum<LANES>(acc);
   if (valid && l == 0) out[t * H + row] = acc;

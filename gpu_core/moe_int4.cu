@@ -21,6 +21,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   extern __shared__ __align__(16) __half xs[];  // act-order only: [2][H] permuted copies for gate, up
   const int p = blockIdx.y, t = p / k, l = (threadIdx.x & 31) % LANES;
   const Int4Expert& ex = experts[ids[p]];
+  if (!ex.gate.qweight) return;  // not resident on the GPU (hybrid): the CPU computes it; uniform per block
   const int64_t row = row_of_thread<LANES>();
   const bool valid = row < I;
   const __half* xg = x + t * H;
@@ -55,6 +56,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   for (int j = 0; j < k; ++j) {
     const int p = t * k + j;
     const Int4View& down = experts[ids[p]].down;
+    if (!down.qweight) continue;  // not resident (hybrid); uniform per block
     const __half* hp = h + p * I;
     if (down.perm) {  // uniform per block
       __syncthreads();  // the previous expert's copy is no longer read

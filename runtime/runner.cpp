@@ -1,5 +1,7 @@
 #include "runtime/runner.h"
 
+#include "cpu_experts/cpu_moe.h"
+
 #include "runtime/cpu_backend.h"
 #include "runtime/error.h"
 #include "runtime/membw.h"
@@ -45,12 +47,88 @@ class GpuRunner final : public Runner {
   }
   std::string describe() const override { return "gpu: " + gpu_->memory().describe(); }
   uint64_t peak_device_bytes() const override { return gpu_->memory().total(); }
+  double gpu_expert_share() const override {
+    const ExpertCounts& c = gpu_->expert_counts();
+    return c.gpu + c.cpu ? static_cast<double>(c.gpu) / static_cast<double>(c.gpu + c.cpu) : 1.0;
+  }
   double weight_bandwidth(std::string* what) override {
     if (what) *what = "GPU copy bandwidth";
     return gpu_->copy_bandwidth();
   }
 
  private:
+  std::unique_ptr<Qwen35MoeGpu> gpu_;
+};
+
+// The CPU side of a hybrid run: the routed experts the plan leaves in host memory, repacked once into
+// the cpu_experts layout and run on the pinned worker pool when the GPU hands a layer over.
+class CpuExpertSide final : public HostExperts {
+ public:
+  CpuExpertSide(const Qwen35Moe& model, const HybridPlacement& hp, int threads)
+      : pool_(cpu::ThreadPool::Options{threads, true, false, 300}), store_(store_options(hp.cpu_expert_format)) {
+    const auto& layers = model.layers();
+    for (size_t l = 0; l < layers.size(); ++l) {
+      std::vector<int> ids;
+      for (size_t e = 0; e < hp.expert_on_gpu[l].size(); ++e)
+        if (!hp.expert_on_gpu[l][e]) ids.push_back(static_cast<int>(e));
+      if (!ids.empty()) store_.add_layer(static_cast<int>(l), layers[l].moe, ids, &pool_);
+    }
+  }
+  void run(int layer, const float* x, const int32_t* ids, const float* weights, int k, float* out) override {
+    cpu::cpu_moe_forward(store_, layer, x, 1, ids, weights, k, out, pool_, ws_);
+  }
+  std::string describe() const { return store_.size() ? store_.description() : "no CPU experts"; }
+
+ private:
+  static cpu::CpuExpertStoreOptions store_options(const std::string& fmt) {
+    cpu::CpuExpertStoreOptions o;
+    if (fmt == "int4") o.format = cpu::WeightFormat::Int4;
+    else if (fmt == "int8") o.format = cpu::WeightFormat::Int8;
+    else if (fmt == "bf16") o.format = cpu::WeightFormat::BF16;
+    else fail("hybrid: CPU expert format must be int4, int8 or bf16 (got '", fmt, "')");
+    o.dense_format = o.format == cpu::WeightFormat::Int4 ? cpu::WeightFormat::Int8 : o.format;
+    return o;
+  }
+  cpu::ThreadPool pool_;
+  cpu::CpuExpertStore store_;
+  cpu::CpuMoeWorkspace ws_;
+};
+
+class HybridRunner final : public Runner {
+ public:
+  HybridRunner(const Qwen35Moe& model, const RunnerOptions& o) : placement_(o.hybrid) {
+    if (placement_->deferral > 0)
+      fail("experts.deferral is not implemented in the hybrid dispatcher yet; set it to 0");
+    cpu_ = std::make_unique<CpuExpertSide>(model, *placement_, o.threads);
+    GpuOptions g;
+    g.budget_bytes = placement_->gpu_alloc_bytes;
+    g.budget_name = "the placement budget minus gpu.reserve";
+    g.max_context = o.context;
+    g.expert_on_gpu = &placement_->expert_on_gpu;
+    g.host_experts = cpu_.get();
+    g.embed_on_gpu = placement_->embed_on_gpu;
+    gpu_ = Qwen35MoeGpu::create(model, g);
+  }
+  void reset() override { gpu_->reset(); }
+  void forward(std::span<const int32_t> ids, float* logits, Qwen35Moe::LogitRows rows) override {
+    gpu_->forward(ids, logits, rows);
+  }
+  std::string describe() const override {
+    return "hybrid: " + placement_->summary + "; GPU " + gpu_->memory().describe() + "; CPU " + cpu_->describe();
+  }
+  uint64_t peak_device_bytes() const override { return gpu_->memory().total(); }
+  double gpu_expert_share() const override {
+    const ExpertCounts& c = gpu_->expert_counts();
+    return c.gpu + c.cpu ? static_cast<double>(c.gpu) / static_cast<double>(c.gpu + c.cpu) : 1.0;
+  }
+  double weight_bandwidth(std::string* what) override {
+    if (what) *what = "GPU copy + CPU read bandwidth";
+    return gpu_->copy_bandwidth();
+  }
+
+ private:
+  std::shared_ptr<const HybridPlacement> placement_;
+  std::unique_ptr<CpuExpertSide> cpu_;
   std::unique_ptr<Qwen35MoeGpu> gpu_;
 };
 #endif
@@ -74,7 +152,14 @@ std::unique_ptr<Runner> make_runner(const Qwen35Moe& model, const RunnerOptions&
     fail("--device gpu: no CUDA device (this build has no CUDA support)");
 #endif
   }
-  if (o.device == "hybrid") fail("--device hybrid is not available in this version; use ref, cpu or gpu");
+  if (o.device == "hybrid") {
+#ifdef TANDEM_HAVE_CUDA
+    if (!o.hybrid) fail("--device hybrid needs a placement plan (placement::prepare_hybrid)");
+    return std::make_unique<HybridRunner>(model, o);
+#else
+    fail("--device hybrid: no CUDA device (this build has no CUDA support)");
+#endif
+  }
   fail("--device must be one of ref, cpu, gpu, hybrid (got '", o.device, "')");
 }
 

@@ -4,6 +4,8 @@
 //  ref: Qwen35Moe::forward with the exact reference matmuls.
 //  cpu: the same forward with CpuBackend (cpu_experts kernels at the runtime-chosen ISA).
 //  gpu: Qwen35MoeGpu (everything on one GPU; only where the build has CUDA and a device exists).
+//  hybrid: Qwen35MoeGpu with the routed experts the plan leaves in host memory run by the
+//       cpu_experts kernels (RunnerOptions::hybrid, from placement::prepare_hybrid).
 // Errors (unknown device, no GPU, budget too small) are tandem::Error with the reason.
 #pragma once
 
@@ -11,10 +13,21 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "runtime/models/qwen3_5_moe.h"
 
 namespace tandem {
+
+// Where a hybrid run keeps things (decided by placement/planner.h from the YAML config).
+struct HybridPlacement {
+  std::vector<std::vector<uint8_t>> expert_on_gpu;  // [layer][expert]
+  bool embed_on_gpu = true;
+  std::string cpu_expert_format = "int4";  // int4 | int8 | bf16
+  uint64_t gpu_alloc_bytes = 0;            // what Tandem may allocate: budget minus gpu.reserve
+  int deferral = 0;
+  std::string summary;                     // one line for describe()
+};
 
 struct RunnerOptions {
   std::string device = "ref";
@@ -22,6 +35,10 @@ struct RunnerOptions {
   std::string cpu_expert_format = "bf16";  // cpu: bf16 | int8 for BF16 checkpoints' experts
   uint64_t gpu_mem = 0;                  // gpu: budget in bytes (0: free device memory)
   int64_t context = 4096;                // gpu: KV cache length
+  bool context_set = false;              // --context given (else a hybrid config's context applies)
+  int64_t min_context = 0;               // what the command needs at least (prompt + generation)
+  std::string config;                    // hybrid: placement YAML (empty: defaults)
+  std::shared_ptr<const HybridPlacement> hybrid;  // hybrid: filled by placement::prepare_hybrid
 };
 
 class Runner {
@@ -32,6 +49,8 @@ class Runner {
   virtual void forward(std::span<const int32_t> ids, float* logits, Qwen35Moe::LogitRows rows) = 0;
   virtual std::string describe() const = 0;  // one line: placement, ISA / GPU memory
   virtual uint64_t peak_device_bytes() const { return 0; }
+  // Share of routed-expert activations served on the GPU since reset() (0 for host placements).
+  virtual double gpu_expert_share() const { return 0; }
   // Measured bandwidth of the memory the weights stream from (host DRAM read, or GPU copy), and
   // what it is called: the denominator of the decode bound.
   virtual double weight_bandwidth(std::string* what) = 0;

@@ -8,6 +8,7 @@ debs=(
   libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libyaml-cpp-dev libhwloc-dev libdnnl-dev libomp-dev
   libicu-dev pybind11-dev python3-dev
+  ocl-icd-opencl-dev opencl-headers  # libdnnl-dev's CMake config looks for OpenCL
 )
 
 missing=()

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "runtime/nearest.h"
+
 namespace tandem::cli {
 
 struct UsageError : std::runtime_error {
@@ -45,7 +47,6 @@ class Args {
 // Token ids from "5,17 3" or "@FILE" (comma or whitespace separated); UsageError names the bad entry.
 std::vector<int32_t> parse_id_list(const std::string& spec, const std::string& command);
 
-// Nearest candidate by edit distance (for "did you mean" messages); empty when nothing is close.
-std::string nearest(const std::string& word, const std::vector<std::string>& candidates);
+using tandem::nearest;  // runtime/nearest.h
 
 }  // namespace tandem::cli

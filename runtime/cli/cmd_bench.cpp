@@ -134,11 +134,11 @@ int cmd_bench(int argc, char** argv) {
 
   int64_t longest = 0;
   for (int64_t L : lengths) longest = std::max(longest, L);
-  const RunnerOptions ro = runner_options(a, longest + gen);
+  RunnerOptions ro = runner_options(a, longest + gen);
   const std::string device = ro.device;
   auto model = Qwen35Moe::load(a.get("model"));
   const ModelConfig& cfg = model->config();
-  auto runner = make_runner(*model, ro);
+  auto runner = open_runner(*model, ro);
   for (int64_t L : lengths)
     if (L + gen > cfg.max_position_embeddings)
       fail("--prompt-len ", L, " + --gen ", gen, " exceeds the model's context of ", cfg.max_position_embeddings);

@@ -78,10 +78,10 @@ struct Session {
 };
 
 Session open_session(const Args& a) {
-  const RunnerOptions ro = runner_options(a);
+  RunnerOptions ro = runner_options(a);
   const std::string dir = a.get("model");
   Session s{Qwen35Moe::load(dir), Tokenizer::from_model_dir(dir), load_generation_config(dir), {}, nullptr};
-  s.runner = make_runner(*s.model, ro);
+  s.runner = open_runner(*s.model, ro);
   for (int64_t id : s.defaults.eos_token_ids) s.eos.push_back(static_cast<int32_t>(id));
   if (s.eos.empty())
     for (int64_t id : s.model->config().eos_token_ids) s.eos.push_back(static_cast<int32_t>(id));

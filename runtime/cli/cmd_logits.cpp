@@ -42,7 +42,7 @@ int cmd_logits(int argc, char** argv) {
     throw UsageError(str_cat("tandem logits: --prefill ", prefill, " must be between 0 and the number of ids (", n, ")"));
   if (!args.has("out") && !args.has("compare"))
     throw UsageError("tandem logits: give --out FILE.npy (and/or --compare REF.npy)");
-  const RunnerOptions ro = runner_options(args, n);
+  RunnerOptions ro = runner_options(args, n);
 
   using clock = std::chrono::steady_clock;
   const auto t_load = clock::now();
@@ -52,7 +52,7 @@ int cmd_logits(int argc, char** argv) {
     if (ids[i] >= cfg.vocab_size)
       fail("--ids: token id ", ids[i], " at position ", i, " is outside the vocabulary of ", model_dir, " (vocab_size ",
            cfg.vocab_size, ")");
-  auto runner = make_runner(*model, ro);
+  auto runner = open_runner(*model, ro);
   const double load_s = std::chrono::duration<double>(clock::now() - t_load).count();
 
   const int64_t V = cfg.vocab_size;

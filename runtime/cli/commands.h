@@ -11,5 +11,7 @@ int cmd_chat(int argc, char** argv);
 int cmd_tokenize(int argc, char** argv);
 int cmd_detokenize(int argc, char** argv);
 int cmd_synth(int argc, char** argv);
+int cmd_plan(int argc, char** argv);
+int cmd_profile(int argc, char** argv);
 
 }  // namespace tandem::cli

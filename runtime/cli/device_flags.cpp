@@ -4,6 +4,9 @@
 
 #include <algorithm>
 
+#include <cstdio>
+
+#include "placement/hybrid_setup.h"
 #include "runtime/bytes.h"
 #include "runtime/error.h"
 
@@ -11,11 +14,12 @@ namespace tandem::cli {
 
 std::vector<Flag> device_flags() {
   return {
-      {"device", true, "ref (exact fp32 reference) | cpu (fast CPU kernels) | gpu (everything on one GPU)"},
+      {"device", true, "ref (exact fp32 reference) | cpu (fast CPU kernels) | gpu (everything on one GPU) | hybrid (GPU + CPU experts, --config)"},
+      {"config", true, "--device hybrid: placement YAML (configs/*.yaml; default: frequency placement in the free GPU memory)"},
       {"threads", true, "CPU threads (default: all physical cores)"},
       {"cpu-expert-format", true, "--device cpu: experts of BF16 checkpoints as bf16 (default, exact) or int8 (half the bytes)"},
-      {"gpu-mem", true, "--device gpu: memory budget, e.g. 24GiB (default: free device memory)"},
-      {"context", true, "--device gpu: longest sequence the KV cache holds (default 4096)"},
+      {"gpu-mem", true, "--device gpu|hybrid: memory budget, e.g. 24GiB (default: the config's, else free device memory)"},
+      {"context", true, "--device gpu|hybrid: longest sequence the KV cache holds (default 4096, or the config's)"},
   };
 }
 
@@ -45,8 +49,21 @@ RunnerOptions runner_options(const Args& a, int64_t min_context) {
     }
   }
   o.context = std::max(a.get_int("context", 4096), min_context);
+  o.context_set = a.has("context");
+  o.min_context = min_context;
   if (o.context < 1) throw UsageError("--context must be at least 1");
+  o.config = a.get("config", "");
+  if (!o.config.empty() && o.device != "hybrid")
+    throw UsageError("--config (a placement YAML) applies to --device hybrid; add --device hybrid");
   return o;
+}
+
+std::unique_ptr<Runner> open_runner(const Qwen35Moe& model, RunnerOptions& o) {
+  if (o.device == "hybrid") {
+    const placement::Plan plan = placement::prepare_hybrid(o, model.config());
+    std::fprintf(stderr, "tandem: hybrid placement: %s\n", o.hybrid->summary.c_str());
+  }
+  return make_runner(model, o);
 }
 
 }  // namespace tandem::cli

@@ -22,6 +22,8 @@ constexpr const char* kUsage =
     "  info        describe a model folder: config, layout, tensor bytes, CUDA devices\n"
     "  bench       end-to-end speed: prefill, decode, latency, against the bandwidth bound\n"
     "  synth       write a model folder with random weights in the real format (tiny .. 35B-A3B)\n"
+    "  plan        where weights and experts go for a GPU budget (placement YAML), and predicted speed\n"
+    "  profile     count routed-expert activations over prompts -> heat.yaml for the planner\n"
     "\n"
     "Run 'tandem <command> --help' for the options of a command.\n";
 
@@ -34,6 +36,7 @@ constexpr Command kCommands[] = {
     {"tokenize", tandem::cli::cmd_tokenize}, {"detokenize", tandem::cli::cmd_detokenize},
     {"logits", tandem::cli::cmd_logits},     {"bench", tandem::cli::cmd_bench},
     {"synth", tandem::cli::cmd_synth},       {"info", tandem::cli::cmd_info},
+    {"plan", tandem::cli::cmd_plan},         {"profile", tandem::cli::cmd_profile},
 };
 
 }  // namespace

@@ -432,6 +432,10 @@ void Qwen35Moe::moe_forward(const LayerWeights& L, int layer, Qwen35State& st, c
   std::vector<int32_t> idx(T * K);
   std::vector<float> wt(T * K);
   for (int64_t t = 0; t < T; ++t) ref::route_topk(router.data() + t * E, E, K, idx.data() + t * K, wt.data() + t * K);
+  if (tap) {  // the routing decision, for heat maps (ids are exact in fp32)
+    std::vector<float> ids_f(idx.begin(), idx.end());
+    tap("moe_topk_ids", layer, ids_f.data(), T, K);
+  }
 
   if (st.backend) {
     st.backend->routed_experts(layer, x, T, idx.data(), wt.data(), K, out);

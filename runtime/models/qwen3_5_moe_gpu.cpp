@@ -123,6 +123,7 @@ struct DevLayer {
   uint16_t *k_cache, *v_cache;
   DevLinear router, sh_gate, sh_up, sh_down, sh_expert_gate;
   bool int4_experts = false;
+  bool cpu_experts = false;  // some routed experts live in host memory (hybrid)
   int64_t expert_group = 0;
   gpu::Int4Expert* experts_i4 = nullptr;
   gpu::Bf16Expert* experts_bf16 = nullptr;
@@ -152,11 +153,26 @@ struct Qwen35MoeGpu::Impl {
   uint16_t* xh;
   int32_t *ids, *topk_ids, *pos_dev;
   float* topk_w;
+  float* cpu_out;  // the host experts' sum, copied in (hybrid)
+  // Pinned host staging for the hybrid handoff and the host-side embedding row.
+  float *hx = nullptr, *hw = nullptr, *hout = nullptr, *hembed = nullptr;
+  int32_t *hids = nullptr;
+  std::vector<int32_t> masked;
+  cudaEvent_t routed = nullptr;
+  ExpertCounts counts;
 
   explicit Impl(const Qwen35Moe& m, const GpuOptions& o) : model(m), opts(o) {}
   ~Impl() {
     if (arena) cudaFree(arena);
     if (stream) cudaStreamDestroy(stream);
+    if (routed) cudaEventDestroy(routed);
+    for (void* p : {static_cast<void*>(hx), static_cast<void*>(hw), static_cast<void*>(hout), static_cast<void*>(hembed),
+                    static_cast<void*>(hids)})
+      if (p) cudaFreeHost(p);
+  }
+
+  bool on_gpu(int layer, int64_t e) const {
+    return !opts.expert_on_gpu || opts.expert_on_gpu->empty() || (*opts.expert_on_gpu)[layer][e];
   }
 
   void build(Uploader& up) {
@@ -167,20 +183,28 @@ struct Qwen35MoeGpu::Impl {
     const int max_splits = static_cast<int>((opts.max_context + 255) / 256);
 
     auto vec = [&](const std::vector<float>& v, Kind kind) { return up.upload(v.data(), v.size(), kind); };
-    if (model.embed().dense_dtype != DType::BF16) {
+    if (!opts.embed_on_gpu) {
+      embed = nullptr;  // rows are looked up on the host
+    } else if (model.embed().dense_dtype != DType::BF16) {
       DevLinear e = upload_linear(up, model.embed(), Kind::Dense);
       embed = e.w;
     } else {
       embed = up.upload(static_cast<const uint16_t*>(model.embed().dense), static_cast<size_t>(V * H), Kind::Dense);
     }
-    lm_head = model.lm_head().dense == model.embed().dense && model.embed().dense_dtype == DType::BF16
-                  ? DevLinear{false, embed, {}, V, H}
-                  : upload_linear(up, model.lm_head(), Kind::Dense);
+    // A tied lm_head reads the embedding table when that is on the GPU (stored as bf16 either way).
+    lm_head = model.lm_head().dense == model.embed().dense && opts.embed_on_gpu ? DevLinear{false, embed, {}, V, H}
+                                                                              : upload_linear(up, model.lm_head(), Kind::Dense);
     final_norm = vec(model.final_norm(), Kind::Dense);
     inv_freq = vec(model.rope_inv_freq(), Kind::Dense);
 
     layers.clear();
+    if (opts.expert_on_gpu && !opts.expert_on_gpu->empty()) {
+      if (static_cast<int64_t>(opts.expert_on_gpu->size()) != c.num_layers) fail("hybrid placement: expert map has ", opts.expert_on_gpu->size(), " layers, the model ", c.num_layers);
+      for (const auto& row : *opts.expert_on_gpu)
+        if (static_cast<int64_t>(row.size()) != E) fail("hybrid placement: expert map has ", row.size(), " experts per layer, the model ", E);
+    }
     for (const LayerWeights& L : model.layers()) {
+      const int li = static_cast<int>(layers.size());
       DevLayer d{};
       d.kind = L.kind;
       d.in_norm = vec(L.input_norm, Kind::Dense);
@@ -220,6 +244,10 @@ struct Qwen35MoeGpu::Impl {
       std::vector<gpu::Int4Expert> i4(E);
       std::vector<gpu::Bf16Expert> b16(E);
       for (int64_t e = 0; e < E; ++e) {
+        if (!on_gpu(li, e)) {  // null pointers: the kernels skip it, the host computes it
+          d.cpu_experts = true;
+          continue;
+        }
         for (const LinearWeight* w : {&m.gate[e], &m.up[e], &m.down[e]})
           if ((w->kind == LinearWeight::Kind::Gptq) != d.int4_experts || (d.int4_experts && w->gptq.group_size != d.expert_group))
             fail(w->name, ": the GPU MoE kernels need every expert of a layer in one format and group size");
@@ -245,6 +273,7 @@ struct Qwen35MoeGpu::Impl {
     topk_ids = up.zeros<int32_t>(k, Kind::Work);
     topk_w = ws(k);
     pos_dev = up.zeros<int32_t>(1, Kind::Work);
+    cpu_out = ws(H);
   }
 
   void linear(const DevLinear& L, const float* in, float* out) {
@@ -264,8 +293,16 @@ struct Qwen35MoeGpu::Impl {
     const int32_t p32 = static_cast<int32_t>(pos);
     CK(cudaMemcpyAsync(ids, &id, 4, cudaMemcpyHostToDevice, stream));
     CK(cudaMemcpyAsync(pos_dev, &p32, 4, cudaMemcpyHostToDevice, stream));
-    CK(gpu::embed_bf16(embed, H, ids, 1, h, stream));
-    for (const DevLayer& L : layers) {
+    if (embed) {
+      CK(gpu::embed_bf16(embed, H, ids, 1, h, stream));
+    } else {
+      CK(cudaStreamSynchronize(stream));  // the previous row's copy has left the staging buffer
+      const LinearWeight& E = model.embed();
+      for (int64_t i = 0; i < H; ++i) hembed[i] = load_as_f32(E.dense, E.dense_dtype, int64_t(id) * H + i);
+      CK(cudaMemcpyAsync(h, hembed, H * sizeof(float), cudaMemcpyHostToDevice, stream));
+    }
+    for (size_t li = 0; li < layers.size(); ++li) {
+      const DevLayer& L = layers[li];
       CK(gpu::rmsnorm_zc(h, L.in_norm, H, 1, eps, x, stream));
       if (L.kind == LayerKind::LinearAttention) {
         linear(L.qkv, x, qkv);
@@ -296,6 +333,13 @@ struct Qwen35MoeGpu::Impl {
       CK(gpu::rmsnorm_zc(h, L.post_norm, H, 1, eps, x, stream));
       linear(L.router, x, router);
       CK(gpu::router_topk(router, c.num_experts, k, 1, topk_ids, topk_w, stream));
+      const bool split = L.cpu_experts && opts.host_experts;
+      if (split) {  // hand x and the top-k to the host (pinned), then keep the GPU busy meanwhile
+        CK(cudaMemcpyAsync(hx, x, H * sizeof(float), cudaMemcpyDeviceToHost, stream));
+        CK(cudaMemcpyAsync(hids, topk_ids, k * sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
+        CK(cudaMemcpyAsync(hw, topk_w, k * sizeof(float), cudaMemcpyDeviceToHost, stream));
+        CK(cudaEventRecord(routed, stream));
+      }
       if (L.int4_experts) {
         CK(gpu::gather_x_half(x, nullptr, H, 1, xh, stream));
         CK(gpu::moe_int4_decode(L.experts_i4, H, I, L.expert_group, topk_ids, topk_w, 1, k, xh,
@@ -309,6 +353,27 @@ struct Qwen35MoeGpu::Impl {
       linear(L.sh_down, sg, sd);
       linear(L.sh_expert_gate, x, sgate);
       CK(gpu::gated_add(moe_out, sd, sgate, H, 1, stream));
+      if (split) {
+        cudaError_t q;  // spin: the lowest-latency wait (a blocking sync adds a wake-up)
+        while ((q = cudaEventQuery(routed)) == cudaErrorNotReady) {
+        }
+        CK(q);
+        bool any = false;
+        for (int j = 0; j < k; ++j) {
+          const bool gpu_side = on_gpu(static_cast<int>(li), hids[j]);
+          masked[j] = gpu_side ? -1 : hids[j];
+          any |= !gpu_side;
+          ++(gpu_side ? counts.gpu : counts.cpu);
+        }
+        if (any) {
+          std::fill(hout, hout + H, 0.0f);
+          opts.host_experts->run(static_cast<int>(li), hx, masked.data(), hw, k, hout);
+          CK(cudaMemcpyAsync(cpu_out, hout, H * sizeof(float), cudaMemcpyHostToDevice, stream));
+          CK(gpu::add_inplace(moe_out, cpu_out, H, stream));
+        }
+      } else {
+        counts.gpu += k;
+      }
       CK(gpu::add_inplace(h, moe_out, H, stream));
     }
     ++pos;
@@ -323,6 +388,7 @@ struct Qwen35MoeGpu::Impl {
 Qwen35MoeGpu::Qwen35MoeGpu(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Qwen35MoeGpu::~Qwen35MoeGpu() = default;
 const GpuMemoryPlan& Qwen35MoeGpu::memory() const { return impl_->plan; }
+const ExpertCounts& Qwen35MoeGpu::expert_counts() const { return impl_->counts; }
 
 std::unique_ptr<Qwen35MoeGpu> Qwen35MoeGpu::create(const Qwen35Moe& model, const GpuOptions& opts) {
   int n = 0;
@@ -342,10 +408,19 @@ std::unique_ptr<Qwen35MoeGpu> Qwen35MoeGpu::create(const Qwen35Moe& model, const
   if (impl->plan.total() > budget)
     fail("the model needs ", format_gib(impl->plan.total()), " of GPU memory at context ", opts.max_context, " (",
          impl->plan.describe(), ") but the budget is ", format_gib(budget),
-         opts.budget_bytes ? " (--gpu-mem)" : " (free device memory)", "; raise --gpu-mem, lower --context, or use --device hybrid");
+         opts.budget_bytes ? " (" + opts.budget_name + ")" : std::string(" (free device memory)"),
+         "; raise the budget, lower --context, or use --device hybrid");
   if (impl->plan.total() > free_b) fail("the model needs ", format_gib(impl->plan.total()), " of GPU memory but only ", format_gib(free_b), " is free");
   CK(cudaMalloc(&impl->arena, impl->plan.total()));
   CK(cudaStreamCreate(&impl->stream));
+  const int64_t H = model.config().hidden_size, k = model.config().num_experts_per_tok;
+  CK(cudaEventCreateWithFlags(&impl->routed, cudaEventDisableTiming));
+  CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hx), H * sizeof(float), cudaHostAllocDefault));
+  CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hout), H * sizeof(float), cudaHostAllocDefault));
+  CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hembed), H * sizeof(float), cudaHostAllocDefault));
+  CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hw), k * sizeof(float), cudaHostAllocDefault));
+  CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hids), k * sizeof(int32_t), cudaHostAllocDefault));
+  impl->masked.assign(k, -1);
   Uploader commit;
   commit.begin_commit(impl->arena);
   impl->build(commit);
@@ -381,6 +456,7 @@ double Qwen35MoeGpu::copy_bandwidth() const {
 void Qwen35MoeGpu::reset() {
   Impl& m = *impl_;
   m.pos = 0;
+  m.counts = {};
   for (DevLayer& L : m.layers) {
     const ModelConfig& c = m.model.config();
     if (L.kind == LayerKind::LinearAttention) {

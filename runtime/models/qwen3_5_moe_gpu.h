@@ -6,6 +6,13 @@
 // attention decode kernels, bf16 KV cache. Tokens go through one at a time (a prompt is a sequence
 // of decode steps: exact, not yet fast; the chunked prefill kernels come next).
 //
+// Hybrid (GpuOptions::expert_on_gpu + host_experts): per MoE layer the GPU computes the router and
+// top-k, copies x, ids and weights to pinned host memory and records an event; it goes on with its
+// own experts and the shared expert while the host waits for the event, runs the CPU experts and
+// queues their sum back (H2D copy + add on the same stream). Stream order makes the buffer reuse
+// safe: a layer's host buffers are rewritten only after the next layer's event, which follows the
+// previous H2D copy on the stream.
+//
 // Memory: everything is planned first and taken from one device allocation; when the plan exceeds
 // the budget (--gpu-mem, default the free device memory) the error lists what needs how much.
 #pragma once
@@ -25,9 +32,29 @@ struct GpuMemoryPlan {
   std::string describe() const;  // "dense weights 1.2 GiB, experts ..., KV cache ..., ..."
 };
 
+// Routed experts that live in host memory (hybrid placement): the GPU model hands each MoE layer's
+// normalised hidden state and its top-k choice to this object and adds what it returns.
+class HostExperts {
+ public:
+  virtual ~HostExperts() = default;
+  // out [H] = sum over j with ids[j] >= 0 of weights[j] * expert_{ids[j]}(x); ids of GPU experts are -1.
+  virtual void run(int layer, const float* x, const int32_t* ids, const float* weights, int k, float* out) = 0;
+};
+
 struct GpuOptions {
-  uint64_t budget_bytes = 0;  // 0: what the device has free
+  uint64_t budget_bytes = 0;  // what Tandem may allocate; 0: what the device has free
   int64_t max_context = 4096;
+  // Hybrid placement (placement/planner.h decides): routed experts not marked here stay in host
+  // memory and run through `host_experts`; nullptr / empty: every expert on the GPU.
+  const std::vector<std::vector<uint8_t>>* expert_on_gpu = nullptr;  // [layer][expert]
+  HostExperts* host_experts = nullptr;
+  bool embed_on_gpu = true;  // false: the embedding table stays in host memory (one row per token crosses)
+  std::string budget_name = "--gpu-mem";  // for messages: where the budget came from
+};
+
+// Routed-expert activations served by each side since the last reset_counts().
+struct ExpertCounts {
+  uint64_t gpu = 0, cpu = 0;
 };
 
 class Qwen35MoeGpu {
@@ -40,6 +67,7 @@ class Qwen35MoeGpu {
   // Device copy bandwidth (read + write bytes of a 256 MiB device-to-device copy), measured now.
   double copy_bandwidth() const;
   void reset();  // start a new sequence
+  const ExpertCounts& expert_counts() const;
   // Like Qwen35Moe::forward: ids at the current position; logits to host memory, all rows or the last.
   void forward(std::span<const int32_t> ids, float* logits, Qwen35Moe::LogitRows rows = Qwen35Moe::LogitRows::All);
 

@@ -1,0 +1,42 @@
+#include "placement/hybrid_setup.h"
+
+#include <algorithm>
+
+#include "gpu_core/device.cuh"
+#include "runtime/bytes.h"
+#include "runtime/error.h"
+#include "runtime/membw.h"
+
+namespace tandem::placement {
+
+PlanRequest plan_request(const PlacementConfig& config, uint64_t gpu_mem, int64_t context, bool measure_cpu) {
+  PlanRequest r;
+  r.gpu_mem = gpu_mem;
+  r.context = context;
+  gpu::DeviceProbe probe;
+  gpu::gpu_device_probe(&probe);
+  if (probe.device_count > 0) r.device_free_bytes = probe.free_bytes;
+  if (measure_cpu && config.bw_cpu <= 0) r.measured_cpu_bw = measure_read_bandwidth(512ull << 20, 3).bytes_per_s;
+  return r;
+}
+
+Plan prepare_hybrid(RunnerOptions& o, const ModelConfig& model) {
+  const PlacementConfig cfg = o.config.empty() ? PlacementConfig{} : load_placement_config(o.config);
+  const int64_t context = o.context_set ? o.context : std::max(cfg.context, o.min_context);
+  const Plan plan = make_plan(model, cfg, plan_request(cfg, o.gpu_mem, context, false));
+  auto hp = std::make_shared<HybridPlacement>();
+  hp->expert_on_gpu = plan.expert_on_gpu;
+  hp->embed_on_gpu = plan.embed_on_gpu;
+  hp->cpu_expert_format = plan.cpu_expert_format;
+  hp->gpu_alloc_bytes = plan.budget_bytes - plan.vram.reserve;
+  hp->deferral = plan.deferral;
+  hp->summary = str_cat(plan.total_gpu_experts(), " of ", model.num_layers * model.num_experts, " routed experts on the GPU (",
+                        plan.selection, "), budget ", format_gib(plan.budget_bytes), ", expected GPU share ",
+                        static_cast<int>(plan.expected_gpu_expert_fraction * 100 + 0.5), "%");
+  o.hybrid = hp;
+  o.context = plan.context;
+  if (o.threads == 0) o.threads = cfg.cpu_threads;
+  return plan;
+}
+
+}  // namespace tandem::placement

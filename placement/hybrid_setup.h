@@ -1,0 +1,18 @@
+// placement/hybrid_setup.h: turns `--device hybrid [--config FILE]` into a plan and the runner's
+// placement (RunnerOptions::hybrid). Shared by the CLI commands and the Python bindings.
+#pragma once
+
+#include "placement/planner.h"
+#include "runtime/runner.h"
+
+namespace tandem::placement {
+
+// What the machine offers the planner: free GPU memory (0 without a device) and, unless the config
+// sets them, the measured CPU read bandwidth. `measure_cpu` false skips the ~1 s measurement.
+PlanRequest plan_request(const PlacementConfig& config, uint64_t gpu_mem, int64_t context, bool measure_cpu);
+
+// Loads opts.config (or the defaults), plans against `model` and fills opts.hybrid, opts.context
+// (the config's unless --context was given) and opts.threads (the config's unless --threads was).
+Plan prepare_hybrid(RunnerOptions& opts, const ModelConfig& model);
+
+}  // namespace tandem::placement

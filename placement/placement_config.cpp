@@ -1,0 +1,317 @@
+#include "placement/placement_config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "runtime/bytes.h"
+#include "runtime/error.h"
+#include "runtime/nearest.h"
+
+namespace tandem::placement {
+
+const char* side_name(Side s) { return s == Side::Gpu ? "gpu" : "cpu"; }
+const char* selection_name(ExpertSelection s) {
+  switch (s) {
+    case ExpertSelection::Frequency: return "frequency";
+    case ExpertSelection::Uniform: return "uniform";
+    case ExpertSelection::Layers: return "layers";
+    case ExpertSelection::None: return "none";
+    case ExpertSelection::All: return "all";
+  }
+  return "?";
+}
+const char* prefill_name(PrefillStrategy s) {
+  return s == PrefillStrategy::Auto ? "auto" : s == PrefillStrategy::Cpu ? "cpu" : "gpu_stream";
+}
+
+bool glob_match(const std::string& p, const std::string& s) {
+  size_t i = 0, j = 0, star = std::string::npos, mark = 0;
+  while (j < s.size()) {
+    if (i < p.size() && (p[i] == '?' || p[i] == s[j])) {
+      ++i, ++j;
+    } else if (i < p.size() && p[i] == '*') {
+      star = i++, mark = j;
+    } else if (star != std::string::npos) {
+      i = star + 1, j = ++mark;
+    } else {
+      return false;
+    }
+  }
+  while (i < p.size() && p[i] == '*') ++i;
+  return i == p.size();
+}
+
+namespace {
+
+// Where a node came from, for messages: "configs/rtx4090.yaml:12: key 'gpu.memory': ..."
+class Reader {
+ public:
+  Reader(std::string source, std::string base_dir) : source_(std::move(source)), base_(std::move(base_dir)) {}
+
+  template <typename... A>
+  [[noreturn]] void fail_at(const YAML::Node& n, const std::string& key, const A&... a) const {
+    const int line = n.Mark().is_null() ? 0 : n.Mark().line + 1;
+    fail(source_, line ? str_cat(":", line) : "", ": key '", key, "': ", a...);
+  }
+
+  // Every key of `map` must be one of `known`; returns nothing, throws with the nearest valid key.
+  void check_keys(const YAML::Node& map, const std::string& where, const std::vector<std::string>& known) const {
+    if (!map.IsMap()) fail_at(map, where, "expected a mapping of keys (", join(known), ")");
+    for (auto it = map.begin(); it != map.end(); ++it) {
+      const std::string k = it->first.as<std::string>();
+      if (std::find(known.begin(), known.end(), k) != known.end()) continue;
+      const std::string near = nearest(k, known);
+      const int line = it->first.Mark().line + 1;
+      fail(source_, ":", line, ": unknown key '", path(where, k), "'",
+           near.empty() ? str_cat(" (valid keys: ", join(known), ")") : str_cat(" (did you mean '", near, "'?)"));
+    }
+  }
+
+  std::string scalar(const YAML::Node& n, const std::string& key) const {
+    if (!n.IsScalar()) fail_at(n, key, "expected a single value");
+    return n.as<std::string>();
+  }
+  int64_t integer(const YAML::Node& n, const std::string& key, int64_t lo, int64_t hi) const {
+    const std::string s = scalar(n, key);
+    size_t used = 0;
+    int64_t v = 0;
+    try {
+      v = std::stoll(s, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != s.size() || s.empty()) fail_at(n, key, "'", s, "' is not an integer");
+    if (v < lo || v > hi) fail_at(n, key, v, " is outside ", lo, "..", hi);
+    return v;
+  }
+  double number(const YAML::Node& n, const std::string& key, double lo, double hi) const {
+    const std::string s = scalar(n, key);
+    size_t used = 0;
+    double v = 0;
+    try {
+      v = std::stod(s, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != s.size() || s.empty()) fail_at(n, key, "'", s, "' is not a number");
+    if (!(v >= lo && v <= hi)) fail_at(n, key, v, " is outside ", lo, "..", hi);
+    return v;
+  }
+  uint64_t bytes(const YAML::Node& n, const std::string& key) const {
+    const std::string s = scalar(n, key);
+    try {
+      return parse_bytes(s, "size");
+    } catch (const Error& e) {
+      fail_at(n, key, e.what());
+    }
+  }
+  // "25GB/s" / "1.0TB/s" / "measure" -> bytes per second (0 = measure)
+  double bandwidth(const YAML::Node& n, const std::string& key) const {
+    std::string s = scalar(n, key);
+    if (s == "measure" || s == "auto") return 0;
+    if (s.size() < 3 || s.substr(s.size() - 2) != "/s")
+      fail_at(n, key, "'", s, "' is not a bandwidth (examples: 1008GB/s, 25GB/s, 90.5GB/s, measure)");
+    s.resize(s.size() - 2);
+    if (!s.empty() && (s.back() == 'B' || s.back() == 'b') && s.size() > 2 && (s[s.size() - 2] == 'T' || s[s.size() - 2] == 't'))
+      return number_of(n, key, s.substr(0, s.size() - 2)) * 1e12;
+    try {
+      return static_cast<double>(parse_bytes(s, "bandwidth"));
+    } catch (const Error& e) {
+      fail_at(n, key, e.what());
+    }
+  }
+  template <typename E>
+  E choice(const YAML::Node& n, const std::string& key, const std::vector<std::pair<std::string, E>>& options) const {
+    const std::string s = scalar(n, key);
+    std::vector<std::string> names;
+    for (const auto& [name, v] : options) {
+      if (name == s) return v;
+      names.push_back(name);
+    }
+    const std::string near = nearest(s, names);
+    fail_at(n, key, "'", s, "' is not one of ", join(names), near.empty() ? "" : str_cat(" (did you mean '", near, "'?)"));
+  }
+  std::string resolve(const std::string& file) const {
+    if (file.empty() || base_.empty() || std::filesystem::path(file).is_absolute()) return file;
+    return (std::filesystem::path(base_) / file).string();
+  }
+  static std::string path(const std::string& where, const std::string& key) { return where.empty() ? key : where + "." + key; }
+  static std::string join(const std::vector<std::string>& v) {
+    std::string out;
+    for (const auto& s : v) out += (out.empty() ? "" : ", ") + s;
+    return out;
+  }
+
+ private:
+  double number_of(const YAML::Node& n, const std::string& key, const std::string& s) const {
+    size_t used = 0;
+    double v = -1;
+    try {
+      v = std::stod(s, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != s.size() || !(v > 0)) fail_at(n, key, "'", s, "' is not a positive number");
+    return v;
+  }
+  std::string source_, base_;
+};
+
+const std::vector<std::pair<std::string, ExpertSelection>> kSelections = {
+    {"frequency", ExpertSelection::Frequency}, {"uniform", ExpertSelection::Uniform},
+    {"none", ExpertSelection::None},           {"all", ExpertSelection::All}};
+
+void read_select(const Reader& r, const YAML::Node& n, PlacementConfig& c) {
+  const std::string key = "experts.select";
+  std::string range;
+  if (n.IsMap()) {
+    r.check_keys(n, key, {"layers"});
+    range = r.scalar(n["layers"], key + ".layers");
+  } else {
+    const std::string s = r.scalar(n, key);
+    if (s.rfind("layers", 0) != 0) {
+      c.select = r.choice(n, key, kSelections);
+      return;
+    }
+    range = s.substr(6);
+    while (!range.empty() && (range[0] == ' ' || range[0] == ':')) range.erase(0, 1);
+  }
+  int a = -1, b = -1;
+  char dash = 0, extra = 0;
+  std::istringstream is(range);
+  if (!(is >> a) || a < 0) r.fail_at(n, key, "'layers ", range, "' needs a layer range like 'layers 0-19'");
+  if (is >> dash) {
+    if (dash != '-' || !(is >> b) || (is >> extra)) r.fail_at(n, key, "'layers ", range, "' needs a layer range like 'layers 0-19'");
+  } else {
+    b = a;
+  }
+  if (b < a) r.fail_at(n, key, "layer range ", a, "-", b, " is empty");
+  c.select = ExpertSelection::Layers;
+  c.layer_first = a, c.layer_last = b;
+}
+
+std::string format_value(const Reader& r, const YAML::Node& n, const std::string& key, bool allow_auto) {
+  std::vector<std::pair<std::string, int>> opts = {{"int4", 0}, {"int8", 1}, {"bf16", 2}};
+  if (allow_auto) opts.insert(opts.begin(), {"auto", 3});
+  const int v = r.choice(n, key, opts);
+  return v == 3 ? "auto" : v == 0 ? "int4" : v == 1 ? "int8" : "bf16";
+}
+
+}  // namespace
+
+PlacementConfig parse_placement_config(const std::string& text, const std::string& source, const std::string& base_dir) {
+  PlacementConfig c;
+  c.source = source;
+  Reader r(source, base_dir);
+  YAML::Node root;
+  try {
+    root = YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    fail(source, ":", e.mark.line + 1, ":", e.mark.column + 1, ": not valid YAML: ", e.msg);
+  }
+  if (!root || root.IsNull()) return c;  // an empty file: every default
+  try {
+    r.check_keys(root, "", {"gpu", "context", "batch", "cpu", "experts", "cpu_experts", "gpu_experts_per_layer", "prefill",
+                            "bandwidth", "cost", "rules"});
+    if (const YAML::Node g = root["gpu"]) {
+      r.check_keys(g, "gpu", {"memory", "reserve"});
+      if (g["memory"]) c.gpu_memory = r.bytes(g["memory"], "gpu.memory");
+      if (g["reserve"]) c.gpu_reserve = r.bytes(g["reserve"], "gpu.reserve");
+    }
+    if (root["context"]) c.context = r.integer(root["context"], "context", 1, int64_t(1) << 24);
+    if (root["batch"]) c.batch = static_cast<int>(r.integer(root["batch"], "batch", 1, 256));
+    if (const YAML::Node cpu = root["cpu"]) {
+      r.check_keys(cpu, "cpu", {"threads", "numa"});
+      if (cpu["threads"]) c.cpu_threads = static_cast<int>(r.integer(cpu["threads"], "cpu.threads", 0, 4096));
+      if (cpu["numa"]) c.numa = r.choice<std::string>(cpu["numa"], "cpu.numa", {{"auto", "auto"}, {"off", "off"}});
+    }
+    if (const YAML::Node e = root["experts"]) {
+      r.check_keys(e, "experts", {"select", "heat", "cpu_format", "gpu_format", "deferral"});
+      if (e["select"]) read_select(r, e["select"], c);
+      if (e["heat"]) c.heat = r.resolve(r.scalar(e["heat"], "experts.heat"));
+      if (e["cpu_format"]) c.cpu_format = format_value(r, e["cpu_format"], "experts.cpu_format", true);
+      if (e["gpu_format"]) {
+        c.gpu_format = format_value(r, e["gpu_format"], "experts.gpu_format", true);
+        if (c.gpu_format != "auto")
+          r.fail_at(e["gpu_format"], "experts.gpu_format", "GPU experts run in the checkpoint's format; only 'auto' is supported");
+      }
+      if (e["deferral"]) c.deferral = static_cast<int>(r.integer(e["deferral"], "experts.deferral", 0, 64));
+    }
+    if (const YAML::Node n = root["cpu_experts"]) {
+      const std::string v = r.scalar(n, "cpu_experts");
+      if (v != "all" && v != "none") r.fail_at(n, "cpu_experts", "'", v, "' must be 'all' or 'none'");
+      c.cpu_experts_all = v == "all";
+    }
+    if (root["gpu_experts_per_layer"])
+      c.gpu_experts_per_layer = static_cast<int>(r.integer(root["gpu_experts_per_layer"], "gpu_experts_per_layer", 0, 1 << 16));
+    if (c.cpu_experts_all && c.gpu_experts_per_layer > 0)
+      r.fail_at(root["gpu_experts_per_layer"], "gpu_experts_per_layer", "contradicts 'cpu_experts: all' (keep one of the two)");
+    if (const YAML::Node p = root["prefill"]) {
+      r.check_keys(p, "prefill", {"strategy", "gpu_min_tokens"});
+      if (p["strategy"])
+        c.prefill = r.choice<PrefillStrategy>(p["strategy"], "prefill.strategy",
+                                              {{"auto", PrefillStrategy::Auto}, {"cpu", PrefillStrategy::Cpu}, {"gpu_stream", PrefillStrategy::GpuStream}});
+      if (p["gpu_min_tokens"]) {
+        const YAML::Node m = p["gpu_min_tokens"];
+        c.prefill_gpu_min_tokens = m.IsScalar() && m.as<std::string>() == "auto" ? 0 : r.integer(m, "prefill.gpu_min_tokens", 1, int64_t(1) << 24);
+      }
+    }
+    if (const YAML::Node b = root["bandwidth"]) {
+      r.check_keys(b, "bandwidth", {"gpu", "pcie", "cpu"});
+      if (b["gpu"]) c.bw_gpu = r.bandwidth(b["gpu"], "bandwidth.gpu");
+      if (b["pcie"]) c.bw_pcie = r.bandwidth(b["pcie"], "bandwidth.pcie");
+      if (b["cpu"]) c.bw_cpu = r.bandwidth(b["cpu"], "bandwidth.cpu");
+    }
+    if (const YAML::Node k = root["cost"]) {
+      r.check_keys(k, "cost", {"launch_us", "handoff_us"});
+      if (k["launch_us"]) c.launch_us = r.number(k["launch_us"], "cost.launch_us", 0, 1000);
+      if (k["handoff_us"]) c.handoff_us = r.number(k["handoff_us"], "cost.handoff_us", 0, 100000);
+    }
+    if (const YAML::Node rules = root["rules"]) {
+      if (!rules.IsSequence()) r.fail_at(rules, "rules", "expected a list of rules (- match: PATTERN, place: gpu|cpu, format: ...)");
+      for (size_t i = 0; i < rules.size(); ++i) {
+        const YAML::Node n = rules[i];
+        const std::string key = str_cat("rules[", i, "]");
+        r.check_keys(n, key, {"match", "place", "format"});
+        if (!n["match"]) r.fail_at(n, key, "every rule needs 'match: PATTERN'");
+        PlacementRule rule;
+        rule.line = n.Mark().line + 1;
+        rule.match = r.scalar(n["match"], key + ".match");
+        if (rule.match.empty()) r.fail_at(n["match"], key + ".match", "the pattern is empty");
+        if (n["place"]) rule.place = r.choice<Side>(n["place"], key + ".place", {{"gpu", Side::Gpu}, {"cpu", Side::Cpu}});
+        if (n["format"]) rule.format = format_value(r, n["format"], key + ".format", false);
+        if (!rule.place && rule.format.empty()) r.fail_at(n, key, "a rule needs 'place' or 'format' (or both)");
+        c.rules.push_back(rule);
+      }
+    }
+  } catch (const YAML::Exception& e) {
+    fail(source, ":", e.mark.line + 1, ": ", e.msg);
+  }
+  // Presets expand into rules after the user's own (first match wins, so user rules refine presets).
+  if (c.cpu_experts_all) c.rules.push_back({"layers.*.mlp.experts.*", Side::Cpu, "", 0});
+  if (c.gpu_experts_per_layer >= 0) c.select = ExpertSelection::Uniform;
+  c.validate();
+  return c;
+}
+
+PlacementConfig load_placement_config(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) fail(path, ": cannot open the placement config");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return parse_placement_config(ss.str(), path, std::filesystem::path(path).parent_path().string());
+}
+
+void PlacementConfig::validate() const {
+  if (context < 1) fail(source, ": context must be at least 1 (got ", context, ")");
+  if (batch < 1) fail(source, ": batch must be at least 1 (got ", batch, ")");
+  if (gpu_memory && gpu_reserve >= gpu_memory)
+    fail(source, ": gpu.reserve (", format_gib(gpu_reserve), ") must be below gpu.memory (", format_gib(gpu_memory), ")");
+  if (select == ExpertSelection::Layers && (layer_first < 0 || layer_last < layer_first))
+    fail(source, ": experts.select layers needs a range like 'layers 0-19'");
+}
+
+}  // namespace tandem::placement

@@ -1,0 +1,81 @@
+// placement/placement_config.h: where tensors and experts live, as the user writes it in YAML
+// (configs/*.yaml; the schema with every key is configs/README.md).
+//
+// The YAML says *where* things live and in which format; code picks the kernels. Presets expand into
+// ordered rules at load time, after the user's own rules (first match wins):
+//   cpu_experts: all            -> rule {match: "layers.*.mlp.experts.*", place: cpu}
+//   gpu_experts_per_layer: N    -> experts.select: uniform with exactly N routed experts per layer
+// Rule patterns are globs ('*' = any run of characters) over Tandem's canonical tensor names:
+//   embed_tokens, lm_head, norm, layers.L.{input_layernorm, post_attention_layernorm, self_attn,
+//   linear_attn, mlp.gate, mlp.shared_expert, mlp.shared_expert_gate, mlp.experts.E}
+// Every error names the file, the line and the key; an unknown key names the nearest valid one.
+// A config can also come as YAML/JSON text (the Python bindings pass dicts as JSON).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace tandem::placement {
+
+enum class Side : uint8_t { Gpu, Cpu };
+enum class ExpertSelection : uint8_t { Frequency, Uniform, Layers, None, All };
+enum class PrefillStrategy : uint8_t { Auto, Cpu, GpuStream };
+
+const char* side_name(Side s);
+const char* selection_name(ExpertSelection s);
+const char* prefill_name(PrefillStrategy s);
+
+struct PlacementRule {
+  std::string match;           // glob over canonical names
+  std::optional<Side> place;   // unset: placement left to the planner
+  std::string format;          // "" (default), "int4", "int8", "bf16"
+  int line = 0;                // 1-based line in the source, for messages
+};
+
+struct PlacementConfig {
+  std::string source = "<defaults>";  // file path (or "<dict>") for messages
+
+  // gpu
+  uint64_t gpu_memory = 0;             // the card's memory Tandem may use; 0: free device memory
+  uint64_t gpu_reserve = 512ull << 20; // CUDA context, driver and allocator slack, inside gpu_memory
+  // sequence
+  int64_t context = 4096;  // KV cache length
+  int batch = 1;           // sequences decoded together (KV and state scale with it)
+  // cpu
+  int cpu_threads = 0;          // 0: physical cores
+  std::string numa = "auto";    // auto | off
+  // experts
+  ExpertSelection select = ExpertSelection::Frequency;
+  int layer_first = -1, layer_last = -1;  // select: layers a-b
+  std::string heat;                       // heat map file (tandem profile); resolved against the config's folder
+  int gpu_experts_per_layer = -1;         // preset; -1: unset
+  bool cpu_experts_all = false;           // preset
+  std::string cpu_format = "auto";        // auto | int4 | int8 | bf16
+  std::string gpu_format = "auto";        // auto (the checkpoint's)
+  int deferral = 0;                       // lowest-weight CPU experts of layer L applied at L+1
+  // prefill
+  PrefillStrategy prefill = PrefillStrategy::Auto;
+  int64_t prefill_gpu_min_tokens = 0;  // 0: the cost model decides
+  // bandwidths in bytes/s for the cost model; 0: measure (cpu, gpu when present) or the default
+  double bw_gpu = 0, bw_pcie = 0, bw_cpu = 0;
+  // cost model constants
+  double launch_us = 3.0;   // per kernel launch on the decode path
+  double handoff_us = 12.0; // GPU -> CPU -> GPU handoff per MoE layer with CPU experts
+
+  std::vector<PlacementRule> rules;  // user rules, then preset rules
+
+  // Range and consistency checks; throws tandem::Error naming the source.
+  void validate() const;
+};
+
+// Reads a YAML file. Throws tandem::Error "FILE:LINE: key 'x': ..." on any problem.
+PlacementConfig load_placement_config(const std::string& path);
+// Parses YAML (or JSON) text; `source` names it in messages; relative heat paths resolve against `base_dir`.
+PlacementConfig parse_placement_config(const std::string& text, const std::string& source, const std::string& base_dir = "");
+
+// Glob match ('*' any run, '?' one character) of a canonical tensor name.
+bool glob_match(const std::string& pattern, const std::string& name);
+
+}  // namespace tandem::placement

@@ -1,0 +1,419 @@
+#include "placement/planner.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <numeric>
+
+#include "runtime/bytes.h"
+#include "runtime/error.h"
+
+namespace tandem::placement {
+
+namespace {
+
+uint64_t align256(uint64_t b) { return (b + 255) / 256 * 256; }
+uint64_t floats(int64_t n) { return align256(static_cast<uint64_t>(n) * 4); }
+
+// The pointer tables the GPU MoE kernels index by expert id (gpu_core/moe.cuh): 3 Int4Views of
+// 4 pointers + 3 int64 each, or 3 pointers.
+constexpr uint64_t kInt4ExpertTableEntry = 3 * (4 * 8 + 3 * 8);
+constexpr uint64_t kBf16ExpertTableEntry = 3 * 8;
+
+struct Sizer {
+  const ModelConfig& c;
+  std::string prefix;  // module name prefix, as the loader sees it
+
+  QuantConfig::ModuleQuant quant(const std::string& module) const { return c.quant.for_module(prefix + module); }
+  // One nn.Linear as Qwen35MoeGpu stores it.
+  uint64_t linear(const std::string& module, int64_t out, int64_t in, bool quantizable = true) const {
+    const auto q = quantizable ? quant(module) : QuantConfig::ModuleQuant{};
+    if (!q.quantized) return align256(static_cast<uint64_t>(out * in) * 2);
+    const int64_t gs = q.group_size > 0 ? q.group_size : in;
+    const int64_t G = in / gs;
+    return align256(out * in / 2) + align256(out * G * 2) + align256(out * G) + (q.desc_act ? align256(in * 4) : 0);
+  }
+  // Host bytes of one expert matrix as cpu_experts/packed_weight.h streams it: nibbles / bytes / bf16
+  // plus f16 scales per group (and u8 zeros for asymmetric int4).
+  static uint64_t host_matrix(const std::string& fmt, int64_t out, int64_t in, int64_t group, bool sym) {
+    if (fmt == "bf16") return static_cast<uint64_t>(out * in) * 2;
+    const uint64_t G = static_cast<uint64_t>(std::max<int64_t>(1, in / group)) * static_cast<uint64_t>(out);
+    if (fmt == "int8") return static_cast<uint64_t>(out * in) + G * 2;
+    return static_cast<uint64_t>(out * in / 2) + G * (sym ? 2 : 3);
+  }
+};
+
+std::string layer_unit(int l, const char* what) { return str_cat("layers.", l, ".", what); }
+
+// First rule matching `name`, or nullptr.
+const PlacementRule* first_rule(const std::vector<PlacementRule>& rules, const std::string& name, std::vector<uint8_t>& used) {
+  for (size_t i = 0; i < rules.size(); ++i)
+    if (glob_match(rules[i].match, name)) {
+      used[i] = 1;
+      return &rules[i];
+    }
+  return nullptr;
+}
+
+std::string rule_where(const PlacementConfig& cfg, const PlacementRule& r) {
+  return r.line ? str_cat(cfg.source, ":", r.line, ": rule (match '", r.match, "')")
+                : str_cat(cfg.source, ": preset rule (match '", r.match, "')");
+}
+
+}  // namespace
+
+std::string expert_name(int layer, int expert) { return str_cat("layers.", layer, ".mlp.experts.", expert); }
+
+int Plan::total_gpu_experts() const { return std::accumulate(experts_on_gpu.begin(), experts_on_gpu.end(), 0); }
+bool Plan::any_cpu_experts() const {
+  for (size_t l = 0; l < experts_on_gpu.size(); ++l)
+    if (experts_on_gpu[l] < static_cast<int>(expert_on_gpu[l].size())) return true;
+  return false;
+}
+
+Plan make_plan(const ModelConfig& c, const PlacementConfig& cfg, const PlanRequest& req) {
+  Plan p;
+  p.model = c.source;
+  p.context = req.context ? req.context : cfg.context;
+  p.batch = cfg.batch;
+  p.deferral = cfg.deferral;
+  p.prefill = cfg.prefill;
+  if (p.context < 1 || p.context > c.max_position_embeddings)
+    fail("context ", p.context, " must be between 1 and the model's max_position_embeddings (", c.max_position_embeddings, ")");
+  p.budget_bytes = req.gpu_mem ? req.gpu_mem : cfg.gpu_memory ? cfg.gpu_memory : req.device_free_bytes;
+  if (!p.budget_bytes)
+    fail(cfg.source, ": no GPU memory budget: set gpu.memory in the config or pass --gpu-mem (no CUDA device to ask)");
+
+  const Sizer s{c, c.composite ? "model.language_model." : "model."};
+  const int64_t H = c.hidden_size, V = c.vocab_size, I = c.moe_intermediate_size, Is = c.shared_expert_intermediate_size;
+  const int64_t conv_dim = c.linear_conv_dim(), Vd = c.linear_value_dim(), Hv = c.linear_num_value_heads;
+  const int E = c.num_experts, k = c.num_experts_per_tok, L = c.num_layers;
+  const int nh = c.num_heads, nkv = c.num_kv_heads, hd = c.head_dim;
+
+  // ---- rules over the non-expert units ----
+  std::vector<uint8_t> used(cfg.rules.size(), 0);
+  auto check_fixed = [&](const std::string& unit, bool may_be_cpu) -> Side {
+    const PlacementRule* r = first_rule(cfg.rules, unit, used);
+    if (!r) return Side::Gpu;
+    if (r->place == Side::Cpu && !may_be_cpu)
+      fail(rule_where(cfg, *r), " puts '", unit, "' on the cpu; in a hybrid placement only routed experts and embed_tokens ",
+           "live in host memory (attention, DeltaNet, routers, shared experts, norms and lm_head stay on the GPU; ",
+           "--device cpu runs everything on the CPU)");
+    if (!r->format.empty() && r->format != "bf16")
+      fail(rule_where(cfg, *r), " asks for format ", r->format, " for '", unit, "'; dense tensors are kept in bf16");
+    return r->place.value_or(Side::Gpu);
+  };
+  p.embed_on_gpu = check_fixed("embed_tokens", true) == Side::Gpu;
+  check_fixed("lm_head", false);
+  check_fixed("norm", false);
+  for (int l = 0; l < L; ++l) {
+    for (const char* u : {"input_layernorm", "post_attention_layernorm", "mlp.gate", "mlp.shared_expert", "mlp.shared_expert_gate"})
+      check_fixed(layer_unit(l, u), false);
+    check_fixed(layer_unit(l, c.layer_types[l] == LayerKind::FullAttention ? "self_attn" : "linear_attn"), false);
+  }
+
+  // ---- fixed VRAM ----
+  VramBytes& v = p.vram;
+  const bool tied_shared = c.tie_word_embeddings && p.embed_on_gpu;
+  if (p.embed_on_gpu) v.dense_weights += align256(static_cast<uint64_t>(V * H) * 2);
+  if (!tied_shared) v.dense_weights += s.linear("lm_head", V, H, false);
+  v.dense_weights += floats(H) + floats(c.rotary_dim / 2);  // final norm, RoPE frequencies
+  const int64_t max_splits = (p.context + 255) / 256;
+  for (int l = 0; l < L; ++l) {
+    const std::string pre = str_cat("layers.", l, ".");
+    v.dense_weights += 2 * floats(H);
+    if (c.layer_types[l] == LayerKind::LinearAttention) {
+      const std::string a = pre + "linear_attn.";
+      v.dense_weights += s.linear(a + "in_proj_qkv", conv_dim, H) + s.linear(a + "in_proj_z", Vd, H) + s.linear(a + "in_proj_b", Hv, H) +
+                         s.linear(a + "in_proj_a", Hv, H) + s.linear(a + "out_proj", H, Vd);
+      v.dense_weights += floats(conv_dim * c.linear_conv_kernel) + 2 * floats(Hv) + floats(c.linear_value_head_dim);
+      v.deltanet_state += (floats((c.linear_conv_kernel - 1) * conv_dim) + floats(Hv * c.linear_key_head_dim * c.linear_value_head_dim)) * p.batch;
+    } else {
+      const std::string a = pre + "self_attn.";
+      v.dense_weights += s.linear(a + "q_proj", int64_t(nh) * hd * 2, H) + s.linear(a + "k_proj", int64_t(nkv) * hd, H) +
+                         s.linear(a + "v_proj", int64_t(nkv) * hd, H) + s.linear(a + "o_proj", H, int64_t(nh) * hd);
+      v.dense_weights += 2 * floats(hd);
+      v.kv_cache += 2 * align256(static_cast<uint64_t>(p.context) * nkv * hd * 2) * p.batch;
+    }
+    const std::string m = pre + "mlp.";
+    v.dense_weights += s.linear(m + "gate", E, H, false) + s.linear(m + "shared_expert.gate_proj", Is, H) +
+                       s.linear(m + "shared_expert.up_proj", Is, H) + s.linear(m + "shared_expert.down_proj", H, Is) +
+                       s.linear(m + "shared_expert_gate", 1, H, false);
+  }
+  {  // workspace, in Qwen35MoeGpu's order
+    const int64_t wide = std::max({H, conv_dim, Vd, int64_t(nh) * 2 * hd, I * k, Is});
+    for (int64_t n : {H, H, H, conv_dim, Vd, Hv, Hv, Vd, conv_dim, int64_t(nh) * 2 * hd, int64_t(nkv) * hd, int64_t(nkv) * hd,
+                      int64_t(nh) * hd, int64_t(nh) * max_splits * (hd + 2), int64_t(nh) * hd, int64_t(E), H, I * k, Is, Is, H,
+                      int64_t(1), V})
+      v.workspace += floats(n);
+    v.workspace += align256(wide * 2) + 3 * align256(4) + align256(k * 4) + floats(k);
+    v.workspace += floats(H);  // CPU experts' result (hybrid)
+  }
+  v.reserve = cfg.gpu_reserve;
+
+  // ---- experts: formats and sizes ----
+  const auto eq = s.quant("layers.0.mlp.experts.0.gate_proj");
+  p.expert_checkpoint_format = eq.quantized ? "int4" : "bf16";
+  const int64_t group = eq.quantized ? (eq.group_size > 0 ? eq.group_size : H) : 128;
+  p.gpu_expert_bytes = 2 * s.linear("layers.0.mlp.experts.0.gate_proj", I, H) + s.linear("layers.0.mlp.experts.0.down_proj", H, I);
+  const uint64_t table = align256(E * (eq.quantized ? kInt4ExpertTableEntry : kBf16ExpertTableEntry));
+
+  // Expert rules: side pins and CPU format.
+  p.expert_on_gpu.assign(L, std::vector<uint8_t>(E, 0));
+  std::vector<std::vector<int8_t>> pinned(L, std::vector<int8_t>(E, -1));  // -1 free, 0 cpu, 1 gpu
+  std::string rule_format;
+  const PlacementRule* format_rule = nullptr;
+  for (int l = 0; l < L; ++l)
+    for (int e = 0; e < E; ++e) {
+      const PlacementRule* r = first_rule(cfg.rules, expert_name(l, e), used);
+      if (!r) continue;
+      if (r->place) pinned[l][e] = *r->place == Side::Gpu;
+      if (!r->format.empty()) {
+        if (format_rule && r->format != rule_format)
+          fail(rule_where(cfg, *r), " gives experts format ", r->format, " but ", rule_where(cfg, *format_rule), " gives ",
+               rule_format, "; all CPU experts share one format");
+        rule_format = r->format, format_rule = r;
+      }
+    }
+  for (size_t i = 0; i < cfg.rules.size(); ++i)
+    if (!used[i])
+      fail(rule_where(cfg, cfg.rules[i]), " matches nothing in this model (names look like ", expert_name(3, 17),
+           ", layers.0.self_attn, embed_tokens, lm_head)");
+  std::string fmt = !rule_format.empty() ? rule_format : cfg.cpu_format;
+  if (fmt == "auto") fmt = p.expert_checkpoint_format;
+  if (fmt == "int4" && !eq.quantized)
+    fail(format_rule ? rule_where(cfg, *format_rule) : cfg.source + ": experts.cpu_format",
+         ": int4 CPU experts need a GPTQ checkpoint; this one has bf16 experts (use int8 or bf16)");
+  if (fmt == "bf16" && eq.quantized)
+    fail(format_rule ? rule_where(cfg, *format_rule) : cfg.source + ": experts.cpu_format",
+         ": this checkpoint's experts are GPTQ int4; run them as int4 (lossless) or int8 on the CPU, not bf16");
+  p.cpu_expert_format = fmt;
+  const int64_t down_group = eq.quantized ? group : 128, int8_group = 128;
+  const bool sym = !eq.quantized || eq.sym;
+  p.cpu_expert_bytes = 2 * Sizer::host_matrix(fmt, I, H, fmt == "int8" ? int8_group : group, sym) +
+                       Sizer::host_matrix(fmt, H, I, fmt == "int8" ? int8_group : down_group, sym);
+
+  // ---- minimum and the fill ----
+  p.min_budget_bytes = v.total() + static_cast<uint64_t>(L) * table;
+  auto component_list = [&]() {
+    return str_cat("dense weights ", format_gib(v.dense_weights), ", KV cache ", format_gib(v.kv_cache), " at context ", p.context,
+                   ", DeltaNet state ", format_gib(v.deltanet_state), ", workspace ", format_gib(v.workspace), ", reserve ",
+                   format_gib(v.reserve));
+  };
+  if (p.budget_bytes < p.min_budget_bytes)
+    fail("GPU memory budget ", format_gib(p.budget_bytes), " is below the minimum of ", format_gib(p.min_budget_bytes), " for ",
+         c.source, " (", component_list(),
+         "); raise gpu.memory / --gpu-mem, lower the context, or move embed_tokens to the CPU with a rule");
+
+  HeatMap heat;
+  if (!cfg.heat.empty()) {
+    heat = load_heat_map(cfg.heat);
+    heat.check_shape(L, E);
+    p.heat_used = true;
+  }
+  auto share = [&](int l, int e) { return p.heat_used ? heat.share(l, e) : 1.0 / E; };
+  // Rank of each expert within its layer, hottest first (ties to the lower id).
+  std::vector<std::vector<int>> ranked(L);
+  for (int l = 0; l < L; ++l) {
+    ranked[l].resize(E);
+    std::iota(ranked[l].begin(), ranked[l].end(), 0);
+    std::stable_sort(ranked[l].begin(), ranked[l].end(), [&](int a, int b) { return share(l, a) > share(l, b); });
+  }
+  struct Cand { int l, e, rank; double share; };
+  std::vector<Cand> order;
+  for (int l = 0; l < L; ++l)
+    for (int r = 0; r < E; ++r) {
+      const int e = ranked[l][r];
+      if (pinned[l][e] == -1) order.push_back({l, e, r, share(l, e)});
+    }
+  ExpertSelection sel = cfg.select;
+  p.selection = selection_name(sel);
+  if (cfg.gpu_experts_per_layer >= 0) p.selection = str_cat("gpu_experts_per_layer ", cfg.gpu_experts_per_layer);
+  if (sel == ExpertSelection::Layers) p.selection = str_cat("layers ", cfg.layer_first, "-", cfg.layer_last);
+  if (sel == ExpertSelection::Uniform) {
+    std::stable_sort(order.begin(), order.end(), [](const Cand& a, const Cand& b) { return a.rank != b.rank ? a.rank < b.rank : a.l < b.l; });
+  } else {  // frequency (and the order within layers / all): expected activations, then round robin over layers
+    std::stable_sort(order.begin(), order.end(), [](const Cand& a, const Cand& b) {
+      if (a.share != b.share) return a.share > b.share;
+      return a.rank != b.rank ? a.rank < b.rank : a.l < b.l;
+    });
+  }
+  if (sel == ExpertSelection::Layers) {
+    if (cfg.layer_last >= L) fail(cfg.source, ": experts.select layers ", cfg.layer_first, "-", cfg.layer_last, " is outside the model's layers 0-", L - 1);
+    std::erase_if(order, [&](const Cand& x) { return x.l < cfg.layer_first || x.l > cfg.layer_last; });
+  }
+  if (sel == ExpertSelection::None) order.clear();
+  if (cfg.gpu_experts_per_layer >= 0) std::erase_if(order, [&](const Cand& x) { return x.rank >= cfg.gpu_experts_per_layer; });
+
+  uint64_t used_bytes = p.min_budget_bytes;
+  std::vector<int> count(L, 0);
+  for (int l = 0; l < L; ++l)
+    for (int e = 0; e < E; ++e)
+      if (pinned[l][e] == 1) p.expert_on_gpu[l][e] = 1, used_bytes += p.gpu_expert_bytes, ++count[l];
+  if (used_bytes > p.budget_bytes)
+    fail(cfg.source, ": rules pin ", std::accumulate(count.begin(), count.end(), 0), " routed experts to the GPU (",
+         format_gib(used_bytes - p.min_budget_bytes), ") but the budget ", format_gib(p.budget_bytes), " leaves ",
+         format_gib(p.budget_bytes - p.min_budget_bytes), " after the minimum; at least ", format_gib(used_bytes), " is needed");
+  const bool must_all = sel == ExpertSelection::All || cfg.gpu_experts_per_layer >= 0;
+  uint64_t needed = used_bytes + order.size() * p.gpu_expert_bytes;
+  for (const Cand& x : order) {
+    if (used_bytes + p.gpu_expert_bytes > p.budget_bytes) break;
+    p.expert_on_gpu[x.l][x.e] = 1;
+    used_bytes += p.gpu_expert_bytes;
+    ++count[x.l];
+  }
+  if (must_all && needed > p.budget_bytes)
+    fail(cfg.source, ": experts.select '", p.selection, "' needs ", format_gib(needed), " of GPU memory but the budget is ",
+         format_gib(p.budget_bytes), " (", component_list(), ", routed experts ", format_gib(needed - p.min_budget_bytes), ")");
+
+  p.experts_on_gpu = count;
+  v.expert_weights = static_cast<uint64_t>(L) * table + static_cast<uint64_t>(p.total_gpu_experts()) * p.gpu_expert_bytes;
+  p.layer_gpu_fraction.assign(L, 0);
+  double frac_sum = 0;
+  for (int l = 0; l < L; ++l) {
+    for (int e = 0; e < E; ++e)
+      if (p.expert_on_gpu[l][e]) p.layer_gpu_fraction[l] += share(l, e);
+    p.layer_gpu_fraction[l] = std::min(1.0, p.layer_gpu_fraction[l]);
+    frac_sum += p.layer_gpu_fraction[l];
+  }
+  p.expected_gpu_expert_fraction = L ? frac_sum / L : 1.0;
+  p.host_expert_bytes = static_cast<uint64_t>(L * E - p.total_gpu_experts()) * p.cpu_expert_bytes;
+
+  // ---- cost model ----
+  Prediction& pr = p.predicted;
+  auto pick = [](double configured, double measured, double dflt, std::string& from) {
+    if (configured > 0) return from = "config", configured;
+    if (measured > 0) return from = "measured", measured;
+    return from = "default", dflt;
+  };
+  pr.gpu_bw = pick(cfg.bw_gpu, req.measured_gpu_bw, 1008e9, pr.gpu_bw_from);  // RTX 4090 spec
+  pr.pcie_bw = pick(cfg.bw_pcie, 0, 25e9, pr.pcie_bw_from);                  // PCIe 4.0 x16, pinned
+  pr.cpu_bw = pick(cfg.bw_cpu, req.measured_cpu_bw, 60e9, pr.cpu_bw_from);   // dual-channel DDR5
+  const double typical_pos = std::min<double>(static_cast<double>(p.context), 1024.0);
+  const double expert_read = static_cast<double>(p.gpu_expert_bytes);
+  double dense_read = static_cast<double>(v.dense_weights);
+  if (p.embed_on_gpu) dense_read -= static_cast<double>(align256(static_cast<uint64_t>(V * H) * 2)) - static_cast<double>(H * 2);
+  if (tied_shared) dense_read += static_cast<double>(V * H * 2);  // the tied table is read once as lm_head
+  const double kv_read = static_cast<double>(c.num_full_attention_layers()) * 2 * typical_pos * nkv * hd * 2;
+  pr.gpu_bytes_per_token = dense_read + 2.0 * static_cast<double>(v.deltanet_state) / p.batch + kv_read;
+  double t = 0, t_cpu_total = 0;
+  const double launches_per_layer = 21, shared_bytes = static_cast<double>(3 * Is * H * 2);
+  for (int l = 0; l < L; ++l) {
+    const double gpu_acts = k * p.layer_gpu_fraction[l], cpu_acts = k - gpu_acts;
+    pr.gpu_bytes_per_token += gpu_acts * expert_read;
+    const double cpu_b = cpu_acts * static_cast<double>(p.cpu_expert_bytes);
+    pr.cpu_bytes_per_token += cpu_b;
+    const double t_cpu = cpu_b / pr.cpu_bw;
+    t_cpu_total += t_cpu;
+    if (cpu_acts > 1e-9) {
+      const double overlap = (gpu_acts * expert_read + shared_bytes) / pr.gpu_bw + 8 * cfg.launch_us * 1e-6;
+      t += cfg.handoff_us * 1e-6 + std::max(0.0, t_cpu - overlap);
+    }
+  }
+  t += pr.gpu_bytes_per_token / pr.gpu_bw + (launches_per_layer * L + 4) * cfg.launch_us * 1e-6;
+  pr.decode_ms = t * 1e3;
+  pr.decode_tok_s = 1.0 / t;
+  pr.bound_tok_s = 1.0 / std::max(pr.gpu_bytes_per_token / pr.gpu_bw, t_cpu_total);
+  // Prefill: streaming every CPU expert over PCIe vs computing the CPU share on the CPU (AMX int8 /
+  // AVX-512 at ~3 TOPS): the switch point in prompt tokens.
+  const double cpu_share = 1.0 - p.expected_gpu_expert_fraction;
+  if (cfg.prefill == PrefillStrategy::Cpu || cpu_share <= 0) {
+    pr.prefill_gpu_min_tokens = 0;
+  } else if (cfg.prefill == PrefillStrategy::GpuStream) {
+    pr.prefill_gpu_min_tokens = 1;
+  } else if (cfg.prefill_gpu_min_tokens > 0) {
+    pr.prefill_gpu_min_tokens = cfg.prefill_gpu_min_tokens;
+  } else {
+    const double stream_s = static_cast<double>(p.host_expert_bytes) / pr.pcie_bw;
+    const double cpu_s_per_token = L * k * cpu_share * 6.0 * H * I / 3e12;
+    pr.prefill_gpu_min_tokens = static_cast<int64_t>(std::ceil(stream_s / cpu_s_per_token));
+  }
+  return p;
+}
+
+nlohmann::json plan_to_json(const Plan& p) {
+  using nlohmann::json;
+  json j;
+  j["model"] = p.model;
+  j["budget_bytes"] = p.budget_bytes;
+  j["vram_total_bytes"] = p.vram.total();
+  j["vram_allocated_bytes"] = p.vram.allocated();
+  j["min_budget_bytes"] = p.min_budget_bytes;
+  j["vram_bytes"] = {{"dense_weights", p.vram.dense_weights}, {"expert_weights", p.vram.expert_weights},
+                     {"kv_cache", p.vram.kv_cache},           {"deltanet_state", p.vram.deltanet_state},
+                     {"workspace", p.vram.workspace},         {"reserve", p.vram.reserve}};
+  j["context"] = p.context;
+  j["batch"] = p.batch;
+  j["embed_on_gpu"] = p.embed_on_gpu;
+  j["selection"] = p.selection;
+  j["heat_used"] = p.heat_used;
+  j["expert_checkpoint_format"] = p.expert_checkpoint_format;
+  j["cpu_expert_format"] = p.cpu_expert_format;
+  j["gpu_expert_bytes"] = p.gpu_expert_bytes;
+  j["cpu_expert_bytes"] = p.cpu_expert_bytes;
+  j["host_expert_bytes"] = p.host_expert_bytes;
+  j["experts_on_gpu"] = p.experts_on_gpu;
+  j["experts_on_gpu_total"] = p.total_gpu_experts();
+  j["layer_gpu_fraction"] = p.layer_gpu_fraction;
+  j["expected_gpu_expert_fraction"] = p.expected_gpu_expert_fraction;
+  j["deferral"] = p.deferral;
+  j["prefill_strategy"] = prefill_name(p.prefill);
+  const Prediction& pr = p.predicted;
+  j["predicted_decode_tok_s"] = pr.decode_tok_s;
+  j["predicted_decode_ms"] = pr.decode_ms;
+  j["bound_decode_tok_s"] = pr.bound_tok_s;
+  j["prefill_gpu_min_tokens"] = pr.prefill_gpu_min_tokens;
+  j["cost_model"] = {{"gpu_bytes_per_token", pr.gpu_bytes_per_token},
+                     {"cpu_bytes_per_token", pr.cpu_bytes_per_token},
+                     {"gpu_bw", pr.gpu_bw}, {"gpu_bw_from", pr.gpu_bw_from},
+                     {"pcie_bw", pr.pcie_bw}, {"pcie_bw_from", pr.pcie_bw_from},
+                     {"cpu_bw", pr.cpu_bw}, {"cpu_bw_from", pr.cpu_bw_from}};
+  return j;
+}
+
+std::string plan_table(const Plan& p) {
+  std::string o;
+  auto line = [&](const std::string& a, const std::string& b) {
+    char buf[256];
+    std::snprintf(buf, sizeof buf, "  %-22s %s\n", a.c_str(), b.c_str());
+    o += buf;
+  };
+  auto pct = [](double x) { return str_cat(static_cast<int>(std::lround(x * 1000)) / 10.0, "%"); };
+  const VramBytes& v = p.vram;
+  o += str_cat("placement plan for ", p.model, "\n");
+  line("GPU budget", str_cat(format_gib(p.budget_bytes), " (minimum ", format_gib(p.min_budget_bytes), "), context ", p.context,
+                             ", batch ", p.batch));
+  o += "\n  GPU memory             bytes\n";
+  line("dense weights", format_gib(v.dense_weights) + (p.embed_on_gpu ? "" : " (embed_tokens on the CPU)"));
+  line("routed experts", str_cat(format_gib(v.expert_weights), " (", p.total_gpu_experts(), " experts, ", p.expert_checkpoint_format, ")"));
+  line("KV cache", format_gib(v.kv_cache));
+  line("DeltaNet state", format_gib(v.deltanet_state));
+  line("workspace", format_gib(v.workspace));
+  line("reserve (CUDA)", format_gib(v.reserve));
+  line("total", str_cat(format_gib(v.total()), " of ", format_gib(p.budget_bytes)));
+  o += "\n";
+  line("CPU experts", str_cat(format_gib(p.host_expert_bytes), " in host RAM (", p.cpu_expert_format, ")"));
+  line("selection", p.selection + (p.heat_used ? " (heat map)" : " (no heat map: uniform activations)"));
+  o += "\n  experts on the GPU per layer (expected share of activations):\n";
+  for (size_t l = 0; l < p.experts_on_gpu.size(); ++l) {
+    char buf[96];
+    std::snprintf(buf, sizeof buf, "  %3zu: %4d %6.1f%%", l, p.experts_on_gpu[l], p.layer_gpu_fraction[l] * 100);
+    o += buf;
+    o += (l % 4 == 3 || l + 1 == p.experts_on_gpu.size()) ? "\n" : "  ";
+  }
+  o += "\n";
+  const Prediction& pr = p.predicted;
+  line("GPU expert share", pct(p.expected_gpu_expert_fraction));
+  line("bandwidths", str_cat(pr.gpu_bw / 1e9, " GB/s GPU (", pr.gpu_bw_from, "), ", pr.pcie_bw / 1e9, " GB/s PCIe (", pr.pcie_bw_from,
+                             "), ", pr.cpu_bw / 1e9, " GB/s CPU (", pr.cpu_bw_from, ")"));
+  line("bytes per token", str_cat(pr.gpu_bytes_per_token / 1e9, " GB GPU, ", pr.cpu_bytes_per_token / 1e9, " GB CPU"));
+  char buf[160];
+  std::snprintf(buf, sizeof buf, "%.1f tok/s (%.2f ms/token; bandwidth bound %.1f tok/s)", pr.decode_tok_s, pr.decode_ms, pr.bound_tok_s);
+  line("predicted decode", buf);
+  line("prefill on GPU from", pr.prefill_gpu_min_tokens ? str_cat(pr.prefill_gpu_min_tokens, " prompt tokens (", prefill_name(p.prefill), ")")
+                                                         : std::string("never (CPU experts computed on the CPU)"));
+  return o;
+}
+
+}  // namespace tandem::placement

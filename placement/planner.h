@@ -1,0 +1,102 @@
+// placement/planner.h: decides where every tensor and routed expert lives, from config.json (with its
+// quantization config), a PlacementConfig and optionally a heat map. It loads no weights and runs
+// nothing; the GPU runtime allocates exactly what the plan says (tests compare the two byte for byte).
+//
+// Order of decisions:
+//   1. Always on the GPU: attention, DeltaNet, routers, shared experts, norms, lm_head (rules may move
+//      embed_tokens to the CPU: the lookup is one row per token). Plus the KV cache at the configured
+//      context and batch, DeltaNet state, workspaces, and gpu.reserve for the CUDA context.
+//      Below that minimum the plan is an error stating the minimum budget.
+//   2. Rules pin routed experts to a side (first match wins; presets are rules too).
+//   3. The rest of the budget is filled with routed experts in one fixed order per selection policy
+//      (frequency: by expected activations, hottest first; uniform: round robin over layers, hottest
+//      first within a layer; layers a-b: only those layers; all / none). Because the order does not
+//      depend on the budget, more budget never means fewer GPU experts.
+//   4. A cost model from bandwidths (GPU memory, PCIe, CPU DRAM) and per-launch / per-handoff latency
+//      predicts decode tok/s and the prompt length above which prefill streams CPU experts to the GPU.
+// Byte formulas mirror Qwen35MoeGpu's allocations (256-byte aligned; dense tensors in bf16; GPTQ
+// int4 repacked: nibbles + fp16 scales + uint8 zeros (+ int32 permutation for act-order)).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "placement/heat.h"
+#include "placement/placement_config.h"
+#include "runtime/config.h"
+
+namespace tandem::placement {
+
+struct VramBytes {
+  uint64_t dense_weights = 0;   // attention, DeltaNet, routers, shared experts, norms, lm_head (+ embed on GPU)
+  uint64_t expert_weights = 0;  // routed experts resident on the GPU (+ their pointer tables)
+  uint64_t kv_cache = 0;
+  uint64_t deltanet_state = 0;
+  uint64_t workspace = 0;
+  uint64_t reserve = 0;         // CUDA context / driver (not allocated by Tandem, counted in the budget)
+  uint64_t allocated() const { return dense_weights + expert_weights + kv_cache + deltanet_state + workspace; }
+  uint64_t total() const { return allocated() + reserve; }
+};
+
+struct Prediction {
+  double gpu_bw = 0, pcie_bw = 0, cpu_bw = 0;  // bytes/s used
+  std::string gpu_bw_from, pcie_bw_from, cpu_bw_from;  // "config", "measured", "default"
+  double gpu_bytes_per_token = 0;   // decode, batch 1: weights + state + KV at the typical position
+  double cpu_bytes_per_token = 0;   // routed experts read from host RAM per token
+  double decode_ms = 0;             // predicted time per token
+  double decode_tok_s = 0;
+  double bound_tok_s = 0;           // bandwidth only (no latency terms)
+  int64_t prefill_gpu_min_tokens = 0;  // prompts at least this long stream CPU experts to the GPU
+};
+
+struct Plan {
+  std::string model;              // config.json path
+  uint64_t budget_bytes = 0;      // gpu.memory (or --gpu-mem)
+  int64_t context = 0;
+  int batch = 1;
+  VramBytes vram;
+  uint64_t min_budget_bytes = 0;  // everything but routed experts
+  bool embed_on_gpu = true;
+  std::string expert_checkpoint_format;  // int4 (GPTQ) or bf16
+  std::string cpu_expert_format;         // int4 | int8 | bf16
+  uint64_t gpu_expert_bytes = 0;         // one routed expert on the GPU
+  uint64_t cpu_expert_bytes = 0;         // one routed expert in host RAM (streamed per activation)
+  uint64_t host_expert_bytes = 0;        // all CPU-resident experts
+  std::vector<std::vector<uint8_t>> expert_on_gpu;  // [layer][expert]
+  std::vector<int> experts_on_gpu;                  // count per layer
+  std::vector<double> layer_gpu_fraction;           // expected share of the layer's activations on the GPU
+  double expected_gpu_expert_fraction = 0;          // over all layers
+  bool heat_used = false;
+  std::string selection;                            // the policy, as the config named it
+  int deferral = 0;
+  PrefillStrategy prefill = PrefillStrategy::Auto;
+  Prediction predicted;
+
+  int total_gpu_experts() const;
+  bool any_cpu_experts() const;
+};
+
+struct PlanRequest {
+  uint64_t gpu_mem = 0;   // overrides the config's gpu.memory when set
+  int64_t context = 0;    // overrides the config's context when set
+  uint64_t device_free_bytes = 0;  // what the GPU has free (0: no GPU known); the budget when none is set
+  double measured_gpu_bw = 0;      // bytes/s, when known
+  double measured_cpu_bw = 0;
+};
+
+// Throws tandem::Error: budget below the minimum (with the minimum), rules that cannot be honoured
+// (with the rule's line), heat map shape mismatch.
+Plan make_plan(const ModelConfig& model, const PlacementConfig& config, const PlanRequest& request = {});
+
+// The machine-readable form (`tandem plan --json`, Engine.plan()).
+nlohmann::json plan_to_json(const Plan& plan);
+// The readable form: components, experts per layer, prediction.
+std::string plan_table(const Plan& plan);
+
+// Canonical names of the units the planner places (for rules): "layers.3.mlp.experts.17", "embed_tokens", ...
+std::string expert_name(int layer, int expert);
+
+}  // namespace tandem::placement
