@@ -3,6 +3,7 @@
 # of 1 or 2 with exactly one clear line on stderr (never a crash).
 tandem="$1"
 data="$2"
+configs="$(cd "$(dirname "$0")/../../configs" && pwd)"
 source "$(dirname "$0")/common.sh"
 
 check() {  # check NAME EXPECTED_CODES GREP_PATTERN -- command...
@@ -18,7 +19,7 @@ check() {  # check NAME EXPECTED_CODES GREP_PATTERN -- command...
   if [ "$rc" -ne 0 ] && [ "$lines" -ne 1 ]; then
     echo "FAIL $name: expected one line on stderr, got $lines:"; cat "$tmp/err"; failures=$((failures + 1)); return
   fi
-  if ! grep -q -- "$pattern" "$tmp/err"; then
+  if [ -n "$pattern" ] && ! grep -q -- "$pattern" "$tmp/err"; then
     echo "FAIL $name: stderr lacks '$pattern':"; cat "$tmp/err"; failures=$((failures + 1)); return
   fi
   echo "ok   $name"
@@ -104,6 +105,49 @@ check "generate without prompt" "2" "missing required option '--prompt'" -- "$ta
 check "bad temperature" "2" "temperature" -- "$tandem" generate --model "$tmp/tiny" --prompt x --temperature -1
 check "unknown preset" "2" "unknown sampling preset" -- "$tandem" generate --model "$tmp/tiny" --prompt x --preset wild
 check "no-think without chat" "2" "need --chat" -- "$tandem" generate --model "$tmp/tiny" --prompt x --no-think
+
+# tandem plan / profile: the plan as JSON with the issue's fields, without a GPU or weight files; a budget
+# below the minimum exits 1 naming the minimum; YAML errors name file:line; a heat map from profile feeds it.
+"$tandem" synth --preset qwen3.5-35b-a3b --quant gptq-int4 --config-only --out "$tmp/q35" >/dev/null 2>&1
+"$tandem" plan --model "$tmp/q35" --config "$configs/12gb.yaml" --json --no-measure >"$tmp/plan.json" 2>"$tmp/plan.err"
+if python3 - "$tmp/plan.json" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+for k in ("budget_bytes", "vram_total_bytes", "vram_bytes", "experts_on_gpu", "expected_gpu_expert_fraction", "predicted_decode_tok_s"):
+    assert k in j, k
+assert j["budget_bytes"] == 12 * 2**30 and j["vram_total_bytes"] <= j["budget_bytes"]
+assert len(j["experts_on_gpu"]) == 40 and 0 < sum(j["experts_on_gpu"]) < 40 * 256
+assert 0 < j["expected_gpu_expert_fraction"] < 1 and j["predicted_decode_tok_s"] > 0
+assert sum(j["vram_bytes"].values()) == j["vram_total_bytes"] and not j["embed_on_gpu"]
+PY
+then echo "ok   plan --json fields"; passes=$((passes + 1)); else echo "FAIL plan --json"; cat "$tmp/plan.err"; failures=$((failures + 1)); fi
+check "plan table" "0" "" -- "$tandem" plan --model "$tmp/q35" --gpu-mem 16GiB --no-measure
+grep -q "predicted decode" "$tmp/out" && grep -q "routed experts" "$tmp/out" || { echo "FAIL plan table content"; failures=$((failures + 1)); }
+check "plan below minimum" "1" "below the minimum of 5.2. GiB" -- "$tandem" plan --model "$tmp/q35" --gpu-mem 3GiB --no-measure
+printf 'gpu:\n  memory: 8GiB\nexperts:\n  selct: uniform\n' >"$tmp/bad.yaml"
+check "plan yaml unknown key" "1" "bad.yaml:4: unknown key 'experts.selct' (did you mean 'select'?)" -- "$tandem" plan --model "$tmp/q35" --config "$tmp/bad.yaml"
+check "config without hybrid" "2" "applies to --device hybrid" -- "$tandem" logits --model "$tmp/tiny" --ids 1,2 --out "$tmp/x.npy" --config "$configs/8gb.yaml"
+if ! "$tandem" info | grep -q "device(s)"; then  # where a GPU exists these run (tests/gpu covers them)
+  check "hybrid without GPU" "1" "no CUDA device" -- "$tandem" logits --model "$tmp/tiny" --ids 1,2 --out "$tmp/x.npy" --device hybrid --gpu-mem 1GiB
+  check "plan without budget" "1" "no GPU memory budget" -- "$tandem" plan --model "$tmp/q35" --no-measure
+fi
+printf 'The quick brown fox\nOnce upon a time there was a model\n\nmixture of experts\n' >"$tmp/prompts.txt"
+check "profile" "0" "" -- "$tandem" profile --model "$tmp/tiny" --prompts "$tmp/prompts.txt" --out "$tmp/heat.yaml" --gen 2
+if python3 - "$tmp/heat.yaml" "$tmp/out" <<'PY'
+import sys, re
+text = open(sys.argv[1]).read()
+rows = [r for r in text.splitlines() if r.startswith("  - [")]
+counts = [list(map(int, r[5:-1].split(","))) for r in rows]
+tokens = int(re.search(r"^tokens: (\d+)", text, re.M).group(1))
+top_k = int(re.search(r"^top_k: (\d+)", text, re.M).group(1))
+assert len(rows) == 4 and all(len(c) == 16 for c in counts), (len(rows), [len(c) for c in counts])
+assert tokens > 6 and all(sum(c) == tokens * top_k for c in counts), (tokens, [sum(c) for c in counts])
+assert "hottest 20% of experts take" in open(sys.argv[2]).read()
+PY
+then echo "ok   profile heat map counts"; passes=$((passes + 1)); else echo "FAIL profile heat map"; failures=$((failures + 1)); fi
+printf 'gpu:\n  memory: 1GiB\nexperts:\n  heat: heat.yaml\n' >"$tmp/withheat.yaml"
+check "plan with heat" "0" "" -- "$tandem" plan --model "$tmp/tiny" --config "$tmp/withheat.yaml" --no-measure
+grep -q "(heat map)" "$tmp/out" || { echo "FAIL plan with heat: heat map not used"; failures=$((failures + 1)); }
 
 echo "$passes passed, $failures failed"
 [ "$failures" -eq 0 ]

@@ -1,0 +1,238 @@
+// Placement YAML and planner: every shipped config plans the 35B model; errors name file, line and
+// key; the planner never exceeds the budget, never gives fewer GPU experts for more budget, puts every
+// expert on the GPU when all fit, and refuses budgets below the minimum with the minimum.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <numeric>
+#include <random>
+
+#include "placement/heat.h"
+#include "placement/placement_config.h"
+#include "placement/planner.h"
+#include "runtime/bytes.h"
+#include "runtime/config.h"
+#include "tests/unit/test_util.h"
+
+namespace tandem::placement {
+namespace {
+
+const std::string kData = TANDEM_TEST_DATA;
+const std::string kConfigs = std::string(TANDEM_SOURCE_DIR) + "/configs";
+
+ModelConfig model35_bf16() { return load_model_config(kData + "/spec_config_qwen3.5-35b-a3b.json"); }
+
+// The GPTQ-Int4 release: the same config plus its quantization_config (spec §4).
+ModelConfig model35() {
+  std::ifstream f(kData + "/spec_config_qwen3.5-35b-a3b.json");
+  nlohmann::json j = nlohmann::json::parse(f);
+  j["quantization_config"] = nlohmann::json::parse(R"({"quant_method": "gptq", "bits": 4, "group_size": 128, "sym": true,
+      "desc_act": false, "dynamic": {"lm_head": {}, "model.language_model.embed_tokens": {}, "-:.*attn.*": {},
+      "-:.*shared_expert.*": {}, "-:.*mtp.*": {}, "-:.*visual.*": {}}})");
+  return parse_model_config(j.dump(), "spec config + GPTQ quantization_config");
+}
+
+PlacementConfig yaml(const std::string& text) { return parse_placement_config(text, "test.yaml"); }
+
+PlacementConfig fixed_bw(PlacementConfig c) {  // deterministic predictions
+  c.bw_gpu = 1000e9, c.bw_pcie = 25e9, c.bw_cpu = 80e9;
+  return c;
+}
+
+TEST(PlacementGlob, Matches) {
+  EXPECT_TRUE(glob_match("layers.*.mlp.experts.*", "layers.3.mlp.experts.17"));
+  EXPECT_TRUE(glob_match("layers.3?.mlp.experts.*", "layers.31.mlp.experts.0"));
+  EXPECT_FALSE(glob_match("layers.3?.mlp.experts.*", "layers.3.mlp.experts.0"));
+  EXPECT_TRUE(glob_match("lm_head", "lm_head"));
+  EXPECT_FALSE(glob_match("lm_head", "lm_head2"));
+  EXPECT_TRUE(glob_match("*", ""));
+  EXPECT_FALSE(glob_match("layers.1.*", "layers.10.mlp.gate") && !glob_match("layers.1.*", "layers.1.mlp.gate"));
+}
+
+TEST(PlacementConfigs, EveryShippedConfigPlansThe35BModel) {
+  const ModelConfig m = model35();
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator(kConfigs)) {
+    if (e.path().extension() != ".yaml") continue;
+    ++n;
+    SCOPED_TRACE(e.path().string());
+    const PlacementConfig c = load_placement_config(e.path().string());
+    const Plan p = make_plan(m, c);
+    EXPECT_LE(p.vram.total(), p.budget_bytes);
+    EXPECT_GT(p.predicted.decode_tok_s, 0);
+    EXPECT_LE(p.predicted.decode_tok_s, p.predicted.bound_tok_s * 1.0001);
+    if (c.cpu_experts_all) EXPECT_EQ(p.total_gpu_experts(), 0);
+  }
+  EXPECT_GE(n, 5);
+}
+
+TEST(PlacementConfigs, PresetsExpandIntoRules) {
+  const PlacementConfig c = yaml("cpu_experts: all\nrules:\n  - match: \"layers.3?.mlp.experts.*\"\n    place: gpu\n");
+  ASSERT_EQ(c.rules.size(), 2u);
+  EXPECT_EQ(c.rules[1].match, "layers.*.mlp.experts.*");  // after the user's rule: first match wins
+  const Plan p = make_plan(model35(), fixed_bw(c), {.gpu_mem = 24ull << 30});
+  for (int l = 0; l < 40; ++l) EXPECT_EQ(p.experts_on_gpu[l], l >= 30 ? 256 : 0) << "layer " << l;
+  const PlacementConfig u = yaml("gpu_experts_per_layer: 10\n");
+  EXPECT_EQ(u.select, ExpertSelection::Uniform);
+  const Plan q = make_plan(model35(), fixed_bw(u), {.gpu_mem = 24ull << 30});
+  for (int l = 0; l < 40; ++l) EXPECT_EQ(q.experts_on_gpu[l], 10);
+}
+
+TEST(PlacementYamlErrors, NameFileLineAndKey) {
+  test::expect_error([] { yaml("gpu:\n  memroy: 8GiB\n"); }, {"test.yaml:2", "unknown key 'gpu.memroy'", "did you mean 'memory'"});
+  test::expect_error([] { yaml("context: 4096\ncontxt: 5\n"); }, {"test.yaml:2", "'contxt'", "did you mean 'context'"});
+  test::expect_error([] { yaml("gpu:\n  memory: 8 parsecs\n"); }, {"test.yaml:2", "key 'gpu.memory'", "unknown unit"});
+  test::expect_error([] { yaml("context: lots\n"); }, {"test.yaml:1", "key 'context'", "not an integer"});
+  test::expect_error([] { yaml("context: 0\n"); }, {"test.yaml:1", "key 'context'", "outside"});
+  test::expect_error([] { yaml("experts:\n  select: frequncy\n"); }, {"test.yaml:2", "experts.select", "did you mean 'frequency'"});
+  test::expect_error([] { yaml("experts:\n  select: layers 9-3\n"); }, {"test.yaml:2", "empty"});
+  test::expect_error([] { yaml("experts:\n  cpu_format: int3\n"); }, {"test.yaml:2", "experts.cpu_format", "int4"});
+  test::expect_error([] { yaml("rules:\n  - place: cpu\n"); }, {"test.yaml:2", "rules[0]", "match"});
+  test::expect_error([] { yaml("rules:\n  - match: lm_head\n"); }, {"test.yaml:2", "needs 'place' or 'format'"});
+  test::expect_error([] { yaml("rules:\n  - match: x\n    place: disk\n"); }, {"test.yaml:3", "rules[0].place", "gpu, cpu"});
+  test::expect_error([] { yaml("rules: lm_head\n"); }, {"test.yaml:1", "expected a list"});
+  test::expect_error([] { yaml("gpu: [1, 2\n"); }, {"test.yaml:", "not valid YAML"});
+  test::expect_error([] { yaml("bandwidth:\n  cpu: fast\n"); }, {"test.yaml:2", "bandwidth.cpu", "not a bandwidth"});
+  test::expect_error([] { yaml("gpu:\n  memory: 1GiB\n  reserve: 2GiB\n"); }, {"gpu.reserve", "below gpu.memory"});
+  test::expect_error([] { yaml("cpu_experts: all\ngpu_experts_per_layer: 4\n"); }, {"test.yaml:2", "contradicts"});
+  test::expect_error([] { load_placement_config("/nonexistent/x.yaml"); }, {"/nonexistent/x.yaml", "cannot open"});
+}
+
+TEST(PlacementYamlErrors, RulesTheModelCannotHonour) {
+  const ModelConfig m = model35();
+  test::expect_error([&] { make_plan(m, yaml("gpu:\n  memory: 24GiB\nrules:\n  - match: layers.3.self_attn\n    place: cpu\n")); },
+                     {"test.yaml:4", "rule (match 'layers.3.self_attn')", "stay on the GPU"});
+  test::expect_error([&] { make_plan(m, yaml("gpu:\n  memory: 24GiB\nrules:\n  - match: layers.*.mlp.expert.*\n    place: cpu\n")); },
+                     {"test.yaml:4", "matches nothing"});
+  test::expect_error([&] { make_plan(m, yaml("gpu:\n  memory: 24GiB\nrules:\n  - match: lm_head\n    format: int8\n")); },
+                     {"test.yaml:4", "kept in bf16"});
+  test::expect_error([&] { make_plan(m, yaml("gpu:\n  memory: 24GiB\nexperts:\n  cpu_format: bf16\n")); },
+                     {"GPTQ int4", "not bf16"});
+  test::expect_error([&] { make_plan(m, yaml("gpu:\n  memory: 24GiB\nexperts:\n  select: layers 30-45\n")); },
+                     {"layers 30-45", "0-39"});
+  test::expect_error([&] { make_plan(m, yaml("gpu:\n  memory: 12GiB\nexperts:\n  select: all\n")); },
+                     {"needs", "budget is 12.00 GiB"});
+  test::expect_error([&] { make_plan(m, yaml("gpu:\n  memory: 24GiB\ncontext: 9999999\n")); },
+                     {"context 9999999", "max_position_embeddings"});
+}
+
+TEST(Planner, BelowTheMinimumSaysTheMinimum) {
+  const ModelConfig m = model35();
+  const Plan ok = make_plan(m, {}, {.gpu_mem = 24ull << 30});
+  test::expect_error([&] { make_plan(m, {}, {.gpu_mem = ok.min_budget_bytes - 1}); },
+                     {"below the minimum of " + format_gib(ok.min_budget_bytes), "dense weights", "KV cache"});
+  const Plan at_min = make_plan(m, {}, {.gpu_mem = ok.min_budget_bytes});
+  EXPECT_EQ(at_min.total_gpu_experts(), 0);
+  EXPECT_LE(at_min.vram.total(), at_min.budget_bytes);
+  test::expect_error([&] { make_plan(m, {}, {}); }, {"no GPU memory budget"});
+}
+
+TEST(Planner, NeverOverBudgetAndMonotoneInBudget) {
+  const ModelConfig m = model35();
+  const uint64_t lo = make_plan(m, {}, {.gpu_mem = 24ull << 30}).min_budget_bytes;
+  for (const char* text : {"experts: {select: frequency}", "experts: {select: uniform}", "experts: {select: layers 10-19}",
+                           "experts: {select: none}"}) {
+    SCOPED_TRACE(text);
+    std::vector<std::vector<uint8_t>> prev;
+    int prev_total = -1;
+    for (uint64_t b = lo; b <= (30ull << 30); b += (b < (8ull << 30) ? 97ull << 20 : 613ull << 20)) {
+      const Plan p = make_plan(m, yaml(text), {.gpu_mem = b});
+      ASSERT_LE(p.vram.total(), b);
+      ASSERT_GE(p.total_gpu_experts(), prev_total) << "budget " << b;
+      if (!prev.empty())
+        for (int l = 0; l < 40; ++l)
+          for (int e = 0; e < 256; ++e) ASSERT_GE(p.expert_on_gpu[l][e], prev[l][e]) << "budget " << b << " layer " << l;
+      prev = p.expert_on_gpu, prev_total = p.total_gpu_experts();
+    }
+  }
+}
+
+TEST(Planner, EveryExpertOnTheGpuWhenAllFit) {
+  const ModelConfig m = model35();
+  const Plan p = make_plan(m, {}, {.gpu_mem = 40ull << 30});
+  EXPECT_EQ(p.total_gpu_experts(), 40 * 256);
+  EXPECT_FALSE(p.any_cpu_experts());
+  EXPECT_DOUBLE_EQ(p.expected_gpu_expert_fraction, 1.0);
+  const Plan all = make_plan(m, yaml("experts: {select: all}"), {.gpu_mem = 40ull << 30});
+  EXPECT_EQ(all.total_gpu_experts(), 40 * 256);
+  // The smallest budget that holds everything gets everything; one expert less does not.
+  const uint64_t need = p.vram.total();
+  EXPECT_EQ(make_plan(m, {}, {.gpu_mem = need}).total_gpu_experts(), 40 * 256);
+  EXPECT_EQ(make_plan(m, {}, {.gpu_mem = need - 1}).total_gpu_experts(), 40 * 256 - 1);
+}
+
+TEST(Planner, ByteAccountingMatchesTheSpecSizes) {
+  // Spec §4: a 512x2048 int4 g128 matrix has 524,288 B of nibbles and 16 x 512 fp16 scales (16,384 B);
+  // the GPU layout adds u8 zeros (8,192 B), the symmetric CPU layout does not. Down (2048x512) is the same.
+  const Plan p = make_plan(model35(), {}, {.gpu_mem = 24ull << 30});
+  EXPECT_EQ(p.gpu_expert_bytes, 3u * (524288 + 16384 + 8192));
+  EXPECT_EQ(p.cpu_expert_bytes, 3u * (524288 + 16384));
+  // KV: 10 layers x 2 x context x 2 heads x 256 x 2 B (spec §3.7: 20,480 B per token).
+  EXPECT_EQ(p.vram.kv_cache, 20480ull * 4096);
+  // DeltaNet state: 30 x (32 x 128 x 128 x 4 B + 3 x 8192 x 4 B).
+  EXPECT_EQ(p.vram.deltanet_state, 30ull * (32 * 128 * 128 * 4 + 3 * 8192 * 4));
+  // BF16 experts: three 512x2048 bf16 matrices, the same on both sides.
+  const Plan b = make_plan(model35_bf16(), {}, {.gpu_mem = 24ull << 30});
+  EXPECT_EQ(b.gpu_expert_bytes, 3u * 512 * 2048 * 2);
+  EXPECT_EQ(b.cpu_expert_bytes, 3u * 512 * 2048 * 2);
+  EXPECT_EQ(make_plan(model35_bf16(), yaml("experts: {cpu_format: int8}"), {.gpu_mem = 24ull << 30}).cpu_expert_bytes,
+            3u * (512 * 2048 + 512 * 16 * 2));
+  // Dense weights: spec §6 non-expert parameters, all bf16 (plus 256-byte alignment and fp32 norms).
+  EXPECT_NEAR(static_cast<double>(p.vram.dense_weights), 2448355968.0 * 2, 0.01 * 2448355968.0 * 2);
+  // Embedding table on the CPU saves exactly its bf16 bytes.
+  const Plan cpu_embed = make_plan(model35(), yaml("rules:\n  - {match: embed_tokens, place: cpu}\n"), {.gpu_mem = 24ull << 30});
+  EXPECT_FALSE(cpu_embed.embed_on_gpu);
+  EXPECT_EQ(p.vram.dense_weights - cpu_embed.vram.dense_weights, 248320ull * 2048 * 2);
+}
+
+TEST(Planner, HeatMapPutsTheHottestExpertsOnTheGpu) {
+  const ModelConfig m = model35();
+  HeatMap h;
+  h.num_experts = 256, h.top_k = 8, h.tokens = 1000;
+  std::mt19937 rng(3);
+  h.counts.assign(40, std::vector<uint64_t>(256));
+  for (auto& row : h.counts)
+    for (auto& c : row) c = rng() % 1000;
+  const std::string path = (std::filesystem::temp_directory_path() / "tandem_test_heat.yaml").string();
+  save_heat_map(h, path);
+  const HeatMap back = load_heat_map(path);
+  EXPECT_EQ(back.counts, h.counts);
+  const PlacementConfig c = yaml("experts:\n  select: frequency\n  heat: " + path + "\n");
+  const uint64_t lo = make_plan(m, {}, {.gpu_mem = 24ull << 30}).min_budget_bytes;
+  const Plan p = make_plan(m, c, {.gpu_mem = lo + (3ull << 30)});
+  ASSERT_GT(p.total_gpu_experts(), 0);
+  ASSERT_TRUE(p.any_cpu_experts());
+  EXPECT_TRUE(p.heat_used);
+  // Every GPU expert is at least as hot (by share) as every CPU expert, across layers.
+  double min_gpu = 1, max_cpu = 0;
+  for (int l = 0; l < 40; ++l)
+    for (int e = 0; e < 256; ++e) (p.expert_on_gpu[l][e] ? min_gpu = std::min(min_gpu, h.share(l, e)) : max_cpu = std::max(max_cpu, h.share(l, e)));
+  EXPECT_GE(min_gpu, max_cpu);
+  // And the expected GPU share beats the uniform expectation for the same number of experts.
+  EXPECT_GT(p.expected_gpu_expert_fraction, p.total_gpu_experts() / (40.0 * 256));
+  // A heat map of another shape is refused.
+  h.counts.pop_back();
+  save_heat_map(h, path);
+  test::expect_error([&] { make_plan(m, c, {.gpu_mem = 24ull << 30}); }, {"heat map has 39 layers", "40"});
+  std::filesystem::remove(path);
+}
+
+TEST(Planner, CostModelOrdersPlacementsSensibly) {
+  const ModelConfig m = model35();
+  const PlacementConfig c = fixed_bw({});
+  double prev = 0;
+  for (uint64_t gib : {6, 8, 12, 16, 24}) {
+    const Plan p = make_plan(m, c, {.gpu_mem = gib << 30});
+    EXPECT_GE(p.predicted.decode_tok_s, prev) << gib << " GiB";
+    prev = p.predicted.decode_tok_s;
+  }
+  // All experts on the CPU: bound = CPU read bandwidth over 8 experts x 40 layers of bytes.
+  const Plan cpu = make_plan(m, fixed_bw(yaml("cpu_experts: all")), {.gpu_mem = 24ull << 30});
+  EXPECT_NEAR(cpu.predicted.bound_tok_s, 80e9 / (8.0 * 40 * cpu.cpu_expert_bytes), 1e-6);
+  EXPECT_GT(cpu.predicted.prefill_gpu_min_tokens, 0);
+}
+
+}  // namespace
+}  // namespace tandem::placement
