@@ -1,31 +1,72 @@
 #!/usr/bin/env bash
-# The end-to-end scenario on the GPU machine: synthesize Qwen3.5-35B-A3B as GPTQ-Int4 with realistic
-# routing skew, then `tandem bench` each placement that exists in this version, writing one JSON per
-# run to $OUT/e2e/. usage: bench/run_e2e.sh BUILD_DIR [MODEL_DIR] [PROMPT_LENS] [GEN] [REPEAT]
+# The end-to-end scenario on the GPU machine (issue: end-to-end benchmark). Synthesizes Qwen3.5-35B-A3B
+# as GPTQ-Int4 with realistic routing skew, profiles its routing into a heat map, then runs
+# `tandem bench` for: budget 8 GiB (every routed expert on the CPU), 12, 16 and 24 GiB (hybrid, hottest
+# experts on the GPU) and everything on the GPU (--device gpu); one JSON per run in $OUT/e2e/, then
+# bench/e2e_report.py writes the table, JSON and plot.
+# usage: bench/run_e2e.sh BUILD_DIR [MODEL_DIR] [PROMPT_LENS] [GEN] [REPEAT] [SCENARIOS]
 set -uo pipefail
 build="${1:-build}"
 model="${2:-/tmp/qwen35-35b-a3b-gptq}"
-lens="${3:-512}"
-gen="${4:-64}"
+lens="${3:-512,4096}"
+gen="${4:-128}"
 repeat="${5:-3}"
+scenarios="${6:-gpu-all hybrid-24gib hybrid-16gib hybrid-12gib hybrid-8gib-cpu-experts}"
 out="${OUT:-$PWD/e2e-out}/e2e"
 mkdir -p "$out"
 tandem="$build/tandem"
 
 if [ ! -f "$model/config.json" ]; then
   echo "== synth qwen3.5-35b-a3b gptq-int4 -> $model"
-  "$tandem" synth --preset qwen3.5-35b-a3b --quant gptq-int4 --routing-skew 1 --out "$model" 2>&1 | tail -12 | tee "$out/synth.txt"
+  "$tandem" synth --preset qwen3.5-35b-a3b --quant gptq-int4 --routing-skew 1 --out "$model" 2>&1 | tail -14 | tee "$out/synth.txt"
 fi
-"$tandem" info --model "$model" | tee "$out/info.txt"
+"$tandem" info --model "$model" > "$out/info.txt" 2>&1
+
+heat="$out/heat.yaml"
+if [ ! -f "$heat" ]; then
+  echo "== profile routing -> heat.yaml"
+  python3 - "$out/prompts.txt" <<'PY'
+import random, sys
+random.seed(0)
+words = "the model routes every token to eight of two hundred fifty six experts while the GPU keeps the hot ones".split()
+with open(sys.argv[1], "w") as f:
+    for _ in range(8):
+        f.write(" ".join(random.choice(words) for _ in range(160)) + "\n")
+PY
+  "$tandem" profile --model "$model" --prompts "$out/prompts.txt" --out "$heat" --device cpu --max-tokens 256 2>/dev/null | tee "$out/profile.txt"
+fi
+
+config() {  # name budget extra-yaml
+  printf 'gpu:\n  memory: %s\n  reserve: 512MiB\ncontext: %s\nexperts:\n  select: frequency\n  heat: %s\n%s' "$2" "$ctx" "$heat" "$3" > "$out/$1.yaml"
+}
+longest=$(echo "$lens" | tr ',' '\n' | sort -n | tail -1)
+ctx=$((longest + gen + 16))
 
 run() {  # name, then bench flags
   local name="$1"; shift
   echo "== bench $name"
+  "$tandem" plan --model "$model" "$@" --json --no-measure > "$out/$name.plan.json" 2>/dev/null || true
   "$tandem" bench --model "$model" --prompt-len "$lens" --gen "$gen" --repeat "$repeat" --json "$@" \
     > "$out/$name.json" 2> "$out/$name.log"
   local rc=$?
-  python3 -c "import json,sys; j=json.load(open(sys.argv[1])); print('  prefill %.1f tok/s, decode %.2f tok/s (bound %.1f), ttft %.0f ms, peak vram %.2f GB' % (j['prefill_tok_s'], j['decode_tok_s'], j['bound_decode_tok_s'], j['ttft_ms'], j['peak_vram_bytes']/1e9))" "$out/$name.json" 2>/dev/null \
-    || { echo "  failed (rc=$rc):"; tail -3 "$out/$name.log"; }
+  python3 - "$out/$name.json" <<'PY' || { echo "  failed (rc=$rc):"; tail -3 "$out/$name.log"; }
+import json, sys
+j = json.load(open(sys.argv[1]))
+for r in j["results"]:
+    print("  prompt %5d: prefill %8.1f tok/s, decode %7.2f tok/s [%.2f-%.2f] (bound %.1f, %.0f%%), ttft %.0f ms, GPU share %.0f%%" % (
+        r["prompt_len"], r["prefill_tok_s"], r["decode_tok_s"], r["decode_tok_s_min"], r["decode_tok_s_max"],
+        r["bound_decode_tok_s"], 100 * r["decode_ratio_to_bound"], r["ttft_ms"], 100 * r["gpu_expert_fraction"]))
+print("  peak VRAM %.2f GB, peak host %.2f GB" % (j["peak_vram_bytes"] / 1e9, j["peak_host_bytes"] / 1e9))
+PY
 }
-run gpu-all --device gpu --context 4096
-run cpu-all --device cpu
+
+for s in $scenarios; do
+  case "$s" in
+    gpu-all) run gpu-all --device gpu --context "$ctx" ;;
+    hybrid-8gib-cpu-experts) config "$s" 8GiB 'cpu_experts: all
+'; run "$s" --device hybrid --config "$out/$s.yaml" ;;
+    hybrid-*gib) b=${s#hybrid-}; b=${b%gib}; config "$s" "${b}GiB" ''; run "$s" --device hybrid --config "$out/$s.yaml" ;;
+    cpu-all) run cpu-all --device cpu ;;
+    *) echo "unknown scenario $s" ;;
+  esac
+done

@@ -30,6 +30,7 @@ Plan prepare_hybrid(RunnerOptions& o, const ModelConfig& model) {
   hp->cpu_expert_format = plan.cpu_expert_format;
   hp->gpu_alloc_bytes = plan.budget_bytes - plan.vram.reserve;
   hp->deferral = plan.deferral;
+  hp->expected_gpu_share = plan.expected_gpu_expert_fraction;
   hp->summary = str_cat(plan.total_gpu_experts(), " of ", model.num_layers * model.num_experts, " routed experts on the GPU (",
                         plan.selection, "), budget ", format_gib(plan.budget_bytes), ", expected GPU share ",
                         static_cast<int>(plan.expected_gpu_expert_fraction * 100 + 0.5), "%");

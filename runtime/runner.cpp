@@ -47,10 +47,9 @@ class GpuRunner final : public Runner {
   }
   std::string describe() const override { return "gpu: " + gpu_->memory().describe(); }
   uint64_t peak_device_bytes() const override { return gpu_->memory().total(); }
-  double gpu_expert_share() const override {
-    const ExpertCounts& c = gpu_->expert_counts();
-    return c.gpu + c.cpu ? static_cast<double>(c.gpu) / static_cast<double>(c.gpu + c.cpu) : 1.0;
-  }
+  double gpu_expert_share() const override { return 1.0; }
+  double gpu_expert_share_planned() const override { return 1.0; }
+  double pcie_bandwidth() override { return gpu_->pcie_bandwidth(); }
   double weight_bandwidth(std::string* what) override {
     if (what) *what = "GPU copy bandwidth";
     return gpu_->copy_bandwidth();
@@ -119,10 +118,12 @@ class HybridRunner final : public Runner {
   uint64_t peak_device_bytes() const override { return gpu_->memory().total(); }
   double gpu_expert_share() const override {
     const ExpertCounts& c = gpu_->expert_counts();
-    return c.gpu + c.cpu ? static_cast<double>(c.gpu) / static_cast<double>(c.gpu + c.cpu) : 1.0;
+    return c.gpu + c.cpu ? static_cast<double>(c.gpu) / static_cast<double>(c.gpu + c.cpu) : placement_->expected_gpu_share;
   }
+  double gpu_expert_share_planned() const override { return placement_->expected_gpu_share; }
+  double pcie_bandwidth() override { return gpu_->pcie_bandwidth(); }
   double weight_bandwidth(std::string* what) override {
-    if (what) *what = "GPU copy + CPU read bandwidth";
+    if (what) *what = "GPU copy bandwidth";
     return gpu_->copy_bandwidth();
   }
 

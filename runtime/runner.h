@@ -26,6 +26,7 @@ struct HybridPlacement {
   std::string cpu_expert_format = "int4";  // int4 | int8 | bf16
   uint64_t gpu_alloc_bytes = 0;            // what Tandem may allocate: budget minus gpu.reserve
   int deferral = 0;
+  double expected_gpu_share = 1;           // the planner's expected share of activations on the GPU
   std::string summary;                     // one line for describe()
 };
 
@@ -51,6 +52,10 @@ class Runner {
   virtual uint64_t peak_device_bytes() const { return 0; }
   // Share of routed-expert activations served on the GPU since reset() (0 for host placements).
   virtual double gpu_expert_share() const { return 0; }
+  // What the placement expects that share to be (the planner's figure; 1 for gpu, 0 for host paths).
+  virtual double gpu_expert_share_planned() const { return 0; }
+  // Pinned host-to-device copy bandwidth in bytes/s, measured now (0 without a GPU).
+  virtual double pcie_bandwidth() { return 0; }
   // Measured bandwidth of the memory the weights stream from (host DRAM read, or GPU copy), and
   // what it is called: the denominator of the decode bound.
   virtual double weight_bandwidth(std::string* what) = 0;

@@ -19,6 +19,7 @@
 #include "runtime/cli/args.h"
 #include "runtime/cli/commands.h"
 #include "runtime/error.h"
+#include "runtime/membw.h"
 #include "runtime/cli/device_flags.h"
 #include "runtime/models/qwen3_5_moe.h"
 #include "runtime/runner.h"
@@ -146,7 +147,19 @@ int cmd_bench(int argc, char** argv) {
   if (!json_out) std::fprintf(stderr, "measuring memory bandwidth...\n");
   std::string bw_what;
   const double bw_bytes = runner->weight_bandwidth(&bw_what);
-  const double bound = bw_bytes / static_cast<double>(wb.per_token_active);
+  // Hybrid: GPU bytes over GPU bandwidth and CPU expert bytes over CPU read bandwidth, overlapped
+  // perfectly (the larger of the two); the CPU share is what the runs actually served there, so the
+  // bound is final after the runs. Host and GPU paths: all bytes over the one bandwidth.
+  const bool hybrid = device == "hybrid";
+  const double cpu_bw = hybrid ? measure_read_bandwidth().bytes_per_s : 0;
+  const double pcie_bw = runner->pcie_bandwidth();
+  auto bound_for = [&](double gpu_share) {
+    if (!hybrid) return bw_bytes / static_cast<double>(wb.per_token_active);
+    const double cpu_bytes = (1 - gpu_share) * static_cast<double>(wb.routed_active);
+    const double gpu_bytes = static_cast<double>(wb.per_token_active) - cpu_bytes;
+    return 1.0 / std::max(gpu_bytes / bw_bytes, cpu_bytes / cpu_bw);
+  };
+  double bound = bound_for(runner->gpu_expert_share_planned());
   // The probe's buffer is freed; restart the peak-RSS mark so it reports the model runs alone.
   if (FILE* f = std::fopen("/proc/self/clear_refs", "w")) std::fputs("5", f), std::fclose(f);
 
@@ -171,6 +184,7 @@ int cmd_bench(int argc, char** argv) {
       itl.insert(itl.end(), x.itl_ms.begin(), x.itl_ms.end());
     }
     const Stat p = stat_of(pf), t = stat_of(ttft), d = gen > 1 ? stat_of(dec) : Stat{};
+    bound = bound_for(runner->gpu_expert_share());
     const double p50 = itl.empty() ? 0 : percentile(itl, 0.5), p99 = itl.empty() ? 0 : percentile(itl, 0.99);
     results.push_back({{"prompt_len", L},
                        {"prefill_tok_s", p.median},
@@ -184,6 +198,8 @@ int cmd_bench(int argc, char** argv) {
                        {"decode_tok_s_max", d.max},
                        {"itl_p50_ms", p50},
                        {"itl_p99_ms", p99},
+                       {"gpu_expert_fraction", runner->gpu_expert_share()},
+                       {"bound_decode_tok_s", bound},
                        {"decode_ratio_to_bound", d.median / bound}});
     if (!json_out)
       std::printf("%8lld  %9.1f [%5.1f-%5.1f]  %18.1f  %9.2f [%5.2f-%5.2f]  %8.2f / %7.2f  %7.1f%%\n", (long long)L, p.median,
@@ -202,16 +218,21 @@ int cmd_bench(int argc, char** argv) {
                         {"ttft_ms", first["ttft_ms"]},
                         {"peak_vram_bytes", runner->peak_device_bytes()},
                         {"peak_host_bytes", peak_host},
-                        {"gpu_expert_fraction", device == "gpu" ? 1.0 : 0.0},
+                        {"gpu_expert_fraction", first["gpu_expert_fraction"]},
                         {"bandwidth_bytes_per_s", bw_bytes},
                         {"bandwidth_kind", bw_what},
+                        {"cpu_read_bytes_per_s", cpu_bw},
+                        {"pcie_h2d_bytes_per_s", pcie_bw},
+                        {"description", runner->describe()},
                         {"active_bytes_per_token", wb.per_token_active},
-                        {"bound_decode_tok_s", bound},
+                        {"routed_active_bytes_per_token", wb.routed_active},
+                        {"bound_decode_tok_s", first["bound_decode_tok_s"]},
                         {"results", results}};
     std::printf("%s\n", j.dump(2).c_str());
   } else {
-    std::printf("\npeak host memory %.2f GB (mapped weights count when touched); GPU memory %.2f GB; routed experts on the GPU: %s\n",
-                peak_host / 1e9, runner->peak_device_bytes() / 1e9, device == "gpu" ? "all" : "none");
+    std::printf("\npeak host memory %.2f GB (mapped weights count when touched); GPU memory %.2f GB; routed activations served on the GPU: %.1f%%\n",
+                peak_host / 1e9, runner->peak_device_bytes() / 1e9, 100 * runner->gpu_expert_share());
+    if (hybrid) std::printf("CPU read bandwidth %.1f GB/s; PCIe host-to-device %.1f GB/s\n", cpu_bw / 1e9, pcie_bw / 1e9);
   }
   return 0;
 }

@@ -265,10 +265,10 @@ WeightBytes Qwen35Moe::weight_bytes() const {
     for (int64_t e = 0; e < static_cast<int64_t>(L.moe.gate.size()); ++e)
       experts += L.moe.gate[e].stored_bytes() + L.moe.up[e].stored_bytes() + L.moe.down[e].stored_bytes();
     b.routed_experts += experts;
-    if (!L.moe.gate.empty()) b.per_token_active += experts / L.moe.gate.size() * cfg_.num_experts_per_tok;
+    if (!L.moe.gate.empty()) b.routed_active += experts / L.moe.gate.size() * cfg_.num_experts_per_tok;
   }
   b.non_expert = dense + embed_.stored_bytes() * (lm_head_.dense == embed_.dense ? 0 : 1);
-  b.per_token_active += dense + embed_row;
+  b.per_token_active = b.routed_active + dense + embed_row;
   return b;
 }
 

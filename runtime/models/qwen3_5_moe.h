@@ -83,6 +83,7 @@ struct WeightBytes {
   uint64_t non_expert = 0;        // everything but routed experts
   uint64_t routed_experts = 0;    // all routed experts of all layers
   uint64_t per_token_active = 0;  // read by one decode step at batch 1
+  uint64_t routed_active = 0;     // of which routed experts (top-k per layer)
 };
 
 class Qwen35Moe {

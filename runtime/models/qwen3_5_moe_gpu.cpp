@@ -453,6 +453,32 @@ double Qwen35MoeGpu::copy_bandwidth() const {
   return 2.0 * bytes / (best * 1e-3);
 }
 
+double Qwen35MoeGpu::pcie_bandwidth() const {
+  const size_t bytes = size_t(256) << 20;
+  void *host = nullptr, *dev = nullptr;
+  CK(cudaHostAlloc(&host, bytes, cudaHostAllocDefault));
+  CK(cudaMalloc(&dev, bytes));
+  std::memset(host, 1, bytes);
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  float best = 1e30f;
+  for (int i = 0; i < 4; ++i) {
+    CK(cudaEventRecord(e0, impl_->stream));
+    CK(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, impl_->stream));
+    CK(cudaEventRecord(e1, impl_->stream));
+    CK(cudaEventSynchronize(e1));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    if (i > 0) best = std::min(best, ms);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  cudaFree(dev);
+  cudaFreeHost(host);
+  return bytes / (best * 1e-3);
+}
+
 void Qwen35MoeGpu::reset() {
   Impl& m = *impl_;
   m.pos = 0;

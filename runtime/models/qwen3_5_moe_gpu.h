@@ -66,6 +66,8 @@ class Qwen35MoeGpu {
   const GpuMemoryPlan& memory() const;
   // Device copy bandwidth (read + write bytes of a 256 MiB device-to-device copy), measured now.
   double copy_bandwidth() const;
+  // Pinned host-to-device bandwidth (a 256 MiB copy), measured now.
+  double pcie_bandwidth() const;
   void reset();  // start a new sequence
   const ExpertCounts& expert_counts() const;
   // Like Qwen35Moe::forward: ids at the current position; logits to host memory, all rows or the last.
