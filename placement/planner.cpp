@@ -147,7 +147,7 @@ Plan make_plan(const ModelConfig& c, const PlacementConfig& cfg, const PlanReque
                       int64_t(nh) * hd, int64_t(nh) * max_splits * (hd + 2), int64_t(nh) * hd, int64_t(E), H, I * k, Is, Is, H,
                       int64_t(1), V})
       v.workspace += floats(n);
-    v.workspace += align256(wide * 2) + 3 * align256(4) + align256(k * 4) + floats(k);
+    v.workspace += align256(wide * 2) + 2 * align256(4) + align256(k * 4) + floats(k);  // xh, ids, pos, top-k ids, weights
     v.workspace += floats(H);  // CPU experts' result (hybrid)
   }
   v.reserve = cfg.gpu_reserve;

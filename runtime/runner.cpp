@@ -101,7 +101,7 @@ class HybridRunner final : public Runner {
     cpu_ = std::make_unique<CpuExpertSide>(model, *placement_, o.threads);
     GpuOptions g;
     g.budget_bytes = placement_->gpu_alloc_bytes;
-    g.budget_name = "the placement budget minus gpu.reserve";
+    g.budget_name = "gpu.memory / --gpu-mem, minus gpu.reserve";
     g.max_context = o.context;
     g.expert_on_gpu = &placement_->expert_on_gpu;
     g.host_experts = cpu_.get();

@@ -408,8 +408,9 @@ std::unique_ptr<Qwen35MoeGpu> Qwen35MoeGpu::create(const Qwen35Moe& model, const
   if (impl->plan.total() > budget)
     fail("the model needs ", format_gib(impl->plan.total()), " of GPU memory at context ", opts.max_context, " (",
          impl->plan.describe(), ") but the budget is ", format_gib(budget),
-         opts.budget_bytes ? " (" + opts.budget_name + ")" : std::string(" (free device memory)"),
-         "; raise the budget, lower --context, or use --device hybrid");
+         opts.budget_bytes ? " (" + opts.budget_name + ")" : std::string(" (free device memory)"), "; raise ",
+         opts.budget_bytes ? opts.budget_name : std::string("--gpu-mem"), ", lower --context",
+         opts.host_experts ? "" : ", or use --device hybrid");
   if (impl->plan.total() > free_b) fail("the model needs ", format_gib(impl->plan.total()), " of GPU memory but only ", format_gib(free_b), " is free");
   CK(cudaMalloc(&impl->arena, impl->plan.total()));
   CK(cudaStreamCreate(&impl->stream));
