@@ -33,11 +33,14 @@ with open(sys.argv[1], "w") as f:
     for _ in range(8):
         f.write(" ".join(random.choice(words) for _ in range(160)) + "\n")
 PY
-  "$tandem" profile --model "$model" --prompts "$out/prompts.txt" --out "$heat" --device cpu --max-tokens 256 2>/dev/null | tee "$out/profile.txt"
+  timeout "${PROFILE_TIMEOUT:-240}" "$tandem" profile --model "$model" --prompts "$out/prompts.txt" --out "$heat" --device cpu \
+    --max-tokens 256 2>/dev/null | tee "$out/profile.txt"
 fi
 
-config() {  # name budget extra-yaml
-  printf 'gpu:\n  memory: %s\n  reserve: 512MiB\ncontext: %s\nexperts:\n  select: frequency\n  heat: %s\n%s' "$2" "$ctx" "$heat" "$3" > "$out/$1.yaml"
+config() {  # name budget extra-yaml (the heat map when profiling produced one)
+  local heat_line=""
+  [ -f "$heat" ] && heat_line="  heat: $heat"
+  printf 'gpu:\n  memory: %s\n  reserve: 512MiB\ncontext: %s\nexperts:\n  select: frequency\n%s\n%s' "$2" "$ctx" "$heat_line" "$3" > "$out/$1.yaml"
 }
 longest=$(echo "$lens" | tr ',' '\n' | sort -n | tail -1)
 ctx=$((longest + gen + 16))
