@@ -48,7 +48,10 @@ ctx=$((longest + gen + 16))
 run() {  # name, then bench flags
   local name="$1"; shift
   echo "== bench $name"
-  "$tandem" plan --model "$model" "$@" --json --no-measure > "$out/$name.plan.json" 2>/dev/null || true
+  local cfg=""
+  [ -f "$out/$name.yaml" ] && cfg="--config $out/$name.yaml"
+  [ "$name" = gpu-all ] && cfg="--gpu-mem 1000GiB"
+  "$tandem" plan --model "$model" $cfg --json > "$out/$name.plan.json" 2>/dev/null || true
   "$tandem" bench --model "$model" --prompt-len "$lens" --gen "$gen" --repeat "$repeat" --json "$@" \
     > "$out/$name.json" 2> "$out/$name.log"
   local rc=$?

@@ -61,7 +61,7 @@ struct PlacementConfig {
   // bandwidths in bytes/s for the cost model; 0: measure (cpu, gpu when present) or the default
   double bw_gpu = 0, bw_pcie = 0, bw_cpu = 0;
   // cost model constants
-  double launch_us = 3.0;   // per kernel launch on the decode path
+  double launch_us = 7.0;   // per kernel on the decode path beyond its bytes (H200 measurement, 2026-11-30)
   double handoff_us = 12.0; // GPU -> CPU -> GPU handoff per MoE layer with CPU experts
 
   std::vector<PlacementRule> rules;  // user rules, then preset rules
