@@ -4,7 +4,7 @@
 # `tandem bench` for: budget 8 GiB (every routed expert on the CPU), 12, 16 and 24 GiB (hybrid, hottest
 # experts on the GPU) and everything on the GPU (--device gpu); one JSON per run in $OUT/e2e/, then
 # bench/e2e_report.py writes the table, JSON and plot.
-# usage: bench/run_e2e.sh BUILD_DIR [MODEL_DIR] [PROMPT_LENS] [GEN] [REPEAT] [SCENARIOS]
+# usage: [WARMUP=tokens] bench/run_e2e.sh BUILD_DIR|TANDEM_BINARY_DIR [MODEL_DIR] [PROMPT_LENS] [GEN] [REPEAT] [SCENARIOS]
 set -uo pipefail
 build="${1:-build}"
 model="${2:-/tmp/qwen35-35b-a3b-gptq}"
@@ -52,7 +52,7 @@ run() {  # name, then bench flags
   [ -f "$out/$name.yaml" ] && cfg="--config $out/$name.yaml"
   [ "$name" = gpu-all ] && cfg="--gpu-mem 1000GiB"
   "$tandem" plan --model "$model" $cfg --json > "$out/$name.plan.json" 2>/dev/null || true
-  "$tandem" bench --model "$model" --prompt-len "$lens" --gen "$gen" --repeat "$repeat" --json "$@" \
+  "$tandem" bench --model "$model" --prompt-len "$lens" --gen "$gen" --repeat "$repeat" --json ${WARMUP:+--warmup $WARMUP} "$@" \
     > "$out/$name.json" 2> "$out/$name.log"
   local rc=$?
   python3 - "$out/$name.json" <<'PY' || { echo "  failed (rc=$rc):"; tail -3 "$out/$name.log"; }

@@ -118,6 +118,7 @@ int cmd_bench(int argc, char** argv) {
                              {"gen", true, "generated tokens per run (default 128)"},
                              {"repeat", true, "measured runs per prompt length after one warm-up (default 5)"},
                              {"seed", true, "seed of the random prompts (default 0)"},
+                             {"warmup", true, "prompt tokens of the warm-up run (default: each measured length)"},
                              {"json", false, "print one JSON object instead of the table"}};
   for (auto& f : device_flags()) flags.push_back(f);
   flags.push_back({"help", false, "show this help"});
@@ -131,6 +132,8 @@ int cmd_bench(int argc, char** argv) {
   const int64_t gen = a.get_int("gen", 128), repeat = a.get_int("repeat", 5);
   if (gen < 1 || repeat < 1) throw UsageError("tandem bench: --gen and --repeat must be at least 1");
   const uint64_t seed = static_cast<uint64_t>(a.get_int("seed", 0));
+  const int64_t warmup = a.get_int("warmup", 0);
+  if (a.has("warmup") && warmup < 1) throw UsageError("tandem bench: --warmup must be at least 1 token");
   const bool json_out = a.has("json");
 
   int64_t longest = 0;
@@ -174,7 +177,7 @@ int cmd_bench(int argc, char** argv) {
   }
   for (int64_t L : lengths) {
     if (!json_out) std::fprintf(stderr, "prompt %lld: warm-up + %lld runs...\r", (long long)L, (long long)repeat);
-    run_once(*runner, cfg.vocab_size, L, std::min<int64_t>(gen, 4), seed);  // warm-up: page in weights, grow caches
+    run_once(*runner, cfg.vocab_size, warmup ? std::min(warmup, L) : L, std::min<int64_t>(gen, 4), seed);  // warm-up: page in weights
     std::vector<double> pf, ttft, dec, itl;
     for (int64_t r = 0; r < repeat; ++r) {
       Run x = run_once(*runner, cfg.vocab_size, L, gen, seed + 1 + r);
@@ -213,6 +216,7 @@ int cmd_bench(int argc, char** argv) {
                         {"threads", omp_get_max_threads()},
                         {"gen", gen},
                         {"repeat", repeat},
+                        {"warmup_tokens", warmup},
                         {"prefill_tok_s", first["prefill_tok_s"]},
                         {"decode_tok_s", first["decode_tok_s"]},
                         {"ttft_ms", first["ttft_ms"]},
