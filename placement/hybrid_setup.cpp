@@ -21,7 +21,10 @@ PlanRequest plan_request(const PlacementConfig& config, uint64_t gpu_mem, int64_
 }
 
 Plan prepare_hybrid(RunnerOptions& o, const ModelConfig& model) {
-  const PlacementConfig cfg = o.config.empty() ? PlacementConfig{} : load_placement_config(o.config);
+  return prepare_hybrid(o, model, o.config.empty() ? PlacementConfig{} : load_placement_config(o.config));
+}
+
+Plan prepare_hybrid(RunnerOptions& o, const ModelConfig& model, const PlacementConfig& cfg) {
   const int64_t context = o.context_set ? o.context : std::max(cfg.context, o.min_context);
   const Plan plan = make_plan(model, cfg, plan_request(cfg, o.gpu_mem, context, false));
   auto hp = std::make_shared<HybridPlacement>();

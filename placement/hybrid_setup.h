@@ -14,5 +14,7 @@ PlanRequest plan_request(const PlacementConfig& config, uint64_t gpu_mem, int64_
 // Loads opts.config (or the defaults), plans against `model` and fills opts.hybrid, opts.context
 // (the config's unless --context was given) and opts.threads (the config's unless --threads was).
 Plan prepare_hybrid(RunnerOptions& opts, const ModelConfig& model);
+// The same with the config already parsed (the Python bindings accept dicts).
+Plan prepare_hybrid(RunnerOptions& opts, const ModelConfig& model, const PlacementConfig& config);
 
 }  // namespace tandem::placement

@@ -94,4 +94,14 @@ GenerateResult generate(Runner& runner, int64_t vocab, const Tokenizer& tokenize
   return res;
 }
 
+std::vector<int32_t> stop_token_ids(const ModelConfig& config, const Tokenizer& tokenizer, const GenerationDefaults& defaults) {
+  std::vector<int32_t> eos;
+  for (int64_t id : defaults.eos_token_ids) eos.push_back(static_cast<int32_t>(id));
+  if (eos.empty())
+    for (int64_t id : config.eos_token_ids) eos.push_back(static_cast<int32_t>(id));
+  for (const char* t : {"<|im_end|>", "<|endoftext|>"})
+    if (const int32_t id = tokenizer.token_to_id(t); id >= 0 && std::find(eos.begin(), eos.end(), id) == eos.end()) eos.push_back(id);
+  return eos;
+}
+
 }  // namespace tandem

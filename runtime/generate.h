@@ -46,6 +46,10 @@ struct GenerateResult {
 // Runs on `runner` (reset first: every call is a fresh sequence). vocab = the model's vocab_size.
 GenerateResult generate(Runner& runner, int64_t vocab, const Tokenizer& tokenizer, const GenerateRequest& req);
 
+// The ids that end a reply: generation_config.json's eos ids (else config.json's), plus <|im_end|> and
+// <|endoftext|> when the tokenizer has them.
+std::vector<int32_t> stop_token_ids(const ModelConfig& config, const Tokenizer& tokenizer, const GenerationDefaults& defaults);
+
 // Length of the longest suffix of `text` that is a proper prefix of one of `stops` (text that must be
 // held back because a stop string may be starting).
 size_t held_back_suffix(std::string_view text, const std::vector<std::string>& stops);

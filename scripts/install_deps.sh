@@ -25,9 +25,10 @@ if ((${#missing[@]})); then
 fi
 
 # Python test tools (PyPI): HF `tokenizers` checks that synthesized tokenizer.json files load in the
-# reference implementation; numpy reads .npy files in tools/.
-if ! python3 -c "import tokenizers, numpy" >/dev/null 2>&1; then
-  echo "tandem: installing Python test tools (tokenizers, numpy)"
-  python3 -m pip install --quiet --disable-pip-version-check tokenizers numpy \
-    || python3 -m pip install --quiet --disable-pip-version-check --break-system-packages tokenizers numpy
+# reference implementation; numpy reads .npy files in tools/ and is the bindings' array type.
+# pytest runs the Python binding tests (bindings/tests).
+if ! python3 -c "import tokenizers, numpy, pytest" >/dev/null 2>&1; then
+  echo "tandem: installing Python test tools (tokenizers, numpy, pytest)"
+  python3 -m pip install --quiet --disable-pip-version-check tokenizers numpy pytest \
+    || python3 -m pip install --quiet --disable-pip-version-check --break-system-packages tokenizers numpy pytest
 fi

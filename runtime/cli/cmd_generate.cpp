@@ -82,12 +82,7 @@ Session open_session(const Args& a) {
   const std::string dir = a.get("model");
   Session s{Qwen35Moe::load(dir), Tokenizer::from_model_dir(dir), load_generation_config(dir), {}, nullptr};
   s.runner = open_runner(*s.model, ro);
-  for (int64_t id : s.defaults.eos_token_ids) s.eos.push_back(static_cast<int32_t>(id));
-  if (s.eos.empty())
-    for (int64_t id : s.model->config().eos_token_ids) s.eos.push_back(static_cast<int32_t>(id));
-  for (const char* t : {"<|im_end|>", "<|endoftext|>"})
-    if (const int32_t id = s.tokenizer.token_to_id(t); id >= 0 && std::find(s.eos.begin(), s.eos.end(), id) == s.eos.end())
-      s.eos.push_back(id);
+  s.eos = stop_token_ids(s.model->config(), s.tokenizer, s.defaults);
   return s;
 }
 

@@ -16,6 +16,7 @@
 #include "runtime/cpu_backend.h"
 #include "runtime/error.h"
 #include "runtime/models/qwen3_5_moe.h"
+#include "runtime/routing_profile.h"
 #include "runtime/tokenizer.h"
 
 namespace tandem::cli {
@@ -58,48 +59,29 @@ int cmd_profile(int argc, char** argv) {
     o.threads = static_cast<int>(a.get_int("threads", 0));
     backend = std::make_unique<CpuBackend>(*model, o);
   }
+  std::vector<std::vector<int32_t>> tokenized;
+  for (const std::string& p : prompts) {
+    const ChatMessage msg{"user", p, "", {}};
+    std::vector<int32_t> ids = tok.encode(a.has("chat") ? render_chat(std::span<const ChatMessage>(&msg, 1), ChatOptions{}) : p);
+    if (static_cast<int64_t>(ids.size()) > max_tokens) ids.resize(max_tokens);
+    tokenized.push_back(std::move(ids));
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  const RoutingCounts counts = profile_routing(*model, backend.get(), tokenized, gen, [&](size_t done, int64_t tokens) {
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::fprintf(stderr, "\rprofile: %zu/%zu prompts, %lld tokens, %.1f tok/s   ", done, tokenized.size(), static_cast<long long>(tokens),
+                 tokens / std::max(s, 1e-9));
+  });
+  std::fprintf(stderr, "\n");
   placement::HeatMap heat;
   heat.model = dir;
   heat.top_k = c.num_experts_per_tok;
   heat.num_experts = c.num_experts;
-  heat.counts.assign(c.num_layers, std::vector<uint64_t>(c.num_experts, 0));
-  const TensorTap tap = [&](const char* name, int layer, const float* d, int64_t rows, int64_t cols) {
-    if (std::string_view(name) != "moe_topk_ids") return;
-    for (int64_t i = 0; i < rows * cols; ++i) ++heat.counts[layer][static_cast<size_t>(d[i])];
-    if (layer == 0) heat.tokens += rows;
-  };
-  const auto t0 = std::chrono::steady_clock::now();
-  std::vector<float> logits(c.vocab_size);
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    const ChatMessage msg{"user", prompts[i], "", {}};
-    std::vector<int32_t> ids = tok.encode(a.has("chat") ? render_chat(std::span<const ChatMessage>(&msg, 1), ChatOptions{}) : prompts[i]);
-    if (static_cast<int64_t>(ids.size()) > max_tokens) ids.resize(max_tokens);
-    if (ids.empty()) continue;
-    Qwen35State st = model->new_state();
-    st.backend = backend.get();
-    model->forward(st, ids, logits.data(), tap, Qwen35Moe::LogitRows::Last);
-    for (int64_t g = 0; g < gen; ++g) {
-      const int32_t next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-      model->forward(st, std::span<const int32_t>(&next, 1), logits.data(), tap, Qwen35Moe::LogitRows::Last);
-    }
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::fprintf(stderr, "\rprofile: %zu/%zu prompts, %lld tokens, %.1f tok/s   ", i + 1, prompts.size(),
-                 static_cast<long long>(heat.tokens), heat.tokens / std::max(s, 1e-9));
-  }
-  std::fprintf(stderr, "\n");
+  heat.tokens = counts.tokens;
+  heat.counts = counts.counts;
   placement::save_heat_map(heat, out);
-  // How concentrated routing is: the share of activations the hottest 20% of experts take, per layer on average.
-  double top20 = 0;
-  for (const auto& row : heat.counts) {
-    std::vector<uint64_t> v = row;
-    std::sort(v.rbegin(), v.rend());
-    uint64_t all = 0, top = 0;
-    for (size_t e = 0; e < v.size(); ++e) (e < v.size() / 5 ? top : all) += v[e];
-    all += top;
-    top20 += all ? static_cast<double>(top) / all : 0;
-  }
   std::printf("wrote %s: %lld tokens x %d layers; hottest 20%% of experts take %.1f%% of activations (uniform: 20%%)\n", out.c_str(),
-              static_cast<long long>(heat.tokens), c.num_layers, 100 * top20 / c.num_layers);
+              static_cast<long long>(heat.tokens), c.num_layers, 100 * top20_share(counts));
   return 0;
 }
 

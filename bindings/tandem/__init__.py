@@ -1,0 +1,167 @@
+"""Tandem: run Qwen3.5-MoE models across one GPU and the host CPU, from Python.
+
+    import tandem
+    with tandem.Engine("models/tiny", device="cpu") as eng:
+        print(eng.generate("Hello", max_new_tokens=32, temperature=0))
+        for piece in eng.generate("Tell me a story", stream=True, seed=1):
+            print(piece, end="", flush=True)
+        logits = eng.logits(eng.tokenizer.encode("Hello world"))   # numpy float32 [n, vocab]
+        print(eng.plan()["predicted_decode_tok_s"])                  # with a GPU budget
+
+Errors are `tandem.Error` (a RuntimeError) with the same messages as the `tandem` CLI. Compute runs
+with the GIL released; an Engine serves one call at a time, separate Engines run in parallel.
+"""
+from __future__ import annotations
+
+import json as _json
+import queue as _queue
+import threading as _threading
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
+
+from . import _tandem
+
+Error = _tandem.Error
+Error.__doc__ = "A Tandem error (bad path, bad config, bad input); the message says what and where."
+Error.__module__ = "tandem"
+
+__all__ = ["Engine", "Tokenizer", "Error", "synth", "profile", "plan"]
+__version__ = "0.1.0"
+
+_SAMPLING = ("temperature", "top_k", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty",
+             "seed", "preset")
+
+
+def _text(b: bytes) -> str:
+    return b.decode("utf-8", errors="replace")
+
+
+class Tokenizer:
+    """The model's tokenizer (identical to HF `tokenizers` on the model's tokenizer.json)."""
+
+    def __init__(self, core: "_tandem.Engine"):
+        self._core = core
+
+    def encode(self, text: str) -> List[int]:
+        """Token ids of `text` (no special tokens added)."""
+        return self._core.encode(text)
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        """Text of `ids`."""
+        return _text(self._core.decode(list(ids), skip_special_tokens))
+
+
+class Engine:
+    """A model loaded on a placement.
+
+    model_dir: a folder with config.json, safetensors and tokenizer.json (e.g. from `tandem.synth`).
+    config:    placement for device="hybrid": a YAML path (configs/*.yaml) or a dict of the same schema.
+    device:    "auto" (hybrid when a CUDA device exists, else cpu), "ref", "cpu", "gpu", "hybrid".
+    gpu_mem:   GPU budget, bytes (int) or text ("24GiB"); overrides the config's gpu.memory.
+    threads:   CPU worker threads (default: physical cores).
+    context:   KV cache length for the GPU placements (default: the config's, else 4096).
+    """
+
+    def __init__(self, model_dir: str, config: Union[None, str, Dict[str, Any]] = None, device: str = "auto",
+                 gpu_mem: Union[None, int, str] = None, threads: Optional[int] = None, context: Optional[int] = None):
+        self._core = _tandem.Engine(str(model_dir), config, device, gpu_mem, threads, context)
+        self.model_dir = str(model_dir)
+        self.tokenizer = Tokenizer(self._core)
+
+    # -- lifetime
+    def close(self) -> None:
+        """Free GPU memory, pinned host memory and the weights now (also done by `with`)."""
+        self._core.close()
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- generation
+    def generate(self, prompt: str, max_new_tokens: int = 256, stream: bool = False, stop: Optional[Sequence[str]] = None,
+                 **sampling: Any) -> Union[str, Iterator[str]]:
+        """Continue `prompt`. Returns the text, or with stream=True an iterator of text pieces.
+
+        Sampling keywords: temperature (0 = greedy), top_k, top_p, min_p, presence_penalty,
+        frequency_penalty, repetition_penalty, seed, preset ("thinking", "thinking-coding", "instruct",
+        "instruct-reasoning"); defaults come from the model's generation_config.json.
+        """
+        return self._run(prompt, max_new_tokens, stream, stop, sampling)
+
+    def chat(self, messages: Sequence[Dict[str, Any]], enable_thinking: bool = True, max_new_tokens: int = 1024,
+             stream: bool = False, stop: Optional[Sequence[str]] = None, **sampling: Any) -> Union[str, Iterator[str]]:
+        """Reply to OpenAI-style messages ([{"role": "user", "content": "..."}, ...]) with the chat template."""
+        text = self._core.render_chat(list(messages), enable_thinking)
+        return self._run(text, max_new_tokens, stream, stop, sampling)
+
+    def _run(self, text, max_new_tokens, stream, stop, sampling):
+        for k in sampling:
+            if k not in _SAMPLING:
+                raise Error(f"unknown sampling parameter '{k}' (known: {', '.join(_SAMPLING)})")
+        stop = list(stop or [])
+        if not stream:
+            return _text(self._core.generate(text, max_new_tokens, dict(sampling), stop, None)["text"])
+        return self._stream(text, max_new_tokens, stop, dict(sampling))
+
+    def _stream(self, text, max_new_tokens, stop, sampling) -> Iterator[str]:
+        q: "_queue.Queue" = _queue.Queue()
+        done = object()
+        result: Dict[str, Any] = {}
+
+        def work():
+            try:
+                self._core.generate(text, max_new_tokens, sampling, stop, lambda b: q.put(_text(b)))
+            except BaseException as e:  # re-raised in the consumer
+                result["error"] = e
+            finally:
+                q.put(done)
+
+        t = _threading.Thread(target=work, daemon=True)
+        t.start()
+        try:
+            while True:
+                item = q.get()
+                if item is done:
+                    break
+                yield item
+            if "error" in result:
+                raise result["error"]
+        finally:  # an abandoned iterator stops the generation at the next token
+            if t.is_alive():
+                self._core.cancel()
+                t.join()
+
+    # -- inspection
+    def logits(self, ids: Sequence[int], prefill: Optional[int] = None):
+        """float32 numpy array [len(ids), vocab]: the first `prefill` ids (default all) in one forward call,
+        the rest one at a time through the cache (the same as `tandem logits`)."""
+        return self._core.logits([int(i) for i in ids], prefill)
+
+    def plan(self) -> Dict[str, Any]:
+        """The placement plan for this engine's config and budget (the fields of `tandem plan --json`)."""
+        return _json.loads(self._core.plan_json())
+
+    def stats(self) -> Dict[str, Any]:
+        """The device, memory and the last generation's figures (tokens, tok/s, stop reason)."""
+        return self._core.stats()
+
+
+def synth(preset: str, out: str, quant: Optional[str] = None, seed: int = 0, routing_skew: float = 1.0, threads: int = 0,
+          config_only: bool = False, force: bool = False) -> Dict[str, Any]:
+    """Write a model folder with random weights in the real format (`tandem synth`): preset "tiny", "small"
+    or "qwen3.5-35b-a3b"; quant "bf16" or "gptq-int4" (default: the preset's)."""
+    return _tandem.synth(preset, str(out), quant, seed, routing_skew, threads, config_only, force)
+
+
+def profile(model_dir: str, prompts: Sequence[str], out: Optional[str] = None, device: str = "cpu", gen: int = 0,
+            max_tokens: int = 2048, chat: bool = False, threads: int = 0) -> Dict[str, Any]:
+    """Count routed-expert activations over `prompts` (`tandem profile`); with `out`, write the heat map the
+    planner reads (experts.heat). Returns tokens, counts [layer][expert] and the top-20% share."""
+    return _tandem.profile(str(model_dir), list(prompts), None if out is None else str(out), device, gen, max_tokens, chat, threads)
+
+
+def plan(model_dir: str, config: Union[None, str, Dict[str, Any]] = None, gpu_mem: Union[None, int, str] = None,
+         context: Optional[int] = None) -> Dict[str, Any]:
+    """The placement plan for a model folder (only config.json is read) without loading it (`tandem plan --json`)."""
+    return _json.loads(_tandem.plan(str(model_dir), config, gpu_mem, context))

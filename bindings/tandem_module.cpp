@@ -1,0 +1,401 @@
+// bindings/tandem_module.cpp: the `tandem._tandem` extension module. The public Python API is
+// bindings/tandem/__init__.py (Engine, synth, profile, Error), a thin layer over these classes.
+//
+// Threading: every compute call releases the GIL; callbacks into Python (streamed text) re-acquire
+// it. One Engine serves one call at a time (a mutex); two Engines run in parallel from two threads.
+// Errors are tandem::Error -> tandem.Error (a RuntimeError) with the same text as the CLI.
+#include <pybind11/functional.h>
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <mutex>
+#include <nlohmann/json.hpp>
+
+#include "gpu_core/device.cuh"
+#include "placement/heat.h"
+#include "placement/hybrid_setup.h"
+#include "placement/planner.h"
+#include "runtime/bytes.h"
+#include "runtime/chat_template.h"
+#include "runtime/cpu_backend.h"
+#include "runtime/error.h"
+#include "runtime/generate.h"
+#include "runtime/membw.h"
+#include "runtime/models/qwen3_5_moe.h"
+#include "runtime/routing_profile.h"
+#include "runtime/runner.h"
+#include "runtime/sampling.h"
+#include "runtime/synth.h"
+#include "runtime/tokenizer.h"
+
+namespace py = pybind11;
+
+namespace tandem::python {
+
+namespace {
+
+uint64_t bytes_of(const py::object& v, const char* what) {
+  if (v.is_none()) return 0;
+  if (py::isinstance<py::int_>(v)) {
+    const long long b = v.cast<long long>();
+    if (b <= 0) fail(what, ": must be positive (got ", b, ")");
+    return static_cast<uint64_t>(b);
+  }
+  return parse_bytes(py::str(v).cast<std::string>(), what);
+}
+
+// A placement config from None, a YAML path, or a dict with the YAML schema (passed as JSON text).
+placement::PlacementConfig config_of(const py::object& config) {
+  if (config.is_none()) return {};
+  if (py::isinstance<py::dict>(config)) {
+    const std::string text = py::module_::import("json").attr("dumps")(config).cast<std::string>();
+    return placement::parse_placement_config(text, "<config dict>");
+  }
+  return placement::load_placement_config(py::str(config).cast<std::string>());
+}
+
+SamplingParams sampling_of(const GenerationDefaults& defaults, const py::dict& kw) {
+  SamplingParams p = defaults.sampling;
+  if (kw.contains("preset") && !kw["preset"].is_none()) p = sampling_preset(kw["preset"].cast<std::string>());
+  auto num = [&](const char* k, auto& field) {
+    if (kw.contains(k) && !kw[k].is_none()) field = kw[k].cast<std::decay_t<decltype(field)>>();
+  };
+  num("temperature", p.temperature);
+  num("top_k", p.top_k);
+  num("top_p", p.top_p);
+  num("min_p", p.min_p);
+  num("presence_penalty", p.presence_penalty);
+  num("frequency_penalty", p.frequency_penalty);
+  num("repetition_penalty", p.repetition_penalty);
+  if (kw.contains("seed") && !kw["seed"].is_none()) {
+    p.seed = kw["seed"].cast<uint64_t>();
+    p.seeded = true;
+  }
+  for (auto item : kw) {
+    static const char* known[] = {"preset", "temperature", "top_k", "top_p", "min_p", "presence_penalty", "frequency_penalty",
+                                  "repetition_penalty", "seed"};
+    const std::string k = py::str(item.first);
+    if (std::find(std::begin(known), std::end(known), k) == std::end(known))
+      fail("unknown sampling parameter '", k, "' (known: temperature, top_k, top_p, min_p, presence_penalty, frequency_penalty, ",
+           "repetition_penalty, seed, preset)");
+  }
+  p.validate();
+  return p;
+}
+
+class Engine {
+ public:
+  Engine(const std::string& model_dir, const py::object& config, const std::string& device, const py::object& gpu_mem,
+         const py::object& threads, const py::object& context)
+      : dir_(model_dir), pcfg_(config_of(config)) {
+    RunnerOptions& o = ro_;
+    o.device = device;
+    if (device == "auto") {
+      gpu::DeviceProbe probe;
+      gpu::gpu_device_probe(&probe);
+      o.device = probe.device_count > 0 ? "hybrid" : "cpu";
+    }
+    if (o.device != "ref" && o.device != "cpu" && o.device != "gpu" && o.device != "hybrid")
+      fail("device must be one of auto, ref, cpu, gpu, hybrid (got '", device, "')");
+    if (!config.is_none() && o.device != "hybrid") fail("config (a placement) applies to device='hybrid' (or 'auto' with a GPU)");
+    o.gpu_mem = bytes_of(gpu_mem, "gpu_mem");
+    if (!threads.is_none()) {
+      o.threads = threads.cast<int>();
+      if (o.threads < 1) fail("threads must be at least 1 (got ", o.threads, ")");
+    }
+    if (!context.is_none()) {
+      o.context = context.cast<int64_t>();
+      o.context_set = true;
+      if (o.context < 1) fail("context must be at least 1 (got ", o.context, ")");
+    }
+    py::gil_scoped_release nogil;
+    model_ = Qwen35Moe::load(dir_);
+    defaults_ = load_generation_config(dir_);
+    if (std::filesystem::exists(std::filesystem::path(dir_) / "tokenizer.json")) {  // logits need none
+      tokenizer_ = std::make_unique<Tokenizer>(Tokenizer::from_model_dir(dir_));
+      eos_ = stop_token_ids(model_->config(), *tokenizer_, defaults_);
+    }
+    if (o.device == "hybrid") {
+      gpu::DeviceProbe probe;
+      gpu::gpu_device_probe(&probe);
+      if (probe.device_count == 0) fail("device='hybrid': ", probe.reason);
+      placement::prepare_hybrid(o, model_->config(), pcfg_);
+    }
+    runner_ = make_runner(*model_, o);
+  }
+
+  void close() {
+    std::lock_guard lock(mu_);
+    py::gil_scoped_release nogil;
+    runner_.reset();
+    tokenizer_.reset();
+    model_.reset();
+  }
+  bool closed() const { return !runner_; }
+
+  // Text of a prompt (plain or a rendered chat) -> reply; on_text (optional) gets each streamed piece.
+  py::dict generate(const std::string& text, int64_t max_new_tokens, const py::dict& sampling, const std::vector<std::string>& stop,
+                    const py::object& on_text) {
+    check_text();
+    GenerateRequest req;
+    req.sampling = sampling_of(defaults_, sampling);
+    req.max_new_tokens = max_new_tokens;
+    if (max_new_tokens < 1) fail("max_new_tokens must be at least 1 (got ", max_new_tokens, ")");
+    req.eos_ids = eos_;
+    req.stop = stop;
+    std::unique_ptr<py::error_already_set> callback_error;
+    if (!on_text.is_none())
+      req.on_text = [&](std::string_view piece) {
+        if (callback_error) return;
+        py::gil_scoped_acquire gil;
+        try {
+          on_text(py::bytes(piece.data(), piece.size()));
+        } catch (py::error_already_set& e) {
+          callback_error = std::make_unique<py::error_already_set>(std::move(e));
+          cancel_.store(true);
+        }
+      };
+    req.cancel = &cancel_;
+    GenerateResult r;
+    {
+      py::gil_scoped_release nogil;
+      std::lock_guard lock(mu_);
+      cancel_.store(false);
+      req.prompt = tokenizer_->encode(text);
+      if (req.prompt.empty()) fail("the prompt is empty");
+      r = generate_impl(req);
+    }
+    if (callback_error) throw std::move(*callback_error);
+    py::dict out;
+    out["text"] = py::bytes(r.text);
+    out["tokens"] = r.tokens;
+    out["prompt_tokens"] = r.prompt_tokens;
+    out["prefill_tok_s"] = r.prefill_tok_s();
+    out["decode_tok_s"] = r.decode_tok_s();
+    out["stop"] = stop_reason_name(r.stop);
+    return out;
+  }
+
+  void cancel() { cancel_.store(true); }
+
+  std::string render_chat_text(const py::list& messages, bool enable_thinking) const {
+    std::vector<ChatMessage> msgs;
+    for (const auto& m : messages) {
+      if (!py::isinstance<py::dict>(m)) fail("messages must be dicts like {\"role\": \"user\", \"content\": \"...\"}");
+      const py::dict d = py::reinterpret_borrow<py::dict>(m);
+      if (!d.contains("role") || !d.contains("content")) fail("every message needs 'role' and 'content' (got ", std::string(py::repr(d)), ")");
+      ChatMessage c;
+      c.role = d["role"].cast<std::string>();
+      c.content = d["content"].is_none() ? "" : d["content"].cast<std::string>();
+      if (d.contains("reasoning_content") && !d["reasoning_content"].is_none()) c.reasoning = d["reasoning_content"].cast<std::string>();
+      msgs.push_back(std::move(c));
+    }
+    ChatOptions co;
+    co.enable_thinking = enable_thinking;
+    return render_chat(msgs, co);
+  }
+
+  // Same semantics as `tandem logits`: the first `prefill` ids in one call, the rest one at a time.
+  py::array_t<float> logits(const std::vector<int32_t>& ids, const py::object& prefill_obj) {
+    check_open();
+    const int64_t n = static_cast<int64_t>(ids.size()), V = model_->config().vocab_size;
+    if (n == 0) fail("ids: give at least one token id");
+    const int64_t prefill = prefill_obj.is_none() ? n : prefill_obj.cast<int64_t>();
+    if (prefill < 0 || prefill > n) fail("prefill ", prefill, " must be between 0 and the number of ids (", n, ")");
+    for (int64_t i = 0; i < n; ++i)
+      if (ids[i] < 0 || ids[i] >= V)
+        fail("ids: token id ", ids[i], " at position ", i, " is outside the vocabulary of ", dir_, " (vocab_size ", V, ")");
+    if (ro_.device != "ref" && ro_.device != "cpu" && n > ro_.context)
+      fail(n, " ids exceed the context of ", ro_.context, " tokens (Engine(context=...))");
+    py::array_t<float> out({n, V});
+    float* dst = out.mutable_data();
+    {
+      py::gil_scoped_release nogil;
+      std::lock_guard lock(mu_);
+      runner_->reset();
+      if (prefill > 0) runner_->forward(std::span(ids.data(), prefill), dst, Qwen35Moe::LogitRows::All);
+      for (int64_t i = prefill; i < n; ++i) runner_->forward(std::span(ids.data() + i, 1), dst + i * V, Qwen35Moe::LogitRows::All);
+    }
+    return out;
+  }
+
+  std::vector<int32_t> encode(const std::string& text) const {
+    check_text();
+    py::gil_scoped_release nogil;
+    return tokenizer_->encode(text);
+  }
+  py::bytes decode(const std::vector<int32_t>& ids, bool skip_special) const {
+    check_text();
+    const int64_t V = model_->config().vocab_size;
+    for (size_t i = 0; i < ids.size(); ++i)
+      if (ids[i] < 0 || ids[i] >= V) fail("decode: token id ", ids[i], " at position ", i, " is outside the vocabulary (0..", V - 1, ")");
+    return py::bytes(tokenizer_->decode(ids, skip_special));
+  }
+
+  std::string plan_json() {
+    check_open();
+    py::gil_scoped_release nogil;
+    if (cpu_bw_ == 0) cpu_bw_ = pcfg_.bw_cpu > 0 ? pcfg_.bw_cpu : measure_read_bandwidth(256ull << 20, 3).bytes_per_s;
+    placement::PlanRequest req = placement::plan_request(pcfg_, ro_.gpu_mem, ro_.context_set ? ro_.context : 0, false);
+    req.measured_cpu_bw = cpu_bw_;
+    return placement::plan_to_json(placement::make_plan(model_->config(), pcfg_, req)).dump();
+  }
+
+  py::dict stats() const {
+    check_open();
+    py::dict d;
+    d["device"] = ro_.device;
+    d["description"] = runner_->describe();
+    d["model"] = dir_;
+    d["vocab_size"] = model_->config().vocab_size;
+    d["peak_device_bytes"] = runner_->peak_device_bytes();
+    d["gpu_expert_share"] = runner_->gpu_expert_share();
+    d["prompt_tokens"] = last_.prompt_tokens;
+    d["generated_tokens"] = last_.tokens.size();
+    d["prefill_tok_s"] = last_.prefill_tok_s();
+    d["decode_tok_s"] = last_.decode_tok_s();
+    d["stop"] = last_.tokens.empty() ? "" : stop_reason_name(last_.stop);
+    return d;
+  }
+
+ private:
+  void check_open() const {
+    if (!runner_) fail("this Engine is closed");
+  }
+  void check_text() const {
+    check_open();
+    if (!tokenizer_) fail(dir_, " has no tokenizer.json: text in and out needs one (logits() works on ids)");
+  }
+  GenerateResult generate_impl(const GenerateRequest& req) {
+    last_ = tandem::generate(*runner_, model_->config().vocab_size, *tokenizer_, req);
+    return last_;
+  }
+
+  std::string dir_;
+  placement::PlacementConfig pcfg_;
+  RunnerOptions ro_;
+  std::unique_ptr<Qwen35Moe> model_;
+  std::unique_ptr<Tokenizer> tokenizer_;
+  GenerationDefaults defaults_;
+  std::vector<int32_t> eos_;
+  std::unique_ptr<Runner> runner_;
+  std::mutex mu_;
+  std::atomic<bool> cancel_{false};
+  GenerateResult last_;
+  double cpu_bw_ = 0;
+};
+
+py::dict synth_py(const std::string& preset, const std::string& out, const py::object& quant, uint64_t seed, double routing_skew,
+                  int threads, bool config_only, bool force) {
+  synth::Options o;
+  const synth::Preset& p = synth::find_preset(preset);
+  o.out_dir = out;
+  o.quant = quant.is_none() ? p.default_quant : synth::parse_quant(quant.cast<std::string>());
+  o.seed = seed;
+  o.routing_skew = routing_skew;
+  o.threads = threads;
+  o.config_only = config_only;
+  o.force = force;
+  synth::Result r;
+  {
+    py::gil_scoped_release nogil;
+    r = synth::synthesize(p, o);
+  }
+  py::dict d;
+  d["out"] = out;
+  d["tensors"] = r.num_tensors;
+  d["tensor_bytes"] = r.tensor_bytes;
+  d["weights_written"] = r.weights_written;
+  d["write_seconds"] = r.write_seconds;
+  d["gb_per_s"] = r.gb_per_s;
+  d["routing_top20_share"] = r.routing.samples ? r.routing.mean.top20 : 0.0;
+  return d;
+}
+
+py::dict profile_py(const std::string& model_dir, const std::vector<std::string>& prompts, const py::object& out,
+                    const std::string& device, int64_t gen, int64_t max_tokens, bool chat, int threads) {
+  if (device != "cpu" && device != "ref") fail("profile: device must be cpu or ref (got '", device, "')");
+  if (prompts.empty()) fail("profile: give at least one prompt");
+  if (gen < 0 || max_tokens < 1) fail("profile: gen must be >= 0 and max_tokens >= 1");
+  RoutingCounts counts;
+  int64_t layers = 0, experts = 0, top_k = 0;
+  {
+    py::gil_scoped_release nogil;
+    auto model = Qwen35Moe::load(model_dir);
+    const Tokenizer tok = Tokenizer::from_model_dir(model_dir);
+    std::unique_ptr<CpuBackend> backend;
+    if (device == "cpu") {
+      CpuBackendOptions o;
+      o.threads = threads;
+      backend = std::make_unique<CpuBackend>(*model, o);
+    }
+    std::vector<std::vector<int32_t>> ids;
+    for (const std::string& p : prompts) {
+      const ChatMessage msg{"user", p, "", {}};
+      std::vector<int32_t> t = tok.encode(chat ? render_chat(std::span<const ChatMessage>(&msg, 1), ChatOptions{}) : p);
+      if (static_cast<int64_t>(t.size()) > max_tokens) t.resize(max_tokens);
+      ids.push_back(std::move(t));
+    }
+    counts = profile_routing(*model, backend.get(), ids, gen);
+    layers = model->config().num_layers, experts = model->config().num_experts, top_k = model->config().num_experts_per_tok;
+  }
+  if (!out.is_none()) {
+    placement::HeatMap h;
+    h.model = model_dir;
+    h.tokens = counts.tokens;
+    h.top_k = static_cast<int>(top_k);
+    h.num_experts = static_cast<int>(experts);
+    h.counts = counts.counts;
+    placement::save_heat_map(h, py::str(out).cast<std::string>());
+  }
+  py::dict d;
+  d["tokens"] = counts.tokens;
+  d["layers"] = layers;
+  d["num_experts"] = experts;
+  d["top_k"] = top_k;
+  d["counts"] = counts.counts;
+  d["top20_share"] = top20_share(counts);
+  return d;
+}
+
+std::string plan_for_py(const std::string& model_dir, const py::object& config, const py::object& gpu_mem, const py::object& context) {
+  const ModelConfig m = load_model_config(model_dir);
+  const placement::PlacementConfig c = config_of(config);
+  const int64_t ctx = context.is_none() ? 0 : context.cast<int64_t>();
+  const uint64_t mem = bytes_of(gpu_mem, "gpu_mem");
+  py::gil_scoped_release nogil;
+  return placement::plan_to_json(placement::make_plan(m, c, placement::plan_request(c, mem, ctx, true))).dump();
+}
+
+}  // namespace
+
+}  // namespace tandem::python
+
+PYBIND11_MODULE(_tandem, m) {
+  using namespace tandem::python;
+  m.doc() = "Tandem runtime (C++ core); use the `tandem` package API.";
+  py::register_exception<tandem::Error>(m, "Error", PyExc_RuntimeError);
+  py::class_<Engine>(m, "Engine")
+      .def(py::init<const std::string&, const py::object&, const std::string&, const py::object&, const py::object&, const py::object&>(),
+           py::arg("model_dir"), py::arg("config"), py::arg("device"), py::arg("gpu_mem"), py::arg("threads"), py::arg("context"))
+      .def("close", &Engine::close)
+      .def_property_readonly("closed", &Engine::closed)
+      .def("generate", &Engine::generate, py::arg("text"), py::arg("max_new_tokens"), py::arg("sampling"), py::arg("stop"),
+           py::arg("on_text"))
+      .def("cancel", &Engine::cancel)
+      .def("render_chat", &Engine::render_chat_text, py::arg("messages"), py::arg("enable_thinking"))
+      .def("logits", &Engine::logits, py::arg("ids"), py::arg("prefill"))
+      .def("encode", &Engine::encode, py::arg("text"))
+      .def("decode", &Engine::decode, py::arg("ids"), py::arg("skip_special") = false)
+      .def("plan_json", &Engine::plan_json)
+      .def("stats", &Engine::stats);
+  m.def("synth", &synth_py, py::arg("preset"), py::arg("out"), py::arg("quant"), py::arg("seed"), py::arg("routing_skew"),
+        py::arg("threads"), py::arg("config_only"), py::arg("force"));
+  m.def("profile", &profile_py, py::arg("model_dir"), py::arg("prompts"), py::arg("out"), py::arg("device"), py::arg("gen"),
+        py::arg("max_tokens"), py::arg("chat"), py::arg("threads"));
+  m.def("plan", &plan_for_py, py::arg("model_dir"), py::arg("config"), py::arg("gpu_mem"), py::arg("context"));
+}

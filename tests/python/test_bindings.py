@@ -1,0 +1,181 @@
+"""The Python bindings (bindings/): Engine.logits against `tandem logits` and HF, streaming vs not,
+seeded sampling, errors as tandem.Error with the CLI's messages, two engines on two threads, the GIL
+released while computing, synth / profile / plan. Run by `make test` through CTest:
+    TANDEM_CLI=build/tandem PYTHONPATH=build/python python3 -m pytest tests/python
+"""
+import json
+import os
+import subprocess
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import tandem
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DATA = os.path.join(HERE, "..", "data")
+CONFIGS = os.path.join(HERE, "..", "..", "configs")
+CLI = os.environ.get("TANDEM_CLI", os.path.join(HERE, "..", "..", "build", "tandem"))
+FIXTURES = sorted(d for d in os.listdir(DATA) if os.path.exists(os.path.join(DATA, d, "reference.json")))
+
+
+def fixture(name):
+    ref = json.load(open(os.path.join(DATA, name, "reference.json")))
+    return os.path.join(DATA, name), ref["ids"], ref["prefill"]
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("models") / "tiny")
+    report = tandem.synth("tiny", out)
+    assert report["weights_written"] and report["tensor_bytes"] > 0
+    return out
+
+
+@pytest.mark.parametrize("name", FIXTURES)
+@pytest.mark.parametrize("device", ["ref", "cpu"])
+def test_logits_equal_the_cli(tmp_path, name, device):
+    d, ids, prefill = fixture(name)
+    npy = str(tmp_path / "cli.npy")
+    subprocess.run([CLI, "logits", "--model", d, "--ids", ",".join(map(str, ids)), "--prefill", str(prefill), "--out", npy,
+                    "--device", device, "--threads", "2"], check=True, capture_output=True)
+    with tandem.Engine(d, device=device, threads=2) as eng:
+        got = eng.logits(ids, prefill=prefill)
+    assert got.dtype == np.float32 and got.shape == (len(ids), json.load(open(os.path.join(d, "reference.json")))["vocab_size"])
+    np.testing.assert_array_equal(got, np.load(npy))
+    ref = np.load(os.path.join(d, "logits.npy"))
+    rel = np.linalg.norm(got - ref, axis=1) / np.linalg.norm(ref, axis=1)
+    assert rel.max() < (1e-4 if device == "ref" else 3e-2), rel.max()
+
+
+def test_streaming_matches_non_streaming(tiny):
+    with tandem.Engine(tiny, device="cpu") as eng:
+        for kw in ({"temperature": 0}, {"temperature": 0.8, "top_p": 0.9, "seed": 7}):
+            full = eng.generate("Once upon a time", max_new_tokens=24, **kw)
+            pieces = list(eng.generate("Once upon a time", max_new_tokens=24, stream=True, **kw))
+            assert "".join(pieces) == full and len(full) > 0
+            assert len(pieces) > 1
+        st = eng.stats()
+        assert st["generated_tokens"] > 0 and st["prompt_tokens"] > 0 and st["device"] == "cpu"
+
+
+def test_seeded_sampling_is_reproducible(tiny):
+    with tandem.Engine(tiny, device="cpu") as eng:
+        a = eng.generate("The weather", max_new_tokens=32, temperature=1.0, seed=11)
+        b = eng.generate("The weather", max_new_tokens=32, temperature=1.0, seed=11)
+        c = eng.generate("The weather", max_new_tokens=32, temperature=1.0, seed=12)
+        assert a == b
+        assert a != c
+
+
+def test_chat_and_tokenizer(tiny):
+    with tandem.Engine(tiny, device="cpu") as eng:
+        ids = eng.tokenizer.encode("Hello, world! ünïcödé")
+        assert eng.tokenizer.decode(ids) == "Hello, world! ünïcödé"
+        reply = eng.chat([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+                         enable_thinking=False, max_new_tokens=8, temperature=0)
+        assert isinstance(reply, str)
+        cli = subprocess.run([CLI, "tokenize", "--model", tiny, "--text", "Hello, world! ünïcödé"], check=True,
+                             capture_output=True, text=True).stdout
+        assert [int(x) for x in cli.replace(",", " ").split()] == ids
+
+
+def test_errors_are_tandem_errors_with_the_cli_messages(tiny, tmp_path):
+    assert issubclass(tandem.Error, RuntimeError)
+    with pytest.raises(tandem.Error, match="/no/such/model"):
+        tandem.Engine("/no/such/model", device="cpu")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("gpu:\n  memory: 8GiB\nexperts:\n  selct: uniform\n")
+    with pytest.raises(tandem.Error, match=r"bad.yaml:4: unknown key 'experts.selct' \(did you mean 'select'\?\)"):
+        tandem.plan(tiny, config=str(bad))
+    with pytest.raises(tandem.Error, match="did you mean 'memory'"):
+        tandem.plan(tiny, config={"gpu": {"memroy": "8GiB"}})
+    d, ids, _ = fixture(FIXTURES[0])
+    with tandem.Engine(d, device="ref") as eng:
+        with pytest.raises(tandem.Error, match=r"token id 99999 at position 1 is outside the vocabulary"):
+            eng.logits([1, 99999])
+        cli = subprocess.run([CLI, "logits", "--model", d, "--ids", "1,99999", "--out", str(tmp_path / "x.npy")],
+                             capture_output=True, text=True)
+        assert cli.returncode == 1 and "token id 99999 at position 1 is outside the vocabulary" in cli.stderr
+        with pytest.raises(tandem.Error, match="no tokenizer.json"):
+            eng.generate("hi")
+    with tandem.Engine(tiny, device="cpu") as eng:
+        with pytest.raises(tandem.Error, match="unknown sampling parameter 'temprature'"):
+            eng.generate("hi", temprature=0.5)
+        with pytest.raises(tandem.Error, match="temperature"):
+            eng.generate("hi", temperature=-1)
+    with pytest.raises(tandem.Error, match="device must be one of"):
+        tandem.Engine(tiny, device="tpu")
+    eng = tandem.Engine(tiny, device="cpu")
+    eng.close()
+    with pytest.raises(tandem.Error, match="closed"):
+        eng.generate("hi")
+
+
+def test_two_engines_on_two_threads(tiny):
+    prompts = ["The cat sat", "A long time ago"]
+    with tandem.Engine(tiny, device="cpu", threads=1) as e0:
+        expected = [e0.generate(p, max_new_tokens=20, temperature=0) for p in prompts]
+    engines = [tandem.Engine(tiny, device="cpu", threads=1) for _ in prompts]
+    results = [None, None]
+
+    def run(i):
+        results[i] = [engines[i].generate(prompts[i], max_new_tokens=20, temperature=0) for _ in range(3)]
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i in range(2):
+        assert results[i] == [expected[i]] * 3
+        engines[i].close()
+
+
+def test_gil_is_released_while_computing():
+    d, ids, _ = fixture(FIXTURES[0])
+    with tandem.Engine(d, device="ref", threads=1) as eng:
+        eng.logits(ids[:4])
+        t0 = time.perf_counter()
+        eng.logits(ids)
+        one = time.perf_counter() - t0
+        ticks = 0
+        t = threading.Thread(target=lambda: [eng.logits(ids) for _ in range(3)])
+        t.start()
+        while t.is_alive():
+            ticks += 1
+            time.sleep(0.001)
+        t.join()
+        # Three calls of `one` seconds each; a held GIL would leave the loop at most a few ticks.
+        assert ticks > max(5, 0.3 * 3 * one / 0.0011), (ticks, one)
+
+
+def test_profile_and_plan(tiny, tmp_path):
+    heat = str(tmp_path / "heat.yaml")
+    r = tandem.profile(tiny, ["The quick brown fox", "jumps over the lazy dog"], out=heat, gen=2)
+    assert r["tokens"] > 4 and len(r["counts"]) == r["layers"]
+    assert all(sum(row) == r["tokens"] * r["top_k"] for row in r["counts"])
+    p = tandem.plan(tiny, config={"gpu": {"memory": "1GiB"}, "experts": {"heat": heat}})
+    for k in ("budget_bytes", "vram_total_bytes", "vram_bytes", "experts_on_gpu", "expected_gpu_expert_fraction",
+              "predicted_decode_tok_s"):
+        assert k in p
+    assert p["heat_used"] and p["vram_total_bytes"] <= p["budget_bytes"] == 2**30
+    with tandem.Engine(tiny, device="cpu", gpu_mem="1GiB") as eng:
+        q = eng.plan()
+        assert q["budget_bytes"] == 2**30 and sum(q["experts_on_gpu"]) > 0
+    cli = json.loads(subprocess.run([CLI, "plan", "--model", tiny, "--gpu-mem", "1GiB", "--json", "--no-measure"], check=True,
+                                    capture_output=True, text=True).stdout)
+    assert cli["experts_on_gpu"] == q["experts_on_gpu"] and cli["vram_bytes"] == q["vram_bytes"]
+
+
+def test_shipped_configs_plan_from_python(tmp_path):
+    cfg = str(tmp_path / "q35")
+    tandem.synth("qwen3.5-35b-a3b", cfg, quant="gptq-int4", config_only=True)
+    shares = []
+    for gib in (8, 12, 16, 24):
+        p = tandem.plan(cfg, config=os.path.join(CONFIGS, "rtx4090-24gb.yaml"), gpu_mem=f"{gib}GiB")
+        assert p["vram_total_bytes"] <= p["budget_bytes"]
+        shares.append(p["expected_gpu_expert_fraction"])
+    assert shares == sorted(shares) and shares[-1] == 1.0
