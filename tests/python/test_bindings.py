@@ -135,21 +135,39 @@ def test_two_engines_on_two_threads(tiny):
 
 
 def test_gil_is_released_while_computing():
+    # Thread A runs four ~0.1 s logits calls; meanwhile this thread does ~1/5 of that in pure Python.
+    # With the GIL released this thread finishes first; with it held it could only run between calls.
     d, ids, _ = fixture(FIXTURES[0])
     with tandem.Engine(d, device="ref", threads=1) as eng:
-        eng.logits(ids[:4])
         t0 = time.perf_counter()
         eng.logits(ids)
         one = time.perf_counter() - t0
-        ticks = 0
-        t = threading.Thread(target=lambda: [eng.logits(ids) for _ in range(3)])
-        t.start()
-        while t.is_alive():
-            ticks += 1
-            time.sleep(0.001)
-        t.join()
-        # Three calls of `one` seconds each; a held GIL would leave the loop at most a few ticks.
-        assert ticks > max(5, 0.3 * 3 * one / 0.0011), (ticks, one)
+        def spin(n):  # bytecode, so the interpreter can hand the GIL over between iterations
+            x = 0
+            for _ in range(n):
+                x += 1
+            return x
+
+        n = 100000
+        t0 = time.perf_counter()
+        spin(n)
+        per = (time.perf_counter() - t0) / n
+        work = int(0.8 * one / max(per, 1e-12))  # about 0.8 of one call, a fifth of thread A's work
+        started = threading.Event()
+
+        def run():
+            started.set()
+            for _ in range(4):
+                eng.logits(ids)
+
+        a = threading.Thread(target=run)
+        a.start()
+        started.wait()
+        time.sleep(0.02)  # let A enter its first call
+        spin(work)
+        a_was_running = a.is_alive()
+        a.join()
+        assert a_was_running, (one, work)
 
 
 def test_profile_and_plan(tiny, tmp_path):
