@@ -9,6 +9,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <omp.h>
+
 #include <atomic>
 #include <chrono>
 #include <filesystem>
@@ -164,6 +166,7 @@ class Engine {
     {
       py::gil_scoped_release nogil;
       std::lock_guard lock(mu_);
+      set_threads();
       cancel_.store(false);
       req.prompt = tokenizer_->encode(text);
       if (req.prompt.empty()) fail("the prompt is empty");
@@ -216,6 +219,7 @@ class Engine {
     {
       py::gil_scoped_release nogil;
       std::lock_guard lock(mu_);
+      set_threads();
       runner_->reset();
       if (prefill > 0) runner_->forward(std::span(ids.data(), prefill), dst, Qwen35Moe::LogitRows::All);
       for (int64_t i = prefill; i < n; ++i) runner_->forward(std::span(ids.data() + i, 1), dst + i * V, Qwen35Moe::LogitRows::All);
@@ -265,6 +269,10 @@ class Engine {
  private:
   void check_open() const {
     if (!runner_) fail("this Engine is closed");
+  }
+  // OpenMP's thread count is per calling thread: the host ops of this call use the engine's count.
+  void set_threads() const {
+    if (ro_.threads > 0) omp_set_num_threads(ro_.threads);
   }
   void check_text() const {
     check_open();
