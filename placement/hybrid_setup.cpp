@@ -20,13 +20,7 @@ PlanRequest plan_request(const PlacementConfig& config, uint64_t gpu_mem, int64_
   return r;
 }
 
-Plan prepare_hybrid(RunnerOptions& o, const ModelConfig& model) {
-  return prepare_hybrid(o, model, o.config.empty() ? PlacementConfig{} : load_placement_config(o.config));
-}
-
-Plan prepare_hybrid(RunnerOptions& o, const ModelConfig& model, const PlacementConfig& cfg) {
-  const int64_t context = o.context_set ? o.context : std::max(cfg.context, o.min_context);
-  const Plan plan = make_plan(model, cfg, plan_request(cfg, o.gpu_mem, context, false));
+std::shared_ptr<HybridPlacement> hybrid_placement(const Plan& plan, int64_t total_experts) {
   auto hp = std::make_shared<HybridPlacement>();
   hp->expert_on_gpu = plan.expert_on_gpu;
   hp->embed_on_gpu = plan.embed_on_gpu;
@@ -34,10 +28,20 @@ Plan prepare_hybrid(RunnerOptions& o, const ModelConfig& model, const PlacementC
   hp->gpu_alloc_bytes = plan.budget_bytes - plan.vram.reserve;
   hp->deferral = plan.deferral;
   hp->expected_gpu_share = plan.expected_gpu_expert_fraction;
-  hp->summary = str_cat(plan.total_gpu_experts(), " of ", model.num_layers * model.num_experts, " routed experts on the GPU (",
-                        plan.selection, "), budget ", format_gib(plan.budget_bytes), ", expected GPU share ",
+  hp->summary = str_cat(plan.total_gpu_experts(), " of ", total_experts, " routed experts on the GPU (", plan.selection, "), budget ",
+                        format_gib(plan.budget_bytes), ", expected GPU share ",
                         static_cast<int>(plan.expected_gpu_expert_fraction * 100 + 0.5), "%");
-  o.hybrid = hp;
+  return hp;
+}
+
+Plan prepare_hybrid(RunnerOptions& o, const ModelConfig& model) {
+  return prepare_hybrid(o, model, o.config.empty() ? PlacementConfig{} : load_placement_config(o.config));
+}
+
+Plan prepare_hybrid(RunnerOptions& o, const ModelConfig& model, const PlacementConfig& cfg) {
+  const int64_t context = o.context_set ? o.context : std::max(cfg.context, o.min_context);
+  const Plan plan = make_plan(model, cfg, plan_request(cfg, o.gpu_mem, context, false));
+  o.hybrid = hybrid_placement(plan, int64_t(model.num_layers) * model.num_experts);
   o.context = plan.context;
   if (o.threads == 0) o.threads = cfg.cpu_threads;
   return plan;

@@ -11,6 +11,9 @@ namespace tandem::placement {
 // sets them, the measured CPU read bandwidth. `measure_cpu` false skips the ~1 s measurement.
 PlanRequest plan_request(const PlacementConfig& config, uint64_t gpu_mem, int64_t context, bool measure_cpu);
 
+// The runner's view of a plan (what lives where, the allocation limit, a one-line summary).
+std::shared_ptr<HybridPlacement> hybrid_placement(const Plan& plan, int64_t total_experts);
+
 // Loads opts.config (or the defaults), plans against `model` and fills opts.hybrid, opts.context
 // (the config's unless --context was given) and opts.threads (the config's unless --threads was).
 Plan prepare_hybrid(RunnerOptions& opts, const ModelConfig& model);

@@ -429,19 +429,18 @@ std::unique_ptr<Qwen35MoeGpu> Qwen35MoeGpu::create(const Qwen35Moe& model, const
   return std::unique_ptr<Qwen35MoeGpu>(new Qwen35MoeGpu(std::move(impl)));
 }
 
-double Qwen35MoeGpu::copy_bandwidth() const {
-  const size_t bytes = size_t(256) << 20;
-  void *a = nullptr, *b = nullptr;
-  CK(cudaMalloc(&a, bytes));
-  CK(cudaMalloc(&b, bytes));
+namespace {
+
+// Fastest of `reps` (after one warm-up) timed copies of `bytes` on `stream`, in seconds.
+double best_copy_seconds(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t stream, int reps) {
   cudaEvent_t e0, e1;
   CK(cudaEventCreate(&e0));
   CK(cudaEventCreate(&e1));
   float best = 1e30f;
-  for (int i = 0; i < 6; ++i) {
-    CK(cudaEventRecord(e0, impl_->stream));
-    CK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, impl_->stream));
-    CK(cudaEventRecord(e1, impl_->stream));
+  for (int i = 0; i <= reps; ++i) {
+    CK(cudaEventRecord(e0, stream));
+    CK(cudaMemcpyAsync(dst, src, bytes, kind, stream));
+    CK(cudaEventRecord(e1, stream));
     CK(cudaEventSynchronize(e1));
     float ms = 0;
     CK(cudaEventElapsedTime(&ms, e0, e1));
@@ -449,9 +448,20 @@ double Qwen35MoeGpu::copy_bandwidth() const {
   }
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
+  return best * 1e-3;
+}
+
+}  // namespace
+
+double Qwen35MoeGpu::copy_bandwidth() const {
+  const size_t bytes = size_t(256) << 20;
+  void *a = nullptr, *b = nullptr;
+  CK(cudaMalloc(&a, bytes));
+  CK(cudaMalloc(&b, bytes));
+  const double s = best_copy_seconds(b, a, bytes, cudaMemcpyDeviceToDevice, impl_->stream, 5);
   cudaFree(a);
   cudaFree(b);
-  return 2.0 * bytes / (best * 1e-3);
+  return 2.0 * bytes / s;  // read + write
 }
 
 double Qwen35MoeGpu::pcie_bandwidth() const {
@@ -460,24 +470,10 @@ double Qwen35MoeGpu::pcie_bandwidth() const {
   CK(cudaHostAlloc(&host, bytes, cudaHostAllocDefault));
   CK(cudaMalloc(&dev, bytes));
   std::memset(host, 1, bytes);
-  cudaEvent_t e0, e1;
-  CK(cudaEventCreate(&e0));
-  CK(cudaEventCreate(&e1));
-  float best = 1e30f;
-  for (int i = 0; i < 4; ++i) {
-    CK(cudaEventRecord(e0, impl_->stream));
-    CK(cudaMemcpyAsync(dev, host, bytes, cudaMemcpyHostToDevice, impl_->stream));
-    CK(cudaEventRecord(e1, impl_->stream));
-    CK(cudaEventSynchronize(e1));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    if (i > 0) best = std::min(best, ms);
-  }
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
+  const double s = best_copy_seconds(dev, host, bytes, cudaMemcpyHostToDevice, impl_->stream, 3);
   cudaFree(dev);
   cudaFreeHost(host);
-  return bytes / (best * 1e-3);
+  return bytes / s;
 }
 
 void Qwen35MoeGpu::reset() {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "placement/hybrid_setup.h"
 #include "placement/planner.h"
 #include "runtime/error.h"
 #include "runtime/logits_compare.h"
@@ -46,13 +47,7 @@ RunnerOptions hybrid_options(const placement::Plan& plan) {
   o.device = "hybrid";
   o.context = plan.context;
   o.threads = 4;
-  auto hp = std::make_shared<HybridPlacement>();
-  hp->expert_on_gpu = plan.expert_on_gpu;
-  hp->embed_on_gpu = plan.embed_on_gpu;
-  hp->cpu_expert_format = plan.cpu_expert_format;
-  hp->gpu_alloc_bytes = plan.budget_bytes - plan.vram.reserve;
-  hp->summary = plan.selection;
-  o.hybrid = hp;
+  o.hybrid = placement::hybrid_placement(plan, int64_t(plan.expert_on_gpu.size()) * int64_t(plan.expert_on_gpu[0].size()));
   return o;
 }
 
