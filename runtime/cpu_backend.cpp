@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "runtime/error.h"
+#include "runtime/trace.h"
 
 namespace tandem {
 
@@ -85,6 +86,7 @@ void CpuBackend::linear(const LinearWeight& w, const float* x, int64_t T, float*
 
 void CpuBackend::routed_experts(int layer, const float* x, int64_t T, const int32_t* ids, const float* weights, int k,
                                 float* out) {
+  TraceSpan span("cpu experts, layer", "cpu", layer);
   std::fill_n(out, T * hidden_, 0.0f);
   cpu::cpu_moe_forward(experts_, layer, x, T, ids, weights, k, out, pool_, moe_ws_, kernels_);
 }

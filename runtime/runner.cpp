@@ -5,6 +5,7 @@
 #include "runtime/cpu_backend.h"
 #include "runtime/error.h"
 #include "runtime/membw.h"
+#include "runtime/trace.h"
 #ifdef TANDEM_HAVE_CUDA
 #include "runtime/models/qwen3_5_moe_gpu.h"
 #endif
@@ -21,6 +22,7 @@ class HostRunner final : public Runner {
     state_.backend = backend_.get();
   }
   void forward(std::span<const int32_t> ids, float* logits, Qwen35Moe::LogitRows rows) override {
+    TraceSpan span(ids.size() > 1 ? "forward (prefill)" : "forward (decode)", "host");
     model_.forward(state_, ids, logits, {}, rows);
   }
   std::string describe() const override {
@@ -43,6 +45,7 @@ class GpuRunner final : public Runner {
   explicit GpuRunner(std::unique_ptr<Qwen35MoeGpu> g) : gpu_(std::move(g)) {}
   void reset() override { gpu_->reset(); }
   void forward(std::span<const int32_t> ids, float* logits, Qwen35Moe::LogitRows rows) override {
+    TraceSpan span(ids.size() > 1 ? "forward (prefill)" : "forward (decode)", "host");
     gpu_->forward(ids, logits, rows);
   }
   std::string describe() const override { return "gpu: " + gpu_->memory().describe(); }
@@ -74,6 +77,7 @@ class CpuExpertSide final : public HostExperts {
     }
   }
   void run(int layer, const float* x, const int32_t* ids, const float* weights, int k, float* out) override {
+    TraceSpan span("cpu experts, layer", "cpu", layer);
     cpu::cpu_moe_forward(store_, layer, x, 1, ids, weights, k, out, pool_, ws_);
   }
   std::string describe() const { return store_.size() ? store_.description() : "no CPU experts"; }
@@ -110,6 +114,7 @@ class HybridRunner final : public Runner {
   }
   void reset() override { gpu_->reset(); }
   void forward(std::span<const int32_t> ids, float* logits, Qwen35Moe::LogitRows rows) override {
+    TraceSpan span(ids.size() > 1 ? "forward (prefill)" : "forward (decode)", "host");
     gpu_->forward(ids, logits, rows);
   }
   std::string describe() const override {

@@ -8,6 +8,7 @@
 #include "runtime/cli/args.h"
 #include "runtime/cli/commands.h"
 #include "runtime/error.h"
+#include "runtime/trace.h"
 
 namespace {
 
@@ -52,7 +53,11 @@ int main(int argc, char** argv) {
   }
   try {
     for (const auto& c : kCommands)
-      if (!std::strcmp(argv[1], c.name)) return c.run(argc, argv);
+      if (!std::strcmp(argv[1], c.name)) {
+        const int rc = c.run(argc, argv);
+        tandem::Trace::finish();  // --trace: the timeline of the whole command
+        return rc;
+      }
     std::vector<std::string> names;
     for (const auto& c : kCommands) names.push_back(c.name);
     const std::string near = tandem::cli::nearest(argv[1], names);

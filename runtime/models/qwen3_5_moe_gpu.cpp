@@ -17,6 +17,7 @@
 #include "gpu_core/ops.cuh"
 #include "runtime/bytes.h"
 #include "runtime/error.h"
+#include "runtime/trace.h"
 
 namespace tandem {
 
@@ -160,12 +161,18 @@ struct Qwen35MoeGpu::Impl {
   std::vector<int32_t> masked;
   cudaEvent_t routed = nullptr;
   ExpertCounts counts;
+  // --trace: events at the segment boundaries of every layer, turned into GPU spans after each step.
+  std::vector<cudaEvent_t> tev;
+  cudaEvent_t tbase = nullptr;
+  double tbase_us = 0;
 
   explicit Impl(const Qwen35Moe& m, const GpuOptions& o) : model(m), opts(o) {}
   ~Impl() {
     if (arena) cudaFree(arena);
     if (stream) cudaStreamDestroy(stream);
     if (routed) cudaEventDestroy(routed);
+    for (cudaEvent_t e : tev) cudaEventDestroy(e);
+    if (tbase) cudaEventDestroy(tbase);
     for (void* p : {static_cast<void*>(hx), static_cast<void*>(hw), static_cast<void*>(hout), static_cast<void*>(hembed),
                     static_cast<void*>(hids)})
       if (p) cudaFreeHost(p);
@@ -285,7 +292,40 @@ struct Qwen35MoeGpu::Impl {
     }
   }
 
+  static constexpr int kMarks = 5;  // per layer: start, mixer done, routed, GPU experts done, end
+  void mark(Trace* tr, size_t layer, int which) {
+    if (tr) CK(cudaEventRecord(tev[layer * kMarks + which], stream));
+  }
+  void trace_begin(Trace* tr) {
+    if (!tr || !tev.empty()) return;
+    tev.resize(layers.size() * kMarks);
+    for (cudaEvent_t& e : tev) CK(cudaEventCreate(&e));
+    CK(cudaEventCreate(&tbase));
+    CK(cudaStreamSynchronize(stream));
+    CK(cudaEventRecord(tbase, stream));
+    CK(cudaEventSynchronize(tbase));
+    tbase_us = tr->now_us();  // the base event completed just now (an idle stream: within a few µs)
+  }
+  void trace_end(Trace* tr) {
+    if (!tr) return;
+    CK(cudaStreamSynchronize(stream));
+    auto at = [&](size_t i) {
+      float ms = 0;
+      CK(cudaEventElapsedTime(&ms, tbase, tev[i]));
+      return tbase_us + ms * 1e3;
+    };
+    for (size_t l = 0; l < layers.size(); ++l) {
+      const size_t b = l * kMarks;
+      tr->gpu_span(str_cat(layers[l].kind == LayerKind::FullAttention ? "attention " : "deltanet ", l), "gpu", at(b), at(b + 1));
+      tr->gpu_span(str_cat("router + handoff ", l), "gpu", at(b + 1), at(b + 2));
+      tr->gpu_span(str_cat("gpu experts + shared ", l), "gpu", at(b + 2), at(b + 3));
+      if (layers[l].cpu_experts) tr->gpu_span(str_cat("cpu result in ", l), "copy", at(b + 3), at(b + 4));
+    }
+  }
+
   void step(int32_t id, float* logits_host) {
+    Trace* tr = Trace::active();
+    trace_begin(tr);
     const ModelConfig& c = model.config();
     const int64_t H = c.hidden_size, I = c.moe_intermediate_size;
     const int k = c.num_experts_per_tok;
@@ -303,6 +343,7 @@ struct Qwen35MoeGpu::Impl {
     }
     for (size_t li = 0; li < layers.size(); ++li) {
       const DevLayer& L = layers[li];
+      mark(tr, li, 0);
       CK(gpu::rmsnorm_zc(h, L.in_norm, H, 1, eps, x, stream));
       if (L.kind == LayerKind::LinearAttention) {
         linear(L.qkv, x, qkv);
@@ -330,6 +371,7 @@ struct Qwen35MoeGpu::Impl {
         linear(L.o, attn_out, o);
       }
       CK(gpu::add_inplace(h, o, H, stream));
+      mark(tr, li, 1);
       CK(gpu::rmsnorm_zc(h, L.post_norm, H, 1, eps, x, stream));
       linear(L.router, x, router);
       CK(gpu::router_topk(router, c.num_experts, k, 1, topk_ids, topk_w, stream));
@@ -340,6 +382,7 @@ struct Qwen35MoeGpu::Impl {
         CK(cudaMemcpyAsync(hw, topk_w, k * sizeof(float), cudaMemcpyDeviceToHost, stream));
         CK(cudaEventRecord(routed, stream));
       }
+      mark(tr, li, 2);
       if (L.int4_experts) {
         CK(gpu::gather_x_half(x, nullptr, H, 1, xh, stream));
         CK(gpu::moe_int4_decode(L.experts_i4, H, I, L.expert_group, topk_ids, topk_w, 1, k, xh,
@@ -353,11 +396,15 @@ struct Qwen35MoeGpu::Impl {
       linear(L.sh_down, sg, sd);
       linear(L.sh_expert_gate, x, sgate);
       CK(gpu::gated_add(moe_out, sd, sgate, H, 1, stream));
+      mark(tr, li, 3);
       if (split) {
-        cudaError_t q;  // spin: the lowest-latency wait (a blocking sync adds a wake-up)
-        while ((q = cudaEventQuery(routed)) == cudaErrorNotReady) {
+        {
+          TraceSpan wait("wait for router, layer", "handoff", static_cast<int>(li));
+          cudaError_t q;  // spin: the lowest-latency wait (a blocking sync adds a wake-up)
+          while ((q = cudaEventQuery(routed)) == cudaErrorNotReady) {
+          }
+          CK(q);
         }
-        CK(q);
         bool any = false;
         for (int j = 0; j < k; ++j) {
           const bool gpu_side = on_gpu(static_cast<int>(li), hids[j]);
@@ -375,8 +422,10 @@ struct Qwen35MoeGpu::Impl {
         counts.gpu += k;
       }
       CK(gpu::add_inplace(h, moe_out, H, stream));
+      mark(tr, li, 4);
     }
     ++pos;
+    trace_end(tr);
     if (!logits_host) return;
     CK(gpu::rmsnorm_zc(h, final_norm, H, 1, eps, x, stream));
     linear(lm_head, x, logits);

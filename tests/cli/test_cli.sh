@@ -149,5 +149,18 @@ printf 'gpu:\n  memory: 1GiB\nexperts:\n  heat: heat.yaml\n' >"$tmp/withheat.yam
 check "plan with heat" "0" "" -- "$tandem" plan --model "$tmp/tiny" --config "$tmp/withheat.yaml" --no-measure
 grep -q "(heat map)" "$tmp/out" || { echo "FAIL plan with heat: heat map not used"; failures=$((failures + 1)); }
 
+# --trace: a Chrome/Perfetto timeline with the forward calls and the CPU expert jobs of every layer.
+check "trace" "0" "" -- "$tandem" generate --model "$tmp/tiny" --device cpu --prompt "hello" --max-new-tokens 3 --temperature 0 --trace "$tmp/trace.json"
+if python3 - "$tmp/trace.json" <<'PY'
+import json, sys
+ev = [e for e in json.load(open(sys.argv[1]))["traceEvents"] if e["ph"] == "X"]
+names = [e["name"] for e in ev]
+assert sum(n.startswith("forward (decode)") for n in names) == 2 and sum(n.startswith("forward (prefill)") for n in names) == 1, names
+assert sum(n.startswith("cpu experts, layer") for n in names) == 3 * 4, names   # 3 forward calls x 4 layers
+assert all(e["dur"] >= 0 and e["ts"] >= 0 for e in ev)
+PY
+then echo "ok   trace events"; passes=$((passes + 1)); else echo "FAIL trace events"; failures=$((failures + 1)); fi
+check "trace unwritable" "1" "cannot write the trace" -- "$tandem" generate --model "$tmp/tiny" --device cpu --prompt "hi" --max-new-tokens 1 --trace /nonexistent/dir/t.json
+
 echo "$passes passed, $failures failed"
 [ "$failures" -eq 0 ]
