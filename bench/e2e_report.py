@@ -11,8 +11,9 @@ import argparse, glob, json, os, re, subprocess, tempfile
 
 BUDGET = {"hybrid-8gib-cpu-experts": 8, "hybrid-12gib": 12, "hybrid-16gib": 16, "hybrid-24gib": 24}
 LABEL = {"hybrid-8gib-cpu-experts": "8 GiB, every routed expert on the CPU", "hybrid-12gib": "12 GiB hybrid",
-         "hybrid-16gib": "16 GiB hybrid", "hybrid-24gib": "24 GiB hybrid", "gpu-all": "everything on the GPU (--device gpu)"}
-ORDER = ["hybrid-8gib-cpu-experts", "hybrid-12gib", "hybrid-16gib", "hybrid-24gib", "gpu-all"]
+         "hybrid-16gib": "16 GiB hybrid", "hybrid-24gib": "24 GiB hybrid", "gpu-all": "everything on the GPU (--device gpu)",
+         "cpu-all": "everything on the CPU (--device cpu)"}
+ORDER = ["hybrid-8gib-cpu-experts", "hybrid-12gib", "hybrid-16gib", "hybrid-24gib", "gpu-all", "cpu-all"]
 
 
 def predict(tandem, model, yaml_path, bw):
@@ -40,12 +41,19 @@ def main():
     ap.add_argument("--model")
     a = ap.parse_args()
 
+    # <scenario>.json (one bench run, every prompt length) or <scenario>-<len>.json (one per length)
     runs = {}
-    for path in sorted(glob.glob(os.path.join(a.raw, "*-*.json"))):
-        m = re.match(r"(.+)-(\d+)\.json$", os.path.basename(path))
-        if not m:
+    for path in sorted(glob.glob(os.path.join(a.raw, "*.json"))):
+        base = os.path.basename(path)[:-5]
+        if base.endswith(".plan") or base == "report":
             continue
-        runs.setdefault(m.group(1), {})[int(m.group(2))] = json.load(open(path))
+        m = re.match(r"(.+)-(\d+)$", base)
+        name = m.group(1) if m and m.group(1) in LABEL else base
+        if name not in LABEL:
+            continue
+        j = json.load(open(path))
+        for r in j["results"]:
+            runs.setdefault(name, {})[r["prompt_len"]] = dict(j, results=[r])
     rows, report = [], {"machine": a.machine, "commit": a.commit, "date": a.date, "model": "qwen3.5-35b-a3b synthetic GPTQ-Int4 (routing skew 1)", "scenarios": []}
     for name in ORDER:
         if name not in runs:

@@ -76,3 +76,8 @@ for s in $scenarios; do
     *) echo "unknown scenario $s" ;;
   esac
 done
+
+echo "== report"
+python3 "$(dirname "$0")/e2e_report.py" "$out" "$out/report" --machine "$( (nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null || echo no GPU) | head -1) + $(nproc)-thread CPU" \
+  --commit "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" --date "$(date -u +%F)" --tandem "$tandem" --model "$model" \
+  && cat "$out/report.table.md"
