@@ -16,10 +16,14 @@ namespace {
 
 class HostRunner final : public Runner {
  public:
-  HostRunner(const Qwen35Moe& m, std::unique_ptr<CpuBackend> backend) : model_(m), backend_(std::move(backend)) { reset(); }
+  HostRunner(const Qwen35Moe& m, std::unique_ptr<CpuBackend> backend, int defer)
+      : model_(m), backend_(std::move(backend)), defer_(defer) {
+    reset();
+  }
   void reset() override {
     state_ = model_.new_state();
     state_.backend = backend_.get();
+    state_.defer_experts = defer_;
   }
   void forward(std::span<const int32_t> ids, float* logits, Qwen35Moe::LogitRows rows) override {
     TraceSpan span(ids.size() > 1 ? "forward (prefill)" : "forward (decode)", "host");
@@ -36,6 +40,7 @@ class HostRunner final : public Runner {
  private:
   const Qwen35Moe& model_;
   std::unique_ptr<CpuBackend> backend_;
+  int defer_ = 0;
   Qwen35State state_;
 };
 
@@ -142,14 +147,18 @@ class HybridRunner final : public Runner {
 }  // namespace
 
 std::unique_ptr<Runner> make_runner(const Qwen35Moe& model, const RunnerOptions& o) {
-  if (o.device == "ref") return std::make_unique<HostRunner>(model, nullptr);
+  if (o.defer_experts < 0 || o.defer_experts > model.config().num_experts_per_tok)
+    fail("--defer-experts ", o.defer_experts, " must be between 0 and the model's ", model.config().num_experts_per_tok, " experts per token");
+  if (o.defer_experts > 0 && o.device != "ref" && o.device != "cpu")
+    fail("--defer-experts is measured on --device ref or cpu; the hybrid dispatcher does not defer yet");
+  if (o.device == "ref") return std::make_unique<HostRunner>(model, nullptr, o.defer_experts);
   if (o.device == "cpu") {
     CpuBackendOptions co;
     co.threads = o.threads;
     if (o.cpu_expert_format == "int8") co.dense_expert_format = cpu::WeightFormat::Int8;
     else if (o.cpu_expert_format == "bf16") co.dense_expert_format = cpu::WeightFormat::BF16;
     else fail("--cpu-expert-format must be int8 or bf16 (got '", o.cpu_expert_format, "')");
-    return std::make_unique<HostRunner>(model, std::make_unique<CpuBackend>(model, co));
+    return std::make_unique<HostRunner>(model, std::make_unique<CpuBackend>(model, co), o.defer_experts);
   }
   if (o.device == "gpu") {
 #ifdef TANDEM_HAVE_CUDA

@@ -34,6 +34,7 @@ struct RunnerOptions {
   std::string device = "ref";
   int threads = 0;                       // cpu: worker threads (0: physical cores)
   std::string cpu_expert_format = "bf16";  // cpu: bf16 | int8 for BF16 checkpoints' experts
+  int defer_experts = 0;                 // ref/cpu: Qwen35State::defer_experts (measures deferral)
   uint64_t gpu_mem = 0;                  // gpu: budget in bytes (0: free device memory)
   int64_t context = 4096;                // gpu: KV cache length
   bool context_set = false;              // --context given (else a hybrid config's context applies)

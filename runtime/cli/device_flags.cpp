@@ -22,6 +22,7 @@ std::vector<Flag> device_flags() {
       {"cpu-expert-format", true, "--device cpu: experts of BF16 checkpoints as bf16 (default, exact) or int8 (half the bytes)"},
       {"gpu-mem", true, "--device gpu|hybrid: memory budget, e.g. 24GiB (default: the config's, else free device memory)"},
       {"context", true, "--device gpu|hybrid: longest sequence the KV cache holds (default 4096, or the config's)"},
+      {"defer-experts", true, "--device ref|cpu: apply each token's N lowest-weight experts one layer late (measures expert deferral)"},
       {"trace", true, "write a Perfetto / chrome://tracing timeline (GPU work, CPU expert jobs, copies) to this .json"},
   };
 }
@@ -56,6 +57,7 @@ RunnerOptions runner_options(const Args& a, int64_t min_context) {
   o.min_context = min_context;
   if (o.context < 1) throw UsageError("--context must be at least 1");
   o.config = a.get("config", "");
+  o.defer_experts = static_cast<int>(a.get_int("defer-experts", 0));
   if (a.has("trace")) Trace::start(a.get("trace"));
   if (!o.config.empty() && o.device != "hybrid")
     throw UsageError("--config (a placement YAML) applies to --device hybrid; add --device hybrid");

@@ -93,7 +93,8 @@ void routed_experts_ref(const MoeWeights& w, const float* x, int64_t T, const in
   std::fill_n(out, T * H, 0.0f);
   std::vector<std::vector<std::pair<int64_t, float>>> users(E);
   for (int64_t t = 0; t < T; ++t)
-    for (int j = 0; j < K; ++j) users[ids[t * K + j]].push_back({t, weights[t * K + j]});
+    for (int j = 0; j < K; ++j)
+      if (ids[t * K + j] >= 0) users[ids[t * K + j]].push_back({t, weights[t * K + j]});
   std::vector<float> xe, g, u, d;
   for (int e = 0; e < E; ++e) {
     const auto& us = users[e];
@@ -300,7 +301,7 @@ void Qwen35Moe::forward(Qwen35State& st, std::span<const int32_t> ids, float* lo
   };
   const float eps = static_cast<float>(c.rms_norm_eps);
 
-  std::vector<float> h(T * H), x(T * H), out(T * H);
+  std::vector<float> h(T * H), x(T * H), out(T * H), pending;
   for (int64_t t = 0; t < T; ++t) embed_.dequant_row(ids[t], h.data() + t * H);
   emit("embed", -1, h.data(), T, H);
 
@@ -316,8 +317,13 @@ void Qwen35Moe::forward(Qwen35State& st, std::span<const int32_t> ids, float* lo
     emit("ffn_norm", l, x.data(), T, H);
     moe_forward(L, l, st, x.data(), T, out.data(), tap);
     for (int64_t i = 0; i < T * H; ++i) h[i] += out[i];
+    if (st.defer_experts > 0) {  // the previous layer's deferred experts arrive with this layer's MoE output
+      for (size_t i = 0; i < pending.size(); ++i) h[i] += pending[i];
+      pending.swap(st.deferred);
+    }
     emit("layer_out", l, h.data(), T, H);
   }
+  for (size_t i = 0; i < pending.size(); ++i) h[i] += pending[i];  // the last layer's deferred experts
   const int64_t first = rows == LogitRows::Last ? T - 1 : 0, n_out = T - first;
   for (int64_t t = first; t < T; ++t) ref::rmsnorm_zc(h.data() + t * H, final_norm_.data(), H, eps, x.data() + t * H);
   emit("final_norm", -1, x.data() + first * H, n_out, H);
@@ -437,10 +443,23 @@ void Qwen35Moe::moe_forward(const LayerWeights& L, int layer, Qwen35State& st, c
     tap("moe_topk_ids", layer, ids_f.data(), T, K);
   }
 
-  if (st.backend) {
-    st.backend->routed_experts(layer, x, T, idx.data(), wt.data(), K, out);
+  auto routed = [&](const int32_t* ids, float* dst) {
+    if (st.backend) st.backend->routed_experts(layer, x, T, ids, wt.data(), K, dst);
+    else routed_experts_ref(L.moe, x, T, ids, wt.data(), K, dst);
+  };
+  if (st.defer_experts > 0) {  // the lowest-weight choices of each token join the residual one layer later
+    std::vector<int32_t> now = idx, later(idx.size(), -1);
+    for (int64_t t = 0; t < T; ++t) {
+      std::vector<int> order(K);
+      for (int j = 0; j < K; ++j) order[j] = j;
+      std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return wt[t * K + a] < wt[t * K + b]; });
+      for (int d = 0; d < std::min(st.defer_experts, K); ++d) std::swap(now[t * K + order[d]], later[t * K + order[d]]);
+    }
+    st.deferred.assign(T * H, 0.0f);
+    routed(later.data(), st.deferred.data());
+    routed(now.data(), out);
   } else {
-    routed_experts_ref(L.moe, x, T, idx.data(), wt.data(), K, out);
+    routed(idx.data(), out);
   }
   if (tap) tap("moe_routed", layer, out, T, H);
 

@@ -59,7 +59,8 @@ class MatmulBackend {
   virtual ~MatmulBackend() = default;
   // y [T, w.out] = x [T, w.in] W^T
   virtual void linear(const LinearWeight& w, const float* x, int64_t T, float* y) = 0;
-  // out [T, H] = sum_j weights[t*k + j] * expert_{ids[t*k + j]}(x_t): the routed experts of `layer`.
+  // out [T, H] = sum_j weights[t*k + j] * expert_{ids[t*k + j]}(x_t): the routed experts of `layer`
+  // (ids < 0 are skipped).
   virtual void routed_experts(int layer, const float* x, int64_t T, const int32_t* ids, const float* weights, int k,
                               float* out) = 0;
 };
@@ -71,6 +72,12 @@ struct Qwen35State {
   std::vector<std::vector<float>> k_cache, v_cache;  // per layer: [pos][kv_heads * head_dim]
   std::vector<std::vector<float>> conv_window;       // per layer: [kernel-1][conv_dim]
   std::vector<std::vector<float>> recurrent;         // per layer: [Hv][dk][dv]
+  // Expert deferral (what a pipelined hybrid gains by letting the CPU finish an expert while the GPU
+  // runs the next layer): each token's `defer_experts` lowest-weight routed experts of layer L are
+  // added to the residual at layer L+1 (with its MoE output; after the last layer before the final
+  // norm). 0 = the exact model. `deferred` is scratch.
+  int defer_experts = 0;
+  std::vector<float> deferred;
 };
 
 // Called with every named intermediate when set (llama.cpp-style "cb"), for layer-by-layer
