@@ -185,7 +185,9 @@ class Engine {
 
   void cancel() { cancel_.store(true); }
 
-  std::string render_chat_text(const py::list& messages, bool enable_thinking) const {
+  // messages: dicts with role, content, optional reasoning_content, optional tool_calls normalised by the
+  // Python layer to [(name, [(parameter, value text), ...]), ...]; tools: one JSON text per tool.
+  std::string render_chat_text(const py::list& messages, bool enable_thinking, const std::vector<std::string>& tools) const {
     std::vector<ChatMessage> msgs;
     for (const auto& m : messages) {
       if (!py::isinstance<py::dict>(m)) fail("messages must be dicts like {\"role\": \"user\", \"content\": \"...\"}");
@@ -195,10 +197,14 @@ class Engine {
       c.role = d["role"].cast<std::string>();
       c.content = d["content"].is_none() ? "" : d["content"].cast<std::string>();
       if (d.contains("reasoning_content") && !d["reasoning_content"].is_none()) c.reasoning = d["reasoning_content"].cast<std::string>();
+      if (d.contains("tool_calls") && !d["tool_calls"].is_none())
+        for (const auto& [name, args] : d["tool_calls"].cast<std::vector<std::pair<std::string, std::vector<std::pair<std::string, std::string>>>>>())
+          c.tool_calls.push_back({name, args});
       msgs.push_back(std::move(c));
     }
     ChatOptions co;
     co.enable_thinking = enable_thinking;
+    co.tools = tools;
     return render_chat(msgs, co);
   }
 
@@ -395,7 +401,7 @@ PYBIND11_MODULE(_tandem, m) {
       .def("generate", &Engine::generate, py::arg("text"), py::arg("max_new_tokens"), py::arg("sampling"), py::arg("stop"),
            py::arg("on_text"))
       .def("cancel", &Engine::cancel)
-      .def("render_chat", &Engine::render_chat_text, py::arg("messages"), py::arg("enable_thinking"))
+      .def("render_chat", &Engine::render_chat_text, py::arg("messages"), py::arg("enable_thinking"), py::arg("tools"))
       .def("logits", &Engine::logits, py::arg("ids"), py::arg("prefill"))
       .def("encode", &Engine::encode, py::arg("text"))
       .def("decode", &Engine::decode, py::arg("ids"), py::arg("skip_special") = false)

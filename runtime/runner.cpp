@@ -1,5 +1,7 @@
 #include "runtime/runner.h"
 
+#include <cstdlib>
+
 #include "cpu_experts/cpu_moe.h"
 
 #include "runtime/cpu_backend.h"
@@ -45,6 +47,11 @@ class HostRunner final : public Runner {
 };
 
 #ifdef TANDEM_HAVE_CUDA
+bool cuda_graph_requested() {
+  const char* v = std::getenv("TANDEM_CUDA_GRAPH");
+  return v && std::string(v) == "1";
+}
+
 class GpuRunner final : public Runner {
  public:
   explicit GpuRunner(std::unique_ptr<Qwen35MoeGpu> g) : gpu_(std::move(g)) {}
@@ -115,6 +122,7 @@ class HybridRunner final : public Runner {
     g.expert_on_gpu = &placement_->expert_on_gpu;
     g.host_experts = cpu_.get();
     g.embed_on_gpu = placement_->embed_on_gpu;
+    g.cuda_graph = cuda_graph_requested();
     gpu_ = Qwen35MoeGpu::create(model, g);
   }
   void reset() override { gpu_->reset(); }
@@ -162,7 +170,11 @@ std::unique_ptr<Runner> make_runner(const Qwen35Moe& model, const RunnerOptions&
   }
   if (o.device == "gpu") {
 #ifdef TANDEM_HAVE_CUDA
-    return std::make_unique<GpuRunner>(Qwen35MoeGpu::create(model, {o.gpu_mem, o.context}));
+    GpuOptions g;
+    g.budget_bytes = o.gpu_mem;
+    g.max_context = o.context;
+    g.cuda_graph = cuda_graph_requested();
+    return std::make_unique<GpuRunner>(Qwen35MoeGpu::create(model, g));
 #else
     fail("--device gpu: no CUDA device (this build has no CUDA support)");
 #endif

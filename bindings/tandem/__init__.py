@@ -90,9 +90,16 @@ class Engine:
         return self._run(prompt, max_new_tokens, stream, stop, sampling)
 
     def chat(self, messages: Sequence[Dict[str, Any]], enable_thinking: bool = True, max_new_tokens: int = 1024,
-             stream: bool = False, stop: Optional[Sequence[str]] = None, **sampling: Any) -> Union[str, Iterator[str]]:
-        """Reply to OpenAI-style messages ([{"role": "user", "content": "..."}, ...]) with the chat template."""
-        text = self._core.render_chat(list(messages), enable_thinking)
+             stream: bool = False, stop: Optional[Sequence[str]] = None, tools: Optional[Sequence[Dict[str, Any]]] = None,
+             **sampling: Any) -> Union[str, Iterator[str]]:
+        """Reply to OpenAI-style messages with the model's chat template.
+
+        messages: [{"role": "system"|"user"|"assistant"|"tool", "content": "..."}, ...]; assistant messages may
+        carry "reasoning_content" and OpenAI "tool_calls" ([{"type": "function", "function": {"name": ...,
+        "arguments": "{...json...}"}}]); tools: OpenAI tool definitions ({"type": "function", "function": {...}}).
+        """
+        text = self._core.render_chat([_chat_message(m) for m in messages], enable_thinking,
+                                      [_json.dumps(t, ensure_ascii=False) for t in (tools or [])])
         return self._run(text, max_new_tokens, stream, stop, sampling)
 
     def _run(self, text, max_new_tokens, stream, stop, sampling):
@@ -145,6 +152,27 @@ class Engine:
     def stats(self) -> Dict[str, Any]:
         """The device, memory and the last generation's figures (tokens, tok/s, stop reason)."""
         return self._core.stats()
+
+
+def _chat_message(m: Dict[str, Any]) -> Dict[str, Any]:
+    if not isinstance(m, dict):
+        raise Error('messages must be dicts like {"role": "user", "content": "..."}')
+    out = dict(m)
+    calls = m.get("tool_calls")
+    if calls:
+        norm = []
+        for c in calls:
+            f = c.get("function", c)
+            args = f.get("arguments", {})
+            if isinstance(args, str):
+                try:
+                    args = _json.loads(args) if args.strip() else {}
+                except ValueError as e:
+                    raise Error(f"tool call '{f.get('name')}': arguments are not JSON ({e})") from None
+            norm.append((str(f["name"]), [(str(k), v if isinstance(v, str) else _json.dumps(v, ensure_ascii=False))
+                                         for k, v in args.items()]))
+        out["tool_calls"] = norm
+    return out
 
 
 def synth(preset: str, out: str, quant: Optional[str] = None, seed: int = 0, routing_skew: float = 1.0, threads: int = 0,

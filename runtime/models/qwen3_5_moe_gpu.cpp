@@ -163,6 +163,11 @@ struct Qwen35MoeGpu::Impl {
   ExpertCounts counts;
   // --trace: events at the segment boundaries of every layer, turned into GPU spans after each step.
   std::vector<cudaEvent_t> tev;
+  // CUDA graphs of a whole step, [0] without and [1] with logits (GpuOptions::cuda_graph).
+  bool graph_ok = false;
+  cudaGraphExec_t graph[2] = {nullptr, nullptr};
+  int32_t* hidpos = nullptr;  // pinned: the token id and position the graph copies in
+  float* hlogits = nullptr;   // pinned: the logits the graph copies out
   cudaEvent_t tbase = nullptr;
   double tbase_us = 0;
 
@@ -172,6 +177,10 @@ struct Qwen35MoeGpu::Impl {
     if (stream) cudaStreamDestroy(stream);
     if (routed) cudaEventDestroy(routed);
     for (cudaEvent_t e : tev) cudaEventDestroy(e);
+    for (cudaGraphExec_t g : graph)
+      if (g) cudaGraphExecDestroy(g);
+    if (hidpos) cudaFreeHost(hidpos);
+    if (hlogits) cudaFreeHost(hlogits);
     if (tbase) cudaEventDestroy(tbase);
     for (void* p : {static_cast<void*>(hx), static_cast<void*>(hw), static_cast<void*>(hout), static_cast<void*>(hembed),
                     static_cast<void*>(hids)})
@@ -323,16 +332,51 @@ struct Qwen35MoeGpu::Impl {
     }
   }
 
+  // One decode step: eagerly (trace, hybrid handoffs, host embedding) or as a captured CUDA graph
+  // (GpuOptions::cuda_graph, everything on the GPU): the same enqueue() either way.
   void step(int32_t id, float* logits_host) {
     Trace* tr = Trace::active();
+    const ModelConfig& c = model.config();
+    if (graph_ok && !tr) {
+      hidpos[0] = id, hidpos[1] = static_cast<int32_t>(pos);  // the previous launch has finished (synchronized)
+      const int w = logits_host ? 1 : 0;
+      if (!graph[w]) capture(w);
+      CK(cudaGraphLaunch(graph[w], stream));
+      CK(cudaStreamSynchronize(stream));
+      if (logits_host) std::memcpy(logits_host, hlogits, c.vocab_size * sizeof(float));
+      counts.gpu += static_cast<uint64_t>(c.num_experts_per_tok) * layers.size();
+      ++pos;
+      return;
+    }
     trace_begin(tr);
+    const int32_t p32 = static_cast<int32_t>(pos);
+    enqueue(id, &id, &p32, logits_host, tr);
+    ++pos;
+    trace_end(tr);
+    if (logits_host) CK(cudaStreamSynchronize(stream));
+  }
+
+  void capture(int with_logits) {
+    const ExpertCounts saved = counts;  // enqueue() counts on the host; the launches count themselves
+    cudaGraph_t g = nullptr;
+    CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    enqueue(0, hidpos, hidpos + 1, with_logits ? hlogits : nullptr, nullptr);
+    CK(cudaStreamEndCapture(stream, &g));
+    CK(cudaGraphInstantiate(&graph[with_logits], g, 0));
+    CK(cudaGraphDestroy(g));
+    counts = saved;
+  }
+
+  // Queues one token's work on the stream: id / position copied from id_src / pos_src (host memory),
+  // logits (when logits_dst) copied to logits_dst. Host-side waits only for hybrid handoffs and the
+  // host embedding (neither is captured in a graph).
+  void enqueue(int32_t id, const int32_t* id_src, const int32_t* pos_src, float* logits_dst, Trace* tr) {
     const ModelConfig& c = model.config();
     const int64_t H = c.hidden_size, I = c.moe_intermediate_size;
     const int k = c.num_experts_per_tok;
     const float eps = static_cast<float>(c.rms_norm_eps);
-    const int32_t p32 = static_cast<int32_t>(pos);
-    CK(cudaMemcpyAsync(ids, &id, 4, cudaMemcpyHostToDevice, stream));
-    CK(cudaMemcpyAsync(pos_dev, &p32, 4, cudaMemcpyHostToDevice, stream));
+    CK(cudaMemcpyAsync(ids, id_src, 4, cudaMemcpyHostToDevice, stream));
+    CK(cudaMemcpyAsync(pos_dev, pos_src, 4, cudaMemcpyHostToDevice, stream));
     if (embed) {
       CK(gpu::embed_bf16(embed, H, ids, 1, h, stream));
     } else {
@@ -424,13 +468,10 @@ struct Qwen35MoeGpu::Impl {
       CK(gpu::add_inplace(h, moe_out, H, stream));
       mark(tr, li, 4);
     }
-    ++pos;
-    trace_end(tr);
-    if (!logits_host) return;
+    if (!logits_dst) return;
     CK(gpu::rmsnorm_zc(h, final_norm, H, 1, eps, x, stream));
     linear(lm_head, x, logits);
-    CK(cudaMemcpyAsync(logits_host, logits, c.vocab_size * sizeof(float), cudaMemcpyDeviceToHost, stream));
-    CK(cudaStreamSynchronize(stream));
+    CK(cudaMemcpyAsync(logits_dst, logits, c.vocab_size * sizeof(float), cudaMemcpyDeviceToHost, stream));
   }
 };
 
@@ -471,6 +512,12 @@ std::unique_ptr<Qwen35MoeGpu> Qwen35MoeGpu::create(const Qwen35Moe& model, const
   CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hw), k * sizeof(float), cudaHostAllocDefault));
   CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hids), k * sizeof(int32_t), cudaHostAllocDefault));
   impl->masked.assign(k, -1);
+  impl->graph_ok = opts.cuda_graph && impl->embed;
+  for (const DevLayer& L : impl->layers) impl->graph_ok &= !(L.cpu_experts && opts.host_experts);
+  if (impl->graph_ok) {
+    CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hidpos), 2 * sizeof(int32_t), cudaHostAllocDefault));
+    CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hlogits), model.config().vocab_size * sizeof(float), cudaHostAllocDefault));
+  }
   Uploader commit;
   commit.begin_commit(impl->arena);
   impl->build(commit);

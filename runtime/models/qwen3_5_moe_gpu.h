@@ -50,6 +50,10 @@ struct GpuOptions {
   HostExperts* host_experts = nullptr;
   bool embed_on_gpu = true;  // false: the embedding table stays in host memory (one row per token crosses)
   std::string budget_name = "--gpu-mem";  // for messages: where the budget came from
+  // Experimental (not yet validated on a GPU): run each decode step as one captured CUDA graph when
+  // everything is on the GPU (no host experts, embedding on the GPU, no --trace). Off by default;
+  // TANDEM_CUDA_GRAPH=1 turns it on in the runners.
+  bool cuda_graph = false;
 };
 
 // Routed-expert activations served by each side since the last reset_counts().

@@ -37,6 +37,30 @@ TEST_P(GpuModel, MatchesTransformers) {
   EXPECT_TRUE(std::equal(again.begin(), again.end(), got.begin()));
 }
 
+// The CUDA-graph step (GpuOptions::cuda_graph) replays exactly the eager step's kernels: identical
+// logits, for every position, across reset() and with and without logits rows.
+TEST_P(GpuModel, CudaGraphStepEqualsEagerStep) {
+  TANDEM_REQUIRE_GPU();
+  const auto f = test::load_fixture(GetParam());
+  auto model = Qwen35Moe::load(f.dir);
+  GpuOptions g;
+  g.max_context = 256;
+  auto eager = Qwen35MoeGpu::create(*model, g);
+  g.cuda_graph = true;
+  auto graphed = Qwen35MoeGpu::create(*model, g);
+  const int64_t n = static_cast<int64_t>(f.ids.size()), V = f.vocab;
+  for (int round = 0; round < 2; ++round) {
+    std::vector<float> a(n * V), b(n * V);
+    eager->forward(std::span(f.ids.data(), n), a.data(), Qwen35Moe::LogitRows::All);
+    graphed->forward(std::span(f.ids.data(), f.prefill), b.data() + (f.prefill - 1) * V, Qwen35Moe::LogitRows::Last);
+    for (int64_t i = f.prefill; i < n; ++i) graphed->forward(std::span(f.ids.data() + i, 1), b.data() + i * V);
+    for (int64_t i = f.prefill - 1; i < n; ++i)
+      ASSERT_TRUE(std::equal(a.begin() + i * V, a.begin() + (i + 1) * V, b.begin() + i * V)) << f.name << " round " << round << " position " << i;
+    eager->reset();
+    graphed->reset();
+  }
+}
+
 TEST(GpuModelBudget, TooSmallBudgetSaysWhatItNeeds) {
   TANDEM_REQUIRE_GPU();
   auto model = Qwen35Moe::load(std::string(TANDEM_TEST_DATA) + "/bf16_fused");

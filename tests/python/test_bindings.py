@@ -82,6 +82,23 @@ def test_chat_and_tokenizer(tiny):
         assert [int(x) for x in cli.replace(",", " ").split()] == ids
 
 
+def test_chat_tool_calls_render_like_the_template(tiny):
+    weather = {"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
+                                                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
+    msgs = [{"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "get_weather",
+                                                                                                  "arguments": '{"city": "Paris"}'}}]},
+            {"role": "tool", "content": "18 C, sunny"}]
+    with tandem.Engine(tiny, device="cpu") as eng:
+        text = eng._core.render_chat([tandem._chat_message(m) for m in msgs], False, [json.dumps(weather)])
+        assert "<tools>" in text and '"get_weather"' in text
+        assert "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>" in text
+        assert "<tool_response>\n18 C, sunny\n</tool_response>" in text
+        assert isinstance(eng.chat(msgs, tools=[weather], enable_thinking=False, max_new_tokens=4, temperature=0), str)
+        with pytest.raises(tandem.Error, match="arguments are not JSON"):
+            eng.chat([{"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": "{oops"}}]}])
+
+
 def test_errors_are_tandem_errors_with_the_cli_messages(tiny, tmp_path):
     assert issubclass(tandem.Error, RuntimeError)
     with pytest.raises(tandem.Error, match="/no/such/model"):
