@@ -61,6 +61,108 @@ std::string rule_where(const PlacementConfig& cfg, const PlacementRule& r) {
                 : str_cat(cfg.source, ": preset rule (match '", r.match, "')");
 }
 
+// Everything but routed experts, as Qwen35MoeGpu allocates it (header comment, point 1).
+VramBytes fixed_vram(const ModelConfig& c, const Sizer& s, int64_t context, int batch, bool embed_on_gpu, bool tied_shared,
+                     uint64_t reserve) {
+  const int64_t H = c.hidden_size, V = c.vocab_size, I = c.moe_intermediate_size, Is = c.shared_expert_intermediate_size;
+  const int64_t conv_dim = c.linear_conv_dim(), Vd = c.linear_value_dim(), Hv = c.linear_num_value_heads;
+  const int E = c.num_experts, k = c.num_experts_per_tok, L = c.num_layers;
+  const int nh = c.num_heads, nkv = c.num_kv_heads, hd = c.head_dim;
+  VramBytes v;
+  if (embed_on_gpu) v.dense_weights += align256(static_cast<uint64_t>(V * H) * 2);
+  if (!tied_shared) v.dense_weights += s.linear("lm_head", V, H, false);
+  v.dense_weights += floats(H) + floats(c.rotary_dim / 2);  // final norm, RoPE frequencies
+  const int64_t max_splits = (context + 255) / 256;
+  for (int l = 0; l < L; ++l) {
+    const std::string pre = str_cat("layers.", l, ".");
+    v.dense_weights += 2 * floats(H);
+    if (c.layer_types[l] == LayerKind::LinearAttention) {
+      const std::string a = pre + "linear_attn.";
+      v.dense_weights += s.linear(a + "in_proj_qkv", conv_dim, H) + s.linear(a + "in_proj_z", Vd, H) + s.linear(a + "in_proj_b", Hv, H) +
+                         s.linear(a + "in_proj_a", Hv, H) + s.linear(a + "out_proj", H, Vd);
+      v.dense_weights += floats(conv_dim * c.linear_conv_kernel) + 2 * floats(Hv) + floats(c.linear_value_head_dim);
+      v.deltanet_state += (floats((c.linear_conv_kernel - 1) * conv_dim) + floats(Hv * c.linear_key_head_dim * c.linear_value_head_dim)) * batch;
+    } else {
+      const std::string a = pre + "self_attn.";
+      v.dense_weights += s.linear(a + "q_proj", int64_t(nh) * hd * 2, H) + s.linear(a + "k_proj", int64_t(nkv) * hd, H) +
+                         s.linear(a + "v_proj", int64_t(nkv) * hd, H) + s.linear(a + "o_proj", H, int64_t(nh) * hd);
+      v.dense_weights += 2 * floats(hd);
+      v.kv_cache += 2 * align256(static_cast<uint64_t>(context) * nkv * hd * 2) * batch;
+    }
+    const std::string m = pre + "mlp.";
+    v.dense_weights += s.linear(m + "gate", E, H, false) + s.linear(m + "shared_expert.gate_proj", Is, H) +
+                       s.linear(m + "shared_expert.up_proj", Is, H) + s.linear(m + "shared_expert.down_proj", H, Is) +
+                       s.linear(m + "shared_expert_gate", 1, H, false);
+  }
+  {  // workspace, in Qwen35MoeGpu's order
+    const int64_t wide = std::max({H, conv_dim, Vd, int64_t(nh) * 2 * hd, I * k, Is});
+    for (int64_t n : {H, H, H, conv_dim, Vd, Hv, Hv, Vd, conv_dim, int64_t(nh) * 2 * hd, int64_t(nkv) * hd, int64_t(nkv) * hd,
+                      int64_t(nh) * hd, int64_t(nh) * max_splits * (hd + 2), int64_t(nh) * hd, int64_t(E), H, I * k, Is, Is, H,
+                      int64_t(1), V})
+      v.workspace += floats(n);
+    v.workspace += align256(wide * 2) + 2 * align256(4) + align256(k * 4) + floats(k);  // xh, ids, pos, top-k ids, weights
+    v.workspace += floats(H);  // CPU experts' result (hybrid)
+  }
+  v.reserve = reserve;
+  return v;
+}
+
+// The cost model (header comment, point 4): decode time per token from bytes over bandwidths plus
+// per-kernel and per-handoff latency, and the prefill switch point.
+void predict(const ModelConfig& c, const PlacementConfig& cfg, const PlanRequest& req, bool tied_shared, Plan& p) {
+  const int64_t H = c.hidden_size, V = c.vocab_size, I = c.moe_intermediate_size, Is = c.shared_expert_intermediate_size;
+  const int k = c.num_experts_per_tok, L = c.num_layers, nkv = c.num_kv_heads, hd = c.head_dim;
+  const VramBytes& v = p.vram;
+  Prediction& pr = p.predicted;
+  auto pick = [](double configured, double measured, double dflt, std::string& from) {
+    if (configured > 0) return from = "config", configured;
+    if (measured > 0) return from = "measured", measured;
+    return from = "default", dflt;
+  };
+  pr.gpu_bw = pick(cfg.bw_gpu, req.measured_gpu_bw, 1008e9, pr.gpu_bw_from);  // RTX 4090 spec
+  pr.pcie_bw = pick(cfg.bw_pcie, 0, 25e9, pr.pcie_bw_from);                  // PCIe 4.0 x16, pinned
+  pr.cpu_bw = pick(cfg.bw_cpu, req.measured_cpu_bw, 60e9, pr.cpu_bw_from);   // dual-channel DDR5
+  const double typical_pos = std::min<double>(static_cast<double>(p.context), 1024.0);
+  const double expert_read = static_cast<double>(p.gpu_expert_bytes);
+  double dense_read = static_cast<double>(v.dense_weights);
+  if (p.embed_on_gpu) dense_read -= static_cast<double>(align256(static_cast<uint64_t>(V * H) * 2)) - static_cast<double>(H * 2);
+  if (tied_shared) dense_read += static_cast<double>(V * H * 2);  // the tied table is read once as lm_head
+  const double kv_read = static_cast<double>(c.num_full_attention_layers()) * 2 * typical_pos * nkv * hd * 2;
+  pr.gpu_bytes_per_token = dense_read + 2.0 * static_cast<double>(v.deltanet_state) / p.batch + kv_read;
+  double t = 0, t_cpu_total = 0;
+  const double launches_per_layer = 21, shared_bytes = static_cast<double>(3 * Is * H * 2);
+  for (int l = 0; l < L; ++l) {
+    const double gpu_acts = k * p.layer_gpu_fraction[l], cpu_acts = k - gpu_acts;
+    pr.gpu_bytes_per_token += gpu_acts * expert_read;
+    const double cpu_b = cpu_acts * static_cast<double>(p.cpu_expert_bytes);
+    pr.cpu_bytes_per_token += cpu_b;
+    const double t_cpu = cpu_b / pr.cpu_bw;
+    t_cpu_total += t_cpu;
+    if (cpu_acts > 1e-9) {
+      const double overlap = (gpu_acts * expert_read + shared_bytes) / pr.gpu_bw + 8 * cfg.launch_us * 1e-6;
+      t += cfg.handoff_us * 1e-6 + std::max(0.0, t_cpu - overlap);
+    }
+  }
+  t += pr.gpu_bytes_per_token / pr.gpu_bw + (launches_per_layer * L + 4) * cfg.launch_us * 1e-6;
+  pr.decode_ms = t * 1e3;
+  pr.decode_tok_s = 1.0 / t;
+  pr.bound_tok_s = 1.0 / std::max(pr.gpu_bytes_per_token / pr.gpu_bw, t_cpu_total);
+  // Prefill: streaming every CPU expert over PCIe vs computing the CPU share on the CPU (AMX int8 /
+  // AVX-512 at ~3 TOPS): the switch point in prompt tokens.
+  const double cpu_share = 1.0 - p.expected_gpu_expert_fraction;
+  if (cfg.prefill == PrefillStrategy::Cpu || cpu_share <= 0) {
+    pr.prefill_gpu_min_tokens = 0;
+  } else if (cfg.prefill == PrefillStrategy::GpuStream) {
+    pr.prefill_gpu_min_tokens = 1;
+  } else if (cfg.prefill_gpu_min_tokens > 0) {
+    pr.prefill_gpu_min_tokens = cfg.prefill_gpu_min_tokens;
+  } else {
+    const double stream_s = static_cast<double>(p.host_expert_bytes) / pr.pcie_bw;
+    const double cpu_s_per_token = L * k * cpu_share * 6.0 * H * I / 3e12;
+    pr.prefill_gpu_min_tokens = static_cast<int64_t>(std::ceil(stream_s / cpu_s_per_token));
+  }
+}
+
 }  // namespace
 
 std::string expert_name(int layer, int expert) { return str_cat("layers.", layer, ".mlp.experts.", expert); }
@@ -86,10 +188,8 @@ Plan make_plan(const ModelConfig& c, const PlacementConfig& cfg, const PlanReque
     fail(cfg.source, ": no GPU memory budget: set gpu.memory in the config or pass --gpu-mem (no CUDA device to ask)");
 
   const Sizer s{c, c.composite ? "model.language_model." : "model."};
-  const int64_t H = c.hidden_size, V = c.vocab_size, I = c.moe_intermediate_size, Is = c.shared_expert_intermediate_size;
-  const int64_t conv_dim = c.linear_conv_dim(), Vd = c.linear_value_dim(), Hv = c.linear_num_value_heads;
-  const int E = c.num_experts, k = c.num_experts_per_tok, L = c.num_layers;
-  const int nh = c.num_heads, nkv = c.num_kv_heads, hd = c.head_dim;
+  const int64_t H = c.hidden_size, I = c.moe_intermediate_size;
+  const int E = c.num_experts, L = c.num_layers;
 
   // ---- rules over the non-expert units ----
   std::vector<uint8_t> used(cfg.rules.size(), 0);
@@ -114,43 +214,9 @@ Plan make_plan(const ModelConfig& c, const PlacementConfig& cfg, const PlanReque
   }
 
   // ---- fixed VRAM ----
-  VramBytes& v = p.vram;
   const bool tied_shared = c.tie_word_embeddings && p.embed_on_gpu;
-  if (p.embed_on_gpu) v.dense_weights += align256(static_cast<uint64_t>(V * H) * 2);
-  if (!tied_shared) v.dense_weights += s.linear("lm_head", V, H, false);
-  v.dense_weights += floats(H) + floats(c.rotary_dim / 2);  // final norm, RoPE frequencies
-  const int64_t max_splits = (p.context + 255) / 256;
-  for (int l = 0; l < L; ++l) {
-    const std::string pre = str_cat("layers.", l, ".");
-    v.dense_weights += 2 * floats(H);
-    if (c.layer_types[l] == LayerKind::LinearAttention) {
-      const std::string a = pre + "linear_attn.";
-      v.dense_weights += s.linear(a + "in_proj_qkv", conv_dim, H) + s.linear(a + "in_proj_z", Vd, H) + s.linear(a + "in_proj_b", Hv, H) +
-                         s.linear(a + "in_proj_a", Hv, H) + s.linear(a + "out_proj", H, Vd);
-      v.dense_weights += floats(conv_dim * c.linear_conv_kernel) + 2 * floats(Hv) + floats(c.linear_value_head_dim);
-      v.deltanet_state += (floats((c.linear_conv_kernel - 1) * conv_dim) + floats(Hv * c.linear_key_head_dim * c.linear_value_head_dim)) * p.batch;
-    } else {
-      const std::string a = pre + "self_attn.";
-      v.dense_weights += s.linear(a + "q_proj", int64_t(nh) * hd * 2, H) + s.linear(a + "k_proj", int64_t(nkv) * hd, H) +
-                         s.linear(a + "v_proj", int64_t(nkv) * hd, H) + s.linear(a + "o_proj", H, int64_t(nh) * hd);
-      v.dense_weights += 2 * floats(hd);
-      v.kv_cache += 2 * align256(static_cast<uint64_t>(p.context) * nkv * hd * 2) * p.batch;
-    }
-    const std::string m = pre + "mlp.";
-    v.dense_weights += s.linear(m + "gate", E, H, false) + s.linear(m + "shared_expert.gate_proj", Is, H) +
-                       s.linear(m + "shared_expert.up_proj", Is, H) + s.linear(m + "shared_expert.down_proj", H, Is) +
-                       s.linear(m + "shared_expert_gate", 1, H, false);
-  }
-  {  // workspace, in Qwen35MoeGpu's order
-    const int64_t wide = std::max({H, conv_dim, Vd, int64_t(nh) * 2 * hd, I * k, Is});
-    for (int64_t n : {H, H, H, conv_dim, Vd, Hv, Hv, Vd, conv_dim, int64_t(nh) * 2 * hd, int64_t(nkv) * hd, int64_t(nkv) * hd,
-                      int64_t(nh) * hd, int64_t(nh) * max_splits * (hd + 2), int64_t(nh) * hd, int64_t(E), H, I * k, Is, Is, H,
-                      int64_t(1), V})
-      v.workspace += floats(n);
-    v.workspace += align256(wide * 2) + 2 * align256(4) + align256(k * 4) + floats(k);  // xh, ids, pos, top-k ids, weights
-    v.workspace += floats(H);  // CPU experts' result (hybrid)
-  }
-  v.reserve = cfg.gpu_reserve;
+  p.vram = fixed_vram(c, s, p.context, p.batch, p.embed_on_gpu, tied_shared, cfg.gpu_reserve);
+  VramBytes& v = p.vram;
 
   // ---- experts: formats and sizes ----
   const auto eq = s.quant("layers.0.mlp.experts.0.gate_proj");
@@ -280,55 +346,7 @@ Plan make_plan(const ModelConfig& c, const PlacementConfig& cfg, const PlanReque
   p.expected_gpu_expert_fraction = L ? frac_sum / L : 1.0;
   p.host_expert_bytes = static_cast<uint64_t>(L * E - p.total_gpu_experts()) * p.cpu_expert_bytes;
 
-  // ---- cost model ----
-  Prediction& pr = p.predicted;
-  auto pick = [](double configured, double measured, double dflt, std::string& from) {
-    if (configured > 0) return from = "config", configured;
-    if (measured > 0) return from = "measured", measured;
-    return from = "default", dflt;
-  };
-  pr.gpu_bw = pick(cfg.bw_gpu, req.measured_gpu_bw, 1008e9, pr.gpu_bw_from);  // RTX 4090 spec
-  pr.pcie_bw = pick(cfg.bw_pcie, 0, 25e9, pr.pcie_bw_from);                  // PCIe 4.0 x16, pinned
-  pr.cpu_bw = pick(cfg.bw_cpu, req.measured_cpu_bw, 60e9, pr.cpu_bw_from);   // dual-channel DDR5
-  const double typical_pos = std::min<double>(static_cast<double>(p.context), 1024.0);
-  const double expert_read = static_cast<double>(p.gpu_expert_bytes);
-  double dense_read = static_cast<double>(v.dense_weights);
-  if (p.embed_on_gpu) dense_read -= static_cast<double>(align256(static_cast<uint64_t>(V * H) * 2)) - static_cast<double>(H * 2);
-  if (tied_shared) dense_read += static_cast<double>(V * H * 2);  // the tied table is read once as lm_head
-  const double kv_read = static_cast<double>(c.num_full_attention_layers()) * 2 * typical_pos * nkv * hd * 2;
-  pr.gpu_bytes_per_token = dense_read + 2.0 * static_cast<double>(v.deltanet_state) / p.batch + kv_read;
-  double t = 0, t_cpu_total = 0;
-  const double launches_per_layer = 21, shared_bytes = static_cast<double>(3 * Is * H * 2);
-  for (int l = 0; l < L; ++l) {
-    const double gpu_acts = k * p.layer_gpu_fraction[l], cpu_acts = k - gpu_acts;
-    pr.gpu_bytes_per_token += gpu_acts * expert_read;
-    const double cpu_b = cpu_acts * static_cast<double>(p.cpu_expert_bytes);
-    pr.cpu_bytes_per_token += cpu_b;
-    const double t_cpu = cpu_b / pr.cpu_bw;
-    t_cpu_total += t_cpu;
-    if (cpu_acts > 1e-9) {
-      const double overlap = (gpu_acts * expert_read + shared_bytes) / pr.gpu_bw + 8 * cfg.launch_us * 1e-6;
-      t += cfg.handoff_us * 1e-6 + std::max(0.0, t_cpu - overlap);
-    }
-  }
-  t += pr.gpu_bytes_per_token / pr.gpu_bw + (launches_per_layer * L + 4) * cfg.launch_us * 1e-6;
-  pr.decode_ms = t * 1e3;
-  pr.decode_tok_s = 1.0 / t;
-  pr.bound_tok_s = 1.0 / std::max(pr.gpu_bytes_per_token / pr.gpu_bw, t_cpu_total);
-  // Prefill: streaming every CPU expert over PCIe vs computing the CPU share on the CPU (AMX int8 /
-  // AVX-512 at ~3 TOPS): the switch point in prompt tokens.
-  const double cpu_share = 1.0 - p.expected_gpu_expert_fraction;
-  if (cfg.prefill == PrefillStrategy::Cpu || cpu_share <= 0) {
-    pr.prefill_gpu_min_tokens = 0;
-  } else if (cfg.prefill == PrefillStrategy::GpuStream) {
-    pr.prefill_gpu_min_tokens = 1;
-  } else if (cfg.prefill_gpu_min_tokens > 0) {
-    pr.prefill_gpu_min_tokens = cfg.prefill_gpu_min_tokens;
-  } else {
-    const double stream_s = static_cast<double>(p.host_expert_bytes) / pr.pcie_bw;
-    const double cpu_s_per_token = L * k * cpu_share * 6.0 * H * I / 3e12;
-    pr.prefill_gpu_min_tokens = static_cast<int64_t>(std::ceil(stream_s / cpu_s_per_token));
-  }
+  predict(c, cfg, req, tied_shared, p);
   return p;
 }
 
