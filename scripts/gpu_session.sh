@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# One GPU-machine call that does the session's device work and always brings its results back: the
+# device tool returns at most 8 files per call and nothing once the call is killed, so every step
+# writes under one folder, each step has its own time limit inside an overall DEADLINE (seconds, keep
+# it below the call's limit_s), and the folder is packed into $OUT/results.tgz at the end (and after
+# each step, so a kill loses at most the step in flight).
+#
+# usage (device tool, carry .deps): DEADLINE=540 bash scripts/gpu_session.sh STEP...
+#   build        configure + build everything into build-gpu/ (sm_90)
+#   gpu-tests    the GPU suites (kernels, whole model, hybrid, CUDA graph) + the CLI tests
+#   ctest        the whole CTest suite
+#   cpu-experts  scripts/gpu_machine_cpu_experts.sh (AMX tests at every ISA cap + benchmarks)
+#   e2e:LENS:REPEAT:SCENARIOS  bench/run_e2e.sh, e.g. e2e:4096:3:hybrid-8gib-cpu-experts,hybrid-24gib
+#   e2e-graph:LENS:REPEAT:SCENARIOS  the same with TANDEM_CUDA_GRAPH=1
+set -uo pipefail
+OUT="${OUT:-$PWD/gpu-out}"
+DEADLINE="${DEADLINE:-540}"
+res="$OUT/session"
+mkdir -p "$res"
+t0=$(date +%s)
+left() { echo $(( DEADLINE - ($(date +%s) - t0) )); }
+pack() { (cd "$OUT" && tar czf results.tgz session); }
+for f in .deps/*.deb; do dpkg -x "$f" /opt/deps; done
+export CMAKE_PREFIX_PATH=/opt/deps/usr LD_LIBRARY_PATH=/opt/deps/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+{ date -u; git rev-parse HEAD 2>/dev/null; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; } > "$res/machine.txt" 2>&1
+
+run_step() {  # name seconds command...
+  local name="$1" secs="$2"; shift 2
+  local budget; budget=$(left)
+  [ "$secs" -gt "$budget" ] && secs=$budget
+  if [ "$secs" -le 5 ]; then echo "== $name: skipped (no time left)" | tee -a "$res/summary.txt"; return; fi
+  echo "== $name (limit ${secs}s)" | tee -a "$res/summary.txt"
+  local s0; s0=$(date +%s)
+  timeout "$secs" "$@" > "$res/$name.log" 2>&1
+  local rc=$?
+  echo "   rc=$rc in $(( $(date +%s) - s0 ))s" | tee -a "$res/summary.txt"
+  tail -4 "$res/$name.log" | sed 's/^/   /' | tee -a "$res/summary.txt"
+  pack
+}
+
+for step in "$@"; do
+  case "$step" in
+    build)
+      run_step build 400 bash -c "cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
+        && cmake --build build-gpu -j $(nproc)" ;;
+    gpu-tests)
+      run_step gpu-tests 300 bash -c "build-gpu/tests/tandem_gpu_tests && ctest --test-dir build-gpu -R 'cli_' --output-on-failure" ;;
+    ctest)
+      run_step ctest 500 ctest --test-dir build-gpu --output-on-failure -j 8 ;;
+    cpu-experts)
+      run_step cpu-experts 400 env OUT="$res/cpu_experts" TEST_TIMEOUT=200 BENCH_TIMEOUT=150 bash scripts/gpu_machine_cpu_experts.sh ;;
+    e2e:*|e2e-graph:*)
+      IFS=: read -r kind lens repeat scen <<< "$step"
+      graph=""; [ "$kind" = e2e-graph ] && graph="TANDEM_CUDA_GRAPH=1"
+      run_step "$kind-${lens//,/_}" 9999 env $graph OUT="$res/$kind-${lens//,/_}" WARMUP=32 PROFILE_TIMEOUT=120 \
+        bash bench/run_e2e.sh build-gpu /tmp/q35 "$lens" 128 "$repeat" "${scen//,/ }" ;;
+    *) echo "unknown step $step" | tee -a "$res/summary.txt" ;;
+  esac
+done
+pack
+cat "$res/summary.txt"
