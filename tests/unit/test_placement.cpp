@@ -12,6 +12,7 @@
 #include "placement/heat.h"
 #include "placement/placement_config.h"
 #include "placement/planner.h"
+#include "placement/replace.h"
 #include "runtime/bytes.h"
 #include "runtime/config.h"
 #include "tests/unit/test_util.h"
@@ -232,6 +233,73 @@ TEST(Planner, CostModelOrdersPlacementsSensibly) {
   const Plan cpu = make_plan(m, fixed_bw(yaml("cpu_experts: all")), {.gpu_mem = 24ull << 30});
   EXPECT_NEAR(cpu.predicted.bound_tok_s, 80e9 / (8.0 * 40 * cpu.cpu_expert_bytes), 1e-6);
   EXPECT_GT(cpu.predicted.prefill_gpu_min_tokens, 0);
+}
+
+// Online re-placement against static placement: routing drifts to other hot experts; swaps chosen
+// from a window of observed counts raise the GPU share of activations toward the new optimum while
+// keeping every layer's GPU expert count (the budget); without drift the hysteresis keeps it quiet.
+TEST(Replacement, FollowsDriftWithinTheBudgetAndIgnoresNoise) {
+  const int L = 6, E = 64, k = 8, gpu_per_layer = 16;
+  std::mt19937 rng(5);
+  auto skewed = [&](unsigned seed) {  // per-layer popularity, a random permutation of a Zipf-like curve
+    std::vector<std::vector<double>> w(L, std::vector<double>(E));
+    std::mt19937 r(seed);
+    for (auto& row : w) {
+      for (int e = 0; e < E; ++e) row[e] = 1.0 / (1 + e);
+      std::shuffle(row.begin(), row.end(), r);
+    }
+    return w;
+  };
+  auto sample = [&](const std::vector<std::vector<double>>& w, int tokens) {
+    std::vector<std::vector<uint64_t>> c(L, std::vector<uint64_t>(E, 0));
+    for (int l = 0; l < L; ++l) {
+      std::discrete_distribution<int> d(w[l].begin(), w[l].end());
+      for (int i = 0; i < tokens * k; ++i) ++c[l][d(rng)];
+    }
+    return c;
+  };
+  auto share = [&](const std::vector<std::vector<uint8_t>>& on, const std::vector<std::vector<double>>& w) {
+    double s = 0;
+    for (int l = 0; l < L; ++l) {
+      const double tot = std::accumulate(w[l].begin(), w[l].end(), 0.0);
+      for (int e = 0; e < E; ++e) s += on[l][e] ? w[l][e] / tot : 0;
+    }
+    return s / L;
+  };
+  auto hottest = [&](const std::vector<std::vector<double>>& w) {
+    std::vector<std::vector<uint8_t>> on(L, std::vector<uint8_t>(E, 0));
+    for (int l = 0; l < L; ++l) {
+      std::vector<int> idx(E);
+      std::iota(idx.begin(), idx.end(), 0);
+      std::sort(idx.begin(), idx.end(), [&](int a, int b) { return w[l][a] > w[l][b]; });
+      for (int i = 0; i < gpu_per_layer; ++i) on[l][idx[i]] = 1;
+    }
+    return on;
+  };
+  const auto before = skewed(1), after = skewed(2);
+  auto on = hottest(before);
+  const double optimum = share(hottest(after), after), static_share = share(on, after);
+  ASSERT_LT(static_share, optimum - 0.2);  // the drift matters
+  ReplaceOptions o;
+  o.max_swaps = 24;
+  double prev = static_share;
+  for (int window = 0; window < 8; ++window) {
+    const auto swaps = plan_swaps(on, sample(after, 2000), o);
+    ASSERT_LE(static_cast<int>(swaps.size()), o.max_swaps);
+    apply_swaps(on, swaps);
+    for (int l = 0; l < L; ++l) ASSERT_EQ(std::accumulate(on[l].begin(), on[l].end(), 0), gpu_per_layer) << "layer " << l;
+    const double now = share(on, after);
+    EXPECT_GE(now, prev - 1e-3) << "window " << window;
+    prev = now;
+  }
+  EXPECT_GT(prev, optimum - 0.03) << "static " << static_share << ", optimum " << optimum;
+  // No drift: placement already optimal for the routing that is observed -> (almost) no swaps.
+  auto steady = hottest(after);
+  size_t moved = 0;
+  for (int window = 0; window < 4; ++window) moved += plan_swaps(steady, sample(after, 2000), o).size();
+  EXPECT_LE(moved, 2u);
+  // A swap must move a CPU expert in and a GPU expert out.
+  test::expect_error([&] { apply_swaps(steady, {{0, 0, 0, 0}}); }, {"not on those sides"});
 }
 
 }  // namespace
