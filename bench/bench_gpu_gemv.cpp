@@ -9,6 +9,7 @@
 #include <random>
 #include <vector>
 
+#include "gpu_core/gemm.cuh"
 #include "gpu_core/gemv.cuh"
 #include "gpu_core/int4_layout.h"
 #include "gpu_core/moe.cuh"
@@ -89,6 +90,31 @@ void BM_gemv_bf16(benchmark::State& state) {
   cudaMemset(x, 0, T * K * 4);
   time_kernel(state, double(N * K * 2), [&] { tandem::gpu::gemv_bf16(W, N, K, x, T, y, nullptr); });
   cudaFree(W);
+  cudaFree(x);
+  cudaFree(y);
+}
+
+// Prefill projections (cuBLAS, split-bf16 activations): TFLOPS over T tokens (2 GEMMs count once: the
+// useful work is 2*N*K*T flops).
+void BM_gemm_bf16(benchmark::State& state) {
+  if (!gpu_present()) return state.SkipWithError("no CUDA device");
+  const int64_t N = state.range(0), K = state.range(1), T = state.range(2);
+  uint16_t *W, *split;
+  float *x, *y;
+  cudaMalloc(&W, N * K * 2);
+  cudaMalloc(&split, 2 * T * K * 2);
+  cudaMalloc(&x, T * K * 4);
+  cudaMalloc(&y, T * N * 4);
+  cudaMemset(W, 0x3c, N * K * 2);
+  cudaMemset(x, 0, T * K * 4);
+  tandem::gpu::BlasHandle h = nullptr;
+  tandem::gpu::blas_create(&h);
+  time_kernel(state, double(N * K * 2), [&] { tandem::gpu::gemm_bf16(h, W, N, K, x, T, split, y, nullptr); });
+  state.counters["TFLOPS"] = benchmark::Counter(2.0 * N * K * T * 50 * state.iterations() / 1e12, benchmark::Counter::kIsRate);
+  state.counters["tokens/s_this_matrix"] = benchmark::Counter(double(T) * 50 * state.iterations(), benchmark::Counter::kIsRate);
+  tandem::gpu::blas_destroy(h);
+  cudaFree(W);
+  cudaFree(split);
   cudaFree(x);
   cudaFree(y);
 }
@@ -200,6 +226,9 @@ void BM_deltanet_decode(benchmark::State& state) {
 // (8 x 1024 = 8192 x 2048) and their down projections (8 x 2048 = 16384 x 512).
 BENCHMARK(BM_gemv_bf16)
     ->Args({8192, 2048, 1})->Args({4096, 2048, 1})->Args({2048, 4096, 1})->Args({248320, 2048, 1})->Args({8192, 2048, 4})
+    ->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_gemm_bf16)
+    ->Args({8192, 2048, 512})->Args({8192, 2048, 4096})->Args({2048, 4096, 4096})
     ->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_gemv_int4)
     ->Args({8192, 2048, 1})->Args({16384, 512, 1})->Args({512, 2048, 1})->Args({8192, 2048, 4})

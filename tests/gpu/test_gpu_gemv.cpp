@@ -3,6 +3,7 @@
 // with fp32 math ~1e-6; int4 with fp16 activations and fp16 partial sums over 32 inputs: 3e-3.
 #include <cmath>
 
+#include "gpu_core/gemm.cuh"
 #include "gpu_core/gemv.cuh"
 #include "gpu_core/int4_layout.h"
 #include "runtime/linear.h"
@@ -55,6 +56,37 @@ TEST_P(GpuGemvBf16, MatchesReference) {
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuGemvBf16,
                          ::testing::Values(Shape{8192, 2048, 1}, Shape{2048, 4096, 1}, Shape{512, 2048, 4}, Shape{32, 2048, 8},
                                            Shape{1031, 48, 3}, Shape{13, 8, 1}));
+
+// Prefill GEMM (cuBLAS, split-bf16 activations): the same definition and the same 1e-5 bound.
+class GpuGemmBf16 : public ::testing::TestWithParam<Shape> {};
+
+TEST_P(GpuGemmBf16, MatchesReference) {
+  TANDEM_REQUIRE_GPU();
+  const auto [N, K, T] = GetParam();
+  std::mt19937 rng(test::test_seed());
+  std::vector<uint16_t> W(N * K);
+  for (auto& v : W) v = f32_to_bf16(std::normal_distribution<float>(0, 0.05f)(rng));
+  const auto x = test::random_floats(rng, T * K);
+  LinearWeight lw;
+  lw.kind = LinearWeight::Kind::Dense;
+  lw.out = N;
+  lw.in = K;
+  lw.dense = W.data();
+  lw.dense_dtype = DType::BF16;
+  test::DeviceBuffer<uint16_t> dW(W), split(2 * T * K);
+  test::DeviceBuffer<float> dx(x), dy(T * N);
+  gpu::BlasHandle h = nullptr;
+  CUDA_OK(gpu::blas_create(&h));
+  CUDA_OK(gpu::gemm_bf16(h, dW.ptr, N, K, dx.ptr, T, split.ptr, dy.ptr, nullptr));
+  CUDA_OK(cudaDeviceSynchronize());
+  gpu::blas_destroy(h);
+  const auto y = dy.to_host();
+  EXPECT_LT(test::rel_l2(std::vector<double>(y.begin(), y.end()), reference(lw, x, T)), 1e-5) << "seed " << test::test_seed();
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, GpuGemmBf16,
+                         ::testing::Values(Shape{8192, 2048, 64}, Shape{2048, 4096, 33}, Shape{256, 2048, 512}, Shape{1031, 48, 7},
+                                           Shape{13, 8, 1}));
 
 struct Int4Case {
   int64_t N, K, gs;

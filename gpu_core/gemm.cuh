@@ -1,0 +1,29 @@
+// gpu_core/gemm.cuh: dense projections for many tokens at once (prefill), on cuBLAS tensor cores.
+//
+// Contract: y[t * N + n] = sum_k W[n, k] * x[t, k] for t < T; W bf16 row-major [N, K] (nn.Linear
+// layout, as in the checkpoint), x and y fp32 row-major [T, K] / [T, N]; device pointers; work queued
+// on `stream` through `handle` (cublasSetStream is called); never synchronizes.
+// Precision: x is split into two bf16 terms, hi = bf16(x) and lo = bf16(x - hi), and the two bf16 GEMMs
+// (fp32 accumulation) are summed, so activations keep ~16 mantissa bits: ~1e-5 relative to the fp32
+// reference, like gemv_bf16 (one bf16 GEMM alone would be ~2e-3).
+// Workspace: x_split holds 2 * T * K bf16 values. K % 8 == 0 (16-byte rows for tensor-core loads).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+struct cublasContext;
+
+namespace tandem::gpu {
+
+using BlasHandle = cublasContext*;
+
+// Create / destroy a cuBLAS handle (status as cudaError_t: cudaErrorUnknown on a cuBLAS failure).
+cudaError_t blas_create(BlasHandle* handle);
+void blas_destroy(BlasHandle handle);
+
+cudaError_t gemm_bf16(BlasHandle handle, const uint16_t* W, int64_t N, int64_t K, const float* x, int64_t T, uint16_t* x_split,
+                      float* y, cudaStream_t stream);
+
+}  // namespace tandem::gpu
