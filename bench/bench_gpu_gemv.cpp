@@ -221,6 +221,28 @@ void BM_deltanet_decode(benchmark::State& state) {
   cudaFree(buf);
 }
 
+// DeltaNet over a whole prompt of T tokens in one call (35B layer shape): tokens per second of one layer.
+void BM_deltanet_prefill(benchmark::State& state) {
+  if (!gpu_present()) return state.SkipWithError("no CUDA device");
+  const int T = static_cast<int>(state.range(0));
+  tandem::gpu::DeltaNetDecodeArgs p;
+  p.Hk = 16, p.Hv = 32, p.dk = 128, p.dv = 128, p.kernel = 4;
+  const int64_t conv_dim = 2 * 16 * 128 + 32 * 128, Vd = 32 * 128, S = int64_t(32) * 128 * 128;
+  const int64_t n = T * (2 * conv_dim + 2 * Vd + 2 * 32) + 2 * 32 + 128 + conv_dim * 4 + conv_dim * 3 + S;
+  float* buf;
+  cudaMalloc(&buf, n * 4);
+  cudaMemset(buf, 0, n * 4);
+  float* q = buf;
+  auto take = [&](int64_t count) { float* r = q; q += count; return r; };
+  p.qkv = take(T * conv_dim), p.conv_out = take(T * conv_dim), p.z = take(T * Vd), p.out = take(T * Vd), p.b = take(T * 32);
+  p.a = take(T * 32), p.A_log = take(32), p.dt_bias = take(32), p.norm_w = take(128), p.conv_w = take(conv_dim * 4);
+  p.conv_state = take(conv_dim * 3), p.state = take(S);
+  const double bytes = double(T) * (2 * conv_dim + 2 * Vd + 64) * 4 + 2.0 * S * 4;
+  time_kernel(state, bytes, [&] { tandem::gpu::deltanet_prefill(p, T, nullptr); });
+  state.counters["tokens/s_one_layer"] = benchmark::Counter(double(T) * 50 * state.iterations(), benchmark::Counter::kIsRate);
+  cudaFree(buf);
+}
+
 // 35B shapes: DeltaNet in_proj_qkv 8192x2048, in_proj_z 4096x2048, out_proj 2048x4096, attention
 // q_proj 8192x2048, lm_head 248320x2048; int4: the 8 selected experts' gate+up rows stacked
 // (8 x 1024 = 8192 x 2048) and their down projections (8 x 2048 = 16384 x 512).
@@ -233,6 +255,7 @@ BENCHMARK(BM_gemm_bf16)
 BENCHMARK(BM_gemv_int4)
     ->Args({8192, 2048, 1})->Args({16384, 512, 1})->Args({512, 2048, 1})->Args({8192, 2048, 4})
     ->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_deltanet_prefill)->Arg(512)->Arg(4096)->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_deltanet_decode)->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_moe_int4_decode)->Args({8, 1})->Args({8, 4})->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
 

@@ -14,6 +14,30 @@ struct DnCase {
   int Hk, Hv, dk, dv, kernel;
 };
 
+// One token through exactly the per-token path of Qwen35Moe::deltanet_forward (advances window and S).
+std::vector<float> reference_step(const DnCase& c, const std::vector<float>& qkv, const std::vector<float>& z, const std::vector<float>& b,
+                                  const std::vector<float>& a, const std::vector<float>& conv_w, const std::vector<float>& A_log,
+                                  const std::vector<float>& dt, const std::vector<float>& nw, std::vector<float>& window,
+                                  std::vector<float>& S) {
+  const int conv_dim = 2 * c.Hk * c.dk + c.Hv * c.dv, Vd = c.Hv * c.dv;
+  std::vector<float> conv(conv_dim), out(Vd), q(c.dk), k(c.dk), o(c.dv);
+  ref::causal_conv_step(qkv.data(), window.data(), conv_w.data(), conv_dim, c.kernel, conv.data());
+  const int64_t Kd = int64_t(c.Hk) * c.dk;
+  for (int h = 0; h < c.Hv; ++h) {
+    const int kh = h / (c.Hv / c.Hk);
+    std::copy_n(conv.data() + kh * c.dk, c.dk, q.data());
+    std::copy_n(conv.data() + Kd + kh * c.dk, c.dk, k.data());
+    ref::l2norm(q.data(), c.dk, 1e-6f);
+    ref::l2norm(k.data(), c.dk, 1e-6f);
+    for (auto& v : q) v /= std::sqrt(float(c.dk));
+    const float beta = ref::sigmoid(b[h]), g = -std::exp(A_log[h]) * ref::softplus(a[h] + dt[h]);
+    ref::delta_rule_step(S.data() + int64_t(h) * c.dk * c.dv, q.data(), k.data(), conv.data() + 2 * Kd + h * c.dv, g, beta, c.dk,
+                         c.dv, o.data());
+    ref::rmsnorm_gated(o.data(), z.data() + h * c.dv, nw.data(), c.dv, 1e-6f, out.data() + h * c.dv);
+  }
+  return out;
+}
+
 class GpuDeltaNet : public ::testing::TestWithParam<DnCase> {};
 
 TEST_P(GpuDeltaNet, StepsMatchReference) {
@@ -42,22 +66,7 @@ TEST_P(GpuDeltaNet, StepsMatchReference) {
     CUDA_OK(cudaMemcpy(d_a.ptr, a.data(), a.size() * 4, cudaMemcpyHostToDevice));
     CUDA_OK(gpu::deltanet_decode(p, nullptr));
 
-    // Reference: exactly the per-token path of Qwen35Moe::deltanet_forward.
-    std::vector<float> conv(conv_dim), out(Vd), q(c.dk), k(c.dk), o(c.dv);
-    ref::causal_conv_step(qkv.data(), window.data(), conv_w.data(), conv_dim, c.kernel, conv.data());
-    const int64_t Kd = int64_t(c.Hk) * c.dk;
-    for (int h = 0; h < c.Hv; ++h) {
-      const int kh = h / (c.Hv / c.Hk);
-      std::copy_n(conv.data() + kh * c.dk, c.dk, q.data());
-      std::copy_n(conv.data() + Kd + kh * c.dk, c.dk, k.data());
-      ref::l2norm(q.data(), c.dk, 1e-6f);
-      ref::l2norm(k.data(), c.dk, 1e-6f);
-      for (auto& v : q) v /= std::sqrt(float(c.dk));
-      const float beta = ref::sigmoid(b[h]), g = -std::exp(A_log[h]) * ref::softplus(a[h] + dt[h]);
-      ref::delta_rule_step(S.data() + int64_t(h) * c.dk * c.dv, q.data(), k.data(), conv.data() + 2 * Kd + h * c.dv, g, beta,
-                           c.dk, c.dv, o.data());
-      ref::rmsnorm_gated(o.data(), z.data() + h * c.dv, nw.data(), c.dv, 1e-6f, out.data() + h * c.dv);
-    }
+    const std::vector<float> out = reference_step(c, qkv, z, b, a, conv_w, A_log, dt, nw, window, S);
     CUDA_OK(cudaDeviceSynchronize());
     const auto got = d_out.to_host();
     EXPECT_LT(test::rel_l2(std::vector<double>(got.begin(), got.end()), std::vector<double>(out.begin(), out.end())), 2e-5)
@@ -66,6 +75,43 @@ TEST_P(GpuDeltaNet, StepsMatchReference) {
   const auto gS = d_S.to_host(), gw = d_window.to_host();
   EXPECT_LT(test::rel_l2(std::vector<double>(gS.begin(), gS.end()), std::vector<double>(S.begin(), S.end())), 2e-5);
   EXPECT_EQ(gw, window);  // the conv window is a copy of inputs: exact
+}
+
+// Prefill: chunks of 37 and 5 tokens in one call each, every token's output and the final states
+// against the same reference steps (same bound: the same operations per token).
+TEST_P(GpuDeltaNet, PrefillMatchesReference) {
+  TANDEM_REQUIRE_GPU();
+  const DnCase c = GetParam();
+  std::mt19937 rng(test::test_seed() + 1);
+  const int conv_dim = 2 * c.Hk * c.dk + c.Hv * c.dv, Vd = c.Hv * c.dv;
+  const auto conv_w = test::random_floats(rng, conv_dim * c.kernel, 0.5f);
+  auto A_log = test::random_floats(rng, c.Hv, 1.0f), dt = test::random_floats(rng, c.Hv), nw = test::random_floats(rng, c.dv, 0.3f);
+  for (auto& v : nw) v += 1.0f;
+  std::vector<float> window((c.kernel - 1) * conv_dim, 0.0f), S(int64_t(c.Hv) * c.dk * c.dv, 0.0f);
+  test::DeviceBuffer<float> d_conv_w(conv_w), d_A(A_log), d_dt(dt), d_nw(nw), d_window(window), d_S(S);
+  for (const int T : {37, 5}) {
+    const auto qkv = test::random_floats(rng, T * conv_dim), z = test::random_floats(rng, T * Vd), b = test::random_floats(rng, T * c.Hv),
+               a = test::random_floats(rng, T * c.Hv);
+    test::DeviceBuffer<float> d_qkv(qkv), d_z(z), d_b(b), d_a(a), d_cout(T * conv_dim), d_out(T * Vd);
+    gpu::DeltaNetDecodeArgs p;
+    p.qkv = d_qkv.ptr, p.z = d_z.ptr, p.b = d_b.ptr, p.a = d_a.ptr, p.conv_w = d_conv_w.ptr, p.conv_state = d_window.ptr;
+    p.conv_out = d_cout.ptr, p.A_log = d_A.ptr, p.dt_bias = d_dt.ptr, p.norm_w = d_nw.ptr, p.state = d_S.ptr, p.out = d_out.ptr;
+    p.Hk = c.Hk, p.Hv = c.Hv, p.dk = c.dk, p.dv = c.dv, p.kernel = c.kernel;
+    CUDA_OK(gpu::deltanet_prefill(p, T, nullptr));
+    CUDA_OK(cudaDeviceSynchronize());
+    const auto got = d_out.to_host();
+    for (int t = 0; t < T; ++t) {
+      auto slice = [&](const std::vector<float>& v, int64_t n) { return std::vector<float>(v.begin() + t * n, v.begin() + (t + 1) * n); };
+      const auto want = reference_step(c, slice(qkv, conv_dim), slice(z, Vd), slice(b, c.Hv), slice(a, c.Hv), conv_w, A_log, dt, nw,
+                                       window, S);
+      const auto g = slice(got, Vd);
+      ASSERT_LT(test::rel_l2(std::vector<double>(g.begin(), g.end()), std::vector<double>(want.begin(), want.end())), 2e-5)
+          << "chunk " << T << " token " << t << " seed " << test::test_seed();
+    }
+  }
+  const auto gS = d_S.to_host(), gw = d_window.to_host();
+  EXPECT_LT(test::rel_l2(std::vector<double>(gS.begin(), gS.end()), std::vector<double>(S.begin(), S.end())), 2e-5);
+  EXPECT_EQ(gw, window);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuDeltaNet,
