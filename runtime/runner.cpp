@@ -47,10 +47,11 @@ class HostRunner final : public Runner {
 };
 
 #ifdef TANDEM_HAVE_CUDA
-bool cuda_graph_requested() {
-  const char* v = std::getenv("TANDEM_CUDA_GRAPH");
+bool env_on(const char* name) {
+  const char* v = std::getenv(name);
   return v && std::string(v) == "1";
 }
+bool cuda_graph_requested() { return env_on("TANDEM_CUDA_GRAPH"); }
 
 class GpuRunner final : public Runner {
  public:
@@ -88,9 +89,9 @@ class CpuExpertSide final : public HostExperts {
       if (!ids.empty()) store_.add_layer(static_cast<int>(l), layers[l].moe, ids, &pool_);
     }
   }
-  void run(int layer, const float* x, const int32_t* ids, const float* weights, int k, float* out) override {
+  void run(int layer, const float* x, int64_t T, const int32_t* ids, const float* weights, int k, float* out) override {
     TraceSpan span("cpu experts, layer", "cpu", layer);
-    cpu::cpu_moe_forward(store_, layer, x, 1, ids, weights, k, out, pool_, ws_);
+    cpu::cpu_moe_forward(store_, layer, x, T, ids, weights, k, out, pool_, ws_);
   }
   std::string describe() const { return store_.size() ? store_.description() : "no CPU experts"; }
 
@@ -123,6 +124,7 @@ class HybridRunner final : public Runner {
     g.host_experts = cpu_.get();
     g.embed_on_gpu = placement_->embed_on_gpu;
     g.cuda_graph = cuda_graph_requested();
+    g.batched_prefill = env_on("TANDEM_BATCHED_PREFILL");
     gpu_ = Qwen35MoeGpu::create(model, g);
   }
   void reset() override { gpu_->reset(); }
@@ -174,6 +176,7 @@ std::unique_ptr<Runner> make_runner(const Qwen35Moe& model, const RunnerOptions&
     g.budget_bytes = o.gpu_mem;
     g.max_context = o.context;
     g.cuda_graph = cuda_graph_requested();
+    g.batched_prefill = env_on("TANDEM_BATCHED_PREFILL");
     return std::make_unique<GpuRunner>(Qwen35MoeGpu::create(model, g));
 #else
     fail("--device gpu: no CUDA device (this build has no CUDA support)");

@@ -12,6 +12,7 @@
 #   cpu-experts  scripts/gpu_machine_cpu_experts.sh (AMX tests at every ISA cap + benchmarks)
 #   e2e:LENS:REPEAT:SCENARIOS  bench/run_e2e.sh, e.g. e2e:4096:3:hybrid-8gib-cpu-experts,hybrid-24gib
 #   e2e-graph:LENS:REPEAT:SCENARIOS  the same with TANDEM_CUDA_GRAPH=1
+#   e2e-fast:LENS:REPEAT:SCENARIOS   the same with TANDEM_CUDA_GRAPH=1 TANDEM_BATCHED_PREFILL=1
 set -uo pipefail
 OUT="${OUT:-$PWD/gpu-out}"
 DEADLINE="${DEADLINE:-540}"
@@ -49,9 +50,11 @@ for step in "$@"; do
       run_step ctest 500 ctest --test-dir build-gpu --output-on-failure -j 8 ;;
     cpu-experts)
       run_step cpu-experts 400 env OUT="$res/cpu_experts" TEST_TIMEOUT=200 BENCH_TIMEOUT=150 bash scripts/gpu_machine_cpu_experts.sh ;;
-    e2e:*|e2e-graph:*)
+    e2e:*|e2e-graph:*|e2e-fast:*)
       IFS=: read -r kind lens repeat scen <<< "$step"
-      graph=""; [ "$kind" = e2e-graph ] && graph="TANDEM_CUDA_GRAPH=1"
+      graph=""
+      [ "$kind" = e2e-graph ] && graph="TANDEM_CUDA_GRAPH=1"
+      [ "$kind" = e2e-fast ] && graph="TANDEM_CUDA_GRAPH=1 TANDEM_BATCHED_PREFILL=1"
       run_step "$kind-${lens//,/_}" 9999 env $graph OUT="$res/$kind-${lens//,/_}" WARMUP=32 PROFILE_TIMEOUT=120 \
         bash bench/run_e2e.sh build-gpu /tmp/q35 "$lens" 128 "$repeat" "${scen//,/ }" ;;
     *) echo "unknown step $step" | tee -a "$res/summary.txt" ;;

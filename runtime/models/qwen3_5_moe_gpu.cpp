@@ -11,6 +11,7 @@
 
 #include "gpu_core/attention.cuh"
 #include "gpu_core/deltanet.cuh"
+#include "gpu_core/gemm.cuh"
 #include "gpu_core/gemv.cuh"
 #include "gpu_core/int4_layout.h"
 #include "gpu_core/moe.cuh"
@@ -167,6 +168,16 @@ struct Qwen35MoeGpu::Impl {
   bool graph_ok = false;
   cudaGraphExec_t graph[2] = {nullptr, nullptr};
   int32_t* hidpos = nullptr;  // pinned: the token id and position the graph copies in
+  // Batched prefill (GpuOptions::batched_prefill): a prompt goes through layer by layer in chunks.
+  bool batched = false;
+  int64_t chunk = 0;
+  gpu::BlasHandle blas = nullptr;
+  float *ph = nullptr, *px = nullptr, *po = nullptr, *pqkv = nullptr, *pz = nullptr, *pb = nullptr, *pa = nullptr, *pcore = nullptr,
+        *pconv = nullptr, *pqg = nullptr, *pk = nullptr, *pv = nullptr, *pattn = nullptr, *prouter = nullptr, *pmoe = nullptr,
+        *psg = nullptr, *psu = nullptr, *psd = nullptr, *psgate = nullptr, *ptopk_w = nullptr, *pcpu = nullptr;
+  uint16_t *phs = nullptr, *psplit = nullptr, *pxh = nullptr;
+  int32_t *pids = nullptr, *ppos = nullptr, *ptopk_ids = nullptr;
+  std::vector<int32_t> host_pos;
   float* hlogits = nullptr;   // pinned: the logits the graph copies out
   cudaEvent_t tbase = nullptr;
   double tbase_us = 0;
@@ -181,6 +192,7 @@ struct Qwen35MoeGpu::Impl {
       if (g) cudaGraphExecDestroy(g);
     if (hidpos) cudaFreeHost(hidpos);
     if (hlogits) cudaFreeHost(hlogits);
+    gpu::blas_destroy(blas);
     if (tbase) cudaEventDestroy(tbase);
     for (void* p : {static_cast<void*>(hx), static_cast<void*>(hw), static_cast<void*>(hout), static_cast<void*>(hembed),
                     static_cast<void*>(hids)})
@@ -290,6 +302,132 @@ struct Qwen35MoeGpu::Impl {
     topk_w = ws(k);
     pos_dev = up.zeros<int32_t>(1, Kind::Work);
     cpu_out = ws(H);
+    if (opts.batched_prefill && opts.prefill_chunk > 0) {
+      const int64_t n = opts.prefill_chunk, nh2 = int64_t(nh) * 2 * hd, kvd = int64_t(nkv) * hd;
+      const int64_t widest_k = std::max({H, Vd, int64_t(nh) * hd, Is, I});
+      ph = ws(n * H), px = ws(n * H), po = ws(n * H), pqkv = ws(n * conv_dim), pz = ws(n * Vd), pb = ws(n * c.linear_num_value_heads),
+      pa = ws(n * c.linear_num_value_heads), pcore = ws(n * Vd), pconv = ws(n * conv_dim), pqg = ws(n * nh2), pk = ws(n * kvd),
+      pv = ws(n * kvd), pattn = ws(n * int64_t(nh) * hd), prouter = ws(n * E), pmoe = ws(n * H), psg = ws(n * Is), psu = ws(n * Is),
+      psd = ws(n * H), psgate = ws(n), ptopk_w = ws(n * k), pcpu = ws(n * H);
+      phs = up.zeros<uint16_t>(n * k * I * 2, Kind::Work);  // fp16 (int4 experts) or fp32 (bf16 experts) h
+      psplit = up.zeros<uint16_t>(2 * n * widest_k, Kind::Work);
+      pxh = up.zeros<uint16_t>(n * wide, Kind::Work);
+      pids = up.zeros<int32_t>(n, Kind::Work);
+      ppos = up.zeros<int32_t>(n, Kind::Work);
+      ptopk_ids = up.zeros<int32_t>(n * k, Kind::Work);
+    }
+  }
+
+  // y [n, out] = x [n, in] W^T for a chunk of tokens: cuBLAS for bf16, the int4 GEMV 8 tokens at a time.
+  void linear_rows(const DevLinear& L, const float* in, int64_t n, float* out) {
+    if (!L.int4) {
+      CK(gpu::gemm_bf16(blas, L.w, L.out, L.in, in, n, psplit, out, stream));
+      return;
+    }
+    for (int64_t t = 0; t < n; t += gpu::kMaxGemvTokens) {
+      const int m = static_cast<int>(std::min<int64_t>(gpu::kMaxGemvTokens, n - t));
+      CK(gpu::gather_x_half(in + t * L.in, L.q.perm, L.in, m, pxh, stream));
+      CK(gpu::gemv_int4(L.q, pxh, m, out + t * L.out, stream));
+    }
+  }
+
+  // n prompt tokens at positions pos.. through every layer at once (GpuOptions::batched_prefill);
+  // logits of the last token to logits_last when given. Same math as n decode steps, except that
+  // bf16 projections run on cuBLAS with split-bf16 activations (~1e-5) instead of the GEMV.
+  void prefill_chunk(const int32_t* ids_host, int64_t n, float* logits_last) {
+    const ModelConfig& c = model.config();
+    const int64_t H = c.hidden_size, I = c.moe_intermediate_size, Is = c.shared_expert_intermediate_size;
+    const int k = c.num_experts_per_tok, Hv = c.linear_num_value_heads;
+    const int64_t conv_dim = c.linear_conv_dim(), Vd = c.linear_value_dim(), nh2 = int64_t(c.num_heads) * 2 * c.head_dim;
+    const int64_t kvd = int64_t(c.num_kv_heads) * c.head_dim, ad = int64_t(c.num_heads) * c.head_dim;
+    const float eps = static_cast<float>(c.rms_norm_eps);
+    host_pos.resize(n);
+    for (int64_t t = 0; t < n; ++t) host_pos[t] = static_cast<int32_t>(pos + t);
+    CK(cudaMemcpyAsync(pids, ids_host, n * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
+    CK(cudaMemcpyAsync(ppos, host_pos.data(), n * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
+    CK(gpu::embed_bf16(embed, H, pids, static_cast<int>(n), ph, stream));
+    for (size_t li = 0; li < layers.size(); ++li) {
+      const DevLayer& L = layers[li];
+      CK(gpu::rmsnorm_zc(ph, L.in_norm, H, static_cast<int>(n), eps, px, stream));
+      if (L.kind == LayerKind::LinearAttention) {
+        linear_rows(L.qkv, px, n, pqkv);
+        linear_rows(L.z, px, n, pz);
+        linear_rows(L.b, px, n, pb);
+        linear_rows(L.a, px, n, pa);
+        gpu::DeltaNetDecodeArgs p;
+        p.qkv = pqkv, p.z = pz, p.b = pb, p.a = pa, p.conv_w = L.conv_w, p.conv_state = L.conv_state, p.conv_out = pconv;
+        p.A_log = L.A_log, p.dt_bias = L.dt_bias, p.norm_w = L.dn_norm, p.state = L.ssm_state, p.out = pcore;
+        p.Hk = c.linear_num_key_heads, p.Hv = Hv, p.dk = c.linear_key_head_dim, p.dv = c.linear_value_head_dim;
+        p.kernel = c.linear_conv_kernel, p.eps = eps;
+        CK(gpu::deltanet_prefill(p, static_cast<int>(n), stream));
+        linear_rows(L.out_proj, pcore, n, po);
+      } else {
+        linear_rows(L.q, px, n, pqg);
+        linear_rows(L.k, px, n, pk);
+        linear_rows(L.v, px, n, pv);
+        for (int64_t t = 0; t < n; ++t) {  // causal: token t attends to the cache rows written before it
+          gpu::AttentionDecodeArgs p;
+          p.qg = pqg + t * nh2, p.k = pk + t * kvd, p.v = pv + t * kvd, p.q_norm = L.q_norm, p.k_norm = L.k_norm;
+          p.inv_freq = inv_freq, p.pos = ppos + t, p.k_cache = L.k_cache, p.v_cache = L.v_cache, p.q_rot = q_rot;
+          p.partial = attn_part, p.out = pattn + t * ad;
+          p.nh = c.num_heads, p.nkv = c.num_kv_heads, p.hd = c.head_dim, p.rotary_dim = c.rotary_dim;
+          p.max_ctx = static_cast<int>(opts.max_context), p.max_splits = static_cast<int>((opts.max_context + 255) / 256);
+          p.eps = eps, p.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+          CK(gpu::attention_decode(p, stream));
+        }
+        linear_rows(L.o, pattn, n, po);
+      }
+      CK(gpu::add_inplace(ph, po, n * H, stream));
+      CK(gpu::rmsnorm_zc(ph, L.post_norm, H, static_cast<int>(n), eps, px, stream));
+      linear_rows(L.router, px, n, prouter);
+      CK(gpu::router_topk(prouter, c.num_experts, k, static_cast<int>(n), ptopk_ids, ptopk_w, stream));
+      const bool split = L.cpu_experts && opts.host_experts;
+      if (split) {
+        CK(cudaMemcpyAsync(hx, px, n * H * sizeof(float), cudaMemcpyDeviceToHost, stream));
+        CK(cudaMemcpyAsync(hids, ptopk_ids, n * k * sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
+        CK(cudaMemcpyAsync(hw, ptopk_w, n * k * sizeof(float), cudaMemcpyDeviceToHost, stream));
+        CK(cudaEventRecord(routed, stream));
+      }
+      if (L.int4_experts) {
+        CK(gpu::gather_x_half(px, nullptr, H, static_cast<int>(n), pxh, stream));
+        CK(gpu::moe_int4_decode(L.experts_i4, H, I, L.expert_group, ptopk_ids, ptopk_w, static_cast<int>(n), k, pxh, phs, pmoe, stream));
+      } else {
+        CK(gpu::moe_bf16_decode(L.experts_bf16, H, I, ptopk_ids, ptopk_w, static_cast<int>(n), k, px, reinterpret_cast<float*>(phs), pmoe,
+                                stream));
+      }
+      linear_rows(L.sh_gate, px, n, psg);
+      linear_rows(L.sh_up, px, n, psu);
+      CK(gpu::silu_mul(psg, psu, n * Is, stream));
+      linear_rows(L.sh_down, psg, n, psd);
+      linear_rows(L.sh_expert_gate, px, n, psgate);
+      CK(gpu::gated_add(pmoe, psd, psgate, H, static_cast<int>(n), stream));
+      if (split) {
+        CK(cudaEventSynchronize(routed));
+        bool any = false;
+        for (int64_t j = 0; j < n * k; ++j) {
+          const bool gpu_side = on_gpu(static_cast<int>(li), hids[j]);
+          masked[j] = gpu_side ? -1 : hids[j];
+          any |= !gpu_side;
+          ++(gpu_side ? counts.gpu : counts.cpu);
+        }
+        if (any) {
+          std::fill(hout, hout + n * H, 0.0f);
+          opts.host_experts->run(static_cast<int>(li), hx, n, masked.data(), hw, k, hout);
+          CK(cudaMemcpyAsync(pcpu, hout, n * H * sizeof(float), cudaMemcpyHostToDevice, stream));
+          CK(gpu::add_inplace(pmoe, pcpu, n * H, stream));
+        }
+      } else {
+        counts.gpu += static_cast<uint64_t>(n) * k;
+      }
+      CK(gpu::add_inplace(ph, pmoe, n * H, stream));
+    }
+    pos += n;
+    if (logits_last) {
+      CK(gpu::rmsnorm_zc(ph + (n - 1) * H, final_norm, H, 1, eps, x, stream));
+      linear(lm_head, x, logits);
+      CK(cudaMemcpyAsync(logits_last, logits, c.vocab_size * sizeof(float), cudaMemcpyDeviceToHost, stream));
+    }
+    CK(cudaStreamSynchronize(stream));  // the host buffers (ids, positions) are free again
   }
 
   void linear(const DevLinear& L, const float* in, float* out) {
@@ -458,7 +596,7 @@ struct Qwen35MoeGpu::Impl {
         }
         if (any) {
           std::fill(hout, hout + H, 0.0f);
-          opts.host_experts->run(static_cast<int>(li), hx, masked.data(), hw, k, hout);
+          opts.host_experts->run(static_cast<int>(li), hx, 1, masked.data(), hw, k, hout);
           CK(cudaMemcpyAsync(cpu_out, hout, H * sizeof(float), cudaMemcpyHostToDevice, stream));
           CK(gpu::add_inplace(moe_out, cpu_out, H, stream));
         }
@@ -506,12 +644,16 @@ std::unique_ptr<Qwen35MoeGpu> Qwen35MoeGpu::create(const Qwen35Moe& model, const
   CK(cudaStreamCreate(&impl->stream));
   const int64_t H = model.config().hidden_size, k = model.config().num_experts_per_tok;
   CK(cudaEventCreateWithFlags(&impl->routed, cudaEventDisableTiming));
-  CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hx), H * sizeof(float), cudaHostAllocDefault));
-  CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hout), H * sizeof(float), cudaHostAllocDefault));
+  const int64_t rows = impl->ph ? opts.prefill_chunk : 1;  // tokens handed to the host at once
+  CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hx), rows * H * sizeof(float), cudaHostAllocDefault));
+  CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hout), rows * H * sizeof(float), cudaHostAllocDefault));
   CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hembed), H * sizeof(float), cudaHostAllocDefault));
-  CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hw), k * sizeof(float), cudaHostAllocDefault));
-  CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hids), k * sizeof(int32_t), cudaHostAllocDefault));
-  impl->masked.assign(k, -1);
+  CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hw), rows * k * sizeof(float), cudaHostAllocDefault));
+  CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hids), rows * k * sizeof(int32_t), cudaHostAllocDefault));
+  impl->masked.assign(rows * k, -1);
+  impl->batched = impl->ph && impl->embed;
+  impl->chunk = opts.prefill_chunk;
+  if (impl->batched) CK(gpu::blas_create(&impl->blas));
   impl->graph_ok = opts.cuda_graph && impl->embed;
   for (const DevLayer& L : impl->layers) impl->graph_ok &= !(L.cpu_experts && opts.host_experts);
   if (impl->graph_ok) {
@@ -590,6 +732,16 @@ void Qwen35MoeGpu::reset() {
 void Qwen35MoeGpu::forward(std::span<const int32_t> ids, float* logits, Qwen35Moe::LogitRows rows) {
   Impl& m = *impl_;
   const int64_t V = m.model.config().vocab_size, T = static_cast<int64_t>(ids.size());
+  if (m.batched && T > 1 && rows == Qwen35Moe::LogitRows::Last && !Trace::active()) {
+    for (int64_t t = 0; t < T; ++t)
+      if (ids[t] < 0 || ids[t] >= V) fail("token id ", ids[t], " at position ", t, " is outside the vocabulary (0..", V - 1, ")");
+    if (m.pos + T > m.opts.max_context) fail("the sequence reached the context limit of ", m.opts.max_context, " tokens (--context)");
+    for (int64_t t = 0; t < T; t += m.chunk) {
+      const int64_t n = std::min(m.chunk, T - t);
+      m.prefill_chunk(ids.data() + t, n, t + n == T ? logits : nullptr);
+    }
+    return;
+  }
   for (int64_t t = 0; t < T; ++t) {
     if (ids[t] < 0 || ids[t] >= V) fail("token id ", ids[t], " at position ", t, " is outside the vocabulary (0..", V - 1, ")");
     if (m.pos >= m.opts.max_context) fail("the sequence reached the context limit of ", m.opts.max_context, " tokens (--context)");

@@ -37,8 +37,9 @@ struct GpuMemoryPlan {
 class HostExperts {
  public:
   virtual ~HostExperts() = default;
-  // out [H] = sum over j with ids[j] >= 0 of weights[j] * expert_{ids[j]}(x); ids of GPU experts are -1.
-  virtual void run(int layer, const float* x, const int32_t* ids, const float* weights, int k, float* out) = 0;
+  // out [T, H] = per token t, sum over j with ids[t*k + j] >= 0 of weights[t*k + j] * expert(x_t); ids of
+  // GPU experts are -1. T is 1 in decode, up to the prefill chunk in batched prefill.
+  virtual void run(int layer, const float* x, int64_t T, const int32_t* ids, const float* weights, int k, float* out) = 0;
 };
 
 struct GpuOptions {
@@ -54,6 +55,12 @@ struct GpuOptions {
   // everything is on the GPU (no host experts, embedding on the GPU, no --trace). Off by default;
   // TANDEM_CUDA_GRAPH=1 turns it on in the runners.
   bool cuda_graph = false;
+  // Experimental (not yet validated on a GPU): prompts whose last logits row is asked for go through
+  // layer by layer in chunks of prefill_chunk tokens (cuBLAS projections, DeltaNet prefill, the
+  // experts of the whole chunk at once, on the GPU and on the host); the workspace grows by ~0.2 MB
+  // per chunk token at the 35B shape. TANDEM_BATCHED_PREFILL=1 turns it on in the runners.
+  bool batched_prefill = false;
+  int64_t prefill_chunk = 256;
 };
 
 // Routed-expert activations served by each side since the last reset_counts().

@@ -3,6 +3,7 @@
 // 2e-2 relative L2 per position with argmax agreement at decisive positions. And the planner's VRAM
 // accounting equals what the GPU model allocates, component by component.
 #include <algorithm>
+#include <cstdlib>
 #include <cmath>
 
 #include "placement/hybrid_setup.h"
@@ -89,7 +90,7 @@ TEST_P(Hybrid, PlannerBytesEqualTheAllocation) {
   auto model = Qwen35Moe::load(f.dir);
   const placement::Plan plan = plan_for(*model, pl);
   struct NoHost : HostExperts {
-    void run(int, const float*, const int32_t*, const float*, int, float*) override {}
+    void run(int, const float*, int64_t, const int32_t*, const float*, int, float*) override {}
   } none;
   GpuOptions g;
   g.budget_bytes = plan.budget_bytes - plan.vram.reserve;
@@ -111,6 +112,30 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, Hybrid,
                          [](const auto& info) {
                            return std::get<0>(info.param) + "_" + kPlacements[std::get<1>(info.param)].name;
                          });
+
+// Hybrid with batched prefill (half the experts on the CPU, chunks of 16): the CPU experts of a whole
+// chunk run in one call; logits as the token-by-token hybrid path.
+TEST(HybridBatched, PrefillEqualsTokenByToken) {
+  TANDEM_REQUIRE_GPU();
+  for (const std::string& name : test::fixture_names()) {
+    const auto f = test::load_fixture(name);
+    auto model = Qwen35Moe::load(f.dir);
+    const placement::Plan plan = plan_for(*model, kPlacements[1]);
+    RunnerOptions o = hybrid_options(plan);
+    auto plain = make_runner(*model, o);
+    setenv("TANDEM_BATCHED_PREFILL", "1", 1);
+    auto batched = make_runner(*model, o);
+    unsetenv("TANDEM_BATCHED_PREFILL");
+    const int64_t V = f.vocab;
+    std::vector<float> a(V), b(V);
+    plain->forward(std::span(f.ids.data(), f.prefill), a.data(), Qwen35Moe::LogitRows::Last);
+    batched->forward(std::span(f.ids.data(), f.prefill), b.data(), Qwen35Moe::LogitRows::Last);
+    EXPECT_LT(compare_logits(b.data(), a.data(), 1, V).rel_l2[0], 1e-3) << name;
+    plain->forward(std::span(f.ids.data() + f.prefill, 1), a.data(), Qwen35Moe::LogitRows::Last);
+    batched->forward(std::span(f.ids.data() + f.prefill, 1), b.data(), Qwen35Moe::LogitRows::Last);
+    EXPECT_LT(compare_logits(b.data(), a.data(), 1, V).rel_l2[0], 1e-3) << name << " (first decode step)";
+  }
+}
 
 TEST(HybridErrors, DeferralIsRefusedUntilImplemented) {
   TANDEM_REQUIRE_GPU();
