@@ -25,6 +25,19 @@ std::vector<double> reference(const LinearWeight& w, const std::vector<float>& x
   return y;
 }
 
+// A random bf16 nn.Linear [N, K] (weights in W, which must outlive the view).
+LinearWeight random_bf16_linear(int64_t N, int64_t K, std::mt19937& rng, std::vector<uint16_t>& W) {
+  W.resize(N * K);
+  for (auto& v : W) v = f32_to_bf16(std::normal_distribution<float>(0, 0.05f)(rng));
+  LinearWeight lw;
+  lw.kind = LinearWeight::Kind::Dense;
+  lw.out = N;
+  lw.in = K;
+  lw.dense = W.data();
+  lw.dense_dtype = DType::BF16;
+  return lw;
+}
+
 struct Shape {
   int64_t N, K;
   int T;
@@ -36,15 +49,9 @@ TEST_P(GpuGemvBf16, MatchesReference) {
   TANDEM_REQUIRE_GPU();
   const auto [N, K, T] = GetParam();
   std::mt19937 rng(test::test_seed());
-  std::vector<uint16_t> W(N * K);
-  for (auto& v : W) v = f32_to_bf16(std::normal_distribution<float>(0, 0.05f)(rng));
+  std::vector<uint16_t> W;
+  const LinearWeight lw = random_bf16_linear(N, K, rng, W);
   const auto x = test::random_floats(rng, T * K);
-  LinearWeight lw;
-  lw.kind = LinearWeight::Kind::Dense;
-  lw.out = N;
-  lw.in = K;
-  lw.dense = W.data();
-  lw.dense_dtype = DType::BF16;
   test::DeviceBuffer<uint16_t> dW(W);
   test::DeviceBuffer<float> dx(x), dy(T * N);
   CUDA_OK(gpu::gemv_bf16(dW.ptr, N, K, dx.ptr, T, dy.ptr, nullptr));
@@ -64,15 +71,9 @@ TEST_P(GpuGemmBf16, MatchesReference) {
   TANDEM_REQUIRE_GPU();
   const auto [N, K, T] = GetParam();
   std::mt19937 rng(test::test_seed());
-  std::vector<uint16_t> W(N * K);
-  for (auto& v : W) v = f32_to_bf16(std::normal_distribution<float>(0, 0.05f)(rng));
+  std::vector<uint16_t> W;
+  const LinearWeight lw = random_bf16_linear(N, K, rng, W);
   const auto x = test::random_floats(rng, T * K);
-  LinearWeight lw;
-  lw.kind = LinearWeight::Kind::Dense;
-  lw.out = N;
-  lw.in = K;
-  lw.dense = W.data();
-  lw.dense_dtype = DType::BF16;
   test::DeviceBuffer<uint16_t> dW(W), split(2 * T * K);
   test::DeviceBuffer<float> dx(x), dy(T * N);
   gpu::BlasHandle h = nullptr;
