@@ -17,6 +17,7 @@ PlanRequest plan_request(const PlacementConfig& config, uint64_t gpu_mem, int64_
   gpu::gpu_device_probe(&probe);
   if (probe.device_count > 0) r.device_free_bytes = probe.free_bytes;
   if (measure_cpu && config.bw_cpu <= 0) r.measured_cpu_bw = measure_read_bandwidth(512ull << 20, 3).bytes_per_s;
+  r.host_available_bytes = available_host_memory();
   return r;
 }
 
@@ -41,6 +42,10 @@ Plan prepare_hybrid(RunnerOptions& o, const ModelConfig& model) {
 Plan prepare_hybrid(RunnerOptions& o, const ModelConfig& model, const PlacementConfig& cfg) {
   const int64_t context = o.context_set ? o.context : std::max(cfg.context, o.min_context);
   const Plan plan = make_plan(model, cfg, plan_request(cfg, o.gpu_mem, context, false));
+  if (!plan.host_fits())
+    fail("the CPU experts of this placement need ", format_gib(plan.host_expert_bytes), " of host RAM but only ",
+         format_gib(plan.host_available_bytes), " is available (MemAvailable); raise the GPU budget (more experts on the GPU), ",
+         "use int4 CPU experts, or free memory");
   o.hybrid = hybrid_placement(plan, int64_t(model.num_layers) * model.num_experts);
   o.context = plan.context;
   if (o.threads == 0) o.threads = cfg.cpu_threads;

@@ -345,6 +345,7 @@ Plan make_plan(const ModelConfig& c, const PlacementConfig& cfg, const PlanReque
   }
   p.expected_gpu_expert_fraction = L ? frac_sum / L : 1.0;
   p.host_expert_bytes = static_cast<uint64_t>(L * E - p.total_gpu_experts()) * p.cpu_expert_bytes;
+  p.host_available_bytes = req.host_available_bytes;
 
   predict(c, cfg, req, tied_shared, p);
   return p;
@@ -371,6 +372,8 @@ nlohmann::json plan_to_json(const Plan& p) {
   j["gpu_expert_bytes"] = p.gpu_expert_bytes;
   j["cpu_expert_bytes"] = p.cpu_expert_bytes;
   j["host_expert_bytes"] = p.host_expert_bytes;
+  j["host_available_bytes"] = p.host_available_bytes;
+  j["host_fits"] = p.host_fits();
   j["experts_on_gpu"] = p.experts_on_gpu;
   j["experts_on_gpu_total"] = p.total_gpu_experts();
   j["layer_gpu_fraction"] = p.layer_gpu_fraction;
@@ -411,7 +414,10 @@ std::string plan_table(const Plan& p) {
   line("reserve (CUDA)", format_gib(v.reserve));
   line("total", str_cat(format_gib(v.total()), " of ", format_gib(p.budget_bytes)));
   o += "\n";
-  line("CPU experts", str_cat(format_gib(p.host_expert_bytes), " in host RAM (", p.cpu_expert_format, ")"));
+  line("CPU experts", str_cat(format_gib(p.host_expert_bytes), " in host RAM (", p.cpu_expert_format, ")",
+                              p.host_available_bytes ? str_cat(", ", format_gib(p.host_available_bytes), " available") : std::string()));
+  if (!p.host_fits())
+    line("", "not enough host RAM for the CPU experts: raise the GPU budget, use int4 experts, or free memory");
   line("selection", p.selection + (p.heat_used ? " (heat map)" : " (no heat map: uniform activations)"));
   o += "\n  experts on the GPU per layer (expected share of activations):\n";
   for (size_t l = 0; l < p.experts_on_gpu.size(); ++l) {

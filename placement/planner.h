@@ -65,6 +65,8 @@ struct Plan {
   uint64_t gpu_expert_bytes = 0;         // one routed expert on the GPU
   uint64_t cpu_expert_bytes = 0;         // one routed expert in host RAM (streamed per activation)
   uint64_t host_expert_bytes = 0;        // all CPU-resident experts
+  uint64_t host_available_bytes = 0;     // what the machine had free when planned (0: unknown)
+  bool host_fits() const { return !host_available_bytes || host_expert_bytes <= host_available_bytes; }
   std::vector<std::vector<uint8_t>> expert_on_gpu;  // [layer][expert]
   std::vector<int> experts_on_gpu;                  // count per layer
   std::vector<double> layer_gpu_fraction;           // expected share of the layer's activations on the GPU
@@ -85,6 +87,7 @@ struct PlanRequest {
   uint64_t device_free_bytes = 0;  // what the GPU has free (0: no GPU known); the budget when none is set
   double measured_gpu_bw = 0;      // bytes/s, when known
   double measured_cpu_bw = 0;
+  uint64_t host_available_bytes = 0;  // host RAM free for the CPU experts (0: unknown)
 };
 
 // Throws tandem::Error: budget below the minimum (with the minimum), rules that cannot be honoured

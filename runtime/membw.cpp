@@ -1,5 +1,7 @@
 #include "runtime/membw.h"
 
+#include <cstdio>
+
 #include <omp.h>
 
 #include <algorithm>
@@ -32,6 +34,17 @@ BandwidthResult measure_read_bandwidth(uint64_t buffer_bytes, int passes) {
   r.threads = omp_get_max_threads();
   r.buffer_bytes = n * sizeof(uint64_t);
   return r;
+}
+
+uint64_t available_host_memory() {
+  std::FILE* f = std::fopen("/proc/meminfo", "r");
+  if (!f) return 0;
+  char line[256];
+  uint64_t kb = 0;
+  while (std::fgets(line, sizeof line, f))
+    if (std::sscanf(line, "MemAvailable: %lu kB", &kb) == 1) break;
+  std::fclose(f);
+  return kb * 1024;
 }
 
 }  // namespace tandem

@@ -17,4 +17,7 @@ struct BandwidthResult {
 
 BandwidthResult measure_read_bandwidth(uint64_t buffer_bytes = 1ull << 30, int passes = 5);
 
+// Host memory a new allocation can get without swapping (Linux MemAvailable), 0 when unknown.
+uint64_t available_host_memory();
+
 }  // namespace tandem

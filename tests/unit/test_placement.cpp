@@ -188,6 +188,16 @@ TEST(Planner, ByteAccountingMatchesTheSpecSizes) {
   EXPECT_EQ(p.vram.dense_weights - cpu_embed.vram.dense_weights, 248320ull * 2048 * 2);
 }
 
+TEST(Planner, SaysWhenTheCpuExpertsDoNotFitInHostMemory) {
+  const Plan p = make_plan(model35(), yaml("cpu_experts: all"), {.gpu_mem = 24ull << 30, .host_available_bytes = 8ull << 30});
+  EXPECT_FALSE(p.host_fits());
+  EXPECT_NE(plan_table(p).find("not enough host RAM"), std::string::npos);
+  EXPECT_FALSE(plan_to_json(p)["host_fits"].get<bool>());
+  const Plan q = make_plan(model35(), yaml("cpu_experts: all"), {.gpu_mem = 24ull << 30, .host_available_bytes = 64ull << 30});
+  EXPECT_TRUE(q.host_fits());
+  EXPECT_EQ(plan_table(q).find("not enough host RAM"), std::string::npos);
+}
+
 TEST(Planner, HeatMapPutsTheHottestExpertsOnTheGpu) {
   const ModelConfig m = model35();
   HeatMap h;
