@@ -2,6 +2,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <charconv>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -75,30 +76,10 @@ class Reader {
     return n.as<std::string>();
   }
   int64_t integer(const YAML::Node& n, const std::string& key, int64_t lo, int64_t hi) const {
-    const std::string s = scalar(n, key);
-    size_t used = 0;
-    int64_t v = 0;
-    try {
-      v = std::stoll(s, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used != s.size() || s.empty()) fail_at(n, key, "'", s, "' is not an integer");
-    if (v < lo || v > hi) fail_at(n, key, v, " is outside ", lo, "..", hi);
-    return v;
+    return numeric<int64_t>(n, key, lo, hi, "an integer");
   }
   double number(const YAML::Node& n, const std::string& key, double lo, double hi) const {
-    const std::string s = scalar(n, key);
-    size_t used = 0;
-    double v = 0;
-    try {
-      v = std::stod(s, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used != s.size() || s.empty()) fail_at(n, key, "'", s, "' is not a number");
-    if (!(v >= lo && v <= hi)) fail_at(n, key, v, " is outside ", lo, "..", hi);
-    return v;
+    return numeric<double>(n, key, lo, hi, "a number");
   }
   uint64_t bytes(const YAML::Node& n, const std::string& key) const {
     const std::string s = scalar(n, key);
@@ -115,8 +96,6 @@ class Reader {
     if (s.size() < 3 || s.substr(s.size() - 2) != "/s")
       fail_at(n, key, "'", s, "' is not a bandwidth (examples: 1008GB/s, 25GB/s, 90.5GB/s, measure)");
     s.resize(s.size() - 2);
-    if (!s.empty() && (s.back() == 'B' || s.back() == 'b') && s.size() > 2 && (s[s.size() - 2] == 'T' || s[s.size() - 2] == 't'))
-      return number_of(n, key, s.substr(0, s.size() - 2)) * 1e12;
     try {
       return static_cast<double>(parse_bytes(s, "bandwidth"));
     } catch (const Error& e) {
@@ -146,15 +125,13 @@ class Reader {
   }
 
  private:
-  double number_of(const YAML::Node& n, const std::string& key, const std::string& s) const {
-    size_t used = 0;
-    double v = -1;
-    try {
-      v = std::stod(s, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used != s.size() || !(v > 0)) fail_at(n, key, "'", s, "' is not a positive number");
+  template <typename T>
+  T numeric(const YAML::Node& n, const std::string& key, T lo, T hi, const char* what) const {
+    const std::string s = scalar(n, key);
+    T v{};
+    const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+    if (s.empty() || ec != std::errc() || end != s.data() + s.size()) fail_at(n, key, "'", s, "' is not ", what);
+    if (!(v >= lo && v <= hi)) fail_at(n, key, v, " is outside ", lo, "..", hi);
     return v;
   }
   std::string source_, base_;

@@ -22,10 +22,12 @@ uint64_t parse_bytes(const std::string& text, const std::string& what) {
   else if (unit == "k" || unit == "kib") mul = 1024.0;
   else if (unit == "m" || unit == "mib") mul = 1024.0 * 1024;
   else if (unit == "g" || unit == "gib") mul = 1024.0 * 1024 * 1024;
+  else if (unit == "t" || unit == "tib") mul = 1024.0 * 1024 * 1024 * 1024;
   else if (unit == "kb") mul = 1e3;
   else if (unit == "mb") mul = 1e6;
   else if (unit == "gb") mul = 1e9;
-  else fail(what, ": unknown unit '", text.substr(used), "' in '", text, "' (use B, KiB, MiB, GiB, KB, MB or GB)");
+  else if (unit == "tb") mul = 1e12;
+  else fail(what, ": unknown unit '", text.substr(used), "' in '", text, "' (use B, KiB, MiB, GiB, TiB, KB, MB, GB or TB)");
   if (!(v > 0)) fail(what, ": '", text, "' must be positive");
   return static_cast<uint64_t>(v * mul);
 }

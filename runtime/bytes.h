@@ -6,7 +6,7 @@
 
 namespace tandem {
 
-// Parses a positive size with an optional unit (B, KiB/K, MiB/M, GiB/G, KB, MB, GB; case-insensitive);
+// Parses a positive size with an optional unit (B, KiB/K, MiB/M, GiB/G, TiB/T, KB, MB, GB, TB; case-insensitive);
 // throws tandem::Error naming `what` (e.g. "--gpu-mem") on anything else.
 uint64_t parse_bytes(const std::string& text, const std::string& what);
 // "1.25 GiB"
