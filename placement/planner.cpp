@@ -278,7 +278,12 @@ Plan make_plan(const ModelConfig& c, const PlacementConfig& cfg, const PlanReque
     heat.check_shape(L, E);
     p.heat_used = true;
   }
-  auto share = [&](int l, int e) { return p.heat_used ? heat.share(l, e) : 1.0 / E; };
+  // Share of each layer's activations per expert, computed once (the sort below asks E log E times).
+  std::vector<std::vector<double>> shares(L, std::vector<double>(E, 1.0 / E));
+  if (p.heat_used)
+    for (int l = 0; l < L; ++l)
+      for (int e = 0; e < E; ++e) shares[l][e] = heat.share(l, e);
+  auto share = [&](int l, int e) { return shares[l][e]; };
   // Rank of each expert within its layer, hottest first (ties to the lower id).
   std::vector<std::vector<int>> ranked(L);
   for (int l = 0; l < L; ++l) {
