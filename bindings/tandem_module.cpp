@@ -332,45 +332,22 @@ py::dict synth_py(const std::string& preset, const std::string& out, const py::o
 
 py::dict profile_py(const std::string& model_dir, const std::vector<std::string>& prompts, const py::object& out,
                     const std::string& device, int64_t gen, int64_t max_tokens, bool chat, int threads) {
-  if (device != "cpu" && device != "ref") fail("profile: device must be cpu or ref (got '", device, "')");
-  if (prompts.empty()) fail("profile: give at least one prompt");
-  if (gen < 0 || max_tokens < 1) fail("profile: gen must be >= 0 and max_tokens >= 1");
+  ProfileOptions po;
+  po.device = device, po.threads = threads, po.gen = gen, po.max_tokens = max_tokens, po.chat = chat;
   RoutingCounts counts;
-  int64_t layers = 0, experts = 0, top_k = 0;
+  ModelConfig config;
   {
     py::gil_scoped_release nogil;
     auto model = Qwen35Moe::load(model_dir);
-    const Tokenizer tok = Tokenizer::from_model_dir(model_dir);
-    std::unique_ptr<CpuBackend> backend;
-    if (device == "cpu") {
-      CpuBackendOptions o;
-      o.threads = threads;
-      backend = std::make_unique<CpuBackend>(*model, o);
-    }
-    std::vector<std::vector<int32_t>> ids;
-    for (const std::string& p : prompts) {
-      const ChatMessage msg{"user", p, "", {}};
-      std::vector<int32_t> t = tok.encode(chat ? render_chat(std::span<const ChatMessage>(&msg, 1), ChatOptions{}) : p);
-      if (static_cast<int64_t>(t.size()) > max_tokens) t.resize(max_tokens);
-      ids.push_back(std::move(t));
-    }
-    counts = profile_routing(*model, backend.get(), ids, gen);
-    layers = model->config().num_layers, experts = model->config().num_experts, top_k = model->config().num_experts_per_tok;
+    counts = profile_prompts(*model, Tokenizer::from_model_dir(model_dir), prompts, po);
+    config = model->config();
   }
-  if (!out.is_none()) {
-    placement::HeatMap h;
-    h.model = model_dir;
-    h.tokens = counts.tokens;
-    h.top_k = static_cast<int>(top_k);
-    h.num_experts = static_cast<int>(experts);
-    h.counts = counts.counts;
-    placement::save_heat_map(h, py::str(out).cast<std::string>());
-  }
+  if (!out.is_none()) placement::save_heat_map(placement::heat_from_counts(counts, config, model_dir), py::str(out).cast<std::string>());
   py::dict d;
   d["tokens"] = counts.tokens;
-  d["layers"] = layers;
-  d["num_experts"] = experts;
-  d["top_k"] = top_k;
+  d["layers"] = config.num_layers;
+  d["num_experts"] = config.num_experts;
+  d["top_k"] = config.num_experts_per_tok;
   d["counts"] = counts.counts;
   d["top20_share"] = top20_share(counts);
   return d;

@@ -61,6 +61,16 @@ HeatMap parse_heat_map(const std::string& text, const std::string& source) {
   return h;
 }
 
+HeatMap heat_from_counts(const RoutingCounts& counts, const ModelConfig& config, const std::string& model_dir) {
+  HeatMap h;
+  h.model = model_dir;
+  h.tokens = counts.tokens;
+  h.top_k = config.num_experts_per_tok;
+  h.num_experts = config.num_experts;
+  h.counts = counts.counts;
+  return h;
+}
+
 HeatMap load_heat_map(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   if (!f) fail(path, ": cannot open the heat map (experts.heat; write one with tandem profile)");

@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "runtime/routing_profile.h"
+
 namespace tandem::placement {
 
 struct HeatMap {
@@ -30,6 +32,9 @@ struct HeatMap {
   // Throws tandem::Error unless the map has `layers` layers of `experts` experts.
   void check_shape(int layers, int experts) const;
 };
+
+// The heat map of profiled counts (runtime/routing_profile.h) for the model at model_dir.
+HeatMap heat_from_counts(const RoutingCounts& counts, const ModelConfig& config, const std::string& model_dir);
 
 HeatMap load_heat_map(const std::string& path);
 HeatMap parse_heat_map(const std::string& yaml_text, const std::string& source);

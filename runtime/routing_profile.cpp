@@ -1,7 +1,13 @@
 #include "runtime/routing_profile.h"
 
 #include <algorithm>
+#include <memory>
 #include <string_view>
+
+#include "runtime/chat_template.h"
+#include "runtime/cpu_backend.h"
+#include "runtime/error.h"
+#include "runtime/synth.h"
 
 namespace tandem {
 
@@ -30,17 +36,31 @@ RoutingCounts profile_routing(const Qwen35Moe& model, MatmulBackend* backend, co
   return out;
 }
 
+RoutingCounts profile_prompts(const Qwen35Moe& model, const Tokenizer& tokenizer, const std::vector<std::string>& prompts,
+                              const ProfileOptions& o, const std::function<void(size_t, int64_t)>& progress) {
+  if (o.device != "cpu" && o.device != "ref") fail("profile: device must be cpu or ref (got '", o.device, "')");
+  if (o.gen < 0 || o.max_tokens < 1) fail("profile: gen must be >= 0 and max_tokens >= 1");
+  if (prompts.empty()) fail("profile: give at least one prompt");
+  std::unique_ptr<CpuBackend> backend;
+  if (o.device == "cpu") {
+    CpuBackendOptions bo;
+    bo.threads = o.threads;
+    backend = std::make_unique<CpuBackend>(model, bo);
+  }
+  std::vector<std::vector<int32_t>> ids;
+  for (const std::string& p : prompts) {
+    const ChatMessage msg{"user", p, "", {}};
+    std::vector<int32_t> t = tokenizer.encode(o.chat ? render_chat(std::span<const ChatMessage>(&msg, 1), ChatOptions{}) : p);
+    if (static_cast<int64_t>(t.size()) > o.max_tokens) t.resize(o.max_tokens);
+    ids.push_back(std::move(t));
+  }
+  return profile_routing(model, backend.get(), ids, o.gen, progress);
+}
+
 double top20_share(const RoutingCounts& c) {
   if (c.counts.empty()) return 0;
   double sum = 0;
-  for (const auto& row : c.counts) {
-    std::vector<uint64_t> v = row;
-    std::sort(v.rbegin(), v.rend());
-    uint64_t all = 0, top = 0;
-    for (size_t e = 0; e < v.size(); ++e) (e < v.size() / 5 ? top : all) += v[e];
-    all += top;
-    sum += all ? static_cast<double>(top) / static_cast<double>(all) : 0;
-  }
+  for (const auto& row : c.counts) sum += synth::shares_from_counts(std::vector<double>(row.begin(), row.end())).top20;
   return sum / static_cast<double>(c.counts.size());
 }
 

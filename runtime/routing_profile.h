@@ -8,9 +8,11 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "runtime/models/qwen3_5_moe.h"
+#include "runtime/tokenizer.h"
 
 namespace tandem {
 
@@ -21,6 +23,20 @@ struct RoutingCounts {
 
 RoutingCounts profile_routing(const Qwen35Moe& model, MatmulBackend* backend, const std::vector<std::vector<int32_t>>& prompts,
                               int64_t gen, const std::function<void(size_t prompts_done, int64_t tokens)>& progress = {});
+
+struct ProfileOptions {
+  std::string device = "cpu";  // cpu (fast kernels) | ref (the exact reference)
+  int threads = 0;             // cpu: worker threads (0: physical cores)
+  int64_t gen = 0;             // greedy tokens decoded after each prompt
+  int64_t max_tokens = 2048;   // each prompt truncated to this many tokens
+  bool chat = false;           // wrap each prompt in the chat template as a user message
+};
+
+// Text prompts -> counts: tokenizes (chat template when asked), truncates, and runs them on the chosen
+// host placement. Throws tandem::Error on bad options or no prompts. (`tandem profile`, tandem.profile())
+RoutingCounts profile_prompts(const Qwen35Moe& model, const Tokenizer& tokenizer, const std::vector<std::string>& prompts,
+                              const ProfileOptions& options,
+                              const std::function<void(size_t prompts_done, int64_t tokens)>& progress = {});
 
 // Mean over layers of the share of activations the hottest 20% of experts take (uniform routing: 0.2).
 double top20_share(const RoutingCounts& c);

@@ -9,11 +9,8 @@
 #include <fstream>
 
 #include "placement/heat.h"
-#include "runtime/chat_template.h"
 #include "runtime/cli/args.h"
 #include "runtime/cli/commands.h"
-#include "runtime/cli/device_flags.h"
-#include "runtime/cpu_backend.h"
 #include "runtime/error.h"
 #include "runtime/models/qwen3_5_moe.h"
 #include "runtime/routing_profile.h"
@@ -52,36 +49,19 @@ int cmd_profile(int argc, char** argv) {
   }
   auto model = Qwen35Moe::load(dir);
   const Tokenizer tok = Tokenizer::from_model_dir(dir);
-  const ModelConfig& c = model->config();
-  std::unique_ptr<CpuBackend> backend;
-  if (device == "cpu") {
-    CpuBackendOptions o;
-    o.threads = static_cast<int>(a.get_int("threads", 0));
-    backend = std::make_unique<CpuBackend>(*model, o);
-  }
-  std::vector<std::vector<int32_t>> tokenized;
-  for (const std::string& p : prompts) {
-    const ChatMessage msg{"user", p, "", {}};
-    std::vector<int32_t> ids = tok.encode(a.has("chat") ? render_chat(std::span<const ChatMessage>(&msg, 1), ChatOptions{}) : p);
-    if (static_cast<int64_t>(ids.size()) > max_tokens) ids.resize(max_tokens);
-    tokenized.push_back(std::move(ids));
-  }
+  ProfileOptions po;
+  po.device = device, po.threads = static_cast<int>(a.get_int("threads", 0)), po.gen = gen, po.max_tokens = max_tokens;
+  po.chat = a.has("chat");
   const auto t0 = std::chrono::steady_clock::now();
-  const RoutingCounts counts = profile_routing(*model, backend.get(), tokenized, gen, [&](size_t done, int64_t tokens) {
+  const RoutingCounts counts = profile_prompts(*model, tok, prompts, po, [&](size_t done, int64_t tokens) {
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    std::fprintf(stderr, "\rprofile: %zu/%zu prompts, %lld tokens, %.1f tok/s   ", done, tokenized.size(), static_cast<long long>(tokens),
+    std::fprintf(stderr, "\rprofile: %zu/%zu prompts, %lld tokens, %.1f tok/s   ", done, prompts.size(), static_cast<long long>(tokens),
                  tokens / std::max(s, 1e-9));
   });
   std::fprintf(stderr, "\n");
-  placement::HeatMap heat;
-  heat.model = dir;
-  heat.top_k = c.num_experts_per_tok;
-  heat.num_experts = c.num_experts;
-  heat.tokens = counts.tokens;
-  heat.counts = counts.counts;
-  placement::save_heat_map(heat, out);
+  placement::save_heat_map(placement::heat_from_counts(counts, model->config(), dir), out);
   std::printf("wrote %s: %lld tokens x %d layers; hottest 20%% of experts take %.1f%% of activations (uniform: 20%%)\n", out.c_str(),
-              static_cast<long long>(heat.tokens), c.num_layers, 100 * top20_share(counts));
+              static_cast<long long>(counts.tokens), model->config().num_layers, 100 * top20_share(counts));
   return 0;
 }
 
