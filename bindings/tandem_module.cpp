@@ -26,7 +26,6 @@
 #include "runtime/cpu_backend.h"
 #include "runtime/error.h"
 #include "runtime/generate.h"
-#include "runtime/membw.h"
 #include "runtime/models/qwen3_5_moe.h"
 #include "runtime/routing_profile.h"
 #include "runtime/runner.h"
@@ -121,12 +120,7 @@ class Engine {
       tokenizer_ = std::make_unique<Tokenizer>(Tokenizer::from_model_dir(dir_));
       eos_ = stop_token_ids(model_->config(), *tokenizer_, defaults_);
     }
-    if (o.device == "hybrid") {
-      gpu::DeviceProbe probe;
-      gpu::gpu_device_probe(&probe);
-      if (probe.device_count == 0) fail("device='hybrid': ", probe.reason);
-      placement::prepare_hybrid(o, model_->config(), pcfg_);
-    }
+    if (o.device == "hybrid") placement::prepare_hybrid(o, model_->config(), pcfg_);
     runner_ = make_runner(*model_, o);
   }
 
@@ -249,8 +243,9 @@ class Engine {
   std::string plan_json() {
     check_open();
     py::gil_scoped_release nogil;
-    if (cpu_bw_ == 0) cpu_bw_ = pcfg_.bw_cpu > 0 ? pcfg_.bw_cpu : measure_read_bandwidth(256ull << 20, 3).bytes_per_s;
-    placement::PlanRequest req = placement::plan_request(pcfg_, ro_.gpu_mem, ro_.context_set ? ro_.context : 0, false);
+    // The CPU bandwidth is measured on the first call (as tandem plan does) and reused after.
+    placement::PlanRequest req = placement::plan_request(pcfg_, ro_.gpu_mem, ro_.context_set ? ro_.context : 0, cpu_bw_ == 0);
+    if (cpu_bw_ == 0) cpu_bw_ = req.measured_cpu_bw;
     req.measured_cpu_bw = cpu_bw_;
     return placement::plan_to_json(placement::make_plan(model_->config(), pcfg_, req)).dump();
   }

@@ -9,16 +9,24 @@
 
 namespace tandem::placement {
 
-PlanRequest plan_request(const PlacementConfig& config, uint64_t gpu_mem, int64_t context, bool measure_cpu) {
+namespace {
+
+PlanRequest request_for(const gpu::DeviceProbe& probe, const PlacementConfig& config, uint64_t gpu_mem, int64_t context, bool measure_cpu) {
   PlanRequest r;
   r.gpu_mem = gpu_mem;
   r.context = context;
-  gpu::DeviceProbe probe;
-  gpu::gpu_device_probe(&probe);
   if (probe.device_count > 0) r.device_free_bytes = probe.free_bytes;
   if (measure_cpu && config.bw_cpu <= 0) r.measured_cpu_bw = measure_read_bandwidth(512ull << 20, 3).bytes_per_s;
   r.host_available_bytes = available_host_memory();
   return r;
+}
+
+}  // namespace
+
+PlanRequest plan_request(const PlacementConfig& config, uint64_t gpu_mem, int64_t context, bool measure_cpu) {
+  gpu::DeviceProbe probe;
+  gpu::gpu_device_probe(&probe);
+  return request_for(probe, config, gpu_mem, context, measure_cpu);
 }
 
 std::shared_ptr<HybridPlacement> hybrid_placement(const Plan& plan, int64_t total_experts) {
@@ -40,8 +48,11 @@ Plan prepare_hybrid(RunnerOptions& o, const ModelConfig& model) {
 }
 
 Plan prepare_hybrid(RunnerOptions& o, const ModelConfig& model, const PlacementConfig& cfg) {
+  gpu::DeviceProbe probe;
+  gpu::gpu_device_probe(&probe);
+  if (probe.device_count == 0) fail("--device hybrid: ", probe.reason, "; tandem plan shows the placement without a GPU");
   const int64_t context = o.context_set ? o.context : std::max(cfg.context, o.min_context);
-  const Plan plan = make_plan(model, cfg, plan_request(cfg, o.gpu_mem, context, false));
+  const Plan plan = make_plan(model, cfg, request_for(probe, cfg, o.gpu_mem, context, false));
   if (!plan.host_fits())
     fail("the CPU experts of this placement need ", format_gib(plan.host_expert_bytes), " of host RAM but only ",
          format_gib(plan.host_available_bytes), " is available (MemAvailable); raise the GPU budget (more experts on the GPU), ",

@@ -14,7 +14,8 @@ PlanRequest plan_request(const PlacementConfig& config, uint64_t gpu_mem, int64_
 // The runner's view of a plan (what lives where, the allocation limit, a one-line summary).
 std::shared_ptr<HybridPlacement> hybrid_placement(const Plan& plan, int64_t total_experts);
 
-// Loads opts.config (or the defaults), plans against `model` and fills opts.hybrid, opts.context
+// Loads opts.config (or the defaults), plans against `model` and fills opts.hybrid (tandem::Error
+// without a CUDA device), opts.context
 // (the config's unless --context was given) and opts.threads (the config's unless --threads was).
 Plan prepare_hybrid(RunnerOptions& opts, const ModelConfig& model);
 // The same with the config already parsed (the Python bindings accept dicts).
