@@ -51,29 +51,6 @@ bool env_on(const char* name) {
   const char* v = std::getenv(name);
   return v && std::string(v) == "1";
 }
-bool cuda_graph_requested() { return env_on("TANDEM_CUDA_GRAPH"); }
-
-class GpuRunner final : public Runner {
- public:
-  explicit GpuRunner(std::unique_ptr<Qwen35MoeGpu> g) : gpu_(std::move(g)) {}
-  void reset() override { gpu_->reset(); }
-  void forward(std::span<const int32_t> ids, float* logits, Qwen35Moe::LogitRows rows) override {
-    TraceSpan span(ids.size() > 1 ? "forward (prefill)" : "forward (decode)", "host");
-    gpu_->forward(ids, logits, rows);
-  }
-  std::string describe() const override { return "gpu: " + gpu_->memory().describe(); }
-  uint64_t peak_device_bytes() const override { return gpu_->memory().total(); }
-  double gpu_expert_share() const override { return 1.0; }
-  double gpu_expert_share_planned() const override { return 1.0; }
-  double pcie_bandwidth() override { return gpu_->pcie_bandwidth(); }
-  double weight_bandwidth(std::string* what) override {
-    if (what) *what = "GPU copy bandwidth";
-    return gpu_->copy_bandwidth();
-  }
-
- private:
-  std::unique_ptr<Qwen35MoeGpu> gpu_;
-};
 
 // The CPU side of a hybrid run: the routed experts the plan leaves in host memory, repacked once into
 // the cpu_experts layout and run on the pinned worker pool when the GPU hands a layer over.
@@ -110,21 +87,25 @@ class CpuExpertSide final : public HostExperts {
   cpu::CpuMoeWorkspace ws_;
 };
 
-class HybridRunner final : public Runner {
+// --device gpu (everything on the GPU) and --device hybrid (o.hybrid: some routed experts on the CPU
+// side) are the same GPU model with and without host experts.
+class GpuRunner final : public Runner {
  public:
-  HybridRunner(const Qwen35Moe& model, const RunnerOptions& o) : placement_(o.hybrid) {
-    if (placement_->deferral > 0)
-      fail("experts.deferral is not implemented in the hybrid dispatcher yet; set it to 0");
-    cpu_ = std::make_unique<CpuExpertSide>(model, *placement_, o.threads);
+  GpuRunner(const Qwen35Moe& model, const RunnerOptions& o) : placement_(o.hybrid) {
     GpuOptions g;
-    g.budget_bytes = placement_->gpu_alloc_bytes;
-    g.budget_name = "gpu.memory / --gpu-mem, minus gpu.reserve";
+    g.budget_bytes = o.gpu_mem;
     g.max_context = o.context;
-    g.expert_on_gpu = &placement_->expert_on_gpu;
-    g.host_experts = cpu_.get();
-    g.embed_on_gpu = placement_->embed_on_gpu;
-    g.cuda_graph = cuda_graph_requested();
+    g.cuda_graph = env_on("TANDEM_CUDA_GRAPH");
     g.batched_prefill = env_on("TANDEM_BATCHED_PREFILL");
+    if (placement_) {
+      if (placement_->deferral > 0) fail("experts.deferral is not implemented in the hybrid dispatcher yet; set it to 0");
+      cpu_ = std::make_unique<CpuExpertSide>(model, *placement_, o.threads);
+      g.budget_bytes = placement_->gpu_alloc_bytes;
+      g.budget_name = "gpu.memory / --gpu-mem, minus gpu.reserve";
+      g.expert_on_gpu = &placement_->expert_on_gpu;
+      g.host_experts = cpu_.get();
+      g.embed_on_gpu = placement_->embed_on_gpu;
+    }
     gpu_ = Qwen35MoeGpu::create(model, g);
   }
   void reset() override { gpu_->reset(); }
@@ -133,14 +114,15 @@ class HybridRunner final : public Runner {
     gpu_->forward(ids, logits, rows);
   }
   std::string describe() const override {
+    if (!placement_) return "gpu: " + gpu_->memory().describe();
     return "hybrid: " + placement_->summary + "; GPU " + gpu_->memory().describe() + "; CPU " + cpu_->describe();
   }
   uint64_t peak_device_bytes() const override { return gpu_->memory().total(); }
   double gpu_expert_share() const override {
     const ExpertCounts& c = gpu_->expert_counts();
-    return c.gpu + c.cpu ? static_cast<double>(c.gpu) / static_cast<double>(c.gpu + c.cpu) : placement_->expected_gpu_share;
+    return c.gpu + c.cpu ? static_cast<double>(c.gpu) / static_cast<double>(c.gpu + c.cpu) : gpu_expert_share_planned();
   }
-  double gpu_expert_share_planned() const override { return placement_->expected_gpu_share; }
+  double gpu_expert_share_planned() const override { return placement_ ? placement_->expected_gpu_share : 1.0; }
   double pcie_bandwidth() override { return gpu_->pcie_bandwidth(); }
   double weight_bandwidth(std::string* what) override {
     if (what) *what = "GPU copy bandwidth";
@@ -148,8 +130,8 @@ class HybridRunner final : public Runner {
   }
 
  private:
-  std::shared_ptr<const HybridPlacement> placement_;
-  std::unique_ptr<CpuExpertSide> cpu_;
+  std::shared_ptr<const HybridPlacement> placement_;  // null: everything on the GPU
+  std::unique_ptr<CpuExpertSide> cpu_;                // declared before gpu_: the GPU model calls into it
   std::unique_ptr<Qwen35MoeGpu> gpu_;
 };
 #endif
@@ -172,12 +154,9 @@ std::unique_ptr<Runner> make_runner(const Qwen35Moe& model, const RunnerOptions&
   }
   if (o.device == "gpu") {
 #ifdef TANDEM_HAVE_CUDA
-    GpuOptions g;
-    g.budget_bytes = o.gpu_mem;
-    g.max_context = o.context;
-    g.cuda_graph = cuda_graph_requested();
-    g.batched_prefill = env_on("TANDEM_BATCHED_PREFILL");
-    return std::make_unique<GpuRunner>(Qwen35MoeGpu::create(model, g));
+    RunnerOptions all_gpu = o;
+    all_gpu.hybrid.reset();
+    return std::make_unique<GpuRunner>(model, all_gpu);
 #else
     fail("--device gpu: no CUDA device (this build has no CUDA support)");
 #endif
@@ -185,7 +164,7 @@ std::unique_ptr<Runner> make_runner(const Qwen35Moe& model, const RunnerOptions&
   if (o.device == "hybrid") {
 #ifdef TANDEM_HAVE_CUDA
     if (!o.hybrid) fail("--device hybrid needs a placement plan (placement::prepare_hybrid)");
-    return std::make_unique<HybridRunner>(model, o);
+    return std::make_unique<GpuRunner>(model, o);
 #else
     fail("--device hybrid: no CUDA device (this build has no CUDA support)");
 #endif
