@@ -318,6 +318,59 @@ struct Qwen35MoeGpu::Impl {
     }
   }
 
+  // ---- the routed experts of one layer for n tokens, shared by decode (n = 1) and batched prefill ----
+
+  // GPU-resident experts into `out` (the kernels skip the host-resident ones); xh / hs are scratch.
+  void gpu_experts(const DevLayer& L, const float* x_dev, const int32_t* ids_dev, const float* w_dev, int64_t n, uint16_t* xh_buf,
+                   void* hs, float* out) {
+    const ModelConfig& c = model.config();
+    const int64_t H = c.hidden_size, I = c.moe_intermediate_size;
+    const int k = c.num_experts_per_tok, T = static_cast<int>(n);
+    if (L.int4_experts) {
+      CK(gpu::gather_x_half(x_dev, nullptr, H, T, xh_buf, stream));
+      CK(gpu::moe_int4_decode(L.experts_i4, H, I, L.expert_group, ids_dev, w_dev, T, k, xh_buf, static_cast<uint16_t*>(hs), out, stream));
+    } else {
+      CK(gpu::moe_bf16_decode(L.experts_bf16, H, I, ids_dev, w_dev, T, k, x_dev, static_cast<float*>(hs), out, stream));
+    }
+  }
+
+  // Hybrid handoff, part 1: x and the top-k of n tokens to pinned host memory, then an event.
+  void handoff_out(const float* x_dev, const int32_t* ids_dev, const float* w_dev, int64_t n) {
+    const ModelConfig& c = model.config();
+    const int64_t k = c.num_experts_per_tok;
+    CK(cudaMemcpyAsync(hx, x_dev, n * c.hidden_size * sizeof(float), cudaMemcpyDeviceToHost, stream));
+    CK(cudaMemcpyAsync(hids, ids_dev, n * k * sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
+    CK(cudaMemcpyAsync(hw, w_dev, n * k * sizeof(float), cudaMemcpyDeviceToHost, stream));
+    CK(cudaEventRecord(routed, stream));
+  }
+
+  // Part 2: wait for the event (spinning: a blocking sync adds a wake-up), run the host-resident
+  // experts of the n tokens, and queue their sum into moe_dev (through cpu_dev). Counts who served what.
+  void handoff_back(size_t li, int64_t n, float* cpu_dev, float* moe_dev) {
+    const ModelConfig& c = model.config();
+    const int64_t H = c.hidden_size;
+    const int k = c.num_experts_per_tok;
+    {
+      TraceSpan wait("wait for router, layer", "handoff", static_cast<int>(li));
+      cudaError_t q;
+      while ((q = cudaEventQuery(routed)) == cudaErrorNotReady) {
+      }
+      CK(q);
+    }
+    bool any = false;
+    for (int64_t j = 0; j < n * k; ++j) {
+      const bool gpu_side = on_gpu(static_cast<int>(li), hids[j]);
+      masked[j] = gpu_side ? -1 : hids[j];
+      any |= !gpu_side;
+      ++(gpu_side ? counts.gpu : counts.cpu);
+    }
+    if (!any) return;
+    std::fill(hout, hout + n * H, 0.0f);
+    opts.host_experts->run(static_cast<int>(li), hx, n, masked.data(), hw, k, hout);
+    CK(cudaMemcpyAsync(cpu_dev, hout, n * H * sizeof(float), cudaMemcpyHostToDevice, stream));
+    CK(gpu::add_inplace(moe_dev, cpu_dev, n * H, stream));
+  }
+
   // y [n, out] = x [n, in] W^T for a chunk of tokens: cuBLAS for bf16, the int4 GEMV 8 tokens at a time.
   void linear_rows(const DevLinear& L, const float* in, int64_t n, float* out) {
     if (!L.int4) {
@@ -336,9 +389,9 @@ struct Qwen35MoeGpu::Impl {
   // bf16 projections run on cuBLAS with split-bf16 activations (~1e-5) instead of the GEMV.
   void prefill_chunk(const int32_t* ids_host, int64_t n, float* logits_last) {
     const ModelConfig& c = model.config();
-    const int64_t H = c.hidden_size, I = c.moe_intermediate_size, Is = c.shared_expert_intermediate_size;
+    const int64_t H = c.hidden_size, Is = c.shared_expert_intermediate_size;
     const int k = c.num_experts_per_tok, Hv = c.linear_num_value_heads;
-    const int64_t conv_dim = c.linear_conv_dim(), Vd = c.linear_value_dim(), nh2 = int64_t(c.num_heads) * 2 * c.head_dim;
+    const int64_t nh2 = int64_t(c.num_heads) * 2 * c.head_dim;
     const int64_t kvd = int64_t(c.num_kv_heads) * c.head_dim, ad = int64_t(c.num_heads) * c.head_dim;
     const float eps = static_cast<float>(c.rms_norm_eps);
     host_pos.resize(n);
@@ -382,43 +435,16 @@ struct Qwen35MoeGpu::Impl {
       linear_rows(L.router, px, n, prouter);
       CK(gpu::router_topk(prouter, c.num_experts, k, static_cast<int>(n), ptopk_ids, ptopk_w, stream));
       const bool split = L.cpu_experts && opts.host_experts;
-      if (split) {
-        CK(cudaMemcpyAsync(hx, px, n * H * sizeof(float), cudaMemcpyDeviceToHost, stream));
-        CK(cudaMemcpyAsync(hids, ptopk_ids, n * k * sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
-        CK(cudaMemcpyAsync(hw, ptopk_w, n * k * sizeof(float), cudaMemcpyDeviceToHost, stream));
-        CK(cudaEventRecord(routed, stream));
-      }
-      if (L.int4_experts) {
-        CK(gpu::gather_x_half(px, nullptr, H, static_cast<int>(n), pxh, stream));
-        CK(gpu::moe_int4_decode(L.experts_i4, H, I, L.expert_group, ptopk_ids, ptopk_w, static_cast<int>(n), k, pxh, phs, pmoe, stream));
-      } else {
-        CK(gpu::moe_bf16_decode(L.experts_bf16, H, I, ptopk_ids, ptopk_w, static_cast<int>(n), k, px, reinterpret_cast<float*>(phs), pmoe,
-                                stream));
-      }
+      if (split) handoff_out(px, ptopk_ids, ptopk_w, n);
+      gpu_experts(L, px, ptopk_ids, ptopk_w, n, pxh, phs, pmoe);
       linear_rows(L.sh_gate, px, n, psg);
       linear_rows(L.sh_up, px, n, psu);
       CK(gpu::silu_mul(psg, psu, n * Is, stream));
       linear_rows(L.sh_down, psg, n, psd);
       linear_rows(L.sh_expert_gate, px, n, psgate);
       CK(gpu::gated_add(pmoe, psd, psgate, H, static_cast<int>(n), stream));
-      if (split) {
-        CK(cudaEventSynchronize(routed));
-        bool any = false;
-        for (int64_t j = 0; j < n * k; ++j) {
-          const bool gpu_side = on_gpu(static_cast<int>(li), hids[j]);
-          masked[j] = gpu_side ? -1 : hids[j];
-          any |= !gpu_side;
-          ++(gpu_side ? counts.gpu : counts.cpu);
-        }
-        if (any) {
-          std::fill(hout, hout + n * H, 0.0f);
-          opts.host_experts->run(static_cast<int>(li), hx, n, masked.data(), hw, k, hout);
-          CK(cudaMemcpyAsync(pcpu, hout, n * H * sizeof(float), cudaMemcpyHostToDevice, stream));
-          CK(gpu::add_inplace(pmoe, pcpu, n * H, stream));
-        }
-      } else {
-        counts.gpu += static_cast<uint64_t>(n) * k;
-      }
+      if (split) handoff_back(li, n, pcpu, pmoe);
+      else counts.gpu += static_cast<uint64_t>(n) * k;
       CK(gpu::add_inplace(ph, pmoe, n * H, stream));
     }
     pos += n;
@@ -510,7 +536,7 @@ struct Qwen35MoeGpu::Impl {
   // host embedding (neither is captured in a graph).
   void enqueue(int32_t id, const int32_t* id_src, const int32_t* pos_src, float* logits_dst, Trace* tr) {
     const ModelConfig& c = model.config();
-    const int64_t H = c.hidden_size, I = c.moe_intermediate_size;
+    const int64_t H = c.hidden_size;
     const int k = c.num_experts_per_tok;
     const float eps = static_cast<float>(c.rms_norm_eps);
     CK(cudaMemcpyAsync(ids, id_src, 4, cudaMemcpyHostToDevice, stream));
@@ -558,20 +584,9 @@ struct Qwen35MoeGpu::Impl {
       linear(L.router, x, router);
       CK(gpu::router_topk(router, c.num_experts, k, 1, topk_ids, topk_w, stream));
       const bool split = L.cpu_experts && opts.host_experts;
-      if (split) {  // hand x and the top-k to the host (pinned), then keep the GPU busy meanwhile
-        CK(cudaMemcpyAsync(hx, x, H * sizeof(float), cudaMemcpyDeviceToHost, stream));
-        CK(cudaMemcpyAsync(hids, topk_ids, k * sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
-        CK(cudaMemcpyAsync(hw, topk_w, k * sizeof(float), cudaMemcpyDeviceToHost, stream));
-        CK(cudaEventRecord(routed, stream));
-      }
+      if (split) handoff_out(x, topk_ids, topk_w, 1);  // the host starts while the GPU goes on
       mark(tr, li, 2);
-      if (L.int4_experts) {
-        CK(gpu::gather_x_half(x, nullptr, H, 1, xh, stream));
-        CK(gpu::moe_int4_decode(L.experts_i4, H, I, L.expert_group, topk_ids, topk_w, 1, k, xh,
-                                reinterpret_cast<uint16_t*>(hscratch), moe_out, stream));
-      } else {
-        CK(gpu::moe_bf16_decode(L.experts_bf16, H, I, topk_ids, topk_w, 1, k, x, hscratch, moe_out, stream));
-      }
+      gpu_experts(L, x, topk_ids, topk_w, 1, xh, hscratch, moe_out);
       linear(L.sh_gate, x, sg);
       linear(L.sh_up, x, su);
       CK(gpu::silu_mul(sg, su, c.shared_expert_intermediate_size, stream));
@@ -579,30 +594,8 @@ struct Qwen35MoeGpu::Impl {
       linear(L.sh_expert_gate, x, sgate);
       CK(gpu::gated_add(moe_out, sd, sgate, H, 1, stream));
       mark(tr, li, 3);
-      if (split) {
-        {
-          TraceSpan wait("wait for router, layer", "handoff", static_cast<int>(li));
-          cudaError_t q;  // spin: the lowest-latency wait (a blocking sync adds a wake-up)
-          while ((q = cudaEventQuery(routed)) == cudaErrorNotReady) {
-          }
-          CK(q);
-        }
-        bool any = false;
-        for (int j = 0; j < k; ++j) {
-          const bool gpu_side = on_gpu(static_cast<int>(li), hids[j]);
-          masked[j] = gpu_side ? -1 : hids[j];
-          any |= !gpu_side;
-          ++(gpu_side ? counts.gpu : counts.cpu);
-        }
-        if (any) {
-          std::fill(hout, hout + H, 0.0f);
-          opts.host_experts->run(static_cast<int>(li), hx, 1, masked.data(), hw, k, hout);
-          CK(cudaMemcpyAsync(cpu_out, hout, H * sizeof(float), cudaMemcpyHostToDevice, stream));
-          CK(gpu::add_inplace(moe_out, cpu_out, H, stream));
-        }
-      } else {
-        counts.gpu += k;
-      }
+      if (split) handoff_back(li, 1, cpu_out, moe_out);
+      else counts.gpu += k;
       CK(gpu::add_inplace(h, moe_out, H, stream));
       mark(tr, li, 4);
     }
@@ -732,10 +725,10 @@ void Qwen35MoeGpu::reset() {
 void Qwen35MoeGpu::forward(std::span<const int32_t> ids, float* logits, Qwen35Moe::LogitRows rows) {
   Impl& m = *impl_;
   const int64_t V = m.model.config().vocab_size, T = static_cast<int64_t>(ids.size());
+  for (int64_t t = 0; t < T; ++t)  // checked before any work, so a bad call leaves the sequence as it was
+    if (ids[t] < 0 || ids[t] >= V) fail("token id ", ids[t], " at position ", t, " is outside the vocabulary (0..", V - 1, ")");
+  if (m.pos + T > m.opts.max_context) fail("the sequence reached the context limit of ", m.opts.max_context, " tokens (--context)");
   if (m.batched && T > 1 && rows == Qwen35Moe::LogitRows::Last && !Trace::active()) {
-    for (int64_t t = 0; t < T; ++t)
-      if (ids[t] < 0 || ids[t] >= V) fail("token id ", ids[t], " at position ", t, " is outside the vocabulary (0..", V - 1, ")");
-    if (m.pos + T > m.opts.max_context) fail("the sequence reached the context limit of ", m.opts.max_context, " tokens (--context)");
     for (int64_t t = 0; t < T; t += m.chunk) {
       const int64_t n = std::min(m.chunk, T - t);
       m.prefill_chunk(ids.data() + t, n, t + n == T ? logits : nullptr);
@@ -743,8 +736,6 @@ void Qwen35MoeGpu::forward(std::span<const int32_t> ids, float* logits, Qwen35Mo
     return;
   }
   for (int64_t t = 0; t < T; ++t) {
-    if (ids[t] < 0 || ids[t] >= V) fail("token id ", ids[t], " at position ", t, " is outside the vocabulary (0..", V - 1, ")");
-    if (m.pos >= m.opts.max_context) fail("the sequence reached the context limit of ", m.opts.max_context, " tokens (--context)");
     const bool want = rows == Qwen35Moe::LogitRows::All || t == T - 1;
     m.step(ids[t], want ? logits + (rows == Qwen35Moe::LogitRows::All ? t * V : 0) : nullptr);
   }
