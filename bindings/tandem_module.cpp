@@ -209,9 +209,7 @@ class Engine {
     if (n == 0) fail("ids: give at least one token id");
     const int64_t prefill = prefill_obj.is_none() ? n : prefill_obj.cast<int64_t>();
     if (prefill < 0 || prefill > n) fail("prefill ", prefill, " must be between 0 and the number of ids (", n, ")");
-    for (int64_t i = 0; i < n; ++i)
-      if (ids[i] < 0 || ids[i] >= V)
-        fail("ids: token id ", ids[i], " at position ", i, " is outside the vocabulary of ", dir_, " (vocab_size ", V, ")");
+    check_token_ids(ids, V, dir_, "ids");
     if (ro_.device != "ref" && ro_.device != "cpu" && n > ro_.context)
       fail(n, " ids exceed the context of ", ro_.context, " tokens (Engine(context=...))");
     py::array_t<float> out({n, V});
@@ -234,9 +232,7 @@ class Engine {
   }
   py::bytes decode(const std::vector<int32_t>& ids, bool skip_special) const {
     check_text();
-    const int64_t V = model_->config().vocab_size;
-    for (size_t i = 0; i < ids.size(); ++i)
-      if (ids[i] < 0 || ids[i] >= V) fail("decode: token id ", ids[i], " at position ", i, " is outside the vocabulary (0..", V - 1, ")");
+    check_token_ids(ids, model_->config().vocab_size, dir_, "decode");
     return py::bytes(tokenizer_->decode(ids, skip_special));
   }
 

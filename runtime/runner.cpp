@@ -138,6 +138,12 @@ class GpuRunner final : public Runner {
 
 }  // namespace
 
+void check_token_ids(std::span<const int32_t> ids, int64_t vocab_size, const std::string& model_dir, const char* what) {
+  for (size_t i = 0; i < ids.size(); ++i)
+    if (ids[i] < 0 || ids[i] >= vocab_size)
+      fail(what, ": token id ", ids[i], " at position ", i, " is outside the vocabulary of ", model_dir, " (vocab_size ", vocab_size, ")");
+}
+
 std::unique_ptr<Runner> make_runner(const Qwen35Moe& model, const RunnerOptions& o) {
   if (o.defer_experts < 0 || o.defer_experts > model.config().num_experts_per_tok)
     fail("--defer-experts ", o.defer_experts, " must be between 0 and the model's ", model.config().num_experts_per_tok, " experts per token");

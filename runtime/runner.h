@@ -64,4 +64,8 @@ class Runner {
 
 std::unique_ptr<Runner> make_runner(const Qwen35Moe& model, const RunnerOptions& opts);
 
+// tandem::Error "<what>: token id X at position i is outside the vocabulary of <model_dir> (vocab_size V)"
+// for the first id out of range (the same words for the CLI and the Python bindings).
+void check_token_ids(std::span<const int32_t> ids, int64_t vocab_size, const std::string& model_dir, const char* what);
+
 }  // namespace tandem

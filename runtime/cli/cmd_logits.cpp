@@ -48,10 +48,7 @@ int cmd_logits(int argc, char** argv) {
   const auto t_load = clock::now();
   auto model = Qwen35Moe::load(model_dir);
   const ModelConfig& cfg = model->config();
-  for (int64_t i = 0; i < n; ++i)
-    if (ids[i] >= cfg.vocab_size)
-      fail("--ids: token id ", ids[i], " at position ", i, " is outside the vocabulary of ", model_dir, " (vocab_size ",
-           cfg.vocab_size, ")");
+  check_token_ids(ids, cfg.vocab_size, model_dir, "--ids");
   auto runner = open_runner(*model, ro);
   const double load_s = std::chrono::duration<double>(clock::now() - t_load).count();
 
