@@ -21,6 +21,9 @@ using BlasHandle = cublasContext*;
 
 // Create / destroy a cuBLAS handle (status as cudaError_t: cudaErrorUnknown on a cuBLAS failure).
 cudaError_t blas_create(BlasHandle* handle);
+// Gives the handle a caller-owned workspace (so its memory is inside the caller's budget).
+inline constexpr size_t kBlasWorkspaceBytes = size_t(4) << 20;
+cudaError_t blas_set_workspace(BlasHandle handle, void* workspace, size_t bytes);
 void blas_destroy(BlasHandle handle);
 
 cudaError_t gemm_bf16(BlasHandle handle, const uint16_t* W, int64_t N, int64_t K, const float* x, int64_t T, uint16_t* x_split,

@@ -23,6 +23,9 @@ cudaError_t status(cublasStatus_t s) { return s == CUBLAS_STATUS_SUCCESS ? cudaS
 }  // namespace
 
 cudaError_t blas_create(BlasHandle* handle) { return status(cublasCreate(handle)); }
+cudaError_t blas_set_workspace(BlasHandle handle, void* workspace, size_t bytes) {
+  return status(cublasSetWorkspace(handle, workspace, bytes));
+}
 void blas_destroy(BlasHandle handle) {
   if (handle) cublasDestroy(handle);
 }

@@ -36,6 +36,7 @@ std::shared_ptr<HybridPlacement> hybrid_placement(const Plan& plan, int64_t tota
   hp->cpu_expert_format = plan.cpu_expert_format;
   hp->gpu_alloc_bytes = plan.budget_bytes - plan.vram.reserve;
   hp->deferral = plan.deferral;
+  hp->prefill_chunk = plan.prefill_chunk;
   hp->expected_gpu_share = plan.expected_gpu_expert_fraction;
   hp->summary = str_cat(plan.total_gpu_experts(), " of ", total_experts, " routed experts on the GPU (", plan.selection, "), budget ",
                         format_gib(plan.budget_bytes), ", expected GPU share ",

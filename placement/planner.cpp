@@ -63,7 +63,7 @@ std::string rule_where(const PlacementConfig& cfg, const PlacementRule& r) {
 
 // Everything but routed experts, as Qwen35MoeGpu allocates it (header comment, point 1).
 VramBytes fixed_vram(const ModelConfig& c, const Sizer& s, int64_t context, int batch, bool embed_on_gpu, bool tied_shared,
-                     uint64_t reserve) {
+                     int64_t prefill_chunk, uint64_t reserve) {
   const int64_t H = c.hidden_size, V = c.vocab_size, I = c.moe_intermediate_size, Is = c.shared_expert_intermediate_size;
   const int64_t conv_dim = c.linear_conv_dim(), Vd = c.linear_value_dim(), Hv = c.linear_num_value_heads;
   const int E = c.num_experts, k = c.num_experts_per_tok, L = c.num_layers;
@@ -102,6 +102,16 @@ VramBytes fixed_vram(const ModelConfig& c, const Sizer& s, int64_t context, int 
       v.workspace += floats(n);
     v.workspace += align256(wide * 2) + 2 * align256(4) + align256(k * 4) + floats(k);  // xh, ids, pos, top-k ids, weights
     v.workspace += floats(H);  // CPU experts' result (hybrid)
+    if (prefill_chunk > 0 && embed_on_gpu) {  // batched prefill: chunk-sized copies, cuBLAS workspace
+      const int64_t n = prefill_chunk, nh2 = int64_t(nh) * 2 * hd, kvd = int64_t(nkv) * hd;
+      const int64_t widest_k = std::max({H, Vd, int64_t(nh) * hd, Is, I});
+      for (int64_t m : {H, H, H, conv_dim, Vd, Hv, Hv, Vd, conv_dim, nh2, kvd, kvd, int64_t(nh) * hd, int64_t(E), H, Is, Is, H,
+                        int64_t(1), int64_t(k), H})
+        v.workspace += floats(n * m);
+      v.workspace += align256(static_cast<uint64_t>(n * k * I * 2) * 2) + align256(static_cast<uint64_t>(2 * n * widest_k) * 2) +
+                     align256(static_cast<uint64_t>(n * wide) * 2) + 2 * align256(n * 4) + align256(n * k * 4);  // h, split x, xh, ids, pos, top-k
+      v.workspace += uint64_t(4) << 20;  // cuBLAS workspace (gpu::kBlasWorkspaceBytes)
+    }
   }
   v.reserve = reserve;
   return v;
@@ -215,7 +225,8 @@ Plan make_plan(const ModelConfig& c, const PlacementConfig& cfg, const PlanReque
 
   // ---- fixed VRAM ----
   const bool tied_shared = c.tie_word_embeddings && p.embed_on_gpu;
-  p.vram = fixed_vram(c, s, p.context, p.batch, p.embed_on_gpu, tied_shared, cfg.gpu_reserve);
+  p.prefill_chunk = cfg.prefill_chunk;
+  p.vram = fixed_vram(c, s, p.context, p.batch, p.embed_on_gpu, tied_shared, p.prefill_chunk, cfg.gpu_reserve);
   VramBytes& v = p.vram;
 
   // ---- experts: formats and sizes ----
@@ -385,6 +396,7 @@ nlohmann::json plan_to_json(const Plan& p) {
   j["expected_gpu_expert_fraction"] = p.expected_gpu_expert_fraction;
   j["deferral"] = p.deferral;
   j["prefill_strategy"] = prefill_name(p.prefill);
+  j["prefill_chunk"] = p.prefill_chunk;
   const Prediction& pr = p.predicted;
   j["predicted_decode_tok_s"] = pr.decode_tok_s;
   j["predicted_decode_ms"] = pr.decode_ms;
@@ -415,7 +427,7 @@ std::string plan_table(const Plan& p) {
   line("routed experts", str_cat(format_gib(v.expert_weights), " (", p.total_gpu_experts(), " experts, ", p.expert_checkpoint_format, ")"));
   line("KV cache", format_gib(v.kv_cache));
   line("DeltaNet state", format_gib(v.deltanet_state));
-  line("workspace", format_gib(v.workspace));
+  line("workspace", format_gib(v.workspace) + (p.prefill_chunk > 0 && p.embed_on_gpu ? str_cat(" (prefill in batches of ", p.prefill_chunk, " tokens)") : std::string(" (prefill token by token)")));
   line("reserve (CUDA)", format_gib(v.reserve));
   line("total", str_cat(format_gib(v.total()), " of ", format_gib(p.budget_bytes)));
   o += "\n";

@@ -75,6 +75,7 @@ struct Plan {
   std::string selection;                            // the policy, as the config named it
   int deferral = 0;
   PrefillStrategy prefill = PrefillStrategy::Auto;
+  int64_t prefill_chunk = 0;  // batched GPU prefill chunk (its workspace is in vram.workspace); 0: token by token
   Prediction predicted;
 
   int total_gpu_experts() const;

@@ -47,9 +47,10 @@ class HostRunner final : public Runner {
 };
 
 #ifdef TANDEM_HAVE_CUDA
-bool env_on(const char* name) {
+// The GPU fast paths are on unless NAME=0 (for A/B measurements and bisecting).
+bool env_off(const char* name) {
   const char* v = std::getenv(name);
-  return v && std::string(v) == "1";
+  return v && std::string(v) == "0";
 }
 
 // The CPU side of a hybrid run: the routed experts the plan leaves in host memory, repacked once into
@@ -95,8 +96,8 @@ class GpuRunner final : public Runner {
     GpuOptions g;
     g.budget_bytes = o.gpu_mem;
     g.max_context = o.context;
-    g.cuda_graph = env_on("TANDEM_CUDA_GRAPH");
-    g.batched_prefill = env_on("TANDEM_BATCHED_PREFILL");
+    g.cuda_graph = !env_off("TANDEM_CUDA_GRAPH");
+    g.batched_prefill = !env_off("TANDEM_BATCHED_PREFILL");
     if (placement_) {
       if (placement_->deferral > 0) fail("experts.deferral is not implemented in the hybrid dispatcher yet; set it to 0");
       cpu_ = std::make_unique<CpuExpertSide>(model, *placement_, o.threads);
@@ -105,6 +106,8 @@ class GpuRunner final : public Runner {
       g.expert_on_gpu = &placement_->expert_on_gpu;
       g.host_experts = cpu_.get();
       g.embed_on_gpu = placement_->embed_on_gpu;
+      g.prefill_chunk = placement_->prefill_chunk;
+      g.batched_prefill = g.batched_prefill && g.prefill_chunk > 0;
     }
     gpu_ = Qwen35MoeGpu::create(model, g);
   }
@@ -114,8 +117,10 @@ class GpuRunner final : public Runner {
     gpu_->forward(ids, logits, rows);
   }
   std::string describe() const override {
-    if (!placement_) return "gpu: " + gpu_->memory().describe();
-    return "hybrid: " + placement_->summary + "; GPU " + gpu_->memory().describe() + "; CPU " + cpu_->describe();
+    std::string paths = gpu_->batched_prefill_active() ? "prefill in batches" : "prefill token by token";
+    paths += gpu_->cuda_graph_active() ? ", decode steps as CUDA graphs" : ", decode steps launched eagerly";
+    if (!placement_) return "gpu: " + gpu_->memory().describe() + "; " + paths;
+    return "hybrid: " + placement_->summary + "; GPU " + gpu_->memory().describe() + "; CPU " + cpu_->describe() + "; " + paths;
   }
   uint64_t peak_device_bytes() const override { return gpu_->memory().total(); }
   double gpu_expert_share() const override {

@@ -26,6 +26,7 @@ struct HybridPlacement {
   std::string cpu_expert_format = "int4";  // int4 | int8 | bf16
   uint64_t gpu_alloc_bytes = 0;            // what Tandem may allocate: budget minus gpu.reserve
   int deferral = 0;
+  int64_t prefill_chunk = 256;             // batched prefill chunk the plan budgets for; 0: token by token
   double expected_gpu_share = 1;           // the planner's expected share of activations on the GPU
   std::string summary;                     // one line for describe()
 };

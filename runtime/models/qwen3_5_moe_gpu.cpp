@@ -172,6 +172,7 @@ struct Qwen35MoeGpu::Impl {
   bool batched = false;
   int64_t chunk = 0;
   gpu::BlasHandle blas = nullptr;
+  void* blas_ws = nullptr;  // its workspace, inside the arena
   float *ph = nullptr, *px = nullptr, *po = nullptr, *pqkv = nullptr, *pz = nullptr, *pb = nullptr, *pa = nullptr, *pcore = nullptr,
         *pconv = nullptr, *pqg = nullptr, *pk = nullptr, *pv = nullptr, *pattn = nullptr, *prouter = nullptr, *pmoe = nullptr,
         *psg = nullptr, *psu = nullptr, *psd = nullptr, *psgate = nullptr, *ptopk_w = nullptr, *pcpu = nullptr;
@@ -302,7 +303,7 @@ struct Qwen35MoeGpu::Impl {
     topk_w = ws(k);
     pos_dev = up.zeros<int32_t>(1, Kind::Work);
     cpu_out = ws(H);
-    if (opts.batched_prefill && opts.prefill_chunk > 0) {
+    if (opts.batched_prefill && opts.prefill_chunk > 0 && opts.embed_on_gpu) {
       const int64_t n = opts.prefill_chunk, nh2 = int64_t(nh) * 2 * hd, kvd = int64_t(nkv) * hd;
       const int64_t widest_k = std::max({H, Vd, int64_t(nh) * hd, Is, I});
       ph = ws(n * H), px = ws(n * H), po = ws(n * H), pqkv = ws(n * conv_dim), pz = ws(n * Vd), pb = ws(n * c.linear_num_value_heads),
@@ -315,6 +316,7 @@ struct Qwen35MoeGpu::Impl {
       pids = up.zeros<int32_t>(n, Kind::Work);
       ppos = up.zeros<int32_t>(n, Kind::Work);
       ptopk_ids = up.zeros<int32_t>(n * k, Kind::Work);
+      blas_ws = up.alloc(gpu::kBlasWorkspaceBytes, Kind::Work);
     }
   }
 
@@ -610,6 +612,8 @@ Qwen35MoeGpu::Qwen35MoeGpu(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) 
 Qwen35MoeGpu::~Qwen35MoeGpu() = default;
 const GpuMemoryPlan& Qwen35MoeGpu::memory() const { return impl_->plan; }
 const ExpertCounts& Qwen35MoeGpu::expert_counts() const { return impl_->counts; }
+bool Qwen35MoeGpu::batched_prefill_active() const { return impl_->batched; }
+bool Qwen35MoeGpu::cuda_graph_active() const { return impl_->graph_ok; }
 
 std::unique_ptr<Qwen35MoeGpu> Qwen35MoeGpu::create(const Qwen35Moe& model, const GpuOptions& opts) {
   int n = 0;
@@ -637,26 +641,31 @@ std::unique_ptr<Qwen35MoeGpu> Qwen35MoeGpu::create(const Qwen35Moe& model, const
   CK(cudaStreamCreate(&impl->stream));
   const int64_t H = model.config().hidden_size, k = model.config().num_experts_per_tok;
   CK(cudaEventCreateWithFlags(&impl->routed, cudaEventDisableTiming));
-  const int64_t rows = impl->ph ? opts.prefill_chunk : 1;  // tokens handed to the host at once
+  // Pointers into the arena exist only after the commit pass below; until then decide from the options.
+  const bool batched = opts.batched_prefill && opts.prefill_chunk > 0 && opts.embed_on_gpu;
+  const int64_t rows = batched ? opts.prefill_chunk : 1;  // tokens handed to the host at once
   CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hx), rows * H * sizeof(float), cudaHostAllocDefault));
   CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hout), rows * H * sizeof(float), cudaHostAllocDefault));
   CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hembed), H * sizeof(float), cudaHostAllocDefault));
   CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hw), rows * k * sizeof(float), cudaHostAllocDefault));
   CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hids), rows * k * sizeof(int32_t), cudaHostAllocDefault));
   impl->masked.assign(rows * k, -1);
-  impl->batched = impl->ph && impl->embed;
+  Uploader commit;
+  commit.begin_commit(impl->arena);
+  impl->build(commit);
+  CK(cudaDeviceSynchronize());
+  impl->batched = batched && impl->ph && impl->embed;
   impl->chunk = opts.prefill_chunk;
-  if (impl->batched) CK(gpu::blas_create(&impl->blas));
+  if (impl->batched) {
+    CK(gpu::blas_create(&impl->blas));
+    CK(gpu::blas_set_workspace(impl->blas, impl->blas_ws, gpu::kBlasWorkspaceBytes));
+  }
   impl->graph_ok = opts.cuda_graph && impl->embed;
   for (const DevLayer& L : impl->layers) impl->graph_ok &= !(L.cpu_experts && opts.host_experts);
   if (impl->graph_ok) {
     CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hidpos), 2 * sizeof(int32_t), cudaHostAllocDefault));
     CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hlogits), model.config().vocab_size * sizeof(float), cudaHostAllocDefault));
   }
-  Uploader commit;
-  commit.begin_commit(impl->arena);
-  impl->build(commit);
-  CK(cudaDeviceSynchronize());
   return std::unique_ptr<Qwen35MoeGpu>(new Qwen35MoeGpu(std::move(impl)));
 }
 

@@ -51,14 +51,14 @@ struct GpuOptions {
   HostExperts* host_experts = nullptr;
   bool embed_on_gpu = true;  // false: the embedding table stays in host memory (one row per token crosses)
   std::string budget_name = "--gpu-mem";  // for messages: where the budget came from
-  // Experimental (not yet validated on a GPU): run each decode step as one captured CUDA graph when
-  // everything is on the GPU (no host experts, embedding on the GPU, no --trace). Off by default;
-  // TANDEM_CUDA_GRAPH=1 turns it on in the runners.
+  // Run each decode step as one captured CUDA graph when everything is on the GPU (no host experts,
+  // embedding on the GPU, no --trace). The runners turn it on unless TANDEM_CUDA_GRAPH=0.
   bool cuda_graph = false;
-  // Experimental (not yet validated on a GPU): prompts whose last logits row is asked for go through
-  // layer by layer in chunks of prefill_chunk tokens (cuBLAS projections, DeltaNet prefill, the
-  // experts of the whole chunk at once, on the GPU and on the host); the workspace grows by ~0.2 MB
-  // per chunk token at the 35B shape. TANDEM_BATCHED_PREFILL=1 turns it on in the runners.
+  // Prompts whose last logits row is asked for go through layer by layer in chunks of prefill_chunk
+  // tokens (cuBLAS projections, DeltaNet prefill, the experts of the whole chunk at once, on the GPU
+  // and on the host); needs the embedding on the GPU. The workspace grows by ~0.2 MB per chunk token
+  // at the 35B shape plus gpu::kBlasWorkspaceBytes (the planner counts both). The runners turn it on
+  // unless TANDEM_BATCHED_PREFILL=0.
   bool batched_prefill = false;
   int64_t prefill_chunk = 256;
 };
@@ -81,6 +81,10 @@ class Qwen35MoeGpu {
   double pcie_bandwidth() const;
   void reset();  // start a new sequence
   const ExpertCounts& expert_counts() const;
+  // Whether the options' fast paths are in use (each needs the embedding table on the GPU; the graph
+  // also needs every expert on the GPU).
+  bool batched_prefill_active() const;
+  bool cuda_graph_active() const;
   // Like Qwen35Moe::forward: ids at the current position; logits to host memory, all rows or the last.
   void forward(std::span<const int32_t> ids, float* logits, Qwen35Moe::LogitRows rows = Qwen35Moe::LogitRows::All);
 

@@ -88,23 +88,30 @@ TEST_P(Hybrid, PlannerBytesEqualTheAllocation) {
   const auto f = test::load_fixture(std::get<0>(GetParam()));
   const Placement& pl = kPlacements[std::get<1>(GetParam())];
   auto model = Qwen35Moe::load(f.dir);
-  const placement::Plan plan = plan_for(*model, pl);
-  struct NoHost : HostExperts {
-    void run(int, const float*, int64_t, const int32_t*, const float*, int, float*) override {}
-  } none;
-  GpuOptions g;
-  g.budget_bytes = plan.budget_bytes - plan.vram.reserve;
-  g.max_context = plan.context;
-  g.expert_on_gpu = &plan.expert_on_gpu;
-  g.host_experts = &none;
-  g.embed_on_gpu = plan.embed_on_gpu;
-  auto gpu = Qwen35MoeGpu::create(*model, g);
-  const GpuMemoryPlan& m = gpu->memory();
-  EXPECT_EQ(m.dense_weights, plan.vram.dense_weights) << pl.name;
-  EXPECT_EQ(m.expert_weights, plan.vram.expert_weights) << pl.name;
-  EXPECT_EQ(m.kv_cache, plan.vram.kv_cache) << pl.name;
-  EXPECT_EQ(m.deltanet_state, plan.vram.deltanet_state) << pl.name;
-  EXPECT_EQ(m.workspace, plan.vram.workspace) << pl.name;
+  for (int64_t chunk : {256, 0}) {  // batched prefill (the default) and token by token
+    auto cfg = placement::parse_placement_config(with_counts(pl.yaml, model->config().num_experts), pl.name);
+    cfg.prefill_chunk = chunk;
+    const placement::Plan plan = placement::make_plan(model->config(), cfg);
+    struct NoHost : HostExperts {
+      void run(int, const float*, int64_t, const int32_t*, const float*, int, float*) override {}
+    } none;
+    GpuOptions g;
+    g.budget_bytes = plan.budget_bytes - plan.vram.reserve;
+    g.max_context = plan.context;
+    g.expert_on_gpu = &plan.expert_on_gpu;
+    g.host_experts = &none;
+    g.embed_on_gpu = plan.embed_on_gpu;
+    g.batched_prefill = plan.prefill_chunk > 0;
+    g.prefill_chunk = plan.prefill_chunk;
+    auto gpu = Qwen35MoeGpu::create(*model, g);
+    EXPECT_EQ(gpu->batched_prefill_active(), chunk > 0 && plan.embed_on_gpu) << pl.name;
+    const GpuMemoryPlan& m = gpu->memory();
+    EXPECT_EQ(m.dense_weights, plan.vram.dense_weights) << pl.name << " chunk " << chunk;
+    EXPECT_EQ(m.expert_weights, plan.vram.expert_weights) << pl.name << " chunk " << chunk;
+    EXPECT_EQ(m.kv_cache, plan.vram.kv_cache) << pl.name << " chunk " << chunk;
+    EXPECT_EQ(m.deltanet_state, plan.vram.deltanet_state) << pl.name << " chunk " << chunk;
+    EXPECT_EQ(m.workspace, plan.vram.workspace) << pl.name << " chunk " << chunk;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, Hybrid,
@@ -113,8 +120,8 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, Hybrid,
                            return std::get<0>(info.param) + "_" + kPlacements[std::get<1>(info.param)].name;
                          });
 
-// Hybrid with batched prefill (half the experts on the CPU, chunks of 16): the CPU experts of a whole
-// chunk run in one call; logits as the token-by-token hybrid path.
+// Hybrid with batched prefill (half the experts on the CPU, the plan's chunk): the CPU experts of a
+// whole chunk run in one call; logits as the token-by-token hybrid path.
 TEST(HybridBatched, PrefillEqualsTokenByToken) {
   TANDEM_REQUIRE_GPU();
   for (const std::string& name : test::fixture_names()) {
@@ -122,10 +129,12 @@ TEST(HybridBatched, PrefillEqualsTokenByToken) {
     auto model = Qwen35Moe::load(f.dir);
     const placement::Plan plan = plan_for(*model, kPlacements[1]);
     RunnerOptions o = hybrid_options(plan);
+    setenv("TANDEM_BATCHED_PREFILL", "0", 1);
     auto plain = make_runner(*model, o);
-    setenv("TANDEM_BATCHED_PREFILL", "1", 1);
-    auto batched = make_runner(*model, o);
     unsetenv("TANDEM_BATCHED_PREFILL");
+    auto batched = make_runner(*model, o);
+    ASSERT_NE(plain->describe().find("prefill token by token"), std::string::npos) << plain->describe();
+    ASSERT_NE(batched->describe().find("prefill in batches"), std::string::npos) << batched->describe();
     const int64_t V = f.vocab;
     std::vector<float> a(V), b(V);
     plain->forward(std::span(f.ids.data(), f.prefill), a.data(), Qwen35Moe::LogitRows::Last);

@@ -46,8 +46,10 @@ TEST_P(GpuModel, CudaGraphStepEqualsEagerStep) {
   GpuOptions g;
   g.max_context = 256;
   auto eager = Qwen35MoeGpu::create(*model, g);
+  ASSERT_FALSE(eager->cuda_graph_active());
   g.cuda_graph = true;
   auto graphed = Qwen35MoeGpu::create(*model, g);
+  ASSERT_TRUE(graphed->cuda_graph_active());
   const int64_t n = static_cast<int64_t>(f.ids.size()), V = f.vocab;
   for (int round = 0; round < 2; ++round) {
     std::vector<float> a(n * V), b(n * V);
@@ -74,6 +76,8 @@ TEST_P(GpuModel, BatchedPrefillEqualsTokenByToken) {
   g.batched_prefill = true;
   g.prefill_chunk = 16;
   auto batched = Qwen35MoeGpu::create(*model, g);
+  ASSERT_FALSE(plain->batched_prefill_active());
+  ASSERT_TRUE(batched->batched_prefill_active());
   const int64_t n = static_cast<int64_t>(f.ids.size()), V = f.vocab;
   const NpyArray ref = read_npy_f32(f.dir + "/logits.npy");
   std::vector<float> a(V), b(V);

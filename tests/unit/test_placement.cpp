@@ -99,6 +99,8 @@ TEST(PlacementYamlErrors, NameFileLineAndKey) {
   test::expect_error([] { yaml("gpu:\n  memory: 1GiB\n  reserve: 2GiB\n"); }, {"gpu.reserve", "below gpu.memory"});
   test::expect_error([] { yaml("cpu_experts: all\ngpu_experts_per_layer: 4\n"); }, {"test.yaml:2", "contradicts"});
   test::expect_error([] { load_placement_config("/nonexistent/x.yaml"); }, {"/nonexistent/x.yaml", "cannot open"});
+  test::expect_error([] { yaml("prefill:\n  chunk: -1\n"); }, {"test.yaml:2", "key 'prefill.chunk'", "outside"});
+  test::expect_error([] { yaml("prefill:\n  chunks: 64\n"); }, {"test.yaml:2", "'prefill.chunks'", "did you mean 'chunk'"});
 }
 
 TEST(PlacementYamlErrors, RulesTheModelCannotHonour) {
@@ -142,9 +144,10 @@ TEST(Planner, NeverOverBudgetAndMonotoneInBudget) {
       const Plan p = make_plan(m, yaml(text), {.gpu_mem = b});
       ASSERT_LE(p.vram.total(), b);
       ASSERT_GE(p.total_gpu_experts(), prev_total) << "budget " << b;
-      if (!prev.empty())
+      if (!prev.empty()) {
         for (int l = 0; l < 40; ++l)
           for (int e = 0; e < 256; ++e) ASSERT_GE(p.expert_on_gpu[l][e], prev[l][e]) << "budget " << b << " layer " << l;
+      }
       prev = p.expert_on_gpu, prev_total = p.total_gpu_experts();
     }
   }
@@ -186,6 +189,17 @@ TEST(Planner, ByteAccountingMatchesTheSpecSizes) {
   const Plan cpu_embed = make_plan(model35(), yaml("rules:\n  - {match: embed_tokens, place: cpu}\n"), {.gpu_mem = 24ull << 30});
   EXPECT_FALSE(cpu_embed.embed_on_gpu);
   EXPECT_EQ(p.vram.dense_weights - cpu_embed.vram.dense_weights, 248320ull * 2048 * 2);
+  // Batched prefill (default chunk 256): the chunk-sized copies of the activations plus the cuBLAS
+  // workspace; a chunk of 0 (token by token) or the embedding on the CPU (no batched path) drop both.
+  const Plan tbt = make_plan(model35(), yaml("prefill: {chunk: 0}"), {.gpu_mem = 24ull << 30});
+  const Plan half = make_plan(model35(), yaml("prefill: {chunk: 128}"), {.gpu_mem = 24ull << 30});
+  EXPECT_EQ(p.prefill_chunk, 256);
+  EXPECT_EQ(tbt.prefill_chunk, 0);
+  const double per_token = static_cast<double>(p.vram.workspace - half.vram.workspace) / 128;
+  EXPECT_GT(per_token, 150e3);  // ~0.2 MB of activations per chunk token at the 35B shape
+  EXPECT_LT(per_token, 300e3);
+  EXPECT_NEAR(static_cast<double>(p.vram.workspace - tbt.vram.workspace), 256 * per_token + (4 << 20), 4096);
+  EXPECT_EQ(cpu_embed.vram.workspace, tbt.vram.workspace);
 }
 
 TEST(Planner, SaysWhenTheCpuExpertsDoNotFitInHostMemory) {
