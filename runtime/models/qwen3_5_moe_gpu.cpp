@@ -327,12 +327,19 @@ struct Qwen35MoeGpu::Impl {
                    void* hs, float* out) {
     const ModelConfig& c = model.config();
     const int64_t H = c.hidden_size, I = c.moe_intermediate_size;
-    const int k = c.num_experts_per_tok, T = static_cast<int>(n);
-    if (L.int4_experts) {
-      CK(gpu::gather_x_half(x_dev, nullptr, H, T, xh_buf, stream));
-      CK(gpu::moe_int4_decode(L.experts_i4, H, I, L.expert_group, ids_dev, w_dev, T, k, xh_buf, static_cast<uint16_t*>(hs), out, stream));
-    } else {
-      CK(gpu::moe_bf16_decode(L.experts_bf16, H, I, ids_dev, w_dev, T, k, x_dev, static_cast<float*>(hs), out, stream));
+    const int k = c.num_experts_per_tok;
+    // The decode kernels take up to kMaxGemvTokens tokens per launch (a prefill chunk goes in blocks).
+    for (int64_t t = 0; t < n; t += gpu::kMaxGemvTokens) {
+      const int T = static_cast<int>(std::min<int64_t>(gpu::kMaxGemvTokens, n - t));
+      const float* x = x_dev + t * H;
+      const int32_t* ids = ids_dev + t * k;
+      const float* w = w_dev + t * k;
+      if (L.int4_experts) {
+        CK(gpu::gather_x_half(x, nullptr, H, T, xh_buf, stream));
+        CK(gpu::moe_int4_decode(L.experts_i4, H, I, L.expert_group, ids, w, T, k, xh_buf, static_cast<uint16_t*>(hs), out + t * H, stream));
+      } else {
+        CK(gpu::moe_bf16_decode(L.experts_bf16, H, I, ids, w, T, k, x, static_cast<float*>(hs), out + t * H, stream));
+      }
     }
   }
 
