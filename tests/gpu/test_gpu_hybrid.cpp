@@ -136,13 +136,20 @@ TEST(HybridBatched, PrefillEqualsTokenByToken) {
     ASSERT_NE(plain->describe().find("prefill token by token"), std::string::npos) << plain->describe();
     ASSERT_NE(batched->describe().find("prefill in batches"), std::string::npos) << batched->describe();
     const int64_t V = f.vocab;
+    // Int experts give the CPU side the same arithmetic for a chunk as for one token (the difference is
+    // cuBLAS's split-bf16 rounding, ~1e-5); bf16 experts of a chunk take AMX-BF16 where the CPU has it,
+    // which rounds activations to bf16 (2^-9 per product, qmatmul.h), a few 1e-3 at the logits.
+    const double same_tol = plan.cpu_expert_format == "bf16" ? 1e-2 : 1e-3;
+    const NpyArray ref = read_npy_f32(f.dir + "/logits.npy");
     std::vector<float> a(V), b(V);
     plain->forward(std::span(f.ids.data(), f.prefill), a.data(), Qwen35Moe::LogitRows::Last);
     batched->forward(std::span(f.ids.data(), f.prefill), b.data(), Qwen35Moe::LogitRows::Last);
-    EXPECT_LT(compare_logits(b.data(), a.data(), 1, V).rel_l2[0], 1e-3) << name;
+    EXPECT_LT(compare_logits(b.data(), a.data(), 1, V).rel_l2[0], same_tol) << name;
+    EXPECT_LT(compare_logits(b.data(), ref.data.data() + (f.prefill - 1) * V, 1, V).rel_l2[0], 2e-2) << name << " vs HF";
     plain->forward(std::span(f.ids.data() + f.prefill, 1), a.data(), Qwen35Moe::LogitRows::Last);
     batched->forward(std::span(f.ids.data() + f.prefill, 1), b.data(), Qwen35Moe::LogitRows::Last);
-    EXPECT_LT(compare_logits(b.data(), a.data(), 1, V).rel_l2[0], 1e-3) << name << " (first decode step)";
+    EXPECT_LT(compare_logits(b.data(), a.data(), 1, V).rel_l2[0], same_tol) << name << " (first decode step)";
+    EXPECT_LT(compare_logits(b.data(), ref.data.data() + f.prefill * V, 1, V).rel_l2[0], 2e-2) << name << " (first decode step) vs HF";
   }
 }
 
