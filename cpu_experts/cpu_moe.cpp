@@ -18,6 +18,15 @@ namespace {
 int64_t key_of(int layer, int expert) { return (static_cast<int64_t>(layer) << 32) | static_cast<uint32_t>(expert); }
 int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
+// Task sizes: small enough that 16 threads get several tasks each in a decode step (8 experts:
+// 64 phase-1 tasks of ~66 KB and 64 phase-2 tasks of ~66 KB at int4), large enough to stream.
+// They are also the units of the NUMA split (CpuExpertStore::bind_by_node).
+constexpr int64_t kUpBlockRows = 64;    // phase 1: intermediate rows per task
+constexpr int64_t kDownBlockTiles = 2;  // phase 2: 32 output rows per task
+constexpr int64_t kUpBlockTiles = kUpBlockRows / kTileRows;
+
+int64_t up_blocks(const PackedMatrix& gate) { return (gate.tiles + kUpBlockTiles - 1) / kUpBlockTiles; }
+
 }  // namespace
 
 // ---------------------------------------------------------------- store
@@ -103,7 +112,30 @@ void CpuExpertStore::add_layer(int layer, const MoeWeights& moe, std::span<const
   if (pool) pool->run(static_cast<int64_t>(src.size()), job);
   else
     for (size_t i = 0; i < src.size(); ++i) job(static_cast<int64_t>(i), 0);
+  if (pool && pool->numa_nodes() > 1)
+    for (const ExpertWeights& e : packed) bind_by_node(e, *pool);
   for (size_t i = 0; i < ids.size(); ++i) insert(layer, ids[i], std::move(packed[i]));
+}
+
+void CpuExpertStore::bind_by_node(const ExpertWeights& e, const ThreadPool& pool) {
+  // Node j computes phase-1 blocks node_range(j, blocks) of gate and up and phase-2 blocks
+  // node_range(j, blocks) of down (cpu_moe_forward): those tiles' weights, scales and zeros go there.
+  auto bind = [&](const PackedMatrix& m, int64_t tiles_per_block) {
+    const int64_t blocks = (m.tiles + tiles_per_block - 1) / tiles_per_block, per_tile = m.groups * kTileRows;
+    for (int j = 0; j < pool.numa_nodes(); ++j) {
+      const auto [b0, b1] = pool.node_range(j, blocks);
+      const int64_t t0 = b0 * tiles_per_block, t1 = std::min(m.tiles, b1 * tiles_per_block);
+      if (t1 <= t0) continue;
+      if (pool.bind_to_node(m.w + t0 * m.tile_bytes, static_cast<size_t>((t1 - t0) * m.tile_bytes), j))
+        node_bound_bytes_ += static_cast<uint64_t>((t1 - t0) * m.tile_bytes);
+      if (!m.is_int()) continue;
+      pool.bind_to_node(m.scales + t0 * per_tile, static_cast<size_t>((t1 - t0) * per_tile * 2), j);
+      if (m.zeros) pool.bind_to_node(m.zeros + t0 * per_tile, static_cast<size_t>((t1 - t0) * per_tile), j);
+    }
+  };
+  bind(e.gate, kUpBlockTiles);
+  bind(e.up, kUpBlockTiles);
+  bind(e.down, kDownBlockTiles);
 }
 
 const ExpertWeights* CpuExpertStore::find(int layer, int expert) const {
@@ -138,6 +170,7 @@ std::string CpuExpertStore::description() const {
   s += str_cat("), ", act_precision_name(opt_.act), " activations, ", stream_bytes() >> 20, " MiB of weights",
                exact ? "" : " (some rounded at repack)", ", ",
                arena_->mapped_bytes() >> 20, " MiB mapped, ", arena_->huge_page_bytes() >> 20, " MiB huge-page advised");
+  if (node_bound_bytes_) s += str_cat(", ", node_bound_bytes_ >> 20, " MiB bound to the NUMA node that reads it");
   return s;
 }
 
@@ -195,7 +228,8 @@ struct CpuMoeWorkspace::Impl {
   std::vector<float> tok_weights;
   std::vector<XPrep> preps;
   std::vector<std::pair<int32_t, int32_t>> tasks0;  // (x prep, row chunk) or (-1 - job, 0 gate / 1 up)
-  std::vector<std::pair<int32_t, int32_t>> tasks1;  // (job, block)
+  std::vector<std::pair<int32_t, int32_t>> tasks1;  // (job, block), node by node
+  std::vector<int64_t> node_end;                     // end of each node's slice of tasks1
   std::vector<int32_t> iota;
   std::unique_ptr<std::atomic<int32_t>[]> pending;  // per down group: phase-1 blocks still to write it
   size_t pending_cap = 0;
@@ -260,11 +294,6 @@ int find_or_add_prep(std::vector<XPrep>& preps, const PackedMatrix& m, ActPrecis
   return static_cast<int>(preps.size() - 1);
 }
 
-// Task sizes: small enough that 16 threads get several tasks each in a decode step (8 experts:
-// 64 phase-1 tasks of ~66 KB and 64 phase-2 tasks of ~66 KB at int4), large enough to stream.
-constexpr int64_t kUpBlockRows = 64;    // phase 1: intermediate rows per task
-constexpr int64_t kDownBlockTiles = 2;  // phase 2: 32 output rows per task
-
 }  // namespace
 
 void cpu_moe_forward(const CpuExpertStore& store, int layer, const float* x, int64_t T, const int32_t* ids,
@@ -322,7 +351,7 @@ void cpu_moe_forward(const CpuExpertStore& store, int layer, const float* x, int
   size_t groups_total = 0;
   for (Job& j : ws.jobs) {
     const PackedMatrix &g = j.w->gate, &d = j.w->down;
-    j.nblk = (g.tiles * kTileRows + kUpBlockRows - 1) / kUpBlockRows;
+    j.nblk = up_blocks(g);
     j.h_stride = round_up(std::max(g.tiles * kTileRows, d.cols_padded), 16);
     j.grp0 = groups_total;
     if (d.is_int()) groups_total += static_cast<size_t>(d.groups);
@@ -441,10 +470,17 @@ void cpu_moe_forward(const CpuExpertStore& store, int layer, const float* x, int
       for (int64_t t = 0; t < n; ++t) prep(t, 0);
   }
 
-  // Phase 1: gate + up + SwiGLU (+ re-quantization for down) per (expert, block of rows).
+  // Phase 1: gate + up + SwiGLU (+ re-quantization for down) per (expert, block of rows); node by
+  // node, each node's slice holding the blocks whose weights live there (bind_by_node).
   ws.tasks1.clear();
-  for (size_t j = 0; j < ws.jobs.size(); ++j)
-    for (int64_t b = 0; b < ws.jobs[j].nblk; ++b) ws.tasks1.push_back({static_cast<int32_t>(j), static_cast<int32_t>(b)});
+  ws.node_end.clear();
+  for (int node = 0; node < pool.numa_nodes(); ++node) {
+    for (size_t j = 0; j < ws.jobs.size(); ++j) {
+      const auto [b0, b1] = pool.numa_nodes() > 1 ? pool.node_range(node, ws.jobs[j].nblk) : std::pair<int64_t, int64_t>{0, ws.jobs[j].nblk};
+      for (int64_t b = b0; b < b1; ++b) ws.tasks1.push_back({static_cast<int32_t>(j), static_cast<int32_t>(b)});
+    }
+    ws.node_end.push_back(static_cast<int64_t>(ws.tasks1.size()));
+  }
   auto act_for = [&](const Job& j, int prep, const QuantActs& gathered) {
     ActRows a;
     a.nrows = j.ntok;
@@ -460,7 +496,7 @@ void cpu_moe_forward(const CpuExpertStore& store, int layer, const float* x, int
     }
     return a;
   };
-  pool.run(static_cast<int64_t>(ws.tasks1.size()), [&](int64_t task, int worker) {
+  pool.run_split(static_cast<int64_t>(ws.tasks1.size()), ws.node_end.data(), [&](int64_t task, int worker) {
     const auto [ji, b] = ws.tasks1[static_cast<size_t>(task)];
     const Job& j = ws.jobs[static_cast<size_t>(ji)];
     const ExpertWeights& e = *j.w;
@@ -492,7 +528,8 @@ void cpu_moe_forward(const CpuExpertStore& store, int layer, const float* x, int
     }
   });
 
-  // Phase 2: down rows per output block, over all selected experts in order.
+  // Phase 2: down rows per output block, over all selected experts in order; run()'s proportional
+  // split gives node j the blocks node_range(j, n2), whose weights bind_by_node put there.
   const int64_t h_tiles = (H + kTileRows - 1) / kTileRows;
   const int64_t n2 = (h_tiles + kDownBlockTiles - 1) / kDownBlockTiles;
   pool.run(n2, [&](int64_t task, int worker) {

@@ -60,7 +60,9 @@ class CpuExpertStore {
   ~CpuExpertStore();
 
   // Repacks `experts` of `layer` (every routed expert when empty; id moe.gate.size() = shared
-  // expert). With a pool, experts are repacked in parallel. Throws tandem::Error on bad shapes/ids.
+  // expert). With a pool, experts are repacked in parallel, and on a multi-node machine each node's
+  // share of every matrix's row blocks (the blocks cpu_moe_forward hands that node's workers) is
+  // bound to that node's memory. Throws tandem::Error on bad shapes/ids.
   void add_layer(int layer, const MoeWeights& moe, std::span<const int> experts = {}, ThreadPool* pool = nullptr);
   // One expert from its three matrices (custom loaders, tests, benchmarks).
   void add_expert(int layer, int expert, const LinearWeight& gate, const LinearWeight& up, const LinearWeight& down);
@@ -76,11 +78,13 @@ class CpuExpertStore {
   ExpertWeights pack_expert(const LinearWeight& gate, const LinearWeight& up, const LinearWeight& down);
   size_t expert_bytes(const LinearWeight& gate, const LinearWeight& up, const LinearWeight& down) const;
   void insert(int layer, int expert, ExpertWeights w);
+  void bind_by_node(const ExpertWeights& e, const ThreadPool& pool);
 
   CpuExpertStoreOptions opt_;
   std::unique_ptr<HostArena> arena_;
   std::deque<ExpertWeights> entries_;
   std::unordered_map<int64_t, size_t> index_;
+  uint64_t node_bound_bytes_ = 0;  // weight bytes bound to their NUMA node
 };
 
 // Scratch reused across calls (grows to the largest call; no allocation in steady state).

@@ -124,13 +124,34 @@ ThreadPool::ThreadPool(Options opt) : opt_(opt) {
   std::sort(uniq.begin(), uniq.end());
   uniq.erase(std::unique(uniq.begin(), uniq.end()), uniq.end());
   nodes_ = static_cast<int>(uniq.size());
+  os_node_ = uniq;
   for (int id : node_ids)
     node_of_.push_back(static_cast<int>(std::lower_bound(uniq.begin(), uniq.end(), id) - uniq.begin()));
+  if (opt.pretend_nodes > 1) {  // contiguous groups of workers, as real nodes are numbered
+    real_nodes_ = false;
+    nodes_ = std::min(opt.pretend_nodes, n);
+    for (int i = 0; i < n; ++i) node_of_[static_cast<size_t>(i)] = i * nodes_ / n;
+  }
+  node_workers_before_.assign(static_cast<size_t>(nodes_) + 1, 0);
+  for (int i = 0; i < n; ++i) ++node_workers_before_[static_cast<size_t>(node_of_[static_cast<size_t>(i)]) + 1];
+  for (int j = 0; j < nodes_; ++j) node_workers_before_[j + 1] += node_workers_before_[j];
   for (Slot& slot : slots_) slot.slices = std::make_unique<Slice[]>(static_cast<size_t>(nodes_));
+#ifdef TANDEM_HAVE_HWLOC
+  if (real_nodes_ && nodes_ > 1) {
+    hwloc_topology_t topo;
+    if (hwloc_topology_init(&topo) == 0) {
+      if (hwloc_topology_load(topo) == 0)
+        topology_ = std::shared_ptr<void>(topo, [](void* t) { hwloc_topology_destroy(static_cast<hwloc_topology_t>(t)); });
+      else
+        hwloc_topology_destroy(topo);
+    }
+  }
+#endif
 
   description_ = str_cat(n, " threads on ", cores.size(), " physical cores (", how, "), ", nodes_, " NUMA node",
-                         nodes_ > 1 ? "s" : "", opt.pin ? ", pinned" : ", not pinned",
-                         n > static_cast<int>(cores.size()) ? ", oversubscribed" : "");
+                         nodes_ > 1 ? "s" : "", real_nodes_ ? "" : " (pretend)",
+                         real_nodes_ && nodes_ > 1 ? (topology_ ? ", weights bound per node" : ", no memory binding") : "",
+                         opt.pin ? ", pinned" : ", not pinned", n > static_cast<int>(cores.size()) ? ", oversubscribed" : "");
   if (opt.pin && opt.pin_caller) pin_to(cpu_of_[0]);
   for (int i = 1; i < n; ++i) helpers_.emplace_back(&ThreadPool::helper_main, this, i);
 }
@@ -142,7 +163,30 @@ ThreadPool::~ThreadPool() {
   for (auto& t : helpers_) t.join();
 }
 
-void ThreadPool::run_impl(int64_t n, TaskFn fn, void* ctx) {
+std::pair<int64_t, int64_t> ThreadPool::node_range(int node, int64_t n) const {
+  const int64_t T = threads();
+  const int64_t b = node_workers_before_[static_cast<size_t>(node)], e = node_workers_before_[static_cast<size_t>(node) + 1];
+  return {node == 0 ? 0 : n * b / T, node + 1 == nodes_ ? n : n * e / T};
+}
+
+bool ThreadPool::bind_to_node(const void* p, size_t bytes, int node) const {
+#ifdef TANDEM_HAVE_HWLOC
+  if (!topology_ || node < 0 || node >= nodes_) return false;
+  auto topo = static_cast<hwloc_topology_t>(topology_.get());
+  const uintptr_t page = 4096, a = (reinterpret_cast<uintptr_t>(p) + page - 1) & ~(page - 1),
+                  e = (reinterpret_cast<uintptr_t>(p) + bytes) & ~(page - 1);
+  if (e <= a) return false;
+  hwloc_obj_t obj = hwloc_get_obj_by_type(topo, HWLOC_OBJ_NUMANODE, static_cast<unsigned>(os_node_[static_cast<size_t>(node)]));
+  if (!obj) return false;
+  return hwloc_set_area_membind(topo, reinterpret_cast<const void*>(a), e - a, obj->nodeset, HWLOC_MEMBIND_BIND,
+                                HWLOC_MEMBIND_BYNODESET | HWLOC_MEMBIND_MIGRATE) == 0;
+#else
+  (void)p, (void)bytes, (void)node;
+  return false;
+#endif
+}
+
+void ThreadPool::run_impl(int64_t n, const int64_t* node_end, TaskFn fn, void* ctx) {
   if (n <= 0) return;
   const int T = threads();
   if (T == 1 || n == 1) {
@@ -159,12 +203,10 @@ void ThreadPool::run_impl(int64_t n, TaskFn fn, void* ctx) {
   s.fn = fn;
   s.ctx = ctx;
   s.done.store(0, std::memory_order_relaxed);
-  // One contiguous slice of task ids per node, sized by the node's share of the workers.
+  // One contiguous slice of task ids per node: the caller's, or sized by the node's share of the workers.
   int64_t start = 0;
-  int workers_before = 0;
   for (int j = 0; j < nodes_; ++j) {
-    workers_before += static_cast<int>(std::count(node_of_.begin(), node_of_.end(), j));
-    const int64_t end = j + 1 == nodes_ ? n : n * workers_before / T;
+    const int64_t end = j + 1 == nodes_ ? n : std::clamp(node_end ? node_end[j] : node_range(j, n).second, start, n);
     s.slices[j].next.store(start, std::memory_order_relaxed);
     s.slices[j].end = end;
     start = end;

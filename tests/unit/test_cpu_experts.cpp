@@ -125,6 +125,40 @@ TEST(CpuThreadPool, OversubscribedRunsStayExact) {
   }
 }
 
+// NUMA split (pretend nodes on this one-node machine): node_range partitions [0, n) in proportion to
+// each node's workers; run() and run_split() use it / the caller's slices and still run every task
+// exactly once; pretend nodes never bind memory.
+TEST(CpuThreadPool, PerNodeSlices) {
+  ThreadPool pool(ThreadPool::Options{.threads = 5, .pin = false, .pin_caller = false, .spin_us = 20, .pretend_nodes = 2});
+  ASSERT_EQ(pool.numa_nodes(), 2);
+  EXPECT_NE(pool.description().find("2 NUMA nodes (pretend)"), std::string::npos) << pool.description();
+  int on_node0 = 0;
+  for (int w = 0; w < 5; ++w) {
+    EXPECT_GE(pool.node_of(w), w > 0 ? pool.node_of(w - 1) : 0);  // numbered node by node
+    on_node0 += pool.node_of(w) == 0;
+  }
+  for (int64_t n : {0, 1, 7, 100}) {
+    const auto [a0, a1] = pool.node_range(0, n);
+    const auto [b0, b1] = pool.node_range(1, n);
+    EXPECT_EQ(a0, 0);
+    EXPECT_EQ(a1, b0);
+    EXPECT_EQ(b1, n);
+    EXPECT_EQ(a1, n * on_node0 / 5);
+  }
+  std::vector<int> buf(64);
+  EXPECT_FALSE(pool.bind_to_node(buf.data(), buf.size() * sizeof(int), 1));
+  const int64_t ends[2] = {3, 40};
+  for (int r = 0; r < 200; ++r) {
+    std::vector<std::atomic<int>> hits(40);
+    pool.run_split(40, ends, [&](int64_t t, int) { hits[static_cast<size_t>(t)]++; });
+    for (auto& h : hits) ASSERT_EQ(h.load(), 1) << "run " << r;
+  }
+  const int64_t uneven[2] = {40, 40};  // everything in node 0's slice: node 1's workers steal
+  std::atomic<int> done{0};
+  pool.run_split(40, uneven, [&](int64_t, int) { done++; });
+  EXPECT_EQ(done.load(), 40);
+}
+
 // ---------------------------------------------------------------- packing
 
 TEST(CpuPack, F16Conversion) {
