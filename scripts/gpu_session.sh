@@ -10,6 +10,7 @@
 #   gpu-tests    the GPU suites (kernels, whole model, hybrid, CUDA graph) + the CLI tests
 #   ctest        the whole CTest suite
 #   cpu-experts  scripts/gpu_machine_cpu_experts.sh (AMX tests at every ISA cap + benchmarks)
+#   cpu-tests    the cpu_experts tests at the CPU's best level (AMX there), no benchmarks
 #   e2e:LENS:REPEAT:SCENARIOS  bench/run_e2e.sh, e.g. e2e:4096:3:hybrid-8gib-cpu-experts,hybrid-24gib
 #   e2e-graph:LENS:REPEAT:SCENARIOS  the same with TANDEM_CUDA_GRAPH=1
 #   e2e-fast:LENS:REPEAT:SCENARIOS   the same with TANDEM_CUDA_GRAPH=1 TANDEM_BATCHED_PREFILL=1
@@ -48,6 +49,8 @@ for step in "$@"; do
       run_step gpu-tests 300 bash -c "build-gpu/tests/tandem_gpu_tests && ctest --test-dir build-gpu -R 'cli_' --output-on-failure" ;;
     ctest)
       run_step ctest 500 ctest --test-dir build-gpu --output-on-failure -j 8 ;;
+    cpu-tests)
+      run_step cpu-tests 200 build-gpu/tests/tandem_cpu_experts_tests ;;
     cpu-experts)
       run_step cpu-experts 400 env OUT="$res/cpu_experts" TEST_TIMEOUT=200 BENCH_TIMEOUT=150 bash scripts/gpu_machine_cpu_experts.sh ;;
     e2e:*|e2e-graph:*|e2e-fast:*)
