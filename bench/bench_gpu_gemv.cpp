@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <numeric>
 #include <random>
 #include <vector>
 
@@ -154,50 +155,94 @@ void BM_gemv_int4(benchmark::State& state) {
 
 // One MoE layer of the 35B model at decode: 256 int4 experts (2048 x 512, group 128) resident, k of
 // them selected per token at random; bytes = the selected experts' codes, scales and zeros.
+// Random routing over all 256 experts of one 35B MoE layer (2048 x 512, int4 g128): device tables,
+// ids, weights and activations for T tokens. Bytes for the bound: every distinct expert read once.
+struct MoeLayerBench {
+  static constexpr int64_t H = 2048, I = 512, gs = 128, E = 256;
+  int T, k;
+  double bytes = 0;
+  char* pool = nullptr;
+  tandem::gpu::Int4Expert* dexp = nullptr;
+  int32_t* dids = nullptr;
+  float *dw = nullptr, *out = nullptr, *x = nullptr;
+  uint16_t *xh = nullptr, *h = nullptr;
+
+  MoeLayerBench(int tokens, int topk) : T(tokens), k(topk) {
+    auto bytes_of = [&](int64_t N, int64_t K) { return N * K / 2 + N * (K / gs) * 3; };
+    const int64_t per_expert = 2 * bytes_of(I, H) + bytes_of(H, I);
+    cudaMalloc(&pool, E * per_expert + 4096);
+    cudaMemset(pool, 0x11, E * per_expert);
+    std::vector<tandem::gpu::Int4Expert> experts(E);
+    char* p = pool;
+    auto carve = [&](int64_t N, int64_t K) {
+      tandem::gpu::Int4View v{reinterpret_cast<uint32_t*>(p), nullptr, nullptr, N, K, gs, nullptr};
+      p += N * K / 2;
+      v.scales = reinterpret_cast<uint16_t*>(p);
+      p += N * (K / gs) * 2;
+      v.zeros = reinterpret_cast<uint8_t*>(p);
+      p += (N * (K / gs) + 15) / 16 * 16;
+      return v;
+    };
+    for (auto& e : experts) e = {carve(I, H), carve(I, H), carve(H, I)};
+    std::mt19937 rng(7);
+    std::vector<int32_t> ids(T * k);
+    for (int t = 0; t < T; ++t) {  // k distinct experts per token
+      std::vector<int32_t> all(E);
+      std::iota(all.begin(), all.end(), 0);
+      for (int j = 0; j < k; ++j) {
+        std::swap(all[j], all[j + rng() % (E - j)]);
+        ids[t * k + j] = all[j];
+      }
+    }
+    std::vector<float> w(T * k, 0.125f);
+    cudaMalloc(&dexp, E * sizeof(tandem::gpu::Int4Expert));
+    cudaMalloc(&dids, ids.size() * 4);
+    cudaMalloc(&dw, w.size() * 4);
+    cudaMalloc(&out, T * H * 4);
+    cudaMalloc(&x, T * H * 4);
+    cudaMalloc(&xh, T * H * 2);
+    cudaMalloc(&h, T * k * I * 2);
+    cudaMemcpy(dexp, experts.data(), E * sizeof(tandem::gpu::Int4Expert), cudaMemcpyHostToDevice);
+    cudaMemcpy(dids, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice);
+    cudaMemcpy(dw, w.data(), w.size() * 4, cudaMemcpyHostToDevice);
+    cudaMemset(xh, 0, T * H * 2);
+    cudaMemset(x, 0, T * H * 4);
+    std::sort(ids.begin(), ids.end());
+    bytes = double(std::unique(ids.begin(), ids.end()) - ids.begin()) * per_expert;
+  }
+  ~MoeLayerBench() {
+    for (void* q : {(void*)pool, (void*)dexp, (void*)dids, (void*)dw, (void*)out, (void*)x, (void*)xh, (void*)h}) cudaFree(q);
+  }
+};
+
 void BM_moe_int4_decode(benchmark::State& state) {
   if (!gpu_present()) return state.SkipWithError("no CUDA device");
-  const int64_t H = 2048, I = 512, gs = 128, E = 256;
-  const int k = static_cast<int>(state.range(0)), T = static_cast<int>(state.range(1));
-  auto bytes_of = [&](int64_t N, int64_t K) { return N * K / 2 + N * (K / gs) * 3; };
-  const int64_t per_expert = 2 * bytes_of(I, H) + bytes_of(H, I);
-  char* pool;
-  cudaMalloc(&pool, E * per_expert + 4096);
-  cudaMemset(pool, 0x11, E * per_expert);
-  std::vector<tandem::gpu::Int4Expert> experts(E);
-  char* p = pool;
-  auto carve = [&](int64_t N, int64_t K) {
-    tandem::gpu::Int4View v{reinterpret_cast<uint32_t*>(p), nullptr, nullptr, N, K, gs, nullptr};
-    p += N * K / 2;
-    v.scales = reinterpret_cast<uint16_t*>(p);
-    p += N * (K / gs) * 2;
-    v.zeros = reinterpret_cast<uint8_t*>(p);
-    p += (N * (K / gs) + 15) / 16 * 16;
-    return v;
-  };
-  for (auto& e : experts) e = {carve(I, H), carve(I, H), carve(H, I)};
-  std::mt19937 rng(7);
-  std::vector<int32_t> ids(T * k);
-  for (auto& i : ids) i = static_cast<int32_t>(rng() % E);
-  std::vector<float> w(T * k, 0.125f);
-  tandem::gpu::Int4Expert* dexp;
-  int32_t* dids;
-  float *dw, *out;
-  uint16_t *xh, *h;
-  cudaMalloc(&dexp, E * sizeof(tandem::gpu::Int4Expert));
-  cudaMalloc(&dids, ids.size() * 4);
-  cudaMalloc(&dw, w.size() * 4);
-  cudaMalloc(&out, T * H * 4);
-  cudaMalloc(&xh, T * H * 2);
-  cudaMalloc(&h, T * k * I * 2);
-  cudaMemcpy(dexp, experts.data(), E * sizeof(tandem::gpu::Int4Expert), cudaMemcpyHostToDevice);
-  cudaMemcpy(dids, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice);
-  cudaMemcpy(dw, w.data(), w.size() * 4, cudaMemcpyHostToDevice);
-  cudaMemset(xh, 0, T * H * 2);
-  std::vector<int32_t> distinct(ids);
-  std::sort(distinct.begin(), distinct.end());
-  const double bytes = double(std::unique(distinct.begin(), distinct.end()) - distinct.begin()) * per_expert;
-  time_kernel(state, bytes, [&] { tandem::gpu::moe_int4_decode(dexp, H, I, gs, dids, dw, T, k, xh, h, out, nullptr); });
-  for (void* q : {(void*)pool, (void*)dexp, (void*)dids, (void*)dw, (void*)out, (void*)xh, (void*)h}) cudaFree(q);
+  MoeLayerBench b(static_cast<int>(state.range(1)), static_cast<int>(state.range(0)));
+  time_kernel(state, b.bytes, [&] { tandem::gpu::moe_int4_decode(b.dexp, b.H, b.I, b.gs, b.dids, b.dw, b.T, b.k, b.xh, b.h, b.out, nullptr); });
+}
+
+// One MoE layer of a prefill chunk (T tokens, top-8 of 256): mode 0 = the decode kernel on blocks of 8
+// tokens (each block re-reads its experts), mode 1 = moe_int4_grouped (each expert once per 8 of its
+// tokens). Bound: every distinct expert read once.
+void BM_moe_int4_prefill(benchmark::State& state) {
+  if (!gpu_present()) return state.SkipWithError("no CUDA device");
+  MoeLayerBench b(static_cast<int>(state.range(0)), 8);
+  const bool grouped = state.range(1) == 1;
+  void* ws = nullptr;
+  cudaMalloc(&ws, tandem::gpu::moe_int4_grouped_workspace(b.T, b.k, b.H, b.I, b.E));
+  time_kernel(state, b.bytes, [&] {
+    if (grouped) {
+      tandem::gpu::moe_int4_grouped(b.dexp, b.E, b.H, b.I, b.gs, b.dids, b.dw, b.T, b.k, b.x, ws, b.out, nullptr);
+      return;
+    }
+    for (int t = 0; t < b.T; t += tandem::gpu::kMaxGemvTokens) {
+      const int m = std::min(tandem::gpu::kMaxGemvTokens, b.T - t);
+      tandem::gpu::gather_x_half(b.x + t * b.H, nullptr, b.H, m, b.xh, nullptr);
+      tandem::gpu::moe_int4_decode(b.dexp, b.H, b.I, b.gs, b.dids + t * b.k, b.dw + t * b.k, m, b.k, b.xh, b.h, b.out + t * b.H, nullptr);
+    }
+  });
+  state.SetLabel(grouped ? "grouped" : "decode kernel, blocks of 8");
+  cudaFree(ws);
 }
 
 // One DeltaNet layer's decode step at the 35B shape (16/32 heads x 128): bytes = the fp32 state read
@@ -258,6 +303,7 @@ BENCHMARK(BM_gemv_int4)
 BENCHMARK(BM_deltanet_prefill)->Arg(512)->Arg(4096)->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_deltanet_decode)->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_moe_int4_decode)->Args({8, 1})->Args({8, 4})->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_moe_int4_prefill)->Args({256, 0})->Args({256, 1})->Args({2048, 1})->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 

@@ -30,6 +30,21 @@ cudaError_t moe_int4_decode(const Int4Expert* experts, int64_t H, int64_t I, int
                             const float* weights, int T, int k, const uint16_t* x_half, uint16_t* h_scratch, float* out,
                             cudaStream_t stream);
 
+// Prefill: the routed experts of n tokens grouped by expert, so each resident expert's weights are
+// streamed once per 8 of its tokens instead of once per token (a 256-token chunk at top-8 of 256 reads
+// every expert about once instead of ~8 times). All on the device, no host synchronisation:
+//   1. the n*k (token, slot) pairs are sorted by expert (stable) into work items of up to 8 pairs;
+//   2. each pair's token row is gathered to fp16 in its expert's gate / up input order;
+//   3. gate/up per (item, row block) -> h [pair, I] fp16; 4. down per (item, row block) -> weight * y [pair, H];
+//   5. out[t] = sum over j of its pairs' y (j = 0..k-1, the decode order).
+// Arithmetic per (pair, row) as moe_int4_decode; the routing weight is applied to the reduced dot
+// product instead of each lane's part: the two agree to ~1e-6. Non-resident experts (null pointers)
+// contribute nothing, as in decode. x fp32 [n, H]; ids int32 [n*k] (ids outside 0..E-1 are skipped);
+// out fp32 [n, H] (overwritten). Needs I <= 3072 (act-order down inputs are staged in shared memory).
+size_t moe_int4_grouped_workspace(int64_t n, int k, int64_t H, int64_t I, int E);
+cudaError_t moe_int4_grouped(const Int4Expert* experts, int E, int64_t H, int64_t I, int64_t group_size, const int32_t* ids,
+                             const float* weights, int n, int k, const float* x, void* workspace, float* out, cudaStream_t stream);
+
 // The same for bf16 experts (the official BF16 checkpoint's fused layout gives per-expert row
 // pointers): fp32 activations, exact products, fp32 sums; h kept in fp32. x fp32 [T, H],
 // h_scratch fp32 [T*k, I].

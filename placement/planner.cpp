@@ -63,7 +63,7 @@ std::string rule_where(const PlacementConfig& cfg, const PlacementRule& r) {
 
 // Everything but routed experts, as Qwen35MoeGpu allocates it (header comment, point 1).
 VramBytes fixed_vram(const ModelConfig& c, const Sizer& s, int64_t context, int batch, bool embed_on_gpu, bool tied_shared,
-                     int64_t prefill_chunk, uint64_t reserve) {
+                     int64_t prefill_chunk, bool int4_experts, uint64_t reserve) {
   const int64_t H = c.hidden_size, V = c.vocab_size, I = c.moe_intermediate_size, Is = c.shared_expert_intermediate_size;
   const int64_t conv_dim = c.linear_conv_dim(), Vd = c.linear_value_dim(), Hv = c.linear_num_value_heads;
   const int E = c.num_experts, k = c.num_experts_per_tok, L = c.num_layers;
@@ -111,6 +111,11 @@ VramBytes fixed_vram(const ModelConfig& c, const Sizer& s, int64_t context, int 
       v.workspace += align256(static_cast<uint64_t>(n * k * I * 2) * 2) + align256(static_cast<uint64_t>(2 * n * widest_k) * 2) +
                      align256(static_cast<uint64_t>(n * wide) * 2) + 2 * align256(n * 4) + align256(n * k * 4);  // h, split x, xh, ids, pos, top-k
       v.workspace += uint64_t(4) << 20;  // cuBLAS workspace (gpu::kBlasWorkspaceBytes)
+      if (int4_experts) {  // gpu::moe_int4_grouped_workspace: pair order / positions, counts, items, xg, xu, h, y
+        const int64_t P = n * k, items = (P + 7) / 8 + E;
+        v.workspace += 2 * align256(P * 4) + align256(8) + align256(items * 16) + 2 * align256(P * H * 2) + align256(P * I * 2) +
+                       align256(P * H * 4);
+      }
     }
   }
   v.reserve = reserve;
@@ -225,12 +230,12 @@ Plan make_plan(const ModelConfig& c, const PlacementConfig& cfg, const PlanReque
 
   // ---- fixed VRAM ----
   const bool tied_shared = c.tie_word_embeddings && p.embed_on_gpu;
+  const auto eq = s.quant("layers.0.mlp.experts.0.gate_proj");
   p.prefill_chunk = cfg.prefill_chunk;
-  p.vram = fixed_vram(c, s, p.context, p.batch, p.embed_on_gpu, tied_shared, p.prefill_chunk, cfg.gpu_reserve);
+  p.vram = fixed_vram(c, s, p.context, p.batch, p.embed_on_gpu, tied_shared, p.prefill_chunk, eq.quantized, cfg.gpu_reserve);
   VramBytes& v = p.vram;
 
   // ---- experts: formats and sizes ----
-  const auto eq = s.quant("layers.0.mlp.experts.0.gate_proj");
   p.expert_checkpoint_format = eq.quantized ? "int4" : "bf16";
   const int64_t group = eq.quantized ? (eq.group_size > 0 ? eq.group_size : H) : 128;
   p.gpu_expert_bytes = 2 * s.linear("layers.0.mlp.experts.0.gate_proj", I, H) + s.linear("layers.0.mlp.experts.0.down_proj", H, I);

@@ -173,6 +173,7 @@ struct Qwen35MoeGpu::Impl {
   int64_t chunk = 0;
   gpu::BlasHandle blas = nullptr;
   void* blas_ws = nullptr;  // its workspace, inside the arena
+  void* pgroup = nullptr;   // moe_int4_grouped's workspace (int4 experts)
   float *ph = nullptr, *px = nullptr, *po = nullptr, *pqkv = nullptr, *pz = nullptr, *pb = nullptr, *pa = nullptr, *pcore = nullptr,
         *pconv = nullptr, *pqg = nullptr, *pk = nullptr, *pv = nullptr, *pattn = nullptr, *prouter = nullptr, *pmoe = nullptr,
         *psg = nullptr, *psu = nullptr, *psd = nullptr, *psgate = nullptr, *ptopk_w = nullptr, *pcpu = nullptr;
@@ -317,6 +318,9 @@ struct Qwen35MoeGpu::Impl {
       ppos = up.zeros<int32_t>(n, Kind::Work);
       ptopk_ids = up.zeros<int32_t>(n * k, Kind::Work);
       blas_ws = up.alloc(gpu::kBlasWorkspaceBytes, Kind::Work);
+      if (!model.layers().empty() && !model.layers()[0].moe.gate.empty() &&
+          model.layers()[0].moe.gate[0].kind == LinearWeight::Kind::Gptq)  // grouped int4 experts
+        pgroup = up.alloc(gpu::moe_int4_grouped_workspace(n, k, H, I, static_cast<int>(E)), Kind::Work);
     }
   }
 
@@ -328,6 +332,11 @@ struct Qwen35MoeGpu::Impl {
     const ModelConfig& c = model.config();
     const int64_t H = c.hidden_size, I = c.moe_intermediate_size;
     const int k = c.num_experts_per_tok;
+    if (L.int4_experts && n > gpu::kMaxGemvTokens && pgroup) {  // prefill: each expert's tokens together
+      CK(gpu::moe_int4_grouped(L.experts_i4, static_cast<int>(c.num_experts), H, I, L.expert_group, ids_dev, w_dev,
+                               static_cast<int>(n), k, x_dev, pgroup, out, stream));
+      return;
+    }
     // The decode kernels take up to kMaxGemvTokens tokens per launch (a prefill chunk goes in blocks).
     for (int64_t t = 0; t < n; t += gpu::kMaxGemvTokens) {
       const int T = static_cast<int>(std::min<int64_t>(gpu::kMaxGemvTokens, n - t));
