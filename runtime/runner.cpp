@@ -98,6 +98,8 @@ class GpuRunner final : public Runner {
     g.max_context = o.context;
     g.cuda_graph = !env_off("TANDEM_CUDA_GRAPH");
     g.batched_prefill = !env_off("TANDEM_BATCHED_PREFILL");
+    const char* grouped = std::getenv("TANDEM_GROUPED_MOE");
+    g.grouped_moe = grouped && std::string(grouped) == "1";
     if (placement_) {
       if (placement_->deferral > 0) fail("experts.deferral is not implemented in the hybrid dispatcher yet; set it to 0");
       cpu_ = std::make_unique<CpuExpertSide>(model, *placement_, o.threads);

@@ -56,11 +56,16 @@ struct GpuOptions {
   bool cuda_graph = false;
   // Prompts whose last logits row is asked for go through layer by layer in chunks of prefill_chunk
   // tokens (cuBLAS projections, DeltaNet prefill, the experts of the whole chunk at once, on the GPU
-  // and on the host); needs the embedding on the GPU. The workspace grows by ~0.2 MB per chunk token
+  // and on the host); needs the embedding on the GPU. The workspace grows by ~0.4 MB per chunk token
   // at the 35B shape plus gpu::kBlasWorkspaceBytes (the planner counts both). The runners turn it on
   // unless TANDEM_BATCHED_PREFILL=0.
   bool batched_prefill = false;
   int64_t prefill_chunk = 256;
+  // Experimental (written, not yet run on a GPU): in batched prefill, int4 routed experts go through
+  // gpu::moe_int4_grouped (each expert's tokens together) instead of the decode kernel on blocks of 8
+  // tokens. Its workspace is allocated (and planned) with batched prefill either way, so turning it on
+  // changes no byte count. The runners turn it on with TANDEM_GROUPED_MOE=1.
+  bool grouped_moe = false;
 };
 
 // Routed-expert activations served by each side since the last reset_counts().

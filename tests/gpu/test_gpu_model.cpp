@@ -70,29 +70,32 @@ TEST_P(GpuModel, BatchedPrefillEqualsTokenByToken) {
   TANDEM_REQUIRE_GPU();
   const auto f = test::load_fixture(GetParam());
   auto model = Qwen35Moe::load(f.dir);
-  GpuOptions g;
-  g.max_context = 256;
-  auto plain = Qwen35MoeGpu::create(*model, g);
-  g.batched_prefill = true;
-  g.prefill_chunk = 16;
-  auto batched = Qwen35MoeGpu::create(*model, g);
-  ASSERT_FALSE(plain->batched_prefill_active());
-  ASSERT_TRUE(batched->batched_prefill_active());
   const int64_t n = static_cast<int64_t>(f.ids.size()), V = f.vocab;
   const NpyArray ref = read_npy_f32(f.dir + "/logits.npy");
-  std::vector<float> a(V), b(V);
-  plain->forward(std::span(f.ids.data(), f.prefill), a.data(), Qwen35Moe::LogitRows::Last);
-  batched->forward(std::span(f.ids.data(), f.prefill), b.data(), Qwen35Moe::LogitRows::Last);
-  for (int64_t i = f.prefill - 1; i < n; ++i) {
-    if (i >= f.prefill) {
-      plain->forward(std::span(f.ids.data() + i, 1), a.data());
-      batched->forward(std::span(f.ids.data() + i, 1), b.data());
+  for (bool grouped : {false, true}) {  // int4 experts: decode kernel on blocks of 8, or grouped by expert
+    GpuOptions g;
+    g.max_context = 256;
+    auto plain = Qwen35MoeGpu::create(*model, g);
+    g.batched_prefill = true;
+    g.prefill_chunk = 16;
+    g.grouped_moe = grouped;
+    auto batched = Qwen35MoeGpu::create(*model, g);
+    ASSERT_FALSE(plain->batched_prefill_active());
+    ASSERT_TRUE(batched->batched_prefill_active());
+    std::vector<float> a(V), b(V);
+    plain->forward(std::span(f.ids.data(), f.prefill), a.data(), Qwen35Moe::LogitRows::Last);
+    batched->forward(std::span(f.ids.data(), f.prefill), b.data(), Qwen35Moe::LogitRows::Last);
+    for (int64_t i = f.prefill - 1; i < n; ++i) {
+      if (i >= f.prefill) {
+        plain->forward(std::span(f.ids.data() + i, 1), a.data());
+        batched->forward(std::span(f.ids.data() + i, 1), b.data());
+      }
+      const LogitsComparison same = compare_logits(b.data(), a.data(), 1, V);
+      EXPECT_LT(same.rel_l2[0], 1e-3) << f.name << " position " << i << (grouped ? " (grouped)" : "");
+      const LogitsComparison hf = compare_logits(b.data(), ref.data.data() + i * V, 1, V);
+      EXPECT_LT(hf.rel_l2[0], 2e-2) << f.name << " position " << i << (grouped ? " (grouped)" : "");
+      EXPECT_TRUE(hf.argmax_misses.empty()) << f.name << " position " << i << (grouped ? " (grouped)" : "");
     }
-    const LogitsComparison same = compare_logits(b.data(), a.data(), 1, V);
-    EXPECT_LT(same.rel_l2[0], 1e-3) << f.name << " position " << i;
-    const LogitsComparison hf = compare_logits(b.data(), ref.data.data() + i * V, 1, V);
-    EXPECT_LT(hf.rel_l2[0], 2e-2) << f.name << " position " << i;
-    EXPECT_TRUE(hf.argmax_misses.empty()) << f.name << " position " << i;
   }
 }
 
