@@ -12,8 +12,8 @@
 #   cpu-experts  scripts/gpu_machine_cpu_experts.sh (AMX tests at every ISA cap + benchmarks)
 #   cpu-tests    the cpu_experts tests at the CPU's best level (AMX there), no benchmarks
 #   e2e:LENS:REPEAT:SCENARIOS  bench/run_e2e.sh, e.g. e2e:4096:3:hybrid-8gib-cpu-experts,hybrid-24gib
-#   e2e-graph:LENS:REPEAT:SCENARIOS  the same with TANDEM_CUDA_GRAPH=1
-#   e2e-fast:LENS:REPEAT:SCENARIOS   the same with TANDEM_CUDA_GRAPH=1 TANDEM_BATCHED_PREFILL=1
+#   e2e-eager:LENS:REPEAT:SCENARIOS    the same with the fast paths off (TANDEM_CUDA_GRAPH=0 TANDEM_BATCHED_PREFILL=0)
+#   e2e-grouped:LENS:REPEAT:SCENARIOS  the same with the experimental grouped MoE prefill (TANDEM_GROUPED_MOE=1)
 set -uo pipefail
 OUT="${OUT:-$PWD/gpu-out}"
 DEADLINE="${DEADLINE:-540}"
@@ -53,12 +53,12 @@ for step in "$@"; do
       run_step cpu-tests 200 build-gpu/tests/tandem_cpu_experts_tests ;;
     cpu-experts)
       run_step cpu-experts 400 env OUT="$res/cpu_experts" TEST_TIMEOUT=200 BENCH_TIMEOUT=150 bash scripts/gpu_machine_cpu_experts.sh ;;
-    e2e:*|e2e-graph:*|e2e-fast:*)
+    e2e:*|e2e-eager:*|e2e-grouped:*)
       IFS=: read -r kind lens repeat scen <<< "$step"
-      graph=""
-      [ "$kind" = e2e-graph ] && graph="TANDEM_CUDA_GRAPH=1"
-      [ "$kind" = e2e-fast ] && graph="TANDEM_CUDA_GRAPH=1 TANDEM_BATCHED_PREFILL=1"
-      run_step "$kind-${lens//,/_}" 9999 env $graph OUT="$res/$kind-${lens//,/_}" WARMUP=32 PROFILE_TIMEOUT=120 \
+      flags=""
+      [ "$kind" = e2e-eager ] && flags="TANDEM_CUDA_GRAPH=0 TANDEM_BATCHED_PREFILL=0"
+      [ "$kind" = e2e-grouped ] && flags="TANDEM_GROUPED_MOE=1"
+      run_step "$kind-${lens//,/_}" 9999 env $flags OUT="$res/$kind-${lens//,/_}" WARMUP=32 PROFILE_TIMEOUT=120 \
         bash bench/run_e2e.sh build-gpu /tmp/q35 "$lens" 128 "$repeat" "${scen//,/ }" ;;
     *) echo "unknown step $step" | tee -a "$res/summary.txt" ;;
   esac

@@ -4,6 +4,7 @@
 tandem="$1"
 data="$2"
 configs="$(cd "$(dirname "$0")/../../configs" && pwd)"
+src="$(cd "$(dirname "$0")/../.." && pwd)"
 source "$(dirname "$0")/common.sh"
 
 check() {  # check NAME EXPECTED_CODES GREP_PATTERN -- command...
@@ -123,7 +124,7 @@ PY
 then echo "ok   plan --json fields"; passes=$((passes + 1)); else echo "FAIL plan --json"; cat "$tmp/plan.err"; failures=$((failures + 1)); fi
 check "plan table" "0" "" -- "$tandem" plan --model "$tmp/q35" --gpu-mem 16GiB --no-measure
 grep -q "predicted decode" "$tmp/out" && grep -q "routed experts" "$tmp/out" || { echo "FAIL plan table content"; failures=$((failures + 1)); }
-check "plan below minimum" "1" "below the minimum of 5.2. GiB" -- "$tandem" plan --model "$tmp/q35" --gpu-mem 3GiB --no-measure
+check "plan below minimum" "1" "below the minimum of 5.3. GiB" -- "$tandem" plan --model "$tmp/q35" --gpu-mem 3GiB --no-measure
 printf 'gpu:\n  memory: 8GiB\nexperts:\n  selct: uniform\n' >"$tmp/bad.yaml"
 check "plan yaml unknown key" "1" "bad.yaml:4: unknown key 'experts.selct' (did you mean 'select'?)" -- "$tandem" plan --model "$tmp/q35" --config "$tmp/bad.yaml"
 check "config without hybrid" "2" "applies to --device hybrid" -- "$tandem" logits --model "$tmp/tiny" --ids 1,2 --out "$tmp/x.npy" --config "$configs/8gb.yaml"
@@ -160,6 +161,11 @@ assert sum(n.startswith("cpu experts, layer") for n in names) == 3 * 4, names   
 assert all(e["dur"] >= 0 and e["ts"] >= 0 for e in ev)
 PY
 then echo "ok   trace events"; passes=$((passes + 1)); else echo "FAIL trace events"; failures=$((failures + 1)); fi
+# tools/trace_plot.py reads the same file: the last decode step, its CPU expert lane.
+check "trace plot" "0" "" -- python3 "$src/tools/trace_plot.py" "$tmp/trace.json" "$tmp/step.png" --text-only
+grep -q "decode step 2 of 2" "$tmp/out" && grep -q "host thread .*: cpu" "$tmp/out" ||
+  { echo "FAIL trace plot: no last decode step with a CPU expert lane"; cat "$tmp/out"; failures=$((failures + 1)); }
+check "trace plot, too few steps" "1" "has 2 decode steps" -- python3 "$src/tools/trace_plot.py" "$tmp/trace.json" "$tmp/step.png" --step 5 --text-only
 check "trace unwritable" "1" "cannot write the trace" -- "$tandem" generate --model "$tmp/tiny" --device cpu --prompt "hi" --max-new-tokens 1 --trace /nonexistent/dir/t.json
 
 echo "$passes passed, $failures failed"
