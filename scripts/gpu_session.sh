@@ -14,6 +14,7 @@
 #   e2e:LENS:REPEAT:SCENARIOS  bench/run_e2e.sh, e.g. e2e:4096:3:hybrid-8gib-cpu-experts,hybrid-24gib
 #   e2e-eager:LENS:REPEAT:SCENARIOS    the same with the fast paths off (TANDEM_CUDA_GRAPH=0 TANDEM_BATCHED_PREFILL=0)
 #   e2e-grouped:LENS:REPEAT:SCENARIOS  the same with the experimental grouped MoE prefill (TANDEM_GROUPED_MOE=1)
+#   trace:GIB    a hybrid decode at that budget with --trace, and tools/trace_plot.py's picture of one step
 set -uo pipefail
 OUT="${OUT:-$PWD/gpu-out}"
 DEADLINE="${DEADLINE:-540}"
@@ -60,6 +61,13 @@ for step in "$@"; do
       [ "$kind" = e2e-grouped ] && flags="TANDEM_GROUPED_MOE=1"
       run_step "$kind-${lens//,/_}" 9999 env $flags OUT="$res/$kind-${lens//,/_}" WARMUP=32 PROFILE_TIMEOUT=120 \
         bash bench/run_e2e.sh build-gpu /tmp/q35 "$lens" 128 "$repeat" "${scen//,/ }" ;;
+    trace:*)
+      gib=${step#trace:}
+      [ -f /tmp/q35/config.json ] || build-gpu/tandem synth --preset qwen3.5-35b-a3b --quant gptq-int4 --routing-skew 1 --out /tmp/q35 > /dev/null 2>&1
+      printf 'gpu:\n  memory: %sGiB\n  reserve: 512MiB\ncontext: 1024\n' "$gib" > "$res/trace-${gib}gib.yaml"
+      run_step "trace-${gib}gib" 200 bash -c "build-gpu/tandem generate --model /tmp/q35 --device hybrid --config $res/trace-${gib}gib.yaml \
+          --prompt 'the model routes every token to eight experts' --max-new-tokens 24 --temperature 0 --trace $res/trace-${gib}gib.json > /dev/null \
+        && python3 tools/trace_plot.py $res/trace-${gib}gib.json $res/trace-${gib}gib.png --step 4" ;;
     *) echo "unknown step $step" | tee -a "$res/summary.txt" ;;
   esac
 done
