@@ -63,7 +63,7 @@ std::string rule_where(const PlacementConfig& cfg, const PlacementRule& r) {
 
 // Everything but routed experts, as Qwen35MoeGpu allocates it (header comment, point 1).
 VramBytes fixed_vram(const ModelConfig& c, const Sizer& s, int64_t context, int batch, bool embed_on_gpu, bool tied_shared,
-                     int64_t prefill_chunk, bool int4_experts, uint64_t reserve) {
+                     int64_t prefill_chunk, bool int4_experts, int deferral, uint64_t reserve) {
   const int64_t H = c.hidden_size, V = c.vocab_size, I = c.moe_intermediate_size, Is = c.shared_expert_intermediate_size;
   const int64_t conv_dim = c.linear_conv_dim(), Vd = c.linear_value_dim(), Hv = c.linear_num_value_heads;
   const int E = c.num_experts, k = c.num_experts_per_tok, L = c.num_layers;
@@ -102,6 +102,7 @@ VramBytes fixed_vram(const ModelConfig& c, const Sizer& s, int64_t context, int 
       v.workspace += floats(n);
     v.workspace += align256(wide * 2) + 2 * align256(4) + align256(k * 4) + floats(k);  // xh, ids, pos, top-k ids, weights
     v.workspace += floats(H);  // CPU experts' result (hybrid)
+    if (deferral > 0) v.workspace += floats((prefill_chunk > 0 && embed_on_gpu ? prefill_chunk : 1) * H);  // deferred experts' sum
     if (prefill_chunk > 0 && embed_on_gpu) {  // batched prefill: chunk-sized copies, cuBLAS workspace
       const int64_t n = prefill_chunk, nh2 = int64_t(nh) * 2 * hd, kvd = int64_t(nkv) * hd;
       const int64_t widest_k = std::max({H, Vd, int64_t(nh) * hd, Is, I});
@@ -232,7 +233,8 @@ Plan make_plan(const ModelConfig& c, const PlacementConfig& cfg, const PlanReque
   const bool tied_shared = c.tie_word_embeddings && p.embed_on_gpu;
   const auto eq = s.quant("layers.0.mlp.experts.0.gate_proj");
   p.prefill_chunk = cfg.prefill_chunk;
-  p.vram = fixed_vram(c, s, p.context, p.batch, p.embed_on_gpu, tied_shared, p.prefill_chunk, eq.quantized, cfg.gpu_reserve);
+  p.vram = fixed_vram(c, s, p.context, p.batch, p.embed_on_gpu, tied_shared, p.prefill_chunk, eq.quantized, cfg.deferral,
+                      cfg.gpu_reserve);
   VramBytes& v = p.vram;
 
   // ---- experts: formats and sizes ----

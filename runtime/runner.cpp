@@ -101,7 +101,6 @@ class GpuRunner final : public Runner {
     const char* grouped = std::getenv("TANDEM_GROUPED_MOE");
     g.grouped_moe = grouped && std::string(grouped) == "1";
     if (placement_) {
-      if (placement_->deferral > 0) fail("experts.deferral is not implemented in the hybrid dispatcher yet; set it to 0");
       cpu_ = std::make_unique<CpuExpertSide>(model, *placement_, o.threads);
       g.budget_bytes = placement_->gpu_alloc_bytes;
       g.budget_name = "gpu.memory / --gpu-mem, minus gpu.reserve";
@@ -109,6 +108,7 @@ class GpuRunner final : public Runner {
       g.host_experts = cpu_.get();
       g.embed_on_gpu = placement_->embed_on_gpu;
       g.prefill_chunk = placement_->prefill_chunk;
+      g.defer_experts = placement_->deferral;
       g.batched_prefill = g.batched_prefill && g.prefill_chunk > 0;
     }
     gpu_ = Qwen35MoeGpu::create(model, g);
@@ -155,7 +155,7 @@ std::unique_ptr<Runner> make_runner(const Qwen35Moe& model, const RunnerOptions&
   if (o.defer_experts < 0 || o.defer_experts > model.config().num_experts_per_tok)
     fail("--defer-experts ", o.defer_experts, " must be between 0 and the model's ", model.config().num_experts_per_tok, " experts per token");
   if (o.defer_experts > 0 && o.device != "ref" && o.device != "cpu")
-    fail("--defer-experts is measured on --device ref or cpu; the hybrid dispatcher does not defer yet");
+    fail("--defer-experts is for --device ref or cpu; a hybrid run defers through experts.deferral in its placement YAML");
   if (o.device == "ref") return std::make_unique<HostRunner>(model, nullptr, o.defer_experts);
   if (o.device == "cpu") {
     CpuBackendOptions co;

@@ -453,7 +453,10 @@ void Qwen35Moe::moe_forward(const LayerWeights& L, int layer, Qwen35State& st, c
       std::vector<int> order(K);
       for (int j = 0; j < K; ++j) order[j] = j;
       std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return wt[t * K + a] < wt[t * K + b]; });
-      for (int d = 0; d < std::min(st.defer_experts, K); ++d) std::swap(now[t * K + order[d]], later[t * K + order[d]]);
+      for (int d = 0; d < std::min(st.defer_experts, K); ++d) {
+        const int j = order[d];
+        if (!st.deferrable || (*st.deferrable)[layer][idx[t * K + j]]) std::swap(now[t * K + j], later[t * K + j]);
+      }
     }
     st.deferred.assign(T * H, 0.0f);
     routed(later.data(), st.deferred.data());

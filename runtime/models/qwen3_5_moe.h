@@ -73,10 +73,12 @@ struct Qwen35State {
   std::vector<std::vector<float>> conv_window;       // per layer: [kernel-1][conv_dim]
   std::vector<std::vector<float>> recurrent;         // per layer: [Hv][dk][dv]
   // Expert deferral (what a pipelined hybrid gains by letting the CPU finish an expert while the GPU
-  // runs the next layer): each token's `defer_experts` lowest-weight routed experts of layer L are
-  // added to the residual at layer L+1 (with its MoE output; after the last layer before the final
-  // norm). 0 = the exact model. `deferred` is scratch.
+  // runs the next layer): of each token's `defer_experts` lowest-weight routed experts of layer L,
+  // those `deferrable` allows ([layer][expert]; nullptr: all) are added to the residual at layer L+1
+  // (with its MoE output; after the last layer before the final norm). The hybrid defers only
+  // host-resident experts: deferrable = its CPU side. 0 = the exact model. `deferred` is scratch.
   int defer_experts = 0;
+  const std::vector<std::vector<uint8_t>>* deferrable = nullptr;
   std::vector<float> deferred;
 };
 

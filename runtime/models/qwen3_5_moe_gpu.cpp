@@ -181,6 +181,21 @@ struct Qwen35MoeGpu::Impl {
   int32_t *pids = nullptr, *ppos = nullptr, *ptopk_ids = nullptr;
   std::vector<int32_t> host_pos;
   float* hlogits = nullptr;   // pinned: the logits the graph copies out
+  // Expert deferral (GpuOptions::defer_experts, hybrid): the host-resident ones among each token's N
+  // lowest-weight experts of layer L run on the host while the GPU goes on with layer L+1, and join
+  // the residual with layer L+1's MoE output (Qwen35State::defer_experts, deferrable = the CPU side).
+  struct Deferred {
+    bool pending = false;  // host work of `layer` not run yet
+    bool ready = false;    // its result is queued into def_dev: add it with this layer's MoE output
+    int layer = -1;
+    int64_t n = 0;
+    std::vector<float> x, w;
+    std::vector<int32_t> ids;  // the deferred (token, slot) pairs' experts, -1 elsewhere
+  } def;
+  std::vector<int> order;     // scratch: a token's slots by ascending weight
+  float* hdef = nullptr;      // pinned: the deferred result on its way to def_dev
+  float* def_dev = nullptr;   // device
+  cudaEvent_t def_copied = nullptr;
   cudaEvent_t tbase = nullptr;
   double tbase_us = 0;
 
@@ -196,10 +211,17 @@ struct Qwen35MoeGpu::Impl {
     if (hlogits) cudaFreeHost(hlogits);
     gpu::blas_destroy(blas);
     if (tbase) cudaEventDestroy(tbase);
+    if (def_copied) cudaEventDestroy(def_copied);
     for (void* p : {static_cast<void*>(hx), static_cast<void*>(hw), static_cast<void*>(hout), static_cast<void*>(hembed),
-                    static_cast<void*>(hids)})
+                    static_cast<void*>(hids), static_cast<void*>(hdef)})
       if (p) cudaFreeHost(p);
   }
+
+  // Tokens handed to the host at once: a prefill chunk when prompts go in batches, else one.
+  int64_t host_rows() const {
+    return opts.batched_prefill && opts.prefill_chunk > 0 && opts.embed_on_gpu ? opts.prefill_chunk : 1;
+  }
+  bool deferring() const { return opts.defer_experts > 0 && opts.host_experts; }
 
   bool on_gpu(int layer, int64_t e) const {
     return !opts.expert_on_gpu || opts.expert_on_gpu->empty() || (*opts.expert_on_gpu)[layer][e];
@@ -304,6 +326,7 @@ struct Qwen35MoeGpu::Impl {
     topk_w = ws(k);
     pos_dev = up.zeros<int32_t>(1, Kind::Work);
     cpu_out = ws(H);
+    if (deferring()) def_dev = ws(host_rows() * H);  // the deferred experts' sum (hybrid)
     if (opts.batched_prefill && opts.prefill_chunk > 0 && opts.embed_on_gpu) {
       const int64_t n = opts.prefill_chunk, nh2 = int64_t(nh) * 2 * hd, kvd = int64_t(nkv) * hd;
       const int64_t widest_k = std::max({H, Vd, int64_t(nh) * hd, Is, I});
@@ -364,6 +387,8 @@ struct Qwen35MoeGpu::Impl {
 
   // Part 2: wait for the event (spinning: a blocking sync adds a wake-up), run the host-resident
   // experts of the n tokens, and queue their sum into moe_dev (through cpu_dev). Counts who served what.
+  // With deferral, the host-resident ones among each token's N lowest-weight experts are set aside
+  // for run_deferred() (next layer) instead.
   void handoff_back(size_t li, int64_t n, float* cpu_dev, float* moe_dev) {
     const ModelConfig& c = model.config();
     const int64_t H = c.hidden_size;
@@ -375,18 +400,60 @@ struct Qwen35MoeGpu::Impl {
       }
       CK(q);
     }
-    bool any = false;
+    bool any = false, any_deferred = false;
     for (int64_t j = 0; j < n * k; ++j) {
       const bool gpu_side = on_gpu(static_cast<int>(li), hids[j]);
       masked[j] = gpu_side ? -1 : hids[j];
-      any |= !gpu_side;
       ++(gpu_side ? counts.gpu : counts.cpu);
     }
+    if (deferring()) {
+      def.ids.assign(static_cast<size_t>(n * k), -1);
+      order.resize(static_cast<size_t>(k));
+      for (int64_t t = 0; t < n; ++t) {  // as Qwen35Moe::moe_forward: stable, ascending weight
+        for (int j = 0; j < k; ++j) order[j] = j;
+        std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return hw[t * k + a] < hw[t * k + b]; });
+        for (int d = 0; d < std::min(opts.defer_experts, k); ++d) {
+          const int64_t j = t * k + order[d];
+          if (masked[j] < 0) continue;  // GPU-resident: never deferred
+          def.ids[j] = masked[j];
+          masked[j] = -1;
+          any_deferred = true;
+        }
+      }
+      if (any_deferred) {
+        def.x.assign(hx, hx + n * H);  // hx and hw are overwritten by the next layer's handoff
+        def.w.assign(hw, hw + n * k);
+        def.layer = static_cast<int>(li);
+        def.n = n;
+        def.pending = true;
+      }
+    }
+    for (int64_t j = 0; j < n * k; ++j) any |= masked[j] >= 0;
     if (!any) return;
     std::fill(hout, hout + n * H, 0.0f);
     opts.host_experts->run(static_cast<int>(li), hx, n, masked.data(), hw, k, hout);
     CK(cudaMemcpyAsync(cpu_dev, hout, n * H * sizeof(float), cudaMemcpyHostToDevice, stream));
     CK(gpu::add_inplace(moe_dev, cpu_dev, n * H, stream));
+  }
+
+  // The previous layer's deferred host experts, run while the GPU works on this layer; their sum is
+  // queued into def_dev, and add_deferred() adds it with this layer's MoE output.
+  void run_deferred() {
+    if (!def.pending) return;
+    const int64_t H = model.config().hidden_size;
+    TraceSpan span("cpu experts (deferred), layer", "cpu", def.layer);
+    CK(cudaEventSynchronize(def_copied));  // the previous deferred sum has left hdef
+    std::fill(hdef, hdef + def.n * H, 0.0f);
+    opts.host_experts->run(def.layer, def.x.data(), def.n, def.ids.data(), def.w.data(), model.config().num_experts_per_tok, hdef);
+    CK(cudaMemcpyAsync(def_dev, hdef, def.n * H * sizeof(float), cudaMemcpyHostToDevice, stream));
+    CK(cudaEventRecord(def_copied, stream));
+    def.pending = false;
+    def.ready = true;
+  }
+  void add_deferred(float* h_dev) {
+    if (!def.ready) return;
+    CK(gpu::add_inplace(h_dev, def_dev, def.n * model.config().hidden_size, stream));
+    def.ready = false;
   }
 
   // y [n, out] = x [n, in] W^T for a chunk of tokens: cuBLAS for bf16, the int4 GEMV 8 tokens at a time.
@@ -461,10 +528,14 @@ struct Qwen35MoeGpu::Impl {
       linear_rows(L.sh_down, psg, n, psd);
       linear_rows(L.sh_expert_gate, px, n, psgate);
       CK(gpu::gated_add(pmoe, psd, psgate, H, static_cast<int>(n), stream));
+      run_deferred();
       if (split) handoff_back(li, n, pcpu, pmoe);
       else counts.gpu += static_cast<uint64_t>(n) * k;
       CK(gpu::add_inplace(ph, pmoe, n * H, stream));
+      add_deferred(ph);
     }
+    run_deferred();
+    add_deferred(ph);
     pos += n;
     if (logits_last) {
       CK(gpu::rmsnorm_zc(ph + (n - 1) * H, final_norm, H, 1, eps, x, stream));
@@ -612,11 +683,15 @@ struct Qwen35MoeGpu::Impl {
       linear(L.sh_expert_gate, x, sgate);
       CK(gpu::gated_add(moe_out, sd, sgate, H, 1, stream));
       mark(tr, li, 3);
+      run_deferred();  // the previous layer's, while the GPU works on this one
       if (split) handoff_back(li, 1, cpu_out, moe_out);
       else counts.gpu += k;
       CK(gpu::add_inplace(h, moe_out, H, stream));
+      add_deferred(h);
       mark(tr, li, 4);
     }
+    run_deferred();  // the last layer's join before the final norm
+    add_deferred(h);
     if (!logits_dst) return;
     CK(gpu::rmsnorm_zc(h, final_norm, H, 1, eps, x, stream));
     linear(lm_head, x, logits);
@@ -659,13 +734,17 @@ std::unique_ptr<Qwen35MoeGpu> Qwen35MoeGpu::create(const Qwen35Moe& model, const
   CK(cudaEventCreateWithFlags(&impl->routed, cudaEventDisableTiming));
   // Pointers into the arena exist only after the commit pass below; until then decide from the options.
   const bool batched = opts.batched_prefill && opts.prefill_chunk > 0 && opts.embed_on_gpu;
-  const int64_t rows = batched ? opts.prefill_chunk : 1;  // tokens handed to the host at once
+  const int64_t rows = impl->host_rows();  // tokens handed to the host at once
   CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hx), rows * H * sizeof(float), cudaHostAllocDefault));
   CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hout), rows * H * sizeof(float), cudaHostAllocDefault));
   CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hembed), H * sizeof(float), cudaHostAllocDefault));
   CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hw), rows * k * sizeof(float), cudaHostAllocDefault));
   CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hids), rows * k * sizeof(int32_t), cudaHostAllocDefault));
   impl->masked.assign(rows * k, -1);
+  if (impl->deferring()) {
+    CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hdef), rows * H * sizeof(float), cudaHostAllocDefault));
+    CK(cudaEventCreateWithFlags(&impl->def_copied, cudaEventDisableTiming));
+  }
   Uploader commit;
   commit.begin_commit(impl->arena);
   impl->build(commit);
@@ -736,6 +815,7 @@ void Qwen35MoeGpu::reset() {
   Impl& m = *impl_;
   m.pos = 0;
   m.counts = {};
+  m.def.pending = m.def.ready = false;
   for (DevLayer& L : m.layers) {
     const ModelConfig& c = m.model.config();
     if (L.kind == LayerKind::LinearAttention) {

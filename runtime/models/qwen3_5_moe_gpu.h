@@ -66,6 +66,12 @@ struct GpuOptions {
   // tokens. Its workspace is allocated (and planned) with batched prefill either way, so turning it on
   // changes no byte count. The runners turn it on with TANDEM_GROUPED_MOE=1.
   bool grouped_moe = false;
+  // Hybrid expert deferral (placement `experts.deferral`): of each token's N lowest-weight routed
+  // experts, the host-resident ones join the residual one layer later, so the host runs them while the
+  // GPU computes the next layer (Qwen35State::defer_experts with deferrable = the CPU side; changes the
+  // model's output slightly: bench/results/2026-11-30-expert-deferral-devbox.md). Adds host_rows x
+  // hidden floats of workspace (the planner counts it). 0: the exact model.
+  int defer_experts = 0;
 };
 
 // Routed-expert activations served by each side since the last reset_counts().

@@ -11,9 +11,11 @@
 namespace tandem {
 namespace {
 
-std::vector<float> run(const Qwen35Moe& m, const std::vector<int32_t>& ids, int defer, bool one_by_one) {
+std::vector<float> run(const Qwen35Moe& m, const std::vector<int32_t>& ids, int defer, bool one_by_one,
+                       const std::vector<std::vector<uint8_t>>* deferrable = nullptr) {
   Qwen35State st = m.new_state();
   st.defer_experts = defer;
+  st.deferrable = deferrable;
   const int64_t V = m.config().vocab_size, n = static_cast<int64_t>(ids.size());
   std::vector<float> out(n * V);
   if (!one_by_one) {
@@ -47,6 +49,26 @@ TEST(ExpertDeferral, OffIsExactOnIsConsistentAndGrowsWithTheCount) {
     EXPECT_GT(moved, prev) << "defer " << d;
     prev = moved;
   }
+}
+
+// The deferrable mask (the hybrid's CPU side): none deferrable is the exact model, all deferrable is
+// plain deferral, and half of the experts lands strictly in between.
+TEST(ExpertDeferral, OnlyDeferrableExpertsAreDeferred) {
+  const auto f = test::load_fixture("gptq_sym_v1");
+  auto model = Qwen35Moe::load(f.dir);
+  const std::vector<int32_t> ids(f.ids.begin(), f.ids.begin() + 12);
+  const int L = model->config().num_layers, E = model->config().num_experts;
+  const std::vector<std::vector<uint8_t>> none(L, std::vector<uint8_t>(E, 0)), all(L, std::vector<uint8_t>(E, 1));
+  std::vector<std::vector<uint8_t>> half(L, std::vector<uint8_t>(E, 0));
+  for (auto& layer : half)
+    for (int e = 0; e < E; e += 2) layer[e] = 1;
+  const auto base = run(*model, ids, 0, false);
+  EXPECT_EQ(run(*model, ids, 1, false, &none), base);
+  EXPECT_EQ(run(*model, ids, 1, false, &all), run(*model, ids, 1, false));
+  const auto some = run(*model, ids, 1, false, &half), every = run(*model, ids, 1, false);
+  EXPECT_GT(rel_l2(some, base), 1e-3);
+  EXPECT_GT(rel_l2(some, every), 1e-3);
+  EXPECT_LT(rel_l2(run(*model, ids, 1, true, &half), some), 1e-5);  // still per token
 }
 
 }  // namespace
