@@ -10,10 +10,13 @@ usage: bench/e2e_report.py RAW_DIR OUT_PREFIX --machine TEXT --commit SHA [--tan
 import argparse, glob, json, os, re, subprocess, tempfile
 
 BUDGET = {"hybrid-8gib-cpu-experts": 8, "hybrid-12gib": 12, "hybrid-16gib": 16, "hybrid-24gib": 24}
+DEFERRED = {"hybrid-8gib-defer2": 8, "hybrid-12gib-defer2": 12}  # not on the budget curve: their own rows
 LABEL = {"hybrid-8gib-cpu-experts": "8 GiB, every routed expert on the CPU", "hybrid-12gib": "12 GiB hybrid",
          "hybrid-16gib": "16 GiB hybrid", "hybrid-24gib": "24 GiB hybrid", "gpu-all": "everything on the GPU (--device gpu)",
-         "cpu-all": "everything on the CPU (--device cpu)"}
-ORDER = ["hybrid-8gib-cpu-experts", "hybrid-12gib", "hybrid-16gib", "hybrid-24gib", "gpu-all", "cpu-all"]
+         "cpu-all": "everything on the CPU (--device cpu)",
+         "hybrid-8gib-defer2": "8 GiB, all experts on the CPU, deferral 2", "hybrid-12gib-defer2": "12 GiB hybrid, deferral 2"}
+ORDER = ["hybrid-8gib-cpu-experts", "hybrid-8gib-defer2", "hybrid-12gib", "hybrid-12gib-defer2", "hybrid-16gib", "hybrid-24gib",
+         "gpu-all", "cpu-all"]
 
 
 def predict(tandem, model, yaml_path, bw):
@@ -109,6 +112,10 @@ def main():
     ax.plot(xs, [e["bound_decode_tok_s"] for e in pts], "s--", color="#d62728", label="bandwidth bound (GPU HBM / CPU DRAM, measured)")
     if all("predicted_decode_tok_s" in e for e in pts):
         ax.plot(xs, [e["predicted_decode_tok_s"] for e in pts], "^:", color="#2ca02c", label="planner prediction")
+    dfr = [e for e in rows if e["scenario"] in DEFERRED and e["prompt_len"] == 512]
+    if dfr:
+        ax.plot([DEFERRED[e["scenario"]] for e in dfr], [e["decode_tok_s"] for e in dfr], "D", color="#ff7f0e",
+                label="hybrid with expert deferral 2 (changes the output slightly)")
     if gpu:
         ax.axhline(gpu[0]["decode_tok_s"], color="#9467bd", lw=1, label="--device gpu (all on GPU): %.0f tok/s" % gpu[0]["decode_tok_s"])
     ax.axhline(58, color="gray", lw=1, ls="-.", label="ik_llama.cpp, all experts on CPU: 58 tok/s")

@@ -71,6 +71,11 @@ for s in $scenarios; do
     gpu-all) run gpu-all --device gpu --context "$ctx" ;;
     hybrid-8gib-cpu-experts) config "$s" 8GiB 'cpu_experts: all
 '; run "$s" --device hybrid --config "$out/$s.yaml" ;;
+    hybrid-8gib-defer2) config "$s" 8GiB '  deferral: 2
+cpu_experts: all
+'; run "$s" --device hybrid --config "$out/$s.yaml" ;;
+    hybrid-12gib-defer2) config "$s" 12GiB '  deferral: 2
+'; run "$s" --device hybrid --config "$out/$s.yaml" ;;
     hybrid-*gib) b=${s#hybrid-}; b=${b%gib}; config "$s" "${b}GiB" ''; run "$s" --device hybrid --config "$out/$s.yaml" ;;
     cpu-all) run cpu-all --device cpu ;;
     *) echo "unknown scenario $s" ;;

@@ -12,6 +12,7 @@
 #   cpu-experts  scripts/gpu_machine_cpu_experts.sh (AMX tests at every ISA cap + benchmarks)
 #   cpu-tests    the cpu_experts tests at the CPU's best level (AMX there), no benchmarks
 #   e2e:LENS:REPEAT:SCENARIOS  bench/run_e2e.sh, e.g. e2e:4096:3:hybrid-8gib-cpu-experts,hybrid-24gib
+#                (scenarios: gpu-all hybrid-{8gib-cpu-experts,12gib,16gib,24gib} hybrid-{8,12}gib-defer2 cpu-all)
 #   e2e-eager:LENS:REPEAT:SCENARIOS    the same with the fast paths off (TANDEM_CUDA_GRAPH=0 TANDEM_BATCHED_PREFILL=0)
 #   e2e-grouped:LENS:REPEAT:SCENARIOS  the same with the experimental grouped MoE prefill (TANDEM_GROUPED_MOE=1)
 #   trace:GIB    a hybrid decode at that budget with --trace, and tools/trace_plot.py's picture of one step
