@@ -215,10 +215,13 @@ struct MoeLayerBench {
   }
 };
 
+// Args: k, tokens, variant (0 = moe_int4_decode, 1 = moe_int4_decode_prefetch).
 void BM_moe_int4_decode(benchmark::State& state) {
   if (!gpu_present()) return state.SkipWithError("no CUDA device");
   MoeLayerBench b(static_cast<int>(state.range(1)), static_cast<int>(state.range(0)));
-  time_kernel(state, b.bytes, [&] { tandem::gpu::moe_int4_decode(b.dexp, b.H, b.I, b.gs, b.dids, b.dw, b.T, b.k, b.xh, b.h, b.out, nullptr); });
+  const auto fn = state.range(2) == 1 ? tandem::gpu::moe_int4_decode_prefetch : tandem::gpu::moe_int4_decode;
+  time_kernel(state, b.bytes, [&] { fn(b.dexp, b.H, b.I, b.gs, b.dids, b.dw, b.T, b.k, b.xh, b.h, b.out, nullptr); });
+  state.SetLabel(state.range(2) == 1 ? "prefetch" : "plain");
 }
 
 // One MoE layer of a prefill chunk (T tokens, top-8 of 256): mode 0 = the decode kernel on blocks of 8
@@ -302,7 +305,7 @@ BENCHMARK(BM_gemv_int4)
     ->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_deltanet_prefill)->Arg(512)->Arg(4096)->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_deltanet_decode)->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_moe_int4_decode)->Args({8, 1})->Args({8, 4})->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_moe_int4_decode)->Args({8, 1, 0})->Args({8, 1, 1})->Args({8, 4, 0})->Args({8, 4, 1})->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_moe_int4_prefill)->Args({256, 0})->Args({256, 1})->Args({2048, 1})->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
 
 }  // namespace

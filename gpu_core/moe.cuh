@@ -30,6 +30,15 @@ cudaError_t moe_int4_decode(const Int4Expert* experts, int64_t H, int64_t I, int
                             const float* weights, int T, int k, const uint16_t* x_half, uint16_t* h_scratch, float* out,
                             cudaStream_t stream);
 
+// The same result (bit for bit: the same operations per lane in the same order) with every weight word
+// of a row loaded before any is used: gate and up together, the down rows of all k experts together,
+// so each warp waits for memory once instead of once per matrix / per expert. Falls back to
+// moe_int4_decode for k > 8 or rows too long to hold in registers (H > 2048 or I > 1024 at 32 lanes).
+// Experimental: written, not yet run on a GPU (GpuOptions::moe_prefetch).
+cudaError_t moe_int4_decode_prefetch(const Int4Expert* experts, int64_t H, int64_t I, int64_t group_size, const int32_t* ids,
+                                     const float* weights, int T, int k, const uint16_t* x_half, uint16_t* h_scratch, float* out,
+                                     cudaStream_t stream);
+
 // Prefill: the routed experts of n tokens grouped by expert, so each resident expert's weights are
 // streamed once per 8 of its tokens instead of once per token (a 256-token chunk at top-8 of 256 reads
 // every expert about once instead of ~8 times). All on the device, no host synchronisation:

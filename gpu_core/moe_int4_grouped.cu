@@ -92,10 +92,6 @@ __global__ void gather_pairs_kernel(const Int4Expert* __restrict__ experts, cons
   }
 }
 
-template <int LANES>
-__device__ __forceinline__ int64_t row_of_thread() {
-  return (static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5)) * (32 / LANES) + (threadIdx.x & 31) / LANES;
-}
 
 template <int LANES>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
@@ -107,7 +103,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   const Int4Expert& ex = experts[it.x];
   if (!ex.gate.qweight) return;  // uniform per block
   const int l = (threadIdx.x & 31) % LANES, s0 = it.y, c = it.z;
-  const int64_t row = row_of_thread<LANES>();
+  const int64_t row = row_of_thread<LANES, kWarpsPerBlock>();
   const bool valid = row < I;
   float g[kItem] = {}, u[kItem] = {};
   if (valid) {
@@ -138,7 +134,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     __syncthreads();
     hp = hs;
   }
-  const int64_t row = row_of_thread<LANES>();
+  const int64_t row = row_of_thread<LANES, kWarpsPerBlock>();
   const bool valid = row < H;
   float a[kItem] = {};
   if (valid) int4_row_dot<kItem, LANES>(down, row, l, hp, I, c, a);

@@ -47,10 +47,15 @@ class HostRunner final : public Runner {
 };
 
 #ifdef TANDEM_HAVE_CUDA
-// The GPU fast paths are on unless NAME=0 (for A/B measurements and bisecting).
+// The GPU fast paths are on unless NAME=0 (for A/B measurements and bisecting); experimental ones
+// are off unless NAME=1.
 bool env_off(const char* name) {
   const char* v = std::getenv(name);
   return v && std::string(v) == "0";
+}
+bool env_is_1(const char* name) {
+  const char* v = std::getenv(name);
+  return v && std::string(v) == "1";
 }
 
 // The CPU side of a hybrid run: the routed experts the plan leaves in host memory, repacked once into
@@ -98,8 +103,8 @@ class GpuRunner final : public Runner {
     g.max_context = o.context;
     g.cuda_graph = !env_off("TANDEM_CUDA_GRAPH");
     g.batched_prefill = !env_off("TANDEM_BATCHED_PREFILL");
-    const char* grouped = std::getenv("TANDEM_GROUPED_MOE");
-    g.grouped_moe = grouped && std::string(grouped) == "1";
+    g.grouped_moe = env_is_1("TANDEM_GROUPED_MOE");
+    g.moe_prefetch = env_is_1("TANDEM_MOE_PREFETCH");
     if (placement_) {
       cpu_ = std::make_unique<CpuExpertSide>(model, *placement_, o.threads);
       g.budget_bytes = placement_->gpu_alloc_bytes;

@@ -368,7 +368,9 @@ struct Qwen35MoeGpu::Impl {
       const float* w = w_dev + t * k;
       if (L.int4_experts) {
         CK(gpu::gather_x_half(x, nullptr, H, T, xh_buf, stream));
-        CK(gpu::moe_int4_decode(L.experts_i4, H, I, L.expert_group, ids, w, T, k, xh_buf, static_cast<uint16_t*>(hs), out + t * H, stream));
+        auto* h16 = static_cast<uint16_t*>(hs);
+        CK(opts.moe_prefetch ? gpu::moe_int4_decode_prefetch(L.experts_i4, H, I, L.expert_group, ids, w, T, k, xh_buf, h16, out + t * H, stream)
+                             : gpu::moe_int4_decode(L.experts_i4, H, I, L.expert_group, ids, w, T, k, xh_buf, h16, out + t * H, stream));
       } else {
         CK(gpu::moe_bf16_decode(L.experts_bf16, H, I, ids, w, T, k, x, static_cast<float*>(hs), out + t * H, stream));
       }

@@ -66,6 +66,10 @@ struct GpuOptions {
   // tokens. Its workspace is allocated (and planned) with batched prefill either way, so turning it on
   // changes no byte count. The runners turn it on with TANDEM_GROUPED_MOE=1.
   bool grouped_moe = false;
+  // Experimental (written, not yet run on a GPU): decode int4 experts through
+  // gpu::moe_int4_decode_prefetch (the same result, every weight word of a row loaded up front). The
+  // runners turn it on with TANDEM_MOE_PREFETCH=1.
+  bool moe_prefetch = false;
   // Hybrid expert deferral (placement `experts.deferral`): of each token's N lowest-weight routed
   // experts, the host-resident ones join the residual one layer later, so the host runs them while the
   // GPU computes the next layer (Qwen35State::defer_experts with deferrable = the CPU side; changes the

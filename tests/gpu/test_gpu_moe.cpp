@@ -115,6 +115,13 @@ TEST_P(GpuMoeInt4, MatchesReference) {
   CUDA_OK(cudaDeviceSynchronize());
   const auto got = dout.to_host();
   EXPECT_LT(test::rel_l2(std::vector<double>(got.begin(), got.end()), want), 5e-3) << "seed " << test::test_seed();
+  // The prefetching variant: the same operations per lane in the same order, so the same numbers.
+  test::DeviceBuffer<float> dpre(c.T * c.H);
+  CUDA_OK(gpu::moe_int4_decode_prefetch(dexp.ptr, c.H, c.I, c.gs, dids.ptr, dw.ptr, c.T, c.k, dxh.ptr, dh.ptr, dpre.ptr, nullptr));
+  CUDA_OK(cudaDeviceSynchronize());
+  const auto pre = dpre.to_host();
+  EXPECT_LT(test::rel_l2(std::vector<double>(pre.begin(), pre.end()), std::vector<double>(got.begin(), got.end())), 1e-6)
+      << "prefetch variant, seed " << test::test_seed();
 }
 
 // The grouped prefill kernel (moe_int4_grouped) for a chunk of tokens: against the double reference
