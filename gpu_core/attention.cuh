@@ -35,4 +35,13 @@ struct AttentionDecodeArgs {
 
 cudaError_t attention_decode(const AttentionDecodeArgs& args, cudaStream_t stream);
 
+// attention_prefill: n consecutive tokens at once (a prefill chunk). qg [n][nh][2*hd], k / v
+// [n][nkv][hd], pos[0..n) their positions (device array, increasing); q_rot scratch [n][nh][hd] (may
+// be `out`: each block reads its queries before writing their outputs); out [n][nh*hd]; partial and
+// max_splits unused. Keys and values of all n tokens are appended first, then token t attends to cache
+// rows 0..pos[t] (causal, the chunk's earlier tokens included) in flash-attention form: key tiles in
+// shared memory, a running max / sum per query, fp32 throughout. Equal to n attention_decode calls up
+// to summation order (~1e-6). Experimental: written, not yet run on a GPU (GpuOptions::attention_prefill).
+cudaError_t attention_prefill(const AttentionDecodeArgs& args, int n, cudaStream_t stream);
+
 }  // namespace tandem::gpu

@@ -105,6 +105,7 @@ class GpuRunner final : public Runner {
     g.batched_prefill = !env_off("TANDEM_BATCHED_PREFILL");
     g.grouped_moe = env_is_1("TANDEM_GROUPED_MOE");
     g.moe_prefetch = env_is_1("TANDEM_MOE_PREFETCH");
+    g.attention_prefill = env_is_1("TANDEM_ATTN_PREFILL");
     if (placement_) {
       cpu_ = std::make_unique<CpuExpertSide>(model, *placement_, o.threads);
       g.budget_bytes = placement_->gpu_alloc_bytes;

@@ -505,7 +505,16 @@ struct Qwen35MoeGpu::Impl {
         linear_rows(L.q, px, n, pqg);
         linear_rows(L.k, px, n, pk);
         linear_rows(L.v, px, n, pv);
-        for (int64_t t = 0; t < n; ++t) {  // causal: token t attends to the cache rows written before it
+        if (opts.attention_prefill) {  // the whole chunk at once, causal inside it
+          gpu::AttentionDecodeArgs p;
+          p.qg = pqg, p.k = pk, p.v = pv, p.q_norm = L.q_norm, p.k_norm = L.k_norm, p.inv_freq = inv_freq, p.pos = ppos;
+          p.k_cache = L.k_cache, p.v_cache = L.v_cache, p.q_rot = pattn, p.out = pattn;  // q_rot may alias out
+          p.nh = c.num_heads, p.nkv = c.num_kv_heads, p.hd = c.head_dim, p.rotary_dim = c.rotary_dim;
+          p.max_ctx = static_cast<int>(opts.max_context), p.max_splits = static_cast<int>((opts.max_context + 255) / 256);
+          p.eps = eps, p.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+          CK(gpu::attention_prefill(p, static_cast<int>(n), stream));
+        }
+        for (int64_t t = 0; t < n && !opts.attention_prefill; ++t) {  // causal: token t attends to the cache rows written before it
           gpu::AttentionDecodeArgs p;
           p.qg = pqg + t * nh2, p.k = pk + t * kvd, p.v = pv + t * kvd, p.q_norm = L.q_norm, p.k_norm = L.k_norm;
           p.inv_freq = inv_freq, p.pos = ppos + t, p.k_cache = L.k_cache, p.v_cache = L.v_cache, p.q_rot = q_rot;

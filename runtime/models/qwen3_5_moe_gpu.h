@@ -70,6 +70,10 @@ struct GpuOptions {
   // gpu::moe_int4_decode_prefetch (the same result, every weight word of a row loaded up front). The
   // runners turn it on with TANDEM_MOE_PREFETCH=1.
   bool moe_prefetch = false;
+  // Experimental (written, not yet run on a GPU): in batched prefill, attention for the whole chunk in
+  // one gpu::attention_prefill call (flash-attention form) instead of one decode call per token. The
+  // runners turn it on with TANDEM_ATTN_PREFILL=1.
+  bool attention_prefill = false;
   // Hybrid expert deferral (placement `experts.deferral`): of each token's N lowest-weight routed
   // experts, the host-resident ones join the residual one layer later, so the host runs them while the
   // GPU computes the next layer (Qwen35State::defer_experts with deferrable = the CPU side; changes the

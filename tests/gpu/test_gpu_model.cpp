@@ -91,13 +91,15 @@ TEST_P(GpuModel, BatchedPrefillEqualsTokenByToken) {
   auto model = Qwen35Moe::load(f.dir);
   const int64_t n = static_cast<int64_t>(f.ids.size()), V = f.vocab;
   const NpyArray ref = read_npy_f32(f.dir + "/logits.npy");
-  for (bool grouped : {false, true}) {  // int4 experts: decode kernel on blocks of 8, or grouped by expert
+  for (int variant = 0; variant < 3; ++variant) {  // 1: int4 experts grouped by expert; 2: and flash attention prefill
+    const bool grouped = variant >= 1;
     GpuOptions g;
     g.max_context = 256;
     auto plain = Qwen35MoeGpu::create(*model, g);
     g.batched_prefill = true;
     g.prefill_chunk = 16;
     g.grouped_moe = grouped;
+    g.attention_prefill = variant == 2;
     auto batched = Qwen35MoeGpu::create(*model, g);
     ASSERT_FALSE(plain->batched_prefill_active());
     ASSERT_TRUE(batched->batched_prefill_active());
@@ -110,10 +112,10 @@ TEST_P(GpuModel, BatchedPrefillEqualsTokenByToken) {
         batched->forward(std::span(f.ids.data() + i, 1), b.data());
       }
       const LogitsComparison same = compare_logits(b.data(), a.data(), 1, V);
-      EXPECT_LT(same.rel_l2[0], 1e-3) << f.name << " position " << i << (grouped ? " (grouped)" : "");
+      EXPECT_LT(same.rel_l2[0], 1e-3) << f.name << " position " << i << " variant " << variant;
       const LogitsComparison hf = compare_logits(b.data(), ref.data.data() + i * V, 1, V);
-      EXPECT_LT(hf.rel_l2[0], 2e-2) << f.name << " position " << i << (grouped ? " (grouped)" : "");
-      EXPECT_TRUE(hf.argmax_misses.empty()) << f.name << " position " << i << (grouped ? " (grouped)" : "");
+      EXPECT_LT(hf.rel_l2[0], 2e-2) << f.name << " position " << i << " variant " << variant;
+      EXPECT_TRUE(hf.argmax_misses.empty()) << f.name << " position " << i << " variant " << variant;
     }
   }
 }
