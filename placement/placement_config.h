@@ -62,8 +62,10 @@ struct PlacementConfig {
   // bandwidths in bytes/s for the cost model; 0: measure (cpu, gpu when present) or the default
   double bw_gpu = 0, bw_pcie = 0, bw_cpu = 0;
   // cost model constants
-  double launch_us = 7.0;   // per kernel on the decode path beyond its bytes (H200 measurement, 2026-11-30)
-  double handoff_us = 12.0; // GPU -> CPU -> GPU handoff per MoE layer with CPU experts
+  // Fitted to the H200 end-to-end run of 2026-11-30 (bench/results/2026-11-30-h200-e2e.md):
+  double launch_us = 6.5;        // per decode kernel beyond its bytes, step captured as a CUDA graph (all on the GPU)
+  double launch_eager_us = 7.4;  // the same, launched one by one (hybrid steps wait on the host each layer)
+  double handoff_us = 33.0;      // GPU -> CPU -> GPU handoff per MoE layer with CPU experts, beyond the CPU's bytes
 
   std::vector<PlacementRule> rules;  // user rules, then preset rules
 

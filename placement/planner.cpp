@@ -147,6 +147,8 @@ void predict(const ModelConfig& c, const PlacementConfig& cfg, const PlanRequest
   pr.gpu_bytes_per_token = dense_read + 2.0 * static_cast<double>(v.deltanet_state) / p.batch + kv_read;
   double t = 0, t_cpu_total = 0;
   const double launches_per_layer = 21, shared_bytes = static_cast<double>(3 * Is * H * 2);
+  // A step with CPU experts cannot be one CUDA graph (the host joins every such layer): eager launches.
+  const double launch_us = p.any_cpu_experts() ? cfg.launch_eager_us : cfg.launch_us;
   for (int l = 0; l < L; ++l) {
     const double gpu_acts = k * p.layer_gpu_fraction[l], cpu_acts = k - gpu_acts;
     pr.gpu_bytes_per_token += gpu_acts * expert_read;
@@ -155,11 +157,11 @@ void predict(const ModelConfig& c, const PlacementConfig& cfg, const PlanRequest
     const double t_cpu = cpu_b / pr.cpu_bw;
     t_cpu_total += t_cpu;
     if (cpu_acts > 1e-9) {
-      const double overlap = (gpu_acts * expert_read + shared_bytes) / pr.gpu_bw + 8 * cfg.launch_us * 1e-6;
+      const double overlap = (gpu_acts * expert_read + shared_bytes) / pr.gpu_bw + 8 * launch_us * 1e-6;
       t += cfg.handoff_us * 1e-6 + std::max(0.0, t_cpu - overlap);
     }
   }
-  t += pr.gpu_bytes_per_token / pr.gpu_bw + (launches_per_layer * L + 4) * cfg.launch_us * 1e-6;
+  t += pr.gpu_bytes_per_token / pr.gpu_bw + (launches_per_layer * L + 4) * launch_us * 1e-6;
   pr.decode_ms = t * 1e3;
   pr.decode_tok_s = 1.0 / t;
   pr.bound_tok_s = 1.0 / std::max(pr.gpu_bytes_per_token / pr.gpu_bw, t_cpu_total);
