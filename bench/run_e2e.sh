@@ -23,9 +23,7 @@ fi
 "$tandem" info --model "$model" > "$out/info.txt" 2>&1
 
 heat="$out/heat.yaml"
-if [ ! -f "$heat" ]; then
-  echo "== profile routing -> heat.yaml"
-  python3 - "$out/prompts.txt" <<'PY'
+python3 - "$out/prompts.txt" <<'PY'
 import random, sys
 random.seed(0)
 words = "the model routes every token to eight of two hundred fifty six experts while the GPU keeps the hot ones".split()
@@ -33,6 +31,8 @@ with open(sys.argv[1], "w") as f:
     for _ in range(8):
         f.write(" ".join(random.choice(words) for _ in range(160)) + "\n")
 PY
+if [ ! -f "$heat" ]; then
+  echo "== profile routing -> heat.yaml"
   timeout "${PROFILE_TIMEOUT:-240}" "$tandem" profile --model "$model" --prompts "$out/prompts.txt" --out "$heat" --device cpu \
     --max-tokens 256 2>/dev/null | tee "$out/profile.txt"
 fi
@@ -52,7 +52,9 @@ run() {  # name, then bench flags
   [ -f "$out/$name.yaml" ] && cfg="--config $out/$name.yaml"
   [ "$name" = gpu-all ] && cfg="--gpu-mem 1000GiB"
   "$tandem" plan --model "$model" $cfg --json > "$out/$name.plan.json" 2>/dev/null || true
-  "$tandem" bench --model "$model" --prompt-len "$lens" --gen "$gen" --repeat "$repeat" --json ${WARMUP:+--warmup $WARMUP} "$@" \
+  # BENCH_PROMPTS=1: prompts from the profiling text (where the heat map's routing applies) instead of random ids
+  "$tandem" bench --model "$model" --prompt-len "$lens" --gen "$gen" --repeat "$repeat" --json ${WARMUP:+--warmup $WARMUP} \
+    ${BENCH_PROMPTS:+--prompts "$out/prompts.txt"} "$@" \
     > "$out/$name.json" 2> "$out/$name.log"
   local rc=$?
   python3 - "$out/$name.json" <<'PY' || { echo "  failed (rc=$rc):"; tail -3 "$out/$name.log"; }

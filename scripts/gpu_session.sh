@@ -17,6 +17,7 @@
 #   e2e-grouped:LENS:REPEAT:SCENARIOS  the same with the experimental grouped MoE prefill (TANDEM_GROUPED_MOE=1)
 #   e2e-prefetch:LENS:REPEAT:SCENARIOS the same with the experimental prefetching MoE decode (TANDEM_MOE_PREFETCH=1)
 #   e2e-exp:LENS:REPEAT:SCENARIOS      every experimental switch on (grouped MoE, prefetch, TANDEM_ATTN_PREFILL=1)
+#   e2e-text:LENS:REPEAT:SCENARIOS     prompts from the profiling text instead of random ids (the heat map applies)
 #   trace:GIB    a hybrid decode at that budget with --trace, and tools/trace_plot.py's picture of one step
 set -uo pipefail
 OUT="${OUT:-$PWD/gpu-out}"
@@ -57,13 +58,14 @@ for step in "$@"; do
       run_step cpu-tests 200 build-gpu/tests/tandem_cpu_experts_tests ;;
     cpu-experts)
       run_step cpu-experts 400 env OUT="$res/cpu_experts" TEST_TIMEOUT=200 BENCH_TIMEOUT=150 bash scripts/gpu_machine_cpu_experts.sh ;;
-    e2e:*|e2e-eager:*|e2e-grouped:*|e2e-prefetch:*|e2e-exp:*)
+    e2e:*|e2e-eager:*|e2e-grouped:*|e2e-prefetch:*|e2e-exp:*|e2e-text:*)
       IFS=: read -r kind lens repeat scen <<< "$step"
       flags=""
       [ "$kind" = e2e-eager ] && flags="TANDEM_CUDA_GRAPH=0 TANDEM_BATCHED_PREFILL=0"
       [ "$kind" = e2e-grouped ] && flags="TANDEM_GROUPED_MOE=1"
       [ "$kind" = e2e-prefetch ] && flags="TANDEM_MOE_PREFETCH=1"
       [ "$kind" = e2e-exp ] && flags="TANDEM_GROUPED_MOE=1 TANDEM_MOE_PREFETCH=1 TANDEM_ATTN_PREFILL=1"
+      [ "$kind" = e2e-text ] && flags="BENCH_PROMPTS=1"
       run_step "$kind-${lens//,/_}" 9999 env $flags OUT="$res/$kind-${lens//,/_}" WARMUP=32 PROFILE_TIMEOUT=120 \
         bash bench/run_e2e.sh build-gpu /tmp/q35 "$lens" 128 "$repeat" "${scen//,/ }" ;;
     trace:*)

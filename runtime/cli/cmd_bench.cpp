@@ -1,7 +1,8 @@
 // tandem bench: end-to-end speed with warm-up, repeats, medians and spread, and the bandwidth bound.
 //
-// Per prompt length: a random prompt (seeded) is prefilled in one call, then --gen tokens are decoded
-// greedily one at a time. Reported: prefill tok/s, time to first token, decode tok/s, inter-token
+// Per prompt length: a random prompt (seeded; or, with --prompts FILE, a window of that text's tokens)
+// is prefilled in one call, then --gen tokens are decoded greedily one at a time. Random token ids
+// route more evenly than text, so a placement made from a heat map shows its effect with --prompts. Reported: prefill tok/s, time to first token, decode tok/s, inter-token
 // latency p50/p99, peak host memory; the bound is the active weight bytes per decode token over the
 // read bandwidth measured here (CPU DRAM for the CPU paths).
 #include <omp.h>
@@ -12,6 +13,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
@@ -23,6 +26,7 @@
 #include "runtime/cli/device_flags.h"
 #include "runtime/models/qwen3_5_moe.h"
 #include "runtime/runner.h"
+#include "runtime/tokenizer.h"
 
 namespace tandem::cli {
 
@@ -84,12 +88,19 @@ struct Run {
   std::vector<double> itl_ms;
 };
 
-Run run_once(Runner& runner, int64_t V, int64_t prompt_len, int64_t gen, uint64_t seed) {
+// `text`: the --prompts file's tokens (empty: random ids); run `seed` takes the window starting at
+// seed * prompt_len, wrapping around.
+Run run_once(Runner& runner, int64_t V, int64_t prompt_len, int64_t gen, uint64_t seed, const std::vector<int32_t>& text) {
   using clock = std::chrono::steady_clock;
   std::mt19937_64 rng(seed);
   std::uniform_int_distribution<int32_t> id(0, static_cast<int32_t>(V - 1));
   std::vector<int32_t> prompt(prompt_len);
-  for (auto& t : prompt) t = id(rng);
+  if (text.empty()) {
+    for (auto& t : prompt) t = id(rng);
+  } else {
+    const size_t start = static_cast<size_t>(seed * static_cast<uint64_t>(prompt_len) % text.size());
+    for (int64_t i = 0; i < prompt_len; ++i) prompt[i] = text[(start + static_cast<size_t>(i)) % text.size()];
+  }
   std::vector<float> logits(V);
   runner.reset();
   auto argmax = [&] { return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin()); };
@@ -118,6 +129,7 @@ int cmd_bench(int argc, char** argv) {
                              {"gen", true, "generated tokens per run (default 128)"},
                              {"repeat", true, "measured runs per prompt length after one warm-up (default 5)"},
                              {"seed", true, "seed of the random prompts (default 0)"},
+                             {"prompts", true, "text file whose tokens make the prompts (windows of it, cycled) instead of random ids"},
                              {"warmup", true, "prompt tokens of the warm-up run (default: each measured length)"},
                              {"json", false, "print one JSON object instead of the table"}};
   for (auto& f : device_flags()) flags.push_back(f);
@@ -142,6 +154,16 @@ int cmd_bench(int argc, char** argv) {
   const std::string device = ro.device;
   auto model = Qwen35Moe::load(a.get("model"));
   const ModelConfig& cfg = model->config();
+  std::vector<int32_t> text;
+  if (a.has("prompts")) {
+    const std::string path = a.get("prompts");
+    std::ifstream in(path, std::ios::binary);
+    if (!in) fail("tandem bench: cannot open the prompts file ", path);
+    const std::string body((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    text = Tokenizer::from_model_dir(a.get("model")).encode(body);
+    if (text.empty()) fail("tandem bench: ", path, " has no text to make prompts from");
+    check_token_ids(text, cfg.vocab_size, a.get("model"), "tandem bench --prompts");
+  }
   auto runner = open_runner(*model, ro);
   for (int64_t L : lengths)
     if (L + gen > cfg.max_position_embeddings)
@@ -177,10 +199,10 @@ int cmd_bench(int argc, char** argv) {
   }
   for (int64_t L : lengths) {
     if (!json_out) std::fprintf(stderr, "prompt %lld: warm-up + %lld runs...\r", (long long)L, (long long)repeat);
-    run_once(*runner, cfg.vocab_size, warmup ? std::min(warmup, L) : L, std::min<int64_t>(gen, 4), seed);  // warm-up: page in weights
+    run_once(*runner, cfg.vocab_size, warmup ? std::min(warmup, L) : L, std::min<int64_t>(gen, 4), seed, text);  // warm-up: page in weights
     std::vector<double> pf, ttft, dec, itl;
     for (int64_t r = 0; r < repeat; ++r) {
-      Run x = run_once(*runner, cfg.vocab_size, L, gen, seed + 1 + r);
+      Run x = run_once(*runner, cfg.vocab_size, L, gen, seed + 1 + r, text);
       pf.push_back(x.prefill_tok_s);
       ttft.push_back(x.ttft_ms);
       dec.push_back(x.decode_tok_s);
@@ -217,6 +239,7 @@ int cmd_bench(int argc, char** argv) {
                         {"gen", gen},
                         {"repeat", repeat},
                         {"warmup_tokens", warmup},
+                        {"prompts", a.has("prompts") ? a.get("prompts") : std::string("random token ids")},
                         {"prefill_tok_s", first["prefill_tok_s"]},
                         {"decode_tok_s", first["decode_tok_s"]},
                         {"ttft_ms", first["ttft_ms"]},

@@ -102,6 +102,13 @@ for r in j["results"]:
     assert r["itl_p50_ms"] <= r["itl_p99_ms"]
 PY
 then echo "ok   bench --json fields"; passes=$((passes + 1)); else echo "FAIL bench --json"; cat "$tmp/bench.err"; failures=$((failures + 1)); fi
+# --prompts: windows of a text file's tokens instead of random ids (shorter than the prompt: cycled).
+printf 'the model routes every token to eight experts\n' >"$tmp/prompts.txt"
+check "bench --prompts" "0" "" -- "$tandem" bench --model "$tmp/tiny" --device cpu --prompt-len 24 --gen 3 --repeat 2 --prompts "$tmp/prompts.txt" --json
+grep -q '"prompts": ".*prompts.txt"' "$tmp/out" || { echo "FAIL bench --prompts: the JSON does not name the file"; failures=$((failures + 1)); }
+check "bench --prompts missing" "1" "cannot open the prompts file" -- "$tandem" bench --model "$tmp/tiny" --device cpu --prompts "$tmp/none.txt"
+: >"$tmp/empty.txt"
+check "bench --prompts empty" "1" "has no text" -- "$tandem" bench --model "$tmp/tiny" --device cpu --prompts "$tmp/empty.txt"
 check "generate without prompt" "2" "missing required option '--prompt'" -- "$tandem" generate --model "$tmp/tiny"
 check "bad temperature" "2" "temperature" -- "$tandem" generate --model "$tmp/tiny" --prompt x --temperature -1
 check "unknown preset" "2" "unknown sampling preset" -- "$tandem" generate --model "$tmp/tiny" --prompt x --preset wild
