@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <limits>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -79,54 +80,91 @@ GenerationDefaults load_generation_config(const std::string& model_dir) {
 
 Sampler::Sampler(const SamplingParams& p) : p_(p), rng_(p.seeded ? p.seed : std::random_device{}()) { p_.validate(); }
 
-std::vector<float> Sampler::penalised(std::span<const float> logits, std::span<const int32_t> context,
-                                      std::span<const int32_t> generated) const {
-  std::vector<float> l(logits.begin(), logits.end());
-  const int64_t V = static_cast<int64_t>(l.size());
-  if (p_.repetition_penalty != 1.0f) {
-    // HF semantics: every distinct id seen in prompt or output, once.
-    std::vector<int32_t> seen(context.begin(), context.end());
-    std::sort(seen.begin(), seen.end());
-    seen.erase(std::unique(seen.begin(), seen.end()), seen.end());
-    for (int32_t id : seen)
-      if (id >= 0 && id < V) l[id] = l[id] > 0 ? l[id] / p_.repetition_penalty : l[id] * p_.repetition_penalty;
+std::vector<LogitPenalty> Sampler::penalties(std::span<const int32_t> context, std::span<const int32_t> generated) const {
+  // HF semantics: repetition once per distinct id seen in prompt or output; presence / frequency per
+  // generated id with its count.
+  std::vector<LogitPenalty> pen;
+  if (p_.repetition_penalty != 1.0f)
+    for (int32_t id : context) pen.push_back({id, p_.repetition_penalty, 0.0f});
+  if (p_.presence_penalty != 0.0f || p_.frequency_penalty != 0.0f)
+    for (int32_t id : generated) pen.push_back({id, 1.0f, 0.0f});
+  std::sort(pen.begin(), pen.end(), [](const LogitPenalty& a, const LogitPenalty& b) { return a.id < b.id; });
+  std::vector<LogitPenalty> out;
+  for (size_t i = 0; i < pen.size();) {
+    LogitPenalty q{pen[i].id, 1.0f, 0.0f};
+    int n_generated = 0;
+    size_t j = i;
+    for (; j < pen.size() && pen[j].id == q.id; ++j) {
+      if (pen[j].rep != 1.0f) q.rep = pen[j].rep;
+      else ++n_generated;
+    }
+    if (n_generated > 0) q.sub = p_.presence_penalty + p_.frequency_penalty * static_cast<float>(n_generated);
+    out.push_back(q);
+    i = j;
   }
-  if (p_.presence_penalty != 0.0f || p_.frequency_penalty != 0.0f) {
-    std::unordered_map<int32_t, int> count;
-    for (int32_t id : generated) ++count[id];
-    for (const auto& [id, n] : count)
-      if (id >= 0 && id < V) l[id] -= p_.presence_penalty + p_.frequency_penalty * static_cast<float>(n);
-  }
-  return l;
+  return out;
 }
 
-std::vector<std::pair<int32_t, double>> Sampler::distribution(std::span<const float> logits,
-                                                               std::span<const int32_t> context,
-                                                               std::span<const int32_t> generated) const {
-  const std::vector<float> l = penalised(logits, context, generated);
-  const int32_t V = static_cast<int32_t>(l.size());
-  std::vector<std::pair<int32_t, double>> cand;
-  if (p_.temperature == 0.0f) {
-    const int32_t best = static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
-    return {{best, 1.0}};
+int Sampler::candidates_needed() const { return p_.temperature == 0.0f ? 1 : p_.top_k; }
+
+std::vector<std::pair<int32_t, float>> Sampler::best(std::span<const float> logits, const std::vector<LogitPenalty>& pen, int64_t k) {
+  const int64_t V = static_cast<int64_t>(logits.size());
+  k = std::min(k, V);
+  // Worse-first heap of the k best so far: (id, value); lower value worse, equal value: higher id worse.
+  auto worse = [](const std::pair<int32_t, float>& a, const std::pair<int32_t, float>& b) {
+    return a.second != b.second ? a.second > b.second : a.first < b.first;
+  };
+  std::vector<std::pair<int32_t, float>> heap;
+  heap.reserve(static_cast<size_t>(k));
+  float thr = -std::numeric_limits<float>::infinity();  // the worst kept value once the heap is full
+  auto offer = [&](int64_t i, float v) {
+    if (static_cast<int64_t>(heap.size()) < k) {
+      heap.push_back({static_cast<int32_t>(i), v});
+      std::push_heap(heap.begin(), heap.end(), worse);
+    } else if (v > thr) {  // ids arrive in increasing order: an equal value loses to the kept lower id
+      std::pop_heap(heap.begin(), heap.end(), worse);
+      heap.back() = {static_cast<int32_t>(i), v};
+      std::push_heap(heap.begin(), heap.end(), worse);
+    } else {
+      return;
+    }
+    if (static_cast<int64_t>(heap.size()) == k) thr = heap.front().second;
+  };
+  // Runs of unpenalised ids in a tight threshold loop, each penalised id with its adjusted value.
+  const float* l = logits.data();
+  int64_t i = 0;
+  for (size_t next = 0; next <= pen.size(); ++next) {
+    const int64_t stop = next < pen.size() ? std::clamp<int64_t>(pen[next].id, i, V) : V;
+    while (i < stop) {
+      if (static_cast<int64_t>(heap.size()) < k) {
+        offer(i, l[i]);
+        ++i;
+        continue;
+      }
+      const float t = thr;
+      while (i < stop && !(l[i] > t)) ++i;  // the common case: nothing here beats the k-th best
+      if (i < stop) {
+        offer(i, l[i]);
+        ++i;
+      }
+    }
+    if (next < pen.size() && pen[next].id == i && i < V) {
+      offer(i, pen[next].apply(l[i]));
+      ++i;
+    }
   }
-  // Candidates in decreasing logit order (ties: lower id first). Top-k bounds the sort when set.
-  std::vector<int32_t> order(V);
-  for (int32_t i = 0; i < V; ++i) order[i] = i;
-  auto by_logit = [&](int32_t a, int32_t b) { return l[a] != l[b] ? l[a] > l[b] : a < b; };
-  const int32_t k = p_.top_k > 0 ? std::min(p_.top_k, V) : V;
-  if (k < V) {
-    std::partial_sort(order.begin(), order.begin() + k, order.end(), by_logit);
-    order.resize(k);
-  } else {
-    std::sort(order.begin(), order.end(), by_logit);
-  }
+  std::sort(heap.begin(), heap.end(), worse);
+  return heap;
+}
+
+std::vector<std::pair<int32_t, double>> Sampler::filtered(std::span<const std::pair<int32_t, float>> top) const {
   // Softmax at temperature T over the top-k survivors, in double.
-  const double inv_t = 1.0 / p_.temperature, mx = l[order[0]];
-  cand.reserve(order.size());
+  std::vector<std::pair<int32_t, double>> cand;
+  const double inv_t = 1.0 / p_.temperature, mx = top[0].second;
+  cand.reserve(top.size());
   double total = 0.0;
-  for (int32_t id : order) {
-    const double w = std::exp((l[id] - mx) * inv_t);
+  for (const auto& [id, l] : top) {
+    const double w = std::exp((l - mx) * inv_t);
     cand.push_back({id, w});
     total += w;
   }
@@ -151,9 +189,17 @@ std::vector<std::pair<int32_t, double>> Sampler::distribution(std::span<const fl
   return cand;
 }
 
-int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> context,
-                        std::span<const int32_t> generated) {
-  const auto dist = distribution(logits, context, generated);
+std::vector<std::pair<int32_t, double>> Sampler::distribution(std::span<const float> logits,
+                                                               std::span<const int32_t> context,
+                                                               std::span<const int32_t> generated) const {
+  const std::vector<LogitPenalty> pen = penalties(context, generated);
+  const int64_t V = static_cast<int64_t>(logits.size());
+  if (p_.temperature == 0.0f) return {{best(logits, pen, 1)[0].first, 1.0}};
+  // Candidates in decreasing logit order (ties: lower id first): the top-k in one pass when set.
+  return filtered(best(logits, pen, p_.top_k > 0 ? p_.top_k : V));
+}
+
+int32_t Sampler::draw(const std::vector<std::pair<int32_t, double>>& dist) {
   if (dist.size() == 1) return dist[0].first;
   const double u = std::uniform_real_distribution<double>(0.0, 1.0)(rng_);
   double cum = 0.0;
@@ -162,6 +208,19 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
     if (u < cum) return id;
   }
   return dist.back().first;
+}
+
+int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> context,
+                        std::span<const int32_t> generated) {
+  return draw(distribution(logits, context, generated));
+}
+
+int32_t Sampler::sample_top(std::span<const std::pair<int32_t, float>> top) {
+  const int need = candidates_needed();
+  if (need < 1 || static_cast<int>(top.size()) < need)
+    fail("sampling: ", top.size(), " candidates given, the draw needs the best ", need);
+  if (p_.temperature == 0.0f) return top[0].first;
+  return draw(filtered(top.first(static_cast<size_t>(need))));
 }
 
 }  // namespace tandem

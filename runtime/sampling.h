@@ -43,6 +43,14 @@ struct GenerationDefaults {
 };
 GenerationDefaults load_generation_config(const std::string& model_dir);
 
+// One token's penalty: its logit l becomes (rep == 1 ? l : l > 0 ? l / rep : l * rep) - sub.
+struct LogitPenalty {
+  int32_t id = 0;
+  float rep = 1.0f;  // repetition penalty (the id is in the context)
+  float sub = 0.0f;  // presence + frequency * count (the id was generated)
+  float apply(float l) const { return (rep == 1.0f ? l : l > 0 ? l / rep : l * rep) - sub; }
+};
+
 class Sampler {
  public:
   explicit Sampler(const SamplingParams& p);
@@ -56,9 +64,21 @@ class Sampler {
   std::vector<std::pair<int32_t, double>> distribution(std::span<const float> logits, std::span<const int32_t> context,
                                                        std::span<const int32_t> generated) const;
 
+  // For samplers that select on another device: the penalties as a list sorted by id (every distinct
+  // id of the context and the generated ids), and how many of the best penalised logits the draw needs
+  // (1 when greedy, top_k when set; 0: the whole row).
+  std::vector<LogitPenalty> penalties(std::span<const int32_t> context, std::span<const int32_t> generated) const;
+  int candidates_needed() const;
+  // sample() from the best candidates_needed() penalised logits, given as (id, logit) in decreasing
+  // logit order (ties: lower id first): the same draw as sample() on the whole row.
+  int32_t sample_top(std::span<const std::pair<int32_t, float>> top);
+
  private:
-  std::vector<float> penalised(std::span<const float> logits, std::span<const int32_t> context,
-                               std::span<const int32_t> generated) const;
+  // The k best (id, penalised logit) pairs of a whole row, decreasing (ties: lower id first); one pass.
+  static std::vector<std::pair<int32_t, float>> best(std::span<const float> logits, const std::vector<LogitPenalty>& pen, int64_t k);
+  // Temperature softmax over sorted candidates (already cut to top-k), then top-p and min-p.
+  std::vector<std::pair<int32_t, double>> filtered(std::span<const std::pair<int32_t, float>> top) const;
+  int32_t draw(const std::vector<std::pair<int32_t, double>>& dist);
   SamplingParams p_;
   std::mt19937_64 rng_;
 };

@@ -3,6 +3,7 @@
 // about once in a million runs; a wrong filter fails every time).
 #include <cmath>
 #include <map>
+#include <random>
 
 #include "runtime/error.h"
 #include "runtime/sampling.h"
@@ -128,6 +129,66 @@ TEST(Sampling, PenaltiesFollowTheirDefinitions) {
   std::map<int, double> want;
   for (int i = 0; i < 4; ++i) want[i] = std::exp(adj[i]) / z;
   expect_samples_follow(p, l, want, ctx, gen);
+}
+
+// The one-pass selection against the plain definition (penalise a copy of the whole row, sort it by
+// logit then id, cut to top-k): the same candidates in the same order, hence the same distribution, on
+// random rows with ties and penalties; and sample_top() on the best candidates_needed() penalised
+// logits draws exactly what sample() draws from the whole row (what a device-side top-k relies on).
+TEST(Sampling, OnePassSelectionEqualsTheDefinition) {
+  std::mt19937 rng(test::test_seed());
+  const int V = 3001;
+  for (int trial = 0; trial < 40; ++trial) {
+    std::vector<float> l(V);
+    for (auto& x : l) x = static_cast<float>(static_cast<int>(std::normal_distribution<float>(0, 3)(rng) * 4)) / 4;  // many ties
+    std::vector<int32_t> ctx(50), gen(20);
+    for (auto& x : ctx) x = static_cast<int32_t>(rng() % V);
+    for (auto& x : gen) x = static_cast<int32_t>(rng() % V);
+    ctx.insert(ctx.end(), gen.begin(), gen.end());
+    SamplingParams p;
+    p.temperature = trial % 5 == 0 ? 0.0f : 0.7f;
+    p.top_k = trial % 3 == 0 ? 0 : 1 + static_cast<int>(rng() % 60);
+    p.top_p = trial % 2 ? 0.9f : 1.0f;
+    p.min_p = trial % 4 == 1 ? 0.05f : 0.0f;
+    p.repetition_penalty = trial % 3 == 1 ? 1.3f : 1.0f;
+    p.presence_penalty = trial % 2 ? 1.5f : 0.0f;
+    p.frequency_penalty = trial % 5 == 2 ? 0.25f : 0.0f;
+    p.seeded = true;
+    p.seed = 77 + trial;
+    // The definition, spelled out.
+    std::vector<float> pen = l;
+    std::vector<int32_t> seen(ctx);
+    std::sort(seen.begin(), seen.end());
+    seen.erase(std::unique(seen.begin(), seen.end()), seen.end());
+    if (p.repetition_penalty != 1.0f)
+      for (int32_t id : seen) pen[id] = pen[id] > 0 ? pen[id] / p.repetition_penalty : pen[id] * p.repetition_penalty;
+    std::map<int32_t, int> count;
+    for (int32_t id : gen) ++count[id];
+    for (const auto& [id, n] : count) pen[id] -= p.presence_penalty + p.frequency_penalty * static_cast<float>(n);
+    std::vector<int32_t> order(V);
+    for (int i = 0; i < V; ++i) order[i] = i;
+    std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return pen[a] != pen[b] ? pen[a] > pen[b] : a < b; });
+    Sampler s(p);
+    const auto dist = s.distribution(l, ctx, gen);
+    if (p.temperature == 0.0f) {
+      ASSERT_EQ(dist.size(), 1u);
+      EXPECT_EQ(dist[0].first, order[0]) << "trial " << trial;
+    } else {
+      const size_t k = p.top_k > 0 ? static_cast<size_t>(p.top_k) : static_cast<size_t>(V);
+      for (size_t i = 0; i < dist.size(); ++i) ASSERT_EQ(dist[i].first, order[i]) << "trial " << trial << " rank " << i;
+      EXPECT_LE(dist.size(), k);
+    }
+    const int need = s.candidates_needed();
+    if (need == 0) continue;  // the whole row is needed: no device-side cut
+    std::vector<std::pair<int32_t, float>> top;
+    for (int i = 0; i < need; ++i) top.push_back({order[i], pen[order[i]]});
+    Sampler whole(p), cut(p);
+    for (int draw = 0; draw < 30; ++draw) ASSERT_EQ(whole.sample(l, ctx, gen), cut.sample_top(top)) << "trial " << trial << " draw " << draw;
+  }
+  SamplingParams p;
+  p.top_k = 5;
+  Sampler s(p);
+  test::expect_error([&] { s.sample_top(std::vector<std::pair<int32_t, float>>(3)); }, {"3 candidates", "needs the best 5"});
 }
 
 TEST(Sampling, SeedReproduces) {
