@@ -103,6 +103,9 @@ VramBytes fixed_vram(const ModelConfig& c, const Sizer& s, int64_t context, int 
     v.workspace += align256(wide * 2) + 2 * align256(4) + align256(k * 4) + floats(k);  // xh, ids, pos, top-k ids, weights
     v.workspace += floats(H);  // CPU experts' result (hybrid)
     if (deferral > 0) v.workspace += floats((prefill_chunk > 0 && embed_on_gpu ? prefill_chunk : 1) * H);  // deferred experts' sum
+    // Sampling on the GPU: penalty list (12 B per context token), top-k workspace (gpu::kTopKWorkspaceBytes),
+    // the k best ids and values (gpu::kMaxTopK each).
+    v.workspace += align256(static_cast<uint64_t>(context) * 12) + align256(64 * 64 * 8) + align256(64 * 4) + floats(64);
     if (prefill_chunk > 0 && embed_on_gpu) {  // batched prefill: chunk-sized copies, cuBLAS workspace
       const int64_t n = prefill_chunk, nh2 = int64_t(nh) * 2 * hd, kvd = int64_t(nkv) * hd;
       const int64_t widest_k = std::max({H, Vd, int64_t(nh) * hd, Is, I});

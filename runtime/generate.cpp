@@ -50,8 +50,16 @@ GenerateResult generate(Runner& runner, int64_t vocab, const Tokenizer& tokenize
     if (req.on_text) req.on_text(s);
   };
 
+  // The runner selects the sampler's candidates itself when it can (the GPU: k pairs cross, not the row).
+  const int need = sampler.candidates_needed();
+  std::vector<std::pair<int32_t, float>> top;
+  bool have_top = false;
+  auto feed = [&](std::span<const int32_t> ids) {
+    have_top = need > 0 && runner.forward_top(ids, sampler.penalties(context, res.tokens), need, top);
+    if (!have_top) runner.forward(ids, logits.data(), Qwen35Moe::LogitRows::Last);
+  };
   const auto t0 = clock::now();
-  runner.forward(req.prompt, logits.data(), Qwen35Moe::LogitRows::Last);
+  feed(req.prompt);
   res.prefill_s = std::chrono::duration<double>(clock::now() - t0).count();
   const auto t1 = clock::now();
   for (int64_t step = 0; step < req.max_new_tokens; ++step) {
@@ -59,7 +67,7 @@ GenerateResult generate(Runner& runner, int64_t vocab, const Tokenizer& tokenize
       res.stop = StopReason::Cancelled;
       break;
     }
-    const int32_t id = sampler.sample(logits, context, res.tokens);
+    const int32_t id = have_top ? sampler.sample_top(top) : sampler.sample(logits, context, res.tokens);
     res.tokens.push_back(id);
     context.push_back(id);
     if (std::find(req.eos_ids.begin(), req.eos_ids.end(), id) != req.eos_ids.end()) {
@@ -84,7 +92,7 @@ GenerateResult generate(Runner& runner, int64_t vocab, const Tokenizer& tokenize
       pending.clear();
     }
     if (step + 1 == req.max_new_tokens) break;  // no forward for a token we will not sample from
-    runner.forward(std::span(&id, 1), logits.data(), Qwen35Moe::LogitRows::Last);
+    feed(std::span(&id, 1));
   }
   if (res.stop != StopReason::StopString) {
     pending += decoder.flush();

@@ -1,5 +1,6 @@
 #include "runtime/runner.h"
 
+#include <cstddef>
 #include <cstdlib>
 
 #include "cpu_experts/cpu_moe.h"
@@ -106,6 +107,7 @@ class GpuRunner final : public Runner {
     g.grouped_moe = env_is_1("TANDEM_GROUPED_MOE");
     g.moe_prefetch = env_is_1("TANDEM_MOE_PREFETCH");
     g.attention_prefill = env_is_1("TANDEM_ATTN_PREFILL");
+    sample_on_gpu_ = env_is_1("TANDEM_GPU_SAMPLING");
     if (placement_) {
       cpu_ = std::make_unique<CpuExpertSide>(model, *placement_, o.threads);
       g.budget_bytes = placement_->gpu_alloc_bytes;
@@ -123,6 +125,16 @@ class GpuRunner final : public Runner {
   void forward(std::span<const int32_t> ids, float* logits, Qwen35Moe::LogitRows rows) override {
     TraceSpan span(ids.size() > 1 ? "forward (prefill)" : "forward (decode)", "host");
     gpu_->forward(ids, logits, rows);
+  }
+  // Experimental (written, not yet run on a GPU): TANDEM_GPU_SAMPLING=1 selects the sampler's
+  // candidates on the device, so one step copies k pairs back instead of the logits row.
+  bool forward_top(std::span<const int32_t> ids, std::span<const LogitPenalty> penalties, int k,
+                   std::vector<std::pair<int32_t, float>>& top) override {
+    static_assert(sizeof(LogitPenalty) == sizeof(gpu::Penalty) && offsetof(LogitPenalty, rep) == offsetof(gpu::Penalty, rep) &&
+                  offsetof(LogitPenalty, sub) == offsetof(gpu::Penalty, sub));
+    if (!sample_on_gpu_) return false;
+    TraceSpan span(ids.size() > 1 ? "forward (prefill)" : "forward (decode)", "host");
+    return gpu_->forward_top(ids, {reinterpret_cast<const gpu::Penalty*>(penalties.data()), penalties.size()}, k, top);
   }
   std::string describe() const override {
     std::string paths = gpu_->batched_prefill_active() ? "prefill in batches" : "prefill token by token";
@@ -143,6 +155,7 @@ class GpuRunner final : public Runner {
   }
 
  private:
+  bool sample_on_gpu_ = false;
   std::shared_ptr<const HybridPlacement> placement_;  // null: everything on the GPU
   std::unique_ptr<CpuExpertSide> cpu_;                // declared before gpu_: the GPU model calls into it
   std::unique_ptr<Qwen35MoeGpu> gpu_;

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "runtime/models/qwen3_5_moe.h"
+#include "runtime/sampling.h"
 
 namespace tandem {
 
@@ -50,6 +51,14 @@ class Runner {
   virtual void reset() = 0;  // a new, empty sequence
   // Feeds ids at the current position; logits [ids, vocab] (All) or [vocab] (Last) to host memory.
   virtual void forward(std::span<const int32_t> ids, float* logits, Qwen35Moe::LogitRows rows) = 0;
+  // Like forward(ids, ..., Last) for a sampler that needs only the k best penalised logits
+  // (Sampler::candidates_needed / penalties / sample_top): runners that can select them where the
+  // logits are (the GPU) fill `top` and return true; the others return false and run nothing.
+  virtual bool forward_top(std::span<const int32_t> ids, std::span<const LogitPenalty> penalties, int k,
+                           std::vector<std::pair<int32_t, float>>& top) {
+    (void)ids, (void)penalties, (void)k, (void)top;
+    return false;
+  }
   virtual std::string describe() const = 0;  // one line: placement, ISA / GPU memory
   virtual uint64_t peak_device_bytes() const { return 0; }
   // Share of routed-expert activations served on the GPU since reset() (0 for host placements).

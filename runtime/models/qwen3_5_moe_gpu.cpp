@@ -12,6 +12,7 @@
 #include "gpu_core/attention.cuh"
 #include "gpu_core/deltanet.cuh"
 #include "gpu_core/gemm.cuh"
+#include "gpu_core/sampling.cuh"
 #include "gpu_core/gemv.cuh"
 #include "gpu_core/int4_layout.h"
 #include "gpu_core/moe.cuh"
@@ -166,7 +167,14 @@ struct Qwen35MoeGpu::Impl {
   std::vector<cudaEvent_t> tev;
   // CUDA graphs of a whole step, [0] without and [1] with logits (GpuOptions::cuda_graph).
   bool graph_ok = false;
-  cudaGraphExec_t graph[2] = {nullptr, nullptr};
+  cudaGraphExec_t graph[3] = {nullptr, nullptr, nullptr};  // [2]: logits left on the device (forward_top)
+  // forward_top: the logits row stays on the device (no copy at the end of a step or chunk); the
+  // penalties and the top-k run there and only k (id, logit) pairs come back.
+  float logits_sink = 0;  // as a logits destination: compute the row, leave it on the device
+  gpu::Penalty* pen_dev = nullptr;  // [max_context]
+  void* topk_ws = nullptr;
+  int32_t* top_ids = nullptr;
+  float* top_vals = nullptr;
   int32_t* hidpos = nullptr;  // pinned: the token id and position the graph copies in
   // Batched prefill (GpuOptions::batched_prefill): a prompt goes through layer by layer in chunks.
   bool batched = false;
@@ -327,6 +335,10 @@ struct Qwen35MoeGpu::Impl {
     pos_dev = up.zeros<int32_t>(1, Kind::Work);
     cpu_out = ws(H);
     if (deferring()) def_dev = ws(host_rows() * H);  // the deferred experts' sum (hybrid)
+    pen_dev = static_cast<gpu::Penalty*>(up.alloc(opts.max_context * sizeof(gpu::Penalty), Kind::Work));  // forward_top
+    topk_ws = up.alloc(gpu::kTopKWorkspaceBytes, Kind::Work);
+    top_ids = up.zeros<int32_t>(gpu::kMaxTopK, Kind::Work);
+    top_vals = ws(gpu::kMaxTopK);
     if (opts.batched_prefill && opts.prefill_chunk > 0 && opts.embed_on_gpu) {
       const int64_t n = opts.prefill_chunk, nh2 = int64_t(nh) * 2 * hd, kvd = int64_t(nkv) * hd;
       const int64_t widest_k = std::max({H, Vd, int64_t(nh) * hd, Is, I});
@@ -551,7 +563,8 @@ struct Qwen35MoeGpu::Impl {
     if (logits_last) {
       CK(gpu::rmsnorm_zc(ph + (n - 1) * H, final_norm, H, 1, eps, x, stream));
       linear(lm_head, x, logits);
-      CK(cudaMemcpyAsync(logits_last, logits, c.vocab_size * sizeof(float), cudaMemcpyDeviceToHost, stream));
+      if (logits_last != &logits_sink)
+        CK(cudaMemcpyAsync(logits_last, logits, c.vocab_size * sizeof(float), cudaMemcpyDeviceToHost, stream));
     }
     CK(cudaStreamSynchronize(stream));  // the host buffers (ids, positions) are free again
   }
@@ -603,11 +616,11 @@ struct Qwen35MoeGpu::Impl {
     const ModelConfig& c = model.config();
     if (graph_ok && !tr) {
       hidpos[0] = id, hidpos[1] = static_cast<int32_t>(pos);  // the previous launch has finished (synchronized)
-      const int w = logits_host ? 1 : 0;
+      const int w = !logits_host ? 0 : logits_host == &logits_sink ? 2 : 1;
       if (!graph[w]) capture(w);
       CK(cudaGraphLaunch(graph[w], stream));
       CK(cudaStreamSynchronize(stream));
-      if (logits_host) std::memcpy(logits_host, hlogits, c.vocab_size * sizeof(float));
+      if (w == 1) std::memcpy(logits_host, hlogits, c.vocab_size * sizeof(float));
       counts.gpu += static_cast<uint64_t>(c.num_experts_per_tok) * layers.size();
       ++pos;
       return;
@@ -620,13 +633,13 @@ struct Qwen35MoeGpu::Impl {
     if (logits_host) CK(cudaStreamSynchronize(stream));
   }
 
-  void capture(int with_logits) {
+  void capture(int w) {  // 0: no logits, 1: logits copied to hlogits, 2: logits left on the device
     const ExpertCounts saved = counts;  // enqueue() counts on the host; the launches count themselves
     cudaGraph_t g = nullptr;
     CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    enqueue(0, hidpos, hidpos + 1, with_logits ? hlogits : nullptr, nullptr);
+    enqueue(0, hidpos, hidpos + 1, w == 0 ? nullptr : w == 1 ? hlogits : &logits_sink, nullptr);
     CK(cudaStreamEndCapture(stream, &g));
-    CK(cudaGraphInstantiate(&graph[with_logits], g, 0));
+    CK(cudaGraphInstantiate(&graph[w], g, 0));
     CK(cudaGraphDestroy(g));
     counts = saved;
   }
@@ -706,7 +719,8 @@ struct Qwen35MoeGpu::Impl {
     if (!logits_dst) return;
     CK(gpu::rmsnorm_zc(h, final_norm, H, 1, eps, x, stream));
     linear(lm_head, x, logits);
-    CK(cudaMemcpyAsync(logits_dst, logits, c.vocab_size * sizeof(float), cudaMemcpyDeviceToHost, stream));
+    if (logits_dst != &logits_sink)
+      CK(cudaMemcpyAsync(logits_dst, logits, c.vocab_size * sizeof(float), cudaMemcpyDeviceToHost, stream));
   }
 };
 
@@ -715,6 +729,28 @@ Qwen35MoeGpu::~Qwen35MoeGpu() = default;
 const GpuMemoryPlan& Qwen35MoeGpu::memory() const { return impl_->plan; }
 const ExpertCounts& Qwen35MoeGpu::expert_counts() const { return impl_->counts; }
 bool Qwen35MoeGpu::batched_prefill_active() const { return impl_->batched; }
+
+bool Qwen35MoeGpu::forward_top(std::span<const int32_t> ids, std::span<const gpu::Penalty> penalties, int k,
+                               std::vector<std::pair<int32_t, float>>& top) {
+  Impl& m = *impl_;
+  const int64_t V = m.model.config().vocab_size;
+  if (k < 1 || k > gpu::kMaxTopK || static_cast<int64_t>(penalties.size()) > m.opts.max_context ||
+      (V + gpu::kTopKBlocks - 1) / gpu::kTopKBlocks * 8 > 48 * 1024)
+    return false;
+  forward(ids, &m.logits_sink, Qwen35Moe::LogitRows::Last);
+  if (!penalties.empty())
+    CK(cudaMemcpyAsync(m.pen_dev, penalties.data(), penalties.size() * sizeof(gpu::Penalty), cudaMemcpyHostToDevice, m.stream));
+  CK(gpu::penalise(m.logits, V, m.pen_dev, static_cast<int>(penalties.size()), m.stream));
+  CK(gpu::top_k_row(m.logits, V, k, m.topk_ws, m.top_ids, m.top_vals, m.stream));
+  std::vector<int32_t> hi(k);
+  std::vector<float> hv(k);
+  CK(cudaMemcpyAsync(hi.data(), m.top_ids, k * sizeof(int32_t), cudaMemcpyDeviceToHost, m.stream));
+  CK(cudaMemcpyAsync(hv.data(), m.top_vals, k * sizeof(float), cudaMemcpyDeviceToHost, m.stream));
+  CK(cudaStreamSynchronize(m.stream));
+  top.resize(k);
+  for (int i = 0; i < k; ++i) top[i] = {hi[i], hv[i]};
+  return true;
+}
 bool Qwen35MoeGpu::cuda_graph_active() const { return impl_->graph_ok; }
 
 std::unique_ptr<Qwen35MoeGpu> Qwen35MoeGpu::create(const Qwen35Moe& model, const GpuOptions& opts) {

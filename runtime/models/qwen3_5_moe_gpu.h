@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu_core/sampling.cuh"
 #include "runtime/models/qwen3_5_moe.h"
 
 namespace tandem {
@@ -103,6 +104,12 @@ class Qwen35MoeGpu {
   // Whether the options' fast paths are in use (each needs the embedding table on the GPU; the graph
   // also needs every expert on the GPU).
   bool batched_prefill_active() const;
+  // Like forward(ids, ..., Last), but the logits row stays on the device: `penalties` are applied
+  // there and only the k best (id, penalised logit) pairs come back, best first (ties: lower id), as
+  // Sampler::sample_top() takes them. false (nothing run) when k > gpu::kMaxTopK or the list is
+  // longer than the context.
+  bool forward_top(std::span<const int32_t> ids, std::span<const gpu::Penalty> penalties, int k,
+                   std::vector<std::pair<int32_t, float>>& top);
   bool cuda_graph_active() const;
   // Like Qwen35Moe::forward: ids at the current position; logits to host memory, all rows or the last.
   void forward(std::span<const int32_t> ids, float* logits, Qwen35Moe::LogitRows rows = Qwen35Moe::LogitRows::All);

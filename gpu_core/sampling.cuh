@@ -1,0 +1,31 @@
+// gpu_core/sampling.cuh: what a sampler needs from a logits row on the device, so that only k
+// (id, logit) pairs cross to the host instead of the whole row.
+//
+// penalise:  logits[id] = (rep == 1 ? l : l > 0 ? l / rep : l * rep) - sub for every listed penalty
+//            (ids distinct, as the host sampler's penalty list; ids outside 0..V-1 are ignored).
+// top_k_row: the k largest logits of one row as (id, value) in decreasing order, ties to the lower id
+//            (the host sampler's order), 1 <= k <= kMaxTopK: a top-k per slice of the row in
+//            kTopKBlocks blocks, then one block over their candidates. Exact (no rounding).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace tandem::gpu {
+
+struct Penalty {  // the layout of tandem::LogitPenalty
+  int32_t id;
+  float rep, sub;
+};
+
+inline constexpr int kMaxTopK = 64;
+inline constexpr int kTopKBlocks = 64;
+// Workspace of top_k_row for any k <= kMaxTopK.
+inline constexpr size_t kTopKWorkspaceBytes = size_t(kTopKBlocks) * kMaxTopK * 8;
+
+cudaError_t penalise(float* logits, int64_t V, const Penalty* pen, int n, cudaStream_t stream);
+cudaError_t top_k_row(const float* logits, int64_t V, int k, void* workspace, int32_t* ids, float* vals, cudaStream_t stream);
+
+}  // namespace tandem::gpu
