@@ -9,6 +9,9 @@
 #include <sstream>
 
 #include "runtime/dtype.h"
+#include "runtime/generate.h"
+#include "runtime/runner.h"
+#include "runtime/tokenizer.h"
 #include "runtime/models/qwen3_5_moe.h"
 #include "runtime/safetensors.h"
 #include "runtime/safetensors_stream.h"
@@ -216,6 +219,59 @@ TEST(Synth, TinyLoadsRunsAndGeneratesVariedTokens) {
   const std::set<int32_t> distinct(s.greedy.begin(), s.greedy.end());
   EXPECT_GE(distinct.size(), 12u) << "greedy decoding is stuck on a few tokens";
   for (int32_t id : s.greedy) EXPECT_LT(id, V);
+}
+
+// generate() with a runner that hands back only the sampler's k best penalised logits (as the GPU
+// runner does with TANDEM_GPU_SAMPLING=1; simulated here on the host with the plain definition) draws
+// exactly the tokens it draws from whole rows.
+TEST(Synth, GenerateDrawsTheSameFromCandidatesAsFromTheRow) {
+  test::TempDir dir;
+  synth::synthesize(synth::find_preset("tiny"), options(dir.str()));
+  auto model = Qwen35Moe::load(dir.str());
+  const Tokenizer tok = Tokenizer::from_model_dir(dir.str());
+  const int64_t V = model->config().vocab_size;
+  struct TopRunner final : Runner {
+    std::unique_ptr<Runner> inner;
+    int64_t V = 0;
+    int calls = 0;
+    std::vector<float> row;
+    void reset() override { inner->reset(); }
+    void forward(std::span<const int32_t> ids, float* logits, Qwen35Moe::LogitRows rows) override { inner->forward(ids, logits, rows); }
+    bool forward_top(std::span<const int32_t> ids, std::span<const LogitPenalty> pen, int k,
+                     std::vector<std::pair<int32_t, float>>& top) override {
+      row.resize(V);
+      inner->forward(ids, row.data(), Qwen35Moe::LogitRows::Last);
+      for (const auto& p : pen) row[p.id] = p.apply(row[p.id]);
+      std::vector<int32_t> order(V);
+      for (int64_t i = 0; i < V; ++i) order[i] = static_cast<int32_t>(i);
+      std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                        [&](int32_t a, int32_t b) { return row[a] != row[b] ? row[a] > row[b] : a < b; });
+      top.clear();
+      for (int i = 0; i < k; ++i) top.push_back({order[i], row[order[i]]});
+      ++calls;
+      return true;
+    }
+    std::string describe() const override { return "top"; }
+    double weight_bandwidth(std::string*) override { return 1; }
+  };
+  RunnerOptions ro;
+  ro.device = "ref";
+  for (const char* preset : {"instruct", "thinking"}) {
+    GenerateRequest req;
+    req.prompt = tok.encode("the model routes every token");
+    req.max_new_tokens = 24;
+    req.sampling = sampling_preset(preset);
+    req.sampling.seeded = true;
+    req.sampling.seed = 5;
+    auto plain = make_runner(*model, ro);
+    TopRunner top;
+    top.inner = make_runner(*model, ro);
+    top.V = V;
+    const GenerateResult a = generate(*plain, V, tok, req), b = generate(top, V, tok, req);
+    EXPECT_EQ(a.tokens, b.tokens) << preset;
+    EXPECT_EQ(top.calls, static_cast<int>(b.tokens.size())) << preset;  // the prompt + every step but the last
+    EXPECT_GE(a.tokens.size(), 2u);
+  }
 }
 
 TEST(Synth, SameBytesForAnyThreadCount) {
