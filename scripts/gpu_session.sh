@@ -16,7 +16,7 @@
 #   e2e-eager:LENS:REPEAT:SCENARIOS    the same with the fast paths off (TANDEM_CUDA_GRAPH=0 TANDEM_BATCHED_PREFILL=0)
 #   e2e-grouped:LENS:REPEAT:SCENARIOS  the same with the experimental grouped MoE prefill (TANDEM_GROUPED_MOE=1)
 #   e2e-prefetch:LENS:REPEAT:SCENARIOS the same with the experimental prefetching MoE decode (TANDEM_MOE_PREFETCH=1)
-#   e2e-exp:LENS:REPEAT:SCENARIOS      every experimental switch on (grouped MoE, prefetch, TANDEM_ATTN_PREFILL=1)
+#   e2e-exp:LENS:REPEAT:SCENARIOS      every experimental switch on (grouped MoE, prefetch, attention prefill, GPU sampling)
 #   e2e-text:LENS:REPEAT:SCENARIOS     prompts from the profiling text instead of random ids (the heat map applies)
 #   trace:GIB    a hybrid decode at that budget with --trace, and tools/trace_plot.py's picture of one step
 set -uo pipefail
@@ -64,7 +64,7 @@ for step in "$@"; do
       [ "$kind" = e2e-eager ] && flags="TANDEM_CUDA_GRAPH=0 TANDEM_BATCHED_PREFILL=0"
       [ "$kind" = e2e-grouped ] && flags="TANDEM_GROUPED_MOE=1"
       [ "$kind" = e2e-prefetch ] && flags="TANDEM_MOE_PREFETCH=1"
-      [ "$kind" = e2e-exp ] && flags="TANDEM_GROUPED_MOE=1 TANDEM_MOE_PREFETCH=1 TANDEM_ATTN_PREFILL=1"
+      [ "$kind" = e2e-exp ] && flags="TANDEM_GROUPED_MOE=1 TANDEM_MOE_PREFETCH=1 TANDEM_ATTN_PREFILL=1 TANDEM_GPU_SAMPLING=1"
       [ "$kind" = e2e-text ] && flags="BENCH_PROMPTS=1"
       run_step "$kind-${lens//,/_}" 9999 env $flags OUT="$res/$kind-${lens//,/_}" WARMUP=32 PROFILE_TIMEOUT=120 \
         bash bench/run_e2e.sh build-gpu /tmp/q35 "$lens" 128 "$repeat" "${scen//,/ }" ;;

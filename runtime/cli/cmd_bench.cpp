@@ -1,7 +1,8 @@
 // tandem bench: end-to-end speed with warm-up, repeats, medians and spread, and the bandwidth bound.
 //
 // Per prompt length: a random prompt (seeded; or, with --prompts FILE, a window of that text's tokens)
-// is prefilled in one call, then --gen tokens are decoded greedily one at a time. Random token ids
+// is prefilled in one call, then --gen tokens are decoded greedily one at a time (the next token picked
+// as generate() picks it: on the device when the runner can, else by the host sampler). Random token ids
 // route more evenly than text, so a placement made from a heat map shows its effect with --prompts. Reported: prefill tok/s, time to first token, decode tok/s, inter-token
 // latency p50/p99, peak host memory; the bound is the active weight bytes per decode token over the
 // read bandwidth measured here (CPU DRAM for the CPU paths).
@@ -26,6 +27,7 @@
 #include "runtime/cli/device_flags.h"
 #include "runtime/models/qwen3_5_moe.h"
 #include "runtime/runner.h"
+#include "runtime/sampling.h"
 #include "runtime/tokenizer.h"
 
 namespace tandem::cli {
@@ -86,6 +88,7 @@ uint64_t peak_rss_bytes() {
 struct Run {
   double prefill_tok_s, ttft_ms, decode_tok_s;
   std::vector<double> itl_ms;
+  bool on_device = false;  // the runner picked the next token where the logits are (forward_top)
 };
 
 // `text`: the --prompts file's tokens (empty: random ids); run `seed` takes the window starting at
@@ -103,21 +106,32 @@ Run run_once(Runner& runner, int64_t V, int64_t prompt_len, int64_t gen, uint64_
   }
   std::vector<float> logits(V);
   runner.reset();
-  auto argmax = [&] { return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin()); };
+  // Greedy, as generate() does it: the runner picks the token where the logits are when it can
+  // (one id crosses), else the whole row comes back and the host sampler's one-pass argmax runs.
+  SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  Sampler sampler(greedy);
+  std::vector<std::pair<int32_t, float>> top;
+  bool on_device = false;
+  auto next_of = [&](std::span<const int32_t> ids) {
+    on_device = runner.forward_top(ids, {}, 1, top);
+    if (on_device) return top[0].first;
+    runner.forward(ids, logits.data(), Qwen35Moe::LogitRows::Last);
+    return sampler.sample(logits, {}, {});
+  };
   const auto t0 = clock::now();
-  runner.forward(prompt, logits.data(), Qwen35Moe::LogitRows::Last);
-  int32_t next = argmax();
+  int32_t next = next_of(prompt);
   const double ttft = std::chrono::duration<double>(clock::now() - t0).count();
   Run r{prompt_len / ttft, ttft * 1e3, 0, {}};
   const auto d0 = clock::now();
   for (int64_t i = 1; i < gen; ++i) {
     const auto s0 = clock::now();
-    runner.forward(std::span(&next, 1), logits.data(), Qwen35Moe::LogitRows::Last);
-    next = argmax();
+    next = next_of(std::span(&next, 1));
     r.itl_ms.push_back(std::chrono::duration<double>(clock::now() - s0).count() * 1e3);
   }
   const double dt = std::chrono::duration<double>(clock::now() - d0).count();
   r.decode_tok_s = gen > 1 ? (gen - 1) / dt : 0;
+  r.on_device = on_device;
   return r;
 }
 
@@ -189,6 +203,7 @@ int cmd_bench(int argc, char** argv) {
   if (FILE* f = std::fopen("/proc/self/clear_refs", "w")) std::fputs("5", f), std::fclose(f);
 
   nlohmann::json results = nlohmann::json::array();
+  bool token_on_device = false;
   if (!json_out) {
     std::printf("tandem bench: %s\n%s\n", a.get("model").c_str(), runner->describe().c_str());
     std::printf("weights: %.2f GB non-expert + %.2f GB routed experts; %.3f GB read per decode token\n",
@@ -203,6 +218,7 @@ int cmd_bench(int argc, char** argv) {
     std::vector<double> pf, ttft, dec, itl;
     for (int64_t r = 0; r < repeat; ++r) {
       Run x = run_once(*runner, cfg.vocab_size, L, gen, seed + 1 + r, text);
+      token_on_device = x.on_device;
       pf.push_back(x.prefill_tok_s);
       ttft.push_back(x.ttft_ms);
       dec.push_back(x.decode_tok_s);
@@ -240,6 +256,7 @@ int cmd_bench(int argc, char** argv) {
                         {"repeat", repeat},
                         {"warmup_tokens", warmup},
                         {"prompts", a.has("prompts") ? a.get("prompts") : std::string("random token ids")},
+                        {"next_token", token_on_device ? "argmax on the device (one id crosses)" : "argmax on the host (the logits row crosses)"},
                         {"prefill_tok_s", first["prefill_tok_s"]},
                         {"decode_tok_s", first["decode_tok_s"]},
                         {"ttft_ms", first["ttft_ms"]},
