@@ -10,6 +10,21 @@ using namespace detail;
 constexpr int kWarpsPerBlock = 8;
 
 
+// The token's input row in gate's and up's input orders: x itself, or (act-order) permuted copies
+// staged in xs [2][H]. Uniform per block (one expert per block); every thread must call it.
+__device__ __forceinline__ void stage_inputs(const Int4Expert& ex, const __half* x, int64_t H, __half* xs, const __half*& xg,
+                                             const __half*& xu) {
+  xg = xu = x;
+  if (!ex.gate.perm && !ex.up.perm) return;
+  for (int64_t i = threadIdx.x; i < H; i += blockDim.x) {
+    xs[i] = x[ex.gate.perm ? ex.gate.perm[i] : i];
+    xs[H + i] = x[ex.up.perm ? ex.up.perm[i] : i];
+  }
+  __syncthreads();
+  xg = xs;
+  xu = xs + H;
+}
+
 template <int LANES>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     moe_gate_up_kernel(const Int4Expert* __restrict__ experts, int64_t H, int64_t I, const int32_t* __restrict__ ids, int k,
@@ -20,17 +35,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   if (!ex.gate.qweight) return;  // not resident on the GPU (hybrid): the CPU computes it; uniform per block
   const int64_t row = row_of_thread<LANES, kWarpsPerBlock>();
   const bool valid = row < I;
-  const __half* xg = x + t * H;
-  const __half* xu = xg;
-  if (ex.gate.perm || ex.up.perm) {  // uniform per block: every thread takes this branch or none
-    for (int64_t i = threadIdx.x; i < H; i += blockDim.x) {
-      xs[i] = xg[ex.gate.perm ? ex.gate.perm[i] : i];
-      xs[H + i] = xg[ex.up.perm ? ex.up.perm[i] : i];
-    }
-    __syncthreads();
-    xu = xs + H;
-    xg = xs;
-  }
+  const __half *xg, *xu;
+  stage_inputs(ex, x + t * H, H, xs, xg, xu);
   float g[1] = {0.0f}, u[1] = {0.0f};
   if (valid) {
     int4_row_dot<1, LANES>(ex.gate, row, l, xg, H, 1, g);
@@ -88,17 +94,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   uint32_t wg[kPrefetchGateUp], wu[kPrefetchGateUp];
   int4_load_words<LANES>(ex.gate.qweight, H / 8, row, l, valid, wg);
   int4_load_words<LANES>(ex.up.qweight, H / 8, row, l, valid, wu);
-  const __half* xg = x + t * H;
-  const __half* xu = xg;
-  if (ex.gate.perm || ex.up.perm) {
-    for (int64_t i = threadIdx.x; i < H; i += blockDim.x) {
-      xs[i] = xg[ex.gate.perm ? ex.gate.perm[i] : i];
-      xs[H + i] = xg[ex.up.perm ? ex.up.perm[i] : i];
-    }
-    __syncthreads();
-    xu = xs + H;
-    xg = xs;
-  }
+  const __half *xg, *xu;
+  stage_inputs(ex, x + t * H, H, xs, xg, xu);
   float g = 0.0f, u = 0.0f;
   if (valid) {
     g = int4_words_dot<LANES>(ex.gate, row, l, wg, xg);
