@@ -32,7 +32,7 @@ int64_t up_blocks(const PackedMatrix& gate) { return (gate.tiles + kUpBlockTiles
 // ---------------------------------------------------------------- store
 
 CpuExpertStore::CpuExpertStore(CpuExpertStoreOptions opt)
-    : opt_(std::move(opt)), arena_(std::make_unique<HostArena>(opt_.hooks)) {
+    : opt_(std::move(opt)), arena_(std::make_unique<HostArena>()) {
   if (opt_.dense_format == WeightFormat::Int4)
     fail("cpu experts: dense_format cannot be int4 (int4 comes only from GPTQ checkpoints)");
 }

@@ -5,7 +5,7 @@
 // picks which experts live on the CPU. Formats: int4 from GPTQ (lossless), int8 (per-group symmetric,
 // from BF16 or GPTQ), bf16. Expert id == num routed experts (moe.gate.size()) is the shared expert,
 // so a caller can run it here too by passing that id with weight sigmoid(shared_expert_gate(x)).
-// Memory: one huge-page chunk per layer, HostMemoryHooks called per chunk (cudaHostRegister).
+// Memory: one huge-page chunk per layer; mappings() lists them (the hybrid page-locks them for DMA).
 //
 // cpu_moe_forward(x [T, H] fp32, ids/weights [T, k]) ACCUMULATES into out [T, H] fp32 (the caller
 // zeroes it, or adds GPU-side experts / the shared expert into the same buffer). ids < 0 are skipped
@@ -51,7 +51,6 @@ struct CpuExpertStoreOptions {
   // int8 halves, act_ops.h) or 8-bit (half the integer work, ~256x the rounding error). Matrices whose
   // group size exceeds qmatmul.h's 16-bit limit use 8-bit.
   ActPrecision act = ActPrecision::Int16;
-  HostMemoryHooks hooks;
 };
 
 class CpuExpertStore {
@@ -72,6 +71,7 @@ class CpuExpertStore {
   uint64_t stream_bytes() const;
   std::string description() const;  // formats, expert count, bytes, huge-page share
   const CpuExpertStoreOptions& options() const { return opt_; }
+  std::vector<std::pair<void*, size_t>> mappings() const { return arena_->mappings(); }
 
  private:
   WeightFormat format_for(const LinearWeight& w) const;

@@ -289,13 +289,17 @@ PackedMatrix pack_weight(const LinearWeight& src, const PackOptions& opt, HostAr
 
 // ---- HostArena ----
 
-HostArena::HostArena(HostMemoryHooks hooks, size_t chunk_bytes) : hooks_(std::move(hooks)), chunk_bytes_(chunk_bytes) {}
+HostArena::HostArena(size_t chunk_bytes) : chunk_bytes_(chunk_bytes) {}
 
 HostArena::~HostArena() {
-  for (Chunk& c : chunks_) {
-    if (hooks_.on_unmap) hooks_.on_unmap(c.base, c.size);
-    munmap(c.base, c.size);
-  }
+  for (Chunk& c : chunks_) munmap(c.base, c.size);
+}
+
+std::vector<std::pair<void*, size_t>> HostArena::mappings() const {
+  std::lock_guard lock(mu_);
+  std::vector<std::pair<void*, size_t>> out;
+  for (const Chunk& c : chunks_) out.push_back({c.base, c.size});
+  return out;
 }
 
 HostArena::Chunk& HostArena::new_chunk(size_t min_bytes) {
@@ -309,7 +313,6 @@ HostArena::Chunk& HostArena::new_chunk(size_t min_bytes) {
   if (base + size < p + size + kHugePage) munmap(base + size, static_cast<size_t>(p + size + kHugePage - (base + size)));
   if (madvise(base, size, MADV_HUGEPAGE) == 0) huge_ += size;
   mapped_ += size;
-  if (hooks_.on_map) hooks_.on_map(base, size);
   chunks_.push_back({base, size, 0});
   return chunks_.back();
 }

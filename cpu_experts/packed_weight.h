@@ -63,16 +63,11 @@ struct PackedMatrix {
   void dequant_row(int64_t n, float* row, bool source_order = true) const;
 };
 
-struct HostMemoryHooks {
-  std::function<void(void* p, size_t bytes)> on_map;    // e.g. cudaHostRegister (wired by the runtime)
-  std::function<void(void* p, size_t bytes)> on_unmap;  // e.g. cudaHostUnregister
-};
-
 // Bump allocator over large chunks (one mmap each). allocate() is thread-safe; memory lives until the
 // arena dies. Chunks are first touched by whoever writes them (NUMA first-touch placement).
 class HostArena {
  public:
-  explicit HostArena(HostMemoryHooks hooks = {}, size_t chunk_bytes = size_t(256) << 20);
+  explicit HostArena(size_t chunk_bytes = size_t(256) << 20);
   ~HostArena();
   HostArena(const HostArena&) = delete;
   HostArena& operator=(const HostArena&) = delete;
@@ -82,6 +77,9 @@ class HostArena {
   void reserve(size_t bytes);
   size_t mapped_bytes() const { return mapped_; }
   size_t huge_page_bytes() const { return huge_; }  // part advised MADV_HUGEPAGE successfully
+  // The mappings (base, bytes), e.g. for the caller to page-lock them for DMA once they are filled
+  // and placed on their NUMA nodes (locked pages cannot migrate).
+  std::vector<std::pair<void*, size_t>> mappings() const;
 
  private:
   struct Chunk {
@@ -89,11 +87,10 @@ class HostArena {
     size_t size, used;
   };
   Chunk& new_chunk(size_t min_bytes);
-  HostMemoryHooks hooks_;
   size_t chunk_bytes_;
   std::vector<Chunk> chunks_;
   size_t mapped_ = 0, huge_ = 0;
-  std::mutex mu_;
+  mutable std::mutex mu_;
 };
 
 struct PackOptions {

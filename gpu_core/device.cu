@@ -35,4 +35,16 @@ void gpu_device_probe(DeviceProbe* out) {
   else cudaGetLastError();
 }
 
+bool host_register(void* p, unsigned long long bytes, char* reason, int reason_len) {
+  const cudaError_t e = cudaHostRegister(p, static_cast<size_t>(bytes), cudaHostRegisterDefault);
+  if (e == cudaSuccess) return true;
+  if (reason && reason_len > 0) std::snprintf(reason, static_cast<size_t>(reason_len), "%s", cudaGetErrorString(e));
+  cudaGetLastError();  // not sticky: clear it
+  return false;
+}
+
+void host_unregister(void* p) {
+  if (cudaHostUnregister(p) != cudaSuccess) cudaGetLastError();
+}
+
 }  // namespace tandem::gpu

@@ -18,4 +18,9 @@ struct DeviceProbe {
 
 void gpu_device_probe(DeviceProbe* out);
 
+// Page-locks host memory [p, p + bytes) for DMA (cudaHostRegister). On failure returns false with the
+// driver's reason in `reason` (the memory stays usable, pageable). host_unregister undoes it.
+bool host_register(void* p, unsigned long long bytes, char* reason, int reason_len);
+void host_unregister(void* p);
+
 }  // namespace tandem::gpu

@@ -10,6 +10,7 @@
 #include "runtime/membw.h"
 #include "runtime/trace.h"
 #ifdef TANDEM_HAVE_CUDA
+#include "gpu_core/device.cuh"
 #include "runtime/models/qwen3_5_moe_gpu.h"
 #endif
 
@@ -60,7 +61,8 @@ bool env_is_1(const char* name) {
 }
 
 // The CPU side of a hybrid run: the routed experts the plan leaves in host memory, repacked once into
-// the cpu_experts layout and run on the pinned worker pool when the GPU hands a layer over.
+// the cpu_experts layout (and placed on their NUMA nodes), then page-locked with CUDA so they can
+// move by DMA, and run on the pinned worker pool when the GPU hands a layer over.
 class CpuExpertSide final : public HostExperts {
  public:
   CpuExpertSide(const Qwen35Moe& model, const HybridPlacement& hp, int threads)
@@ -72,12 +74,33 @@ class CpuExpertSide final : public HostExperts {
         if (!hp.expert_on_gpu[l][e]) ids.push_back(static_cast<int>(e));
       if (!ids.empty()) store_.add_layer(static_cast<int>(l), layers[l].moe, ids, &pool_);
     }
+    // After packing and NUMA binding: locked pages cannot migrate.
+    char reason[256] = {0};
+    for (const auto& [p, bytes] : store_.mappings()) {
+      if (gpu::host_register(p, bytes, reason, sizeof reason)) {
+        registered_.push_back(p);
+        registered_bytes_ += bytes;
+      } else {
+        unregistered_bytes_ += bytes;
+        register_error_ = reason;
+      }
+    }
   }
+  ~CpuExpertSide() override {
+    for (void* p : registered_) gpu::host_unregister(p);
+  }
+  CpuExpertSide(const CpuExpertSide&) = delete;
+  CpuExpertSide& operator=(const CpuExpertSide&) = delete;
   void run(int layer, const float* x, int64_t T, const int32_t* ids, const float* weights, int k, float* out) override {
     TraceSpan span("cpu experts, layer", "cpu", layer);
     cpu::cpu_moe_forward(store_, layer, x, T, ids, weights, k, out, pool_, ws_);
   }
-  std::string describe() const { return store_.size() ? store_.description() : "no CPU experts"; }
+  std::string describe() const {
+    if (!store_.size()) return "no CPU experts";
+    std::string s = store_.description() + str_cat(", ", registered_bytes_ >> 20, " MiB page-locked for DMA");
+    if (unregistered_bytes_) s += str_cat(", ", unregistered_bytes_ >> 20, " MiB not (", register_error_, ")");
+    return s;
+  }
 
  private:
   static cpu::CpuExpertStoreOptions store_options(const std::string& fmt) {
@@ -92,6 +115,9 @@ class CpuExpertSide final : public HostExperts {
   cpu::ThreadPool pool_;
   cpu::CpuExpertStore store_;
   cpu::CpuMoeWorkspace ws_;
+  std::vector<void*> registered_;
+  uint64_t registered_bytes_ = 0, unregistered_bytes_ = 0;
+  std::string register_error_;
 };
 
 // --device gpu (everything on the GPU) and --device hybrid (o.hybrid: some routed experts on the CPU

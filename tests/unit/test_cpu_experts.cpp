@@ -161,6 +161,24 @@ TEST(CpuThreadPool, PerNodeSlices) {
 
 // ---------------------------------------------------------------- packing
 
+// The arena lists its mappings (what the hybrid page-locks): every allocation lies inside one of them.
+TEST(CpuPack, ArenaListsItsMappings) {
+  HostArena arena(1 << 20);
+  std::vector<std::pair<uint8_t*, size_t>> blocks;
+  for (size_t bytes : {size_t(1000), size_t(3) << 20, size_t(64), size_t(1) << 20})
+    blocks.push_back({static_cast<uint8_t*>(arena.allocate(bytes)), bytes});
+  const auto maps = arena.mappings();
+  ASSERT_GE(maps.size(), 2u);
+  size_t total = 0;
+  for (const auto& [p, n] : maps) total += n;
+  EXPECT_EQ(total, arena.mapped_bytes());
+  for (const auto& [b, n] : blocks) {
+    bool inside = false;
+    for (const auto& [p, m] : maps) inside |= b >= static_cast<uint8_t*>(p) && b + n <= static_cast<uint8_t*>(p) + m;
+    EXPECT_TRUE(inside) << n << " bytes";
+  }
+}
+
 TEST(CpuPack, F16Conversion) {
   for (uint32_t h = 0; h < 0x10000; ++h) {
     if ((h & 0x7c00) == 0x7c00) continue;  // inf / nan
@@ -180,7 +198,7 @@ TEST(CpuPack, Int4RepackIsLossless) {
     std::vector<int32_t> row_perm(72);
     std::iota(row_perm.begin(), row_perm.end(), 0);
     std::shuffle(row_perm.begin(), row_perm.end(), rng);
-    HostArena arena({}, 1 << 20);
+    HostArena arena(1 << 20);
     const PackedMatrix p = pack_weight(m->w, {WeightFormat::Int4, 128, row_perm.data()}, arena);
     EXPECT_EQ(p.symmetric, spec.sym);
     EXPECT_EQ(p.col_perm != nullptr, spec.act_order);
@@ -198,7 +216,7 @@ TEST(CpuPack, Int4RepackIsLossless) {
 TEST(CpuPack, Int8AndBf16) {
   std::mt19937 rng(test::test_seed());
   auto m = test::synth_bf16(rng, 40, 100);
-  HostArena arena({}, 1 << 20);
+  HostArena arena(1 << 20);
   for (int64_t gs : {32, 128}) {
     const PackedMatrix p = pack_weight(m->w, {WeightFormat::Int8, gs, nullptr}, arena);
     EXPECT_EQ(p.cols_padded % gs, 0);
@@ -315,7 +333,7 @@ TEST(CpuOps, MatmulBitwiseAcrossIsas) {
   const int64_t N = 88, K = 256;
   for (const MatCase& c : cases) {
     auto m = c.gptq ? test::synth_gptq(rng, N, K, c.spec) : test::synth_bf16(rng, N, K);
-    HostArena arena({}, 1 << 20);
+    HostArena arena(1 << 20);
     const int64_t gs8 = c.fmt == WeightFormat::Int8 ? (c.spec.group_size == 128 ? 128 : 32) : 128;
     const PackedMatrix p = pack_weight(m->w, {c.fmt, gs8, nullptr}, arena);
     const int64_t R = 21;
