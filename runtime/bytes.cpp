@@ -29,6 +29,8 @@ uint64_t parse_bytes(const std::string& text, const std::string& what) {
   else if (unit == "tb") mul = 1e12;
   else fail(what, ": unknown unit '", text.substr(used), "' in '", text, "' (use B, KiB, MiB, GiB, TiB, KB, MB, GB or TB)");
   if (!(v > 0)) fail(what, ": '", text, "' must be positive");
+  constexpr double kMax = 1152921504606846976.0;  // 1 EiB: far beyond any machine, and exact in uint64
+  if (!(v * mul <= kMax)) fail(what, ": '", text, "' is too large (at most 1 EiB)");
   return static_cast<uint64_t>(v * mul);
 }
 

@@ -100,6 +100,7 @@ TEST(PlacementYamlErrors, NameFileLineAndKey) {
   test::expect_error([] { yaml("cpu_experts: all\ngpu_experts_per_layer: 4\n"); }, {"test.yaml:2", "contradicts"});
   test::expect_error([] { load_placement_config("/nonexistent/x.yaml"); }, {"/nonexistent/x.yaml", "cannot open"});
   test::expect_error([] { yaml("prefill:\n  chunk: -1\n"); }, {"test.yaml:2", "key 'prefill.chunk'", "outside"});
+  test::expect_error([] { yaml("gpu:\n  memory: 1e300GiB\n"); }, {"test.yaml:2", "gpu.memory", "too large"});  // found by fuzz_placement
   test::expect_error([] { yaml("prefill:\n  chunks: 64\n"); }, {"test.yaml:2", "'prefill.chunks'", "did you mean 'chunk'"});
 }
 
