@@ -36,9 +36,8 @@ cudaError_t deltanet_decode(const DeltaNetDecodeArgs& args, cudaStream_t stream)
 
 // The same over T consecutive tokens (prefill): qkv [T][conv_dim], z [T][Hv*dv], b and a [T][Hv],
 // conv_out scratch [T][conv_dim], out [T][Hv*dv]; the states advance by T tokens. One block per value
-// head runs the recurrence token by token with its state slice in registers; results equal T decode
-// steps up to fp32 rounding order (the same operations per token). Written 2026-11-30; not yet run on
-// a GPU (tests/gpu/test_gpu_deltanet.cpp, PrefillMatchesReference).
+// head runs the recurrence token by token with its state slice in registers; deltanet_decode is this
+// with T = 1 (the same kernels), so T tokens at once equal T decode steps exactly.
 cudaError_t deltanet_prefill(const DeltaNetDecodeArgs& args, int T, cudaStream_t stream);
 
 }  // namespace tandem::gpu

@@ -1,6 +1,6 @@
-// gpu_core/deltanet_prefill.cu: Gated DeltaNet over T tokens in two launches (see deltanet.cuh): the
-// recurrence runs token after token inside one block per value head with the state slice held in
-// registers for the whole prompt (read and written once, not once per token).
+// gpu_core/deltanet.cu: Gated DeltaNet over T tokens in two launches (see deltanet.cuh); decode is
+// T = 1. The recurrence runs token after token inside one block per value head with the state slice
+// held in registers for the whole call (read and written once, not once per token).
 #include <cuda_runtime.h>
 
 #include "gpu_core/deltanet.cuh"
@@ -9,13 +9,14 @@ namespace tandem::gpu {
 
 namespace {
 
-constexpr int kRowGroups = 4;  // as in the decode kernel: threads per state column
+constexpr int kRowGroups = 4;  // threads per state column; each owns dk / kRowGroups rows
 constexpr int kMaxRowsPerThread = 32;
 constexpr int kMaxHist = 7;    // kernel <= 8
 
-__device__ __forceinline__ float silu_p(float x) { return x / (1.0f + expf(-x)); }
+__device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
 
-__device__ float block_sum_p(float v, float* red) {
+// Block-wide sum over blockDim.x threads through shared memory `red` (blockDim.x / 32 floats).
+__device__ float block_sum(float v, float* red) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   const int warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
   __syncthreads();
@@ -27,7 +28,7 @@ __device__ float block_sum_p(float v, float* red) {
 }
 
 // One thread per channel: the conv window lives in registers across the T tokens.
-__global__ void conv_prefill_kernel(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ window,
+__global__ void conv_kernel(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ window,
                                     float* __restrict__ y, int channels, int kernel, int T) {
   const int ch = blockIdx.x * blockDim.x + threadIdx.x;
   if (ch >= channels) return;
@@ -38,14 +39,14 @@ __global__ void conv_prefill_kernel(const float* __restrict__ x, const float* __
     const float xc = x[int64_t(t) * channels + ch];
     float acc = w[ch * kernel + hist] * xc;
     for (int j = 0; j < hist; ++j) acc += w[ch * kernel + j] * win[j];
-    y[int64_t(t) * channels + ch] = silu_p(acc);
+    y[int64_t(t) * channels + ch] = silu(acc);
     for (int j = 0; j + 1 < hist; ++j) win[j] = win[j + 1];
     if (hist > 0) win[hist - 1] = xc;
   }
   for (int j = 0; j < hist; ++j) window[j * channels + ch] = win[j];
 }
 
-__global__ void delta_head_prefill_kernel(DeltaNetDecodeArgs p, int T) {
+__global__ void delta_head_kernel(DeltaNetDecodeArgs p, int T) {
   extern __shared__ float smem[];
   const int dk = p.dk, dv = p.dv, h = blockIdx.x, kh = h / (p.Hv / p.Hk);
   float* q = smem;
@@ -73,8 +74,8 @@ __global__ void delta_head_prefill_kernel(DeltaNetDecodeArgs p, int T) {
       qq += q[i] * q[i];
       kk += k[i] * k[i];
     }
-    qq = block_sum_p(qq, red);
-    kk = block_sum_p(kk, red);
+    qq = block_sum(qq, red);
+    kk = block_sum(kk, red);
     const float qs = rsqrtf(qq + 1e-6f) * rsqrtf(static_cast<float>(dk)), ks = rsqrtf(kk + 1e-6f);
     for (int i = tid; i < dk; i += blockDim.x) {
       q[i] *= qs;
@@ -112,10 +113,10 @@ __global__ void delta_head_prefill_kernel(DeltaNetDecodeArgs p, int T) {
     __syncthreads();
     float oj = 0.0f;
     for (int rr = 0; rr < kRowGroups; ++rr) oj += part[rr * dv + j];
-    const float sq = block_sum_p(r == 0 ? oj * oj : 0.0f, red);
+    const float sq = block_sum(r == 0 ? oj * oj : 0.0f, red);
     if (r == 0) {
       const float zj = p.z[t * Vd + static_cast<int64_t>(h) * dv + j];
-      p.out[t * Vd + static_cast<int64_t>(h) * dv + j] = p.norm_w[j] * (oj * rsqrtf(sq / dv + p.eps)) * silu_p(zj);
+      p.out[t * Vd + static_cast<int64_t>(h) * dv + j] = p.norm_w[j] * (oj * rsqrtf(sq / dv + p.eps)) * silu(zj);
     }
   }
 #pragma unroll
@@ -132,11 +133,13 @@ cudaError_t deltanet_prefill(const DeltaNetDecodeArgs& p, int T, cudaStream_t st
       p.dv * kRowGroups > 1024 || (p.dv * kRowGroups) % 32 || p.kernel < 1 || p.kernel > kMaxHist + 1)
     return cudaErrorInvalidValue;
   const int conv_dim = 2 * p.Hk * p.dk + p.Hv * p.dv;
-  conv_prefill_kernel<<<(conv_dim + 255) / 256, 256, 0, stream>>>(p.qkv, p.conv_w, p.conv_state, p.conv_out, conv_dim, p.kernel, T);
+  conv_kernel<<<(conv_dim + 255) / 256, 256, 0, stream>>>(p.qkv, p.conv_w, p.conv_state, p.conv_out, conv_dim, p.kernel, T);
   const int threads = p.dv * kRowGroups;
   const size_t smem = (2 * p.dk + kRowGroups * p.dv + threads / 32) * sizeof(float);
-  delta_head_prefill_kernel<<<p.Hv, threads, smem, stream>>>(p, T);
+  delta_head_kernel<<<p.Hv, threads, smem, stream>>>(p, T);
   return cudaGetLastError();
 }
+
+cudaError_t deltanet_decode(const DeltaNetDecodeArgs& p, cudaStream_t stream) { return deltanet_prefill(p, 1, stream); }
 
 }  // namespace tandem::gpu
