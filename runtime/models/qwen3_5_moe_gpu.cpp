@@ -225,10 +225,10 @@ struct Qwen35MoeGpu::Impl {
       if (p) cudaFreeHost(p);
   }
 
+  // Whether prompts can go through in batches (GpuOptions::batched_prefill; the chunk embeds on the GPU).
+  bool wants_batched() const { return opts.batched_prefill && opts.prefill_chunk > 0 && opts.embed_on_gpu; }
   // Tokens handed to the host at once: a prefill chunk when prompts go in batches, else one.
-  int64_t host_rows() const {
-    return opts.batched_prefill && opts.prefill_chunk > 0 && opts.embed_on_gpu ? opts.prefill_chunk : 1;
-  }
+  int64_t host_rows() const { return wants_batched() ? opts.prefill_chunk : 1; }
   bool deferring() const { return opts.defer_experts > 0 && opts.host_experts; }
 
   bool on_gpu(int layer, int64_t e) const {
@@ -339,7 +339,7 @@ struct Qwen35MoeGpu::Impl {
     topk_ws = up.alloc(gpu::kTopKWorkspaceBytes, Kind::Work);
     top_ids = up.zeros<int32_t>(gpu::kMaxTopK, Kind::Work);
     top_vals = ws(gpu::kMaxTopK);
-    if (opts.batched_prefill && opts.prefill_chunk > 0 && opts.embed_on_gpu) {
+    if (wants_batched()) {
       const int64_t n = opts.prefill_chunk, nh2 = int64_t(nh) * 2 * hd, kvd = int64_t(nkv) * hd;
       const int64_t widest_k = std::max({H, Vd, int64_t(nh) * hd, Is, I});
       ph = ws(n * H), px = ws(n * H), po = ws(n * H), pqkv = ws(n * conv_dim), pz = ws(n * Vd), pb = ws(n * c.linear_num_value_heads),
@@ -357,6 +357,26 @@ struct Qwen35MoeGpu::Impl {
           model.layers()[0].moe.gate[0].kind == LinearWeight::Kind::Gptq)  // grouped int4 experts
         pgroup = up.alloc(gpu::moe_int4_grouped_workspace(n, k, H, I, static_cast<int>(E)), Kind::Work);
     }
+  }
+
+  // The layer's weights and state in the kernels' argument blocks; callers add the activations.
+  gpu::DeltaNetDecodeArgs deltanet_args(const DevLayer& L) const {
+    const ModelConfig& c = model.config();
+    gpu::DeltaNetDecodeArgs p;
+    p.conv_w = L.conv_w, p.conv_state = L.conv_state, p.A_log = L.A_log, p.dt_bias = L.dt_bias, p.norm_w = L.dn_norm;
+    p.state = L.ssm_state;
+    p.Hk = c.linear_num_key_heads, p.Hv = c.linear_num_value_heads, p.dk = c.linear_key_head_dim, p.dv = c.linear_value_head_dim;
+    p.kernel = c.linear_conv_kernel, p.eps = static_cast<float>(c.rms_norm_eps);
+    return p;
+  }
+  gpu::AttentionDecodeArgs attention_args(const DevLayer& L) const {
+    const ModelConfig& c = model.config();
+    gpu::AttentionDecodeArgs p;
+    p.q_norm = L.q_norm, p.k_norm = L.k_norm, p.inv_freq = inv_freq, p.k_cache = L.k_cache, p.v_cache = L.v_cache;
+    p.nh = c.num_heads, p.nkv = c.num_kv_heads, p.hd = c.head_dim, p.rotary_dim = c.rotary_dim;
+    p.max_ctx = static_cast<int>(opts.max_context), p.max_splits = static_cast<int>((opts.max_context + 255) / 256);
+    p.eps = static_cast<float>(c.rms_norm_eps), p.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+    return p;
   }
 
   // ---- the routed experts of one layer for n tokens, shared by decode (n = 1) and batched prefill ----
@@ -489,7 +509,7 @@ struct Qwen35MoeGpu::Impl {
   void prefill_chunk(const int32_t* ids_host, int64_t n, float* logits_last) {
     const ModelConfig& c = model.config();
     const int64_t H = c.hidden_size, Is = c.shared_expert_intermediate_size;
-    const int k = c.num_experts_per_tok, Hv = c.linear_num_value_heads;
+    const int k = c.num_experts_per_tok;
     const int64_t nh2 = int64_t(c.num_heads) * 2 * c.head_dim;
     const int64_t kvd = int64_t(c.num_kv_heads) * c.head_dim, ad = int64_t(c.num_heads) * c.head_dim;
     const float eps = static_cast<float>(c.rms_norm_eps);
@@ -506,35 +526,24 @@ struct Qwen35MoeGpu::Impl {
         linear_rows(L.z, px, n, pz);
         linear_rows(L.b, px, n, pb);
         linear_rows(L.a, px, n, pa);
-        gpu::DeltaNetDecodeArgs p;
-        p.qkv = pqkv, p.z = pz, p.b = pb, p.a = pa, p.conv_w = L.conv_w, p.conv_state = L.conv_state, p.conv_out = pconv;
-        p.A_log = L.A_log, p.dt_bias = L.dt_bias, p.norm_w = L.dn_norm, p.state = L.ssm_state, p.out = pcore;
-        p.Hk = c.linear_num_key_heads, p.Hv = Hv, p.dk = c.linear_key_head_dim, p.dv = c.linear_value_head_dim;
-        p.kernel = c.linear_conv_kernel, p.eps = eps;
+        gpu::DeltaNetDecodeArgs p = deltanet_args(L);
+        p.qkv = pqkv, p.z = pz, p.b = pb, p.a = pa, p.conv_out = pconv, p.out = pcore;
         CK(gpu::deltanet_prefill(p, static_cast<int>(n), stream));
         linear_rows(L.out_proj, pcore, n, po);
       } else {
         linear_rows(L.q, px, n, pqg);
         linear_rows(L.k, px, n, pk);
         linear_rows(L.v, px, n, pv);
+        gpu::AttentionDecodeArgs p = attention_args(L);
         if (opts.attention_prefill) {  // the whole chunk at once, causal inside it
-          gpu::AttentionDecodeArgs p;
-          p.qg = pqg, p.k = pk, p.v = pv, p.q_norm = L.q_norm, p.k_norm = L.k_norm, p.inv_freq = inv_freq, p.pos = ppos;
-          p.k_cache = L.k_cache, p.v_cache = L.v_cache, p.q_rot = pattn, p.out = pattn;  // q_rot may alias out
-          p.nh = c.num_heads, p.nkv = c.num_kv_heads, p.hd = c.head_dim, p.rotary_dim = c.rotary_dim;
-          p.max_ctx = static_cast<int>(opts.max_context), p.max_splits = static_cast<int>((opts.max_context + 255) / 256);
-          p.eps = eps, p.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+          p.qg = pqg, p.k = pk, p.v = pv, p.pos = ppos, p.q_rot = pattn, p.out = pattn;  // q_rot may alias out
           CK(gpu::attention_prefill(p, static_cast<int>(n), stream));
-        }
-        for (int64_t t = 0; t < n && !opts.attention_prefill; ++t) {  // causal: token t attends to the cache rows written before it
-          gpu::AttentionDecodeArgs p;
-          p.qg = pqg + t * nh2, p.k = pk + t * kvd, p.v = pv + t * kvd, p.q_norm = L.q_norm, p.k_norm = L.k_norm;
-          p.inv_freq = inv_freq, p.pos = ppos + t, p.k_cache = L.k_cache, p.v_cache = L.v_cache, p.q_rot = q_rot;
-          p.partial = attn_part, p.out = pattn + t * ad;
-          p.nh = c.num_heads, p.nkv = c.num_kv_heads, p.hd = c.head_dim, p.rotary_dim = c.rotary_dim;
-          p.max_ctx = static_cast<int>(opts.max_context), p.max_splits = static_cast<int>((opts.max_context + 255) / 256);
-          p.eps = eps, p.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-          CK(gpu::attention_decode(p, stream));
+        } else {
+          for (int64_t t = 0; t < n; ++t) {  // causal: token t attends to the cache rows written before it
+            p.qg = pqg + t * nh2, p.k = pk + t * kvd, p.v = pv + t * kvd, p.pos = ppos + t, p.q_rot = q_rot, p.partial = attn_part;
+            p.out = pattn + t * ad;
+            CK(gpu::attention_decode(p, stream));
+          }
         }
         linear_rows(L.o, pattn, n, po);
       }
@@ -671,23 +680,16 @@ struct Qwen35MoeGpu::Impl {
         linear(L.z, x, z);
         linear(L.b, x, b);
         linear(L.a, x, a);
-        gpu::DeltaNetDecodeArgs p;
-        p.qkv = qkv, p.z = z, p.b = b, p.a = a, p.conv_w = L.conv_w, p.conv_state = L.conv_state, p.conv_out = conv_out;
-        p.A_log = L.A_log, p.dt_bias = L.dt_bias, p.norm_w = L.dn_norm, p.state = L.ssm_state, p.out = core;
-        p.Hk = c.linear_num_key_heads, p.Hv = c.linear_num_value_heads, p.dk = c.linear_key_head_dim,
-        p.dv = c.linear_value_head_dim, p.kernel = c.linear_conv_kernel, p.eps = eps;
+        gpu::DeltaNetDecodeArgs p = deltanet_args(L);
+        p.qkv = qkv, p.z = z, p.b = b, p.a = a, p.conv_out = conv_out, p.out = core;
         CK(gpu::deltanet_decode(p, stream));
         linear(L.out_proj, core, o);
       } else {
         linear(L.q, x, qg);
         linear(L.k, x, kk);
         linear(L.v, x, vv);
-        gpu::AttentionDecodeArgs p;
-        p.qg = qg, p.k = kk, p.v = vv, p.q_norm = L.q_norm, p.k_norm = L.k_norm, p.inv_freq = inv_freq, p.pos = pos_dev;
-        p.k_cache = L.k_cache, p.v_cache = L.v_cache, p.q_rot = q_rot, p.partial = attn_part, p.out = attn_out;
-        p.nh = c.num_heads, p.nkv = c.num_kv_heads, p.hd = c.head_dim, p.rotary_dim = c.rotary_dim;
-        p.max_ctx = static_cast<int>(opts.max_context), p.max_splits = static_cast<int>((opts.max_context + 255) / 256);
-        p.eps = eps, p.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+        gpu::AttentionDecodeArgs p = attention_args(L);
+        p.qg = qg, p.k = kk, p.v = vv, p.pos = pos_dev, p.q_rot = q_rot, p.partial = attn_part, p.out = attn_out;
         CK(gpu::attention_decode(p, stream));
         linear(L.o, attn_out, o);
       }
@@ -780,7 +782,6 @@ std::unique_ptr<Qwen35MoeGpu> Qwen35MoeGpu::create(const Qwen35Moe& model, const
   const int64_t H = model.config().hidden_size, k = model.config().num_experts_per_tok;
   CK(cudaEventCreateWithFlags(&impl->routed, cudaEventDisableTiming));
   // Pointers into the arena exist only after the commit pass below; until then decide from the options.
-  const bool batched = opts.batched_prefill && opts.prefill_chunk > 0 && opts.embed_on_gpu;
   const int64_t rows = impl->host_rows();  // tokens handed to the host at once
   CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hx), rows * H * sizeof(float), cudaHostAllocDefault));
   CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hout), rows * H * sizeof(float), cudaHostAllocDefault));
@@ -796,7 +797,7 @@ std::unique_ptr<Qwen35MoeGpu> Qwen35MoeGpu::create(const Qwen35Moe& model, const
   commit.begin_commit(impl->arena);
   impl->build(commit);
   CK(cudaDeviceSynchronize());
-  impl->batched = batched && impl->ph && impl->embed;
+  impl->batched = impl->wants_batched() && impl->ph && impl->embed;
   impl->chunk = opts.prefill_chunk;
   if (impl->batched) {
     CK(gpu::blas_create(&impl->blas));
