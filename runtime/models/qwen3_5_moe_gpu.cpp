@@ -1,37 +1,24 @@
-// The Qwen3.5-MoE forward on one GPU (see qwen3_5_moe_gpu.h). Weights are planned, then uploaded
-// into one device allocation; the layer walk mirrors Qwen35Moe::forward step by step.
-#include "runtime/models/qwen3_5_moe_gpu.h"
-
-#include <cuda_runtime.h>
-
+// The Qwen3.5-MoE forward on one GPU (see qwen3_5_moe_gpu.h): weights are planned, then uploaded
+// into one device allocation; the decode step (eager or as a CUDA graph) and the public API. The layer
+// walk mirrors Qwen35Moe::forward step by step. Batched prefill: qwen3_5_moe_gpu_prefill.cpp; the
+// hybrid handoff: qwen3_5_moe_gpu_hybrid.cpp.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 
-#include "gpu_core/attention.cuh"
-#include "gpu_core/deltanet.cuh"
-#include "gpu_core/gemm.cuh"
-#include "gpu_core/sampling.cuh"
-#include "gpu_core/gemv.cuh"
 #include "gpu_core/int4_layout.h"
-#include "gpu_core/moe.cuh"
 #include "gpu_core/ops.cuh"
 #include "runtime/bytes.h"
-#include "runtime/error.h"
-#include "runtime/trace.h"
+#include "runtime/models/qwen3_5_moe_gpu_impl.h"
 
 namespace tandem {
 
 namespace {
 
-void cuda_check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) fail("CUDA error in ", what, ": ", cudaGetErrorString(e));
-}
-#define CK(expr) cuda_check((expr), #expr)
-
-
 enum class Kind { Dense, Experts, Kv, State, Work };
+
+}  // namespace
 
 // Two passes over the same upload code: first it only counts bytes per kind (plan), then it
 // allocates from one device block and copies (commit).
@@ -71,12 +58,7 @@ class Uploader {
   GpuMemoryPlan plan_;
 };
 
-struct DevLinear {
-  bool int4 = false;
-  const uint16_t* w = nullptr;  // bf16 [out, in]
-  gpu::Int4View q;
-  int64_t out = 0, in = 0;
-};
+namespace {
 
 DevLinear upload_linear(Uploader& up, const LinearWeight& L, Kind kind) {
   DevLinear d;
@@ -115,23 +97,6 @@ DevLinear upload_linear(Uploader& up, const LinearWeight& L, Kind kind) {
   return d;
 }
 
-struct DevLayer {
-  LayerKind kind;
-  const float *in_norm, *post_norm;
-  DevLinear qkv, z, b, a, out_proj;
-  const float *conv_w, *A_log, *dt_bias, *dn_norm;
-  float *conv_state, *ssm_state;
-  DevLinear q, k, v, o;
-  const float *q_norm, *k_norm;
-  uint16_t *k_cache, *v_cache;
-  DevLinear router, sh_gate, sh_up, sh_down, sh_expert_gate;
-  bool int4_experts = false;
-  bool cpu_experts = false;  // some routed experts live in host memory (hybrid)
-  int64_t expert_group = 0;
-  gpu::Int4Expert* experts_i4 = nullptr;
-  gpu::Bf16Expert* experts_bf16 = nullptr;
-};
-
 }  // namespace
 
 std::string GpuMemoryPlan::describe() const {
@@ -139,592 +104,296 @@ std::string GpuMemoryPlan::describe() const {
                  ", DeltaNet state ", format_gib(deltanet_state), ", workspace ", format_gib(workspace), "; total ", format_gib(total()));
 }
 
-struct Qwen35MoeGpu::Impl {
-  const Qwen35Moe& model;
-  GpuOptions opts;
-  GpuMemoryPlan plan;
-  char* arena = nullptr;
-  cudaStream_t stream = nullptr;
-  std::vector<DevLayer> layers;
-  const uint16_t* embed = nullptr;
-  DevLinear lm_head;
-  const float *final_norm = nullptr, *inv_freq = nullptr;
-  int64_t pos = 0;
-  // workspace
-  float *h, *x, *o, *qkv, *z, *b, *a, *core, *conv_out, *qg, *kk, *vv, *q_rot, *attn_part, *attn_out, *router, *moe_out,
-      *hscratch, *sg, *su, *sd, *sgate, *logits;
-  uint16_t* xh;
-  int32_t *ids, *topk_ids, *pos_dev;
-  float* topk_w;
-  float* cpu_out;  // the host experts' sum, copied in (hybrid)
-  // Pinned host staging for the hybrid handoff and the host-side embedding row.
-  float *hx = nullptr, *hw = nullptr, *hout = nullptr, *hembed = nullptr;
-  int32_t *hids = nullptr;
-  std::vector<int32_t> masked;
-  cudaEvent_t routed = nullptr;
-  ExpertCounts counts;
-  // --trace: events at the segment boundaries of every layer, turned into GPU spans after each step.
-  std::vector<cudaEvent_t> tev;
-  // CUDA graphs of a whole step, [0] without and [1] with logits (GpuOptions::cuda_graph).
-  bool graph_ok = false;
-  cudaGraphExec_t graph[3] = {nullptr, nullptr, nullptr};  // [2]: logits left on the device (forward_top)
-  // forward_top: the logits row stays on the device (no copy at the end of a step or chunk); the
-  // penalties and the top-k run there and only k (id, logit) pairs come back.
-  float logits_sink = 0;  // as a logits destination: compute the row, leave it on the device
-  gpu::Penalty* pen_dev = nullptr;  // [max_context]
-  void* topk_ws = nullptr;
-  int32_t* top_ids = nullptr;
-  float* top_vals = nullptr;
-  int32_t* hidpos = nullptr;  // pinned: the token id and position the graph copies in
-  // Batched prefill (GpuOptions::batched_prefill): a prompt goes through layer by layer in chunks.
-  bool batched = false;
-  int64_t chunk = 0;
-  gpu::BlasHandle blas = nullptr;
-  void* blas_ws = nullptr;  // its workspace, inside the arena
-  void* pgroup = nullptr;   // moe_int4_grouped's workspace (int4 experts)
-  float *ph = nullptr, *px = nullptr, *po = nullptr, *pqkv = nullptr, *pz = nullptr, *pb = nullptr, *pa = nullptr, *pcore = nullptr,
-        *pconv = nullptr, *pqg = nullptr, *pk = nullptr, *pv = nullptr, *pattn = nullptr, *prouter = nullptr, *pmoe = nullptr,
-        *psg = nullptr, *psu = nullptr, *psd = nullptr, *psgate = nullptr, *ptopk_w = nullptr, *pcpu = nullptr;
-  uint16_t *phs = nullptr, *psplit = nullptr, *pxh = nullptr;
-  int32_t *pids = nullptr, *ppos = nullptr, *ptopk_ids = nullptr;
-  std::vector<int32_t> host_pos;
-  float* hlogits = nullptr;   // pinned: the logits the graph copies out
-  // Expert deferral (GpuOptions::defer_experts, hybrid): the host-resident ones among each token's N
-  // lowest-weight experts of layer L run on the host while the GPU goes on with layer L+1, and join
-  // the residual with layer L+1's MoE output (Qwen35State::defer_experts, deferrable = the CPU side).
-  struct Deferred {
-    bool pending = false;  // host work of `layer` not run yet
-    bool ready = false;    // its result is queued into def_dev: add it with this layer's MoE output
-    int layer = -1;
-    int64_t n = 0;
-    std::vector<float> x, w;
-    std::vector<int32_t> ids;  // the deferred (token, slot) pairs' experts, -1 elsewhere
-  } def;
-  std::vector<int> order;     // scratch: a token's slots by ascending weight
-  float* hdef = nullptr;      // pinned: the deferred result on its way to def_dev
-  float* def_dev = nullptr;   // device
-  cudaEvent_t def_copied = nullptr;
-  cudaEvent_t tbase = nullptr;
-  double tbase_us = 0;
+void Qwen35MoeGpu::Impl::build(Uploader& up) {
+  const ModelConfig& c = model.config();
+  const int64_t H = c.hidden_size, V = c.vocab_size, conv_dim = c.linear_conv_dim(), Vd = c.linear_value_dim();
+  const int64_t I = c.moe_intermediate_size, Is = c.shared_expert_intermediate_size, E = c.num_experts;
+  const int k = c.num_experts_per_tok, nh = c.num_heads, nkv = c.num_kv_heads, hd = c.head_dim;
+  const int max_splits = static_cast<int>((opts.max_context + 255) / 256);
 
-  explicit Impl(const Qwen35Moe& m, const GpuOptions& o) : model(m), opts(o) {}
-  ~Impl() {
-    if (arena) cudaFree(arena);
-    if (stream) cudaStreamDestroy(stream);
-    if (routed) cudaEventDestroy(routed);
-    for (cudaEvent_t e : tev) cudaEventDestroy(e);
-    for (cudaGraphExec_t g : graph)
-      if (g) cudaGraphExecDestroy(g);
-    if (hidpos) cudaFreeHost(hidpos);
-    if (hlogits) cudaFreeHost(hlogits);
-    gpu::blas_destroy(blas);
-    if (tbase) cudaEventDestroy(tbase);
-    if (def_copied) cudaEventDestroy(def_copied);
-    for (void* p : {static_cast<void*>(hx), static_cast<void*>(hw), static_cast<void*>(hout), static_cast<void*>(hembed),
-                    static_cast<void*>(hids), static_cast<void*>(hdef)})
-      if (p) cudaFreeHost(p);
+  auto vec = [&](const std::vector<float>& v, Kind kind) { return up.upload(v.data(), v.size(), kind); };
+  if (!opts.embed_on_gpu) {
+    embed = nullptr;  // rows are looked up on the host
+  } else if (model.embed().dense_dtype != DType::BF16) {
+    DevLinear e = upload_linear(up, model.embed(), Kind::Dense);
+    embed = e.w;
+  } else {
+    embed = up.upload(static_cast<const uint16_t*>(model.embed().dense), static_cast<size_t>(V * H), Kind::Dense);
   }
+  // A tied lm_head reads the embedding table when that is on the GPU (stored as bf16 either way).
+  lm_head = model.lm_head().dense == model.embed().dense && opts.embed_on_gpu ? DevLinear{false, embed, {}, V, H}
+                                                                            : upload_linear(up, model.lm_head(), Kind::Dense);
+  final_norm = vec(model.final_norm(), Kind::Dense);
+  inv_freq = vec(model.rope_inv_freq(), Kind::Dense);
 
-  // Whether prompts can go through in batches (GpuOptions::batched_prefill; the chunk embeds on the GPU).
-  bool wants_batched() const { return opts.batched_prefill && opts.prefill_chunk > 0 && opts.embed_on_gpu; }
-  // Tokens handed to the host at once: a prefill chunk when prompts go in batches, else one.
-  int64_t host_rows() const { return wants_batched() ? opts.prefill_chunk : 1; }
-  bool deferring() const { return opts.defer_experts > 0 && opts.host_experts; }
-
-  bool on_gpu(int layer, int64_t e) const {
-    return !opts.expert_on_gpu || opts.expert_on_gpu->empty() || (*opts.expert_on_gpu)[layer][e];
+  layers.clear();
+  if (opts.expert_on_gpu && !opts.expert_on_gpu->empty()) {
+    if (static_cast<int64_t>(opts.expert_on_gpu->size()) != c.num_layers) fail("hybrid placement: expert map has ", opts.expert_on_gpu->size(), " layers, the model ", c.num_layers);
+    for (const auto& row : *opts.expert_on_gpu)
+      if (static_cast<int64_t>(row.size()) != E) fail("hybrid placement: expert map has ", row.size(), " experts per layer, the model ", E);
   }
-
-  void build(Uploader& up) {
-    const ModelConfig& c = model.config();
-    const int64_t H = c.hidden_size, V = c.vocab_size, conv_dim = c.linear_conv_dim(), Vd = c.linear_value_dim();
-    const int64_t I = c.moe_intermediate_size, Is = c.shared_expert_intermediate_size, E = c.num_experts;
-    const int k = c.num_experts_per_tok, nh = c.num_heads, nkv = c.num_kv_heads, hd = c.head_dim;
-    const int max_splits = static_cast<int>((opts.max_context + 255) / 256);
-
-    auto vec = [&](const std::vector<float>& v, Kind kind) { return up.upload(v.data(), v.size(), kind); };
-    if (!opts.embed_on_gpu) {
-      embed = nullptr;  // rows are looked up on the host
-    } else if (model.embed().dense_dtype != DType::BF16) {
-      DevLinear e = upload_linear(up, model.embed(), Kind::Dense);
-      embed = e.w;
+  for (const LayerWeights& L : model.layers()) {
+    const int li = static_cast<int>(layers.size());
+    DevLayer d{};
+    d.kind = L.kind;
+    d.in_norm = vec(L.input_norm, Kind::Dense);
+    d.post_norm = vec(L.post_attention_norm, Kind::Dense);
+    if (L.kind == LayerKind::LinearAttention) {
+      const DeltaNetWeights& w = L.deltanet;
+      d.qkv = upload_linear(up, w.in_proj_qkv, Kind::Dense);
+      d.z = upload_linear(up, w.in_proj_z, Kind::Dense);
+      d.b = upload_linear(up, w.in_proj_b, Kind::Dense);
+      d.a = upload_linear(up, w.in_proj_a, Kind::Dense);
+      d.out_proj = upload_linear(up, w.out_proj, Kind::Dense);
+      d.conv_w = vec(w.conv, Kind::Dense);
+      d.A_log = vec(w.A_log, Kind::Dense);
+      d.dt_bias = vec(w.dt_bias, Kind::Dense);
+      d.dn_norm = vec(w.norm, Kind::Dense);
+      d.conv_state = up.zeros<float>((c.linear_conv_kernel - 1) * conv_dim, Kind::State);
+      d.ssm_state = up.zeros<float>(int64_t(c.linear_num_value_heads) * c.linear_key_head_dim * c.linear_value_head_dim, Kind::State);
     } else {
-      embed = up.upload(static_cast<const uint16_t*>(model.embed().dense), static_cast<size_t>(V * H), Kind::Dense);
+      const AttentionWeights& w = L.attn;
+      d.q = upload_linear(up, w.q_proj, Kind::Dense);
+      d.k = upload_linear(up, w.k_proj, Kind::Dense);
+      d.v = upload_linear(up, w.v_proj, Kind::Dense);
+      d.o = upload_linear(up, w.o_proj, Kind::Dense);
+      d.q_norm = vec(w.q_norm, Kind::Dense);
+      d.k_norm = vec(w.k_norm, Kind::Dense);
+      d.k_cache = up.zeros<uint16_t>(opts.max_context * nkv * hd, Kind::Kv);
+      d.v_cache = up.zeros<uint16_t>(opts.max_context * nkv * hd, Kind::Kv);
     }
-    // A tied lm_head reads the embedding table when that is on the GPU (stored as bf16 either way).
-    lm_head = model.lm_head().dense == model.embed().dense && opts.embed_on_gpu ? DevLinear{false, embed, {}, V, H}
-                                                                              : upload_linear(up, model.lm_head(), Kind::Dense);
-    final_norm = vec(model.final_norm(), Kind::Dense);
-    inv_freq = vec(model.rope_inv_freq(), Kind::Dense);
-
-    layers.clear();
-    if (opts.expert_on_gpu && !opts.expert_on_gpu->empty()) {
-      if (static_cast<int64_t>(opts.expert_on_gpu->size()) != c.num_layers) fail("hybrid placement: expert map has ", opts.expert_on_gpu->size(), " layers, the model ", c.num_layers);
-      for (const auto& row : *opts.expert_on_gpu)
-        if (static_cast<int64_t>(row.size()) != E) fail("hybrid placement: expert map has ", row.size(), " experts per layer, the model ", E);
-    }
-    for (const LayerWeights& L : model.layers()) {
-      const int li = static_cast<int>(layers.size());
-      DevLayer d{};
-      d.kind = L.kind;
-      d.in_norm = vec(L.input_norm, Kind::Dense);
-      d.post_norm = vec(L.post_attention_norm, Kind::Dense);
-      if (L.kind == LayerKind::LinearAttention) {
-        const DeltaNetWeights& w = L.deltanet;
-        d.qkv = upload_linear(up, w.in_proj_qkv, Kind::Dense);
-        d.z = upload_linear(up, w.in_proj_z, Kind::Dense);
-        d.b = upload_linear(up, w.in_proj_b, Kind::Dense);
-        d.a = upload_linear(up, w.in_proj_a, Kind::Dense);
-        d.out_proj = upload_linear(up, w.out_proj, Kind::Dense);
-        d.conv_w = vec(w.conv, Kind::Dense);
-        d.A_log = vec(w.A_log, Kind::Dense);
-        d.dt_bias = vec(w.dt_bias, Kind::Dense);
-        d.dn_norm = vec(w.norm, Kind::Dense);
-        d.conv_state = up.zeros<float>((c.linear_conv_kernel - 1) * conv_dim, Kind::State);
-        d.ssm_state = up.zeros<float>(int64_t(c.linear_num_value_heads) * c.linear_key_head_dim * c.linear_value_head_dim, Kind::State);
-      } else {
-        const AttentionWeights& w = L.attn;
-        d.q = upload_linear(up, w.q_proj, Kind::Dense);
-        d.k = upload_linear(up, w.k_proj, Kind::Dense);
-        d.v = upload_linear(up, w.v_proj, Kind::Dense);
-        d.o = upload_linear(up, w.o_proj, Kind::Dense);
-        d.q_norm = vec(w.q_norm, Kind::Dense);
-        d.k_norm = vec(w.k_norm, Kind::Dense);
-        d.k_cache = up.zeros<uint16_t>(opts.max_context * nkv * hd, Kind::Kv);
-        d.v_cache = up.zeros<uint16_t>(opts.max_context * nkv * hd, Kind::Kv);
+    const MoeWeights& m = L.moe;
+    d.router = upload_linear(up, m.router, Kind::Dense);
+    d.sh_gate = upload_linear(up, m.shared_gate, Kind::Dense);
+    d.sh_up = upload_linear(up, m.shared_up, Kind::Dense);
+    d.sh_down = upload_linear(up, m.shared_down, Kind::Dense);
+    d.sh_expert_gate = upload_linear(up, m.shared_expert_gate, Kind::Dense);
+    d.int4_experts = m.gate[0].kind == LinearWeight::Kind::Gptq;
+    d.expert_group = d.int4_experts ? m.gate[0].gptq.group_size : 0;
+    std::vector<gpu::Int4Expert> i4(E);
+    std::vector<gpu::Bf16Expert> b16(E);
+    for (int64_t e = 0; e < E; ++e) {
+      if (!on_gpu(li, e)) {  // null pointers: the kernels skip it, the host computes it
+        d.cpu_experts = true;
+        continue;
       }
-      const MoeWeights& m = L.moe;
-      d.router = upload_linear(up, m.router, Kind::Dense);
-      d.sh_gate = upload_linear(up, m.shared_gate, Kind::Dense);
-      d.sh_up = upload_linear(up, m.shared_up, Kind::Dense);
-      d.sh_down = upload_linear(up, m.shared_down, Kind::Dense);
-      d.sh_expert_gate = upload_linear(up, m.shared_expert_gate, Kind::Dense);
-      d.int4_experts = m.gate[0].kind == LinearWeight::Kind::Gptq;
-      d.expert_group = d.int4_experts ? m.gate[0].gptq.group_size : 0;
-      std::vector<gpu::Int4Expert> i4(E);
-      std::vector<gpu::Bf16Expert> b16(E);
-      for (int64_t e = 0; e < E; ++e) {
-        if (!on_gpu(li, e)) {  // null pointers: the kernels skip it, the host computes it
-          d.cpu_experts = true;
-          continue;
-        }
-        for (const LinearWeight* w : {&m.gate[e], &m.up[e], &m.down[e]})
-          if ((w->kind == LinearWeight::Kind::Gptq) != d.int4_experts || (d.int4_experts && w->gptq.group_size != d.expert_group))
-            fail(w->name, ": the GPU MoE kernels need every expert of a layer in one format and group size");
-        const DevLinear g = upload_linear(up, m.gate[e], Kind::Experts), u = upload_linear(up, m.up[e], Kind::Experts),
-                        dn = upload_linear(up, m.down[e], Kind::Experts);
-        i4[e] = {g.q, u.q, dn.q};
-        b16[e] = {g.w, u.w, dn.w};
-      }
-      if (d.int4_experts) d.experts_i4 = up.upload(i4.data(), i4.size(), Kind::Experts);
-      else d.experts_bf16 = up.upload(b16.data(), b16.size(), Kind::Experts);
-      layers.push_back(d);
+      for (const LinearWeight* w : {&m.gate[e], &m.up[e], &m.down[e]})
+        if ((w->kind == LinearWeight::Kind::Gptq) != d.int4_experts || (d.int4_experts && w->gptq.group_size != d.expert_group))
+          fail(w->name, ": the GPU MoE kernels need every expert of a layer in one format and group size");
+      const DevLinear g = upload_linear(up, m.gate[e], Kind::Experts), u = upload_linear(up, m.up[e], Kind::Experts),
+                      dn = upload_linear(up, m.down[e], Kind::Experts);
+      i4[e] = {g.q, u.q, dn.q};
+      b16[e] = {g.w, u.w, dn.w};
     }
-
-    const int64_t wide = std::max({H, conv_dim, Vd, int64_t(nh) * 2 * hd, I * k, Is});
-    auto ws = [&](int64_t n) { return up.zeros<float>(n, Kind::Work); };
-    h = ws(H), x = ws(H), o = ws(H), qkv = ws(conv_dim), z = ws(Vd), b = ws(c.linear_num_value_heads),
-    a = ws(c.linear_num_value_heads), core = ws(Vd), conv_out = ws(conv_dim), qg = ws(int64_t(nh) * 2 * hd),
-    kk = ws(int64_t(nkv) * hd), vv = ws(int64_t(nkv) * hd), q_rot = ws(int64_t(nh) * hd),
-    attn_part = ws(int64_t(nh) * max_splits * (hd + 2)), attn_out = ws(int64_t(nh) * hd), router = ws(E), moe_out = ws(H),
-    hscratch = ws(I * k), sg = ws(Is), su = ws(Is), sd = ws(H), sgate = ws(1), logits = ws(V);
-    xh = up.zeros<uint16_t>(wide, Kind::Work);
-    ids = up.zeros<int32_t>(1, Kind::Work);
-    topk_ids = up.zeros<int32_t>(k, Kind::Work);
-    topk_w = ws(k);
-    pos_dev = up.zeros<int32_t>(1, Kind::Work);
-    cpu_out = ws(H);
-    if (deferring()) def_dev = ws(host_rows() * H);  // the deferred experts' sum (hybrid)
-    pen_dev = static_cast<gpu::Penalty*>(up.alloc(opts.max_context * sizeof(gpu::Penalty), Kind::Work));  // forward_top
-    topk_ws = up.alloc(gpu::kTopKWorkspaceBytes, Kind::Work);
-    top_ids = up.zeros<int32_t>(gpu::kMaxTopK, Kind::Work);
-    top_vals = ws(gpu::kMaxTopK);
-    if (wants_batched()) {
-      const int64_t n = opts.prefill_chunk, nh2 = int64_t(nh) * 2 * hd, kvd = int64_t(nkv) * hd;
-      const int64_t widest_k = std::max({H, Vd, int64_t(nh) * hd, Is, I});
-      ph = ws(n * H), px = ws(n * H), po = ws(n * H), pqkv = ws(n * conv_dim), pz = ws(n * Vd), pb = ws(n * c.linear_num_value_heads),
-      pa = ws(n * c.linear_num_value_heads), pcore = ws(n * Vd), pconv = ws(n * conv_dim), pqg = ws(n * nh2), pk = ws(n * kvd),
-      pv = ws(n * kvd), pattn = ws(n * int64_t(nh) * hd), prouter = ws(n * E), pmoe = ws(n * H), psg = ws(n * Is), psu = ws(n * Is),
-      psd = ws(n * H), psgate = ws(n), ptopk_w = ws(n * k), pcpu = ws(n * H);
-      phs = up.zeros<uint16_t>(n * k * I * 2, Kind::Work);  // fp16 (int4 experts) or fp32 (bf16 experts) h
-      psplit = up.zeros<uint16_t>(2 * n * widest_k, Kind::Work);
-      pxh = up.zeros<uint16_t>(n * wide, Kind::Work);
-      pids = up.zeros<int32_t>(n, Kind::Work);
-      ppos = up.zeros<int32_t>(n, Kind::Work);
-      ptopk_ids = up.zeros<int32_t>(n * k, Kind::Work);
-      blas_ws = up.alloc(gpu::kBlasWorkspaceBytes, Kind::Work);
-      if (!model.layers().empty() && !model.layers()[0].moe.gate.empty() &&
-          model.layers()[0].moe.gate[0].kind == LinearWeight::Kind::Gptq)  // grouped int4 experts
-        pgroup = up.alloc(gpu::moe_int4_grouped_workspace(n, k, H, I, static_cast<int>(E)), Kind::Work);
-    }
+    if (d.int4_experts) d.experts_i4 = up.upload(i4.data(), i4.size(), Kind::Experts);
+    else d.experts_bf16 = up.upload(b16.data(), b16.size(), Kind::Experts);
+    layers.push_back(d);
   }
 
-  // The layer's weights and state in the kernels' argument blocks; callers add the activations.
-  gpu::DeltaNetDecodeArgs deltanet_args(const DevLayer& L) const {
-    const ModelConfig& c = model.config();
-    gpu::DeltaNetDecodeArgs p;
-    p.conv_w = L.conv_w, p.conv_state = L.conv_state, p.A_log = L.A_log, p.dt_bias = L.dt_bias, p.norm_w = L.dn_norm;
-    p.state = L.ssm_state;
-    p.Hk = c.linear_num_key_heads, p.Hv = c.linear_num_value_heads, p.dk = c.linear_key_head_dim, p.dv = c.linear_value_head_dim;
-    p.kernel = c.linear_conv_kernel, p.eps = static_cast<float>(c.rms_norm_eps);
-    return p;
+  const int64_t wide = std::max({H, conv_dim, Vd, int64_t(nh) * 2 * hd, I * k, Is});
+  auto ws = [&](int64_t n) { return up.zeros<float>(n, Kind::Work); };
+  h = ws(H), x = ws(H), o = ws(H), qkv = ws(conv_dim), z = ws(Vd), b = ws(c.linear_num_value_heads),
+  a = ws(c.linear_num_value_heads), core = ws(Vd), conv_out = ws(conv_dim), qg = ws(int64_t(nh) * 2 * hd),
+  kk = ws(int64_t(nkv) * hd), vv = ws(int64_t(nkv) * hd), q_rot = ws(int64_t(nh) * hd),
+  attn_part = ws(int64_t(nh) * max_splits * (hd + 2)), attn_out = ws(int64_t(nh) * hd), router = ws(E), moe_out = ws(H),
+  hscratch = ws(I * k), sg = ws(Is), su = ws(Is), sd = ws(H), sgate = ws(1), logits = ws(V);
+  xh = up.zeros<uint16_t>(wide, Kind::Work);
+  ids = up.zeros<int32_t>(1, Kind::Work);
+  topk_ids = up.zeros<int32_t>(k, Kind::Work);
+  topk_w = ws(k);
+  pos_dev = up.zeros<int32_t>(1, Kind::Work);
+  cpu_out = ws(H);
+  if (deferring()) def_dev = ws(host_rows() * H);  // the deferred experts' sum (hybrid)
+  pen_dev = static_cast<gpu::Penalty*>(up.alloc(opts.max_context * sizeof(gpu::Penalty), Kind::Work));  // forward_top
+  topk_ws = up.alloc(gpu::kTopKWorkspaceBytes, Kind::Work);
+  top_ids = up.zeros<int32_t>(gpu::kMaxTopK, Kind::Work);
+  top_vals = ws(gpu::kMaxTopK);
+  if (wants_batched()) {
+    const int64_t n = opts.prefill_chunk, nh2 = int64_t(nh) * 2 * hd, kvd = int64_t(nkv) * hd;
+    const int64_t widest_k = std::max({H, Vd, int64_t(nh) * hd, Is, I});
+    ph = ws(n * H), px = ws(n * H), po = ws(n * H), pqkv = ws(n * conv_dim), pz = ws(n * Vd), pb = ws(n * c.linear_num_value_heads),
+    pa = ws(n * c.linear_num_value_heads), pcore = ws(n * Vd), pconv = ws(n * conv_dim), pqg = ws(n * nh2), pk = ws(n * kvd),
+    pv = ws(n * kvd), pattn = ws(n * int64_t(nh) * hd), prouter = ws(n * E), pmoe = ws(n * H), psg = ws(n * Is), psu = ws(n * Is),
+    psd = ws(n * H), psgate = ws(n), ptopk_w = ws(n * k), pcpu = ws(n * H);
+    phs = up.zeros<uint16_t>(n * k * I * 2, Kind::Work);  // fp16 (int4 experts) or fp32 (bf16 experts) h
+    psplit = up.zeros<uint16_t>(2 * n * widest_k, Kind::Work);
+    pxh = up.zeros<uint16_t>(n * wide, Kind::Work);
+    pids = up.zeros<int32_t>(n, Kind::Work);
+    ppos = up.zeros<int32_t>(n, Kind::Work);
+    ptopk_ids = up.zeros<int32_t>(n * k, Kind::Work);
+    blas_ws = up.alloc(gpu::kBlasWorkspaceBytes, Kind::Work);
+    if (!model.layers().empty() && !model.layers()[0].moe.gate.empty() &&
+        model.layers()[0].moe.gate[0].kind == LinearWeight::Kind::Gptq)  // grouped int4 experts
+      pgroup = up.alloc(gpu::moe_int4_grouped_workspace(n, k, H, I, static_cast<int>(E)), Kind::Work);
   }
-  gpu::AttentionDecodeArgs attention_args(const DevLayer& L) const {
-    const ModelConfig& c = model.config();
-    gpu::AttentionDecodeArgs p;
-    p.q_norm = L.q_norm, p.k_norm = L.k_norm, p.inv_freq = inv_freq, p.k_cache = L.k_cache, p.v_cache = L.v_cache;
-    p.nh = c.num_heads, p.nkv = c.num_kv_heads, p.hd = c.head_dim, p.rotary_dim = c.rotary_dim;
-    p.max_ctx = static_cast<int>(opts.max_context), p.max_splits = static_cast<int>((opts.max_context + 255) / 256);
-    p.eps = static_cast<float>(c.rms_norm_eps), p.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-    return p;
-  }
+}
 
-  // ---- the routed experts of one layer for n tokens, shared by decode (n = 1) and batched prefill ----
+// The layer's weights and state in the kernels' argument blocks; callers add the activations.
+gpu::DeltaNetDecodeArgs Qwen35MoeGpu::Impl::deltanet_args(const DevLayer& L) const {
+  const ModelConfig& c = model.config();
+  gpu::DeltaNetDecodeArgs p;
+  p.conv_w = L.conv_w, p.conv_state = L.conv_state, p.A_log = L.A_log, p.dt_bias = L.dt_bias, p.norm_w = L.dn_norm;
+  p.state = L.ssm_state;
+  p.Hk = c.linear_num_key_heads, p.Hv = c.linear_num_value_heads, p.dk = c.linear_key_head_dim, p.dv = c.linear_value_head_dim;
+  p.kernel = c.linear_conv_kernel, p.eps = static_cast<float>(c.rms_norm_eps);
+  return p;
+}
 
-  // GPU-resident experts into `out` (the kernels skip the host-resident ones); xh / hs are scratch.
-  void gpu_experts(const DevLayer& L, const float* x_dev, const int32_t* ids_dev, const float* w_dev, int64_t n, uint16_t* xh_buf,
-                   void* hs, float* out) {
-    const ModelConfig& c = model.config();
-    const int64_t H = c.hidden_size, I = c.moe_intermediate_size;
-    const int k = c.num_experts_per_tok;
-    if (L.int4_experts && n > gpu::kMaxGemvTokens && pgroup && opts.grouped_moe) {  // prefill: each expert's tokens together
-      CK(gpu::moe_int4_grouped(L.experts_i4, static_cast<int>(c.num_experts), H, I, L.expert_group, ids_dev, w_dev,
-                               static_cast<int>(n), k, x_dev, pgroup, out, stream));
-      return;
-    }
-    // The decode kernels take up to kMaxGemvTokens tokens per launch (a prefill chunk goes in blocks).
-    for (int64_t t = 0; t < n; t += gpu::kMaxGemvTokens) {
-      const int T = static_cast<int>(std::min<int64_t>(gpu::kMaxGemvTokens, n - t));
-      const float* x = x_dev + t * H;
-      const int32_t* ids = ids_dev + t * k;
-      const float* w = w_dev + t * k;
-      if (L.int4_experts) {
-        CK(gpu::gather_x_half(x, nullptr, H, T, xh_buf, stream));
-        auto* h16 = static_cast<uint16_t*>(hs);
-        CK(opts.moe_prefetch ? gpu::moe_int4_decode_prefetch(L.experts_i4, H, I, L.expert_group, ids, w, T, k, xh_buf, h16, out + t * H, stream)
-                             : gpu::moe_int4_decode(L.experts_i4, H, I, L.expert_group, ids, w, T, k, xh_buf, h16, out + t * H, stream));
-      } else {
-        CK(gpu::moe_bf16_decode(L.experts_bf16, H, I, ids, w, T, k, x, static_cast<float*>(hs), out + t * H, stream));
-      }
-    }
-  }
+gpu::AttentionDecodeArgs Qwen35MoeGpu::Impl::attention_args(const DevLayer& L) const {
+  const ModelConfig& c = model.config();
+  gpu::AttentionDecodeArgs p;
+  p.q_norm = L.q_norm, p.k_norm = L.k_norm, p.inv_freq = inv_freq, p.k_cache = L.k_cache, p.v_cache = L.v_cache;
+  p.nh = c.num_heads, p.nkv = c.num_kv_heads, p.hd = c.head_dim, p.rotary_dim = c.rotary_dim;
+  p.max_ctx = static_cast<int>(opts.max_context), p.max_splits = static_cast<int>((opts.max_context + 255) / 256);
+  p.eps = static_cast<float>(c.rms_norm_eps), p.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  return p;
+}
 
-  // Hybrid handoff, part 1: x and the top-k of n tokens to pinned host memory, then an event.
-  void handoff_out(const float* x_dev, const int32_t* ids_dev, const float* w_dev, int64_t n) {
-    const ModelConfig& c = model.config();
-    const int64_t k = c.num_experts_per_tok;
-    CK(cudaMemcpyAsync(hx, x_dev, n * c.hidden_size * sizeof(float), cudaMemcpyDeviceToHost, stream));
-    CK(cudaMemcpyAsync(hids, ids_dev, n * k * sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
-    CK(cudaMemcpyAsync(hw, w_dev, n * k * sizeof(float), cudaMemcpyDeviceToHost, stream));
-    CK(cudaEventRecord(routed, stream));
+void Qwen35MoeGpu::Impl::linear(const DevLinear& L, const float* in, float* out) {
+  if (L.int4) {
+    CK(gpu::gather_x_half(in, L.q.perm, L.in, 1, xh, stream));
+    CK(gpu::gemv_int4(L.q, xh, 1, out, stream));
+  } else {
+    CK(gpu::gemv_bf16(L.w, L.out, L.in, in, 1, out, stream));
   }
+}
 
-  // Part 2: wait for the event (spinning: a blocking sync adds a wake-up), run the host-resident
-  // experts of the n tokens, and queue their sum into moe_dev (through cpu_dev). Counts who served what.
-  // With deferral, the host-resident ones among each token's N lowest-weight experts are set aside
-  // for run_deferred() (next layer) instead.
-  void handoff_back(size_t li, int64_t n, float* cpu_dev, float* moe_dev) {
-    const ModelConfig& c = model.config();
-    const int64_t H = c.hidden_size;
-    const int k = c.num_experts_per_tok;
-    {
-      TraceSpan wait("wait for router, layer", "handoff", static_cast<int>(li));
-      cudaError_t q;
-      while ((q = cudaEventQuery(routed)) == cudaErrorNotReady) {
-      }
-      CK(q);
-    }
-    bool any = false, any_deferred = false;
-    for (int64_t j = 0; j < n * k; ++j) {
-      const bool gpu_side = on_gpu(static_cast<int>(li), hids[j]);
-      masked[j] = gpu_side ? -1 : hids[j];
-      ++(gpu_side ? counts.gpu : counts.cpu);
-    }
-    if (deferring()) {
-      def.ids.assign(static_cast<size_t>(n * k), -1);
-      order.resize(static_cast<size_t>(k));
-      for (int64_t t = 0; t < n; ++t) {  // as Qwen35Moe::moe_forward: stable, ascending weight
-        for (int j = 0; j < k; ++j) order[j] = j;
-        std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return hw[t * k + a] < hw[t * k + b]; });
-        for (int d = 0; d < std::min(opts.defer_experts, k); ++d) {
-          const int64_t j = t * k + order[d];
-          if (masked[j] < 0) continue;  // GPU-resident: never deferred
-          def.ids[j] = masked[j];
-          masked[j] = -1;
-          any_deferred = true;
-        }
-      }
-      if (any_deferred) {
-        def.x.assign(hx, hx + n * H);  // hx and hw are overwritten by the next layer's handoff
-        def.w.assign(hw, hw + n * k);
-        def.layer = static_cast<int>(li);
-        def.n = n;
-        def.pending = true;
-      }
-    }
-    for (int64_t j = 0; j < n * k; ++j) any |= masked[j] >= 0;
-    if (!any) return;
-    std::fill(hout, hout + n * H, 0.0f);
-    opts.host_experts->run(static_cast<int>(li), hx, n, masked.data(), hw, k, hout);
-    CK(cudaMemcpyAsync(cpu_dev, hout, n * H * sizeof(float), cudaMemcpyHostToDevice, stream));
-    CK(gpu::add_inplace(moe_dev, cpu_dev, n * H, stream));
-  }
+void Qwen35MoeGpu::Impl::trace_begin(Trace* tr) {
+  if (!tr || !tev.empty()) return;
+  tev.resize(layers.size() * kMarks);
+  for (cudaEvent_t& e : tev) CK(cudaEventCreate(&e));
+  CK(cudaEventCreate(&tbase));
+  CK(cudaStreamSynchronize(stream));
+  CK(cudaEventRecord(tbase, stream));
+  CK(cudaEventSynchronize(tbase));
+  tbase_us = tr->now_us();  // the base event completed just now (an idle stream: within a few µs)
+}
 
-  // The previous layer's deferred host experts, run while the GPU works on this layer; their sum is
-  // queued into def_dev, and add_deferred() adds it with this layer's MoE output.
-  void run_deferred() {
-    if (!def.pending) return;
-    const int64_t H = model.config().hidden_size;
-    TraceSpan span("cpu experts (deferred), layer", "cpu", def.layer);
-    CK(cudaEventSynchronize(def_copied));  // the previous deferred sum has left hdef
-    std::fill(hdef, hdef + def.n * H, 0.0f);
-    opts.host_experts->run(def.layer, def.x.data(), def.n, def.ids.data(), def.w.data(), model.config().num_experts_per_tok, hdef);
-    CK(cudaMemcpyAsync(def_dev, hdef, def.n * H * sizeof(float), cudaMemcpyHostToDevice, stream));
-    CK(cudaEventRecord(def_copied, stream));
-    def.pending = false;
-    def.ready = true;
+void Qwen35MoeGpu::Impl::trace_end(Trace* tr) {
+  if (!tr) return;
+  CK(cudaStreamSynchronize(stream));
+  auto at = [&](size_t i) {
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, tbase, tev[i]));
+    return tbase_us + ms * 1e3;
+  };
+  for (size_t l = 0; l < layers.size(); ++l) {
+    const size_t b = l * kMarks;
+    tr->gpu_span(str_cat(layers[l].kind == LayerKind::FullAttention ? "attention " : "deltanet ", l), "gpu", at(b), at(b + 1));
+    tr->gpu_span(str_cat("router + handoff ", l), "gpu", at(b + 1), at(b + 2));
+    tr->gpu_span(str_cat("gpu experts + shared ", l), "gpu", at(b + 2), at(b + 3));
+    if (layers[l].cpu_experts) tr->gpu_span(str_cat("cpu result in ", l), "copy", at(b + 3), at(b + 4));
   }
-  void add_deferred(float* h_dev) {
-    if (!def.ready) return;
-    CK(gpu::add_inplace(h_dev, def_dev, def.n * model.config().hidden_size, stream));
-    def.ready = false;
-  }
+}
 
-  // y [n, out] = x [n, in] W^T for a chunk of tokens: cuBLAS for bf16, the int4 GEMV 8 tokens at a time.
-  void linear_rows(const DevLinear& L, const float* in, int64_t n, float* out) {
-    if (!L.int4) {
-      CK(gpu::gemm_bf16(blas, L.w, L.out, L.in, in, n, psplit, out, stream));
-      return;
-    }
-    for (int64_t t = 0; t < n; t += gpu::kMaxGemvTokens) {
-      const int m = static_cast<int>(std::min<int64_t>(gpu::kMaxGemvTokens, n - t));
-      CK(gpu::gather_x_half(in + t * L.in, L.q.perm, L.in, m, pxh, stream));
-      CK(gpu::gemv_int4(L.q, pxh, m, out + t * L.out, stream));
-    }
-  }
-
-  // n prompt tokens at positions pos.. through every layer at once (GpuOptions::batched_prefill);
-  // logits of the last token to logits_last when given. Same math as n decode steps, except that
-  // bf16 projections run on cuBLAS with split-bf16 activations (~1e-5) instead of the GEMV.
-  void prefill_chunk(const int32_t* ids_host, int64_t n, float* logits_last) {
-    const ModelConfig& c = model.config();
-    const int64_t H = c.hidden_size, Is = c.shared_expert_intermediate_size;
-    const int k = c.num_experts_per_tok;
-    const int64_t nh2 = int64_t(c.num_heads) * 2 * c.head_dim;
-    const int64_t kvd = int64_t(c.num_kv_heads) * c.head_dim, ad = int64_t(c.num_heads) * c.head_dim;
-    const float eps = static_cast<float>(c.rms_norm_eps);
-    host_pos.resize(n);
-    for (int64_t t = 0; t < n; ++t) host_pos[t] = static_cast<int32_t>(pos + t);
-    CK(cudaMemcpyAsync(pids, ids_host, n * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
-    CK(cudaMemcpyAsync(ppos, host_pos.data(), n * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
-    CK(gpu::embed_bf16(embed, H, pids, static_cast<int>(n), ph, stream));
-    for (size_t li = 0; li < layers.size(); ++li) {
-      const DevLayer& L = layers[li];
-      CK(gpu::rmsnorm_zc(ph, L.in_norm, H, static_cast<int>(n), eps, px, stream));
-      if (L.kind == LayerKind::LinearAttention) {
-        linear_rows(L.qkv, px, n, pqkv);
-        linear_rows(L.z, px, n, pz);
-        linear_rows(L.b, px, n, pb);
-        linear_rows(L.a, px, n, pa);
-        gpu::DeltaNetDecodeArgs p = deltanet_args(L);
-        p.qkv = pqkv, p.z = pz, p.b = pb, p.a = pa, p.conv_out = pconv, p.out = pcore;
-        CK(gpu::deltanet_prefill(p, static_cast<int>(n), stream));
-        linear_rows(L.out_proj, pcore, n, po);
-      } else {
-        linear_rows(L.q, px, n, pqg);
-        linear_rows(L.k, px, n, pk);
-        linear_rows(L.v, px, n, pv);
-        gpu::AttentionDecodeArgs p = attention_args(L);
-        if (opts.attention_prefill) {  // the whole chunk at once, causal inside it
-          p.qg = pqg, p.k = pk, p.v = pv, p.pos = ppos, p.q_rot = pattn, p.out = pattn;  // q_rot may alias out
-          CK(gpu::attention_prefill(p, static_cast<int>(n), stream));
-        } else {
-          for (int64_t t = 0; t < n; ++t) {  // causal: token t attends to the cache rows written before it
-            p.qg = pqg + t * nh2, p.k = pk + t * kvd, p.v = pv + t * kvd, p.pos = ppos + t, p.q_rot = q_rot, p.partial = attn_part;
-            p.out = pattn + t * ad;
-            CK(gpu::attention_decode(p, stream));
-          }
-        }
-        linear_rows(L.o, pattn, n, po);
-      }
-      CK(gpu::add_inplace(ph, po, n * H, stream));
-      CK(gpu::rmsnorm_zc(ph, L.post_norm, H, static_cast<int>(n), eps, px, stream));
-      linear_rows(L.router, px, n, prouter);
-      CK(gpu::router_topk(prouter, c.num_experts, k, static_cast<int>(n), ptopk_ids, ptopk_w, stream));
-      const bool split = L.cpu_experts && opts.host_experts;
-      if (split) handoff_out(px, ptopk_ids, ptopk_w, n);
-      gpu_experts(L, px, ptopk_ids, ptopk_w, n, pxh, phs, pmoe);
-      linear_rows(L.sh_gate, px, n, psg);
-      linear_rows(L.sh_up, px, n, psu);
-      CK(gpu::silu_mul(psg, psu, n * Is, stream));
-      linear_rows(L.sh_down, psg, n, psd);
-      linear_rows(L.sh_expert_gate, px, n, psgate);
-      CK(gpu::gated_add(pmoe, psd, psgate, H, static_cast<int>(n), stream));
-      run_deferred();
-      if (split) handoff_back(li, n, pcpu, pmoe);
-      else counts.gpu += static_cast<uint64_t>(n) * k;
-      CK(gpu::add_inplace(ph, pmoe, n * H, stream));
-      add_deferred(ph);
-    }
-    run_deferred();
-    add_deferred(ph);
-    pos += n;
-    if (logits_last) {
-      CK(gpu::rmsnorm_zc(ph + (n - 1) * H, final_norm, H, 1, eps, x, stream));
-      linear(lm_head, x, logits);
-      if (logits_last != &logits_sink)
-        CK(cudaMemcpyAsync(logits_last, logits, c.vocab_size * sizeof(float), cudaMemcpyDeviceToHost, stream));
-    }
-    CK(cudaStreamSynchronize(stream));  // the host buffers (ids, positions) are free again
-  }
-
-  void linear(const DevLinear& L, const float* in, float* out) {
-    if (L.int4) {
-      CK(gpu::gather_x_half(in, L.q.perm, L.in, 1, xh, stream));
-      CK(gpu::gemv_int4(L.q, xh, 1, out, stream));
-    } else {
-      CK(gpu::gemv_bf16(L.w, L.out, L.in, in, 1, out, stream));
-    }
-  }
-
-  static constexpr int kMarks = 5;  // per layer: start, mixer done, routed, GPU experts done, end
-  void mark(Trace* tr, size_t layer, int which) {
-    if (tr) CK(cudaEventRecord(tev[layer * kMarks + which], stream));
-  }
-  void trace_begin(Trace* tr) {
-    if (!tr || !tev.empty()) return;
-    tev.resize(layers.size() * kMarks);
-    for (cudaEvent_t& e : tev) CK(cudaEventCreate(&e));
-    CK(cudaEventCreate(&tbase));
+// One decode step: eagerly (trace, hybrid handoffs, host embedding) or as a captured CUDA graph
+// (GpuOptions::cuda_graph, everything on the GPU): the same enqueue() either way.
+void Qwen35MoeGpu::Impl::step(int32_t id, float* logits_host) {
+  Trace* tr = Trace::active();
+  const ModelConfig& c = model.config();
+  if (graph_ok && !tr) {
+    hidpos[0] = id, hidpos[1] = static_cast<int32_t>(pos);  // the previous launch has finished (synchronized)
+    const int w = !logits_host ? 0 : logits_host == &logits_sink ? 2 : 1;
+    if (!graph[w]) capture(w);
+    CK(cudaGraphLaunch(graph[w], stream));
     CK(cudaStreamSynchronize(stream));
-    CK(cudaEventRecord(tbase, stream));
-    CK(cudaEventSynchronize(tbase));
-    tbase_us = tr->now_us();  // the base event completed just now (an idle stream: within a few µs)
-  }
-  void trace_end(Trace* tr) {
-    if (!tr) return;
-    CK(cudaStreamSynchronize(stream));
-    auto at = [&](size_t i) {
-      float ms = 0;
-      CK(cudaEventElapsedTime(&ms, tbase, tev[i]));
-      return tbase_us + ms * 1e3;
-    };
-    for (size_t l = 0; l < layers.size(); ++l) {
-      const size_t b = l * kMarks;
-      tr->gpu_span(str_cat(layers[l].kind == LayerKind::FullAttention ? "attention " : "deltanet ", l), "gpu", at(b), at(b + 1));
-      tr->gpu_span(str_cat("router + handoff ", l), "gpu", at(b + 1), at(b + 2));
-      tr->gpu_span(str_cat("gpu experts + shared ", l), "gpu", at(b + 2), at(b + 3));
-      if (layers[l].cpu_experts) tr->gpu_span(str_cat("cpu result in ", l), "copy", at(b + 3), at(b + 4));
-    }
-  }
-
-  // One decode step: eagerly (trace, hybrid handoffs, host embedding) or as a captured CUDA graph
-  // (GpuOptions::cuda_graph, everything on the GPU): the same enqueue() either way.
-  void step(int32_t id, float* logits_host) {
-    Trace* tr = Trace::active();
-    const ModelConfig& c = model.config();
-    if (graph_ok && !tr) {
-      hidpos[0] = id, hidpos[1] = static_cast<int32_t>(pos);  // the previous launch has finished (synchronized)
-      const int w = !logits_host ? 0 : logits_host == &logits_sink ? 2 : 1;
-      if (!graph[w]) capture(w);
-      CK(cudaGraphLaunch(graph[w], stream));
-      CK(cudaStreamSynchronize(stream));
-      if (w == 1) std::memcpy(logits_host, hlogits, c.vocab_size * sizeof(float));
-      counts.gpu += static_cast<uint64_t>(c.num_experts_per_tok) * layers.size();
-      ++pos;
-      return;
-    }
-    trace_begin(tr);
-    const int32_t p32 = static_cast<int32_t>(pos);
-    enqueue(id, &id, &p32, logits_host, tr);
+    if (w == 1) std::memcpy(logits_host, hlogits, c.vocab_size * sizeof(float));
+    counts.gpu += static_cast<uint64_t>(c.num_experts_per_tok) * layers.size();
     ++pos;
-    trace_end(tr);
-    if (logits_host) CK(cudaStreamSynchronize(stream));
+    return;
   }
+  trace_begin(tr);
+  const int32_t p32 = static_cast<int32_t>(pos);
+  enqueue(id, &id, &p32, logits_host, tr);
+  ++pos;
+  trace_end(tr);
+  if (logits_host) CK(cudaStreamSynchronize(stream));
+}
 
-  void capture(int w) {  // 0: no logits, 1: logits copied to hlogits, 2: logits left on the device
-    const ExpertCounts saved = counts;  // enqueue() counts on the host; the launches count themselves
-    cudaGraph_t g = nullptr;
-    CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    enqueue(0, hidpos, hidpos + 1, w == 0 ? nullptr : w == 1 ? hlogits : &logits_sink, nullptr);
-    CK(cudaStreamEndCapture(stream, &g));
-    CK(cudaGraphInstantiate(&graph[w], g, 0));
-    CK(cudaGraphDestroy(g));
-    counts = saved;
+// Captures graph[w]: 0 without logits, 1 with logits copied to hlogits, 2 with logits left on the device.
+void Qwen35MoeGpu::Impl::capture(int w) {
+  const ExpertCounts saved = counts;  // enqueue() counts on the host; the launches count themselves
+  cudaGraph_t g = nullptr;
+  CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  enqueue(0, hidpos, hidpos + 1, w == 0 ? nullptr : w == 1 ? hlogits : &logits_sink, nullptr);
+  CK(cudaStreamEndCapture(stream, &g));
+  CK(cudaGraphInstantiate(&graph[w], g, 0));
+  CK(cudaGraphDestroy(g));
+  counts = saved;
+}
+
+// Queues one token's work on the stream: id / position copied from id_src / pos_src (host memory),
+// logits (when logits_dst) copied to logits_dst. Host-side waits only for hybrid handoffs and the
+// host embedding (neither is captured in a graph).
+void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_t* pos_src, float* logits_dst, Trace* tr) {
+  const ModelConfig& c = model.config();
+  const int64_t H = c.hidden_size;
+  const int k = c.num_experts_per_tok;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  CK(cudaMemcpyAsync(ids, id_src, 4, cudaMemcpyHostToDevice, stream));
+  CK(cudaMemcpyAsync(pos_dev, pos_src, 4, cudaMemcpyHostToDevice, stream));
+  if (embed) {
+    CK(gpu::embed_bf16(embed, H, ids, 1, h, stream));
+  } else {
+    CK(cudaStreamSynchronize(stream));  // the previous row's copy has left the staging buffer
+    const LinearWeight& E = model.embed();
+    for (int64_t i = 0; i < H; ++i) hembed[i] = load_as_f32(E.dense, E.dense_dtype, int64_t(id) * H + i);
+    CK(cudaMemcpyAsync(h, hembed, H * sizeof(float), cudaMemcpyHostToDevice, stream));
   }
-
-  // Queues one token's work on the stream: id / position copied from id_src / pos_src (host memory),
-  // logits (when logits_dst) copied to logits_dst. Host-side waits only for hybrid handoffs and the
-  // host embedding (neither is captured in a graph).
-  void enqueue(int32_t id, const int32_t* id_src, const int32_t* pos_src, float* logits_dst, Trace* tr) {
-    const ModelConfig& c = model.config();
-    const int64_t H = c.hidden_size;
-    const int k = c.num_experts_per_tok;
-    const float eps = static_cast<float>(c.rms_norm_eps);
-    CK(cudaMemcpyAsync(ids, id_src, 4, cudaMemcpyHostToDevice, stream));
-    CK(cudaMemcpyAsync(pos_dev, pos_src, 4, cudaMemcpyHostToDevice, stream));
-    if (embed) {
-      CK(gpu::embed_bf16(embed, H, ids, 1, h, stream));
+  for (size_t li = 0; li < layers.size(); ++li) {
+    const DevLayer& L = layers[li];
+    mark(tr, li, 0);
+    CK(gpu::rmsnorm_zc(h, L.in_norm, H, 1, eps, x, stream));
+    if (L.kind == LayerKind::LinearAttention) {
+      linear(L.qkv, x, qkv);
+      linear(L.z, x, z);
+      linear(L.b, x, b);
+      linear(L.a, x, a);
+      gpu::DeltaNetDecodeArgs p = deltanet_args(L);
+      p.qkv = qkv, p.z = z, p.b = b, p.a = a, p.conv_out = conv_out, p.out = core;
+      CK(gpu::deltanet_decode(p, stream));
+      linear(L.out_proj, core, o);
     } else {
-      CK(cudaStreamSynchronize(stream));  // the previous row's copy has left the staging buffer
-      const LinearWeight& E = model.embed();
-      for (int64_t i = 0; i < H; ++i) hembed[i] = load_as_f32(E.dense, E.dense_dtype, int64_t(id) * H + i);
-      CK(cudaMemcpyAsync(h, hembed, H * sizeof(float), cudaMemcpyHostToDevice, stream));
+      linear(L.q, x, qg);
+      linear(L.k, x, kk);
+      linear(L.v, x, vv);
+      gpu::AttentionDecodeArgs p = attention_args(L);
+      p.qg = qg, p.k = kk, p.v = vv, p.pos = pos_dev, p.q_rot = q_rot, p.partial = attn_part, p.out = attn_out;
+      CK(gpu::attention_decode(p, stream));
+      linear(L.o, attn_out, o);
     }
-    for (size_t li = 0; li < layers.size(); ++li) {
-      const DevLayer& L = layers[li];
-      mark(tr, li, 0);
-      CK(gpu::rmsnorm_zc(h, L.in_norm, H, 1, eps, x, stream));
-      if (L.kind == LayerKind::LinearAttention) {
-        linear(L.qkv, x, qkv);
-        linear(L.z, x, z);
-        linear(L.b, x, b);
-        linear(L.a, x, a);
-        gpu::DeltaNetDecodeArgs p = deltanet_args(L);
-        p.qkv = qkv, p.z = z, p.b = b, p.a = a, p.conv_out = conv_out, p.out = core;
-        CK(gpu::deltanet_decode(p, stream));
-        linear(L.out_proj, core, o);
-      } else {
-        linear(L.q, x, qg);
-        linear(L.k, x, kk);
-        linear(L.v, x, vv);
-        gpu::AttentionDecodeArgs p = attention_args(L);
-        p.qg = qg, p.k = kk, p.v = vv, p.pos = pos_dev, p.q_rot = q_rot, p.partial = attn_part, p.out = attn_out;
-        CK(gpu::attention_decode(p, stream));
-        linear(L.o, attn_out, o);
-      }
-      CK(gpu::add_inplace(h, o, H, stream));
-      mark(tr, li, 1);
-      CK(gpu::rmsnorm_zc(h, L.post_norm, H, 1, eps, x, stream));
-      linear(L.router, x, router);
-      CK(gpu::router_topk(router, c.num_experts, k, 1, topk_ids, topk_w, stream));
-      const bool split = L.cpu_experts && opts.host_experts;
-      if (split) handoff_out(x, topk_ids, topk_w, 1);  // the host starts while the GPU goes on
-      mark(tr, li, 2);
-      gpu_experts(L, x, topk_ids, topk_w, 1, xh, hscratch, moe_out);
-      linear(L.sh_gate, x, sg);
-      linear(L.sh_up, x, su);
-      CK(gpu::silu_mul(sg, su, c.shared_expert_intermediate_size, stream));
-      linear(L.sh_down, sg, sd);
-      linear(L.sh_expert_gate, x, sgate);
-      CK(gpu::gated_add(moe_out, sd, sgate, H, 1, stream));
-      mark(tr, li, 3);
-      run_deferred();  // the previous layer's, while the GPU works on this one
-      if (split) handoff_back(li, 1, cpu_out, moe_out);
-      else counts.gpu += k;
-      CK(gpu::add_inplace(h, moe_out, H, stream));
-      add_deferred(h);
-      mark(tr, li, 4);
-    }
-    run_deferred();  // the last layer's join before the final norm
+    CK(gpu::add_inplace(h, o, H, stream));
+    mark(tr, li, 1);
+    CK(gpu::rmsnorm_zc(h, L.post_norm, H, 1, eps, x, stream));
+    linear(L.router, x, router);
+    CK(gpu::router_topk(router, c.num_experts, k, 1, topk_ids, topk_w, stream));
+    const bool split = L.cpu_experts && opts.host_experts;
+    if (split) handoff_out(x, topk_ids, topk_w, 1);  // the host starts while the GPU goes on
+    mark(tr, li, 2);
+    gpu_experts(L, x, topk_ids, topk_w, 1, xh, hscratch, moe_out);
+    linear(L.sh_gate, x, sg);
+    linear(L.sh_up, x, su);
+    CK(gpu::silu_mul(sg, su, c.shared_expert_intermediate_size, stream));
+    linear(L.sh_down, sg, sd);
+    linear(L.sh_expert_gate, x, sgate);
+    CK(gpu::gated_add(moe_out, sd, sgate, H, 1, stream));
+    mark(tr, li, 3);
+    run_deferred();  // the previous layer's, while the GPU works on this one
+    if (split) handoff_back(li, 1, cpu_out, moe_out);
+    else counts.gpu += k;
+    CK(gpu::add_inplace(h, moe_out, H, stream));
     add_deferred(h);
-    if (!logits_dst) return;
-    CK(gpu::rmsnorm_zc(h, final_norm, H, 1, eps, x, stream));
-    linear(lm_head, x, logits);
-    if (logits_dst != &logits_sink)
-      CK(cudaMemcpyAsync(logits_dst, logits, c.vocab_size * sizeof(float), cudaMemcpyDeviceToHost, stream));
+    mark(tr, li, 4);
   }
-};
+  run_deferred();  // the last layer's join before the final norm
+  add_deferred(h);
+  if (!logits_dst) return;
+  CK(gpu::rmsnorm_zc(h, final_norm, H, 1, eps, x, stream));
+  linear(lm_head, x, logits);
+  if (logits_dst != &logits_sink)
+    CK(cudaMemcpyAsync(logits_dst, logits, c.vocab_size * sizeof(float), cudaMemcpyDeviceToHost, stream));
+}
+
 
 Qwen35MoeGpu::Qwen35MoeGpu(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Qwen35MoeGpu::~Qwen35MoeGpu() = default;

@@ -1,0 +1,92 @@
+// runtime/models/qwen3_5_moe_gpu_hybrid.cpp: the GPU model's hybrid handoff (x and the top-k to the host
+// experts, their sum back) and expert deferral (see qwen3_5_moe_gpu_impl.h).
+#include <algorithm>
+
+#include "gpu_core/ops.cuh"
+#include "runtime/models/qwen3_5_moe_gpu_impl.h"
+
+namespace tandem {
+
+// Hybrid handoff, part 1: x and the top-k of n tokens to pinned host memory, then an event.
+void Qwen35MoeGpu::Impl::handoff_out(const float* x_dev, const int32_t* ids_dev, const float* w_dev, int64_t n) {
+  const ModelConfig& c = model.config();
+  const int64_t k = c.num_experts_per_tok;
+  CK(cudaMemcpyAsync(hx, x_dev, n * c.hidden_size * sizeof(float), cudaMemcpyDeviceToHost, stream));
+  CK(cudaMemcpyAsync(hids, ids_dev, n * k * sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
+  CK(cudaMemcpyAsync(hw, w_dev, n * k * sizeof(float), cudaMemcpyDeviceToHost, stream));
+  CK(cudaEventRecord(routed, stream));
+}
+
+// Part 2: wait for the event (spinning: a blocking sync adds a wake-up), run the host-resident
+// experts of the n tokens, and queue their sum into moe_dev (through cpu_dev). Counts who served what.
+// With deferral, the host-resident ones among each token's N lowest-weight experts are set aside
+// for run_deferred() (next layer) instead.
+void Qwen35MoeGpu::Impl::handoff_back(size_t li, int64_t n, float* cpu_dev, float* moe_dev) {
+  const ModelConfig& c = model.config();
+  const int64_t H = c.hidden_size;
+  const int k = c.num_experts_per_tok;
+  {
+    TraceSpan wait("wait for router, layer", "handoff", static_cast<int>(li));
+    cudaError_t q;
+    while ((q = cudaEventQuery(routed)) == cudaErrorNotReady) {
+    }
+    CK(q);
+  }
+  bool any = false, any_deferred = false;
+  for (int64_t j = 0; j < n * k; ++j) {
+    const bool gpu_side = on_gpu(static_cast<int>(li), hids[j]);
+    masked[j] = gpu_side ? -1 : hids[j];
+    ++(gpu_side ? counts.gpu : counts.cpu);
+  }
+  if (deferring()) {
+    def.ids.assign(static_cast<size_t>(n * k), -1);
+    order.resize(static_cast<size_t>(k));
+    for (int64_t t = 0; t < n; ++t) {  // as Qwen35Moe::moe_forward: stable, ascending weight
+      for (int j = 0; j < k; ++j) order[j] = j;
+      std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return hw[t * k + a] < hw[t * k + b]; });
+      for (int d = 0; d < std::min(opts.defer_experts, k); ++d) {
+        const int64_t j = t * k + order[d];
+        if (masked[j] < 0) continue;  // GPU-resident: never deferred
+        def.ids[j] = masked[j];
+        masked[j] = -1;
+        any_deferred = true;
+      }
+    }
+    if (any_deferred) {
+      def.x.assign(hx, hx + n * H);  // hx and hw are overwritten by the next layer's handoff
+      def.w.assign(hw, hw + n * k);
+      def.layer = static_cast<int>(li);
+      def.n = n;
+      def.pending = true;
+    }
+  }
+  for (int64_t j = 0; j < n * k; ++j) any |= masked[j] >= 0;
+  if (!any) return;
+  std::fill(hout, hout + n * H, 0.0f);
+  opts.host_experts->run(static_cast<int>(li), hx, n, masked.data(), hw, k, hout);
+  CK(cudaMemcpyAsync(cpu_dev, hout, n * H * sizeof(float), cudaMemcpyHostToDevice, stream));
+  CK(gpu::add_inplace(moe_dev, cpu_dev, n * H, stream));
+}
+
+// The previous layer's deferred host experts, run while the GPU works on this layer; their sum is
+// queued into def_dev, and add_deferred() adds it with this layer's MoE output.
+void Qwen35MoeGpu::Impl::run_deferred() {
+  if (!def.pending) return;
+  const int64_t H = model.config().hidden_size;
+  TraceSpan span("cpu experts (deferred), layer", "cpu", def.layer);
+  CK(cudaEventSynchronize(def_copied));  // the previous deferred sum has left hdef
+  std::fill(hdef, hdef + def.n * H, 0.0f);
+  opts.host_experts->run(def.layer, def.x.data(), def.n, def.ids.data(), def.w.data(), model.config().num_experts_per_tok, hdef);
+  CK(cudaMemcpyAsync(def_dev, hdef, def.n * H * sizeof(float), cudaMemcpyHostToDevice, stream));
+  CK(cudaEventRecord(def_copied, stream));
+  def.pending = false;
+  def.ready = true;
+}
+
+void Qwen35MoeGpu::Impl::add_deferred(float* h_dev) {
+  if (!def.ready) return;
+  CK(gpu::add_inplace(h_dev, def_dev, def.n * model.config().hidden_size, stream));
+  def.ready = false;
+}
+
+}  // namespace tandem

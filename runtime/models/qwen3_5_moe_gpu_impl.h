@@ -1,0 +1,206 @@
+// runtime/models/qwen3_5_moe_gpu_impl.h: the GPU model's internals (not a public header), shared by
+// qwen3_5_moe_gpu.cpp (upload, the decode step, the public API), qwen3_5_moe_gpu_prefill.cpp (batched
+// prefill and the routed experts of n tokens) and qwen3_5_moe_gpu_hybrid.cpp (the host handoff and
+// expert deferral).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "gpu_core/attention.cuh"
+#include "gpu_core/deltanet.cuh"
+#include "gpu_core/gemm.cuh"
+#include "gpu_core/gemv.cuh"
+#include "gpu_core/moe.cuh"
+#include "gpu_core/sampling.cuh"
+#include "runtime/error.h"
+#include "runtime/models/qwen3_5_moe_gpu.h"
+#include "runtime/trace.h"
+
+namespace tandem {
+
+inline void cuda_check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) fail("CUDA error in ", what, ": ", cudaGetErrorString(e));
+}
+#define CK(expr) cuda_check((expr), #expr)
+
+class Uploader;  // qwen3_5_moe_gpu.cpp: plans, then fills, the one device allocation
+
+struct DevLinear {
+  bool int4 = false;
+  const uint16_t* w = nullptr;  // bf16 [out, in]
+  gpu::Int4View q;
+  int64_t out = 0, in = 0;
+};
+
+struct DevLayer {
+  LayerKind kind;
+  const float *in_norm, *post_norm;
+  DevLinear qkv, z, b, a, out_proj;
+  const float *conv_w, *A_log, *dt_bias, *dn_norm;
+  float *conv_state, *ssm_state;
+  DevLinear q, k, v, o;
+  const float *q_norm, *k_norm;
+  uint16_t *k_cache, *v_cache;
+  DevLinear router, sh_gate, sh_up, sh_down, sh_expert_gate;
+  bool int4_experts = false;
+  bool cpu_experts = false;  // some routed experts live in host memory (hybrid)
+  int64_t expert_group = 0;
+  gpu::Int4Expert* experts_i4 = nullptr;
+  gpu::Bf16Expert* experts_bf16 = nullptr;
+};
+
+struct Qwen35MoeGpu::Impl {
+  const Qwen35Moe& model;
+  GpuOptions opts;
+  GpuMemoryPlan plan;
+  char* arena = nullptr;
+  cudaStream_t stream = nullptr;
+  std::vector<DevLayer> layers;
+  const uint16_t* embed = nullptr;
+  DevLinear lm_head;
+  const float *final_norm = nullptr, *inv_freq = nullptr;
+  int64_t pos = 0;
+  // workspace
+  float *h, *x, *o, *qkv, *z, *b, *a, *core, *conv_out, *qg, *kk, *vv, *q_rot, *attn_part, *attn_out, *router, *moe_out,
+      *hscratch, *sg, *su, *sd, *sgate, *logits;
+  uint16_t* xh;
+  int32_t *ids, *topk_ids, *pos_dev;
+  float* topk_w;
+  float* cpu_out;  // the host experts' sum, copied in (hybrid)
+  // Pinned host staging for the hybrid handoff and the host-side embedding row.
+  float *hx = nullptr, *hw = nullptr, *hout = nullptr, *hembed = nullptr;
+  int32_t *hids = nullptr;
+  std::vector<int32_t> masked;
+  cudaEvent_t routed = nullptr;
+  ExpertCounts counts;
+  // --trace: events at the segment boundaries of every layer, turned into GPU spans after each step.
+  std::vector<cudaEvent_t> tev;
+  // CUDA graphs of a whole step, [0] without and [1] with logits (GpuOptions::cuda_graph).
+  bool graph_ok = false;
+  cudaGraphExec_t graph[3] = {nullptr, nullptr, nullptr};  // [2]: logits left on the device (forward_top)
+  // forward_top: the logits row stays on the device (no copy at the end of a step or chunk); the
+  // penalties and the top-k run there and only k (id, logit) pairs come back.
+  float logits_sink = 0;  // as a logits destination: compute the row, leave it on the device
+  gpu::Penalty* pen_dev = nullptr;  // [max_context]
+  void* topk_ws = nullptr;
+  int32_t* top_ids = nullptr;
+  float* top_vals = nullptr;
+  int32_t* hidpos = nullptr;  // pinned: the token id and position the graph copies in
+  // Batched prefill (GpuOptions::batched_prefill): a prompt goes through layer by layer in chunks.
+  bool batched = false;
+  int64_t chunk = 0;
+  gpu::BlasHandle blas = nullptr;
+  void* blas_ws = nullptr;  // its workspace, inside the arena
+  void* pgroup = nullptr;   // moe_int4_grouped's workspace (int4 experts)
+  float *ph = nullptr, *px = nullptr, *po = nullptr, *pqkv = nullptr, *pz = nullptr, *pb = nullptr, *pa = nullptr, *pcore = nullptr,
+        *pconv = nullptr, *pqg = nullptr, *pk = nullptr, *pv = nullptr, *pattn = nullptr, *prouter = nullptr, *pmoe = nullptr,
+        *psg = nullptr, *psu = nullptr, *psd = nullptr, *psgate = nullptr, *ptopk_w = nullptr, *pcpu = nullptr;
+  uint16_t *phs = nullptr, *psplit = nullptr, *pxh = nullptr;
+  int32_t *pids = nullptr, *ppos = nullptr, *ptopk_ids = nullptr;
+  std::vector<int32_t> host_pos;
+  float* hlogits = nullptr;   // pinned: the logits the graph copies out
+  // Expert deferral (GpuOptions::defer_experts, hybrid): the host-resident ones among each token's N
+  // lowest-weight experts of layer L run on the host while the GPU goes on with layer L+1, and join
+  // the residual with layer L+1's MoE output (Qwen35State::defer_experts, deferrable = the CPU side).
+  struct Deferred {
+    bool pending = false;  // host work of `layer` not run yet
+    bool ready = false;    // its result is queued into def_dev: add it with this layer's MoE output
+    int layer = -1;
+    int64_t n = 0;
+    std::vector<float> x, w;
+    std::vector<int32_t> ids;  // the deferred (token, slot) pairs' experts, -1 elsewhere
+  } def;
+  std::vector<int> order;     // scratch: a token's slots by ascending weight
+  float* hdef = nullptr;      // pinned: the deferred result on its way to def_dev
+  float* def_dev = nullptr;   // device
+  cudaEvent_t def_copied = nullptr;
+  cudaEvent_t tbase = nullptr;
+  double tbase_us = 0;
+
+  explicit Impl(const Qwen35Moe& m, const GpuOptions& o) : model(m), opts(o) {}
+  ~Impl() {
+    if (arena) cudaFree(arena);
+    if (stream) cudaStreamDestroy(stream);
+    if (routed) cudaEventDestroy(routed);
+    for (cudaEvent_t e : tev) cudaEventDestroy(e);
+    for (cudaGraphExec_t g : graph)
+      if (g) cudaGraphExecDestroy(g);
+    if (hidpos) cudaFreeHost(hidpos);
+    if (hlogits) cudaFreeHost(hlogits);
+    gpu::blas_destroy(blas);
+    if (tbase) cudaEventDestroy(tbase);
+    if (def_copied) cudaEventDestroy(def_copied);
+    for (void* p : {static_cast<void*>(hx), static_cast<void*>(hw), static_cast<void*>(hout), static_cast<void*>(hembed),
+                    static_cast<void*>(hids), static_cast<void*>(hdef)})
+      if (p) cudaFreeHost(p);
+  }
+
+  // Whether prompts can go through in batches (GpuOptions::batched_prefill; the chunk embeds on the GPU).
+  bool wants_batched() const { return opts.batched_prefill && opts.prefill_chunk > 0 && opts.embed_on_gpu; }
+  // Tokens handed to the host at once: a prefill chunk when prompts go in batches, else one.
+  int64_t host_rows() const { return wants_batched() ? opts.prefill_chunk : 1; }
+  bool deferring() const { return opts.defer_experts > 0 && opts.host_experts; }
+
+  bool on_gpu(int layer, int64_t e) const {
+    return !opts.expert_on_gpu || opts.expert_on_gpu->empty() || (*opts.expert_on_gpu)[layer][e];
+  }
+
+  void build(Uploader& up);
+
+  // The layer's weights and state in the kernels' argument blocks; callers add the activations.
+  gpu::DeltaNetDecodeArgs deltanet_args(const DevLayer& L) const;
+  gpu::AttentionDecodeArgs attention_args(const DevLayer& L) const;
+
+  // ---- the routed experts of one layer for n tokens, shared by decode (n = 1) and batched prefill ----
+
+  // GPU-resident experts into `out` (the kernels skip the host-resident ones); xh / hs are scratch.
+  void gpu_experts(const DevLayer& L, const float* x_dev, const int32_t* ids_dev, const float* w_dev, int64_t n, uint16_t* xh_buf, void* hs, float* out);
+
+  // Hybrid handoff, part 1: x and the top-k of n tokens to pinned host memory, then an event.
+  void handoff_out(const float* x_dev, const int32_t* ids_dev, const float* w_dev, int64_t n);
+
+  // Part 2: wait for the event (spinning: a blocking sync adds a wake-up), run the host-resident
+  // experts of the n tokens, and queue their sum into moe_dev (through cpu_dev). Counts who served what.
+  // With deferral, the host-resident ones among each token's N lowest-weight experts are set aside
+  // for run_deferred() (next layer) instead.
+  void handoff_back(size_t li, int64_t n, float* cpu_dev, float* moe_dev);
+
+  // The previous layer's deferred host experts, run while the GPU works on this layer; their sum is
+  // queued into def_dev, and add_deferred() adds it with this layer's MoE output.
+  void run_deferred();
+  void add_deferred(float* h_dev);
+
+  // y [n, out] = x [n, in] W^T for a chunk of tokens: cuBLAS for bf16, the int4 GEMV 8 tokens at a time.
+  void linear_rows(const DevLinear& L, const float* in, int64_t n, float* out);
+
+  // n prompt tokens at positions pos.. through every layer at once (GpuOptions::batched_prefill);
+  // logits of the last token to logits_last when given. Same math as n decode steps, except that
+  // bf16 projections run on cuBLAS with split-bf16 activations (~1e-5) instead of the GEMV.
+  void prefill_chunk(const int32_t* ids_host, int64_t n, float* logits_last);
+
+  void linear(const DevLinear& L, const float* in, float* out);
+
+  static constexpr int kMarks = 5;  // per layer: start, mixer done, routed, GPU experts done, end
+  void mark(Trace* tr, size_t layer, int which) {
+    if (tr) CK(cudaEventRecord(tev[layer * kMarks + which], stream));
+  }
+  void trace_begin(Trace* tr);
+  void trace_end(Trace* tr);
+
+  // One decode step: eagerly (trace, hybrid handoffs, host embedding) or as a captured CUDA graph
+  // (GpuOptions::cuda_graph, everything on the GPU): the same enqueue() either way.
+  void step(int32_t id, float* logits_host);
+
+  // Captures graph[w]: 0 without logits, 1 with logits copied to hlogits, 2 with logits left on the device.
+  void capture(int w);
+
+  // Queues one token's work on the stream: id / position copied from id_src / pos_src (host memory),
+  // logits (when logits_dst) copied to logits_dst. Host-side waits only for hybrid handoffs and the
+  // host embedding (neither is captured in a graph).
+  void enqueue(int32_t id, const int32_t* id_src, const int32_t* pos_src, float* logits_dst, Trace* tr);
+};
+
+}  // namespace tandem
