@@ -476,7 +476,7 @@ void cpu_moe_forward(const CpuExpertStore& store, int layer, const float* x, int
   ws.node_end.clear();
   for (int node = 0; node < pool.numa_nodes(); ++node) {
     for (size_t j = 0; j < ws.jobs.size(); ++j) {
-      const auto [b0, b1] = pool.numa_nodes() > 1 ? pool.node_range(node, ws.jobs[j].nblk) : std::pair<int64_t, int64_t>{0, ws.jobs[j].nblk};
+      const auto [b0, b1] = pool.node_range(node, ws.jobs[j].nblk);
       for (int64_t b = b0; b < b1; ++b) ws.tasks1.push_back({static_cast<int32_t>(j), static_cast<int32_t>(b)});
     }
     ws.node_end.push_back(static_cast<int64_t>(ws.tasks1.size()));

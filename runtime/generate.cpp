@@ -51,11 +51,14 @@ GenerateResult generate(Runner& runner, int64_t vocab, const Tokenizer& tokenize
   };
 
   // The runner selects the sampler's candidates itself when it can (the GPU: k pairs cross, not the row).
+  // A runner that declines once (no such path) is not asked again, so the penalty list is not built
+  // per token for nothing.
   const int need = sampler.candidates_needed();
   std::vector<std::pair<int32_t, float>> top;
-  bool have_top = false;
+  bool try_top = need > 0, have_top = false;
   auto feed = [&](std::span<const int32_t> ids) {
-    have_top = need > 0 && runner.forward_top(ids, sampler.penalties(context, res.tokens), need, top);
+    have_top = try_top && runner.forward_top(ids, sampler.penalties(context, res.tokens), need, top);
+    try_top = have_top;
     if (!have_top) runner.forward(ids, logits.data(), Qwen35Moe::LogitRows::Last);
   };
   const auto t0 = clock::now();

@@ -49,15 +49,12 @@ class HostRunner final : public Runner {
 };
 
 #ifdef TANDEM_HAVE_CUDA
-// The GPU fast paths are on unless NAME=0 (for A/B measurements and bisecting); experimental ones
-// are off unless NAME=1.
-bool env_off(const char* name) {
+// A GPU path switch: NAME=1 turns it on, NAME=0 off, unset leaves `dflt` (the validated fast paths
+// default to on, for A/B runs and bisecting; the experimental ones to off).
+bool env_switch(const char* name, bool dflt) {
   const char* v = std::getenv(name);
-  return v && std::string(v) == "0";
-}
-bool env_is_1(const char* name) {
-  const char* v = std::getenv(name);
-  return v && std::string(v) == "1";
+  if (!v) return dflt;
+  return dflt ? std::string(v) != "0" : std::string(v) == "1";
 }
 
 // The CPU side of a hybrid run: the routed experts the plan leaves in host memory, repacked once into
@@ -128,12 +125,12 @@ class GpuRunner final : public Runner {
     GpuOptions g;
     g.budget_bytes = o.gpu_mem;
     g.max_context = o.context;
-    g.cuda_graph = !env_off("TANDEM_CUDA_GRAPH");
-    g.batched_prefill = !env_off("TANDEM_BATCHED_PREFILL");
-    g.grouped_moe = env_is_1("TANDEM_GROUPED_MOE");
-    g.moe_prefetch = env_is_1("TANDEM_MOE_PREFETCH");
-    g.attention_prefill = env_is_1("TANDEM_ATTN_PREFILL");
-    sample_on_gpu_ = env_is_1("TANDEM_GPU_SAMPLING");
+    g.cuda_graph = env_switch("TANDEM_CUDA_GRAPH", true);
+    g.batched_prefill = env_switch("TANDEM_BATCHED_PREFILL", true);
+    g.grouped_moe = env_switch("TANDEM_GROUPED_MOE", false);
+    g.moe_prefetch = env_switch("TANDEM_MOE_PREFETCH", false);
+    g.attention_prefill = env_switch("TANDEM_ATTN_PREFILL", false);
+    sample_on_gpu_ = env_switch("TANDEM_GPU_SAMPLING", false);
     if (placement_) {
       cpu_ = std::make_unique<CpuExpertSide>(model, *placement_, o.threads);
       g.budget_bytes = placement_->gpu_alloc_bytes;
