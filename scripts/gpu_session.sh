@@ -11,6 +11,7 @@
 #   ctest        the whole CTest suite
 #   cpu-experts  scripts/gpu_machine_cpu_experts.sh (AMX tests at every ISA cap + benchmarks)
 #   cpu-tests    the cpu_experts tests at the CPU's best level (AMX there), no benchmarks
+#   gpu-bench[:FILTER]  bench/bench_gpu_gemv (per-kernel bandwidth at the 35B shapes), JSON + console
 #   e2e:LENS:REPEAT:SCENARIOS  bench/run_e2e.sh, e.g. e2e:4096:3:hybrid-8gib-cpu-experts,hybrid-24gib
 #                (scenarios: gpu-all hybrid-{8gib-cpu-experts,12gib,16gib,24gib} hybrid-{8,12}gib-defer2 cpu-all)
 #   e2e-eager:LENS:REPEAT:SCENARIOS    the same with the fast paths off (TANDEM_CUDA_GRAPH=0 TANDEM_BATCHED_PREFILL=0)
@@ -54,6 +55,10 @@ for step in "$@"; do
       run_step gpu-tests 300 bash -c "build-gpu/tests/tandem_gpu_tests && ctest --test-dir build-gpu -R 'cli_' --output-on-failure" ;;
     ctest)
       run_step ctest 500 ctest --test-dir build-gpu --output-on-failure -j 8 ;;
+    gpu-bench|gpu-bench:*)
+      filter="${step#gpu-bench}"; filter="${filter#:}"
+      run_step gpu-bench 240 build-gpu/bench/bench_gpu_gemv ${filter:+--benchmark_filter="$filter"} \
+        --benchmark_out="$res/gpu-bench.json" --benchmark_out_format=json ;;
     cpu-tests)
       run_step cpu-tests 200 build-gpu/tests/tandem_cpu_experts_tests ;;
     cpu-experts)
