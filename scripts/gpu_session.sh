@@ -5,7 +5,7 @@
 # it below the call's limit_s), and the folder is packed into $OUT/results.tgz at the end (and after
 # each step, so a kill loses at most the step in flight).
 #
-# usage (device tool, carry .deps): DEADLINE=540 bash scripts/gpu_session.sh STEP...
+# usage (device tool, carry .deps): DEADLINE=540 [HEAT=heat.yaml] bash scripts/gpu_session.sh STEP...
 #   build        configure + build everything into build-gpu/ (sm_90)
 #   gpu-tests    the GPU suites (kernels, whole model, hybrid, CUDA graph) + the CLI tests
 #   ctest        the whole CTest suite
@@ -19,15 +19,19 @@
 #   e2e-prefetch:LENS:REPEAT:SCENARIOS the same with the experimental prefetching MoE decode (TANDEM_MOE_PREFETCH=1)
 #   e2e-exp:LENS:REPEAT:SCENARIOS      every experimental switch on (grouped MoE, prefetch, attention prefill, GPU sampling)
 #   e2e-text:LENS:REPEAT:SCENARIOS     prompts from the profiling text instead of random ids (the heat map applies)
+#   nsys[:FLAGS]  Nsight Systems kernel summaries (graph nodes included) of an all-GPU prefill of 4096
+#                tokens and of 128 decode steps, with env FLAGS (comma-separated, e.g.
+#                TANDEM_GROUPED_MOE=1,TANDEM_MOE_PREFETCH=1); nsys-*.csv
 #   trace:GIB    a hybrid decode at that budget with --trace, and tools/trace_plot.py's picture of one step
 set -uo pipefail
 OUT="${OUT:-$PWD/gpu-out}"
 DEADLINE="${DEADLINE:-540}"
-res="$OUT/session"
-mkdir -p "$res"
+# Results live outside $OUT (only the archive and the summary come back: the tool returns at most 8 files).
+res=/tmp/gpu-session/session
+rm -rf "$res"; mkdir -p "$res"
 t0=$(date +%s)
 left() { echo $(( DEADLINE - ($(date +%s) - t0) )); }
-pack() { (cd "$OUT" && tar czf results.tgz session); }
+pack() { tar czf "$OUT/results.tgz" -C /tmp/gpu-session session; cp "$res/summary.txt" "$OUT/" 2>/dev/null; }
 for f in .deps/*.deb; do dpkg -x "$f" /opt/deps; done
 export CMAKE_PREFIX_PATH=/opt/deps/usr LD_LIBRARY_PATH=/opt/deps/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
 { date -u; git rev-parse HEAD 2>/dev/null; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; } > "$res/machine.txt" 2>&1
@@ -71,8 +75,23 @@ for step in "$@"; do
       [ "$kind" = e2e-prefetch ] && flags="TANDEM_MOE_PREFETCH=1"
       [ "$kind" = e2e-exp ] && flags="TANDEM_GROUPED_MOE=1 TANDEM_MOE_PREFETCH=1 TANDEM_ATTN_PREFILL=1 TANDEM_GPU_SAMPLING=1"
       [ "$kind" = e2e-text ] && flags="BENCH_PROMPTS=1"
+      # HEAT=file: reuse a heat map (profiling the 35B synth takes minutes)
+      mkdir -p "$res/$kind-${lens//,/_}/e2e"; [ -n "${HEAT:-}" ] && cp "$HEAT" "$res/$kind-${lens//,/_}/e2e/heat.yaml"
       run_step "$kind-${lens//,/_}" 9999 env $flags OUT="$res/$kind-${lens//,/_}" WARMUP=32 PROFILE_TIMEOUT=120 \
         bash bench/run_e2e.sh build-gpu /tmp/q35 "$lens" 128 "$repeat" "${scen//,/ }" ;;
+    nsys|nsys:*)
+      flags="${step#nsys}"; flags="${flags#:}"; flags="${flags//,/ }"
+      nsys_bin=$(command -v nsys || ls /usr/local/cuda*/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys /usr/local/cuda*/nsight-systems*/bin/nsys 2>/dev/null | head -1)
+      echo "nsys: ${nsys_bin:-none}; ncu: $(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)" | tee -a "$res/summary.txt"
+      [ -n "$nsys_bin" ] || continue
+      [ -f /tmp/q35/config.json ] || build-gpu/tandem synth --preset qwen3.5-35b-a3b --quant gptq-int4 --routing-skew 1 --out /tmp/q35 > /dev/null 2>&1
+      for what in prefill:4096:1 decode:16:128; do
+        IFS=: read -r name plen gen <<< "$what"
+        run_step "nsys-$name" 150 bash -c "env $flags $nsys_bin profile -t cuda --cuda-graph-trace=node -f true -o /tmp/nsys-$name \
+            build-gpu/tandem bench --model /tmp/q35 --device gpu --context 4608 --prompt-len $plen --gen $gen --repeat 1 --warmup 16 > /dev/null \
+          && $nsys_bin stats -r cuda_gpu_kern_sum -f csv -o $res/nsys-$name /tmp/nsys-$name.nsys-rep > /dev/null \
+          && head -25 $res/nsys-${name}_cuda_gpu_kern_sum.csv | cut -c1-220"
+      done ;;
     trace:*)
       gib=${step#trace:}
       [ -f /tmp/q35/config.json ] || build-gpu/tandem synth --preset qwen3.5-35b-a3b --quant gptq-int4 --routing-skew 1 --out /tmp/q35 > /dev/null 2>&1
