@@ -36,6 +36,32 @@ __global__ void rmsnorm_kernel(const float* x, const float* w, int64_t n, float 
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) yr[i] = xr[i] * r * (1.0f + w[i]);
 }
 
+// h += a (+ s / (1 + exp(-gate[row])) added to a first), then y = rmsnorm_zc(h): add_inplace (after
+// gated_add) and rmsnorm_kernel in one launch, with the same operations in the same order per element.
+__global__ void add_rmsnorm_kernel(float* h, const float* a, const float* s, const float* gate, const float* w, int64_t n, float eps,
+                                   float* y) {
+  float* hr = h + blockIdx.x * n;
+  const float* ar = a + blockIdx.x * n;
+  float* yr = y + blockIdx.x * n;
+  float ss = 0.0f;
+  if (s) {
+    const float* sr = s + blockIdx.x * n;
+    const float g = gate[blockIdx.x];
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+      const float t = ar[i] + sr[i] / (1.0f + expf(-g));
+      hr[i] += t;
+      ss += hr[i] * hr[i];
+    }
+  } else {
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+      hr[i] += ar[i];
+      ss += hr[i] * hr[i];
+    }
+  }
+  const float r = rsqrtf(block_sum(ss) / n + eps);
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) yr[i] = hr[i] * r * (1.0f + w[i]);
+}
+
 __global__ void add_kernel(float* h, const float* x, int64_t n) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) h[i] += x[i];
@@ -121,6 +147,12 @@ cudaError_t embed_bf16(const uint16_t* table, int64_t H, const int32_t* ids, int
 }
 cudaError_t rmsnorm_zc(const float* x, const float* w, int64_t n, int rows, float eps, float* y, cudaStream_t s) {
   rmsnorm_kernel<<<rows, kThreads, 0, s>>>(x, w, n, eps, y);
+  return cudaGetLastError();
+}
+cudaError_t add_rmsnorm_zc(float* h, const float* a, const float* shared, const float* gate, const float* w, int64_t n, int rows,
+                           float eps, float* y, cudaStream_t s) {
+  if (!a || (shared && !gate)) return cudaErrorInvalidValue;
+  add_rmsnorm_kernel<<<rows, kThreads, 0, s>>>(h, a, shared, gate, w, n, eps, y);
   return cudaGetLastError();
 }
 cudaError_t add_inplace(float* h, const float* x, int64_t n, cudaStream_t s) {

@@ -96,9 +96,10 @@ VramBytes fixed_vram(const ModelConfig& c, const Sizer& s, int64_t context, int 
   }
   {  // workspace, in Qwen35MoeGpu's order
     const int64_t wide = std::max({H, conv_dim, Vd, int64_t(nh) * 2 * hd, I * k, Is});
-    for (int64_t n : {H, H, H, conv_dim, Vd, Hv, Hv, Vd, conv_dim, int64_t(nh) * 2 * hd, int64_t(nkv) * hd, int64_t(nkv) * hd,
-                      int64_t(nh) * hd, int64_t(nh) * max_splits * (hd + 2), int64_t(nh) * hd, int64_t(E), H, I * k, Is, Is, H,
-                      int64_t(1), V})
+    // the outputs of a stacked projection group share one buffer, sliced at multiples of 4 floats
+    auto r4 = [](int64_t n) { return (n + 3) / 4 * 4; };
+    for (int64_t n : {H, H, H, r4(conv_dim) + r4(Vd) + 2 * r4(Hv), Vd, conv_dim, r4(int64_t(nh) * 2 * hd) + 2 * r4(int64_t(nkv) * hd),
+                      int64_t(nh) * hd, int64_t(nh) * max_splits * (hd + 2), int64_t(nh) * hd, r4(E) + 2 * r4(Is) + r4(1), H, I * k, H, V})
       v.workspace += floats(n);
     v.workspace += align256(wide * 2) + 2 * align256(4) + align256(k * 4) + floats(k);  // xh, ids, pos, top-k ids, weights
     v.workspace += floats(H);  // CPU experts' result (hybrid)

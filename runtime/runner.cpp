@@ -127,10 +127,10 @@ class GpuRunner final : public Runner {
     g.max_context = o.context;
     g.cuda_graph = env_switch("TANDEM_CUDA_GRAPH", true);
     g.batched_prefill = env_switch("TANDEM_BATCHED_PREFILL", true);
-    g.grouped_moe = env_switch("TANDEM_GROUPED_MOE", false);
-    g.moe_prefetch = env_switch("TANDEM_MOE_PREFETCH", false);
-    g.attention_prefill = env_switch("TANDEM_ATTN_PREFILL", false);
-    sample_on_gpu_ = env_switch("TANDEM_GPU_SAMPLING", false);
+    g.grouped_moe = env_switch("TANDEM_GROUPED_MOE", true);
+    g.moe_prefetch = env_switch("TANDEM_MOE_PREFETCH", true);
+    g.attention_prefill = env_switch("TANDEM_ATTN_PREFILL", true);
+    sample_on_gpu_ = env_switch("TANDEM_GPU_SAMPLING", true);
     if (placement_) {
       cpu_ = std::make_unique<CpuExpertSide>(model, *placement_, o.threads);
       g.budget_bytes = placement_->gpu_alloc_bytes;

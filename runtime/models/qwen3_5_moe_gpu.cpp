@@ -99,6 +99,21 @@ DevLinear upload_linear(Uploader& up, const LinearWeight& L, Kind kind) {
 
 }  // namespace
 
+DevLinear stack_rows(std::initializer_list<const DevLinear*> parts) {
+  const DevLinear* first = *parts.begin();
+  DevLinear s{false, first->w, {}, 0, first->in};
+  const DevLinear* prev = nullptr;
+  for (const DevLinear* p : parts) {
+    if (p->int4 || p->in != first->in || !p->w) return {};
+    // the output slices are carved at multiples of 4 floats (aligned for vector loads); the rows
+    // of one allocation follow the previous one's only when its bytes need no 256-byte padding
+    if (prev && (prev->out % 4 || (prev->out * prev->in * 2) % 256 || p->w != prev->w + prev->out * prev->in)) return {};
+    s.out += p->out;
+    prev = p;
+  }
+  return s;
+}
+
 std::string GpuMemoryPlan::describe() const {
   return str_cat("dense weights ", format_gib(dense_weights), ", routed experts ", format_gib(expert_weights), ", KV cache ", format_gib(kv_cache),
                  ", DeltaNet state ", format_gib(deltanet_state), ", workspace ", format_gib(workspace), "; total ", format_gib(total()));
@@ -145,6 +160,7 @@ void Qwen35MoeGpu::Impl::build(Uploader& up) {
       d.b = upload_linear(up, w.in_proj_b, Kind::Dense);
       d.a = upload_linear(up, w.in_proj_a, Kind::Dense);
       d.out_proj = upload_linear(up, w.out_proj, Kind::Dense);
+      d.in_proj = stack_rows({&d.qkv, &d.z, &d.b, &d.a});
       d.conv_w = vec(w.conv, Kind::Dense);
       d.A_log = vec(w.A_log, Kind::Dense);
       d.dt_bias = vec(w.dt_bias, Kind::Dense);
@@ -157,6 +173,7 @@ void Qwen35MoeGpu::Impl::build(Uploader& up) {
       d.k = upload_linear(up, w.k_proj, Kind::Dense);
       d.v = upload_linear(up, w.v_proj, Kind::Dense);
       d.o = upload_linear(up, w.o_proj, Kind::Dense);
+      d.in_proj = stack_rows({&d.q, &d.k, &d.v});
       d.q_norm = vec(w.q_norm, Kind::Dense);
       d.k_norm = vec(w.k_norm, Kind::Dense);
       d.k_cache = up.zeros<uint16_t>(opts.max_context * nkv * hd, Kind::Kv);
@@ -166,8 +183,9 @@ void Qwen35MoeGpu::Impl::build(Uploader& up) {
     d.router = upload_linear(up, m.router, Kind::Dense);
     d.sh_gate = upload_linear(up, m.shared_gate, Kind::Dense);
     d.sh_up = upload_linear(up, m.shared_up, Kind::Dense);
+    d.sh_expert_gate = upload_linear(up, m.shared_expert_gate, Kind::Dense);  // before sh_down: stacked with the three above
     d.sh_down = upload_linear(up, m.shared_down, Kind::Dense);
-    d.sh_expert_gate = upload_linear(up, m.shared_expert_gate, Kind::Dense);
+    d.x_proj = stack_rows({&d.router, &d.sh_gate, &d.sh_up, &d.sh_expert_gate});
     d.int4_experts = m.gate[0].kind == LinearWeight::Kind::Gptq;
     d.expert_group = d.int4_experts ? m.gate[0].gptq.group_size : 0;
     std::vector<gpu::Int4Expert> i4(E);
@@ -192,11 +210,20 @@ void Qwen35MoeGpu::Impl::build(Uploader& up) {
 
   const int64_t wide = std::max({H, conv_dim, Vd, int64_t(nh) * 2 * hd, I * k, Is});
   auto ws = [&](int64_t n) { return up.zeros<float>(n, Kind::Work); };
-  h = ws(H), x = ws(H), o = ws(H), qkv = ws(conv_dim), z = ws(Vd), b = ws(c.linear_num_value_heads),
-  a = ws(c.linear_num_value_heads), core = ws(Vd), conv_out = ws(conv_dim), qg = ws(int64_t(nh) * 2 * hd),
-  kk = ws(int64_t(nkv) * hd), vv = ws(int64_t(nkv) * hd), q_rot = ws(int64_t(nh) * hd),
-  attn_part = ws(int64_t(nh) * max_splits * (hd + 2)), attn_out = ws(int64_t(nh) * hd), router = ws(E), moe_out = ws(H),
-  hscratch = ws(I * k), sg = ws(Is), su = ws(Is), sd = ws(H), sgate = ws(1), logits = ws(V);
+  // The outputs of each stacked projection group (stack_rows) share one buffer, sliced at multiples
+  // of 4 floats (placement/planner.cpp counts the same sizes).
+  auto r4 = [](int64_t n) { return (n + 3) / 4 * 4; };
+  const int64_t Hv = c.linear_num_value_heads, nh2 = int64_t(nh) * 2 * hd, kvd = int64_t(nkv) * hd;
+  h = ws(H), x = ws(H), o = ws(H);
+  qkv = ws(r4(conv_dim) + r4(Vd) + 2 * r4(Hv));
+  z = qkv ? qkv + r4(conv_dim) : nullptr, b = z ? z + r4(Vd) : nullptr, a = b ? b + r4(Hv) : nullptr;
+  core = ws(Vd), conv_out = ws(conv_dim);
+  qg = ws(r4(nh2) + 2 * r4(kvd));
+  kk = qg ? qg + r4(nh2) : nullptr, vv = kk ? kk + r4(kvd) : nullptr;
+  q_rot = ws(int64_t(nh) * hd), attn_part = ws(int64_t(nh) * max_splits * (hd + 2)), attn_out = ws(int64_t(nh) * hd);
+  router = ws(r4(E) + 2 * r4(Is) + r4(1));
+  sg = router ? router + r4(E) : nullptr, su = sg ? sg + r4(Is) : nullptr, sgate = su ? su + r4(Is) : nullptr;
+  moe_out = ws(H), hscratch = ws(I * k), sd = ws(H), logits = ws(V);
   xh = up.zeros<uint16_t>(wide, Kind::Work);
   ids = up.zeros<int32_t>(1, Kind::Work);
   topk_ids = up.zeros<int32_t>(k, Kind::Work);
@@ -209,7 +236,7 @@ void Qwen35MoeGpu::Impl::build(Uploader& up) {
   top_ids = up.zeros<int32_t>(gpu::kMaxTopK, Kind::Work);
   top_vals = ws(gpu::kMaxTopK);
   if (wants_batched()) {
-    const int64_t n = opts.prefill_chunk, nh2 = int64_t(nh) * 2 * hd, kvd = int64_t(nkv) * hd;
+    const int64_t n = opts.prefill_chunk;
     const int64_t widest_k = std::max({H, Vd, int64_t(nh) * hd, Is, I});
     ph = ws(n * H), px = ws(n * H), po = ws(n * H), pqkv = ws(n * conv_dim), pz = ws(n * Vd), pb = ws(n * c.linear_num_value_heads),
     pa = ws(n * c.linear_num_value_heads), pcore = ws(n * Vd), pconv = ws(n * conv_dim), pqg = ws(n * nh2), pk = ws(n * kvd),
@@ -340,55 +367,87 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
     for (int64_t i = 0; i < H; ++i) hembed[i] = load_as_f32(E.dense, E.dense_dtype, int64_t(id) * H + i);
     CK(cudaMemcpyAsync(h, hembed, H * sizeof(float), cudaMemcpyHostToDevice, stream));
   }
+  // The residual update that ends each block (h += attention/DeltaNet output; h += MoE output +
+  // the gated shared expert) runs fused with the norm that follows it (add_rmsnorm_zc).
+  struct Residual {
+    const float *a = nullptr, *shared = nullptr, *gate = nullptr;
+  } pending;
+  auto norm_x = [&](const float* w) {
+    if (pending.a) CK(gpu::add_rmsnorm_zc(h, pending.a, pending.shared, pending.gate, w, H, 1, eps, x, stream));
+    else CK(gpu::rmsnorm_zc(h, w, H, 1, eps, x, stream));
+    pending = {};
+  };
   for (size_t li = 0; li < layers.size(); ++li) {
     const DevLayer& L = layers[li];
     mark(tr, li, 0);
-    CK(gpu::rmsnorm_zc(h, L.in_norm, H, 1, eps, x, stream));
+    norm_x(L.in_norm);
     if (L.kind == LayerKind::LinearAttention) {
-      linear(L.qkv, x, qkv);
-      linear(L.z, x, z);
-      linear(L.b, x, b);
-      linear(L.a, x, a);
+      if (L.in_proj.out) {
+        linear(L.in_proj, x, qkv);  // qkv|z|b|a, as laid out in the workspace
+      } else {
+        linear(L.qkv, x, qkv);
+        linear(L.z, x, z);
+        linear(L.b, x, b);
+        linear(L.a, x, a);
+      }
       gpu::DeltaNetDecodeArgs p = deltanet_args(L);
       p.qkv = qkv, p.z = z, p.b = b, p.a = a, p.conv_out = conv_out, p.out = core;
       CK(gpu::deltanet_decode(p, stream));
       linear(L.out_proj, core, o);
     } else {
-      linear(L.q, x, qg);
-      linear(L.k, x, kk);
-      linear(L.v, x, vv);
+      if (L.in_proj.out) {
+        linear(L.in_proj, x, qg);  // q|k|v
+      } else {
+        linear(L.q, x, qg);
+        linear(L.k, x, kk);
+        linear(L.v, x, vv);
+      }
       gpu::AttentionDecodeArgs p = attention_args(L);
       p.qg = qg, p.k = kk, p.v = vv, p.pos = pos_dev, p.q_rot = q_rot, p.partial = attn_part, p.out = attn_out;
       CK(gpu::attention_decode(p, stream));
       linear(L.o, attn_out, o);
     }
-    CK(gpu::add_inplace(h, o, H, stream));
+    pending.a = o;
     mark(tr, li, 1);
-    CK(gpu::rmsnorm_zc(h, L.post_norm, H, 1, eps, x, stream));
-    linear(L.router, x, router);
+    norm_x(L.post_norm);
+    if (L.x_proj.out) {
+      linear(L.x_proj, x, router);  // router|shared gate|shared up|shared expert gate
+    } else {
+      linear(L.router, x, router);
+    }
     CK(gpu::router_topk(router, c.num_experts, k, 1, topk_ids, topk_w, stream));
     const bool split = L.cpu_experts && opts.host_experts;
     if (split) handoff_out(x, topk_ids, topk_w, 1);  // the host starts while the GPU goes on
     mark(tr, li, 2);
     gpu_experts(L, x, topk_ids, topk_w, 1, xh, hscratch, moe_out);
-    linear(L.sh_gate, x, sg);
-    linear(L.sh_up, x, su);
+    if (!L.x_proj.out) {
+      linear(L.sh_gate, x, sg);
+      linear(L.sh_up, x, su);
+      linear(L.sh_expert_gate, x, sgate);
+    }
     CK(gpu::silu_mul(sg, su, c.shared_expert_intermediate_size, stream));
     linear(L.sh_down, sg, sd);
-    linear(L.sh_expert_gate, x, sgate);
-    CK(gpu::gated_add(moe_out, sd, sgate, H, 1, stream));
+    if (split || deferring()) CK(gpu::gated_add(moe_out, sd, sgate, H, 1, stream));
     mark(tr, li, 3);
     run_deferred();  // the previous layer's, while the GPU works on this one
     if (split) handoff_back(li, 1, cpu_out, moe_out);
     else counts.gpu += k;
-    CK(gpu::add_inplace(h, moe_out, H, stream));
-    add_deferred(h);
+    if (deferring()) {  // the deferred sum joins after the MoE output, as the model definition adds them
+      CK(gpu::add_inplace(h, moe_out, H, stream));
+      add_deferred(h);
+    } else {
+      pending = {moe_out, split ? nullptr : sd, split ? nullptr : sgate};
+    }
     mark(tr, li, 4);
   }
   run_deferred();  // the last layer's join before the final norm
   add_deferred(h);
-  if (!logits_dst) return;
-  CK(gpu::rmsnorm_zc(h, final_norm, H, 1, eps, x, stream));
+  if (!logits_dst) {  // no norm follows: the last residual on its own
+    if (pending.shared) CK(gpu::gated_add(moe_out, pending.shared, pending.gate, H, 1, stream));
+    if (pending.a) CK(gpu::add_inplace(h, pending.a, H, stream));
+    return;
+  }
+  norm_x(final_norm);
   linear(lm_head, x, logits);
   if (logits_dst != &logits_sink)
     CK(cudaMemcpyAsync(logits_dst, logits, c.vocab_size * sizeof(float), cudaMemcpyDeviceToHost, stream));

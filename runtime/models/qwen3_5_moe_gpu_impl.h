@@ -35,9 +35,16 @@ struct DevLinear {
   int64_t out = 0, in = 0;
 };
 
+// Projections that read the same input, stored back to back in one bf16 block, as one matrix of
+// their rows stacked (one decode launch instead of one per projection); out = 0 when they can't be
+// (an int4 member, a different input width, rows not a multiple of 4, or not adjacent in the arena).
+DevLinear stack_rows(std::initializer_list<const DevLinear*> parts);
+
 struct DevLayer {
   LayerKind kind;
   const float *in_norm, *post_norm;
+  DevLinear in_proj;  // DeltaNet qkv|z|b|a, attention q|k|v stacked (stack_rows), for decode
+  DevLinear x_proj;   // router|shared gate|shared up|shared expert gate stacked, for decode
   DevLinear qkv, z, b, a, out_proj;
   const float *conv_w, *A_log, *dt_bias, *dn_norm;
   float *conv_state, *ssm_state;
