@@ -230,12 +230,16 @@ void BM_moe_int4_decode(benchmark::State& state) {
 void BM_moe_int4_prefill(benchmark::State& state) {
   if (!gpu_present()) return state.SkipWithError("no CUDA device");
   MoeLayerBench b(static_cast<int>(state.range(0)), 8);
-  const bool grouped = state.range(1) == 1;
+  const int mode = static_cast<int>(state.range(1));  // 0 decode kernel on blocks of 8, 1 grouped, 2 grouped on tensor cores
   void* ws = nullptr;
   cudaMalloc(&ws, tandem::gpu::moe_int4_grouped_workspace(b.T, b.k, b.H, b.I, b.E));
   time_kernel(state, b.bytes, [&] {
-    if (grouped) {
+    if (mode == 1) {
       tandem::gpu::moe_int4_grouped(b.dexp, b.E, b.H, b.I, b.gs, b.dids, b.dw, b.T, b.k, b.x, ws, b.out, nullptr);
+      return;
+    }
+    if (mode == 2) {
+      tandem::gpu::moe_int4_grouped_tc(b.dexp, b.E, b.H, b.I, b.gs, b.dids, b.dw, b.T, b.k, b.x, ws, b.out, nullptr);
       return;
     }
     for (int t = 0; t < b.T; t += tandem::gpu::kMaxGemvTokens) {
@@ -244,7 +248,11 @@ void BM_moe_int4_prefill(benchmark::State& state) {
       tandem::gpu::moe_int4_decode(b.dexp, b.H, b.I, b.gs, b.dids + t * b.k, b.dw + t * b.k, m, b.k, b.xh, b.h, b.out + t * b.H, nullptr);
     }
   });
-  state.SetLabel(grouped ? "grouped" : "decode kernel, blocks of 8");
+  // useful work: 2 flops per multiply-add of the T*k (token, expert) pairs through gate, up and down
+  const double flops = 2.0 * b.T * b.k * 3.0 * b.H * b.I;
+  state.counters["TFLOPS"] = benchmark::Counter(flops * 50 * state.iterations() / 1e12, benchmark::Counter::kIsRate);
+  state.counters["tok_per_s_layer"] = benchmark::Counter(double(b.T) * 50 * state.iterations(), benchmark::Counter::kIsRate);
+  state.SetLabel(mode == 2 ? "grouped, tensor cores" : mode == 1 ? "grouped" : "decode kernel, blocks of 8");
   cudaFree(ws);
 }
 
@@ -306,7 +314,7 @@ BENCHMARK(BM_gemv_int4)
 BENCHMARK(BM_deltanet_prefill)->Arg(512)->Arg(4096)->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_deltanet_decode)->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_moe_int4_decode)->Args({8, 1, 0})->Args({8, 1, 1})->Args({8, 4, 0})->Args({8, 4, 1})->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_moe_int4_prefill)->Args({256, 0})->Args({256, 1})->Args({2048, 1})->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_moe_int4_prefill)->Args({256, 0})->Args({256, 1})->Args({256, 2})->Args({2048, 1})->Args({2048, 2})->Args({4096, 2})->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 

@@ -51,6 +51,12 @@ cudaError_t moe_int4_decode_prefetch(const Int4Expert* experts, int64_t H, int64
 // contribute nothing, as in decode. x fp32 [n, H]; ids int32 [n*k] (ids outside 0..E-1 are skipped);
 // out fp32 [n, H] (overwritten). Needs I <= 3072 (act-order down inputs are staged in shared memory).
 size_t moe_int4_grouped_workspace(int64_t n, int k, int64_t H, int64_t I, int E);
+// The same grouping with the products on tensor cores (moe_int4_grouped_tc, same workspace): per
+// expert, tiles of 32 pairs x 64 output rows as fp16 matrix products with fp32 accumulation, the
+// weights dequantised to fp16 ((q - z) * s, one rounding) on the way into shared memory. Not the
+// per-pair arithmetic of the decode kernel: within ~1e-3 of it, 5e-3 of the exact reference. sm_70+.
+cudaError_t moe_int4_grouped_tc(const Int4Expert* experts, int E, int64_t H, int64_t I, int64_t group_size, const int32_t* ids,
+                                const float* weights, int n, int k, const float* x, void* workspace, float* out, cudaStream_t stream);
 cudaError_t moe_int4_grouped(const Int4Expert* experts, int E, int64_t H, int64_t I, int64_t group_size, const int32_t* ids,
                              const float* weights, int n, int k, const float* x, void* workspace, float* out, cudaStream_t stream);
 

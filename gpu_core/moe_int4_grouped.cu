@@ -1,4 +1,6 @@
 // gpu_core/moe_int4_grouped.cu: routed experts of a prefill chunk, grouped by expert (see moe.cuh).
+#include <mma.h>
+
 #include "gpu_core/int4_row.cuh"
 #include "gpu_core/moe.cuh"
 
@@ -37,11 +39,12 @@ struct Carve {
     y = reinterpret_cast<float*>(take(P * H * 4));
     bytes = off;
   }
-  static int64_t max_items(int64_t P, int E) { return (P + kItem - 1) / kItem + E; }  // sum of ceil(c_e / 8)
+  // sum of ceil(c_e / item) over experts; the workspace holds the most, items of kItem
+  static int64_t max_items(int64_t P, int E, int item = kItem) { return (P + item - 1) / item + E; }
 };
 
 // One block: count pairs per expert, lay out the work items, then a stable scatter (a thread per expert).
-__global__ void group_pairs_kernel(const int32_t* __restrict__ ids, int P, int E, int32_t* order, int32_t* pos_of,
+__global__ void group_pairs_kernel(const int32_t* __restrict__ ids, int P, int E, int item, int32_t* order, int32_t* pos_of,
                                    int32_t* counts, int4* items) {
   extern __shared__ int32_t sm[];  // cnt[E], start[E]
   int32_t *cnt = sm, *start = sm + E;
@@ -57,7 +60,7 @@ __global__ void group_pairs_kernel(const int32_t* __restrict__ ids, int P, int E
     int s = 0, it = 0;
     for (int e = 0; e < E; ++e) {
       start[e] = s;
-      for (int c0 = 0; c0 < cnt[e]; c0 += kItem) items[it++] = make_int4(e, s + c0, min(kItem, cnt[e] - c0), 0);
+      for (int c0 = 0; c0 < cnt[e]; c0 += item) items[it++] = make_int4(e, s + c0, min(item, cnt[e] - c0), 0);
       s += cnt[e];
     }
     counts[0] = it;
@@ -178,7 +181,175 @@ void launch_down(const Int4Expert* e, int64_t H, int64_t I, const Carve& w, int6
                                                                                             weights, w.h, w.y);
 }
 
+// ---- Tensor-core path (moe_int4_grouped_tc) -----------------------------------------------------
+// A block computes a tile of kTcM sorted pairs (one expert's) x kTcN output rows with WMMA
+// (m16n16k16, fp16 in, fp32 accumulate), kTcK inputs a stage: the pairs' fp16 rows and the expert's
+// rows dequantised to fp16 ((q - z) * s) are staged in shared memory; 4 warps own 16 rows each.
+constexpr int kTcM = 32, kTcN = 64, kTcK = 64, kTcThreads = 128;
+constexpr int kLdA = kTcK + 8, kLdB = kTcK + 8, kLdC = kTcN + 4;  // padded rows (bank spread; multiples of 8 halves / 4 floats)
+
+// Bs[n][k] = fp16((q - z) * s) of W's row n0 + n, input k0 + k; zeros past the matrix.
+__device__ __forceinline__ void tc_load_w(const Int4View& W, int64_t n0, int64_t k0, __half* Bs) {
+  const int64_t words = W.K / 8, G = W.K / W.group_size;
+  for (int i = threadIdx.x; i < kTcN * (kTcK / 8); i += kTcThreads) {
+    const int r = i / (kTcK / 8), wc = i % (kTcK / 8);
+    const int64_t row = n0 + r, w = k0 / 8 + wc;
+    __half2* dst = reinterpret_cast<__half2*>(Bs + r * kLdB + wc * 8);
+    if (row < W.N && w < words) {
+      const uint32_t q = load_stream(W.qweight + row * words + w);
+      const int64_t g = (w * 8) / W.group_size;
+      const __half2 z = zero_1024(W.zeros[row * G + g]);
+      const __half2 sc = __half2half2(__ushort_as_half(W.scales[row * G + g]));
+#pragma unroll
+      for (int p = 0; p < 4; ++p) dst[p] = __hmul2(dequant_pair(q, p, z), sc);  // inputs 2p, 2p + 1 of the word
+    } else {
+#pragma unroll
+      for (int p = 0; p < 4; ++p) dst[p] = __float2half2_rn(0.0f);
+    }
+  }
+}
+
+// As[m][k] = X[s0 + m, k0 + k] (X fp16 [pairs][K]; through perm when given); zeros past count / K.
+__device__ __forceinline__ void tc_load_a(const __half* X, int64_t K, int s0, int count, int64_t k0, const int32_t* perm, __half* As) {
+  for (int i = threadIdx.x; i < kTcM * (kTcK / 8); i += kTcThreads) {
+    const int m = i / (kTcK / 8), c8 = i % (kTcK / 8);
+    const int64_t k = k0 + c8 * 8;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (m < count && k < K) {
+      const __half* row = X + static_cast<int64_t>(s0 + m) * K;
+      if (!perm) {
+        v = *reinterpret_cast<const uint4*>(row + k);
+      } else {
+        __half e[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) e[j] = row[perm[k + j]];
+        memcpy(&v, e, 16);
+      }
+    }
+    *reinterpret_cast<uint4*>(As + m * kLdA + c8 * 8) = v;
+  }
+}
+
+using FragA = nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 16, __half, nvcuda::wmma::row_major>;
+using FragB = nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, 16, 16, 16, __half, nvcuda::wmma::col_major>;
+using FragC = nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float>;
+
+__global__ void __launch_bounds__(kTcThreads)
+    tc_gate_up_kernel(const Int4Expert* __restrict__ experts, int64_t H, int64_t I, const int4* __restrict__ items,
+                      const int32_t* __restrict__ counts, const __half* __restrict__ xg, const __half* __restrict__ xu,
+                      __half* __restrict__ h) {
+  using namespace nvcuda;
+  __shared__ __align__(128) __half Ag[kTcM * kLdA], Au[kTcM * kLdA], Bg[kTcN * kLdB], Bu[kTcN * kLdB];
+  if (static_cast<int>(blockIdx.y) >= counts[0]) return;
+  const int4 it = items[blockIdx.y];
+  const Int4Expert& ex = experts[it.x];
+  if (!ex.gate.qweight) return;  // not resident (hybrid); uniform per block
+  const int s0 = it.y, cnt = it.z, warp = threadIdx.x / 32;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kTcN;
+  FragC cg[2], cu[2];
+#pragma unroll
+  for (int mi = 0; mi < 2; ++mi) wmma::fill_fragment(cg[mi], 0.0f), wmma::fill_fragment(cu[mi], 0.0f);
+  for (int64_t k0 = 0; k0 < H; k0 += kTcK) {
+    tc_load_a(xg, H, s0, cnt, k0, nullptr, Ag);  // already in each matrix's input order (gather)
+    tc_load_a(xu, H, s0, cnt, k0, nullptr, Au);
+    tc_load_w(ex.gate, n0, k0, Bg);
+    tc_load_w(ex.up, n0, k0, Bu);
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < kTcK; kk += 16) {
+      FragB bg, bu;
+      wmma::load_matrix_sync(bg, Bg + warp * 16 * kLdB + kk, kLdB);
+      wmma::load_matrix_sync(bu, Bu + warp * 16 * kLdB + kk, kLdB);
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi) {
+        FragA ag, au;
+        wmma::load_matrix_sync(ag, Ag + mi * 16 * kLdA + kk, kLdA);
+        wmma::load_matrix_sync(au, Au + mi * 16 * kLdA + kk, kLdA);
+        wmma::mma_sync(cg[mi], ag, bg, cg[mi]);
+        wmma::mma_sync(cu[mi], au, bu, cu[mi]);
+      }
+    }
+    __syncthreads();
+  }
+  float* Cg = reinterpret_cast<float*>(Bg);  // kTcM x kLdC floats fit in a B tile
+  float* Cu = reinterpret_cast<float*>(Bu);
+#pragma unroll
+  for (int mi = 0; mi < 2; ++mi) {
+    wmma::store_matrix_sync(Cg + mi * 16 * kLdC + warp * 16, cg[mi], kLdC, wmma::mem_row_major);
+    wmma::store_matrix_sync(Cu + mi * 16 * kLdC + warp * 16, cu[mi], kLdC, wmma::mem_row_major);
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < kTcM * kTcN; i += kTcThreads) {
+    const int m = i / kTcN, n = i % kTcN;
+    if (m >= cnt || n0 + n >= I) continue;
+    const float g = Cg[m * kLdC + n], u = Cu[m * kLdC + n];
+    h[static_cast<int64_t>(s0 + m) * I + n0 + n] = __float2half_rn(g / (1.0f + __expf(-g)) * u);
+  }
+}
+
+__global__ void __launch_bounds__(kTcThreads)
+    tc_down_kernel(const Int4Expert* __restrict__ experts, int64_t H, int64_t I, const int4* __restrict__ items,
+                   const int32_t* __restrict__ counts, const int32_t* __restrict__ order, const float* __restrict__ weights,
+                   const __half* __restrict__ h, float* __restrict__ y) {
+  using namespace nvcuda;
+  __shared__ __align__(128) __half As[kTcM * kLdA], Bs[kTcN * kLdB];
+  if (static_cast<int>(blockIdx.y) >= counts[0]) return;
+  const int4 it = items[blockIdx.y];
+  const Int4View& down = experts[it.x].down;
+  if (!down.qweight) return;  // uniform per block
+  const int s0 = it.y, cnt = it.z, warp = threadIdx.x / 32;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kTcN;
+  FragC c[2];
+#pragma unroll
+  for (int mi = 0; mi < 2; ++mi) wmma::fill_fragment(c[mi], 0.0f);
+  for (int64_t k0 = 0; k0 < I; k0 += kTcK) {
+    tc_load_a(h, I, s0, cnt, k0, down.perm, As);
+    tc_load_w(down, n0, k0, Bs);
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < kTcK; kk += 16) {
+      FragB b;
+      wmma::load_matrix_sync(b, Bs + warp * 16 * kLdB + kk, kLdB);
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi) {
+        FragA a;
+        wmma::load_matrix_sync(a, As + mi * 16 * kLdA + kk, kLdA);
+        wmma::mma_sync(c[mi], a, b, c[mi]);
+      }
+    }
+    __syncthreads();
+  }
+  float* C = reinterpret_cast<float*>(Bs);
+#pragma unroll
+  for (int mi = 0; mi < 2; ++mi) wmma::store_matrix_sync(C + mi * 16 * kLdC + warp * 16, c[mi], kLdC, wmma::mem_row_major);
+  __syncthreads();
+  for (int i = threadIdx.x; i < kTcM * kTcN; i += kTcThreads) {
+    const int m = i / kTcN, n = i % kTcN;
+    if (m >= cnt || n0 + n >= H) continue;
+    y[static_cast<int64_t>(s0 + m) * H + n0 + n] = weights[order[s0 + m]] * C[m * kLdC + n];
+  }
+}
+
+static_assert(kTcM * kLdC * sizeof(float) <= kTcN * kLdB * sizeof(__half), "the C tile reuses a B tile's shared memory");
+static_assert(kTcThreads == 32 * (kTcN / 16) && kTcM == 32, "4 warps of 16 rows, 2 fragments of 16 pairs each");
+
 }  // namespace
+
+cudaError_t moe_int4_grouped_tc(const Int4Expert* experts, int E, int64_t H, int64_t I, int64_t group_size, const int32_t* ids,
+                                const float* weights, int n, int k, const float* x, void* workspace, float* out, cudaStream_t stream) {
+  if (n < 1 || k < 1 || E < 1 || E > 4096 || H % 8 || I % 8 || group_size % 8 || H % group_size || I % group_size)
+    return cudaErrorInvalidValue;
+  const int64_t P = static_cast<int64_t>(n) * k, items = Carve::max_items(P, E, kTcM);
+  const Carve w(workspace, P, H, I, E);
+  group_pairs_kernel<<<1, 1024, 2 * E * sizeof(int32_t), stream>>>(ids, static_cast<int>(P), E, kTcM, w.order, w.pos_of, w.counts, w.items);
+  gather_pairs_kernel<<<static_cast<unsigned>(P), 256, 0, stream>>>(experts, ids, k, H, x, w.order, w.counts, w.xg, w.xu);
+  tc_gate_up_kernel<<<dim3(static_cast<unsigned>((I + kTcN - 1) / kTcN), static_cast<unsigned>(items)), kTcThreads, 0, stream>>>(
+      experts, H, I, w.items, w.counts, w.xg, w.xu, w.h);
+  tc_down_kernel<<<dim3(static_cast<unsigned>((H + kTcN - 1) / kTcN), static_cast<unsigned>(items)), kTcThreads, 0, stream>>>(
+      experts, H, I, w.items, w.counts, w.order, weights, w.h, w.y);
+  combine_kernel<<<static_cast<unsigned>(n), 256, k * sizeof(int32_t), stream>>>(experts, ids, k, H, w.pos_of, w.y, out);
+  return cudaGetLastError();
+}
 
 size_t moe_int4_grouped_workspace(int64_t n, int k, int64_t H, int64_t I, int E) { return Carve(nullptr, n * k, H, I, E).bytes; }
 
@@ -189,7 +360,7 @@ cudaError_t moe_int4_grouped(const Int4Expert* experts, int E, int64_t H, int64_
     return cudaErrorInvalidValue;
   const int64_t P = static_cast<int64_t>(n) * k, items = Carve::max_items(P, E);
   const Carve w(workspace, P, H, I, E);
-  group_pairs_kernel<<<1, 1024, 2 * E * sizeof(int32_t), stream>>>(ids, static_cast<int>(P), E, w.order, w.pos_of, w.counts, w.items);
+  group_pairs_kernel<<<1, 1024, 2 * E * sizeof(int32_t), stream>>>(ids, static_cast<int>(P), E, kItem, w.order, w.pos_of, w.counts, w.items);
   gather_pairs_kernel<<<static_cast<unsigned>(P), 256, 0, stream>>>(experts, ids, k, H, x, w.order, w.counts, w.xg, w.xu);
   switch (lanes_for(H)) {
     case 32: launch_gate_up<32>(experts, H, I, w, items, stream); break;

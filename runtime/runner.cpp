@@ -128,6 +128,7 @@ class GpuRunner final : public Runner {
     g.cuda_graph = env_switch("TANDEM_CUDA_GRAPH", true);
     g.batched_prefill = env_switch("TANDEM_BATCHED_PREFILL", true);
     g.grouped_moe = env_switch("TANDEM_GROUPED_MOE", true);
+    g.grouped_moe_tc = env_switch("TANDEM_GROUPED_MOE_TC", true);
     g.moe_prefetch = env_switch("TANDEM_MOE_PREFETCH", true);
     g.attention_prefill = env_switch("TANDEM_ATTN_PREFILL", true);
     sample_on_gpu_ = env_switch("TANDEM_GPU_SAMPLING", true);
@@ -149,8 +150,8 @@ class GpuRunner final : public Runner {
     TraceSpan span(ids.size() > 1 ? "forward (prefill)" : "forward (decode)", "host");
     gpu_->forward(ids, logits, rows);
   }
-  // Experimental (written, not yet run on a GPU): TANDEM_GPU_SAMPLING=1 selects the sampler's
-  // candidates on the device, so one step copies k pairs back instead of the logits row.
+  // Sampling on the GPU (validated; TANDEM_GPU_SAMPLING=0 turns it off): the sampler's candidates
+  // are picked on the device, so one step copies k pairs back instead of the logits row.
   bool forward_top(std::span<const int32_t> ids, std::span<const LogitPenalty> penalties, int k,
                    std::vector<std::pair<int32_t, float>>& top) override {
     static_assert(sizeof(LogitPenalty) == sizeof(gpu::Penalty) && offsetof(LogitPenalty, rep) == offsetof(gpu::Penalty, rep) &&

@@ -19,9 +19,8 @@
 #   e2e-prefetch:LENS:REPEAT:SCENARIOS the same with the experimental prefetching MoE decode (TANDEM_MOE_PREFETCH=1)
 #   e2e-exp:LENS:REPEAT:SCENARIOS      every experimental switch on (grouped MoE, prefetch, attention prefill, GPU sampling)
 #   e2e-text:LENS:REPEAT:SCENARIOS     prompts from the profiling text instead of random ids (the heat map applies)
-#   nsys[:FLAGS]  Nsight Systems kernel summaries (graph nodes included) of an all-GPU prefill of 4096
-#                tokens and of 128 decode steps, with env FLAGS (comma-separated, e.g.
-#                TANDEM_GROUPED_MOE=1,TANDEM_MOE_PREFETCH=1); nsys-*.csv
+#   ncu[:PLEN]   Nsight Compute per-kernel durations (kernels serialised) of an all-GPU bench with a PLEN-token
+#                prompt (default 1024) and 2 decode steps: ncu.txt
 #   trace:GIB    a hybrid decode at that budget with --trace, and tools/trace_plot.py's picture of one step
 set -uo pipefail
 OUT="${OUT:-$PWD/gpu-out}"
@@ -79,19 +78,14 @@ for step in "$@"; do
       mkdir -p "$res/$kind-${lens//,/_}/e2e"; [ -n "${HEAT:-}" ] && cp "$HEAT" "$res/$kind-${lens//,/_}/e2e/heat.yaml"
       run_step "$kind-${lens//,/_}" 9999 env $flags OUT="$res/$kind-${lens//,/_}" WARMUP=32 PROFILE_TIMEOUT=120 \
         bash bench/run_e2e.sh build-gpu /tmp/q35 "$lens" 128 "$repeat" "${scen//,/ }" ;;
-    nsys|nsys:*)
-      flags="${step#nsys}"; flags="${flags#:}"; flags="${flags//,/ }"
-      nsys_bin=$(command -v nsys || ls /usr/local/cuda*/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys /usr/local/cuda*/nsight-systems*/bin/nsys 2>/dev/null | head -1)
-      echo "nsys: ${nsys_bin:-none}; ncu: $(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)" | tee -a "$res/summary.txt"
-      [ -n "$nsys_bin" ] || continue
+    ncu|ncu:*)
+      plen="${step#ncu}"; plen="${plen#:}"; plen="${plen:-1024}"
+      ncu_bin=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
+      [ -n "$ncu_bin" ] || { echo "no ncu" | tee -a "$res/summary.txt"; continue; }
       [ -f /tmp/q35/config.json ] || build-gpu/tandem synth --preset qwen3.5-35b-a3b --quant gptq-int4 --routing-skew 1 --out /tmp/q35 > /dev/null 2>&1
-      for what in prefill:4096:1 decode:16:128; do
-        IFS=: read -r name plen gen <<< "$what"
-        run_step "nsys-$name" 150 bash -c "env $flags $nsys_bin profile -t cuda --cuda-graph-trace=node -f true -o /tmp/nsys-$name \
-            build-gpu/tandem bench --model /tmp/q35 --device gpu --context 4608 --prompt-len $plen --gen $gen --repeat 1 --warmup 16 > /dev/null \
-          && $nsys_bin stats -r cuda_gpu_kern_sum -f csv -o $res/nsys-$name /tmp/nsys-$name.nsys-rep > /dev/null \
-          && head -25 $res/nsys-${name}_cuda_gpu_kern_sum.csv | cut -c1-220"
-      done ;;
+      run_step "ncu-$plen" 240 bash -c "$ncu_bin --metrics gpu__time_duration.sum --print-summary per-kernel \
+          build-gpu/tandem bench --model /tmp/q35 --device gpu --context $((plen + 64)) --prompt-len $plen --gen 2 --repeat 1 --warmup 1 \
+          > $res/ncu-$plen.txt 2>&1; grep -c 'gpu__time_duration' $res/ncu-$plen.txt" ;;
     trace:*)
       gib=${step#trace:}
       [ -f /tmp/q35/config.json ] || build-gpu/tandem synth --preset qwen3.5-35b-a3b --quant gptq-int4 --routing-skew 1 --out /tmp/q35 > /dev/null 2>&1

@@ -62,18 +62,19 @@ struct GpuOptions {
   // unless TANDEM_BATCHED_PREFILL=0.
   bool batched_prefill = false;
   int64_t prefill_chunk = 256;
-  // Experimental (written, not yet run on a GPU): in batched prefill, int4 routed experts go through
-  // gpu::moe_int4_grouped (each expert's tokens together) instead of the decode kernel on blocks of 8
-  // tokens. Its workspace is allocated (and planned) with batched prefill either way, so turning it on
-  // changes no byte count. The runners turn it on with TANDEM_GROUPED_MOE=1.
+  // In batched prefill, int4 routed experts go through gpu::moe_int4_grouped (each expert's tokens
+  // together) instead of the decode kernel on blocks of 8 tokens; with grouped_moe_tc through its
+  // tensor-core form gpu::moe_int4_grouped_tc. The workspace is allocated (and planned) with batched
+  // prefill either way, so these change no byte count. Validated on the H200; the runners turn them on
+  // unless TANDEM_GROUPED_MOE=0 / TANDEM_GROUPED_MOE_TC=0.
   bool grouped_moe = false;
-  // Experimental (written, not yet run on a GPU): decode int4 experts through
-  // gpu::moe_int4_decode_prefetch (the same result, every weight word of a row loaded up front). The
-  // runners turn it on with TANDEM_MOE_PREFETCH=1.
+  bool grouped_moe_tc = false;
+  // Decode int4 experts through gpu::moe_int4_decode_prefetch (the same result, every weight word of a
+  // row loaded up front). Validated; the runners turn it on unless TANDEM_MOE_PREFETCH=0.
   bool moe_prefetch = false;
-  // Experimental (written, not yet run on a GPU): in batched prefill, attention for the whole chunk in
-  // one gpu::attention_prefill call (flash-attention form) instead of one decode call per token. The
-  // runners turn it on with TANDEM_ATTN_PREFILL=1.
+  // In batched prefill, attention for the whole chunk in one gpu::attention_prefill call (flash-
+  // attention form) instead of one decode call per token. Validated; the runners turn it on unless
+  // TANDEM_ATTN_PREFILL=0.
   bool attention_prefill = false;
   // Hybrid expert deferral (placement `experts.deferral`): of each token's N lowest-weight routed
   // experts, the host-resident ones join the residual one layer later, so the host runs them while the

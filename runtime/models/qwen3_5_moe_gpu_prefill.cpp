@@ -14,8 +14,9 @@ void Qwen35MoeGpu::Impl::gpu_experts(const DevLayer& L, const float* x_dev, cons
   const int64_t H = c.hidden_size, I = c.moe_intermediate_size;
   const int k = c.num_experts_per_tok;
   if (L.int4_experts && n > gpu::kMaxGemvTokens && pgroup && opts.grouped_moe) {  // prefill: each expert's tokens together
-    CK(gpu::moe_int4_grouped(L.experts_i4, static_cast<int>(c.num_experts), H, I, L.expert_group, ids_dev, w_dev,
-                             static_cast<int>(n), k, x_dev, pgroup, out, stream));
+    auto* grouped = opts.grouped_moe_tc ? gpu::moe_int4_grouped_tc : gpu::moe_int4_grouped;
+    CK(grouped(L.experts_i4, static_cast<int>(c.num_experts), H, I, L.expert_group, ids_dev, w_dev, static_cast<int>(n), k, x_dev,
+               pgroup, out, stream));
     return;
   }
   // The decode kernels take up to kMaxGemvTokens tokens per launch (a prefill chunk goes in blocks).

@@ -126,7 +126,8 @@ TEST_P(GpuMoeInt4, MatchesReference) {
 
 // The grouped prefill kernel (moe_int4_grouped) for a chunk of tokens: against the double reference
 // (5e-3, as decode) and against moe_int4_decode run on blocks of 8 tokens (same per-pair arithmetic,
-// only the routing weight is applied after the reduction: 1e-4). Every third expert is not resident
+// only the routing weight is applied after the reduction: 1e-4); and moe_int4_grouped_tc, the tensor-
+// core form, against both (5e-3 / 2e-3). Every third expert is not resident
 // (null pointers, as in a hybrid placement): it contributes nothing on either path.
 TEST_P(GpuMoeInt4, GroupedPrefillMatchesDecode) {
   TANDEM_REQUIRE_GPU();
@@ -160,6 +161,16 @@ TEST_P(GpuMoeInt4, GroupedPrefillMatchesDecode) {
     const std::vector<double> g(grouped.begin(), grouped.end()), b(blocks.begin(), blocks.end());
     EXPECT_LT(test::rel_l2(g, want), 5e-3) << T << " tokens, seed " << test::test_seed();
     EXPECT_LT(test::rel_l2(g, b), 1e-4) << T << " tokens, seed " << test::test_seed();
+
+    // Tensor cores: fp16 weights ((q - z) * s rounded once) and fp32 accumulation instead of the
+    // decode kernel's fp16 partial sums: the same bound against the exact reference, ~1e-3 apart.
+    test::DeviceBuffer<float> dtc(T * c.H);
+    CUDA_OK(gpu::moe_int4_grouped_tc(dexp.ptr, c.E, c.H, c.I, c.gs, dids.ptr, dw.ptr, T, c.k, dx.ptr, ws.ptr, dtc.ptr, nullptr));
+    CUDA_OK(cudaDeviceSynchronize());
+    const auto tc = dtc.to_host();
+    const std::vector<double> t(tc.begin(), tc.end());
+    EXPECT_LT(test::rel_l2(t, want), 5e-3) << T << " tokens (tensor cores), seed " << test::test_seed();
+    EXPECT_LT(test::rel_l2(t, b), 2e-3) << T << " tokens (tensor cores), seed " << test::test_seed();
   }
 }
 
