@@ -1,6 +1,7 @@
-// gpu_core/deltanet.cu: Gated DeltaNet over T tokens in two launches (see deltanet.cuh); decode is
-// T = 1. The recurrence runs token after token inside one block per value head with the state slice
-// held in registers for the whole call (read and written once, not once per token).
+// gpu_core/deltanet.cu: Gated DeltaNet over T tokens (see deltanet.cuh). Decode (T = 1) in two
+// launches; prompt chunks in five, with everything but the recurrence itself parallel over tokens.
+// The recurrence runs token after token inside one block per value head with the state slice held in
+// registers for the whole call (read and written once, not once per token).
 #include <cuda_runtime.h>
 
 #include "gpu_core/deltanet.cuh"
@@ -44,6 +45,147 @@ __global__ void conv_kernel(const float* __restrict__ x, const float* __restrict
     if (hist > 0) win[hist - 1] = xc;
   }
   for (int j = 0; j < hist; ++j) window[j * channels + ch] = win[j];
+}
+
+// Prefill (T > 1): the conv over tokens in parallel, kConvTokens a thread, each thread rebuilding its
+// window from the inputs before its first token (or the carried state); the same operations per
+// output as conv_kernel. The carried window moves on in conv_window_kernel, after every read of it.
+constexpr int kConvTokens = 16;
+__global__ void conv_tokens_kernel(const float* __restrict__ x, const float* __restrict__ w, const float* __restrict__ window,
+                                   float* __restrict__ y, int channels, int kernel, int T) {
+  const int ch = blockIdx.x * blockDim.x + threadIdx.x, t0 = blockIdx.y * kConvTokens;
+  if (ch >= channels) return;
+  const int hist = kernel - 1;
+  float win[kMaxHist];
+  for (int j = 0; j < hist; ++j) {
+    const int tt = t0 - hist + j;
+    win[j] = tt >= 0 ? x[int64_t(tt) * channels + ch] : window[(hist + tt) * channels + ch];
+  }
+  for (int t = t0; t < min(T, t0 + kConvTokens); ++t) {
+    const float xc = x[int64_t(t) * channels + ch];
+    float acc = w[ch * kernel + hist] * xc;
+    for (int j = 0; j < hist; ++j) acc += w[ch * kernel + j] * win[j];
+    y[int64_t(t) * channels + ch] = silu(acc);
+    for (int j = 0; j + 1 < hist; ++j) win[j] = win[j + 1];
+    if (hist > 0) win[hist - 1] = xc;
+  }
+}
+
+__global__ void conv_window_kernel(const float* __restrict__ x, float* __restrict__ window, int channels, int kernel, int T) {
+  const int ch = blockIdx.x * blockDim.x + threadIdx.x;
+  if (ch >= channels) return;
+  const int hist = kernel - 1;
+  for (int j = 0; j < hist; ++j) {  // ascending: window[j + T] (j + T > j) is read before it is overwritten
+    const int tt = T - hist + j;
+    window[j * channels + ch] = tt >= 0 ? x[int64_t(tt) * channels + ch] : window[(j + T) * channels + ch];
+  }
+}
+
+// Prefill step 2: q and k of every (token, key head) L2-normalised in place in conv_out (q also
+// scaled by dk^-0.5), all tokens in parallel; one block of round-up-32(dk) threads per (token, head).
+__global__ void qk_norm_kernel(float* conv_out, int Hk, int dk, int64_t conv_dim) {
+  __shared__ float red[32];
+  const int t = blockIdx.x / Hk, kh = blockIdx.x % Hk, i = threadIdx.x;
+  const int64_t key_dim = int64_t(Hk) * dk;
+  float* q = conv_out + t * conv_dim + kh * dk;
+  float* k = q + key_dim;
+  const float qi = i < dk ? q[i] : 0.0f, ki = i < dk ? k[i] : 0.0f;
+  const float qq = block_sum(qi * qi, red), kk = block_sum(ki * ki, red);
+  if (i < dk) {
+    q[i] = qi * (rsqrtf(qq + 1e-6f) * rsqrtf(static_cast<float>(dk)));
+    k[i] = ki * rsqrtf(kk + 1e-6f);
+  }
+}
+
+// Prefill step 3: the recurrence of one value head over T tokens, like delta_head_kernel, with q and
+// k already normalised, the next token's inputs loaded while this one computes (two shared buffers),
+// and three barriers a token; writes the raw o, normalised by gated_norm_kernel.
+__global__ void delta_scan_kernel(DeltaNetDecodeArgs p, int T) {
+  extern __shared__ float smem[];
+  const int dk = p.dk, dv = p.dv, h = blockIdx.x, kh = h / (p.Hv / p.Hk);
+  float* qb = smem;                  // [2][dk]
+  float* kb = qb + 2 * dk;           // [2][dk]
+  float* part_u = kb + 2 * dk;       // [kRowGroups][dv]
+  float* part_o = part_u + kRowGroups * dv;
+  const int tid = threadIdx.x, j = tid % dv, r = tid / dv;
+  const int64_t key_dim = static_cast<int64_t>(p.Hk) * dk, conv_dim = 2 * key_dim + static_cast<int64_t>(p.Hv) * dv;
+  const int64_t Vd = static_cast<int64_t>(p.Hv) * dv;
+  float* S = p.state + static_cast<int64_t>(h) * dk * dv;
+  float s[kMaxRowsPerThread];
+#pragma unroll
+  for (int n = 0; n < kMaxRowsPerThread; ++n) {
+    const int i = r + n * kRowGroups;
+    if (i < dk) s[n] = S[i * dv + j];
+  }
+  const float A = expf(p.A_log[h]), dt = p.dt_bias[h];
+  auto load = [&](int t, float& qn, float& kn, float& vn, float& an, float& bn) {
+    const float* c = p.conv_out + int64_t(t) * conv_dim;
+    if (tid < dk) qn = c[kh * dk + tid], kn = c[key_dim + kh * dk + tid];
+    vn = c[2 * key_dim + static_cast<int64_t>(h) * dv + j];
+    an = p.a[int64_t(t) * p.Hv + h];
+    bn = p.b[int64_t(t) * p.Hv + h];
+  };
+  float qn = 0.0f, kn = 0.0f, v, a, b;
+  load(0, qn, kn, v, a, b);
+  if (tid < dk) qb[tid] = qn, kb[tid] = kn;
+  for (int t = 0; t < T; ++t) {
+    const int cur = t & 1;
+    const float* q = qb + cur * dk;
+    const float* k = kb + cur * dk;
+    __syncthreads();  // buffer `cur` is written; the previous token is done with part_u / part_o
+    float vn = 0.0f, an = 0.0f, bn = 0.0f;
+    if (t + 1 < T) load(t + 1, qn, kn, vn, an, bn);
+    const float aa = a + dt;
+    const float g = -A * (aa > 20.0f ? aa : log1pf(expf(aa)));
+    const float decay = expf(g), beta = 1.0f / (1.0f + expf(-b));
+    float u = 0.0f;
+#pragma unroll
+    for (int n = 0; n < kMaxRowsPerThread; ++n) {
+      const int i = r + n * kRowGroups;
+      if (i < dk) {
+        s[n] *= decay;
+        u += s[n] * k[i];
+      }
+    }
+    part_u[r * dv + j] = u;
+    __syncthreads();
+    float uj = 0.0f;
+    for (int rr = 0; rr < kRowGroups; ++rr) uj += part_u[rr * dv + j];
+    const float delta = beta * (v - uj);
+    float o = 0.0f;
+#pragma unroll
+    for (int n = 0; n < kMaxRowsPerThread; ++n) {
+      const int i = r + n * kRowGroups;
+      if (i < dk) {
+        s[n] += k[i] * delta;
+        o += s[n] * q[i];
+      }
+    }
+    part_o[r * dv + j] = o;
+    if (t + 1 < T && tid < dk) qb[(cur ^ 1) * dk + tid] = qn, kb[(cur ^ 1) * dk + tid] = kn;  // last read before this token's first barrier
+    __syncthreads();
+    if (r == 0) {
+      float oj = 0.0f;
+      for (int rr = 0; rr < kRowGroups; ++rr) oj += part_o[rr * dv + j];
+      p.out[t * Vd + static_cast<int64_t>(h) * dv + j] = oj;
+    }
+    v = vn, a = an, b = bn;
+  }
+#pragma unroll
+  for (int n = 0; n < kMaxRowsPerThread; ++n) {
+    const int i = r + n * kRowGroups;
+    if (i < dk) S[i * dv + j] = s[n];
+  }
+}
+
+// Prefill step 4: out = gated RMSNorm(o, z) per (token, value head), in place.
+__global__ void gated_norm_kernel(float* out, const float* __restrict__ z, const float* __restrict__ norm_w, int dv, float eps) {
+  __shared__ float red[32];
+  const int64_t base = static_cast<int64_t>(blockIdx.x) * dv;
+  const int j = threadIdx.x;
+  const float o = j < dv ? out[base + j] : 0.0f;
+  const float sq = block_sum(o * o, red);
+  if (j < dv) out[base + j] = norm_w[j] * (o * rsqrtf(sq / dv + eps)) * silu(z[base + j]);
 }
 
 __global__ void delta_head_kernel(DeltaNetDecodeArgs p, int T) {
@@ -133,8 +275,17 @@ cudaError_t deltanet_prefill(const DeltaNetDecodeArgs& p, int T, cudaStream_t st
       p.dv * kRowGroups > 1024 || (p.dv * kRowGroups) % 32 || p.kernel < 1 || p.kernel > kMaxHist + 1)
     return cudaErrorInvalidValue;
   const int conv_dim = 2 * p.Hk * p.dk + p.Hv * p.dv;
-  conv_kernel<<<(conv_dim + 255) / 256, 256, 0, stream>>>(p.qkv, p.conv_w, p.conv_state, p.conv_out, conv_dim, p.kernel, T);
   const int threads = p.dv * kRowGroups;
+  if (T > 1 && threads >= p.dk) {  // prompt chunks: tokens in parallel wherever the recurrence allows
+    conv_tokens_kernel<<<dim3((conv_dim + 255) / 256, (T + kConvTokens - 1) / kConvTokens), 256, 0, stream>>>(
+        p.qkv, p.conv_w, p.conv_state, p.conv_out, conv_dim, p.kernel, T);
+    conv_window_kernel<<<(conv_dim + 255) / 256, 256, 0, stream>>>(p.qkv, p.conv_state, conv_dim, p.kernel, T);
+    qk_norm_kernel<<<T * p.Hk, (p.dk + 31) / 32 * 32, 0, stream>>>(p.conv_out, p.Hk, p.dk, conv_dim);
+    delta_scan_kernel<<<p.Hv, threads, (4 * p.dk + 2 * kRowGroups * p.dv) * sizeof(float), stream>>>(p, T);
+    gated_norm_kernel<<<T * p.Hv, (p.dv + 31) / 32 * 32, 0, stream>>>(p.out, p.z, p.norm_w, p.dv, p.eps);
+    return cudaGetLastError();
+  }
+  conv_kernel<<<(conv_dim + 255) / 256, 256, 0, stream>>>(p.qkv, p.conv_w, p.conv_state, p.conv_out, conv_dim, p.kernel, T);
   const size_t smem = (2 * p.dk + kRowGroups * p.dv + threads / 32) * sizeof(float);
   delta_head_kernel<<<p.Hv, threads, smem, stream>>>(p, T);
   return cudaGetLastError();

@@ -35,9 +35,11 @@ struct DeltaNetDecodeArgs {
 cudaError_t deltanet_decode(const DeltaNetDecodeArgs& args, cudaStream_t stream);
 
 // The same over T consecutive tokens (prefill): qkv [T][conv_dim], z [T][Hv*dv], b and a [T][Hv],
-// conv_out scratch [T][conv_dim], out [T][Hv*dv]; the states advance by T tokens. One block per value
-// head runs the recurrence token by token with its state slice in registers; deltanet_decode is this
-// with T = 1 (the same kernels), so T tokens at once equal T decode steps exactly.
+// conv_out scratch [T][conv_dim], out [T][Hv*dv]; the states advance by T tokens. deltanet_decode is
+// this with T = 1. For T > 1 the conv, the q/k norms and the gated output norm run over all tokens in
+// parallel and one block per value head runs only the recurrence (state slice in registers, the next
+// token's inputs loaded during this one's): the same operations per token except the order of the
+// norms' block sums, so T tokens at once agree with T decode steps to fp32 rounding.
 cudaError_t deltanet_prefill(const DeltaNetDecodeArgs& args, int T, cudaStream_t stream);
 
 }  // namespace tandem::gpu

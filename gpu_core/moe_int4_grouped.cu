@@ -67,14 +67,25 @@ __global__ void group_pairs_kernel(const int32_t* __restrict__ ids, int P, int E
     counts[1] = s;
   }
   __syncthreads();
-  for (int e = threadIdx.x; e < E; e += blockDim.x) {
-    int s = start[e];
-    if (cnt[e] == 0) continue;
-    for (int p = 0; p < P; ++p)
-      if (ids[p] == e) {
-        order[s] = p;
-        pos_of[p] = s++;
-      }
+  // Stable scatter by one warp, 32 pairs a step in pair order: lanes with the same expert find each
+  // other (match_any) and take consecutive places after that expert's cursor; its lowest lane moves it.
+  if (threadIdx.x >= 32) return;
+  const int lane = threadIdx.x;
+  const unsigned below = (1u << lane) - 1u;
+  for (int base = 0; base < P; base += 32) {
+    const int p = base + lane;
+    const int e = p < P ? ids[p] : -1;
+    const bool ok = e >= 0 && e < E;
+    const unsigned same = __match_any_sync(0xffffffffu, ok ? e : -1);
+    int s = 0;
+    if (ok) {
+      s = start[e] + __popc(same & below);
+      order[s] = p;
+      pos_of[p] = s;
+    }
+    __syncwarp();
+    if (ok && (same & below) == 0) start[e] += __popc(same);
+    __syncwarp();
   }
 }
 

@@ -76,21 +76,29 @@ __global__ void silu_mul_kernel(float* g, const float* u, int64_t n) {
 __global__ void topk_kernel(const float* logits, int E, int k, int32_t* ids, float* weights) {
   const float* l = logits + static_cast<int64_t>(blockIdx.x) * E;
   const int lane = threadIdx.x;
+  float v[16];  // this lane's logits (experts lane + 32 m, E <= 512), read once
+#pragma unroll
+  for (int m = 0; m < 16; ++m) v[m] = lane + 32 * m < E ? l[lane + 32 * m] : -INFINITY;
   float mx = -INFINITY;
-  for (int e = lane; e < E; e += 32) mx = fmaxf(mx, l[e]);
+#pragma unroll
+  for (int m = 0; m < 16; ++m) mx = fmaxf(mx, v[m]);
   for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
   float z = 0.0f;
-  for (int e = lane; e < E; e += 32) z += expf(l[e] - mx);
+#pragma unroll
+  for (int m = 0; m < 16; ++m)
+    if (lane + 32 * m < E) z += expf(v[m] - mx);
   for (int o = 16; o > 0; o >>= 1) z += __shfl_xor_sync(0xffffffffu, z, o);
-  uint32_t taken = 0;  // this lane's experts are lane + 32 m (E <= 512): bit m marks expert taken
+  uint32_t taken = 0;  // bit m: expert lane + 32 m taken
   float sum = 0.0f, chosen_p[16];
   int chosen[16];
   for (int j = 0; j < k; ++j) {
     float best = -INFINITY;
     int best_e = 0x7fffffff;
-    for (int e = lane; e < E; e += 32) {
-      if ((taken >> (e / 32)) & 1u) continue;
-      if (l[e] > best || (l[e] == best && e < best_e)) best = l[e], best_e = e;
+#pragma unroll
+    for (int m = 0; m < 16; ++m) {
+      const int e = lane + 32 * m;
+      if (e >= E || ((taken >> m) & 1u)) continue;
+      if (v[m] > best || (v[m] == best && e < best_e)) best = v[m], best_e = e;
     }
     for (int o = 16; o > 0; o >>= 1) {
       const float ob = __shfl_xor_sync(0xffffffffu, best, o);

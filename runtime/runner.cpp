@@ -126,6 +126,7 @@ class GpuRunner final : public Runner {
     g.budget_bytes = o.gpu_mem;
     g.max_context = o.context;
     g.cuda_graph = env_switch("TANDEM_CUDA_GRAPH", true);
+    g.prefill_chunk_max = 2048;
     g.batched_prefill = env_switch("TANDEM_BATCHED_PREFILL", true);
     g.grouped_moe = env_switch("TANDEM_GROUPED_MOE", true);
     g.grouped_moe_tc = env_switch("TANDEM_GROUPED_MOE_TC", true);
@@ -140,6 +141,7 @@ class GpuRunner final : public Runner {
       g.host_experts = cpu_.get();
       g.embed_on_gpu = placement_->embed_on_gpu;
       g.prefill_chunk = placement_->prefill_chunk;
+      g.prefill_chunk_max = 0;  // the planner counted this chunk's workspace
       g.defer_experts = placement_->deferral;
       g.batched_prefill = g.batched_prefill && g.prefill_chunk > 0;
     }
@@ -161,8 +163,10 @@ class GpuRunner final : public Runner {
     return gpu_->forward_top(ids, {reinterpret_cast<const gpu::Penalty*>(penalties.data()), penalties.size()}, k, top);
   }
   std::string describe() const override {
-    std::string paths = gpu_->batched_prefill_active() ? "prefill in batches" : "prefill token by token";
-    paths += gpu_->cuda_graph_active() ? ", decode steps as CUDA graphs" : ", decode steps launched eagerly";
+    std::string paths = gpu_->batched_prefill_active() ? str_cat("prefill in chunks of ", gpu_->prefill_chunk(), " tokens") : "prefill token by token";
+    paths += gpu_->graph_cut_at_handoffs() ? ", decode steps as CUDA graphs cut at the host handoffs"
+             : gpu_->cuda_graph_active()   ? ", decode steps as CUDA graphs"
+                                           : ", decode steps launched eagerly";
     if (!placement_) return "gpu: " + gpu_->memory().describe() + "; " + paths;
     return "hybrid: " + placement_->summary + "; GPU " + gpu_->memory().describe() + "; CPU " + cpu_->describe() + "; " + paths;
   }

@@ -329,6 +329,20 @@ void Qwen35MoeGpu::Impl::step(int32_t id, float* logits_host) {
     ++pos;
     return;
   }
+  if (seg_ok && !tr) {
+    hidpos[0] = id, hidpos[1] = static_cast<int32_t>(pos);
+    const int w = !logits_host ? 0 : logits_host == &logits_sink ? 2 : 1;
+    if (segs[w].empty()) capture_segments(w);
+    for (size_t i = 0; i < segs[w].size(); ++i) {
+      CK(cudaGraphLaunch(segs[w][i], stream));
+      if (i < seg_layers.size()) host_part(static_cast<size_t>(seg_layers[i]), 1, true);
+    }
+    CK(cudaStreamSynchronize(stream));
+    if (w == 1) std::memcpy(logits_host, hlogits, c.vocab_size * sizeof(float));
+    counts.gpu += static_cast<uint64_t>(c.num_experts_per_tok) * seg_gpu_layers;
+    ++pos;
+    return;
+  }
   trace_begin(tr);
   const int32_t p32 = static_cast<int32_t>(pos);
   enqueue(id, &id, &p32, logits_host, tr);
@@ -347,6 +361,31 @@ void Qwen35MoeGpu::Impl::capture(int w) {
   CK(cudaGraphInstantiate(&graph[w], g, 0));
   CK(cudaGraphDestroy(g));
   counts = saved;
+}
+
+// Captures segs[w]: the step of graph[w] cut at every host handoff (see seg_ok).
+void Qwen35MoeGpu::Impl::capture_segments(int w) {
+  const ExpertCounts saved = counts;
+  seg_layers.clear();
+  segmenting = true;
+  seg_out = &segs[w];
+  CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  enqueue(0, hidpos, hidpos + 1, w == 0 ? nullptr : w == 1 ? hlogits : &logits_sink, nullptr);
+  cut_segment(false);
+  segmenting = false;
+  seg_out = nullptr;
+  counts = saved;
+}
+
+// Ends the capture in progress as the next segment; `more`: start capturing the one after it.
+void Qwen35MoeGpu::Impl::cut_segment(bool more) {
+  cudaGraph_t g = nullptr;
+  cudaGraphExec_t e = nullptr;
+  CK(cudaStreamEndCapture(stream, &g));
+  CK(cudaGraphInstantiate(&e, g, 0));
+  CK(cudaGraphDestroy(g));
+  seg_out->push_back(e);
+  if (more) CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
 }
 
 // Queues one token's work on the stream: id / position copied from id_src / pos_src (host memory),
@@ -430,8 +469,15 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
     if (split || deferring()) CK(gpu::gated_add(moe_out, sd, sgate, H, 1, stream));
     mark(tr, li, 3);
     run_deferred();  // the previous layer's, while the GPU works on this one
-    if (split) handoff_back(li, 1, cpu_out, moe_out);
-    else counts.gpu += k;
+    if (split && segmenting) {  // the host's part runs between this segment and the next (step())
+      seg_layers.push_back(static_cast<int>(li));
+      cut_segment(true);
+      join_host(1, cpu_out, moe_out);
+    } else if (split) {
+      handoff_back(li, 1, cpu_out, moe_out);
+    } else {
+      counts.gpu += k;
+    }
     if (deferring()) {  // the deferred sum joins after the MoE output, as the model definition adds them
       CK(gpu::add_inplace(h, moe_out, H, stream));
       add_deferred(h);
@@ -459,6 +505,7 @@ Qwen35MoeGpu::~Qwen35MoeGpu() = default;
 const GpuMemoryPlan& Qwen35MoeGpu::memory() const { return impl_->plan; }
 const ExpertCounts& Qwen35MoeGpu::expert_counts() const { return impl_->counts; }
 bool Qwen35MoeGpu::batched_prefill_active() const { return impl_->batched; }
+int64_t Qwen35MoeGpu::prefill_chunk() const { return impl_->chunk; }
 
 bool Qwen35MoeGpu::forward_top(std::span<const int32_t> ids, std::span<const gpu::Penalty> penalties, int k,
                                std::vector<std::pair<int32_t, float>>& top) {
@@ -481,7 +528,8 @@ bool Qwen35MoeGpu::forward_top(std::span<const int32_t> ids, std::span<const gpu
   for (int i = 0; i < k; ++i) top[i] = {hi[i], hv[i]};
   return true;
 }
-bool Qwen35MoeGpu::cuda_graph_active() const { return impl_->graph_ok; }
+bool Qwen35MoeGpu::cuda_graph_active() const { return impl_->graph_ok || impl_->seg_ok; }
+bool Qwen35MoeGpu::graph_cut_at_handoffs() const { return impl_->seg_ok; }
 
 std::unique_ptr<Qwen35MoeGpu> Qwen35MoeGpu::create(const Qwen35Moe& model, const GpuOptions& opts) {
   int n = 0;
@@ -492,12 +540,28 @@ std::unique_ptr<Qwen35MoeGpu> Qwen35MoeGpu::create(const Qwen35Moe& model, const
   if (opts.max_context < 1 || opts.max_context > model.config().max_position_embeddings)
     fail("--context ", opts.max_context, " must be between 1 and the model's ", model.config().max_position_embeddings);
   auto impl = std::make_unique<Impl>(model, opts);
-  Uploader up;
-  impl->build(up);  // plan
-  impl->plan = up.plan();
+  auto plan_with_chunk = [&](int64_t chunk) {
+    impl->opts.prefill_chunk = chunk;
+    Uploader up;
+    impl->build(up);  // plan
+    return up.plan();
+  };
+  impl->plan = plan_with_chunk(opts.prefill_chunk);
   size_t free_b = 0, total_b = 0;
   CK(cudaMemGetInfo(&free_b, &total_b));
   const uint64_t budget = opts.budget_bytes ? opts.budget_bytes : free_b;
+  // prefill_chunk_max: the largest power-of-two multiple of prefill_chunk up to it whose workspace
+  // still fits (no bigger than the context needs).
+  for (int64_t c = opts.prefill_chunk_max; opts.batched_prefill && opts.prefill_chunk > 0 && c > opts.prefill_chunk; c /= 2) {
+    if (c / 2 >= opts.max_context) continue;
+    const GpuMemoryPlan p = plan_with_chunk(c);
+    if (p.total() <= std::min<uint64_t>(budget, free_b)) {
+      impl->plan = p;
+      break;
+    }
+    impl->opts.prefill_chunk = opts.prefill_chunk;
+  }
+  if (impl->opts.prefill_chunk == opts.prefill_chunk) impl->plan = plan_with_chunk(opts.prefill_chunk);
   if (impl->plan.total() > budget)
     fail("the model needs ", format_gib(impl->plan.total()), " of GPU memory at context ", opts.max_context, " (",
          impl->plan.describe(), ") but the budget is ", format_gib(budget),
@@ -526,14 +590,16 @@ std::unique_ptr<Qwen35MoeGpu> Qwen35MoeGpu::create(const Qwen35Moe& model, const
   impl->build(commit);
   CK(cudaDeviceSynchronize());
   impl->batched = impl->wants_batched() && impl->ph && impl->embed;
-  impl->chunk = opts.prefill_chunk;
+  impl->chunk = impl->opts.prefill_chunk;
   if (impl->batched) {
     CK(gpu::blas_create(&impl->blas));
     CK(gpu::blas_set_workspace(impl->blas, impl->blas_ws, gpu::kBlasWorkspaceBytes));
   }
   impl->graph_ok = opts.cuda_graph && impl->embed;
   for (const DevLayer& L : impl->layers) impl->graph_ok &= !(L.cpu_experts && opts.host_experts);
-  if (impl->graph_ok) {
+  impl->seg_ok = opts.cuda_graph && impl->embed && !impl->graph_ok && opts.host_experts && !impl->deferring();
+  for (const DevLayer& L : impl->layers) impl->seg_gpu_layers += !(L.cpu_experts && opts.host_experts);
+  if (impl->graph_ok || impl->seg_ok) {
     CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hidpos), 2 * sizeof(int32_t), cudaHostAllocDefault));
     CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hlogits), model.config().vocab_size * sizeof(float), cudaHostAllocDefault));
   }

@@ -62,6 +62,10 @@ struct GpuOptions {
   // unless TANDEM_BATCHED_PREFILL=0.
   bool batched_prefill = false;
   int64_t prefill_chunk = 256;
+  // When above prefill_chunk: take the largest chunk prefill_chunk * 2^i <= prefill_chunk_max whose
+  // workspace fits the budget (longer chunks stream each expert fewer times; --device gpu asks for
+  // 2048; hybrid keeps the planner's prefill.chunk).
+  int64_t prefill_chunk_max = 0;
   // In batched prefill, int4 routed experts go through gpu::moe_int4_grouped (each expert's tokens
   // together) instead of the decode kernel on blocks of 8 tokens; with grouped_moe_tc through its
   // tensor-core form gpu::moe_int4_grouped_tc. The workspace is allocated (and planned) with batched
@@ -105,6 +109,7 @@ class Qwen35MoeGpu {
   // Whether the options' fast paths are in use (each needs the embedding table on the GPU; the graph
   // also needs every expert on the GPU).
   bool batched_prefill_active() const;
+  int64_t prefill_chunk() const;  // tokens per batched-prefill chunk (GpuOptions::prefill_chunk_max may raise it)
   // Like forward(ids, ..., Last), but the logits row stays on the device: `penalties` are applied
   // there and only the k best (id, penalised logit) pairs come back, best first (ties: lower id), as
   // Sampler::sample_top() takes them. false (nothing run) when k > gpu::kMaxTopK or the list is
@@ -112,6 +117,7 @@ class Qwen35MoeGpu {
   bool forward_top(std::span<const int32_t> ids, std::span<const gpu::Penalty> penalties, int k,
                    std::vector<std::pair<int32_t, float>>& top);
   bool cuda_graph_active() const;
+  bool graph_cut_at_handoffs() const;  // hybrid: the step's graphs are cut where the host takes over
   // Like Qwen35Moe::forward: ids at the current position; logits to host memory, all rows or the last.
   void forward(std::span<const int32_t> ids, float* logits, Qwen35Moe::LogitRows rows = Qwen35Moe::LogitRows::All);
 

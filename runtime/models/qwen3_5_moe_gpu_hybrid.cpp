@@ -14,7 +14,7 @@ void Qwen35MoeGpu::Impl::handoff_out(const float* x_dev, const int32_t* ids_dev,
   CK(cudaMemcpyAsync(hx, x_dev, n * c.hidden_size * sizeof(float), cudaMemcpyDeviceToHost, stream));
   CK(cudaMemcpyAsync(hids, ids_dev, n * k * sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
   CK(cudaMemcpyAsync(hw, w_dev, n * k * sizeof(float), cudaMemcpyDeviceToHost, stream));
-  CK(cudaEventRecord(routed, stream));
+  CK(cudaEventRecordWithFlags(routed, stream, cudaEventRecordExternal));  // a node of its own when captured (segments)
 }
 
 // Part 2: wait for the event (spinning: a blocking sync adds a wake-up), run the host-resident
@@ -22,6 +22,20 @@ void Qwen35MoeGpu::Impl::handoff_out(const float* x_dev, const int32_t* ids_dev,
 // With deferral, the host-resident ones among each token's N lowest-weight experts are set aside
 // for run_deferred() (next layer) instead.
 void Qwen35MoeGpu::Impl::handoff_back(size_t li, int64_t n, float* cpu_dev, float* moe_dev) {
+  if (host_part(li, n, false)) join_host(n, cpu_dev, moe_dev);
+}
+
+// The queued half of handoff_back: the host's sum (hout) into cpu_dev, added to moe_dev.
+void Qwen35MoeGpu::Impl::join_host(int64_t n, float* cpu_dev, float* moe_dev) {
+  const int64_t H = model.config().hidden_size;
+  CK(cudaMemcpyAsync(cpu_dev, hout, n * H * sizeof(float), cudaMemcpyHostToDevice, stream));
+  CK(gpu::add_inplace(moe_dev, cpu_dev, n * H, stream));
+}
+
+// The host half: wait for the router, run the host-resident experts into hout. Returns whether any
+// ran (hout is left alone when none did, unless `always` asks for zeros then: a captured join_host
+// adds it either way).
+bool Qwen35MoeGpu::Impl::host_part(size_t li, int64_t n, bool always) {
   const ModelConfig& c = model.config();
   const int64_t H = c.hidden_size;
   const int k = c.num_experts_per_tok;
@@ -61,11 +75,10 @@ void Qwen35MoeGpu::Impl::handoff_back(size_t li, int64_t n, float* cpu_dev, floa
     }
   }
   for (int64_t j = 0; j < n * k; ++j) any |= masked[j] >= 0;
-  if (!any) return;
+  if (!any && !always) return false;
   std::fill(hout, hout + n * H, 0.0f);
-  opts.host_experts->run(static_cast<int>(li), hx, n, masked.data(), hw, k, hout);
-  CK(cudaMemcpyAsync(cpu_dev, hout, n * H * sizeof(float), cudaMemcpyHostToDevice, stream));
-  CK(gpu::add_inplace(moe_dev, cpu_dev, n * H, stream));
+  if (any) opts.host_experts->run(static_cast<int>(li), hx, n, masked.data(), hw, k, hout);
+  return true;
 }
 
 // The previous layer's deferred host experts, run while the GPU works on this layer; their sum is

@@ -88,6 +88,15 @@ struct Qwen35MoeGpu::Impl {
   // CUDA graphs of a whole step, [0] without and [1] with logits (GpuOptions::cuda_graph).
   bool graph_ok = false;
   cudaGraphExec_t graph[3] = {nullptr, nullptr, nullptr};  // [2]: logits left on the device (forward_top)
+  // Hybrid decode steps as CUDA graphs cut at each host handoff (GpuOptions::cuda_graph with host
+  // experts, no deferral): segment i ends with a layer's router result on its way to the host
+  // (an event node), the host runs that layer's experts, and segment i + 1 starts by adding their sum.
+  bool seg_ok = false;
+  std::vector<cudaGraphExec_t> segs[3];
+  std::vector<int> seg_layers;   // the layer whose host experts follow segment i
+  uint64_t seg_gpu_layers = 0;   // layers with no host experts (counted as GPU-served per step)
+  bool segmenting = false;       // enqueue() under capture: cut at handoffs
+  std::vector<cudaGraphExec_t>* seg_out = nullptr;
   // forward_top: the logits row stays on the device (no copy at the end of a step or chunk); the
   // penalties and the top-k run there and only k (id, logit) pairs come back.
   float logits_sink = 0;  // as a logits destination: compute the row, leave it on the device
@@ -135,6 +144,8 @@ struct Qwen35MoeGpu::Impl {
     for (cudaEvent_t e : tev) cudaEventDestroy(e);
     for (cudaGraphExec_t g : graph)
       if (g) cudaGraphExecDestroy(g);
+    for (auto& v : segs)
+      for (cudaGraphExec_t g : v) cudaGraphExecDestroy(g);
     if (hidpos) cudaFreeHost(hidpos);
     if (hlogits) cudaFreeHost(hlogits);
     gpu::blas_destroy(blas);
@@ -167,6 +178,8 @@ struct Qwen35MoeGpu::Impl {
   void gpu_experts(const DevLayer& L, const float* x_dev, const int32_t* ids_dev, const float* w_dev, int64_t n, uint16_t* xh_buf, void* hs, float* out);
 
   // Hybrid handoff, part 1: x and the top-k of n tokens to pinned host memory, then an event.
+  void capture_segments(int w);
+  void cut_segment(bool more);
   void handoff_out(const float* x_dev, const int32_t* ids_dev, const float* w_dev, int64_t n);
 
   // Part 2: wait for the event (spinning: a blocking sync adds a wake-up), run the host-resident
@@ -174,6 +187,8 @@ struct Qwen35MoeGpu::Impl {
   // With deferral, the host-resident ones among each token's N lowest-weight experts are set aside
   // for run_deferred() (next layer) instead.
   void handoff_back(size_t li, int64_t n, float* cpu_dev, float* moe_dev);
+  bool host_part(size_t li, int64_t n, bool always);
+  void join_host(int64_t n, float* cpu_dev, float* moe_dev);
 
   // The previous layer's deferred host experts, run while the GPU works on this layer; their sum is
   // queued into def_dev, and add_deferred() adds it with this layer's MoE output.
