@@ -100,7 +100,8 @@ __global__ void qk_norm_kernel(float* conv_out, int Hk, int dk, int64_t conv_dim
 // Prefill step 3: the recurrence of one value head over T tokens, like delta_head_kernel, with q and
 // k already normalised, the next token's inputs loaded while this one computes (two shared buffers),
 // and three barriers a token; writes the raw o, normalised by gated_norm_kernel.
-__global__ void delta_scan_kernel(DeltaNetDecodeArgs p, int T) {
+constexpr int kScanMaxThreads = 512;  // dv <= 128: the register budget of a 512-thread block holds the slice
+__global__ void __launch_bounds__(kScanMaxThreads) delta_scan_kernel(DeltaNetDecodeArgs p, int T) {
   extern __shared__ float smem[];
   const int dk = p.dk, dv = p.dv, h = blockIdx.x, kh = h / (p.Hv / p.Hk);
   float* qb = smem;                  // [2][dk]
@@ -276,7 +277,7 @@ cudaError_t deltanet_prefill(const DeltaNetDecodeArgs& p, int T, cudaStream_t st
     return cudaErrorInvalidValue;
   const int conv_dim = 2 * p.Hk * p.dk + p.Hv * p.dv;
   const int threads = p.dv * kRowGroups;
-  if (T > 1 && threads >= p.dk) {  // prompt chunks: tokens in parallel wherever the recurrence allows
+  if (T > 1 && threads >= p.dk && threads <= kScanMaxThreads) {  // prompt chunks: tokens in parallel wherever the recurrence allows
     conv_tokens_kernel<<<dim3((conv_dim + 255) / 256, (T + kConvTokens - 1) / kConvTokens), 256, 0, stream>>>(
         p.qkv, p.conv_w, p.conv_state, p.conv_out, conv_dim, p.kernel, T);
     conv_window_kernel<<<(conv_dim + 255) / 256, 256, 0, stream>>>(p.qkv, p.conv_state, conv_dim, p.kernel, T);

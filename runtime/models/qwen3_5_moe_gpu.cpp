@@ -356,7 +356,12 @@ void Qwen35MoeGpu::Impl::capture(int w) {
   const ExpertCounts saved = counts;  // enqueue() counts on the host; the launches count themselves
   cudaGraph_t g = nullptr;
   CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  enqueue(0, hidpos, hidpos + 1, w == 0 ? nullptr : w == 1 ? hlogits : &logits_sink, nullptr);
+  try {
+    enqueue(0, hidpos, hidpos + 1, w == 0 ? nullptr : w == 1 ? hlogits : &logits_sink, nullptr);
+  } catch (...) {
+    abandon_capture();
+    throw;
+  }
   CK(cudaStreamEndCapture(stream, &g));
   CK(cudaGraphInstantiate(&graph[w], g, 0));
   CK(cudaGraphDestroy(g));
@@ -370,11 +375,26 @@ void Qwen35MoeGpu::Impl::capture_segments(int w) {
   segmenting = true;
   seg_out = &segs[w];
   CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  enqueue(0, hidpos, hidpos + 1, w == 0 ? nullptr : w == 1 ? hlogits : &logits_sink, nullptr);
-  cut_segment(false);
+  try {
+    enqueue(0, hidpos, hidpos + 1, w == 0 ? nullptr : w == 1 ? hlogits : &logits_sink, nullptr);
+    cut_segment(false);
+  } catch (...) {  // leave the stream usable: end the capture, drop the partial segments
+    abandon_capture();
+    for (cudaGraphExec_t e : segs[w]) cudaGraphExecDestroy(e);
+    segs[w].clear();
+    segmenting = false;
+    throw;
+  }
   segmenting = false;
   seg_out = nullptr;
   counts = saved;
+}
+
+// After a failure under capture: end it (the partial graph is dropped) and clear the error.
+void Qwen35MoeGpu::Impl::abandon_capture() {
+  cudaGraph_t g = nullptr;
+  if (cudaStreamEndCapture(stream, &g) == cudaSuccess && g) cudaGraphDestroy(g);
+  cudaGetLastError();
 }
 
 // Ends the capture in progress as the next segment; `more`: start capturing the one after it.

@@ -14,7 +14,8 @@ void Qwen35MoeGpu::Impl::handoff_out(const float* x_dev, const int32_t* ids_dev,
   CK(cudaMemcpyAsync(hx, x_dev, n * c.hidden_size * sizeof(float), cudaMemcpyDeviceToHost, stream));
   CK(cudaMemcpyAsync(hids, ids_dev, n * k * sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
   CK(cudaMemcpyAsync(hw, w_dev, n * k * sizeof(float), cudaMemcpyDeviceToHost, stream));
-  CK(cudaEventRecordWithFlags(routed, stream, cudaEventRecordExternal));  // a node of its own when captured (segments)
+  if (segmenting) CK(cudaEventRecordWithFlags(routed, stream, cudaEventRecordExternal));  // an event node in the segment's graph
+  else CK(cudaEventRecord(routed, stream));
 }
 
 // Part 2: wait for the event (spinning: a blocking sync adds a wake-up), run the host-resident

@@ -180,6 +180,7 @@ struct Qwen35MoeGpu::Impl {
   // Hybrid handoff, part 1: x and the top-k of n tokens to pinned host memory, then an event.
   void capture_segments(int w);
   void cut_segment(bool more);
+  void abandon_capture();
   void handoff_out(const float* x_dev, const int32_t* ids_dev, const float* w_dev, int64_t n);
 
   // Part 2: wait for the event (spinning: a blocking sync adds a wake-up), run the host-resident
