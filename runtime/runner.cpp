@@ -50,7 +50,7 @@ class HostRunner final : public Runner {
 
 #ifdef TANDEM_HAVE_CUDA
 // A GPU path switch: NAME=1 turns it on, NAME=0 off, unset leaves `dflt` (the validated fast paths
-// default to on, for A/B runs and bisecting; the experimental ones to off).
+// default to on; the switches are for A/B runs and bisecting).
 bool env_switch(const char* name, bool dflt) {
   const char* v = std::getenv(name);
   if (!v) return dflt;

@@ -5,7 +5,7 @@
 # it below the call's limit_s), and the folder is packed into $OUT/results.tgz at the end (and after
 # each step, so a kill loses at most the step in flight).
 #
-# usage (device tool, carry .deps): DEADLINE=540 [HEAT=heat.yaml] bash scripts/gpu_session.sh STEP...
+# usage (device tool, carry .deps): COMMIT=<sha> DEADLINE=540 [HEAT=heat.yaml] bash scripts/gpu_session.sh STEP...
 #   build        configure + build everything into build-gpu/ (sm_90)
 #   gpu-tests    the GPU suites (kernels, whole model, hybrid, CUDA graph) + the CLI tests
 #   ctest        the whole CTest suite
@@ -15,9 +15,8 @@
 #   e2e:LENS:REPEAT:SCENARIOS  bench/run_e2e.sh, e.g. e2e:4096:3:hybrid-8gib-cpu-experts,hybrid-24gib
 #                (scenarios: gpu-all hybrid-{8gib-cpu-experts,12gib,16gib,24gib} hybrid-{8,12}gib-defer2 cpu-all)
 #   e2e-eager:LENS:REPEAT:SCENARIOS    the same with the fast paths off (TANDEM_CUDA_GRAPH=0 TANDEM_BATCHED_PREFILL=0)
-#   e2e-grouped:LENS:REPEAT:SCENARIOS  the same with the experimental grouped MoE prefill (TANDEM_GROUPED_MOE=1)
-#   e2e-prefetch:LENS:REPEAT:SCENARIOS the same with the experimental prefetching MoE decode (TANDEM_MOE_PREFETCH=1)
-#   e2e-exp:LENS:REPEAT:SCENARIOS      every experimental switch on (grouped MoE, prefetch, attention prefill, GPU sampling)
+#   e2e-plain:LENS:REPEAT:SCENARIOS    the same with the later fast paths off (grouped / tensor-core MoE prefill,
+#                                      prefetching MoE decode, attention prefill, GPU sampling) for A/B runs
 #   e2e-text:LENS:REPEAT:SCENARIOS     prompts from the profiling text instead of random ids (the heat map applies)
 #   ncu[:PLEN]   Nsight Compute per-kernel durations (kernels serialised) of an all-GPU bench with a PLEN-token
 #                prompt (default 1024) and 2 decode steps: ncu.txt
@@ -33,7 +32,7 @@ left() { echo $(( DEADLINE - ($(date +%s) - t0) )); }
 pack() { tar czf "$OUT/results.tgz" -C /tmp/gpu-session session; cp "$res/summary.txt" "$OUT/" 2>/dev/null; }
 for f in .deps/*.deb; do dpkg -x "$f" /opt/deps; done
 export CMAKE_PREFIX_PATH=/opt/deps/usr LD_LIBRARY_PATH=/opt/deps/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
-{ date -u; git rev-parse HEAD 2>/dev/null; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; } > "$res/machine.txt" 2>&1
+{ date -u; echo "commit ${COMMIT:-$(git rev-parse HEAD 2>/dev/null) (from the .git of the copy, which may be stale: pass COMMIT=)}"; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; } > "$res/machine.txt" 2>&1
 
 run_step() {  # name seconds command...
   local name="$1" secs="$2"; shift 2
@@ -66,13 +65,11 @@ for step in "$@"; do
       run_step cpu-tests 200 build-gpu/tests/tandem_cpu_experts_tests ;;
     cpu-experts)
       run_step cpu-experts 400 env OUT="$res/cpu_experts" TEST_TIMEOUT=200 BENCH_TIMEOUT=150 bash scripts/gpu_machine_cpu_experts.sh ;;
-    e2e:*|e2e-eager:*|e2e-grouped:*|e2e-prefetch:*|e2e-exp:*|e2e-text:*)
+    e2e:*|e2e-eager:*|e2e-plain:*|e2e-text:*)
       IFS=: read -r kind lens repeat scen <<< "$step"
       flags=""
       [ "$kind" = e2e-eager ] && flags="TANDEM_CUDA_GRAPH=0 TANDEM_BATCHED_PREFILL=0"
-      [ "$kind" = e2e-grouped ] && flags="TANDEM_GROUPED_MOE=1"
-      [ "$kind" = e2e-prefetch ] && flags="TANDEM_MOE_PREFETCH=1"
-      [ "$kind" = e2e-exp ] && flags="TANDEM_GROUPED_MOE=1 TANDEM_MOE_PREFETCH=1 TANDEM_ATTN_PREFILL=1 TANDEM_GPU_SAMPLING=1"
+      [ "$kind" = e2e-plain ] && flags="TANDEM_GROUPED_MOE=0 TANDEM_GROUPED_MOE_TC=0 TANDEM_MOE_PREFETCH=0 TANDEM_ATTN_PREFILL=0 TANDEM_GPU_SAMPLING=0"
       [ "$kind" = e2e-text ] && flags="BENCH_PROMPTS=1"
       # HEAT=file: reuse a heat map (profiling the 35B synth takes minutes)
       mkdir -p "$res/$kind-${lens//,/_}/e2e"; [ -n "${HEAT:-}" ] && cp "$HEAT" "$res/$kind-${lens//,/_}/e2e/heat.yaml"
