@@ -47,6 +47,62 @@ __global__ void conv_kernel(const float* __restrict__ x, const float* __restrict
   for (int j = 0; j < hist; ++j) window[j * channels + ch] = win[j];
 }
 
+// ---- the recurrence's per-thread pieces, shared by the decode and prefill kernels ----
+// A thread owns rows r, r + kRowGroups, ... (< dk) of state column j, in registers.
+__device__ __forceinline__ void slice_load(float (&s)[kMaxRowsPerThread], const float* S, int r, int j, int dk, int dv) {
+#pragma unroll
+  for (int n = 0; n < kMaxRowsPerThread; ++n) {
+    const int i = r + n * kRowGroups;
+    if (i < dk) s[n] = S[i * dv + j];
+  }
+}
+__device__ __forceinline__ void slice_store(const float (&s)[kMaxRowsPerThread], float* S, int r, int j, int dk, int dv) {
+#pragma unroll
+  for (int n = 0; n < kMaxRowsPerThread; ++n) {
+    const int i = r + n * kRowGroups;
+    if (i < dk) S[i * dv + j] = s[n];
+  }
+}
+// S <- e^g S; returns this thread's share of (S^T k)_j.
+__device__ __forceinline__ float slice_decay_dot(float (&s)[kMaxRowsPerThread], const float* k, float decay, int r, int dk) {
+  float u = 0.0f;
+#pragma unroll
+  for (int n = 0; n < kMaxRowsPerThread; ++n) {
+    const int i = r + n * kRowGroups;
+    if (i < dk) {
+      s[n] *= decay;
+      u += s[n] * k[i];
+    }
+  }
+  return u;
+}
+// S += k delta_j; returns this thread's share of (S^T q)_j, read after the write.
+__device__ __forceinline__ float slice_update_dot(float (&s)[kMaxRowsPerThread], const float* k, const float* q, float delta, int r,
+                                                  int dk) {
+  float o = 0.0f;
+#pragma unroll
+  for (int n = 0; n < kMaxRowsPerThread; ++n) {
+    const int i = r + n * kRowGroups;
+    if (i < dk) {
+      s[n] += k[i] * delta;
+      o += s[n] * q[i];
+    }
+  }
+  return o;
+}
+// Column j's total over the row groups' shares in part [kRowGroups][dv].
+__device__ __forceinline__ float column_sum(const float* part, int j, int dv) {
+  float v = 0.0f;
+  for (int rr = 0; rr < kRowGroups; ++rr) v += part[rr * dv + j];
+  return v;
+}
+// decay = e^g with g = -A softplus(a + dt_bias) (A = e^A_log), beta = sigmoid(b).
+__device__ __forceinline__ void gates(float a, float dt_bias, float A, float b, float& decay, float& beta) {
+  const float aa = a + dt_bias;
+  decay = expf(-A * (aa > 20.0f ? aa : log1pf(expf(aa))));
+  beta = 1.0f / (1.0f + expf(-b));
+}
+
 // Prefill (T > 1): the conv over tokens in parallel, kConvTokens a thread, each thread rebuilding its
 // window from the inputs before its first token (or the carried state); the same operations per
 // output as conv_kernel. The carried window moves on in conv_window_kernel, after every read of it.
@@ -113,11 +169,7 @@ __global__ void __launch_bounds__(kScanMaxThreads) delta_scan_kernel(DeltaNetDec
   const int64_t Vd = static_cast<int64_t>(p.Hv) * dv;
   float* S = p.state + static_cast<int64_t>(h) * dk * dv;
   float s[kMaxRowsPerThread];
-#pragma unroll
-  for (int n = 0; n < kMaxRowsPerThread; ++n) {
-    const int i = r + n * kRowGroups;
-    if (i < dk) s[n] = S[i * dv + j];
-  }
+  slice_load(s, S, r, j, dk, dv);
   const float A = expf(p.A_log[h]), dt = p.dt_bias[h];
   auto load = [&](int t, float& qn, float& kn, float& vn, float& an, float& bn) {
     const float* c = p.conv_out + int64_t(t) * conv_dim;
@@ -136,47 +188,18 @@ __global__ void __launch_bounds__(kScanMaxThreads) delta_scan_kernel(DeltaNetDec
     __syncthreads();  // buffer `cur` is written; the previous token is done with part_u / part_o
     float vn = 0.0f, an = 0.0f, bn = 0.0f;
     if (t + 1 < T) load(t + 1, qn, kn, vn, an, bn);
-    const float aa = a + dt;
-    const float g = -A * (aa > 20.0f ? aa : log1pf(expf(aa)));
-    const float decay = expf(g), beta = 1.0f / (1.0f + expf(-b));
-    float u = 0.0f;
-#pragma unroll
-    for (int n = 0; n < kMaxRowsPerThread; ++n) {
-      const int i = r + n * kRowGroups;
-      if (i < dk) {
-        s[n] *= decay;
-        u += s[n] * k[i];
-      }
-    }
-    part_u[r * dv + j] = u;
+    float decay, beta;
+    gates(a, dt, A, b, decay, beta);
+    part_u[r * dv + j] = slice_decay_dot(s, k, decay, r, dk);
     __syncthreads();
-    float uj = 0.0f;
-    for (int rr = 0; rr < kRowGroups; ++rr) uj += part_u[rr * dv + j];
-    const float delta = beta * (v - uj);
-    float o = 0.0f;
-#pragma unroll
-    for (int n = 0; n < kMaxRowsPerThread; ++n) {
-      const int i = r + n * kRowGroups;
-      if (i < dk) {
-        s[n] += k[i] * delta;
-        o += s[n] * q[i];
-      }
-    }
-    part_o[r * dv + j] = o;
+    const float delta = beta * (v - column_sum(part_u, j, dv));
+    part_o[r * dv + j] = slice_update_dot(s, k, q, delta, r, dk);
     if (t + 1 < T && tid < dk) qb[(cur ^ 1) * dk + tid] = qn, kb[(cur ^ 1) * dk + tid] = kn;  // last read before this token's first barrier
     __syncthreads();
-    if (r == 0) {
-      float oj = 0.0f;
-      for (int rr = 0; rr < kRowGroups; ++rr) oj += part_o[rr * dv + j];
-      p.out[t * Vd + static_cast<int64_t>(h) * dv + j] = oj;
-    }
+    if (r == 0) p.out[t * Vd + static_cast<int64_t>(h) * dv + j] = column_sum(part_o, j, dv);
     v = vn, a = an, b = bn;
   }
-#pragma unroll
-  for (int n = 0; n < kMaxRowsPerThread; ++n) {
-    const int i = r + n * kRowGroups;
-    if (i < dk) S[i * dv + j] = s[n];
-  }
+  slice_store(s, S, r, j, dk, dv);
 }
 
 // Prefill step 4: out = gated RMSNorm(o, z) per (token, value head), in place.
@@ -202,11 +225,8 @@ __global__ void delta_head_kernel(DeltaNetDecodeArgs p, int T) {
 
   float* S = p.state + static_cast<int64_t>(h) * dk * dv;
   float s[kMaxRowsPerThread];
-#pragma unroll
-  for (int n = 0; n < kMaxRowsPerThread; ++n) {
-    const int i = r + n * kRowGroups;
-    if (i < dk) s[n] = S[i * dv + j];
-  }
+  slice_load(s, S, r, j, dk, dv);
+  const float A = expf(p.A_log[h]);
   for (int t = 0; t < T; ++t) {
     const float* c = p.conv_out + t * conv_dim;
     __syncthreads();  // the previous token is done with q, k and part
@@ -224,49 +244,24 @@ __global__ void delta_head_kernel(DeltaNetDecodeArgs p, int T) {
       q[i] *= qs;
       k[i] *= ks;
     }
-    const float a = p.a[int64_t(t) * p.Hv + h] + p.dt_bias[h];
-    const float g = -expf(p.A_log[h]) * (a > 20.0f ? a : log1pf(expf(a)));
-    const float decay = expf(g), beta = 1.0f / (1.0f + expf(-p.b[int64_t(t) * p.Hv + h]));
+    float decay, beta;
+    gates(p.a[int64_t(t) * p.Hv + h], p.dt_bias[h], A, p.b[int64_t(t) * p.Hv + h], decay, beta);
     __syncthreads();
-    float u = 0.0f;
-#pragma unroll
-    for (int n = 0; n < kMaxRowsPerThread; ++n) {
-      const int i = r + n * kRowGroups;
-      if (i < dk) {
-        s[n] *= decay;
-        u += s[n] * k[i];
-      }
-    }
-    part[r * dv + j] = u;
+    part[r * dv + j] = slice_decay_dot(s, k, decay, r, dk);
     __syncthreads();
-    float uj = 0.0f;
-    for (int rr = 0; rr < kRowGroups; ++rr) uj += part[rr * dv + j];
-    const float delta = beta * (c[2 * key_dim + static_cast<int64_t>(h) * dv + j] - uj);
-    float o = 0.0f;
-#pragma unroll
-    for (int n = 0; n < kMaxRowsPerThread; ++n) {
-      const int i = r + n * kRowGroups;
-      if (i < dk) {
-        s[n] += k[i] * delta;
-        o += s[n] * q[i];
-      }
-    }
+    const float delta = beta * (c[2 * key_dim + static_cast<int64_t>(h) * dv + j] - column_sum(part, j, dv));
+    const float o = slice_update_dot(s, k, q, delta, r, dk);
     __syncthreads();
     part[r * dv + j] = o;
     __syncthreads();
-    float oj = 0.0f;
-    for (int rr = 0; rr < kRowGroups; ++rr) oj += part[rr * dv + j];
+    const float oj = column_sum(part, j, dv);
     const float sq = block_sum(r == 0 ? oj * oj : 0.0f, red);
     if (r == 0) {
       const float zj = p.z[t * Vd + static_cast<int64_t>(h) * dv + j];
       p.out[t * Vd + static_cast<int64_t>(h) * dv + j] = p.norm_w[j] * (oj * rsqrtf(sq / dv + p.eps)) * silu(zj);
     }
   }
-#pragma unroll
-  for (int n = 0; n < kMaxRowsPerThread; ++n) {
-    const int i = r + n * kRowGroups;
-    if (i < dk) S[i * dv + j] = s[n];
-  }
+  slice_store(s, S, r, j, dk, dv);
 }
 
 }  // namespace
