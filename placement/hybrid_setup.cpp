@@ -49,6 +49,9 @@ Plan prepare_hybrid(RunnerOptions& o, const ModelConfig& model) {
 }
 
 Plan prepare_hybrid(RunnerOptions& o, const ModelConfig& model, const PlacementConfig& cfg) {
+  if (cfg.prefill == PrefillStrategy::GpuStream)
+    fail(o.config.empty() ? std::string("placement") : o.config, ": prefill.strategy: gpu_stream (CPU experts streamed to the GPU over ",
+         "PCIe for long prompts) is planned but not built yet in this version; use auto or cpu (tandem plan still shows what it would cost)");
   gpu::DeviceProbe probe;
   gpu::gpu_device_probe(&probe);
   if (probe.device_count == 0) fail("--device hybrid: ", probe.reason, "; tandem plan shows the placement without a GPU");

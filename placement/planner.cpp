@@ -150,9 +150,14 @@ void predict(const ModelConfig& c, const PlacementConfig& cfg, const PlanRequest
   const double kv_read = static_cast<double>(c.num_full_attention_layers()) * 2 * typical_pos * nkv * hd * 2;
   pr.gpu_bytes_per_token = dense_read + 2.0 * static_cast<double>(v.deltanet_state) / p.batch + kv_read;
   double t = 0, t_cpu_total = 0;
-  const double launches_per_layer = 21, shared_bytes = static_cast<double>(3 * Is * H * 2);
-  // A step with CPU experts cannot be one CUDA graph (the host joins every such layer): eager launches.
-  const double launch_us = p.any_cpu_experts() ? cfg.launch_eager_us : cfg.launch_us;
+  // Decode kernels a layer (qwen3_5_moe_gpu.cpp): norm (fused with the residual add), stacked input
+  // projections, the mixer (DeltaNet 2, attention 3), output projection, add + norm, stacked router /
+  // shared projections, top-k, int4 input gather + 2 MoE kernels, SiLU, shared down = 13 / 14.
+  const double launches = 13.0 * (L - c.num_full_attention_layers()) + 14.0 * c.num_full_attention_layers() + 4;
+  const double shared_bytes = static_cast<double>(3 * Is * H * 2);
+  // Hybrid steps run as CUDA graphs cut at the handoffs, like the all-GPU step; with deferral they
+  // are launched kernel by kernel.
+  const double launch_us = p.any_cpu_experts() && cfg.deferral > 0 ? cfg.launch_eager_us : cfg.launch_us;
   for (int l = 0; l < L; ++l) {
     const double gpu_acts = k * p.layer_gpu_fraction[l], cpu_acts = k - gpu_acts;
     pr.gpu_bytes_per_token += gpu_acts * expert_read;
@@ -165,7 +170,7 @@ void predict(const ModelConfig& c, const PlacementConfig& cfg, const PlanRequest
       t += cfg.handoff_us * 1e-6 + std::max(0.0, t_cpu - overlap);
     }
   }
-  t += pr.gpu_bytes_per_token / pr.gpu_bw + (launches_per_layer * L + 4) * launch_us * 1e-6;
+  t += pr.gpu_bytes_per_token / pr.gpu_bw + launches * launch_us * 1e-6;
   pr.decode_ms = t * 1e3;
   pr.decode_tok_s = 1.0 / t;
   pr.bound_tok_s = 1.0 / std::max(pr.gpu_bytes_per_token / pr.gpu_bw, t_cpu_total);
@@ -465,7 +470,9 @@ std::string plan_table(const Plan& p) {
   char buf[160];
   std::snprintf(buf, sizeof buf, "%.1f tok/s (%.2f ms/token; bandwidth bound %.1f tok/s)", pr.decode_tok_s, pr.decode_ms, pr.bound_tok_s);
   line("predicted decode", buf);
-  line("prefill on GPU from", pr.prefill_gpu_min_tokens ? str_cat(pr.prefill_gpu_min_tokens, " prompt tokens (", prefill_name(p.prefill), ")")
+  line("prefill on GPU from", pr.prefill_gpu_min_tokens ? str_cat(pr.prefill_gpu_min_tokens, " prompt tokens (", prefill_name(p.prefill),
+                                                                   "; cost model only: this version computes CPU experts on the CPU in prefill, "
+                                                                   "PCIe streaming is not built yet)")
                                                          : std::string("never (CPU experts computed on the CPU)"));
   return o;
 }

@@ -10,6 +10,7 @@
 #include <random>
 
 #include "placement/heat.h"
+#include "placement/hybrid_setup.h"
 #include "placement/placement_config.h"
 #include "placement/planner.h"
 #include "placement/replace.h"
@@ -102,6 +103,20 @@ TEST(PlacementYamlErrors, NameFileLineAndKey) {
   test::expect_error([] { yaml("prefill:\n  chunk: -1\n"); }, {"test.yaml:2", "key 'prefill.chunk'", "outside"});
   test::expect_error([] { yaml("gpu:\n  memory: 1e300GiB\n"); }, {"test.yaml:2", "gpu.memory", "too large"});  // found by fuzz_placement
   test::expect_error([] { yaml("prefill:\n  chunks: 64\n"); }, {"test.yaml:2", "'prefill.chunks'", "did you mean 'chunk'"});
+}
+
+// prefill.strategy gpu_stream plans (tandem plan shows its switch point) but a run refuses it with the
+// reason: streaming CPU experts over PCIe is not built yet, so it must not be silently ignored.
+TEST(PlacementYamlErrors, GpuStreamPrefillIsRefusedByRuns) {
+  const PlacementConfig cfg = yaml("prefill:\n  strategy: gpu_stream\n");
+  const Plan p = make_plan(model35(), fixed_bw(cfg), {.gpu_mem = 12ull << 30});
+  EXPECT_EQ(p.predicted.prefill_gpu_min_tokens, 1);
+  EXPECT_NE(plan_table(p).find("PCIe streaming is not built yet"), std::string::npos) << plan_table(p);
+  test::TempDir dir;
+  test::write_text(dir.file("stream.yaml"), "prefill:\n  strategy: gpu_stream\n");
+  RunnerOptions o;
+  o.config = dir.file("stream.yaml");
+  test::expect_error([&] { prepare_hybrid(o, model35()); }, {"stream.yaml", "gpu_stream", "not built yet", "use auto or cpu"});
 }
 
 TEST(PlacementYamlErrors, RulesTheModelCannotHonour) {
