@@ -96,10 +96,14 @@ __device__ __forceinline__ float column_sum(const float* part, int j, int dv) {
   for (int rr = 0; rr < kRowGroups; ++rr) v += part[rr * dv + j];
   return v;
 }
-// decay = e^g with g = -A softplus(a + dt_bias) (A = e^A_log), beta = sigmoid(b).
-__device__ __forceinline__ void gates(float a, float dt_bias, float A, float b, float& decay, float& beta) {
+// g = -A softplus(a + dt_bias) (A = e^A_log): the log of the step's decay.
+__device__ __forceinline__ float log_decay(float a, float dt_bias, float A) {
   const float aa = a + dt_bias;
-  decay = expf(-A * (aa > 20.0f ? aa : log1pf(expf(aa))));
+  return -A * (aa > 20.0f ? aa : log1pf(expf(aa)));
+}
+// decay = e^g, beta = sigmoid(b).
+__device__ __forceinline__ void gates(float a, float dt_bias, float A, float b, float& decay, float& beta) {
+  decay = expf(log_decay(a, dt_bias, A));
   beta = 1.0f / (1.0f + expf(-b));
 }
 
@@ -202,6 +206,108 @@ __global__ void __launch_bounds__(kScanMaxThreads) delta_scan_kernel(DeltaNetDec
   slice_store(s, S, r, j, dk, dv);
 }
 
+// Prefill step 3, chunked form (deltanet_prefill_chunked): the recurrence of ref::delta_rule_chunk,
+// kChunk tokens at a time, as small matrix products in shared memory. A block owns value head h and
+// kSlice of its state columns (the columns are independent given the keys); per chunk:
+//   A[t][s] = beta_t e^{G_t - G_s} k_t.k_s (s < t), M[t][s] = e^{G_t - G_s} q_t.k_s (s <= t),
+//   D = beta (V - e^G K S0), then D[t] -= sum_{s<t} A[t][s] D[s] (forward substitution per column),
+//   O = e^G Q S0 + M D (raw o, normalised by gated_norm_kernel), S0 <- e^{G_last} S0 + sum_s e^{G_last - G_s} k_s D[s].
+constexpr int kChunk = 32, kSlice = 32, kChunkThreads = 128;
+size_t chunk_smem_floats(int dk) { return 2 * kChunk * (dk + 1) + dk * kSlice + 2 * kChunk * kSlice + 2 * kChunk * kChunk + 3 * kChunk; }
+
+__global__ void __launch_bounds__(kChunkThreads) delta_chunk_kernel(DeltaNetDecodeArgs p, int T) {
+  extern __shared__ float sm[];
+  const int dk = p.dk, dv = p.dv, h = blockIdx.x, kh = h / (p.Hv / p.Hk), col0 = blockIdx.y * kSlice, tid = threadIdx.x;
+  const int width = min(kSlice, dv - col0), ldk = dk + 1;  // +1: rows of K / Q start on different banks
+  float* Ks = sm;                          // [kChunk][ldk]
+  float* Qs = Ks + kChunk * ldk;           // [kChunk][ldk]
+  float* S0 = Qs + kChunk * ldk;           // [dk][kSlice]: this block's state columns
+  float* D = S0 + dk * kSlice;             // [kChunk][kSlice]: r, then delta
+  float* Os = D + kChunk * kSlice;         // [kChunk][kSlice]
+  float* Akk = Os + kChunk * kSlice;       // [kChunk][kChunk]
+  float* Mqk = Akk + kChunk * kChunk;      // [kChunk][kChunk]
+  float* G = Mqk + kChunk * kChunk;        // [kChunk] cumulative log decay
+  float* Bt = G + kChunk;                  // [kChunk] beta
+  float* Wl = Bt + kChunk;                 // [kChunk] e^{G_last - G_s}
+  const int64_t key_dim = static_cast<int64_t>(p.Hk) * dk, conv_dim = 2 * key_dim + static_cast<int64_t>(p.Hv) * dv;
+  const int64_t Vd = static_cast<int64_t>(p.Hv) * dv;
+  float* S = p.state + static_cast<int64_t>(h) * dk * dv;
+  for (int idx = tid; idx < dk * kSlice; idx += kChunkThreads) {
+    const int i = idx / kSlice, j = idx % kSlice;
+    S0[idx] = j < width ? S[i * dv + col0 + j] : 0.0f;
+  }
+  const float A = expf(p.A_log[h]), dt = p.dt_bias[h];
+  for (int t0 = 0; t0 < T; t0 += kChunk) {
+    const int cc = min(kChunk, T - t0);
+    __syncthreads();  // the previous chunk is done with every buffer
+    for (int idx = tid; idx < kChunk * dk; idx += kChunkThreads) {
+      const int t = idx / dk, i = idx % dk;
+      const float* c = p.conv_out + static_cast<int64_t>(t0 + t) * conv_dim;
+      Qs[t * ldk + i] = t < cc ? c[kh * dk + i] : 0.0f;
+      Ks[t * ldk + i] = t < cc ? c[key_dim + kh * dk + i] : 0.0f;
+    }
+    if (tid < kChunk) {  // past the chunk's end: no decay, no write
+      G[tid] = tid < cc ? log_decay(p.a[int64_t(t0 + tid) * p.Hv + h], dt, A) : 0.0f;
+      Bt[tid] = tid < cc ? 1.0f / (1.0f + expf(-p.b[int64_t(t0 + tid) * p.Hv + h])) : 0.0f;
+    }
+    __syncthreads();
+    if (tid == 0)
+      for (int t = 1; t < kChunk; ++t) G[t] += G[t - 1];
+    __syncthreads();
+    if (tid < kChunk) Wl[tid] = tid < cc ? expf(G[cc - 1] - G[tid]) : 0.0f;
+    for (int idx = tid; idx < kChunk * kChunk; idx += kChunkThreads) {
+      const int t = idx / kChunk, s = idx % kChunk;
+      float kk = 0.0f, qk = 0.0f;
+      for (int i = 0; i < dk; ++i) {
+        kk += Ks[t * ldk + i] * Ks[s * ldk + i];
+        qk += Qs[t * ldk + i] * Ks[s * ldk + i];
+      }
+      const bool in = t < cc && s < cc;
+      Akk[idx] = in && s < t ? Bt[t] * expf(G[t] - G[s]) * kk : 0.0f;
+      Mqk[idx] = in && s <= t ? expf(G[t] - G[s]) * qk : 0.0f;
+    }
+    for (int idx = tid; idx < kChunk * kSlice; idx += kChunkThreads) {
+      const int t = idx / kSlice, j = idx % kSlice;
+      float ks = 0.0f, qs = 0.0f;
+      for (int i = 0; i < dk; ++i) {
+        ks += Ks[t * ldk + i] * S0[i * kSlice + j];
+        qs += Qs[t * ldk + i] * S0[i * kSlice + j];
+      }
+      const float eg = expf(G[t]);
+      const float v = t < cc && j < width ? p.conv_out[static_cast<int64_t>(t0 + t) * conv_dim + 2 * key_dim + static_cast<int64_t>(h) * dv + col0 + j] : 0.0f;
+      D[idx] = t < cc ? Bt[t] * (v - eg * ks) : 0.0f;
+      Os[idx] = eg * qs;
+    }
+    __syncthreads();
+    if (tid < kSlice)  // forward substitution, one column a thread
+      for (int t = 1; t < cc; ++t) {
+        float d = D[t * kSlice + tid];
+        for (int s = 0; s < t; ++s) d -= Akk[t * kChunk + s] * D[s * kSlice + tid];
+        D[t * kSlice + tid] = d;
+      }
+    __syncthreads();
+    for (int idx = tid; idx < kChunk * kSlice; idx += kChunkThreads) {
+      const int t = idx / kSlice, j = idx % kSlice;
+      if (t >= cc || j >= width) continue;
+      float o = Os[idx];
+      for (int s = 0; s <= t; ++s) o += Mqk[t * kChunk + s] * D[s * kSlice + j];
+      p.out[static_cast<int64_t>(t0 + t) * Vd + static_cast<int64_t>(h) * dv + col0 + j] = o;
+    }
+    const float el = expf(G[cc - 1]);
+    for (int idx = tid; idx < dk * kSlice; idx += kChunkThreads) {  // S0's readers above are done (the barrier before the substitution)
+      const int i = idx / kSlice, j = idx % kSlice;
+      float v = el * S0[idx];
+      for (int s = 0; s < cc; ++s) v += Wl[s] * Ks[s * ldk + i] * D[s * kSlice + j];
+      S0[idx] = v;
+    }
+  }
+  __syncthreads();
+  for (int idx = tid; idx < dk * kSlice; idx += kChunkThreads) {
+    const int i = idx / kSlice, j = idx % kSlice;
+    if (j < width) S[i * dv + col0 + j] = S0[idx];
+  }
+}
+
 // Prefill step 4: out = gated RMSNorm(o, z) per (token, value head), in place.
 __global__ void gated_norm_kernel(float* out, const float* __restrict__ z, const float* __restrict__ norm_w, int dv, float eps) {
   __shared__ float red[32];
@@ -284,6 +390,22 @@ cudaError_t deltanet_prefill(const DeltaNetDecodeArgs& p, int T, cudaStream_t st
   conv_kernel<<<(conv_dim + 255) / 256, 256, 0, stream>>>(p.qkv, p.conv_w, p.conv_state, p.conv_out, conv_dim, p.kernel, T);
   const size_t smem = (2 * p.dk + kRowGroups * p.dv + threads / 32) * sizeof(float);
   delta_head_kernel<<<p.Hv, threads, smem, stream>>>(p, T);
+  return cudaGetLastError();
+}
+
+cudaError_t deltanet_prefill_chunked(const DeltaNetDecodeArgs& p, int T, cudaStream_t stream) {
+  if (T < 1 || p.Hk < 1 || p.Hv % p.Hk || p.dk < 1 || p.dk > 128 || p.dv < 1 || p.kernel < 1 || p.kernel > kMaxHist + 1)
+    return cudaErrorInvalidValue;
+  const int conv_dim = 2 * p.Hk * p.dk + p.Hv * p.dv;
+  const size_t smem = chunk_smem_floats(p.dk) * sizeof(float);
+  const cudaError_t e = cudaFuncSetAttribute(delta_chunk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+  if (e != cudaSuccess) return e;
+  conv_tokens_kernel<<<dim3((conv_dim + 255) / 256, (T + kConvTokens - 1) / kConvTokens), 256, 0, stream>>>(
+      p.qkv, p.conv_w, p.conv_state, p.conv_out, conv_dim, p.kernel, T);
+  conv_window_kernel<<<(conv_dim + 255) / 256, 256, 0, stream>>>(p.qkv, p.conv_state, conv_dim, p.kernel, T);
+  qk_norm_kernel<<<T * p.Hk, (p.dk + 31) / 32 * 32, 0, stream>>>(p.conv_out, p.Hk, p.dk, conv_dim);
+  delta_chunk_kernel<<<dim3(p.Hv, (p.dv + kSlice - 1) / kSlice), kChunkThreads, smem, stream>>>(p, T);
+  gated_norm_kernel<<<T * p.Hv, (p.dv + 31) / 32 * 32, 0, stream>>>(p.out, p.z, p.norm_w, p.dv, p.eps);
   return cudaGetLastError();
 }
 

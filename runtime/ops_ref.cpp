@@ -79,6 +79,48 @@ void delta_rule_step(float* S, const float* q, const float* k, const float* v, f
     for (int j = 0; j < dv; ++j) o[j] += S[i * dv + j] * q[i];
 }
 
+void delta_rule_chunk(float* S, const float* q, const float* k, const float* v, const float* g, const float* beta, int C,
+                      int dk, int dv, float* o) {
+  std::vector<double> G(C);
+  double acc = 0;
+  for (int t = 0; t < C; ++t) G[t] = acc += g[t];
+  auto dot = [&](const float* a, const float* b) {
+    double d = 0;
+    for (int i = 0; i < dk; ++i) d += double(a[i]) * b[i];
+    return d;
+  };
+  std::vector<double> delta(int64_t(C) * dv), s0x(dv);
+  auto s0_t = [&](const float* x) {  // S0^T x
+    std::fill(s0x.begin(), s0x.end(), 0.0);
+    for (int i = 0; i < dk; ++i)
+      for (int j = 0; j < dv; ++j) s0x[j] += double(S[i * dv + j]) * x[i];
+  };
+  for (int t = 0; t < C; ++t) {
+    const float* kt = k + int64_t(t) * dk;
+    s0_t(kt);
+    for (int j = 0; j < dv; ++j) delta[int64_t(t) * dv + j] = beta[t] * (v[int64_t(t) * dv + j] - std::exp(G[t]) * s0x[j]);
+    for (int s = 0; s < t; ++s) {
+      const double a = beta[t] * std::exp(G[t] - G[s]) * dot(kt, k + int64_t(s) * dk);
+      for (int j = 0; j < dv; ++j) delta[int64_t(t) * dv + j] -= a * delta[int64_t(s) * dv + j];
+    }
+  }
+  for (int t = 0; t < C; ++t) {
+    const float* qt = q + int64_t(t) * dk;
+    s0_t(qt);
+    for (int j = 0; j < dv; ++j) {
+      double ot = std::exp(G[t]) * s0x[j];
+      for (int s = 0; s <= t; ++s) ot += std::exp(G[t] - G[s]) * dot(qt, k + int64_t(s) * dk) * delta[int64_t(s) * dv + j];
+      o[int64_t(t) * dv + j] = static_cast<float>(ot);
+    }
+  }
+  for (int i = 0; i < dk; ++i)
+    for (int j = 0; j < dv; ++j) {
+      double sij = std::exp(G[C - 1]) * S[i * dv + j];
+      for (int s = 0; s < C; ++s) sij += std::exp(G[C - 1] - G[s]) * k[int64_t(s) * dk + i] * delta[int64_t(s) * dv + j];
+      S[i * dv + j] = static_cast<float>(sij);
+    }
+}
+
 void attend(const float* q, const float* k_cache, const float* v_cache, int64_t n_ctx, int64_t row_stride,
             int head_dim, float scale, float* scores, float* out) {
   float mx = -INFINITY;

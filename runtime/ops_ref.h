@@ -36,6 +36,17 @@ void causal_conv_step(const float* x, float* window, const float* w, int64_t cha
 void delta_rule_step(float* S, const float* q, const float* k, const float* v, float g, float beta,
                      int dk, int dv, float* o);
 
+// The same recurrence over C consecutive tokens at once, in the chunked form (what a GPU prefill
+// kernel computes with matrix products): with G_t = g_1 + ... + g_t (within the chunk) and S0 the
+// state before it,
+//   delta_t = beta_t (v_t - e^{G_t} S0^T k_t) - sum_{s<t} beta_t e^{G_t - G_s} (k_t . k_s) delta_s   (forward substitution)
+//   o_t     = e^{G_t} S0^T q_t + sum_{s<=t} e^{G_t - G_s} (q_t . k_s) delta_s
+//   S_C     = e^{G_C} S0 + sum_s e^{G_C - G_s} k_s delta_s^T
+// (delta_t is the step's beta (v - S'^T k) of delta_rule_step). Rows: q, k [C][dk], v, o [C][dv];
+// g, beta [C]. Equal to C delta_rule_step calls up to fp32 rounding.
+void delta_rule_chunk(float* S, const float* q, const float* k, const float* v, const float* g, const float* beta, int C,
+                      int dk, int dv, float* o);
+
 // Causal attention of one query head over `n_ctx` cached positions (K/V rows of `head_dim`,
 // `row_stride` floats apart); softmax in fp32 with scale.
 void attend(const float* q, const float* k_cache, const float* v_cache, int64_t n_ctx, int64_t row_stride,

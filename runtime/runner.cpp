@@ -50,7 +50,7 @@ class HostRunner final : public Runner {
 
 #ifdef TANDEM_HAVE_CUDA
 // A GPU path switch: NAME=1 turns it on, NAME=0 off, unset leaves `dflt` (the validated fast paths
-// default to on; the switches are for A/B runs and bisecting).
+// default to on, a path not yet run on a GPU to off; the switches are for A/B runs and bisecting).
 bool env_switch(const char* name, bool dflt) {
   const char* v = std::getenv(name);
   if (!v) return dflt;
@@ -132,6 +132,7 @@ class GpuRunner final : public Runner {
     g.grouped_moe_tc = env_switch("TANDEM_GROUPED_MOE_TC", true);
     g.moe_prefetch = env_switch("TANDEM_MOE_PREFETCH", true);
     g.attention_prefill = env_switch("TANDEM_ATTN_PREFILL", true);
+    g.deltanet_chunked = env_switch("TANDEM_DELTANET_CHUNKED", false);  // not yet validated on a GPU
     sample_on_gpu_ = env_switch("TANDEM_GPU_SAMPLING", true);
     if (placement_) {
       cpu_ = std::make_unique<CpuExpertSide>(model, *placement_, o.threads);

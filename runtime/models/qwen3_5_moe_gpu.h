@@ -80,6 +80,10 @@ struct GpuOptions {
   // attention form) instead of one decode call per token. Validated; the runners turn it on unless
   // TANDEM_ATTN_PREFILL=0.
   bool attention_prefill = false;
+  // In batched prefill, DeltaNet through gpu::deltanet_prefill_chunked (the chunked form: 32 tokens a
+  // sequential step) instead of the token-by-token scan. Written, not yet run on a GPU; the runners
+  // turn it on with TANDEM_DELTANET_CHUNKED=1.
+  bool deltanet_chunked = false;
   // Hybrid expert deferral (placement `experts.deferral`): of each token's N lowest-weight routed
   // experts, the host-resident ones join the residual one layer later, so the host runs them while the
   // GPU computes the next layer (Qwen35State::defer_experts with deferrable = the CPU side; changes the

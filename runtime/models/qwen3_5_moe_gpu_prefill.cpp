@@ -74,7 +74,7 @@ void Qwen35MoeGpu::Impl::prefill_chunk(const int32_t* ids_host, int64_t n, float
       linear_rows(L.a, px, n, pa);
       gpu::DeltaNetDecodeArgs p = deltanet_args(L);
       p.qkv = pqkv, p.z = pz, p.b = pb, p.a = pa, p.conv_out = pconv, p.out = pcore;
-      CK(gpu::deltanet_prefill(p, static_cast<int>(n), stream));
+      CK((opts.deltanet_chunked ? gpu::deltanet_prefill_chunked : gpu::deltanet_prefill)(p, static_cast<int>(n), stream));
       linear_rows(L.out_proj, pcore, n, po);
     } else {
       linear_rows(L.q, px, n, pqg);

@@ -106,8 +106,8 @@ TEST(OpsRef, CausalConvCarriesItsWindow) {
   }
 }
 
-// The token-by-token delta rule against the chunked closed form (spec §3.3), one chunk of T tokens,
-// starting from a random state S0: two different formulations must agree.
+// The token-by-token delta rule against the chunked closed form (spec §3.3, ref::delta_rule_chunk),
+// in two chunks from a random state S0: two different formulations must agree.
 TEST(OpsRef, DeltaRuleRecurrenceMatchesChunkedForm) {
   std::mt19937 rng(test_seed());
   const int T = 12, dk = 16, dv = 8;
@@ -126,48 +126,15 @@ TEST(OpsRef, DeltaRuleRecurrenceMatchesChunkedForm) {
   for (int t = 0; t < T; ++t)
     ref::delta_rule_step(S.data(), Q.data() + t * dk, K.data() + t * dk, V.data() + t * dv, g[t], beta[t], dk, dv,
                          O.data() + t * dv);
-  // Chunked form in double.
-  std::vector<double> gam(T);
-  std::partial_sum(g.begin(), g.end(), gam.begin());
-  auto Gamma = [&](int t, int s) { return s <= t ? std::exp(gam[t] - gam[s]) : 0.0; };
-  auto dot = [&](const float* a, const float* b, int n) {
-    double r = 0;
-    for (int i = 0; i < n; ++i) r += double(a[i]) * b[i];
-    return r;
-  };
-  // A = strict_lower(diag(beta) K K^T ∘ Γ); T = I + A; solve T U = diag(beta) V and T W = diag(beta e^γ) K.
-  std::vector<double> U(T * dv), W(T * dk);
-  for (int t = 0; t < T; ++t) {
-    for (int j = 0; j < dv; ++j) U[t * dv + j] = beta[t] * V[t * dv + j];
-    for (int i = 0; i < dk; ++i) W[t * dk + i] = beta[t] * std::exp(gam[t]) * K[t * dk + i];
-    for (int s = 0; s < t; ++s) {
-      const double a = beta[t] * dot(K.data() + t * dk, K.data() + s * dk, dk) * Gamma(t, s);
-      for (int j = 0; j < dv; ++j) U[t * dv + j] -= a * U[s * dv + j];
-      for (int i = 0; i < dk; ++i) W[t * dk + i] -= a * W[s * dk + i];
-    }
-  }
-  std::vector<double> Vn(T * dv), Ochunk(T * dv), S1(dk * dv);
-  for (int t = 0; t < T; ++t)
-    for (int j = 0; j < dv; ++j) {
-      double ws = 0;
-      for (int i = 0; i < dk; ++i) ws += W[t * dk + i] * S0[i * dv + j];
-      Vn[t * dv + j] = U[t * dv + j] - ws;
-    }
-  for (int t = 0; t < T; ++t)
-    for (int j = 0; j < dv; ++j) {
-      double o = 0;
-      for (int i = 0; i < dk; ++i) o += std::exp(gam[t]) * Q[t * dk + i] * S0[i * dv + j];
-      for (int s = 0; s <= t; ++s) o += dot(Q.data() + t * dk, K.data() + s * dk, dk) * Gamma(t, s) * Vn[s * dv + j];
-      Ochunk[t * dv + j] = o;
-    }
-  for (int i = 0; i < dk; ++i)
-    for (int j = 0; j < dv; ++j) {
-      double s1 = std::exp(gam[T - 1]) * S0[i * dv + j];
-      for (int t = 0; t < T; ++t) s1 += std::exp(gam[T - 1] - gam[t]) * K[t * dk + i] * Vn[t * dv + j];
-      S1[i * dv + j] = s1;
-    }
-  EXPECT_LT(rel_l2(std::vector<double>(O.begin(), O.end()), Ochunk), 1e-5) << "seed=" << test_seed();
-  EXPECT_LT(rel_l2(std::vector<double>(S.begin(), S.end()), S1), 1e-5) << "seed=" << test_seed();
+  // Chunked form (ref::delta_rule_chunk, in double inside), in two chunks so the carried state counts.
+  std::vector<float> S1 = S0, Ochunk(T * dv);
+  const int C1 = 5;
+  ref::delta_rule_chunk(S1.data(), Q.data(), K.data(), V.data(), g.data(), beta.data(), C1, dk, dv, Ochunk.data());
+  ref::delta_rule_chunk(S1.data(), Q.data() + C1 * dk, K.data() + C1 * dk, V.data() + C1 * dv, g.data() + C1, beta.data() + C1, T - C1,
+                        dk, dv, Ochunk.data() + C1 * dv);
+  auto d = [](const std::vector<float>& v) { return std::vector<double>(v.begin(), v.end()); };
+  EXPECT_LT(rel_l2(d(O), d(Ochunk)), 1e-5) << "seed=" << test_seed();
+  EXPECT_LT(rel_l2(d(S), d(S1)), 1e-5) << "seed=" << test_seed();
 }
 
 TEST(OpsRef, AttentionIsSoftmaxWeightedValues) {
