@@ -294,7 +294,9 @@ void BM_deltanet_prefill(benchmark::State& state) {
   p.a = take(T * 32), p.A_log = take(32), p.dt_bias = take(32), p.norm_w = take(128), p.conv_w = take(conv_dim * 4);
   p.conv_state = take(conv_dim * 3), p.state = take(S);
   const double bytes = double(T) * (2 * conv_dim + 2 * Vd + 64) * 4 + 2.0 * S * 4;
-  time_kernel(state, bytes, [&] { tandem::gpu::deltanet_prefill(p, T, nullptr); });
+  const bool chunked = state.range(1) == 1;
+  time_kernel(state, bytes, [&] { (chunked ? tandem::gpu::deltanet_prefill_chunked : tandem::gpu::deltanet_prefill)(p, T, nullptr); });
+  state.SetLabel(chunked ? "chunked form" : "token-by-token scan");
   state.counters["tokens/s_one_layer"] = benchmark::Counter(double(T) * 50 * state.iterations(), benchmark::Counter::kIsRate);
   cudaFree(buf);
 }
@@ -311,7 +313,7 @@ BENCHMARK(BM_gemm_bf16)
 BENCHMARK(BM_gemv_int4)
     ->Args({8192, 2048, 1})->Args({16384, 512, 1})->Args({512, 2048, 1})->Args({8192, 2048, 4})
     ->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_deltanet_prefill)->Arg(512)->Arg(4096)->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_deltanet_prefill)->Args({512, 0})->Args({4096, 0})->Args({512, 1})->Args({4096, 1})->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_deltanet_decode)->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_moe_int4_decode)->Args({8, 1, 0})->Args({8, 1, 1})->Args({8, 4, 0})->Args({8, 4, 1})->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_moe_int4_prefill)->Args({256, 0})->Args({256, 1})->Args({256, 2})->Args({2048, 1})->Args({2048, 2})->Args({4096, 2})->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
