@@ -57,6 +57,14 @@ void time_kernel(benchmark::State& state, double bytes, Launch&& launch) {
   cudaEventCreate(&e1);
   constexpr int kInner = 50;
   for (int i = 0; i < 5; ++i) launch();
+  // A launch that failed (bad arguments, too many resources) must not be timed as a fast kernel.
+  cudaError_t err = cudaDeviceSynchronize();
+  if (err == cudaSuccess) err = cudaGetLastError();
+  if (err != cudaSuccess) {
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    return state.SkipWithError(cudaGetErrorString(err));
+  }
   for (auto _ : state) {
     cudaEventRecord(e0);
     for (int i = 0; i < kInner; ++i) launch();
