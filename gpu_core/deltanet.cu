@@ -28,6 +28,21 @@ __device__ float block_sum(float v, float* red) {
   return s;
 }
 
+// Causal conv + SiLU of channel ch over tokens [t0, t1), the window (the hist inputs before t0,
+// oldest first) in registers and moved along.
+__device__ __forceinline__ void conv_tokens(const float* __restrict__ x, const float* __restrict__ w, float (&win)[kMaxHist],
+                                            float* __restrict__ y, int ch, int channels, int kernel, int t0, int t1) {
+  const int hist = kernel - 1;
+  for (int t = t0; t < t1; ++t) {
+    const float xc = x[int64_t(t) * channels + ch];
+    float acc = w[ch * kernel + hist] * xc;
+    for (int j = 0; j < hist; ++j) acc += w[ch * kernel + j] * win[j];
+    y[int64_t(t) * channels + ch] = silu(acc);
+    for (int j = 0; j + 1 < hist; ++j) win[j] = win[j + 1];
+    if (hist > 0) win[hist - 1] = xc;
+  }
+}
+
 // One thread per channel: the conv window lives in registers across the T tokens.
 __global__ void conv_kernel(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ window,
                                     float* __restrict__ y, int channels, int kernel, int T) {
@@ -36,14 +51,7 @@ __global__ void conv_kernel(const float* __restrict__ x, const float* __restrict
   const int hist = kernel - 1;
   float win[kMaxHist];
   for (int j = 0; j < hist; ++j) win[j] = window[j * channels + ch];
-  for (int t = 0; t < T; ++t) {
-    const float xc = x[int64_t(t) * channels + ch];
-    float acc = w[ch * kernel + hist] * xc;
-    for (int j = 0; j < hist; ++j) acc += w[ch * kernel + j] * win[j];
-    y[int64_t(t) * channels + ch] = silu(acc);
-    for (int j = 0; j + 1 < hist; ++j) win[j] = win[j + 1];
-    if (hist > 0) win[hist - 1] = xc;
-  }
+  conv_tokens(x, w, win, y, ch, channels, kernel, 0, T);
   for (int j = 0; j < hist; ++j) window[j * channels + ch] = win[j];
 }
 
@@ -96,6 +104,13 @@ __device__ __forceinline__ float column_sum(const float* part, int j, int dv) {
   for (int rr = 0; rr < kRowGroups; ++rr) v += part[rr * dv + j];
   return v;
 }
+// The L2-norm scales of q (also scaled by dk^-0.5) and k from their sums of squares.
+__device__ __forceinline__ float q_scale(float qq, int dk) { return rsqrtf(qq + 1e-6f) * rsqrtf(static_cast<float>(dk)); }
+__device__ __forceinline__ float k_scale(float kk) { return rsqrtf(kk + 1e-6f); }
+// The gated RMSNorm of output column j: norm_w_j (o_j / rms(o)) silu(z_j), sq = sum of o^2 over dv.
+__device__ __forceinline__ float gated_rms(float o, float sq, int dv, float eps, float norm_w, float z) {
+  return norm_w * (o * rsqrtf(sq / dv + eps)) * silu(z);
+}
 // g = -A softplus(a + dt_bias) (A = e^A_log): the log of the step's decay.
 __device__ __forceinline__ float log_decay(float a, float dt_bias, float A) {
   const float aa = a + dt_bias;
@@ -121,14 +136,7 @@ __global__ void conv_tokens_kernel(const float* __restrict__ x, const float* __r
     const int tt = t0 - hist + j;
     win[j] = tt >= 0 ? x[int64_t(tt) * channels + ch] : window[(hist + tt) * channels + ch];
   }
-  for (int t = t0; t < min(T, t0 + kConvTokens); ++t) {
-    const float xc = x[int64_t(t) * channels + ch];
-    float acc = w[ch * kernel + hist] * xc;
-    for (int j = 0; j < hist; ++j) acc += w[ch * kernel + j] * win[j];
-    y[int64_t(t) * channels + ch] = silu(acc);
-    for (int j = 0; j + 1 < hist; ++j) win[j] = win[j + 1];
-    if (hist > 0) win[hist - 1] = xc;
-  }
+  conv_tokens(x, w, win, y, ch, channels, kernel, t0, min(T, t0 + kConvTokens));
 }
 
 __global__ void conv_window_kernel(const float* __restrict__ x, float* __restrict__ window, int channels, int kernel, int T) {
@@ -152,8 +160,8 @@ __global__ void qk_norm_kernel(float* conv_out, int Hk, int dk, int64_t conv_dim
   const float qi = i < dk ? q[i] : 0.0f, ki = i < dk ? k[i] : 0.0f;
   const float qq = block_sum(qi * qi, red), kk = block_sum(ki * ki, red);
   if (i < dk) {
-    q[i] = qi * (rsqrtf(qq + 1e-6f) * rsqrtf(static_cast<float>(dk)));
-    k[i] = ki * rsqrtf(kk + 1e-6f);
+    q[i] = qi * q_scale(qq, dk);
+    k[i] = ki * k_scale(kk);
   }
 }
 
@@ -315,7 +323,7 @@ __global__ void gated_norm_kernel(float* out, const float* __restrict__ z, const
   const int j = threadIdx.x;
   const float o = j < dv ? out[base + j] : 0.0f;
   const float sq = block_sum(o * o, red);
-  if (j < dv) out[base + j] = norm_w[j] * (o * rsqrtf(sq / dv + eps)) * silu(z[base + j]);
+  if (j < dv) out[base + j] = gated_rms(o, sq, dv, eps, norm_w[j], z[base + j]);
 }
 
 __global__ void delta_head_kernel(DeltaNetDecodeArgs p, int T) {
@@ -345,7 +353,7 @@ __global__ void delta_head_kernel(DeltaNetDecodeArgs p, int T) {
     }
     qq = block_sum(qq, red);
     kk = block_sum(kk, red);
-    const float qs = rsqrtf(qq + 1e-6f) * rsqrtf(static_cast<float>(dk)), ks = rsqrtf(kk + 1e-6f);
+    const float qs = q_scale(qq, dk), ks = k_scale(kk);
     for (int i = tid; i < dk; i += blockDim.x) {
       q[i] *= qs;
       k[i] *= ks;
@@ -364,10 +372,24 @@ __global__ void delta_head_kernel(DeltaNetDecodeArgs p, int T) {
     const float sq = block_sum(r == 0 ? oj * oj : 0.0f, red);
     if (r == 0) {
       const float zj = p.z[t * Vd + static_cast<int64_t>(h) * dv + j];
-      p.out[t * Vd + static_cast<int64_t>(h) * dv + j] = p.norm_w[j] * (oj * rsqrtf(sq / dv + p.eps)) * silu(zj);
+      p.out[t * Vd + static_cast<int64_t>(h) * dv + j] = gated_rms(oj, sq, dv, p.eps, p.norm_w[j], zj);
     }
   }
   slice_store(s, S, r, j, dk, dv);
+}
+
+// Prompt chunks (T > 1): the token-parallel parts around a recurrence launched by `recurrence`
+// (it reads q / k normalised in conv_out and writes the raw o): conv, window, q/k norms, ..., gated norm.
+template <typename Recurrence>
+cudaError_t launch_token_parallel(const DeltaNetDecodeArgs& p, int T, cudaStream_t stream, Recurrence&& recurrence) {
+  const int conv_dim = 2 * p.Hk * p.dk + p.Hv * p.dv;
+  conv_tokens_kernel<<<dim3((conv_dim + 255) / 256, (T + kConvTokens - 1) / kConvTokens), 256, 0, stream>>>(
+      p.qkv, p.conv_w, p.conv_state, p.conv_out, conv_dim, p.kernel, T);
+  conv_window_kernel<<<(conv_dim + 255) / 256, 256, 0, stream>>>(p.qkv, p.conv_state, conv_dim, p.kernel, T);
+  qk_norm_kernel<<<T * p.Hk, (p.dk + 31) / 32 * 32, 0, stream>>>(p.conv_out, p.Hk, p.dk, conv_dim);
+  recurrence();
+  gated_norm_kernel<<<T * p.Hv, (p.dv + 31) / 32 * 32, 0, stream>>>(p.out, p.z, p.norm_w, p.dv, p.eps);
+  return cudaGetLastError();
 }
 
 }  // namespace
@@ -378,15 +400,10 @@ cudaError_t deltanet_prefill(const DeltaNetDecodeArgs& p, int T, cudaStream_t st
     return cudaErrorInvalidValue;
   const int conv_dim = 2 * p.Hk * p.dk + p.Hv * p.dv;
   const int threads = p.dv * kRowGroups;
-  if (T > 1 && threads >= p.dk && threads <= kScanMaxThreads) {  // prompt chunks: tokens in parallel wherever the recurrence allows
-    conv_tokens_kernel<<<dim3((conv_dim + 255) / 256, (T + kConvTokens - 1) / kConvTokens), 256, 0, stream>>>(
-        p.qkv, p.conv_w, p.conv_state, p.conv_out, conv_dim, p.kernel, T);
-    conv_window_kernel<<<(conv_dim + 255) / 256, 256, 0, stream>>>(p.qkv, p.conv_state, conv_dim, p.kernel, T);
-    qk_norm_kernel<<<T * p.Hk, (p.dk + 31) / 32 * 32, 0, stream>>>(p.conv_out, p.Hk, p.dk, conv_dim);
-    delta_scan_kernel<<<p.Hv, threads, (4 * p.dk + 2 * kRowGroups * p.dv) * sizeof(float), stream>>>(p, T);
-    gated_norm_kernel<<<T * p.Hv, (p.dv + 31) / 32 * 32, 0, stream>>>(p.out, p.z, p.norm_w, p.dv, p.eps);
-    return cudaGetLastError();
-  }
+  if (T > 1 && threads >= p.dk && threads <= kScanMaxThreads)  // prompt chunks: tokens in parallel wherever the recurrence allows
+    return launch_token_parallel(p, T, stream, [&] {
+      delta_scan_kernel<<<p.Hv, threads, (4 * p.dk + 2 * kRowGroups * p.dv) * sizeof(float), stream>>>(p, T);
+    });
   conv_kernel<<<(conv_dim + 255) / 256, 256, 0, stream>>>(p.qkv, p.conv_w, p.conv_state, p.conv_out, conv_dim, p.kernel, T);
   const size_t smem = (2 * p.dk + kRowGroups * p.dv + threads / 32) * sizeof(float);
   delta_head_kernel<<<p.Hv, threads, smem, stream>>>(p, T);
@@ -396,17 +413,12 @@ cudaError_t deltanet_prefill(const DeltaNetDecodeArgs& p, int T, cudaStream_t st
 cudaError_t deltanet_prefill_chunked(const DeltaNetDecodeArgs& p, int T, cudaStream_t stream) {
   if (T < 1 || p.Hk < 1 || p.Hv % p.Hk || p.dk < 1 || p.dk > 128 || p.dv < 1 || p.kernel < 1 || p.kernel > kMaxHist + 1)
     return cudaErrorInvalidValue;
-  const int conv_dim = 2 * p.Hk * p.dk + p.Hv * p.dv;
   const size_t smem = chunk_smem_floats(p.dk) * sizeof(float);
   const cudaError_t e = cudaFuncSetAttribute(delta_chunk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
   if (e != cudaSuccess) return e;
-  conv_tokens_kernel<<<dim3((conv_dim + 255) / 256, (T + kConvTokens - 1) / kConvTokens), 256, 0, stream>>>(
-      p.qkv, p.conv_w, p.conv_state, p.conv_out, conv_dim, p.kernel, T);
-  conv_window_kernel<<<(conv_dim + 255) / 256, 256, 0, stream>>>(p.qkv, p.conv_state, conv_dim, p.kernel, T);
-  qk_norm_kernel<<<T * p.Hk, (p.dk + 31) / 32 * 32, 0, stream>>>(p.conv_out, p.Hk, p.dk, conv_dim);
-  delta_chunk_kernel<<<dim3(p.Hv, (p.dv + kSlice - 1) / kSlice), kChunkThreads, smem, stream>>>(p, T);
-  gated_norm_kernel<<<T * p.Hv, (p.dv + 31) / 32 * 32, 0, stream>>>(p.out, p.z, p.norm_w, p.dv, p.eps);
-  return cudaGetLastError();
+  return launch_token_parallel(p, T, stream, [&] {
+    delta_chunk_kernel<<<dim3(p.Hv, (p.dv + kSlice - 1) / kSlice), kChunkThreads, smem, stream>>>(p, T);
+  });
 }
 
 cudaError_t deltanet_decode(const DeltaNetDecodeArgs& p, cudaStream_t stream) { return deltanet_prefill(p, 1, stream); }

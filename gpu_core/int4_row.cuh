@@ -44,6 +44,18 @@ __device__ __forceinline__ uint32_t load_stream(const uint32_t* p) {
   return v;
 }
 
+// sum over the word's 8 inputs of (q - z) * x (x: 8 fp16 inputs, 16-byte aligned): fp16 products summed
+// in fp16 pairs, the two halves added in fp32 (the caller applies the group's scale).
+__device__ __forceinline__ float word_dot(uint32_t word, const __half* x, __half2 z) {
+  const uint4 xv = *reinterpret_cast<const uint4*>(x);
+  const uint32_t xw[4] = {xv.x, xv.y, xv.z, xv.w};
+  __half2 part = __hmul2(dequant_pair(word, 0, z), as_half2(xw[0]));
+#pragma unroll
+  for (int i = 1; i < 4; ++i) part = __hfma2(dequant_pair(word, i, z), as_half2(xw[i]), part);
+  const float2 f = __half22float2(part);
+  return f.x + f.y;
+}
+
 // Consecutive lanes take consecutive 8-input code words, so both the codes (4 B a lane) and the
 // activations (16 B a lane) are contiguous across the warp: few L1 wavefronts per load. (Giving
 // each lane 32 inputs instead made activation loads stride 64 B across lanes, and the kernel ran
@@ -74,13 +86,7 @@ __device__ __forceinline__ void int4_row_dot(const Int4View& W, int64_t row, int
 #pragma unroll
       for (int t = 0; t < TMAX; ++t) {
         if (t >= T) break;
-        const uint4 xv = *reinterpret_cast<const uint4*>(x + t * x_stride + w * 8);
-        const uint32_t xw[4] = {xv.x, xv.y, xv.z, xv.w};
-        __half2 part = __hmul2(dequant_pair(wd[u], 0, z), as_half2(xw[0]));
-#pragma unroll
-        for (int i = 1; i < 4; ++i) part = __hfma2(dequant_pair(wd[u], i, z), as_half2(xw[i]), part);
-        const float2 f = __half22float2(part);
-        acc[t] += s * (f.x + f.y);
+        acc[t] += s * word_dot(wd[u], x + t * x_stride + w * 8, z);
       }
     }
   }
@@ -103,13 +109,7 @@ __device__ __forceinline__ float int4_words_dot(const Int4View& W, int64_t row, 
     const int64_t g = (w * 8) / W.group_size;
     const __half2 z = zero_1024(zr[g]);
     const float s = __half2float(__ushort_as_half(sc[g]));
-    const uint4 xv = *reinterpret_cast<const uint4*>(x + w * 8);
-    const uint32_t xw[4] = {xv.x, xv.y, xv.z, xv.w};
-    __half2 part = __hmul2(dequant_pair(wd[u], 0, z), as_half2(xw[0]));
-#pragma unroll
-    for (int i = 1; i < 4; ++i) part = __hfma2(dequant_pair(wd[u], i, z), as_half2(xw[i]), part);
-    const float2 f = __half22float2(part);
-    acc += s * (f.x + f.y);
+    acc += s * word_dot(wd[u], x + w * 8, z);
   }
   return acc;
 }

@@ -245,6 +245,27 @@ using FragA = nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 16, __half,
 using FragB = nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, 16, 16, 16, __half, nvcuda::wmma::col_major>;
 using FragC = nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float>;
 
+// Warp `warp`'s 16 rows x 32 pairs of the staged tiles: c[mi] += As[16 mi..][kTcK] x Bs[16 warp..][kTcK]^T.
+__device__ __forceinline__ void tc_mma(const __half* As, const __half* Bs, int warp, FragC (&c)[2]) {
+#pragma unroll
+  for (int kk = 0; kk < kTcK; kk += 16) {
+    FragB b;
+    nvcuda::wmma::load_matrix_sync(b, Bs + warp * 16 * kLdB + kk, kLdB);
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi) {
+      FragA a;
+      nvcuda::wmma::load_matrix_sync(a, As + mi * 16 * kLdA + kk, kLdA);
+      nvcuda::wmma::mma_sync(c[mi], a, b, c[mi]);
+    }
+  }
+}
+
+// The accumulators into C [kTcM][kLdC] (pair, row of the tile).
+__device__ __forceinline__ void tc_store(const FragC (&c)[2], float* C, int warp) {
+#pragma unroll
+  for (int mi = 0; mi < 2; ++mi) nvcuda::wmma::store_matrix_sync(C + mi * 16 * kLdC + warp * 16, c[mi], kLdC, nvcuda::wmma::mem_row_major);
+}
+
 __global__ void __launch_bounds__(kTcThreads)
     tc_gate_up_kernel(const Int4Expert* __restrict__ experts, int64_t H, int64_t I, const int4* __restrict__ items,
                       const int32_t* __restrict__ counts, const __half* __restrict__ xg, const __half* __restrict__ xu,
@@ -266,29 +287,14 @@ __global__ void __launch_bounds__(kTcThreads)
     tc_load_w(ex.gate, n0, k0, Bg);
     tc_load_w(ex.up, n0, k0, Bu);
     __syncthreads();
-#pragma unroll
-    for (int kk = 0; kk < kTcK; kk += 16) {
-      FragB bg, bu;
-      wmma::load_matrix_sync(bg, Bg + warp * 16 * kLdB + kk, kLdB);
-      wmma::load_matrix_sync(bu, Bu + warp * 16 * kLdB + kk, kLdB);
-#pragma unroll
-      for (int mi = 0; mi < 2; ++mi) {
-        FragA ag, au;
-        wmma::load_matrix_sync(ag, Ag + mi * 16 * kLdA + kk, kLdA);
-        wmma::load_matrix_sync(au, Au + mi * 16 * kLdA + kk, kLdA);
-        wmma::mma_sync(cg[mi], ag, bg, cg[mi]);
-        wmma::mma_sync(cu[mi], au, bu, cu[mi]);
-      }
-    }
+    tc_mma(Ag, Bg, warp, cg);
+    tc_mma(Au, Bu, warp, cu);
     __syncthreads();
   }
   float* Cg = reinterpret_cast<float*>(Bg);  // kTcM x kLdC floats fit in a B tile
   float* Cu = reinterpret_cast<float*>(Bu);
-#pragma unroll
-  for (int mi = 0; mi < 2; ++mi) {
-    wmma::store_matrix_sync(Cg + mi * 16 * kLdC + warp * 16, cg[mi], kLdC, wmma::mem_row_major);
-    wmma::store_matrix_sync(Cu + mi * 16 * kLdC + warp * 16, cu[mi], kLdC, wmma::mem_row_major);
-  }
+  tc_store(cg, Cg, warp);
+  tc_store(cu, Cu, warp);
   __syncthreads();
   for (int i = threadIdx.x; i < kTcM * kTcN; i += kTcThreads) {
     const int m = i / kTcN, n = i % kTcN;
@@ -317,22 +323,11 @@ __global__ void __launch_bounds__(kTcThreads)
     tc_load_a(h, I, s0, cnt, k0, down.perm, As);
     tc_load_w(down, n0, k0, Bs);
     __syncthreads();
-#pragma unroll
-    for (int kk = 0; kk < kTcK; kk += 16) {
-      FragB b;
-      wmma::load_matrix_sync(b, Bs + warp * 16 * kLdB + kk, kLdB);
-#pragma unroll
-      for (int mi = 0; mi < 2; ++mi) {
-        FragA a;
-        wmma::load_matrix_sync(a, As + mi * 16 * kLdA + kk, kLdA);
-        wmma::mma_sync(c[mi], a, b, c[mi]);
-      }
-    }
+    tc_mma(As, Bs, warp, c);
     __syncthreads();
   }
   float* C = reinterpret_cast<float*>(Bs);
-#pragma unroll
-  for (int mi = 0; mi < 2; ++mi) wmma::store_matrix_sync(C + mi * 16 * kLdC + warp * 16, c[mi], kLdC, wmma::mem_row_major);
+  tc_store(c, C, warp);
   __syncthreads();
   for (int i = threadIdx.x; i < kTcM * kTcN; i += kTcThreads) {
     const int m = i / kTcN, n = i % kTcN;
@@ -344,16 +339,26 @@ __global__ void __launch_bounds__(kTcThreads)
 static_assert(kTcM * kLdC * sizeof(float) <= kTcN * kLdB * sizeof(__half), "the C tile reuses a B tile's shared memory");
 static_assert(kTcThreads == 32 * (kTcN / 16) && kTcM == 32, "4 warps of 16 rows, 2 fragments of 16 pairs each");
 
+bool grouped_shape_ok(int n, int k, int E, int64_t H, int64_t I, int64_t group_size) {
+  return n >= 1 && k >= 1 && E >= 1 && E <= 4096 && H % 8 == 0 && I % 8 == 0 && group_size % 8 == 0 && H % group_size == 0 &&
+         I % group_size == 0;
+}
+
+// Steps 1-2 of both forms: pairs sorted by expert into items of `item`, rows gathered to fp16.
+void group_and_gather(const Int4Expert* experts, int E, int64_t H, const int32_t* ids, int64_t P, int k, int item, const float* x,
+                      const Carve& w, cudaStream_t stream) {
+  group_pairs_kernel<<<1, 1024, 2 * E * sizeof(int32_t), stream>>>(ids, static_cast<int>(P), E, item, w.order, w.pos_of, w.counts, w.items);
+  gather_pairs_kernel<<<static_cast<unsigned>(P), 256, 0, stream>>>(experts, ids, k, H, x, w.order, w.counts, w.xg, w.xu);
+}
+
 }  // namespace
 
 cudaError_t moe_int4_grouped_tc(const Int4Expert* experts, int E, int64_t H, int64_t I, int64_t group_size, const int32_t* ids,
                                 const float* weights, int n, int k, const float* x, void* workspace, float* out, cudaStream_t stream) {
-  if (n < 1 || k < 1 || E < 1 || E > 4096 || H % 8 || I % 8 || group_size % 8 || H % group_size || I % group_size)
-    return cudaErrorInvalidValue;
+  if (!grouped_shape_ok(n, k, E, H, I, group_size)) return cudaErrorInvalidValue;
   const int64_t P = static_cast<int64_t>(n) * k, items = Carve::max_items(P, E, kTcM);
   const Carve w(workspace, P, H, I, E);
-  group_pairs_kernel<<<1, 1024, 2 * E * sizeof(int32_t), stream>>>(ids, static_cast<int>(P), E, kTcM, w.order, w.pos_of, w.counts, w.items);
-  gather_pairs_kernel<<<static_cast<unsigned>(P), 256, 0, stream>>>(experts, ids, k, H, x, w.order, w.counts, w.xg, w.xu);
+  group_and_gather(experts, E, H, ids, P, k, kTcM, x, w, stream);
   tc_gate_up_kernel<<<dim3(static_cast<unsigned>((I + kTcN - 1) / kTcN), static_cast<unsigned>(items)), kTcThreads, 0, stream>>>(
       experts, H, I, w.items, w.counts, w.xg, w.xu, w.h);
   tc_down_kernel<<<dim3(static_cast<unsigned>((H + kTcN - 1) / kTcN), static_cast<unsigned>(items)), kTcThreads, 0, stream>>>(
@@ -366,13 +371,10 @@ size_t moe_int4_grouped_workspace(int64_t n, int k, int64_t H, int64_t I, int E)
 
 cudaError_t moe_int4_grouped(const Int4Expert* experts, int E, int64_t H, int64_t I, int64_t group_size, const int32_t* ids,
                              const float* weights, int n, int k, const float* x, void* workspace, float* out, cudaStream_t stream) {
-  if (n < 1 || k < 1 || E < 1 || E > 4096 || H % 8 || I % 8 || group_size % 8 || H % group_size || I % group_size ||
-      kItem * I * 2 > 48 * 1024)
-    return cudaErrorInvalidValue;
+  if (!grouped_shape_ok(n, k, E, H, I, group_size) || kItem * I * 2 > 48 * 1024) return cudaErrorInvalidValue;
   const int64_t P = static_cast<int64_t>(n) * k, items = Carve::max_items(P, E);
   const Carve w(workspace, P, H, I, E);
-  group_pairs_kernel<<<1, 1024, 2 * E * sizeof(int32_t), stream>>>(ids, static_cast<int>(P), E, kItem, w.order, w.pos_of, w.counts, w.items);
-  gather_pairs_kernel<<<static_cast<unsigned>(P), 256, 0, stream>>>(experts, ids, k, H, x, w.order, w.counts, w.xg, w.xu);
+  group_and_gather(experts, E, H, ids, P, k, kItem, x, w, stream);
   switch (lanes_for(H)) {
     case 32: launch_gate_up<32>(experts, H, I, w, items, stream); break;
     case 16: launch_gate_up<16>(experts, H, I, w, items, stream); break;

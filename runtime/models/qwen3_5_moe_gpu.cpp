@@ -321,25 +321,14 @@ void Qwen35MoeGpu::Impl::step(int32_t id, float* logits_host) {
   if (graph_ok && !tr) {
     hidpos[0] = id, hidpos[1] = static_cast<int32_t>(pos);  // the previous launch has finished (synchronized)
     const int w = !logits_host ? 0 : logits_host == &logits_sink ? 2 : 1;
-    if (!graph[w]) capture(w);
-    CK(cudaGraphLaunch(graph[w], stream));
-    CK(cudaStreamSynchronize(stream));
-    if (w == 1) std::memcpy(logits_host, hlogits, c.vocab_size * sizeof(float));
-    counts.gpu += static_cast<uint64_t>(c.num_experts_per_tok) * layers.size();
-    ++pos;
-    return;
-  }
-  if (seg_ok && !tr) {
-    hidpos[0] = id, hidpos[1] = static_cast<int32_t>(pos);
-    const int w = !logits_host ? 0 : logits_host == &logits_sink ? 2 : 1;
-    if (segs[w].empty()) capture_segments(w);
+    if (segs[w].empty()) capture(w);
     for (size_t i = 0; i < segs[w].size(); ++i) {
       CK(cudaGraphLaunch(segs[w][i], stream));
       if (i < seg_layers.size()) host_part(static_cast<size_t>(seg_layers[i]), 1, true);
     }
     CK(cudaStreamSynchronize(stream));
     if (w == 1) std::memcpy(logits_host, hlogits, c.vocab_size * sizeof(float));
-    counts.gpu += static_cast<uint64_t>(c.num_experts_per_tok) * seg_gpu_layers;
+    counts.gpu += static_cast<uint64_t>(c.num_experts_per_tok) * gpu_only_layers;
     ++pos;
     return;
   }
@@ -351,26 +340,10 @@ void Qwen35MoeGpu::Impl::step(int32_t id, float* logits_host) {
   if (logits_host) CK(cudaStreamSynchronize(stream));
 }
 
-// Captures graph[w]: 0 without logits, 1 with logits copied to hlogits, 2 with logits left on the device.
+// Captures segs[w] (0 without logits, 1 with logits copied to hlogits, 2 with logits left on the
+// device): the step as CUDA graphs, cut at every host handoff (one graph when there is none).
 void Qwen35MoeGpu::Impl::capture(int w) {
-  const ExpertCounts saved = counts;  // enqueue() counts on the host; the launches count themselves
-  cudaGraph_t g = nullptr;
-  CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  try {
-    enqueue(0, hidpos, hidpos + 1, w == 0 ? nullptr : w == 1 ? hlogits : &logits_sink, nullptr);
-  } catch (...) {
-    abandon_capture();
-    throw;
-  }
-  CK(cudaStreamEndCapture(stream, &g));
-  CK(cudaGraphInstantiate(&graph[w], g, 0));
-  CK(cudaGraphDestroy(g));
-  counts = saved;
-}
-
-// Captures segs[w]: the step of graph[w] cut at every host handoff (see seg_ok).
-void Qwen35MoeGpu::Impl::capture_segments(int w) {
-  const ExpertCounts saved = counts;
+  const ExpertCounts saved = counts;  // enqueue() counts on the host; replays count in step()
   seg_layers.clear();
   segmenting = true;
   seg_out = &segs[w];
@@ -548,8 +521,8 @@ bool Qwen35MoeGpu::forward_top(std::span<const int32_t> ids, std::span<const gpu
   for (int i = 0; i < k; ++i) top[i] = {hi[i], hv[i]};
   return true;
 }
-bool Qwen35MoeGpu::cuda_graph_active() const { return impl_->graph_ok || impl_->seg_ok; }
-bool Qwen35MoeGpu::graph_cut_at_handoffs() const { return impl_->seg_ok; }
+bool Qwen35MoeGpu::cuda_graph_active() const { return impl_->graph_ok; }
+bool Qwen35MoeGpu::graph_cut_at_handoffs() const { return impl_->graph_ok && impl_->gpu_only_layers < impl_->layers.size(); }
 
 std::unique_ptr<Qwen35MoeGpu> Qwen35MoeGpu::create(const Qwen35Moe& model, const GpuOptions& opts) {
   int n = 0;
@@ -615,11 +588,10 @@ std::unique_ptr<Qwen35MoeGpu> Qwen35MoeGpu::create(const Qwen35Moe& model, const
     CK(gpu::blas_create(&impl->blas));
     CK(gpu::blas_set_workspace(impl->blas, impl->blas_ws, gpu::kBlasWorkspaceBytes));
   }
-  impl->graph_ok = opts.cuda_graph && impl->embed;
-  for (const DevLayer& L : impl->layers) impl->graph_ok &= !(L.cpu_experts && opts.host_experts);
-  impl->seg_ok = opts.cuda_graph && impl->embed && !impl->graph_ok && opts.host_experts && !impl->deferring();
-  for (const DevLayer& L : impl->layers) impl->seg_gpu_layers += !(L.cpu_experts && opts.host_experts);
-  if (impl->graph_ok || impl->seg_ok) {
+  for (const DevLayer& L : impl->layers) impl->gpu_only_layers += !(L.cpu_experts && opts.host_experts);
+  // Deferred host work joins a layer late, across the cuts: such steps stay eager.
+  impl->graph_ok = opts.cuda_graph && impl->embed && !(impl->deferring() && impl->gpu_only_layers < impl->layers.size());
+  if (impl->graph_ok) {
     CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hidpos), 2 * sizeof(int32_t), cudaHostAllocDefault));
     CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hlogits), model.config().vocab_size * sizeof(float), cudaHostAllocDefault));
   }

@@ -85,16 +85,15 @@ struct Qwen35MoeGpu::Impl {
   ExpertCounts counts;
   // --trace: events at the segment boundaries of every layer, turned into GPU spans after each step.
   std::vector<cudaEvent_t> tev;
-  // CUDA graphs of a whole step, [0] without and [1] with logits (GpuOptions::cuda_graph).
+  // Decode steps as CUDA graphs (GpuOptions::cuda_graph; not with --trace), cut at every host handoff
+  // of a hybrid placement: segment i ends with a layer's router result on its way to the host (an
+  // event node), the host runs that layer's experts, and segment i + 1 starts by adding their sum.
+  // Without host experts a step is one graph. segs[0] without logits, [1] with logits copied to
+  // hlogits, [2] with logits left on the device (forward_top).
   bool graph_ok = false;
-  cudaGraphExec_t graph[3] = {nullptr, nullptr, nullptr};  // [2]: logits left on the device (forward_top)
-  // Hybrid decode steps as CUDA graphs cut at each host handoff (GpuOptions::cuda_graph with host
-  // experts, no deferral): segment i ends with a layer's router result on its way to the host
-  // (an event node), the host runs that layer's experts, and segment i + 1 starts by adding their sum.
-  bool seg_ok = false;
   std::vector<cudaGraphExec_t> segs[3];
   std::vector<int> seg_layers;   // the layer whose host experts follow segment i
-  uint64_t seg_gpu_layers = 0;   // layers with no host experts (counted as GPU-served per step)
+  uint64_t gpu_only_layers = 0;  // layers with no host experts (counted as GPU-served per step)
   bool segmenting = false;       // enqueue() under capture: cut at handoffs
   std::vector<cudaGraphExec_t>* seg_out = nullptr;
   // forward_top: the logits row stays on the device (no copy at the end of a step or chunk); the
@@ -142,8 +141,6 @@ struct Qwen35MoeGpu::Impl {
     if (stream) cudaStreamDestroy(stream);
     if (routed) cudaEventDestroy(routed);
     for (cudaEvent_t e : tev) cudaEventDestroy(e);
-    for (cudaGraphExec_t g : graph)
-      if (g) cudaGraphExecDestroy(g);
     for (auto& v : segs)
       for (cudaGraphExec_t g : v) cudaGraphExecDestroy(g);
     if (hidpos) cudaFreeHost(hidpos);
@@ -178,9 +175,6 @@ struct Qwen35MoeGpu::Impl {
   void gpu_experts(const DevLayer& L, const float* x_dev, const int32_t* ids_dev, const float* w_dev, int64_t n, uint16_t* xh_buf, void* hs, float* out);
 
   // Hybrid handoff, part 1: x and the top-k of n tokens to pinned host memory, then an event.
-  void capture_segments(int w);
-  void cut_segment(bool more);
-  void abandon_capture();
   void handoff_out(const float* x_dev, const int32_t* ids_dev, const float* w_dev, int64_t n);
 
   // Part 2: wait for the event (spinning: a blocking sync adds a wake-up), run the host-resident
@@ -213,12 +207,15 @@ struct Qwen35MoeGpu::Impl {
   void trace_begin(Trace* tr);
   void trace_end(Trace* tr);
 
-  // One decode step: eagerly (trace, hybrid handoffs, host embedding) or as a captured CUDA graph
-  // (GpuOptions::cuda_graph, everything on the GPU): the same enqueue() either way.
+  // One decode step: eagerly (trace, host embedding, deferral) or as captured CUDA graphs (see
+  // graph_ok): the same enqueue() either way.
   void step(int32_t id, float* logits_host);
 
-  // Captures graph[w]: 0 without logits, 1 with logits copied to hlogits, 2 with logits left on the device.
+  // Captures segs[w]; cut_segment ends the segment under capture (and starts the next when `more`);
+  // abandon_capture ends a capture after a failure so the stream stays usable.
   void capture(int w);
+  void cut_segment(bool more);
+  void abandon_capture();
 
   // Queues one token's work on the stream: id / position copied from id_src / pos_src (host memory),
   // logits (when logits_dst) copied to logits_dst. Host-side waits only for hybrid handoffs and the
