@@ -77,19 +77,20 @@ TEST_P(GpuDeltaNet, StepsMatchReference) {
   EXPECT_EQ(gw, window);  // the conv window is a copy of inputs: exact
 }
 
-// Prefill: chunks of 37 and 5 tokens in one call each, every token's output and the final states
-// against the same reference steps (same bound: the same operations per token).
-TEST_P(GpuDeltaNet, PrefillMatchesReference) {
-  TANDEM_REQUIRE_GPU();
-  const DnCase c = GetParam();
-  std::mt19937 rng(test::test_seed() + 1);
+// Prompts of the given lengths through `prefill` (one call each, states carried) beside the reference
+// steps; check(T, got, want) judges each prompt's outputs ([T][Hv*dv]), and the final recurrent state
+// must agree within state_tol, the conv window exactly (it is a copy of inputs).
+template <typename Prefill, typename Check>
+void prefill_vs_reference(const DnCase& c, unsigned seed, std::initializer_list<int> lengths, Prefill&& prefill, Check&& check,
+                          double state_tol) {
+  std::mt19937 rng(seed);
   const int conv_dim = 2 * c.Hk * c.dk + c.Hv * c.dv, Vd = c.Hv * c.dv;
   const auto conv_w = test::random_floats(rng, conv_dim * c.kernel, 0.5f);
   auto A_log = test::random_floats(rng, c.Hv, 1.0f), dt = test::random_floats(rng, c.Hv), nw = test::random_floats(rng, c.dv, 0.3f);
   for (auto& v : nw) v += 1.0f;
   std::vector<float> window((c.kernel - 1) * conv_dim, 0.0f), S(int64_t(c.Hv) * c.dk * c.dv, 0.0f);
   test::DeviceBuffer<float> d_conv_w(conv_w), d_A(A_log), d_dt(dt), d_nw(nw), d_window(window), d_S(S);
-  for (const int T : {37, 5, 2}) {  // 2: fewer tokens than the conv history
+  for (const int T : lengths) {
     const auto qkv = test::random_floats(rng, T * conv_dim), z = test::random_floats(rng, T * Vd), b = test::random_floats(rng, T * c.Hv),
                a = test::random_floats(rng, T * c.Hv);
     test::DeviceBuffer<float> d_qkv(qkv), d_z(z), d_b(b), d_a(a), d_cout(T * conv_dim), d_out(T * Vd);
@@ -97,21 +98,37 @@ TEST_P(GpuDeltaNet, PrefillMatchesReference) {
     p.qkv = d_qkv.ptr, p.z = d_z.ptr, p.b = d_b.ptr, p.a = d_a.ptr, p.conv_w = d_conv_w.ptr, p.conv_state = d_window.ptr;
     p.conv_out = d_cout.ptr, p.A_log = d_A.ptr, p.dt_bias = d_dt.ptr, p.norm_w = d_nw.ptr, p.state = d_S.ptr, p.out = d_out.ptr;
     p.Hk = c.Hk, p.Hv = c.Hv, p.dk = c.dk, p.dv = c.dv, p.kernel = c.kernel;
-    CUDA_OK(gpu::deltanet_prefill(p, T, nullptr));
-    CUDA_OK(cudaDeviceSynchronize());
-    const auto got = d_out.to_host();
+    CUDA_OK(prefill(p, T));
+    std::vector<float> want;
     for (int t = 0; t < T; ++t) {
       auto slice = [&](const std::vector<float>& v, int64_t n) { return std::vector<float>(v.begin() + t * n, v.begin() + (t + 1) * n); };
-      const auto want = reference_step(c, slice(qkv, conv_dim), slice(z, Vd), slice(b, c.Hv), slice(a, c.Hv), conv_w, A_log, dt, nw,
-                                       window, S);
-      const auto g = slice(got, Vd);
-      ASSERT_LT(test::rel_l2(std::vector<double>(g.begin(), g.end()), std::vector<double>(want.begin(), want.end())), 2e-5)
-          << "chunk " << T << " token " << t << " seed " << test::test_seed();
+      const auto o = reference_step(c, slice(qkv, conv_dim), slice(z, Vd), slice(b, c.Hv), slice(a, c.Hv), conv_w, A_log, dt, nw, window, S);
+      want.insert(want.end(), o.begin(), o.end());
     }
+    CUDA_OK(cudaDeviceSynchronize());
+    check(T, d_out.to_host(), want);
   }
   const auto gS = d_S.to_host(), gw = d_window.to_host();
-  EXPECT_LT(test::rel_l2(std::vector<double>(gS.begin(), gS.end()), std::vector<double>(S.begin(), S.end())), 2e-5);
+  EXPECT_LT(test::rel_l2(std::vector<double>(gS.begin(), gS.end()), std::vector<double>(S.begin(), S.end())), state_tol);
   EXPECT_EQ(gw, window);
+}
+
+// Prefill: chunks of 37, 5 and 2 tokens (fewer than the conv history) in one call each, every
+// token's output and the final states against the same reference steps (same bound: the same
+// operations per token).
+TEST_P(GpuDeltaNet, PrefillMatchesReference) {
+  TANDEM_REQUIRE_GPU();
+  const DnCase c = GetParam();
+  const int64_t Vd = int64_t(c.Hv) * c.dv;
+  prefill_vs_reference(
+      c, test::test_seed() + 1, {37, 5, 2}, [](const gpu::DeltaNetDecodeArgs& p, int T) { return gpu::deltanet_prefill(p, T, nullptr); },
+      [&](int T, const std::vector<float>& got, const std::vector<float>& want) {
+        for (int t = 0; t < T; ++t) {
+          const std::vector<double> g(got.begin() + t * Vd, got.begin() + (t + 1) * Vd), w(want.begin() + t * Vd, want.begin() + (t + 1) * Vd);
+          ASSERT_LT(test::rel_l2(g, w), 2e-5) << "chunk " << T << " token " << t << " seed " << test::test_seed();
+        }
+      },
+      2e-5);
 }
 
 // The chunked form (deltanet_prefill_chunked): prompts of 100, 37, 5 and 2 tokens in one call each
@@ -120,37 +137,14 @@ TEST_P(GpuDeltaNet, PrefillMatchesReference) {
 // matrix products over a chunk, cumulative log decays): 1e-4.
 TEST_P(GpuDeltaNet, ChunkedPrefillMatchesReference) {
   TANDEM_REQUIRE_GPU();
-  const DnCase c = GetParam();
-  std::mt19937 rng(test::test_seed() + 2);
-  const int conv_dim = 2 * c.Hk * c.dk + c.Hv * c.dv, Vd = c.Hv * c.dv;
-  const auto conv_w = test::random_floats(rng, conv_dim * c.kernel, 0.5f);
-  auto A_log = test::random_floats(rng, c.Hv, 1.0f), dt = test::random_floats(rng, c.Hv), nw = test::random_floats(rng, c.dv, 0.3f);
-  for (auto& v : nw) v += 1.0f;
-  std::vector<float> window((c.kernel - 1) * conv_dim, 0.0f), S(int64_t(c.Hv) * c.dk * c.dv, 0.0f);
-  test::DeviceBuffer<float> d_conv_w(conv_w), d_A(A_log), d_dt(dt), d_nw(nw), d_window(window), d_S(S);
-  for (const int T : {100, 37, 5, 2}) {
-    const auto qkv = test::random_floats(rng, T * conv_dim), z = test::random_floats(rng, T * Vd), b = test::random_floats(rng, T * c.Hv),
-               a = test::random_floats(rng, T * c.Hv);
-    test::DeviceBuffer<float> d_qkv(qkv), d_z(z), d_b(b), d_a(a), d_cout(T * conv_dim), d_out(T * Vd);
-    gpu::DeltaNetDecodeArgs p;
-    p.qkv = d_qkv.ptr, p.z = d_z.ptr, p.b = d_b.ptr, p.a = d_a.ptr, p.conv_w = d_conv_w.ptr, p.conv_state = d_window.ptr;
-    p.conv_out = d_cout.ptr, p.A_log = d_A.ptr, p.dt_bias = d_dt.ptr, p.norm_w = d_nw.ptr, p.state = d_S.ptr, p.out = d_out.ptr;
-    p.Hk = c.Hk, p.Hv = c.Hv, p.dk = c.dk, p.dv = c.dv, p.kernel = c.kernel;
-    CUDA_OK(gpu::deltanet_prefill_chunked(p, T, nullptr));
-    std::vector<float> want;
-    for (int t = 0; t < T; ++t) {
-      auto slice = [&](const std::vector<float>& v, int n) { return std::vector<float>(v.begin() + int64_t(t) * n, v.begin() + int64_t(t + 1) * n); };
-      const auto o = reference_step(c, slice(qkv, conv_dim), slice(z, Vd), slice(b, c.Hv), slice(a, c.Hv), conv_w, A_log, dt, nw, window, S);
-      want.insert(want.end(), o.begin(), o.end());
-    }
-    CUDA_OK(cudaDeviceSynchronize());
-    const auto got = d_out.to_host();
-    EXPECT_LT(test::rel_l2(std::vector<double>(got.begin(), got.end()), std::vector<double>(want.begin(), want.end())), 1e-4)
-        << T << " tokens, seed " << test::test_seed();
-  }
-  const auto gS = d_S.to_host(), gw = d_window.to_host();
-  EXPECT_LT(test::rel_l2(std::vector<double>(gS.begin(), gS.end()), std::vector<double>(S.begin(), S.end())), 1e-4);
-  EXPECT_EQ(gw, window);
+  prefill_vs_reference(
+      GetParam(), test::test_seed() + 2, {100, 37, 5, 2},
+      [](const gpu::DeltaNetDecodeArgs& p, int T) { return gpu::deltanet_prefill_chunked(p, T, nullptr); },
+      [](int T, const std::vector<float>& got, const std::vector<float>& want) {
+        EXPECT_LT(test::rel_l2(std::vector<double>(got.begin(), got.end()), std::vector<double>(want.begin(), want.end())), 1e-4)
+            << T << " tokens, seed " << test::test_seed();
+      },
+      1e-4);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuDeltaNet,
