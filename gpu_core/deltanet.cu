@@ -414,8 +414,10 @@ cudaError_t deltanet_prefill_chunked(const DeltaNetDecodeArgs& p, int T, cudaStr
   if (T < 1 || p.Hk < 1 || p.Hv % p.Hk || p.dk < 1 || p.dk > 128 || p.dv < 1 || p.kernel < 1 || p.kernel > kMaxHist + 1)
     return cudaErrorInvalidValue;
   const size_t smem = chunk_smem_floats(p.dk) * sizeof(float);
-  const cudaError_t e = cudaFuncSetAttribute(delta_chunk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
-  if (e != cudaSuccess) return e;
+  // Once per process, for the largest dk allowed (a host call: not on every chunk of every layer).
+  static const cudaError_t opt_in = cudaFuncSetAttribute(delta_chunk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                         static_cast<int>(chunk_smem_floats(128) * sizeof(float)));
+  if (opt_in != cudaSuccess) return opt_in;
   return launch_token_parallel(p, T, stream, [&] {
     delta_chunk_kernel<<<dim3(p.Hv, (p.dv + kSlice - 1) / kSlice), kChunkThreads, smem, stream>>>(p, T);
   });
