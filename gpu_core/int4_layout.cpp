@@ -60,4 +60,29 @@ float int4_host_weight(const Int4Host& w, int64_t n, int64_t k_original) {
   return half_to_float(w.scales[n * G + g]) * static_cast<float>(static_cast<int>(q) - w.zeros[n * G + g]);
 }
 
+Int4Host int4_rows_from_tiles(const Int4TilesHost& t) {
+  if (t.cols % 8 || t.rows % 8 || t.group_size <= 0 || t.cols % t.group_size)
+    throw std::invalid_argument("int4_rows_from_tiles: cols must be a multiple of 8 and of group_size, rows of 8");
+  Int4Host h;
+  h.N = t.rows, h.K = t.cols, h.group_size = t.group_size;
+  const int64_t words = t.cols / 8, G = t.cols / t.group_size;
+  h.qweight.assign(t.rows * words, 0);
+  h.scales.resize(t.rows * G);
+  h.zeros.resize(t.rows * G);
+  for (int64_t n = 0; n < t.rows; ++n) {
+    const uint8_t* tile = t.w + (n / 16) * t.tile_bytes() + (n % 16) * 4;
+    for (int64_t o = 0; o < words; ++o)
+      for (int j = 0; j < 4; ++j) {
+        const uint32_t b = tile[o * 64 + j];
+        h.qweight[n * words + o] |= (b & 0xfu) << nibble_shift(j) | (b >> 4) << nibble_shift(4 + j);
+      }
+    for (int64_t g = 0; g < G; ++g) {
+      const int64_t at = ((n / 16) * G + g) * 16 + n % 16;
+      h.scales[n * G + g] = t.scales[at];
+      h.zeros[n * G + g] = t.zeros ? t.zeros[at] : 8;
+    }
+  }
+  return h;
+}
+
 }  // namespace tandem::gpu

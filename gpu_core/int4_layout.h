@@ -40,4 +40,24 @@ Int4Host repack_gptq_int4(const GptqSource& src);
 // W[n, k] of the original (unpermuted) matrix from the repacked form, for tests.
 float int4_host_weight(const Int4Host& w, int64_t n, int64_t k_original);
 
+// ---- The tile layout (the host experts' int4 form, cpu_experts/packed_weight.h, restated here: ----
+// gpu_core knows layouts, not modules). Experts streamed over PCIe arrive in it, and the device turns
+// them into the row form above (int4_tiles_to_rows in int4_tiles.cuh):
+//  - rows in tiles of 16; tile t holds tile_bytes = cols * 8 bytes: per k-octet o = 0 .. cols/8 - 1
+//    (the groups in order), 64 bytes = [16 rows][4 bytes], byte j of row r = q(8o+j) | q(8o+4+j) << 4;
+//  - scales fp16 [tile][group][16]; zeros u8 [tile][group][16], the actual zero point, or none (8);
+//  - inputs in packed order (act-order permutation applied; the caller keeps its perm).
+// cols must be a multiple of group_size and 8 (no padded columns), rows a multiple of 8.
+struct Int4TilesHost {
+  const uint8_t* w = nullptr;
+  const uint16_t* scales = nullptr;
+  const uint8_t* zeros = nullptr;  // nullptr: symmetric, zero point 8
+  int64_t rows = 0, cols = 0, group_size = 0;
+  int64_t tile_bytes() const { return cols * 8; }
+};
+
+// The row form of the same weights (perm left empty: inputs stay in packed order), the reference for
+// the device conversion.
+Int4Host int4_rows_from_tiles(const Int4TilesHost& t);
+
 }  // namespace tandem::gpu

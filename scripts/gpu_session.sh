@@ -21,6 +21,8 @@
 #   ncu[:PLEN]   Nsight Compute per-kernel durations (kernels serialised) of an all-GPU bench with a PLEN-token
 #                prompt (default 1024) and 2 decode steps: ncu.txt
 #   trace:GIB    a hybrid decode at that budget with --trace, and tools/trace_plot.py's picture of one step
+#   env:VAR=VALUE  exported for the steps after it (e.g. env:TANDEM_DELTANET_CHUNKED=1); their result
+#                names carry VALUE's variable as a suffix so A/B runs of one step do not overwrite each other
 set -uo pipefail
 OUT="${OUT:-$PWD/gpu-out}"
 DEADLINE="${DEADLINE:-540}"
@@ -48,8 +50,12 @@ run_step() {  # name seconds command...
   pack
 }
 
+tag=""
 for step in "$@"; do
   case "$step" in
+    env:*=*)
+      kv="${step#env:}"; export "${kv?}"; tag="$tag-$(echo "${kv%%=*}" | tr 'A-Z_' 'a-z-' | sed 's/^tandem-//')${kv#*=}"
+      echo "== env $kv" | tee -a "$res/summary.txt" ;;
     build)
       run_step build 400 bash -c "cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
         && cmake --build build-gpu -j $(nproc)" ;;
@@ -59,8 +65,8 @@ for step in "$@"; do
       run_step ctest 500 ctest --test-dir build-gpu --output-on-failure -j 8 ;;
     gpu-bench|gpu-bench:*)
       filter="${step#gpu-bench}"; filter="${filter#:}"
-      run_step gpu-bench 240 build-gpu/bench/bench_gpu_gemv ${filter:+--benchmark_filter="$filter"} \
-        --benchmark_out="$res/gpu-bench.json" --benchmark_out_format=json ;;
+      run_step "gpu-bench$tag" 240 build-gpu/bench/bench_gpu_gemv ${filter:+--benchmark_filter="$filter"} \
+        --benchmark_out="$res/gpu-bench$tag.json" --benchmark_out_format=json ;;
     cpu-tests)
       run_step cpu-tests 200 build-gpu/tests/tandem_cpu_experts_tests ;;
     cpu-experts)
@@ -72,8 +78,9 @@ for step in "$@"; do
       [ "$kind" = e2e-plain ] && flags="TANDEM_GROUPED_MOE=0 TANDEM_GROUPED_MOE_TC=0 TANDEM_MOE_PREFETCH=0 TANDEM_ATTN_PREFILL=0 TANDEM_GPU_SAMPLING=0"
       [ "$kind" = e2e-text ] && flags="BENCH_PROMPTS=1"
       # HEAT=file: reuse a heat map (profiling the 35B synth takes minutes)
-      mkdir -p "$res/$kind-${lens//,/_}/e2e"; [ -n "${HEAT:-}" ] && cp "$HEAT" "$res/$kind-${lens//,/_}/e2e/heat.yaml"
-      run_step "$kind-${lens//,/_}" 9999 env $flags OUT="$res/$kind-${lens//,/_}" WARMUP=32 PROFILE_TIMEOUT=120 \
+      name="$kind-${lens//,/_}$tag"
+      mkdir -p "$res/$name/e2e"; [ -n "${HEAT:-}" ] && cp "$HEAT" "$res/$name/e2e/heat.yaml"
+      run_step "$name" 9999 env $flags OUT="$res/$name" WARMUP=32 PROFILE_TIMEOUT=120 \
         bash bench/run_e2e.sh build-gpu /tmp/q35 "$lens" 128 "$repeat" "${scen//,/ }" ;;
     ncu|ncu:*)
       plen="${step#ncu}"; plen="${plen#:}"; plen="${plen:-1024}"
