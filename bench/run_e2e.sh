@@ -38,9 +38,14 @@ if [ ! -f "$heat" ]; then
 fi
 
 config() {  # name budget extra-yaml (the heat map when profiling produced one)
-  local heat_line=""
+  local heat_line="" prefill=""
   [ -f "$heat" ] && heat_line="  heat: $heat"
-  printf 'gpu:\n  memory: %s\n  reserve: 512MiB\ncontext: %s\nexperts:\n  select: frequency\n%s\n%s' "$2" "$ctx" "$heat_line" "$3" > "$out/$1.yaml"
+  # PREFILL_CHUNK=N / PREFILL_STRATEGY=auto|cpu|gpu_stream: the hybrid configs' prefill section
+  [ -n "${PREFILL_CHUNK:-}${PREFILL_STRATEGY:-}" ] && prefill="prefill:
+${PREFILL_CHUNK:+  chunk: $PREFILL_CHUNK
+}${PREFILL_STRATEGY:+  strategy: $PREFILL_STRATEGY
+}"
+  printf 'gpu:\n  memory: %s\n  reserve: 512MiB\ncontext: %s\nexperts:\n  select: frequency\n%s\n%s%s' "$2" "$ctx" "$heat_line" "$3" "$prefill" > "$out/$1.yaml"
 }
 longest=$(echo "$lens" | tr ',' '\n' | sort -n | tail -1)
 ctx=$((longest + gen + 16))

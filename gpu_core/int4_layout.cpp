@@ -85,4 +85,30 @@ Int4Host int4_rows_from_tiles(const Int4TilesHost& t) {
   return h;
 }
 
+namespace {
+uint64_t round_to(uint64_t b, uint64_t a) { return (b + a - 1) / a * a; }
+}  // namespace
+
+uint64_t int4_tiles_bytes_bound(int64_t rows, int64_t cols, int64_t group_size) {
+  const uint64_t tiles = static_cast<uint64_t>((rows + 15) / 16), G = static_cast<uint64_t>(cols / group_size);
+  return round_to(tiles * cols * 8, 64) + round_to(tiles * G * 32, 64) + round_to(tiles * G * 16, 64) + round_to(cols * 4, 64);
+}
+
+uint64_t int4_rows_bytes(int64_t rows, int64_t cols, int64_t group_size) {
+  const uint64_t n = static_cast<uint64_t>(rows), G = static_cast<uint64_t>(cols / group_size);
+  return round_to(n * cols / 2, 256) + round_to(n * G * 2, 256) + round_to(n * G, 256) + round_to(static_cast<uint64_t>(cols) * 4, 256);
+}
+
+StreamBuffers stream_buffer_bytes(int64_t H, int64_t I, int64_t group_size, int E, int L, int m, int64_t pass) {
+  StreamBuffers b;
+  if (m <= 0) return b;
+  const uint64_t M = static_cast<uint64_t>(m);
+  b.raw = round_to(M * (2 * int4_tiles_bytes_bound(I, H, group_size) + int4_tiles_bytes_bound(H, I, group_size)), 256);
+  b.rows = M * (2 * int4_rows_bytes(I, H, group_size) + int4_rows_bytes(H, I, group_size));
+  b.tables = round_to(static_cast<uint64_t>(L) * E * kInt4ExpertBytes, 256);
+  b.jobs = round_to(static_cast<uint64_t>(L) * 3 * M * kTilesJobBytes, 256);
+  b.pass = round_to(static_cast<uint64_t>(pass) * H * 4, 256) + 2 * round_to(static_cast<uint64_t>(pass) * 4, 256);
+  return b;
+}
+
 }  // namespace tandem::gpu

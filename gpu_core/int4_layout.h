@@ -60,4 +60,26 @@ struct Int4TilesHost {
 // the device conversion.
 Int4Host int4_rows_from_tiles(const Int4TilesHost& t);
 
+// ---- Streamed prefill's device buffers (Qwen35MoeGpu allocates exactly these, the planner counts them) ----
+constexpr uint64_t kInt4ExpertBytes = 3 * (4 * 8 + 3 * 8);  // sizeof(gpu::Int4Expert): three Int4Views
+constexpr uint64_t kTilesJobBytes = 8 * 8 + 3 * 8;          // sizeof(gpu::Int4TilesToRows)
+// Tile-layout bytes of a [rows, cols] int4 matrix with every piece present (zeros, act-order perm),
+// each rounded to 64 as the host packer allocates them: an upper bound on what it takes.
+uint64_t int4_tiles_bytes_bound(int64_t rows, int64_t cols, int64_t group_size);
+// Row-layout bytes of the same matrix, one 256-byte aligned piece each: codes, scales, zeros, input order.
+uint64_t int4_rows_bytes(int64_t rows, int64_t cols, int64_t group_size);
+// For m host experts a layer (gate / up [I, H], down [H, I]) of a model with L layers of E experts:
+// the raw copy of a layer (tile layout), its converted form, each layer's expert table and its
+// conversion jobs, and a pass of `pass` tokens (hidden state fp32, position and id int32).
+struct StreamBuffers {
+  uint64_t raw = 0, rows = 0, tables = 0, jobs = 0, pass = 0;
+  uint64_t total() const { return raw + rows + tables + jobs + pass; }
+};
+StreamBuffers stream_buffer_bytes(int64_t H, int64_t I, int64_t group_size, int E, int L, int m, int64_t pass);
+// Tokens per streamed pass: `want` (default kStreamPassTokens) rounded up to whole prefill chunks.
+constexpr int64_t kStreamPassTokens = 4096;
+inline int64_t stream_pass_tokens(int64_t chunk, int64_t want = kStreamPassTokens) {
+  return chunk <= 0 ? 0 : ((want > chunk ? want : chunk) + chunk - 1) / chunk * chunk;
+}
+
 }  // namespace tandem::gpu

@@ -1,7 +1,11 @@
 // gpu_core/int4_tiles.cu: the tile layout to the row layout (see int4_tiles.cuh).
 #include "gpu_core/int4_tiles.cuh"
 
+#include "gpu_core/int4_layout.h"
+
 namespace tandem::gpu {
+
+static_assert(sizeof(Int4TilesToRows) == kTilesJobBytes, "int4_layout.h counts the jobs with this size");
 
 namespace {
 
@@ -32,6 +36,8 @@ __global__ void tiles_to_rows_kernel(const Int4TilesToRows* __restrict__ jobs) {
     const int64_t o = i / kRowsPerBlock;
     if (r < rows) j.qweight[(n0 + r) * words + o] = row_word(src[o * 16 + r]);
   }
+  if (tile == 0 && j.tile_perm && j.perm)
+    for (int64_t i = threadIdx.x; i < j.cols; i += blockDim.x) j.perm[i] = j.tile_perm[i];
   for (int64_t i = threadIdx.x; i < G * kRowsPerBlock; i += blockDim.x) {
     const int r = static_cast<int>(i % kRowsPerBlock);
     const int64_t g = i / kRowsPerBlock, at = (tile * G + g) * 16 + r;

@@ -14,9 +14,11 @@ struct Int4TilesToRows {
   const uint8_t* w = nullptr;       // tiles [rows/16 rounded up][cols * 8 bytes]
   const uint16_t* tile_scales = nullptr;  // fp16 [tile][group][16]
   const uint8_t* tile_zeros = nullptr;    // u8 [tile][group][16], nullptr: zero point 8
+  const int32_t* tile_perm = nullptr;     // the input order [cols], copied to perm when both are set
   uint32_t* qweight = nullptr;      // out [rows][cols / 8]
   uint16_t* scales = nullptr;       // out fp16 [rows][groups]
   uint8_t* zeros = nullptr;         // out [rows][groups]
+  int32_t* perm = nullptr;          // out [cols] (so the result outlives the tiles)
   int64_t rows = 0, cols = 0, group_size = 0;
 };
 

@@ -37,6 +37,8 @@ std::shared_ptr<HybridPlacement> hybrid_placement(const Plan& plan, int64_t tota
   hp->gpu_alloc_bytes = plan.budget_bytes - plan.vram.reserve;
   hp->deferral = plan.deferral;
   hp->prefill_chunk = plan.prefill_chunk;
+  hp->stream_prefill_min_tokens = plan.stream_experts ? plan.predicted.prefill_gpu_min_tokens : 0;
+  hp->stream_pass_tokens = plan.stream_pass;
   hp->expected_gpu_share = plan.expected_gpu_expert_fraction;
   hp->summary = str_cat(plan.total_gpu_experts(), " of ", total_experts, " routed experts on the GPU (", plan.selection, "), budget ",
                         format_gib(plan.budget_bytes), ", expected GPU share ",
@@ -49,14 +51,12 @@ Plan prepare_hybrid(RunnerOptions& o, const ModelConfig& model) {
 }
 
 Plan prepare_hybrid(RunnerOptions& o, const ModelConfig& model, const PlacementConfig& cfg) {
-  if (cfg.prefill == PrefillStrategy::GpuStream)
-    fail(o.config.empty() ? std::string("placement") : o.config, ": prefill.strategy: gpu_stream (CPU experts streamed to the GPU over ",
-         "PCIe for long prompts) is planned but not built yet in this version; use auto or cpu (tandem plan still shows what it would cost)");
   gpu::DeviceProbe probe;
   gpu::gpu_device_probe(&probe);
   if (probe.device_count == 0) fail("--device hybrid: ", probe.reason, "; tandem plan shows the placement without a GPU");
   const int64_t context = o.context_set ? o.context : std::max(cfg.context, o.min_context);
   const Plan plan = make_plan(model, cfg, request_for(probe, cfg, o.gpu_mem, context, false));
+
   if (!plan.host_fits())
     fail("the CPU experts of this placement need ", format_gib(plan.host_expert_bytes), " of host RAM but only ",
          format_gib(plan.host_available_bytes), " is available (MemAvailable); raise the GPU budget (more experts on the GPU), ",

@@ -227,7 +227,7 @@ PlacementConfig parse_placement_config(const std::string& text, const std::strin
     if (c.cpu_experts_all && c.gpu_experts_per_layer > 0)
       r.fail_at(root["gpu_experts_per_layer"], "gpu_experts_per_layer", "contradicts 'cpu_experts: all' (keep one of the two)");
     if (const YAML::Node p = root["prefill"]) {
-      r.check_keys(p, "prefill", {"strategy", "gpu_min_tokens", "chunk"});
+      r.check_keys(p, "prefill", {"strategy", "gpu_min_tokens", "chunk", "stream_pass"});
       if (p["strategy"])
         c.prefill = r.choice<PrefillStrategy>(p["strategy"], "prefill.strategy",
                                               {{"auto", PrefillStrategy::Auto}, {"cpu", PrefillStrategy::Cpu}, {"gpu_stream", PrefillStrategy::GpuStream}});
@@ -236,6 +236,7 @@ PlacementConfig parse_placement_config(const std::string& text, const std::strin
         c.prefill_gpu_min_tokens = m.IsScalar() && m.as<std::string>() == "auto" ? 0 : r.integer(m, "prefill.gpu_min_tokens", 1, int64_t(1) << 24);
       }
       if (p["chunk"]) c.prefill_chunk = r.integer(p["chunk"], "prefill.chunk", 0, 4096);
+      if (p["stream_pass"]) c.prefill_stream_pass = r.integer(p["stream_pass"], "prefill.stream_pass", 1, 65536);
     }
     if (const YAML::Node b = root["bandwidth"]) {
       r.check_keys(b, "bandwidth", {"gpu", "pcie", "cpu"});

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <numeric>
 
+#include "gpu_core/int4_layout.h"
 #include "runtime/bytes.h"
 #include "runtime/error.h"
 
@@ -177,7 +178,7 @@ void predict(const ModelConfig& c, const PlacementConfig& cfg, const PlanRequest
   // Prefill: streaming every CPU expert over PCIe vs computing the CPU share on the CPU (AMX int8 /
   // AVX-512 at ~3 TOPS): the switch point in prompt tokens.
   const double cpu_share = 1.0 - p.expected_gpu_expert_fraction;
-  if (cfg.prefill == PrefillStrategy::Cpu || cpu_share <= 0) {
+  if (cfg.prefill == PrefillStrategy::Cpu || !p.stream_experts) {
     pr.prefill_gpu_min_tokens = 0;
   } else if (cfg.prefill == PrefillStrategy::GpuStream) {
     pr.prefill_gpu_min_tokens = 1;
@@ -185,8 +186,8 @@ void predict(const ModelConfig& c, const PlacementConfig& cfg, const PlanRequest
     pr.prefill_gpu_min_tokens = cfg.prefill_gpu_min_tokens;
   } else {
     const double stream_s = static_cast<double>(p.host_expert_bytes) / pr.pcie_bw;
-    const double cpu_s_per_token = L * k * cpu_share * 6.0 * H * I / 3e12;
-    pr.prefill_gpu_min_tokens = static_cast<int64_t>(std::ceil(stream_s / cpu_s_per_token));
+    const double cpu_s_per_token = L * k * std::max(cpu_share, 1e-9) * 6.0 * H * I / 3e12;
+    pr.prefill_gpu_min_tokens = static_cast<int64_t>(std::min(std::ceil(stream_s / cpu_s_per_token), 1e12));
   }
 }
 
@@ -357,17 +358,53 @@ Plan make_plan(const ModelConfig& c, const PlacementConfig& cfg, const PlanReque
          format_gib(p.budget_bytes - p.min_budget_bytes), " after the minimum; at least ", format_gib(used_bytes), " is needed");
   const bool must_all = sel == ExpertSelection::All || cfg.gpu_experts_per_layer >= 0;
   uint64_t needed = used_bytes + order.size() * p.gpu_expert_bytes;
-  for (const Cand& x : order) {
-    if (used_bytes + p.gpu_expert_bytes > p.budget_bytes) break;
-    p.expert_on_gpu[x.l][x.e] = 1;
-    used_bytes += p.gpu_expert_bytes;
-    ++count[x.l];
+  // Streamed prefill (GpuOptions::stream_prefill_min_tokens): one layer's host experts on the device in
+  // both layouts, sized for the layer with the most host experts (gpu::stream_buffer_bytes). Reserved
+  // for all E before the fill, then for what the fill left, and the freed bytes filled again (more
+  // GPU experts only lower the most host experts per layer, so the second reserve still fits).
+  const bool can_stream = cfg.prefill != PrefillStrategy::Cpu && eq.quantized && fmt == "int4" && p.prefill_chunk > 0 && p.embed_on_gpu;
+  const int64_t pass = gpu::stream_pass_tokens(p.prefill_chunk, cfg.prefill_stream_pass);
+  p.stream_pass = pass;
+  auto stream_bytes = [&](int m) { return gpu::stream_buffer_bytes(H, I, group, E, L, m, pass).total(); };
+  // Reserving whenever some experts stay on the CPU keeps the plan monotone in the budget (a budget
+  // that cannot hold the buffers places no experts rather than more than a larger one would).
+  bool pinned_cpu = false;
+  for (const auto& row : pinned) pinned_cpu = pinned_cpu || std::find(row.begin(), row.end(), 0) != row.end();
+  const bool host_left = needed > p.budget_bytes || pinned_cpu;
+  const std::string no_room = str_cat("the budget leaves no room for its buffers (", format_gib(stream_bytes(E)),
+                                      " with every expert of a layer on the CPU; set prefill.strategy: cpu to use that memory for experts)");
+  if (!can_stream && cfg.prefill != PrefillStrategy::Cpu)
+    p.stream_note = !eq.quantized ? "it needs GPTQ int4 experts" : fmt != "int4" ? "it needs int4 CPU experts (experts.cpu_format)"
+                                                                               : "it needs batched prefill with the embedding on the GPU";
+  auto fill = [&](uint64_t limit) {
+    for (const Cand& x : order) {
+      if (p.expert_on_gpu[x.l][x.e]) continue;
+      if (used_bytes + p.gpu_expert_bytes > limit) break;
+      p.expert_on_gpu[x.l][x.e] = 1;
+      used_bytes += p.gpu_expert_bytes;
+      ++count[x.l];
+    }
+  };
+  auto most_host = [&]() { return E - *std::min_element(count.begin(), count.end()); };
+  auto less = [&](uint64_t b) { return p.budget_bytes > b ? p.budget_bytes - b : 0; };
+  const bool streaming = can_stream && host_left;
+  fill(streaming ? less(stream_bytes(E)) : p.budget_bytes);
+  if (streaming && most_host() > 0) {
+    fill(less(stream_bytes(most_host())));  // what the smaller buffers freed
+    if (used_bytes + stream_bytes(most_host()) <= p.budget_bytes) {
+      p.stream_experts = most_host();
+      v.workspace += stream_bytes(p.stream_experts);
+    } else {
+      p.stream_note = no_room;
+    }
   }
   if (must_all && needed > p.budget_bytes)
     fail(cfg.source, ": experts.select '", p.selection, "' needs ", format_gib(needed), " of GPU memory but the budget is ",
          format_gib(p.budget_bytes), " (", component_list(), ", routed experts ", format_gib(needed - p.min_budget_bytes), ")");
 
   p.experts_on_gpu = count;
+  if (cfg.prefill == PrefillStrategy::GpuStream && !p.stream_experts && p.any_cpu_experts())
+    fail(cfg.source, ": prefill.strategy: gpu_stream cannot be honoured: ", p.stream_note, "; use prefill.strategy: auto or cpu");
   v.expert_weights = static_cast<uint64_t>(L) * table + static_cast<uint64_t>(p.total_gpu_experts()) * p.gpu_expert_bytes;
   p.layer_gpu_fraction.assign(L, 0);
   double frac_sum = 0;
@@ -415,6 +452,9 @@ nlohmann::json plan_to_json(const Plan& p) {
   j["deferral"] = p.deferral;
   j["prefill_strategy"] = prefill_name(p.prefill);
   j["prefill_chunk"] = p.prefill_chunk;
+  j["stream_experts_per_layer"] = p.stream_experts;
+  j["stream_pass_tokens"] = p.stream_pass;
+  if (!p.stream_note.empty()) j["stream_note"] = p.stream_note;
   const Prediction& pr = p.predicted;
   j["predicted_decode_tok_s"] = pr.decode_tok_s;
   j["predicted_decode_ms"] = pr.decode_ms;
@@ -470,10 +510,11 @@ std::string plan_table(const Plan& p) {
   char buf[160];
   std::snprintf(buf, sizeof buf, "%.1f tok/s (%.2f ms/token; bandwidth bound %.1f tok/s)", pr.decode_tok_s, pr.decode_ms, pr.bound_tok_s);
   line("predicted decode", buf);
-  line("prefill on GPU from", pr.prefill_gpu_min_tokens ? str_cat(pr.prefill_gpu_min_tokens, " prompt tokens (", prefill_name(p.prefill),
-                                                                   "; cost model only: this version computes CPU experts on the CPU in prefill, "
-                                                                   "PCIe streaming is not built yet)")
-                                                         : std::string("never (CPU experts computed on the CPU)"));
+  line("prefill on GPU from",
+       pr.prefill_gpu_min_tokens
+           ? str_cat(pr.prefill_gpu_min_tokens, " prompt tokens (", prefill_name(p.prefill), "; CPU experts streamed over PCIe, up to ",
+                     p.stream_experts, " a layer, ", p.stream_pass, " tokens a pass)")
+           : str_cat("never (CPU experts computed on the CPU", p.stream_note.empty() ? std::string() : "; no streaming: " + p.stream_note, ")"));
   return o;
 }
 

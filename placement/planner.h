@@ -76,6 +76,11 @@ struct Plan {
   int deferral = 0;
   PrefillStrategy prefill = PrefillStrategy::Auto;
   int64_t prefill_chunk = 0;  // batched GPU prefill chunk (its workspace is in vram.workspace); 0: token by token
+  // Streamed prefill: host experts of the layer with the most (its buffers are in vram.workspace); 0:
+  // none budgeted (stream_note says why when prefill.strategy allowed it).
+  int stream_experts = 0;
+  int64_t stream_pass = 0;  // tokens per streamed pass (prefill.stream_pass in whole chunks)
+  std::string stream_note;
   Prediction predicted;
 
   int total_gpu_experts() const;

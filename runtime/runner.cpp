@@ -70,6 +70,7 @@ class CpuExpertSide final : public HostExperts {
       for (size_t e = 0; e < hp.expert_on_gpu[l].size(); ++e)
         if (!hp.expert_on_gpu[l][e]) ids.push_back(static_cast<int>(e));
       if (!ids.empty()) store_.add_layer(static_cast<int>(l), layers[l].moe, ids, &pool_);
+      host_ids_.push_back(std::move(ids));
     }
     // After packing and NUMA binding: locked pages cannot migrate.
     char reason[256] = {0};
@@ -92,6 +93,52 @@ class CpuExpertSide final : public HostExperts {
     TraceSpan span("cpu experts, layer", "cpu", layer);
     cpu::cpu_moe_forward(store_, layer, x, T, ids, weights, k, out, pool_, ws_);
   }
+  // Each layer's experts were packed into one huge-page chunk (CpuExpertStore::add_layer): their
+  // byte range is what crosses PCIe. Down's act order is folded into gate / up rows, so it has none.
+  bool stream_layout(int layer, StreamLayer& out, std::string& why) const override {
+    out = StreamLayer{};
+    const uint8_t *lo = nullptr, *hi = nullptr;
+    auto extend = [&](const void* p, uint64_t n) {
+      const auto* b = static_cast<const uint8_t*>(p);
+      if (!lo || b < lo) lo = b;
+      if (!hi || b + n > hi) hi = b + n;
+    };
+    std::vector<std::pair<int, const cpu::ExpertWeights*>> found;
+    if (layer >= 0 && layer < static_cast<int>(host_ids_.size()))
+      for (int e : host_ids_[layer])
+        if (const cpu::ExpertWeights* w = store_.find(layer, e)) found.push_back({e, w});
+    for (const auto& [e, w] : found)
+      for (const cpu::PackedMatrix* m : {&w->gate, &w->up, &w->down}) {
+        if (m->format != cpu::WeightFormat::Int4 || m->cols_padded != m->cols) {
+          why = str_cat("its CPU experts are ", cpu::format_name(m->format), m->cols_padded != m->cols ? " with padded columns" : "",
+                        "; streaming over PCIe takes int4 experts (experts.cpu_format: int4)");
+          return false;
+        }
+        const uint64_t G = static_cast<uint64_t>(m->groups), T = static_cast<uint64_t>(m->tiles);
+        extend(m->w, T * m->tile_bytes);
+        extend(m->scales, T * G * 32);
+        if (m->zeros) extend(m->zeros, T * G * 16);
+        if (m->col_perm) extend(m->col_perm, static_cast<uint64_t>(m->cols) * 4);
+      }
+    if (found.empty()) {
+      why = "no host experts there";
+      return false;
+    }
+    out.base = lo;
+    out.bytes = static_cast<uint64_t>(hi - lo);
+    out.pinned = registered_bytes_ > 0 && !unregistered_bytes_;
+    auto view = [&](const cpu::PackedMatrix& m, bool perm) {
+      StreamMatrix s;
+      s.w = static_cast<uint64_t>(m.w - lo);
+      s.scales = static_cast<uint64_t>(reinterpret_cast<const uint8_t*>(m.scales) - lo);
+      if (m.zeros) s.zeros = static_cast<uint64_t>(m.zeros - lo);
+      if (perm && m.col_perm) s.perm = static_cast<uint64_t>(reinterpret_cast<const uint8_t*>(m.col_perm) - lo);
+      s.rows = m.rows, s.cols = m.cols, s.group_size = m.group_size;
+      return s;
+    };
+    for (const auto& [e, w] : found) out.experts.push_back({e, view(w->gate, true), view(w->up, true), view(w->down, false)});
+    return true;
+  }
   std::string describe() const {
     if (!store_.size()) return "no CPU experts";
     std::string s = store_.description() + str_cat(", ", registered_bytes_ >> 20, " MiB page-locked for DMA");
@@ -112,6 +159,7 @@ class CpuExpertSide final : public HostExperts {
   cpu::ThreadPool pool_;
   cpu::CpuExpertStore store_;
   cpu::CpuMoeWorkspace ws_;
+  std::vector<std::vector<int>> host_ids_;  // [layer]: the experts this side holds
   std::vector<void*> registered_;
   uint64_t registered_bytes_ = 0, unregistered_bytes_ = 0;
   std::string register_error_;
@@ -144,6 +192,8 @@ class GpuRunner final : public Runner {
       g.prefill_chunk = placement_->prefill_chunk;
       g.prefill_chunk_max = 0;  // the planner counted this chunk's workspace
       g.defer_experts = placement_->deferral;
+      g.stream_prefill_min_tokens = placement_->stream_prefill_min_tokens;
+      g.stream_pass_tokens = placement_->stream_pass_tokens;
       g.batched_prefill = g.batched_prefill && g.prefill_chunk > 0;
     }
     gpu_ = Qwen35MoeGpu::create(model, g);
@@ -165,6 +215,8 @@ class GpuRunner final : public Runner {
   }
   std::string describe() const override {
     std::string paths = gpu_->batched_prefill_active() ? str_cat("prefill in chunks of ", gpu_->prefill_chunk(), " tokens") : "prefill token by token";
+    if (const int64_t s = gpu_->stream_prefill_min_tokens()) paths += str_cat(" (from ", s, " prompt tokens with the CPU experts streamed to the GPU)");
+    else if (!gpu_->stream_prefill_note().empty()) paths += str_cat(" (no streamed prefill: ", gpu_->stream_prefill_note(), ")");
     paths += gpu_->graph_cut_at_handoffs() ? ", decode steps as CUDA graphs cut at the host handoffs"
              : gpu_->cuda_graph_active()   ? ", decode steps as CUDA graphs"
                                            : ", decode steps launched eagerly";

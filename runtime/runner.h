@@ -28,6 +28,9 @@ struct HybridPlacement {
   uint64_t gpu_alloc_bytes = 0;            // what Tandem may allocate: budget minus gpu.reserve
   int deferral = 0;
   int64_t prefill_chunk = 256;             // batched prefill chunk the plan budgets for; 0: token by token
+  int64_t stream_prefill_min_tokens = 0;   // prompts this long stream the host experts to the GPU (the plan
+                                           // budgets the buffers); 0: host experts always run on the host
+  int64_t stream_pass_tokens = 4096;       // tokens per streamed pass
   double expected_gpu_share = 1;           // the planner's expected share of activations on the GPU
   std::string summary;                     // one line for describe()
 };

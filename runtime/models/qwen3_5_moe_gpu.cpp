@@ -14,6 +14,8 @@
 
 namespace tandem {
 
+static_assert(sizeof(gpu::Int4Expert) == gpu::kInt4ExpertBytes, "gpu::stream_buffer_bytes counts expert tables with this size");
+
 namespace {
 
 enum class Kind { Dense, Experts, Kv, State, Work };
@@ -119,6 +121,114 @@ std::string GpuMemoryPlan::describe() const {
                  ", DeltaNet state ", format_gib(deltanet_state), ", workspace ", format_gib(workspace), "; total ", format_gib(total()));
 }
 
+// Streamed prefill: ask the host experts where each layer's lie and check every matrix against the
+// model's shapes and the buffers' bounds; on any refusal streaming stays off and st.note says why.
+void Qwen35MoeGpu::Impl::stream_setup() {
+  st = Stream{};
+  if (opts.stream_prefill_min_tokens <= 0 || !opts.host_experts || !wants_batched() || !opts.expert_on_gpu || opts.expert_on_gpu->empty())
+    return;
+  const ModelConfig& c = model.config();
+  const int64_t H = c.hidden_size, I = c.moe_intermediate_size;
+  const int L = static_cast<int>(c.num_layers), E = static_cast<int>(c.num_experts);
+  const auto& first = model.layers()[0].moe.gate[0];
+  if (first.kind != LinearWeight::Kind::Gptq) {
+    st.note = "streamed prefill needs GPTQ int4 experts (this checkpoint's are dense)";
+    return;
+  }
+  const int64_t gs = first.gptq.group_size;
+  using SM = HostExperts::StreamMatrix;
+  st.layout.assign(L, {});
+  st.njobs.assign(L, 0);
+  std::vector<uint64_t> bytes(L, 0);
+  for (int l = 0; l < L; ++l) {
+    const auto& on = (*opts.expert_on_gpu)[l];
+    const int host = static_cast<int>(std::count(on.begin(), on.end(), 0));
+    if (!host) continue;
+    std::string why;
+    HostExperts::StreamLayer& sl = st.layout[l];
+    if (!opts.host_experts->stream_layout(l, sl, why)) {
+      st.note = str_cat("layer ", l, ": ", why);
+      return;
+    }
+    if (static_cast<int>(sl.experts.size()) != host) {
+      st.note = str_cat("layer ", l, ": the host offers ", sl.experts.size(), " experts to stream, the placement has ", host, " there");
+      return;
+    }
+    for (const HostExperts::StreamExpert& x : sl.experts) {
+      if (x.expert < 0 || x.expert >= E || on[x.expert]) {
+        st.note = str_cat("layer ", l, ": expert ", x.expert, " offered for streaming is not a host expert");
+        return;
+      }
+      for (const SM* m : {&x.gate, &x.up, &x.down}) {
+        const bool is_down = m == &x.down;
+        const int64_t R = is_down ? H : I, C = is_down ? I : H, tiles = (R + 15) / 16, G = C / gs;
+        auto inside = [&](uint64_t off, uint64_t n) { return off != SM::kNone && off % 4 == 0 && off <= sl.bytes && n <= sl.bytes - off; };
+        if (m->rows != R || m->cols != C || m->group_size != gs || !inside(m->w, uint64_t(tiles) * C * 8) ||
+            !inside(m->scales, uint64_t(tiles) * G * 32) || (m->zeros != SM::kNone && !inside(m->zeros, uint64_t(tiles) * G * 16)) ||
+            (m->perm != SM::kNone && !inside(m->perm, uint64_t(C) * 4))) {
+          st.note = str_cat("layer ", l, " expert ", x.expert, ": its host layout (", m->rows, " x ", m->cols, ", group ", m->group_size,
+                            ") does not match the model's [", R, ", ", C, "] in groups of ", gs, " or lies outside its ", sl.bytes, " bytes");
+          return;
+        }
+      }
+    }
+    st.njobs[l] = 3 * host;
+    st.max_experts = std::max(st.max_experts, host);
+    bytes[l] = sl.bytes;
+  }
+  if (!st.max_experts) return;
+  const uint64_t raw = gpu::stream_buffer_bytes(H, I, gs, E, L, st.max_experts, 1).raw;
+  for (int l = 0; l < L; ++l)
+    if (bytes[l] > raw) {
+      st.note = str_cat("layer ", l, ": its host experts take ", bytes[l], " bytes, more than the ", raw, " planned for them");
+      return;
+    }
+  st.on = true;
+}
+
+// Layer li's expert table for streamed prefill: its GPU-resident experts as uploaded (i4), each host
+// expert in a slot of st.rows (filled by that layer's conversion jobs, which read st.raw).
+void Qwen35MoeGpu::Impl::stream_table(int li, const std::vector<gpu::Int4Expert>& i4) {
+  const ModelConfig& c = model.config();
+  const int64_t E = c.num_experts, I = c.moe_intermediate_size, H = c.hidden_size;
+  const int64_t gs = model.layers()[0].moe.gate[0].gptq.group_size;
+  const uint64_t per_expert = 2 * gpu::int4_rows_bytes(I, H, gs) + gpu::int4_rows_bytes(H, I, gs);
+  using SM = HostExperts::StreamMatrix;
+  std::vector<gpu::Int4Expert> table = i4;
+  std::vector<gpu::Int4TilesToRows> jobs;
+  const auto& sl = st.layout[li];
+  for (size_t i = 0; i < sl.experts.size(); ++i) {
+    const HostExperts::StreamExpert& x = sl.experts[i];
+    char* slot = st.rows + i * per_expert;
+    auto take = [&](uint64_t b) {
+      char* p = slot;
+      slot += (b + 255) / 256 * 256;
+      return p;
+    };
+    auto convert = [&](const SM& m, gpu::Int4View& v) {
+      const int64_t G = m.cols / m.group_size;
+      gpu::Int4TilesToRows j;
+      j.w = reinterpret_cast<const uint8_t*>(st.raw + m.w);
+      j.tile_scales = reinterpret_cast<const uint16_t*>(st.raw + m.scales);
+      j.tile_zeros = m.zeros != SM::kNone ? reinterpret_cast<const uint8_t*>(st.raw + m.zeros) : nullptr;
+      j.qweight = reinterpret_cast<uint32_t*>(take(uint64_t(m.rows) * m.cols / 2));
+      j.scales = reinterpret_cast<uint16_t*>(take(uint64_t(m.rows) * G * 2));
+      j.zeros = reinterpret_cast<uint8_t*>(take(uint64_t(m.rows) * G));
+      j.perm = reinterpret_cast<int32_t*>(take(uint64_t(m.cols) * 4));
+      j.tile_perm = m.perm != SM::kNone ? reinterpret_cast<const int32_t*>(st.raw + m.perm) : nullptr;
+      j.rows = m.rows, j.cols = m.cols, j.group_size = m.group_size;
+      v = {j.qweight, j.scales, j.zeros, m.rows, m.cols, m.group_size, j.tile_perm ? j.perm : nullptr};
+      jobs.push_back(j);
+    };
+    gpu::Int4Expert& e = table[x.expert];
+    convert(x.gate, e.gate);
+    convert(x.up, e.up);
+    convert(x.down, e.down);
+  }
+  CK(cudaMemcpy(st.tables + li * E, table.data(), table.size() * sizeof(gpu::Int4Expert), cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(st.jobs + li * 3 * int64_t(st.max_experts), jobs.data(), jobs.size() * sizeof(gpu::Int4TilesToRows), cudaMemcpyHostToDevice));
+}
+
 void Qwen35MoeGpu::Impl::build(Uploader& up) {
   const ModelConfig& c = model.config();
   const int64_t H = c.hidden_size, V = c.vocab_size, conv_dim = c.linear_conv_dim(), Vd = c.linear_value_dim();
@@ -141,6 +251,19 @@ void Qwen35MoeGpu::Impl::build(Uploader& up) {
   final_norm = vec(model.final_norm(), Kind::Dense);
   inv_freq = vec(model.rope_inv_freq(), Kind::Dense);
 
+  // Streamed prefill's buffers (stream_setup decided; gpu::stream_buffer_bytes counts the same).
+  if (st.on) {
+    st.pass = gpu::stream_pass_tokens(opts.prefill_chunk, opts.stream_pass_tokens);
+    const int64_t gs = model.layers()[0].moe.gate[0].gptq.group_size;
+    const gpu::StreamBuffers b = gpu::stream_buffer_bytes(H, I, gs, static_cast<int>(E), static_cast<int>(c.num_layers), st.max_experts, st.pass);
+    st.raw = static_cast<char*>(up.alloc(b.raw, Kind::Work));
+    st.rows = static_cast<char*>(up.alloc(b.rows, Kind::Work));
+    st.tables = static_cast<gpu::Int4Expert*>(up.alloc(b.tables, Kind::Work));
+    st.jobs = static_cast<gpu::Int4TilesToRows*>(up.alloc(b.jobs, Kind::Work));
+    st.h = static_cast<float*>(up.alloc(st.pass * H * 4, Kind::Work));
+    st.pos = static_cast<int32_t*>(up.alloc(st.pass * 4, Kind::Work));
+    st.ids = static_cast<int32_t*>(up.alloc(st.pass * 4, Kind::Work));
+  }
   layers.clear();
   if (opts.expert_on_gpu && !opts.expert_on_gpu->empty()) {
     if (static_cast<int64_t>(opts.expert_on_gpu->size()) != c.num_layers) fail("hybrid placement: expert map has ", opts.expert_on_gpu->size(), " layers, the model ", c.num_layers);
@@ -204,6 +327,7 @@ void Qwen35MoeGpu::Impl::build(Uploader& up) {
       b16[e] = {g.w, u.w, dn.w};
     }
     if (d.int4_experts) d.experts_i4 = up.upload(i4.data(), i4.size(), Kind::Experts);
+    if (st.on && st.njobs[li] && up.committing()) stream_table(li, i4);
     else d.experts_bf16 = up.upload(b16.data(), b16.size(), Kind::Experts);
     layers.push_back(d);
   }
@@ -522,6 +646,8 @@ bool Qwen35MoeGpu::forward_top(std::span<const int32_t> ids, std::span<const gpu
   return true;
 }
 bool Qwen35MoeGpu::cuda_graph_active() const { return impl_->graph_ok; }
+int64_t Qwen35MoeGpu::stream_prefill_min_tokens() const { return impl_->st.on && impl_->batched ? impl_->opts.stream_prefill_min_tokens : 0; }
+const std::string& Qwen35MoeGpu::stream_prefill_note() const { return impl_->st.note; }
 bool Qwen35MoeGpu::graph_cut_at_handoffs() const { return impl_->graph_ok && impl_->gpu_only_layers < impl_->layers.size(); }
 
 std::unique_ptr<Qwen35MoeGpu> Qwen35MoeGpu::create(const Qwen35Moe& model, const GpuOptions& opts) {
@@ -533,6 +659,7 @@ std::unique_ptr<Qwen35MoeGpu> Qwen35MoeGpu::create(const Qwen35Moe& model, const
   if (opts.max_context < 1 || opts.max_context > model.config().max_position_embeddings)
     fail("--context ", opts.max_context, " must be between 1 and the model's ", model.config().max_position_embeddings);
   auto impl = std::make_unique<Impl>(model, opts);
+  impl->stream_setup();
   auto plan_with_chunk = [&](int64_t chunk) {
     impl->opts.prefill_chunk = chunk;
     Uploader up;
@@ -564,6 +691,11 @@ std::unique_ptr<Qwen35MoeGpu> Qwen35MoeGpu::create(const Qwen35Moe& model, const
   if (impl->plan.total() > free_b) fail("the model needs ", format_gib(impl->plan.total()), " of GPU memory but only ", format_gib(free_b), " is free");
   CK(cudaMalloc(&impl->arena, impl->plan.total()));
   CK(cudaStreamCreate(&impl->stream));
+  if (impl->st.on) {
+    CK(cudaStreamCreateWithFlags(&impl->st.copy, cudaStreamNonBlocking));
+    CK(cudaEventCreateWithFlags(&impl->st.ready, cudaEventDisableTiming));
+    CK(cudaEventCreateWithFlags(&impl->st.free, cudaEventDisableTiming));
+  }
   const int64_t H = model.config().hidden_size, k = model.config().num_experts_per_tok;
   CK(cudaEventCreateWithFlags(&impl->routed, cudaEventDisableTiming));
   // Pointers into the arena exist only after the commit pass below; until then decide from the options.
@@ -668,9 +800,11 @@ void Qwen35MoeGpu::forward(std::span<const int32_t> ids, float* logits, Qwen35Mo
     if (ids[t] < 0 || ids[t] >= V) fail("token id ", ids[t], " at position ", t, " is outside the vocabulary (0..", V - 1, ")");
   if (m.pos + T > m.opts.max_context) fail("the sequence reached the context limit of ", m.opts.max_context, " tokens (--context)");
   if (m.batched && T > 1 && rows == Qwen35Moe::LogitRows::Last && !Trace::active()) {
-    for (int64_t t = 0; t < T; t += m.chunk) {
-      const int64_t n = std::min(m.chunk, T - t);
-      m.prefill_chunk(ids.data() + t, n, t + n == T ? logits : nullptr);
+    for (int64_t t = 0, n = 0; t < T; t += n) {
+      const bool streamed = m.st.on && T - t >= m.opts.stream_prefill_min_tokens;
+      n = std::min(streamed ? m.st.pass : m.chunk, T - t);
+      if (streamed) m.prefill_streamed(ids.data() + t, n, t + n == T ? logits : nullptr);
+      else m.prefill_chunk(ids.data() + t, n, t + n == T ? logits : nullptr);
     }
     return;
   }

@@ -41,6 +41,31 @@ class HostExperts {
   // out [T, H] = per token t, sum over j with ids[t*k + j] >= 0 of weights[t*k + j] * expert(x_t); ids of
   // GPU experts are -1. T is 1 in decode, up to the prefill chunk in batched prefill.
   virtual void run(int layer, const float* x, int64_t T, const int32_t* ids, const float* weights, int k, float* out) = 0;
+
+  // For streamed prefill (GpuOptions::stream_prefill_min_tokens): where a layer's host-resident int4
+  // experts lie, as one byte range (page-locked for DMA when `pinned`) and each expert's matrices in
+  // the tile layout (gpu_core/int4_layout.h) as offsets into it. Gate and up rows come in down's
+  // input order (act order folded in), so down's inputs need no permutation and only gate / up carry
+  // one. false (with `why`) when the layer cannot be streamed (another format, padded shapes).
+  struct StreamMatrix {
+    static constexpr uint64_t kNone = ~uint64_t(0);
+    uint64_t w = 0, scales = 0, zeros = kNone, perm = kNone;  // byte offsets from base
+    int64_t rows = 0, cols = 0, group_size = 0;
+  };
+  struct StreamExpert {
+    int expert = 0;
+    StreamMatrix gate, up, down;
+  };
+  struct StreamLayer {
+    const void* base = nullptr;
+    uint64_t bytes = 0;
+    bool pinned = false;
+    std::vector<StreamExpert> experts;
+  };
+  virtual bool stream_layout(int /*layer*/, StreamLayer& /*out*/, std::string& why) const {
+    why = "these host experts cannot be streamed";
+    return false;
+  }
 };
 
 struct GpuOptions {
@@ -90,11 +115,21 @@ struct GpuOptions {
   // model's output slightly: bench/results/2026-11-30-expert-deferral-devbox.md). Adds host_rows x
   // hidden floats of workspace (the planner counts it). 0: the exact model.
   int defer_experts = 0;
+  // Hybrid prefill over PCIe: a prompt (what remains of it) of at least stream_prefill_min_tokens goes
+  // through layer by layer, stream_pass_tokens at a time (rounded up to whole chunks), and each layer's
+  // host-resident experts are copied to the GPU (HostExperts::stream_layout) while the previous layer
+  // computes, converted to the row layout and run there with the GPU's own experts; the host computes
+  // none. One layer's copy and its converted form live on the device (gpu::stream_buffer_bytes, for
+  // the largest number of host experts in a layer; the planner counts them). 0: never (the cost
+  // model picks the switch point: Prediction::prefill_gpu_min_tokens).
+  int64_t stream_prefill_min_tokens = 0;
+  int64_t stream_pass_tokens = 4096;
 };
 
 // Routed-expert activations served by each side since the last reset_counts().
 struct ExpertCounts {
   uint64_t gpu = 0, cpu = 0;
+  uint64_t streamed_layers = 0, streamed_bytes = 0;  // host expert layers copied to the GPU (streamed prefill)
 };
 
 class Qwen35MoeGpu {
@@ -122,6 +157,10 @@ class Qwen35MoeGpu {
                    std::vector<std::pair<int32_t, float>>& top);
   bool cuda_graph_active() const;
   bool graph_cut_at_handoffs() const;  // hybrid: the step's graphs are cut where the host takes over
+  // Streamed prefill (GpuOptions::stream_prefill_min_tokens): from how many prompt tokens it is used
+  // (0: off), and why it is off when it was asked for and cannot be.
+  int64_t stream_prefill_min_tokens() const;
+  const std::string& stream_prefill_note() const;
   // Like Qwen35Moe::forward: ids at the current position; logits to host memory, all rows or the last.
   void forward(std::span<const int32_t> ids, float* logits, Qwen35Moe::LogitRows rows = Qwen35Moe::LogitRows::All);
 

@@ -13,6 +13,7 @@
 #include "gpu_core/deltanet.cuh"
 #include "gpu_core/gemm.cuh"
 #include "gpu_core/gemv.cuh"
+#include "gpu_core/int4_tiles.cuh"
 #include "gpu_core/moe.cuh"
 #include "gpu_core/sampling.cuh"
 #include "runtime/error.h"
@@ -134,6 +135,23 @@ struct Qwen35MoeGpu::Impl {
   cudaEvent_t def_copied = nullptr;
   cudaEvent_t tbase = nullptr;
   double tbase_us = 0;
+  // Streamed prefill's state (GpuOptions::stream_prefill_min_tokens; buffers: gpu::stream_buffer_bytes).
+  struct Stream {
+    bool on = false;
+    std::string note;            // why it is off when it was asked for
+    int max_experts = 0;         // host experts in the layer that has the most
+    int64_t pass = 0;            // tokens per pass
+    std::vector<HostExperts::StreamLayer> layout;  // per layer (no experts: nothing to stream)
+    std::vector<int> njobs;      // per layer: matrices to convert (3 per host expert)
+    char* raw = nullptr;         // one layer's host experts as copied (tile layout)
+    char* rows = nullptr;        // their row-layout form, one slot per expert
+    gpu::Int4Expert* tables = nullptr;      // [layer][E]: GPU-resident views and the slots in `rows`
+    gpu::Int4TilesToRows* jobs = nullptr;   // [layer][3 * max_experts]
+    float* h = nullptr;          // [pass, H] hidden states of the pass
+    int32_t *pos = nullptr, *ids = nullptr;
+    cudaStream_t copy = nullptr;
+    cudaEvent_t ready = nullptr, free = nullptr;
+  } st;
 
   explicit Impl(const Qwen35Moe& m, const GpuOptions& o) : model(m), opts(o) {}
   ~Impl() {
@@ -148,6 +166,9 @@ struct Qwen35MoeGpu::Impl {
     gpu::blas_destroy(blas);
     if (tbase) cudaEventDestroy(tbase);
     if (def_copied) cudaEventDestroy(def_copied);
+    if (st.copy) cudaStreamDestroy(st.copy);
+    if (st.ready) cudaEventDestroy(st.ready);
+    if (st.free) cudaEventDestroy(st.free);
     for (void* p : {static_cast<void*>(hx), static_cast<void*>(hw), static_cast<void*>(hout), static_cast<void*>(hembed),
                     static_cast<void*>(hids), static_cast<void*>(hdef)})
       if (p) cudaFreeHost(p);
@@ -172,7 +193,9 @@ struct Qwen35MoeGpu::Impl {
   // ---- the routed experts of one layer for n tokens, shared by decode (n = 1) and batched prefill ----
 
   // GPU-resident experts into `out` (the kernels skip the host-resident ones); xh / hs are scratch.
-  void gpu_experts(const DevLayer& L, const float* x_dev, const int32_t* ids_dev, const float* w_dev, int64_t n, uint16_t* xh_buf, void* hs, float* out);
+  // `table`: the layer's expert table with its host experts streamed in (prefill_streamed), nullptr: L's own.
+  void gpu_experts(const DevLayer& L, const float* x_dev, const int32_t* ids_dev, const float* w_dev, int64_t n, uint16_t* xh_buf, void* hs, float* out,
+                   const gpu::Int4Expert* table = nullptr);
 
   // Hybrid handoff, part 1: x and the top-k of n tokens to pinned host memory, then an event.
   void handoff_out(const float* x_dev, const int32_t* ids_dev, const float* w_dev, int64_t n);
@@ -197,6 +220,17 @@ struct Qwen35MoeGpu::Impl {
   // logits of the last token to logits_last when given. Same math as n decode steps, except that
   // bf16 projections run on cuBLAS with split-bf16 activations (~1e-5) instead of the GEMV.
   void prefill_chunk(const int32_t* ids_host, int64_t n, float* logits_last);
+  // One layer of it for n tokens with hidden states h [n, H] (in place) at positions pos_dev; with
+  // `streamed` the layer's host experts run on the GPU from that table.
+  void prefill_layer(size_t li, float* h, int64_t n, const int32_t* pos_dev, const gpu::Int4Expert* streamed);
+  void prefill_logits(const float* h_last, float* logits_last);
+  // Streamed prefill (GpuOptions::stream_prefill_min_tokens): n <= st.pass tokens layer by layer,
+  // each layer's host experts copied over PCIe one layer ahead (see the .cpp).
+  void prefill_streamed(const int32_t* ids_host, int64_t n, float* logits_last);
+  // Asks the host experts for their layouts (setting st.on / st.note); before build().
+  void stream_setup();
+  // Layer li's streamed expert table and conversion jobs into st.tables / st.jobs (commit pass of build).
+  void stream_table(int li, const std::vector<gpu::Int4Expert>& i4);
 
   void linear(const DevLinear& L, const float* in, float* out);
 

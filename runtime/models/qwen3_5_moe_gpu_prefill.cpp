@@ -3,19 +3,22 @@
 #include <algorithm>
 #include <cmath>
 
+#include "gpu_core/int4_tiles.cuh"
 #include "gpu_core/ops.cuh"
 #include "runtime/models/qwen3_5_moe_gpu_impl.h"
 
 namespace tandem {
 
 // GPU-resident experts into `out` (the kernels skip the host-resident ones); xh / hs are scratch.
-void Qwen35MoeGpu::Impl::gpu_experts(const DevLayer& L, const float* x_dev, const int32_t* ids_dev, const float* w_dev, int64_t n, uint16_t* xh_buf, void* hs, float* out) {
+void Qwen35MoeGpu::Impl::gpu_experts(const DevLayer& L, const float* x_dev, const int32_t* ids_dev, const float* w_dev, int64_t n, uint16_t* xh_buf, void* hs, float* out,
+                                     const gpu::Int4Expert* table) {
   const ModelConfig& c = model.config();
+  const gpu::Int4Expert* experts = table ? table : L.experts_i4;
   const int64_t H = c.hidden_size, I = c.moe_intermediate_size;
   const int k = c.num_experts_per_tok;
   if (L.int4_experts && n > gpu::kMaxGemvTokens && pgroup && opts.grouped_moe) {  // prefill: each expert's tokens together
     auto* grouped = opts.grouped_moe_tc ? gpu::moe_int4_grouped_tc : gpu::moe_int4_grouped;
-    CK(grouped(L.experts_i4, static_cast<int>(c.num_experts), H, I, L.expert_group, ids_dev, w_dev, static_cast<int>(n), k, x_dev,
+    CK(grouped(experts, static_cast<int>(c.num_experts), H, I, L.expert_group, ids_dev, w_dev, static_cast<int>(n), k, x_dev,
                pgroup, out, stream));
     return;
   }
@@ -28,8 +31,8 @@ void Qwen35MoeGpu::Impl::gpu_experts(const DevLayer& L, const float* x_dev, cons
     if (L.int4_experts) {
       CK(gpu::gather_x_half(x, nullptr, H, T, xh_buf, stream));
       auto* h16 = static_cast<uint16_t*>(hs);
-      CK(opts.moe_prefetch ? gpu::moe_int4_decode_prefetch(L.experts_i4, H, I, L.expert_group, ids, w, T, k, xh_buf, h16, out + t * H, stream)
-                           : gpu::moe_int4_decode(L.experts_i4, H, I, L.expert_group, ids, w, T, k, xh_buf, h16, out + t * H, stream));
+      CK(opts.moe_prefetch ? gpu::moe_int4_decode_prefetch(experts, H, I, L.expert_group, ids, w, T, k, xh_buf, h16, out + t * H, stream)
+                           : gpu::moe_int4_decode(experts, H, I, L.expert_group, ids, w, T, k, xh_buf, h16, out + t * H, stream));
     } else {
       CK(gpu::moe_bf16_decode(L.experts_bf16, H, I, ids, w, T, k, x, static_cast<float*>(hs), out + t * H, stream));
     }
@@ -49,79 +52,135 @@ void Qwen35MoeGpu::Impl::linear_rows(const DevLinear& L, const float* in, int64_
   }
 }
 
-// n prompt tokens at positions pos.. through every layer at once (GpuOptions::batched_prefill);
-// logits of the last token to logits_last when given. Same math as n decode steps, except that
-// bf16 projections run on cuBLAS with split-bf16 activations (~1e-5) instead of the GEMV.
-void Qwen35MoeGpu::Impl::prefill_chunk(const int32_t* ids_host, int64_t n, float* logits_last) {
+// One layer of batched prefill for n tokens whose hidden states are h [n, H] (updated in place) at
+// positions pos_dev; `streamed`: the layer's expert table with its host experts streamed to the GPU
+// (prefill_streamed), nullptr: host experts on the host.
+void Qwen35MoeGpu::Impl::prefill_layer(size_t li, float* hbuf, int64_t n, const int32_t* pos_dev, const gpu::Int4Expert* streamed) {
   const ModelConfig& c = model.config();
   const int64_t H = c.hidden_size, Is = c.shared_expert_intermediate_size;
   const int k = c.num_experts_per_tok;
   const int64_t nh2 = int64_t(c.num_heads) * 2 * c.head_dim;
   const int64_t kvd = int64_t(c.num_kv_heads) * c.head_dim, ad = int64_t(c.num_heads) * c.head_dim;
   const float eps = static_cast<float>(c.rms_norm_eps);
+  const DevLayer& L = layers[li];
+  CK(gpu::rmsnorm_zc(hbuf, L.in_norm, H, static_cast<int>(n), eps, px, stream));
+  if (L.kind == LayerKind::LinearAttention) {
+    linear_rows(L.qkv, px, n, pqkv);
+    linear_rows(L.z, px, n, pz);
+    linear_rows(L.b, px, n, pb);
+    linear_rows(L.a, px, n, pa);
+    gpu::DeltaNetDecodeArgs p = deltanet_args(L);
+    p.qkv = pqkv, p.z = pz, p.b = pb, p.a = pa, p.conv_out = pconv, p.out = pcore;
+    CK((opts.deltanet_chunked ? gpu::deltanet_prefill_chunked : gpu::deltanet_prefill)(p, static_cast<int>(n), stream));
+    linear_rows(L.out_proj, pcore, n, po);
+  } else {
+    linear_rows(L.q, px, n, pqg);
+    linear_rows(L.k, px, n, pk);
+    linear_rows(L.v, px, n, pv);
+    gpu::AttentionDecodeArgs p = attention_args(L);
+    if (opts.attention_prefill) {  // the whole chunk at once, causal inside it
+      p.qg = pqg, p.k = pk, p.v = pv, p.pos = pos_dev, p.q_rot = pattn, p.out = pattn;  // q_rot may alias out
+      CK(gpu::attention_prefill(p, static_cast<int>(n), stream));
+    } else {
+      for (int64_t t = 0; t < n; ++t) {  // causal: token t attends to the cache rows written before it
+        p.qg = pqg + t * nh2, p.k = pk + t * kvd, p.v = pv + t * kvd, p.pos = pos_dev + t, p.q_rot = q_rot, p.partial = attn_part;
+        p.out = pattn + t * ad;
+        CK(gpu::attention_decode(p, stream));
+      }
+    }
+    linear_rows(L.o, pattn, n, po);
+  }
+  CK(gpu::add_inplace(hbuf, po, n * H, stream));
+  CK(gpu::rmsnorm_zc(hbuf, L.post_norm, H, static_cast<int>(n), eps, px, stream));
+  linear_rows(L.router, px, n, prouter);
+  CK(gpu::router_topk(prouter, c.num_experts, k, static_cast<int>(n), ptopk_ids, ptopk_w, stream));
+  const bool split = L.cpu_experts && opts.host_experts && !streamed;
+  if (split) handoff_out(px, ptopk_ids, ptopk_w, n);
+  gpu_experts(L, px, ptopk_ids, ptopk_w, n, pxh, phs, pmoe, streamed);
+  linear_rows(L.sh_gate, px, n, psg);
+  linear_rows(L.sh_up, px, n, psu);
+  CK(gpu::silu_mul(psg, psu, n * Is, stream));
+  linear_rows(L.sh_down, psg, n, psd);
+  linear_rows(L.sh_expert_gate, px, n, psgate);
+  CK(gpu::gated_add(pmoe, psd, psgate, H, static_cast<int>(n), stream));
+  run_deferred();
+  if (split) handoff_back(li, n, pcpu, pmoe);
+  else counts.gpu += static_cast<uint64_t>(n) * k;
+  CK(gpu::add_inplace(hbuf, pmoe, n * H, stream));
+  add_deferred(hbuf);
+}
+
+// The last token's logits after a prefill (h_last: its hidden state) to logits_last, when given.
+void Qwen35MoeGpu::Impl::prefill_logits(const float* h_last, float* logits_last) {
+  const ModelConfig& c = model.config();
+  if (!logits_last) return;
+  CK(gpu::rmsnorm_zc(h_last, final_norm, c.hidden_size, 1, static_cast<float>(c.rms_norm_eps), x, stream));
+  linear(lm_head, x, logits);
+  if (logits_last != &logits_sink)
+    CK(cudaMemcpyAsync(logits_last, logits, c.vocab_size * sizeof(float), cudaMemcpyDeviceToHost, stream));
+}
+
+// n prompt tokens at positions pos.. through every layer at once (GpuOptions::batched_prefill);
+// logits of the last token to logits_last when given. Same math as n decode steps, except that
+// bf16 projections run on cuBLAS with split-bf16 activations (~1e-5) instead of the GEMV.
+void Qwen35MoeGpu::Impl::prefill_chunk(const int32_t* ids_host, int64_t n, float* logits_last) {
+  const int64_t H = model.config().hidden_size;
   host_pos.resize(n);
   for (int64_t t = 0; t < n; ++t) host_pos[t] = static_cast<int32_t>(pos + t);
   CK(cudaMemcpyAsync(pids, ids_host, n * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
   CK(cudaMemcpyAsync(ppos, host_pos.data(), n * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
   CK(gpu::embed_bf16(embed, H, pids, static_cast<int>(n), ph, stream));
-  for (size_t li = 0; li < layers.size(); ++li) {
-    const DevLayer& L = layers[li];
-    CK(gpu::rmsnorm_zc(ph, L.in_norm, H, static_cast<int>(n), eps, px, stream));
-    if (L.kind == LayerKind::LinearAttention) {
-      linear_rows(L.qkv, px, n, pqkv);
-      linear_rows(L.z, px, n, pz);
-      linear_rows(L.b, px, n, pb);
-      linear_rows(L.a, px, n, pa);
-      gpu::DeltaNetDecodeArgs p = deltanet_args(L);
-      p.qkv = pqkv, p.z = pz, p.b = pb, p.a = pa, p.conv_out = pconv, p.out = pcore;
-      CK((opts.deltanet_chunked ? gpu::deltanet_prefill_chunked : gpu::deltanet_prefill)(p, static_cast<int>(n), stream));
-      linear_rows(L.out_proj, pcore, n, po);
-    } else {
-      linear_rows(L.q, px, n, pqg);
-      linear_rows(L.k, px, n, pk);
-      linear_rows(L.v, px, n, pv);
-      gpu::AttentionDecodeArgs p = attention_args(L);
-      if (opts.attention_prefill) {  // the whole chunk at once, causal inside it
-        p.qg = pqg, p.k = pk, p.v = pv, p.pos = ppos, p.q_rot = pattn, p.out = pattn;  // q_rot may alias out
-        CK(gpu::attention_prefill(p, static_cast<int>(n), stream));
-      } else {
-        for (int64_t t = 0; t < n; ++t) {  // causal: token t attends to the cache rows written before it
-          p.qg = pqg + t * nh2, p.k = pk + t * kvd, p.v = pv + t * kvd, p.pos = ppos + t, p.q_rot = q_rot, p.partial = attn_part;
-          p.out = pattn + t * ad;
-          CK(gpu::attention_decode(p, stream));
-        }
-      }
-      linear_rows(L.o, pattn, n, po);
-    }
-    CK(gpu::add_inplace(ph, po, n * H, stream));
-    CK(gpu::rmsnorm_zc(ph, L.post_norm, H, static_cast<int>(n), eps, px, stream));
-    linear_rows(L.router, px, n, prouter);
-    CK(gpu::router_topk(prouter, c.num_experts, k, static_cast<int>(n), ptopk_ids, ptopk_w, stream));
-    const bool split = L.cpu_experts && opts.host_experts;
-    if (split) handoff_out(px, ptopk_ids, ptopk_w, n);
-    gpu_experts(L, px, ptopk_ids, ptopk_w, n, pxh, phs, pmoe);
-    linear_rows(L.sh_gate, px, n, psg);
-    linear_rows(L.sh_up, px, n, psu);
-    CK(gpu::silu_mul(psg, psu, n * Is, stream));
-    linear_rows(L.sh_down, psg, n, psd);
-    linear_rows(L.sh_expert_gate, px, n, psgate);
-    CK(gpu::gated_add(pmoe, psd, psgate, H, static_cast<int>(n), stream));
-    run_deferred();
-    if (split) handoff_back(li, n, pcpu, pmoe);
-    else counts.gpu += static_cast<uint64_t>(n) * k;
-    CK(gpu::add_inplace(ph, pmoe, n * H, stream));
-    add_deferred(ph);
-  }
+  for (size_t li = 0; li < layers.size(); ++li) prefill_layer(li, ph, n, ppos, nullptr);
   run_deferred();
   add_deferred(ph);
   pos += n;
-  if (logits_last) {
-    CK(gpu::rmsnorm_zc(ph + (n - 1) * H, final_norm, H, 1, eps, x, stream));
-    linear(lm_head, x, logits);
-    if (logits_last != &logits_sink)
-      CK(cudaMemcpyAsync(logits_last, logits, c.vocab_size * sizeof(float), cudaMemcpyDeviceToHost, stream));
-  }
+  prefill_logits(ph + (n - 1) * H, logits_last);
   CK(cudaStreamSynchronize(stream));  // the host buffers (ids, positions) are free again
+}
+
+// Streamed prefill (GpuOptions::stream_prefill_min_tokens): n <= st.pass tokens through the model
+// layer by layer, every chunk of them through layer l before layer l + 1, so that each layer's host
+// experts cross PCIe once per pass: the copy stream brings layer l's into st.raw while the GPU
+// computes the layer before; the GPU turns them into the row layout (st.rows) and runs the layer's
+// experts from st.tables[l] (its own and the streamed ones). One raw and one converted buffer: the
+// copy of the next streamed layer waits for this layer's conversion (st.free), the conversion for
+// its copy (st.ready); stream order keeps the converted rows until the layer's last chunk is done.
+void Qwen35MoeGpu::Impl::prefill_streamed(const int32_t* ids_host, int64_t n, float* logits_last) {
+  const ModelConfig& c = model.config();
+  const int64_t H = c.hidden_size, E = c.num_experts;
+  host_pos.resize(n);
+  for (int64_t t = 0; t < n; ++t) host_pos[t] = static_cast<int32_t>(pos + t);
+  CK(cudaMemcpyAsync(st.ids, ids_host, n * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
+  CK(cudaMemcpyAsync(st.pos, host_pos.data(), n * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
+  CK(gpu::embed_bf16(embed, H, st.ids, static_cast<int>(n), st.h, stream));
+  auto next_streamed = [&](size_t from) {
+    while (from < layers.size() && !st.njobs[from]) ++from;
+    return from;
+  };
+  auto copy_layer = [&](size_t l) {
+    TraceSpan span("stream experts to the GPU, layer", "copy", static_cast<int>(l));
+    CK(cudaStreamWaitEvent(st.copy, st.free, 0));
+    CK(cudaMemcpyAsync(st.raw, st.layout[l].base, st.layout[l].bytes, cudaMemcpyHostToDevice, st.copy));
+    CK(cudaEventRecord(st.ready, st.copy));
+  };
+  if (size_t first = next_streamed(0); first < layers.size()) copy_layer(first);
+  const int64_t mj = 3 * int64_t(st.max_experts), wide = std::max<int64_t>(H, c.moe_intermediate_size);
+  for (size_t li = 0; li < layers.size(); ++li) {
+    const gpu::Int4Expert* table = nullptr;
+    if (st.njobs[li]) {
+      CK(cudaStreamWaitEvent(stream, st.ready, 0));
+      CK(gpu::int4_tiles_to_rows(st.jobs + li * mj, st.njobs[li], wide, wide, stream));
+      CK(cudaEventRecord(st.free, stream));
+      if (size_t nx = next_streamed(li + 1); nx < layers.size()) copy_layer(nx);
+      table = st.tables + li * E;
+      ++counts.streamed_layers;
+      counts.streamed_bytes += st.layout[li].bytes;
+    }
+    for (int64_t t = 0; t < n; t += chunk) prefill_layer(li, st.h + t * H, std::min(chunk, n - t), st.pos + t, table);
+  }
+  pos += n;
+  prefill_logits(st.h + (n - 1) * H, logits_last);
+  CK(cudaStreamSynchronize(stream));
 }
 
 }  // namespace tandem

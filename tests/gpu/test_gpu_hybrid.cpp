@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cmath>
 
+#include "gpu_core/int4_layout.h"
 #include "placement/hybrid_setup.h"
 #include "placement/planner.h"
 #include "runtime/error.h"
@@ -112,7 +113,21 @@ TEST_P(Hybrid, PlannerBytesEqualTheAllocation) {
     EXPECT_EQ(m.expert_weights, plan.vram.expert_weights) << pl.name << " chunk " << chunk << " deferral " << deferral;
     EXPECT_EQ(m.kv_cache, plan.vram.kv_cache) << pl.name << " chunk " << chunk << " deferral " << deferral;
     EXPECT_EQ(m.deltanet_state, plan.vram.deltanet_state) << pl.name << " chunk " << chunk << " deferral " << deferral;
-    EXPECT_EQ(m.workspace, plan.vram.workspace) << pl.name << " chunk " << chunk << " deferral " << deferral;
+    // Streamed prefill's buffers come only with a host that can stream (the runner's, below).
+    const int64_t gs = model->layers()[0].moe.gate[0].kind == LinearWeight::Kind::Gptq ? model->layers()[0].moe.gate[0].gptq.group_size : 0;
+    const uint64_t stream = plan.stream_experts ? gpu::stream_buffer_bytes(model->config().hidden_size, model->config().moe_intermediate_size, gs,
+                                                                           static_cast<int>(model->config().num_experts),
+                                                                           static_cast<int>(model->config().num_layers), plan.stream_experts,
+                                                                           plan.stream_pass).total()
+                                                : 0;
+    EXPECT_EQ(m.workspace + stream, plan.vram.workspace) << pl.name << " chunk " << chunk << " deferral " << deferral;
+    if (chunk > 0 && deferral == 0) {  // with the runner's host experts, the streamed prefill's buffers too
+      auto runner = make_runner(*model, hybrid_options(plan));
+      EXPECT_EQ(runner->peak_device_bytes(), plan.vram.allocated()) << pl.name << ": " << runner->describe();
+      if (plan.stream_experts) {
+        EXPECT_NE(runner->describe().find("streamed to the GPU"), std::string::npos) << runner->describe();
+      }
+    }
   }
 }
 
@@ -152,6 +167,53 @@ TEST(HybridBatched, PrefillEqualsTokenByToken) {
     batched->forward(std::span(f.ids.data() + f.prefill, 1), b.data(), Qwen35Moe::LogitRows::Last);
     EXPECT_LT(compare_logits(b.data(), a.data(), 1, V).rel_l2[0], same_tol) << name << " (first decode step)";
     EXPECT_LT(compare_logits(b.data(), ref.data.data() + f.prefill * V, 1, V).rel_l2[0], 2e-2) << name << " (first decode step) vs HF";
+  }
+}
+
+// Streamed prefill (prefill.strategy: gpu_stream): each layer's host experts cross to the GPU in the
+// tile layout, are converted there and run with the GPU's own; the host computes none. Last-token
+// logits as the same placement with the host experts computed on the host (GPU int4 kernels vs the
+// CPU's: within the GPU path's tolerance of each other and of HF), then a decode step on the state
+// it left. Chunks of 5 (the decode-kernel MoE) and of 10 (grouped, tensor cores) in passes of 10, so
+// a layer sees several chunks and a prompt several passes. Dense-expert fixtures: gpu_stream is refused.
+TEST(HybridStreamed, PrefillEqualsHostExpertPrefill) {
+  TANDEM_REQUIRE_GPU();
+  for (const std::string& name : test::fixture_names()) {
+    const auto f = test::load_fixture(name);
+    auto model = Qwen35Moe::load(f.dir);
+    const bool int4 = model->layers()[0].moe.gate[0].kind == LinearWeight::Kind::Gptq;
+    const NpyArray ref = read_npy_f32(f.dir + "/logits.npy");
+    const int64_t V = f.vocab;
+    for (int pi : {0, 1}) {
+      for (int chunk : {5, 10}) {
+        const std::string base = with_counts(kPlacements[pi].yaml, model->config().num_experts) +
+                                 str_cat("prefill:\n  chunk: ", chunk, "\n  stream_pass: 10\n  strategy: ");
+        const std::string what = str_cat(name, " ", kPlacements[pi].name, " chunk ", chunk);
+        if (!int4) {
+          test::expect_error([&] { placement::make_plan(model->config(), placement::parse_placement_config(base + "gpu_stream\n", "s.yaml")); },
+                             {"gpu_stream cannot be honoured", "GPTQ int4"});
+          continue;
+        }
+        const placement::Plan hp = placement::make_plan(model->config(), placement::parse_placement_config(base + "cpu\n", "h.yaml"));
+        const placement::Plan sp = placement::make_plan(model->config(), placement::parse_placement_config(base + "gpu_stream\n", "s.yaml"));
+        ASSERT_GT(sp.stream_experts, 0) << what;
+        ASSERT_EQ(sp.predicted.prefill_gpu_min_tokens, 1) << what;
+        auto host = make_runner(*model, hybrid_options(hp));
+        auto streamed = make_runner(*model, hybrid_options(sp));
+        ASSERT_NE(streamed->describe().find("streamed to the GPU"), std::string::npos) << streamed->describe();
+        std::vector<float> a(V), b(V);
+        host->forward(std::span(f.ids.data(), f.prefill), a.data(), Qwen35Moe::LogitRows::Last);
+        streamed->forward(std::span(f.ids.data(), f.prefill), b.data(), Qwen35Moe::LogitRows::Last);
+        EXPECT_EQ(streamed->gpu_expert_share(), 1.0) << what << ": every routed expert of the prompt ran on the GPU";
+        EXPECT_LT(host->gpu_expert_share(), 1.0) << what;
+        EXPECT_LT(compare_logits(b.data(), a.data(), 1, V).rel_l2[0], 1e-2) << what;
+        EXPECT_LT(compare_logits(b.data(), ref.data.data() + (f.prefill - 1) * V, 1, V).rel_l2[0], 2e-2) << what << " vs HF";
+        host->forward(std::span(f.ids.data() + f.prefill, 1), a.data(), Qwen35Moe::LogitRows::Last);
+        streamed->forward(std::span(f.ids.data() + f.prefill, 1), b.data(), Qwen35Moe::LogitRows::Last);
+        EXPECT_LT(compare_logits(b.data(), a.data(), 1, V).rel_l2[0], 1e-2) << what << " (first decode step)";
+        EXPECT_LT(compare_logits(b.data(), ref.data.data() + f.prefill * V, 1, V).rel_l2[0], 2e-2) << what << " (first decode step) vs HF";
+      }
+    }
   }
 }
 

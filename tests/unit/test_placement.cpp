@@ -9,6 +9,7 @@
 #include <numeric>
 #include <random>
 
+#include "gpu_core/int4_layout.h"
 #include "placement/heat.h"
 #include "placement/hybrid_setup.h"
 #include "placement/placement_config.h"
@@ -65,7 +66,9 @@ TEST(PlacementConfigs, EveryShippedConfigPlansThe35BModel) {
     EXPECT_LE(p.vram.total(), p.budget_bytes);
     EXPECT_GT(p.predicted.decode_tok_s, 0);
     EXPECT_LE(p.predicted.decode_tok_s, p.predicted.bound_tok_s * 1.0001);
-    if (c.cpu_experts_all) EXPECT_EQ(p.total_gpu_experts(), 0);
+    if (c.cpu_experts_all) {
+      EXPECT_EQ(p.total_gpu_experts(), 0);
+    }
   }
   EXPECT_GE(n, 5);
 }
@@ -105,18 +108,22 @@ TEST(PlacementYamlErrors, NameFileLineAndKey) {
   test::expect_error([] { yaml("prefill:\n  chunks: 64\n"); }, {"test.yaml:2", "'prefill.chunks'", "did you mean 'chunk'"});
 }
 
-// prefill.strategy gpu_stream plans (tandem plan shows its switch point) but a run refuses it with the
-// reason: streaming CPU experts over PCIe is not built yet, so it must not be silently ignored.
-TEST(PlacementYamlErrors, GpuStreamPrefillIsRefusedByRuns) {
-  const PlacementConfig cfg = yaml("prefill:\n  strategy: gpu_stream\n");
-  const Plan p = make_plan(model35(), fixed_bw(cfg), {.gpu_mem = 12ull << 30});
+// prefill.strategy gpu_stream streams from the first prompt token, with the buffers counted; where it
+// cannot be honoured (CPU experts not int4, no room for the buffers) the plan says why, never silently.
+TEST(PlacementYamlErrors, GpuStreamPrefillNeedsInt4CpuExpertsAndRoom) {
+  const Plan p = make_plan(model35(), fixed_bw(yaml("prefill:\n  strategy: gpu_stream\n")), {.gpu_mem = 12ull << 30});
   EXPECT_EQ(p.predicted.prefill_gpu_min_tokens, 1);
-  EXPECT_NE(plan_table(p).find("PCIe streaming is not built yet"), std::string::npos) << plan_table(p);
-  test::TempDir dir;
-  test::write_text(dir.file("stream.yaml"), "prefill:\n  strategy: gpu_stream\n");
-  RunnerOptions o;
-  o.config = dir.file("stream.yaml");
-  test::expect_error([&] { prepare_hybrid(o, model35()); }, {"stream.yaml", "gpu_stream", "not built yet", "use auto or cpu"});
+  EXPECT_GT(p.stream_experts, 0);
+  EXPECT_NE(plan_table(p).find("CPU experts streamed over PCIe"), std::string::npos) << plan_table(p);
+  test::expect_error([&] { make_plan(model35(), yaml("prefill:\n  strategy: gpu_stream\nexperts:\n  cpu_format: int8\n"), {.gpu_mem = 12ull << 30}); },
+                     {"test.yaml", "gpu_stream cannot be honoured", "int4 CPU experts", "auto or cpu"});
+  // A budget just above the minimum has no room for the buffers: auto says so in the plan, gpu_stream refuses.
+  const uint64_t lo = p.min_budget_bytes + (64ull << 20);
+  const Plan tight = make_plan(model35(), {}, {.gpu_mem = lo});
+  EXPECT_EQ(tight.stream_experts, 0);
+  EXPECT_NE(plan_table(tight).find("no room for its buffers"), std::string::npos) << plan_table(tight);
+  test::expect_error([&] { make_plan(model35(), yaml("prefill:\n  strategy: gpu_stream\n"), {.gpu_mem = lo}); },
+                     {"gpu_stream cannot be honoured", "no room", "strategy: cpu"});
 }
 
 TEST(PlacementYamlErrors, RulesTheModelCannotHonour) {
@@ -177,10 +184,40 @@ TEST(Planner, EveryExpertOnTheGpuWhenAllFit) {
   EXPECT_DOUBLE_EQ(p.expected_gpu_expert_fraction, 1.0);
   const Plan all = make_plan(m, yaml("experts: {select: all}"), {.gpu_mem = 40ull << 30});
   EXPECT_EQ(all.total_gpu_experts(), 40 * 256);
-  // The smallest budget that holds everything gets everything; one expert less does not.
+  // The smallest budget that holds everything gets everything; one byte less leaves experts on the
+  // CPU: one without streamed prefill, and with it (the default) as many as make room for its buffers.
   const uint64_t need = p.vram.total();
+  EXPECT_EQ(p.stream_experts, 0);
   EXPECT_EQ(make_plan(m, {}, {.gpu_mem = need}).total_gpu_experts(), 40 * 256);
-  EXPECT_EQ(make_plan(m, {}, {.gpu_mem = need - 1}).total_gpu_experts(), 40 * 256 - 1);
+  EXPECT_EQ(make_plan(m, yaml("prefill: {strategy: cpu}"), {.gpu_mem = need - 1}).total_gpu_experts(), 40 * 256 - 1);
+  const Plan short1 = make_plan(m, {}, {.gpu_mem = need - 1});
+  EXPECT_LT(short1.total_gpu_experts(), 40 * 256 - 1);
+  EXPECT_GE(short1.stream_experts, 1);
+  EXPECT_LE(short1.vram.total(), need - 1);
+}
+
+TEST(Planner, StreamedPrefillBuffersAreCountedForTheLayerWithTheMostCpuExperts) {
+  const ModelConfig m = model35();
+  const int64_t H = 2048, I = 512;
+  for (uint64_t gib : {8ull, 12ull, 16ull}) {
+    SCOPED_TRACE(gib);
+    const Plan p = make_plan(m, {}, {.gpu_mem = gib << 30});
+    const Plan off = make_plan(m, yaml("prefill: {strategy: cpu}"), {.gpu_mem = gib << 30});
+    int most = 0;
+    for (int l = 0; l < 40; ++l) most = std::max(most, 256 - p.experts_on_gpu[l]);
+    EXPECT_EQ(p.stream_experts, most);
+    ASSERT_GT(most, 0);
+    const uint64_t buffers = gpu::stream_buffer_bytes(H, I, 128, 256, 40, most, gpu::stream_pass_tokens(p.prefill_chunk)).total();
+    EXPECT_EQ(p.vram.workspace, off.vram.workspace + buffers);
+    EXPECT_LE(p.vram.total(), gib << 30);
+    EXPECT_GE(off.total_gpu_experts(), p.total_gpu_experts());  // the buffers take the place of some experts
+    EXPECT_GT(p.predicted.prefill_gpu_min_tokens, 0);
+    EXPECT_EQ(off.predicted.prefill_gpu_min_tokens, 0);
+    EXPECT_EQ(off.stream_experts, 0);
+  }
+  // The row form of one expert is the planner's GPU expert size plus the input orders it carries.
+  EXPECT_EQ(2 * gpu::int4_rows_bytes(I, H, 128) + gpu::int4_rows_bytes(H, I, 128),
+            make_plan(m, {}, {.gpu_mem = 24ull << 30}).gpu_expert_bytes + 2 * H * 4 + I * 4);
 }
 
 TEST(Planner, ByteAccountingMatchesTheSpecSizes) {
