@@ -327,8 +327,8 @@ void Qwen35MoeGpu::Impl::build(Uploader& up) {
       b16[e] = {g.w, u.w, dn.w};
     }
     if (d.int4_experts) d.experts_i4 = up.upload(i4.data(), i4.size(), Kind::Experts);
-    if (st.on && st.njobs[li] && up.committing()) stream_table(li, i4);
     else d.experts_bf16 = up.upload(b16.data(), b16.size(), Kind::Experts);
+    if (st.on && st.njobs[li] && up.committing()) stream_table(li, i4);
     layers.push_back(d);
   }
 

@@ -215,6 +215,9 @@ TEST(Planner, StreamedPrefillBuffersAreCountedForTheLayerWithTheMostCpuExperts) 
     EXPECT_EQ(off.predicted.prefill_gpu_min_tokens, 0);
     EXPECT_EQ(off.stream_experts, 0);
   }
+  // Experts the selection or the rules leave on the CPU are streamed too, whatever the budget.
+  EXPECT_EQ(make_plan(m, yaml("gpu_experts_per_layer: 200"), {.gpu_mem = 40ull << 30}).stream_experts, 56);
+  EXPECT_EQ(make_plan(m, yaml("cpu_experts: all"), {.gpu_mem = 24ull << 30}).stream_experts, 256);
   // The row form of one expert is the planner's GPU expert size plus the input orders it carries.
   EXPECT_EQ(2 * gpu::int4_rows_bytes(I, H, 128) + gpu::int4_rows_bytes(H, I, 128),
             make_plan(m, {}, {.gpu_mem = 24ull << 30}).gpu_expert_bytes + 2 * H * 4 + I * 4);
