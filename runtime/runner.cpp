@@ -229,6 +229,7 @@ class GpuRunner final : public Runner {
     return c.gpu + c.cpu ? static_cast<double>(c.gpu) / static_cast<double>(c.gpu + c.cpu) : gpu_expert_share_planned();
   }
   double gpu_expert_share_planned() const override { return placement_ ? placement_->expected_gpu_share : 1.0; }
+  uint64_t streamed_layers() const override { return gpu_->expert_counts().streamed_layers; }
   double pcie_bandwidth() override { return gpu_->pcie_bandwidth(); }
   double weight_bandwidth(std::string* what) override {
     if (what) *what = "GPU copy bandwidth";

@@ -68,6 +68,9 @@ class Runner {
   virtual double gpu_expert_share() const { return 0; }
   // What the placement expects that share to be (the planner's figure; 1 for gpu, 0 for host paths).
   virtual double gpu_expert_share_planned() const { return 0; }
+  // Hybrid streamed prefill: layers of CPU experts copied to the GPU since the last reset (their
+  // activations are not in gpu_expert_share, which describes the placement's decode).
+  virtual uint64_t streamed_layers() const { return 0; }
   // Pinned host-to-device copy bandwidth in bytes/s, measured now (0 without a GPU).
   virtual double pcie_bandwidth() { return 0; }
   // Measured bandwidth of the memory the weights stream from (host DRAM read, or GPU copy), and

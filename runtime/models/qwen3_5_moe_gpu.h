@@ -127,9 +127,11 @@ struct GpuOptions {
 };
 
 // Routed-expert activations served by each side since the last reset_counts().
+// Streamed prefill's activations are not in gpu / cpu (they say where the placement serves decode);
+// streamed_layers / streamed_bytes count its copies of host experts to the GPU.
 struct ExpertCounts {
   uint64_t gpu = 0, cpu = 0;
-  uint64_t streamed_layers = 0, streamed_bytes = 0;  // host expert layers copied to the GPU (streamed prefill)
+  uint64_t streamed_layers = 0, streamed_bytes = 0;
 };
 
 class Qwen35MoeGpu {
