@@ -180,7 +180,7 @@ class GpuRunner final : public Runner {
     g.grouped_moe_tc = env_switch("TANDEM_GROUPED_MOE_TC", true);
     g.moe_prefetch = env_switch("TANDEM_MOE_PREFETCH", true);
     g.attention_prefill = env_switch("TANDEM_ATTN_PREFILL", true);
-    g.deltanet_chunked = env_switch("TANDEM_DELTANET_CHUNKED", false);  // not yet validated on a GPU
+    g.deltanet_chunked = env_switch("TANDEM_DELTANET_CHUNKED", true);
     sample_on_gpu_ = env_switch("TANDEM_GPU_SAMPLING", true);
     if (placement_) {
       cpu_ = std::make_unique<CpuExpertSide>(model, *placement_, o.threads);

@@ -60,7 +60,7 @@ for step in "$@"; do
       run_step build 400 bash -c "cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
         && cmake --build build-gpu -j $(nproc)" ;;
     gpu-tests)
-      run_step gpu-tests 300 bash -c "build-gpu/tests/tandem_gpu_tests && ctest --test-dir build-gpu -R 'cli_' --output-on-failure" ;;
+      run_step "gpu-tests$tag" 300 bash -c "build-gpu/tests/tandem_gpu_tests && ctest --test-dir build-gpu -R 'cli_' --output-on-failure" ;;
     ctest)
       run_step ctest 500 ctest --test-dir build-gpu --output-on-failure -j 8 ;;
     gpu-bench|gpu-bench:*)

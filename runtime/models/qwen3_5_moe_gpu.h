@@ -106,8 +106,9 @@ struct GpuOptions {
   // TANDEM_ATTN_PREFILL=0.
   bool attention_prefill = false;
   // In batched prefill, DeltaNet through gpu::deltanet_prefill_chunked (the chunked form: 32 tokens a
-  // sequential step) instead of the token-by-token scan. Written, not yet run on a GPU; the runners
-  // turn it on with TANDEM_DELTANET_CHUNKED=1.
+  // sequential step) instead of the token-by-token scan. Validated on the H200 (its kernel, model and
+  // hybrid tests) and a little faster there (prefill 4096: 5,422 vs 5,350 tok/s); the runners turn it
+  // on unless TANDEM_DELTANET_CHUNKED=0.
   bool deltanet_chunked = false;
   // Hybrid expert deferral (placement `experts.deferral`): of each token's N lowest-weight routed
   // experts, the host-resident ones join the residual one layer later, so the host runs them while the
