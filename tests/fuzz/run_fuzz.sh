@@ -17,7 +17,7 @@ build_target() {  # name sources... [-- extra compiler and linker flags]
   while [ $# -gt 0 ] && [ "$1" != "--" ]; do sources+=("$1"); shift; done
   if [ $# -gt 0 ]; then shift; extra=("$@"); fi
   local newest
-  newest=$(ls -t "${sources[@]}" "$0" "$root"/runtime/*.h "$root"/placement/*.h | head -1)
+  newest=$(ls -t "${sources[@]}" "$0" "$root"/runtime/*.h "$root"/placement/*.h "$root"/gpu_core/*.h | head -1)
   if [ ! -x "$bin" ] || [ "$newest" -nt "$bin" ]; then
     echo "fuzz: building $name"
     "$cxx" "${flags[@]}" "${sources[@]}" "${extra[@]}" -o "$bin"
@@ -32,7 +32,7 @@ build_target fuzz_tokenizer "$root/tests/fuzz/fuzz_tokenizer.cpp" "$root/runtime
   "$root/runtime/tokenizer_unicode.cpp" -- -DTANDEM_TOKENIZER_DIR="\"$root/tests/data/tokenizers\"" -licuuc
 
 build_target fuzz_placement "$root/tests/fuzz/fuzz_placement.cpp" "$root/placement/placement_config.cpp" "$root/placement/heat.cpp" \
-  "$root/placement/planner.cpp" "$root/runtime/config.cpp" "$root/runtime/bytes.cpp" "$root/runtime/nearest.cpp" \
+  "$root/placement/planner.cpp" "$root/gpu_core/int4_layout.cpp" "$root/runtime/config.cpp" "$root/runtime/bytes.cpp" "$root/runtime/nearest.cpp" \
   -- -DTANDEM_FUZZ_MODEL_CONFIG="\"$root/tests/data/gptq_sym_v1/config.json\"" -lyaml-cpp
 
 targets=(safetensors_header config tokenizer placement)
