@@ -104,11 +104,11 @@ VramBytes fixed_vram(const ModelConfig& c, const Sizer& s, int64_t context, int 
       v.workspace += floats(n);
     v.workspace += align256(wide * 2) + 2 * align256(4) + align256(k * 4) + floats(k);  // xh, ids, pos, top-k ids, weights
     v.workspace += floats(H);  // CPU experts' result (hybrid)
-    if (deferral > 0) v.workspace += floats((prefill_chunk > 0 && embed_on_gpu ? prefill_chunk : 1) * H);  // deferred experts' sum
+    if (deferral > 0) v.workspace += floats((prefill_chunk > 0 ? prefill_chunk : 1) * H);  // deferred experts' sum
     // Sampling on the GPU: penalty list (12 B per context token), top-k workspace (gpu::kTopKWorkspaceBytes),
     // the k best ids and values (gpu::kMaxTopK each).
     v.workspace += align256(static_cast<uint64_t>(context) * 12) + align256(64 * 64 * 8) + align256(64 * 4) + floats(64);
-    if (prefill_chunk > 0 && embed_on_gpu) {  // batched prefill: chunk-sized copies, cuBLAS workspace
+    if (prefill_chunk > 0) {  // batched prefill: chunk-sized copies, cuBLAS workspace
       const int64_t n = prefill_chunk, nh2 = int64_t(nh) * 2 * hd, kvd = int64_t(nkv) * hd;
       const int64_t widest_k = std::max({H, Vd, int64_t(nh) * hd, Is, I});
       for (int64_t m : {H, H, H, conv_dim, Vd, Hv, Hv, Vd, conv_dim, nh2, kvd, kvd, int64_t(nh) * hd, int64_t(E), H, Is, Is, H,
@@ -363,7 +363,7 @@ Plan make_plan(const ModelConfig& c, const PlacementConfig& cfg, const PlanReque
   // both layouts, sized for the layer with the most host experts (gpu::stream_buffer_bytes). Reserved
   // for all E before the fill, then for what the fill left, and the freed bytes filled again (more
   // GPU experts only lower the most host experts per layer, so the second reserve still fits).
-  const bool can_stream = cfg.prefill != PrefillStrategy::Cpu && eq.quantized && fmt == "int4" && p.prefill_chunk > 0 && p.embed_on_gpu;
+  const bool can_stream = cfg.prefill != PrefillStrategy::Cpu && eq.quantized && fmt == "int4" && p.prefill_chunk > 0;
   const int64_t pass = gpu::stream_pass_tokens(p.prefill_chunk, cfg.prefill_stream_pass);
   p.stream_pass = pass;
   auto stream_bytes = [&](int m) { return gpu::stream_buffer_bytes(H, I, group, E, L, m, pass).total(); };
@@ -376,7 +376,7 @@ Plan make_plan(const ModelConfig& c, const PlacementConfig& cfg, const PlanReque
                                       " with every expert of a layer on the CPU; set prefill.strategy: cpu to use that memory for experts)");
   if (!can_stream && cfg.prefill != PrefillStrategy::Cpu)
     p.stream_note = !eq.quantized ? "it needs GPTQ int4 experts" : fmt != "int4" ? "it needs int4 CPU experts (experts.cpu_format)"
-                                                                               : "it needs batched prefill with the embedding on the GPU";
+                                                                               : "it needs batched prefill (prefill.chunk > 0)";
   auto fill = [&](uint64_t limit) {
     for (const Cand& x : order) {
       if (p.expert_on_gpu[x.l][x.e]) continue;
@@ -486,7 +486,7 @@ std::string plan_table(const Plan& p) {
   line("routed experts", str_cat(format_gib(v.expert_weights), " (", p.total_gpu_experts(), " experts, ", p.expert_checkpoint_format, ")"));
   line("KV cache", format_gib(v.kv_cache));
   line("DeltaNet state", format_gib(v.deltanet_state));
-  line("workspace", format_gib(v.workspace) + (p.prefill_chunk > 0 && p.embed_on_gpu ? str_cat(" (prefill in batches of ", p.prefill_chunk, " tokens)") : std::string(" (prefill token by token)")));
+  line("workspace", format_gib(v.workspace) + (p.prefill_chunk > 0 ? str_cat(" (prefill in batches of ", p.prefill_chunk, " tokens)") : std::string(" (prefill token by token)")));
   line("reserve (CUDA)", format_gib(v.reserve));
   line("total", str_cat(format_gib(v.total()), " of ", format_gib(p.budget_bytes)));
   o += "\n";

@@ -702,7 +702,9 @@ std::unique_ptr<Qwen35MoeGpu> Qwen35MoeGpu::create(const Qwen35Moe& model, const
   const int64_t rows = impl->host_rows();  // tokens handed to the host at once
   CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hx), rows * H * sizeof(float), cudaHostAllocDefault));
   CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hout), rows * H * sizeof(float), cudaHostAllocDefault));
-  CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hembed), H * sizeof(float), cudaHostAllocDefault));
+  if (!opts.embed_on_gpu && impl->wants_batched())  // prompt rows are gathered on the host
+    impl->hembed_rows = std::max(impl->opts.prefill_chunk, impl->st.on ? gpu::stream_pass_tokens(impl->opts.prefill_chunk, opts.stream_pass_tokens) : 1);
+  CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hembed), impl->hembed_rows * H * sizeof(float), cudaHostAllocDefault));
   CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hw), rows * k * sizeof(float), cudaHostAllocDefault));
   CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hids), rows * k * sizeof(int32_t), cudaHostAllocDefault));
   impl->masked.assign(rows * k, -1);
@@ -714,7 +716,7 @@ std::unique_ptr<Qwen35MoeGpu> Qwen35MoeGpu::create(const Qwen35Moe& model, const
   commit.begin_commit(impl->arena);
   impl->build(commit);
   CK(cudaDeviceSynchronize());
-  impl->batched = impl->wants_batched() && impl->ph && impl->embed;
+  impl->batched = impl->wants_batched() && impl->ph;
   impl->chunk = impl->opts.prefill_chunk;
   if (impl->batched) {
     CK(gpu::blas_create(&impl->blas));

@@ -82,7 +82,8 @@ struct GpuOptions {
   bool cuda_graph = false;
   // Prompts whose last logits row is asked for go through layer by layer in chunks of prefill_chunk
   // tokens (cuBLAS projections, DeltaNet prefill, the experts of the whole chunk at once, on the GPU
-  // and on the host); needs the embedding on the GPU. The workspace grows by ~0.4 MB per chunk token
+  // and on the host); with the embedding table in host memory the chunk's rows are gathered there
+  // and copied over (pinned staging of a chunk, or of a streamed pass). The workspace grows by ~0.4 MB per chunk token
   // at the 35B shape plus gpu::kBlasWorkspaceBytes (the planner counts both). The runners turn it on
   // unless TANDEM_BATCHED_PREFILL=0.
   bool batched_prefill = false;

@@ -80,6 +80,7 @@ struct Qwen35MoeGpu::Impl {
   float* cpu_out;  // the host experts' sum, copied in (hybrid)
   // Pinned host staging for the hybrid handoff and the host-side embedding row.
   float *hx = nullptr, *hw = nullptr, *hout = nullptr, *hembed = nullptr;
+  int64_t hembed_rows = 1;  // rows hembed holds: a prompt chunk / streamed pass when the table is in host memory
   int32_t *hids = nullptr;
   std::vector<int32_t> masked;
   cudaEvent_t routed = nullptr;
@@ -174,8 +175,8 @@ struct Qwen35MoeGpu::Impl {
       if (p) cudaFreeHost(p);
   }
 
-  // Whether prompts can go through in batches (GpuOptions::batched_prefill; the chunk embeds on the GPU).
-  bool wants_batched() const { return opts.batched_prefill && opts.prefill_chunk > 0 && opts.embed_on_gpu; }
+  // Whether prompts can go through in batches (GpuOptions::batched_prefill).
+  bool wants_batched() const { return opts.batched_prefill && opts.prefill_chunk > 0; }
   // Tokens handed to the host at once: a prefill chunk when prompts go in batches, else one.
   int64_t host_rows() const { return wants_batched() ? opts.prefill_chunk : 1; }
   bool deferring() const { return opts.defer_experts > 0 && opts.host_experts; }
@@ -224,6 +225,8 @@ struct Qwen35MoeGpu::Impl {
   // `streamed` the layer's host experts run on the GPU from that table.
   void prefill_layer(size_t li, float* h, int64_t n, const int32_t* pos_dev, const gpu::Int4Expert* streamed);
   void prefill_logits(const float* h_last, float* logits_last);
+  // The embedding rows of n prompt tokens into h_dev (on the GPU, or from the host table via hembed).
+  void embed_rows(const int32_t* ids_host, int64_t n, int32_t* ids_dev, float* h_dev);
   // Streamed prefill (GpuOptions::stream_prefill_min_tokens): n <= st.pass tokens layer by layer,
   // each layer's host experts copied over PCIe one layer ahead (see the .cpp).
   void prefill_streamed(const int32_t* ids_host, int64_t n, float* logits_last);

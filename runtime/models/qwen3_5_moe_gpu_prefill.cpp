@@ -120,6 +120,23 @@ void Qwen35MoeGpu::Impl::prefill_logits(const float* h_last, float* logits_last)
     CK(cudaMemcpyAsync(logits_last, logits, c.vocab_size * sizeof(float), cudaMemcpyDeviceToHost, stream));
 }
 
+// The embedding rows of n prompt tokens into h_dev [n, H]: looked up on the GPU (ids through ids_dev),
+// or, with the table in host memory, gathered there into the pinned staging rows and copied over.
+void Qwen35MoeGpu::Impl::embed_rows(const int32_t* ids_host, int64_t n, int32_t* ids_dev, float* h_dev) {
+  const int64_t H = model.config().hidden_size;
+  if (embed) {
+    CK(cudaMemcpyAsync(ids_dev, ids_host, n * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
+    CK(gpu::embed_bf16(embed, H, ids_dev, static_cast<int>(n), h_dev, stream));
+    return;
+  }
+  if (n > hembed_rows) fail("internal: ", n, " embedding rows for a staging buffer of ", hembed_rows);
+  CK(cudaStreamSynchronize(stream));  // the previous rows have left the staging buffer
+  const LinearWeight& E = model.embed();
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t i = 0; i < H; ++i) hembed[t * H + i] = load_as_f32(E.dense, E.dense_dtype, int64_t(ids_host[t]) * H + i);
+  CK(cudaMemcpyAsync(h_dev, hembed, n * H * sizeof(float), cudaMemcpyHostToDevice, stream));
+}
+
 // n prompt tokens at positions pos.. through every layer at once (GpuOptions::batched_prefill);
 // logits of the last token to logits_last when given. Same math as n decode steps, except that
 // bf16 projections run on cuBLAS with split-bf16 activations (~1e-5) instead of the GEMV.
@@ -127,9 +144,8 @@ void Qwen35MoeGpu::Impl::prefill_chunk(const int32_t* ids_host, int64_t n, float
   const int64_t H = model.config().hidden_size;
   host_pos.resize(n);
   for (int64_t t = 0; t < n; ++t) host_pos[t] = static_cast<int32_t>(pos + t);
-  CK(cudaMemcpyAsync(pids, ids_host, n * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
   CK(cudaMemcpyAsync(ppos, host_pos.data(), n * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
-  CK(gpu::embed_bf16(embed, H, pids, static_cast<int>(n), ph, stream));
+  embed_rows(ids_host, n, pids, ph);
   for (size_t li = 0; li < layers.size(); ++li) prefill_layer(li, ph, n, ppos, nullptr);
   run_deferred();
   add_deferred(ph);
@@ -150,9 +166,8 @@ void Qwen35MoeGpu::Impl::prefill_streamed(const int32_t* ids_host, int64_t n, fl
   const int64_t H = c.hidden_size, E = c.num_experts;
   host_pos.resize(n);
   for (int64_t t = 0; t < n; ++t) host_pos[t] = static_cast<int32_t>(pos + t);
-  CK(cudaMemcpyAsync(st.ids, ids_host, n * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
   CK(cudaMemcpyAsync(st.pos, host_pos.data(), n * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
-  CK(gpu::embed_bf16(embed, H, st.ids, static_cast<int>(n), st.h, stream));
+  embed_rows(ids_host, n, st.ids, st.h);
   auto next_streamed = [&](size_t from) {
     while (from < layers.size() && !st.njobs[from]) ++from;
     return from;
