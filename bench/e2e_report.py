@@ -71,7 +71,7 @@ def main():
                      "gpu_expert_fraction": r.get("gpu_expert_fraction", 1.0), "bound_decode_tok_s": r.get("bound_decode_tok_s", j["bound_decode_tok_s"]),
                      "decode_ratio_to_bound": r["decode_ratio_to_bound"], "peak_vram_bytes": j["peak_vram_bytes"], "peak_host_bytes": j["peak_host_bytes"],
                      "gpu_copy_bytes_per_s": j["bandwidth_bytes_per_s"], "cpu_read_bytes_per_s": j.get("cpu_read_bytes_per_s"),
-                     "pcie_h2d_bytes_per_s": j.get("pcie_h2d_bytes_per_s")}
+                     "pcie_h2d_bytes_per_s": j.get("pcie_h2d_bytes_per_s"), "prefill_streamed_layers": r.get("prefill_streamed_layers", 0)}
             yaml_path = os.path.join(a.raw, name + ".yaml")
             if a.tandem and a.model and os.path.exists(yaml_path):
                 p = predict(a.tandem, a.model, yaml_path, bw)
@@ -88,8 +88,9 @@ def main():
     md.append("| placement | prompt | prefill tok/s [min-max] | TTFT ms | decode tok/s [min-max] | ITL p50 / p99 ms | GPU share | bound tok/s | decode / bound | predicted | peak VRAM | peak host |")
     md.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for e in rows:
-        md.append("| %s | %d | %.1f [%.1f-%.1f] | %.0f | %.1f [%.1f-%.1f] | %.2f / %.2f | %.0f%% | %.1f | %.0f%% | %s | %.2f GB | %.2f GB |" % (
-            e["label"], e["prompt_len"], e["prefill_tok_s"], e["prefill_tok_s_min"], e["prefill_tok_s_max"], e["ttft_ms"],
+        md.append("| %s | %d | %.1f [%.1f-%.1f]%s | %.0f | %.1f [%.1f-%.1f] | %.2f / %.2f | %.0f%% | %.1f | %.0f%% | %s | %.2f GB | %.2f GB |" % (
+            e["label"], e["prompt_len"], e["prefill_tok_s"], e["prefill_tok_s_min"], e["prefill_tok_s_max"],
+            " (streamed)" if e["prefill_streamed_layers"] else "", e["ttft_ms"],
             e["decode_tok_s"], e["decode_tok_s_min"], e["decode_tok_s_max"], e["itl_p50_ms"], e["itl_p99_ms"],
             100 * e["gpu_expert_fraction"], e["bound_decode_tok_s"], 100 * e["decode_ratio_to_bound"],
             "%.1f" % e["predicted_decode_tok_s"] if "predicted_decode_tok_s" in e else "-", e["peak_vram_bytes"] / 1e9, e["peak_host_bytes"] / 1e9))

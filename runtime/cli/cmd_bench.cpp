@@ -89,6 +89,7 @@ struct Run {
   double prefill_tok_s, ttft_ms, decode_tok_s;
   std::vector<double> itl_ms;
   bool on_device = false;  // the runner picked the next token where the logits are (forward_top)
+  uint64_t streamed_layers = 0;  // hybrid: layers of CPU experts the prompt streamed to the GPU
 };
 
 // `text`: the --prompts file's tokens (empty: random ids); run `seed` takes the window starting at
@@ -123,6 +124,7 @@ Run run_once(Runner& runner, int64_t V, int64_t prompt_len, int64_t gen, uint64_
   int32_t next = next_of(prompt);
   const double ttft = std::chrono::duration<double>(clock::now() - t0).count();
   Run r{prompt_len / ttft, ttft * 1e3, 0, {}};
+  r.streamed_layers = runner.streamed_layers();
   const auto d0 = clock::now();
   for (int64_t i = 1; i < gen; ++i) {
     const auto s0 = clock::now();
@@ -216,9 +218,11 @@ int cmd_bench(int argc, char** argv) {
     if (!json_out) std::fprintf(stderr, "prompt %lld: warm-up + %lld runs...\r", (long long)L, (long long)repeat);
     run_once(*runner, cfg.vocab_size, warmup ? std::min(warmup, L) : L, std::min<int64_t>(gen, 4), seed, text);  // warm-up: page in weights
     std::vector<double> pf, ttft, dec, itl;
+    uint64_t streamed = 0;
     for (int64_t r = 0; r < repeat; ++r) {
       Run x = run_once(*runner, cfg.vocab_size, L, gen, seed + 1 + r, text);
       token_on_device = x.on_device;
+      streamed = x.streamed_layers;
       pf.push_back(x.prefill_tok_s);
       ttft.push_back(x.ttft_ms);
       dec.push_back(x.decode_tok_s);
@@ -237,14 +241,16 @@ int cmd_bench(int argc, char** argv) {
                        {"decode_tok_s", d.median},
                        {"decode_tok_s_min", d.min},
                        {"decode_tok_s_max", d.max},
+                       {"prefill_streamed_layers", streamed},
                        {"itl_p50_ms", p50},
                        {"itl_p99_ms", p99},
                        {"gpu_expert_fraction", runner->gpu_expert_share()},
                        {"bound_decode_tok_s", bound},
                        {"decode_ratio_to_bound", d.median / bound}});
     if (!json_out)
-      std::printf("%8lld  %9.1f [%5.1f-%5.1f]  %18.1f  %9.2f [%5.2f-%5.2f]  %8.2f / %7.2f  %7.1f%%\n", (long long)L, p.median,
-                  p.min, p.max, t.median, d.median, d.min, d.max, p50, p99, 100 * d.median / bound);
+      std::printf("%8lld  %9.1f [%5.1f-%5.1f]  %18.1f  %9.2f [%5.2f-%5.2f]  %8.2f / %7.2f  %7.1f%%%s\n", (long long)L, p.median,
+                  p.min, p.max, t.median, d.median, d.min, d.max, p50, p99, 100 * d.median / bound,
+                  streamed ? str_cat("  (prefill streamed ", streamed, " layers of CPU experts)").c_str() : "");
   }
   const uint64_t peak_host = peak_rss_bytes();
   if (json_out) {
