@@ -89,9 +89,14 @@ namespace {
 uint64_t round_to(uint64_t b, uint64_t a) { return (b + a - 1) / a * a; }
 }  // namespace
 
-uint64_t int4_tiles_bytes_bound(int64_t rows, int64_t cols, int64_t group_size) {
+Int4TilePieces int4_tile_pieces(int64_t rows, int64_t cols, int64_t group_size) {
   const uint64_t tiles = static_cast<uint64_t>((rows + 15) / 16), G = static_cast<uint64_t>(cols / group_size);
-  return round_to(tiles * cols * 8, 64) + round_to(tiles * G * 32, 64) + round_to(tiles * G * 16, 64) + round_to(cols * 4, 64);
+  return {tiles * cols * 8, tiles * G * 16 * 2, tiles * G * 16, static_cast<uint64_t>(cols) * 4};
+}
+
+uint64_t int4_tiles_bytes_bound(int64_t rows, int64_t cols, int64_t group_size) {
+  const Int4TilePieces t = int4_tile_pieces(rows, cols, group_size);
+  return round_to(t.w, 64) + round_to(t.scales, 64) + round_to(t.zeros, 64) + round_to(t.perm, 64);
 }
 
 uint64_t int4_rows_bytes(int64_t rows, int64_t cols, int64_t group_size) {

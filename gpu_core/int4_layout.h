@@ -63,8 +63,13 @@ Int4Host int4_rows_from_tiles(const Int4TilesHost& t);
 // ---- Streamed prefill's device buffers (Qwen35MoeGpu allocates exactly these, the planner counts them) ----
 constexpr uint64_t kInt4ExpertBytes = 3 * (4 * 8 + 3 * 8);  // sizeof(gpu::Int4Expert): three Int4Views
 constexpr uint64_t kTilesJobBytes = 8 * 8 + 3 * 8;          // sizeof(gpu::Int4TilesToRows)
-// Tile-layout bytes of a [rows, cols] int4 matrix with every piece present (zeros, act-order perm),
-// each rounded to 64 as the host packer allocates them: an upper bound on what it takes.
+// The pieces of a [rows, cols] int4 matrix in the tile layout, in bytes (zeros and perm when present).
+struct Int4TilePieces {
+  uint64_t w = 0, scales = 0, zeros = 0, perm = 0;
+};
+Int4TilePieces int4_tile_pieces(int64_t rows, int64_t cols, int64_t group_size);
+// Tile-layout bytes with every piece present (zeros, act-order perm), each rounded to 64 as the host
+// packer allocates them: an upper bound on what it takes.
 uint64_t int4_tiles_bytes_bound(int64_t rows, int64_t cols, int64_t group_size);
 // Row-layout bytes of the same matrix, one 256-byte aligned piece each: codes, scales, zeros, input order.
 uint64_t int4_rows_bytes(int64_t rows, int64_t cols, int64_t group_size);

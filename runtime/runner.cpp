@@ -126,7 +126,6 @@ class CpuExpertSide final : public HostExperts {
     }
     out.base = lo;
     out.bytes = static_cast<uint64_t>(hi - lo);
-    out.pinned = registered_bytes_ > 0 && !unregistered_bytes_;
     auto view = [&](const cpu::PackedMatrix& m, bool perm) {
       StreamMatrix s;
       s.w = static_cast<uint64_t>(m.w - lo);

@@ -1,7 +1,7 @@
 // The Qwen3.5-MoE forward on one GPU (see qwen3_5_moe_gpu.h): weights are planned, then uploaded
 // into one device allocation; the decode step (eager or as a CUDA graph) and the public API. The layer
 // walk mirrors Qwen35Moe::forward step by step. Batched prefill: qwen3_5_moe_gpu_prefill.cpp; the
-// hybrid handoff: qwen3_5_moe_gpu_hybrid.cpp.
+// hybrid handoff: qwen3_5_moe_gpu_hybrid.cpp; streamed prefill: qwen3_5_moe_gpu_stream.cpp.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -13,8 +13,6 @@
 #include "runtime/models/qwen3_5_moe_gpu_impl.h"
 
 namespace tandem {
-
-static_assert(sizeof(gpu::Int4Expert) == gpu::kInt4ExpertBytes, "gpu::stream_buffer_bytes counts expert tables with this size");
 
 namespace {
 
@@ -121,114 +119,6 @@ std::string GpuMemoryPlan::describe() const {
                  ", DeltaNet state ", format_gib(deltanet_state), ", workspace ", format_gib(workspace), "; total ", format_gib(total()));
 }
 
-// Streamed prefill: ask the host experts where each layer's lie and check every matrix against the
-// model's shapes and the buffers' bounds; on any refusal streaming stays off and st.note says why.
-void Qwen35MoeGpu::Impl::stream_setup() {
-  st = Stream{};
-  if (opts.stream_prefill_min_tokens <= 0 || !opts.host_experts || !wants_batched() || !opts.expert_on_gpu || opts.expert_on_gpu->empty())
-    return;
-  const ModelConfig& c = model.config();
-  const int64_t H = c.hidden_size, I = c.moe_intermediate_size;
-  const int L = static_cast<int>(c.num_layers), E = static_cast<int>(c.num_experts);
-  const auto& first = model.layers()[0].moe.gate[0];
-  if (first.kind != LinearWeight::Kind::Gptq) {
-    st.note = "streamed prefill needs GPTQ int4 experts (this checkpoint's are dense)";
-    return;
-  }
-  const int64_t gs = first.gptq.group_size;
-  using SM = HostExperts::StreamMatrix;
-  st.layout.assign(L, {});
-  st.njobs.assign(L, 0);
-  std::vector<uint64_t> bytes(L, 0);
-  for (int l = 0; l < L; ++l) {
-    const auto& on = (*opts.expert_on_gpu)[l];
-    const int host = static_cast<int>(std::count(on.begin(), on.end(), 0));
-    if (!host) continue;
-    std::string why;
-    HostExperts::StreamLayer& sl = st.layout[l];
-    if (!opts.host_experts->stream_layout(l, sl, why)) {
-      st.note = str_cat("layer ", l, ": ", why);
-      return;
-    }
-    if (static_cast<int>(sl.experts.size()) != host) {
-      st.note = str_cat("layer ", l, ": the host offers ", sl.experts.size(), " experts to stream, the placement has ", host, " there");
-      return;
-    }
-    for (const HostExperts::StreamExpert& x : sl.experts) {
-      if (x.expert < 0 || x.expert >= E || on[x.expert]) {
-        st.note = str_cat("layer ", l, ": expert ", x.expert, " offered for streaming is not a host expert");
-        return;
-      }
-      for (const SM* m : {&x.gate, &x.up, &x.down}) {
-        const bool is_down = m == &x.down;
-        const int64_t R = is_down ? H : I, C = is_down ? I : H, tiles = (R + 15) / 16, G = C / gs;
-        auto inside = [&](uint64_t off, uint64_t n) { return off != SM::kNone && off % 4 == 0 && off <= sl.bytes && n <= sl.bytes - off; };
-        if (m->rows != R || m->cols != C || m->group_size != gs || !inside(m->w, uint64_t(tiles) * C * 8) ||
-            !inside(m->scales, uint64_t(tiles) * G * 32) || (m->zeros != SM::kNone && !inside(m->zeros, uint64_t(tiles) * G * 16)) ||
-            (m->perm != SM::kNone && !inside(m->perm, uint64_t(C) * 4))) {
-          st.note = str_cat("layer ", l, " expert ", x.expert, ": its host layout (", m->rows, " x ", m->cols, ", group ", m->group_size,
-                            ") does not match the model's [", R, ", ", C, "] in groups of ", gs, " or lies outside its ", sl.bytes, " bytes");
-          return;
-        }
-      }
-    }
-    st.njobs[l] = 3 * host;
-    st.max_experts = std::max(st.max_experts, host);
-    bytes[l] = sl.bytes;
-  }
-  if (!st.max_experts) return;
-  const uint64_t raw = gpu::stream_buffer_bytes(H, I, gs, E, L, st.max_experts, 1).raw;
-  for (int l = 0; l < L; ++l)
-    if (bytes[l] > raw) {
-      st.note = str_cat("layer ", l, ": its host experts take ", bytes[l], " bytes, more than the ", raw, " planned for them");
-      return;
-    }
-  st.on = true;
-}
-
-// Layer li's expert table for streamed prefill: its GPU-resident experts as uploaded (i4), each host
-// expert in a slot of st.rows (filled by that layer's conversion jobs, which read st.raw).
-void Qwen35MoeGpu::Impl::stream_table(int li, const std::vector<gpu::Int4Expert>& i4) {
-  const ModelConfig& c = model.config();
-  const int64_t E = c.num_experts, I = c.moe_intermediate_size, H = c.hidden_size;
-  const int64_t gs = model.layers()[0].moe.gate[0].gptq.group_size;
-  const uint64_t per_expert = 2 * gpu::int4_rows_bytes(I, H, gs) + gpu::int4_rows_bytes(H, I, gs);
-  using SM = HostExperts::StreamMatrix;
-  std::vector<gpu::Int4Expert> table = i4;
-  std::vector<gpu::Int4TilesToRows> jobs;
-  const auto& sl = st.layout[li];
-  for (size_t i = 0; i < sl.experts.size(); ++i) {
-    const HostExperts::StreamExpert& x = sl.experts[i];
-    char* slot = st.rows + i * per_expert;
-    auto take = [&](uint64_t b) {
-      char* p = slot;
-      slot += (b + 255) / 256 * 256;
-      return p;
-    };
-    auto convert = [&](const SM& m, gpu::Int4View& v) {
-      const int64_t G = m.cols / m.group_size;
-      gpu::Int4TilesToRows j;
-      j.w = reinterpret_cast<const uint8_t*>(st.raw + m.w);
-      j.tile_scales = reinterpret_cast<const uint16_t*>(st.raw + m.scales);
-      j.tile_zeros = m.zeros != SM::kNone ? reinterpret_cast<const uint8_t*>(st.raw + m.zeros) : nullptr;
-      j.qweight = reinterpret_cast<uint32_t*>(take(uint64_t(m.rows) * m.cols / 2));
-      j.scales = reinterpret_cast<uint16_t*>(take(uint64_t(m.rows) * G * 2));
-      j.zeros = reinterpret_cast<uint8_t*>(take(uint64_t(m.rows) * G));
-      j.perm = reinterpret_cast<int32_t*>(take(uint64_t(m.cols) * 4));
-      j.tile_perm = m.perm != SM::kNone ? reinterpret_cast<const int32_t*>(st.raw + m.perm) : nullptr;
-      j.rows = m.rows, j.cols = m.cols, j.group_size = m.group_size;
-      v = {j.qweight, j.scales, j.zeros, m.rows, m.cols, m.group_size, j.tile_perm ? j.perm : nullptr};
-      jobs.push_back(j);
-    };
-    gpu::Int4Expert& e = table[x.expert];
-    convert(x.gate, e.gate);
-    convert(x.up, e.up);
-    convert(x.down, e.down);
-  }
-  CK(cudaMemcpy(st.tables + li * E, table.data(), table.size() * sizeof(gpu::Int4Expert), cudaMemcpyHostToDevice));
-  CK(cudaMemcpy(st.jobs + li * 3 * int64_t(st.max_experts), jobs.data(), jobs.size() * sizeof(gpu::Int4TilesToRows), cudaMemcpyHostToDevice));
-}
-
 void Qwen35MoeGpu::Impl::build(Uploader& up) {
   const ModelConfig& c = model.config();
   const int64_t H = c.hidden_size, V = c.vocab_size, conv_dim = c.linear_conv_dim(), Vd = c.linear_value_dim();
@@ -254,8 +144,8 @@ void Qwen35MoeGpu::Impl::build(Uploader& up) {
   // Streamed prefill's buffers (stream_setup decided; gpu::stream_buffer_bytes counts the same).
   if (st.on) {
     st.pass = gpu::stream_pass_tokens(opts.prefill_chunk, opts.stream_pass_tokens);
-    const int64_t gs = model.layers()[0].moe.gate[0].gptq.group_size;
-    const gpu::StreamBuffers b = gpu::stream_buffer_bytes(H, I, gs, static_cast<int>(E), static_cast<int>(c.num_layers), st.max_experts, st.pass);
+    const gpu::StreamBuffers b =
+        gpu::stream_buffer_bytes(H, I, st.group_size, static_cast<int>(E), static_cast<int>(c.num_layers), st.max_experts, st.pass);
     st.raw = static_cast<char*>(up.alloc(b.raw, Kind::Work));
     st.rows = static_cast<char*>(up.alloc(b.rows, Kind::Work));
     st.tables = static_cast<gpu::Int4Expert*>(up.alloc(b.tables, Kind::Work));
@@ -328,7 +218,7 @@ void Qwen35MoeGpu::Impl::build(Uploader& up) {
     }
     if (d.int4_experts) d.experts_i4 = up.upload(i4.data(), i4.size(), Kind::Experts);
     else d.experts_bf16 = up.upload(b16.data(), b16.size(), Kind::Experts);
-    if (st.on && st.njobs[li] && up.committing()) stream_table(li, i4);
+    if (streams(li) && up.committing()) stream_table(li, i4);
     layers.push_back(d);
   }
 
@@ -703,7 +593,7 @@ std::unique_ptr<Qwen35MoeGpu> Qwen35MoeGpu::create(const Qwen35Moe& model, const
   CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hx), rows * H * sizeof(float), cudaHostAllocDefault));
   CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hout), rows * H * sizeof(float), cudaHostAllocDefault));
   if (!opts.embed_on_gpu && impl->wants_batched())  // prompt rows are gathered on the host
-    impl->hembed_rows = std::max(impl->opts.prefill_chunk, impl->st.on ? gpu::stream_pass_tokens(impl->opts.prefill_chunk, opts.stream_pass_tokens) : 1);
+    impl->hembed_rows = std::max(impl->opts.prefill_chunk, impl->st.pass);  // st.pass: set by the last plan pass
   CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hembed), impl->hembed_rows * H * sizeof(float), cudaHostAllocDefault));
   CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hw), rows * k * sizeof(float), cudaHostAllocDefault));
   CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hids), rows * k * sizeof(int32_t), cudaHostAllocDefault));

@@ -43,8 +43,8 @@ class HostExperts {
   virtual void run(int layer, const float* x, int64_t T, const int32_t* ids, const float* weights, int k, float* out) = 0;
 
   // For streamed prefill (GpuOptions::stream_prefill_min_tokens): where a layer's host-resident int4
-  // experts lie, as one byte range (page-locked for DMA when `pinned`) and each expert's matrices in
-  // the tile layout (gpu_core/int4_layout.h) as offsets into it. Gate and up rows come in down's
+  // experts lie, as one byte range (page-locked for DMA where the host could lock it) and each
+  // expert's matrices in the tile layout (gpu_core/int4_layout.h) as offsets into it. Gate and up rows come in down's
   // input order (act order folded in), so down's inputs need no permutation and only gate / up carry
   // one. false (with `why`) when the layer cannot be streamed (another format, padded shapes).
   struct StreamMatrix {
@@ -59,7 +59,6 @@ class HostExperts {
   struct StreamLayer {
     const void* base = nullptr;
     uint64_t bytes = 0;
-    bool pinned = false;
     std::vector<StreamExpert> experts;
   };
   virtual bool stream_layout(int /*layer*/, StreamLayer& /*out*/, std::string& why) const {

@@ -1,7 +1,7 @@
 // runtime/models/qwen3_5_moe_gpu_impl.h: the GPU model's internals (not a public header), shared by
 // qwen3_5_moe_gpu.cpp (upload, the decode step, the public API), qwen3_5_moe_gpu_prefill.cpp (batched
-// prefill and the routed experts of n tokens) and qwen3_5_moe_gpu_hybrid.cpp (the host handoff and
-// expert deferral).
+// prefill and the routed experts of n tokens), qwen3_5_moe_gpu_hybrid.cpp (the host handoff and
+// expert deferral) and qwen3_5_moe_gpu_stream.cpp (streamed prefill).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -141,9 +141,9 @@ struct Qwen35MoeGpu::Impl {
     bool on = false;
     std::string note;            // why it is off when it was asked for
     int max_experts = 0;         // host experts in the layer that has the most
+    int64_t group_size = 0;      // of every expert matrix
     int64_t pass = 0;            // tokens per pass
     std::vector<HostExperts::StreamLayer> layout;  // per layer (no experts: nothing to stream)
-    std::vector<int> njobs;      // per layer: matrices to convert (3 per host expert)
     char* raw = nullptr;         // one layer's host experts as copied (tile layout)
     char* rows = nullptr;        // their row-layout form, one slot per expert
     gpu::Int4Expert* tables = nullptr;      // [layer][E]: GPU-resident views and the slots in `rows`
@@ -225,8 +225,9 @@ struct Qwen35MoeGpu::Impl {
   // `streamed` the layer's host experts run on the GPU from that table.
   void prefill_layer(size_t li, float* h, int64_t n, const int32_t* pos_dev, const gpu::Int4Expert* streamed);
   void prefill_logits(const float* h_last, float* logits_last);
-  // The embedding rows of n prompt tokens into h_dev (on the GPU, or from the host table via hembed).
-  void embed_rows(const int32_t* ids_host, int64_t n, int32_t* ids_dev, float* h_dev);
+  // A prompt piece's positions into pos_dev and embedding rows into h_dev (on the GPU, or from the
+  // host table via hembed).
+  void prefill_inputs(const int32_t* ids_host, int64_t n, int32_t* ids_dev, int32_t* pos_dev, float* h_dev);
   // Streamed prefill (GpuOptions::stream_prefill_min_tokens): n <= st.pass tokens layer by layer,
   // each layer's host experts copied over PCIe one layer ahead (see the .cpp).
   void prefill_streamed(const int32_t* ids_host, int64_t n, float* logits_last);
@@ -234,6 +235,8 @@ struct Qwen35MoeGpu::Impl {
   void stream_setup();
   // Layer li's streamed expert table and conversion jobs into st.tables / st.jobs (commit pass of build).
   void stream_table(int li, const std::vector<gpu::Int4Expert>& i4);
+  // Whether streamed prefill copies layer l's host experts.
+  bool streams(size_t l) const { return st.on && !st.layout[l].experts.empty(); }
 
   void linear(const DevLinear& L, const float* in, float* out);
 

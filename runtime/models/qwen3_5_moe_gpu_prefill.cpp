@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 
-#include "gpu_core/int4_tiles.cuh"
 #include "gpu_core/ops.cuh"
 #include "runtime/models/qwen3_5_moe_gpu_impl.h"
 
@@ -120,10 +119,14 @@ void Qwen35MoeGpu::Impl::prefill_logits(const float* h_last, float* logits_last)
     CK(cudaMemcpyAsync(logits_last, logits, c.vocab_size * sizeof(float), cudaMemcpyDeviceToHost, stream));
 }
 
-// The embedding rows of n prompt tokens into h_dev [n, H]: looked up on the GPU (ids through ids_dev),
-// or, with the table in host memory, gathered there into the pinned staging rows and copied over.
-void Qwen35MoeGpu::Impl::embed_rows(const int32_t* ids_host, int64_t n, int32_t* ids_dev, float* h_dev) {
+// A prompt piece's inputs: positions pos.. into pos_dev, the embedding rows of its n tokens into
+// h_dev [n, H]: looked up on the GPU (ids through ids_dev), or, with the table in host memory,
+// gathered there into the pinned staging rows and copied over.
+void Qwen35MoeGpu::Impl::prefill_inputs(const int32_t* ids_host, int64_t n, int32_t* ids_dev, int32_t* pos_dev, float* h_dev) {
   const int64_t H = model.config().hidden_size;
+  host_pos.resize(n);
+  for (int64_t t = 0; t < n; ++t) host_pos[t] = static_cast<int32_t>(pos + t);
+  CK(cudaMemcpyAsync(pos_dev, host_pos.data(), n * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
   if (embed) {
     CK(cudaMemcpyAsync(ids_dev, ids_host, n * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
     CK(gpu::embed_bf16(embed, H, ids_dev, static_cast<int>(n), h_dev, stream));
@@ -142,60 +145,13 @@ void Qwen35MoeGpu::Impl::embed_rows(const int32_t* ids_host, int64_t n, int32_t*
 // bf16 projections run on cuBLAS with split-bf16 activations (~1e-5) instead of the GEMV.
 void Qwen35MoeGpu::Impl::prefill_chunk(const int32_t* ids_host, int64_t n, float* logits_last) {
   const int64_t H = model.config().hidden_size;
-  host_pos.resize(n);
-  for (int64_t t = 0; t < n; ++t) host_pos[t] = static_cast<int32_t>(pos + t);
-  CK(cudaMemcpyAsync(ppos, host_pos.data(), n * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
-  embed_rows(ids_host, n, pids, ph);
+  prefill_inputs(ids_host, n, pids, ppos, ph);
   for (size_t li = 0; li < layers.size(); ++li) prefill_layer(li, ph, n, ppos, nullptr);
   run_deferred();
   add_deferred(ph);
   pos += n;
   prefill_logits(ph + (n - 1) * H, logits_last);
   CK(cudaStreamSynchronize(stream));  // the host buffers (ids, positions) are free again
-}
-
-// Streamed prefill (GpuOptions::stream_prefill_min_tokens): n <= st.pass tokens through the model
-// layer by layer, every chunk of them through layer l before layer l + 1, so that each layer's host
-// experts cross PCIe once per pass: the copy stream brings layer l's into st.raw while the GPU
-// computes the layer before; the GPU turns them into the row layout (st.rows) and runs the layer's
-// experts from st.tables[l] (its own and the streamed ones). One raw and one converted buffer: the
-// copy of the next streamed layer waits for this layer's conversion (st.free), the conversion for
-// its copy (st.ready); stream order keeps the converted rows until the layer's last chunk is done.
-void Qwen35MoeGpu::Impl::prefill_streamed(const int32_t* ids_host, int64_t n, float* logits_last) {
-  const ModelConfig& c = model.config();
-  const int64_t H = c.hidden_size, E = c.num_experts;
-  host_pos.resize(n);
-  for (int64_t t = 0; t < n; ++t) host_pos[t] = static_cast<int32_t>(pos + t);
-  CK(cudaMemcpyAsync(st.pos, host_pos.data(), n * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
-  embed_rows(ids_host, n, st.ids, st.h);
-  auto next_streamed = [&](size_t from) {
-    while (from < layers.size() && !st.njobs[from]) ++from;
-    return from;
-  };
-  auto copy_layer = [&](size_t l) {
-    TraceSpan span("stream experts to the GPU, layer", "copy", static_cast<int>(l));
-    CK(cudaStreamWaitEvent(st.copy, st.free, 0));
-    CK(cudaMemcpyAsync(st.raw, st.layout[l].base, st.layout[l].bytes, cudaMemcpyHostToDevice, st.copy));
-    CK(cudaEventRecord(st.ready, st.copy));
-  };
-  if (size_t first = next_streamed(0); first < layers.size()) copy_layer(first);
-  const int64_t mj = 3 * int64_t(st.max_experts), wide = std::max<int64_t>(H, c.moe_intermediate_size);
-  for (size_t li = 0; li < layers.size(); ++li) {
-    const gpu::Int4Expert* table = nullptr;
-    if (st.njobs[li]) {
-      CK(cudaStreamWaitEvent(stream, st.ready, 0));
-      CK(gpu::int4_tiles_to_rows(st.jobs + li * mj, st.njobs[li], wide, wide, stream));
-      CK(cudaEventRecord(st.free, stream));
-      if (size_t nx = next_streamed(li + 1); nx < layers.size()) copy_layer(nx);
-      table = st.tables + li * E;
-      ++counts.streamed_layers;
-      counts.streamed_bytes += st.layout[li].bytes;
-    }
-    for (int64_t t = 0; t < n; t += chunk) prefill_layer(li, st.h + t * H, std::min(chunk, n - t), st.pos + t, table);
-  }
-  pos += n;
-  prefill_logits(st.h + (n - 1) * H, logits_last);
-  CK(cudaStreamSynchronize(stream));
 }
 
 }  // namespace tandem
