@@ -20,6 +20,9 @@
 #   e2e-text:LENS:REPEAT:SCENARIOS     prompts from the profiling text instead of random ids (the heat map applies)
 #   ncu[:PLEN]   Nsight Compute per-kernel durations (kernels serialised) of an all-GPU bench with a PLEN-token
 #                prompt (default 1024) and 2 decode steps: ncu.txt
+#   profile[:PLEN]  decode-step kernel times as they run (warm caches, graph nodes in place): Nsight Systems
+#                when the machine has it (cuda_gpu_kern_sum of an all-GPU bench, PLEN-token prompt, 16
+#                decode steps), else Nsight Compute with --cache-control none --clock-control none: profile-PLEN.txt
 #   trace:GIB    a hybrid decode at that budget with --trace, and tools/trace_plot.py's picture of one step
 #   env:VAR=VALUE  exported for the steps after it (e.g. env:TANDEM_DELTANET_CHUNKED=1); their result
 #                names carry VALUE's variable as a suffix so A/B runs of one step do not overwrite each other
@@ -90,6 +93,20 @@ for step in "$@"; do
       run_step "ncu-$plen" 240 bash -c "$ncu_bin --metrics gpu__time_duration.sum --print-summary per-kernel \
           build-gpu/tandem bench --model /tmp/q35 --device gpu --context $((plen + 64)) --prompt-len $plen --gen 2 --repeat 1 --warmup 1 \
           > $res/ncu-$plen.txt 2>&1; grep -c 'gpu__time_duration' $res/ncu-$plen.txt" ;;
+    profile|profile:*)
+      plen="${step#profile}"; plen="${plen#:}"; plen="${plen:-16}"
+      [ -f /tmp/q35/config.json ] || build-gpu/tandem synth --preset qwen3.5-35b-a3b --quant gptq-int4 --routing-skew 1 --out /tmp/q35 > /dev/null 2>&1
+      bench="build-gpu/tandem bench --model /tmp/q35 --device gpu --context $((plen + 64)) --prompt-len $plen --gen 16 --repeat 1 --warmup 1"
+      nsys_bin=$(command -v nsys || ls /usr/local/cuda*/bin/nsys /opt/nvidia/nsight-systems*/bin/nsys /usr/local/cuda*/nsight-systems*/bin/nsys 2>/dev/null | head -1)
+      ncu_bin=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
+      if [ -n "$nsys_bin" ]; then
+        run_step "profile-$plen" 240 bash -c "$nsys_bin profile --cuda-graph-trace=node -t cuda -o /tmp/prof-$plen -f true $bench > /dev/null \
+          && $nsys_bin stats --report cuda_gpu_kern_sum --format csv -o $res/profile-$plen /tmp/prof-$plen.nsys-rep > /dev/null; \
+          $nsys_bin stats --report cuda_gpu_trace --format csv -o $res/profile-$plen /tmp/prof-$plen.nsys-rep > /dev/null; ls $res"
+      elif [ -n "$ncu_bin" ]; then
+        run_step "profile-$plen" 240 bash -c "$ncu_bin --cache-control none --clock-control none --metrics gpu__time_duration.sum \
+          --print-summary per-kernel $bench > $res/profile-$plen.txt 2>&1; grep -c 'gpu__time_duration' $res/profile-$plen.txt"
+      else echo "no nsys, no ncu" | tee -a "$res/summary.txt"; fi ;;
     trace:*)
       gib=${step#trace:}
       [ -f /tmp/q35/config.json ] || build-gpu/tandem synth --preset qwen3.5-35b-a3b --quant gptq-int4 --routing-skew 1 --out /tmp/q35 > /dev/null 2>&1
