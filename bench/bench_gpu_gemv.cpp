@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "gpu_core/gemm.cuh"
@@ -167,7 +168,7 @@ void BM_gemv_int4(benchmark::State& state) {
 // ids, weights and activations for T tokens. Bytes for the bound: every distinct expert read once.
 struct MoeLayerBench {
   static constexpr int64_t H = 2048, I = 512, gs = 128, E = 256;
-  int T, k;
+  int T, k, sets;
   double bytes = 0;
   char* pool = nullptr;
   tandem::gpu::Int4Expert* dexp = nullptr;
@@ -175,7 +176,9 @@ struct MoeLayerBench {
   float *dw = nullptr, *out = nullptr, *x = nullptr;
   uint16_t *xh = nullptr, *h = nullptr;
 
-  MoeLayerBench(int tokens, int topk) : T(tokens), k(topk) {
+  // sets > 1: that many independent routings (ids + s * T * k), cycled through launch by launch so that
+  // the experts come from HBM as in the model (one layer's 8 experts, ~13 MB, would otherwise stay in L2).
+  MoeLayerBench(int tokens, int topk, int routing_sets = 1) : T(tokens), k(topk), sets(routing_sets) {
     auto bytes_of = [&](int64_t N, int64_t K) { return N * K / 2 + N * (K / gs) * 3; };
     const int64_t per_expert = 2 * bytes_of(I, H) + bytes_of(H, I);
     cudaMalloc(&pool, E * per_expert + 4096);
@@ -193,8 +196,8 @@ struct MoeLayerBench {
     };
     for (auto& e : experts) e = {carve(I, H), carve(I, H), carve(H, I)};
     std::mt19937 rng(7);
-    std::vector<int32_t> ids(T * k);
-    for (int t = 0; t < T; ++t) {  // k distinct experts per token
+    std::vector<int32_t> ids(sets * T * k);
+    for (int t = 0; t < sets * T; ++t) {  // k distinct experts per token
       std::vector<int32_t> all(E);
       std::iota(all.begin(), all.end(), 0);
       for (int j = 0; j < k; ++j) {
@@ -202,7 +205,7 @@ struct MoeLayerBench {
         ids[t * k + j] = all[j];
       }
     }
-    std::vector<float> w(T * k, 0.125f);
+    std::vector<float> w(sets * T * k, 0.125f);
     cudaMalloc(&dexp, E * sizeof(tandem::gpu::Int4Expert));
     cudaMalloc(&dids, ids.size() * 4);
     cudaMalloc(&dw, w.size() * 4);
@@ -215,6 +218,7 @@ struct MoeLayerBench {
     cudaMemcpy(dw, w.data(), w.size() * 4, cudaMemcpyHostToDevice);
     cudaMemset(xh, 0, T * H * 2);
     cudaMemset(x, 0, T * H * 4);
+    ids.resize(T * k);  // the bound: one launch's distinct experts (the first set; the others alike)
     std::sort(ids.begin(), ids.end());
     bytes = double(std::unique(ids.begin(), ids.end()) - ids.begin()) * per_expert;
   }
@@ -223,13 +227,23 @@ struct MoeLayerBench {
   }
 };
 
-// Args: k, tokens, variant (0 = moe_int4_decode, 1 = moe_int4_decode_prefetch).
+// Args: k, tokens, variant (0 = moe_int4_decode, 1 = moe_int4_decode_prefetch, 2 = moe_int4_decode_wide),
+// routing sets cycled (1: the same experts every launch, L2-warm; 32: each launch other experts, from HBM).
 void BM_moe_int4_decode(benchmark::State& state) {
   if (!gpu_present()) return state.SkipWithError("no CUDA device");
-  MoeLayerBench b(static_cast<int>(state.range(1)), static_cast<int>(state.range(0)));
-  const auto fn = state.range(2) == 1 ? tandem::gpu::moe_int4_decode_prefetch : tandem::gpu::moe_int4_decode;
-  time_kernel(state, b.bytes, [&] { fn(b.dexp, b.H, b.I, b.gs, b.dids, b.dw, b.T, b.k, b.xh, b.h, b.out, nullptr); });
-  state.SetLabel(state.range(2) == 1 ? "prefetch" : "plain");
+  const int sets = static_cast<int>(state.range(3));
+  MoeLayerBench b(static_cast<int>(state.range(1)), static_cast<int>(state.range(0)), sets);
+  const int variant = static_cast<int>(state.range(2));
+  const auto fn = variant == 1 ? tandem::gpu::moe_int4_decode_prefetch : tandem::gpu::moe_int4_decode;
+  int launch = 0;
+  time_kernel(state, b.bytes, [&] {
+    const int off = (launch++ % sets) * b.T * b.k;
+    if (variant == 2)
+      tandem::gpu::moe_int4_decode_wide(b.dexp, b.H, b.I, b.gs, b.dids + off, b.dw + off, b.T, b.k, b.x, b.h, b.out, nullptr);
+    else
+      fn(b.dexp, b.H, b.I, b.gs, b.dids + off, b.dw + off, b.T, b.k, b.xh, b.h, b.out, nullptr);
+  });
+  state.SetLabel(std::string(variant == 2 ? "wide" : variant == 1 ? "prefetch" : "plain") + (sets > 1 ? ", experts from HBM" : ", L2-warm"));
 }
 
 // One MoE layer of a prefill chunk (T tokens, top-8 of 256): mode 0 = the decode kernel on blocks of 8
@@ -323,7 +337,8 @@ BENCHMARK(BM_gemv_int4)
     ->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_deltanet_prefill)->Args({512, 0})->Args({4096, 0})->Args({512, 1})->Args({4096, 1})->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_deltanet_decode)->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_moe_int4_decode)->Args({8, 1, 0})->Args({8, 1, 1})->Args({8, 4, 0})->Args({8, 4, 1})->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_moe_int4_decode)->Args({8, 1, 0, 1})->Args({8, 1, 1, 1})->Args({8, 1, 2, 1})->Args({8, 1, 1, 32})->Args({8, 1, 2, 32})
+    ->Args({8, 4, 0, 1})->Args({8, 4, 1, 1})->Args({8, 4, 2, 1})->Args({8, 4, 1, 32})->Args({8, 4, 2, 32})->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_moe_int4_prefill)->Args({256, 0})->Args({256, 1})->Args({256, 2})->Args({2048, 1})->Args({2048, 2})->Args({4096, 2})->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
 
 }  // namespace

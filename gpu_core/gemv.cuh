@@ -24,6 +24,16 @@ namespace tandem::gpu {
 constexpr int kMaxGemvTokens = 8;
 
 cudaError_t gemv_bf16(const uint16_t* W, int64_t N, int64_t K, const float* x, int T, float* y, cudaStream_t stream);
+// gemv_bf16 for one token whose first E outputs are router logits, with router_topk (ops.cuh) of
+// them done by the launch's last block: y as gemv_bf16 computes it (bit for bit), ids / weights as
+// router_topk computes them, one launch instead of two. counter: a device word, zero before the first
+// launch and left zero after each (launches sharing one must be stream-ordered).
+cudaError_t gemv_bf16_router_topk(const uint16_t* W, int64_t N, int64_t K, const float* x, float* y, int E, int k,
+                                  unsigned* counter, int32_t* ids, float* weights, cudaStream_t stream);
+// gemv_bf16 of silu(g) * u (g, u fp32 [T, K]), the SwiGLU product formed as the input is read: the
+// same numbers as silu_mul(g, u) then gemv_bf16(g), bit for bit, in one launch and without writing g.
+cudaError_t gemv_bf16_swiglu(const uint16_t* W, int64_t N, int64_t K, const float* g, const float* u, int T, float* y,
+                             cudaStream_t stream);
 
 struct Int4View {
   const uint32_t* qweight = nullptr;  // [N][K/8]

@@ -2,6 +2,7 @@
 #include <cuda_runtime.h>
 
 #include "gpu_core/gemv.cuh"
+#include "gpu_core/topk_warp.cuh"
 
 namespace tandem::gpu {
 
@@ -21,10 +22,17 @@ __device__ __forceinline__ uint4 load_stream(const uint4* p) {
 __device__ __forceinline__ float lo_bf16(uint32_t w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float hi_bf16(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
 
-template <int TMAX>
+// silu(g) * u for 4 inputs, as silu_mul computes it.
+__device__ __forceinline__ float4 swiglu4(float4 g, float4 u) {
+  return make_float4(g.x / (1.0f + expf(-g.x)) * u.x, g.y / (1.0f + expf(-g.y)) * u.y, g.z / (1.0f + expf(-g.z)) * u.z,
+                     g.w / (1.0f + expf(-g.w)) * u.w);
+}
+
+// SWIGLU: the input is silu(x) * u, formed as it is read (x = gate rows, u = up rows).
+template <int TMAX, bool SWIGLU = false>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     gemv_bf16_kernel(const uint16_t* __restrict__ W, int64_t N, int64_t K, const float* __restrict__ x, int T,
-                     float* __restrict__ y) {
+                     float* __restrict__ y, const float* __restrict__ u = nullptr) {
   const int lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   if (row >= N) return;  // whole warps exit together: shuffles below stay full-warp
@@ -42,7 +50,12 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     for (int t = 0; t < TMAX; ++t) {
       if (t >= T) break;
       const float4* xp = reinterpret_cast<const float4*>(x + t * K + c * 8);
-      const float4 a = __ldg(xp), b = __ldg(xp + 1);
+      float4 a = __ldg(xp), b = __ldg(xp + 1);
+      if constexpr (SWIGLU) {
+        const float4* up = reinterpret_cast<const float4*>(u + t * K + c * 8);
+        a = swiglu4(a, __ldg(up));
+        b = swiglu4(b, __ldg(up + 1));
+      }
       acc[t] += wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w + wf[4] * b.x + wf[5] * b.y + wf[6] * b.z +
                 wf[7] * b.w;
     }
@@ -57,7 +70,52 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   }
 }
 
+// The router GEMV (T = 1) whose last block to finish also routes: every block stores its rows and
+// fences, takes a ticket; the block holding the last ticket reads logits[0..E) back from L2 and runs
+// the warp top-k there, then re-arms the counter for the next launch.
+__global__ void __launch_bounds__(kWarpsPerBlock * 32)
+    gemv_bf16_topk_kernel(const uint16_t* __restrict__ W, int64_t N, int64_t K, const float* __restrict__ x, float* y, int E, int k,
+                          unsigned* counter, int32_t* ids, float* weights) {
+  const int lane = threadIdx.x & 31;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
+  if (row < N) {  // no early return: the block meets at the barrier below
+    const uint4* w = reinterpret_cast<const uint4*>(W + row * K);
+    float acc = 0.0f;
+#pragma unroll 4
+    for (int64_t c = lane; c < K / 8; c += 32) {
+      const uint4 v = load_stream(w + c);
+      const float4* xp = reinterpret_cast<const float4*>(x + c * 8);
+      const float4 a = __ldg(xp), b = __ldg(xp + 1);
+      acc += lo_bf16(v.x) * a.x + hi_bf16(v.x) * a.y + lo_bf16(v.y) * a.z + hi_bf16(v.y) * a.w + lo_bf16(v.z) * b.x +
+             hi_bf16(v.z) * b.y + lo_bf16(v.w) * b.z + hi_bf16(v.w) * b.w;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    if (lane == 0) {
+      y[row] = acc;
+      __threadfence();  // visible device-wide before this block's ticket
+    }
+  }
+  __shared__ bool last;
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  if (threadIdx.x < 32) detail::warp_router_topk(y, E, k, ids, weights);
+  if (threadIdx.x == 0) *counter = 0u;
+}
+
 }  // namespace
+
+cudaError_t gemv_bf16_router_topk(const uint16_t* W, int64_t N, int64_t K, const float* x, float* y, int E, int k,
+                                  unsigned* counter, int32_t* ids, float* weights, cudaStream_t stream) {
+  if (K % 8 != 0 || N < 1 || E < 1 || E > N || E > detail::kRouterMaxExperts || k < 1 || k > E || k > detail::kRouterMaxTopK)
+    return cudaErrorInvalidValue;
+  const dim3 grid(static_cast<unsigned>((N + kWarpsPerBlock - 1) / kWarpsPerBlock)), block(kWarpsPerBlock * 32);
+  gemv_bf16_topk_kernel<<<grid, block, 0, stream>>>(W, N, K, x, y, E, k, counter, ids, weights);
+  return cudaGetLastError();
+}
 
 cudaError_t gemv_bf16(const uint16_t* W, int64_t N, int64_t K, const float* x, int T, float* y, cudaStream_t stream) {
   if (T < 1 || T > kMaxGemvTokens || K % 8 != 0 || N < 1) return cudaErrorInvalidValue;
@@ -66,6 +124,15 @@ cudaError_t gemv_bf16(const uint16_t* W, int64_t N, int64_t K, const float* x, i
   else if (T <= 2) gemv_bf16_kernel<2><<<grid, block, 0, stream>>>(W, N, K, x, T, y);
   else if (T <= 4) gemv_bf16_kernel<4><<<grid, block, 0, stream>>>(W, N, K, x, T, y);
   else gemv_bf16_kernel<8><<<grid, block, 0, stream>>>(W, N, K, x, T, y);
+  return cudaGetLastError();
+}
+
+cudaError_t gemv_bf16_swiglu(const uint16_t* W, int64_t N, int64_t K, const float* g, const float* u, int T, float* y,
+                             cudaStream_t stream) {
+  if (T < 1 || T > kMaxGemvTokens || K % 8 != 0 || N < 1) return cudaErrorInvalidValue;
+  const dim3 grid(static_cast<unsigned>((N + kWarpsPerBlock - 1) / kWarpsPerBlock)), block(kWarpsPerBlock * 32);
+  if (T == 1) gemv_bf16_kernel<1, true><<<grid, block, 0, stream>>>(W, N, K, g, T, y, u);
+  else gemv_bf16_kernel<8, true><<<grid, block, 0, stream>>>(W, N, K, g, T, y, u);
   return cudaGetLastError();
 }
 

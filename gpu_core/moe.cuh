@@ -39,6 +39,18 @@ cudaError_t moe_int4_decode_prefetch(const Int4Expert* experts, int64_t H, int64
                                      const float* weights, int T, int k, const uint16_t* x_half, uint16_t* h_scratch, float* out,
                                      cudaStream_t stream);
 
+// The same products with 16-byte weight loads (gpu_core/moe_int4_wide.cu): each lane takes whole
+// 32-input vectors (one quantisation group), every weight load of a block is issued before any is
+// used, and x is read as fp32 [T, H] directly (converted to fp16, and gathered in each matrix's input
+// order with act order, in registers: no gather_x_half launch). Per 8-input word the arithmetic of
+// moe_int4_decode; the words' fp32 sums are added in another order: ~1e-6 apart. Needs
+// moe_int4_decode_wide_fits (H, I and group_size multiples of 32, H <= 4096, I <= 2048, k <= 8);
+// returns cudaErrorInvalidValue otherwise.
+bool moe_int4_decode_wide_fits(int64_t H, int64_t I, int64_t group_size, int k);
+cudaError_t moe_int4_decode_wide(const Int4Expert* experts, int64_t H, int64_t I, int64_t group_size, const int32_t* ids,
+                                 const float* weights, int T, int k, const float* x, uint16_t* h_scratch, float* out,
+                                 cudaStream_t stream);
+
 // Prefill: the routed experts of n tokens grouped by expert, so each resident expert's weights are
 // streamed once per 8 of its tokens instead of once per token (a 256-token chunk at top-8 of 256 reads
 // every expert about once instead of ~8 times). All on the device, no host synchronisation:

@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include "gpu_core/ops.cuh"
+#include "gpu_core/topk_warp.cuh"
 
 namespace tandem::gpu {
 
@@ -27,39 +28,91 @@ __global__ void embed_kernel(const uint16_t* table, int64_t H, const int32_t* id
   for (int64_t i = threadIdx.x; i < H; i += blockDim.x) out[t * H + i] = __uint_as_float(static_cast<uint32_t>(row[i]) << 16);
 }
 
-__global__ void rmsnorm_kernel(const float* x, const float* w, int64_t n, float eps, float* y) {
+// The row norms hold each thread's elements (i = threadIdx.x + m * blockDim.x, m < PER) in registers:
+// every load of the row is issued before any use, so a decode step's single-block norm waits for
+// memory once instead of once per element it owns (the stores to h may alias the loads, so the
+// compiler could not batch them in a loop). PER = 0: rows too long for that, plain loops. Per element
+// and per thread the same operations in the same order either way.
+template <int PER>
+__global__ void rmsnorm_kernel(const float* __restrict__ x, const float* __restrict__ w, int64_t n, float eps, float* __restrict__ y) {
   const float* xr = x + blockIdx.x * n;
   float* yr = y + blockIdx.x * n;
   float ss = 0.0f;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
-  const float r = rsqrtf(block_sum(ss) / n + eps);
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) yr[i] = xr[i] * r * (1.0f + w[i]);
+  if constexpr (PER == 0) {
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
+    const float r = rsqrtf(block_sum(ss) / n + eps);
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) yr[i] = xr[i] * r * (1.0f + w[i]);
+  } else {
+    float v[PER], wv[PER];
+#pragma unroll
+    for (int m = 0; m < PER; ++m) {
+      const int64_t i = threadIdx.x + m * blockDim.x;
+      v[m] = i < n ? xr[i] : 0.0f;
+      wv[m] = i < n ? w[i] : 0.0f;
+    }
+#pragma unroll
+    for (int m = 0; m < PER; ++m)
+      if (threadIdx.x + m * blockDim.x < n) ss += v[m] * v[m];
+    const float r = rsqrtf(block_sum(ss) / n + eps);
+#pragma unroll
+    for (int m = 0; m < PER; ++m) {
+      const int64_t i = threadIdx.x + m * blockDim.x;
+      if (i < n) yr[i] = v[m] * r * (1.0f + wv[m]);
+    }
+  }
 }
 
 // h += a (+ s / (1 + exp(-gate[row])) added to a first), then y = rmsnorm_zc(h): add_inplace (after
 // gated_add) and rmsnorm_kernel in one launch, with the same operations in the same order per element.
-__global__ void add_rmsnorm_kernel(float* h, const float* a, const float* s, const float* gate, const float* w, int64_t n, float eps,
-                                   float* y) {
+template <int PER>
+__global__ void add_rmsnorm_kernel(float* __restrict__ h, const float* __restrict__ a, const float* __restrict__ s,
+                                   const float* __restrict__ gate, const float* __restrict__ w, int64_t n, float eps,
+                                   float* __restrict__ y) {
   float* hr = h + blockIdx.x * n;
   const float* ar = a + blockIdx.x * n;
   float* yr = y + blockIdx.x * n;
+  const float* sr = s ? s + blockIdx.x * n : nullptr;
+  const float sig = s ? 1.0f + expf(-gate[blockIdx.x]) : 1.0f;
   float ss = 0.0f;
-  if (s) {
-    const float* sr = s + blockIdx.x * n;
-    const float g = gate[blockIdx.x];
+  if constexpr (PER == 0) {
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-      const float t = ar[i] + sr[i] / (1.0f + expf(-g));
-      hr[i] += t;
+      hr[i] += sr ? ar[i] + sr[i] / sig : ar[i];
       ss += hr[i] * hr[i];
     }
+    const float r = rsqrtf(block_sum(ss) / n + eps);
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) yr[i] = hr[i] * r * (1.0f + w[i]);
   } else {
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-      hr[i] += ar[i];
-      ss += hr[i] * hr[i];
+    float hv[PER], av[PER], sv[PER], wv[PER];
+#pragma unroll
+    for (int m = 0; m < PER; ++m) {
+      const int64_t i = threadIdx.x + m * blockDim.x;
+      const bool in = i < n;
+      hv[m] = in ? hr[i] : 0.0f;
+      av[m] = in ? ar[i] : 0.0f;
+      sv[m] = in && sr ? sr[i] : 0.0f;
+      wv[m] = in ? w[i] : 0.0f;
+    }
+#pragma unroll
+    for (int m = 0; m < PER; ++m) {
+      const int64_t i = threadIdx.x + m * blockDim.x;
+      if (i >= n) continue;
+      hv[m] += sr ? av[m] + sv[m] / sig : av[m];
+      hr[i] = hv[m];
+      ss += hv[m] * hv[m];
+    }
+    const float r = rsqrtf(block_sum(ss) / n + eps);
+#pragma unroll
+    for (int m = 0; m < PER; ++m) {
+      const int64_t i = threadIdx.x + m * blockDim.x;
+      if (i < n) yr[i] = hv[m] * r * (1.0f + wv[m]);
     }
   }
-  const float r = rsqrtf(block_sum(ss) / n + eps);
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) yr[i] = hr[i] * r * (1.0f + w[i]);
+}
+
+// Elements per thread for the register-held row forms (0: the loop form).
+int norm_per_thread(int64_t n) {
+  const int64_t per = (n + kThreads - 1) / kThreads;
+  return per <= 1 ? 1 : per <= 2 ? 2 : per <= 4 ? 4 : per <= 8 ? 8 : per <= 16 ? 16 : 0;
 }
 
 __global__ void add_kernel(float* h, const float* x, int64_t n) {
@@ -72,49 +125,9 @@ __global__ void silu_mul_kernel(float* g, const float* u, int64_t n) {
   if (i < n) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
-// One warp per row; k rounds of warp-wide argmax over the remaining experts.
+// One warp per row (gpu_core/topk_warp.cuh).
 __global__ void topk_kernel(const float* logits, int E, int k, int32_t* ids, float* weights) {
-  const float* l = logits + static_cast<int64_t>(blockIdx.x) * E;
-  const int lane = threadIdx.x;
-  float v[16];  // this lane's logits (experts lane + 32 m, E <= 512), read once
-#pragma unroll
-  for (int m = 0; m < 16; ++m) v[m] = lane + 32 * m < E ? l[lane + 32 * m] : -INFINITY;
-  float mx = -INFINITY;
-#pragma unroll
-  for (int m = 0; m < 16; ++m) mx = fmaxf(mx, v[m]);
-  for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-  float z = 0.0f;
-#pragma unroll
-  for (int m = 0; m < 16; ++m)
-    if (lane + 32 * m < E) z += expf(v[m] - mx);
-  for (int o = 16; o > 0; o >>= 1) z += __shfl_xor_sync(0xffffffffu, z, o);
-  uint32_t taken = 0;  // bit m: expert lane + 32 m taken
-  float sum = 0.0f, chosen_p[16];
-  int chosen[16];
-  for (int j = 0; j < k; ++j) {
-    float best = -INFINITY;
-    int best_e = 0x7fffffff;
-#pragma unroll
-    for (int m = 0; m < 16; ++m) {
-      const int e = lane + 32 * m;
-      if (e >= E || ((taken >> m) & 1u)) continue;
-      if (v[m] > best || (v[m] == best && e < best_e)) best = v[m], best_e = e;
-    }
-    for (int o = 16; o > 0; o >>= 1) {
-      const float ob = __shfl_xor_sync(0xffffffffu, best, o);
-      const int oe = __shfl_xor_sync(0xffffffffu, best_e, o);
-      if (ob > best || (ob == best && oe < best_e)) best = ob, best_e = oe;
-    }
-    if (best_e % 32 == lane) taken |= 1u << (best_e / 32);
-    chosen[j] = best_e;
-    chosen_p[j] = expf(best - mx) / z;
-    sum += chosen_p[j];
-  }
-  if (lane == 0)
-    for (int j = 0; j < k; ++j) {
-      ids[blockIdx.x * k + j] = chosen[j];
-      weights[blockIdx.x * k + j] = chosen_p[j] / sum;
-    }
+  detail::warp_router_topk(logits + static_cast<int64_t>(blockIdx.x) * E, E, k, ids + blockIdx.x * k, weights + blockIdx.x * k);
 }
 
 __global__ void gated_add_kernel(float* out, const float* shared, const float* gate, int64_t n) {
@@ -154,13 +167,27 @@ cudaError_t embed_bf16(const uint16_t* table, int64_t H, const int32_t* ids, int
   return cudaGetLastError();
 }
 cudaError_t rmsnorm_zc(const float* x, const float* w, int64_t n, int rows, float eps, float* y, cudaStream_t s) {
-  rmsnorm_kernel<<<rows, kThreads, 0, s>>>(x, w, n, eps, y);
+  switch (norm_per_thread(n)) {
+    case 1: rmsnorm_kernel<1><<<rows, kThreads, 0, s>>>(x, w, n, eps, y); break;
+    case 2: rmsnorm_kernel<2><<<rows, kThreads, 0, s>>>(x, w, n, eps, y); break;
+    case 4: rmsnorm_kernel<4><<<rows, kThreads, 0, s>>>(x, w, n, eps, y); break;
+    case 8: rmsnorm_kernel<8><<<rows, kThreads, 0, s>>>(x, w, n, eps, y); break;
+    case 16: rmsnorm_kernel<16><<<rows, kThreads, 0, s>>>(x, w, n, eps, y); break;
+    default: rmsnorm_kernel<0><<<rows, kThreads, 0, s>>>(x, w, n, eps, y);
+  }
   return cudaGetLastError();
 }
 cudaError_t add_rmsnorm_zc(float* h, const float* a, const float* shared, const float* gate, const float* w, int64_t n, int rows,
                            float eps, float* y, cudaStream_t s) {
   if (!a || (shared && !gate)) return cudaErrorInvalidValue;
-  add_rmsnorm_kernel<<<rows, kThreads, 0, s>>>(h, a, shared, gate, w, n, eps, y);
+  switch (norm_per_thread(n)) {
+    case 1: add_rmsnorm_kernel<1><<<rows, kThreads, 0, s>>>(h, a, shared, gate, w, n, eps, y); break;
+    case 2: add_rmsnorm_kernel<2><<<rows, kThreads, 0, s>>>(h, a, shared, gate, w, n, eps, y); break;
+    case 4: add_rmsnorm_kernel<4><<<rows, kThreads, 0, s>>>(h, a, shared, gate, w, n, eps, y); break;
+    case 8: add_rmsnorm_kernel<8><<<rows, kThreads, 0, s>>>(h, a, shared, gate, w, n, eps, y); break;
+    case 16: add_rmsnorm_kernel<16><<<rows, kThreads, 0, s>>>(h, a, shared, gate, w, n, eps, y); break;
+    default: add_rmsnorm_kernel<0><<<rows, kThreads, 0, s>>>(h, a, shared, gate, w, n, eps, y);
+  }
   return cudaGetLastError();
 }
 cudaError_t add_inplace(float* h, const float* x, int64_t n, cudaStream_t s) {
@@ -172,7 +199,7 @@ cudaError_t silu_mul(float* g, const float* u, int64_t n, cudaStream_t s) {
   return cudaGetLastError();
 }
 cudaError_t router_topk(const float* logits, int E, int k, int rows, int32_t* ids, float* weights, cudaStream_t s) {
-  if (E > 512 || k > 16 || k < 1 || k > E) return cudaErrorInvalidValue;
+  if (E > detail::kRouterMaxExperts || k > detail::kRouterMaxTopK || k < 1 || k > E) return cudaErrorInvalidValue;
   topk_kernel<<<rows, 32, 0, s>>>(logits, E, k, ids, weights);
   return cudaGetLastError();
 }

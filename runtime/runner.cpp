@@ -178,6 +178,7 @@ class GpuRunner final : public Runner {
     g.grouped_moe = env_switch("TANDEM_GROUPED_MOE", true);
     g.grouped_moe_tc = env_switch("TANDEM_GROUPED_MOE_TC", true);
     g.moe_prefetch = env_switch("TANDEM_MOE_PREFETCH", true);
+    g.moe_wide = env_switch("TANDEM_MOE_WIDE", true);
     g.attention_prefill = env_switch("TANDEM_ATTN_PREFILL", true);
     g.deltanet_chunked = env_switch("TANDEM_DELTANET_CHUNKED", true);
     sample_on_gpu_ = env_switch("TANDEM_GPU_SAMPLING", true);

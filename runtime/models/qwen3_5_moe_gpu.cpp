@@ -242,6 +242,7 @@ void Qwen35MoeGpu::Impl::build(Uploader& up) {
   ids = up.zeros<int32_t>(1, Kind::Work);
   topk_ids = up.zeros<int32_t>(k, Kind::Work);
   topk_w = ws(k);
+  route_ticket = up.zeros<unsigned>(1, Kind::Work);
   pos_dev = up.zeros<int32_t>(1, Kind::Work);
   cpu_out = ws(H);
   if (deferring()) def_dev = ws(host_rows() * H);  // the deferred experts' sum (hybrid)
@@ -456,12 +457,16 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
     pending.a = o;
     mark(tr, li, 1);
     norm_x(L.post_norm);
-    if (L.x_proj.out) {
-      linear(L.x_proj, x, router);  // router|shared gate|shared up|shared expert gate
+    // router|shared gate|shared up|shared expert gate stacked, or the router alone; bf16: top-k in the
+    // GEMV's last block
+    const DevLinear& R = L.x_proj.out ? L.x_proj : L.router;
+    if (!R.int4) {
+      CK(gpu::gemv_bf16_router_topk(R.w, R.out, R.in, x, router, static_cast<int>(c.num_experts), k, route_ticket, topk_ids, topk_w,
+                                    stream));
     } else {
-      linear(L.router, x, router);
+      linear(R, x, router);
+      CK(gpu::router_topk(router, c.num_experts, k, 1, topk_ids, topk_w, stream));
     }
-    CK(gpu::router_topk(router, c.num_experts, k, 1, topk_ids, topk_w, stream));
     const bool split = L.cpu_experts && opts.host_experts;
     if (split) handoff_out(x, topk_ids, topk_w, 1);  // the host starts while the GPU goes on
     mark(tr, li, 2);
@@ -471,8 +476,12 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
       linear(L.sh_up, x, su);
       linear(L.sh_expert_gate, x, sgate);
     }
-    CK(gpu::silu_mul(sg, su, c.shared_expert_intermediate_size, stream));
-    linear(L.sh_down, sg, sd);
+    if (L.sh_down.int4) {
+      CK(gpu::silu_mul(sg, su, c.shared_expert_intermediate_size, stream));
+      linear(L.sh_down, sg, sd);
+    } else {  // silu(gate) * up formed as sh_down reads it: one launch fewer
+      CK(gpu::gemv_bf16_swiglu(L.sh_down.w, L.sh_down.out, L.sh_down.in, sg, su, 1, sd, stream));
+    }
     if (split || deferring()) CK(gpu::gated_add(moe_out, sd, sgate, H, 1, stream));
     mark(tr, li, 3);
     run_deferred();  // the previous layer's, while the GPU works on this one

@@ -101,6 +101,10 @@ struct GpuOptions {
   // Decode int4 experts through gpu::moe_int4_decode_prefetch (the same result, every weight word of a
   // row loaded up front). Validated; the runners turn it on unless TANDEM_MOE_PREFETCH=0.
   bool moe_prefetch = false;
+  // Decode int4 experts through gpu::moe_int4_decode_wide (16-byte weight loads, fp32 input read
+  // directly: no fp16 gather launch) where the shapes fit it; moe_prefetch / the plain kernel elsewhere.
+  // The runners turn it on unless TANDEM_MOE_WIDE=0.
+  bool moe_wide = false;
   // In batched prefill, attention for the whole chunk in one gpu::attention_prefill call (flash-
   // attention form) instead of one decode call per token. Validated; the runners turn it on unless
   // TANDEM_ATTN_PREFILL=0.

@@ -77,6 +77,7 @@ struct Qwen35MoeGpu::Impl {
   uint16_t* xh;
   int32_t *ids, *topk_ids, *pos_dev;
   float* topk_w;
+  unsigned* route_ticket = nullptr;  // gemv_bf16_router_topk's counter (decode steps are stream-ordered)
   float* cpu_out;  // the host experts' sum, copied in (hybrid)
   // Pinned host staging for the hybrid handoff and the host-side embedding row.
   float *hx = nullptr, *hw = nullptr, *hout = nullptr, *hembed = nullptr;

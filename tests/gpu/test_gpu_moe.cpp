@@ -122,6 +122,47 @@ TEST_P(GpuMoeInt4, MatchesReference) {
   const auto pre = dpre.to_host();
   EXPECT_LT(test::rel_l2(std::vector<double>(pre.begin(), pre.end()), std::vector<double>(got.begin(), got.end())), 1e-6)
       << "prefetch variant, seed " << test::test_seed();
+  // The wide kernel (fp32 x read directly): the same per-word arithmetic, word sums in another order.
+  const bool fits = gpu::moe_int4_decode_wide_fits(c.H, c.I, c.gs, c.k);
+  EXPECT_EQ(fits, c.H % 32 == 0 && c.I % 32 == 0 && c.gs % 32 == 0) << c.H << " x " << c.I << " group " << c.gs;
+  test::DeviceBuffer<float> dwide(c.T * c.H);
+  const cudaError_t rc = gpu::moe_int4_decode_wide(dexp.ptr, c.H, c.I, c.gs, dids.ptr, dw.ptr, c.T, c.k, dx.ptr, dh.ptr, dwide.ptr, nullptr);
+  if (!fits) {
+    EXPECT_EQ(rc, cudaErrorInvalidValue);
+    return;
+  }
+  CUDA_OK(rc);
+  CUDA_OK(cudaDeviceSynchronize());
+  const auto wide = dwide.to_host();
+  const std::vector<double> wd(wide.begin(), wide.end());
+  EXPECT_LT(test::rel_l2(wd, want), 5e-3) << "wide variant, seed " << test::test_seed();
+  EXPECT_LT(test::rel_l2(wd, std::vector<double>(got.begin(), got.end())), 1e-5) << "wide variant, seed " << test::test_seed();
+}
+
+// The wide kernel with some experts not resident (hybrid): they contribute nothing, the rest as usual.
+TEST(GpuMoeInt4Wide, SkipsNonResidentExperts) {
+  TANDEM_REQUIRE_GPU();
+  for (const MoeCase c : {MoeCase{16, 8, 1, 2048, 512, 128}, MoeCase{16, 8, 3, 2048, 512, 128, true}}) {
+    ASSERT_TRUE(gpu::moe_int4_decode_wide_fits(c.H, c.I, c.gs, c.k));
+    std::mt19937 rng(test::test_seed() + 3);
+    const ExpertSet set(rng, c);
+    const auto x = test::random_floats(rng, c.T * c.H);
+    std::vector<int32_t> ids;
+    std::vector<float> w;
+    random_routing(rng, c, c.T, ids, w);
+    std::vector<uint8_t> resident(c.E, 1);
+    std::vector<gpu::Int4Expert> table = set.experts;
+    for (int e = 0; e < c.E; e += 2) resident[e] = 0, table[e] = gpu::Int4Expert{};
+    const std::vector<double> want = set.reference(c, c.T, x, ids, w, resident);
+    test::DeviceBuffer<gpu::Int4Expert> dexp(table);
+    test::DeviceBuffer<int32_t> dids(ids);
+    test::DeviceBuffer<float> dw(w), dx(x), dout(c.T * c.H);
+    test::DeviceBuffer<uint16_t> dh(c.T * c.k * c.I);
+    CUDA_OK(gpu::moe_int4_decode_wide(dexp.ptr, c.H, c.I, c.gs, dids.ptr, dw.ptr, c.T, c.k, dx.ptr, dh.ptr, dout.ptr, nullptr));
+    CUDA_OK(cudaDeviceSynchronize());
+    const auto got = dout.to_host();
+    EXPECT_LT(test::rel_l2(std::vector<double>(got.begin(), got.end()), want), 5e-3) << c.T << " tokens, seed " << test::test_seed();
+  }
 }
 
 // The grouped prefill kernel (moe_int4_grouped) for a chunk of tokens: against the double reference
@@ -180,7 +221,11 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GpuMoeInt4,
                                            MoeCase{10, 3, 3, 48, 48, 16},      // fixture-sized, small groups
                                            MoeCase{8, 2, 1, 256, 96, 32},
                                            MoeCase{10, 3, 2, 48, 48, 16, true},  // act-order experts (fixture)
-                                           MoeCase{16, 8, 1, 2048, 512, 128, true}));
+                                           MoeCase{16, 8, 1, 2048, 512, 128, true},
+                                           MoeCase{12, 8, 8, 2048, 512, 128},    // a block of 8 tokens
+                                           MoeCase{6, 2, 2, 4096, 2048, 64, true},   // the widest the wide kernel takes
+                                           MoeCase{10, 5, 3, 1088, 160, 32},     // odd vector counts: partial lanes
+                                           MoeCase{8, 3, 1, 64, 64, 32}));       // gptq_sym_v1's shape
 
 }  // namespace
 }  // namespace tandem

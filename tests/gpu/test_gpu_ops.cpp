@@ -4,7 +4,9 @@
 // sum of squares differently from the sequential reference).
 #include <cmath>
 
+#include "gpu_core/gemv.cuh"
 #include "gpu_core/ops.cuh"
+#include "runtime/dtype.h"
 #include "runtime/ops_ref.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/unit/test_util.h"
@@ -53,7 +55,73 @@ TEST_P(GpuAddRmsNorm, MatchesAddThenNorm) {
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuAddRmsNorm,
                          ::testing::Values(std::make_tuple(int64_t{2048}, 1, false), std::make_tuple(int64_t{2048}, 3, true),
                                            std::make_tuple(int64_t{48}, 2, true), std::make_tuple(int64_t{1000}, 1, false),
-                                           std::make_tuple(int64_t{17}, 4, false)));
+                                           std::make_tuple(int64_t{17}, 4, false),
+                                           std::make_tuple(int64_t{5000}, 2, true),  // past the register-held form
+                                           std::make_tuple(int64_t{5000}, 1, false)));
+
+// router_topk against ref::route_topk (softmax, top-k with ties to the lower id, renormalised): the
+// same experts in the same order, weights within fp32 rounding; with exact ties in half the cases.
+struct RouteCase {
+  int E, k, rows;
+  bool ties;
+};
+class GpuRouter : public ::testing::TestWithParam<RouteCase> {};
+
+TEST_P(GpuRouter, TopkMatchesReference) {
+  TANDEM_REQUIRE_GPU();
+  const RouteCase c = GetParam();
+  std::mt19937 rng(test::test_seed());
+  auto logits = test::random_floats(rng, c.E * c.rows, 3.0f);
+  if (c.ties)
+    for (auto& v : logits) v = std::round(v * 2.0f) / 2.0f;  // ~13 distinct values: many exact ties, -0 among them
+  test::DeviceBuffer<float> dl(logits), dw(c.rows * c.k);
+  test::DeviceBuffer<int32_t> di(c.rows * c.k);
+  CUDA_OK(gpu::router_topk(dl.ptr, c.E, c.k, c.rows, di.ptr, dw.ptr, nullptr));
+  CUDA_OK(cudaDeviceSynchronize());
+  const auto ids = di.to_host();
+  const auto w = dw.to_host();
+  std::vector<int> want_i(c.k);
+  std::vector<float> want_w(c.k);
+  for (int r = 0; r < c.rows; ++r) {
+    ref::route_topk(logits.data() + r * c.E, c.E, c.k, want_i.data(), want_w.data());
+    for (int j = 0; j < c.k; ++j) {
+      ASSERT_EQ(ids[r * c.k + j], want_i[j]) << "row " << r << " slot " << j << " seed " << test::test_seed();
+      EXPECT_NEAR(w[r * c.k + j], want_w[j], 2e-6f) << "row " << r << " slot " << j;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, GpuRouter,
+                         ::testing::Values(RouteCase{256, 8, 1, false}, RouteCase{256, 8, 1, true}, RouteCase{256, 8, 37, false},
+                                           RouteCase{512, 16, 3, true}, RouteCase{10, 3, 5, true}, RouteCase{8, 4, 1, false},
+                                           RouteCase{33, 2, 1, true}));
+
+// gemv_bf16_router_topk (the decode step's router): y bit for bit gemv_bf16's, and ids / weights
+// router_topk's of that y, over three launches in a row (the ticket re-arms itself).
+TEST(GpuRouterFused, EqualsGemvThenTopk) {
+  TANDEM_REQUIRE_GPU();
+  for (const auto& [E, k] : {std::pair{256, 8}, std::pair{512, 16}, std::pair{8, 4}, std::pair{33, 2}}) {
+    std::mt19937 rng(test::test_seed() + 5);
+    const int64_t N = E + 1061, K = 256;  // router rows first, then other stacked rows
+    std::vector<uint16_t> W(N * K);
+    for (auto& v : W) v = f32_to_bf16(std::normal_distribution<float>(0, 0.2f)(rng));
+    test::DeviceBuffer<uint16_t> dW(W);
+    test::DeviceBuffer<unsigned> ticket(std::vector<unsigned>{0u});
+    for (int launch = 0; launch < 3; ++launch) {
+      const auto x = test::random_floats(rng, K);
+      test::DeviceBuffer<float> dx(x), y1(N), y2(N), w1(k), w2(k);
+      test::DeviceBuffer<int32_t> i1(k), i2(k);
+      CUDA_OK(gpu::gemv_bf16_router_topk(dW.ptr, N, K, dx.ptr, y1.ptr, E, k, ticket.ptr, i1.ptr, w1.ptr, nullptr));
+      CUDA_OK(gpu::gemv_bf16(dW.ptr, N, K, dx.ptr, 1, y2.ptr, nullptr));
+      CUDA_OK(gpu::router_topk(y2.ptr, E, k, 1, i2.ptr, w2.ptr, nullptr));
+      CUDA_OK(cudaDeviceSynchronize());
+      EXPECT_EQ(y1.to_host(), y2.to_host()) << E << " experts, launch " << launch;
+      EXPECT_EQ(i1.to_host(), i2.to_host()) << E << " experts, launch " << launch;
+      EXPECT_EQ(w1.to_host(), w2.to_host()) << E << " experts, launch " << launch;
+      EXPECT_EQ(ticket.to_host()[0], 0u) << E << " experts, launch " << launch;
+    }
+  }
+}
 
 }  // namespace
 }  // namespace tandem
