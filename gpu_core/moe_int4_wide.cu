@@ -62,14 +62,15 @@ __device__ __forceinline__ float vec_dot(const uint4& w, const __half2 (&xv)[16]
   return acc;
 }
 
-// Scale and zero point of the group holding vector v of row `row` (group_size % 32 == 0).
+// Scale and zero point of the group holding vector v of row `row`: groups of 32 << gshift inputs, G
+// of them a row (integer shifts: a 64-bit division per lookup cost more than the loads it serves).
 struct GroupParams {
   float s;
   __half2 z;
 };
-__device__ __forceinline__ GroupParams group_of(const Int4View& W, int64_t row, int64_t v) {
-  const int64_t G = W.K / W.group_size, g = 32 * v / W.group_size;
-  return {__half2float(__ushort_as_half(W.scales[row * G + g])), zero_1024(W.zeros[row * G + g])};
+__device__ __forceinline__ GroupParams group_of(const Int4View& W, int64_t row, int v, int G, int gshift) {
+  const int64_t i = row * G + (v >> gshift);
+  return {__half2float(__ushort_as_half(W.scales[i])), zero_1024(W.zeros[i])};
 }
 
 // gate/up: block (row block, pair p); warp w computes rows r0, r0 + 1 of gate and of up for pair p.
@@ -77,7 +78,8 @@ __device__ __forceinline__ GroupParams group_of(const Int4View& W, int64_t row, 
 template <int NV>
 __global__ void __launch_bounds__(kWarps * 32)
     wide_gate_up_kernel(const Int4Expert* __restrict__ experts, int64_t H, int64_t I, const int32_t* __restrict__ ids, int k,
-                        const float* __restrict__ x, __half* __restrict__ h) {
+                        const float* __restrict__ x, __half* __restrict__ h, int gshift) {
+  const int G = static_cast<int>(H >> 5) >> gshift;
   const int p = blockIdx.y, t = p / k, lane = threadIdx.x & 31;
   const Int4Expert& ex = experts[ids[p]];
   if (!ex.gate.qweight) return;  // not resident on the GPU (hybrid); uniform per block
@@ -104,14 +106,14 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
     for (int r = 0; r < kRowsUp; ++r)
       if (r0 + r < I && v < nvec) {
-        const GroupParams q = group_of(ex.gate, r0 + r, v);
+        const GroupParams q = group_of(ex.gate, r0 + r, static_cast<int>(v), G, gshift);
         g[r] += q.s * vec_dot(wg[r][i], xv, q.z);
       }
     if (ex.up.perm != ex.gate.perm) load_x32(xt, ex.up.perm, v, v < nvec, xv);  // act order: up's own input order
 #pragma unroll
     for (int r = 0; r < kRowsUp; ++r)
       if (r0 + r < I && v < nvec) {
-        const GroupParams q = group_of(ex.up, r0 + r, v);
+        const GroupParams q = group_of(ex.up, r0 + r, static_cast<int>(v), G, gshift);
         u[r] += q.s * vec_dot(wu[r][i], xv, q.z);
       }
   }
@@ -128,8 +130,9 @@ __global__ void __launch_bounds__(kWarps * 32)
 template <int NV>
 __global__ void __launch_bounds__(kWarps * 32)
     wide_down_kernel(const Int4Expert* __restrict__ experts, int64_t H, int64_t I, const int32_t* __restrict__ ids,
-                     const float* __restrict__ weights, int k, const __half* __restrict__ h, float* __restrict__ out) {
+                     const float* __restrict__ weights, int k, const __half* __restrict__ h, float* __restrict__ out, int gshift) {
   extern __shared__ __align__(16) __half hs[];  // [k][I]
+  const int G = static_cast<int>(I >> 5) >> gshift;
   const int t = blockIdx.y, lane = threadIdx.x & 31, l = lane % kDownLanes;
   const int64_t row = (static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5)) * (32 / kDownLanes) + lane / kDownLanes;
   const int64_t nvec = I / 32;
@@ -176,7 +179,7 @@ __global__ void __launch_bounds__(kWarps * 32)
         const uint4 q = src[c];
         memcpy(&hv[4 * c], &q, 16);
       }
-      const GroupParams gp = group_of(down, row, v);
+      const GroupParams gp = group_of(down, row, static_cast<int>(v), G, gshift);
       a += gp.s * vec_dot(wd[j][i], hv, gp.z);
     }
     acc += weights[p] * a;
@@ -187,26 +190,33 @@ __global__ void __launch_bounds__(kWarps * 32)
 
 template <int NV>
 void launch_gate_up(const Int4Expert* e, int64_t H, int64_t I, const int32_t* ids, int T, int k, const float* x, __half* h,
-                    cudaStream_t s) {
+                    int gshift, cudaStream_t s) {
   const int64_t rows = kWarps * kRowsUp;
   const dim3 grid(static_cast<unsigned>((I + rows - 1) / rows), static_cast<unsigned>(T * k));
-  wide_gate_up_kernel<NV><<<grid, kWarps * 32, 0, s>>>(e, H, I, ids, k, x, h);
+  wide_gate_up_kernel<NV><<<grid, kWarps * 32, 0, s>>>(e, H, I, ids, k, x, h, gshift);
 }
 
 template <int NV>
 void launch_down(const Int4Expert* e, int64_t H, int64_t I, const int32_t* ids, const float* w, int T, int k, const __half* h,
-                 float* out, cudaStream_t s) {
+                 float* out, int gshift, cudaStream_t s) {
   const int64_t rows = kWarps * (32 / kDownLanes);
   const dim3 grid(static_cast<unsigned>((H + rows - 1) / rows), static_cast<unsigned>(T));
-  wide_down_kernel<NV><<<grid, kWarps * 32, k * I * sizeof(__half), s>>>(e, H, I, ids, w, k, h, out);
+  wide_down_kernel<NV><<<grid, kWarps * 32, k * I * sizeof(__half), s>>>(e, H, I, ids, w, k, h, out, gshift);
 }
 
 int vectors_per_lane(int64_t K, int lanes) { return static_cast<int>((K / 32 + lanes - 1) / lanes); }
 
+// log2(group_size / 32), or -1 when group_size is not 32 times a power of two.
+int group_shift(int64_t group_size) {
+  for (int s = 0; s < 8; ++s)
+    if (group_size == (int64_t{32} << s)) return s;
+  return -1;
+}
+
 }  // namespace
 
 bool moe_int4_decode_wide_fits(int64_t H, int64_t I, int64_t group_size, int k) {
-  return k >= 1 && k <= kMaxK && H >= 32 && I >= 32 && H % 32 == 0 && I % 32 == 0 && group_size % 32 == 0 &&
+  return k >= 1 && k <= kMaxK && H >= 32 && I >= 32 && H % 32 == 0 && I % 32 == 0 && group_shift(group_size) >= 0 &&
          H % group_size == 0 && I % group_size == 0 && vectors_per_lane(H, 32) <= 4 &&
          vectors_per_lane(I, kDownLanes) <= 4 && k * I * 2 <= 48 * 1024;
 }
@@ -216,15 +226,16 @@ cudaError_t moe_int4_decode_wide(const Int4Expert* experts, int64_t H, int64_t I
                                  cudaStream_t stream) {
   if (T < 1 || T > kMaxGemvTokens || !moe_int4_decode_wide_fits(H, I, group_size, k)) return cudaErrorInvalidValue;
   auto* h = reinterpret_cast<__half*>(h_scratch);
+  const int gs = group_shift(group_size);
   switch (vectors_per_lane(H, 32)) {
-    case 1: launch_gate_up<1>(experts, H, I, ids, T, k, x, h, stream); break;
-    case 2: launch_gate_up<2>(experts, H, I, ids, T, k, x, h, stream); break;
-    default: launch_gate_up<4>(experts, H, I, ids, T, k, x, h, stream);
+    case 1: launch_gate_up<1>(experts, H, I, ids, T, k, x, h, gs, stream); break;
+    case 2: launch_gate_up<2>(experts, H, I, ids, T, k, x, h, gs, stream); break;
+    default: launch_gate_up<4>(experts, H, I, ids, T, k, x, h, gs, stream);
   }
   switch (vectors_per_lane(I, kDownLanes)) {
-    case 1: launch_down<1>(experts, H, I, ids, weights, T, k, h, out, stream); break;
-    case 2: launch_down<2>(experts, H, I, ids, weights, T, k, h, out, stream); break;
-    default: launch_down<4>(experts, H, I, ids, weights, T, k, h, out, stream);
+    case 1: launch_down<1>(experts, H, I, ids, weights, T, k, h, out, gs, stream); break;
+    case 2: launch_down<2>(experts, H, I, ids, weights, T, k, h, out, gs, stream); break;
+    default: launch_down<4>(experts, H, I, ids, weights, T, k, h, out, gs, stream);
   }
   return cudaGetLastError();
 }

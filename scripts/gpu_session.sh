@@ -23,6 +23,8 @@
 #   profile[:PLEN]  decode-step kernel times as they run (warm caches, graph nodes in place): Nsight Systems
 #                when the machine has it (cuda_gpu_kern_sum of an all-GPU bench, PLEN-token prompt, 16
 #                decode steps), else Nsight Compute with --cache-control none --clock-control none: profile-PLEN.txt
+#   ncu-bench:FILTER:KERNEL_REGEX  Nsight Compute sections (speed of light, occupancy, warp stalls) of the
+#                first 2 launches of the kernels matching KERNEL_REGEX in bench_gpu_gemv --benchmark_filter=FILTER
 #   trace:GIB    a hybrid decode at that budget with --trace, and tools/trace_plot.py's picture of one step
 #   env:VAR=VALUE  exported for the steps after it (e.g. env:TANDEM_DELTANET_CHUNKED=1); their result
 #                names carry VALUE's variable as a suffix so A/B runs of one step do not overwrite each other
@@ -107,6 +109,12 @@ for step in "$@"; do
         run_step "profile-$plen" 240 bash -c "$ncu_bin --cache-control none --clock-control none --metrics gpu__time_duration.sum \
           --print-summary per-kernel $bench > $res/profile-$plen.txt 2>&1; grep -c 'gpu__time_duration' $res/profile-$plen.txt"
       else echo "no nsys, no ncu" | tee -a "$res/summary.txt"; fi ;;
+    ncu-bench:*)
+      IFS=: read -r _ filter kre <<< "$step"
+      ncu_bin=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
+      run_step "ncu-bench-${kre//[^a-z0-9]/_}" 200 bash -c "$ncu_bin --section SpeedOfLight --section Occupancy --section WarpStateStats \
+          --section SchedulerStats --section LaunchStats --section MemoryWorkloadAnalysis -k 'regex:$kre' -c 2 \
+          build-gpu/bench/bench_gpu_gemv --benchmark_filter='$filter' --benchmark_min_time=0.01s > $res/ncu-bench-${kre//[^a-z0-9]/_}.txt 2>&1; tail -3 $res/ncu-bench-${kre//[^a-z0-9]/_}.txt" ;;
     trace:*)
       gib=${step#trace:}
       [ -f /tmp/q35/config.json ] || build-gpu/tandem synth --preset qwen3.5-35b-a3b --quant gptq-int4 --routing-skew 1 --out /tmp/q35 > /dev/null 2>&1

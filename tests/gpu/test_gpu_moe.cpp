@@ -122,7 +122,8 @@ TEST_P(GpuMoeInt4, MatchesReference) {
   const auto pre = dpre.to_host();
   EXPECT_LT(test::rel_l2(std::vector<double>(pre.begin(), pre.end()), std::vector<double>(got.begin(), got.end())), 1e-6)
       << "prefetch variant, seed " << test::test_seed();
-  // The wide kernel (fp32 x read directly): the same per-word arithmetic, word sums in another order.
+  // The wide kernel (fp32 x read directly): the same per-word arithmetic, word sums in another order;
+  // the fp32 differences (~1e-7) flip the fp16 rounding of a few h values (2^-11 each): 1e-4 apart.
   const bool fits = gpu::moe_int4_decode_wide_fits(c.H, c.I, c.gs, c.k);
   EXPECT_EQ(fits, c.H % 32 == 0 && c.I % 32 == 0 && c.gs % 32 == 0) << c.H << " x " << c.I << " group " << c.gs;
   test::DeviceBuffer<float> dwide(c.T * c.H);
@@ -136,7 +137,7 @@ TEST_P(GpuMoeInt4, MatchesReference) {
   const auto wide = dwide.to_host();
   const std::vector<double> wd(wide.begin(), wide.end());
   EXPECT_LT(test::rel_l2(wd, want), 5e-3) << "wide variant, seed " << test::test_seed();
-  EXPECT_LT(test::rel_l2(wd, std::vector<double>(got.begin(), got.end())), 1e-5) << "wide variant, seed " << test::test_seed();
+  EXPECT_LT(test::rel_l2(wd, std::vector<double>(got.begin(), got.end())), 1e-4) << "wide variant, seed " << test::test_seed();
 }
 
 // The wide kernel with some experts not resident (hybrid): they contribute nothing, the rest as usual.
