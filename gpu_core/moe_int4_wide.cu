@@ -16,9 +16,10 @@ namespace {
 using namespace detail;
 
 constexpr int kWarps = 4;       // per block
-constexpr int kRowsUp = 2;      // gate/up output rows per warp (each: one gate row and one up row)
-constexpr int kDownLanes = 16;  // lanes per down row: two rows a warp
-constexpr int kMaxK = 8;        // experts per token held in registers by the down kernel
+constexpr int kRowsUp = 1;      // gate/up output rows per warp (each: one gate row and one up row); more
+                                // rows a warp meant fewer warps for the same loads: latency-bound (ncu)
+constexpr int kDownLanes = 16;  // lanes per down row and expert: a half-warp
+constexpr int kMaxK = 8;        // experts per token held in registers by the down kernel (even)
 
 __device__ __forceinline__ uint4 zero4() { return make_uint4(0u, 0u, 0u, 0u); }
 
@@ -73,7 +74,7 @@ __device__ __forceinline__ GroupParams group_of(const Int4View& W, int64_t row, 
   return {__half2float(__ushort_as_half(W.scales[i])), zero_1024(W.zeros[i])};
 }
 
-// gate/up: block (row block, pair p); warp w computes rows r0, r0 + 1 of gate and of up for pair p.
+// gate/up: block (row block, pair p); warp w computes kRowsUp rows from r0 of gate and of up for pair p.
 // Lane l takes vectors l + 32 i (i < NV) of each row: 16 B a lane, 512 B a warp per load.
 template <int NV>
 __global__ void __launch_bounds__(kWarps * 32)
@@ -124,27 +125,30 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
-// down: block (row block, token t); each half-warp computes one output row over the token's k
-// experts. The k h rows are staged in shared memory (fp16, each in its expert's input order) while
-// the weight loads of all k experts are in flight.
+// down: block (row block, token t); each warp computes one output row over the token's k experts,
+// its two half-warps taking alternate experts (so twice the warps of a half-warp per row, each with
+// half the serial work: the kernel is latency-bound). The k h rows are staged in shared memory (fp16,
+// each in its expert's input order) while the weight loads of all k experts are in flight.
 template <int NV>
 __global__ void __launch_bounds__(kWarps * 32)
     wide_down_kernel(const Int4Expert* __restrict__ experts, int64_t H, int64_t I, const int32_t* __restrict__ ids,
                      const float* __restrict__ weights, int k, const __half* __restrict__ h, float* __restrict__ out, int gshift) {
   extern __shared__ __align__(16) __half hs[];  // [k][I]
+  constexpr int kPerHalf = kMaxK / 2;
   const int G = static_cast<int>(I >> 5) >> gshift;
-  const int t = blockIdx.y, lane = threadIdx.x & 31, l = lane % kDownLanes;
-  const int64_t row = (static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5)) * (32 / kDownLanes) + lane / kDownLanes;
+  const int t = blockIdx.y, lane = threadIdx.x & 31, l = lane % kDownLanes, half = lane / kDownLanes;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
   const int64_t nvec = I / 32;
   const bool valid = row < H;
-  uint4 wd[kMaxK][NV];
+  uint4 wd[kPerHalf][NV];  // experts j = half + 2 m
 #pragma unroll
-  for (int j = 0; j < kMaxK; ++j) {
+  for (int m = 0; m < kPerHalf; ++m) {
+    const int j = half + 2 * m;
     const uint32_t* q = j < k ? experts[ids[t * k + j]].down.qweight : nullptr;
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
       const int64_t v = l + kDownLanes * i;
-      wd[j][i] = q && valid && v < nvec ? load_stream(reinterpret_cast<const uint4*>(q) + row * nvec + v) : zero4();
+      wd[m][i] = q && valid && v < nvec ? load_stream(reinterpret_cast<const uint4*>(q) + row * nvec + v) : zero4();
     }
   }
   for (int j = 0; j < k; ++j) {  // stage h (k * I fp16): 16 B a thread per step, or a gather with act order
@@ -162,7 +166,8 @@ __global__ void __launch_bounds__(kWarps * 32)
   __syncthreads();
   float acc = 0.0f;
 #pragma unroll
-  for (int j = 0; j < kMaxK; ++j) {
+  for (int m = 0; m < kPerHalf; ++m) {
+    const int j = half + 2 * m;
     if (j >= k) break;
     const int p = t * k + j;
     const Int4View& down = experts[ids[p]].down;
@@ -180,12 +185,12 @@ __global__ void __launch_bounds__(kWarps * 32)
         memcpy(&hv[4 * c], &q, 16);
       }
       const GroupParams gp = group_of(down, row, static_cast<int>(v), G, gshift);
-      a += gp.s * vec_dot(wd[j][i], hv, gp.z);
+      a += gp.s * vec_dot(wd[m][i], hv, gp.z);
     }
     acc += weights[p] * a;
   }
-  acc = group_sum<kDownLanes>(acc);
-  if (valid && l == 0) out[t * H + row] = acc;
+  acc = group_sum<32>(acc);
+  if (valid && lane == 0) out[t * H + row] = acc;
 }
 
 template <int NV>
@@ -199,8 +204,7 @@ void launch_gate_up(const Int4Expert* e, int64_t H, int64_t I, const int32_t* id
 template <int NV>
 void launch_down(const Int4Expert* e, int64_t H, int64_t I, const int32_t* ids, const float* w, int T, int k, const __half* h,
                  float* out, int gshift, cudaStream_t s) {
-  const int64_t rows = kWarps * (32 / kDownLanes);
-  const dim3 grid(static_cast<unsigned>((H + rows - 1) / rows), static_cast<unsigned>(T));
+  const dim3 grid(static_cast<unsigned>((H + kWarps - 1) / kWarps), static_cast<unsigned>(T));
   wide_down_kernel<NV><<<grid, kWarps * 32, k * I * sizeof(__half), s>>>(e, H, I, ids, w, k, h, out, gshift);
 }
 
