@@ -16,10 +16,9 @@ namespace {
 using namespace detail;
 
 constexpr int kWarps = 4;       // per block
-constexpr int kRowsUp = 1;      // gate/up output rows per warp (each: one gate row and one up row); more
-                                // rows a warp meant fewer warps for the same loads: latency-bound (ncu)
-constexpr int kDownLanes = 16;  // lanes per down row and expert: a half-warp
-constexpr int kMaxK = 8;        // experts per token held in registers by the down kernel (even)
+constexpr int kRowsUp = 2;      // gate/up output rows per warp (each: one gate row and one up row)
+constexpr int kDownLanes = 16;  // lanes per down row: two rows a warp
+constexpr int kMaxK = 8;        // experts per token held in registers by the down kernel
 
 __device__ __forceinline__ uint4 zero4() { return make_uint4(0u, 0u, 0u, 0u); }
 
@@ -63,18 +62,14 @@ __device__ __forceinline__ float vec_dot(const uint4& w, const __half2 (&xv)[16]
   return acc;
 }
 
-// Scale and zero point of the group holding vector v of row `row`: groups of 32 << gshift inputs, G
-// of them a row (integer shifts: a 64-bit division per lookup cost more than the loads it serves).
-struct GroupParams {
-  float s;
-  __half2 z;
-};
-__device__ __forceinline__ GroupParams group_of(const Int4View& W, int64_t row, int v, int G, int gshift) {
-  const int64_t i = row * G + (v >> gshift);
-  return {__half2float(__ushort_as_half(W.scales[i])), zero_1024(W.zeros[i])};
-}
 
-// gate/up: block (row block, pair p); warp w computes kRowsUp rows from r0 of gate and of up for pair p.
+// Both kernels issue every global load a warp needs in one phase (codes, scales, zero points,
+// activations) after the one dependent read of the expert table, then compute: a chain of load ->
+// use -> load phases, each a full memory latency, was what bounded them (ncu: most stalls waiting
+// on L1TEX at ~25% occupancy, DRAM ~10% busy). Act-order experts gather x / h in their input order
+// as they go (a second phase, for that format only).
+
+// gate/up: block (row block, pair p); warp w computes rows r0, r0 + 1 of gate and of up for pair p.
 // Lane l takes vectors l + 32 i (i < NV) of each row: 16 B a lane, 512 B a warp per load.
 template <int NV>
 __global__ void __launch_bounds__(kWarps * 32)
@@ -82,41 +77,46 @@ __global__ void __launch_bounds__(kWarps * 32)
                         const float* __restrict__ x, __half* __restrict__ h, int gshift) {
   const int G = static_cast<int>(H >> 5) >> gshift;
   const int p = blockIdx.y, t = p / k, lane = threadIdx.x & 31;
-  const Int4Expert& ex = experts[ids[p]];
-  if (!ex.gate.qweight) return;  // not resident on the GPU (hybrid); uniform per block
+  const Int4Expert* ex = experts + ids[p];
+  const Int4View gate = ex->gate, up = ex->up;
+  if (!gate.qweight) return;  // not resident on the GPU (hybrid); uniform per block
   const int64_t r0 = (static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5)) * kRowsUp, nvec = H / 32;
-  const uint4* qg = reinterpret_cast<const uint4*>(ex.gate.qweight);
-  const uint4* qu = reinterpret_cast<const uint4*>(ex.up.qweight);
+  const uint4* qg = reinterpret_cast<const uint4*>(gate.qweight);
+  const uint4* qu = reinterpret_cast<const uint4*>(up.qweight);
   uint4 wg[kRowsUp][NV], wu[kRowsUp][NV];
+  uint16_t sg[kRowsUp][NV], su[kRowsUp][NV];
+  uint8_t zg[kRowsUp][NV], zu[kRowsUp][NV];
 #pragma unroll
   for (int r = 0; r < kRowsUp; ++r)
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
       const int64_t v = lane + 32 * i;
       const bool ok = r0 + r < I && v < nvec;
+      const int64_t gi = (r0 + r) * G + (static_cast<int>(v) >> gshift);
       wg[r][i] = ok ? load_stream(qg + (r0 + r) * nvec + v) : zero4();
       wu[r][i] = ok ? load_stream(qu + (r0 + r) * nvec + v) : zero4();
+      sg[r][i] = ok ? __ldg(gate.scales + gi) : uint16_t{0};
+      su[r][i] = ok ? __ldg(up.scales + gi) : uint16_t{0};
+      zg[r][i] = ok ? __ldg(gate.zeros + gi) : uint8_t{0};
+      zu[r][i] = ok ? __ldg(up.zeros + gi) : uint8_t{0};
     }
+  // x as fp16 in gate's input order (waiting on x here leaves the weight loads in flight)
   const float* xt = x + t * H;
+  __half2 xg[NV][16];
+#pragma unroll
+  for (int i = 0; i < NV; ++i) load_x32(xt, gate.perm, lane + 32 * i, lane + 32 * i < nvec, xg[i]);
   float g[kRowsUp] = {}, u[kRowsUp] = {};
 #pragma unroll
   for (int i = 0; i < NV; ++i) {
     const int64_t v = lane + 32 * i;
-    __half2 xv[16];
-    load_x32(xt, ex.gate.perm, v, v < nvec, xv);
+    __half2 (&xv)[16] = xg[i];
 #pragma unroll
     for (int r = 0; r < kRowsUp; ++r)
-      if (r0 + r < I && v < nvec) {
-        const GroupParams q = group_of(ex.gate, r0 + r, static_cast<int>(v), G, gshift);
-        g[r] += q.s * vec_dot(wg[r][i], xv, q.z);
-      }
-    if (ex.up.perm != ex.gate.perm) load_x32(xt, ex.up.perm, v, v < nvec, xv);  // act order: up's own input order
+      if (r0 + r < I && v < nvec) g[r] += __half2float(__ushort_as_half(sg[r][i])) * vec_dot(wg[r][i], xv, zero_1024(zg[r][i]));
+    if (up.perm != gate.perm) load_x32(xt, up.perm, v, v < nvec, xv);  // act order: up's own input order
 #pragma unroll
     for (int r = 0; r < kRowsUp; ++r)
-      if (r0 + r < I && v < nvec) {
-        const GroupParams q = group_of(ex.up, r0 + r, static_cast<int>(v), G, gshift);
-        u[r] += q.s * vec_dot(wu[r][i], xv, q.z);
-      }
+      if (r0 + r < I && v < nvec) u[r] += __half2float(__ushort_as_half(su[r][i])) * vec_dot(wu[r][i], xv, zero_1024(zu[r][i]));
   }
 #pragma unroll
   for (int r = 0; r < kRowsUp; ++r) {
@@ -125,53 +125,76 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
-// down: block (row block, token t); each warp computes one output row over the token's k experts,
-// its two half-warps taking alternate experts (so twice the warps of a half-warp per row, each with
-// half the serial work: the kernel is latency-bound). The k h rows are staged in shared memory (fp16,
-// each in its expert's input order) while the weight loads of all k experts are in flight.
+// down: block (row block, token t); each half-warp computes one output row over the token's k
+// experts. The k h rows are staged in shared memory (fp16, each in its expert's input order); their
+// loads go out with the weights'.
 template <int NV>
 __global__ void __launch_bounds__(kWarps * 32)
     wide_down_kernel(const Int4Expert* __restrict__ experts, int64_t H, int64_t I, const int32_t* __restrict__ ids,
                      const float* __restrict__ weights, int k, const __half* __restrict__ h, float* __restrict__ out, int gshift) {
   extern __shared__ __align__(16) __half hs[];  // [k][I]
-  constexpr int kPerHalf = kMaxK / 2;
+  constexpr int kStage = 4;  // 16-byte h pieces a thread loads per round
   const int G = static_cast<int>(I >> 5) >> gshift;
-  const int t = blockIdx.y, lane = threadIdx.x & 31, l = lane % kDownLanes, half = lane / kDownLanes;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5);
+  const int t = blockIdx.y, lane = threadIdx.x & 31, l = lane % kDownLanes;
+  const int64_t row = (static_cast<int64_t>(blockIdx.x) * kWarps + (threadIdx.x >> 5)) * (32 / kDownLanes) + lane / kDownLanes;
   const int64_t nvec = I / 32;
   const bool valid = row < H;
-  uint4 wd[kPerHalf][NV];  // experts j = half + 2 m
+  const uint32_t* q[kMaxK];
+  const uint16_t* sc[kMaxK];
+  const uint8_t* zr[kMaxK];
+  bool act = false;
 #pragma unroll
-  for (int m = 0; m < kPerHalf; ++m) {
-    const int j = half + 2 * m;
-    const uint32_t* q = j < k ? experts[ids[t * k + j]].down.qweight : nullptr;
+  for (int j = 0; j < kMaxK; ++j) {
+    const Int4View* d = j < k ? &experts[ids[t * k + j]].down : nullptr;
+    q[j] = d ? d->qweight : nullptr;
+    sc[j] = d ? d->scales : nullptr;
+    zr[j] = d ? d->zeros : nullptr;
+    act |= d && d->perm;
+  }
+  uint4 wd[kMaxK][NV];
+  uint16_t sd[kMaxK][NV];
+  uint8_t zd[kMaxK][NV];
+  float rw[kMaxK];
+#pragma unroll
+  for (int j = 0; j < kMaxK; ++j) {
+    rw[j] = j < k ? __ldg(weights + t * k + j) : 0.0f;
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
       const int64_t v = l + kDownLanes * i;
-      wd[m][i] = q && valid && v < nvec ? load_stream(reinterpret_cast<const uint4*>(q) + row * nvec + v) : zero4();
+      const bool ok = q[j] && valid && v < nvec;
+      const int64_t gi = row * G + (static_cast<int>(v) >> gshift);
+      wd[j][i] = ok ? load_stream(reinterpret_cast<const uint4*>(q[j]) + row * nvec + v) : zero4();
+      sd[j][i] = ok ? __ldg(sc[j] + gi) : uint16_t{0};
+      zd[j][i] = ok ? __ldg(zr[j] + gi) : uint8_t{0};
     }
   }
-  for (int j = 0; j < k; ++j) {  // stage h (k * I fp16): 16 B a thread per step, or a gather with act order
-    const Int4View& down = experts[ids[t * k + j]].down;
-    if (!down.qweight) continue;  // uniform per block
-    const __half* hp = h + static_cast<int64_t>(t * k + j) * I;
-    __half* dst = hs + j * I;
-    if (!down.perm) {
-      for (int64_t c = threadIdx.x; c < I / 8; c += blockDim.x)
-        reinterpret_cast<uint4*>(dst)[c] = __ldg(reinterpret_cast<const uint4*>(hp) + c);
-    } else {
-      for (int64_t c = threadIdx.x; c < I; c += blockDim.x) dst[c] = hp[down.perm[c]];
+  const __half* ht = h + static_cast<int64_t>(t) * k * I;  // the token's k rows, back to back
+  if (!act) {  // rows of experts not resident are copied too (unwritten, never read)
+    const int n16 = static_cast<int>(k * I / 8);
+    for (int c0 = threadIdx.x; c0 < n16; c0 += kStage * blockDim.x) {
+      uint4 v[kStage];
+#pragma unroll
+      for (int u = 0; u < kStage; ++u) {
+        const int c = c0 + u * blockDim.x;
+        v[u] = c < n16 ? __ldg(reinterpret_cast<const uint4*>(ht) + c) : zero4();
+      }
+#pragma unroll
+      for (int u = 0; u < kStage; ++u)
+        if (c0 + u * static_cast<int>(blockDim.x) < n16) reinterpret_cast<uint4*>(hs)[c0 + u * blockDim.x] = v[u];
+    }
+  } else {
+    for (int j = 0; j < k; ++j) {
+      const Int4View& down = experts[ids[t * k + j]].down;
+      if (!down.qweight) continue;  // uniform per block
+      for (int64_t c = threadIdx.x; c < I; c += blockDim.x) hs[j * I + c] = ht[j * I + down.perm[c]];
     }
   }
   __syncthreads();
   float acc = 0.0f;
 #pragma unroll
-  for (int m = 0; m < kPerHalf; ++m) {
-    const int j = half + 2 * m;
+  for (int j = 0; j < kMaxK; ++j) {
     if (j >= k) break;
-    const int p = t * k + j;
-    const Int4View& down = experts[ids[p]].down;
-    if (!down.qweight || !valid) continue;
+    if (!q[j] || !valid) continue;
     float a = 0.0f;
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
@@ -181,16 +204,15 @@ __global__ void __launch_bounds__(kWarps * 32)
       const uint4* src = reinterpret_cast<const uint4*>(hs + j * I + 32 * v);
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
-        const uint4 q = src[c];
-        memcpy(&hv[4 * c], &q, 16);
+        const uint4 qq = src[c];
+        memcpy(&hv[4 * c], &qq, 16);
       }
-      const GroupParams gp = group_of(down, row, static_cast<int>(v), G, gshift);
-      a += gp.s * vec_dot(wd[m][i], hv, gp.z);
+      a += __half2float(__ushort_as_half(sd[j][i])) * vec_dot(wd[j][i], hv, zero_1024(zd[j][i]));
     }
-    acc += weights[p] * a;
+    acc += rw[j] * a;
   }
-  acc = group_sum<32>(acc);
-  if (valid && lane == 0) out[t * H + row] = acc;
+  acc = group_sum<kDownLanes>(acc);
+  if (valid && l == 0) out[t * H + row] = acc;
 }
 
 template <int NV>
@@ -204,7 +226,8 @@ void launch_gate_up(const Int4Expert* e, int64_t H, int64_t I, const int32_t* id
 template <int NV>
 void launch_down(const Int4Expert* e, int64_t H, int64_t I, const int32_t* ids, const float* w, int T, int k, const __half* h,
                  float* out, int gshift, cudaStream_t s) {
-  const dim3 grid(static_cast<unsigned>((H + kWarps - 1) / kWarps), static_cast<unsigned>(T));
+  const int64_t rows = kWarps * (32 / kDownLanes);
+  const dim3 grid(static_cast<unsigned>((H + rows - 1) / rows), static_cast<unsigned>(T));
   wide_down_kernel<NV><<<grid, kWarps * 32, k * I * sizeof(__half), s>>>(e, H, I, ids, w, k, h, out, gshift);
 }
 
