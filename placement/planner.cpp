@@ -153,8 +153,9 @@ void predict(const ModelConfig& c, const PlacementConfig& cfg, const PlanRequest
   double t = 0, t_cpu_total = 0;
   // Decode kernels a layer (qwen3_5_moe_gpu.cpp): norm (fused with the residual add), stacked input
   // projections, the mixer (DeltaNet 2, attention 3), output projection, add + norm, stacked router /
-  // shared projections, top-k, int4 input gather + 2 MoE kernels, SiLU, shared down = 13 / 14.
-  const double launches = 13.0 * (L - c.num_full_attention_layers()) + 14.0 * c.num_full_attention_layers() + 4;
+  // shared projections with the top-k in its last block, 2 MoE kernels (fp32 input read in them),
+  // shared down with SiLU * up formed as it reads = 10 / 11.
+  const double launches = 10.0 * (L - c.num_full_attention_layers()) + 11.0 * c.num_full_attention_layers() + 4;
   const double shared_bytes = static_cast<double>(3 * Is * H * 2);
   // Hybrid steps run as CUDA graphs cut at the handoffs, like the all-GPU step; with deferral they
   // are launched kernel by kernel.
