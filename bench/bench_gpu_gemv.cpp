@@ -294,9 +294,15 @@ void BM_deltanet_decode(benchmark::State& state) {
   p.qkv = take(conv_dim), p.conv_out = take(conv_dim), p.z = take(Vd), p.out = take(Vd), p.b = take(32), p.a = take(32);
   p.A_log = take(32), p.dt_bias = take(32), p.norm_w = take(128), p.conv_w = take(conv_dim * 4);
   p.conv_state = take(conv_dim * 3), p.state = take(S);
+  unsigned* tickets = nullptr;  // Arg 1: the recurrence split over 32-column slices (DeltaNetDecodeArgs::tickets)
+  cudaMalloc(&tickets, 32 * sizeof(unsigned));
+  cudaMemset(tickets, 0, 32 * sizeof(unsigned));
+  if (state.range(0) == 1) p.tickets = tickets;
   const double bytes = 2.0 * S * 4 + 2.0 * conv_dim * 3 * 4 + conv_dim * 4 * 4 + (conv_dim + 2 * Vd) * 4;
   time_kernel(state, bytes, [&] { tandem::gpu::deltanet_decode(p, nullptr); });
+  state.SetLabel(state.range(0) == 1 ? "split over 32-column slices" : "one block per head");
   cudaFree(buf);
+  cudaFree(tickets);
 }
 
 // DeltaNet over a whole prompt of T tokens in one call (35B layer shape): tokens per second of one layer.
@@ -336,7 +342,7 @@ BENCHMARK(BM_gemv_int4)
     ->Args({8192, 2048, 1})->Args({16384, 512, 1})->Args({512, 2048, 1})->Args({8192, 2048, 4})
     ->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_deltanet_prefill)->Args({512, 0})->Args({4096, 0})->Args({512, 1})->Args({4096, 1})->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_deltanet_decode)->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_deltanet_decode)->Arg(0)->Arg(1)->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_moe_int4_decode)->Args({8, 1, 0, 1})->Args({8, 1, 1, 1})->Args({8, 1, 2, 1})->Args({8, 1, 1, 32})->Args({8, 1, 2, 32})
     ->Args({8, 4, 0, 1})->Args({8, 4, 1, 1})->Args({8, 4, 2, 1})->Args({8, 4, 1, 32})->Args({8, 4, 2, 32})->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_moe_int4_prefill)->Args({256, 0})->Args({256, 1})->Args({256, 2})->Args({2048, 1})->Args({2048, 2})->Args({4096, 2})->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);

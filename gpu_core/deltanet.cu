@@ -378,6 +378,70 @@ __global__ void delta_head_kernel(DeltaNetDecodeArgs p, int T) {
   slice_store(s, S, r, j, dk, dv);
 }
 
+// Decode (T = 1) split over kSplitCols-column slices of each head's state: block (h, slice) holds
+// rows r, r + kRowGroups, ... of its columns (kRowGroups x kSplitCols threads), so the state is read
+// and written by Hv * dv / kSplitCols blocks instead of Hv (at the 35B shape 128 instead of 32: the
+// one-block-per-head kernel was bound by 32 SMs' share of bandwidth). Columns of the delta rule are
+// independent given q, k and the gates, which every block of a head recomputes; only the gated RMSNorm
+// spans the head: each block stores its raw o, and the head's last block (a ticket per head, re-armed)
+// normalises all dv of them.
+constexpr int kSplitCols = 32;
+__global__ void __launch_bounds__(kRowGroups * kSplitCols) delta_split_kernel(DeltaNetDecodeArgs p) {
+  __shared__ float q[128], k[128], part[kRowGroups * kSplitCols], red[32];
+  __shared__ bool last;
+  const int dk = p.dk, dv = p.dv, h = blockIdx.x, kh = h / (p.Hv / p.Hk);
+  const int tid = threadIdx.x, jj = tid % kSplitCols, r = tid / kSplitCols, j = blockIdx.y * kSplitCols + jj;
+  const int64_t key_dim = static_cast<int64_t>(p.Hk) * dk;
+  float* S = p.state + static_cast<int64_t>(h) * dk * dv;
+  float s[kMaxRowsPerThread];
+  slice_load(s, S, r, j, dk, dv);  // in flight while q, k and the gates are formed
+  const float* c = p.conv_out;
+  float qq = 0.0f, kk = 0.0f;
+  for (int i = tid; i < dk; i += blockDim.x) {
+    q[i] = c[kh * dk + i];
+    k[i] = c[key_dim + kh * dk + i];
+    qq += q[i] * q[i];
+    kk += k[i] * k[i];
+  }
+  qq = block_sum(qq, red);
+  kk = block_sum(kk, red);
+  const float qs = q_scale(qq, dk), ks = k_scale(kk);
+  for (int i = tid; i < dk; i += blockDim.x) {
+    q[i] *= qs;
+    k[i] *= ks;
+  }
+  float decay, beta;
+  gates(p.a[h], p.dt_bias[h], expf(p.A_log[h]), p.b[h], decay, beta);
+  __syncthreads();
+  part[r * kSplitCols + jj] = slice_decay_dot(s, k, decay, r, dk);
+  __syncthreads();
+  const float delta = beta * (c[2 * key_dim + static_cast<int64_t>(h) * dv + j] - column_sum(part, jj, kSplitCols));
+  const float o = slice_update_dot(s, k, q, delta, r, dk);
+  slice_store(s, S, r, j, dk, dv);
+  __syncthreads();
+  part[r * kSplitCols + jj] = o;
+  __syncthreads();
+  float* out = p.out + static_cast<int64_t>(h) * dv;
+  if (r == 0) {
+    out[j] = column_sum(part, jj, kSplitCols);  // raw o_j, normalised below by the head's last block
+    __threadfence();
+  }
+  __syncthreads();
+  if (tid == 0) last = atomicAdd(p.tickets + h, 1u) == gridDim.y - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  float sq = 0.0f;
+  for (int i = tid; i < dv; i += blockDim.x) {
+    const float v = __ldcg(out + i);
+    sq += v * v;
+  }
+  sq = block_sum(sq, red);
+  for (int i = tid; i < dv; i += blockDim.x)
+    out[i] = gated_rms(__ldcg(out + i), sq, dv, p.eps, p.norm_w[i], p.z[static_cast<int64_t>(h) * dv + i]);
+  if (tid == 0) p.tickets[h] = 0u;
+}
+
 // Prompt chunks (T > 1): the token-parallel parts around a recurrence launched by `recurrence`
 // (it reads q / k normalised in conv_out and writes the raw o): conv, window, q/k norms, ..., gated norm.
 template <typename Recurrence>
@@ -423,6 +487,17 @@ cudaError_t deltanet_prefill_chunked(const DeltaNetDecodeArgs& p, int T, cudaStr
   });
 }
 
-cudaError_t deltanet_decode(const DeltaNetDecodeArgs& p, cudaStream_t stream) { return deltanet_prefill(p, 1, stream); }
+bool deltanet_decode_split_fits(const DeltaNetDecodeArgs& p) {
+  return p.Hk >= 1 && p.Hv % p.Hk == 0 && p.dk >= 1 && p.dk <= 128 && p.dv >= kSplitCols && p.dv % kSplitCols == 0 &&
+         p.kernel >= 1 && p.kernel <= kMaxHist + 1;
+}
+
+cudaError_t deltanet_decode(const DeltaNetDecodeArgs& p, cudaStream_t stream) {
+  if (!p.tickets || !deltanet_decode_split_fits(p)) return deltanet_prefill(p, 1, stream);
+  const int conv_dim = 2 * p.Hk * p.dk + p.Hv * p.dv;
+  conv_kernel<<<(conv_dim + 255) / 256, 256, 0, stream>>>(p.qkv, p.conv_w, p.conv_state, p.conv_out, conv_dim, p.kernel, 1);
+  delta_split_kernel<<<dim3(p.Hv, p.dv / kSplitCols), kRowGroups * kSplitCols, 0, stream>>>(p);
+  return cudaGetLastError();
+}
 
 }  // namespace tandem::gpu

@@ -30,8 +30,15 @@ struct DeltaNetDecodeArgs {
   float* out = nullptr;           // [Hv*dv]
   int Hk = 0, Hv = 0, dk = 0, dv = 0, kernel = 4;
   float eps = 1e-6f;
+  // Decode only: [Hv] device words, zero before the first step and left zero after each (steps sharing
+  // them must be stream-ordered). Set, and deltanet_decode_split_fits: the recurrence runs split over
+  // 32-column slices of each head's state (Hv * dv / 32 blocks instead of Hv), the head's last block
+  // doing the gated norm. The same operations per column; the norms' block sums in another order
+  // (fp32 rounding apart).
+  unsigned* tickets = nullptr;
 };
 
+bool deltanet_decode_split_fits(const DeltaNetDecodeArgs& args);
 cudaError_t deltanet_decode(const DeltaNetDecodeArgs& args, cudaStream_t stream);
 
 // The same over T consecutive tokens (prefill): qkv [T][conv_dim], z [T][Hv*dv], b and a [T][Hv],

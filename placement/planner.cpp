@@ -102,7 +102,8 @@ VramBytes fixed_vram(const ModelConfig& c, const Sizer& s, int64_t context, int 
     for (int64_t n : {H, H, H, r4(conv_dim) + r4(Vd) + 2 * r4(Hv), Vd, conv_dim, r4(int64_t(nh) * 2 * hd) + 2 * r4(int64_t(nkv) * hd),
                       int64_t(nh) * hd, int64_t(nh) * max_splits * (hd + 2), int64_t(nh) * hd, r4(E) + 2 * r4(Is) + r4(1), H, I * k, H, V})
       v.workspace += floats(n);
-    v.workspace += align256(wide * 2) + 2 * align256(4) + align256(k * 4) + floats(k) + align256(4);  // xh, ids, pos, top-k ids, weights, router ticket
+    v.workspace += align256(wide * 2) + 2 * align256(4) + align256(k * 4) + floats(k) + align256(4) +
+                   align256(static_cast<uint64_t>(std::max<int64_t>(Hv, 1)) * 4);  // xh, ids, pos, top-k ids, weights, router / DeltaNet tickets
     v.workspace += floats(H);  // CPU experts' result (hybrid)
     if (deferral > 0) v.workspace += floats((prefill_chunk > 0 ? prefill_chunk : 1) * H);  // deferred experts' sum
     // Sampling on the GPU: penalty list (12 B per context token), top-k workspace (gpu::kTopKWorkspaceBytes),

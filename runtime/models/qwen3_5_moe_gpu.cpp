@@ -243,6 +243,7 @@ void Qwen35MoeGpu::Impl::build(Uploader& up) {
   topk_ids = up.zeros<int32_t>(k, Kind::Work);
   topk_w = ws(k);
   route_ticket = up.zeros<unsigned>(1, Kind::Work);
+  dn_tickets = up.zeros<unsigned>(std::max<int64_t>(c.linear_num_value_heads, 1), Kind::Work);
   pos_dev = up.zeros<int32_t>(1, Kind::Work);
   cpu_out = ws(H);
   if (deferring()) def_dev = ws(host_rows() * H);  // the deferred experts' sum (hybrid)
@@ -439,6 +440,7 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
       }
       gpu::DeltaNetDecodeArgs p = deltanet_args(L);
       p.qkv = qkv, p.z = z, p.b = b, p.a = a, p.conv_out = conv_out, p.out = core;
+      if (opts.deltanet_split) p.tickets = dn_tickets;
       CK(gpu::deltanet_decode(p, stream));
       linear(L.out_proj, core, o);
     } else {

@@ -105,6 +105,10 @@ struct GpuOptions {
   // directly: no fp16 gather launch) where the shapes fit it; moe_prefetch / the plain kernel elsewhere.
   // The runners turn it on unless TANDEM_MOE_WIDE=0.
   bool moe_wide = false;
+  // Decode DeltaNet with the recurrence split over 32-column slices of each head's state
+  // (gpu::DeltaNetDecodeArgs::tickets). Written after the session's last device run: not yet run on a
+  // GPU, so off unless TANDEM_DELTANET_SPLIT=1.
+  bool deltanet_split = false;
   // In batched prefill, attention for the whole chunk in one gpu::attention_prefill call (flash-
   // attention form) instead of one decode call per token. Validated; the runners turn it on unless
   // TANDEM_ATTN_PREFILL=0.

@@ -92,6 +92,32 @@ TEST_P(GpuModel, MoeDecodeVariantsEqualPlainDecode) {
   }
 }
 
+// GpuOptions::deltanet_split (decode recurrence over 32-column slices of each head's state, the gated
+// norm by the head's last block) against the default kernel, eagerly and as CUDA-graph steps: fp32
+// rounding apart (the norms' sums in another order). Fixtures whose dv is not a multiple of 32 take the
+// default kernel either way.
+TEST_P(GpuModel, DeltaNetSplitDecodeEqualsDefault) {
+  TANDEM_REQUIRE_GPU();
+  const auto f = test::load_fixture(GetParam());
+  auto model = Qwen35Moe::load(f.dir);
+  const int64_t n = static_cast<int64_t>(f.ids.size()), V = f.vocab;
+  for (const bool graph : {false, true}) {
+    GpuOptions g;
+    g.max_context = 256;
+    g.cuda_graph = graph;
+    auto base = Qwen35MoeGpu::create(*model, g);
+    g.deltanet_split = true;
+    auto split = Qwen35MoeGpu::create(*model, g);
+    std::vector<float> a(V), b(V);
+    for (int64_t i = 0; i < n; ++i) {
+      base->forward(std::span(f.ids.data() + i, 1), a.data());
+      split->forward(std::span(f.ids.data() + i, 1), b.data());
+      const LogitsComparison near = compare_logits(b.data(), a.data(), 1, V);
+      EXPECT_LT(near.rel_l2[0], 1e-5) << f.name << " position " << i << (graph ? " (graph)" : "");
+    }
+  }
+}
+
 // Batched prefill (GpuOptions::batched_prefill, chunks of 16 so that prompts span several): the last
 // prompt row and every following decode step agree with the token-by-token path (the projections differ
 // only by cuBLAS's split-bf16 rounding, ~1e-5) and with HF within the GPU tolerance.
