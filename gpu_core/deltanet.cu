@@ -122,6 +122,25 @@ __device__ __forceinline__ void gates(float a, float dt_bias, float A, float b, 
   beta = 1.0f / (1.0f + expf(-b));
 }
 
+// q and k of key head kh from the conv output row c into shared q[dk], k[dk], L2-normalised (q also
+// scaled by dk^-0.5); red: blockDim.x / 32 floats. Every thread of the block calls it.
+__device__ __forceinline__ void load_qk_normed(const float* c, int kh, int dk, int64_t key_dim, float* q, float* k, float* red) {
+  float qq = 0.0f, kk = 0.0f;
+  for (int i = threadIdx.x; i < dk; i += blockDim.x) {
+    q[i] = c[kh * dk + i];
+    k[i] = c[key_dim + kh * dk + i];
+    qq += q[i] * q[i];
+    kk += k[i] * k[i];
+  }
+  qq = block_sum(qq, red);
+  kk = block_sum(kk, red);
+  const float qs = q_scale(qq, dk), ks = k_scale(kk);
+  for (int i = threadIdx.x; i < dk; i += blockDim.x) {
+    q[i] *= qs;
+    k[i] *= ks;
+  }
+}
+
 // Prefill (T > 1): the conv over tokens in parallel, kConvTokens a thread, each thread rebuilding its
 // window from the inputs before its first token (or the carried state); the same operations per
 // output as conv_kernel. The carried window moves on in conv_window_kernel, after every read of it.
@@ -344,20 +363,7 @@ __global__ void delta_head_kernel(DeltaNetDecodeArgs p, int T) {
   for (int t = 0; t < T; ++t) {
     const float* c = p.conv_out + t * conv_dim;
     __syncthreads();  // the previous token is done with q, k and part
-    float qq = 0.0f, kk = 0.0f;
-    for (int i = tid; i < dk; i += blockDim.x) {
-      q[i] = c[kh * dk + i];
-      k[i] = c[key_dim + kh * dk + i];
-      qq += q[i] * q[i];
-      kk += k[i] * k[i];
-    }
-    qq = block_sum(qq, red);
-    kk = block_sum(kk, red);
-    const float qs = q_scale(qq, dk), ks = k_scale(kk);
-    for (int i = tid; i < dk; i += blockDim.x) {
-      q[i] *= qs;
-      k[i] *= ks;
-    }
+    load_qk_normed(c, kh, dk, key_dim, q, k, red);
     float decay, beta;
     gates(p.a[int64_t(t) * p.Hv + h], p.dt_bias[h], A, p.b[int64_t(t) * p.Hv + h], decay, beta);
     __syncthreads();
@@ -396,20 +402,7 @@ __global__ void __launch_bounds__(kRowGroups * kSplitCols) delta_split_kernel(De
   float s[kMaxRowsPerThread];
   slice_load(s, S, r, j, dk, dv);  // in flight while q, k and the gates are formed
   const float* c = p.conv_out;
-  float qq = 0.0f, kk = 0.0f;
-  for (int i = tid; i < dk; i += blockDim.x) {
-    q[i] = c[kh * dk + i];
-    k[i] = c[key_dim + kh * dk + i];
-    qq += q[i] * q[i];
-    kk += k[i] * k[i];
-  }
-  qq = block_sum(qq, red);
-  kk = block_sum(kk, red);
-  const float qs = q_scale(qq, dk), ks = k_scale(kk);
-  for (int i = tid; i < dk; i += blockDim.x) {
-    q[i] *= qs;
-    k[i] *= ks;
-  }
+  load_qk_normed(c, kh, dk, key_dim, q, k, red);
   float decay, beta;
   gates(p.a[h], p.dt_bias[h], expf(p.A_log[h]), p.b[h], decay, beta);
   __syncthreads();
