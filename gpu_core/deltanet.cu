@@ -4,6 +4,7 @@
 // registers for the whole call (read and written once, not once per token).
 #include <cuda_runtime.h>
 
+#include "gpu_core/conv_step.cuh"
 #include "gpu_core/deltanet.cuh"
 
 namespace tandem::gpu {
@@ -12,7 +13,7 @@ namespace {
 
 constexpr int kRowGroups = 4;  // threads per state column; each owns dk / kRowGroups rows
 constexpr int kMaxRowsPerThread = 32;
-constexpr int kMaxHist = 7;    // kernel <= 8
+constexpr int kMaxHist = detail::kConvMaxHist;  // kernel <= 8
 
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
 
@@ -32,14 +33,8 @@ __device__ float block_sum(float v, float* red) {
 // oldest first) in registers and moved along.
 __device__ __forceinline__ void conv_tokens(const float* __restrict__ x, const float* __restrict__ w, float (&win)[kMaxHist],
                                             float* __restrict__ y, int ch, int channels, int kernel, int t0, int t1) {
-  const int hist = kernel - 1;
   for (int t = t0; t < t1; ++t) {
-    const float xc = x[int64_t(t) * channels + ch];
-    float acc = w[ch * kernel + hist] * xc;
-    for (int j = 0; j < hist; ++j) acc += w[ch * kernel + j] * win[j];
-    y[int64_t(t) * channels + ch] = silu(acc);
-    for (int j = 0; j + 1 < hist; ++j) win[j] = win[j + 1];
-    if (hist > 0) win[hist - 1] = xc;
+    y[int64_t(t) * channels + ch] = detail::conv_step(w + ch * kernel, kernel, win, x[int64_t(t) * channels + ch]);
   }
 }
 
@@ -486,10 +481,20 @@ bool deltanet_decode_split_fits(const DeltaNetDecodeArgs& p) {
 }
 
 cudaError_t deltanet_decode(const DeltaNetDecodeArgs& p, cudaStream_t stream) {
-  if (!p.tickets || !deltanet_decode_split_fits(p)) return deltanet_prefill(p, 1, stream);
+  const bool split = p.tickets && deltanet_decode_split_fits(p);
+  if (!split && !p.conv_done) return deltanet_prefill(p, 1, stream);
+  if (!split && (p.Hk < 1 || p.Hv % p.Hk || p.dk < 1 || p.dk > kRowGroups * kMaxRowsPerThread || p.dv < 1 ||
+                 p.dv * kRowGroups > 1024 || (p.dv * kRowGroups) % 32))
+    return cudaErrorInvalidValue;
   const int conv_dim = 2 * p.Hk * p.dk + p.Hv * p.dv;
-  conv_kernel<<<(conv_dim + 255) / 256, 256, 0, stream>>>(p.qkv, p.conv_w, p.conv_state, p.conv_out, conv_dim, p.kernel, 1);
-  delta_split_kernel<<<dim3(p.Hv, p.dv / kSplitCols), kRowGroups * kSplitCols, 0, stream>>>(p);
+  if (!p.conv_done)
+    conv_kernel<<<(conv_dim + 255) / 256, 256, 0, stream>>>(p.qkv, p.conv_w, p.conv_state, p.conv_out, conv_dim, p.kernel, 1);
+  if (split) {
+    delta_split_kernel<<<dim3(p.Hv, p.dv / kSplitCols), kRowGroups * kSplitCols, 0, stream>>>(p);
+  } else {
+    const int threads = p.dv * kRowGroups;
+    delta_head_kernel<<<p.Hv, threads, (2 * p.dk + kRowGroups * p.dv + threads / 32) * sizeof(float), stream>>>(p, 1);
+  }
   return cudaGetLastError();
 }
 

@@ -36,6 +36,9 @@ struct DeltaNetDecodeArgs {
   // doing the gated norm. The same operations per column; the norms' block sums in another order
   // (fp32 rounding apart).
   unsigned* tickets = nullptr;
+  // Decode only: conv_out already holds this token's conv output and conv_state has moved on (the
+  // input projection ran as gpu::gemv_bf16_conv): the conv launch is skipped.
+  bool conv_done = false;
 };
 
 bool deltanet_decode_split_fits(const DeltaNetDecodeArgs& args);

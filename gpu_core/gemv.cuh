@@ -30,6 +30,13 @@ cudaError_t gemv_bf16(const uint16_t* W, int64_t N, int64_t K, const float* x, i
 // launch and left zero after each (launches sharing one must be stream-ordered).
 cudaError_t gemv_bf16_router_topk(const uint16_t* W, int64_t N, int64_t K, const float* x, float* y, int E, int k,
                                   unsigned* counter, int32_t* ids, float* weights, cudaStream_t stream);
+// gemv_bf16 for one token whose first `channels` outputs are the DeltaNet's conv inputs (q | k | v):
+// y as gemv_bf16 computes it (bit for bit), and for those rows the causal depthwise conv + SiLU of
+// deltanet_decode's first launch (conv_w [channels][kernel], conv_state [kernel-1][channels] oldest
+// first, moved on; conv_out [channels]), the same bits, so that launch can be skipped
+// (DeltaNetDecodeArgs::conv_done). kernel <= 8.
+cudaError_t gemv_bf16_conv(const uint16_t* W, int64_t N, int64_t K, const float* x, float* y, int channels, int kernel,
+                           const float* conv_w, float* conv_state, float* conv_out, cudaStream_t stream);
 // gemv_bf16 of silu(g) * u (g, u fp32 [T, K]), the SwiGLU product formed as the input is read: the
 // same numbers as silu_mul(g, u) then gemv_bf16(g), bit for bit, in one launch and without writing g.
 cudaError_t gemv_bf16_swiglu(const uint16_t* W, int64_t N, int64_t K, const float* g, const float* u, int T, float* y,

@@ -1,6 +1,7 @@
 // gpu_core/gemv_bf16.cu: bf16 weights x fp32 activations, one warp per output row (see gemv.cuh).
 #include <cuda_runtime.h>
 
+#include "gpu_core/conv_step.cuh"
 #include "gpu_core/gemv.cuh"
 #include "gpu_core/topk_warp.cuh"
 
@@ -28,11 +29,20 @@ __device__ __forceinline__ float4 swiglu4(float4 g, float4 u) {
                      g.w / (1.0f + expf(-g.w)) * u.w);
 }
 
-// SWIGLU: the input is silu(x) * u, formed as it is read (x = gate rows, u = up rows).
-template <int TMAX, bool SWIGLU = false>
+// The DeltaNet conv applied to the first `channels` outputs as they are written (gemv_bf16_conv).
+struct ConvEpilogue {
+  const float* w = nullptr;  // [channels][kernel]
+  float* state = nullptr;    // [kernel-1][channels], oldest first
+  float* out = nullptr;      // [channels]
+  int channels = 0, kernel = 0;
+};
+
+// SWIGLU: the input is silu(x) * u, formed as it is read (x = gate rows, u = up rows). CONV (T = 1):
+// rows below conv.channels also go through the conv step (gpu_core/conv_step.cuh).
+template <int TMAX, bool SWIGLU = false, bool CONV = false>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     gemv_bf16_kernel(const uint16_t* __restrict__ W, int64_t N, int64_t K, const float* __restrict__ x, int T,
-                     float* __restrict__ y, const float* __restrict__ u = nullptr) {
+                     float* __restrict__ y, const float* __restrict__ u = nullptr, ConvEpilogue conv = {}) {
   const int lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   if (row >= N) return;  // whole warps exit together: shuffles below stay full-warp
@@ -67,6 +77,15 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     if (lane == 0) y[t * N + row] = v;
+    if constexpr (CONV) {
+      if (lane == 0 && row < conv.channels) {
+        const int ch = static_cast<int>(row), hist = conv.kernel - 1;
+        float win[detail::kConvMaxHist];
+        for (int j = 0; j < hist; ++j) win[j] = conv.state[j * conv.channels + ch];
+        conv.out[ch] = detail::conv_step(conv.w + ch * conv.kernel, conv.kernel, win, v);
+        for (int j = 0; j < hist; ++j) conv.state[j * conv.channels + ch] = win[j];
+      }
+    }
   }
 }
 
@@ -124,6 +143,16 @@ cudaError_t gemv_bf16(const uint16_t* W, int64_t N, int64_t K, const float* x, i
   else if (T <= 2) gemv_bf16_kernel<2><<<grid, block, 0, stream>>>(W, N, K, x, T, y);
   else if (T <= 4) gemv_bf16_kernel<4><<<grid, block, 0, stream>>>(W, N, K, x, T, y);
   else gemv_bf16_kernel<8><<<grid, block, 0, stream>>>(W, N, K, x, T, y);
+  return cudaGetLastError();
+}
+
+cudaError_t gemv_bf16_conv(const uint16_t* W, int64_t N, int64_t K, const float* x, float* y, int channels, int kernel,
+                           const float* conv_w, float* conv_state, float* conv_out, cudaStream_t stream) {
+  if (K % 8 != 0 || N < 1 || channels < 1 || channels > N || kernel < 1 || kernel > detail::kConvMaxHist + 1)
+    return cudaErrorInvalidValue;
+  const dim3 grid(static_cast<unsigned>((N + kWarpsPerBlock - 1) / kWarpsPerBlock)), block(kWarpsPerBlock * 32);
+  gemv_bf16_kernel<1, false, true><<<grid, block, 0, stream>>>(W, N, K, x, 1, y, nullptr,
+                                                               ConvEpilogue{conv_w, conv_state, conv_out, channels, kernel});
   return cudaGetLastError();
 }
 

@@ -180,6 +180,7 @@ class GpuRunner final : public Runner {
     g.moe_prefetch = env_switch("TANDEM_MOE_PREFETCH", true);
     g.moe_wide = env_switch("TANDEM_MOE_WIDE", true);
     g.deltanet_split = env_switch("TANDEM_DELTANET_SPLIT", false);
+    g.deltanet_conv_in_gemv = env_switch("TANDEM_DELTANET_CONV_GEMV", false);
     g.attention_prefill = env_switch("TANDEM_ATTN_PREFILL", true);
     g.deltanet_chunked = env_switch("TANDEM_DELTANET_CHUNKED", true);
     sample_on_gpu_ = env_switch("TANDEM_GPU_SAMPLING", true);

@@ -430,7 +430,11 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
     mark(tr, li, 0);
     norm_x(L.in_norm);
     if (L.kind == LayerKind::LinearAttention) {
-      if (L.in_proj.out) {
+      const bool conv_in_gemv = opts.deltanet_conv_in_gemv && L.in_proj.out && !L.in_proj.int4;
+      if (conv_in_gemv) {  // qkv|z|b|a; the conv of the qkv rows applied as they are written
+        CK(gpu::gemv_bf16_conv(L.in_proj.w, L.in_proj.out, L.in_proj.in, x, qkv, static_cast<int>(c.linear_conv_dim()),
+                               c.linear_conv_kernel, L.conv_w, L.conv_state, conv_out, stream));
+      } else if (L.in_proj.out) {
         linear(L.in_proj, x, qkv);  // qkv|z|b|a, as laid out in the workspace
       } else {
         linear(L.qkv, x, qkv);
@@ -441,6 +445,7 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
       gpu::DeltaNetDecodeArgs p = deltanet_args(L);
       p.qkv = qkv, p.z = z, p.b = b, p.a = a, p.conv_out = conv_out, p.out = core;
       if (opts.deltanet_split) p.tickets = dn_tickets;
+      p.conv_done = conv_in_gemv;
       CK(gpu::deltanet_decode(p, stream));
       linear(L.out_proj, core, o);
     } else {

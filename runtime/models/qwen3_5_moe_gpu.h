@@ -109,6 +109,10 @@ struct GpuOptions {
   // (gpu::DeltaNetDecodeArgs::tickets). Written after the session's last device run: not yet run on a
   // GPU, so off unless TANDEM_DELTANET_SPLIT=1.
   bool deltanet_split = false;
+  // Decode DeltaNet's causal conv applied by the input projection's GEMV as it writes its outputs
+  // (gpu::gemv_bf16_conv; the same bits, one launch fewer a layer). Written after the session's last
+  // device run: not yet run on a GPU, so off unless TANDEM_DELTANET_CONV_GEMV=1.
+  bool deltanet_conv_in_gemv = false;
   // In batched prefill, attention for the whole chunk in one gpu::attention_prefill call (flash-
   // attention form) instead of one decode call per token. Validated; the runners turn it on unless
   // TANDEM_ATTN_PREFILL=0.

@@ -93,29 +93,36 @@ TEST_P(GpuModel, MoeDecodeVariantsEqualPlainDecode) {
 }
 
 // GpuOptions::deltanet_split (decode recurrence over 32-column slices of each head's state, the gated
-// norm by the head's last block) against the default kernel, eagerly and as CUDA-graph steps: fp32
-// rounding apart (the norms' sums in another order). Fixtures whose dv is not a multiple of 32 take the
-// default kernel either way.
-TEST_P(GpuModel, DeltaNetSplitDecodeEqualsDefault) {
+// norm by the head's last block) and GpuOptions::deltanet_conv_in_gemv (the conv applied by the input
+// projection's GEMV) against the default kernels, eagerly and as CUDA-graph steps: the conv in the GEMV
+// gives the same bits; the split recurrence fp32 rounding apart (the norms' sums in another order).
+// Fixtures whose dv is not a multiple of 32 take the default recurrence either way.
+TEST_P(GpuModel, DeltaNetDecodeVariantsEqualDefault) {
   TANDEM_REQUIRE_GPU();
   const auto f = test::load_fixture(GetParam());
   auto model = Qwen35Moe::load(f.dir);
   const int64_t n = static_cast<int64_t>(f.ids.size()), V = f.vocab;
-  for (const bool graph : {false, true}) {
-    GpuOptions g;
-    g.max_context = 256;
-    g.cuda_graph = graph;
-    auto base = Qwen35MoeGpu::create(*model, g);
-    g.deltanet_split = true;
-    auto split = Qwen35MoeGpu::create(*model, g);
-    std::vector<float> a(V), b(V);
-    for (int64_t i = 0; i < n; ++i) {
-      base->forward(std::span(f.ids.data() + i, 1), a.data());
-      split->forward(std::span(f.ids.data() + i, 1), b.data());
-      const LogitsComparison near = compare_logits(b.data(), a.data(), 1, V);
-      EXPECT_LT(near.rel_l2[0], 1e-5) << f.name << " position " << i << (graph ? " (graph)" : "");
+  for (const bool graph : {false, true})
+    for (const int variant : {1, 2, 3}) {  // bit 0: split recurrence, bit 1: conv in the GEMV
+      GpuOptions g;
+      g.max_context = 256;
+      g.cuda_graph = graph;
+      auto base = Qwen35MoeGpu::create(*model, g);
+      g.deltanet_split = variant & 1;
+      g.deltanet_conv_in_gemv = variant & 2;
+      auto other = Qwen35MoeGpu::create(*model, g);
+      std::vector<float> a(V), b(V);
+      for (int64_t i = 0; i < n; ++i) {
+        base->forward(std::span(f.ids.data() + i, 1), a.data());
+        other->forward(std::span(f.ids.data() + i, 1), b.data());
+        if (variant == 2) {
+          ASSERT_EQ(a, b) << f.name << " position " << i << (graph ? " (graph)" : "");
+        } else {
+          const LogitsComparison near = compare_logits(b.data(), a.data(), 1, V);
+          EXPECT_LT(near.rel_l2[0], 1e-5) << f.name << " position " << i << " variant " << variant << (graph ? " (graph)" : "");
+        }
+      }
     }
-  }
 }
 
 // Batched prefill (GpuOptions::batched_prefill, chunks of 16 so that prompts span several): the last

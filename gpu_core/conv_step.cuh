@@ -1,0 +1,23 @@
+// gpu_core/conv_step.cuh: one token of the DeltaNet's causal depthwise conv + SiLU for one channel
+// (device code; include from .cu only). Shared by the DeltaNet kernels (deltanet.cu) and the GEMV that
+// computes the conv's input and applies it as it writes (gemv_bf16_conv), so both give the same bits.
+#pragma once
+
+#include <cuda_runtime.h>
+
+namespace tandem::gpu::detail {
+
+constexpr int kConvMaxHist = 7;  // kernel <= 8
+
+// silu(w[kernel-1] * xc + sum_j w[j] * win[j]) for channel weights w (kernel taps, oldest first) and the
+// hist = kernel - 1 inputs before this one in win (oldest first); then win moves on by xc.
+__device__ __forceinline__ float conv_step(const float* __restrict__ w, int kernel, float (&win)[kConvMaxHist], float xc) {
+  const int hist = kernel - 1;
+  float acc = w[hist] * xc;
+  for (int j = 0; j < hist; ++j) acc += w[j] * win[j];
+  for (int j = 0; j + 1 < hist; ++j) win[j] = win[j + 1];
+  if (hist > 0) win[hist - 1] = xc;
+  return acc / (1.0f + expf(-acc));
+}
+
+}  // namespace tandem::gpu::detail
