@@ -180,6 +180,7 @@ class GpuRunner final : public Runner {
     g.moe_prefetch = env_switch("TANDEM_MOE_PREFETCH", true);
     g.moe_wide = env_switch("TANDEM_MOE_WIDE", true);
     g.deltanet_split = env_switch("TANDEM_DELTANET_SPLIT", false);
+    g.hybrid_one_graph = env_switch("TANDEM_HYBRID_ONE_GRAPH", false);
     g.deltanet_conv_in_gemv = env_switch("TANDEM_DELTANET_CONV_GEMV", false);
     g.attention_prefill = env_switch("TANDEM_ATTN_PREFILL", true);
     g.deltanet_chunked = env_switch("TANDEM_DELTANET_CHUNKED", true);
@@ -219,7 +220,8 @@ class GpuRunner final : public Runner {
     std::string paths = gpu_->batched_prefill_active() ? str_cat("prefill in chunks of ", gpu_->prefill_chunk(), " tokens") : "prefill token by token";
     if (const int64_t s = gpu_->stream_prefill_min_tokens()) paths += str_cat(" (from ", s, " prompt tokens with the CPU experts streamed to the GPU)");
     else if (!gpu_->stream_prefill_note().empty()) paths += str_cat(" (no streamed prefill: ", gpu_->stream_prefill_note(), ")");
-    paths += gpu_->graph_cut_at_handoffs() ? ", decode steps as CUDA graphs cut at the host handoffs"
+    paths += gpu_->graph_one_step()        ? ", decode steps as one CUDA graph each with the host handoffs inside (mapped-memory flags)"
+             : gpu_->graph_cut_at_handoffs() ? ", decode steps as CUDA graphs cut at the host handoffs"
              : gpu_->cuda_graph_active()   ? ", decode steps as CUDA graphs"
                                            : ", decode steps launched eagerly";
     if (!placement_) return "gpu: " + gpu_->memory().describe() + "; " + paths;

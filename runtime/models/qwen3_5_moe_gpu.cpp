@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "gpu_core/handoff.cuh"
 #include "gpu_core/int4_layout.h"
 #include "gpu_core/ops.cuh"
 #include "runtime/bytes.h"
@@ -338,11 +339,15 @@ void Qwen35MoeGpu::Impl::step(int32_t id, float* logits_host) {
     hidpos[0] = id, hidpos[1] = static_cast<int32_t>(pos);  // the previous launch has finished (synchronized)
     const int w = !logits_host ? 0 : logits_host == &logits_sink ? 2 : 1;
     if (segs[w].empty()) capture(w);
-    for (size_t i = 0; i < segs[w].size(); ++i) {
-      CK(cudaGraphLaunch(segs[w][i], stream));
-      if (i < seg_layers.size()) host_part(static_cast<size_t>(seg_layers[i]), 1, true);
+    if (one_graph) {
+      run_one_graph(w);
+    } else {
+      for (size_t i = 0; i < segs[w].size(); ++i) {
+        CK(cudaGraphLaunch(segs[w][i], stream));
+        if (i < seg_layers.size()) host_part(static_cast<size_t>(seg_layers[i]), 1, true);
+      }
+      CK(cudaStreamSynchronize(stream));
     }
-    CK(cudaStreamSynchronize(stream));
     if (w == 1) std::memcpy(logits_host, hlogits, c.vocab_size * sizeof(float));
     counts.gpu += static_cast<uint64_t>(c.num_experts_per_tok) * gpu_only_layers;
     ++pos;
@@ -361,7 +366,7 @@ void Qwen35MoeGpu::Impl::step(int32_t id, float* logits_host) {
 void Qwen35MoeGpu::Impl::capture(int w) {
   const ExpertCounts saved = counts;  // enqueue() counts on the host; replays count in step()
   seg_layers.clear();
-  segmenting = true;
+  (one_graph ? posting : segmenting) = true;
   seg_out = &segs[w];
   CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
   try {
@@ -371,10 +376,10 @@ void Qwen35MoeGpu::Impl::capture(int w) {
     abandon_capture();
     for (cudaGraphExec_t e : segs[w]) cudaGraphExecDestroy(e);
     segs[w].clear();
-    segmenting = false;
+    segmenting = posting = false;
     throw;
   }
-  segmenting = false;
+  segmenting = posting = false;
   seg_out = nullptr;
   counts = saved;
 }
@@ -475,7 +480,11 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
       CK(gpu::router_topk(router, c.num_experts, k, 1, topk_ids, topk_w, stream));
     }
     const bool split = L.cpu_experts && opts.host_experts;
-    if (split) handoff_out(x, topk_ids, topk_w, 1);  // the host starts while the GPU goes on
+    if (split && posting) {  // the host starts while the GPU goes on: posted in mapped memory, no copy nodes
+      CK(gpu::host_post(x, H, topk_ids, topk_w, k, hx, hids, hw, hflags, static_cast<unsigned>(li) + 1, stream));
+    } else if (split) {
+      handoff_out(x, topk_ids, topk_w, 1);
+    }
     mark(tr, li, 2);
     gpu_experts(L, x, topk_ids, topk_w, 1, xh, hscratch, moe_out);
     if (!L.x_proj.out) {
@@ -496,6 +505,9 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
       seg_layers.push_back(static_cast<int>(li));
       cut_segment(true);
       join_host(1, cpu_out, moe_out);
+    } else if (split && posting) {  // wait inside the graph for the host's sum, added from host memory
+      seg_layers.push_back(static_cast<int>(li));
+      CK(gpu::host_wait_add(hflags + 1, static_cast<unsigned>(li) + 1, hout, moe_out, H, hflags + 2, kHandoffTimeoutNs, stream));
     } else if (split) {
       handoff_back(li, 1, cpu_out, moe_out);
     } else {
@@ -554,7 +566,10 @@ bool Qwen35MoeGpu::forward_top(std::span<const int32_t> ids, std::span<const gpu
 bool Qwen35MoeGpu::cuda_graph_active() const { return impl_->graph_ok; }
 int64_t Qwen35MoeGpu::stream_prefill_min_tokens() const { return impl_->st.on && impl_->batched ? impl_->opts.stream_prefill_min_tokens : 0; }
 const std::string& Qwen35MoeGpu::stream_prefill_note() const { return impl_->st.note; }
-bool Qwen35MoeGpu::graph_cut_at_handoffs() const { return impl_->graph_ok && impl_->gpu_only_layers < impl_->layers.size(); }
+bool Qwen35MoeGpu::graph_cut_at_handoffs() const {
+  return impl_->graph_ok && !impl_->one_graph && impl_->gpu_only_layers < impl_->layers.size();
+}
+bool Qwen35MoeGpu::graph_one_step() const { return impl_->one_graph; }
 
 std::unique_ptr<Qwen35MoeGpu> Qwen35MoeGpu::create(const Qwen35Moe& model, const GpuOptions& opts) {
   int n = 0;
@@ -606,13 +621,13 @@ std::unique_ptr<Qwen35MoeGpu> Qwen35MoeGpu::create(const Qwen35Moe& model, const
   CK(cudaEventCreateWithFlags(&impl->routed, cudaEventDisableTiming));
   // Pointers into the arena exist only after the commit pass below; until then decide from the options.
   const int64_t rows = impl->host_rows();  // tokens handed to the host at once
-  CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hx), rows * H * sizeof(float), cudaHostAllocDefault));
-  CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hout), rows * H * sizeof(float), cudaHostAllocDefault));
+  CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hx), rows * H * sizeof(float), cudaHostAllocMapped));
+  CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hout), rows * H * sizeof(float), cudaHostAllocMapped));
   if (!opts.embed_on_gpu && impl->wants_batched())  // prompt rows are gathered on the host
     impl->hembed_rows = std::max(impl->opts.prefill_chunk, impl->st.pass);  // st.pass: set by the last plan pass
   CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hembed), impl->hembed_rows * H * sizeof(float), cudaHostAllocDefault));
-  CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hw), rows * k * sizeof(float), cudaHostAllocDefault));
-  CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hids), rows * k * sizeof(int32_t), cudaHostAllocDefault));
+  CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hw), rows * k * sizeof(float), cudaHostAllocMapped));
+  CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hids), rows * k * sizeof(int32_t), cudaHostAllocMapped));
   impl->masked.assign(rows * k, -1);
   if (impl->deferring()) {
     CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hdef), rows * H * sizeof(float), cudaHostAllocDefault));
@@ -631,6 +646,19 @@ std::unique_ptr<Qwen35MoeGpu> Qwen35MoeGpu::create(const Qwen35Moe& model, const
   for (const DevLayer& L : impl->layers) impl->gpu_only_layers += !(L.cpu_experts && opts.host_experts);
   // Deferred host work joins a layer late, across the cuts: such steps stay eager.
   impl->graph_ok = opts.cuda_graph && impl->embed && !(impl->deferring() && impl->gpu_only_layers < impl->layers.size());
+  // One graph a step with the handoffs inside: kernels read and write hx / hids / hw / hout / hflags in
+  // place (mapped; with unified addressing the host pointers are the device's too).
+  impl->one_graph = impl->graph_ok && opts.hybrid_one_graph && impl->gpu_only_layers < impl->layers.size();
+  if (impl->one_graph) {
+    int dev = 0, uva = 0;
+    CK(cudaGetDevice(&dev));
+    CK(cudaDeviceGetAttribute(&uva, cudaDevAttrUnifiedAddressing, dev));
+    if (!uva) impl->one_graph = false;  // host pointers are not device pointers there: the cut graphs
+  }
+  if (impl->one_graph) {
+    CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hflags), 4 * sizeof(unsigned), cudaHostAllocMapped));
+    std::memset(impl->hflags, 0, 4 * sizeof(unsigned));
+  }
   if (impl->graph_ok) {
     CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hidpos), 2 * sizeof(int32_t), cudaHostAllocDefault));
     CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hlogits), model.config().vocab_size * sizeof(float), cudaHostAllocDefault));

@@ -1,6 +1,8 @@
 // runtime/models/qwen3_5_moe_gpu_hybrid.cpp: the GPU model's hybrid handoff (x and the top-k to the host
 // experts, their sum back) and expert deferral (see qwen3_5_moe_gpu_impl.h).
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 
 #include "gpu_core/ops.cuh"
 #include "runtime/models/qwen3_5_moe_gpu_impl.h"
@@ -36,11 +38,11 @@ void Qwen35MoeGpu::Impl::join_host(int64_t n, float* cpu_dev, float* moe_dev) {
 // The host half: wait for the router, run the host-resident experts into hout. Returns whether any
 // ran (hout is left alone when none did, unless `always` asks for zeros then: a captured join_host
 // adds it either way).
-bool Qwen35MoeGpu::Impl::host_part(size_t li, int64_t n, bool always) {
+bool Qwen35MoeGpu::Impl::host_part(size_t li, int64_t n, bool always, bool wait_routed) {
   const ModelConfig& c = model.config();
   const int64_t H = c.hidden_size;
   const int k = c.num_experts_per_tok;
-  {
+  if (wait_routed) {
     TraceSpan wait("wait for router, layer", "handoff", static_cast<int>(li));
     cudaError_t q;
     while ((q = cudaEventQuery(routed)) == cudaErrorNotReady) {
@@ -80,6 +82,38 @@ bool Qwen35MoeGpu::Impl::host_part(size_t li, int64_t n, bool always) {
   std::fill(hout, hout + n * H, 0.0f);
   if (any) opts.host_experts->run(static_cast<int>(li), hx, n, masked.data(), hw, k, hout);
   return true;
+}
+
+// GpuOptions::hybrid_one_graph: launches the step's one graph, then for each layer with host experts
+// waits (spinning) for the GPU to post its router result, runs them, and releases the GPU's wait. On any
+// failure every wait in the graph is released before the error leaves, so the stream always drains.
+void Qwen35MoeGpu::Impl::run_one_graph(int w) {
+  volatile unsigned* f = hflags;
+  for (int i = 0; i < 3; ++i) f[i] = 0u;  // the previous step has finished (synchronized)
+  CK(cudaGraphLaunch(segs[w][0], stream));
+  constexpr auto kTimeout = std::chrono::seconds(60);
+  try {
+    for (const int li : seg_layers) {
+      const unsigned v = static_cast<unsigned>(li) + 1;
+      {
+        TraceSpan wait("wait for router, layer", "handoff", li);
+        const auto t0 = std::chrono::steady_clock::now();
+        for (uint64_t spins = 1; f[0] < v; ++spins)
+          if (spins % 4096 == 0 && std::chrono::steady_clock::now() - t0 > kTimeout)
+            fail("hybrid decode step: the GPU did not hand over layer ", li, "'s router result within 60 s");
+        std::atomic_thread_fence(std::memory_order_acquire);  // hx / hids / hw after the flag
+      }
+      host_part(static_cast<size_t>(li), 1, true, false);
+      std::atomic_thread_fence(std::memory_order_release);  // hout before the flag
+      f[1] = v;
+    }
+  } catch (...) {
+    f[1] = ~0u;  // let every wait in the graph through
+    cudaStreamSynchronize(stream);
+    throw;
+  }
+  CK(cudaStreamSynchronize(stream));
+  if (const unsigned bad = f[2]) fail("hybrid decode step: the GPU gave up waiting for layer ", bad - 1, "'s host experts");
 }
 
 // The previous layer's deferred host experts, run while the GPU works on this layer; their sum is

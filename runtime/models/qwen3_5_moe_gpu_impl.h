@@ -60,6 +60,9 @@ struct DevLayer {
   gpu::Bf16Expert* experts_bf16 = nullptr;
 };
 
+// How long a kernel waiting inside a hybrid step's graph waits for the host before giving up.
+constexpr int64_t kHandoffTimeoutNs = 60'000'000'000;
+
 struct Qwen35MoeGpu::Impl {
   const Qwen35Moe& model;
   GpuOptions opts;
@@ -99,6 +102,13 @@ struct Qwen35MoeGpu::Impl {
   std::vector<int> seg_layers;   // the layer whose host experts follow segment i
   uint64_t gpu_only_layers = 0;  // layers with no host experts (counted as GPU-served per step)
   bool segmenting = false;       // enqueue() under capture: cut at handoffs
+  // GpuOptions::hybrid_one_graph: the step is one graph (segs[w][0]) and seg_layers the layers whose
+  // host experts run while it waits inside it. hflags (mapped): [0] the last layer posted + 1 (GPU ->
+  // host), [1] the last layer released + 1 (host -> GPU), [2] the layer + 1 a wait gave up on.
+  bool one_graph = false;
+  bool posting = false;          // enqueue() under capture for one_graph: handoffs inside the graph
+  unsigned* hflags = nullptr;
+  void run_one_graph(int w);
   std::vector<cudaGraphExec_t>* seg_out = nullptr;
   // forward_top: the logits row stays on the device (no copy at the end of a step or chunk); the
   // penalties and the top-k run there and only k (id, logit) pairs come back.
@@ -166,6 +176,7 @@ struct Qwen35MoeGpu::Impl {
       for (cudaGraphExec_t g : v) cudaGraphExecDestroy(g);
     if (hidpos) cudaFreeHost(hidpos);
     if (hlogits) cudaFreeHost(hlogits);
+    if (hflags) cudaFreeHost(hflags);
     gpu::blas_destroy(blas);
     if (tbase) cudaEventDestroy(tbase);
     if (def_copied) cudaEventDestroy(def_copied);
@@ -208,7 +219,7 @@ struct Qwen35MoeGpu::Impl {
   // With deferral, the host-resident ones among each token's N lowest-weight experts are set aside
   // for run_deferred() (next layer) instead.
   void handoff_back(size_t li, int64_t n, float* cpu_dev, float* moe_dev);
-  bool host_part(size_t li, int64_t n, bool always);
+  bool host_part(size_t li, int64_t n, bool always, bool wait_routed = true);
   void join_host(int64_t n, float* cpu_dev, float* moe_dev);
 
   // The previous layer's deferred host experts, run while the GPU works on this layer; their sum is

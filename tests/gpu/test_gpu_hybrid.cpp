@@ -272,6 +272,24 @@ TEST(HybridDeferral, MatchesTheDefinitionWithTheSameRule) {
   }
 }
 
+// The prompt, then every decode step, twice (reset() between): the same logits bit for bit.
+void expect_same_steps(Runner& eager, Runner& graphed, const test::Fixture& f, const std::string& label) {
+  const int64_t n = static_cast<int64_t>(f.ids.size()), V = f.vocab;
+  for (int round = 0; round < 2; ++round) {
+    std::vector<float> a(V), b(V);
+    eager.forward(std::span(f.ids.data(), f.prefill), a.data(), Qwen35Moe::LogitRows::Last);
+    graphed.forward(std::span(f.ids.data(), f.prefill), b.data(), Qwen35Moe::LogitRows::Last);
+    ASSERT_EQ(a, b) << label << " prompt";
+    for (int64_t i = f.prefill; i < n; ++i) {
+      eager.forward(std::span(f.ids.data() + i, 1), a.data(), Qwen35Moe::LogitRows::Last);
+      graphed.forward(std::span(f.ids.data() + i, 1), b.data(), Qwen35Moe::LogitRows::Last);
+      ASSERT_EQ(a, b) << label << " round " << round << " position " << i;
+    }
+    eager.reset();
+    graphed.reset();
+  }
+}
+
 // The hybrid decode step as CUDA graphs cut at the host handoffs (the default) replays exactly the
 // eager step: identical logits at every decode position (the host experts' sum is added either way;
 // a layer whose tokens all stayed on the GPU adds zeros).
@@ -287,21 +305,29 @@ TEST(HybridGraph, SegmentedStepEqualsEagerStep) {
     auto graphed = make_runner(*model, o);
     ASSERT_NE(eager->describe().find("launched eagerly"), std::string::npos) << eager->describe();
     ASSERT_NE(graphed->describe().find("cut at the host handoffs"), std::string::npos) << graphed->describe();
-    const int64_t n = static_cast<int64_t>(f.ids.size()), V = f.vocab;
-    for (int round = 0; round < 2; ++round) {
-      std::vector<float> a(V), b(V);
-      eager->forward(std::span(f.ids.data(), f.prefill), a.data(), Qwen35Moe::LogitRows::Last);
-      graphed->forward(std::span(f.ids.data(), f.prefill), b.data(), Qwen35Moe::LogitRows::Last);
-      ASSERT_EQ(a, b) << name << " prompt";
-      for (int64_t i = f.prefill; i < n; ++i) {
-        eager->forward(std::span(f.ids.data() + i, 1), a.data(), Qwen35Moe::LogitRows::Last);
-        graphed->forward(std::span(f.ids.data() + i, 1), b.data(), Qwen35Moe::LogitRows::Last);
-        ASSERT_EQ(a, b) << name << " round " << round << " position " << i;
-      }
-      eager->reset();
-      graphed->reset();
-    }
+    expect_same_steps(*eager, *graphed, f, name);
   }
+}
+
+// GpuOptions::hybrid_one_graph: the whole hybrid step as one graph with the host handoffs inside it
+// (mapped-memory flags) replays exactly the eager step, for placements with host experts in every
+// layer and in some, across prompts, decode steps and reset().
+TEST(HybridGraph, OneGraphStepEqualsEagerStep) {
+  TANDEM_REQUIRE_GPU();
+  for (const std::string& name : test::fixture_names())
+    for (const Placement& pl : {kPlacements[0], kPlacements[1]}) {
+      const auto f = test::load_fixture(name);
+      auto model = Qwen35Moe::load(f.dir);
+      const RunnerOptions o = hybrid_options(plan_for(*model, pl));
+      setenv("TANDEM_CUDA_GRAPH", "0", 1);
+      auto eager = make_runner(*model, o);
+      unsetenv("TANDEM_CUDA_GRAPH");
+      setenv("TANDEM_HYBRID_ONE_GRAPH", "1", 1);
+      auto graphed = make_runner(*model, o);
+      unsetenv("TANDEM_HYBRID_ONE_GRAPH");
+      ASSERT_NE(graphed->describe().find("one CUDA graph each"), std::string::npos) << graphed->describe();
+      expect_same_steps(*eager, *graphed, f, name + " " + pl.name);
+    }
 }
 
 }  // namespace

@@ -1,0 +1,66 @@
+// gpu_core/handoff.cu: mapped-memory handoff kernels (see handoff.cuh).
+#include <cuda_runtime.h>
+
+#include "gpu_core/handoff.cuh"
+
+namespace tandem::gpu {
+
+namespace {
+
+constexpr int kThreads = 1024;
+
+__device__ __forceinline__ uint64_t global_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+__global__ void __launch_bounds__(kThreads) post_kernel(const float* __restrict__ x, int64_t nx, const int32_t* __restrict__ ids,
+                                                        const float* __restrict__ w, int64_t nk, float* hx, int32_t* hids, float* hw,
+                                                        unsigned* flag, unsigned value) {
+  for (int64_t i = threadIdx.x; i < nx; i += blockDim.x) hx[i] = x[i];
+  for (int64_t i = threadIdx.x; i < nk; i += blockDim.x) {
+    hids[i] = ids[i];
+    hw[i] = w[i];
+  }
+  __threadfence_system();  // this thread's writes are visible to the host before the flag
+  __syncthreads();
+  if (threadIdx.x == 0) *reinterpret_cast<volatile unsigned*>(flag) = value;
+}
+
+__global__ void __launch_bounds__(kThreads) wait_add_kernel(const unsigned* flag, unsigned value, const float* src, float* __restrict__ dst,
+                                                            int64_t n, unsigned* error, int64_t timeout_ns) {
+  if (threadIdx.x == 0) {
+    const volatile unsigned* f = flag;
+    const uint64_t t0 = global_ns();
+    while (*f < value) {
+      if (static_cast<int64_t>(global_ns() - t0) > timeout_ns) {
+        *reinterpret_cast<volatile unsigned*>(error) = value;
+        break;
+      }
+      __nanosleep(256);
+    }
+    __threadfence_system();  // src is read after the flag
+  }
+  __syncthreads();
+  const volatile float* s = src;  // host memory the host has just written: no stale cached copy
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) dst[i] += s[i];
+}
+
+}  // namespace
+
+cudaError_t host_post(const float* x, int64_t nx, const int32_t* ids, const float* w, int64_t nk, float* hx, int32_t* hids, float* hw,
+                      unsigned* flag, unsigned value, cudaStream_t stream) {
+  if (nx < 0 || nk < 0 || !flag) return cudaErrorInvalidValue;
+  post_kernel<<<1, kThreads, 0, stream>>>(x, nx, ids, w, nk, hx, hids, hw, flag, value);
+  return cudaGetLastError();
+}
+
+cudaError_t host_wait_add(const unsigned* flag, unsigned value, const float* src, float* dst, int64_t n, unsigned* error,
+                          int64_t timeout_ns, cudaStream_t stream) {
+  if (n < 0 || !flag || !error || timeout_ns <= 0) return cudaErrorInvalidValue;
+  wait_add_kernel<<<1, kThreads, 0, stream>>>(flag, value, src, dst, n, error, timeout_ns);
+  return cudaGetLastError();
+}
+
+}  // namespace tandem::gpu
