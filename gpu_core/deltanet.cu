@@ -6,6 +6,7 @@
 
 #include "gpu_core/conv_step.cuh"
 #include "gpu_core/deltanet.cuh"
+#include "gpu_core/launch.cuh"
 
 namespace tandem::gpu {
 
@@ -41,6 +42,7 @@ __device__ __forceinline__ void conv_tokens(const float* __restrict__ x, const f
 // One thread per channel: the conv window lives in registers across the T tokens.
 __global__ void conv_kernel(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ window,
                                     float* __restrict__ y, int channels, int kernel, int T) {
+  detail::pdl_begin();
   const int ch = blockIdx.x * blockDim.x + threadIdx.x;
   if (ch >= channels) return;
   const int hist = kernel - 1;
@@ -341,6 +343,7 @@ __global__ void gated_norm_kernel(float* out, const float* __restrict__ z, const
 }
 
 __global__ void delta_head_kernel(DeltaNetDecodeArgs p, int T) {
+  detail::pdl_begin();
   extern __shared__ float smem[];
   const int dk = p.dk, dv = p.dv, h = blockIdx.x, kh = h / (p.Hv / p.Hk);
   float* q = smem;
@@ -388,6 +391,7 @@ __global__ void delta_head_kernel(DeltaNetDecodeArgs p, int T) {
 // normalises all dv of them.
 constexpr int kSplitCols = 32;
 __global__ void __launch_bounds__(kRowGroups * kSplitCols) delta_split_kernel(DeltaNetDecodeArgs p) {
+  detail::pdl_begin();
   __shared__ float q[128], k[128], part[kRowGroups * kSplitCols], red[32];
   __shared__ bool last;
   const int dk = p.dk, dv = p.dv, h = blockIdx.x, kh = h / (p.Hv / p.Hk);
@@ -456,9 +460,9 @@ cudaError_t deltanet_prefill(const DeltaNetDecodeArgs& p, int T, cudaStream_t st
     return launch_token_parallel(p, T, stream, [&] {
       delta_scan_kernel<<<p.Hv, threads, (4 * p.dk + 2 * kRowGroups * p.dv) * sizeof(float), stream>>>(p, T);
     });
-  conv_kernel<<<(conv_dim + 255) / 256, 256, 0, stream>>>(p.qkv, p.conv_w, p.conv_state, p.conv_out, conv_dim, p.kernel, T);
+  detail::launch(conv_kernel, (conv_dim + 255) / 256, 256, 0, stream, p.qkv, p.conv_w, p.conv_state, p.conv_out, conv_dim, p.kernel, T);
   const size_t smem = (2 * p.dk + kRowGroups * p.dv + threads / 32) * sizeof(float);
-  delta_head_kernel<<<p.Hv, threads, smem, stream>>>(p, T);
+  detail::launch(delta_head_kernel, p.Hv, threads, smem, stream, p, T);
   return cudaGetLastError();
 }
 
@@ -488,12 +492,12 @@ cudaError_t deltanet_decode(const DeltaNetDecodeArgs& p, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   const int conv_dim = 2 * p.Hk * p.dk + p.Hv * p.dv;
   if (!p.conv_done)
-    conv_kernel<<<(conv_dim + 255) / 256, 256, 0, stream>>>(p.qkv, p.conv_w, p.conv_state, p.conv_out, conv_dim, p.kernel, 1);
+    detail::launch(conv_kernel, (conv_dim + 255) / 256, 256, 0, stream, p.qkv, p.conv_w, p.conv_state, p.conv_out, conv_dim, p.kernel, 1);
   if (split) {
-    delta_split_kernel<<<dim3(p.Hv, p.dv / kSplitCols), kRowGroups * kSplitCols, 0, stream>>>(p);
+    detail::launch(delta_split_kernel, dim3(p.Hv, p.dv / kSplitCols), kRowGroups * kSplitCols, 0, stream, p);
   } else {
     const int threads = p.dv * kRowGroups;
-    delta_head_kernel<<<p.Hv, threads, (2 * p.dk + kRowGroups * p.dv + threads / 32) * sizeof(float), stream>>>(p, 1);
+    detail::launch(delta_head_kernel, p.Hv, threads, (2 * p.dk + kRowGroups * p.dv + threads / 32) * sizeof(float), stream, p, 1);
   }
   return cudaGetLastError();
 }

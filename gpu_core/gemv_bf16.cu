@@ -3,6 +3,7 @@
 
 #include "gpu_core/conv_step.cuh"
 #include "gpu_core/gemv.cuh"
+#include "gpu_core/launch.cuh"
 #include "gpu_core/topk_warp.cuh"
 
 namespace tandem::gpu {
@@ -43,17 +44,26 @@ template <int TMAX, bool SWIGLU = false, bool CONV = false>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     gemv_bf16_kernel(const uint16_t* __restrict__ W, int64_t N, int64_t K, const float* __restrict__ x, int T,
                      float* __restrict__ y, const float* __restrict__ u = nullptr, ConvEpilogue conv = {}) {
+  detail::pdl_allow();
   const int lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
-  if (row >= N) return;  // whole warps exit together: shuffles below stay full-warp
   const uint4* w = reinterpret_cast<const uint4*>(W + row * K);
+  const int64_t chunks = K / 8;
+  // The first kPre chunks of this lane's weights are loaded before waiting for the kernel that writes
+  // x (programmatic launch: weights are never written during a step), the rest in the loop.
+  constexpr int kPre = 4;
+  uint4 pre[kPre];
+#pragma unroll
+  for (int i = 0; i < kPre; ++i) {
+    const int64_t c = lane + 32 * i;
+    pre[i] = row < N && c < chunks ? load_stream(w + c) : make_uint4(0u, 0u, 0u, 0u);
+  }
+  detail::pdl_wait();
+  if (row >= N) return;  // whole warps exit together: shuffles below stay full-warp
   float acc[TMAX];
 #pragma unroll
   for (int t = 0; t < TMAX; ++t) acc[t] = 0.0f;
-  const int64_t chunks = K / 8;
-#pragma unroll 4
-  for (int64_t c = lane; c < chunks; c += 32) {
-    const uint4 v = load_stream(w + c);
+  auto chunk = [&](int64_t c, const uint4& v) {
     const float wf[8] = {lo_bf16(v.x), hi_bf16(v.x), lo_bf16(v.y), hi_bf16(v.y),
                          lo_bf16(v.z), hi_bf16(v.z), lo_bf16(v.w), hi_bf16(v.w)};
 #pragma unroll
@@ -69,7 +79,12 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
       acc[t] += wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w + wf[4] * b.x + wf[5] * b.y + wf[6] * b.z +
                 wf[7] * b.w;
     }
-  }
+  };
+#pragma unroll
+  for (int i = 0; i < kPre; ++i)
+    if (lane + 32 * i < chunks) chunk(lane + 32 * i, pre[i]);
+#pragma unroll 4
+  for (int64_t c = lane + 32 * kPre; c < chunks; c += 32) chunk(c, load_stream(w + c));
 #pragma unroll
   for (int t = 0; t < TMAX; ++t) {
     if (t >= T) break;
@@ -95,6 +110,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     gemv_bf16_topk_kernel(const uint16_t* __restrict__ W, int64_t N, int64_t K, const float* __restrict__ x, float* y, int E, int k,
                           unsigned* counter, int32_t* ids, float* weights) {
+  detail::pdl_begin();
   const int lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   if (row < N) {  // no early return: the block meets at the barrier below
@@ -132,17 +148,18 @@ cudaError_t gemv_bf16_router_topk(const uint16_t* W, int64_t N, int64_t K, const
   if (K % 8 != 0 || N < 1 || E < 1 || E > N || E > detail::kRouterMaxExperts || k < 1 || k > E || k > detail::kRouterMaxTopK)
     return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>((N + kWarpsPerBlock - 1) / kWarpsPerBlock)), block(kWarpsPerBlock * 32);
-  gemv_bf16_topk_kernel<<<grid, block, 0, stream>>>(W, N, K, x, y, E, k, counter, ids, weights);
+  detail::launch(gemv_bf16_topk_kernel, grid, block, 0, stream, W, N, K, x, y, E, k, counter, ids, weights);
   return cudaGetLastError();
 }
 
 cudaError_t gemv_bf16(const uint16_t* W, int64_t N, int64_t K, const float* x, int T, float* y, cudaStream_t stream) {
   if (T < 1 || T > kMaxGemvTokens || K % 8 != 0 || N < 1) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>((N + kWarpsPerBlock - 1) / kWarpsPerBlock)), block(kWarpsPerBlock * 32);
-  if (T == 1) gemv_bf16_kernel<1><<<grid, block, 0, stream>>>(W, N, K, x, T, y);
-  else if (T <= 2) gemv_bf16_kernel<2><<<grid, block, 0, stream>>>(W, N, K, x, T, y);
-  else if (T <= 4) gemv_bf16_kernel<4><<<grid, block, 0, stream>>>(W, N, K, x, T, y);
-  else gemv_bf16_kernel<8><<<grid, block, 0, stream>>>(W, N, K, x, T, y);
+  const float* none = nullptr;
+  if (T == 1) detail::launch(gemv_bf16_kernel<1>, grid, block, 0, stream, W, N, K, x, T, y, none, ConvEpilogue{});
+  else if (T <= 2) detail::launch(gemv_bf16_kernel<2>, grid, block, 0, stream, W, N, K, x, T, y, none, ConvEpilogue{});
+  else if (T <= 4) detail::launch(gemv_bf16_kernel<4>, grid, block, 0, stream, W, N, K, x, T, y, none, ConvEpilogue{});
+  else detail::launch(gemv_bf16_kernel<8>, grid, block, 0, stream, W, N, K, x, T, y, none, ConvEpilogue{});
   return cudaGetLastError();
 }
 
@@ -151,8 +168,9 @@ cudaError_t gemv_bf16_conv(const uint16_t* W, int64_t N, int64_t K, const float*
   if (K % 8 != 0 || N < 1 || channels < 1 || channels > N || kernel < 1 || kernel > detail::kConvMaxHist + 1)
     return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>((N + kWarpsPerBlock - 1) / kWarpsPerBlock)), block(kWarpsPerBlock * 32);
-  gemv_bf16_kernel<1, false, true><<<grid, block, 0, stream>>>(W, N, K, x, 1, y, nullptr,
-                                                               ConvEpilogue{conv_w, conv_state, conv_out, channels, kernel});
+  const float* none = nullptr;
+  detail::launch(gemv_bf16_kernel<1, false, true>, grid, block, 0, stream, W, N, K, x, 1, y, none,
+                 ConvEpilogue{conv_w, conv_state, conv_out, channels, kernel});
   return cudaGetLastError();
 }
 
@@ -160,8 +178,8 @@ cudaError_t gemv_bf16_swiglu(const uint16_t* W, int64_t N, int64_t K, const floa
                              cudaStream_t stream) {
   if (T < 1 || T > kMaxGemvTokens || K % 8 != 0 || N < 1) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>((N + kWarpsPerBlock - 1) / kWarpsPerBlock)), block(kWarpsPerBlock * 32);
-  if (T == 1) gemv_bf16_kernel<1, true><<<grid, block, 0, stream>>>(W, N, K, g, T, y, u);
-  else gemv_bf16_kernel<8, true><<<grid, block, 0, stream>>>(W, N, K, g, T, y, u);
+  if (T == 1) detail::launch(gemv_bf16_kernel<1, true>, grid, block, 0, stream, W, N, K, g, T, y, u, ConvEpilogue{});
+  else detail::launch(gemv_bf16_kernel<8, true>, grid, block, 0, stream, W, N, K, g, T, y, u, ConvEpilogue{});
   return cudaGetLastError();
 }
 

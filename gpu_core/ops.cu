@@ -2,6 +2,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include "gpu_core/launch.cuh"
 #include "gpu_core/ops.cuh"
 #include "gpu_core/topk_warp.cuh"
 
@@ -23,6 +24,7 @@ __device__ float block_sum(float v) {
 }
 
 __global__ void embed_kernel(const uint16_t* table, int64_t H, const int32_t* ids, float* out) {
+  detail::pdl_begin();
   const int t = blockIdx.x;
   const uint16_t* row = table + static_cast<int64_t>(ids[t]) * H;
   for (int64_t i = threadIdx.x; i < H; i += blockDim.x) out[t * H + i] = __uint_as_float(static_cast<uint32_t>(row[i]) << 16);
@@ -35,6 +37,7 @@ __global__ void embed_kernel(const uint16_t* table, int64_t H, const int32_t* id
 // and per thread the same operations in the same order either way.
 template <int PER>
 __global__ void rmsnorm_kernel(const float* __restrict__ x, const float* __restrict__ w, int64_t n, float eps, float* __restrict__ y) {
+  detail::pdl_begin();
   const float* xr = x + blockIdx.x * n;
   float* yr = y + blockIdx.x * n;
   float ss = 0.0f;
@@ -68,6 +71,7 @@ template <int PER>
 __global__ void add_rmsnorm_kernel(float* __restrict__ h, const float* __restrict__ a, const float* __restrict__ s,
                                    const float* __restrict__ gate, const float* __restrict__ w, int64_t n, float eps,
                                    float* __restrict__ y) {
+  detail::pdl_begin();
   float* hr = h + blockIdx.x * n;
   const float* ar = a + blockIdx.x * n;
   float* yr = y + blockIdx.x * n;
@@ -116,27 +120,32 @@ int norm_per_thread(int64_t n) {
 }
 
 __global__ void add_kernel(float* h, const float* x, int64_t n) {
+  detail::pdl_begin();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) h[i] += x[i];
 }
 
 __global__ void silu_mul_kernel(float* g, const float* u, int64_t n) {
+  detail::pdl_begin();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
 // One warp per row (gpu_core/topk_warp.cuh).
 __global__ void topk_kernel(const float* logits, int E, int k, int32_t* ids, float* weights) {
+  detail::pdl_begin();
   detail::warp_router_topk(logits + static_cast<int64_t>(blockIdx.x) * E, E, k, ids + blockIdx.x * k, weights + blockIdx.x * k);
 }
 
 __global__ void gated_add_kernel(float* out, const float* shared, const float* gate, int64_t n) {
+  detail::pdl_begin();
   const int t = blockIdx.y;
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) out[t * n + i] += shared[t * n + i] / (1.0f + expf(-gate[t]));
 }
 
 __global__ void argmax_kernel(const float* logits, int64_t V, int32_t* ids) {
+  detail::pdl_begin();
   __shared__ float bv[32];
   __shared__ int bi[32];
   const float* l = logits + blockIdx.x * V;
@@ -163,17 +172,17 @@ unsigned blocks_for(int64_t n) { return static_cast<unsigned>((n + kThreads - 1)
 }  // namespace
 
 cudaError_t embed_bf16(const uint16_t* table, int64_t H, const int32_t* ids, int T, float* out, cudaStream_t s) {
-  embed_kernel<<<T, kThreads, 0, s>>>(table, H, ids, out);
+  detail::launch(embed_kernel, T, kThreads, 0, s, table, H, ids, out);
   return cudaGetLastError();
 }
 cudaError_t rmsnorm_zc(const float* x, const float* w, int64_t n, int rows, float eps, float* y, cudaStream_t s) {
   switch (norm_per_thread(n)) {
-    case 1: rmsnorm_kernel<1><<<rows, kThreads, 0, s>>>(x, w, n, eps, y); break;
-    case 2: rmsnorm_kernel<2><<<rows, kThreads, 0, s>>>(x, w, n, eps, y); break;
-    case 4: rmsnorm_kernel<4><<<rows, kThreads, 0, s>>>(x, w, n, eps, y); break;
-    case 8: rmsnorm_kernel<8><<<rows, kThreads, 0, s>>>(x, w, n, eps, y); break;
-    case 16: rmsnorm_kernel<16><<<rows, kThreads, 0, s>>>(x, w, n, eps, y); break;
-    default: rmsnorm_kernel<0><<<rows, kThreads, 0, s>>>(x, w, n, eps, y);
+    case 1: detail::launch(rmsnorm_kernel<1>, rows, kThreads, 0, s, x, w, n, eps, y); break;
+    case 2: detail::launch(rmsnorm_kernel<2>, rows, kThreads, 0, s, x, w, n, eps, y); break;
+    case 4: detail::launch(rmsnorm_kernel<4>, rows, kThreads, 0, s, x, w, n, eps, y); break;
+    case 8: detail::launch(rmsnorm_kernel<8>, rows, kThreads, 0, s, x, w, n, eps, y); break;
+    case 16: detail::launch(rmsnorm_kernel<16>, rows, kThreads, 0, s, x, w, n, eps, y); break;
+    default: detail::launch(rmsnorm_kernel<0>, rows, kThreads, 0, s, x, w, n, eps, y);
   }
   return cudaGetLastError();
 }
@@ -181,34 +190,34 @@ cudaError_t add_rmsnorm_zc(float* h, const float* a, const float* shared, const 
                            float eps, float* y, cudaStream_t s) {
   if (!a || (shared && !gate)) return cudaErrorInvalidValue;
   switch (norm_per_thread(n)) {
-    case 1: add_rmsnorm_kernel<1><<<rows, kThreads, 0, s>>>(h, a, shared, gate, w, n, eps, y); break;
-    case 2: add_rmsnorm_kernel<2><<<rows, kThreads, 0, s>>>(h, a, shared, gate, w, n, eps, y); break;
-    case 4: add_rmsnorm_kernel<4><<<rows, kThreads, 0, s>>>(h, a, shared, gate, w, n, eps, y); break;
-    case 8: add_rmsnorm_kernel<8><<<rows, kThreads, 0, s>>>(h, a, shared, gate, w, n, eps, y); break;
-    case 16: add_rmsnorm_kernel<16><<<rows, kThreads, 0, s>>>(h, a, shared, gate, w, n, eps, y); break;
-    default: add_rmsnorm_kernel<0><<<rows, kThreads, 0, s>>>(h, a, shared, gate, w, n, eps, y);
+    case 1: detail::launch(add_rmsnorm_kernel<1>, rows, kThreads, 0, s, h, a, shared, gate, w, n, eps, y); break;
+    case 2: detail::launch(add_rmsnorm_kernel<2>, rows, kThreads, 0, s, h, a, shared, gate, w, n, eps, y); break;
+    case 4: detail::launch(add_rmsnorm_kernel<4>, rows, kThreads, 0, s, h, a, shared, gate, w, n, eps, y); break;
+    case 8: detail::launch(add_rmsnorm_kernel<8>, rows, kThreads, 0, s, h, a, shared, gate, w, n, eps, y); break;
+    case 16: detail::launch(add_rmsnorm_kernel<16>, rows, kThreads, 0, s, h, a, shared, gate, w, n, eps, y); break;
+    default: detail::launch(add_rmsnorm_kernel<0>, rows, kThreads, 0, s, h, a, shared, gate, w, n, eps, y);
   }
   return cudaGetLastError();
 }
 cudaError_t add_inplace(float* h, const float* x, int64_t n, cudaStream_t s) {
-  add_kernel<<<blocks_for(n), kThreads, 0, s>>>(h, x, n);
+  detail::launch(add_kernel, blocks_for(n), kThreads, 0, s, h, x, n);
   return cudaGetLastError();
 }
 cudaError_t silu_mul(float* g, const float* u, int64_t n, cudaStream_t s) {
-  silu_mul_kernel<<<blocks_for(n), kThreads, 0, s>>>(g, u, n);
+  detail::launch(silu_mul_kernel, blocks_for(n), kThreads, 0, s, g, u, n);
   return cudaGetLastError();
 }
 cudaError_t router_topk(const float* logits, int E, int k, int rows, int32_t* ids, float* weights, cudaStream_t s) {
   if (E > detail::kRouterMaxExperts || k > detail::kRouterMaxTopK || k < 1 || k > E) return cudaErrorInvalidValue;
-  topk_kernel<<<rows, 32, 0, s>>>(logits, E, k, ids, weights);
+  detail::launch(topk_kernel, rows, 32, 0, s, logits, E, k, ids, weights);
   return cudaGetLastError();
 }
 cudaError_t gated_add(float* out, const float* shared, const float* gate, int64_t n, int rows, cudaStream_t s) {
-  gated_add_kernel<<<dim3(blocks_for(n), rows), kThreads, 0, s>>>(out, shared, gate, n);
+  detail::launch(gated_add_kernel, dim3(blocks_for(n), rows), kThreads, 0, s, out, shared, gate, n);
   return cudaGetLastError();
 }
 cudaError_t argmax_rows(const float* logits, int64_t V, int rows, int32_t* ids, cudaStream_t s) {
-  argmax_kernel<<<rows, 1024, 0, s>>>(logits, V, ids);
+  detail::launch(argmax_kernel, rows, 1024, 0, s, logits, V, ids);
   return cudaGetLastError();
 }
 

@@ -9,6 +9,7 @@
 
 #include "gpu_core/handoff.cuh"
 #include "gpu_core/int4_layout.h"
+#include "gpu_core/launch_policy.h"
 #include "gpu_core/ops.cuh"
 #include "runtime/bytes.h"
 #include "runtime/models/qwen3_5_moe_gpu_impl.h"
@@ -410,6 +411,7 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
   const int64_t H = c.hidden_size;
   const int k = c.num_experts_per_tok;
   const float eps = static_cast<float>(c.rms_norm_eps);
+  const gpu::ProgrammaticLaunchScope programmatic(pdl);
   CK(cudaMemcpyAsync(ids, id_src, 4, cudaMemcpyHostToDevice, stream));
   CK(cudaMemcpyAsync(pos_dev, pos_src, 4, cudaMemcpyHostToDevice, stream));
   if (embed) {
@@ -570,6 +572,7 @@ bool Qwen35MoeGpu::graph_cut_at_handoffs() const {
   return impl_->graph_ok && !impl_->one_graph && impl_->gpu_only_layers < impl_->layers.size();
 }
 bool Qwen35MoeGpu::graph_one_step() const { return impl_->one_graph; }
+bool Qwen35MoeGpu::programmatic_launch_active() const { return impl_->pdl; }
 
 std::unique_ptr<Qwen35MoeGpu> Qwen35MoeGpu::create(const Qwen35Moe& model, const GpuOptions& opts) {
   int n = 0;
@@ -646,6 +649,12 @@ std::unique_ptr<Qwen35MoeGpu> Qwen35MoeGpu::create(const Qwen35Moe& model, const
   for (const DevLayer& L : impl->layers) impl->gpu_only_layers += !(L.cpu_experts && opts.host_experts);
   // Deferred host work joins a layer late, across the cuts: such steps stay eager.
   impl->graph_ok = opts.cuda_graph && impl->embed && !(impl->deferring() && impl->gpu_only_layers < impl->layers.size());
+  if (opts.programmatic_launch) {
+    int dev = 0, major = 0;
+    CK(cudaGetDevice(&dev));
+    CK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    impl->pdl = major >= 9;
+  }
   // One graph a step with the handoffs inside: kernels read and write hx / hids / hw / hout / hflags in
   // place (mapped; with unified addressing the host pointers are the device's too).
   impl->one_graph = impl->graph_ok && opts.hybrid_one_graph && impl->gpu_only_layers < impl->layers.size();

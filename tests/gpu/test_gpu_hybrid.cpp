@@ -324,9 +324,14 @@ TEST(HybridGraph, OneGraphStepEqualsEagerStep) {
       unsetenv("TANDEM_CUDA_GRAPH");
       setenv("TANDEM_HYBRID_ONE_GRAPH", "1", 1);
       auto graphed = make_runner(*model, o);
+      setenv("TANDEM_PDL", "1", 1);  // and with programmatic dependent launch
+      auto pdl = make_runner(*model, o);
+      unsetenv("TANDEM_PDL");
       unsetenv("TANDEM_HYBRID_ONE_GRAPH");
       ASSERT_NE(graphed->describe().find("one CUDA graph each"), std::string::npos) << graphed->describe();
+      ASSERT_NE(pdl->describe().find("programmatic dependent launch"), std::string::npos) << pdl->describe();
       expect_same_steps(*eager, *graphed, f, name + " " + pl.name);
+      expect_same_steps(*eager, *pdl, f, name + " " + pl.name + " (programmatic launch)");
     }
 }
 
