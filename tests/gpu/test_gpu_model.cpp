@@ -92,6 +92,28 @@ TEST_P(GpuModel, MoeDecodeVariantsEqualPlainDecode) {
   }
 }
 
+// Decode steps of the fixture's ids (prompt token by token) on two GPU models, `rounds` times with
+// reset() between: the same logits bit for bit (tol 0) or within tol relative L2 per position.
+void expect_same_decode(const Qwen35Moe& model, const test::Fixture& f, const GpuOptions& a_opts, const GpuOptions& b_opts,
+                        double tol, int rounds, const std::string& label) {
+  auto a_model = Qwen35MoeGpu::create(model, a_opts), b_model = Qwen35MoeGpu::create(model, b_opts);
+  const int64_t n = static_cast<int64_t>(f.ids.size()), V = f.vocab;
+  std::vector<float> a(V), b(V);
+  for (int round = 0; round < rounds; ++round) {
+    for (int64_t i = 0; i < n; ++i) {
+      a_model->forward(std::span(f.ids.data() + i, 1), a.data());
+      b_model->forward(std::span(f.ids.data() + i, 1), b.data());
+      if (tol == 0) {
+        ASSERT_EQ(a, b) << f.name << " " << label << " round " << round << " position " << i;
+      } else {
+        EXPECT_LT(compare_logits(b.data(), a.data(), 1, V).rel_l2[0], tol) << f.name << " " << label << " position " << i;
+      }
+    }
+    a_model->reset();
+    b_model->reset();
+  }
+}
+
 // GpuOptions::deltanet_split (decode recurrence over 32-column slices of each head's state, the gated
 // norm by the head's last block) and GpuOptions::deltanet_conv_in_gemv (the conv applied by the input
 // projection's GEMV) against the default kernels, eagerly and as CUDA-graph steps: the conv in the GEMV
@@ -101,58 +123,40 @@ TEST_P(GpuModel, DeltaNetDecodeVariantsEqualDefault) {
   TANDEM_REQUIRE_GPU();
   const auto f = test::load_fixture(GetParam());
   auto model = Qwen35Moe::load(f.dir);
-  const int64_t n = static_cast<int64_t>(f.ids.size()), V = f.vocab;
   for (const bool graph : {false, true})
     for (const int variant : {1, 2, 3}) {  // bit 0: split recurrence, bit 1: conv in the GEMV
       GpuOptions g;
       g.max_context = 256;
       g.cuda_graph = graph;
-      auto base = Qwen35MoeGpu::create(*model, g);
-      g.deltanet_split = variant & 1;
-      g.deltanet_conv_in_gemv = variant & 2;
-      auto other = Qwen35MoeGpu::create(*model, g);
-      std::vector<float> a(V), b(V);
-      for (int64_t i = 0; i < n; ++i) {
-        base->forward(std::span(f.ids.data() + i, 1), a.data());
-        other->forward(std::span(f.ids.data() + i, 1), b.data());
-        if (variant == 2) {
-          ASSERT_EQ(a, b) << f.name << " position " << i << (graph ? " (graph)" : "");
-        } else {
-          const LogitsComparison near = compare_logits(b.data(), a.data(), 1, V);
-          EXPECT_LT(near.rel_l2[0], 1e-5) << f.name << " position " << i << " variant " << variant << (graph ? " (graph)" : "");
-        }
-      }
+      GpuOptions other = g;
+      other.deltanet_split = variant & 1;
+      other.deltanet_conv_in_gemv = variant & 2;
+      expect_same_decode(*model, f, g, other, variant == 2 ? 0.0 : 1e-5, 1,
+                         str_cat("variant ", variant, graph ? " (graph)" : ""));
     }
 }
 
 // GpuOptions::programmatic_launch (each decode kernel may launch while the one before it finishes and
 // waits in-kernel for its results): the same logits bit for bit, eagerly and as CUDA-graph steps, with the
-// other decode variants on too (a kernel that read its inputs before waiting would show here).
+// other decode variants on too; three rounds (a kernel that read its inputs before waiting would show
+// here, though not necessarily every time).
 TEST_P(GpuModel, ProgrammaticLaunchGivesTheSameNumbers) {
   TANDEM_REQUIRE_GPU();
   const auto f = test::load_fixture(GetParam());
   auto model = Qwen35Moe::load(f.dir);
-  const int64_t n = static_cast<int64_t>(f.ids.size()), V = f.vocab;
+  GpuOptions on;
+  on.max_context = 256;
+  on.programmatic_launch = true;
+  ASSERT_TRUE(Qwen35MoeGpu::create(*model, on)->programmatic_launch_active()) << "the H200 has it (sm_90)";
   for (const bool graph : {false, true})
     for (const bool variants : {false, true}) {
       GpuOptions g;
       g.max_context = 256;
       g.cuda_graph = graph;
       g.moe_wide = g.deltanet_split = g.deltanet_conv_in_gemv = variants;
-      auto base = Qwen35MoeGpu::create(*model, g);
-      g.programmatic_launch = true;
-      auto pdl = Qwen35MoeGpu::create(*model, g);
-      ASSERT_TRUE(pdl->programmatic_launch_active());
-      for (int round = 0; round < 3; ++round) {  // repeats: a race would not show every time
-        std::vector<float> a(V), b(V);
-        for (int64_t i = 0; i < n; ++i) {
-          base->forward(std::span(f.ids.data() + i, 1), a.data());
-          pdl->forward(std::span(f.ids.data() + i, 1), b.data());
-          ASSERT_EQ(a, b) << f.name << " position " << i << (graph ? " (graph)" : "") << (variants ? " (variants)" : "");
-        }
-        base->reset();
-        pdl->reset();
-      }
+      GpuOptions pdl = g;
+      pdl.programmatic_launch = true;
+      expect_same_decode(*model, f, g, pdl, 0.0, 3, str_cat(graph ? "graph" : "eager", variants ? ", variants" : ""));
     }
 }
 
