@@ -8,6 +8,7 @@
 // read bandwidth measured here (CPU DRAM for the CPU paths).
 #include <omp.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -31,6 +32,21 @@
 #include "runtime/tokenizer.h"
 
 namespace tandem::cli {
+
+namespace {
+
+// The TANDEM_* environment switches in effect (A/B runs of the GPU paths say which side they are).
+nlohmann::json tandem_switches() {
+  nlohmann::json out = nlohmann::json::object();
+  for (char** e = environ; e && *e; ++e) {
+    const std::string kv(*e);
+    const size_t eq = kv.find('=');
+    if (kv.rfind("TANDEM_", 0) == 0 && eq != std::string::npos) out[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  return out;
+}
+
+}  // namespace
 
 namespace {
 
@@ -274,6 +290,7 @@ int cmd_bench(int argc, char** argv) {
                         {"cpu_read_bytes_per_s", cpu_bw},
                         {"pcie_h2d_bytes_per_s", pcie_bw},
                         {"description", runner->describe()},
+                        {"switches", tandem_switches()},
                         {"active_bytes_per_token", wb.per_token_active},
                         {"routed_active_bytes_per_token", wb.routed_active},
                         {"bound_decode_tok_s", first["bound_decode_tok_s"]},

@@ -90,13 +90,14 @@ back=$("$tandem" detokenize --model "$tmp/tiny" --ids "$ids" 2>/dev/null)
 if [ -n "$ids" ] && [ "$back" = "$text" ]; then echo "ok   tokenize / detokenize round trip"; passes=$((passes + 1));
 else echo "FAIL tokenize round trip: '$ids' -> '$back'"; failures=$((failures + 1)); fi
 # tandem bench: one JSON object with the fields the issue names, all positive where they must be.
-"$tandem" bench --model "$tmp/tiny" --device cpu --prompt-len 8,16 --gen 4 --repeat 2 --json >"$tmp/bench.json" 2>"$tmp/bench.err"
+TANDEM_EXAMPLE_SWITCH=1 "$tandem" bench --model "$tmp/tiny" --device cpu --prompt-len 8,16 --gen 4 --repeat 2 --json >"$tmp/bench.json" 2>"$tmp/bench.err"
 if python3 - "$tmp/bench.json" <<'PY'
 import json, sys
 j = json.load(open(sys.argv[1]))
 for k in ("prefill_tok_s", "decode_tok_s", "ttft_ms", "peak_host_bytes", "bound_decode_tok_s"):
     assert j[k] > 0, k
 assert j["peak_vram_bytes"] == 0 and len(j["results"]) == 2
+assert j["switches"].get("TANDEM_EXAMPLE_SWITCH") == "1", j["switches"]
 for r in j["results"]:
     assert r["prefill_tok_s_min"] <= r["prefill_tok_s"] <= r["prefill_tok_s_max"]
     assert r["itl_p50_ms"] <= r["itl_p99_ms"]
