@@ -306,6 +306,11 @@ TEST(HybridGraph, SegmentedStepEqualsEagerStep) {
     ASSERT_NE(eager->describe().find("launched eagerly"), std::string::npos) << eager->describe();
     ASSERT_NE(graphed->describe().find("cut at the host handoffs"), std::string::npos) << graphed->describe();
     expect_same_steps(*eager, *graphed, f, name);
+    setenv("TANDEM_PDL", "1", 1);  // the cut graphs with programmatic dependent launch
+    auto pdl = make_runner(*model, o);
+    unsetenv("TANDEM_PDL");
+    ASSERT_NE(pdl->describe().find("programmatic dependent launch"), std::string::npos) << pdl->describe();
+    expect_same_steps(*eager, *pdl, f, name + " (programmatic launch)");
   }
 }
 
