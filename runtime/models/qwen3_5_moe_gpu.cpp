@@ -624,13 +624,15 @@ std::unique_ptr<Qwen35MoeGpu> Qwen35MoeGpu::create(const Qwen35Moe& model, const
   CK(cudaEventCreateWithFlags(&impl->routed, cudaEventDisableTiming));
   // Pointers into the arena exist only after the commit pass below; until then decide from the options.
   const int64_t rows = impl->host_rows();  // tokens handed to the host at once
-  CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hx), rows * H * sizeof(float), cudaHostAllocMapped));
-  CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hout), rows * H * sizeof(float), cudaHostAllocMapped));
+  // Mapped when a step's handoffs may run inside its graph (kernels read and write them in place).
+  const unsigned handoff_flags = opts.hybrid_one_graph ? cudaHostAllocMapped : cudaHostAllocDefault;
+  CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hx), rows * H * sizeof(float), handoff_flags));
+  CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hout), rows * H * sizeof(float), handoff_flags));
   if (!opts.embed_on_gpu && impl->wants_batched())  // prompt rows are gathered on the host
     impl->hembed_rows = std::max(impl->opts.prefill_chunk, impl->st.pass);  // st.pass: set by the last plan pass
   CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hembed), impl->hembed_rows * H * sizeof(float), cudaHostAllocDefault));
-  CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hw), rows * k * sizeof(float), cudaHostAllocMapped));
-  CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hids), rows * k * sizeof(int32_t), cudaHostAllocMapped));
+  CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hw), rows * k * sizeof(float), handoff_flags));
+  CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hids), rows * k * sizeof(int32_t), handoff_flags));
   impl->masked.assign(rows * k, -1);
   if (impl->deferring()) {
     CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hdef), rows * H * sizeof(float), cudaHostAllocDefault));
