@@ -448,21 +448,35 @@ cudaError_t launch_token_parallel(const DeltaNetDecodeArgs& p, int T, cudaStream
   return cudaGetLastError();
 }
 
+// Shapes delta_head_kernel (and the conv kernels) take.
+bool head_kernel_fits(const DeltaNetDecodeArgs& p) {
+  return p.Hk >= 1 && p.Hv % p.Hk == 0 && p.dk >= 1 && p.dk <= kRowGroups * kMaxRowsPerThread && p.dv >= 1 &&
+         p.dv * kRowGroups <= 1024 && (p.dv * kRowGroups) % 32 == 0 && p.kernel >= 1 && p.kernel <= kMaxHist + 1;
+}
+
+// The conv of T tokens, one thread per channel (conv_kernel).
+void launch_conv(const DeltaNetDecodeArgs& p, int T, cudaStream_t stream) {
+  const int conv_dim = 2 * p.Hk * p.dk + p.Hv * p.dv;
+  detail::launch(conv_kernel, (conv_dim + 255) / 256, 256, 0, stream, p.qkv, p.conv_w, p.conv_state, p.conv_out, conv_dim, p.kernel, T);
+}
+
+// The recurrence of T tokens, one block per value head (delta_head_kernel).
+void launch_head(const DeltaNetDecodeArgs& p, int T, cudaStream_t stream) {
+  const int threads = p.dv * kRowGroups;
+  detail::launch(delta_head_kernel, p.Hv, threads, (2 * p.dk + kRowGroups * p.dv + threads / 32) * sizeof(float), stream, p, T);
+}
+
 }  // namespace
 
 cudaError_t deltanet_prefill(const DeltaNetDecodeArgs& p, int T, cudaStream_t stream) {
-  if (T < 1 || p.Hk < 1 || p.Hv % p.Hk || p.dk < 1 || p.dk > kRowGroups * kMaxRowsPerThread || p.dv < 1 ||
-      p.dv * kRowGroups > 1024 || (p.dv * kRowGroups) % 32 || p.kernel < 1 || p.kernel > kMaxHist + 1)
-    return cudaErrorInvalidValue;
-  const int conv_dim = 2 * p.Hk * p.dk + p.Hv * p.dv;
+  if (T < 1 || !head_kernel_fits(p)) return cudaErrorInvalidValue;
   const int threads = p.dv * kRowGroups;
   if (T > 1 && threads >= p.dk && threads <= kScanMaxThreads)  // prompt chunks: tokens in parallel wherever the recurrence allows
     return launch_token_parallel(p, T, stream, [&] {
       delta_scan_kernel<<<p.Hv, threads, (4 * p.dk + 2 * kRowGroups * p.dv) * sizeof(float), stream>>>(p, T);
     });
-  detail::launch(conv_kernel, (conv_dim + 255) / 256, 256, 0, stream, p.qkv, p.conv_w, p.conv_state, p.conv_out, conv_dim, p.kernel, T);
-  const size_t smem = (2 * p.dk + kRowGroups * p.dv + threads / 32) * sizeof(float);
-  detail::launch(delta_head_kernel, p.Hv, threads, smem, stream, p, T);
+  launch_conv(p, T, stream);
+  launch_head(p, T, stream);
   return cudaGetLastError();
 }
 
@@ -486,19 +500,10 @@ bool deltanet_decode_split_fits(const DeltaNetDecodeArgs& p) {
 
 cudaError_t deltanet_decode(const DeltaNetDecodeArgs& p, cudaStream_t stream) {
   const bool split = p.tickets && deltanet_decode_split_fits(p);
-  if (!split && !p.conv_done) return deltanet_prefill(p, 1, stream);
-  if (!split && (p.Hk < 1 || p.Hv % p.Hk || p.dk < 1 || p.dk > kRowGroups * kMaxRowsPerThread || p.dv < 1 ||
-                 p.dv * kRowGroups > 1024 || (p.dv * kRowGroups) % 32))
-    return cudaErrorInvalidValue;
-  const int conv_dim = 2 * p.Hk * p.dk + p.Hv * p.dv;
-  if (!p.conv_done)
-    detail::launch(conv_kernel, (conv_dim + 255) / 256, 256, 0, stream, p.qkv, p.conv_w, p.conv_state, p.conv_out, conv_dim, p.kernel, 1);
-  if (split) {
-    detail::launch(delta_split_kernel, dim3(p.Hv, p.dv / kSplitCols), kRowGroups * kSplitCols, 0, stream, p);
-  } else {
-    const int threads = p.dv * kRowGroups;
-    detail::launch(delta_head_kernel, p.Hv, threads, (2 * p.dk + kRowGroups * p.dv + threads / 32) * sizeof(float), stream, p, 1);
-  }
+  if (!split && !head_kernel_fits(p)) return cudaErrorInvalidValue;
+  if (!p.conv_done) launch_conv(p, 1, stream);
+  if (split) detail::launch(delta_split_kernel, dim3(p.Hv, p.dv / kSplitCols), kRowGroups * kSplitCols, 0, stream, p);
+  else launch_head(p, 1, stream);
   return cudaGetLastError();
 }
 

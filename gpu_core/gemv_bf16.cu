@@ -38,19 +38,17 @@ struct ConvEpilogue {
   int channels = 0, kernel = 0;
 };
 
-// SWIGLU: the input is silu(x) * u, formed as it is read (x = gate rows, u = up rows). CONV (T = 1):
-// rows below conv.channels also go through the conv step (gpu_core/conv_step.cuh).
-template <int TMAX, bool SWIGLU = false, bool CONV = false>
-__global__ void __launch_bounds__(kWarpsPerBlock * 32)
-    gemv_bf16_kernel(const uint16_t* __restrict__ W, int64_t N, int64_t K, const float* __restrict__ x, int T,
-                     float* __restrict__ y, const float* __restrict__ u = nullptr, ConvEpilogue conv = {}) {
-  detail::pdl_allow();
-  const int lane = threadIdx.x & 31;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
+// Lane `lane`'s share of row `row` . x_t for t < T into acc (not reduced across the warp; zeros for a
+// row past N). SWIGLU: the input is silu(x) * u, formed as it is read (x = gate rows, u = up rows). The
+// first kPre weight vectors of the lane are loaded before waiting for the kernel that writes x
+// (programmatic launch: weights are never written during a step), the rest in the loop.
+template <int TMAX, bool SWIGLU>
+__device__ __forceinline__ void row_dot(const uint16_t* __restrict__ W, int64_t N, int64_t K, const float* __restrict__ x,
+                                        const float* __restrict__ u, int T, int64_t row, int lane, float (&acc)[TMAX]) {
+#pragma unroll
+  for (int t = 0; t < TMAX; ++t) acc[t] = 0.0f;
   const uint4* w = reinterpret_cast<const uint4*>(W + row * K);
   const int64_t chunks = K / 8;
-  // The first kPre chunks of this lane's weights are loaded before waiting for the kernel that writes
-  // x (programmatic launch: weights are never written during a step), the rest in the loop.
   constexpr int kPre = 4;
   uint4 pre[kPre];
 #pragma unroll
@@ -59,11 +57,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     pre[i] = row < N && c < chunks ? load_stream(w + c) : make_uint4(0u, 0u, 0u, 0u);
   }
   detail::pdl_wait();
-  if (row >= N) return;  // whole warps exit together: shuffles below stay full-warp
-  float acc[TMAX];
-#pragma unroll
-  for (int t = 0; t < TMAX; ++t) acc[t] = 0.0f;
-  auto chunk = [&](int64_t c, const uint4& v) {
+  if (row >= N) return;
+  const auto chunk = [&](int64_t c, const uint4& v) {
     const float wf[8] = {lo_bf16(v.x), hi_bf16(v.x), lo_bf16(v.y), hi_bf16(v.y),
                          lo_bf16(v.z), hi_bf16(v.z), lo_bf16(v.w), hi_bf16(v.w)};
 #pragma unroll
@@ -85,6 +80,19 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     if (lane + 32 * i < chunks) chunk(lane + 32 * i, pre[i]);
 #pragma unroll 4
   for (int64_t c = lane + 32 * kPre; c < chunks; c += 32) chunk(c, load_stream(w + c));
+}
+
+// CONV (T = 1): rows below conv.channels also go through the conv step (gpu_core/conv_step.cuh).
+template <int TMAX, bool SWIGLU = false, bool CONV = false>
+__global__ void __launch_bounds__(kWarpsPerBlock * 32)
+    gemv_bf16_kernel(const uint16_t* __restrict__ W, int64_t N, int64_t K, const float* __restrict__ x, int T,
+                     float* __restrict__ y, const float* __restrict__ u = nullptr, ConvEpilogue conv = {}) {
+  detail::pdl_allow();
+  const int lane = threadIdx.x & 31;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
+  float acc[TMAX];
+  row_dot<TMAX, SWIGLU>(W, N, K, x, u, T, row, lane, acc);
+  if (row >= N) return;  // whole warps exit together: shuffles below stay full-warp
 #pragma unroll
   for (int t = 0; t < TMAX; ++t) {
     if (t >= T) break;
@@ -110,20 +118,13 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     gemv_bf16_topk_kernel(const uint16_t* __restrict__ W, int64_t N, int64_t K, const float* __restrict__ x, float* y, int E, int k,
                           unsigned* counter, int32_t* ids, float* weights) {
-  detail::pdl_begin();
+  detail::pdl_allow();
   const int lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
+  float dot[1];
+  row_dot<1, false>(W, N, K, x, nullptr, 1, row, lane, dot);  // gemv_bf16's arithmetic
+  float acc = dot[0];
   if (row < N) {  // no early return: the block meets at the barrier below
-    const uint4* w = reinterpret_cast<const uint4*>(W + row * K);
-    float acc = 0.0f;
-#pragma unroll 4
-    for (int64_t c = lane; c < K / 8; c += 32) {
-      const uint4 v = load_stream(w + c);
-      const float4* xp = reinterpret_cast<const float4*>(x + c * 8);
-      const float4 a = __ldg(xp), b = __ldg(xp + 1);
-      acc += lo_bf16(v.x) * a.x + hi_bf16(v.x) * a.y + lo_bf16(v.y) * a.z + hi_bf16(v.y) * a.w + lo_bf16(v.z) * b.x +
-             hi_bf16(v.z) * b.y + lo_bf16(v.w) * b.z + hi_bf16(v.w) * b.w;
-    }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
     if (lane == 0) {

@@ -44,16 +44,21 @@ __device__ __forceinline__ uint32_t load_stream(const uint32_t* p) {
   return v;
 }
 
-// sum over the word's 8 inputs of (q - z) * x (x: 8 fp16 inputs, 16-byte aligned): fp16 products summed
+// sum over the word's 8 inputs of (q - z) * x (x: the 8 inputs as 4 fp16 pairs): fp16 products summed
 // in fp16 pairs, the two halves added in fp32 (the caller applies the group's scale).
-__device__ __forceinline__ float word_dot(uint32_t word, const __half* x, __half2 z) {
-  const uint4 xv = *reinterpret_cast<const uint4*>(x);
-  const uint32_t xw[4] = {xv.x, xv.y, xv.z, xv.w};
-  __half2 part = __hmul2(dequant_pair(word, 0, z), as_half2(xw[0]));
+__device__ __forceinline__ float word_dot_h2(uint32_t word, const __half2* x, __half2 z) {
+  __half2 part = __hmul2(dequant_pair(word, 0, z), x[0]);
 #pragma unroll
-  for (int i = 1; i < 4; ++i) part = __hfma2(dequant_pair(word, i, z), as_half2(xw[i]), part);
+  for (int i = 1; i < 4; ++i) part = __hfma2(dequant_pair(word, i, z), x[i], part);
   const float2 f = __half22float2(part);
   return f.x + f.y;
+}
+
+// The same with x read from memory (8 fp16 inputs, 16-byte aligned).
+__device__ __forceinline__ float word_dot(uint32_t word, const __half* x, __half2 z) {
+  const uint4 xv = *reinterpret_cast<const uint4*>(x);
+  const __half2 xh[4] = {as_half2(xv.x), as_half2(xv.y), as_half2(xv.z), as_half2(xv.w)};
+  return word_dot_h2(word, xh, z);
 }
 
 // Consecutive lanes take consecutive 8-input code words, so both the codes (4 B a lane) and the

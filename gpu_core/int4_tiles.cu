@@ -49,8 +49,8 @@ __global__ void tiles_to_rows_kernel(const Int4TilesToRows* __restrict__ jobs) {
 
 }  // namespace
 
-cudaError_t int4_tiles_to_rows(const Int4TilesToRows* jobs, int count, int64_t max_rows, int64_t max_cols, cudaStream_t stream) {
-  if (count <= 0 || max_rows <= 0 || max_cols <= 0) return count == 0 ? cudaSuccess : cudaErrorInvalidValue;
+cudaError_t int4_tiles_to_rows(const Int4TilesToRows* jobs, int count, int64_t max_rows, cudaStream_t stream) {
+  if (count <= 0 || max_rows <= 0) return count == 0 ? cudaSuccess : cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>((max_rows + kRowsPerBlock - 1) / kRowsPerBlock), static_cast<unsigned>(count));
   tiles_to_rows_kernel<<<grid, 256, 0, stream>>>(jobs);
   return cudaGetLastError();

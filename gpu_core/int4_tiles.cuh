@@ -22,8 +22,8 @@ struct Int4TilesToRows {
   int64_t rows = 0, cols = 0, group_size = 0;
 };
 
-// Converts `count` matrices (jobs: device array); max_rows / max_cols bound every job's shape (they
-// size the grid). cols a multiple of 8 and of group_size.
-cudaError_t int4_tiles_to_rows(const Int4TilesToRows* jobs, int count, int64_t max_rows, int64_t max_cols, cudaStream_t stream);
+// Converts `count` matrices (jobs: device array); max_rows bounds every job's rows (it sizes the grid).
+// cols a multiple of 8 and of group_size.
+cudaError_t int4_tiles_to_rows(const Int4TilesToRows* jobs, int count, int64_t max_rows, cudaStream_t stream);
 
 }  // namespace tandem::gpu

@@ -47,22 +47,15 @@ __device__ __forceinline__ void load_x32(const float* __restrict__ x, const int3
   }
 }
 
-// sum over the vector's 32 inputs of (q - z) * x, fp16 products summed per 8-input word as
-// word_dot does, the words' sums added in fp32 (the caller scales by the group's scale).
+// sum over the vector's 32 inputs of (q - z) * x: word_dot per 8-input word, the words' sums added in
+// fp32 (the caller scales by the group's scale).
 __device__ __forceinline__ float vec_dot(const uint4& w, const __half2 (&xv)[16], __half2 z) {
   const uint32_t words[4] = {w.x, w.y, w.z, w.w};
   float acc = 0.0f;
 #pragma unroll
-  for (int m = 0; m < 4; ++m) {
-    __half2 part = __hmul2(dequant_pair(words[m], 0, z), xv[4 * m]);
-#pragma unroll
-    for (int i = 1; i < 4; ++i) part = __hfma2(dequant_pair(words[m], i, z), xv[4 * m + i], part);
-    const float2 f = __half22float2(part);
-    acc += f.x + f.y;
-  }
+  for (int m = 0; m < 4; ++m) acc += word_dot_h2(words[m], xv + 4 * m, z);
   return acc;
 }
-
 
 // Both kernels issue every global load a warp needs in one phase (codes, scales, zero points,
 // activations) after the one dependent read of the expert table, then compute: a chain of load ->

@@ -2,6 +2,8 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <type_traits>
+
 #include "gpu_core/launch.cuh"
 #include "gpu_core/ops.cuh"
 #include "gpu_core/topk_warp.cuh"
@@ -30,69 +32,45 @@ __global__ void embed_kernel(const uint16_t* table, int64_t H, const int32_t* id
   for (int64_t i = threadIdx.x; i < H; i += blockDim.x) out[t * H + i] = __uint_as_float(static_cast<uint32_t>(row[i]) << 16);
 }
 
-// The row norms hold each thread's elements (i = threadIdx.x + m * blockDim.x, m < PER) in registers:
-// every load of the row is issued before any use, so a decode step's single-block norm waits for
-// memory once instead of once per element it owns (the stores to h may alias the loads, so the
-// compiler could not batch them in a loop). PER = 0: rows too long for that, plain loops. Per element
-// and per thread the same operations in the same order either way.
+// y = rmsnorm_zc(h') per row, where h' = hin alone (a == nullptr: rmsnorm_zc) or hin + a (+ s / (1 +
+// exp(-gate[row])) added to a first), stored to hout (add_rmsnorm_zc, hout == hin: add_inplace after
+// gated_add, then the norm, in one launch with the same operations in the same order per element).
+// Each thread holds its elements (i = threadIdx.x + m * blockDim.x, m < PER) in registers: every load
+// of the row is issued before any use, so a decode step's single-block norm waits for memory once
+// instead of once per element it owns (the stores to hout may alias the loads, so the compiler could
+// not batch them in a loop). PER = 0: rows too long for that, plain loops; per element and per thread
+// the same operations in the same order either way.
 template <int PER>
-__global__ void rmsnorm_kernel(const float* __restrict__ x, const float* __restrict__ w, int64_t n, float eps, float* __restrict__ y) {
+__global__ void norm_kernel(const float* hin, float* hout, const float* __restrict__ a, const float* __restrict__ s,
+                            const float* __restrict__ gate, const float* __restrict__ w, int64_t n, float eps, float* __restrict__ y) {
   detail::pdl_begin();
-  const float* xr = x + blockIdx.x * n;
-  float* yr = y + blockIdx.x * n;
-  float ss = 0.0f;
-  if constexpr (PER == 0) {
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
-    const float r = rsqrtf(block_sum(ss) / n + eps);
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) yr[i] = xr[i] * r * (1.0f + w[i]);
-  } else {
-    float v[PER], wv[PER];
-#pragma unroll
-    for (int m = 0; m < PER; ++m) {
-      const int64_t i = threadIdx.x + m * blockDim.x;
-      v[m] = i < n ? xr[i] : 0.0f;
-      wv[m] = i < n ? w[i] : 0.0f;
-    }
-#pragma unroll
-    for (int m = 0; m < PER; ++m)
-      if (threadIdx.x + m * blockDim.x < n) ss += v[m] * v[m];
-    const float r = rsqrtf(block_sum(ss) / n + eps);
-#pragma unroll
-    for (int m = 0; m < PER; ++m) {
-      const int64_t i = threadIdx.x + m * blockDim.x;
-      if (i < n) yr[i] = v[m] * r * (1.0f + wv[m]);
-    }
-  }
-}
-
-// h += a (+ s / (1 + exp(-gate[row])) added to a first), then y = rmsnorm_zc(h): add_inplace (after
-// gated_add) and rmsnorm_kernel in one launch, with the same operations in the same order per element.
-template <int PER>
-__global__ void add_rmsnorm_kernel(float* __restrict__ h, const float* __restrict__ a, const float* __restrict__ s,
-                                   const float* __restrict__ gate, const float* __restrict__ w, int64_t n, float eps,
-                                   float* __restrict__ y) {
-  detail::pdl_begin();
-  float* hr = h + blockIdx.x * n;
-  const float* ar = a + blockIdx.x * n;
-  float* yr = y + blockIdx.x * n;
+  const float* hi = hin + blockIdx.x * n;
+  float* ho = a ? hout + blockIdx.x * n : nullptr;
+  const float* ar = a ? a + blockIdx.x * n : nullptr;
   const float* sr = s ? s + blockIdx.x * n : nullptr;
+  float* yr = y + blockIdx.x * n;
   const float sig = s ? 1.0f + expf(-gate[blockIdx.x]) : 1.0f;
   float ss = 0.0f;
   if constexpr (PER == 0) {
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-      hr[i] += sr ? ar[i] + sr[i] / sig : ar[i];
-      ss += hr[i] * hr[i];
+      float v = hi[i];
+      if (ar) {
+        v += sr ? ar[i] + sr[i] / sig : ar[i];
+        ho[i] = v;
+      }
+      ss += v * v;
     }
     const float r = rsqrtf(block_sum(ss) / n + eps);
-    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) yr[i] = hr[i] * r * (1.0f + w[i]);
+    const float* hv = ar ? ho : hi;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) yr[i] = hv[i] * r * (1.0f + w[i]);
   } else {
     float hv[PER], av[PER], sv[PER], wv[PER];
 #pragma unroll
     for (int m = 0; m < PER; ++m) {
       const int64_t i = threadIdx.x + m * blockDim.x;
       const bool in = i < n;
-      hv[m] = in ? hr[i] : 0.0f;
-      av[m] = in ? ar[i] : 0.0f;
+      hv[m] = in ? hi[i] : 0.0f;
+      av[m] = in && ar ? ar[i] : 0.0f;
       sv[m] = in && sr ? sr[i] : 0.0f;
       wv[m] = in ? w[i] : 0.0f;
     }
@@ -100,8 +78,10 @@ __global__ void add_rmsnorm_kernel(float* __restrict__ h, const float* __restric
     for (int m = 0; m < PER; ++m) {
       const int64_t i = threadIdx.x + m * blockDim.x;
       if (i >= n) continue;
-      hv[m] += sr ? av[m] + sv[m] / sig : av[m];
-      hr[i] = hv[m];
+      if (ar) {
+        hv[m] += sr ? av[m] + sv[m] / sig : av[m];
+        ho[i] = hv[m];
+      }
       ss += hv[m] * hv[m];
     }
     const float r = rsqrtf(block_sum(ss) / n + eps);
@@ -113,10 +93,17 @@ __global__ void add_rmsnorm_kernel(float* __restrict__ h, const float* __restric
   }
 }
 
-// Elements per thread for the register-held row forms (0: the loop form).
-int norm_per_thread(int64_t n) {
+// Calls launch(std::integral_constant<int, PER>) with the elements per thread of norm_kernel's
+// register-held form for rows of n (PER = 0: the loop form).
+template <typename Launch>
+void with_norm_per_thread(int64_t n, Launch&& launch) {
   const int64_t per = (n + kThreads - 1) / kThreads;
-  return per <= 1 ? 1 : per <= 2 ? 2 : per <= 4 ? 4 : per <= 8 ? 8 : per <= 16 ? 16 : 0;
+  if (per <= 1) launch(std::integral_constant<int, 1>{});
+  else if (per <= 2) launch(std::integral_constant<int, 2>{});
+  else if (per <= 4) launch(std::integral_constant<int, 4>{});
+  else if (per <= 8) launch(std::integral_constant<int, 8>{});
+  else if (per <= 16) launch(std::integral_constant<int, 16>{});
+  else launch(std::integral_constant<int, 0>{});
 }
 
 __global__ void add_kernel(float* h, const float* x, int64_t n) {
@@ -176,27 +163,18 @@ cudaError_t embed_bf16(const uint16_t* table, int64_t H, const int32_t* ids, int
   return cudaGetLastError();
 }
 cudaError_t rmsnorm_zc(const float* x, const float* w, int64_t n, int rows, float eps, float* y, cudaStream_t s) {
-  switch (norm_per_thread(n)) {
-    case 1: detail::launch(rmsnorm_kernel<1>, rows, kThreads, 0, s, x, w, n, eps, y); break;
-    case 2: detail::launch(rmsnorm_kernel<2>, rows, kThreads, 0, s, x, w, n, eps, y); break;
-    case 4: detail::launch(rmsnorm_kernel<4>, rows, kThreads, 0, s, x, w, n, eps, y); break;
-    case 8: detail::launch(rmsnorm_kernel<8>, rows, kThreads, 0, s, x, w, n, eps, y); break;
-    case 16: detail::launch(rmsnorm_kernel<16>, rows, kThreads, 0, s, x, w, n, eps, y); break;
-    default: detail::launch(rmsnorm_kernel<0>, rows, kThreads, 0, s, x, w, n, eps, y);
-  }
+  float* none = nullptr;
+  with_norm_per_thread(n, [&](auto per) {
+    detail::launch(norm_kernel<per.value>, rows, kThreads, 0, s, x, none, none, none, none, w, n, eps, y);
+  });
   return cudaGetLastError();
 }
 cudaError_t add_rmsnorm_zc(float* h, const float* a, const float* shared, const float* gate, const float* w, int64_t n, int rows,
                            float eps, float* y, cudaStream_t s) {
   if (!a || (shared && !gate)) return cudaErrorInvalidValue;
-  switch (norm_per_thread(n)) {
-    case 1: detail::launch(add_rmsnorm_kernel<1>, rows, kThreads, 0, s, h, a, shared, gate, w, n, eps, y); break;
-    case 2: detail::launch(add_rmsnorm_kernel<2>, rows, kThreads, 0, s, h, a, shared, gate, w, n, eps, y); break;
-    case 4: detail::launch(add_rmsnorm_kernel<4>, rows, kThreads, 0, s, h, a, shared, gate, w, n, eps, y); break;
-    case 8: detail::launch(add_rmsnorm_kernel<8>, rows, kThreads, 0, s, h, a, shared, gate, w, n, eps, y); break;
-    case 16: detail::launch(add_rmsnorm_kernel<16>, rows, kThreads, 0, s, h, a, shared, gate, w, n, eps, y); break;
-    default: detail::launch(add_rmsnorm_kernel<0>, rows, kThreads, 0, s, h, a, shared, gate, w, n, eps, y);
-  }
+  with_norm_per_thread(n, [&](auto per) {
+    detail::launch(norm_kernel<per.value>, rows, kThreads, 0, s, h, h, a, shared, gate, w, n, eps, y);
+  });
   return cudaGetLastError();
 }
 cudaError_t add_inplace(float* h, const float* x, int64_t n, cudaStream_t s) {

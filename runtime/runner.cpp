@@ -11,6 +11,7 @@
 #include "runtime/trace.h"
 #ifdef TANDEM_HAVE_CUDA
 #include "gpu_core/device.cuh"
+#include "gpu_core/int4_layout.h"
 #include "runtime/models/qwen3_5_moe_gpu.h"
 #endif
 
@@ -114,11 +115,11 @@ class CpuExpertSide final : public HostExperts {
                         "; streaming over PCIe takes int4 experts (experts.cpu_format: int4)");
           return false;
         }
-        const uint64_t G = static_cast<uint64_t>(m->groups), T = static_cast<uint64_t>(m->tiles);
-        extend(m->w, T * m->tile_bytes);
-        extend(m->scales, T * G * 32);
-        if (m->zeros) extend(m->zeros, T * G * 16);
-        if (m->col_perm) extend(m->col_perm, static_cast<uint64_t>(m->cols) * 4);
+        const gpu::Int4TilePieces t = gpu::int4_tile_pieces(m->rows, m->cols, m->group_size);
+        extend(m->w, t.w);
+        extend(m->scales, t.scales);
+        if (m->zeros) extend(m->zeros, t.zeros);
+        if (m->col_perm) extend(m->col_perm, t.perm);
       }
     if (found.empty()) {
       why = "no host experts there";

@@ -417,10 +417,7 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
   if (embed) {
     CK(gpu::embed_bf16(embed, H, ids, 1, h, stream));
   } else {
-    CK(cudaStreamSynchronize(stream));  // the previous row's copy has left the staging buffer
-    const LinearWeight& E = model.embed();
-    for (int64_t i = 0; i < H; ++i) hembed[i] = load_as_f32(E.dense, E.dense_dtype, int64_t(id) * H + i);
-    CK(cudaMemcpyAsync(h, hembed, H * sizeof(float), cudaMemcpyHostToDevice, stream));
+    host_embedding_rows(&id, 1, h);
   }
   // The residual update that ends each block (h += attention/DeltaNet output; h += MoE output +
   // the gated shared expert) runs fused with the norm that follows it (add_rmsnorm_zc).
@@ -651,21 +648,18 @@ std::unique_ptr<Qwen35MoeGpu> Qwen35MoeGpu::create(const Qwen35Moe& model, const
   for (const DevLayer& L : impl->layers) impl->gpu_only_layers += !(L.cpu_experts && opts.host_experts);
   // Deferred host work joins a layer late, across the cuts: such steps stay eager.
   impl->graph_ok = opts.cuda_graph && impl->embed && !(impl->deferring() && impl->gpu_only_layers < impl->layers.size());
-  if (opts.programmatic_launch) {
-    int dev = 0, major = 0;
+  auto device_attribute = [](cudaDeviceAttr what) {
+    int dev = 0, v = 0;
     CK(cudaGetDevice(&dev));
-    CK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    impl->pdl = major >= 9;
-  }
+    CK(cudaDeviceGetAttribute(&v, what, dev));
+    return v;
+  };
+  impl->pdl = opts.programmatic_launch && device_attribute(cudaDevAttrComputeCapabilityMajor) >= 9;
   // One graph a step with the handoffs inside: kernels read and write hx / hids / hw / hout / hflags in
-  // place (mapped; with unified addressing the host pointers are the device's too).
-  impl->one_graph = impl->graph_ok && opts.hybrid_one_graph && impl->gpu_only_layers < impl->layers.size();
-  if (impl->one_graph) {
-    int dev = 0, uva = 0;
-    CK(cudaGetDevice(&dev));
-    CK(cudaDeviceGetAttribute(&uva, cudaDevAttrUnifiedAddressing, dev));
-    if (!uva) impl->one_graph = false;  // host pointers are not device pointers there: the cut graphs
-  }
+  // place (mapped; with unified addressing the host pointers are the device's too; without it, the cut
+  // graphs).
+  impl->one_graph = impl->graph_ok && opts.hybrid_one_graph && impl->gpu_only_layers < impl->layers.size() &&
+                    device_attribute(cudaDevAttrUnifiedAddressing);
   if (impl->one_graph) {
     CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hflags), 4 * sizeof(unsigned), cudaHostAllocMapped));
     std::memset(impl->hflags, 0, 4 * sizeof(unsigned));

@@ -242,6 +242,8 @@ struct Qwen35MoeGpu::Impl {
   // A prompt piece's positions into pos_dev and embedding rows into h_dev (on the GPU, or from the
   // host table via hembed).
   void prefill_inputs(const int32_t* ids_host, int64_t n, int32_t* ids_dev, int32_t* pos_dev, float* h_dev);
+  // The embedding rows of n tokens from the table in host memory (hembed staging) into h_dev [n, H].
+  void host_embedding_rows(const int32_t* ids_host, int64_t n, float* h_dev);
   // Streamed prefill (GpuOptions::stream_prefill_min_tokens): n <= st.pass tokens layer by layer,
   // each layer's host experts copied over PCIe one layer ahead (see the .cpp).
   void prefill_streamed(const int32_t* ids_host, int64_t n, float* logits_last);

@@ -134,6 +134,13 @@ void Qwen35MoeGpu::Impl::prefill_inputs(const int32_t* ids_host, int64_t n, int3
     CK(gpu::embed_bf16(embed, H, ids_dev, static_cast<int>(n), h_dev, stream));
     return;
   }
+  host_embedding_rows(ids_host, n, h_dev);
+}
+
+// The embedding rows of n tokens from the table in host memory: gathered into the pinned staging rows
+// (hembed), then copied to h_dev [n, H] on the stream.
+void Qwen35MoeGpu::Impl::host_embedding_rows(const int32_t* ids_host, int64_t n, float* h_dev) {
+  const int64_t H = model.config().hidden_size;
   if (n > hembed_rows) fail("internal: ", n, " embedding rows for a staging buffer of ", hembed_rows);
   CK(cudaStreamSynchronize(stream));  // the previous rows have left the staging buffer
   const LinearWeight& E = model.embed();

@@ -141,7 +141,7 @@ void Qwen35MoeGpu::Impl::prefill_streamed(const int32_t* ids_host, int64_t n, fl
     const gpu::Int4Expert* table = nullptr;
     if (streams(li)) {
       CK(cudaStreamWaitEvent(stream, st.ready, 0));
-      CK(gpu::int4_tiles_to_rows(st.jobs + li * mj, 3 * static_cast<int>(st.layout[li].experts.size()), wide, wide, stream));
+      CK(gpu::int4_tiles_to_rows(st.jobs + li * mj, 3 * static_cast<int>(st.layout[li].experts.size()), wide, stream));
       CK(cudaEventRecord(st.free, stream));
       if (size_t nx = next_streamed(li + 1); nx < layers.size()) copy_layer(nx);
       table = st.tables + li * E;

@@ -319,10 +319,10 @@ TEST(HybridGraph, SegmentedStepEqualsEagerStep) {
 // layer and in some, across prompts, decode steps and reset().
 TEST(HybridGraph, OneGraphStepEqualsEagerStep) {
   TANDEM_REQUIRE_GPU();
-  for (const std::string& name : test::fixture_names())
+  for (const std::string& name : test::fixture_names()) {
+    const auto f = test::load_fixture(name);
+    auto model = Qwen35Moe::load(f.dir);
     for (const Placement& pl : {kPlacements[0], kPlacements[1]}) {
-      const auto f = test::load_fixture(name);
-      auto model = Qwen35Moe::load(f.dir);
       const RunnerOptions o = hybrid_options(plan_for(*model, pl));
       setenv("TANDEM_CUDA_GRAPH", "0", 1);
       auto eager = make_runner(*model, o);
@@ -338,6 +338,7 @@ TEST(HybridGraph, OneGraphStepEqualsEagerStep) {
       expect_same_steps(*eager, *graphed, f, name + " " + pl.name);
       expect_same_steps(*eager, *pdl, f, name + " " + pl.name + " (programmatic launch)");
     }
+  }
 }
 
 }  // namespace

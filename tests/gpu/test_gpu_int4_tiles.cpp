@@ -31,7 +31,7 @@ TEST(GpuInt4Tiles, ConversionMatchesTheHostReference) {
   std::vector<std::unique_ptr<test::DeviceBuffer<uint8_t>>> bufs;
   std::vector<std::unique_ptr<test::DeviceBuffer<int32_t>>> perms;
   std::vector<gpu::Int4TilesToRows> jobs;
-  int64_t max_rows = 0, max_cols = 0;
+  int64_t max_rows = 0;
   auto dev_bytes = [&](const void* p, size_t n) {
     const auto* b = static_cast<const uint8_t*>(p);
     bufs.push_back(std::make_unique<test::DeviceBuffer<uint8_t>>(std::vector<uint8_t>(b, b + n)));
@@ -55,10 +55,10 @@ TEST(GpuInt4Tiles, ConversionMatchesTheHostReference) {
     j.perm = perms.back()->ptr;
     j.rows = s.N, j.cols = s.K, j.group_size = s.gs;
     jobs.push_back(j);
-    max_rows = std::max(max_rows, s.N), max_cols = std::max(max_cols, s.K);
+    max_rows = std::max(max_rows, s.N);
   }
   test::DeviceBuffer<gpu::Int4TilesToRows> djobs(jobs);
-  ASSERT_EQ(gpu::int4_tiles_to_rows(djobs.ptr, static_cast<int>(jobs.size()), max_rows, max_cols, nullptr), cudaSuccess);
+  ASSERT_EQ(gpu::int4_tiles_to_rows(djobs.ptr, static_cast<int>(jobs.size()), max_rows, nullptr), cudaSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   for (size_t i = 0; i < jobs.size(); ++i) {
     const cpu::PackedMatrix& m = packed[i];

@@ -16,6 +16,13 @@ namespace {
 
 class GpuModel : public ::testing::TestWithParam<std::string> {};
 
+// The options the fixture comparisons start from: defaults with a 256-token context.
+GpuOptions fixture_options() {
+  GpuOptions g;
+  g.max_context = 256;
+  return g;
+}
+
 TEST_P(GpuModel, MatchesTransformers) {
   TANDEM_REQUIRE_GPU();
   const auto f = test::load_fixture(GetParam());
@@ -43,8 +50,7 @@ TEST_P(GpuModel, CudaGraphStepEqualsEagerStep) {
   TANDEM_REQUIRE_GPU();
   const auto f = test::load_fixture(GetParam());
   auto model = Qwen35Moe::load(f.dir);
-  GpuOptions g;
-  g.max_context = 256;
+  GpuOptions g = fixture_options();
   auto eager = Qwen35MoeGpu::create(*model, g);
   ASSERT_FALSE(eager->cuda_graph_active());
   g.cuda_graph = true;
@@ -60,35 +66,6 @@ TEST_P(GpuModel, CudaGraphStepEqualsEagerStep) {
       ASSERT_TRUE(std::equal(a.begin() + i * V, a.begin() + (i + 1) * V, b.begin() + i * V)) << f.name << " round " << round << " position " << i;
     eager->reset();
     graphed->reset();
-  }
-}
-
-// GpuOptions::moe_prefetch (int4 experts decoded with every weight word loaded up front) computes the
-// same numbers as the plain decode kernels, act-order fixtures included; GpuOptions::moe_wide (16-byte
-// loads, fp32 input read in the kernel) the same per-word arithmetic with the words' sums added in
-// another order, which flips the fp16 rounding of a few h values (~1e-5 per layer; 1e-4), on the
-// fixtures whose shapes it takes (multiples of 32).
-TEST_P(GpuModel, MoeDecodeVariantsEqualPlainDecode) {
-  TANDEM_REQUIRE_GPU();
-  const auto f = test::load_fixture(GetParam());
-  auto model = Qwen35Moe::load(f.dir);
-  GpuOptions g;
-  g.max_context = 256;
-  auto plain = Qwen35MoeGpu::create(*model, g);
-  g.moe_prefetch = true;
-  auto prefetch = Qwen35MoeGpu::create(*model, g);
-  g.moe_prefetch = false;
-  g.moe_wide = true;
-  auto wide = Qwen35MoeGpu::create(*model, g);
-  const int64_t n = static_cast<int64_t>(f.ids.size()), V = f.vocab;
-  std::vector<float> a(n * V), b(n * V), c(n * V);
-  plain->forward(std::span(f.ids.data(), n), a.data(), Qwen35Moe::LogitRows::All);
-  prefetch->forward(std::span(f.ids.data(), n), b.data(), Qwen35Moe::LogitRows::All);
-  wide->forward(std::span(f.ids.data(), n), c.data(), Qwen35Moe::LogitRows::All);
-  const LogitsComparison same = compare_logits(b.data(), a.data(), n, V), near = compare_logits(c.data(), a.data(), n, V);
-  for (int64_t i = 0; i < n; ++i) {
-    EXPECT_LT(same.rel_l2[i], 1e-6) << f.name << " position " << i;
-    EXPECT_LT(near.rel_l2[i], 1e-4) << f.name << " position " << i << " (wide)";
   }
 }
 
@@ -114,6 +91,23 @@ void expect_same_decode(const Qwen35Moe& model, const test::Fixture& f, const Gp
   }
 }
 
+// GpuOptions::moe_prefetch (int4 experts decoded with every weight word loaded up front) computes the
+// same numbers as the plain decode kernels, act-order fixtures included; GpuOptions::moe_wide (16-byte
+// loads, fp32 input read in the kernel) the same per-word arithmetic with the words' sums added in
+// another order, which flips the fp16 rounding of a few h values (~1e-5 per layer; 1e-4), on the
+// fixtures whose shapes it takes (multiples of 32).
+TEST_P(GpuModel, MoeDecodeVariantsEqualPlainDecode) {
+  TANDEM_REQUIRE_GPU();
+  const auto f = test::load_fixture(GetParam());
+  auto model = Qwen35Moe::load(f.dir);
+  GpuOptions plain = fixture_options();
+  GpuOptions prefetch = plain, wide = plain;
+  prefetch.moe_prefetch = true;
+  wide.moe_wide = true;
+  expect_same_decode(*model, f, plain, prefetch, 1e-6, 1, "prefetch");
+  expect_same_decode(*model, f, plain, wide, 1e-4, 1, "wide");
+}
+
 // GpuOptions::deltanet_split (decode recurrence over 32-column slices of each head's state, the gated
 // norm by the head's last block) and GpuOptions::deltanet_conv_in_gemv (the conv applied by the input
 // projection's GEMV) against the default kernels, eagerly and as CUDA-graph steps: the conv in the GEMV
@@ -125,8 +119,7 @@ TEST_P(GpuModel, DeltaNetDecodeVariantsEqualDefault) {
   auto model = Qwen35Moe::load(f.dir);
   for (const bool graph : {false, true})
     for (const int variant : {1, 2, 3}) {  // bit 0: split recurrence, bit 1: conv in the GEMV
-      GpuOptions g;
-      g.max_context = 256;
+      GpuOptions g = fixture_options();
       g.cuda_graph = graph;
       GpuOptions other = g;
       other.deltanet_split = variant & 1;
@@ -144,14 +137,12 @@ TEST_P(GpuModel, ProgrammaticLaunchGivesTheSameNumbers) {
   TANDEM_REQUIRE_GPU();
   const auto f = test::load_fixture(GetParam());
   auto model = Qwen35Moe::load(f.dir);
-  GpuOptions on;
-  on.max_context = 256;
+  GpuOptions on = fixture_options();
   on.programmatic_launch = true;
   ASSERT_TRUE(Qwen35MoeGpu::create(*model, on)->programmatic_launch_active()) << "the H200 has it (sm_90)";
   for (const bool graph : {false, true})
     for (const bool variants : {false, true}) {
-      GpuOptions g;
-      g.max_context = 256;
+      GpuOptions g = fixture_options();
       g.cuda_graph = graph;
       g.moe_wide = g.deltanet_split = g.deltanet_conv_in_gemv = variants;
       GpuOptions pdl = g;
@@ -174,8 +165,7 @@ TEST_P(GpuModel, BatchedPrefillEqualsTokenByToken) {
   // 4: and DeltaNet in the chunked form
   for (int variant = 0; variant < 5; ++variant) {
     const bool grouped = variant >= 1;
-    GpuOptions g;
-    g.max_context = 256;
+    GpuOptions g = fixture_options();
     auto plain = Qwen35MoeGpu::create(*model, g);
     g.batched_prefill = true;
     g.prefill_chunk = 16;
