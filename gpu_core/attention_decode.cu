@@ -3,7 +3,6 @@
 #include <cuda_runtime.h>
 
 #include "gpu_core/attention.cuh"
-#include "gpu_core/launch.cuh"
 
 namespace tandem::gpu {
 
@@ -35,7 +34,6 @@ __device__ float block_max(float v, float* red) {
 // Blocks x = 0..nh-1 prepare query heads, nh..nh+nkv-1 key heads (and copy v), of token y (decode:
 // the one token; prefill: token y of the chunk, at position pos[y]).
 __global__ void prepare_kernel(AttentionDecodeArgs p) {
-  detail::pdl_begin();
   __shared__ float red[kThreads / 32];
   __shared__ float buf[256];
   const int b = blockIdx.x, t = blockIdx.y, hd = p.hd, half = p.rotary_dim / 2;
@@ -69,7 +67,6 @@ __global__ void prepare_kernel(AttentionDecodeArgs p) {
 
 // grid (nh, splits): scores for one chunk of context, its max and sum, and the unnormalised output.
 __global__ void attend_kernel(AttentionDecodeArgs p) {
-  detail::pdl_begin();
   __shared__ float red[kThreads / 32];
   __shared__ float q[256];
   __shared__ float score[kChunk];
@@ -112,7 +109,6 @@ __global__ void attend_kernel(AttentionDecodeArgs p) {
 
 // One block per head: merge the splits (log-sum-exp) and apply the output gate.
 __global__ void combine_kernel(AttentionDecodeArgs p, int splits) {
-  detail::pdl_begin();
   const int h = blockIdx.x, hd = p.hd;
   const float* part = p.partial + static_cast<int64_t>(h) * p.max_splits * (hd + 2);
   // Splits past the context wrote only m = -inf (their outputs are stale): skip them.
@@ -219,9 +215,9 @@ cudaError_t attention_decode(const AttentionDecodeArgs& p, cudaStream_t stream) 
   // launch shape does not depend on *pos (graph-capturable).
   const int splits = (p.max_ctx + kChunk - 1) / kChunk;
   if (splits > p.max_splits) return cudaErrorInvalidValue;
-  detail::launch(prepare_kernel, p.nh + p.nkv, kThreads, 0, stream, p);
-  detail::launch(attend_kernel, dim3(p.nh, splits), kThreads, 0, stream, p);
-  detail::launch(combine_kernel, p.nh, kThreads, 0, stream, p, splits);
+  prepare_kernel<<<p.nh + p.nkv, kThreads, 0, stream>>>(p);
+  attend_kernel<<<dim3(p.nh, splits), kThreads, 0, stream>>>(p);
+  combine_kernel<<<p.nh, kThreads, 0, stream>>>(p, splits);
   return cudaGetLastError();
 }
 

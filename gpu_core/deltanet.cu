@@ -6,7 +6,6 @@
 
 #include "gpu_core/conv_step.cuh"
 #include "gpu_core/deltanet.cuh"
-#include "gpu_core/launch.cuh"
 
 namespace tandem::gpu {
 
@@ -42,7 +41,6 @@ __device__ __forceinline__ void conv_tokens(const float* __restrict__ x, const f
 // One thread per channel: the conv window lives in registers across the T tokens.
 __global__ void conv_kernel(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ window,
                                     float* __restrict__ y, int channels, int kernel, int T) {
-  detail::pdl_begin();
   const int ch = blockIdx.x * blockDim.x + threadIdx.x;
   if (ch >= channels) return;
   const int hist = kernel - 1;
@@ -343,7 +341,6 @@ __global__ void gated_norm_kernel(float* out, const float* __restrict__ z, const
 }
 
 __global__ void delta_head_kernel(DeltaNetDecodeArgs p, int T) {
-  detail::pdl_begin();
   extern __shared__ float smem[];
   const int dk = p.dk, dv = p.dv, h = blockIdx.x, kh = h / (p.Hv / p.Hk);
   float* q = smem;
@@ -391,7 +388,6 @@ __global__ void delta_head_kernel(DeltaNetDecodeArgs p, int T) {
 // normalises all dv of them.
 constexpr int kSplitCols = 32;
 __global__ void __launch_bounds__(kRowGroups * kSplitCols) delta_split_kernel(DeltaNetDecodeArgs p) {
-  detail::pdl_begin();
   __shared__ float q[128], k[128], part[kRowGroups * kSplitCols], red[32];
   __shared__ bool last;
   const int dk = p.dk, dv = p.dv, h = blockIdx.x, kh = h / (p.Hv / p.Hk);
@@ -457,13 +453,13 @@ bool head_kernel_fits(const DeltaNetDecodeArgs& p) {
 // The conv of T tokens, one thread per channel (conv_kernel).
 void launch_conv(const DeltaNetDecodeArgs& p, int T, cudaStream_t stream) {
   const int conv_dim = 2 * p.Hk * p.dk + p.Hv * p.dv;
-  detail::launch(conv_kernel, (conv_dim + 255) / 256, 256, 0, stream, p.qkv, p.conv_w, p.conv_state, p.conv_out, conv_dim, p.kernel, T);
+  conv_kernel<<<(conv_dim + 255) / 256, 256, 0, stream>>>(p.qkv, p.conv_w, p.conv_state, p.conv_out, conv_dim, p.kernel, T);
 }
 
 // The recurrence of T tokens, one block per value head (delta_head_kernel).
 void launch_head(const DeltaNetDecodeArgs& p, int T, cudaStream_t stream) {
   const int threads = p.dv * kRowGroups;
-  detail::launch(delta_head_kernel, p.Hv, threads, (2 * p.dk + kRowGroups * p.dv + threads / 32) * sizeof(float), stream, p, T);
+  delta_head_kernel<<<p.Hv, threads, (2 * p.dk + kRowGroups * p.dv + threads / 32) * sizeof(float), stream>>>(p, T);
 }
 
 }  // namespace
@@ -502,7 +498,7 @@ cudaError_t deltanet_decode(const DeltaNetDecodeArgs& p, cudaStream_t stream) {
   const bool split = p.tickets && deltanet_decode_split_fits(p);
   if (!split && !head_kernel_fits(p)) return cudaErrorInvalidValue;
   if (!p.conv_done) launch_conv(p, 1, stream);
-  if (split) detail::launch(delta_split_kernel, dim3(p.Hv, p.dv / kSplitCols), kRowGroups * kSplitCols, 0, stream, p);
+  if (split) delta_split_kernel<<<dim3(p.Hv, p.dv / kSplitCols), kRowGroups * kSplitCols, 0, stream>>>(p);
   else launch_head(p, 1, stream);
   return cudaGetLastError();
 }

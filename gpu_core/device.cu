@@ -1,6 +1,5 @@
 // gpu_core/device.cu: device discovery through the CUDA runtime (see device.cuh).
 #include "gpu_core/device.cuh"
-#include "gpu_core/launch_policy.h"
 
 #include <cuda_runtime.h>
 #include <cstdio>
@@ -47,11 +46,5 @@ bool host_register(void* p, unsigned long long bytes, char* reason, int reason_l
 void host_unregister(void* p) {
   if (cudaHostUnregister(p) != cudaSuccess) cudaGetLastError();
 }
-
-namespace {
-thread_local bool t_programmatic_launch = false;
-}
-void set_programmatic_launch(bool on) { t_programmatic_launch = on; }
-bool programmatic_launch() { return t_programmatic_launch; }
 
 }  // namespace tandem::gpu

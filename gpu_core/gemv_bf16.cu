@@ -3,7 +3,6 @@
 
 #include "gpu_core/conv_step.cuh"
 #include "gpu_core/gemv.cuh"
-#include "gpu_core/launch.cuh"
 #include "gpu_core/topk_warp.cuh"
 
 namespace tandem::gpu {
@@ -40,8 +39,7 @@ struct ConvEpilogue {
 
 // Lane `lane`'s share of row `row` . x_t for t < T into acc (not reduced across the warp; zeros for a
 // row past N). SWIGLU: the input is silu(x) * u, formed as it is read (x = gate rows, u = up rows). The
-// first kPre weight vectors of the lane are loaded before waiting for the kernel that writes x
-// (programmatic launch: weights are never written during a step), the rest in the loop.
+// first kPre weight vectors of the lane are loaded before any is used, the rest in the loop.
 template <int TMAX, bool SWIGLU>
 __device__ __forceinline__ void row_dot(const uint16_t* __restrict__ W, int64_t N, int64_t K, const float* __restrict__ x,
                                         const float* __restrict__ u, int T, int64_t row, int lane, float (&acc)[TMAX]) {
@@ -56,7 +54,6 @@ __device__ __forceinline__ void row_dot(const uint16_t* __restrict__ W, int64_t 
     const int64_t c = lane + 32 * i;
     pre[i] = row < N && c < chunks ? load_stream(w + c) : make_uint4(0u, 0u, 0u, 0u);
   }
-  detail::pdl_wait();
   if (row >= N) return;
   const auto chunk = [&](int64_t c, const uint4& v) {
     const float wf[8] = {lo_bf16(v.x), hi_bf16(v.x), lo_bf16(v.y), hi_bf16(v.y),
@@ -87,7 +84,6 @@ template <int TMAX, bool SWIGLU = false, bool CONV = false>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     gemv_bf16_kernel(const uint16_t* __restrict__ W, int64_t N, int64_t K, const float* __restrict__ x, int T,
                      float* __restrict__ y, const float* __restrict__ u = nullptr, ConvEpilogue conv = {}) {
-  detail::pdl_allow();
   const int lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   float acc[TMAX];
@@ -118,7 +114,6 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     gemv_bf16_topk_kernel(const uint16_t* __restrict__ W, int64_t N, int64_t K, const float* __restrict__ x, float* y, int E, int k,
                           unsigned* counter, int32_t* ids, float* weights) {
-  detail::pdl_allow();
   const int lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   float dot[1];
@@ -149,7 +144,7 @@ cudaError_t gemv_bf16_router_topk(const uint16_t* W, int64_t N, int64_t K, const
   if (K % 8 != 0 || N < 1 || E < 1 || E > N || E > detail::kRouterMaxExperts || k < 1 || k > E || k > detail::kRouterMaxTopK)
     return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>((N + kWarpsPerBlock - 1) / kWarpsPerBlock)), block(kWarpsPerBlock * 32);
-  detail::launch(gemv_bf16_topk_kernel, grid, block, 0, stream, W, N, K, x, y, E, k, counter, ids, weights);
+  gemv_bf16_topk_kernel<<<grid, block, 0, stream>>>(W, N, K, x, y, E, k, counter, ids, weights);
   return cudaGetLastError();
 }
 
@@ -157,10 +152,10 @@ cudaError_t gemv_bf16(const uint16_t* W, int64_t N, int64_t K, const float* x, i
   if (T < 1 || T > kMaxGemvTokens || K % 8 != 0 || N < 1) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>((N + kWarpsPerBlock - 1) / kWarpsPerBlock)), block(kWarpsPerBlock * 32);
   const float* none = nullptr;
-  if (T == 1) detail::launch(gemv_bf16_kernel<1>, grid, block, 0, stream, W, N, K, x, T, y, none, ConvEpilogue{});
-  else if (T <= 2) detail::launch(gemv_bf16_kernel<2>, grid, block, 0, stream, W, N, K, x, T, y, none, ConvEpilogue{});
-  else if (T <= 4) detail::launch(gemv_bf16_kernel<4>, grid, block, 0, stream, W, N, K, x, T, y, none, ConvEpilogue{});
-  else detail::launch(gemv_bf16_kernel<8>, grid, block, 0, stream, W, N, K, x, T, y, none, ConvEpilogue{});
+  if (T == 1) gemv_bf16_kernel<1><<<grid, block, 0, stream>>>(W, N, K, x, T, y, none, ConvEpilogue{});
+  else if (T <= 2) gemv_bf16_kernel<2><<<grid, block, 0, stream>>>(W, N, K, x, T, y, none, ConvEpilogue{});
+  else if (T <= 4) gemv_bf16_kernel<4><<<grid, block, 0, stream>>>(W, N, K, x, T, y, none, ConvEpilogue{});
+  else gemv_bf16_kernel<8><<<grid, block, 0, stream>>>(W, N, K, x, T, y, none, ConvEpilogue{});
   return cudaGetLastError();
 }
 
@@ -170,8 +165,7 @@ cudaError_t gemv_bf16_conv(const uint16_t* W, int64_t N, int64_t K, const float*
     return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>((N + kWarpsPerBlock - 1) / kWarpsPerBlock)), block(kWarpsPerBlock * 32);
   const float* none = nullptr;
-  detail::launch(gemv_bf16_kernel<1, false, true>, grid, block, 0, stream, W, N, K, x, 1, y, none,
-                 ConvEpilogue{conv_w, conv_state, conv_out, channels, kernel});
+  gemv_bf16_kernel<1, false, true><<<grid, block, 0, stream>>>(W, N, K, x, 1, y, none, ConvEpilogue{conv_w, conv_state, conv_out, channels, kernel});
   return cudaGetLastError();
 }
 
@@ -179,8 +173,8 @@ cudaError_t gemv_bf16_swiglu(const uint16_t* W, int64_t N, int64_t K, const floa
                              cudaStream_t stream) {
   if (T < 1 || T > kMaxGemvTokens || K % 8 != 0 || N < 1) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>((N + kWarpsPerBlock - 1) / kWarpsPerBlock)), block(kWarpsPerBlock * 32);
-  if (T == 1) detail::launch(gemv_bf16_kernel<1, true>, grid, block, 0, stream, W, N, K, g, T, y, u, ConvEpilogue{});
-  else detail::launch(gemv_bf16_kernel<8, true>, grid, block, 0, stream, W, N, K, g, T, y, u, ConvEpilogue{});
+  if (T == 1) gemv_bf16_kernel<1, true><<<grid, block, 0, stream>>>(W, N, K, g, T, y, u, ConvEpilogue{});
+  else gemv_bf16_kernel<8, true><<<grid, block, 0, stream>>>(W, N, K, g, T, y, u, ConvEpilogue{});
   return cudaGetLastError();
 }
 

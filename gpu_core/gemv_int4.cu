@@ -1,6 +1,5 @@
 // gpu_core/gemv_int4.cu: GPTQ int4 (repacked, see int4_layout.h) x fp16 activations (see gemv.cuh).
 #include "gpu_core/int4_row.cuh"
-#include "gpu_core/launch.cuh"
 
 namespace tandem::gpu {
 
@@ -12,7 +11,6 @@ constexpr int kWarpsPerBlock = 8;
 template <int TMAX, int LANES>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     gemv_int4_kernel(Int4View W, const __half* __restrict__ x, int T, float* __restrict__ y) {
-  detail::pdl_begin();
   constexpr int kRowsPerWarp = 32 / LANES;
   const int lane = threadIdx.x & 31, l = lane % LANES;
   const int64_t row = (static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5)) * kRowsPerWarp + lane / LANES;
@@ -33,7 +31,7 @@ template <int TMAX, int LANES>
 void launch(const Int4View& W, const __half* x, int T, float* y, cudaStream_t stream) {
   const int64_t rows_per_block = kWarpsPerBlock * (32 / LANES);
   const dim3 grid(static_cast<unsigned>((W.N + rows_per_block - 1) / rows_per_block)), block(kWarpsPerBlock * 32);
-  detail::launch(gemv_int4_kernel<TMAX, LANES>, grid, block, 0, stream, W, x, T, y);
+  gemv_int4_kernel<TMAX, LANES><<<grid, block, 0, stream>>>(W, x, T, y);
 }
 
 template <int TMAX>
@@ -47,7 +45,6 @@ void launch_lanes(const Int4View& W, const __half* x, int T, float* y, cudaStrea
 
 __global__ void gather_x_half_kernel(const float* __restrict__ x, const int32_t* __restrict__ perm, int64_t K, int T,
                                      __half* __restrict__ out) {
-  detail::pdl_begin();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= K * T) return;
   const int64_t t = i / K, k = i % K;
@@ -69,8 +66,7 @@ cudaError_t gemv_int4(const Int4View& W, const uint16_t* x_half, int T, float* y
 
 cudaError_t gather_x_half(const float* x, const int32_t* perm, int64_t K, int T, uint16_t* x_half, cudaStream_t stream) {
   const int64_t n = K * T;
-  detail::launch(gather_x_half_kernel, static_cast<unsigned>((n + 255) / 256), 256, 0, stream, x, perm, K, T,
-                                                                                    reinterpret_cast<__half*>(x_half));
+  gather_x_half_kernel<<<static_cast<unsigned>((n + 255) / 256), 256, 0, stream>>>(x, perm, K, T, reinterpret_cast<__half*>(x_half));
   return cudaGetLastError();
 }
 

@@ -2,7 +2,6 @@
 #include <cuda_runtime.h>
 
 #include "gpu_core/handoff.cuh"
-#include "gpu_core/launch.cuh"
 
 namespace tandem::gpu {
 
@@ -19,7 +18,6 @@ __device__ __forceinline__ uint64_t global_ns() {
 __global__ void __launch_bounds__(kThreads) post_kernel(const float* __restrict__ x, int64_t nx, const int32_t* __restrict__ ids,
                                                         const float* __restrict__ w, int64_t nk, float* hx, int32_t* hids, float* hw,
                                                         unsigned* flag, unsigned value) {
-  detail::pdl_begin();
   for (int64_t i = threadIdx.x; i < nx; i += blockDim.x) hx[i] = x[i];
   for (int64_t i = threadIdx.x; i < nk; i += blockDim.x) {
     hids[i] = ids[i];
@@ -32,7 +30,6 @@ __global__ void __launch_bounds__(kThreads) post_kernel(const float* __restrict_
 
 __global__ void __launch_bounds__(kThreads) wait_add_kernel(const unsigned* flag, unsigned value, const float* src, float* __restrict__ dst,
                                                             int64_t n, unsigned* error, int64_t timeout_ns) {
-  detail::pdl_begin();
   if (threadIdx.x == 0) {
     const volatile unsigned* f = flag;
     const uint64_t t0 = global_ns();
@@ -55,14 +52,14 @@ __global__ void __launch_bounds__(kThreads) wait_add_kernel(const unsigned* flag
 cudaError_t host_post(const float* x, int64_t nx, const int32_t* ids, const float* w, int64_t nk, float* hx, int32_t* hids, float* hw,
                       unsigned* flag, unsigned value, cudaStream_t stream) {
   if (nx < 0 || nk < 0 || !flag) return cudaErrorInvalidValue;
-  detail::launch(post_kernel, 1, kThreads, 0, stream, x, nx, ids, w, nk, hx, hids, hw, flag, value);
+  post_kernel<<<1, kThreads, 0, stream>>>(x, nx, ids, w, nk, hx, hids, hw, flag, value);
   return cudaGetLastError();
 }
 
 cudaError_t host_wait_add(const unsigned* flag, unsigned value, const float* src, float* dst, int64_t n, unsigned* error,
                           int64_t timeout_ns, cudaStream_t stream) {
   if (n < 0 || !flag || !error || timeout_ns <= 0) return cudaErrorInvalidValue;
-  detail::launch(wait_add_kernel, 1, kThreads, 0, stream, flag, value, src, dst, n, error, timeout_ns);
+  wait_add_kernel<<<1, kThreads, 0, stream>>>(flag, value, src, dst, n, error, timeout_ns);
   return cudaGetLastError();
 }
 

@@ -2,7 +2,6 @@
 #include <cuda_runtime.h>
 
 #include "gpu_core/int4_row.cuh"
-#include "gpu_core/launch.cuh"
 #include "gpu_core/moe.cuh"
 
 namespace tandem::gpu {
@@ -37,7 +36,6 @@ template <int LANES>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     gate_up_kernel(const Bf16Expert* __restrict__ experts, int64_t H, int64_t I, const int32_t* __restrict__ ids, int k,
                    const float* __restrict__ x, float* __restrict__ h) {
-  detail::pdl_begin();
   const int p = blockIdx.y, t = p / k, l = (threadIdx.x & 31) % LANES;
   const Bf16Expert ex = experts[ids[p]];
   if (!ex.gate) return;  // not resident on the GPU (hybrid): the CPU computes it
@@ -57,7 +55,6 @@ template <int LANES>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     down_kernel(const Bf16Expert* __restrict__ experts, int64_t H, int64_t I, const int32_t* __restrict__ ids,
                 const float* __restrict__ weights, int k, const float* __restrict__ h, float* __restrict__ out) {
-  detail::pdl_begin();
   const int t = blockIdx.y, l = (threadIdx.x & 31) % LANES;
   const int64_t row = row_of_thread<LANES>();
   const bool valid = row < H;
@@ -78,14 +75,14 @@ template <int LANES>
 void launch_gate_up(const Bf16Expert* e, int64_t H, int64_t I, const int32_t* ids, int T, int k, const float* x, float* h,
                     cudaStream_t s) {
   const int64_t rows = kWarpsPerBlock * (32 / LANES);
-  detail::launch(gate_up_kernel<LANES>, dim3(static_cast<unsigned>((I + rows - 1) / rows), T * k), kWarpsPerBlock * 32, 0, s, e, H, I, ids, k, x, h);
+  gate_up_kernel<LANES><<<dim3(static_cast<unsigned>((I + rows - 1) / rows), T * k), kWarpsPerBlock * 32, 0, s>>>(e, H, I, ids, k, x, h);
 }
 
 template <int LANES>
 void launch_down(const Bf16Expert* e, int64_t H, int64_t I, const int32_t* ids, const float* w, int T, int k,
                  const float* h, float* out, cudaStream_t s) {
   const int64_t rows = kWarpsPerBlock * (32 / LANES);
-  detail::launch(down_kernel<LANES>, dim3(static_cast<unsigned>((H + rows - 1) / rows), T), kWarpsPerBlock * 32, 0, s, e, H, I, ids, w, k, h, out);
+  down_kernel<LANES><<<dim3(static_cast<unsigned>((H + rows - 1) / rows), T), kWarpsPerBlock * 32, 0, s>>>(e, H, I, ids, w, k, h, out);
 }
 
 }  // namespace

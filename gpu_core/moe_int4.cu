@@ -1,6 +1,5 @@
 // gpu_core/moe_int4.cu: fused routed-expert SwiGLU for decode (see moe.cuh).
 #include "gpu_core/int4_row.cuh"
-#include "gpu_core/launch.cuh"
 #include "gpu_core/moe.cuh"
 
 namespace tandem::gpu {
@@ -30,7 +29,6 @@ template <int LANES>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     moe_gate_up_kernel(const Int4Expert* __restrict__ experts, int64_t H, int64_t I, const int32_t* __restrict__ ids, int k,
                        const __half* __restrict__ x, __half* __restrict__ h) {
-  detail::pdl_begin();
   extern __shared__ __align__(16) __half xs[];  // act-order only: [2][H] permuted copies for gate, up
   const int p = blockIdx.y, t = p / k, l = (threadIdx.x & 31) % LANES;
   const Int4Expert& ex = experts[ids[p]];
@@ -52,7 +50,6 @@ template <int LANES>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     moe_down_kernel(const Int4Expert* __restrict__ experts, int64_t H, int64_t I, const int32_t* __restrict__ ids,
                     const float* __restrict__ weights, int k, const __half* __restrict__ h, float* __restrict__ out) {
-  detail::pdl_begin();
   extern __shared__ __align__(16) __half hs[];  // act-order only: [I] permuted copy of h
   const int t = blockIdx.y, l = (threadIdx.x & 31) % LANES;
   const int64_t row = row_of_thread<LANES, kWarpsPerBlock>();
@@ -88,7 +85,6 @@ template <int LANES>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     moe_gate_up_prefetch_kernel(const Int4Expert* __restrict__ experts, int64_t H, int64_t I, const int32_t* __restrict__ ids,
                                 int k, const __half* __restrict__ x, __half* __restrict__ h) {
-  detail::pdl_begin();
   extern __shared__ __align__(16) __half xs[];  // act-order only, as moe_gate_up_kernel
   const int p = blockIdx.y, t = p / k, l = (threadIdx.x & 31) % LANES;
   const Int4Expert& ex = experts[ids[p]];
@@ -113,7 +109,6 @@ template <int LANES>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     moe_down_prefetch_kernel(const Int4Expert* __restrict__ experts, int64_t H, int64_t I, const int32_t* __restrict__ ids,
                              const float* __restrict__ weights, int k, const __half* __restrict__ h, float* __restrict__ out) {
-  detail::pdl_begin();
   extern __shared__ __align__(16) __half hs[];  // act-order only, as moe_down_kernel
   const int t = blockIdx.y, l = (threadIdx.x & 31) % LANES;
   const int64_t row = row_of_thread<LANES, kWarpsPerBlock>();
@@ -151,7 +146,7 @@ template <int LANES>
 void launch_gate_up(const Int4Expert* e, int64_t H, int64_t I, const int32_t* ids, int T, int k, const __half* x, __half* h, cudaStream_t s) {
   const int64_t rows = kWarpsPerBlock * (32 / LANES);
   const dim3 grid(static_cast<unsigned>((I + rows - 1) / rows), static_cast<unsigned>(T * k));
-  detail::launch(moe_gate_up_kernel<LANES>, grid, kWarpsPerBlock * 32, 2 * H * sizeof(__half), s, e, H, I, ids, k, x, h);
+  moe_gate_up_kernel<LANES><<<grid, kWarpsPerBlock * 32, 2 * H * sizeof(__half), s>>>(e, H, I, ids, k, x, h);
 }
 
 template <int LANES>
@@ -159,7 +154,7 @@ void launch_down(const Int4Expert* e, int64_t H, int64_t I, const int32_t* ids, 
                  int k, const __half* h, float* out, cudaStream_t s) {
   const int64_t rows = kWarpsPerBlock * (32 / LANES);
   const dim3 grid(static_cast<unsigned>((H + rows - 1) / rows), static_cast<unsigned>(T));
-  detail::launch(moe_down_kernel<LANES>, grid, kWarpsPerBlock * 32, I * sizeof(__half), s, e, H, I, ids, w, k, h, out);
+  moe_down_kernel<LANES><<<grid, kWarpsPerBlock * 32, I * sizeof(__half), s>>>(e, H, I, ids, w, k, h, out);
 }
 
 template <int LANES>
@@ -168,10 +163,10 @@ void launch_prefetch(const Int4Expert* e, int64_t H, int64_t I, const int32_t* i
   const int64_t rows = kWarpsPerBlock * (32 / LANES);
   if (gate_up) {
     const dim3 grid(static_cast<unsigned>((I + rows - 1) / rows), static_cast<unsigned>(T * k));
-    detail::launch(moe_gate_up_prefetch_kernel<LANES>, grid, kWarpsPerBlock * 32, 2 * H * sizeof(__half), s, e, H, I, ids, k, x, h);
+    moe_gate_up_prefetch_kernel<LANES><<<grid, kWarpsPerBlock * 32, 2 * H * sizeof(__half), s>>>(e, H, I, ids, k, x, h);
   } else {
     const dim3 grid(static_cast<unsigned>((H + rows - 1) / rows), static_cast<unsigned>(T));
-    detail::launch(moe_down_prefetch_kernel<LANES>, grid, kWarpsPerBlock * 32, I * sizeof(__half), s, e, H, I, ids, w, k, h, out);
+    moe_down_prefetch_kernel<LANES><<<grid, kWarpsPerBlock * 32, I * sizeof(__half), s>>>(e, H, I, ids, w, k, h, out);
   }
 }
 

@@ -7,7 +7,6 @@
 // before any is used, the activations are converted to fp16 once per warp and reused for the rows
 // the warp computes, and the fp32 input row is read directly (no separate fp16 gather launch).
 #include "gpu_core/int4_row.cuh"
-#include "gpu_core/launch.cuh"
 #include "gpu_core/moe.cuh"
 
 namespace tandem::gpu {
@@ -69,7 +68,6 @@ template <int NV>
 __global__ void __launch_bounds__(kWarps * 32)
     wide_gate_up_kernel(const Int4Expert* __restrict__ experts, int64_t H, int64_t I, const int32_t* __restrict__ ids, int k,
                         const float* __restrict__ x, __half* __restrict__ h, int gshift) {
-  detail::pdl_begin();
   const int G = static_cast<int>(H >> 5) >> gshift;
   const int p = blockIdx.y, t = p / k, lane = threadIdx.x & 31;
   const Int4Expert* ex = experts + ids[p];
@@ -127,7 +125,6 @@ template <int NV>
 __global__ void __launch_bounds__(kWarps * 32)
     wide_down_kernel(const Int4Expert* __restrict__ experts, int64_t H, int64_t I, const int32_t* __restrict__ ids,
                      const float* __restrict__ weights, int k, const __half* __restrict__ h, float* __restrict__ out, int gshift) {
-  detail::pdl_begin();
   extern __shared__ __align__(16) __half hs[];  // [k][I]
   constexpr int kStage = 4;  // 16-byte h pieces a thread loads per round
   const int G = static_cast<int>(I >> 5) >> gshift;
@@ -216,7 +213,7 @@ void launch_gate_up(const Int4Expert* e, int64_t H, int64_t I, const int32_t* id
                     int gshift, cudaStream_t s) {
   const int64_t rows = kWarps * kRowsUp;
   const dim3 grid(static_cast<unsigned>((I + rows - 1) / rows), static_cast<unsigned>(T * k));
-  detail::launch(wide_gate_up_kernel<NV>, grid, kWarps * 32, 0, s, e, H, I, ids, k, x, h, gshift);
+  wide_gate_up_kernel<NV><<<grid, kWarps * 32, 0, s>>>(e, H, I, ids, k, x, h, gshift);
 }
 
 template <int NV>
@@ -224,7 +221,7 @@ void launch_down(const Int4Expert* e, int64_t H, int64_t I, const int32_t* ids, 
                  float* out, int gshift, cudaStream_t s) {
   const int64_t rows = kWarps * (32 / kDownLanes);
   const dim3 grid(static_cast<unsigned>((H + rows - 1) / rows), static_cast<unsigned>(T));
-  detail::launch(wide_down_kernel<NV>, grid, kWarps * 32, k * I * sizeof(__half), s, e, H, I, ids, w, k, h, out, gshift);
+  wide_down_kernel<NV><<<grid, kWarps * 32, k * I * sizeof(__half), s>>>(e, H, I, ids, w, k, h, out, gshift);
 }
 
 int vectors_per_lane(int64_t K, int lanes) { return static_cast<int>((K / 32 + lanes - 1) / lanes); }

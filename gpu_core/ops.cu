@@ -4,7 +4,6 @@
 
 #include <type_traits>
 
-#include "gpu_core/launch.cuh"
 #include "gpu_core/ops.cuh"
 #include "gpu_core/topk_warp.cuh"
 
@@ -26,7 +25,6 @@ __device__ float block_sum(float v) {
 }
 
 __global__ void embed_kernel(const uint16_t* table, int64_t H, const int32_t* ids, float* out) {
-  detail::pdl_begin();
   const int t = blockIdx.x;
   const uint16_t* row = table + static_cast<int64_t>(ids[t]) * H;
   for (int64_t i = threadIdx.x; i < H; i += blockDim.x) out[t * H + i] = __uint_as_float(static_cast<uint32_t>(row[i]) << 16);
@@ -43,7 +41,6 @@ __global__ void embed_kernel(const uint16_t* table, int64_t H, const int32_t* id
 template <int PER>
 __global__ void norm_kernel(const float* hin, float* hout, const float* __restrict__ a, const float* __restrict__ s,
                             const float* __restrict__ gate, const float* __restrict__ w, int64_t n, float eps, float* __restrict__ y) {
-  detail::pdl_begin();
   const float* hi = hin + blockIdx.x * n;
   float* ho = a ? hout + blockIdx.x * n : nullptr;
   const float* ar = a ? a + blockIdx.x * n : nullptr;
@@ -107,32 +104,27 @@ void with_norm_per_thread(int64_t n, Launch&& launch) {
 }
 
 __global__ void add_kernel(float* h, const float* x, int64_t n) {
-  detail::pdl_begin();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) h[i] += x[i];
 }
 
 __global__ void silu_mul_kernel(float* g, const float* u, int64_t n) {
-  detail::pdl_begin();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
 // One warp per row (gpu_core/topk_warp.cuh).
 __global__ void topk_kernel(const float* logits, int E, int k, int32_t* ids, float* weights) {
-  detail::pdl_begin();
   detail::warp_router_topk(logits + static_cast<int64_t>(blockIdx.x) * E, E, k, ids + blockIdx.x * k, weights + blockIdx.x * k);
 }
 
 __global__ void gated_add_kernel(float* out, const float* shared, const float* gate, int64_t n) {
-  detail::pdl_begin();
   const int t = blockIdx.y;
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) out[t * n + i] += shared[t * n + i] / (1.0f + expf(-gate[t]));
 }
 
 __global__ void argmax_kernel(const float* logits, int64_t V, int32_t* ids) {
-  detail::pdl_begin();
   __shared__ float bv[32];
   __shared__ int bi[32];
   const float* l = logits + blockIdx.x * V;
@@ -159,13 +151,13 @@ unsigned blocks_for(int64_t n) { return static_cast<unsigned>((n + kThreads - 1)
 }  // namespace
 
 cudaError_t embed_bf16(const uint16_t* table, int64_t H, const int32_t* ids, int T, float* out, cudaStream_t s) {
-  detail::launch(embed_kernel, T, kThreads, 0, s, table, H, ids, out);
+  embed_kernel<<<T, kThreads, 0, s>>>(table, H, ids, out);
   return cudaGetLastError();
 }
 cudaError_t rmsnorm_zc(const float* x, const float* w, int64_t n, int rows, float eps, float* y, cudaStream_t s) {
   float* none = nullptr;
   with_norm_per_thread(n, [&](auto per) {
-    detail::launch(norm_kernel<per.value>, rows, kThreads, 0, s, x, none, none, none, none, w, n, eps, y);
+    norm_kernel<per.value><<<rows, kThreads, 0, s>>>(x, none, none, none, none, w, n, eps, y);
   });
   return cudaGetLastError();
 }
@@ -173,29 +165,29 @@ cudaError_t add_rmsnorm_zc(float* h, const float* a, const float* shared, const 
                            float eps, float* y, cudaStream_t s) {
   if (!a || (shared && !gate)) return cudaErrorInvalidValue;
   with_norm_per_thread(n, [&](auto per) {
-    detail::launch(norm_kernel<per.value>, rows, kThreads, 0, s, h, h, a, shared, gate, w, n, eps, y);
+    norm_kernel<per.value><<<rows, kThreads, 0, s>>>(h, h, a, shared, gate, w, n, eps, y);
   });
   return cudaGetLastError();
 }
 cudaError_t add_inplace(float* h, const float* x, int64_t n, cudaStream_t s) {
-  detail::launch(add_kernel, blocks_for(n), kThreads, 0, s, h, x, n);
+  add_kernel<<<blocks_for(n), kThreads, 0, s>>>(h, x, n);
   return cudaGetLastError();
 }
 cudaError_t silu_mul(float* g, const float* u, int64_t n, cudaStream_t s) {
-  detail::launch(silu_mul_kernel, blocks_for(n), kThreads, 0, s, g, u, n);
+  silu_mul_kernel<<<blocks_for(n), kThreads, 0, s>>>(g, u, n);
   return cudaGetLastError();
 }
 cudaError_t router_topk(const float* logits, int E, int k, int rows, int32_t* ids, float* weights, cudaStream_t s) {
   if (E > detail::kRouterMaxExperts || k > detail::kRouterMaxTopK || k < 1 || k > E) return cudaErrorInvalidValue;
-  detail::launch(topk_kernel, rows, 32, 0, s, logits, E, k, ids, weights);
+  topk_kernel<<<rows, 32, 0, s>>>(logits, E, k, ids, weights);
   return cudaGetLastError();
 }
 cudaError_t gated_add(float* out, const float* shared, const float* gate, int64_t n, int rows, cudaStream_t s) {
-  detail::launch(gated_add_kernel, dim3(blocks_for(n), rows), kThreads, 0, s, out, shared, gate, n);
+  gated_add_kernel<<<dim3(blocks_for(n), rows), kThreads, 0, s>>>(out, shared, gate, n);
   return cudaGetLastError();
 }
 cudaError_t argmax_rows(const float* logits, int64_t V, int rows, int32_t* ids, cudaStream_t s) {
-  detail::launch(argmax_kernel, rows, 1024, 0, s, logits, V, ids);
+  argmax_kernel<<<rows, 1024, 0, s>>>(logits, V, ids);
   return cudaGetLastError();
 }
 

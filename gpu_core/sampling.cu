@@ -2,7 +2,6 @@
 #include <climits>
 #include <cmath>
 
-#include "gpu_core/launch.cuh"
 #include "gpu_core/sampling.cuh"
 
 namespace tandem::gpu {
@@ -12,7 +11,6 @@ namespace {
 constexpr int kThreads = 256;
 
 __global__ void penalise_kernel(float* logits, int64_t V, const Penalty* pen, int n) {
-  detail::pdl_begin();
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;
   const Penalty p = pen[i];
@@ -34,7 +32,6 @@ __device__ __forceinline__ bool better(float va, int ia, float vb, int ib) {
 __global__ void __launch_bounds__(kThreads)
     select_kernel(const float* __restrict__ vals, const int32_t* __restrict__ ids, int64_t n, int64_t per, int k,
                   float* __restrict__ out_vals, int32_t* __restrict__ out_ids) {
-  detail::pdl_begin();
   extern __shared__ float sv[];
   auto* si = reinterpret_cast<int32_t*>(sv + per);
   __shared__ float wv[kThreads / 32];
@@ -73,7 +70,7 @@ __global__ void __launch_bounds__(kThreads)
 
 cudaError_t penalise(float* logits, int64_t V, const Penalty* pen, int n, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
-  detail::launch(penalise_kernel, (n + kThreads - 1) / kThreads, kThreads, 0, stream, logits, V, pen, n);
+  penalise_kernel<<<(n + kThreads - 1) / kThreads, kThreads, 0, stream>>>(logits, V, pen, n);
   return cudaGetLastError();
 }
 
@@ -83,9 +80,9 @@ cudaError_t top_k_row(const float* logits, int64_t V, int k, void* workspace, in
   if (per * 8 > 48 * 1024) return cudaErrorInvalidValue;  // the slice lives in shared memory
   auto* cand_vals = static_cast<float*>(workspace);
   auto* cand_ids = reinterpret_cast<int32_t*>(cand_vals + kTopKBlocks * kMaxTopK);
-  detail::launch(select_kernel, kTopKBlocks, kThreads, per * 8, stream, logits, nullptr, V, per, k, cand_vals, cand_ids);
+  select_kernel<<<kTopKBlocks, kThreads, per * 8, stream>>>(logits, nullptr, V, per, k, cand_vals, cand_ids);
   const int64_t n2 = static_cast<int64_t>(kTopKBlocks) * k;
-  detail::launch(select_kernel, 1, kThreads, n2 * 8, stream, cand_vals, cand_ids, n2, n2, k, vals, ids);
+  select_kernel<<<1, kThreads, n2 * 8, stream>>>(cand_vals, cand_ids, n2, n2, k, vals, ids);
   return cudaGetLastError();
 }
 

@@ -181,8 +181,7 @@ class GpuRunner final : public Runner {
     g.moe_prefetch = env_switch("TANDEM_MOE_PREFETCH", true);
     g.moe_wide = env_switch("TANDEM_MOE_WIDE", true);
     g.deltanet_split = env_switch("TANDEM_DELTANET_SPLIT", false);
-    g.hybrid_one_graph = env_switch("TANDEM_HYBRID_ONE_GRAPH", false);
-    g.programmatic_launch = env_switch("TANDEM_PDL", false);
+    g.hybrid_one_graph = env_switch("TANDEM_HYBRID_ONE_GRAPH", true);
     g.deltanet_conv_in_gemv = env_switch("TANDEM_DELTANET_CONV_GEMV", false);
     g.attention_prefill = env_switch("TANDEM_ATTN_PREFILL", true);
     g.deltanet_chunked = env_switch("TANDEM_DELTANET_CHUNKED", true);
@@ -226,7 +225,6 @@ class GpuRunner final : public Runner {
              : gpu_->graph_cut_at_handoffs() ? ", decode steps as CUDA graphs cut at the host handoffs"
              : gpu_->cuda_graph_active()   ? ", decode steps as CUDA graphs"
                                            : ", decode steps launched eagerly";
-    if (gpu_->programmatic_launch_active()) paths += " (kernels with programmatic dependent launch)";
     if (!placement_) return "gpu: " + gpu_->memory().describe() + "; " + paths;
     return "hybrid: " + placement_->summary + "; GPU " + gpu_->memory().describe() + "; CPU " + cpu_->describe() + "; " + paths;
   }

@@ -9,7 +9,6 @@
 
 #include "gpu_core/handoff.cuh"
 #include "gpu_core/int4_layout.h"
-#include "gpu_core/launch_policy.h"
 #include "gpu_core/ops.cuh"
 #include "runtime/bytes.h"
 #include "runtime/models/qwen3_5_moe_gpu_impl.h"
@@ -411,7 +410,6 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
   const int64_t H = c.hidden_size;
   const int k = c.num_experts_per_tok;
   const float eps = static_cast<float>(c.rms_norm_eps);
-  const gpu::ProgrammaticLaunchScope programmatic(pdl);
   CK(cudaMemcpyAsync(ids, id_src, 4, cudaMemcpyHostToDevice, stream));
   CK(cudaMemcpyAsync(pos_dev, pos_src, 4, cudaMemcpyHostToDevice, stream));
   if (embed) {
@@ -569,7 +567,6 @@ bool Qwen35MoeGpu::graph_cut_at_handoffs() const {
   return impl_->graph_ok && !impl_->one_graph && impl_->gpu_only_layers < impl_->layers.size();
 }
 bool Qwen35MoeGpu::graph_one_step() const { return impl_->one_graph; }
-bool Qwen35MoeGpu::programmatic_launch_active() const { return impl_->pdl; }
 
 std::unique_ptr<Qwen35MoeGpu> Qwen35MoeGpu::create(const Qwen35Moe& model, const GpuOptions& opts) {
   int n = 0;
@@ -654,7 +651,6 @@ std::unique_ptr<Qwen35MoeGpu> Qwen35MoeGpu::create(const Qwen35Moe& model, const
     CK(cudaDeviceGetAttribute(&v, what, dev));
     return v;
   };
-  impl->pdl = opts.programmatic_launch && device_attribute(cudaDevAttrComputeCapabilityMajor) >= 9;
   // One graph a step with the handoffs inside: kernels read and write hx / hids / hw / hout / hflags in
   // place (mapped; with unified addressing the host pointers are the device's too; without it, the cut
   // graphs).

@@ -82,14 +82,9 @@ struct GpuOptions {
   // Hybrid decode with cuda_graph: the whole step as one graph, each host handoff inside it (the
   // router's result posted to mapped host memory with a flag the host spins on; a kernel waiting on a
   // flag the host sets, adding the host's sum straight from host memory) instead of graphs cut at the
-  // handoffs and relaunched after each (gpu_core/handoff.cuh). Same numbers as the eager step. Written
-  // after the session's last device run: not yet run on a GPU, so off unless TANDEM_HYBRID_ONE_GRAPH=1.
+  // handoffs and relaunched after each (gpu_core/handoff.cuh). Same numbers as the eager step (tested on
+  // the H200). The runners turn it on unless TANDEM_HYBRID_ONE_GRAPH=0.
   bool hybrid_one_graph = false;
-  // Decode kernels launched with programmatic dependence (gpu_core/launch_policy.h, sm_90+): each may
-  // launch while the one before it finishes, the GEMVs loading their first weights meanwhile. The same
-  // numbers. Written after the session's last device run: not yet run on a GPU, so off unless
-  // TANDEM_PDL=1.
-  bool programmatic_launch = false;
   // Prompts whose last logits row is asked for go through layer by layer in chunks of prefill_chunk
   // tokens (cuBLAS projections, DeltaNet prefill, the experts of the whole chunk at once, on the GPU
   // and on the host); with the embedding table in host memory the chunk's rows are gathered there
@@ -184,7 +179,6 @@ class Qwen35MoeGpu {
   bool cuda_graph_active() const;
   bool graph_cut_at_handoffs() const;  // hybrid: the step's graphs are cut where the host takes over
   bool graph_one_step() const;         // hybrid: one graph a step, the host handoffs inside it
-  bool programmatic_launch_active() const;  // decode kernels launched with programmatic dependence
   // Streamed prefill (GpuOptions::stream_prefill_min_tokens): from how many prompt tokens it is used
   // (0: off), and why it is off when it was asked for and cannot be.
   int64_t stream_prefill_min_tokens() const;

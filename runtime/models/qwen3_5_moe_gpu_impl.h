@@ -105,7 +105,6 @@ struct Qwen35MoeGpu::Impl {
   // GpuOptions::hybrid_one_graph: the step is one graph (segs[w][0]) and seg_layers the layers whose
   // host experts run while it waits inside it. hflags (mapped): [0] the last layer posted + 1 (GPU ->
   // host), [1] the last layer released + 1 (host -> GPU), [2] the layer + 1 a wait gave up on.
-  bool pdl = false;  // GpuOptions::programmatic_launch on a device that has it (sm_90+)
   bool one_graph = false;
   bool posting = false;          // enqueue() under capture for one_graph: handoffs inside the graph
   unsigned* hflags = nullptr;

@@ -129,28 +129,6 @@ TEST_P(GpuModel, DeltaNetDecodeVariantsEqualDefault) {
     }
 }
 
-// GpuOptions::programmatic_launch (each decode kernel may launch while the one before it finishes and
-// waits in-kernel for its results): the same logits bit for bit, eagerly and as CUDA-graph steps, with the
-// other decode variants on too; three rounds (a kernel that read its inputs before waiting would show
-// here, though not necessarily every time).
-TEST_P(GpuModel, ProgrammaticLaunchGivesTheSameNumbers) {
-  TANDEM_REQUIRE_GPU();
-  const auto f = test::load_fixture(GetParam());
-  auto model = Qwen35Moe::load(f.dir);
-  GpuOptions on = fixture_options();
-  on.programmatic_launch = true;
-  ASSERT_TRUE(Qwen35MoeGpu::create(*model, on)->programmatic_launch_active()) << "the H200 has it (sm_90)";
-  for (const bool graph : {false, true})
-    for (const bool variants : {false, true}) {
-      GpuOptions g = fixture_options();
-      g.cuda_graph = graph;
-      g.moe_wide = g.deltanet_split = g.deltanet_conv_in_gemv = variants;
-      GpuOptions pdl = g;
-      pdl.programmatic_launch = true;
-      expect_same_decode(*model, f, g, pdl, 0.0, 3, str_cat(graph ? "graph" : "eager", variants ? ", variants" : ""));
-    }
-}
-
 // Batched prefill (GpuOptions::batched_prefill, chunks of 16 so that prompts span several): the last
 // prompt row and every following decode step agree with the token-by-token path (the projections differ
 // only by cuBLAS's split-bf16 rounding, ~1e-5) and with HF within the GPU tolerance.
