@@ -10,12 +10,15 @@ usage: bench/e2e_report.py RAW_DIR OUT_PREFIX --machine TEXT --commit SHA [--tan
 import argparse, glob, json, os, re, subprocess, tempfile
 
 BUDGET = {"hybrid-8gib-cpu-experts": 8, "hybrid-12gib": 12, "hybrid-16gib": 16, "hybrid-24gib": 24}
-DEFERRED = {"hybrid-8gib-defer2": 8, "hybrid-12gib-defer2": 12}  # not on the budget curve: their own rows
+DEFERRED = {"hybrid-8gib-defer2": 8, "hybrid-12gib-defer2": 12,  # not on the budget curve: their own rows
+            "hybrid-12gib-replace": 12, "hybrid-16gib-replace": 16}
 LABEL = {"hybrid-8gib-cpu-experts": "8 GiB, every routed expert on the CPU", "hybrid-12gib": "12 GiB hybrid",
          "hybrid-16gib": "16 GiB hybrid", "hybrid-24gib": "24 GiB hybrid", "gpu-all": "everything on the GPU (--device gpu)",
          "cpu-all": "everything on the CPU (--device cpu)",
-         "hybrid-8gib-defer2": "8 GiB, all experts on the CPU, deferral 2", "hybrid-12gib-defer2": "12 GiB hybrid, deferral 2"}
-ORDER = ["hybrid-8gib-cpu-experts", "hybrid-8gib-defer2", "hybrid-12gib", "hybrid-12gib-defer2", "hybrid-16gib", "hybrid-24gib",
+         "hybrid-8gib-defer2": "8 GiB, all experts on the CPU, deferral 2", "hybrid-12gib-defer2": "12 GiB hybrid, deferral 2",
+         "hybrid-12gib-replace": "12 GiB hybrid, online re-placement", "hybrid-16gib-replace": "16 GiB hybrid, online re-placement"}
+ORDER = ["hybrid-8gib-cpu-experts", "hybrid-8gib-defer2", "hybrid-12gib", "hybrid-12gib-defer2", "hybrid-12gib-replace", "hybrid-16gib",
+         "hybrid-16gib-replace", "hybrid-24gib",
          "gpu-all", "cpu-all"]
 
 

@@ -83,6 +83,8 @@ cpu_experts: all
 '; run "$s" --device hybrid --config "$out/$s.yaml" ;;
     hybrid-12gib-defer2) config "$s" 12GiB '  deferral: 2
 '; run "$s" --device hybrid --config "$out/$s.yaml" ;;
+    hybrid-*gib-replace) b=${s#hybrid-}; b=${b%gib-replace}; config "$s" "${b}GiB" "  replace: {every: ${REPLACE_EVERY:-16}, max_swaps: ${REPLACE_MAX_SWAPS:-64}}
+"; run "$s" --device hybrid --config "$out/$s.yaml" ;;
     hybrid-*gib) b=${s#hybrid-}; b=${b%gib}; config "$s" "${b}GiB" ''; run "$s" --device hybrid --config "$out/$s.yaml" ;;
     cpu-all) run cpu-all --device cpu ;;
     *) echo "unknown scenario $s" ;;

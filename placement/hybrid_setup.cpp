@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "gpu_core/device.cuh"
+#include "placement/replace.h"
 #include "runtime/bytes.h"
 #include "runtime/error.h"
 #include "runtime/membw.h"
@@ -46,6 +47,20 @@ std::shared_ptr<HybridPlacement> hybrid_placement(const Plan& plan, int64_t tota
   return hp;
 }
 
+ReplaceSetup replace_setup(const PlacementConfig& cfg) {
+  ReplaceSetup r;
+  r.every = cfg.replace_every;
+  r.decay = cfg.replace_decay;
+  r.max_moving = cfg.replace_max_swaps;
+  const ReplaceOptions opt{cfg.replace_hysteresis, static_cast<uint64_t>(cfg.replace_min_count), cfg.replace_max_swaps};
+  r.policy = [opt](const std::vector<std::vector<uint8_t>>& on_gpu, const std::vector<std::vector<uint64_t>>& counts) {
+    std::vector<ExpertSwap> out;
+    for (const Swap& s : plan_swaps(on_gpu, counts, opt)) out.push_back({s.layer, s.to_gpu, s.to_cpu});
+    return out;
+  };
+  return r;
+}
+
 Plan prepare_hybrid(RunnerOptions& o, const ModelConfig& model) {
   return prepare_hybrid(o, model, o.config.empty() ? PlacementConfig{} : load_placement_config(o.config));
 }
@@ -61,7 +76,9 @@ Plan prepare_hybrid(RunnerOptions& o, const ModelConfig& model, const PlacementC
     fail("the CPU experts of this placement need ", format_gib(plan.host_expert_bytes), " of host RAM but only ",
          format_gib(plan.host_available_bytes), " is available (MemAvailable); raise the GPU budget (more experts on the GPU), ",
          "use int4 CPU experts, or free memory");
-  o.hybrid = hybrid_placement(plan, int64_t(model.num_layers) * model.num_experts);
+  auto hp = hybrid_placement(plan, int64_t(model.num_layers) * model.num_experts);
+  hp->replace = replace_setup(cfg);
+  o.hybrid = hp;
   o.context = plan.context;
   if (o.threads == 0) o.threads = cfg.cpu_threads;
   return plan;

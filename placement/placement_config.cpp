@@ -206,7 +206,7 @@ PlacementConfig parse_placement_config(const std::string& text, const std::strin
       if (cpu["numa"]) c.numa = r.choice<std::string>(cpu["numa"], "cpu.numa", {{"auto", "auto"}, {"off", "off"}});
     }
     if (const YAML::Node e = root["experts"]) {
-      r.check_keys(e, "experts", {"select", "heat", "cpu_format", "gpu_format", "deferral"});
+      r.check_keys(e, "experts", {"select", "heat", "cpu_format", "gpu_format", "deferral", "replace"});
       if (e["select"]) read_select(r, e["select"], c);
       if (e["heat"]) c.heat = r.resolve(r.scalar(e["heat"], "experts.heat"));
       if (e["cpu_format"]) c.cpu_format = format_value(r, e["cpu_format"], "experts.cpu_format", true);
@@ -216,6 +216,20 @@ PlacementConfig parse_placement_config(const std::string& text, const std::strin
           r.fail_at(e["gpu_format"], "experts.gpu_format", "GPU experts run in the checkpoint's format; only 'auto' is supported");
       }
       if (e["deferral"]) c.deferral = static_cast<int>(r.integer(e["deferral"], "experts.deferral", 0, 64));
+      if (const YAML::Node rp = e["replace"]) {
+        if (rp.IsScalar()) {  // `replace: off`
+          if (r.scalar(rp, "experts.replace") != "off") r.fail_at(rp, "experts.replace", "expected 'off' or a map with every / hysteresis / min_count / max_swaps / decay");
+          c.replace_every = 0;
+        } else {
+          r.check_keys(rp, "experts.replace", {"every", "hysteresis", "min_count", "max_swaps", "decay"});
+          if (!rp["every"]) r.fail_at(rp, "experts.replace", "needs 'every': decode tokens between checks");
+          c.replace_every = r.integer(rp["every"], "experts.replace.every", 1, int64_t(1) << 30);
+          if (rp["hysteresis"]) c.replace_hysteresis = r.number(rp["hysteresis"], "experts.replace.hysteresis", 1.0, 1e6);
+          if (rp["min_count"]) c.replace_min_count = r.integer(rp["min_count"], "experts.replace.min_count", 1, int64_t(1) << 40);
+          if (rp["max_swaps"]) c.replace_max_swaps = static_cast<int>(r.integer(rp["max_swaps"], "experts.replace.max_swaps", 1, 4096));
+          if (rp["decay"]) c.replace_decay = r.number(rp["decay"], "experts.replace.decay", 0.0, 1.0);
+        }
+      }
     }
     if (const YAML::Node n = root["cpu_experts"]) {
       const std::string v = r.scalar(n, "cpu_experts");

@@ -55,6 +55,12 @@ struct PlacementConfig {
   std::string cpu_format = "auto";        // auto | int4 | int8 | bf16
   std::string gpu_format = "auto";        // auto (the checkpoint's)
   int deferral = 0;                       // lowest-weight CPU experts of layer L applied at L+1
+  // online re-placement (experts.replace): every `replace_every` decode tokens, swap CPU experts that
+  // have become hotter than GPU ones (placement/replace.h); 0: the placement stays as planned
+  int64_t replace_every = 0;
+  double replace_hysteresis = 1.5, replace_decay = 0.5;
+  int64_t replace_min_count = 8;
+  int replace_max_swaps = 16;
   // prefill
   PrefillStrategy prefill = PrefillStrategy::Auto;
   int64_t prefill_gpu_min_tokens = 0;  // 0: the cost model decides

@@ -84,7 +84,18 @@ class CpuExpertSide final : public HostExperts {
         register_error_ = reason;
       }
     }
+    // Online re-placement may hand any expert of these layers to the host: it holds the GPU ones too
+    // (their own chunk per layer, not page-locked: they never cross PCIe from here).
+    if (hp.replace.on())
+      for (size_t l = 0; l < layers.size(); ++l) {
+        if (host_ids_[l].empty()) continue;
+        std::vector<int> gpu_ids;
+        for (size_t e = 0; e < hp.expert_on_gpu[l].size(); ++e)
+          if (hp.expert_on_gpu[l][e]) gpu_ids.push_back(static_cast<int>(e));
+        if (!gpu_ids.empty()) store_.add_layer(static_cast<int>(l), layers[l].moe, gpu_ids, &pool_);
+      }
   }
+  bool holds(int layer, int expert) const override { return store_.find(layer, expert) != nullptr; }
   ~CpuExpertSide() override {
     for (void* p : registered_) gpu::host_unregister(p);
   }
@@ -198,6 +209,7 @@ class GpuRunner final : public Runner {
       g.defer_experts = placement_->deferral;
       g.stream_prefill_min_tokens = placement_->stream_prefill_min_tokens;
       g.stream_pass_tokens = placement_->stream_pass_tokens;
+      g.replace = placement_->replace;
       g.batched_prefill = g.batched_prefill && g.prefill_chunk > 0;
     }
     gpu_ = Qwen35MoeGpu::create(model, g);
@@ -226,6 +238,7 @@ class GpuRunner final : public Runner {
              : gpu_->cuda_graph_active()   ? ", decode steps as CUDA graphs"
                                            : ", decode steps launched eagerly";
     if (!placement_) return "gpu: " + gpu_->memory().describe() + "; " + paths;
+    if (placement_->replace.on()) paths += str_cat(", online re-placement every ", placement_->replace.every, " decode tokens");
     return "hybrid: " + placement_->summary + "; GPU " + gpu_->memory().describe() + "; CPU " + cpu_->describe() + "; " + paths;
   }
   uint64_t peak_device_bytes() const override { return gpu_->memory().total(); }
@@ -235,6 +248,10 @@ class GpuRunner final : public Runner {
   }
   double gpu_expert_share_planned() const override { return placement_ ? placement_->expected_gpu_share : 1.0; }
   uint64_t streamed_layers() const override { return gpu_->expert_counts().streamed_layers; }
+  uint64_t expert_swaps() const override { return gpu_->expert_counts().swaps; }
+  std::vector<std::vector<uint8_t>> expert_placement() const override { return gpu_->expert_placement(); }
+  void settle_replacement() override { gpu_->settle_replacement(); }
+  void pause_replacement(bool paused) override { gpu_->pause_replacement(paused); }
   double pcie_bandwidth() override { return gpu_->pcie_bandwidth(); }
   double weight_bandwidth(std::string* what) override {
     if (what) *what = "GPU copy bandwidth";

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/expert_swap.h"
 #include "runtime/models/qwen3_5_moe.h"
 #include "runtime/sampling.h"
 
@@ -32,6 +33,7 @@ struct HybridPlacement {
                                            // budgets the buffers); 0: host experts always run on the host
   int64_t stream_pass_tokens = 4096;       // tokens per streamed pass
   double expected_gpu_share = 1;           // the planner's expected share of activations on the GPU
+  ReplaceSetup replace;                    // online re-placement (experts.replace); off unless `every` > 0
   std::string summary;                     // one line for describe()
 };
 
@@ -71,6 +73,13 @@ class Runner {
   // Hybrid streamed prefill: layers of CPU experts copied to the GPU since the last reset (their
   // activations are not in gpu_expert_share, which describes the placement's decode).
   virtual uint64_t streamed_layers() const { return 0; }
+  // Online re-placement (hybrid, experts.replace): experts moved to the GPU since reset(); where the
+  // routed experts are served now ([layer][expert], 1 = GPU; empty for other runners); completing the
+  // moves in flight; stopping / resuming new checks.
+  virtual uint64_t expert_swaps() const { return 0; }
+  virtual std::vector<std::vector<uint8_t>> expert_placement() const { return {}; }
+  virtual void settle_replacement() {}
+  virtual void pause_replacement(bool /*paused*/) {}
   // Pinned host-to-device copy bandwidth in bytes/s, measured now (0 without a GPU).
   virtual double pcie_bandwidth() { return 0; }
   // Measured bandwidth of the memory the weights stream from (host DRAM read, or GPU copy), and

@@ -261,6 +261,7 @@ int cmd_bench(int argc, char** argv) {
                        {"itl_p50_ms", p50},
                        {"itl_p99_ms", p99},
                        {"gpu_expert_fraction", runner->gpu_expert_share()},
+                       {"expert_swaps", runner->expert_swaps()},
                        {"bound_decode_tok_s", bound},
                        {"decode_ratio_to_bound", d.median / bound}});
     if (!json_out)
@@ -300,6 +301,7 @@ int cmd_bench(int argc, char** argv) {
     std::printf("\npeak host memory %.2f GB (mapped weights count when touched); GPU memory %.2f GB; routed activations served on the GPU: %.1f%%\n",
                 peak_host / 1e9, runner->peak_device_bytes() / 1e9, 100 * runner->gpu_expert_share());
     if (hybrid) std::printf("CPU read bandwidth %.1f GB/s; PCIe host-to-device %.1f GB/s\n", cpu_bw / 1e9, pcie_bw / 1e9);
+    if (const uint64_t s = runner->expert_swaps()) std::printf("online re-placement: %llu experts moved to the GPU in the last run\n", (unsigned long long)s);
   }
   return 0;
 }

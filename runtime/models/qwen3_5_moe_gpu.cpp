@@ -219,6 +219,10 @@ void Qwen35MoeGpu::Impl::build(Uploader& up) {
     }
     if (d.int4_experts) d.experts_i4 = up.upload(i4.data(), i4.size(), Kind::Experts);
     else d.experts_bf16 = up.upload(b16.data(), b16.size(), Kind::Experts);
+    if (opts.replace.on() && up.committing()) {  // online re-placement edits the tables from host copies
+      rp.i4.resize(li + 1), rp.b16.resize(li + 1), rp.stream_i4.resize(li + 1);
+      rp.i4[li] = i4, rp.b16[li] = b16, rp.stream_i4[li] = i4;
+    }
     if (streams(li) && up.committing()) stream_table(li, i4);
     layers.push_back(d);
   }
@@ -333,6 +337,7 @@ void Qwen35MoeGpu::Impl::trace_end(Trace* tr) {
 // One decode step: eagerly (trace, hybrid handoffs, host embedding) or as a captured CUDA graph
 // (GpuOptions::cuda_graph, everything on the GPU): the same enqueue() either way.
 void Qwen35MoeGpu::Impl::step(int32_t id, float* logits_host) {
+  replace_tick();
   Trace* tr = Trace::active();
   const ModelConfig& c = model.config();
   if (graph_ok && !tr) {
@@ -636,6 +641,7 @@ std::unique_ptr<Qwen35MoeGpu> Qwen35MoeGpu::create(const Qwen35Moe& model, const
   commit.begin_commit(impl->arena);
   impl->build(commit);
   CK(cudaDeviceSynchronize());
+  impl->replace_setup();
   impl->batched = impl->wants_batched() && impl->ph;
   impl->chunk = impl->opts.prefill_chunk;
   if (impl->batched) {

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "gpu_core/sampling.cuh"
+#include "runtime/expert_swap.h"
 #include "runtime/models/qwen3_5_moe.h"
 
 namespace tandem {
@@ -65,6 +66,8 @@ class HostExperts {
     why = "these host experts cannot be streamed";
     return false;
   }
+  // Whether run() can compute this expert (online re-placement hands the host GPU experts too).
+  virtual bool holds(int /*layer*/, int /*expert*/) const { return false; }
 };
 
 struct GpuOptions {
@@ -143,6 +146,9 @@ struct GpuOptions {
   // model picks the switch point: Prediction::prefill_gpu_min_tokens).
   int64_t stream_prefill_min_tokens = 0;
   int64_t stream_pass_tokens = 4096;
+  // Online re-placement of routed experts during decode (runtime/expert_swap.h; hybrid only): needs
+  // host_experts to hold every expert of the layers that have host experts (HostExperts::holds).
+  ReplaceSetup replace;
 };
 
 // Routed-expert activations served by each side since the last reset_counts().
@@ -151,6 +157,7 @@ struct GpuOptions {
 struct ExpertCounts {
   uint64_t gpu = 0, cpu = 0;
   uint64_t streamed_layers = 0, streamed_bytes = 0;
+  uint64_t swaps = 0;  // online re-placement: experts moved to the GPU (each displacing one)
 };
 
 class Qwen35MoeGpu {
@@ -179,6 +186,13 @@ class Qwen35MoeGpu {
   bool cuda_graph_active() const;
   bool graph_cut_at_handoffs() const;  // hybrid: the step's graphs are cut where the host takes over
   bool graph_one_step() const;         // hybrid: one graph a step, the host handoffs inside it
+  // Online re-placement (GpuOptions::replace): where the routed experts are now ([layer][expert], 1 =
+  // served by the GPU; empty without host experts); settle_replacement() waits for the moves in
+  // flight and completes them (tests, and before reading the placement); pause_replacement stops or
+  // resumes new checks.
+  const std::vector<std::vector<uint8_t>>& expert_placement() const;
+  void settle_replacement();
+  void pause_replacement(bool paused);
   // Streamed prefill (GpuOptions::stream_prefill_min_tokens): from how many prompt tokens it is used
   // (0: off), and why it is off when it was asked for and cannot be.
   int64_t stream_prefill_min_tokens() const;

@@ -1,12 +1,15 @@
 // runtime/models/qwen3_5_moe_gpu_impl.h: the GPU model's internals (not a public header), shared by
 // qwen3_5_moe_gpu.cpp (upload, the decode step, the public API), qwen3_5_moe_gpu_prefill.cpp (batched
 // prefill and the routed experts of n tokens), qwen3_5_moe_gpu_hybrid.cpp (the host handoff and
-// expert deferral) and qwen3_5_moe_gpu_stream.cpp (streamed prefill).
+// expert deferral), qwen3_5_moe_gpu_stream.cpp (streamed prefill) and qwen3_5_moe_gpu_replace.cpp
+// (online re-placement).
 #pragma once
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
+#include <future>
 #include <vector>
 
 #include "gpu_core/attention.cuh"
@@ -148,6 +151,41 @@ struct Qwen35MoeGpu::Impl {
   cudaEvent_t def_copied = nullptr;
   cudaEvent_t tbase = nullptr;
   double tbase_us = 0;
+  // Where the routed experts are served ([layer][expert], 1: the GPU); the plan's, then what online
+  // re-placement made of it. Empty: every expert on the GPU.
+  std::vector<std::vector<uint8_t>> resident;
+  // Online re-placement (GpuOptions::replace, qwen3_5_moe_gpu_replace.cpp). An expert moving to the GPU
+  // takes the slot (device allocations) of the one it displaces: that one is served by the host from
+  // the next step on, the newcomer's weights are repacked on a worker thread into pinned staging,
+  // copied into the slot on rp.copy (after rp.freed: no step reads the slot any more) and served by the
+  // GPU from the step after they arrived. Streamed prefill keeps streaming the plan's host experts;
+  // the plan's GPU experts that were displaced run on the host there (rp.displaced).
+  struct Move {
+    int layer = 0, expert = 0;  // the expert moving to the GPU
+    gpu::Int4Expert i4{};       // the slot it takes
+    gpu::Bf16Expert b16{};
+    int staging = 0;            // index into rp.staging / rp.copied
+    int order = 0;              // in its batch: packed once rp.packed > order
+    bool copying = false;
+  };
+  struct Replace {
+    bool on = false, paused = false;
+    int64_t since = 0;                                   // decode steps since the last check
+    std::vector<std::vector<uint64_t>> heat;             // [layer][expert] activations seen by the host
+    std::vector<std::vector<uint8_t>> origin_host;       // the plan's host experts (what streamed prefill streams)
+    std::vector<int> displaced;                          // [layer]: the plan's GPU experts now on the host
+    std::vector<std::vector<gpu::Int4Expert>> i4, stream_i4;  // host copies of the device tables
+    std::vector<std::vector<gpu::Bf16Expert>> b16;
+    std::vector<Move> moving;                            // one batch (no check while it is in flight)
+    std::future<void> packer;                            // one worker thread repacks the batch in order
+    std::atomic<int> packed{0};                          // moves of the batch packed so far
+    std::vector<char*> staging;                          // pinned, slot_bytes each
+    std::vector<cudaEvent_t> copied;                     // per staging buffer
+    std::vector<int> free;                               // staging buffers not in use
+    uint64_t slot_bytes = 0;
+    cudaStream_t copy = nullptr;
+    cudaEvent_t freed = nullptr;
+  } rp;
   // Streamed prefill's state (GpuOptions::stream_prefill_min_tokens; buffers: gpu::stream_buffer_bytes).
   struct Stream {
     bool on = false;
@@ -166,8 +204,19 @@ struct Qwen35MoeGpu::Impl {
     cudaEvent_t ready = nullptr, free = nullptr;
   } st;
 
-  explicit Impl(const Qwen35Moe& m, const GpuOptions& o) : model(m), opts(o) {}
+  explicit Impl(const Qwen35Moe& m, const GpuOptions& o) : model(m), opts(o) {
+    if (o.expert_on_gpu) resident = *o.expert_on_gpu;
+  }
   ~Impl() {
+    // Re-placement first: a pack in flight writes into staging, a copy in flight into the arena.
+    if (rp.packer.valid()) rp.packer.wait();
+    if (rp.copy) {
+      cudaStreamSynchronize(rp.copy);
+      cudaStreamDestroy(rp.copy);
+    }
+    if (rp.freed) cudaEventDestroy(rp.freed);
+    for (cudaEvent_t e : rp.copied) cudaEventDestroy(e);
+    for (char* p : rp.staging) cudaFreeHost(p);
     if (arena) cudaFree(arena);
     if (stream) cudaStreamDestroy(stream);
     if (routed) cudaEventDestroy(routed);
@@ -194,9 +243,20 @@ struct Qwen35MoeGpu::Impl {
   int64_t host_rows() const { return wants_batched() ? opts.prefill_chunk : 1; }
   bool deferring() const { return opts.defer_experts > 0 && opts.host_experts; }
 
-  bool on_gpu(int layer, int64_t e) const {
-    return !opts.expert_on_gpu || opts.expert_on_gpu->empty() || (*opts.expert_on_gpu)[layer][e];
+  bool on_gpu(int layer, int64_t e) const { return resident.empty() || resident[layer][e]; }
+  // Whether the host computes expert e of layer li: a host expert, except in streamed prefill
+  // (`streamed`), where the plan's host experts are streamed to the GPU and only the plan's GPU
+  // experts that re-placement displaced run on the host.
+  bool host_serves(int li, int64_t e, bool streamed) const {
+    return !on_gpu(li, e) && !(streamed && rp.on && rp.origin_host[li][e]);
   }
+
+  // ---- online re-placement (qwen3_5_moe_gpu_replace.cpp) ----
+  void replace_setup();             // after the upload: staging, copy stream, the host's coverage
+  void replace_tick();              // before each decode step: moves that arrived, and every N steps a check
+  void finish_moves(bool wait);     // moves whose weights are packed / copied (all of them when `wait`)
+  void write_entry(int li, int e);  // the device tables' entry e of layer li from the host copies
+  void pack_expert(int li, int e, const gpu::Int4Expert& slot, char* dst) const;
 
   void build(Uploader& up);
 
@@ -218,8 +278,8 @@ struct Qwen35MoeGpu::Impl {
   // experts of the n tokens, and queue their sum into moe_dev (through cpu_dev). Counts who served what.
   // With deferral, the host-resident ones among each token's N lowest-weight experts are set aside
   // for run_deferred() (next layer) instead.
-  void handoff_back(size_t li, int64_t n, float* cpu_dev, float* moe_dev);
-  bool host_part(size_t li, int64_t n, bool always, bool wait_routed = true);
+  void handoff_back(size_t li, int64_t n, float* cpu_dev, float* moe_dev, bool streamed = false);
+  bool host_part(size_t li, int64_t n, bool always, bool wait_routed = true, bool streamed = false);
   void join_host(int64_t n, float* cpu_dev, float* moe_dev);
 
   // The previous layer's deferred host experts, run while the GPU works on this layer; their sum is

@@ -95,7 +95,9 @@ void Qwen35MoeGpu::Impl::prefill_layer(size_t li, float* hbuf, int64_t n, const 
   CK(gpu::rmsnorm_zc(hbuf, L.post_norm, H, static_cast<int>(n), eps, px, stream));
   linear_rows(L.router, px, n, prouter);
   CK(gpu::router_topk(prouter, c.num_experts, k, static_cast<int>(n), ptopk_ids, ptopk_w, stream));
-  const bool split = L.cpu_experts && opts.host_experts && !streamed;
+  // Streamed: the plan's host experts run on the GPU from `streamed`; the plan's GPU experts that
+  // online re-placement displaced run on the host.
+  const bool split = L.cpu_experts && opts.host_experts && (!streamed || (rp.on && rp.displaced[li] > 0));
   if (split) handoff_out(px, ptopk_ids, ptopk_w, n);
   gpu_experts(L, px, ptopk_ids, ptopk_w, n, pxh, phs, pmoe, streamed);
   linear_rows(L.sh_gate, px, n, psg);
@@ -105,7 +107,7 @@ void Qwen35MoeGpu::Impl::prefill_layer(size_t li, float* hbuf, int64_t n, const 
   linear_rows(L.sh_expert_gate, px, n, psgate);
   CK(gpu::gated_add(pmoe, psd, psgate, H, static_cast<int>(n), stream));
   run_deferred();
-  if (split) handoff_back(li, n, pcpu, pmoe);
+  if (split) handoff_back(li, n, pcpu, pmoe, streamed != nullptr);
   else if (!streamed) counts.gpu += static_cast<uint64_t>(n) * k;
   CK(gpu::add_inplace(hbuf, pmoe, n * H, stream));
   add_deferred(hbuf);

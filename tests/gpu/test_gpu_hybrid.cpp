@@ -221,6 +221,74 @@ TEST(HybridStreamed, PrefillEqualsHostExpertPrefill) {
   }
 }
 
+// Online re-placement (experts.replace, checked after every decode step here, any CPU expert seen as
+// often as a GPU one swapped in): experts move between the GPU and the host while a sequence decodes.
+// 1. Token by token, the logits stay within the hybrid's 2e-2 of HF at every position while the
+//    experts move, and some do move, each layer keeping its number of GPU experts (the budget).
+// 2. On the re-placed model (moves paused), a prompt through batched prefill (int4 fixtures: streamed
+//    to the GPU, the plan's displaced GPU experts on the host) and the decode after it stay within
+//    2e-2 of HF.
+// 3. Token by token it then computes exactly what a static run of the placement it reached computes
+//    (bit for bit: the same experts on the same sides, from the same weights).
+TEST(HybridReplace, MovesKeepTheNumbers) {
+  TANDEM_REQUIRE_GPU();
+  for (const std::string& name : test::fixture_names()) {
+    const auto f = test::load_fixture(name);
+    auto model = Qwen35Moe::load(f.dir);
+    const bool int4 = model->layers()[0].moe.gate[0].kind == LinearWeight::Kind::Gptq;
+    const NpyArray ref = read_npy_f32(f.dir + "/logits.npy");
+    const int64_t n = static_cast<int64_t>(f.ids.size()), V = f.vocab;
+    const std::string yaml = with_counts(kPlacements[1].yaml, model->config().num_experts) +
+                             "experts:\n  replace: {every: 1, hysteresis: 1.0, min_count: 1, max_swaps: 4, decay: 1.0}\n" +
+                             (int4 ? "prefill: {chunk: 5, stream_pass: 10, strategy: gpu_stream}\n" : "");
+    const auto cfg = placement::parse_placement_config(yaml, "replace.yaml");
+    const placement::Plan plan = placement::make_plan(model->config(), cfg);
+    RunnerOptions o = hybrid_options(plan);
+    auto hp = std::make_shared<HybridPlacement>(*o.hybrid);
+    hp->replace = placement::replace_setup(cfg);
+    o.hybrid = hp;
+    auto moving = make_runner(*model, o);
+    ASSERT_NE(moving->describe().find("online re-placement every 1 decode tokens"), std::string::npos) << moving->describe();
+
+    std::vector<float> got(V);
+    for (int64_t i = 0; i < n; ++i) {  // 1
+      moving->forward(std::span(f.ids.data() + i, 1), got.data(), Qwen35Moe::LogitRows::Last);
+      EXPECT_LT(compare_logits(got.data(), ref.data.data() + i * V, 1, V).rel_l2[0], 2e-2) << name << " moving, position " << i;
+    }
+    moving->settle_replacement();
+    EXPECT_GT(moving->expert_swaps(), 0u) << name << ": nothing moved";
+    const std::vector<std::vector<uint8_t>> placed = moving->expert_placement();
+    ASSERT_EQ(placed.size(), plan.expert_on_gpu.size());
+    for (size_t l = 0; l < placed.size(); ++l)
+      EXPECT_EQ(std::count(placed[l].begin(), placed[l].end(), 1), std::count(plan.expert_on_gpu[l].begin(), plan.expert_on_gpu[l].end(), 1))
+          << name << " layer " << l;
+    moving->pause_replacement(true);
+
+    moving->reset();  // 2
+    std::vector<float> last(V);
+    moving->forward(std::span(f.ids.data(), f.prefill), last.data(), Qwen35Moe::LogitRows::Last);
+    EXPECT_LT(compare_logits(last.data(), ref.data.data() + (f.prefill - 1) * V, 1, V).rel_l2[0], 2e-2) << name << " re-placed prompt";
+    if (int4) EXPECT_GT(moving->streamed_layers(), 0u) << name;
+    moving->forward(std::span(f.ids.data() + f.prefill, 1), last.data(), Qwen35Moe::LogitRows::Last);
+    EXPECT_LT(compare_logits(last.data(), ref.data.data() + f.prefill * V, 1, V).rel_l2[0], 2e-2) << name << " after the re-placed prompt";
+
+    auto fixed = std::make_shared<HybridPlacement>(*hp);  // 3
+    fixed->expert_on_gpu = placed;
+    fixed->replace = {};
+    RunnerOptions so = o;
+    so.hybrid = fixed;
+    auto still = make_runner(*model, so);
+    moving->reset();
+    std::vector<float> a(V), b(V);
+    for (int64_t i = 0; i < n; ++i) {
+      moving->forward(std::span(f.ids.data() + i, 1), a.data(), Qwen35Moe::LogitRows::Last);
+      still->forward(std::span(f.ids.data() + i, 1), b.data(), Qwen35Moe::LogitRows::Last);
+      ASSERT_EQ(a, b) << name << " re-placed vs static, position " << i;
+    }
+    EXPECT_EQ(moving->expert_placement(), placed) << name << ": moved while paused";
+  }
+}
+
 // Expert deferral in the dispatcher (experts.deferral = 1, half the experts on the CPU): the host-
 // resident one among each token's lowest-weight experts joins a layer later, on the batched prefill
 // path and token by token, exactly as the model definition with deferrable = the CPU side says

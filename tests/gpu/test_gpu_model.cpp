@@ -27,7 +27,7 @@ TEST_P(GpuModel, MatchesTransformers) {
   TANDEM_REQUIRE_GPU();
   const auto f = test::load_fixture(GetParam());
   auto model = Qwen35Moe::load(f.dir);
-  auto gpu = Qwen35MoeGpu::create(*model, {0, 256});
+  auto gpu = Qwen35MoeGpu::create(*model, fixture_options());
   const int64_t n = static_cast<int64_t>(f.ids.size()), V = f.vocab;
   std::vector<float> got(n * V);
   gpu->forward(std::span(f.ids.data(), f.prefill), got.data());
@@ -174,7 +174,9 @@ TEST_P(GpuModel, BatchedPrefillEqualsTokenByToken) {
 TEST(GpuModelBudget, TooSmallBudgetSaysWhatItNeeds) {
   TANDEM_REQUIRE_GPU();
   auto model = Qwen35Moe::load(std::string(TANDEM_TEST_DATA) + "/bf16_fused");
-  test::expect_error([&] { Qwen35MoeGpu::create(*model, {4096, 256}); },
+  GpuOptions tiny = fixture_options();
+  tiny.budget_bytes = 4096;
+  test::expect_error([&] { Qwen35MoeGpu::create(*model, tiny); },
                      {"needs", "dense weights", "KV cache", "budget is 0.00 GiB (--gpu-mem)"});
 }
 

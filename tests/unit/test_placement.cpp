@@ -106,6 +106,10 @@ TEST(PlacementYamlErrors, NameFileLineAndKey) {
   test::expect_error([] { yaml("prefill:\n  chunk: -1\n"); }, {"test.yaml:2", "key 'prefill.chunk'", "outside"});
   test::expect_error([] { yaml("gpu:\n  memory: 1e300GiB\n"); }, {"test.yaml:2", "gpu.memory", "too large"});  // found by fuzz_placement
   test::expect_error([] { yaml("prefill:\n  chunks: 64\n"); }, {"test.yaml:2", "'prefill.chunks'", "did you mean 'chunk'"});
+  test::expect_error([] { yaml("experts:\n  replace: {evry: 64}\n"); }, {"test.yaml:2", "'experts.replace.evry'", "did you mean 'every'"});
+  test::expect_error([] { yaml("experts:\n  replace: {hysteresis: 2}\n"); }, {"test.yaml:2", "experts.replace", "needs 'every'"});
+  test::expect_error([] { yaml("experts:\n  replace: {every: 64, hysteresis: 0.5}\n"); }, {"test.yaml:2", "experts.replace.hysteresis", "outside"});
+  test::expect_error([] { yaml("experts:\n  replace: sometimes\n"); }, {"test.yaml:2", "experts.replace", "'off' or a map"});
 }
 
 // prefill.strategy gpu_stream streams from the first prompt token, with the buffers counted; where it
@@ -386,6 +390,33 @@ TEST(Replacement, FollowsDriftWithinTheBudgetAndIgnoresNoise) {
   EXPECT_LE(moved, 2u);
   // A swap must move a CPU expert in and a GPU expert out.
   test::expect_error([&] { apply_swaps(steady, {{0, 0, 0, 0}}); }, {"not on those sides"});
+}
+
+// experts.replace in the YAML: off unless set; its options reach the runtime's policy, which is
+// plan_swaps with them (the same swaps, as the runtime's ExpertSwap).
+TEST(OnlineReplacement, ConfigGivesTheRuntimeItsPolicy) {
+  EXPECT_FALSE(replace_setup(yaml("context: 4096\n")).on());
+  EXPECT_FALSE(replace_setup(yaml("experts:\n  replace: off\n")).on());
+  const PlacementConfig c = yaml("experts:\n  replace:\n    every: 128\n    hysteresis: 2\n    min_count: 3\n    max_swaps: 2\n    decay: 0.25\n");
+  const ReplaceSetup r = replace_setup(c);
+  ASSERT_TRUE(r.on());
+  EXPECT_EQ(r.every, 128);
+  EXPECT_EQ(r.max_moving, 2);
+  EXPECT_DOUBLE_EQ(r.decay, 0.25);
+  // Layer 0: CPU experts 0 (10 seen), 1 (5), 2 (2); GPU experts 3 (4), 4 (0), 5 (1). Hysteresis 2,
+  // min_count 3, at most 2: 0 replaces 4, 1 replaces 5 (5 >= 2 x 1); 2 is below min_count.
+  const std::vector<std::vector<uint8_t>> on = {{0, 0, 0, 1, 1, 1}};
+  const std::vector<std::vector<uint64_t>> counts = {{10, 5, 2, 4, 0, 1}};
+  const std::vector<ExpertSwap> got = r.policy(on, counts);
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0].layer, 0);
+  EXPECT_EQ(got[0].to_gpu, 0);
+  EXPECT_EQ(got[0].to_cpu, 4);
+  EXPECT_EQ(got[1].to_gpu, 1);
+  EXPECT_EQ(got[1].to_cpu, 5);
+  const auto want = plan_swaps(on, counts, {2.0, 3, 2});
+  ASSERT_EQ(want.size(), got.size());
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(want[i].to_gpu, got[i].to_gpu);
 }
 
 }  // namespace

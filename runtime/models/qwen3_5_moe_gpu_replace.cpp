@@ -1,0 +1,237 @@
+// runtime/models/qwen3_5_moe_gpu_replace.cpp: online re-placement of routed experts during hybrid
+// decode (GpuOptions::replace, runtime/expert_swap.h; the state is Impl::rp, described there).
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+
+#include "gpu_core/int4_layout.h"
+#include "runtime/dtype.h"
+#include "runtime/models/qwen3_5_moe_gpu_impl.h"
+
+namespace tandem {
+
+namespace {
+
+struct Piece {
+  void* dst;
+  uint64_t bytes;
+};
+
+// A GPU expert slot's device allocations in the order pack_expert fills its staging buffer.
+std::vector<Piece> slot_pieces(const gpu::Int4Expert& e) {
+  std::vector<Piece> out;
+  for (const gpu::Int4View* v : {&e.gate, &e.up, &e.down}) {
+    const uint64_t G = static_cast<uint64_t>(v->K / v->group_size), N = static_cast<uint64_t>(v->N);
+    out.push_back({const_cast<uint32_t*>(v->qweight), N * static_cast<uint64_t>(v->K) / 2});
+    out.push_back({const_cast<uint16_t*>(v->scales), N * G * 2});
+    out.push_back({const_cast<uint8_t*>(v->zeros), N * G});
+    if (v->perm) out.push_back({const_cast<int32_t*>(v->perm), static_cast<uint64_t>(v->K) * 4});
+  }
+  return out;
+}
+
+std::vector<Piece> slot_pieces(const gpu::Bf16Expert& e, int64_t H, int64_t I) {
+  const uint64_t n = static_cast<uint64_t>(H * I) * 2;
+  return {{const_cast<uint16_t*>(e.gate), n}, {const_cast<uint16_t*>(e.up), n}, {const_cast<uint16_t*>(e.down), n}};
+}
+
+uint64_t total_bytes(const std::vector<Piece>& pieces) {
+  uint64_t t = 0;
+  for (const Piece& p : pieces) t += p.bytes;
+  return t;
+}
+
+}  // namespace
+
+void Qwen35MoeGpu::Impl::replace_setup() {
+  const ModelConfig& c = model.config();
+  const int64_t E = c.num_experts;
+  if (!opts.replace.on() || !opts.host_experts || resident.empty()) return;
+  rp.on = true;
+  rp.heat.assign(layers.size(), std::vector<uint64_t>(E, 0));
+  rp.origin_host.assign(layers.size(), std::vector<uint8_t>(E, 0));
+  rp.displaced.assign(layers.size(), 0);
+  for (size_t l = 0; l < layers.size(); ++l) {
+    if (!layers[l].cpu_experts) continue;
+    for (int64_t e = 0; e < E; ++e) {
+      rp.origin_host[l][e] = !resident[l][e];
+      if (!opts.host_experts->holds(static_cast<int>(l), static_cast<int>(e)))
+        fail("online re-placement (experts.replace): the host side does not hold expert ", e, " of layer ", l,
+             "; it must hold every expert of the layers that have host experts");
+    }
+  }
+  // The largest slot of any GPU-resident expert (every slot of a model has the same shape).
+  for (size_t l = 0; l < layers.size(); ++l)
+    for (int64_t e = 0; e < E; ++e) {
+      if (!resident[l][e]) continue;
+      const uint64_t b = layers[l].int4_experts ? total_bytes(slot_pieces(rp.i4[l][e]))
+                                                : total_bytes(slot_pieces(rp.b16[l][e], c.hidden_size, c.moe_intermediate_size));
+      rp.slot_bytes = std::max(rp.slot_bytes, b);
+    }
+  CK(cudaStreamCreateWithFlags(&rp.copy, cudaStreamNonBlocking));
+  CK(cudaEventCreateWithFlags(&rp.freed, cudaEventDisableTiming));
+  const int n = std::max(1, opts.replace.max_moving);
+  for (int i = 0; i < n && rp.slot_bytes; ++i) {
+    char* p = nullptr;
+    CK(cudaHostAlloc(reinterpret_cast<void**>(&p), rp.slot_bytes, cudaHostAllocDefault));
+    rp.staging.push_back(p);
+    cudaEvent_t ev;
+    CK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    rp.copied.push_back(ev);
+    rp.free.push_back(i);
+  }
+}
+
+void Qwen35MoeGpu::Impl::write_entry(int li, int e) {
+  const DevLayer& L = layers[li];
+  if (L.experts_i4) CK(cudaMemcpyAsync(L.experts_i4 + e, &rp.i4[li][e], sizeof(gpu::Int4Expert), cudaMemcpyHostToDevice, stream));
+  else CK(cudaMemcpyAsync(L.experts_bf16 + e, &rp.b16[li][e], sizeof(gpu::Bf16Expert), cudaMemcpyHostToDevice, stream));
+  if (streams(li))
+    CK(cudaMemcpyAsync(st.tables + li * model.config().num_experts + e, &rp.stream_i4[li][e], sizeof(gpu::Int4Expert),
+                       cudaMemcpyHostToDevice, stream));
+}
+
+// Expert e of layer li in the GPU layout, the slot's pieces back to back (runs on a worker thread:
+// reads the model's weights and writes dst only).
+void Qwen35MoeGpu::Impl::pack_expert(int li, int e, const gpu::Int4Expert& slot, char* dst) const {
+  const MoeWeights& w = model.layers()[li].moe;
+  const LinearWeight* mats[3] = {&w.gate[e], &w.up[e], &w.down[e]};
+  if (layers[li].int4_experts) {
+    const gpu::Int4View* views[3] = {&slot.gate, &slot.up, &slot.down};
+    for (int j = 0; j < 3; ++j) {
+      const LinearWeight& L = *mats[j];
+      const gpu::Int4View& v = *views[j];
+      const gpu::Int4Host h = gpu::repack_gptq_int4({L.gptq.qweight, L.gptq.qzeros, static_cast<const uint16_t*>(L.gptq.scales),
+                                                     L.gptq.g_idx, L.out, L.in, L.gptq.group_size, L.gptq.zero_offset});
+      const uint64_t G = static_cast<uint64_t>(v.K / v.group_size), N = static_cast<uint64_t>(v.N);
+      if (h.N != v.N || h.K != v.K || h.group_size != v.group_size || (L.gptq.g_idx != nullptr) != (v.perm != nullptr))
+        fail(L.name, ": re-placement needs it in the shape and format of the slot it takes");
+      auto put = [&](const void* src, uint64_t bytes) {
+        std::memcpy(dst, src, bytes);
+        dst += bytes;
+      };
+      put(h.qweight.data(), N * static_cast<uint64_t>(v.K) / 2);
+      put(h.scales.data(), N * G * 2);
+      put(h.zeros.data(), N * G);
+      if (v.perm) put(h.perm.data(), static_cast<uint64_t>(v.K) * 4);
+    }
+    return;
+  }
+  for (const LinearWeight* L : mats) {
+    const size_t n = static_cast<size_t>(L->out * L->in);
+    auto* out = reinterpret_cast<uint16_t*>(dst);
+    if (L->dense_dtype == DType::BF16) std::memcpy(out, L->dense, n * 2);
+    else
+      for (size_t i = 0; i < n; ++i) out[i] = f32_to_bf16(load_as_f32(L->dense, L->dense_dtype, static_cast<int64_t>(i)));
+    dst += n * 2;
+  }
+}
+
+void Qwen35MoeGpu::Impl::finish_moves(bool wait) {
+  const ModelConfig& c = model.config();
+  if (rp.packer.valid() && (wait || rp.packer.wait_for(std::chrono::seconds(0)) == std::future_status::ready))
+    rp.packer.get();  // the batch is packed; a failed pack throws here
+  const int packed = rp.packed.load(std::memory_order_acquire);
+  for (Move& m : rp.moving) {
+    if (!m.copying) {
+      if (m.order >= packed) continue;
+      const std::vector<Piece> pieces = layers[m.layer].int4_experts ? slot_pieces(m.i4)
+                                                                     : slot_pieces(m.b16, c.hidden_size, c.moe_intermediate_size);
+      CK(cudaStreamWaitEvent(rp.copy, rp.freed, 0));  // no step reads the slot any more
+      const char* src = rp.staging[m.staging];
+      for (const Piece& p : pieces) {
+        CK(cudaMemcpyAsync(p.dst, src, p.bytes, cudaMemcpyHostToDevice, rp.copy));
+        src += p.bytes;
+      }
+      CK(cudaEventRecord(rp.copied[m.staging], rp.copy));
+      m.copying = true;
+    }
+    if (wait) {
+      CK(cudaEventSynchronize(rp.copied[m.staging]));
+    } else {
+      const cudaError_t q = cudaEventQuery(rp.copied[m.staging]);
+      if (q == cudaErrorNotReady) continue;
+      CK(q);
+    }
+    // Arrived: the GPU serves it from the next step on.
+    const int l = m.layer, e = m.expert;
+    rp.i4[l][e] = m.i4;
+    rp.b16[l][e] = m.b16;
+    resident[l][e] = 1;
+    if (!rp.origin_host[l][e]) {  // a plan's GPU expert coming back: streamed prefill runs it from its slot again
+      rp.stream_i4[l][e] = m.i4;
+      --rp.displaced[l];
+    }
+    write_entry(l, e);
+    ++counts.swaps;
+    rp.free.push_back(m.staging);
+    m.staging = -1;
+  }
+  std::erase_if(rp.moving, [](const Move& m) { return m.staging < 0; });
+}
+
+void Qwen35MoeGpu::Impl::replace_tick() {
+  if (!rp.on) return;
+  if (!rp.moving.empty()) finish_moves(false);
+  if (rp.paused || ++rp.since < opts.replace.every || !rp.moving.empty()) return;
+  rp.since = 0;
+  const std::vector<ExpertSwap> swaps = opts.replace.policy(resident, rp.heat);
+  const int64_t E = model.config().num_experts;
+  struct Job {
+    int layer, expert;
+    gpu::Int4Expert slot;
+    char* dst;
+  };
+  std::vector<Job> jobs;
+  for (const ExpertSwap& s : swaps) {
+    if (rp.free.empty()) break;
+    const int l = s.layer;
+    if (l < 0 || l >= static_cast<int>(layers.size()) || s.to_gpu < 0 || s.to_gpu >= E || s.to_cpu < 0 || s.to_cpu >= E ||
+        resident[l][s.to_gpu] || !resident[l][s.to_cpu] || !layers[l].cpu_experts)
+      fail("online re-placement: the policy asked to swap expert ", s.to_gpu, " in and ", s.to_cpu, " out in layer ", l,
+           ", which the placement does not allow");
+    Move m;
+    m.layer = l, m.expert = s.to_gpu;
+    m.i4 = rp.i4[l][s.to_cpu];
+    m.b16 = rp.b16[l][s.to_cpu];
+    if (layers[l].int4_experts && (model.layers()[l].moe.gate[s.to_gpu].gptq.g_idx != nullptr) != (m.i4.gate.perm != nullptr))
+      continue;  // act order in one and not the other: the slot does not fit it
+    // The outgoing expert is the host's from the next step on.
+    resident[l][s.to_cpu] = 0;
+    rp.i4[l][s.to_cpu] = {};
+    rp.b16[l][s.to_cpu] = {};
+    if (!rp.origin_host[l][s.to_cpu]) {
+      rp.stream_i4[l][s.to_cpu] = {};
+      ++rp.displaced[l];
+    }
+    write_entry(l, s.to_cpu);
+    m.staging = rp.free.back();
+    rp.free.pop_back();
+    m.order = static_cast<int>(jobs.size());
+    jobs.push_back({l, s.to_gpu, m.i4, rp.staging[m.staging]});
+    rp.moving.push_back(m);
+  }
+  if (!jobs.empty()) {
+    CK(cudaEventRecord(rp.freed, stream));  // after the table writes: later steps skip the slots
+    // One worker thread, one expert after another: the host's expert workers keep their cores.
+    rp.packed.store(0, std::memory_order_relaxed);
+    rp.packer = std::async(std::launch::async, [this, jobs = std::move(jobs)] {
+      for (size_t i = 0; i < jobs.size(); ++i) {
+        pack_expert(jobs[i].layer, jobs[i].expert, jobs[i].slot, jobs[i].dst);
+        rp.packed.store(static_cast<int>(i) + 1, std::memory_order_release);
+      }
+    });
+  }
+  for (auto& row : rp.heat)  // a sliding window: older activations count less
+    for (uint64_t& h : row) h = static_cast<uint64_t>(static_cast<double>(h) * opts.replace.decay);
+}
+
+const std::vector<std::vector<uint8_t>>& Qwen35MoeGpu::expert_placement() const { return impl_->resident; }
+
+void Qwen35MoeGpu::settle_replacement() {
+  if (impl_->rp.on) impl_->finish_moves(true);
+}
+
+void Qwen35MoeGpu::pause_replacement(bool paused) { impl_->rp.paused = paused; }
+
+}  // namespace tandem
