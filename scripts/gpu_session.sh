@@ -26,7 +26,7 @@
 #   ncu-bench:FILTER:KERNEL_REGEX  Nsight Compute sections (speed of light, occupancy, warp stalls) of the
 #                first 2 launches of the kernels matching KERNEL_REGEX in bench_gpu_gemv --benchmark_filter=FILTER
 #   trace:GIB    a hybrid decode at that budget with --trace, and tools/trace_plot.py's picture of one step
-#   env:VAR=VALUE  exported for the steps after it (e.g. env:TANDEM_DELTANET_CHUNKED=1); their result
+#   env:VAR=VALUE  exported for the steps after it (GEN=N: tokens generated per e2e run, default 128) (e.g. env:TANDEM_DELTANET_CHUNKED=1); their result
 #                names carry VALUE's variable as a suffix so A/B runs of one step do not overwrite each other
 set -uo pipefail
 OUT="${OUT:-$PWD/gpu-out}"
@@ -86,7 +86,7 @@ for step in "$@"; do
       name="$kind-${lens//,/_}$tag"
       mkdir -p "$res/$name/e2e"; [ -n "${HEAT:-}" ] && cp "$HEAT" "$res/$name/e2e/heat.yaml"
       run_step "$name" 9999 env $flags OUT="$res/$name" WARMUP=32 PROFILE_TIMEOUT=120 \
-        bash bench/run_e2e.sh build-gpu /tmp/q35 "$lens" 128 "$repeat" "${scen//,/ }" ;;
+        bash bench/run_e2e.sh build-gpu /tmp/q35 "$lens" "${GEN:-128}" "$repeat" "${scen//,/ }" ;;
     ncu|ncu:*)
       plen="${step#ncu}"; plen="${plen#:}"; plen="${plen:-1024}"
       ncu_bin=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
