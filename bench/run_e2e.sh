@@ -39,7 +39,8 @@ fi
 
 config() {  # name budget extra-yaml (the heat map when profiling produced one)
   local heat_line="" prefill=""
-  [ -f "$heat" ] && heat_line="  heat: $heat"
+  # NO_HEAT=1: plan without the heat map (uniform expert selection), e.g. to see online re-placement learn it
+  [ -f "$heat" ] && [ -z "${NO_HEAT:-}" ] && heat_line="  heat: $heat"
   # PREFILL_CHUNK=N / PREFILL_STRATEGY=auto|cpu|gpu_stream: the hybrid configs' prefill section
   [ -n "${PREFILL_CHUNK:-}${PREFILL_STRATEGY:-}" ] && prefill="prefill:
 ${PREFILL_CHUNK:+  chunk: $PREFILL_CHUNK

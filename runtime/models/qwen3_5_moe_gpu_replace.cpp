@@ -1,5 +1,8 @@
 // runtime/models/qwen3_5_moe_gpu_replace.cpp: online re-placement of routed experts during hybrid
 // decode (GpuOptions::replace, runtime/expert_swap.h; the state is Impl::rp, described there).
+#include <pthread.h>
+#include <sched.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -213,9 +216,12 @@ void Qwen35MoeGpu::Impl::replace_tick() {
   }
   if (!jobs.empty()) {
     CK(cudaEventRecord(rp.freed, stream));  // after the table writes: later steps skip the slots
-    // One worker thread, one expert after another: the host's expert workers keep their cores.
+    // One worker thread, one expert after another, at idle priority: the host's expert workers (one
+    // per core, spinning while a layer runs) keep their cores; it packs while they sleep.
     rp.packed.store(0, std::memory_order_relaxed);
     rp.packer = std::async(std::launch::async, [this, jobs = std::move(jobs)] {
+      sched_param idle{};
+      pthread_setschedparam(pthread_self(), SCHED_IDLE, &idle);  // best effort: a refusal leaves it as it was
       for (size_t i = 0; i < jobs.size(); ++i) {
         pack_expert(jobs[i].layer, jobs[i].expert, jobs[i].slot, jobs[i].dst);
         rp.packed.store(static_cast<int>(i) + 1, std::memory_order_release);
