@@ -59,8 +59,9 @@ run() {  # name, then bench flags
   [ "$name" = gpu-all ] && cfg="--gpu-mem 1000GiB"
   "$tandem" plan --model "$model" $cfg --json > "$out/$name.plan.json" 2>/dev/null || true
   # BENCH_PROMPTS=1: prompts from the profiling text (where the heat map's routing applies) instead of random ids
+  # FOLLOW_TEXT=1 (with BENCH_PROMPTS): decode steps fed the text's next tokens (bench --follow-text)
   "$tandem" bench --model "$model" --prompt-len "$lens" --gen "$gen" --repeat "$repeat" --json ${WARMUP:+--warmup $WARMUP} \
-    ${BENCH_PROMPTS:+--prompts "$out/prompts.txt"} "$@" \
+    ${BENCH_PROMPTS:+--prompts "$out/prompts.txt"} ${FOLLOW_TEXT:+--follow-text} "$@" \
     > "$out/$name.json" 2> "$out/$name.log"
   local rc=$?
   python3 - "$out/$name.json" <<'PY' || { echo "  failed (rc=$rc):"; tail -3 "$out/$name.log"; }
@@ -84,7 +85,7 @@ cpu_experts: all
 '; run "$s" --device hybrid --config "$out/$s.yaml" ;;
     hybrid-12gib-defer2) config "$s" 12GiB '  deferral: 2
 '; run "$s" --device hybrid --config "$out/$s.yaml" ;;
-    hybrid-*gib-replace) b=${s#hybrid-}; b=${b%gib-replace}; config "$s" "${b}GiB" "  replace: {every: ${REPLACE_EVERY:-16}, max_swaps: ${REPLACE_MAX_SWAPS:-64}}
+    hybrid-*gib-replace) b=${s#hybrid-}; b=${b%gib-replace}; config "$s" "${b}GiB" "  replace: {every: ${REPLACE_EVERY:-16}, max_swaps: ${REPLACE_MAX_SWAPS:-64}, decay: ${REPLACE_DECAY:-0.5}}
 "; run "$s" --device hybrid --config "$out/$s.yaml" ;;
     hybrid-*gib) b=${s#hybrid-}; b=${b%gib}; config "$s" "${b}GiB" ''; run "$s" --device hybrid --config "$out/$s.yaml" ;;
     cpu-all) run cpu-all --device cpu ;;

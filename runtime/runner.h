@@ -66,7 +66,7 @@ class Runner {
   }
   virtual std::string describe() const = 0;  // one line: placement, ISA / GPU memory
   virtual uint64_t peak_device_bytes() const { return 0; }
-  // Share of routed-expert activations served on the GPU since reset() (0 for host placements).
+  // Share of decode's routed-expert activations served on the GPU since reset() (0 for host placements).
   virtual double gpu_expert_share() const { return 0; }
   // What the placement expects that share to be (the planner's figure; 1 for gpu, 0 for host paths).
   virtual double gpu_expert_share_planned() const { return 0; }

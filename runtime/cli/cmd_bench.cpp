@@ -109,16 +109,20 @@ struct Run {
 };
 
 // `text`: the --prompts file's tokens (empty: random ids); run `seed` takes the window starting at
-// seed * prompt_len, wrapping around.
-Run run_once(Runner& runner, int64_t V, int64_t prompt_len, int64_t gen, uint64_t seed, const std::vector<int32_t>& text) {
+// seed * prompt_len, wrapping around. `follow`: each decode step is fed the text's next token instead
+// of the one just picked (the same work; the routing follows the text, as a placement learnt online
+// would see it in a long conversation).
+Run run_once(Runner& runner, int64_t V, int64_t prompt_len, int64_t gen, uint64_t seed, const std::vector<int32_t>& text,
+             bool follow = false) {
   using clock = std::chrono::steady_clock;
   std::mt19937_64 rng(seed);
   std::uniform_int_distribution<int32_t> id(0, static_cast<int32_t>(V - 1));
   std::vector<int32_t> prompt(prompt_len);
+  size_t start = 0;
   if (text.empty()) {
     for (auto& t : prompt) t = id(rng);
   } else {
-    const size_t start = static_cast<size_t>(seed * static_cast<uint64_t>(prompt_len) % text.size());
+    start = static_cast<size_t>(seed * static_cast<uint64_t>(prompt_len) % text.size());
     for (int64_t i = 0; i < prompt_len; ++i) prompt[i] = text[(start + static_cast<size_t>(i)) % text.size()];
   }
   std::vector<float> logits(V);
@@ -144,6 +148,7 @@ Run run_once(Runner& runner, int64_t V, int64_t prompt_len, int64_t gen, uint64_
   const auto d0 = clock::now();
   for (int64_t i = 1; i < gen; ++i) {
     const auto s0 = clock::now();
+    if (follow && !text.empty()) next = text[(start + static_cast<size_t>(prompt_len + i - 1)) % text.size()];
     next = next_of(std::span(&next, 1));
     r.itl_ms.push_back(std::chrono::duration<double>(clock::now() - s0).count() * 1e3);
   }
@@ -162,6 +167,7 @@ int cmd_bench(int argc, char** argv) {
                              {"repeat", true, "measured runs per prompt length after one warm-up (default 5)"},
                              {"seed", true, "seed of the random prompts (default 0)"},
                              {"prompts", true, "text file whose tokens make the prompts (windows of it, cycled) instead of random ids"},
+                             {"follow-text", false, "with --prompts: feed each decode step the text's next token instead of the one picked"},
                              {"warmup", true, "prompt tokens of the warm-up run (default: each measured length)"},
                              {"json", false, "print one JSON object instead of the table"}};
   for (auto& f : device_flags()) flags.push_back(f);
@@ -187,6 +193,8 @@ int cmd_bench(int argc, char** argv) {
   auto model = Qwen35Moe::load(a.get("model"));
   const ModelConfig& cfg = model->config();
   std::vector<int32_t> text;
+  const bool follow = a.has("follow-text");
+  if (follow && !a.has("prompts")) throw UsageError("tandem bench: --follow-text needs --prompts FILE");
   if (a.has("prompts")) {
     const std::string path = a.get("prompts");
     std::ifstream in(path, std::ios::binary);
@@ -236,7 +244,7 @@ int cmd_bench(int argc, char** argv) {
     std::vector<double> pf, ttft, dec, itl;
     uint64_t streamed = 0;
     for (int64_t r = 0; r < repeat; ++r) {
-      Run x = run_once(*runner, cfg.vocab_size, L, gen, seed + 1 + r, text);
+      Run x = run_once(*runner, cfg.vocab_size, L, gen, seed + 1 + r, text, follow);
       token_on_device = x.on_device;
       streamed = x.streamed_layers;
       pf.push_back(x.prefill_tok_s);
@@ -279,6 +287,7 @@ int cmd_bench(int argc, char** argv) {
                         {"repeat", repeat},
                         {"warmup_tokens", warmup},
                         {"prompts", a.has("prompts") ? a.get("prompts") : std::string("random token ids")},
+                        {"decode_tokens", follow ? "the text's next tokens (--follow-text)" : "the tokens picked (greedy)"},
                         {"next_token", token_on_device ? "argmax on the device (one id crosses)" : "argmax on the host (the logits row crosses)"},
                         {"prefill_tok_s", first["prefill_tok_s"]},
                         {"decode_tok_s", first["decode_tok_s"]},

@@ -151,9 +151,9 @@ struct GpuOptions {
   ReplaceSetup replace;
 };
 
-// Routed-expert activations served by each side since the last reset_counts().
-// Streamed prefill's activations are not in gpu / cpu (they say where the placement serves decode);
-// streamed_layers / streamed_bytes count its copies of host experts to the GPU.
+// Since the last reset(): decode's routed-expert activations served by each side (prompts are not
+// counted: gpu / cpu say where the placement serves decode); streamed_layers / streamed_bytes count
+// streamed prefill's copies of host experts to the GPU.
 struct ExpertCounts {
   uint64_t gpu = 0, cpu = 0;
   uint64_t streamed_layers = 0, streamed_bytes = 0;

@@ -53,8 +53,8 @@ bool Qwen35MoeGpu::Impl::host_part(size_t li, int64_t n, bool always, bool wait_
   for (int64_t j = 0; j < n * k; ++j) {
     const bool gpu_side = !host_serves(static_cast<int>(li), hids[j], streamed);
     masked[j] = gpu_side ? -1 : hids[j];
-    if (streamed) continue;  // streamed prefill is not counted as decode placement
-    ++(gpu_side ? counts.gpu : counts.cpu);
+    if (streamed) continue;
+    if (n == 1) ++(gpu_side ? counts.gpu : counts.cpu);  // decode's (a prompt chunk's tokens are not counted)
     if (rp.on) ++rp.heat[li][hids[j]];
   }
   if (deferring()) {

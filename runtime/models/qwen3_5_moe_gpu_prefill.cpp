@@ -108,7 +108,6 @@ void Qwen35MoeGpu::Impl::prefill_layer(size_t li, float* hbuf, int64_t n, const 
   CK(gpu::gated_add(pmoe, psd, psgate, H, static_cast<int>(n), stream));
   run_deferred();
   if (split) handoff_back(li, n, pcpu, pmoe, streamed != nullptr);
-  else if (!streamed) counts.gpu += static_cast<uint64_t>(n) * k;
   CK(gpu::add_inplace(hbuf, pmoe, n * H, stream));
   add_deferred(hbuf);
 }

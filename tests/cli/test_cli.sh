@@ -110,6 +110,10 @@ grep -q '"prompts": ".*prompts.txt"' "$tmp/out" || { echo "FAIL bench --prompts:
 check "bench --prompts missing" "1" "cannot open the prompts file" -- "$tandem" bench --model "$tmp/tiny" --device cpu --prompts "$tmp/none.txt"
 : >"$tmp/empty.txt"
 check "bench --prompts empty" "1" "has no text" -- "$tandem" bench --model "$tmp/tiny" --device cpu --prompts "$tmp/empty.txt"
+# --follow-text: decode steps fed the text's next tokens (needs --prompts).
+check "bench --follow-text" "0" "" -- "$tandem" bench --model "$tmp/tiny" --device cpu --prompt-len 8 --gen 4 --repeat 1 --prompts "$tmp/prompts.txt" --follow-text --json
+grep -q '"decode_tokens": "the text.s next tokens' "$tmp/out" || { echo "FAIL bench --follow-text: the JSON does not say what decode was fed"; failures=$((failures + 1)); }
+check "bench --follow-text without --prompts" "2" "needs --prompts" -- "$tandem" bench --model "$tmp/tiny" --device cpu --follow-text
 check "generate without prompt" "2" "missing required option '--prompt'" -- "$tandem" generate --model "$tmp/tiny"
 check "bad temperature" "2" "temperature" -- "$tandem" generate --model "$tmp/tiny" --prompt x --temperature -1
 check "unknown preset" "2" "unknown sampling preset" -- "$tandem" generate --model "$tmp/tiny" --prompt x --preset wild
