@@ -8,6 +8,7 @@
 # usage (device tool, carry .deps): COMMIT=<sha> DEADLINE=540 [HEAT=heat.yaml] bash scripts/gpu_session.sh STEP...
 #   build        configure + build everything into build-gpu/ (sm_90)
 #   gpu-tests    the GPU suites (kernels, whole model, hybrid, CUDA graph) + the CLI tests
+#   gpu-tests:FILTER  tandem_gpu_tests with --gtest_filter=FILTER
 #   ctest        the whole CTest suite
 #   cpu-experts  scripts/gpu_machine_cpu_experts.sh (AMX tests at every ISA cap + benchmarks)
 #   cpu-tests    the cpu_experts tests at the CPU's best level (AMX there), no benchmarks
@@ -66,6 +67,8 @@ for step in "$@"; do
         && cmake --build build-gpu -j $(nproc)" ;;
     gpu-tests)
       run_step "gpu-tests$tag" 300 bash -c "build-gpu/tests/tandem_gpu_tests && ctest --test-dir build-gpu -R 'cli_' --output-on-failure" ;;
+    gpu-tests:*)
+      run_step "gpu-tests-filtered$tag" 300 build-gpu/tests/tandem_gpu_tests --gtest_filter="${step#gpu-tests:}" ;;
     ctest)
       run_step ctest 500 ctest --test-dir build-gpu --output-on-failure -j 8 ;;
     gpu-bench|gpu-bench:*)

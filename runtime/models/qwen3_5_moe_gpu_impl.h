@@ -185,6 +185,11 @@ struct Qwen35MoeGpu::Impl {
     uint64_t slot_bytes = 0;
     cudaStream_t copy = nullptr;
     cudaEvent_t freed = nullptr;
+    // Table writes: a changed layer's whole table, one copy per table from pinned rows (a copy per
+    // entry from pageable memory stalled the step that made 100 moves by milliseconds).
+    std::vector<uint8_t> touched;                        // [layer]
+    char* rows = nullptr;                                // pinned: [layer][E] expert tables, then [layer][E] streamed tables
+    cudaEvent_t written = nullptr;                       // after the last table copies: rows may change
   } rp;
   // Streamed prefill's state (GpuOptions::stream_prefill_min_tokens; buffers: gpu::stream_buffer_bytes).
   struct Stream {
@@ -216,6 +221,8 @@ struct Qwen35MoeGpu::Impl {
     }
     if (rp.freed) cudaEventDestroy(rp.freed);
     for (cudaEvent_t e : rp.copied) cudaEventDestroy(e);
+    if (rp.written) cudaEventDestroy(rp.written);
+    if (rp.rows) cudaFreeHost(rp.rows);
     for (char* p : rp.staging) cudaFreeHost(p);
     if (arena) cudaFree(arena);
     if (stream) cudaStreamDestroy(stream);
@@ -255,7 +262,7 @@ struct Qwen35MoeGpu::Impl {
   void replace_setup();             // after the upload: staging, copy stream, the host's coverage
   void replace_tick();              // before each decode step: moves that arrived, and every N steps a check
   void finish_moves(bool wait);     // moves whose weights are packed / copied (all of them when `wait`)
-  void write_entry(int li, int e);  // the device tables' entry e of layer li from the host copies
+  void flush_tables();              // the device tables of the layers whose host copies changed (rp.touched)
   void pack_expert(int li, int e, const gpu::Int4Expert& slot, char* dst) const;
 
   void build(Uploader& up);

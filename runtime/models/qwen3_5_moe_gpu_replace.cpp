@@ -73,6 +73,11 @@ void Qwen35MoeGpu::Impl::replace_setup() {
     }
   CK(cudaStreamCreateWithFlags(&rp.copy, cudaStreamNonBlocking));
   CK(cudaEventCreateWithFlags(&rp.freed, cudaEventDisableTiming));
+  CK(cudaEventCreateWithFlags(&rp.written, cudaEventDisableTiming));
+  CK(cudaEventRecord(rp.written, stream));
+  rp.touched.assign(layers.size(), 0);
+  const size_t row = static_cast<size_t>(E) * std::max(sizeof(gpu::Int4Expert), sizeof(gpu::Bf16Expert));
+  CK(cudaHostAlloc(reinterpret_cast<void**>(&rp.rows), 2 * layers.size() * row, cudaHostAllocDefault));
   const int n = std::max(1, opts.replace.max_moving);
   for (int i = 0; i < n && rp.slot_bytes; ++i) {
     char* p = nullptr;
@@ -85,13 +90,32 @@ void Qwen35MoeGpu::Impl::replace_setup() {
   }
 }
 
-void Qwen35MoeGpu::Impl::write_entry(int li, int e) {
-  const DevLayer& L = layers[li];
-  if (L.experts_i4) CK(cudaMemcpyAsync(L.experts_i4 + e, &rp.i4[li][e], sizeof(gpu::Int4Expert), cudaMemcpyHostToDevice, stream));
-  else CK(cudaMemcpyAsync(L.experts_bf16 + e, &rp.b16[li][e], sizeof(gpu::Bf16Expert), cudaMemcpyHostToDevice, stream));
-  if (streams(li))
-    CK(cudaMemcpyAsync(st.tables + li * model.config().num_experts + e, &rp.stream_i4[li][e], sizeof(gpu::Int4Expert),
-                       cudaMemcpyHostToDevice, stream));
+void Qwen35MoeGpu::Impl::flush_tables() {
+  const int64_t E = model.config().num_experts;
+  const size_t row = static_cast<size_t>(E) * std::max(sizeof(gpu::Int4Expert), sizeof(gpu::Bf16Expert));
+  const size_t L = layers.size();
+  bool any = false;
+  for (size_t l = 0; l < L; ++l) {
+    if (!rp.touched[l]) continue;
+    if (!any) CK(cudaEventSynchronize(rp.written));  // the previous copies have read their rows
+    any = true;
+    rp.touched[l] = 0;
+    char* mine = rp.rows + l * row;
+    const DevLayer& D = layers[l];
+    if (D.experts_i4) {
+      std::memcpy(mine, rp.i4[l].data(), E * sizeof(gpu::Int4Expert));
+      CK(cudaMemcpyAsync(D.experts_i4, mine, E * sizeof(gpu::Int4Expert), cudaMemcpyHostToDevice, stream));
+    } else {
+      std::memcpy(mine, rp.b16[l].data(), E * sizeof(gpu::Bf16Expert));
+      CK(cudaMemcpyAsync(D.experts_bf16, mine, E * sizeof(gpu::Bf16Expert), cudaMemcpyHostToDevice, stream));
+    }
+    if (streams(l)) {
+      char* streamed = rp.rows + (L + l) * row;
+      std::memcpy(streamed, rp.stream_i4[l].data(), E * sizeof(gpu::Int4Expert));
+      CK(cudaMemcpyAsync(st.tables + l * E, streamed, E * sizeof(gpu::Int4Expert), cudaMemcpyHostToDevice, stream));
+    }
+  }
+  if (any) CK(cudaEventRecord(rp.written, stream));
 }
 
 // Expert e of layer li in the GPU layout, the slot's pieces back to back (runs on a worker thread:
@@ -165,12 +189,13 @@ void Qwen35MoeGpu::Impl::finish_moves(bool wait) {
       rp.stream_i4[l][e] = m.i4;
       --rp.displaced[l];
     }
-    write_entry(l, e);
+    rp.touched[l] = 1;
     ++counts.swaps;
     rp.free.push_back(m.staging);
     m.staging = -1;
   }
   std::erase_if(rp.moving, [](const Move& m) { return m.staging < 0; });
+  flush_tables();
 }
 
 void Qwen35MoeGpu::Impl::replace_tick() {
@@ -207,7 +232,7 @@ void Qwen35MoeGpu::Impl::replace_tick() {
       rp.stream_i4[l][s.to_cpu] = {};
       ++rp.displaced[l];
     }
-    write_entry(l, s.to_cpu);
+    rp.touched[l] = 1;
     m.staging = rp.free.back();
     rp.free.pop_back();
     m.order = static_cast<int>(jobs.size());
@@ -215,6 +240,7 @@ void Qwen35MoeGpu::Impl::replace_tick() {
     rp.moving.push_back(m);
   }
   if (!jobs.empty()) {
+    flush_tables();
     CK(cudaEventRecord(rp.freed, stream));  // after the table writes: later steps skip the slots
     // One worker thread, one expert after another, at idle priority: the host's expert workers (one
     // per core, spinning while a layer runs) keep their cores; it packs while they sleep.
