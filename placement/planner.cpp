@@ -103,7 +103,8 @@ VramBytes fixed_vram(const ModelConfig& c, const Sizer& s, int64_t context, int 
                       int64_t(nh) * hd, int64_t(nh) * max_splits * (hd + 2), int64_t(nh) * hd, r4(E) + 2 * r4(Is) + r4(1), H, I * k, H, V})
       v.workspace += floats(n);
     v.workspace += align256(wide * 2) + 2 * align256(4) + align256(k * 4) + floats(k) + align256(4) +
-                   align256(static_cast<uint64_t>(std::max<int64_t>(Hv, 1)) * 4);  // xh, ids, pos, top-k ids, weights, router / DeltaNet tickets
+                   align256(static_cast<uint64_t>(std::max<int64_t>(Hv, 1)) * 4) +  // xh, ids, pos, top-k ids, weights, router / DeltaNet tickets,
+                   align256(4 * (2 + 8));                                            // the fused MoE's counters (gpu::kMoeFusedSyncWords)
     v.workspace += floats(H);  // CPU experts' result (hybrid)
     if (deferral > 0) v.workspace += floats((prefill_chunk > 0 ? prefill_chunk : 1) * H);  // deferred experts' sum
     // Sampling on the GPU: penalty list (12 B per context token), top-k workspace (gpu::kTopKWorkspaceBytes),

@@ -114,9 +114,12 @@ struct GpuOptions {
   // directly: no fp16 gather launch) where the shapes fit it; moe_prefetch / the plain kernel elsewhere.
   // The runners turn it on unless TANDEM_MOE_WIDE=0.
   bool moe_wide = false;
+  // With moe_wide: both products in one launch (gpu::moe_int4_decode_fused, the same bits). Written
+  // after the session's device runs but one: off unless TANDEM_MOE_FUSED=1 until measured.
+  bool moe_fused = false;
   // Decode DeltaNet with the recurrence split over 32-column slices of each head's state
-  // (gpu::DeltaNetDecodeArgs::tickets). Written after the session's last device run: not yet run on a
-  // GPU, so off unless TANDEM_DELTANET_SPLIT=1.
+  // (gpu::DeltaNetDecodeArgs::tickets). Validated on the H200, no faster there: off unless
+  // TANDEM_DELTANET_SPLIT=1.
   bool deltanet_split = false;
   // Decode DeltaNet's causal conv applied by the input projection's GEMV as it writes its outputs
   // (gpu::gemv_bf16_conv; the same bits, one launch fewer a layer). Written after the session's last

@@ -268,7 +268,9 @@ TEST(HybridReplace, MovesKeepTheNumbers) {
     std::vector<float> last(V);
     moving->forward(std::span(f.ids.data(), f.prefill), last.data(), Qwen35Moe::LogitRows::Last);
     EXPECT_LT(compare_logits(last.data(), ref.data.data() + (f.prefill - 1) * V, 1, V).rel_l2[0], 2e-2) << name << " re-placed prompt";
-    if (int4) EXPECT_GT(moving->streamed_layers(), 0u) << name;
+    if (int4) {
+      EXPECT_GT(moving->streamed_layers(), 0u) << name;
+    }
     moving->forward(std::span(f.ids.data() + f.prefill, 1), last.data(), Qwen35Moe::LogitRows::Last);
     EXPECT_LT(compare_logits(last.data(), ref.data.data() + f.prefill * V, 1, V).rel_l2[0], 2e-2) << name << " after the re-placed prompt";
 
