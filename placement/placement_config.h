@@ -69,13 +69,14 @@ struct PlacementConfig {
   // bandwidths in bytes/s for the cost model; 0: measure (cpu, gpu when present) or the default
   double bw_gpu = 0, bw_pcie = 0, bw_cpu = 0;
   // cost model constants
-  // Fitted to the H200 runs of 2026-12-01 (bench/results/2026-12-01-h200-decode-kernels.md, commit
-  // 9ada0a5, 10 / 11 kernels a layer): launch_us to the all-GPU / 24 GiB decode (224.4 tok/s, 4.46 ms a
-  // step at 4.13 TB/s), handoff_us to the 8 GiB all-CPU-experts decode (102.1 tok/s, host at 96.5 GB/s);
-  // launch_eager_us to the eager hybrid steps of db5adc7.
-  double launch_us = 8.1;        // per decode kernel beyond its bytes, in a CUDA graph (all-GPU, and hybrid cut at handoffs)
+  // Fitted to the H200 runs of 2026-12-01 session 7 (bench/results/2026-12-01-h200-session7.md; 10 / 11
+  // kernels a layer, hybrid steps as one graph with the handoffs inside): launch_us to the all-GPU
+  // decode (228.4 tok/s at 4.07 TB/s), handoff_us to the 12 GiB text decode with a heat map (168.1 tok/s,
+  // host at 94.4 GB/s; it then predicts the 12 GiB uniform placement at 132 (134.9 measured) and 8 GiB
+  // all-CPU-experts at 103 (98.8-106.9)); launch_eager_us to the eager hybrid steps of db5adc7.
+  double launch_us = 7.9;        // per decode kernel beyond its bytes, in a CUDA graph (all-GPU and hybrid)
   double launch_eager_us = 7.4;  // the same, launched one by one (hybrid with expert deferral)
-  double handoff_us = 68.0;      // GPU -> CPU -> GPU handoff per MoE layer with CPU experts, beyond the CPU's bytes
+  double handoff_us = 25.0;      // GPU -> CPU -> GPU handoff per MoE layer with CPU experts, beyond the CPU's bytes
 
   std::vector<PlacementRule> rules;  // user rules, then preset rules
 

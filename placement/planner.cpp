@@ -170,7 +170,8 @@ void predict(const ModelConfig& c, const PlacementConfig& cfg, const PlanRequest
     const double t_cpu = cpu_b / pr.cpu_bw;
     t_cpu_total += t_cpu;
     if (cpu_acts > 1e-9) {
-      const double overlap = (gpu_acts * expert_read + shared_bytes) / pr.gpu_bw + 8 * launch_us * 1e-6;
+      // what the GPU does while the host computes: its routed experts (2 launches) and the shared down GEMV
+      const double overlap = (gpu_acts * expert_read + shared_bytes) / pr.gpu_bw + 3 * launch_us * 1e-6;
       t += cfg.handoff_us * 1e-6 + std::max(0.0, t_cpu - overlap);
     }
   }
