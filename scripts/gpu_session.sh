@@ -6,6 +6,7 @@
 # each step, so a kill loses at most the step in flight).
 #
 # usage (device tool, carry .deps): COMMIT=<sha> DEADLINE=540 [HEAT=heat.yaml] bash scripts/gpu_session.sh STEP...
+#   (write the sha itself into the command: $(git rev-parse HEAD) there reads the copy's .git, which can be stale)
 #   build        configure + build everything into build-gpu/ (sm_90)
 #   gpu-tests    the GPU suites (kernels, whole model, hybrid, CUDA graph) + the CLI tests
 #   gpu-tests:FILTER  tandem_gpu_tests with --gtest_filter=FILTER
