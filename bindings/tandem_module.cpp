@@ -255,6 +255,7 @@ class Engine {
     d["vocab_size"] = model_->config().vocab_size;
     d["peak_device_bytes"] = runner_->peak_device_bytes();
     d["gpu_expert_share"] = runner_->gpu_expert_share();
+    d["expert_swaps"] = runner_->expert_swaps();  // online re-placement (experts.replace), since the last reset
     d["prompt_tokens"] = last_.prompt_tokens;
     d["generated_tokens"] = last_.tokens.size();
     d["prefill_tok_s"] = last_.prefill_tok_s();

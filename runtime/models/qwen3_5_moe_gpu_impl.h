@@ -264,7 +264,18 @@ struct Qwen35MoeGpu::Impl {
   void replace_tick();              // before each decode step: moves that arrived, and every N steps a check
   void finish_moves(bool wait);     // moves whose weights are packed / copied (all of them when `wait`)
   void flush_tables();              // the device tables of the layers whose host copies changed (rp.touched)
-  void pack_expert(int li, int e, const gpu::Int4Expert& slot, char* dst) const;
+  struct SlotImage {
+    struct Piece {
+      void* dst;        // on the device
+      uint64_t offset;  // in staging
+      uint64_t bytes;
+    };
+    std::vector<Piece> pieces;
+    uint64_t span = 0;
+    bool contiguous = true;
+  };
+  SlotImage slot_image(const Move& m) const;
+  void pack_expert(int li, int e, const gpu::Int4Expert& slot, const SlotImage& image, char* dst) const;
 
   void build(Uploader& up);
 

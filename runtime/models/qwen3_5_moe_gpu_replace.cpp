@@ -38,13 +38,27 @@ std::vector<Piece> slot_pieces(const gpu::Bf16Expert& e, int64_t H, int64_t I) {
   return {{const_cast<uint16_t*>(e.gate), n}, {const_cast<uint16_t*>(e.up), n}, {const_cast<uint16_t*>(e.down), n}};
 }
 
-uint64_t total_bytes(const std::vector<Piece>& pieces) {
-  uint64_t t = 0;
-  for (const Piece& p : pieces) t += p.bytes;
-  return t;
-}
-
 }  // namespace
+
+// The slot's pieces as pack_expert lays them out in staging: each at a 256-byte boundary, as the
+// arena allocated them one after another (Uploader::alloc); `contiguous` when the slot's pieces do lie
+// so on the device, and one copy of `span` bytes moves the expert.
+Qwen35MoeGpu::Impl::SlotImage Qwen35MoeGpu::Impl::slot_image(const Move& m) const {
+  const ModelConfig& c = model.config();
+  SlotImage s;
+  const std::vector<Piece> pieces =
+      layers[m.layer].int4_experts ? slot_pieces(m.i4) : slot_pieces(m.b16, c.hidden_size, c.moe_intermediate_size);
+  const char* base = static_cast<const char*>(pieces.front().dst);
+  uint64_t off = 0;
+  for (const Piece& p : pieces) {
+    off = (off + 255) / 256 * 256;
+    s.contiguous = s.contiguous && static_cast<const char*>(p.dst) == base + off;
+    s.pieces.push_back({p.dst, off, p.bytes});
+    off += p.bytes;
+  }
+  s.span = off;
+  return s;
+}
 
 void Qwen35MoeGpu::Impl::replace_setup() {
   const ModelConfig& c = model.config();
@@ -63,13 +77,13 @@ void Qwen35MoeGpu::Impl::replace_setup() {
              "; it must hold every expert of the layers that have host experts");
     }
   }
-  // The largest slot of any GPU-resident expert (every slot of a model has the same shape).
+  // Staging for the largest slot image of any GPU-resident expert (every slot of a model has the same shape).
   for (size_t l = 0; l < layers.size(); ++l)
     for (int64_t e = 0; e < E; ++e) {
       if (!resident[l][e]) continue;
-      const uint64_t b = layers[l].int4_experts ? total_bytes(slot_pieces(rp.i4[l][e]))
-                                                : total_bytes(slot_pieces(rp.b16[l][e], c.hidden_size, c.moe_intermediate_size));
-      rp.slot_bytes = std::max(rp.slot_bytes, b);
+      Move m;
+      m.layer = static_cast<int>(l), m.i4 = rp.i4[l][e], m.b16 = rp.b16[l][e];
+      rp.slot_bytes = std::max(rp.slot_bytes, slot_image(m).span);
     }
   CK(cudaStreamCreateWithFlags(&rp.copy, cudaStreamNonBlocking));
   CK(cudaEventCreateWithFlags(&rp.freed, cudaEventDisableTiming));
@@ -118,13 +132,14 @@ void Qwen35MoeGpu::Impl::flush_tables() {
   if (any) CK(cudaEventRecord(rp.written, stream));
 }
 
-// Expert e of layer li in the GPU layout, the slot's pieces back to back (runs on a worker thread:
-// reads the model's weights and writes dst only).
-void Qwen35MoeGpu::Impl::pack_expert(int li, int e, const gpu::Int4Expert& slot, char* dst) const {
+// Expert e of layer li in the GPU layout, each piece at its offset of the slot image (runs on a worker
+// thread: reads the model's weights and writes dst only).
+void Qwen35MoeGpu::Impl::pack_expert(int li, int e, const gpu::Int4Expert& slot, const SlotImage& image, char* dst) const {
   const MoeWeights& w = model.layers()[li].moe;
   const LinearWeight* mats[3] = {&w.gate[e], &w.up[e], &w.down[e]};
   if (layers[li].int4_experts) {
     const gpu::Int4View* views[3] = {&slot.gate, &slot.up, &slot.down};
+    size_t piece = 0;
     for (int j = 0; j < 3; ++j) {
       const LinearWeight& L = *mats[j];
       const gpu::Int4View& v = *views[j];
@@ -134,8 +149,9 @@ void Qwen35MoeGpu::Impl::pack_expert(int li, int e, const gpu::Int4Expert& slot,
       if (h.N != v.N || h.K != v.K || h.group_size != v.group_size || (L.gptq.g_idx != nullptr) != (v.perm != nullptr))
         fail(L.name, ": re-placement needs it in the shape and format of the slot it takes");
       auto put = [&](const void* src, uint64_t bytes) {
-        std::memcpy(dst, src, bytes);
-        dst += bytes;
+        const SlotImage::Piece& at = image.pieces.at(piece++);
+        if (at.bytes != bytes) fail(L.name, ": re-placement packs ", bytes, " bytes into a ", at.bytes, "-byte piece");
+        std::memcpy(dst + at.offset, src, bytes);
       };
       put(h.qweight.data(), N * static_cast<uint64_t>(v.K) / 2);
       put(h.scales.data(), N * G * 2);
@@ -144,40 +160,43 @@ void Qwen35MoeGpu::Impl::pack_expert(int li, int e, const gpu::Int4Expert& slot,
     }
     return;
   }
-  for (const LinearWeight* L : mats) {
+  for (int j = 0; j < 3; ++j) {
+    const LinearWeight* L = mats[j];
     const size_t n = static_cast<size_t>(L->out * L->in);
-    auto* out = reinterpret_cast<uint16_t*>(dst);
+    auto* out = reinterpret_cast<uint16_t*>(dst + image.pieces.at(j).offset);
     if (L->dense_dtype == DType::BF16) std::memcpy(out, L->dense, n * 2);
     else
       for (size_t i = 0; i < n; ++i) out[i] = f32_to_bf16(load_as_f32(L->dense, L->dense_dtype, static_cast<int64_t>(i)));
-    dst += n * 2;
   }
 }
 
+// Runs on the decode thread between steps, so it stays cheap: moves are packed, copied and arrive in
+// batch order (one worker, one copy stream), so the first move not yet packed / arrived ends each scan.
 void Qwen35MoeGpu::Impl::finish_moves(bool wait) {
-  const ModelConfig& c = model.config();
   if (rp.packer.valid() && (wait || rp.packer.wait_for(std::chrono::seconds(0)) == std::future_status::ready))
     rp.packer.get();  // the batch is packed; a failed pack throws here
   const int packed = rp.packed.load(std::memory_order_acquire);
   for (Move& m : rp.moving) {
-    if (!m.copying) {
-      if (m.order >= packed) continue;
-      const std::vector<Piece> pieces = layers[m.layer].int4_experts ? slot_pieces(m.i4)
-                                                                     : slot_pieces(m.b16, c.hidden_size, c.moe_intermediate_size);
-      CK(cudaStreamWaitEvent(rp.copy, rp.freed, 0));  // no step reads the slot any more
-      const char* src = rp.staging[m.staging];
-      for (const Piece& p : pieces) {
-        CK(cudaMemcpyAsync(p.dst, src, p.bytes, cudaMemcpyHostToDevice, rp.copy));
-        src += p.bytes;
-      }
-      CK(cudaEventRecord(rp.copied[m.staging], rp.copy));
-      m.copying = true;
+    if (m.copying) continue;
+    if (m.order >= packed) break;
+    if (m.order == 0) CK(cudaStreamWaitEvent(rp.copy, rp.freed, 0));  // no step reads the batch's slots any more
+    const SlotImage image = slot_image(m);
+    const char* src = rp.staging[m.staging];
+    if (image.contiguous) {
+      CK(cudaMemcpyAsync(image.pieces.front().dst, src, image.span, cudaMemcpyHostToDevice, rp.copy));
+    } else {
+      for (const SlotImage::Piece& p : image.pieces) CK(cudaMemcpyAsync(p.dst, src + p.offset, p.bytes, cudaMemcpyHostToDevice, rp.copy));
     }
+    CK(cudaEventRecord(rp.copied[m.staging], rp.copy));
+    m.copying = true;
+  }
+  for (Move& m : rp.moving) {
+    if (!m.copying) break;
     if (wait) {
       CK(cudaEventSynchronize(rp.copied[m.staging]));
     } else {
       const cudaError_t q = cudaEventQuery(rp.copied[m.staging]);
-      if (q == cudaErrorNotReady) continue;
+      if (q == cudaErrorNotReady) break;
       CK(q);
     }
     // Arrived: the GPU serves it from the next step on.
@@ -208,6 +227,7 @@ void Qwen35MoeGpu::Impl::replace_tick() {
   struct Job {
     int layer, expert;
     gpu::Int4Expert slot;
+    SlotImage image;
     char* dst;
   };
   std::vector<Job> jobs;
@@ -236,7 +256,7 @@ void Qwen35MoeGpu::Impl::replace_tick() {
     m.staging = rp.free.back();
     rp.free.pop_back();
     m.order = static_cast<int>(jobs.size());
-    jobs.push_back({l, s.to_gpu, m.i4, rp.staging[m.staging]});
+    jobs.push_back({l, s.to_gpu, m.i4, slot_image(m), rp.staging[m.staging]});
     rp.moving.push_back(m);
   }
   if (!jobs.empty()) {
@@ -249,7 +269,7 @@ void Qwen35MoeGpu::Impl::replace_tick() {
       sched_param idle{};
       pthread_setschedparam(pthread_self(), SCHED_IDLE, &idle);  // best effort: a refusal leaves it as it was
       for (size_t i = 0; i < jobs.size(); ++i) {
-        pack_expert(jobs[i].layer, jobs[i].expert, jobs[i].slot, jobs[i].dst);
+        pack_expert(jobs[i].layer, jobs[i].expert, jobs[i].slot, jobs[i].image, jobs[i].dst);
         rp.packed.store(static_cast<int>(i) + 1, std::memory_order_release);
       }
     });
