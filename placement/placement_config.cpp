@@ -259,9 +259,8 @@ PlacementConfig parse_placement_config(const std::string& text, const std::strin
       if (b["cpu"]) c.bw_cpu = r.bandwidth(b["cpu"], "bandwidth.cpu");
     }
     if (const YAML::Node k = root["cost"]) {
-      r.check_keys(k, "cost", {"launch_us", "launch_eager_us", "handoff_us"});
+      r.check_keys(k, "cost", {"launch_us", "handoff_us"});
       if (k["launch_us"]) c.launch_us = r.number(k["launch_us"], "cost.launch_us", 0, 1000);
-      if (k["launch_eager_us"]) c.launch_eager_us = r.number(k["launch_eager_us"], "cost.launch_eager_us", 0, 1000);
       if (k["handoff_us"]) c.handoff_us = r.number(k["handoff_us"], "cost.handoff_us", 0, 100000);
     }
     if (const YAML::Node rules = root["rules"]) {

@@ -73,9 +73,8 @@ struct PlacementConfig {
   // kernels a layer, hybrid steps as one graph with the handoffs inside): launch_us to the all-GPU
   // decode (228.4 tok/s at 4.07 TB/s), handoff_us to the 12 GiB text decode with a heat map (168.1 tok/s,
   // host at 94.4 GB/s; it then predicts the 12 GiB uniform placement at 132 (134.9 measured) and 8 GiB
-  // all-CPU-experts at 103 (98.8-106.9)); launch_eager_us to the eager hybrid steps of db5adc7.
+  // all-CPU-experts at 103 (98.8-106.9)).
   double launch_us = 7.9;        // per decode kernel beyond its bytes, in a CUDA graph (all-GPU and hybrid)
-  double launch_eager_us = 7.4;  // the same, launched one by one (hybrid with expert deferral)
   double handoff_us = 25.0;      // GPU -> CPU -> GPU handoff per MoE layer with CPU experts, beyond the CPU's bytes
 
   std::vector<PlacementRule> rules;  // user rules, then preset rules

@@ -159,20 +159,25 @@ void predict(const ModelConfig& c, const PlacementConfig& cfg, const PlanRequest
   // shared down with SiLU * up formed as it reads = 10 / 11.
   const double launches = 10.0 * (L - c.num_full_attention_layers()) + 11.0 * c.num_full_attention_layers() + 4;
   const double shared_bytes = static_cast<double>(3 * Is * H * 2);
-  // Hybrid steps run as CUDA graphs cut at the handoffs, like the all-GPU step; with deferral they
-  // are launched kernel by kernel.
-  const double launch_us = p.any_cpu_experts() && cfg.deferral > 0 ? cfg.launch_eager_us : cfg.launch_us;
+  // Hybrid steps run as one CUDA graph with the handoffs inside, like the all-GPU step (expert deferral
+  // included).
+  const double launch_us = cfg.launch_us;
+  for (int l = 0; l < L; ++l) pr.gpu_bytes_per_token += k * p.layer_gpu_fraction[l] * expert_read;
+  // The GPU's own time a layer: what a deferred expert's host time hides behind.
+  const double gpu_layer = (pr.gpu_bytes_per_token / pr.gpu_bw + launches * launch_us * 1e-6) / L;
   for (int l = 0; l < L; ++l) {
     const double gpu_acts = k * p.layer_gpu_fraction[l], cpu_acts = k - gpu_acts;
-    pr.gpu_bytes_per_token += gpu_acts * expert_read;
     const double cpu_b = cpu_acts * static_cast<double>(p.cpu_expert_bytes);
     pr.cpu_bytes_per_token += cpu_b;
     const double t_cpu = cpu_b / pr.cpu_bw;
     t_cpu_total += t_cpu;
     if (cpu_acts > 1e-9) {
-      // what the GPU does while the host computes: its routed experts (2 launches) and the shared down GEMV
+      // With deferral, the host-resident ones among each token's N lowest-weight experts (about N of the
+      // CPU's share) run while the GPU computes the next layer; the rest while it computes its routed
+      // experts (2 launches) and the shared down GEMV. The deferral part is not yet fitted to a run.
+      const double deferred = std::min(static_cast<double>(cfg.deferral), cpu_acts) / cpu_acts;
       const double overlap = (gpu_acts * expert_read + shared_bytes) / pr.gpu_bw + 3 * launch_us * 1e-6;
-      t += cfg.handoff_us * 1e-6 + std::max(0.0, t_cpu - overlap);
+      t += cfg.handoff_us * 1e-6 + std::max(0.0, t_cpu * (1 - deferred) - overlap) + std::max(0.0, t_cpu * deferred - gpu_layer);
     }
   }
   t += pr.gpu_bytes_per_token / pr.gpu_bw + launches * launch_us * 1e-6;

@@ -428,6 +428,7 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
   struct Residual {
     const float *a = nullptr, *shared = nullptr, *gate = nullptr;
   } pending;
+  int deferred_from = -1;  // one graph with deferral: the layer whose deferred host sum joins at the end of this one
   auto norm_x = [&](const float* w) {
     if (pending.a) CK(gpu::add_rmsnorm_zc(h, pending.a, pending.shared, pending.gate, w, H, 1, eps, x, stream));
     else CK(gpu::rmsnorm_zc(h, w, H, 1, eps, x, stream));
@@ -503,7 +504,7 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
     }
     if (split || deferring()) CK(gpu::gated_add(moe_out, sd, sgate, H, 1, stream));
     mark(tr, li, 3);
-    run_deferred();  // the previous layer's, while the GPU works on this one
+    if (!posting) run_deferred();  // the previous layer's, while the GPU works on this one (one graph: the host loop runs it)
     if (split && segmenting) {  // the host's part runs between this segment and the next (step())
       seg_layers.push_back(static_cast<int>(li));
       cut_segment(true);
@@ -518,14 +519,20 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
     }
     if (deferring()) {  // the deferred sum joins after the MoE output, as the model definition adds them
       CK(gpu::add_inplace(h, moe_out, H, stream));
-      add_deferred(h);
+      if (posting) join_posted_deferred(deferred_from);
+      else add_deferred(h);
+      deferred_from = split && posting ? static_cast<int>(li) : -1;
     } else {
       pending = {moe_out, split ? nullptr : sd, split ? nullptr : sgate};
     }
     mark(tr, li, 4);
   }
-  run_deferred();  // the last layer's join before the final norm
-  add_deferred(h);
+  if (posting) {  // the last layer's join before the final norm
+    join_posted_deferred(deferred_from);
+  } else {
+    run_deferred();
+    add_deferred(h);
+  }
   if (!logits_dst) {  // no norm follows: the last residual on its own
     if (pending.shared) CK(gpu::gated_add(moe_out, pending.shared, pending.gate, H, 1, stream));
     if (pending.a) CK(gpu::add_inplace(h, pending.a, H, stream));
@@ -650,8 +657,7 @@ std::unique_ptr<Qwen35MoeGpu> Qwen35MoeGpu::create(const Qwen35Moe& model, const
     CK(gpu::blas_set_workspace(impl->blas, impl->blas_ws, gpu::kBlasWorkspaceBytes));
   }
   for (const DevLayer& L : impl->layers) impl->gpu_only_layers += !(L.cpu_experts && opts.host_experts);
-  // Deferred host work joins a layer late, across the cuts: such steps stay eager.
-  impl->graph_ok = opts.cuda_graph && impl->embed && !(impl->deferring() && impl->gpu_only_layers < impl->layers.size());
+  const bool host_layers = impl->gpu_only_layers < impl->layers.size();
   auto device_attribute = [](cudaDeviceAttr what) {
     int dev = 0, v = 0;
     CK(cudaGetDevice(&dev));
@@ -660,12 +666,19 @@ std::unique_ptr<Qwen35MoeGpu> Qwen35MoeGpu::create(const Qwen35Moe& model, const
   };
   // One graph a step with the handoffs inside: kernels read and write hx / hids / hw / hout / hflags in
   // place (mapped; with unified addressing the host pointers are the device's too; without it, the cut
-  // graphs).
-  impl->one_graph = impl->graph_ok && opts.hybrid_one_graph && impl->gpu_only_layers < impl->layers.size() &&
-                    device_attribute(cudaDevAttrUnifiedAddressing);
+  // graphs). Deferred host work joins a layer late: inside one graph it is one more wait (on hflags[3]),
+  // across cut graphs it cannot be, so those steps stay eager.
+  const bool one_graph = opts.cuda_graph && impl->embed && opts.hybrid_one_graph && host_layers &&
+                         device_attribute(cudaDevAttrUnifiedAddressing);
+  impl->graph_ok = opts.cuda_graph && impl->embed && !(impl->deferring() && host_layers && !one_graph);
+  impl->one_graph = impl->graph_ok && one_graph;
   if (impl->one_graph) {
     CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hflags), 4 * sizeof(unsigned), cudaHostAllocMapped));
     std::memset(impl->hflags, 0, 4 * sizeof(unsigned));
+    if (impl->deferring()) {  // two rows, by layer parity: the host fills layer L + 1's while the GPU may still read layer L's
+      CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hdef_posted), 2 * H * sizeof(float), cudaHostAllocMapped));
+      std::memset(impl->hdef_posted, 0, 2 * H * sizeof(float));
+    }
   }
   if (impl->graph_ok) {
     CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hidpos), 2 * sizeof(int32_t), cudaHostAllocDefault));

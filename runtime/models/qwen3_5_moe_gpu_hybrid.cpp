@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 
+#include "gpu_core/handoff.cuh"
 #include "gpu_core/ops.cuh"
 #include "runtime/models/qwen3_5_moe_gpu_impl.h"
 
@@ -91,7 +92,7 @@ bool Qwen35MoeGpu::Impl::host_part(size_t li, int64_t n, bool always, bool wait_
 // failure every wait in the graph is released before the error leaves, so the stream always drains.
 void Qwen35MoeGpu::Impl::run_one_graph(int w) {
   volatile unsigned* f = hflags;
-  for (int i = 0; i < 3; ++i) f[i] = 0u;  // the previous step has finished (synchronized)
+  for (int i = 0; i < 4; ++i) f[i] = 0u;  // the previous step has finished (synchronized)
   CK(cudaGraphLaunch(segs[w][0], stream));
   constexpr auto kTimeout = std::chrono::seconds(60);
   try {
@@ -108,9 +109,22 @@ void Qwen35MoeGpu::Impl::run_one_graph(int w) {
       host_part(static_cast<size_t>(li), 1, true, false);
       std::atomic_thread_fence(std::memory_order_release);  // hout before the flag
       f[1] = v;
+      if (deferring()) {  // this layer's deferred experts while the GPU goes on to the next layer
+        const int64_t H = model.config().hidden_size;
+        float* out = hdef_posted + (li % 2) * H;
+        std::fill(out, out + H, 0.0f);
+        if (def.pending) {
+          TraceSpan span("cpu experts (deferred), layer", "cpu", def.layer);
+          opts.host_experts->run(def.layer, def.x.data(), def.n, def.ids.data(), def.w.data(), model.config().num_experts_per_tok, out);
+          def.pending = false;
+        }
+        std::atomic_thread_fence(std::memory_order_release);  // the row before the flag
+        f[3] = v;
+      }
     }
   } catch (...) {
     f[1] = ~0u;  // let every wait in the graph through
+    f[3] = ~0u;
     cudaStreamSynchronize(stream);
     throw;
   }
@@ -131,6 +145,13 @@ void Qwen35MoeGpu::Impl::run_deferred() {
   CK(cudaEventRecord(def_copied, stream));
   def.pending = false;
   def.ready = true;
+}
+
+void Qwen35MoeGpu::Impl::join_posted_deferred(int from) {
+  if (from < 0) return;
+  const int64_t H = model.config().hidden_size;
+  CK(gpu::host_wait_add(hflags + 3, static_cast<unsigned>(from) + 1, hdef_posted + (from % 2) * H, h, H, hflags + 2,
+                        kHandoffTimeoutNs, stream));
 }
 
 void Qwen35MoeGpu::Impl::add_deferred(float* h_dev) {

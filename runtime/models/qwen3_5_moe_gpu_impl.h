@@ -108,7 +108,8 @@ struct Qwen35MoeGpu::Impl {
   bool segmenting = false;       // enqueue() under capture: cut at handoffs
   // GpuOptions::hybrid_one_graph: the step is one graph (segs[w][0]) and seg_layers the layers whose
   // host experts run while it waits inside it. hflags (mapped): [0] the last layer posted + 1 (GPU ->
-  // host), [1] the last layer released + 1 (host -> GPU), [2] the layer + 1 a wait gave up on.
+  // host), [1] the last layer released + 1 (host -> GPU), [2] the layer + 1 a wait gave up on, [3] with
+  // deferral: the last layer whose deferred sum is in hdef_posted + 1 (host -> GPU).
   bool one_graph = false;
   bool posting = false;          // enqueue() under capture for one_graph: handoffs inside the graph
   unsigned* hflags = nullptr;
@@ -148,6 +149,10 @@ struct Qwen35MoeGpu::Impl {
   } def;
   std::vector<int> order;     // scratch: a token's slots by ascending weight
   float* hdef = nullptr;      // pinned: the deferred result on its way to def_dev
+  float* hdef_posted = nullptr;  // one graph a step (mapped, [2][H]): layer L's deferred sum in row L % 2, read in place
+  // One graph with deferral: the deferred host sum of layer `from` (if >= 0) added to h from host memory
+  // once the host's flag (hflags[3]) says it is there.
+  void join_posted_deferred(int from);
   float* def_dev = nullptr;   // device
   cudaEvent_t def_copied = nullptr;
   cudaEvent_t tbase = nullptr;
@@ -241,7 +246,7 @@ struct Qwen35MoeGpu::Impl {
     if (st.ready) cudaEventDestroy(st.ready);
     if (st.free) cudaEventDestroy(st.free);
     for (void* p : {static_cast<void*>(hx), static_cast<void*>(hw), static_cast<void*>(hout), static_cast<void*>(hembed),
-                    static_cast<void*>(hids), static_cast<void*>(hdef)})
+                    static_cast<void*>(hids), static_cast<void*>(hdef), static_cast<void*>(hdef_posted)})
       if (p) cudaFreeHost(p);
   }
 

@@ -403,5 +403,31 @@ TEST(HybridGraph, OneGraphStepEqualsEagerStep) {
   }
 }
 
+// Expert deferral inside the one graph (experts.deferral = 1 and 2): the host runs a layer's deferred
+// experts right after releasing its other experts, into a row of mapped memory by layer parity, and the
+// graph adds it at the end of the next layer after a wait on hflags[3]: exactly the eager deferral step
+// (which runs them while it enqueues the next layer), for host experts in every layer and in half.
+TEST(HybridGraph, OneGraphDeferralEqualsEagerDeferral) {
+  TANDEM_REQUIRE_GPU();
+  for (const std::string& name : test::fixture_names()) {
+    const auto f = test::load_fixture(name);
+    auto model = Qwen35Moe::load(f.dir);
+    for (const Placement& pl : {kPlacements[0], kPlacements[1]})
+      for (int deferral : {1, 2}) {
+        RunnerOptions o = hybrid_options(plan_for(*model, pl));
+        auto hp = std::make_shared<HybridPlacement>(*o.hybrid);
+        hp->deferral = deferral;
+        o.hybrid = hp;
+        setenv("TANDEM_CUDA_GRAPH", "0", 1);
+        auto eager = make_runner(*model, o);
+        unsetenv("TANDEM_CUDA_GRAPH");
+        auto graphed = make_runner(*model, o);
+        ASSERT_NE(eager->describe().find("launched eagerly"), std::string::npos) << eager->describe();
+        ASSERT_NE(graphed->describe().find("one CUDA graph each"), std::string::npos) << graphed->describe();
+        expect_same_steps(*eager, *graphed, f, str_cat(name, " ", pl.name, " deferral ", deferral));
+      }
+  }
+}
+
 }  // namespace
 }  // namespace tandem
