@@ -172,12 +172,15 @@ void predict(const ModelConfig& c, const PlacementConfig& cfg, const PlanRequest
     const double t_cpu = cpu_b / pr.cpu_bw;
     t_cpu_total += t_cpu;
     if (cpu_acts > 1e-9) {
-      // With deferral, the host-resident ones among each token's N lowest-weight experts (about N of the
-      // CPU's share) run while the GPU computes the next layer; the rest while it computes its routed
-      // experts (2 launches) and the shared down GEMV. The deferral part is not yet fitted to a run.
+      // The host's experts run while the GPU computes its own routed experts (2 launches) and the shared
+      // down GEMV; the layer waits for what is left of them. With deferral the host-resident ones among
+      // each token's N lowest-weight experts (about N of the CPU's share) run later, while the GPU
+      // computes the next layer: a layer then takes the longer of the GPU's path and the host's whole
+      // share. The deferral part is not yet fitted to a run.
       const double deferred = std::min(static_cast<double>(cfg.deferral), cpu_acts) / cpu_acts;
       const double overlap = (gpu_acts * expert_read + shared_bytes) / pr.gpu_bw + 3 * launch_us * 1e-6;
-      t += cfg.handoff_us * 1e-6 + std::max(0.0, t_cpu * (1 - deferred) - overlap) + std::max(0.0, t_cpu * deferred - gpu_layer);
+      const double gpu_path = gpu_layer + std::max(0.0, t_cpu * (1 - deferred) - overlap);
+      t += cfg.handoff_us * 1e-6 + std::max(gpu_path, t_cpu) - gpu_layer;
     }
   }
   t += pr.gpu_bytes_per_token / pr.gpu_bw + launches * launch_us * 1e-6;

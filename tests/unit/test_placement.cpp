@@ -180,6 +180,23 @@ TEST(Planner, NeverOverBudgetAndMonotoneInBudget) {
   }
 }
 
+// Expert deferral in the cost model: a deferred expert's host time hides behind the next layer's GPU
+// work, so more deferral never predicts a slower decode with CPU experts, never above the bound, and
+// changes nothing when every expert is on the GPU.
+TEST(Planner, DeferralHidesHostTimeBehindTheNextLayer) {
+  const ModelConfig m = model35();
+  double prev = 0;
+  for (int d = 0; d <= 8; ++d) {
+    const Plan p = make_plan(m, yaml("cpu_experts: all\nexperts:\n  deferral: " + std::to_string(d) + "\n"), {.gpu_mem = 8ull << 30});
+    EXPECT_GE(p.predicted.decode_tok_s, prev) << "deferral " << d;
+    EXPECT_LE(p.predicted.decode_tok_s, p.predicted.bound_tok_s * 1.0001) << "deferral " << d;
+    prev = p.predicted.decode_tok_s;
+  }
+  EXPECT_GT(prev, make_plan(m, yaml("cpu_experts: all\n"), {.gpu_mem = 8ull << 30}).predicted.decode_tok_s);
+  const double all_gpu = make_plan(m, yaml("experts:\n  select: all\n"), {.gpu_mem = 80ull << 30}).predicted.decode_tok_s;
+  EXPECT_DOUBLE_EQ(make_plan(m, yaml("experts:\n  select: all\n  deferral: 2\n"), {.gpu_mem = 80ull << 30}).predicted.decode_tok_s, all_gpu);
+}
+
 TEST(Planner, EveryExpertOnTheGpuWhenAllFit) {
   const ModelConfig m = model35();
   const Plan p = make_plan(m, {}, {.gpu_mem = 40ull << 30});
