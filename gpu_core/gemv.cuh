@@ -30,6 +30,14 @@ cudaError_t gemv_bf16(const uint16_t* W, int64_t N, int64_t K, const float* x, i
 // launch and left zero after each (launches sharing one must be stream-ordered).
 cudaError_t gemv_bf16_router_topk(const uint16_t* W, int64_t N, int64_t K, const float* x, float* y, int E, int k,
                                   unsigned* counter, int32_t* ids, float* weights, cudaStream_t stream);
+// gemv_bf16_router_topk with the norm before it in the same launch: h += a (+ sigmoid(gate[0]) *
+// shared) when a is given, as add_rmsnorm_zc (else h is only read, as rmsnorm_zc), x = the normalised
+// row (norm_w, eps), written for the kernels after it; y and the top-k from x. Every output bit for bit
+// as the norm launch + gemv_bf16_router_topk: each block normalises the row itself, with the norm
+// kernel's arithmetic, while its first weights load. One token; K <= 4096.
+cudaError_t gemv_bf16_router_topk_norm(const uint16_t* W, int64_t N, int64_t K, float* h, const float* a, const float* shared,
+                                       const float* gate, const float* norm_w, float eps, float* x, float* y, int E, int k,
+                                       unsigned* counter, int32_t* ids, float* weights, cudaStream_t stream);
 // gemv_bf16 for one token whose first `channels` outputs are the DeltaNet's conv inputs (q | k | v):
 // y as gemv_bf16 computes it (bit for bit), and for those rows the causal depthwise conv + SiLU of
 // deltanet_decode's first launch (conv_w [channels][kernel], conv_state [kernel-1][channels] oldest

@@ -3,6 +3,7 @@
 
 #include "gpu_core/conv_step.cuh"
 #include "gpu_core/gemv.cuh"
+#include "gpu_core/norm_row.cuh"
 #include "gpu_core/topk_warp.cuh"
 
 namespace tandem::gpu {
@@ -37,23 +38,30 @@ struct ConvEpilogue {
   int channels = 0, kernel = 0;
 };
 
-// Lane `lane`'s share of row `row` . x_t for t < T into acc (not reduced across the warp; zeros for a
-// row past N). SWIGLU: the input is silu(x) * u, formed as it is read (x = gate rows, u = up rows). The
-// first kPre weight vectors of the lane are loaded before any is used, the rest in the loop.
-template <int TMAX, bool SWIGLU>
-__device__ __forceinline__ void row_dot(const uint16_t* __restrict__ W, int64_t N, int64_t K, const float* __restrict__ x,
-                                        const float* __restrict__ u, int T, int64_t row, int lane, float (&acc)[TMAX]) {
-#pragma unroll
-  for (int t = 0; t < TMAX; ++t) acc[t] = 0.0f;
+// The first kPre weight vectors of lane `lane` of row `row` (row_dot's first loads; zeros past N).
+constexpr int kPre = 4;
+__device__ __forceinline__ void row_prefetch(const uint16_t* __restrict__ W, int64_t N, int64_t K, int64_t row, int lane, uint4 (&pre)[kPre]) {
   const uint4* w = reinterpret_cast<const uint4*>(W + row * K);
   const int64_t chunks = K / 8;
-  constexpr int kPre = 4;
-  uint4 pre[kPre];
 #pragma unroll
   for (int i = 0; i < kPre; ++i) {
     const int64_t c = lane + 32 * i;
     pre[i] = row < N && c < chunks ? load_stream(w + c) : make_uint4(0u, 0u, 0u, 0u);
   }
+}
+
+// Lane `lane`'s share of row `row` . x_t for t < T into acc (not reduced across the warp; zeros for a
+// row past N), from the row's first weight vectors `pre` (row_prefetch) and the rest loaded in the loop.
+// SWIGLU: the input is silu(x) * u, formed as it is read (x = gate rows, u = up rows). X_SHARED: x is
+// in shared memory (read plainly; the values, and so the arithmetic, as from global memory).
+template <int TMAX, bool SWIGLU, bool X_SHARED = false>
+__device__ __forceinline__ void row_finish(const uint16_t* __restrict__ W, int64_t N, int64_t K, const float* __restrict__ x,
+                                           const float* __restrict__ u, int T, int64_t row, int lane, const uint4 (&pre)[kPre],
+                                           float (&acc)[TMAX]) {
+#pragma unroll
+  for (int t = 0; t < TMAX; ++t) acc[t] = 0.0f;
+  const uint4* w = reinterpret_cast<const uint4*>(W + row * K);
+  const int64_t chunks = K / 8;
   if (row >= N) return;
   const auto chunk = [&](int64_t c, const uint4& v) {
     const float wf[8] = {lo_bf16(v.x), hi_bf16(v.x), lo_bf16(v.y), hi_bf16(v.y),
@@ -62,7 +70,12 @@ __device__ __forceinline__ void row_dot(const uint16_t* __restrict__ W, int64_t 
     for (int t = 0; t < TMAX; ++t) {
       if (t >= T) break;
       const float4* xp = reinterpret_cast<const float4*>(x + t * K + c * 8);
-      float4 a = __ldg(xp), b = __ldg(xp + 1);
+      float4 a, b;
+      if constexpr (X_SHARED) {
+        a = xp[0], b = xp[1];
+      } else {
+        a = __ldg(xp), b = __ldg(xp + 1);
+      }
       if constexpr (SWIGLU) {
         const float4* up = reinterpret_cast<const float4*>(u + t * K + c * 8);
         a = swiglu4(a, __ldg(up));
@@ -77,6 +90,14 @@ __device__ __forceinline__ void row_dot(const uint16_t* __restrict__ W, int64_t 
     if (lane + 32 * i < chunks) chunk(lane + 32 * i, pre[i]);
 #pragma unroll 4
   for (int64_t c = lane + 32 * kPre; c < chunks; c += 32) chunk(c, load_stream(w + c));
+}
+
+template <int TMAX, bool SWIGLU>
+__device__ __forceinline__ void row_dot(const uint16_t* __restrict__ W, int64_t N, int64_t K, const float* __restrict__ x,
+                                        const float* __restrict__ u, int T, int64_t row, int lane, float (&acc)[TMAX]) {
+  uint4 pre[kPre];
+  row_prefetch(W, N, K, row, lane, pre);
+  row_finish<TMAX, SWIGLU>(W, N, K, x, u, T, row, lane, pre, acc);
 }
 
 // CONV (T = 1): rows below conv.channels also go through the conv step (gpu_core/conv_step.cuh).
@@ -108,17 +129,12 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   }
 }
 
-// The router GEMV (T = 1) whose last block to finish also routes: every block stores its rows and
-// fences, takes a ticket; the block holding the last ticket reads logits[0..E) back from L2 and runs
-// the warp top-k there, then re-arms the counter for the next launch.
-__global__ void __launch_bounds__(kWarpsPerBlock * 32)
-    gemv_bf16_topk_kernel(const uint16_t* __restrict__ W, int64_t N, int64_t K, const float* __restrict__ x, float* y, int E, int k,
-                          unsigned* counter, int32_t* ids, float* weights) {
-  const int lane = threadIdx.x & 31;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
-  float dot[1];
-  row_dot<1, false>(W, N, K, x, nullptr, 1, row, lane, dot);  // gemv_bf16's arithmetic
-  float acc = dot[0];
+// The router GEMV's end (T = 1): every block stores its rows and fences, takes a ticket; the block
+// holding the last ticket runs on_last() (all threads), reads logits[0..E) back from L2 and runs the
+// warp top-k there, then re-arms the counter for the next launch.
+template <typename OnLast>
+__device__ __forceinline__ void route_tail(float acc, int64_t row, int lane, int64_t N, float* y, int E, int k, unsigned* counter,
+                                           int32_t* ids, float* weights, OnLast&& on_last) {
   if (row < N) {  // no early return: the block meets at the barrier below
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
@@ -133,8 +149,49 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   __syncthreads();
   if (!last) return;
   __threadfence();
+  on_last();
   if (threadIdx.x < 32) detail::warp_router_topk(y, E, k, ids, weights);
   if (threadIdx.x == 0) *counter = 0u;
+}
+
+__global__ void __launch_bounds__(kWarpsPerBlock * 32)
+    gemv_bf16_topk_kernel(const uint16_t* __restrict__ W, int64_t N, int64_t K, const float* __restrict__ x, float* y, int E, int k,
+                          unsigned* counter, int32_t* ids, float* weights) {
+  const int lane = threadIdx.x & 31;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
+  float dot[1];
+  row_dot<1, false>(W, N, K, x, nullptr, 1, row, lane, dot);  // gemv_bf16's arithmetic
+  route_tail(dot[0], row, lane, N, y, E, k, counter, ids, weights, [] {});
+}
+
+// The same with the norm before it in the launch: each block normalises the row into shared memory
+// (norm_row, the norm kernel's arithmetic) while its first weight vectors load, then computes its
+// rows from there; the last block writes h' and x for the kernels after it (every block has read h
+// by then: its ticket follows its reads).
+template <int PER>
+__global__ void __launch_bounds__(kWarpsPerBlock * 32)
+    gemv_bf16_norm_topk_kernel(const uint16_t* __restrict__ W, int64_t N, int64_t K, float* h, const float* a, const float* s,
+                               const float* gate, const float* norm_w, float eps, float* x, float* y, int E, int k, unsigned* counter,
+                               int32_t* ids, float* weights) {
+  extern __shared__ __align__(16) float sm[];  // x [K], then h' [K]
+  float* xs = sm;
+  float* hs = sm + K;
+  const int lane = threadIdx.x & 31;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
+  uint4 pre[kPre];
+  row_prefetch(W, N, K, row, lane, pre);
+  const float sig = s ? 1.0f + expf(-gate[0]) : 1.0f;
+  detail::norm_row<PER>(
+      h, a, s, sig, norm_w, K, eps, [&](int64_t i, float v) { hs[i] = v; }, [&](int64_t i, float v) { xs[i] = v; });
+  __syncthreads();
+  float dot[1];
+  row_finish<1, false, true>(W, N, K, xs, nullptr, 1, row, lane, pre, dot);
+  route_tail(dot[0], row, lane, N, y, E, k, counter, ids, weights, [&] {
+    for (int64_t i = threadIdx.x; i < K; i += blockDim.x) {
+      if (a) h[i] = hs[i];
+      x[i] = xs[i];
+    }
+  });
 }
 
 }  // namespace
@@ -145,6 +202,24 @@ cudaError_t gemv_bf16_router_topk(const uint16_t* W, int64_t N, int64_t K, const
     return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>((N + kWarpsPerBlock - 1) / kWarpsPerBlock)), block(kWarpsPerBlock * 32);
   gemv_bf16_topk_kernel<<<grid, block, 0, stream>>>(W, N, K, x, y, E, k, counter, ids, weights);
+  return cudaGetLastError();
+}
+
+cudaError_t gemv_bf16_router_topk_norm(const uint16_t* W, int64_t N, int64_t K, float* h, const float* a, const float* shared,
+                                       const float* gate, const float* norm_w, float eps, float* x, float* y, int E, int k,
+                                       unsigned* counter, int32_t* ids, float* weights, cudaStream_t stream) {
+  if (K % 8 != 0 || K > 16 * kWarpsPerBlock * 32 || N < 1 || E < 1 || E > N || E > detail::kRouterMaxExperts || k < 1 || k > E ||
+      k > detail::kRouterMaxTopK || (shared && (!a || !gate)))
+    return cudaErrorInvalidValue;
+  const dim3 grid(static_cast<unsigned>((N + kWarpsPerBlock - 1) / kWarpsPerBlock)), block(kWarpsPerBlock * 32);
+  const size_t smem = 2 * static_cast<size_t>(K) * sizeof(float);
+  const int64_t per = (K + kWarpsPerBlock * 32 - 1) / (kWarpsPerBlock * 32);
+  auto go = [&](auto kernel) { kernel<<<grid, block, smem, stream>>>(W, N, K, h, a, shared, gate, norm_w, eps, x, y, E, k, counter, ids, weights); };
+  if (per <= 1) go(gemv_bf16_norm_topk_kernel<1>);
+  else if (per <= 2) go(gemv_bf16_norm_topk_kernel<2>);
+  else if (per <= 4) go(gemv_bf16_norm_topk_kernel<4>);
+  else if (per <= 8) go(gemv_bf16_norm_topk_kernel<8>);
+  else go(gemv_bf16_norm_topk_kernel<16>);
   return cudaGetLastError();
 }
 

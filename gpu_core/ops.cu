@@ -4,6 +4,7 @@
 
 #include <type_traits>
 
+#include "gpu_core/norm_row.cuh"
 #include "gpu_core/ops.cuh"
 #include "gpu_core/topk_warp.cuh"
 
@@ -13,16 +14,7 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__device__ float block_sum(float v) {
-  __shared__ float red[32];
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  __syncthreads();
-  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
-  __syncthreads();
-  float s = 0.0f;
-  for (int i = 0; i < static_cast<int>(blockDim.x >> 5); ++i) s += red[i];
-  return s;
-}
+using detail::block_sum;
 
 __global__ void embed_kernel(const uint16_t* table, int64_t H, const int32_t* ids, float* out) {
   const int t = blockIdx.x;
@@ -47,8 +39,8 @@ __global__ void norm_kernel(const float* hin, float* hout, const float* __restri
   const float* sr = s ? s + blockIdx.x * n : nullptr;
   float* yr = y + blockIdx.x * n;
   const float sig = s ? 1.0f + expf(-gate[blockIdx.x]) : 1.0f;
-  float ss = 0.0f;
   if constexpr (PER == 0) {
+    float ss = 0.0f;
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
       float v = hi[i];
       if (ar) {
@@ -61,32 +53,8 @@ __global__ void norm_kernel(const float* hin, float* hout, const float* __restri
     const float* hv = ar ? ho : hi;
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) yr[i] = hv[i] * r * (1.0f + w[i]);
   } else {
-    float hv[PER], av[PER], sv[PER], wv[PER];
-#pragma unroll
-    for (int m = 0; m < PER; ++m) {
-      const int64_t i = threadIdx.x + m * blockDim.x;
-      const bool in = i < n;
-      hv[m] = in ? hi[i] : 0.0f;
-      av[m] = in && ar ? ar[i] : 0.0f;
-      sv[m] = in && sr ? sr[i] : 0.0f;
-      wv[m] = in ? w[i] : 0.0f;
-    }
-#pragma unroll
-    for (int m = 0; m < PER; ++m) {
-      const int64_t i = threadIdx.x + m * blockDim.x;
-      if (i >= n) continue;
-      if (ar) {
-        hv[m] += sr ? av[m] + sv[m] / sig : av[m];
-        ho[i] = hv[m];
-      }
-      ss += hv[m] * hv[m];
-    }
-    const float r = rsqrtf(block_sum(ss) / n + eps);
-#pragma unroll
-    for (int m = 0; m < PER; ++m) {
-      const int64_t i = threadIdx.x + m * blockDim.x;
-      if (i < n) yr[i] = hv[m] * r * (1.0f + wv[m]);
-    }
+    detail::norm_row<PER>(
+        hi, ar, sr, sig, w, n, eps, [&](int64_t i, float v) { ho[i] = v; }, [&](int64_t i, float v) { yr[i] = v; });
   }
 }
 

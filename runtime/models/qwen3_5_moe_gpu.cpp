@@ -472,14 +472,19 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
     }
     pending.a = o;
     mark(tr, li, 1);
-    norm_x(L.post_norm);
     // router|shared gate|shared up|shared expert gate stacked, or the router alone; bf16: top-k in the
-    // GEMV's last block
+    // GEMV's last block (and with GpuOptions::router_norm the norm before it in the same launch)
     const DevLinear& R = L.x_proj.out ? L.x_proj : L.router;
-    if (!R.int4) {
+    if (!R.int4 && opts.router_norm) {
+      CK(gpu::gemv_bf16_router_topk_norm(R.w, R.out, R.in, h, pending.a, pending.shared, pending.gate, L.post_norm, eps, x, router,
+                                         static_cast<int>(c.num_experts), k, route_ticket, topk_ids, topk_w, stream));
+      pending = {};
+    } else if (!R.int4) {
+      norm_x(L.post_norm);
       CK(gpu::gemv_bf16_router_topk(R.w, R.out, R.in, x, router, static_cast<int>(c.num_experts), k, route_ticket, topk_ids, topk_w,
                                     stream));
     } else {
+      norm_x(L.post_norm);
       linear(R, x, router);
       CK(gpu::router_topk(router, c.num_experts, k, 1, topk_ids, topk_w, stream));
     }

@@ -136,6 +136,22 @@ TEST_P(GpuModel, DeltaNetDecodeVariantsEqualDefault) {
     }
 }
 
+// GpuOptions::router_norm (the post-attention norm done by the router GEMV's blocks): the same bits as
+// the norm launch + router GEMV, eagerly and as CUDA-graph steps, with the product's other decode paths.
+TEST_P(GpuModel, RouterNormEqualsNormThenRouter) {
+  TANDEM_REQUIRE_GPU();
+  const auto f = test::load_fixture(GetParam());
+  auto model = Qwen35Moe::load(f.dir);
+  for (const bool graph : {false, true}) {
+    GpuOptions g = fixture_options();
+    g.cuda_graph = graph;
+    g.moe_prefetch = g.moe_wide = true;
+    GpuOptions fused = g;
+    fused.router_norm = true;
+    expect_same_decode(*model, f, g, fused, 0.0, 2, graph ? "router norm (graph)" : "router norm");
+  }
+}
+
 // Batched prefill (GpuOptions::batched_prefill, chunks of 16 so that prompts span several): the last
 // prompt row and every following decode step agree with the token-by-token path (the projections differ
 // only by cuBLAS's split-bf16 rounding, ~1e-5) and with HF within the GPU tolerance.

@@ -7,6 +7,7 @@
 #include "gpu_core/gemv.cuh"
 #include "gpu_core/ops.cuh"
 #include "runtime/dtype.h"
+#include "runtime/error.h"
 #include "runtime/ops_ref.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/unit/test_util.h"
@@ -121,6 +122,50 @@ TEST(GpuRouterFused, EqualsGemvThenTopk) {
       EXPECT_EQ(ticket.to_host()[0], 0u) << E << " experts, launch " << launch;
     }
   }
+}
+
+// gemv_bf16_router_topk_norm (the norm before the router GEMV in the same launch): h, x, y, ids and
+// weights bit for bit what the norm launch (add_rmsnorm_zc with a residual, with a residual and a gated
+// shared expert, rmsnorm_zc without) followed by gemv_bf16_router_topk gives, at the 35B stacked shape
+// and odd ones (rows per thread 1..8, a partial last pass), three launches in a row.
+TEST(GpuRouterFused, WithItsNormEqualsNormThenRouter) {
+  TANDEM_REQUIRE_GPU();
+  struct Case {
+    int64_t N, K;
+    int E, k;
+  };
+  for (const Case c : {Case{1281, 2048, 256, 8}, Case{40, 64, 8, 4}, Case{300, 520, 33, 2}, Case{96, 256, 64, 8}})
+    for (int form = 0; form < 3; ++form) {  // 0: h += a; 1: h += a + sigmoid(g) * shared; 2: no residual
+      std::mt19937 rng(test::test_seed() + 11 + form);
+      std::vector<uint16_t> W(c.N * c.K);
+      for (auto& v : W) v = f32_to_bf16(std::normal_distribution<float>(0, 0.2f)(rng));
+      const auto norm_w = test::random_floats(rng, c.K);
+      test::DeviceBuffer<uint16_t> dW(W);
+      test::DeviceBuffer<float> dnw(norm_w);
+      test::DeviceBuffer<unsigned> t1(std::vector<unsigned>{0u}), t2(std::vector<unsigned>{0u});
+      for (int launch = 0; launch < 3; ++launch) {
+        const auto h = test::random_floats(rng, c.K), a = test::random_floats(rng, c.K), sh = test::random_floats(rng, c.K);
+        const auto g = test::random_floats(rng, 1);
+        test::DeviceBuffer<float> h1(h), h2(h), da(a), dsh(sh), dg(g), x1(c.K), x2(c.K), y1(c.N), y2(c.N), w1(c.k), w2(c.k);
+        test::DeviceBuffer<int32_t> i1(c.k), i2(c.k);
+        const float* av = form < 2 ? da.ptr : nullptr;
+        const float* sv = form == 1 ? dsh.ptr : nullptr;
+        const float* gv = form == 1 ? dg.ptr : nullptr;
+        CUDA_OK(gpu::gemv_bf16_router_topk_norm(dW.ptr, c.N, c.K, h1.ptr, av, sv, gv, dnw.ptr, 1e-6f, x1.ptr, y1.ptr, c.E, c.k, t1.ptr,
+                                                i1.ptr, w1.ptr, nullptr));
+        if (av) CUDA_OK(gpu::add_rmsnorm_zc(h2.ptr, av, sv, gv, dnw.ptr, c.K, 1, 1e-6f, x2.ptr, nullptr));
+        else CUDA_OK(gpu::rmsnorm_zc(h2.ptr, dnw.ptr, c.K, 1, 1e-6f, x2.ptr, nullptr));
+        CUDA_OK(gpu::gemv_bf16_router_topk(dW.ptr, c.N, c.K, x2.ptr, y2.ptr, c.E, c.k, t2.ptr, i2.ptr, w2.ptr, nullptr));
+        CUDA_OK(cudaDeviceSynchronize());
+        const std::string what = str_cat(c.N, " x ", c.K, " form ", form, " launch ", launch);
+        EXPECT_EQ(h1.to_host(), h2.to_host()) << what;
+        EXPECT_EQ(x1.to_host(), x2.to_host()) << what;
+        EXPECT_EQ(y1.to_host(), y2.to_host()) << what;
+        EXPECT_EQ(i1.to_host(), i2.to_host()) << what;
+        EXPECT_EQ(w1.to_host(), w2.to_host()) << what;
+        EXPECT_EQ(t1.to_host()[0], 0u) << what;
+      }
+    }
 }
 
 }  // namespace

@@ -1,0 +1,59 @@
+// gpu_core/norm_row.cuh: one row of rmsnorm_zc / add_rmsnorm_zc by one block (device code; include
+// from .cu only). Used by the norm kernel (ops.cu) and by the router GEMV that normalises its own
+// input (gemv_bf16_router_topk_norm): the same operations in the same order, so the same bits.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace tandem::gpu::detail {
+
+// The block's sum of v (every thread gets it). Two barriers.
+__device__ __forceinline__ float block_sum(float v) {
+  __shared__ float red[32];
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+  __syncthreads();
+  float s = 0.0f;
+  for (int i = 0; i < static_cast<int>(blockDim.x >> 5); ++i) s += red[i];
+  return s;
+}
+
+// h' = hi (ar == nullptr) or hi + ar (+ sr / sig added to ar first), y = h' * rsqrt(mean(h'^2) + eps)
+// * (1 + w), for a row of n <= PER * blockDim.x: thread t holds elements t + m * blockDim.x in
+// registers, every load issued before any use. store_h(i, h'_i) (only with ar), then store_y(i, y_i).
+template <int PER, typename StoreH, typename StoreY>
+__device__ __forceinline__ void norm_row(const float* hi, const float* ar, const float* sr, float sig, const float* w, int64_t n,
+                                         float eps, StoreH&& store_h, StoreY&& store_y) {
+  float hv[PER], av[PER], sv[PER], wv[PER];
+#pragma unroll
+  for (int m = 0; m < PER; ++m) {
+    const int64_t i = threadIdx.x + m * blockDim.x;
+    const bool in = i < n;
+    hv[m] = in ? hi[i] : 0.0f;
+    av[m] = in && ar ? ar[i] : 0.0f;
+    sv[m] = in && sr ? sr[i] : 0.0f;
+    wv[m] = in ? w[i] : 0.0f;
+  }
+  float ss = 0.0f;
+#pragma unroll
+  for (int m = 0; m < PER; ++m) {
+    const int64_t i = threadIdx.x + m * blockDim.x;
+    if (i >= n) continue;
+    if (ar) {
+      hv[m] += sr ? av[m] + sv[m] / sig : av[m];
+      store_h(i, hv[m]);
+    }
+    ss += hv[m] * hv[m];
+  }
+  const float r = rsqrtf(block_sum(ss) / n + eps);
+#pragma unroll
+  for (int m = 0; m < PER; ++m) {
+    const int64_t i = threadIdx.x + m * blockDim.x;
+    if (i < n) store_y(i, hv[m] * r * (1.0f + wv[m]));
+  }
+}
+
+}  // namespace tandem::gpu::detail
