@@ -13,6 +13,7 @@
 #   ctest        the whole CTest suite
 #   cpu-experts  scripts/gpu_machine_cpu_experts.sh (AMX tests at every ISA cap + benchmarks)
 #   cpu-tests    the cpu_experts tests at the CPU's best level (AMX there), no benchmarks
+#   handoff-bench  bench/bench_handoff: the hybrid handoff's round trip (one graph vs event + copies)
 #   gpu-bench[:FILTER]  bench/bench_gpu_gemv (per-kernel bandwidth at the 35B shapes), JSON + console
 #   e2e:LENS:REPEAT:SCENARIOS  bench/run_e2e.sh, e.g. e2e:4096:3:hybrid-8gib-cpu-experts,hybrid-24gib
 #                (scenarios: gpu-all hybrid-{8gib-cpu-experts,12gib,16gib,24gib} hybrid-{8,12}gib-defer2 hybrid-{12,16}gib-replace cpu-all)
@@ -76,6 +77,8 @@ for step in "$@"; do
       filter="${step#gpu-bench}"; filter="${filter#:}"
       run_step "gpu-bench$tag" 240 build-gpu/bench/bench_gpu_gemv ${filter:+--benchmark_filter="$filter"} \
         --benchmark_out="$res/gpu-bench$tag.json" --benchmark_out_format=json ;;
+    handoff-bench)
+      run_step handoff-bench 60 build-gpu/bench/bench_handoff --benchmark_out="$res/handoff-bench.json" --benchmark_out_format=json ;;
     cpu-tests)
       run_step cpu-tests 200 build-gpu/tests/tandem_cpu_experts_tests ;;
     cpu-experts)
