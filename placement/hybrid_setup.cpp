@@ -73,9 +73,10 @@ Plan prepare_hybrid(RunnerOptions& o, const ModelConfig& model, const PlacementC
   const Plan plan = make_plan(model, cfg, request_for(probe, cfg, o.gpu_mem, context, false));
 
   if (!plan.host_fits())
-    fail("the CPU experts of this placement need ", format_gib(plan.host_expert_bytes), " of host RAM but only ",
-         format_gib(plan.host_available_bytes), " is available (MemAvailable); raise the GPU budget (more experts on the GPU), ",
-         "use int4 CPU experts, or free memory");
+    fail("the CPU experts of this placement need ", format_gib(plan.host_expert_bytes + plan.host_replace_bytes), " of host RAM",
+         plan.host_replace_bytes ? str_cat(" (", format_gib(plan.host_replace_bytes), " of it for experts.replace's copies of GPU experts)") : std::string(),
+         " but only ", format_gib(plan.host_available_bytes), " is available (MemAvailable); raise the GPU budget (more experts on the GPU), ",
+         "use int4 CPU experts, ", plan.host_replace_bytes ? "turn experts.replace off, " : "", "or free memory");
   auto hp = hybrid_placement(plan, int64_t(model.num_layers) * model.num_experts);
   hp->replace = replace_setup(cfg);
   o.hybrid = hp;

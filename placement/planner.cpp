@@ -429,6 +429,10 @@ Plan make_plan(const ModelConfig& c, const PlacementConfig& cfg, const PlanReque
   }
   p.expected_gpu_expert_fraction = L ? frac_sum / L : 1.0;
   p.host_expert_bytes = static_cast<uint64_t>(L * E - p.total_gpu_experts()) * p.cpu_expert_bytes;
+  p.replace_every = cfg.replace_every;
+  if (p.replace_every > 0)
+    for (int l = 0; l < L; ++l)
+      if (p.experts_on_gpu[l] < E) p.host_replace_bytes += static_cast<uint64_t>(p.experts_on_gpu[l]) * p.cpu_expert_bytes;
   p.host_available_bytes = req.host_available_bytes;
 
   predict(c, cfg, req, tied_shared, p);
@@ -463,6 +467,8 @@ nlohmann::json plan_to_json(const Plan& p) {
   j["layer_gpu_fraction"] = p.layer_gpu_fraction;
   j["expected_gpu_expert_fraction"] = p.expected_gpu_expert_fraction;
   j["deferral"] = p.deferral;
+  j["replace_every_tokens"] = p.replace_every;
+  j["host_replace_bytes"] = p.host_replace_bytes;
   j["prefill_strategy"] = prefill_name(p.prefill);
   j["prefill_chunk"] = p.prefill_chunk;
   j["stream_experts_per_layer"] = p.stream_experts;
@@ -504,6 +510,9 @@ std::string plan_table(const Plan& p) {
   o += "\n";
   line("CPU experts", str_cat(format_gib(p.host_expert_bytes), " in host RAM (", p.cpu_expert_format, ")",
                               p.host_available_bytes ? str_cat(", ", format_gib(p.host_available_bytes), " available") : std::string()));
+  if (p.replace_every > 0)
+    line("re-placement", str_cat("online, every ", p.replace_every, " decode tokens; the host also keeps the GPU experts of those layers: ",
+                                 format_gib(p.host_replace_bytes)));
   if (!p.host_fits())
     line("", "not enough host RAM for the CPU experts: raise the GPU budget, use int4 experts, or free memory");
   line("selection", p.selection + (p.heat_used ? " (heat map)" : " (no heat map: uniform activations)"));

@@ -409,6 +409,27 @@ TEST(Replacement, FollowsDriftWithinTheBudgetAndIgnoresNoise) {
   test::expect_error([&] { apply_swaps(steady, {{0, 0, 0, 0}}); }, {"not on those sides"});
 }
 
+// experts.replace in the plan: the host then keeps a copy of every GPU expert of the layers that have
+// CPU experts (counted against host RAM, shown in the table and the JSON); layers without CPU experts
+// need none.
+TEST(OnlineReplacement, PlanCountsTheHostCopies) {
+  const ModelConfig m = model35();
+  const Plan off = make_plan(m, yaml("gpu:\n  memory: 12GiB\n"));
+  const Plan on = make_plan(m, yaml("gpu:\n  memory: 12GiB\nexperts:\n  replace: {every: 64}\n"));
+  EXPECT_EQ(off.host_replace_bytes, 0u);
+  EXPECT_EQ(on.replace_every, 64);
+  uint64_t want = 0;
+  for (size_t l = 0; l < on.experts_on_gpu.size(); ++l)
+    if (on.experts_on_gpu[l] < m.num_experts) want += static_cast<uint64_t>(on.experts_on_gpu[l]) * on.cpu_expert_bytes;
+  EXPECT_GT(want, 0u);
+  EXPECT_EQ(on.host_replace_bytes, want);
+  EXPECT_EQ(on.host_expert_bytes, off.host_expert_bytes);
+  EXPECT_NE(plan_table(on).find("re-placement"), std::string::npos);
+  EXPECT_EQ(plan_to_json(on)["host_replace_bytes"], want);
+  // Every expert on the GPU: no layer has CPU experts, nothing to copy.
+  EXPECT_EQ(make_plan(m, yaml("gpu:\n  memory: 80GiB\nexperts:\n  select: all\n  replace: {every: 64}\n")).host_replace_bytes, 0u);
+}
+
 // experts.replace in the YAML: off unless set; its options reach the runtime's policy, which is
 // plan_swaps with them (the same swaps, as the runtime's ExpertSwap).
 TEST(OnlineReplacement, ConfigGivesTheRuntimeItsPolicy) {
