@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include "gpu_core/attention.cuh"
+#include "gpu_core/block_reduce.cuh"
 
 namespace tandem::gpu {
 
@@ -11,25 +12,8 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kChunk = 256;  // context rows per split
 
-__device__ float block_sum(float v, float* red) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  __syncthreads();
-  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
-  __syncthreads();
-  float s = 0.0f;
-  for (int i = 0; i < static_cast<int>(blockDim.x >> 5); ++i) s += red[i];
-  return s;
-}
-
-__device__ float block_max(float v, float* red) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  __syncthreads();
-  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
-  __syncthreads();
-  float m = -INFINITY;
-  for (int i = 0; i < static_cast<int>(blockDim.x >> 5); ++i) m = fmaxf(m, red[i]);
-  return m;
-}
+using detail::block_max;
+using detail::block_sum;
 
 // Blocks x = 0..nh-1 prepare query heads, nh..nh+nkv-1 key heads (and copy v), of token y (decode:
 // the one token; prefill: token y of the chunk, at position pos[y]).

@@ -4,6 +4,7 @@
 // registers for the whole call (read and written once, not once per token).
 #include <cuda_runtime.h>
 
+#include "gpu_core/block_reduce.cuh"
 #include "gpu_core/conv_step.cuh"
 #include "gpu_core/deltanet.cuh"
 
@@ -17,17 +18,7 @@ constexpr int kMaxHist = detail::kConvMaxHist;  // kernel <= 8
 
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
 
-// Block-wide sum over blockDim.x threads through shared memory `red` (blockDim.x / 32 floats).
-__device__ float block_sum(float v, float* red) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  const int warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-  __syncthreads();
-  if ((threadIdx.x & 31) == 0) red[warp] = v;
-  __syncthreads();
-  float s = 0.0f;
-  for (int i = 0; i < nwarps; ++i) s += red[i];
-  return s;
-}
+using detail::block_sum;
 
 // Causal conv + SiLU of channel ch over tokens [t0, t1), the window (the hist inputs before t0,
 // oldest first) in registers and moved along.

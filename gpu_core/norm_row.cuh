@@ -7,18 +7,14 @@
 
 #include <cstdint>
 
+#include "gpu_core/block_reduce.cuh"
+
 namespace tandem::gpu::detail {
 
-// The block's sum of v (every thread gets it). Two barriers.
+// The block's sum of v (every thread gets it), through a shared array of its own.
 __device__ __forceinline__ float block_sum(float v) {
   __shared__ float red[32];
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  __syncthreads();
-  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
-  __syncthreads();
-  float s = 0.0f;
-  for (int i = 0; i < static_cast<int>(blockDim.x >> 5); ++i) s += red[i];
-  return s;
+  return block_sum(v, red);
 }
 
 // h' = hi (ar == nullptr) or hi + ar (+ sr / sig added to ar first), y = h' * rsqrt(mean(h'^2) + eps)
