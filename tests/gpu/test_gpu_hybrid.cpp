@@ -39,6 +39,8 @@ std::string with_counts(std::string y, int experts) {
   return "gpu:\n  memory: 4GiB\ncontext: 256\n" + y;
 }
 
+bool int4_experts(const Qwen35Moe& model) { return model.layers()[0].moe.gate[0].kind == LinearWeight::Kind::Gptq; }
+
 placement::Plan plan_for(const Qwen35Moe& model, const Placement& pl) {
   const auto cfg = placement::parse_placement_config(with_counts(pl.yaml, model.config().num_experts), pl.name);
   return placement::make_plan(model.config(), cfg);
@@ -182,7 +184,7 @@ TEST(HybridStreamed, PrefillEqualsHostExpertPrefill) {
   for (const std::string& name : test::fixture_names()) {
     const auto f = test::load_fixture(name);
     auto model = Qwen35Moe::load(f.dir);
-    const bool int4 = model->layers()[0].moe.gate[0].kind == LinearWeight::Kind::Gptq;
+    const bool int4 = int4_experts(*model);
     const NpyArray ref = read_npy_f32(f.dir + "/logits.npy");
     const int64_t V = f.vocab;
     for (int pi : {0, 1, 3}) {  // all on the CPU, half, a quarter with the embedding table in host RAM
@@ -235,7 +237,7 @@ TEST(HybridReplace, MovesKeepTheNumbers) {
   for (const std::string& name : test::fixture_names()) {
     const auto f = test::load_fixture(name);
     auto model = Qwen35Moe::load(f.dir);
-    const bool int4 = model->layers()[0].moe.gate[0].kind == LinearWeight::Kind::Gptq;
+    const bool int4 = int4_experts(*model);
     const NpyArray ref = read_npy_f32(f.dir + "/logits.npy");
     const int64_t n = static_cast<int64_t>(f.ids.size()), V = f.vocab;
     const std::string yaml = with_counts(kPlacements[1].yaml, model->config().num_experts) +
