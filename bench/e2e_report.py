@@ -10,8 +10,8 @@ usage: bench/e2e_report.py RAW_DIR OUT_PREFIX --machine TEXT --commit SHA [--tan
 import argparse, glob, json, os, re, subprocess, tempfile
 
 BUDGET = {"hybrid-8gib-cpu-experts": 8, "hybrid-12gib": 12, "hybrid-16gib": 16, "hybrid-24gib": 24}
-DEFERRED = {"hybrid-8gib-defer2": 8, "hybrid-12gib-defer2": 12,  # not on the budget curve: their own rows
-            "hybrid-12gib-replace": 12, "hybrid-16gib-replace": 16}
+DEFERRED = {"hybrid-8gib-defer2": 8, "hybrid-12gib-defer2": 12}  # not on the budget curve: their own rows
+REPLACED = {"hybrid-12gib-replace": 12, "hybrid-16gib-replace": 16}  # the same, with online re-placement
 LABEL = {"hybrid-8gib-cpu-experts": "8 GiB, every routed expert on the CPU", "hybrid-12gib": "12 GiB hybrid",
          "hybrid-16gib": "16 GiB hybrid", "hybrid-24gib": "24 GiB hybrid", "gpu-all": "everything on the GPU (--device gpu)",
          "cpu-all": "everything on the CPU (--device cpu)",
@@ -120,11 +120,15 @@ def main():
     if dfr:
         ax.plot([DEFERRED[e["scenario"]] for e in dfr], [e["decode_tok_s"] for e in dfr], "D", color="#ff7f0e",
                 label="hybrid with expert deferral 2 (changes the output slightly)")
+    rpl = [e for e in rows if e["scenario"] in REPLACED and e["prompt_len"] == 512]
+    if rpl:
+        ax.plot([REPLACED[e["scenario"]] for e in rpl], [e["decode_tok_s"] for e in rpl], "v", color="#8c564b",
+                label="hybrid with online re-placement")
     if gpu:
         ax.axhline(gpu[0]["decode_tok_s"], color="#9467bd", lw=1, label="--device gpu (all on GPU): %.0f tok/s" % gpu[0]["decode_tok_s"])
     ax.axhline(58, color="gray", lw=1, ls="-.", label="ik_llama.cpp, all experts on CPU: 58 tok/s")
     ax.set_xlabel("GPU memory budget (GiB)")
-    ax.set_ylabel("decode tok/s (prompt 512, 128 generated)")
+    ax.set_ylabel("decode tok/s (prompt 512, %d generated)" % (pts[0]["gen"] if pts else 128))
     ax.set_yscale("log")
     ax.set_xticks(xs)
     ax.set_title("Qwen3.5-35B-A3B GPTQ-Int4 (synthetic), %s" % a.machine, fontsize=9)
