@@ -213,13 +213,11 @@ cudaError_t gemv_bf16_router_topk_norm(const uint16_t* W, int64_t N, int64_t K, 
     return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>((N + kWarpsPerBlock - 1) / kWarpsPerBlock)), block(kWarpsPerBlock * 32);
   const size_t smem = 2 * static_cast<size_t>(K) * sizeof(float);
-  const int64_t per = (K + kWarpsPerBlock * 32 - 1) / (kWarpsPerBlock * 32);
-  auto go = [&](auto kernel) { kernel<<<grid, block, smem, stream>>>(W, N, K, h, a, shared, gate, norm_w, eps, x, y, E, k, counter, ids, weights); };
-  if (per <= 1) go(gemv_bf16_norm_topk_kernel<1>);
-  else if (per <= 2) go(gemv_bf16_norm_topk_kernel<2>);
-  else if (per <= 4) go(gemv_bf16_norm_topk_kernel<4>);
-  else if (per <= 8) go(gemv_bf16_norm_topk_kernel<8>);
-  else go(gemv_bf16_norm_topk_kernel<16>);
+  detail::with_norm_per_thread(K, kWarpsPerBlock * 32, [&](auto per) {
+    if constexpr (per.value > 0)  // K <= 16 x threads (checked above): never the loop form
+      gemv_bf16_norm_topk_kernel<per.value><<<grid, block, smem, stream>>>(W, N, K, h, a, shared, gate, norm_w, eps, x, y, E, k, counter,
+                                                                           ids, weights);
+  });
   return cudaGetLastError();
 }
 

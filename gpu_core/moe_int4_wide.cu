@@ -6,6 +6,8 @@
 // 16-byte vectors (4 words, 32 inputs, one quantisation group), every load of a block is issued
 // before any is used, the activations are converted to fp16 once per warp and reused for the rows
 // the warp computes, and the fp32 input row is read directly (no separate fp16 gather launch).
+#include <type_traits>
+
 #include "gpu_core/int4_row.cuh"
 #include "gpu_core/moe.cuh"
 
@@ -279,48 +281,26 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
-template <int NV>
-void launch_gate_up(const Int4Expert* e, int64_t H, int64_t I, const int32_t* ids, int T, int k, const float* x, __half* h,
-                    int gshift, cudaStream_t s) {
-  const int64_t rows = kWarps * kRowsUp;
-  const dim3 grid(static_cast<unsigned>((I + rows - 1) / rows), static_cast<unsigned>(T * k));
-  wide_gate_up_kernel<NV><<<grid, kWarps * 32, 0, s>>>(e, H, I, ids, k, x, h, gshift);
-}
-
-template <int NV>
-void launch_down(const Int4Expert* e, int64_t H, int64_t I, const int32_t* ids, const float* w, int T, int k, const __half* h,
-                 float* out, int gshift, cudaStream_t s) {
-  const int64_t rows = kWarps * (32 / kDownLanes);
-  const dim3 grid(static_cast<unsigned>((H + rows - 1) / rows), static_cast<unsigned>(T));
-  wide_down_kernel<NV><<<grid, kWarps * 32, k * I * sizeof(__half), s>>>(e, H, I, ids, w, k, h, out, gshift);
-}
+// Row blocks of one pair's gate/up rows, and of one token's down rows.
+int gate_up_blocks(int64_t I) { return static_cast<int>((I + kWarps * kRowsUp - 1) / (kWarps * kRowsUp)); }
+int down_blocks(int64_t H) { return static_cast<int>((H + kWarps * (32 / kDownLanes) - 1) / (kWarps * (32 / kDownLanes))); }
 
 int vectors_per_lane(int64_t K, int lanes) { return static_cast<int>((K / 32 + lanes - 1) / lanes); }
+
+// Calls launch(std::integral_constant<int, NV>) with the 16-byte vectors a lane holds (1, 2 or 4; the
+// shapes moe_int4_decode_wide_fits takes need no more).
+template <typename Launch>
+void with_vectors(int nv, Launch&& launch) {
+  if (nv <= 1) launch(std::integral_constant<int, 1>{});
+  else if (nv <= 2) launch(std::integral_constant<int, 2>{});
+  else launch(std::integral_constant<int, 4>{});
+}
 
 // log2(group_size / 32), or -1 when group_size is not 32 times a power of two.
 int group_shift(int64_t group_size) {
   for (int s = 0; s < 8; ++s)
     if (group_size == (int64_t{32} << s)) return s;
   return -1;
-}
-
-template <int NVU, int NVD>
-void launch_fused(const Int4Expert* e, int64_t H, int64_t I, const int32_t* ids, const float* w, int T, int k, const float* x,
-                  __half* h, float* out, int gshift, unsigned* sync, cudaStream_t s) {
-  const int up = static_cast<int>((I + kWarps * kRowsUp - 1) / (kWarps * kRowsUp));
-  const int down = static_cast<int>((H + kWarps * (32 / kDownLanes) - 1) / (kWarps * (32 / kDownLanes)));
-  const unsigned blocks = static_cast<unsigned>(up * T * k + down * T);
-  wide_fused_kernel<NVU, NVD><<<blocks, kWarps * 32, k * I * sizeof(__half), s>>>(e, H, I, ids, w, T, k, x, h, out, gshift, up, down, sync);
-}
-
-template <int NVU>
-void launch_fused_down(int nvd, const Int4Expert* e, int64_t H, int64_t I, const int32_t* ids, const float* w, int T, int k,
-                       const float* x, __half* h, float* out, int gshift, unsigned* sync, cudaStream_t s) {
-  switch (nvd) {
-    case 1: return launch_fused<NVU, 1>(e, H, I, ids, w, T, k, x, h, out, gshift, sync, s);
-    case 2: return launch_fused<NVU, 2>(e, H, I, ids, w, T, k, x, h, out, gshift, sync, s);
-    default: return launch_fused<NVU, 4>(e, H, I, ids, w, T, k, x, h, out, gshift, sync, s);
-  }
 }
 
 }  // namespace
@@ -336,12 +316,14 @@ cudaError_t moe_int4_decode_fused(const Int4Expert* experts, int64_t H, int64_t 
                                   cudaStream_t stream) {
   if (T < 1 || T > kMaxGemvTokens || !sync || !moe_int4_decode_wide_fits(H, I, group_size, k)) return cudaErrorInvalidValue;
   auto* h = reinterpret_cast<__half*>(h_scratch);
-  const int gs = group_shift(group_size), nvd = vectors_per_lane(I, kDownLanes);
-  switch (vectors_per_lane(H, 32)) {
-    case 1: launch_fused_down<1>(nvd, experts, H, I, ids, weights, T, k, x, h, out, gs, sync, stream); break;
-    case 2: launch_fused_down<2>(nvd, experts, H, I, ids, weights, T, k, x, h, out, gs, sync, stream); break;
-    default: launch_fused_down<4>(nvd, experts, H, I, ids, weights, T, k, x, h, out, gs, sync, stream);
-  }
+  const int gs = group_shift(group_size), up = gate_up_blocks(I), down = down_blocks(H);
+  const unsigned blocks = static_cast<unsigned>(up * T * k + down * T);
+  with_vectors(vectors_per_lane(H, 32), [&](auto nvu) {
+    with_vectors(vectors_per_lane(I, kDownLanes), [&](auto nvd) {
+      wide_fused_kernel<nvu.value, nvd.value><<<blocks, kWarps * 32, k * I * sizeof(__half), stream>>>(
+          experts, H, I, ids, weights, T, k, x, h, out, gs, up, down, sync);
+    });
+  });
   return cudaGetLastError();
 }
 
@@ -351,16 +333,14 @@ cudaError_t moe_int4_decode_wide(const Int4Expert* experts, int64_t H, int64_t I
   if (T < 1 || T > kMaxGemvTokens || !moe_int4_decode_wide_fits(H, I, group_size, k)) return cudaErrorInvalidValue;
   auto* h = reinterpret_cast<__half*>(h_scratch);
   const int gs = group_shift(group_size);
-  switch (vectors_per_lane(H, 32)) {
-    case 1: launch_gate_up<1>(experts, H, I, ids, T, k, x, h, gs, stream); break;
-    case 2: launch_gate_up<2>(experts, H, I, ids, T, k, x, h, gs, stream); break;
-    default: launch_gate_up<4>(experts, H, I, ids, T, k, x, h, gs, stream);
-  }
-  switch (vectors_per_lane(I, kDownLanes)) {
-    case 1: launch_down<1>(experts, H, I, ids, weights, T, k, h, out, gs, stream); break;
-    case 2: launch_down<2>(experts, H, I, ids, weights, T, k, h, out, gs, stream); break;
-    default: launch_down<4>(experts, H, I, ids, weights, T, k, h, out, gs, stream);
-  }
+  with_vectors(vectors_per_lane(H, 32), [&](auto nv) {
+    const dim3 grid(static_cast<unsigned>(gate_up_blocks(I)), static_cast<unsigned>(T * k));
+    wide_gate_up_kernel<nv.value><<<grid, kWarps * 32, 0, stream>>>(experts, H, I, ids, k, x, h, gs);
+  });
+  with_vectors(vectors_per_lane(I, kDownLanes), [&](auto nv) {
+    const dim3 grid(static_cast<unsigned>(down_blocks(H)), static_cast<unsigned>(T));
+    wide_down_kernel<nv.value><<<grid, kWarps * 32, k * I * sizeof(__half), stream>>>(experts, H, I, ids, weights, k, h, out, gs);
+  });
   return cudaGetLastError();
 }
 

@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "gpu_core/block_reduce.cuh"
 
@@ -50,6 +51,20 @@ __device__ __forceinline__ void norm_row(const float* hi, const float* ar, const
     const int64_t i = threadIdx.x + m * blockDim.x;
     if (i < n) store_y(i, hv[m] * r * (1.0f + wv[m]));
   }
+}
+
+// Host side: calls launch(std::integral_constant<int, PER>) with the elements per thread norm_row
+// takes for rows of n over `threads` threads (1, 2, 4, 8 or 16; PER = 0: longer rows, which
+// norm_row does not take).
+template <typename Launch>
+void with_norm_per_thread(int64_t n, int threads, Launch&& launch) {
+  const int64_t per = (n + threads - 1) / threads;
+  if (per <= 1) launch(std::integral_constant<int, 1>{});
+  else if (per <= 2) launch(std::integral_constant<int, 2>{});
+  else if (per <= 4) launch(std::integral_constant<int, 4>{});
+  else if (per <= 8) launch(std::integral_constant<int, 8>{});
+  else if (per <= 16) launch(std::integral_constant<int, 16>{});
+  else launch(std::integral_constant<int, 0>{});
 }
 
 }  // namespace tandem::gpu::detail

@@ -2,8 +2,6 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#include <type_traits>
-
 #include "gpu_core/norm_row.cuh"
 #include "gpu_core/ops.cuh"
 #include "gpu_core/topk_warp.cuh"
@@ -56,19 +54,6 @@ __global__ void norm_kernel(const float* hin, float* hout, const float* __restri
     detail::norm_row<PER>(
         hi, ar, sr, sig, w, n, eps, [&](int64_t i, float v) { ho[i] = v; }, [&](int64_t i, float v) { yr[i] = v; });
   }
-}
-
-// Calls launch(std::integral_constant<int, PER>) with the elements per thread of norm_kernel's
-// register-held form for rows of n (PER = 0: the loop form).
-template <typename Launch>
-void with_norm_per_thread(int64_t n, Launch&& launch) {
-  const int64_t per = (n + kThreads - 1) / kThreads;
-  if (per <= 1) launch(std::integral_constant<int, 1>{});
-  else if (per <= 2) launch(std::integral_constant<int, 2>{});
-  else if (per <= 4) launch(std::integral_constant<int, 4>{});
-  else if (per <= 8) launch(std::integral_constant<int, 8>{});
-  else if (per <= 16) launch(std::integral_constant<int, 16>{});
-  else launch(std::integral_constant<int, 0>{});
 }
 
 __global__ void add_kernel(float* h, const float* x, int64_t n) {
@@ -124,7 +109,7 @@ cudaError_t embed_bf16(const uint16_t* table, int64_t H, const int32_t* ids, int
 }
 cudaError_t rmsnorm_zc(const float* x, const float* w, int64_t n, int rows, float eps, float* y, cudaStream_t s) {
   float* none = nullptr;
-  with_norm_per_thread(n, [&](auto per) {
+  detail::with_norm_per_thread(n, kThreads, [&](auto per) {
     norm_kernel<per.value><<<rows, kThreads, 0, s>>>(x, none, none, none, none, w, n, eps, y);
   });
   return cudaGetLastError();
@@ -132,7 +117,7 @@ cudaError_t rmsnorm_zc(const float* x, const float* w, int64_t n, int rows, floa
 cudaError_t add_rmsnorm_zc(float* h, const float* a, const float* shared, const float* gate, const float* w, int64_t n, int rows,
                            float eps, float* y, cudaStream_t s) {
   if (!a || (shared && !gate)) return cudaErrorInvalidValue;
-  with_norm_per_thread(n, [&](auto per) {
+  detail::with_norm_per_thread(n, kThreads, [&](auto per) {
     norm_kernel<per.value><<<rows, kThreads, 0, s>>>(h, h, a, shared, gate, w, n, eps, y);
   });
   return cudaGetLastError();

@@ -110,14 +110,7 @@ void Qwen35MoeGpu::Impl::run_one_graph(int w) {
       std::atomic_thread_fence(std::memory_order_release);  // hout before the flag
       f[1] = v;
       if (deferring()) {  // this layer's deferred experts while the GPU goes on to the next layer
-        const int64_t H = model.config().hidden_size;
-        float* out = hdef_posted + (li % 2) * H;
-        std::fill(out, out + H, 0.0f);
-        if (def.pending) {
-          TraceSpan span("cpu experts (deferred), layer", "cpu", def.layer);
-          opts.host_experts->run(def.layer, def.x.data(), def.n, def.ids.data(), def.w.data(), model.config().num_experts_per_tok, out);
-          def.pending = false;
-        }
+        deferred_sum(hdef_posted + (li % 2) * model.config().hidden_size, 1);
         std::atomic_thread_fence(std::memory_order_release);  // the row before the flag
         f[3] = v;
       }
@@ -134,16 +127,22 @@ void Qwen35MoeGpu::Impl::run_one_graph(int w) {
 
 // The previous layer's deferred host experts, run while the GPU works on this layer; their sum is
 // queued into def_dev, and add_deferred() adds it with this layer's MoE output.
+// The pending deferred experts' sum into out [rows, H] (zeros where none are pending).
+void Qwen35MoeGpu::Impl::deferred_sum(float* out, int64_t rows) {
+  std::fill(out, out + rows * model.config().hidden_size, 0.0f);
+  if (!def.pending) return;
+  TraceSpan span("cpu experts (deferred), layer", "cpu", def.layer);
+  opts.host_experts->run(def.layer, def.x.data(), def.n, def.ids.data(), def.w.data(), model.config().num_experts_per_tok, out);
+  def.pending = false;
+}
+
 void Qwen35MoeGpu::Impl::run_deferred() {
   if (!def.pending) return;
-  const int64_t H = model.config().hidden_size;
-  TraceSpan span("cpu experts (deferred), layer", "cpu", def.layer);
+  const int64_t H = model.config().hidden_size, n = def.n;
   CK(cudaEventSynchronize(def_copied));  // the previous deferred sum has left hdef
-  std::fill(hdef, hdef + def.n * H, 0.0f);
-  opts.host_experts->run(def.layer, def.x.data(), def.n, def.ids.data(), def.w.data(), model.config().num_experts_per_tok, hdef);
-  CK(cudaMemcpyAsync(def_dev, hdef, def.n * H * sizeof(float), cudaMemcpyHostToDevice, stream));
+  deferred_sum(hdef, n);
+  CK(cudaMemcpyAsync(def_dev, hdef, n * H * sizeof(float), cudaMemcpyHostToDevice, stream));
   CK(cudaEventRecord(def_copied, stream));
-  def.pending = false;
   def.ready = true;
 }
 

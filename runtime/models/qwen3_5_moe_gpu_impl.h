@@ -165,7 +165,7 @@ struct Qwen35MoeGpu::Impl {
   // the next step on, the newcomer's weights are repacked on a worker thread into pinned staging,
   // copied into the slot on rp.copy (after rp.freed: no step reads the slot any more) and served by the
   // GPU from the step after they arrived. Streamed prefill keeps streaming the plan's host experts;
-  // the plan's GPU experts that were displaced run on the host there (rp.displaced).
+  // the plan's GPU experts that were displaced run on the host there (displaced()).
   struct Move {
     int layer = 0, expert = 0;  // the expert moving to the GPU
     gpu::Int4Expert i4{};       // the slot it takes
@@ -179,7 +179,6 @@ struct Qwen35MoeGpu::Impl {
     int64_t since = 0;                                   // decode steps since the last check
     std::vector<std::vector<uint64_t>> heat;             // [layer][expert] activations seen by the host
     std::vector<std::vector<uint8_t>> origin_host;       // the plan's host experts (what streamed prefill streams)
-    std::vector<int> displaced;                          // [layer]: the plan's GPU experts now on the host
     std::vector<std::vector<gpu::Int4Expert>> i4, stream_i4;  // host copies of the device tables
     std::vector<std::vector<gpu::Bf16Expert>> b16;
     std::vector<Move> moving;                            // one batch (no check while it is in flight)
@@ -268,6 +267,10 @@ struct Qwen35MoeGpu::Impl {
   void replace_setup();             // after the upload: staging, copy stream, the host's coverage
   void replace_tick();              // before each decode step: moves that arrived, and every N steps a check
   void finish_moves(bool wait);     // moves whose weights are packed / copied (all of them when `wait`)
+  // Expert e of layer l now on the GPU in the slot i4 / b16, or (gpu false, empty slots) on the host:
+  // the host copies of the tables, to be written by flush_tables().
+  void place(int l, int e, bool gpu, const gpu::Int4Expert& i4, const gpu::Bf16Expert& b16);
+  bool displaced(int l) const;      // some of the plan's GPU experts of layer l are on the host now
   void flush_tables();              // the device tables of the layers whose host copies changed (rp.touched)
   struct SlotImage {
     struct Piece {
@@ -309,6 +312,7 @@ struct Qwen35MoeGpu::Impl {
   // The previous layer's deferred host experts, run while the GPU works on this layer; their sum is
   // queued into def_dev, and add_deferred() adds it with this layer's MoE output.
   void run_deferred();
+  void deferred_sum(float* out, int64_t rows);  // the pending deferred experts' sum (zeros when none), host side
   void add_deferred(float* h_dev);
 
   // y [n, out] = x [n, in] W^T for a chunk of tokens: cuBLAS for bf16, the int4 GEMV 8 tokens at a time.

@@ -99,7 +99,7 @@ void Qwen35MoeGpu::Impl::prefill_layer(size_t li, float* hbuf, int64_t n, const 
   CK(gpu::router_topk(prouter, c.num_experts, k, static_cast<int>(n), ptopk_ids, ptopk_w, stream));
   // Streamed: the plan's host experts run on the GPU from `streamed`; the plan's GPU experts that
   // online re-placement displaced run on the host.
-  const bool split = L.cpu_experts && opts.host_experts && (!streamed || (rp.on && rp.displaced[li] > 0));
+  const bool split = L.cpu_experts && opts.host_experts && (!streamed || (rp.on && displaced(static_cast<int>(li))));
   if (split) handoff_out(px, ptopk_ids, ptopk_w, n);
   gpu_experts(L, px, ptopk_ids, ptopk_w, n, pxh, phs, pmoe, streamed);
   linear_rows(L.sh_gate, px, n, psg);

@@ -67,7 +67,6 @@ void Qwen35MoeGpu::Impl::replace_setup() {
   rp.on = true;
   rp.heat.assign(layers.size(), std::vector<uint64_t>(E, 0));
   rp.origin_host.assign(layers.size(), std::vector<uint8_t>(E, 0));
-  rp.displaced.assign(layers.size(), 0);
   for (size_t l = 0; l < layers.size(); ++l) {
     if (!layers[l].cpu_experts) continue;
     for (int64_t e = 0; e < E; ++e) {
@@ -102,6 +101,22 @@ void Qwen35MoeGpu::Impl::replace_setup() {
     rp.copied.push_back(ev);
     rp.free.push_back(i);
   }
+}
+
+void Qwen35MoeGpu::Impl::place(int l, int e, bool gpu, const gpu::Int4Expert& i4, const gpu::Bf16Expert& b16) {
+  resident[l][e] = gpu;
+  rp.i4[l][e] = i4;
+  rp.b16[l][e] = b16;
+  // Streamed prefill streams the plan's host experts whatever happens to them; a plan's GPU expert runs
+  // there from its slot, or (displaced) on the host.
+  if (!rp.origin_host[l][e]) rp.stream_i4[l][e] = i4;
+  rp.touched[l] = 1;
+}
+
+bool Qwen35MoeGpu::Impl::displaced(int l) const {
+  for (size_t e = 0; e < resident[l].size(); ++e)
+    if (!resident[l][e] && !rp.origin_host[l][e]) return true;
+  return false;
 }
 
 void Qwen35MoeGpu::Impl::flush_tables() {
@@ -199,16 +214,7 @@ void Qwen35MoeGpu::Impl::finish_moves(bool wait) {
       if (q == cudaErrorNotReady) break;
       CK(q);
     }
-    // Arrived: the GPU serves it from the next step on.
-    const int l = m.layer, e = m.expert;
-    rp.i4[l][e] = m.i4;
-    rp.b16[l][e] = m.b16;
-    resident[l][e] = 1;
-    if (!rp.origin_host[l][e]) {  // a plan's GPU expert coming back: streamed prefill runs it from its slot again
-      rp.stream_i4[l][e] = m.i4;
-      --rp.displaced[l];
-    }
-    rp.touched[l] = 1;
+    place(m.layer, m.expert, true, m.i4, m.b16);  // arrived: the GPU serves it from the next step on
     ++counts.swaps;
     rp.free.push_back(m.staging);
     m.staging = -1;
@@ -244,15 +250,7 @@ void Qwen35MoeGpu::Impl::replace_tick() {
     m.b16 = rp.b16[l][s.to_cpu];
     if (layers[l].int4_experts && (model.layers()[l].moe.gate[s.to_gpu].gptq.g_idx != nullptr) != (m.i4.gate.perm != nullptr))
       continue;  // act order in one and not the other: the slot does not fit it
-    // The outgoing expert is the host's from the next step on.
-    resident[l][s.to_cpu] = 0;
-    rp.i4[l][s.to_cpu] = {};
-    rp.b16[l][s.to_cpu] = {};
-    if (!rp.origin_host[l][s.to_cpu]) {
-      rp.stream_i4[l][s.to_cpu] = {};
-      ++rp.displaced[l];
-    }
-    rp.touched[l] = 1;
+    place(l, s.to_cpu, false, {}, {});  // the outgoing expert is the host's from the next step on
     m.staging = rp.free.back();
     rp.free.pop_back();
     m.order = static_cast<int>(jobs.size());
