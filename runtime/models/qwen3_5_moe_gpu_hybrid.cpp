@@ -25,8 +25,8 @@ void Qwen35MoeGpu::Impl::handoff_out(const float* x_dev, const int32_t* ids_dev,
 // experts of the n tokens, and queue their sum into moe_dev (through cpu_dev). Counts who served what.
 // With deferral, the host-resident ones among each token's N lowest-weight experts are set aside
 // for run_deferred() (next layer) instead.
-void Qwen35MoeGpu::Impl::handoff_back(size_t li, int64_t n, float* cpu_dev, float* moe_dev, bool streamed) {
-  if (host_part(li, n, false, true, streamed)) join_host(n, cpu_dev, moe_dev);
+void Qwen35MoeGpu::Impl::handoff_back(size_t li, int64_t n, float* cpu_dev, float* moe_dev, Pass pass) {
+  if (host_part(li, n, false, true, pass)) join_host(n, cpu_dev, moe_dev);
 }
 
 // The queued half of handoff_back: the host's sum (hout) into cpu_dev, added to moe_dev.
@@ -39,7 +39,7 @@ void Qwen35MoeGpu::Impl::join_host(int64_t n, float* cpu_dev, float* moe_dev) {
 // The host half: wait for the router, run the host-resident experts into hout. Returns whether any
 // ran (hout is left alone when none did, unless `always` asks for zeros then: a captured join_host
 // adds it either way).
-bool Qwen35MoeGpu::Impl::host_part(size_t li, int64_t n, bool always, bool wait_routed, bool streamed) {
+bool Qwen35MoeGpu::Impl::host_part(size_t li, int64_t n, bool always, bool wait_routed, Pass pass) {
   const ModelConfig& c = model.config();
   const int64_t H = c.hidden_size;
   const int k = c.num_experts_per_tok;
@@ -52,11 +52,10 @@ bool Qwen35MoeGpu::Impl::host_part(size_t li, int64_t n, bool always, bool wait_
   }
   bool any = false, any_deferred = false;
   for (int64_t j = 0; j < n * k; ++j) {
-    const bool gpu_side = !host_serves(static_cast<int>(li), hids[j], streamed);
+    const bool gpu_side = !host_serves(static_cast<int>(li), hids[j], pass == Pass::streamed);
     masked[j] = gpu_side ? -1 : hids[j];
-    if (streamed) continue;
-    if (n == 1) ++(gpu_side ? counts.gpu : counts.cpu);  // decode's (a prompt chunk's tokens are not counted)
-    if (rp.on) ++rp.heat[li][hids[j]];
+    if (pass == Pass::decode) ++(gpu_side ? counts.gpu : counts.cpu);
+    if (pass != Pass::streamed && rp.on) ++rp.heat[li][hids[j]];
   }
   if (deferring()) {
     def.ids.assign(static_cast<size_t>(n * k), -1);

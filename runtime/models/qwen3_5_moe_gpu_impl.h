@@ -305,8 +305,12 @@ struct Qwen35MoeGpu::Impl {
   // experts of the n tokens, and queue their sum into moe_dev (through cpu_dev). Counts who served what.
   // With deferral, the host-resident ones among each token's N lowest-weight experts are set aside
   // for run_deferred() (next layer) instead.
-  void handoff_back(size_t li, int64_t n, float* cpu_dev, float* moe_dev, bool streamed = false);
-  bool host_part(size_t li, int64_t n, bool always, bool wait_routed = true, bool streamed = false);
+  // Which pass hands tokens to the host: decode steps are counted (ExpertCounts, re-placement's heat),
+  // a prompt chunk feeds only the heat, streamed prefill neither (and its host part is only the plan's
+  // displaced GPU experts: host_serves).
+  enum class Pass { decode, prefill, streamed };
+  void handoff_back(size_t li, int64_t n, float* cpu_dev, float* moe_dev, Pass pass = Pass::decode);
+  bool host_part(size_t li, int64_t n, bool always, bool wait_routed = true, Pass pass = Pass::decode);
   void join_host(int64_t n, float* cpu_dev, float* moe_dev);
 
   // The previous layer's deferred host experts, run while the GPU works on this layer; their sum is

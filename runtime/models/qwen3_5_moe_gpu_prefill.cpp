@@ -109,7 +109,7 @@ void Qwen35MoeGpu::Impl::prefill_layer(size_t li, float* hbuf, int64_t n, const 
   linear_rows(L.sh_expert_gate, px, n, psgate);
   CK(gpu::gated_add(pmoe, psd, psgate, H, static_cast<int>(n), stream));
   run_deferred();
-  if (split) handoff_back(li, n, pcpu, pmoe, streamed != nullptr);
+  if (split) handoff_back(li, n, pcpu, pmoe, streamed ? Pass::streamed : Pass::prefill);
   CK(gpu::add_inplace(hbuf, pmoe, n * H, stream));
   add_deferred(hbuf);
 }
