@@ -231,8 +231,7 @@ struct MoeLayerBench {
   }
 };
 
-// Args: k, tokens, variant (0 = moe_int4_decode, 1 = moe_int4_decode_prefetch, 2 = moe_int4_decode_wide,
-// 3 = moe_int4_decode_fused),
+// Args: k, tokens, variant (0 = moe_int4_decode, 1 = moe_int4_decode_prefetch, 2 = moe_int4_decode_wide),
 // routing sets cycled (1: the same experts every launch, L2-warm; 32: each launch other experts, from HBM).
 void BM_moe_int4_decode(benchmark::State& state) {
   if (!gpu_present()) return state.SkipWithError("no CUDA device");
@@ -241,20 +240,14 @@ void BM_moe_int4_decode(benchmark::State& state) {
   const int variant = static_cast<int>(state.range(2));
   const auto fn = variant == 1 ? tandem::gpu::moe_int4_decode_prefetch : tandem::gpu::moe_int4_decode;
   int launch = 0;
-  unsigned* sync = nullptr;
-  cudaMalloc(&sync, tandem::gpu::kMoeFusedSyncWords * sizeof(unsigned));
-  cudaMemset(sync, 0, tandem::gpu::kMoeFusedSyncWords * sizeof(unsigned));
   time_kernel(state, b.bytes, [&] {
     const int off = (launch++ % sets) * b.T * b.k;
-    if (variant == 3)
-      tandem::gpu::moe_int4_decode_fused(b.dexp, b.H, b.I, b.gs, b.dids + off, b.dw + off, b.T, b.k, b.x, b.h, b.out, sync, nullptr);
-    else if (variant == 2)
+    if (variant == 2)
       tandem::gpu::moe_int4_decode_wide(b.dexp, b.H, b.I, b.gs, b.dids + off, b.dw + off, b.T, b.k, b.x, b.h, b.out, nullptr);
     else
       fn(b.dexp, b.H, b.I, b.gs, b.dids + off, b.dw + off, b.T, b.k, b.xh, b.h, b.out, nullptr);
   });
-  cudaFree(sync);
-  state.SetLabel(std::string(variant == 3 ? "fused" : variant == 2 ? "wide" : variant == 1 ? "prefetch" : "plain") +
+  state.SetLabel(std::string(variant == 2 ? "wide" : variant == 1 ? "prefetch" : "plain") +
                  (sets > 1 ? ", experts from HBM" : ", L2-warm"));
 }
 
@@ -356,7 +349,7 @@ BENCHMARK(BM_gemv_int4)
     ->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_deltanet_prefill)->Args({512, 0})->Args({4096, 0})->Args({512, 1})->Args({4096, 1})->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_deltanet_decode)->Arg(0)->Arg(1)->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_moe_int4_decode)->Args({8, 1, 0, 1})->Args({8, 1, 1, 1})->Args({8, 1, 2, 1})->Args({8, 1, 1, 32})->Args({8, 1, 2, 32})->Args({8, 1, 3, 1})->Args({8, 1, 3, 32})
+BENCHMARK(BM_moe_int4_decode)->Args({8, 1, 0, 1})->Args({8, 1, 1, 1})->Args({8, 1, 2, 1})->Args({8, 1, 1, 32})->Args({8, 1, 2, 32})
     ->Args({8, 4, 0, 1})->Args({8, 4, 1, 1})->Args({8, 4, 2, 1})->Args({8, 4, 1, 32})->Args({8, 4, 2, 32})->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_moe_int4_prefill)->Args({256, 0})->Args({256, 1})->Args({256, 2})->Args({2048, 1})->Args({2048, 2})->Args({4096, 2})->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
 

@@ -10,14 +10,16 @@ usage: bench/e2e_report.py RAW_DIR OUT_PREFIX --machine TEXT --commit SHA [--tan
 import argparse, glob, json, os, re, subprocess, tempfile
 
 BUDGET = {"hybrid-8gib-cpu-experts": 8, "hybrid-12gib": 12, "hybrid-16gib": 16, "hybrid-24gib": 24}
-DEFERRED = {"hybrid-8gib-defer2": 8, "hybrid-12gib-defer2": 12}  # not on the budget curve: their own rows
+# Expert deferral 1-4 (bench/run_e2e.sh hybrid-<N>gib-defer<D>): not on the budget curve, their own rows.
+DEFERRED = {"hybrid-%dgib-defer%d" % (b, d): b for b in (8, 12) for d in range(1, 5)}
 REPLACED = {"hybrid-12gib-replace": 12, "hybrid-16gib-replace": 16}  # the same, with online re-placement
 LABEL = {"hybrid-8gib-cpu-experts": "8 GiB, every routed expert on the CPU", "hybrid-12gib": "12 GiB hybrid",
          "hybrid-16gib": "16 GiB hybrid", "hybrid-24gib": "24 GiB hybrid", "gpu-all": "everything on the GPU (--device gpu)",
          "cpu-all": "everything on the CPU (--device cpu)",
-         "hybrid-8gib-defer2": "8 GiB, all experts on the CPU, deferral 2", "hybrid-12gib-defer2": "12 GiB hybrid, deferral 2",
-         "hybrid-12gib-replace": "12 GiB hybrid, online re-placement", "hybrid-16gib-replace": "16 GiB hybrid, online re-placement"}
-ORDER = ["hybrid-8gib-cpu-experts", "hybrid-8gib-defer2", "hybrid-12gib", "hybrid-12gib-defer2", "hybrid-12gib-replace", "hybrid-16gib",
+         "hybrid-12gib-replace": "12 GiB hybrid, online re-placement", "hybrid-16gib-replace": "16 GiB hybrid, online re-placement",
+         **{n: ("8 GiB, all experts on the CPU, deferral %s" if b == 8 else "12 GiB hybrid, deferral %s") % n[-1] for n, b in DEFERRED.items()}}
+ORDER = ["hybrid-8gib-cpu-experts", *["hybrid-8gib-defer%d" % d for d in range(1, 5)], "hybrid-12gib",
+         *["hybrid-12gib-defer%d" % d for d in range(1, 5)], "hybrid-12gib-replace", "hybrid-16gib",
          "hybrid-16gib-replace", "hybrid-24gib",
          "gpu-all", "cpu-all"]
 
@@ -119,7 +121,7 @@ def main():
     dfr = [e for e in rows if e["scenario"] in DEFERRED and e["prompt_len"] == 512]
     if dfr:
         ax.plot([DEFERRED[e["scenario"]] for e in dfr], [e["decode_tok_s"] for e in dfr], "D", color="#ff7f0e",
-                label="hybrid with expert deferral 2 (changes the output slightly)")
+                label="hybrid with expert deferral (changes the output slightly)")
     rpl = [e for e in rows if e["scenario"] in REPLACED and e["prompt_len"] == 512]
     if rpl:
         ax.plot([REPLACED[e["scenario"]] for e in rpl], [e["decode_tok_s"] for e in rpl], "v", color="#8c564b",

@@ -80,11 +80,11 @@ for s in $scenarios; do
     gpu-all) run gpu-all --device gpu --context "$ctx" ;;
     hybrid-8gib-cpu-experts) config "$s" 8GiB 'cpu_experts: all
 '; run "$s" --device hybrid --config "$out/$s.yaml" ;;
-    hybrid-8gib-defer2) config "$s" 8GiB '  deferral: 2
+    hybrid-8gib-defer*) config "$s" 8GiB "  deferral: ${s##*defer}
 cpu_experts: all
-'; run "$s" --device hybrid --config "$out/$s.yaml" ;;
-    hybrid-12gib-defer2) config "$s" 12GiB '  deferral: 2
-'; run "$s" --device hybrid --config "$out/$s.yaml" ;;
+"; run "$s" --device hybrid --config "$out/$s.yaml" ;;
+    hybrid-*gib-defer*) b=${s#hybrid-}; b=${b%gib-defer*}; config "$s" "${b}GiB" "  deferral: ${s##*defer}
+"; run "$s" --device hybrid --config "$out/$s.yaml" ;;
     hybrid-*gib-replace) b=${s#hybrid-}; b=${b%gib-replace}; config "$s" "${b}GiB" "  replace: {every: ${REPLACE_EVERY:-16}, max_swaps: ${REPLACE_MAX_SWAPS:-64}, decay: ${REPLACE_DECAY:-0.5}}
 "; run "$s" --device hybrid --config "$out/$s.yaml" ;;
     hybrid-*gib) b=${s#hybrid-}; b=${b%gib}; config "$s" "${b}GiB" ''; run "$s" --device hybrid --config "$out/$s.yaml" ;;

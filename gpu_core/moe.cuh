@@ -52,15 +52,6 @@ cudaError_t moe_int4_decode_wide(const Int4Expert* experts, int64_t H, int64_t I
                                  const float* weights, int T, int k, const float* x, uint16_t* h_scratch, float* out,
                                  cudaStream_t stream);
 
-// moe_int4_decode_wide's two products in one launch: the down row blocks start with the gate/up ones,
-// load their weights, and wait (spinning on a per-token count in `sync`) only for the h rows; the
-// same per-block arithmetic, so the same bits as moe_int4_decode_wide. `sync`: kMoeFusedSyncWords
-// zeroed words, left zeroed by every launch (stream-ordered launches may share them).
-constexpr int kMoeFusedSyncWords = 2 + kMaxGemvTokens;
-cudaError_t moe_int4_decode_fused(const Int4Expert* experts, int64_t H, int64_t I, int64_t group_size, const int32_t* ids,
-                                  const float* weights, int T, int k, const float* x, uint16_t* h_scratch, float* out, unsigned* sync,
-                                  cudaStream_t stream);
-
 // Prefill: the routed experts of n tokens grouped by expert, so each resident expert's weights are
 // streamed once per 8 of its tokens instead of once per token (a 256-token chunk at top-8 of 256 reads
 // every expert about once instead of ~8 times). All on the device, no host synchronisation:

@@ -129,27 +129,11 @@ __global__ void __launch_bounds__(kWarps * 32)
 
 // down: block (row block, token t); each half-warp computes one output row over the token's k
 // experts. The k h rows are staged in shared memory (fp16, each in its expert's input order); their
-// loads go out with the weights'.
-// h as the down rows read it: through the read-only path when an earlier launch wrote it, from L2
-// (coherent) when gate/up blocks of the same launch did (moe_int4_decode_fused).
-template <bool SAME_LAUNCH>
-__device__ __forceinline__ uint4 load_h(const uint4* p) {
-  if constexpr (SAME_LAUNCH) return __ldcg(p);
-  else return __ldg(p);
-}
-template <bool SAME_LAUNCH>
-__device__ __forceinline__ __half load_h(const __half* p) {
-  if constexpr (SAME_LAUNCH) return __ldcg(p);
-  else return *p;
-}
-
-// Row block bx of token t (down rows over the token's k experts). `ready` (fused launch): the
-// token's count of finished gate/up blocks, waited for until it reaches `need` after the weight
-// loads are out and before h is read.
-template <int NV, bool SAME_LAUNCH>
+// loads go out with the weights'. Row block bx of token t:
+template <int NV>
 __device__ __forceinline__ void down_block(const Int4Expert* __restrict__ experts, int64_t H, int64_t I, const int32_t* __restrict__ ids,
-                                           const float* __restrict__ weights, int k, const __half* h, float* __restrict__ out, int gshift,
-                                           int bx, int t, __half* hs, const unsigned* ready, unsigned need) {
+                                           const float* __restrict__ weights, int k, const __half* __restrict__ h, float* __restrict__ out, int gshift,
+                                           int bx, int t, __half* hs) {
   constexpr int kStage = 4;  // 16-byte h pieces a thread loads per round
   const int G = static_cast<int>(I >> 5) >> gshift;
   const int lane = threadIdx.x & 31, l = lane % kDownLanes;
@@ -185,15 +169,6 @@ __device__ __forceinline__ void down_block(const Int4Expert* __restrict__ expert
       zd[j][i] = ok ? __ldg(zr[j] + gi) : uint8_t{0};
     }
   }
-  if constexpr (SAME_LAUNCH) {  // the token's gate/up blocks have written h
-    if (threadIdx.x == 0) {
-      unsigned done;
-      do {
-        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(done) : "l"(ready) : "memory");
-      } while (done < need);
-    }
-    __syncthreads();
-  }
   const __half* ht = h + static_cast<int64_t>(t) * k * I;  // the token's k rows, back to back
   if (!act) {  // rows of experts not resident are copied too (unwritten, never read)
     const int n16 = static_cast<int>(k * I / 8);
@@ -202,7 +177,7 @@ __device__ __forceinline__ void down_block(const Int4Expert* __restrict__ expert
 #pragma unroll
       for (int u = 0; u < kStage; ++u) {
         const int c = c0 + u * blockDim.x;
-        v[u] = c < n16 ? load_h<SAME_LAUNCH>(reinterpret_cast<const uint4*>(ht) + c) : zero4();
+        v[u] = c < n16 ? __ldg(reinterpret_cast<const uint4*>(ht) + c) : zero4();
       }
 #pragma unroll
       for (int u = 0; u < kStage; ++u)
@@ -212,7 +187,7 @@ __device__ __forceinline__ void down_block(const Int4Expert* __restrict__ expert
     for (int j = 0; j < k; ++j) {
       const Int4View& down = experts[ids[t * k + j]].down;
       if (!down.qweight) continue;  // uniform per block
-      for (int64_t c = threadIdx.x; c < I; c += blockDim.x) hs[j * I + c] = load_h<SAME_LAUNCH>(ht + j * I + down.perm[c]);
+      for (int64_t c = threadIdx.x; c < I; c += blockDim.x) hs[j * I + c] = ht[j * I + down.perm[c]];
     }
   }
   __syncthreads();
@@ -246,39 +221,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     wide_down_kernel(const Int4Expert* __restrict__ experts, int64_t H, int64_t I, const int32_t* __restrict__ ids,
                      const float* __restrict__ weights, int k, const __half* __restrict__ h, float* __restrict__ out, int gshift) {
   extern __shared__ __align__(16) __half hs[];  // [k][I]
-  down_block<NV, false>(experts, H, I, ids, weights, k, h, out, gshift, blockIdx.x, blockIdx.y, hs, nullptr, 0);
-}
-
-// Both products in one launch (moe_int4_decode_fused). Blocks take jobs in the order they start (a
-// ticket from sync[0]): first every gate/up row block of every pair, then the down row blocks. A
-// down block waits for its token's gate/up blocks (sync[2 + t]) only after it has claimed a ticket
-// past all of theirs, so those are running or done: no block waits on one that cannot start. The
-// last block to finish (sync[1]) re-arms the counters for the next launch.
-template <int NVU, int NVD>
-__global__ void __launch_bounds__(kWarps * 32)
-    wide_fused_kernel(const Int4Expert* __restrict__ experts, int64_t H, int64_t I, const int32_t* __restrict__ ids,
-                      const float* __restrict__ weights, int T, int k, const float* __restrict__ x, __half* h, float* __restrict__ out,
-                      int gshift, int up_blocks, int down_blocks, unsigned* sync) {
-  extern __shared__ __align__(16) __half hs[];  // [k][I]
-  __shared__ unsigned job;
-  if (threadIdx.x == 0) job = atomicAdd(&sync[0], 1u);
-  __syncthreads();
-  const unsigned n_up = static_cast<unsigned>(up_blocks * T * k), n_all = n_up + static_cast<unsigned>(down_blocks * T);
-  if (job < n_up) {
-    const int p = static_cast<int>(job) / up_blocks, bx = static_cast<int>(job) % up_blocks;
-    gate_up_block<NVU>(experts, H, I, ids, k, x, h, gshift, bx, p);
-    __threadfence();  // this thread's h rows, device-wide, before the block's count
-    __syncthreads();
-    if (threadIdx.x == 0) atomicAdd(&sync[2 + p / k], 1u);
-  } else {
-    const int j = static_cast<int>(job - n_up), t = j / down_blocks, bx = j % down_blocks;
-    down_block<NVD, true>(experts, H, I, ids, weights, k, h, out, gshift, bx, t, hs, &sync[2 + t],
-                          static_cast<unsigned>(up_blocks * k));
-  }
-  if (threadIdx.x == 0 && atomicAdd(&sync[1], 1u) == n_all - 1) {  // every block has finished with the counters
-    for (int i = 0; i < 2 + T; ++i) sync[i] = 0u;
-    __threadfence();
-  }
+  down_block<NV>(experts, H, I, ids, weights, k, h, out, gshift, blockIdx.x, blockIdx.y, hs);
 }
 
 // Row blocks of one pair's gate/up rows, and of one token's down rows.
@@ -309,22 +252,6 @@ bool moe_int4_decode_wide_fits(int64_t H, int64_t I, int64_t group_size, int k) 
   return k >= 1 && k <= kMaxK && H >= 32 && I >= 32 && H % 32 == 0 && I % 32 == 0 && group_shift(group_size) >= 0 &&
          H % group_size == 0 && I % group_size == 0 && vectors_per_lane(H, 32) <= 4 &&
          vectors_per_lane(I, kDownLanes) <= 4 && k * I * 2 <= 48 * 1024;
-}
-
-cudaError_t moe_int4_decode_fused(const Int4Expert* experts, int64_t H, int64_t I, int64_t group_size, const int32_t* ids,
-                                  const float* weights, int T, int k, const float* x, uint16_t* h_scratch, float* out, unsigned* sync,
-                                  cudaStream_t stream) {
-  if (T < 1 || T > kMaxGemvTokens || !sync || !moe_int4_decode_wide_fits(H, I, group_size, k)) return cudaErrorInvalidValue;
-  auto* h = reinterpret_cast<__half*>(h_scratch);
-  const int gs = group_shift(group_size), up = gate_up_blocks(I), down = down_blocks(H);
-  const unsigned blocks = static_cast<unsigned>(up * T * k + down * T);
-  with_vectors(vectors_per_lane(H, 32), [&](auto nvu) {
-    with_vectors(vectors_per_lane(I, kDownLanes), [&](auto nvd) {
-      wide_fused_kernel<nvu.value, nvd.value><<<blocks, kWarps * 32, k * I * sizeof(__half), stream>>>(
-          experts, H, I, ids, weights, T, k, x, h, out, gs, up, down, sync);
-    });
-  });
-  return cudaGetLastError();
 }
 
 cudaError_t moe_int4_decode_wide(const Int4Expert* experts, int64_t H, int64_t I, int64_t group_size, const int32_t* ids,

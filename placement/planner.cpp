@@ -103,8 +103,7 @@ VramBytes fixed_vram(const ModelConfig& c, const Sizer& s, int64_t context, int 
                       int64_t(nh) * hd, int64_t(nh) * max_splits * (hd + 2), int64_t(nh) * hd, r4(E) + 2 * r4(Is) + r4(1), H, I * k, H, V})
       v.workspace += floats(n);
     v.workspace += align256(wide * 2) + 2 * align256(4) + align256(k * 4) + floats(k) + align256(4) +
-                   align256(static_cast<uint64_t>(std::max<int64_t>(Hv, 1)) * 4) +  // xh, ids, pos, top-k ids, weights, router / DeltaNet tickets,
-                   align256(4 * (2 + 8));                                            // the fused MoE's counters (gpu::kMoeFusedSyncWords)
+                   align256(static_cast<uint64_t>(std::max<int64_t>(Hv, 1)) * 4);  // xh, ids, pos, top-k ids, weights, router / DeltaNet tickets
     v.workspace += floats(H);  // CPU experts' result (hybrid)
     if (deferral > 0) v.workspace += floats((prefill_chunk > 0 ? prefill_chunk : 1) * H);  // deferred experts' sum
     // Sampling on the GPU: penalty list (12 B per context token), top-k workspace (gpu::kTopKWorkspaceBytes),
@@ -154,10 +153,10 @@ void predict(const ModelConfig& c, const PlacementConfig& cfg, const PlanRequest
   pr.gpu_bytes_per_token = dense_read + 2.0 * static_cast<double>(v.deltanet_state) / p.batch + kv_read;
   double t = 0, t_cpu_total = 0;
   // Decode kernels a layer (qwen3_5_moe_gpu.cpp): norm (fused with the residual add), stacked input
-  // projections, the mixer (DeltaNet 2, attention 3), output projection, add + norm, stacked router /
-  // shared projections with the top-k in its last block, 2 MoE kernels (fp32 input read in them),
-  // shared down with SiLU * up formed as it reads = 10 / 11.
-  const double launches = 10.0 * (L - c.num_full_attention_layers()) + 11.0 * c.num_full_attention_layers() + 4;
+  // projections, the mixer (DeltaNet 2, attention 3), output projection, stacked router / shared
+  // projections with the add + norm before them and the top-k in the last block, 2 MoE kernels (fp32
+  // input read in them), shared down with SiLU * up formed as it reads = 9 / 10.
+  const double launches = 9.0 * (L - c.num_full_attention_layers()) + 10.0 * c.num_full_attention_layers() + 4;
   const double shared_bytes = static_cast<double>(3 * Is * H * 2);
   // Hybrid steps run as one CUDA graph with the handoffs inside, like the all-GPU step (expert deferral
   // included).

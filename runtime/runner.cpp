@@ -191,8 +191,7 @@ class GpuRunner final : public Runner {
     g.grouped_moe_tc = env_switch("TANDEM_GROUPED_MOE_TC", true);
     g.moe_prefetch = env_switch("TANDEM_MOE_PREFETCH", true);
     g.moe_wide = env_switch("TANDEM_MOE_WIDE", true);
-    g.moe_fused = env_switch("TANDEM_MOE_FUSED", false);
-    g.router_norm = env_switch("TANDEM_ROUTER_NORM", false);
+    g.router_norm = env_switch("TANDEM_ROUTER_NORM", true);
     g.deltanet_split = env_switch("TANDEM_DELTANET_SPLIT", false);
     g.hybrid_one_graph = env_switch("TANDEM_HYBRID_ONE_GRAPH", true);
     g.deltanet_conv_in_gemv = env_switch("TANDEM_DELTANET_CONV_GEMV", false);

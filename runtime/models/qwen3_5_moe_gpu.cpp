@@ -249,7 +249,6 @@ void Qwen35MoeGpu::Impl::build(Uploader& up) {
   topk_w = ws(k);
   route_ticket = up.zeros<unsigned>(1, Kind::Work);
   dn_tickets = up.zeros<unsigned>(std::max<int64_t>(c.linear_num_value_heads, 1), Kind::Work);
-  moe_sync = up.zeros<unsigned>(gpu::kMoeFusedSyncWords, Kind::Work);
   pos_dev = up.zeros<int32_t>(1, Kind::Work);
   cpu_out = ws(H);
   if (deferring()) def_dev = ws(host_rows() * H);  // the deferred experts' sum (hybrid)

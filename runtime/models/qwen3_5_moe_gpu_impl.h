@@ -85,7 +85,6 @@ struct Qwen35MoeGpu::Impl {
   float* topk_w;
   unsigned* route_ticket = nullptr;  // gemv_bf16_router_topk's counter (decode steps are stream-ordered)
   unsigned* dn_tickets = nullptr;    // deltanet_decode's per-head tickets (split recurrence), [max(Hv, 1)]
-  unsigned* moe_sync = nullptr;      // moe_int4_decode_fused's counters, [gpu::kMoeFusedSyncWords]
   float* cpu_out;  // the host experts' sum, copied in (hybrid)
   // Pinned host staging for the hybrid handoff and the host-side embedding row.
   float *hx = nullptr, *hw = nullptr, *hout = nullptr, *hembed = nullptr;

@@ -29,8 +29,7 @@ void Qwen35MoeGpu::Impl::gpu_experts(const DevLayer& L, const float* x_dev, cons
     const float* w = w_dev + t * k;
     if (L.int4_experts && opts.moe_wide && gpu::moe_int4_decode_wide_fits(H, I, L.expert_group, k)) {
       auto* h16 = static_cast<uint16_t*>(hs);
-      CK(opts.moe_fused ? gpu::moe_int4_decode_fused(experts, H, I, L.expert_group, ids, w, T, k, x, h16, out + t * H, moe_sync, stream)
-                        : gpu::moe_int4_decode_wide(experts, H, I, L.expert_group, ids, w, T, k, x, h16, out + t * H, stream));
+      CK(gpu::moe_int4_decode_wide(experts, H, I, L.expert_group, ids, w, T, k, x, h16, out + t * H, stream));
     } else if (L.int4_experts) {
       CK(gpu::gather_x_half(x, nullptr, H, T, xh_buf, stream));
       auto* h16 = static_cast<uint16_t*>(hs);

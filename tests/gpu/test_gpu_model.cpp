@@ -106,13 +106,6 @@ TEST_P(GpuModel, MoeDecodeVariantsEqualPlainDecode) {
   wide.moe_wide = true;
   expect_same_decode(*model, f, plain, prefetch, 1e-6, 1, "prefetch");
   expect_same_decode(*model, f, plain, wide, 1e-4, 1, "wide");
-  // The wide kernels' two products in one launch: their bits, eagerly and as CUDA-graph steps.
-  for (const bool graph : {false, true}) {
-    GpuOptions w = wide, fused = wide;
-    w.cuda_graph = fused.cuda_graph = graph;
-    fused.moe_fused = true;
-    expect_same_decode(*model, f, w, fused, 0.0, 2, graph ? "fused (graph)" : "fused");
-  }
 }
 
 // GpuOptions::deltanet_split (decode recurrence over 32-column slices of each head's state, the gated
