@@ -27,7 +27,10 @@ ORDER = ["hybrid-8gib-cpu-experts", *["hybrid-8gib-defer%d" % d for d in range(1
 def predict(tandem, model, yaml_path, bw):
     with open(yaml_path) as f:
         text = f.read()
-    text = re.sub(r"(?m)^  heat: .*\n", "", text)  # the configs as run (their heat path was the device's)
+    # The configs as run; their heat path was the run's own folder's heat.yaml (bench/run_e2e.sh), read
+    # here from the folder the config lies in, so a plan with a heat map is predicted with it.
+    heat = os.path.join(os.path.dirname(os.path.abspath(yaml_path)), "heat.yaml")
+    text = re.sub(r"(?m)^  heat: .*\n", ("  heat: %s\n" % heat) if os.path.exists(heat) else "", text)
     text += "bandwidth:\n  gpu: %.0fGB/s\n  pcie: %.1fGB/s\n  cpu: %.1fGB/s\n" % (bw["gpu"] / 1e9, bw["pcie"] / 1e9, bw["cpu"] / 1e9)
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as t:
         t.write(text)

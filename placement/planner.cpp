@@ -172,14 +172,19 @@ void predict(const ModelConfig& c, const PlacementConfig& cfg, const PlanRequest
     t_cpu_total += t_cpu;
     if (cpu_acts > 1e-9) {
       // The host's experts run while the GPU computes its own routed experts (2 launches) and the shared
-      // down GEMV; the layer waits for what is left of them. With deferral the host-resident ones among
-      // each token's N lowest-weight experts (about N of the CPU's share) run later, while the GPU
-      // computes the next layer: a layer then takes the longer of the GPU's path and the host's whole
-      // share. The deferral part is not yet fitted to a run.
-      const double deferred = std::min(static_cast<double>(cfg.deferral), cpu_acts) / cpu_acts;
+      // down GEMV (`overlap`); the layer waits for what is left of them. With deferral the host-resident
+      // ones among each token's N lowest-weight experts run after the host has released the others,
+      // while the GPU goes on to the next layer's mixer and router (`gpu_rest`, the rest of its layer);
+      // the host starts the next layer's experts once both are done. So a layer takes
+      //   handoff + max(GPU's layer, max(gpu_rest, host's deferred part) + host's other part),
+      // which without deferral is handoff + the GPU's layer + what of the host's time the overlap does
+      // not cover. Where an expert lives does not depend on its rank in a token's top-k, so about
+      // N * cpu_acts / k of the host's experts are deferred: a share N / k of its time.
+      const double deferred = std::min(static_cast<double>(cfg.deferral) / k, 1.0);
       const double overlap = (gpu_acts * expert_read + shared_bytes) / pr.gpu_bw + 3 * launch_us * 1e-6;
-      const double gpu_path = gpu_layer + std::max(0.0, t_cpu * (1 - deferred) - overlap);
-      t += cfg.handoff_us * 1e-6 + std::max(gpu_path, t_cpu) - gpu_layer;
+      const double gpu_rest = std::max(0.0, gpu_layer - overlap);
+      const double host_path = std::max(gpu_rest, t_cpu * deferred) + t_cpu * (1 - deferred);
+      t += cfg.handoff_us * 1e-6 + std::max(gpu_layer, host_path) - gpu_layer;
     }
   }
   t += pr.gpu_bytes_per_token / pr.gpu_bw + launches * launch_us * 1e-6;
