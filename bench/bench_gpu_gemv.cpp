@@ -15,6 +15,7 @@
 #include "gpu_core/gemv.cuh"
 #include "gpu_core/int4_layout.h"
 #include "gpu_core/moe.cuh"
+#include "gpu_core/ops.cuh"
 #include "gpu_core/deltanet.cuh"
 
 namespace {
@@ -106,6 +107,39 @@ void BM_gemv_bf16(benchmark::State& state) {
   cudaFree(W);
   cudaFree(x);
   cudaFree(y);
+}
+
+// A layer's input norm and its stacked input projection (decode, 1 token): mode 0 = the norm launch
+// (add_rmsnorm_zc) then gemv_bf16, mode 1 = gemv_bf16_norm (each block normalises the row itself).
+// Bytes: the weights (the norm's 32 KB of vectors are noise against them).
+void BM_gemv_bf16_norm(benchmark::State& state) {
+  if (!gpu_present()) return state.SkipWithError("no CUDA device");
+  const int64_t N = state.range(0), K = state.range(1), copies = 8;
+  const bool fused = state.range(2) != 0;
+  uint16_t* W;
+  float *h, *a, *w, *x, *y;
+  unsigned* counter;
+  cudaMalloc(&W, copies * N * K * 2);
+  for (float** p : {&h, &a, &w, &x}) cudaMalloc(p, K * 4);
+  cudaMalloc(&y, N * 4);
+  cudaMalloc(&counter, 4);
+  cudaMemset(W, 0x3c, copies * N * K * 2);
+  for (float* p : {h, a, w, x}) cudaMemset(p, 0, K * 4);
+  cudaMemset(counter, 0, 4);
+  int64_t launch = 0;
+  time_kernel(state, double(N * K * 2), [&] {
+    const uint16_t* Wl = W + (launch++ % copies) * N * K;
+    if (fused) {
+      tandem::gpu::gemv_bf16_norm(Wl, N, K, h, a, nullptr, nullptr, w, 1e-6f, x, y, counter, nullptr);
+    } else {
+      tandem::gpu::add_rmsnorm_zc(h, a, nullptr, nullptr, w, K, 1, 1e-6f, x, nullptr);
+      tandem::gpu::gemv_bf16(Wl, N, K, x, 1, y, nullptr);
+    }
+  });
+  state.SetLabel(fused ? "norm in the GEMV's blocks, from HBM" : "norm kernel + GEMV, from HBM");
+  cudaFree(W);
+  for (float* p : {h, a, w, x, y}) cudaFree(p);
+  cudaFree(counter);
 }
 
 // Prefill projections (cuBLAS, split-bf16 activations): TFLOPS over T tokens (2 GEMMs count once: the
@@ -340,6 +374,10 @@ void BM_deltanet_prefill(benchmark::State& state) {
 BENCHMARK(BM_gemv_bf16)
     ->Args({8192, 2048, 1, 1})->Args({8192, 2048, 1, 8})->Args({12352, 2048, 1, 8})->Args({4096, 2048, 1, 1})
     ->Args({2048, 4096, 1, 1})->Args({2048, 4096, 1, 8})->Args({248320, 2048, 1, 1})->Args({8192, 2048, 4, 1})
+    ->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
+// The DeltaNet layer's stacked input projection (qkv|z|b|a: 12352 x 2048) and the attention layer's (q|k|v: 9216 x 2048).
+BENCHMARK(BM_gemv_bf16_norm)
+    ->Args({12352, 2048, 0})->Args({12352, 2048, 1})->Args({9216, 2048, 0})->Args({9216, 2048, 1})
     ->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_gemm_bf16)
     ->Args({8192, 2048, 512})->Args({8192, 2048, 4096})->Args({2048, 4096, 4096})

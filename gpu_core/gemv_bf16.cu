@@ -131,7 +131,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 
 // The router GEMV's end (T = 1): every block stores its rows and fences, takes a ticket; the block
 // holding the last ticket runs on_last() (all threads), reads logits[0..E) back from L2 and runs the
-// warp top-k there, then re-arms the counter for the next launch.
+// warp top-k there (E > 0; E = 0: no top-k, gemv_bf16_norm), then re-arms the counter for the next
+// launch.
 template <typename OnLast>
 __device__ __forceinline__ void route_tail(float acc, int64_t row, int lane, int64_t N, float* y, int E, int k, unsigned* counter,
                                            int32_t* ids, float* weights, OnLast&& on_last) {
@@ -150,7 +151,7 @@ __device__ __forceinline__ void route_tail(float acc, int64_t row, int lane, int
   if (!last) return;
   __threadfence();
   on_last();
-  if (threadIdx.x < 32) detail::warp_router_topk(y, E, k, ids, weights);
+  if (E > 0 && threadIdx.x < 32) detail::warp_router_topk(y, E, k, ids, weights);
   if (threadIdx.x == 0) *counter = 0u;
 }
 
@@ -194,6 +195,21 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   });
 }
 
+// gemv_bf16_norm_topk_kernel's launch (E = 0: no top-k).
+cudaError_t launch_norm_gemv(const uint16_t* W, int64_t N, int64_t K, float* h, const float* a, const float* shared, const float* gate,
+                             const float* norm_w, float eps, float* x, float* y, int E, int k, unsigned* counter, int32_t* ids,
+                             float* weights, cudaStream_t stream) {
+  if (K % 8 != 0 || K > 16 * kWarpsPerBlock * 32 || N < 1 || !counter || (shared && (!a || !gate))) return cudaErrorInvalidValue;
+  const dim3 grid(static_cast<unsigned>((N + kWarpsPerBlock - 1) / kWarpsPerBlock)), block(kWarpsPerBlock * 32);
+  const size_t smem = 2 * static_cast<size_t>(K) * sizeof(float);
+  detail::with_norm_per_thread(K, kWarpsPerBlock * 32, [&](auto per) {
+    if constexpr (per.value > 0)  // K <= 16 x threads (checked above): never the loop form
+      gemv_bf16_norm_topk_kernel<per.value><<<grid, block, smem, stream>>>(W, N, K, h, a, shared, gate, norm_w, eps, x, y, E, k, counter,
+                                                                           ids, weights);
+  });
+  return cudaGetLastError();
+}
+
 }  // namespace
 
 cudaError_t gemv_bf16_router_topk(const uint16_t* W, int64_t N, int64_t K, const float* x, float* y, int E, int k,
@@ -208,17 +224,13 @@ cudaError_t gemv_bf16_router_topk(const uint16_t* W, int64_t N, int64_t K, const
 cudaError_t gemv_bf16_router_topk_norm(const uint16_t* W, int64_t N, int64_t K, float* h, const float* a, const float* shared,
                                        const float* gate, const float* norm_w, float eps, float* x, float* y, int E, int k,
                                        unsigned* counter, int32_t* ids, float* weights, cudaStream_t stream) {
-  if (K % 8 != 0 || K > 16 * kWarpsPerBlock * 32 || N < 1 || E < 1 || E > N || E > detail::kRouterMaxExperts || k < 1 || k > E ||
-      k > detail::kRouterMaxTopK || (shared && (!a || !gate)))
-    return cudaErrorInvalidValue;
-  const dim3 grid(static_cast<unsigned>((N + kWarpsPerBlock - 1) / kWarpsPerBlock)), block(kWarpsPerBlock * 32);
-  const size_t smem = 2 * static_cast<size_t>(K) * sizeof(float);
-  detail::with_norm_per_thread(K, kWarpsPerBlock * 32, [&](auto per) {
-    if constexpr (per.value > 0)  // K <= 16 x threads (checked above): never the loop form
-      gemv_bf16_norm_topk_kernel<per.value><<<grid, block, smem, stream>>>(W, N, K, h, a, shared, gate, norm_w, eps, x, y, E, k, counter,
-                                                                           ids, weights);
-  });
-  return cudaGetLastError();
+  if (E < 1 || E > N || E > detail::kRouterMaxExperts || k < 1 || k > E || k > detail::kRouterMaxTopK) return cudaErrorInvalidValue;
+  return launch_norm_gemv(W, N, K, h, a, shared, gate, norm_w, eps, x, y, E, k, counter, ids, weights, stream);
+}
+
+cudaError_t gemv_bf16_norm(const uint16_t* W, int64_t N, int64_t K, float* h, const float* a, const float* shared, const float* gate,
+                           const float* norm_w, float eps, float* x, float* y, unsigned* counter, cudaStream_t stream) {
+  return launch_norm_gemv(W, N, K, h, a, shared, gate, norm_w, eps, x, y, 0, 0, counter, nullptr, nullptr, stream);
 }
 
 cudaError_t gemv_bf16(const uint16_t* W, int64_t N, int64_t K, const float* x, int T, float* y, cudaStream_t stream) {

@@ -118,6 +118,10 @@ struct GpuOptions {
   // the same bits): one launch fewer a layer. Validated on the H200 (12 GiB hybrid on text: 151 -> 159
   // tok/s); the runners turn it on unless TANDEM_ROUTER_NORM=0.
   bool router_norm = false;
+  // The same for a layer's input norm: done by the blocks of its stacked bf16 input projection
+  // (gpu::gemv_bf16_norm, the same bits): one launch fewer a layer. Written after session 8's device
+  // runs: not yet run on a GPU, so off unless TANDEM_IN_NORM_GEMV=1.
+  bool in_norm_gemv = false;
   // Decode DeltaNet with the recurrence split over 32-column slices of each head's state
   // (gpu::DeltaNetDecodeArgs::tickets). Validated on the H200, no faster there: off unless
   // TANDEM_DELTANET_SPLIT=1.

@@ -83,7 +83,7 @@ struct Qwen35MoeGpu::Impl {
   uint16_t* xh;
   int32_t *ids, *topk_ids, *pos_dev;
   float* topk_w;
-  unsigned* route_ticket = nullptr;  // gemv_bf16_router_topk's counter (decode steps are stream-ordered)
+  unsigned* route_ticket = nullptr;  // the router / norm GEMVs' counter (their launches are stream-ordered)
   unsigned* dn_tickets = nullptr;    // deltanet_decode's per-head tickets (split recurrence), [max(Hv, 1)]
   float* cpu_out;  // the host experts' sum, copied in (hybrid)
   // Pinned host staging for the hybrid handoff and the host-side embedding row.

@@ -130,7 +130,8 @@ TEST_P(GpuModel, DeltaNetDecodeVariantsEqualDefault) {
 }
 
 // GpuOptions::router_norm (the post-attention norm done by the router GEMV's blocks): the same bits as
-// the norm launch + router GEMV, eagerly and as CUDA-graph steps, with the product's other decode paths.
+// the norm launch + router GEMV, eagerly and as CUDA-graph steps, with the product's other decode paths;
+// and with GpuOptions::in_norm_gemv (the input norm done by the input projection's blocks) as well.
 TEST_P(GpuModel, RouterNormEqualsNormThenRouter) {
   TANDEM_REQUIRE_GPU();
   const auto f = test::load_fixture(GetParam());
@@ -142,6 +143,10 @@ TEST_P(GpuModel, RouterNormEqualsNormThenRouter) {
     GpuOptions fused = g;
     fused.router_norm = true;
     expect_same_decode(*model, f, g, fused, 0.0, 2, graph ? "router norm (graph)" : "router norm");
+    // and the input norm done by the input projection's blocks (GpuOptions::in_norm_gemv) on top
+    GpuOptions both = fused;
+    both.in_norm_gemv = true;
+    expect_same_decode(*model, f, g, both, 0.0, 2, graph ? "router and input norms (graph)" : "router and input norms");
   }
 }
 
