@@ -361,11 +361,14 @@ void BM_deltanet_prefill(benchmark::State& state) {
   p.a = take(T * 32), p.A_log = take(32), p.dt_bias = take(32), p.norm_w = take(128), p.conv_w = take(conv_dim * 4);
   p.conv_state = take(conv_dim * 3), p.state = take(S);
   const double bytes = double(T) * (2 * conv_dim + 2 * Vd + 64) * 4 + 2.0 * S * 4;
-  const bool chunked = state.range(1) == 1;
-  time_kernel(state, bytes, [&] { (chunked ? tandem::gpu::deltanet_prefill_chunked : tandem::gpu::deltanet_prefill)(p, T, nullptr); });
-  state.SetLabel(chunked ? "chunked form" : "token-by-token scan");
+  const int mode = static_cast<int>(state.range(1));  // 0 scan, 1 chunked, 2 chunked with the chunk terms first
+  float* terms = nullptr;
+  if (mode == 2) cudaMalloc(&terms, tandem::gpu::deltanet_chunk_terms_floats(T, p.Hv) * 4), p.chunk_terms = terms;
+  time_kernel(state, bytes, [&] { (mode > 0 ? tandem::gpu::deltanet_prefill_chunked : tandem::gpu::deltanet_prefill)(p, T, nullptr); });
+  state.SetLabel(mode == 2 ? "chunked form, chunk terms first" : mode == 1 ? "chunked form" : "token-by-token scan");
   state.counters["tokens/s_one_layer"] = benchmark::Counter(double(T) * 50 * state.iterations(), benchmark::Counter::kIsRate);
   cudaFree(buf);
+  cudaFree(terms);
 }
 
 // 35B shapes: DeltaNet in_proj_qkv 8192x2048, in_proj_z 4096x2048, out_proj 2048x4096, attention
@@ -385,7 +388,7 @@ BENCHMARK(BM_gemm_bf16)
 BENCHMARK(BM_gemv_int4)
     ->Args({8192, 2048, 1})->Args({16384, 512, 1})->Args({512, 2048, 1})->Args({8192, 2048, 4})
     ->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_deltanet_prefill)->Args({512, 0})->Args({4096, 0})->Args({512, 1})->Args({4096, 1})->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_deltanet_prefill)->Args({512, 0})->Args({4096, 0})->Args({512, 1})->Args({4096, 1})->Args({512, 2})->Args({4096, 2})->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_deltanet_decode)->Arg(0)->Arg(1)->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_moe_int4_decode)->Args({8, 1, 0, 1})->Args({8, 1, 1, 1})->Args({8, 1, 2, 1})->Args({8, 1, 1, 32})->Args({8, 1, 2, 32})
     ->Args({8, 4, 0, 1})->Args({8, 4, 1, 1})->Args({8, 4, 2, 1})->Args({8, 4, 1, 32})->Args({8, 4, 2, 32})->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);

@@ -321,6 +321,211 @@ __global__ void __launch_bounds__(kChunkThreads) delta_chunk_kernel(DeltaNetDeco
   }
 }
 
+// Prefill step 3, chunked form with the chunk terms first (DeltaNetDecodeArgs::chunk_terms).
+// delta_chunk_kernel's per-chunk mathematics rearranged so that what does not depend on the state is
+// computed for every chunk at once (delta_terms_kernel, one block per (chunk, value head)):
+//   T' = (I + A)^-1 diag(beta)   (A as in delta_chunk_kernel: its forward substitution as a matrix),
+//   M[t][s] = e^{G_t - G_s} q_t.k_s (s <= t), e^{G_t}, Wl_s = e^{G_last - G_s}, e^{G_last};
+// then the sequential step (delta_wy_kernel, one block per (value head, 32 state columns)) is
+//   KS = K S0, QS = Q S0;  D = T' (V - e^G KS);  O = e^G QS + M D;  S0 <- e^{G_last} S0 + (Wl K)^T D,
+// each product register-tiled (a thread holds 2 x 4 outputs of the 32 x 32 ones, 8 x 4 of the state).
+static_assert(kChunk == kDeltaChunkTokens, "the chunk terms are laid out for kDeltaChunkTokens");
+constexpr int kTermT = 0, kTermM = kChunk * kChunk, kTermEG = 2 * kChunk * kChunk, kTermWl = kTermEG + kChunk, kTermEGl = kTermWl + kChunk;
+static_assert(kTermEGl < kDeltaChunkTermFloats, "chunk terms overflow their slot");
+constexpr int kTermsThreads = 128, kWyThreads = 128, kLdc = kChunk + 1;  // +1: a column's rows on different banks
+size_t terms_smem_floats(int dk) { return 2 * kChunk * (dk + 1) + 2 * kChunk * kLdc + 2 * kChunk; }
+size_t wy_smem_floats(int dk) { return 2 * kChunk * (dk + 1) + dk * kSlice + 2 * kChunk * kSlice + 2 * kChunk * kLdc + 2 * kChunk; }
+
+// Rows t0 .. t0 + cc of the chunk's normalised q and k (key head kh) into Qs / Ks [kChunk][ldk],
+// zeros past cc.
+__device__ __forceinline__ void load_chunk_qk(const DeltaNetDecodeArgs& p, int t0, int cc, int kh, int ldk, float* Qs, float* Ks) {
+  const int dk = p.dk;
+  const int64_t key_dim = static_cast<int64_t>(p.Hk) * dk, conv_dim = 2 * key_dim + static_cast<int64_t>(p.Hv) * p.dv;
+  for (int idx = threadIdx.x; idx < kChunk * dk; idx += blockDim.x) {
+    const int t = idx / dk, i = idx % dk;
+    const float* c = p.conv_out + static_cast<int64_t>(t0 + t) * conv_dim;
+    Qs[t * ldk + i] = t < cc ? c[kh * dk + i] : 0.0f;
+    Ks[t * ldk + i] = t < cc ? c[key_dim + kh * dk + i] : 0.0f;
+  }
+}
+
+__global__ void __launch_bounds__(kTermsThreads) delta_terms_kernel(DeltaNetDecodeArgs p, int T) {
+  extern __shared__ float sm[];
+  const int dk = p.dk, c = blockIdx.x, h = blockIdx.y, kh = h / (p.Hv / p.Hk), tid = threadIdx.x;
+  const int t0 = c * kChunk, cc = min(kChunk, T - t0), ldk = dk + 1;
+  float* Ks = sm;                   // [kChunk][ldk]
+  float* Qs = Ks + kChunk * ldk;    // [kChunk][ldk]
+  float* Am = Qs + kChunk * ldk;    // [kChunk][kLdc]
+  float* Tm = Am + kChunk * kLdc;   // [kChunk][kLdc]: (I + A)^-1
+  float* G = Tm + kChunk * kLdc;    // [kChunk] cumulative log decay
+  float* Bt = G + kChunk;           // [kChunk] beta
+  load_chunk_qk(p, t0, cc, kh, ldk, Qs, Ks);
+  if (tid < kChunk) {  // past the chunk's end: no decay, no write
+    G[tid] = tid < cc ? log_decay(p.a[int64_t(t0 + tid) * p.Hv + h], p.dt_bias[h], expf(p.A_log[h])) : 0.0f;
+    Bt[tid] = tid < cc ? 1.0f / (1.0f + expf(-p.b[int64_t(t0 + tid) * p.Hv + h])) : 0.0f;
+  }
+  __syncthreads();
+  if (tid == 0)
+    for (int t = 1; t < kChunk; ++t) G[t] += G[t - 1];
+  __syncthreads();
+  float* out = p.chunk_terms + (static_cast<int64_t>(c) * p.Hv + h) * kDeltaChunkTermFloats;
+  for (int idx = tid; idx < kChunk * kChunk; idx += kTermsThreads) {
+    const int t = idx / kChunk, s = idx % kChunk;
+    float kk = 0.0f, qk = 0.0f;
+    for (int i = 0; i < dk; ++i) {
+      kk += Ks[t * ldk + i] * Ks[s * ldk + i];
+      qk += Qs[t * ldk + i] * Ks[s * ldk + i];
+    }
+    const bool in = t < cc && s < cc;
+    Am[t * kLdc + s] = in && s < t ? Bt[t] * expf(G[t] - G[s]) * kk : 0.0f;
+    out[kTermM + idx] = in && s <= t ? expf(G[t] - G[s]) * qk : 0.0f;
+  }
+  if (tid < kChunk) {
+    out[kTermEG + tid] = expf(G[tid]);
+    out[kTermWl + tid] = tid < cc ? expf(G[cc - 1] - G[tid]) : 0.0f;
+  }
+  if (tid == 0) out[kTermEGl] = expf(G[cc - 1]);
+  __syncthreads();
+  if (tid < kChunk) {  // (I + A)^-1, unit lower triangular: column j by thread j, row after row
+    const int j = tid;
+    for (int t = 0; t < kChunk; ++t) {
+      float v = t == j ? 1.0f : 0.0f;
+      for (int s = j; s < t; ++s) v -= Am[t * kLdc + s] * Tm[s * kLdc + j];
+      Tm[t * kLdc + j] = v;
+    }
+  }
+  __syncthreads();
+  for (int idx = tid; idx < kChunk * kChunk; idx += kTermsThreads) {
+    const int t = idx / kChunk, s = idx % kChunk;
+    out[kTermT + idx] = Tm[t * kLdc + s] * Bt[s];
+  }
+}
+
+// acc[r][j] += sum_s A[r0 + r][s] * B[s][c0 + j] (A [kChunk][kLdc], B [kChunk][kSlice], s ascending).
+__device__ __forceinline__ void tile_product(const float* A, const float* B, int r0, int c0, float (&acc)[2][4]) {
+  for (int s = 0; s < kChunk; ++s) {
+    const float4 b4 = *reinterpret_cast<const float4*>(B + s * kSlice + c0);
+    const float bv[4] = {b4.x, b4.y, b4.z, b4.w};
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float a = A[(r0 + r) * kLdc + s];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) acc[r][j] += a * bv[j];
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kWyThreads) delta_wy_kernel(DeltaNetDecodeArgs p, int T) {
+  extern __shared__ __align__(16) float sm[];
+  const int dk = p.dk, dv = p.dv, h = blockIdx.x, kh = h / (p.Hv / p.Hk), col0 = blockIdx.y * kSlice, tid = threadIdx.x;
+  const int width = min(kSlice, dv - col0), ldk = dk + 1;
+  float* Ks = sm;                          // [kChunk][ldk]
+  float* Qs = Ks + kChunk * ldk;           // [kChunk][ldk]
+  float* S0 = Qs + kChunk * ldk;           // [dk][kSlice]: this block's state columns
+  float* Rs = S0 + dk * kSlice;            // [kChunk][kSlice]: V, then V - e^G K S0
+  float* Ds = Rs + kChunk * kSlice;        // [kChunk][kSlice]: D
+  float* Tm = Ds + kChunk * kSlice;        // [kChunk][kLdc]: T'
+  float* Mm = Tm + kChunk * kLdc;          // [kChunk][kLdc]: M
+  float* EG = Mm + kChunk * kLdc;          // [kChunk] e^{G_t}
+  float* Wl = EG + kChunk;                 // [kChunk] e^{G_last - G_s}
+  const int64_t key_dim = static_cast<int64_t>(p.Hk) * dk, conv_dim = 2 * key_dim + static_cast<int64_t>(p.Hv) * dv;
+  const int64_t Vd = static_cast<int64_t>(p.Hv) * dv;
+  float* S = p.state + static_cast<int64_t>(h) * dk * dv;
+  for (int idx = tid; idx < dk * kSlice; idx += kWyThreads) {
+    const int i = idx / kSlice, j = idx % kSlice;
+    S0[idx] = j < width ? S[i * dv + col0 + j] : 0.0f;
+  }
+  // This thread's tiles: rows r0, r0 + 1 x columns c0 .. c0 + 3 of the 32 x 32 products, and state
+  // rows ig + 16 m (m < 8) x the same columns.
+  const int r0 = 2 * (tid / 8), c0 = 4 * (tid % 8), ig = tid / 8;
+  const int nch = (T + kChunk - 1) / kChunk;
+  for (int c = 0; c < nch; ++c) {
+    const int t0 = c * kChunk, cc = min(kChunk, T - t0);
+    const float* terms = p.chunk_terms + (static_cast<int64_t>(c) * p.Hv + h) * kDeltaChunkTermFloats;
+    __syncthreads();  // the previous chunk is done with every buffer
+    load_chunk_qk(p, t0, cc, kh, ldk, Qs, Ks);
+    for (int idx = tid; idx < kChunk * kChunk; idx += kWyThreads) {
+      const int t = idx / kChunk, s = idx % kChunk;
+      Tm[t * kLdc + s] = terms[kTermT + idx];
+      Mm[t * kLdc + s] = terms[kTermM + idx];
+    }
+    for (int idx = tid; idx < kChunk * kSlice; idx += kWyThreads) {
+      const int t = idx / kSlice, j = idx % kSlice;
+      Rs[idx] = t < cc && j < width ? p.conv_out[static_cast<int64_t>(t0 + t) * conv_dim + 2 * key_dim + static_cast<int64_t>(h) * dv + col0 + j]
+                                    : 0.0f;
+    }
+    if (tid < kChunk) EG[tid] = terms[kTermEG + tid], Wl[tid] = terms[kTermWl + tid];
+    const float egl = terms[kTermEGl];
+    __syncthreads();
+    // KS and QS; R = V - e^G KS into Rs (each thread its own entries), e^G QS kept for O.
+    float ks[2][4] = {}, qs[2][4] = {};
+    for (int i = 0; i < dk; ++i) {
+      const float4 s4 = *reinterpret_cast<const float4*>(S0 + i * kSlice + c0);
+      const float sv[4] = {s4.x, s4.y, s4.z, s4.w};
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const float kv = Ks[(r0 + r) * ldk + i], qv = Qs[(r0 + r) * ldk + i];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) ks[r][j] += kv * sv[j], qs[r][j] += qv * sv[j];
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float eg = EG[r0 + r];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        Rs[(r0 + r) * kSlice + c0 + j] -= eg * ks[r][j];
+        qs[r][j] *= eg;
+      }
+    }
+    __syncthreads();
+    // D = T' R (T' is lower triangular: its zeros above the diagonal are stored).
+    float d[2][4] = {};
+    tile_product(Tm, Rs, r0, c0, d);
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+      *reinterpret_cast<float4*>(Ds + (r0 + r) * kSlice + c0) = make_float4(d[r][0], d[r][1], d[r][2], d[r][3]);
+    __syncthreads();
+    // O = e^G QS + M D (raw o, normalised by gated_norm_kernel).
+    tile_product(Mm, Ds, r0, c0, qs);
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        if (r0 + r < cc && c0 + j < width) p.out[static_cast<int64_t>(t0 + r0 + r) * Vd + static_cast<int64_t>(h) * dv + col0 + c0 + j] = qs[r][j];
+    // S0 <- e^{G_last} S0 + sum_s Wl_s k_s D[s] (S0's readers are past the barrier before D).
+    float sn[8][4];
+#pragma unroll
+    for (int m = 0; m < 8; ++m) {
+      const int i = ig + 16 * m;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) sn[m][j] = i < dk ? egl * S0[i * kSlice + c0 + j] : 0.0f;
+    }
+    for (int s = 0; s < kChunk; ++s) {
+      const float4 d4 = *reinterpret_cast<const float4*>(Ds + s * kSlice + c0);
+      const float dvv[4] = {d4.x, d4.y, d4.z, d4.w};
+      const float wl = Wl[s];
+#pragma unroll
+      for (int m = 0; m < 8; ++m) {
+        const int i = ig + 16 * m;
+        const float kw = i < dk ? wl * Ks[s * ldk + i] : 0.0f;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) sn[m][j] += kw * dvv[j];
+      }
+    }
+#pragma unroll
+    for (int m = 0; m < 8; ++m) {
+      const int i = ig + 16 * m;
+      if (i < dk) *reinterpret_cast<float4*>(S0 + i * kSlice + c0) = make_float4(sn[m][0], sn[m][1], sn[m][2], sn[m][3]);
+    }
+  }
+  __syncthreads();
+  for (int idx = tid; idx < dk * kSlice; idx += kWyThreads) {
+    const int i = idx / kSlice, j = idx % kSlice;
+    if (j < width) S[i * dv + col0 + j] = S0[idx];
+  }
+}
+
 // Prefill step 4: out = gated RMSNorm(o, z) per (token, value head), in place.
 __global__ void gated_norm_kernel(float* out, const float* __restrict__ z, const float* __restrict__ norm_w, int dv, float eps) {
   __shared__ float red[32];
@@ -475,6 +680,19 @@ cudaError_t deltanet_prefill_chunked(const DeltaNetDecodeArgs& p, int T, cudaStr
   static const cudaError_t opt_in = cudaFuncSetAttribute(delta_chunk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                          static_cast<int>(chunk_smem_floats(128) * sizeof(float)));
   if (opt_in != cudaSuccess) return opt_in;
+  if (p.chunk_terms) {
+    static const cudaError_t opt_in_terms = cudaFuncSetAttribute(delta_terms_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                                 static_cast<int>(terms_smem_floats(128) * sizeof(float)));
+    static const cudaError_t opt_in_wy = cudaFuncSetAttribute(delta_wy_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                              static_cast<int>(wy_smem_floats(128) * sizeof(float)));
+    if (opt_in_terms != cudaSuccess) return opt_in_terms;
+    if (opt_in_wy != cudaSuccess) return opt_in_wy;
+    const unsigned chunks = static_cast<unsigned>((T + kChunk - 1) / kChunk);
+    return launch_token_parallel(p, T, stream, [&] {
+      delta_terms_kernel<<<dim3(chunks, p.Hv), kTermsThreads, terms_smem_floats(p.dk) * sizeof(float), stream>>>(p, T);
+      delta_wy_kernel<<<dim3(p.Hv, (p.dv + kSlice - 1) / kSlice), kWyThreads, wy_smem_floats(p.dk) * sizeof(float), stream>>>(p, T);
+    });
+  }
   return launch_token_parallel(p, T, stream, [&] {
     delta_chunk_kernel<<<dim3(p.Hv, (p.dv + kSlice - 1) / kSlice), kChunkThreads, smem, stream>>>(p, T);
   });

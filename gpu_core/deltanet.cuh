@@ -13,6 +13,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include "gpu_core/deltanet_sizes.h"
+
 namespace tandem::gpu {
 
 struct DeltaNetDecodeArgs {
@@ -39,6 +41,11 @@ struct DeltaNetDecodeArgs {
   // Decode only: conv_out already holds this token's conv output and conv_state has moved on (the
   // input projection ran as gpu::gemv_bf16_conv): the conv launch is skipped.
   bool conv_done = false;
+  // Prefill, chunked form only: deltanet_chunk_terms_floats(T, Hv) floats of scratch. Set, the terms
+  // of every chunk that do not depend on the state (cumulative decays, the WY inverse (I + A)^-1 of
+  // the chunk's forward substitution, the q.k products) are computed for all chunks in parallel
+  // first, and the sequential step is three small matrix products on the state slice.
+  float* chunk_terms = nullptr;
 };
 
 bool deltanet_decode_split_fits(const DeltaNetDecodeArgs& args);
@@ -57,7 +64,10 @@ cudaError_t deltanet_prefill(const DeltaNetDecodeArgs& args, int T, cudaStream_t
 // the sequential part is T / 32 steps instead of T. Equal to deltanet_prefill up to fp32 rounding.
 // dk <= 128; needs ~61 KB of shared memory a block at dk = 128 (opt-in; sm_80+). Validated on the
 // H200; at the 35B shape 8.2 ms for 4096 tokens a layer against the scan's 8.5 ms (the per-chunk
-// sequential step, one block per head x 32 columns on CUDA cores, is what bounds it).
+// sequential step, one block per head x 32 columns on CUDA cores, is what bounds it). With
+// args.chunk_terms: the state-free terms of all chunks first, in parallel, then the sequential step as
+// register-tiled products (D = T' (V - e^G K S0) instead of a forward substitution): the same
+// mathematics, fp32 rounding apart (written after session 8's device runs: not yet run on a GPU).
 cudaError_t deltanet_prefill_chunked(const DeltaNetDecodeArgs& args, int T, cudaStream_t stream);
 
 }  // namespace tandem::gpu

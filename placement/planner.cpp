@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <numeric>
 
+#include "gpu_core/deltanet_sizes.h"
 #include "gpu_core/int4_layout.h"
 #include "runtime/bytes.h"
 #include "runtime/error.h"
@@ -118,6 +119,7 @@ VramBytes fixed_vram(const ModelConfig& c, const Sizer& s, int64_t context, int 
       v.workspace += align256(static_cast<uint64_t>(n * k * I * 2) * 2) + align256(static_cast<uint64_t>(2 * n * widest_k) * 2) +
                      align256(static_cast<uint64_t>(n * wide) * 2) + 2 * align256(n * 4) + align256(n * k * 4);  // h, split x, xh, ids, pos, top-k
       v.workspace += uint64_t(4) << 20;  // cuBLAS workspace (gpu::kBlasWorkspaceBytes)
+      if (Hv > 0) v.workspace += floats(gpu::deltanet_chunk_terms_floats(n, static_cast<int>(Hv)));  // the chunked DeltaNet's chunk terms
       if (int4_experts) {  // gpu::moe_int4_grouped_workspace: pair order / positions, counts, items, xg, xu, h, y
         const int64_t P = n * k, items = (P + 7) / 8 + E;
         v.workspace += 2 * align256(P * 4) + align256(8) + align256(items * 16) + 2 * align256(P * H * 2) + align256(P * I * 2) +

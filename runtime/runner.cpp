@@ -198,6 +198,7 @@ class GpuRunner final : public Runner {
     g.deltanet_conv_in_gemv = env_switch("TANDEM_DELTANET_CONV_GEMV", false);
     g.attention_prefill = env_switch("TANDEM_ATTN_PREFILL", true);
     g.deltanet_chunked = env_switch("TANDEM_DELTANET_CHUNKED", true);
+    g.deltanet_wy = env_switch("TANDEM_DELTANET_WY", false);
     sample_on_gpu_ = env_switch("TANDEM_GPU_SAMPLING", true);
     if (placement_) {
       cpu_ = std::make_unique<CpuExpertSide>(model, *placement_, o.threads);

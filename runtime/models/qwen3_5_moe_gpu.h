@@ -139,6 +139,11 @@ struct GpuOptions {
   // hybrid tests) and a little faster there (prefill 4096: 5,422 vs 5,350 tok/s); the runners turn it
   // on unless TANDEM_DELTANET_CHUNKED=0.
   bool deltanet_chunked = false;
+  // With deltanet_chunked: the terms of every chunk that do not depend on the state computed first, in
+  // parallel, and the sequential step as register-tiled products (DeltaNetDecodeArgs::chunk_terms; the
+  // scratch is allocated and planned either way). Written after session 8's device runs: not yet run
+  // on a GPU, so off unless TANDEM_DELTANET_WY=1.
+  bool deltanet_wy = false;
   // Hybrid expert deferral (placement `experts.deferral`): of each token's N lowest-weight routed
   // experts, the host-resident ones join the residual one layer later, so the host runs them while the
   // GPU computes the next layer (Qwen35State::defer_experts with deferrable = the CPU side; changes the

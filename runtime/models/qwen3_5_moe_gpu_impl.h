@@ -128,6 +128,7 @@ struct Qwen35MoeGpu::Impl {
   gpu::BlasHandle blas = nullptr;
   void* blas_ws = nullptr;  // its workspace, inside the arena
   void* pgroup = nullptr;   // moe_int4_grouped's workspace (int4 experts)
+  float* pterms = nullptr;  // the chunked DeltaNet's chunk terms (gpu::deltanet_chunk_terms_floats)
   float *ph = nullptr, *px = nullptr, *po = nullptr, *pqkv = nullptr, *pz = nullptr, *pb = nullptr, *pa = nullptr, *pcore = nullptr,
         *pconv = nullptr, *pqg = nullptr, *pk = nullptr, *pv = nullptr, *pattn = nullptr, *prouter = nullptr, *pmoe = nullptr,
         *psg = nullptr, *psu = nullptr, *psd = nullptr, *psgate = nullptr, *ptopk_w = nullptr, *pcpu = nullptr;

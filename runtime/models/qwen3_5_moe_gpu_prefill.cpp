@@ -73,6 +73,7 @@ void Qwen35MoeGpu::Impl::prefill_layer(size_t li, float* hbuf, int64_t n, const 
     linear_rows(L.a, px, n, pa);
     gpu::DeltaNetDecodeArgs p = deltanet_args(L);
     p.qkv = pqkv, p.z = pz, p.b = pb, p.a = pa, p.conv_out = pconv, p.out = pcore;
+    if (opts.deltanet_wy) p.chunk_terms = pterms;
     CK((opts.deltanet_chunked ? gpu::deltanet_prefill_chunked : gpu::deltanet_prefill)(p, static_cast<int>(n), stream));
     linear_rows(L.out_proj, pcore, n, po);
   } else {

@@ -157,6 +157,29 @@ TEST_P(GpuDeltaNet, ChunkedPrefillMatchesReference) {
       1e-4);
 }
 
+// The chunked form with the chunk terms computed first (DeltaNetDecodeArgs::chunk_terms): the same
+// prompts plus one of 300 tokens (ten chunks through the state), against the same reference steps
+// (the forward substitution as an explicit inverse: fp32 rounding apart, the same 1e-4).
+TEST_P(GpuDeltaNet, ChunkTermsPrefillMatchesReference) {
+  TANDEM_REQUIRE_GPU();
+  const DnCase c = GetParam();
+  prefill_vs_reference(
+      c, test::test_seed() + 3, {300, 100, 37, 5, 2},
+      [&](gpu::DeltaNetDecodeArgs p, int T) {
+        test::DeviceBuffer<float> terms(gpu::deltanet_chunk_terms_floats(T, c.Hv));
+        cudaMemset(terms.ptr, 0xff, terms.n * sizeof(float));  // NaN: a term read before it is written shows
+        p.chunk_terms = terms.ptr;
+        const cudaError_t rc = gpu::deltanet_prefill_chunked(p, T, nullptr);
+        const cudaError_t done = cudaDeviceSynchronize();  // before the scratch is freed
+        return rc != cudaSuccess ? rc : done;
+      },
+      [](int T, const std::vector<float>& got, const std::vector<float>& want) {
+        EXPECT_LT(test::rel_l2(std::vector<double>(got.begin(), got.end()), std::vector<double>(want.begin(), want.end())), 1e-4)
+            << T << " tokens, seed " << test::test_seed();
+      },
+      1e-4);
+}
+
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuDeltaNet,
                          ::testing::Values(DnCase{16, 32, 128, 128, 4},  // Qwen3.5-35B-A3B
                                            DnCase{2, 4, 16, 24, 4},      // fixture bf16_fused

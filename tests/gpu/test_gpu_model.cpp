@@ -161,8 +161,8 @@ TEST_P(GpuModel, BatchedPrefillEqualsTokenByToken) {
   const NpyArray ref = read_npy_f32(f.dir + "/logits.npy");
   // 1: int4 experts grouped by expert; 2: and flash attention prefill; 3: and the grouped experts on
   // tensor cores (fp16 weights, fp32 sums: ~1e-3 from the decode kernel's arithmetic, not ~1e-5);
-  // 4: and DeltaNet in the chunked form
-  for (int variant = 0; variant < 5; ++variant) {
+  // 4: and DeltaNet in the chunked form; 5: with the chunk terms computed first (deltanet_wy)
+  for (int variant = 0; variant < 6; ++variant) {
     const bool grouped = variant >= 1;
     GpuOptions g = fixture_options();
     auto plain = Qwen35MoeGpu::create(*model, g);
@@ -171,7 +171,8 @@ TEST_P(GpuModel, BatchedPrefillEqualsTokenByToken) {
     g.grouped_moe = grouped;
     g.attention_prefill = variant >= 2;
     g.grouped_moe_tc = variant >= 3;
-    g.deltanet_chunked = variant == 4;
+    g.deltanet_chunked = variant >= 4;
+    g.deltanet_wy = variant == 5;
     auto batched = Qwen35MoeGpu::create(*model, g);
     ASSERT_FALSE(plain->batched_prefill_active());
     ASSERT_TRUE(batched->batched_prefill_active());
