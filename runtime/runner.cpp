@@ -193,6 +193,7 @@ class GpuRunner final : public Runner {
     g.moe_wide = env_switch("TANDEM_MOE_WIDE", true);
     g.router_norm = env_switch("TANDEM_ROUTER_NORM", true);
     g.in_norm_gemv = env_switch("TANDEM_IN_NORM_GEMV", false);
+    g.parallel_shared = env_switch("TANDEM_PARALLEL_SHARED", false);
     g.deltanet_split = env_switch("TANDEM_DELTANET_SPLIT", false);
     g.hybrid_one_graph = env_switch("TANDEM_HYBRID_ONE_GRAPH", true);
     g.deltanet_conv_in_gemv = env_switch("TANDEM_DELTANET_CONV_GEMV", false);

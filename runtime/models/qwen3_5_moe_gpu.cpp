@@ -506,13 +506,24 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
       handoff_out(x, topk_ids, topk_w, 1);
     }
     mark(tr, li, 2);
+    // GpuOptions::parallel_shared: the shared expert's down GEMV (its gate / up came with the router)
+    // beside the routed experts, on the side stream; both only read x, sg, su and write their own rows.
+    const bool beside = side && L.x_proj.out && !L.sh_down.int4 && !split && !deferring();
+    if (beside) {
+      CK(cudaEventRecord(fork_ev, stream));
+      CK(cudaStreamWaitEvent(side, fork_ev, 0));
+      CK(gpu::gemv_bf16_swiglu(L.sh_down.w, L.sh_down.out, L.sh_down.in, sg, su, 1, sd, side));
+      CK(cudaEventRecord(join_ev, side));
+    }
     gpu_experts(L, x, topk_ids, topk_w, 1, xh, hscratch, moe_out);
     if (!L.x_proj.out) {
       linear(L.sh_gate, x, sg);
       linear(L.sh_up, x, su);
       linear(L.sh_expert_gate, x, sgate);
     }
-    if (L.sh_down.int4) {
+    if (beside) {
+      CK(cudaStreamWaitEvent(stream, join_ev, 0));
+    } else if (L.sh_down.int4) {
       CK(gpu::silu_mul(sg, su, c.shared_expert_intermediate_size, stream));
       linear(L.sh_down, sg, sd);
     } else {  // silu(gate) * up formed as sh_down reads it: one launch fewer
@@ -638,6 +649,11 @@ std::unique_ptr<Qwen35MoeGpu> Qwen35MoeGpu::create(const Qwen35Moe& model, const
   if (impl->plan.total() > free_b) fail("the model needs ", format_gib(impl->plan.total()), " of GPU memory but only ", format_gib(free_b), " is free");
   CK(cudaMalloc(&impl->arena, impl->plan.total()));
   CK(cudaStreamCreate(&impl->stream));
+  if (opts.parallel_shared) {
+    CK(cudaStreamCreateWithFlags(&impl->side, cudaStreamNonBlocking));
+    CK(cudaEventCreateWithFlags(&impl->fork_ev, cudaEventDisableTiming));
+    CK(cudaEventCreateWithFlags(&impl->join_ev, cudaEventDisableTiming));
+  }
   if (impl->st.on) {
     CK(cudaStreamCreateWithFlags(&impl->st.copy, cudaStreamNonBlocking));
     CK(cudaEventCreateWithFlags(&impl->st.ready, cudaEventDisableTiming));

@@ -122,6 +122,11 @@ struct GpuOptions {
   // (gpu::gemv_bf16_norm, the same bits): one launch fewer a layer. Written after session 8's device
   // runs: not yet run on a GPU, so off unless TANDEM_IN_NORM_GEMV=1.
   bool in_norm_gemv = false;
+  // Decode: the shared expert's down GEMV on a second stream beside the routed experts (forked and
+  // joined inside the step's graph; layers whose experts are all on the GPU, stacked bf16 shared
+  // projections). The same kernels, so the same bits. Written after session 8's device runs: not yet
+  // run on a GPU, so off unless TANDEM_PARALLEL_SHARED=1.
+  bool parallel_shared = false;
   // Decode DeltaNet with the recurrence split over 32-column slices of each head's state
   // (gpu::DeltaNetDecodeArgs::tickets). Validated on the H200, no faster there: off unless
   // TANDEM_DELTANET_SPLIT=1.

@@ -72,6 +72,10 @@ struct Qwen35MoeGpu::Impl {
   GpuMemoryPlan plan;
   char* arena = nullptr;
   cudaStream_t stream = nullptr;
+  // GpuOptions::parallel_shared: the shared expert's down GEMV on `side`, forked from and joined back
+  // into `stream` around the routed experts (inside the step's graph when captured).
+  cudaStream_t side = nullptr;
+  cudaEvent_t fork_ev = nullptr, join_ev = nullptr;
   std::vector<DevLayer> layers;
   const uint16_t* embed = nullptr;
   DevLinear lm_head;
@@ -231,6 +235,9 @@ struct Qwen35MoeGpu::Impl {
     for (char* p : rp.staging) cudaFreeHost(p);
     if (arena) cudaFree(arena);
     if (stream) cudaStreamDestroy(stream);
+    if (side) cudaStreamDestroy(side);
+    if (fork_ev) cudaEventDestroy(fork_ev);
+    if (join_ev) cudaEventDestroy(join_ev);
     if (routed) cudaEventDestroy(routed);
     for (cudaEvent_t e : tev) cudaEventDestroy(e);
     for (auto& v : segs)

@@ -131,7 +131,8 @@ TEST_P(GpuModel, DeltaNetDecodeVariantsEqualDefault) {
 
 // GpuOptions::router_norm (the post-attention norm done by the router GEMV's blocks): the same bits as
 // the norm launch + router GEMV, eagerly and as CUDA-graph steps, with the product's other decode paths;
-// and with GpuOptions::in_norm_gemv (the input norm done by the input projection's blocks) as well.
+// and with GpuOptions::in_norm_gemv (the input norm done by the input projection's blocks) as well, and
+// GpuOptions::parallel_shared (the shared expert's down GEMV on a second stream) on top.
 TEST_P(GpuModel, RouterNormEqualsNormThenRouter) {
   TANDEM_REQUIRE_GPU();
   const auto f = test::load_fixture(GetParam());
@@ -147,6 +148,10 @@ TEST_P(GpuModel, RouterNormEqualsNormThenRouter) {
     GpuOptions both = fused;
     both.in_norm_gemv = true;
     expect_same_decode(*model, f, g, both, 0.0, 2, graph ? "router and input norms (graph)" : "router and input norms");
+    // and the shared expert's down GEMV beside the routed experts (GpuOptions::parallel_shared)
+    GpuOptions side = both;
+    side.parallel_shared = true;
+    expect_same_decode(*model, f, g, side, 0.0, 2, graph ? "shared expert beside (graph)" : "shared expert beside");
   }
 }
 
