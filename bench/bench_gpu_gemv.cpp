@@ -291,7 +291,7 @@ void BM_moe_int4_decode(benchmark::State& state) {
 void BM_moe_int4_prefill(benchmark::State& state) {
   if (!gpu_present()) return state.SkipWithError("no CUDA device");
   MoeLayerBench b(static_cast<int>(state.range(0)), 8);
-  const int mode = static_cast<int>(state.range(1));  // 0 decode kernel on blocks of 8, 1 grouped, 2 grouped on tensor cores
+  const int mode = static_cast<int>(state.range(1));  // 0 decode kernel on blocks of 8, 1 grouped, 2 grouped on tensor cores, 3 pipelined
   void* ws = nullptr;
   cudaMalloc(&ws, tandem::gpu::moe_int4_grouped_workspace(b.T, b.k, b.H, b.I, b.E));
   time_kernel(state, b.bytes, [&] {
@@ -299,8 +299,9 @@ void BM_moe_int4_prefill(benchmark::State& state) {
       tandem::gpu::moe_int4_grouped(b.dexp, b.E, b.H, b.I, b.gs, b.dids, b.dw, b.T, b.k, b.x, ws, b.out, nullptr);
       return;
     }
-    if (mode == 2) {
-      tandem::gpu::moe_int4_grouped_tc(b.dexp, b.E, b.H, b.I, b.gs, b.dids, b.dw, b.T, b.k, b.x, ws, b.out, nullptr);
+    if (mode >= 2) {
+      (mode == 3 ? tandem::gpu::moe_int4_grouped_tc_pipelined : tandem::gpu::moe_int4_grouped_tc)(b.dexp, b.E, b.H, b.I, b.gs, b.dids, b.dw,
+                                                                                                 b.T, b.k, b.x, ws, b.out, nullptr);
       return;
     }
     for (int t = 0; t < b.T; t += tandem::gpu::kMaxGemvTokens) {
@@ -313,7 +314,7 @@ void BM_moe_int4_prefill(benchmark::State& state) {
   const double flops = 2.0 * b.T * b.k * 3.0 * b.H * b.I;
   state.counters["TFLOPS"] = benchmark::Counter(flops * 50 * state.iterations() / 1e12, benchmark::Counter::kIsRate);
   state.counters["tok_per_s_layer"] = benchmark::Counter(double(b.T) * 50 * state.iterations(), benchmark::Counter::kIsRate);
-  state.SetLabel(mode == 2 ? "grouped, tensor cores" : mode == 1 ? "grouped" : "decode kernel, blocks of 8");
+  state.SetLabel(mode == 3 ? "grouped, tensor cores, pipelined" : mode == 2 ? "grouped, tensor cores" : mode == 1 ? "grouped" : "decode kernel, blocks of 8");
   cudaFree(ws);
 }
 
@@ -392,7 +393,7 @@ BENCHMARK(BM_deltanet_prefill)->Args({512, 0})->Args({4096, 0})->Args({512, 1})-
 BENCHMARK(BM_deltanet_decode)->Arg(0)->Arg(1)->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_moe_int4_decode)->Args({8, 1, 0, 1})->Args({8, 1, 1, 1})->Args({8, 1, 2, 1})->Args({8, 1, 1, 32})->Args({8, 1, 2, 32})
     ->Args({8, 4, 0, 1})->Args({8, 4, 1, 1})->Args({8, 4, 2, 1})->Args({8, 4, 1, 32})->Args({8, 4, 2, 32})->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_moe_int4_prefill)->Args({256, 0})->Args({256, 1})->Args({256, 2})->Args({2048, 1})->Args({2048, 2})->Args({4096, 2})->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_moe_int4_prefill)->Args({256, 0})->Args({256, 1})->Args({256, 2})->Args({2048, 1})->Args({2048, 2})->Args({4096, 2})->Args({2048, 3})->Args({4096, 3})->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 

@@ -115,7 +115,6 @@ void BM_handoff_round_trip(benchmark::State& state) {
   }
   if (!stuck && b.flags[2]) state.SkipWithError("a wait kernel gave up");
   // Per round trip: the manual time over the round trips run (an iteration holds kRounds of them).
-  // (Google Benchmark's rate counters divide by CPU time, so the sum is kept here.)
   if (state.iterations() > 0)
     state.counters["us_per_round_trip"] = total_s * 1e6 / (static_cast<double>(state.iterations()) * kRounds);
   state.SetLabel(variant == 0 ? "one graph: post kernel, host flag spin, wait+add kernel" : "kernel, 3 D2H copies, event spin, H2D copy, add");

@@ -70,6 +70,12 @@ size_t moe_int4_grouped_workspace(int64_t n, int k, int64_t H, int64_t I, int E)
 // per-pair arithmetic of the decode kernel: within ~1e-3 of it, 5e-3 of the exact reference. sm_70+.
 cudaError_t moe_int4_grouped_tc(const Int4Expert* experts, int E, int64_t H, int64_t I, int64_t group_size, const int32_t* ids,
                                 const float* weights, int n, int k, const float* x, void* workspace, float* out, cudaStream_t stream);
+// moe_int4_grouped_tc with each stage's loads issued before the previous stage's products and two
+// shared buffers (the same tiles and arithmetic, so the same bits). Written after session 8's device
+// runs: not yet run on a GPU.
+cudaError_t moe_int4_grouped_tc_pipelined(const Int4Expert* experts, int E, int64_t H, int64_t I, int64_t group_size,
+                                          const int32_t* ids, const float* weights, int n, int k, const float* x, void* workspace,
+                                          float* out, cudaStream_t stream);
 cudaError_t moe_int4_grouped(const Int4Expert* experts, int E, int64_t H, int64_t I, int64_t group_size, const int32_t* ids,
                              const float* weights, int n, int k, const float* x, void* workspace, float* out, cudaStream_t stream);
 

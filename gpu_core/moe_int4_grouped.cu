@@ -220,24 +220,31 @@ __device__ __forceinline__ void tc_load_w(const Int4View& W, int64_t n0, int64_t
   }
 }
 
-// As[m][k] = X[s0 + m, k0 + k] (X fp16 [pairs][K]; through perm when given); zeros past count / K.
+// The 16-byte piece i of the activation tile at k0 (row i / (kTcK / 8) of the tile, inputs c8 * 8 ..
+// c8 * 8 + 7): X[s0 + m, k0 + c8 * 8 ..] (X fp16 [pairs][K]; through perm when given); zeros past count / K.
+__device__ __forceinline__ uint4 a_piece(const __half* X, int64_t K, int s0, int count, int64_t k0, const int32_t* perm, int i) {
+  const int m = i / (kTcK / 8), c8 = i % (kTcK / 8);
+  const int64_t k = k0 + c8 * 8;
+  uint4 v = make_uint4(0, 0, 0, 0);
+  if (m < count && k < K) {
+    const __half* row = X + static_cast<int64_t>(s0 + m) * K;
+    if (!perm) {
+      v = *reinterpret_cast<const uint4*>(row + k);
+    } else {
+      __half e[8];
+#pragma unroll
+      for (int j = 0; j < 8; ++j) e[j] = row[perm[k + j]];
+      memcpy(&v, e, 16);
+    }
+  }
+  return v;
+}
+
+// As[m][k] = X[s0 + m, k0 + k] (a_piece by piece).
 __device__ __forceinline__ void tc_load_a(const __half* X, int64_t K, int s0, int count, int64_t k0, const int32_t* perm, __half* As) {
   for (int i = threadIdx.x; i < kTcM * (kTcK / 8); i += kTcThreads) {
     const int m = i / (kTcK / 8), c8 = i % (kTcK / 8);
-    const int64_t k = k0 + c8 * 8;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (m < count && k < K) {
-      const __half* row = X + static_cast<int64_t>(s0 + m) * K;
-      if (!perm) {
-        v = *reinterpret_cast<const uint4*>(row + k);
-      } else {
-        __half e[8];
-#pragma unroll
-        for (int j = 0; j < 8; ++j) e[j] = row[perm[k + j]];
-        memcpy(&v, e, 16);
-      }
-    }
-    *reinterpret_cast<uint4*>(As + m * kLdA + c8 * 8) = v;
+    *reinterpret_cast<uint4*>(As + m * kLdA + c8 * 8) = a_piece(X, K, s0, count, k0, perm, i);
   }
 }
 
@@ -264,6 +271,32 @@ __device__ __forceinline__ void tc_mma(const __half* As, const __half* Bs, int w
 __device__ __forceinline__ void tc_store(const FragC (&c)[2], float* C, int warp) {
 #pragma unroll
   for (int mi = 0; mi < 2; ++mi) nvcuda::wmma::store_matrix_sync(C + mi * 16 * kLdC + warp * 16, c[mi], kLdC, nvcuda::wmma::mem_row_major);
+}
+
+// A gate/up tile's end: the accumulators through shared memory (Cg, Cu), h = silu(g) * u in fp16.
+__device__ __forceinline__ void gate_up_epilogue(const FragC (&cg)[2], const FragC (&cu)[2], float* Cg, float* Cu, int warp, int cnt, int s0,
+                                                 int64_t n0, int64_t I, __half* __restrict__ h) {
+  tc_store(cg, Cg, warp);
+  tc_store(cu, Cu, warp);
+  __syncthreads();
+  for (int i = threadIdx.x; i < kTcM * kTcN; i += kTcThreads) {
+    const int m = i / kTcN, n = i % kTcN;
+    if (m >= cnt || n0 + n >= I) continue;
+    const float g = Cg[m * kLdC + n], u = Cu[m * kLdC + n];
+    h[static_cast<int64_t>(s0 + m) * I + n0 + n] = __float2half_rn(g / (1.0f + __expf(-g)) * u);
+  }
+}
+
+// A down tile's end: the accumulators through shared memory (C), y = routing weight * product.
+__device__ __forceinline__ void down_epilogue(const FragC (&c)[2], float* C, int warp, int cnt, int s0, int64_t n0, int64_t H,
+                                              const int32_t* __restrict__ order, const float* __restrict__ weights, float* __restrict__ y) {
+  tc_store(c, C, warp);
+  __syncthreads();
+  for (int i = threadIdx.x; i < kTcM * kTcN; i += kTcThreads) {
+    const int m = i / kTcN, n = i % kTcN;
+    if (m >= cnt || n0 + n >= H) continue;
+    y[static_cast<int64_t>(s0 + m) * H + n0 + n] = weights[order[s0 + m]] * C[m * kLdC + n];
+  }
 }
 
 __global__ void __launch_bounds__(kTcThreads)
@@ -293,15 +326,7 @@ __global__ void __launch_bounds__(kTcThreads)
   }
   float* Cg = reinterpret_cast<float*>(Bg);  // kTcM x kLdC floats fit in a B tile
   float* Cu = reinterpret_cast<float*>(Bu);
-  tc_store(cg, Cg, warp);
-  tc_store(cu, Cu, warp);
-  __syncthreads();
-  for (int i = threadIdx.x; i < kTcM * kTcN; i += kTcThreads) {
-    const int m = i / kTcN, n = i % kTcN;
-    if (m >= cnt || n0 + n >= I) continue;
-    const float g = Cg[m * kLdC + n], u = Cu[m * kLdC + n];
-    h[static_cast<int64_t>(s0 + m) * I + n0 + n] = __float2half_rn(g / (1.0f + __expf(-g)) * u);
-  }
+  gate_up_epilogue(cg, cu, Cg, Cu, warp, cnt, s0, n0, I, h);
 }
 
 __global__ void __launch_bounds__(kTcThreads)
@@ -327,13 +352,165 @@ __global__ void __launch_bounds__(kTcThreads)
     __syncthreads();
   }
   float* C = reinterpret_cast<float*>(Bs);
-  tc_store(c, C, warp);
-  __syncthreads();
-  for (int i = threadIdx.x; i < kTcM * kTcN; i += kTcThreads) {
-    const int m = i / kTcN, n = i % kTcN;
-    if (m >= cnt || n0 + n >= H) continue;
-    y[static_cast<int64_t>(s0 + m) * H + n0 + n] = weights[order[s0 + m]] * C[m * kLdC + n];
+  down_epilogue(c, C, warp, cnt, s0, n0, H, order, weights, y);
+}
+
+// ---- Pipelined tensor-core path (moe_int4_grouped_tc_pipelined) --------------------------------------
+// The same tiles, fragments and arithmetic as tc_gate_up_kernel / tc_down_kernel, with two shared
+// buffers: the next stage's global loads (activation rows, weight words, scales, zero points) go out
+// into registers before this stage's MMAs, and are stored (weights dequantised) into the other buffer
+// after them. One barrier a stage; the loads' latency hides behind the tensor-core work.
+constexpr int kAPer = kTcM * (kTcK / 8) / kTcThreads;  // 16-byte activation pieces a thread stages
+constexpr int kWPer = kTcN * (kTcK / 8) / kTcThreads;  // weight words a thread stages
+static_assert(kAPer * kTcThreads == kTcM * (kTcK / 8) && kWPer * kTcThreads == kTcN * (kTcK / 8), "whole tiles per pass");
+
+struct ARegs {
+  uint4 v[kAPer];
+};
+struct WRegs {
+  uint32_t q[kWPer];
+  uint16_t s[kWPer];
+  uint8_t z[kWPer];
+  bool ok[kWPer];
+};
+
+// tc_load_a's reads of the tile at k0 (the same pieces per thread), into registers.
+__device__ __forceinline__ void fetch_a(const __half* X, int64_t K, int s0, int count, int64_t k0, const int32_t* perm, ARegs& r) {
+#pragma unroll
+  for (int u = 0; u < kAPer; ++u) r.v[u] = a_piece(X, K, s0, count, k0, perm, threadIdx.x + u * kTcThreads);
+}
+__device__ __forceinline__ void store_a(const ARegs& r, __half* As) {
+#pragma unroll
+  for (int u = 0; u < kAPer; ++u) {
+    const int i = threadIdx.x + u * kTcThreads, m = i / (kTcK / 8), c8 = i % (kTcK / 8);
+    *reinterpret_cast<uint4*>(As + m * kLdA + c8 * 8) = r.v[u];
   }
+}
+// tc_load_w's reads (words, scales, zero points), into registers; store_w dequantises as it does.
+__device__ __forceinline__ void fetch_w(const Int4View& W, int64_t n0, int64_t k0, WRegs& r) {
+  const int64_t words = W.K / 8, G = W.K / W.group_size;
+#pragma unroll
+  for (int u = 0; u < kWPer; ++u) {
+    const int i = threadIdx.x + u * kTcThreads, row_in = i / (kTcK / 8), wc = i % (kTcK / 8);
+    const int64_t row = n0 + row_in, w = k0 / 8 + wc;
+    r.ok[u] = row < W.N && w < words;
+    if (r.ok[u]) {
+      const int64_t g = (w * 8) / W.group_size;
+      r.q[u] = load_stream(W.qweight + row * words + w);
+      r.s[u] = W.scales[row * G + g];
+      r.z[u] = W.zeros[row * G + g];
+    }
+  }
+}
+__device__ __forceinline__ void store_w(const WRegs& r, __half* Bs) {
+#pragma unroll
+  for (int u = 0; u < kWPer; ++u) {
+    const int i = threadIdx.x + u * kTcThreads, row_in = i / (kTcK / 8), wc = i % (kTcK / 8);
+    __half2* dst = reinterpret_cast<__half2*>(Bs + row_in * kLdB + wc * 8);
+    if (r.ok[u]) {
+      const __half2 z = zero_1024(r.z[u]);
+      const __half2 sc = __half2half2(__ushort_as_half(r.s[u]));
+#pragma unroll
+      for (int p = 0; p < 4; ++p) dst[p] = __hmul2(dequant_pair(r.q[u], p, z), sc);  // inputs 2p, 2p + 1 of the word
+    } else {
+#pragma unroll
+      for (int p = 0; p < 4; ++p) dst[p] = __float2half2_rn(0.0f);
+    }
+  }
+}
+
+constexpr int kPipeGateUpHalves = 2 * kTcM * kLdA + 2 * kTcN * kLdB;  // one buffer: Ag, Au, Bg, Bu
+constexpr size_t kPipeGateUpSmem = 2 * kPipeGateUpHalves * sizeof(__half);
+
+__global__ void __launch_bounds__(kTcThreads)
+    tc_gate_up_pipe_kernel(const Int4Expert* __restrict__ experts, int64_t H, int64_t I, const int4* __restrict__ items,
+                           const int32_t* __restrict__ counts, const __half* __restrict__ xg, const __half* __restrict__ xu,
+                           __half* __restrict__ h) {
+  using namespace nvcuda;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  __half* const base = reinterpret_cast<__half*>(smem_raw);
+  auto Ag = [&](int b) { return base + b * kPipeGateUpHalves; };
+  auto Au = [&](int b) { return Ag(b) + kTcM * kLdA; };
+  auto Bg = [&](int b) { return Au(b) + kTcM * kLdA; };
+  auto Bu = [&](int b) { return Bg(b) + kTcN * kLdB; };
+  if (static_cast<int>(blockIdx.y) >= counts[0]) return;
+  const int4 it = items[blockIdx.y];
+  const Int4Expert& ex = experts[it.x];
+  if (!ex.gate.qweight) return;  // not resident (hybrid); uniform per block
+  const int s0 = it.y, cnt = it.z, warp = threadIdx.x / 32;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kTcN;
+  FragC cg[2], cu[2];
+#pragma unroll
+  for (int mi = 0; mi < 2; ++mi) wmma::fill_fragment(cg[mi], 0.0f), wmma::fill_fragment(cu[mi], 0.0f);
+  ARegs ag, au;
+  WRegs wg, wu;
+  auto fetch = [&](int64_t k0) {
+    fetch_a(xg, H, s0, cnt, k0, nullptr, ag);  // already in each matrix's input order (gather)
+    fetch_a(xu, H, s0, cnt, k0, nullptr, au);
+    fetch_w(ex.gate, n0, k0, wg);
+    fetch_w(ex.up, n0, k0, wu);
+  };
+  auto store = [&](int b) {
+    store_a(ag, Ag(b));
+    store_a(au, Au(b));
+    store_w(wg, Bg(b));
+    store_w(wu, Bu(b));
+  };
+  fetch(0);
+  store(0);
+  __syncthreads();
+  int cur = 0;
+  for (int64_t k0 = 0; k0 < H; k0 += kTcK, cur ^= 1) {
+    const bool more = k0 + kTcK < H;
+    if (more) fetch(k0 + kTcK);  // in flight during this stage's MMAs
+    tc_mma(Ag(cur), Bg(cur), warp, cg);
+    tc_mma(Au(cur), Bu(cur), warp, cu);
+    if (more) store(cur ^ 1);  // that buffer's last readers passed the previous barrier
+    __syncthreads();
+  }
+  float* Cg = reinterpret_cast<float*>(Bg(0));  // kTcM x kLdC floats fit in a B tile
+  float* Cu = reinterpret_cast<float*>(Bu(0));
+  gate_up_epilogue(cg, cu, Cg, Cu, warp, cnt, s0, n0, I, h);
+}
+
+__global__ void __launch_bounds__(kTcThreads)
+    tc_down_pipe_kernel(const Int4Expert* __restrict__ experts, int64_t H, int64_t I, const int4* __restrict__ items,
+                        const int32_t* __restrict__ counts, const int32_t* __restrict__ order, const float* __restrict__ weights,
+                        const __half* __restrict__ h, float* __restrict__ y) {
+  using namespace nvcuda;
+  __shared__ __align__(128) __half As[2][kTcM * kLdA], Bs[2][kTcN * kLdB];
+  if (static_cast<int>(blockIdx.y) >= counts[0]) return;
+  const int4 it = items[blockIdx.y];
+  const Int4View& down = experts[it.x].down;
+  if (!down.qweight) return;  // uniform per block
+  const int s0 = it.y, cnt = it.z, warp = threadIdx.x / 32;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kTcN;
+  FragC c[2];
+#pragma unroll
+  for (int mi = 0; mi < 2; ++mi) wmma::fill_fragment(c[mi], 0.0f);
+  ARegs a;
+  WRegs w;
+  fetch_a(h, I, s0, cnt, 0, down.perm, a);
+  fetch_w(down, n0, 0, w);
+  store_a(a, As[0]);
+  store_w(w, Bs[0]);
+  __syncthreads();
+  int cur = 0;
+  for (int64_t k0 = 0; k0 < I; k0 += kTcK, cur ^= 1) {
+    const bool more = k0 + kTcK < I;
+    if (more) {
+      fetch_a(h, I, s0, cnt, k0 + kTcK, down.perm, a);
+      fetch_w(down, n0, k0 + kTcK, w);
+    }
+    tc_mma(As[cur], Bs[cur], warp, c);
+    if (more) {
+      store_a(a, As[cur ^ 1]);
+      store_w(w, Bs[cur ^ 1]);
+    }
+    __syncthreads();
+  }
+  float* C = reinterpret_cast<float*>(Bs[0]);
+  down_epilogue(c, C, warp, cnt, s0, n0, H, order, weights, y);
 }
 
 static_assert(kTcM * kLdC * sizeof(float) <= kTcN * kLdB * sizeof(__half), "the C tile reuses a B tile's shared memory");
@@ -362,6 +539,25 @@ cudaError_t moe_int4_grouped_tc(const Int4Expert* experts, int E, int64_t H, int
   tc_gate_up_kernel<<<dim3(static_cast<unsigned>((I + kTcN - 1) / kTcN), static_cast<unsigned>(items)), kTcThreads, 0, stream>>>(
       experts, H, I, w.items, w.counts, w.xg, w.xu, w.h);
   tc_down_kernel<<<dim3(static_cast<unsigned>((H + kTcN - 1) / kTcN), static_cast<unsigned>(items)), kTcThreads, 0, stream>>>(
+      experts, H, I, w.items, w.counts, w.order, weights, w.h, w.y);
+  combine_kernel<<<static_cast<unsigned>(n), 256, k * sizeof(int32_t), stream>>>(experts, ids, k, H, w.pos_of, w.y, out);
+  return cudaGetLastError();
+}
+
+cudaError_t moe_int4_grouped_tc_pipelined(const Int4Expert* experts, int E, int64_t H, int64_t I, int64_t group_size,
+                                          const int32_t* ids, const float* weights, int n, int k, const float* x, void* workspace,
+                                          float* out, cudaStream_t stream) {
+  if (!grouped_shape_ok(n, k, E, H, I, group_size)) return cudaErrorInvalidValue;
+  // Once per process (a host call: not on every chunk of every layer).
+  static const cudaError_t opt_in =
+      cudaFuncSetAttribute(tc_gate_up_pipe_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kPipeGateUpSmem));
+  if (opt_in != cudaSuccess) return opt_in;
+  const int64_t P = static_cast<int64_t>(n) * k, items = Carve::max_items(P, E, kTcM);
+  const Carve w(workspace, P, H, I, E);
+  group_and_gather(experts, E, H, ids, P, k, kTcM, x, w, stream);
+  tc_gate_up_pipe_kernel<<<dim3(static_cast<unsigned>((I + kTcN - 1) / kTcN), static_cast<unsigned>(items)), kTcThreads, kPipeGateUpSmem,
+                           stream>>>(experts, H, I, w.items, w.counts, w.xg, w.xu, w.h);
+  tc_down_pipe_kernel<<<dim3(static_cast<unsigned>((H + kTcN - 1) / kTcN), static_cast<unsigned>(items)), kTcThreads, 0, stream>>>(
       experts, H, I, w.items, w.counts, w.order, weights, w.h, w.y);
   combine_kernel<<<static_cast<unsigned>(n), 256, k * sizeof(int32_t), stream>>>(experts, ids, k, H, w.pos_of, w.y, out);
   return cudaGetLastError();

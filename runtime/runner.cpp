@@ -189,6 +189,7 @@ class GpuRunner final : public Runner {
     g.batched_prefill = env_switch("TANDEM_BATCHED_PREFILL", true);
     g.grouped_moe = env_switch("TANDEM_GROUPED_MOE", true);
     g.grouped_moe_tc = env_switch("TANDEM_GROUPED_MOE_TC", true);
+    g.grouped_moe_pipe = env_switch("TANDEM_GROUPED_MOE_PIPE", false);
     g.moe_prefetch = env_switch("TANDEM_MOE_PREFETCH", true);
     g.moe_wide = env_switch("TANDEM_MOE_WIDE", true);
     g.router_norm = env_switch("TANDEM_ROUTER_NORM", true);

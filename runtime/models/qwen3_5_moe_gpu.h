@@ -107,6 +107,10 @@ struct GpuOptions {
   // unless TANDEM_GROUPED_MOE=0 / TANDEM_GROUPED_MOE_TC=0.
   bool grouped_moe = false;
   bool grouped_moe_tc = false;
+  // With grouped_moe_tc: gpu::moe_int4_grouped_tc_pipelined (each stage's loads in flight during the
+  // previous stage's products; the same bits). Written after session 8's device runs: not yet run on a
+  // GPU, so off unless TANDEM_GROUPED_MOE_PIPE=1.
+  bool grouped_moe_pipe = false;
   // Decode int4 experts through gpu::moe_int4_decode_prefetch (the same result, every weight word of a
   // row loaded up front). Validated; the runners turn it on unless TANDEM_MOE_PREFETCH=0.
   bool moe_prefetch = false;

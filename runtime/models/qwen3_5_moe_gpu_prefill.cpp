@@ -16,7 +16,9 @@ void Qwen35MoeGpu::Impl::gpu_experts(const DevLayer& L, const float* x_dev, cons
   const int64_t H = c.hidden_size, I = c.moe_intermediate_size;
   const int k = c.num_experts_per_tok;
   if (L.int4_experts && n > gpu::kMaxGemvTokens && pgroup && opts.grouped_moe) {  // prefill: each expert's tokens together
-    auto* grouped = opts.grouped_moe_tc ? gpu::moe_int4_grouped_tc : gpu::moe_int4_grouped;
+    auto* grouped = !opts.grouped_moe_tc    ? gpu::moe_int4_grouped
+                    : opts.grouped_moe_pipe ? gpu::moe_int4_grouped_tc_pipelined
+                                            : gpu::moe_int4_grouped_tc;
     CK(grouped(experts, static_cast<int>(c.num_experts), H, I, L.expert_group, ids_dev, w_dev, static_cast<int>(n), k, x_dev,
                pgroup, out, stream));
     return;

@@ -166,7 +166,8 @@ TEST_P(GpuModel, BatchedPrefillEqualsTokenByToken) {
   const NpyArray ref = read_npy_f32(f.dir + "/logits.npy");
   // 1: int4 experts grouped by expert; 2: and flash attention prefill; 3: and the grouped experts on
   // tensor cores (fp16 weights, fp32 sums: ~1e-3 from the decode kernel's arithmetic, not ~1e-5);
-  // 4: and DeltaNet in the chunked form; 5: with the chunk terms computed first (deltanet_wy)
+  // 4: and DeltaNet in the chunked form; 5: with the chunk terms computed first (deltanet_wy) and the
+  // tensor-core experts pipelined (grouped_moe_pipe)
   for (int variant = 0; variant < 6; ++variant) {
     const bool grouped = variant >= 1;
     GpuOptions g = fixture_options();
@@ -177,7 +178,7 @@ TEST_P(GpuModel, BatchedPrefillEqualsTokenByToken) {
     g.attention_prefill = variant >= 2;
     g.grouped_moe_tc = variant >= 3;
     g.deltanet_chunked = variant >= 4;
-    g.deltanet_wy = variant == 5;
+    g.deltanet_wy = g.grouped_moe_pipe = variant == 5;
     auto batched = Qwen35MoeGpu::create(*model, g);
     ASSERT_FALSE(plain->batched_prefill_active());
     ASSERT_TRUE(batched->batched_prefill_active());
