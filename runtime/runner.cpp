@@ -184,6 +184,7 @@ class GpuRunner final : public Runner {
     GpuOptions g;
     g.budget_bytes = o.gpu_mem;
     g.max_context = o.context;
+    g.progress = stderr;
     g.cuda_graph = env_switch("TANDEM_CUDA_GRAPH", true);
     g.prefill_chunk_max = 2048;
     g.batched_prefill = env_switch("TANDEM_BATCHED_PREFILL", true);

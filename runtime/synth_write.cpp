@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "runtime/error.h"
+#include "runtime/progress.h"
 
 namespace tandem::synth {
 
@@ -25,54 +26,6 @@ struct Unit {
   uint64_t bytes;
 };
 
-std::string clock_text(double s) {
-  if (!(s >= 0) || s > 359999) return "--:--";
-  const long t = static_cast<long>(s + 0.5);
-  char buf[32];
-  if (t >= 3600) std::snprintf(buf, sizeof buf, "%ld:%02ld:%02ld", t / 3600, (t / 60) % 60, t % 60);
-  else std::snprintf(buf, sizeof buf, "%ld:%02ld", t / 60, t % 60);
-  return buf;
-}
-
-class Progress {
- public:
-  Progress(std::FILE* log, uint64_t total) : log_(log), total_(total), tty_(log && ::isatty(::fileno(log))) {}
-
-  void show(uint64_t done, double secs, bool final) {
-    if (!log_) return;
-    const double frac = total_ ? static_cast<double>(done) / total_ : 1.0;
-    const double rate = secs > 0 ? done / secs : 0.0;
-    const double eta = rate > 0 ? (total_ - done) / rate : -1.0;
-    char line[160];
-    if (tty_) {
-      constexpr int kWidth = 28;
-      std::string bar(kWidth, ' ');
-      const int fill = static_cast<int>(frac * kWidth);
-      for (int i = 0; i < fill; ++i) bar[i] = '=';
-      if (fill < kWidth) bar[fill] = '>';
-      std::snprintf(line, sizeof line, "\r  weights [%s] %3d%%  %.2f / %.2f GB  %.2f GB/s  %s %s\x1b[K", bar.c_str(),
-                    static_cast<int>(frac * 100), done / 1e9, total_ / 1e9, rate / 1e9, final ? "in" : "ETA",
-                    clock_text(final ? secs : eta).c_str());
-      std::fputs(line, log_);
-      if (final) std::fputc('\n', log_);
-      std::fflush(log_);
-      return;
-    }
-    const int quarter = static_cast<int>(frac * 4);
-    if (!final && quarter <= last_quarter_) return;
-    last_quarter_ = quarter;
-    std::snprintf(line, sizeof line, "  weights %3d%%  %.2f / %.2f GB  %.2f GB/s  %s %s\n", static_cast<int>(frac * 100),
-                  done / 1e9, total_ / 1e9, rate / 1e9, final ? "in" : "ETA", clock_text(final ? secs : eta).c_str());
-    std::fputs(line, log_);
-    std::fflush(log_);
-  }
-
- private:
-  std::FILE* log_;
-  uint64_t total_;
-  bool tty_;
-  int last_quarter_ = 0;
-};
 
 }  // namespace
 

@@ -3,15 +3,19 @@
 // walk mirrors Qwen35Moe::forward step by step. Batched prefill: qwen3_5_moe_gpu_prefill.cpp; the
 // hybrid handoff: qwen3_5_moe_gpu_hybrid.cpp; streamed prefill: qwen3_5_moe_gpu_stream.cpp.
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 
 #include "gpu_core/handoff.cuh"
 #include "gpu_core/int4_layout.h"
 #include "gpu_core/ops.cuh"
 #include "runtime/bytes.h"
 #include "runtime/models/qwen3_5_moe_gpu_impl.h"
+#include "runtime/progress.h"
 
 namespace tandem {
 
@@ -26,6 +30,7 @@ enum class Kind { Dense, Experts, Kv, State, Work };
 class Uploader {
  public:
   bool committing() const { return base_ != nullptr; }
+  uint64_t placed() const { return offset_; }  // committing: bytes handed out so far
   void begin_commit(char* base) { base_ = base, offset_ = 0; }
   GpuMemoryPlan& plan() { return plan_; }
 
@@ -61,26 +66,71 @@ class Uploader {
 
 namespace {
 
+// An int4 (GPTQ) linear's device pieces in the GPU layout (qweight, scales, zeros, perm with act
+// order), allocated in that order; null pointers while the uploader only sizes.
+DevLinear alloc_int4(Uploader& up, const LinearWeight& L, Kind kind) {
+  DevLinear d;
+  d.out = L.out;
+  d.in = L.in;
+  d.int4 = true;
+  const int64_t G = L.gptq.num_groups;
+  d.q.qweight = static_cast<uint32_t*>(up.alloc(L.out * L.in / 2, kind));
+  d.q.scales = static_cast<uint16_t*>(up.alloc(L.out * G * 2, kind));
+  d.q.zeros = static_cast<uint8_t*>(up.alloc(L.out * G, kind));
+  d.q.perm = L.gptq.g_idx ? static_cast<int32_t*>(up.alloc(L.in * 4, kind)) : nullptr;
+  d.q.N = L.out, d.q.K = L.in, d.q.group_size = L.gptq.group_size;
+  return d;
+}
+
+// L repacked into the GPU layout (gpu::repack_gptq_int4, the expensive part) and copied into d's pieces.
+void fill_int4(const LinearWeight& L, const DevLinear& d) {
+  if (L.gptq.scales_dtype != DType::F16) fail(L.name, ": the GPU path needs F16 GPTQ scales (found ", dtype_name(L.gptq.scales_dtype), ")");
+  const gpu::Int4Host h = gpu::repack_gptq_int4({L.gptq.qweight, L.gptq.qzeros, static_cast<const uint16_t*>(L.gptq.scales),
+                                                 L.gptq.g_idx, L.out, L.in, L.gptq.group_size, L.gptq.zero_offset});
+  auto copy = [&](const void* dst, const auto& v, uint64_t bytes) {  // the views hold the pieces as const (kernels read them)
+    if (v.size() * sizeof(v[0]) != bytes) fail(L.name, ": repacked to ", v.size() * sizeof(v[0]), " bytes, ", bytes, " planned");
+    CK(cudaMemcpy(const_cast<void*>(dst), v.data(), bytes, cudaMemcpyHostToDevice));
+  };
+  const uint64_t G = static_cast<uint64_t>(L.gptq.num_groups), N = static_cast<uint64_t>(L.out);
+  copy(d.q.qweight, h.qweight, N * static_cast<uint64_t>(L.in) / 2);
+  copy(d.q.scales, h.scales, N * G * 2);
+  copy(d.q.zeros, h.zeros, N * G);
+  if (d.q.perm) copy(d.q.perm, h.perm, static_cast<uint64_t>(L.in) * 4);
+}
+
+// Int4 linears repacked and copied on all host threads (each a ~ms of CPU work; a 35B model has 30,720
+// expert matrices). The first failure is rethrown here once every thread has stopped.
+void fill_int4_parallel(const std::vector<std::pair<const LinearWeight*, DevLinear>>& jobs) {
+  int dev = 0;
+  CK(cudaGetDevice(&dev));
+  std::exception_ptr first;
+  std::atomic<bool> failed{false};
+#pragma omp parallel
+  {
+    if (cudaSetDevice(dev) != cudaSuccess) failed = true;  // the model's device on every worker thread
+#pragma omp for schedule(dynamic, 1)
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      if (failed.load(std::memory_order_relaxed)) continue;
+      try {
+        fill_int4(*jobs[i].first, jobs[i].second);
+      } catch (...) {
+#pragma omp critical(tandem_fill_int4)
+        if (!first) first = std::current_exception();
+        failed = true;
+      }
+    }
+  }
+  if (first) std::rethrow_exception(first);
+  if (failed) fail("uploading int4 experts: could not select CUDA device ", dev, " on a loader thread");
+}
+
 DevLinear upload_linear(Uploader& up, const LinearWeight& L, Kind kind) {
   DevLinear d;
   d.out = L.out;
   d.in = L.in;
   if (L.kind == LinearWeight::Kind::Gptq) {
-    d.int4 = true;
-    const int64_t G = L.gptq.num_groups;
-    if (!up.committing()) {  // sizes only: repacking is the expensive part
-      up.alloc(L.out * L.in / 2, kind), up.alloc(L.out * G * 2, kind), up.alloc(L.out * G, kind);
-      if (L.gptq.g_idx) up.alloc(L.in * 4, kind);
-      return d;
-    }
-    if (L.gptq.scales_dtype != DType::F16) fail(L.name, ": the GPU path needs F16 GPTQ scales (found ", dtype_name(L.gptq.scales_dtype), ")");
-    const gpu::Int4Host h = gpu::repack_gptq_int4({L.gptq.qweight, L.gptq.qzeros, static_cast<const uint16_t*>(L.gptq.scales),
-                                                   L.gptq.g_idx, L.out, L.in, L.gptq.group_size, L.gptq.zero_offset});
-    d.q.qweight = up.upload(h.qweight.data(), h.qweight.size(), kind);
-    d.q.scales = up.upload(h.scales.data(), h.scales.size(), kind);
-    d.q.zeros = up.upload(h.zeros.data(), h.zeros.size(), kind);
-    d.q.perm = L.gptq.g_idx ? up.upload(h.perm.data(), h.perm.size(), kind) : nullptr;
-    d.q.N = L.out, d.q.K = L.in, d.q.group_size = L.gptq.group_size;
+    d = alloc_int4(up, L, kind);
+    if (up.committing()) fill_int4(L, d);  // sizes only otherwise: repacking is the expensive part
     return d;
   }
   const size_t n = static_cast<size_t>(L.out * L.in);
@@ -120,7 +170,7 @@ std::string GpuMemoryPlan::describe() const {
                  ", DeltaNet state ", format_gib(deltanet_state), ", workspace ", format_gib(workspace), "; total ", format_gib(total()));
 }
 
-void Qwen35MoeGpu::Impl::build(Uploader& up) {
+void Qwen35MoeGpu::Impl::build(Uploader& up, const std::function<void(uint64_t)>& uploaded) {
   const ModelConfig& c = model.config();
   const int64_t H = c.hidden_size, V = c.vocab_size, conv_dim = c.linear_conv_dim(), Vd = c.linear_value_dim();
   const int64_t I = c.moe_intermediate_size, Is = c.shared_expert_intermediate_size, E = c.num_experts;
@@ -204,6 +254,7 @@ void Qwen35MoeGpu::Impl::build(Uploader& up) {
     d.expert_group = d.int4_experts ? m.gate[0].gptq.group_size : 0;
     std::vector<gpu::Int4Expert> i4(E);
     std::vector<gpu::Bf16Expert> b16(E);
+    std::vector<std::pair<const LinearWeight*, DevLinear>> repack;  // int4 experts: filled in parallel below
     for (int64_t e = 0; e < E; ++e) {
       if (!on_gpu(li, e)) {  // null pointers: the kernels skip it, the host computes it
         d.cpu_experts = true;
@@ -212,11 +263,18 @@ void Qwen35MoeGpu::Impl::build(Uploader& up) {
       for (const LinearWeight* w : {&m.gate[e], &m.up[e], &m.down[e]})
         if ((w->kind == LinearWeight::Kind::Gptq) != d.int4_experts || (d.int4_experts && w->gptq.group_size != d.expert_group))
           fail(w->name, ": the GPU MoE kernels need every expert of a layer in one format and group size");
+      if (d.int4_experts) {  // the same pieces in the same order as upload_linear, the repacking deferred
+        const DevLinear g = alloc_int4(up, m.gate[e], Kind::Experts), u = alloc_int4(up, m.up[e], Kind::Experts),
+                        dn = alloc_int4(up, m.down[e], Kind::Experts);
+        if (up.committing()) repack.insert(repack.end(), {{&m.gate[e], g}, {&m.up[e], u}, {&m.down[e], dn}});
+        i4[e] = {g.q, u.q, dn.q};
+        continue;
+      }
       const DevLinear g = upload_linear(up, m.gate[e], Kind::Experts), u = upload_linear(up, m.up[e], Kind::Experts),
                       dn = upload_linear(up, m.down[e], Kind::Experts);
-      i4[e] = {g.q, u.q, dn.q};
       b16[e] = {g.w, u.w, dn.w};
     }
+    fill_int4_parallel(repack);
     if (d.int4_experts) d.experts_i4 = up.upload(i4.data(), i4.size(), Kind::Experts);
     else d.experts_bf16 = up.upload(b16.data(), b16.size(), Kind::Experts);
     if (opts.replace.on() && up.committing()) {  // online re-placement edits the tables from host copies
@@ -225,6 +283,7 @@ void Qwen35MoeGpu::Impl::build(Uploader& up) {
     }
     if (streams(li) && up.committing()) stream_table(li, i4);
     layers.push_back(d);
+    if (uploaded && up.committing()) uploaded(up.placed());
   }
 
   const int64_t wide = std::max({H, conv_dim, Vd, int64_t(nh) * 2 * hd, I * k, Is});
@@ -679,8 +738,14 @@ std::unique_ptr<Qwen35MoeGpu> Qwen35MoeGpu::create(const Qwen35Moe& model, const
   }
   Uploader commit;
   commit.begin_commit(impl->arena);
-  impl->build(commit);
-  CK(cudaDeviceSynchronize());
+  {  // a progress line when the upload is large (the 35B model: ~20 GB)
+    Progress progress(opts.progress && impl->plan.total() >= (uint64_t(1) << 30) ? opts.progress : nullptr, impl->plan.total(), "to GPU");
+    const auto t0 = std::chrono::steady_clock::now();
+    auto secs = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+    impl->build(commit, [&](uint64_t placed) { progress.show(placed, secs(), false); });
+    CK(cudaDeviceSynchronize());
+    progress.show(impl->plan.total(), secs(), true);
+  }
   impl->replace_setup();
   impl->batched = impl->wants_batched() && impl->ph;
   impl->chunk = impl->opts.prefill_chunk;

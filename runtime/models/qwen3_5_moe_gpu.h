@@ -17,6 +17,7 @@
 // the budget (--gpu-mem, default the free device memory) the error lists what needs how much.
 #pragma once
 
+#include <cstdio>
 #include <memory>
 #include <span>
 #include <string>
@@ -79,6 +80,7 @@ struct GpuOptions {
   HostExperts* host_experts = nullptr;
   bool embed_on_gpu = true;  // false: the embedding table stays in host memory (one row per token crosses)
   std::string budget_name = "--gpu-mem";  // for messages: where the budget came from
+  std::FILE* progress = nullptr;  // the upload's progress line (uploads of 1 GiB and more); nullptr: silent
   // Run each decode step as one captured CUDA graph when everything is on the GPU (no host experts,
   // embedding on the GPU, no --trace). The runners turn it on unless TANDEM_CUDA_GRAPH=0.
   bool cuda_graph = false;

@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <future>
 #include <vector>
 
@@ -292,7 +293,8 @@ struct Qwen35MoeGpu::Impl {
   SlotImage slot_image(const Move& m) const;
   void pack_expert(int li, int e, const gpu::Int4Expert& slot, const SlotImage& image, char* dst) const;
 
-  void build(Uploader& up);
+  // uploaded(bytes): called after each layer while committing, with the bytes placed so far.
+  void build(Uploader& up, const std::function<void(uint64_t)>& uploaded = {});
 
   // The layer's weights and state in the kernels' argument blocks; callers add the activations.
   gpu::DeltaNetDecodeArgs deltanet_args(const DevLayer& L) const;
