@@ -199,29 +199,14 @@ void launch_down(const Int4Expert* e, int64_t H, int64_t I, const Carve& w, int6
 constexpr int kTcM = 32, kTcN = 64, kTcK = 64, kTcThreads = 128;
 constexpr int kLdA = kTcK + 8, kLdB = kTcK + 8, kLdC = kTcN + 4;  // padded rows (bank spread; multiples of 8 halves / 4 floats)
 
-// Bs[n][k] = fp16((q - z) * s) of W's row n0 + n, input k0 + k; zeros past the matrix.
-__device__ __forceinline__ void tc_load_w(const Int4View& W, int64_t n0, int64_t k0, __half* Bs) {
-  const int64_t words = W.K / 8, G = W.K / W.group_size;
-  for (int i = threadIdx.x; i < kTcN * (kTcK / 8); i += kTcThreads) {
-    const int r = i / (kTcK / 8), wc = i % (kTcK / 8);
-    const int64_t row = n0 + r, w = k0 / 8 + wc;
-    __half2* dst = reinterpret_cast<__half2*>(Bs + r * kLdB + wc * 8);
-    if (row < W.N && w < words) {
-      const uint32_t q = load_stream(W.qweight + row * words + w);
-      const int64_t g = (w * 8) / W.group_size;
-      const __half2 z = zero_1024(W.zeros[row * G + g]);
-      const __half2 sc = __half2half2(__ushort_as_half(W.scales[row * G + g]));
-#pragma unroll
-      for (int p = 0; p < 4; ++p) dst[p] = __hmul2(dequant_pair(q, p, z), sc);  // inputs 2p, 2p + 1 of the word
-    } else {
-#pragma unroll
-      for (int p = 0; p < 4; ++p) dst[p] = __float2half2_rn(0.0f);
-    }
-  }
-}
+constexpr int kAPer = kTcM * (kTcK / 8) / kTcThreads;  // 16-byte activation pieces a thread stages
+constexpr int kWPer = kTcN * (kTcK / 8) / kTcThreads;  // weight words a thread stages
+static_assert(kAPer * kTcThreads == kTcM * (kTcK / 8) && kWPer * kTcThreads == kTcN * (kTcK / 8), "whole tiles per pass");
 
-// The 16-byte piece i of the activation tile at k0 (row i / (kTcK / 8) of the tile, inputs c8 * 8 ..
-// c8 * 8 + 7): X[s0 + m, k0 + c8 * 8 ..] (X fp16 [pairs][K]; through perm when given); zeros past count / K.
+
+// Piece i of the activation tile at k0 (row m = i / (kTcK / 8) of the tile, inputs c8 * 8 .. + 7 with
+// c8 = i % (kTcK / 8)): X[s0 + m, k0 + c8 * 8 ..] (X fp16 [pairs][K]; through perm when given); zeros
+// past count / K. a_put stores it at As[m][c8 * 8].
 __device__ __forceinline__ uint4 a_piece(const __half* X, int64_t K, int s0, int count, int64_t k0, const int32_t* perm, int i) {
   const int m = i / (kTcK / 8), c8 = i % (kTcK / 8);
   const int64_t k = k0 + c8 * 8;
@@ -239,13 +224,75 @@ __device__ __forceinline__ uint4 a_piece(const __half* X, int64_t K, int s0, int
   }
   return v;
 }
+__device__ __forceinline__ void a_put(const uint4& v, int i, __half* As) {
+  *reinterpret_cast<uint4*>(As + (i / (kTcK / 8)) * kLdA + (i % (kTcK / 8)) * 8) = v;
+}
 
-// As[m][k] = X[s0 + m, k0 + k] (a_piece by piece).
-__device__ __forceinline__ void tc_load_a(const __half* X, int64_t K, int s0, int count, int64_t k0, const int32_t* perm, __half* As) {
-  for (int i = threadIdx.x; i < kTcM * (kTcK / 8); i += kTcThreads) {
-    const int m = i / (kTcK / 8), c8 = i % (kTcK / 8);
-    *reinterpret_cast<uint4*>(As + m * kLdA + c8 * 8) = a_piece(X, K, s0, count, k0, perm, i);
+// Word i of the weight tile: W's row n0 + i / (kTcK / 8), word k0 / 8 + i % (kTcK / 8), with its scale and
+// zero point (ok false past the matrix); w_put writes its 8 inputs to Bs as fp16((q - z) * s), zeros
+// when !ok.
+struct WWord {
+  uint32_t q;
+  uint16_t s;
+  uint8_t z;
+  bool ok;
+};
+__device__ __forceinline__ WWord w_word(const Int4View& W, int64_t n0, int64_t k0, int i) {
+  const int64_t words = W.K / 8, G = W.K / W.group_size;
+  const int64_t row = n0 + i / (kTcK / 8), w = k0 / 8 + i % (kTcK / 8);
+  WWord r{0u, 0, 0, row < W.N && w < words};
+  if (r.ok) {
+    const int64_t g = (w * 8) / W.group_size;
+    r.q = load_stream(W.qweight + row * words + w);
+    r.s = W.scales[row * G + g];
+    r.z = W.zeros[row * G + g];
   }
+  return r;
+}
+__device__ __forceinline__ void w_put(const WWord& r, int i, __half* Bs) {
+  __half2* dst = reinterpret_cast<__half2*>(Bs + (i / (kTcK / 8)) * kLdB + (i % (kTcK / 8)) * 8);
+  if (r.ok) {
+    const __half2 z = zero_1024(r.z);
+    const __half2 sc = __half2half2(__ushort_as_half(r.s));
+#pragma unroll
+    for (int p = 0; p < 4; ++p) dst[p] = __hmul2(dequant_pair(r.q, p, z), sc);  // inputs 2p, 2p + 1 of the word
+  } else {
+#pragma unroll
+    for (int p = 0; p < 4; ++p) dst[p] = __float2half2_rn(0.0f);
+  }
+}
+
+// One stage's tile, piece after piece (each loaded, then stored): the unpipelined kernels.
+__device__ __forceinline__ void tc_load_a(const __half* X, int64_t K, int s0, int count, int64_t k0, const int32_t* perm, __half* As) {
+  for (int i = threadIdx.x; i < kTcM * (kTcK / 8); i += kTcThreads) a_put(a_piece(X, K, s0, count, k0, perm, i), i, As);
+}
+__device__ __forceinline__ void tc_load_w(const Int4View& W, int64_t n0, int64_t k0, __half* Bs) {
+  for (int i = threadIdx.x; i < kTcN * (kTcK / 8); i += kTcThreads) w_put(w_word(W, n0, k0, i), i, Bs);
+}
+
+// The same pieces of this thread all loaded into registers first (fetch_*), stored later (store_*): the
+// pipelined kernels, whose loads are in flight during the previous stage's products.
+struct ARegs {
+  uint4 v[kAPer];
+};
+struct WRegs {
+  WWord w[kWPer];
+};
+__device__ __forceinline__ void fetch_a(const __half* X, int64_t K, int s0, int count, int64_t k0, const int32_t* perm, ARegs& r) {
+#pragma unroll
+  for (int u = 0; u < kAPer; ++u) r.v[u] = a_piece(X, K, s0, count, k0, perm, threadIdx.x + u * kTcThreads);
+}
+__device__ __forceinline__ void store_a(const ARegs& r, __half* As) {
+#pragma unroll
+  for (int u = 0; u < kAPer; ++u) a_put(r.v[u], threadIdx.x + u * kTcThreads, As);
+}
+__device__ __forceinline__ void fetch_w(const Int4View& W, int64_t n0, int64_t k0, WRegs& r) {
+#pragma unroll
+  for (int u = 0; u < kWPer; ++u) r.w[u] = w_word(W, n0, k0, threadIdx.x + u * kTcThreads);
+}
+__device__ __forceinline__ void store_w(const WRegs& r, __half* Bs) {
+#pragma unroll
+  for (int u = 0; u < kWPer; ++u) w_put(r.w[u], threadIdx.x + u * kTcThreads, Bs);
 }
 
 using FragA = nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 16, __half, nvcuda::wmma::row_major>;
@@ -299,137 +346,48 @@ __device__ __forceinline__ void down_epilogue(const FragC (&c)[2], float* C, int
   }
 }
 
+// The K loop of a tile: mma(b) multiplies shared buffer b. PIPE: two buffers; fetch(k0) loads a stage's
+// pieces into registers, store(b) puts them into buffer b (weights dequantised), the next stage's loads
+// in flight during this stage's MMAs (one barrier a stage). Otherwise one buffer: load(k0) loads and
+// stores piece by piece, then the MMAs (two barriers a stage). The same products in the same order.
+template <bool PIPE, typename Fetch, typename Store, typename Load, typename Mma>
+__device__ __forceinline__ void tc_k_loop(int64_t K, Fetch&& fetch, Store&& store, Load&& load, Mma&& mma) {
+  if constexpr (PIPE) {
+    fetch(0);
+    store(0);
+    __syncthreads();
+    int cur = 0;
+    for (int64_t k0 = 0; k0 < K; k0 += kTcK, cur ^= 1) {
+      const bool more = k0 + kTcK < K;
+      if (more) fetch(k0 + kTcK);  // in flight during this stage's MMAs
+      mma(cur);
+      if (more) store(cur ^ 1);  // that buffer's last readers passed the previous barrier
+      __syncthreads();
+    }
+  } else {
+    for (int64_t k0 = 0; k0 < K; k0 += kTcK) {
+      load(k0);
+      __syncthreads();
+      mma(0);
+      __syncthreads();
+    }
+  }
+}
+
+// Shared memory of one stage buffer: gate/up Ag, Au [kTcM][kLdA], Bg, Bu [kTcN][kLdB]; down As, Bs.
+constexpr int kGateUpBufHalves = 2 * kTcM * kLdA + 2 * kTcN * kLdB, kDownBufHalves = kTcM * kLdA + kTcN * kLdB;
+template <bool PIPE>
+constexpr size_t tc_smem_bytes(int buf_halves) { return (PIPE ? 2 : 1) * buf_halves * sizeof(__half); }
+
+template <bool PIPE>
 __global__ void __launch_bounds__(kTcThreads)
     tc_gate_up_kernel(const Int4Expert* __restrict__ experts, int64_t H, int64_t I, const int4* __restrict__ items,
                       const int32_t* __restrict__ counts, const __half* __restrict__ xg, const __half* __restrict__ xu,
                       __half* __restrict__ h) {
   using namespace nvcuda;
-  __shared__ __align__(128) __half Ag[kTcM * kLdA], Au[kTcM * kLdA], Bg[kTcN * kLdB], Bu[kTcN * kLdB];
-  if (static_cast<int>(blockIdx.y) >= counts[0]) return;
-  const int4 it = items[blockIdx.y];
-  const Int4Expert& ex = experts[it.x];
-  if (!ex.gate.qweight) return;  // not resident (hybrid); uniform per block
-  const int s0 = it.y, cnt = it.z, warp = threadIdx.x / 32;
-  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kTcN;
-  FragC cg[2], cu[2];
-#pragma unroll
-  for (int mi = 0; mi < 2; ++mi) wmma::fill_fragment(cg[mi], 0.0f), wmma::fill_fragment(cu[mi], 0.0f);
-  for (int64_t k0 = 0; k0 < H; k0 += kTcK) {
-    tc_load_a(xg, H, s0, cnt, k0, nullptr, Ag);  // already in each matrix's input order (gather)
-    tc_load_a(xu, H, s0, cnt, k0, nullptr, Au);
-    tc_load_w(ex.gate, n0, k0, Bg);
-    tc_load_w(ex.up, n0, k0, Bu);
-    __syncthreads();
-    tc_mma(Ag, Bg, warp, cg);
-    tc_mma(Au, Bu, warp, cu);
-    __syncthreads();
-  }
-  float* Cg = reinterpret_cast<float*>(Bg);  // kTcM x kLdC floats fit in a B tile
-  float* Cu = reinterpret_cast<float*>(Bu);
-  gate_up_epilogue(cg, cu, Cg, Cu, warp, cnt, s0, n0, I, h);
-}
-
-__global__ void __launch_bounds__(kTcThreads)
-    tc_down_kernel(const Int4Expert* __restrict__ experts, int64_t H, int64_t I, const int4* __restrict__ items,
-                   const int32_t* __restrict__ counts, const int32_t* __restrict__ order, const float* __restrict__ weights,
-                   const __half* __restrict__ h, float* __restrict__ y) {
-  using namespace nvcuda;
-  __shared__ __align__(128) __half As[kTcM * kLdA], Bs[kTcN * kLdB];
-  if (static_cast<int>(blockIdx.y) >= counts[0]) return;
-  const int4 it = items[blockIdx.y];
-  const Int4View& down = experts[it.x].down;
-  if (!down.qweight) return;  // uniform per block
-  const int s0 = it.y, cnt = it.z, warp = threadIdx.x / 32;
-  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kTcN;
-  FragC c[2];
-#pragma unroll
-  for (int mi = 0; mi < 2; ++mi) wmma::fill_fragment(c[mi], 0.0f);
-  for (int64_t k0 = 0; k0 < I; k0 += kTcK) {
-    tc_load_a(h, I, s0, cnt, k0, down.perm, As);
-    tc_load_w(down, n0, k0, Bs);
-    __syncthreads();
-    tc_mma(As, Bs, warp, c);
-    __syncthreads();
-  }
-  float* C = reinterpret_cast<float*>(Bs);
-  down_epilogue(c, C, warp, cnt, s0, n0, H, order, weights, y);
-}
-
-// ---- Pipelined tensor-core path (moe_int4_grouped_tc_pipelined) --------------------------------------
-// The same tiles, fragments and arithmetic as tc_gate_up_kernel / tc_down_kernel, with two shared
-// buffers: the next stage's global loads (activation rows, weight words, scales, zero points) go out
-// into registers before this stage's MMAs, and are stored (weights dequantised) into the other buffer
-// after them. One barrier a stage; the loads' latency hides behind the tensor-core work.
-constexpr int kAPer = kTcM * (kTcK / 8) / kTcThreads;  // 16-byte activation pieces a thread stages
-constexpr int kWPer = kTcN * (kTcK / 8) / kTcThreads;  // weight words a thread stages
-static_assert(kAPer * kTcThreads == kTcM * (kTcK / 8) && kWPer * kTcThreads == kTcN * (kTcK / 8), "whole tiles per pass");
-
-struct ARegs {
-  uint4 v[kAPer];
-};
-struct WRegs {
-  uint32_t q[kWPer];
-  uint16_t s[kWPer];
-  uint8_t z[kWPer];
-  bool ok[kWPer];
-};
-
-// tc_load_a's reads of the tile at k0 (the same pieces per thread), into registers.
-__device__ __forceinline__ void fetch_a(const __half* X, int64_t K, int s0, int count, int64_t k0, const int32_t* perm, ARegs& r) {
-#pragma unroll
-  for (int u = 0; u < kAPer; ++u) r.v[u] = a_piece(X, K, s0, count, k0, perm, threadIdx.x + u * kTcThreads);
-}
-__device__ __forceinline__ void store_a(const ARegs& r, __half* As) {
-#pragma unroll
-  for (int u = 0; u < kAPer; ++u) {
-    const int i = threadIdx.x + u * kTcThreads, m = i / (kTcK / 8), c8 = i % (kTcK / 8);
-    *reinterpret_cast<uint4*>(As + m * kLdA + c8 * 8) = r.v[u];
-  }
-}
-// tc_load_w's reads (words, scales, zero points), into registers; store_w dequantises as it does.
-__device__ __forceinline__ void fetch_w(const Int4View& W, int64_t n0, int64_t k0, WRegs& r) {
-  const int64_t words = W.K / 8, G = W.K / W.group_size;
-#pragma unroll
-  for (int u = 0; u < kWPer; ++u) {
-    const int i = threadIdx.x + u * kTcThreads, row_in = i / (kTcK / 8), wc = i % (kTcK / 8);
-    const int64_t row = n0 + row_in, w = k0 / 8 + wc;
-    r.ok[u] = row < W.N && w < words;
-    if (r.ok[u]) {
-      const int64_t g = (w * 8) / W.group_size;
-      r.q[u] = load_stream(W.qweight + row * words + w);
-      r.s[u] = W.scales[row * G + g];
-      r.z[u] = W.zeros[row * G + g];
-    }
-  }
-}
-__device__ __forceinline__ void store_w(const WRegs& r, __half* Bs) {
-#pragma unroll
-  for (int u = 0; u < kWPer; ++u) {
-    const int i = threadIdx.x + u * kTcThreads, row_in = i / (kTcK / 8), wc = i % (kTcK / 8);
-    __half2* dst = reinterpret_cast<__half2*>(Bs + row_in * kLdB + wc * 8);
-    if (r.ok[u]) {
-      const __half2 z = zero_1024(r.z[u]);
-      const __half2 sc = __half2half2(__ushort_as_half(r.s[u]));
-#pragma unroll
-      for (int p = 0; p < 4; ++p) dst[p] = __hmul2(dequant_pair(r.q[u], p, z), sc);  // inputs 2p, 2p + 1 of the word
-    } else {
-#pragma unroll
-      for (int p = 0; p < 4; ++p) dst[p] = __float2half2_rn(0.0f);
-    }
-  }
-}
-
-constexpr int kPipeGateUpHalves = 2 * kTcM * kLdA + 2 * kTcN * kLdB;  // one buffer: Ag, Au, Bg, Bu
-constexpr size_t kPipeGateUpSmem = 2 * kPipeGateUpHalves * sizeof(__half);
-
-__global__ void __launch_bounds__(kTcThreads)
-    tc_gate_up_pipe_kernel(const Int4Expert* __restrict__ experts, int64_t H, int64_t I, const int4* __restrict__ items,
-                           const int32_t* __restrict__ counts, const __half* __restrict__ xg, const __half* __restrict__ xu,
-                           __half* __restrict__ h) {
-  using namespace nvcuda;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   __half* const base = reinterpret_cast<__half*>(smem_raw);
-  auto Ag = [&](int b) { return base + b * kPipeGateUpHalves; };
+  auto Ag = [&](int b) { return base + b * kGateUpBufHalves; };
   auto Au = [&](int b) { return Ag(b) + kTcM * kLdA; };
   auto Bg = [&](int b) { return Au(b) + kTcM * kLdA; };
   auto Bu = [&](int b) { return Bg(b) + kTcN * kLdB; };
@@ -444,41 +402,45 @@ __global__ void __launch_bounds__(kTcThreads)
   for (int mi = 0; mi < 2; ++mi) wmma::fill_fragment(cg[mi], 0.0f), wmma::fill_fragment(cu[mi], 0.0f);
   ARegs ag, au;
   WRegs wg, wu;
-  auto fetch = [&](int64_t k0) {
-    fetch_a(xg, H, s0, cnt, k0, nullptr, ag);  // already in each matrix's input order (gather)
-    fetch_a(xu, H, s0, cnt, k0, nullptr, au);
-    fetch_w(ex.gate, n0, k0, wg);
-    fetch_w(ex.up, n0, k0, wu);
-  };
-  auto store = [&](int b) {
-    store_a(ag, Ag(b));
-    store_a(au, Au(b));
-    store_w(wg, Bg(b));
-    store_w(wu, Bu(b));
-  };
-  fetch(0);
-  store(0);
-  __syncthreads();
-  int cur = 0;
-  for (int64_t k0 = 0; k0 < H; k0 += kTcK, cur ^= 1) {
-    const bool more = k0 + kTcK < H;
-    if (more) fetch(k0 + kTcK);  // in flight during this stage's MMAs
-    tc_mma(Ag(cur), Bg(cur), warp, cg);
-    tc_mma(Au(cur), Bu(cur), warp, cu);
-    if (more) store(cur ^ 1);  // that buffer's last readers passed the previous barrier
-    __syncthreads();
-  }
+  tc_k_loop<PIPE>(
+      H,
+      [&](int64_t k0) {
+        fetch_a(xg, H, s0, cnt, k0, nullptr, ag);  // already in each matrix's input order (gather)
+        fetch_a(xu, H, s0, cnt, k0, nullptr, au);
+        fetch_w(ex.gate, n0, k0, wg);
+        fetch_w(ex.up, n0, k0, wu);
+      },
+      [&](int b) {
+        store_a(ag, Ag(b));
+        store_a(au, Au(b));
+        store_w(wg, Bg(b));
+        store_w(wu, Bu(b));
+      },
+      [&](int64_t k0) {
+        tc_load_a(xg, H, s0, cnt, k0, nullptr, Ag(0));
+        tc_load_a(xu, H, s0, cnt, k0, nullptr, Au(0));
+        tc_load_w(ex.gate, n0, k0, Bg(0));
+        tc_load_w(ex.up, n0, k0, Bu(0));
+      },
+      [&](int b) {
+        tc_mma(Ag(b), Bg(b), warp, cg);
+        tc_mma(Au(b), Bu(b), warp, cu);
+      });
   float* Cg = reinterpret_cast<float*>(Bg(0));  // kTcM x kLdC floats fit in a B tile
   float* Cu = reinterpret_cast<float*>(Bu(0));
   gate_up_epilogue(cg, cu, Cg, Cu, warp, cnt, s0, n0, I, h);
 }
 
+template <bool PIPE>
 __global__ void __launch_bounds__(kTcThreads)
-    tc_down_pipe_kernel(const Int4Expert* __restrict__ experts, int64_t H, int64_t I, const int4* __restrict__ items,
-                        const int32_t* __restrict__ counts, const int32_t* __restrict__ order, const float* __restrict__ weights,
-                        const __half* __restrict__ h, float* __restrict__ y) {
+    tc_down_kernel(const Int4Expert* __restrict__ experts, int64_t H, int64_t I, const int4* __restrict__ items,
+                   const int32_t* __restrict__ counts, const int32_t* __restrict__ order, const float* __restrict__ weights,
+                   const __half* __restrict__ h, float* __restrict__ y) {
   using namespace nvcuda;
-  __shared__ __align__(128) __half As[2][kTcM * kLdA], Bs[2][kTcN * kLdB];
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  __half* const base = reinterpret_cast<__half*>(smem_raw);
+  auto As = [&](int b) { return base + b * kDownBufHalves; };
+  auto Bs = [&](int b) { return As(b) + kTcM * kLdA; };
   if (static_cast<int>(blockIdx.y) >= counts[0]) return;
   const int4 it = items[blockIdx.y];
   const Int4View& down = experts[it.x].down;
@@ -490,26 +452,22 @@ __global__ void __launch_bounds__(kTcThreads)
   for (int mi = 0; mi < 2; ++mi) wmma::fill_fragment(c[mi], 0.0f);
   ARegs a;
   WRegs w;
-  fetch_a(h, I, s0, cnt, 0, down.perm, a);
-  fetch_w(down, n0, 0, w);
-  store_a(a, As[0]);
-  store_w(w, Bs[0]);
-  __syncthreads();
-  int cur = 0;
-  for (int64_t k0 = 0; k0 < I; k0 += kTcK, cur ^= 1) {
-    const bool more = k0 + kTcK < I;
-    if (more) {
-      fetch_a(h, I, s0, cnt, k0 + kTcK, down.perm, a);
-      fetch_w(down, n0, k0 + kTcK, w);
-    }
-    tc_mma(As[cur], Bs[cur], warp, c);
-    if (more) {
-      store_a(a, As[cur ^ 1]);
-      store_w(w, Bs[cur ^ 1]);
-    }
-    __syncthreads();
-  }
-  float* C = reinterpret_cast<float*>(Bs[0]);
+  tc_k_loop<PIPE>(
+      I,
+      [&](int64_t k0) {
+        fetch_a(h, I, s0, cnt, k0, down.perm, a);
+        fetch_w(down, n0, k0, w);
+      },
+      [&](int b) {
+        store_a(a, As(b));
+        store_w(w, Bs(b));
+      },
+      [&](int64_t k0) {
+        tc_load_a(h, I, s0, cnt, k0, down.perm, As(0));
+        tc_load_w(down, n0, k0, Bs(0));
+      },
+      [&](int b) { tc_mma(As(b), Bs(b), warp, c); });
+  float* C = reinterpret_cast<float*>(Bs(0));
   down_epilogue(c, C, warp, cnt, s0, n0, H, order, weights, y);
 }
 
@@ -528,39 +486,40 @@ void group_and_gather(const Int4Expert* experts, int E, int64_t H, const int32_t
   gather_pairs_kernel<<<static_cast<unsigned>(P), 256, 0, stream>>>(experts, ids, k, H, x, w.order, w.counts, w.xg, w.xu);
 }
 
-}  // namespace
-
-cudaError_t moe_int4_grouped_tc(const Int4Expert* experts, int E, int64_t H, int64_t I, int64_t group_size, const int32_t* ids,
-                                const float* weights, int n, int k, const float* x, void* workspace, float* out, cudaStream_t stream) {
+// moe_int4_grouped_tc(_pipelined): group, gather, the two tensor-core kernels, combine.
+template <bool PIPE>
+cudaError_t grouped_tc(const Int4Expert* experts, int E, int64_t H, int64_t I, int64_t group_size, const int32_t* ids,
+                       const float* weights, int n, int k, const float* x, void* workspace, float* out, cudaStream_t stream) {
   if (!grouped_shape_ok(n, k, E, H, I, group_size)) return cudaErrorInvalidValue;
+  constexpr size_t up_smem = tc_smem_bytes<PIPE>(kGateUpBufHalves), down_smem = tc_smem_bytes<PIPE>(kDownBufHalves);
+  // Past the default 48 KB: opted in once per process (a host call, not on every chunk of every layer).
+  static const cudaError_t opt_in =
+      up_smem > 48 * 1024 ? cudaFuncSetAttribute(tc_gate_up_kernel<PIPE>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(up_smem))
+                          : cudaSuccess;
+  if (opt_in != cudaSuccess) return opt_in;
+  static_assert(down_smem <= 48 * 1024, "the down kernel's buffers fit the default shared memory");
   const int64_t P = static_cast<int64_t>(n) * k, items = Carve::max_items(P, E, kTcM);
   const Carve w(workspace, P, H, I, E);
   group_and_gather(experts, E, H, ids, P, k, kTcM, x, w, stream);
-  tc_gate_up_kernel<<<dim3(static_cast<unsigned>((I + kTcN - 1) / kTcN), static_cast<unsigned>(items)), kTcThreads, 0, stream>>>(
+  tc_gate_up_kernel<PIPE><<<dim3(static_cast<unsigned>((I + kTcN - 1) / kTcN), static_cast<unsigned>(items)), kTcThreads, up_smem, stream>>>(
       experts, H, I, w.items, w.counts, w.xg, w.xu, w.h);
-  tc_down_kernel<<<dim3(static_cast<unsigned>((H + kTcN - 1) / kTcN), static_cast<unsigned>(items)), kTcThreads, 0, stream>>>(
+  tc_down_kernel<PIPE><<<dim3(static_cast<unsigned>((H + kTcN - 1) / kTcN), static_cast<unsigned>(items)), kTcThreads, down_smem, stream>>>(
       experts, H, I, w.items, w.counts, w.order, weights, w.h, w.y);
   combine_kernel<<<static_cast<unsigned>(n), 256, k * sizeof(int32_t), stream>>>(experts, ids, k, H, w.pos_of, w.y, out);
   return cudaGetLastError();
 }
 
+}  // namespace
+
+cudaError_t moe_int4_grouped_tc(const Int4Expert* experts, int E, int64_t H, int64_t I, int64_t group_size, const int32_t* ids,
+                                const float* weights, int n, int k, const float* x, void* workspace, float* out, cudaStream_t stream) {
+  return grouped_tc<false>(experts, E, H, I, group_size, ids, weights, n, k, x, workspace, out, stream);
+}
+
 cudaError_t moe_int4_grouped_tc_pipelined(const Int4Expert* experts, int E, int64_t H, int64_t I, int64_t group_size,
                                           const int32_t* ids, const float* weights, int n, int k, const float* x, void* workspace,
                                           float* out, cudaStream_t stream) {
-  if (!grouped_shape_ok(n, k, E, H, I, group_size)) return cudaErrorInvalidValue;
-  // Once per process (a host call: not on every chunk of every layer).
-  static const cudaError_t opt_in =
-      cudaFuncSetAttribute(tc_gate_up_pipe_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kPipeGateUpSmem));
-  if (opt_in != cudaSuccess) return opt_in;
-  const int64_t P = static_cast<int64_t>(n) * k, items = Carve::max_items(P, E, kTcM);
-  const Carve w(workspace, P, H, I, E);
-  group_and_gather(experts, E, H, ids, P, k, kTcM, x, w, stream);
-  tc_gate_up_pipe_kernel<<<dim3(static_cast<unsigned>((I + kTcN - 1) / kTcN), static_cast<unsigned>(items)), kTcThreads, kPipeGateUpSmem,
-                           stream>>>(experts, H, I, w.items, w.counts, w.xg, w.xu, w.h);
-  tc_down_pipe_kernel<<<dim3(static_cast<unsigned>((H + kTcN - 1) / kTcN), static_cast<unsigned>(items)), kTcThreads, 0, stream>>>(
-      experts, H, I, w.items, w.counts, w.order, weights, w.h, w.y);
-  combine_kernel<<<static_cast<unsigned>(n), 256, k * sizeof(int32_t), stream>>>(experts, ids, k, H, w.pos_of, w.y, out);
-  return cudaGetLastError();
+  return grouped_tc<true>(experts, E, H, I, group_size, ids, weights, n, k, x, workspace, out, stream);
 }
 
 size_t moe_int4_grouped_workspace(int64_t n, int k, int64_t H, int64_t I, int E) { return Carve(nullptr, n * k, H, I, E).bytes; }
