@@ -228,6 +228,57 @@ __global__ void __launch_bounds__(kScanMaxThreads) delta_scan_kernel(DeltaNetDec
 constexpr int kChunk = 32, kSlice = 32, kChunkThreads = 128;
 size_t chunk_smem_floats(int dk) { return 2 * kChunk * (dk + 1) + dk * kSlice + 2 * kChunk * kSlice + 2 * kChunk * kChunk + 3 * kChunk; }
 
+// Rows t0 .. t0 + cc of the chunk's normalised q and k (key head kh) into Qs / Ks [kChunk][ldk],
+// zeros past cc.
+__device__ __forceinline__ void load_chunk_qk(const DeltaNetDecodeArgs& p, int t0, int cc, int kh, int ldk, float* Qs, float* Ks) {
+  const int dk = p.dk;
+  const int64_t key_dim = static_cast<int64_t>(p.Hk) * dk, conv_dim = 2 * key_dim + static_cast<int64_t>(p.Hv) * p.dv;
+  for (int idx = threadIdx.x; idx < kChunk * dk; idx += blockDim.x) {
+    const int t = idx / dk, i = idx % dk;
+    const float* c = p.conv_out + static_cast<int64_t>(t0 + t) * conv_dim;
+    Qs[t * ldk + i] = t < cc ? c[kh * dk + i] : 0.0f;
+    Ks[t * ldk + i] = t < cc ? c[key_dim + kh * dk + i] : 0.0f;
+  }
+}
+
+// The block's state columns col0 .. col0 + width of value head h's state S [dk][dv] into S0 [dk][kSlice]
+// (zeros past width), and back.
+__device__ __forceinline__ void load_state_slice(const float* S, int dk, int dv, int col0, int width, float* S0) {
+  for (int idx = threadIdx.x; idx < dk * kSlice; idx += blockDim.x) {
+    const int i = idx / kSlice, j = idx % kSlice;
+    S0[idx] = j < width ? S[i * dv + col0 + j] : 0.0f;
+  }
+}
+__device__ __forceinline__ void store_state_slice(const float* S0, int dk, int dv, int col0, int width, float* S) {
+  for (int idx = threadIdx.x; idx < dk * kSlice; idx += blockDim.x) {
+    const int i = idx / kSlice, j = idx % kSlice;
+    if (j < width) S[i * dv + col0 + j] = S0[idx];
+  }
+}
+
+// The chunk's cumulative log decays G and betas Bt of value head h (no decay and beta 0 past cc), with
+// the barriers around the prefix sum: every thread of the block calls it.
+__device__ __forceinline__ void chunk_gates(const DeltaNetDecodeArgs& p, int t0, int cc, int h, float dt, float A, float* G, float* Bt) {
+  const int tid = threadIdx.x;
+  if (tid < kChunk) {  // past the chunk's end: no decay, no write
+    G[tid] = tid < cc ? log_decay(p.a[int64_t(t0 + tid) * p.Hv + h], dt, A) : 0.0f;
+    Bt[tid] = tid < cc ? 1.0f / (1.0f + expf(-p.b[int64_t(t0 + tid) * p.Hv + h])) : 0.0f;
+  }
+  __syncthreads();
+  if (tid == 0)
+    for (int t = 1; t < kChunk; ++t) G[t] += G[t - 1];
+  __syncthreads();
+}
+
+// k_t . k_s and q_t . k_s of the staged chunk rows.
+__device__ __forceinline__ void chunk_dots(const float* Qs, const float* Ks, int ldk, int dk, int t, int s, float& kk, float& qk) {
+  kk = 0.0f, qk = 0.0f;
+  for (int i = 0; i < dk; ++i) {
+    kk += Ks[t * ldk + i] * Ks[s * ldk + i];
+    qk += Qs[t * ldk + i] * Ks[s * ldk + i];
+  }
+}
+
 __global__ void __launch_bounds__(kChunkThreads) delta_chunk_kernel(DeltaNetDecodeArgs p, int T) {
   extern __shared__ float sm[];
   const int dk = p.dk, dv = p.dv, h = blockIdx.x, kh = h / (p.Hv / p.Hk), col0 = blockIdx.y * kSlice, tid = threadIdx.x;
@@ -245,36 +296,18 @@ __global__ void __launch_bounds__(kChunkThreads) delta_chunk_kernel(DeltaNetDeco
   const int64_t key_dim = static_cast<int64_t>(p.Hk) * dk, conv_dim = 2 * key_dim + static_cast<int64_t>(p.Hv) * dv;
   const int64_t Vd = static_cast<int64_t>(p.Hv) * dv;
   float* S = p.state + static_cast<int64_t>(h) * dk * dv;
-  for (int idx = tid; idx < dk * kSlice; idx += kChunkThreads) {
-    const int i = idx / kSlice, j = idx % kSlice;
-    S0[idx] = j < width ? S[i * dv + col0 + j] : 0.0f;
-  }
+  load_state_slice(S, dk, dv, col0, width, S0);
   const float A = expf(p.A_log[h]), dt = p.dt_bias[h];
   for (int t0 = 0; t0 < T; t0 += kChunk) {
     const int cc = min(kChunk, T - t0);
     __syncthreads();  // the previous chunk is done with every buffer
-    for (int idx = tid; idx < kChunk * dk; idx += kChunkThreads) {
-      const int t = idx / dk, i = idx % dk;
-      const float* c = p.conv_out + static_cast<int64_t>(t0 + t) * conv_dim;
-      Qs[t * ldk + i] = t < cc ? c[kh * dk + i] : 0.0f;
-      Ks[t * ldk + i] = t < cc ? c[key_dim + kh * dk + i] : 0.0f;
-    }
-    if (tid < kChunk) {  // past the chunk's end: no decay, no write
-      G[tid] = tid < cc ? log_decay(p.a[int64_t(t0 + tid) * p.Hv + h], dt, A) : 0.0f;
-      Bt[tid] = tid < cc ? 1.0f / (1.0f + expf(-p.b[int64_t(t0 + tid) * p.Hv + h])) : 0.0f;
-    }
-    __syncthreads();
-    if (tid == 0)
-      for (int t = 1; t < kChunk; ++t) G[t] += G[t - 1];
-    __syncthreads();
+    load_chunk_qk(p, t0, cc, kh, ldk, Qs, Ks);
+    chunk_gates(p, t0, cc, h, dt, A, G, Bt);
     if (tid < kChunk) Wl[tid] = tid < cc ? expf(G[cc - 1] - G[tid]) : 0.0f;
     for (int idx = tid; idx < kChunk * kChunk; idx += kChunkThreads) {
       const int t = idx / kChunk, s = idx % kChunk;
-      float kk = 0.0f, qk = 0.0f;
-      for (int i = 0; i < dk; ++i) {
-        kk += Ks[t * ldk + i] * Ks[s * ldk + i];
-        qk += Qs[t * ldk + i] * Ks[s * ldk + i];
-      }
+      float kk, qk;
+      chunk_dots(Qs, Ks, ldk, dk, t, s, kk, qk);
       const bool in = t < cc && s < cc;
       Akk[idx] = in && s < t ? Bt[t] * expf(G[t] - G[s]) * kk : 0.0f;
       Mqk[idx] = in && s <= t ? expf(G[t] - G[s]) * qk : 0.0f;
@@ -315,10 +348,7 @@ __global__ void __launch_bounds__(kChunkThreads) delta_chunk_kernel(DeltaNetDeco
     }
   }
   __syncthreads();
-  for (int idx = tid; idx < dk * kSlice; idx += kChunkThreads) {
-    const int i = idx / kSlice, j = idx % kSlice;
-    if (j < width) S[i * dv + col0 + j] = S0[idx];
-  }
+  store_state_slice(S0, dk, dv, col0, width, S);
 }
 
 // Prefill step 3, chunked form with the chunk terms first (DeltaNetDecodeArgs::chunk_terms).
@@ -336,19 +366,6 @@ constexpr int kTermsThreads = 128, kWyThreads = 128, kLdc = kChunk + 1;  // +1: 
 size_t terms_smem_floats(int dk) { return 2 * kChunk * (dk + 1) + 2 * kChunk * kLdc + 2 * kChunk; }
 size_t wy_smem_floats(int dk) { return 2 * kChunk * (dk + 1) + dk * kSlice + 2 * kChunk * kSlice + 2 * kChunk * kLdc + 2 * kChunk; }
 
-// Rows t0 .. t0 + cc of the chunk's normalised q and k (key head kh) into Qs / Ks [kChunk][ldk],
-// zeros past cc.
-__device__ __forceinline__ void load_chunk_qk(const DeltaNetDecodeArgs& p, int t0, int cc, int kh, int ldk, float* Qs, float* Ks) {
-  const int dk = p.dk;
-  const int64_t key_dim = static_cast<int64_t>(p.Hk) * dk, conv_dim = 2 * key_dim + static_cast<int64_t>(p.Hv) * p.dv;
-  for (int idx = threadIdx.x; idx < kChunk * dk; idx += blockDim.x) {
-    const int t = idx / dk, i = idx % dk;
-    const float* c = p.conv_out + static_cast<int64_t>(t0 + t) * conv_dim;
-    Qs[t * ldk + i] = t < cc ? c[kh * dk + i] : 0.0f;
-    Ks[t * ldk + i] = t < cc ? c[key_dim + kh * dk + i] : 0.0f;
-  }
-}
-
 __global__ void __launch_bounds__(kTermsThreads) delta_terms_kernel(DeltaNetDecodeArgs p, int T) {
   extern __shared__ float sm[];
   const int dk = p.dk, c = blockIdx.x, h = blockIdx.y, kh = h / (p.Hv / p.Hk), tid = threadIdx.x;
@@ -360,22 +377,12 @@ __global__ void __launch_bounds__(kTermsThreads) delta_terms_kernel(DeltaNetDeco
   float* G = Tm + kChunk * kLdc;    // [kChunk] cumulative log decay
   float* Bt = G + kChunk;           // [kChunk] beta
   load_chunk_qk(p, t0, cc, kh, ldk, Qs, Ks);
-  if (tid < kChunk) {  // past the chunk's end: no decay, no write
-    G[tid] = tid < cc ? log_decay(p.a[int64_t(t0 + tid) * p.Hv + h], p.dt_bias[h], expf(p.A_log[h])) : 0.0f;
-    Bt[tid] = tid < cc ? 1.0f / (1.0f + expf(-p.b[int64_t(t0 + tid) * p.Hv + h])) : 0.0f;
-  }
-  __syncthreads();
-  if (tid == 0)
-    for (int t = 1; t < kChunk; ++t) G[t] += G[t - 1];
-  __syncthreads();
+  chunk_gates(p, t0, cc, h, p.dt_bias[h], expf(p.A_log[h]), G, Bt);
   float* out = p.chunk_terms + (static_cast<int64_t>(c) * p.Hv + h) * kDeltaChunkTermFloats;
   for (int idx = tid; idx < kChunk * kChunk; idx += kTermsThreads) {
     const int t = idx / kChunk, s = idx % kChunk;
-    float kk = 0.0f, qk = 0.0f;
-    for (int i = 0; i < dk; ++i) {
-      kk += Ks[t * ldk + i] * Ks[s * ldk + i];
-      qk += Qs[t * ldk + i] * Ks[s * ldk + i];
-    }
+    float kk, qk;
+    chunk_dots(Qs, Ks, ldk, dk, t, s, kk, qk);
     const bool in = t < cc && s < cc;
     Am[t * kLdc + s] = in && s < t ? Bt[t] * expf(G[t] - G[s]) * kk : 0.0f;
     out[kTermM + idx] = in && s <= t ? expf(G[t] - G[s]) * qk : 0.0f;
@@ -431,10 +438,7 @@ __global__ void __launch_bounds__(kWyThreads) delta_wy_kernel(DeltaNetDecodeArgs
   const int64_t key_dim = static_cast<int64_t>(p.Hk) * dk, conv_dim = 2 * key_dim + static_cast<int64_t>(p.Hv) * dv;
   const int64_t Vd = static_cast<int64_t>(p.Hv) * dv;
   float* S = p.state + static_cast<int64_t>(h) * dk * dv;
-  for (int idx = tid; idx < dk * kSlice; idx += kWyThreads) {
-    const int i = idx / kSlice, j = idx % kSlice;
-    S0[idx] = j < width ? S[i * dv + col0 + j] : 0.0f;
-  }
+  load_state_slice(S, dk, dv, col0, width, S0);
   // This thread's tiles: rows r0, r0 + 1 x columns c0 .. c0 + 3 of the 32 x 32 products, and state
   // rows ig + 16 m (m < 8) x the same columns.
   const int r0 = 2 * (tid / 8), c0 = 4 * (tid % 8), ig = tid / 8;
@@ -520,10 +524,7 @@ __global__ void __launch_bounds__(kWyThreads) delta_wy_kernel(DeltaNetDecodeArgs
     }
   }
   __syncthreads();
-  for (int idx = tid; idx < dk * kSlice; idx += kWyThreads) {
-    const int i = idx / kSlice, j = idx % kSlice;
-    if (j < width) S[i * dv + col0 + j] = S0[idx];
-  }
+  store_state_slice(S0, dk, dv, col0, width, S);
 }
 
 // Prefill step 4: out = gated RMSNorm(o, z) per (token, value head), in place.

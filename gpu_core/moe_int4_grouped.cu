@@ -203,7 +203,6 @@ constexpr int kAPer = kTcM * (kTcK / 8) / kTcThreads;  // 16-byte activation pie
 constexpr int kWPer = kTcN * (kTcK / 8) / kTcThreads;  // weight words a thread stages
 static_assert(kAPer * kTcThreads == kTcM * (kTcK / 8) && kWPer * kTcThreads == kTcN * (kTcK / 8), "whole tiles per pass");
 
-
 // Piece i of the activation tile at k0 (row m = i / (kTcK / 8) of the tile, inputs c8 * 8 .. + 7 with
 // c8 = i % (kTcK / 8)): X[s0 + m, k0 + c8 * 8 ..] (X fp16 [pairs][K]; through perm when given); zeros
 // past count / K. a_put stores it at As[m][c8 * 8].
