@@ -66,12 +66,12 @@ __device__ __forceinline__ float vec_dot(const uint4& w, const __half2 (&xv)[16]
 
 // gate/up: block (row block, pair p); warp w computes rows r0, r0 + 1 of gate and of up for pair p.
 // Lane l takes vectors l + 32 i (i < NV) of each row: 16 B a lane, 512 B a warp per load.
-// Row block bx of pair p (gate/up rows of one token's expert).
 template <int NV>
-__device__ __forceinline__ void gate_up_block(const Int4Expert* __restrict__ experts, int64_t H, int64_t I, const int32_t* __restrict__ ids,
-                                              int k, const float* __restrict__ x, __half* h, int gshift, int bx, int p) {
+__global__ void __launch_bounds__(kWarps * 32)
+    wide_gate_up_kernel(const Int4Expert* __restrict__ experts, int64_t H, int64_t I, const int32_t* __restrict__ ids, int k,
+                        const float* __restrict__ x, __half* __restrict__ h, int gshift) {
   const int G = static_cast<int>(H >> 5) >> gshift;
-  const int t = p / k, lane = threadIdx.x & 31;
+  const int bx = blockIdx.x, p = blockIdx.y, t = p / k, lane = threadIdx.x & 31;
   const Int4Expert* ex = experts + ids[p];
   const Int4View gate = ex->gate, up = ex->up;
   if (!gate.qweight) return;  // not resident on the GPU (hybrid); uniform per block
@@ -120,23 +120,17 @@ __device__ __forceinline__ void gate_up_block(const Int4Expert* __restrict__ exp
   }
 }
 
-template <int NV>
-__global__ void __launch_bounds__(kWarps * 32)
-    wide_gate_up_kernel(const Int4Expert* __restrict__ experts, int64_t H, int64_t I, const int32_t* __restrict__ ids, int k,
-                        const float* __restrict__ x, __half* __restrict__ h, int gshift) {
-  gate_up_block<NV>(experts, H, I, ids, k, x, h, gshift, blockIdx.x, blockIdx.y);
-}
-
 // down: block (row block, token t); each half-warp computes one output row over the token's k
 // experts. The k h rows are staged in shared memory (fp16, each in its expert's input order); their
-// loads go out with the weights'. Row block bx of token t:
+// loads go out with the weights'.
 template <int NV>
-__device__ __forceinline__ void down_block(const Int4Expert* __restrict__ experts, int64_t H, int64_t I, const int32_t* __restrict__ ids,
-                                           const float* __restrict__ weights, int k, const __half* __restrict__ h, float* __restrict__ out, int gshift,
-                                           int bx, int t, __half* hs) {
+__global__ void __launch_bounds__(kWarps * 32)
+    wide_down_kernel(const Int4Expert* __restrict__ experts, int64_t H, int64_t I, const int32_t* __restrict__ ids,
+                     const float* __restrict__ weights, int k, const __half* __restrict__ h, float* __restrict__ out, int gshift) {
+  extern __shared__ __align__(16) __half hs[];  // [k][I]
   constexpr int kStage = 4;  // 16-byte h pieces a thread loads per round
   const int G = static_cast<int>(I >> 5) >> gshift;
-  const int lane = threadIdx.x & 31, l = lane % kDownLanes;
+  const int bx = blockIdx.x, t = blockIdx.y, lane = threadIdx.x & 31, l = lane % kDownLanes;
   const int64_t row = (static_cast<int64_t>(bx) * kWarps + (threadIdx.x >> 5)) * (32 / kDownLanes) + lane / kDownLanes;
   const int64_t nvec = I / 32;
   const bool valid = row < H;
@@ -214,14 +208,6 @@ __device__ __forceinline__ void down_block(const Int4Expert* __restrict__ expert
   }
   acc = group_sum<kDownLanes>(acc);
   if (valid && l == 0) out[t * H + row] = acc;
-}
-
-template <int NV>
-__global__ void __launch_bounds__(kWarps * 32)
-    wide_down_kernel(const Int4Expert* __restrict__ experts, int64_t H, int64_t I, const int32_t* __restrict__ ids,
-                     const float* __restrict__ weights, int k, const __half* __restrict__ h, float* __restrict__ out, int gshift) {
-  extern __shared__ __align__(16) __half hs[];  // [k][I]
-  down_block<NV>(experts, H, I, ids, weights, k, h, out, gshift, blockIdx.x, blockIdx.y, hs);
 }
 
 // Row blocks of one pair's gate/up rows, and of one token's down rows.
