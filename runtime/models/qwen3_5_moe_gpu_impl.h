@@ -183,7 +183,6 @@ struct Qwen35MoeGpu::Impl {
     bool on = false, paused = false;
     int64_t since = 0;                                   // decode steps since the last check
     std::vector<std::vector<uint64_t>> heat;             // [layer][expert] activations seen by the host
-    std::vector<std::vector<uint8_t>> origin_host;       // the plan's host experts (what streamed prefill streams)
     std::vector<std::vector<gpu::Int4Expert>> i4, stream_i4;  // host copies of the device tables
     std::vector<std::vector<gpu::Bf16Expert>> b16;
     std::vector<Move> moving;                            // one batch (no check while it is in flight)
@@ -264,11 +263,16 @@ struct Qwen35MoeGpu::Impl {
   bool deferring() const { return opts.defer_experts > 0 && opts.host_experts; }
 
   bool on_gpu(int layer, int64_t e) const { return resident.empty() || resident[layer][e]; }
+  // Whether the plan put expert e of layer l on the host (what streamed prefill streams, whatever
+  // re-placement has done since).
+  bool plan_host(int layer, int64_t e) const {
+    return opts.expert_on_gpu && !opts.expert_on_gpu->empty() && !(*opts.expert_on_gpu)[layer][e];
+  }
   // Whether the host computes expert e of layer li: a host expert, except in streamed prefill
   // (`streamed`), where the plan's host experts are streamed to the GPU and only the plan's GPU
   // experts that re-placement displaced run on the host.
   bool host_serves(int li, int64_t e, bool streamed) const {
-    return !on_gpu(li, e) && !(streamed && rp.on && rp.origin_host[li][e]);
+    return !on_gpu(li, e) && !(streamed && rp.on && plan_host(li, e));
   }
 
   // ---- online re-placement (qwen3_5_moe_gpu_replace.cpp) ----

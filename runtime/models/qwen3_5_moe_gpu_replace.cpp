@@ -66,11 +66,9 @@ void Qwen35MoeGpu::Impl::replace_setup() {
   if (!opts.replace.on() || !opts.host_experts || resident.empty()) return;
   rp.on = true;
   rp.heat.assign(layers.size(), std::vector<uint64_t>(E, 0));
-  rp.origin_host.assign(layers.size(), std::vector<uint8_t>(E, 0));
   for (size_t l = 0; l < layers.size(); ++l) {
     if (!layers[l].cpu_experts) continue;
     for (int64_t e = 0; e < E; ++e) {
-      rp.origin_host[l][e] = !resident[l][e];
       if (!opts.host_experts->holds(static_cast<int>(l), static_cast<int>(e)))
         fail("online re-placement (experts.replace): the host side does not hold expert ", e, " of layer ", l,
              "; it must hold every expert of the layers that have host experts");
@@ -109,13 +107,13 @@ void Qwen35MoeGpu::Impl::place(int l, int e, bool gpu, const gpu::Int4Expert& i4
   rp.b16[l][e] = b16;
   // Streamed prefill streams the plan's host experts whatever happens to them; a plan's GPU expert runs
   // there from its slot, or (displaced) on the host.
-  if (!rp.origin_host[l][e]) rp.stream_i4[l][e] = i4;
+  if (!plan_host(l, e)) rp.stream_i4[l][e] = i4;
   rp.touched[l] = 1;
 }
 
 bool Qwen35MoeGpu::Impl::displaced(int l) const {
   for (size_t e = 0; e < resident[l].size(); ++e)
-    if (!resident[l][e] && !rp.origin_host[l][e]) return true;
+    if (!resident[l][e] && !plan_host(l, static_cast<int64_t>(e))) return true;
   return false;
 }
 
