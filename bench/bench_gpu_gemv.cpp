@@ -7,10 +7,12 @@
 
 #include <algorithm>
 #include <numeric>
+#include <utility>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "gpu_core/attention.cuh"
 #include "gpu_core/gemm.cuh"
 #include "gpu_core/gemv.cuh"
 #include "gpu_core/int4_layout.h"
@@ -109,37 +111,45 @@ void BM_gemv_bf16(benchmark::State& state) {
   cudaFree(y);
 }
 
-// A layer's input norm and its stacked input projection (decode, 1 token): mode 0 = the norm launch
-// (add_rmsnorm_zc) then gemv_bf16, mode 1 = gemv_bf16_norm (each block normalises the row itself).
-// Bytes: the weights (the norm's 32 KB of vectors are noise against them).
-void BM_gemv_bf16_norm(benchmark::State& state) {
+// Attention prefill of one chunk at the 35B shape (16 query / 2 KV heads x 256, rotary 64): T tokens at
+// positions start..start+T-1 (causal over the cache rows before them and the chunk), the prepare
+// kernel (norms, RoPE, cache append) included. Mode 0 = the fp32 flash kernel, 1 = tensor cores.
+// TFLOPS counts the two products' multiply-adds over the causal rows.
+void BM_attention_prefill(benchmark::State& state) {
   if (!gpu_present()) return state.SkipWithError("no CUDA device");
-  const int64_t N = state.range(0), K = state.range(1), copies = 8;
-  const bool fused = state.range(2) != 0;
-  uint16_t* W;
-  float *h, *a, *w, *x, *y;
-  unsigned* counter;
-  cudaMalloc(&W, copies * N * K * 2);
-  for (float** p : {&h, &a, &w, &x}) cudaMalloc(p, K * 4);
-  cudaMalloc(&y, N * 4);
-  cudaMalloc(&counter, 4);
-  cudaMemset(W, 0x3c, copies * N * K * 2);
-  for (float* p : {h, a, w, x}) cudaMemset(p, 0, K * 4);
-  cudaMemset(counter, 0, 4);
-  int64_t launch = 0;
-  time_kernel(state, double(N * K * 2), [&] {
-    const uint16_t* Wl = W + (launch++ % copies) * N * K;
-    if (fused) {
-      tandem::gpu::gemv_bf16_norm(Wl, N, K, h, a, nullptr, nullptr, w, 1e-6f, x, y, counter, nullptr);
-    } else {
-      tandem::gpu::add_rmsnorm_zc(h, a, nullptr, nullptr, w, K, 1, 1e-6f, x, nullptr);
-      tandem::gpu::gemv_bf16(Wl, N, K, x, 1, y, nullptr);
-    }
-  });
-  state.SetLabel(fused ? "norm in the GEMV's blocks, from HBM" : "norm kernel + GEMV, from HBM");
-  cudaFree(W);
-  for (float* p : {h, a, w, x, y}) cudaFree(p);
-  cudaFree(counter);
+  const int T = static_cast<int>(state.range(0)), start = static_cast<int>(state.range(1));
+  const bool tc = state.range(2) != 0;
+  const int nh = 16, nkv = 2, hd = 256, rot = 64, ctx = start + T;
+  tandem::gpu::AttentionDecodeArgs p;
+  p.nh = nh, p.nkv = nkv, p.hd = hd, p.rotary_dim = rot, p.max_ctx = ctx, p.scale = 1.0f / 16.0f;
+  float *qg, *k, *v, *norms, *out;
+  uint16_t *kc, *vc;
+  int32_t* pos;
+  cudaMalloc(&qg, int64_t(T) * nh * 2 * hd * 4);
+  cudaMalloc(&k, int64_t(T) * nkv * hd * 4);
+  cudaMalloc(&v, int64_t(T) * nkv * hd * 4);
+  cudaMalloc(&norms, (2 * hd + rot / 2) * 4);
+  cudaMalloc(&out, int64_t(T) * nh * hd * 4);
+  cudaMalloc(&kc, int64_t(ctx) * nkv * hd * 2);
+  cudaMalloc(&vc, int64_t(ctx) * nkv * hd * 2);
+  cudaMalloc(&pos, T * 4);
+  for (auto [ptr, bytes] : {std::pair<void*, int64_t>{qg, int64_t(T) * nh * 2 * hd * 4}, {k, int64_t(T) * nkv * hd * 4},
+                            {v, int64_t(T) * nkv * hd * 4}, {norms, (2 * hd + rot / 2) * 4}, {kc, int64_t(ctx) * nkv * hd * 2},
+                            {vc, int64_t(ctx) * nkv * hd * 2}})
+    cudaMemset(ptr, 0, bytes);
+  std::vector<int32_t> hpos(T);
+  std::iota(hpos.begin(), hpos.end(), start);
+  cudaMemcpy(pos, hpos.data(), T * 4, cudaMemcpyHostToDevice);
+  p.qg = qg, p.k = k, p.v = v, p.q_norm = norms, p.k_norm = norms + hd, p.inv_freq = norms + 2 * hd, p.pos = pos;
+  p.k_cache = kc, p.v_cache = vc, p.q_rot = out, p.out = out;
+  const double rows = double(T) * start + double(T) * (T + 1) / 2;  // (query, key) pairs
+  const double bytes = double(ctx) * nkv * hd * 2 * 2 + double(T) * nh * (2 * hd + hd) * 4;
+  time_kernel(state, bytes, [&] { tandem::gpu::attention_prefill(p, T, nullptr, tc); });
+  state.counters["TFLOPS"] = benchmark::Counter(4.0 * nh * hd * rows * 50 * state.iterations() / 1e12, benchmark::Counter::kIsRate);
+  state.SetLabel(tc ? "tensor cores" : "fp32");
+  for (void* ptr : {static_cast<void*>(qg), static_cast<void*>(k), static_cast<void*>(v), static_cast<void*>(norms),
+                    static_cast<void*>(out), static_cast<void*>(kc), static_cast<void*>(vc), static_cast<void*>(pos)})
+    cudaFree(ptr);
 }
 
 // Prefill projections (cuBLAS, split-bf16 activations): TFLOPS over T tokens (2 GEMMs count once: the
@@ -291,7 +301,7 @@ void BM_moe_int4_decode(benchmark::State& state) {
 void BM_moe_int4_prefill(benchmark::State& state) {
   if (!gpu_present()) return state.SkipWithError("no CUDA device");
   MoeLayerBench b(static_cast<int>(state.range(0)), 8);
-  const int mode = static_cast<int>(state.range(1));  // 0 decode kernel on blocks of 8, 1 grouped, 2 grouped on tensor cores, 3 pipelined
+  const int mode = static_cast<int>(state.range(1));  // 0 decode kernel on blocks of 8, 1 grouped, 2 grouped on tensor cores
   void* ws = nullptr;
   cudaMalloc(&ws, tandem::gpu::moe_int4_grouped_workspace(b.T, b.k, b.H, b.I, b.E));
   time_kernel(state, b.bytes, [&] {
@@ -300,8 +310,7 @@ void BM_moe_int4_prefill(benchmark::State& state) {
       return;
     }
     if (mode >= 2) {
-      (mode == 3 ? tandem::gpu::moe_int4_grouped_tc_pipelined : tandem::gpu::moe_int4_grouped_tc)(b.dexp, b.E, b.H, b.I, b.gs, b.dids, b.dw,
-                                                                                                 b.T, b.k, b.x, ws, b.out, nullptr);
+      tandem::gpu::moe_int4_grouped_tc(b.dexp, b.E, b.H, b.I, b.gs, b.dids, b.dw, b.T, b.k, b.x, ws, b.out, nullptr);
       return;
     }
     for (int t = 0; t < b.T; t += tandem::gpu::kMaxGemvTokens) {
@@ -314,7 +323,7 @@ void BM_moe_int4_prefill(benchmark::State& state) {
   const double flops = 2.0 * b.T * b.k * 3.0 * b.H * b.I;
   state.counters["TFLOPS"] = benchmark::Counter(flops * 50 * state.iterations() / 1e12, benchmark::Counter::kIsRate);
   state.counters["tok_per_s_layer"] = benchmark::Counter(double(b.T) * 50 * state.iterations(), benchmark::Counter::kIsRate);
-  state.SetLabel(mode == 3 ? "grouped, tensor cores, pipelined" : mode == 2 ? "grouped, tensor cores" : mode == 1 ? "grouped" : "decode kernel, blocks of 8");
+  state.SetLabel(mode == 2 ? "grouped, tensor cores" : mode == 1 ? "grouped" : "decode kernel, blocks of 8");
   cudaFree(ws);
 }
 
@@ -362,11 +371,11 @@ void BM_deltanet_prefill(benchmark::State& state) {
   p.a = take(T * 32), p.A_log = take(32), p.dt_bias = take(32), p.norm_w = take(128), p.conv_w = take(conv_dim * 4);
   p.conv_state = take(conv_dim * 3), p.state = take(S);
   const double bytes = double(T) * (2 * conv_dim + 2 * Vd + 64) * 4 + 2.0 * S * 4;
-  const int mode = static_cast<int>(state.range(1));  // 0 scan, 1 chunked, 2 chunked with the chunk terms first
+  const int mode = static_cast<int>(state.range(1));  // 0 scan, 1 chunked (the chunk terms first)
   float* terms = nullptr;
-  if (mode == 2) cudaMalloc(&terms, tandem::gpu::deltanet_chunk_terms_floats(T, p.Hv) * 4), p.chunk_terms = terms;
+  if (mode == 1) cudaMalloc(&terms, tandem::gpu::deltanet_chunk_terms_floats(T, p.Hv) * 4), p.chunk_terms = terms;
   time_kernel(state, bytes, [&] { (mode > 0 ? tandem::gpu::deltanet_prefill_chunked : tandem::gpu::deltanet_prefill)(p, T, nullptr); });
-  state.SetLabel(mode == 2 ? "chunked form, chunk terms first" : mode == 1 ? "chunked form" : "token-by-token scan");
+  state.SetLabel(mode == 1 ? "chunked form, chunk terms first" : "token-by-token scan");
   state.counters["tokens/s_one_layer"] = benchmark::Counter(double(T) * 50 * state.iterations(), benchmark::Counter::kIsRate);
   cudaFree(buf);
   cudaFree(terms);
@@ -379,9 +388,9 @@ BENCHMARK(BM_gemv_bf16)
     ->Args({8192, 2048, 1, 1})->Args({8192, 2048, 1, 8})->Args({12352, 2048, 1, 8})->Args({4096, 2048, 1, 1})
     ->Args({2048, 4096, 1, 1})->Args({2048, 4096, 1, 8})->Args({248320, 2048, 1, 1})->Args({8192, 2048, 4, 1})
     ->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
-// The DeltaNet layer's stacked input projection (qkv|z|b|a: 12352 x 2048) and the attention layer's (q|k|v: 9216 x 2048).
-BENCHMARK(BM_gemv_bf16_norm)
-    ->Args({12352, 2048, 0})->Args({12352, 2048, 1})->Args({9216, 2048, 0})->Args({9216, 2048, 1})
+// A 4096-token prompt's two chunks of 2048 (the second attends to the first's 2048 cache rows too).
+BENCHMARK(BM_attention_prefill)
+    ->Args({2048, 0, 0})->Args({2048, 0, 1})->Args({2048, 2048, 0})->Args({2048, 2048, 1})
     ->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_gemm_bf16)
     ->Args({8192, 2048, 512})->Args({8192, 2048, 4096})->Args({2048, 4096, 4096})
@@ -389,11 +398,11 @@ BENCHMARK(BM_gemm_bf16)
 BENCHMARK(BM_gemv_int4)
     ->Args({8192, 2048, 1})->Args({16384, 512, 1})->Args({512, 2048, 1})->Args({8192, 2048, 4})
     ->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_deltanet_prefill)->Args({512, 0})->Args({4096, 0})->Args({512, 1})->Args({4096, 1})->Args({512, 2})->Args({4096, 2})->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_deltanet_prefill)->Args({512, 0})->Args({4096, 0})->Args({512, 1})->Args({4096, 1})->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_deltanet_decode)->Arg(0)->Arg(1)->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_moe_int4_decode)->Args({8, 1, 0, 1})->Args({8, 1, 1, 1})->Args({8, 1, 2, 1})->Args({8, 1, 1, 32})->Args({8, 1, 2, 32})
     ->Args({8, 4, 0, 1})->Args({8, 4, 1, 1})->Args({8, 4, 2, 1})->Args({8, 4, 1, 32})->Args({8, 4, 2, 32})->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_moe_int4_prefill)->Args({256, 0})->Args({256, 1})->Args({256, 2})->Args({2048, 1})->Args({2048, 2})->Args({4096, 2})->Args({2048, 3})->Args({4096, 3})->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_moe_int4_prefill)->Args({256, 0})->Args({256, 1})->Args({256, 2})->Args({2048, 1})->Args({2048, 2})->Args({4096, 2})->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 

@@ -40,8 +40,11 @@ cudaError_t attention_decode(const AttentionDecodeArgs& args, cudaStream_t strea
 // be `out`: each block reads its queries before writing their outputs); out [n][nh*hd]; partial and
 // max_splits unused. Keys and values of all n tokens are appended first, then token t attends to cache
 // rows 0..pos[t] (causal, the chunk's earlier tokens included) in flash-attention form: key tiles in
-// shared memory, a running max / sum per query, fp32 throughout. Equal to n attention_decode calls up
-// to summation order (~1e-6). Validated on the H200 (GpuOptions::attention_prefill, the default).
-cudaError_t attention_prefill(const AttentionDecodeArgs& args, int n, cudaStream_t stream);
+// shared memory, a running max / sum per query.
+// tensor_cores (hd 16, 32, 64, 128 or 256): the products on tensor cores with the queries and the
+//   softmax weights rounded to bf16 (the cache is bf16 already), fp32 accumulation: equal to n
+//   attention_decode calls to ~3e-3 relative L2. Otherwise (or other hd) fp32 throughout: equal to
+//   them up to summation order (~1e-6). Both validated on the H200 (GpuOptions::attention_prefill_tc).
+cudaError_t attention_prefill(const AttentionDecodeArgs& args, int n, cudaStream_t stream, bool tensor_cores = true);
 
 }  // namespace tandem::gpu

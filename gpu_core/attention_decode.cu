@@ -179,14 +179,181 @@ __global__ void __launch_bounds__(kQ * 32) flash_prefill_kernel(AttentionDecodeA
   }
 }
 
+// Prefill on tensor cores (mma.sync m16n8k16, bf16 inputs, fp32 accumulation), flash-attention-2 form:
+// block (head, group of kTcQ = 64 query tokens), 4 warps of 16 queries each. The queries are rounded to
+// bf16 into shared memory once; key tiles of kTcKV rows go through shared memory (K row-major, V
+// transposed so both products read their B fragments as 32-bit words, rows padded by 8 halves so the
+// 32 lanes of a fragment load hit 32 banks). Per tile a warp forms S = Q K^T (16 x kTcKV, fp32), masks
+// it causally, keeps each row's running max in the quad that holds it, and adds P V with P rounded to
+// bf16. Fragment layouts are PTX's for m16n8k16: lane = 4 g + t holds rows g and g + 8.
+constexpr int kTcQ = 64, kTcKV = 32, kTcWarps = 4;
+
+__device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+template <int HD>
+constexpr size_t tc_prefill_smem() {
+  return (static_cast<size_t>(kTcQ) * (HD + 8) + static_cast<size_t>(kTcKV) * (HD + 8) + static_cast<size_t>(HD) * (kTcKV + 8)) * 2;
+}
+
+template <int HD>
+__global__ void __launch_bounds__(kTcWarps * 32) flash_prefill_tc_kernel(AttentionDecodeArgs p, int n, float scale_log2) {
+  constexpr int QW = (HD + 8) / 2, VW = (kTcKV + 8) / 2;  // row strides in 32-bit words
+  constexpr int NS = kTcKV / 8, KS = HD / 16, NO = HD / 8;
+  extern __shared__ __align__(16) uint32_t tsm[];
+  uint32_t* qs = tsm;                  // [kTcQ][QW]
+  uint32_t* ks = qs + kTcQ * QW;       // [kTcKV][QW]
+  uint32_t* vt = ks + kTcKV * QW;      // [HD][VW] (V transposed)
+  auto* vt16 = reinterpret_cast<uint16_t*>(vt);
+  const int h = blockIdx.x, q0 = blockIdx.y * kTcQ, kvh = h / (p.nh / p.nkv);
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+  for (int i = threadIdx.x; i < kTcQ * HD / 2; i += blockDim.x) {
+    const int r = i / (HD / 2), c = i % (HD / 2), t = q0 + r;
+    float2 v = make_float2(0.0f, 0.0f);
+    if (t < n) v = *reinterpret_cast<const float2*>(p.q_rot + (static_cast<int64_t>(t) * p.nh + h) * HD + 2 * c);
+    qs[r * QW + c] = pack_bf16(v.x, v.y);
+  }
+  // Rows past the chunk take the last token's position (finite softmax, never written).
+  const int ta = min(q0 + warp * 16 + g, n - 1), tb = min(q0 + warp * 16 + g + 8, n - 1);
+  const int pos_a = p.pos[ta], pos_b = p.pos[tb];
+  const int warp_max = p.pos[min(q0 + warp * 16 + 15, n - 1)], max_pos = p.pos[min(n, q0 + kTcQ) - 1];
+  float o[NO][4];
+#pragma unroll
+  for (int j = 0; j < NO; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+  float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.0f, l_b = 0.0f;
+  for (int r0 = 0; r0 <= max_pos; r0 += kTcKV) {
+    __syncthreads();  // the previous tile is consumed (and, the first time, qs is written)
+    // 16-byte pieces: a warp takes 16 rows x 2 adjacent pieces (whole 32-byte sectors of the cache),
+    // so its transposed V stores meet at most 2 to a bank.
+    for (int i = threadIdx.x; i < kTcKV * HD / 8; i += blockDim.x) {
+      const int rest = i / 32, rr = (rest / (HD / 16)) * 16 + i % 16, c = ((rest % (HD / 16)) * 2 + (i / 16) % 2) * 8, r = r0 + rr;
+      uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
+      if (r <= max_pos) {
+        const int64_t at = (static_cast<int64_t>(r) * p.nkv + kvh) * HD + c;
+        kv = *reinterpret_cast<const uint4*>(p.k_cache + at);
+        vv = *reinterpret_cast<const uint4*>(p.v_cache + at);
+      }
+      *reinterpret_cast<uint4*>(ks + rr * QW + c / 2) = kv;
+      const uint16_t* v16 = reinterpret_cast<const uint16_t*>(&vv);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) vt16[(c + e) * 2 * VW + rr] = v16[e];
+    }
+    __syncthreads();
+    if (r0 > warp_max) continue;  // uniform per warp: every row of the warp is before this tile
+    float s[NS][4];
+#pragma unroll
+    for (int j = 0; j < NS; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+    const uint32_t* qa = qs + (warp * 16 + g) * QW + tq;
+#pragma unroll
+    for (int kk = 0; kk < KS; ++kk) {
+      const uint32_t a0 = qa[kk * 8], a1 = qa[8 * QW + kk * 8], a2 = qa[kk * 8 + 4], a3 = qa[8 * QW + kk * 8 + 4];
+#pragma unroll
+      for (int j = 0; j < NS; ++j) {
+        const uint32_t* kb = ks + (8 * j + g) * QW + kk * 8 + tq;
+        mma_bf16(s[j], a0, a1, a2, a3, kb[0], kb[4]);
+      }
+    }
+    float mx_a = -INFINITY, mx_b = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < NS; ++j) {
+      const int k0 = r0 + 8 * j + 2 * tq;
+      s[j][0] = k0 <= pos_a ? s[j][0] * scale_log2 : -INFINITY;
+      s[j][1] = k0 + 1 <= pos_a ? s[j][1] * scale_log2 : -INFINITY;
+      s[j][2] = k0 <= pos_b ? s[j][2] * scale_log2 : -INFINITY;
+      s[j][3] = k0 + 1 <= pos_b ? s[j][3] * scale_log2 : -INFINITY;
+      mx_a = fmaxf(mx_a, fmaxf(s[j][0], s[j][1]));
+      mx_b = fmaxf(mx_b, fmaxf(s[j][2], s[j][3]));
+    }
+    for (int off = 1; off < 4; off <<= 1) {
+      mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, off));
+      mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, off));
+    }
+    // Tile 0 holds key 0, which every row sees: after it each row's max is finite.
+    const float mn_a = fmaxf(m_a, mx_a), mn_b = fmaxf(m_b, mx_b);
+    const float corr_a = exp2f(m_a - mn_a), corr_b = exp2f(m_b - mn_b);
+    m_a = mn_a, m_b = mn_b;
+    float sum_a = 0.0f, sum_b = 0.0f;
+#pragma unroll
+    for (int j = 0; j < NS; ++j) {
+      s[j][0] = exp2f(s[j][0] - mn_a), s[j][1] = exp2f(s[j][1] - mn_a);
+      s[j][2] = exp2f(s[j][2] - mn_b), s[j][3] = exp2f(s[j][3] - mn_b);
+      sum_a += s[j][0] + s[j][1], sum_b += s[j][2] + s[j][3];
+    }
+    l_a = l_a * corr_a + sum_a, l_b = l_b * corr_b + sum_b;  // this lane's columns; the quad sums at the end
+#pragma unroll
+    for (int j = 0; j < NO; ++j) o[j][0] *= corr_a, o[j][1] *= corr_a, o[j][2] *= corr_b, o[j][3] *= corr_b;
+#pragma unroll
+    for (int kk = 0; kk < kTcKV / 16; ++kk) {
+      const uint32_t a0 = pack_bf16(s[2 * kk][0], s[2 * kk][1]), a1 = pack_bf16(s[2 * kk][2], s[2 * kk][3]);
+      const uint32_t a2 = pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]), a3 = pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+      for (int j = 0; j < NO; ++j) {
+        const uint32_t* vb = vt + (8 * j + g) * VW + kk * 8 + tq;
+        mma_bf16(o[j], a0, a1, a2, a3, vb[0], vb[4]);
+      }
+    }
+  }
+  for (int off = 1; off < 4; off <<= 1) {
+    l_a += __shfl_xor_sync(0xffffffffu, l_a, off);
+    l_b += __shfl_xor_sync(0xffffffffu, l_b, off);
+  }
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int t = q0 + warp * 16 + g + 8 * half;
+    if (t >= n) continue;
+    const float inv_l = 1.0f / (half ? l_b : l_a);
+    const float* gate = p.qg + (static_cast<int64_t>(t) * p.nh + h) * 2 * HD + HD;
+    float* out = p.out + (static_cast<int64_t>(t) * p.nh + h) * HD;
+#pragma unroll
+    for (int j = 0; j < NO; ++j) {
+      const int c = 8 * j + 2 * tq;
+      const float2 gt = *reinterpret_cast<const float2*>(gate + c);
+      float2 y;
+      y.x = o[j][2 * half] * inv_l / (1.0f + expf(-gt.x));
+      y.y = o[j][2 * half + 1] * inv_l / (1.0f + expf(-gt.y));
+      *reinterpret_cast<float2*>(out + c) = y;
+    }
+  }
+}
+
+template <int HD>
+cudaError_t launch_prefill_tc(const AttentionDecodeArgs& p, int n, cudaStream_t stream) {
+  constexpr size_t smem = tc_prefill_smem<HD>();
+  static const cudaError_t opt_in =
+      smem > 48 * 1024 ? cudaFuncSetAttribute(flash_prefill_tc_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem))
+                       : cudaSuccess;
+  if (opt_in != cudaSuccess) return opt_in;
+  const float scale_log2 = p.scale * 1.4426950408889634f;
+  flash_prefill_tc_kernel<HD><<<dim3(p.nh, (n + kTcQ - 1) / kTcQ), kTcWarps * 32, smem, stream>>>(p, n, scale_log2);
+  return cudaGetLastError();
+}
+
 }  // namespace
 
-cudaError_t attention_prefill(const AttentionDecodeArgs& p, int n, cudaStream_t stream) {
+cudaError_t attention_prefill(const AttentionDecodeArgs& p, int n, cudaStream_t stream, bool tensor_cores) {
   if (n < 1 || p.nh < 1 || p.nkv < 1 || p.nh % p.nkv || p.hd < 2 || p.hd > 256 || p.rotary_dim % 2 || p.rotary_dim > p.hd ||
       p.max_ctx < 1)
     return cudaErrorInvalidValue;
-  const size_t smem = kQ * p.hd * sizeof(float) + kKV * (p.hd + 2) * sizeof(uint16_t) + kKV * p.hd * sizeof(uint16_t);
   prepare_kernel<<<dim3(p.nh + p.nkv, n), kThreads, 0, stream>>>(p);
+  if (tensor_cores) {
+    switch (p.hd) {
+      case 16: return launch_prefill_tc<16>(p, n, stream);
+      case 32: return launch_prefill_tc<32>(p, n, stream);
+      case 64: return launch_prefill_tc<64>(p, n, stream);
+      case 128: return launch_prefill_tc<128>(p, n, stream);
+      case 256: return launch_prefill_tc<256>(p, n, stream);
+      default: break;  // other head sizes: the fp32 kernel
+    }
+  }
+  const size_t smem = kQ * p.hd * sizeof(float) + kKV * (p.hd + 2) * sizeof(uint16_t) + kKV * p.hd * sizeof(uint16_t);
   flash_prefill_kernel<<<dim3(p.nh, (n + kQ - 1) / kQ), kQ * 32, smem, stream>>>(p, n);
   return cudaGetLastError();
 }

@@ -225,8 +225,7 @@ __global__ void __launch_bounds__(kScanMaxThreads) delta_scan_kernel(DeltaNetDec
 //   A[t][s] = beta_t e^{G_t - G_s} k_t.k_s (s < t), M[t][s] = e^{G_t - G_s} q_t.k_s (s <= t),
 //   D = beta (V - e^G K S0), then D[t] -= sum_{s<t} A[t][s] D[s] (forward substitution per column),
 //   O = e^G Q S0 + M D (raw o, normalised by gated_norm_kernel), S0 <- e^{G_last} S0 + sum_s e^{G_last - G_s} k_s D[s].
-constexpr int kChunk = 32, kSlice = 32, kChunkThreads = 128;
-size_t chunk_smem_floats(int dk) { return 2 * kChunk * (dk + 1) + dk * kSlice + 2 * kChunk * kSlice + 2 * kChunk * kChunk + 3 * kChunk; }
+constexpr int kChunk = 32, kSlice = 32;
 
 // Rows t0 .. t0 + cc of the chunk's normalised q and k (key head kh) into Qs / Ks [kChunk][ldk],
 // zeros past cc.
@@ -279,82 +278,12 @@ __device__ __forceinline__ void chunk_dots(const float* Qs, const float* Ks, int
   }
 }
 
-__global__ void __launch_bounds__(kChunkThreads) delta_chunk_kernel(DeltaNetDecodeArgs p, int T) {
-  extern __shared__ float sm[];
-  const int dk = p.dk, dv = p.dv, h = blockIdx.x, kh = h / (p.Hv / p.Hk), col0 = blockIdx.y * kSlice, tid = threadIdx.x;
-  const int width = min(kSlice, dv - col0), ldk = dk + 1;  // +1: rows of K / Q start on different banks
-  float* Ks = sm;                          // [kChunk][ldk]
-  float* Qs = Ks + kChunk * ldk;           // [kChunk][ldk]
-  float* S0 = Qs + kChunk * ldk;           // [dk][kSlice]: this block's state columns
-  float* D = S0 + dk * kSlice;             // [kChunk][kSlice]: r, then delta
-  float* Os = D + kChunk * kSlice;         // [kChunk][kSlice]
-  float* Akk = Os + kChunk * kSlice;       // [kChunk][kChunk]
-  float* Mqk = Akk + kChunk * kChunk;      // [kChunk][kChunk]
-  float* G = Mqk + kChunk * kChunk;        // [kChunk] cumulative log decay
-  float* Bt = G + kChunk;                  // [kChunk] beta
-  float* Wl = Bt + kChunk;                 // [kChunk] e^{G_last - G_s}
-  const int64_t key_dim = static_cast<int64_t>(p.Hk) * dk, conv_dim = 2 * key_dim + static_cast<int64_t>(p.Hv) * dv;
-  const int64_t Vd = static_cast<int64_t>(p.Hv) * dv;
-  float* S = p.state + static_cast<int64_t>(h) * dk * dv;
-  load_state_slice(S, dk, dv, col0, width, S0);
-  const float A = expf(p.A_log[h]), dt = p.dt_bias[h];
-  for (int t0 = 0; t0 < T; t0 += kChunk) {
-    const int cc = min(kChunk, T - t0);
-    __syncthreads();  // the previous chunk is done with every buffer
-    load_chunk_qk(p, t0, cc, kh, ldk, Qs, Ks);
-    chunk_gates(p, t0, cc, h, dt, A, G, Bt);
-    if (tid < kChunk) Wl[tid] = tid < cc ? expf(G[cc - 1] - G[tid]) : 0.0f;
-    for (int idx = tid; idx < kChunk * kChunk; idx += kChunkThreads) {
-      const int t = idx / kChunk, s = idx % kChunk;
-      float kk, qk;
-      chunk_dots(Qs, Ks, ldk, dk, t, s, kk, qk);
-      const bool in = t < cc && s < cc;
-      Akk[idx] = in && s < t ? Bt[t] * expf(G[t] - G[s]) * kk : 0.0f;
-      Mqk[idx] = in && s <= t ? expf(G[t] - G[s]) * qk : 0.0f;
-    }
-    for (int idx = tid; idx < kChunk * kSlice; idx += kChunkThreads) {
-      const int t = idx / kSlice, j = idx % kSlice;
-      float ks = 0.0f, qs = 0.0f;
-      for (int i = 0; i < dk; ++i) {
-        ks += Ks[t * ldk + i] * S0[i * kSlice + j];
-        qs += Qs[t * ldk + i] * S0[i * kSlice + j];
-      }
-      const float eg = expf(G[t]);
-      const float v = t < cc && j < width ? p.conv_out[static_cast<int64_t>(t0 + t) * conv_dim + 2 * key_dim + static_cast<int64_t>(h) * dv + col0 + j] : 0.0f;
-      D[idx] = t < cc ? Bt[t] * (v - eg * ks) : 0.0f;
-      Os[idx] = eg * qs;
-    }
-    __syncthreads();
-    if (tid < kSlice)  // forward substitution, one column a thread
-      for (int t = 1; t < cc; ++t) {
-        float d = D[t * kSlice + tid];
-        for (int s = 0; s < t; ++s) d -= Akk[t * kChunk + s] * D[s * kSlice + tid];
-        D[t * kSlice + tid] = d;
-      }
-    __syncthreads();
-    for (int idx = tid; idx < kChunk * kSlice; idx += kChunkThreads) {
-      const int t = idx / kSlice, j = idx % kSlice;
-      if (t >= cc || j >= width) continue;
-      float o = Os[idx];
-      for (int s = 0; s <= t; ++s) o += Mqk[t * kChunk + s] * D[s * kSlice + j];
-      p.out[static_cast<int64_t>(t0 + t) * Vd + static_cast<int64_t>(h) * dv + col0 + j] = o;
-    }
-    const float el = expf(G[cc - 1]);
-    for (int idx = tid; idx < dk * kSlice; idx += kChunkThreads) {  // S0's readers above are done (the barrier before the substitution)
-      const int i = idx / kSlice, j = idx % kSlice;
-      float v = el * S0[idx];
-      for (int s = 0; s < cc; ++s) v += Wl[s] * Ks[s * ldk + i] * D[s * kSlice + j];
-      S0[idx] = v;
-    }
-  }
-  __syncthreads();
-  store_state_slice(S0, dk, dv, col0, width, S);
-}
-
-// Prefill step 3, chunked form with the chunk terms first (DeltaNetDecodeArgs::chunk_terms).
-// delta_chunk_kernel's per-chunk mathematics rearranged so that what does not depend on the state is
-// computed for every chunk at once (delta_terms_kernel, one block per (chunk, value head)):
-//   T' = (I + A)^-1 diag(beta)   (A as in delta_chunk_kernel: its forward substitution as a matrix),
+// Prefill step 3, chunked form (ref::delta_rule_chunk) with the chunk terms first
+// (DeltaNetDecodeArgs::chunk_terms). Per chunk of 32 tokens with cumulative log decays G and betas,
+// A[t][s] = beta_t e^{G_t - G_s} k_t.k_s (s < t) is the chunk's forward substitution; what does not
+// depend on the state is computed for every chunk at once (delta_terms_kernel, one block per (chunk,
+// value head)):
+//   T' = (I + A)^-1 diag(beta),
 //   M[t][s] = e^{G_t - G_s} q_t.k_s (s <= t), e^{G_t}, Wl_s = e^{G_last - G_s}, e^{G_last};
 // then the sequential step (delta_wy_kernel, one block per (value head, 32 state columns)) is
 //   KS = K S0, QS = Q S0;  D = T' (V - e^G KS);  O = e^G QS + M D;  S0 <- e^{G_last} S0 + (Wl K)^T D,
@@ -674,28 +603,19 @@ cudaError_t deltanet_prefill(const DeltaNetDecodeArgs& p, int T, cudaStream_t st
 }
 
 cudaError_t deltanet_prefill_chunked(const DeltaNetDecodeArgs& p, int T, cudaStream_t stream) {
-  if (T < 1 || p.Hk < 1 || p.Hv % p.Hk || p.dk < 1 || p.dk > 128 || p.dv < 1 || p.kernel < 1 || p.kernel > kMaxHist + 1)
+  if (T < 1 || p.Hk < 1 || p.Hv % p.Hk || p.dk < 1 || p.dk > 128 || p.dv < 1 || p.kernel < 1 || p.kernel > kMaxHist + 1 || !p.chunk_terms)
     return cudaErrorInvalidValue;
-  const size_t smem = chunk_smem_floats(p.dk) * sizeof(float);
   // Once per process, for the largest dk allowed (a host call: not on every chunk of every layer).
-  static const cudaError_t opt_in = cudaFuncSetAttribute(delta_chunk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                         static_cast<int>(chunk_smem_floats(128) * sizeof(float)));
-  if (opt_in != cudaSuccess) return opt_in;
-  if (p.chunk_terms) {
-    static const cudaError_t opt_in_terms = cudaFuncSetAttribute(delta_terms_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                                 static_cast<int>(terms_smem_floats(128) * sizeof(float)));
-    static const cudaError_t opt_in_wy = cudaFuncSetAttribute(delta_wy_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                              static_cast<int>(wy_smem_floats(128) * sizeof(float)));
-    if (opt_in_terms != cudaSuccess) return opt_in_terms;
-    if (opt_in_wy != cudaSuccess) return opt_in_wy;
-    const unsigned chunks = static_cast<unsigned>((T + kChunk - 1) / kChunk);
-    return launch_token_parallel(p, T, stream, [&] {
-      delta_terms_kernel<<<dim3(chunks, p.Hv), kTermsThreads, terms_smem_floats(p.dk) * sizeof(float), stream>>>(p, T);
-      delta_wy_kernel<<<dim3(p.Hv, (p.dv + kSlice - 1) / kSlice), kWyThreads, wy_smem_floats(p.dk) * sizeof(float), stream>>>(p, T);
-    });
-  }
+  static const cudaError_t opt_in_terms = cudaFuncSetAttribute(delta_terms_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                               static_cast<int>(terms_smem_floats(128) * sizeof(float)));
+  static const cudaError_t opt_in_wy = cudaFuncSetAttribute(delta_wy_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                            static_cast<int>(wy_smem_floats(128) * sizeof(float)));
+  if (opt_in_terms != cudaSuccess) return opt_in_terms;
+  if (opt_in_wy != cudaSuccess) return opt_in_wy;
+  const unsigned chunks = static_cast<unsigned>((T + kChunk - 1) / kChunk);
   return launch_token_parallel(p, T, stream, [&] {
-    delta_chunk_kernel<<<dim3(p.Hv, (p.dv + kSlice - 1) / kSlice), kChunkThreads, smem, stream>>>(p, T);
+    delta_terms_kernel<<<dim3(chunks, p.Hv), kTermsThreads, terms_smem_floats(p.dk) * sizeof(float), stream>>>(p, T);
+    delta_wy_kernel<<<dim3(p.Hv, (p.dv + kSlice - 1) / kSlice), kWyThreads, wy_smem_floats(p.dk) * sizeof(float), stream>>>(p, T);
   });
 }
 

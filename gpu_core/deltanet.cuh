@@ -41,10 +41,10 @@ struct DeltaNetDecodeArgs {
   // Decode only: conv_out already holds this token's conv output and conv_state has moved on (the
   // input projection ran as gpu::gemv_bf16_conv): the conv launch is skipped.
   bool conv_done = false;
-  // Prefill, chunked form only: deltanet_chunk_terms_floats(T, Hv) floats of scratch. Set, the terms
-  // of every chunk that do not depend on the state (cumulative decays, the WY inverse (I + A)^-1 of
-  // the chunk's forward substitution, the q.k products) are computed for all chunks in parallel
-  // first, and the sequential step is three small matrix products on the state slice.
+  // Prefill, chunked form only (required there): deltanet_chunk_terms_floats(T, Hv) floats of
+  // scratch for the terms of every chunk that do not depend on the state (cumulative decays, the WY
+  // inverse (I + A)^-1 of the chunk's forward substitution, the q.k products), computed for all
+  // chunks in parallel first; the sequential step is then three small matrix products on the state.
   float* chunk_terms = nullptr;
 };
 
@@ -59,15 +59,13 @@ cudaError_t deltanet_decode(const DeltaNetDecodeArgs& args, cudaStream_t stream)
 // norms' block sums, so T tokens at once agree with T decode steps to fp32 rounding.
 cudaError_t deltanet_prefill(const DeltaNetDecodeArgs& args, int T, cudaStream_t stream);
 
-// The same T tokens with the recurrence in its chunked form (ref::delta_rule_chunk): 32 tokens at a
-// time as small matrix products in shared memory, one block per (value head, 32 state columns), so
-// the sequential part is T / 32 steps instead of T. Equal to deltanet_prefill up to fp32 rounding.
-// dk <= 128; needs ~61 KB of shared memory a block at dk = 128 (opt-in; sm_80+). Validated on the
-// H200; at the 35B shape 8.2 ms for 4096 tokens a layer against the scan's 8.5 ms (the per-chunk
-// sequential step, one block per head x 32 columns on CUDA cores, is what bounds it). With
-// args.chunk_terms: the state-free terms of all chunks first, in parallel, then the sequential step as
-// register-tiled products (D = T' (V - e^G K S0) instead of a forward substitution): the same
-// mathematics, fp32 rounding apart (written after session 8's device runs: not yet run on a GPU).
+// The same T tokens with the recurrence in its chunked form (ref::delta_rule_chunk): the state-free
+// terms of all chunks of 32 tokens first, in parallel (args.chunk_terms, required), then the
+// sequential step, one block per (value head, 32 state columns), as register-tiled products
+// (D = T' (V - e^G K S0)): T / 32 sequential steps instead of T. Equal to deltanet_prefill up to fp32
+// rounding. dk <= 128; opts in to more than 48 KB of shared memory a block (sm_80+). Validated on the
+// H200: at the 35B shape 4.3 ms for 4096 tokens a layer against the scan's 7.9 ms. (A form with the
+// terms inside the sequential step, a forward substitution per chunk, ran 8.9 ms: removed in session 9.)
 cudaError_t deltanet_prefill_chunked(const DeltaNetDecodeArgs& args, int T, cudaStream_t stream);
 
 }  // namespace tandem::gpu

@@ -131,7 +131,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 
 // The router GEMV's end (T = 1): every block stores its rows and fences, takes a ticket; the block
 // holding the last ticket runs on_last() (all threads), reads logits[0..E) back from L2 and runs the
-// warp top-k there (E > 0; E = 0: no top-k, gemv_bf16_norm), then re-arms the counter for the next
+// warp top-k there, then re-arms the counter for the next
 // launch.
 template <typename OnLast>
 __device__ __forceinline__ void route_tail(float acc, int64_t row, int lane, int64_t N, float* y, int E, int k, unsigned* counter,
@@ -151,7 +151,7 @@ __device__ __forceinline__ void route_tail(float acc, int64_t row, int lane, int
   if (!last) return;
   __threadfence();
   on_last();
-  if (E > 0 && threadIdx.x < 32) detail::warp_router_topk(y, E, k, ids, weights);
+  if (threadIdx.x < 32) detail::warp_router_topk(y, E, k, ids, weights);
   if (threadIdx.x == 0) *counter = 0u;
 }
 
@@ -195,7 +195,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   });
 }
 
-// gemv_bf16_norm_topk_kernel's launch (E = 0: no top-k).
+// gemv_bf16_norm_topk_kernel's launch.
 cudaError_t launch_norm_gemv(const uint16_t* W, int64_t N, int64_t K, float* h, const float* a, const float* shared, const float* gate,
                              const float* norm_w, float eps, float* x, float* y, int E, int k, unsigned* counter, int32_t* ids,
                              float* weights, cudaStream_t stream) {
@@ -226,11 +226,6 @@ cudaError_t gemv_bf16_router_topk_norm(const uint16_t* W, int64_t N, int64_t K, 
                                        unsigned* counter, int32_t* ids, float* weights, cudaStream_t stream) {
   if (E < 1 || E > N || E > detail::kRouterMaxExperts || k < 1 || k > E || k > detail::kRouterMaxTopK) return cudaErrorInvalidValue;
   return launch_norm_gemv(W, N, K, h, a, shared, gate, norm_w, eps, x, y, E, k, counter, ids, weights, stream);
-}
-
-cudaError_t gemv_bf16_norm(const uint16_t* W, int64_t N, int64_t K, float* h, const float* a, const float* shared, const float* gate,
-                           const float* norm_w, float eps, float* x, float* y, unsigned* counter, cudaStream_t stream) {
-  return launch_norm_gemv(W, N, K, h, a, shared, gate, norm_w, eps, x, y, 0, 0, counter, nullptr, nullptr, stream);
 }
 
 cudaError_t gemv_bf16(const uint16_t* W, int64_t N, int64_t K, const float* x, int T, float* y, cudaStream_t stream) {

@@ -66,16 +66,11 @@ cudaError_t moe_int4_decode_wide(const Int4Expert* experts, int64_t H, int64_t I
 size_t moe_int4_grouped_workspace(int64_t n, int k, int64_t H, int64_t I, int E);
 // The same grouping with the products on tensor cores (moe_int4_grouped_tc, same workspace): per
 // expert, tiles of 32 pairs x 64 output rows as fp16 matrix products with fp32 accumulation, the
-// weights dequantised to fp16 ((q - z) * s, one rounding) on the way into shared memory. Not the
-// per-pair arithmetic of the decode kernel: within ~1e-3 of it, 5e-3 of the exact reference. sm_70+.
+// weights dequantised to fp16 ((q - z) * s, one rounding) on the way into shared memory, each stage's
+// loads in flight during the previous stage's products (two shared buffers). Not the per-pair
+// arithmetic of the decode kernel: within ~1e-3 of it, 5e-3 of the exact reference. sm_70+.
 cudaError_t moe_int4_grouped_tc(const Int4Expert* experts, int E, int64_t H, int64_t I, int64_t group_size, const int32_t* ids,
                                 const float* weights, int n, int k, const float* x, void* workspace, float* out, cudaStream_t stream);
-// moe_int4_grouped_tc with each stage's loads issued before the previous stage's products and two
-// shared buffers (the same tiles and arithmetic, so the same bits). Written after session 8's device
-// runs: not yet run on a GPU.
-cudaError_t moe_int4_grouped_tc_pipelined(const Int4Expert* experts, int E, int64_t H, int64_t I, int64_t group_size,
-                                          const int32_t* ids, const float* weights, int n, int k, const float* x, void* workspace,
-                                          float* out, cudaStream_t stream);
 cudaError_t moe_int4_grouped(const Int4Expert* experts, int E, int64_t H, int64_t I, int64_t group_size, const int32_t* ids,
                              const float* weights, int n, int k, const float* x, void* workspace, float* out, cudaStream_t stream);
 

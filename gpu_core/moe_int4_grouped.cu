@@ -261,16 +261,8 @@ __device__ __forceinline__ void w_put(const WWord& r, int i, __half* Bs) {
   }
 }
 
-// One stage's tile, piece after piece (each loaded, then stored): the unpipelined kernels.
-__device__ __forceinline__ void tc_load_a(const __half* X, int64_t K, int s0, int count, int64_t k0, const int32_t* perm, __half* As) {
-  for (int i = threadIdx.x; i < kTcM * (kTcK / 8); i += kTcThreads) a_put(a_piece(X, K, s0, count, k0, perm, i), i, As);
-}
-__device__ __forceinline__ void tc_load_w(const Int4View& W, int64_t n0, int64_t k0, __half* Bs) {
-  for (int i = threadIdx.x; i < kTcN * (kTcK / 8); i += kTcThreads) w_put(w_word(W, n0, k0, i), i, Bs);
-}
-
-// The same pieces of this thread all loaded into registers first (fetch_*), stored later (store_*): the
-// pipelined kernels, whose loads are in flight during the previous stage's products.
+// A stage's pieces of this thread all loaded into registers first (fetch_*), stored later (store_*), so
+// the loads are in flight during the previous stage's products.
 struct ARegs {
   uint4 v[kAPer];
 };
@@ -345,40 +337,29 @@ __device__ __forceinline__ void down_epilogue(const FragC (&c)[2], float* C, int
   }
 }
 
-// The K loop of a tile: mma(b) multiplies shared buffer b. PIPE: two buffers; fetch(k0) loads a stage's
+// The K loop of a tile over two shared buffers: mma(b) multiplies buffer b; fetch(k0) loads a stage's
 // pieces into registers, store(b) puts them into buffer b (weights dequantised), the next stage's loads
-// in flight during this stage's MMAs (one barrier a stage). Otherwise one buffer: load(k0) loads and
-// stores piece by piece, then the MMAs (two barriers a stage). The same products in the same order.
-template <bool PIPE, typename Fetch, typename Store, typename Load, typename Mma>
-__device__ __forceinline__ void tc_k_loop(int64_t K, Fetch&& fetch, Store&& store, Load&& load, Mma&& mma) {
-  if constexpr (PIPE) {
-    fetch(0);
-    store(0);
+// in flight during this stage's MMAs (one barrier a stage). (A one-buffer form, load then multiply with
+// two barriers a stage, measured 154 vs 116 ms a 2048-token layer on the H200: removed in session 9.)
+template <typename Fetch, typename Store, typename Mma>
+__device__ __forceinline__ void tc_k_loop(int64_t K, Fetch&& fetch, Store&& store, Mma&& mma) {
+  fetch(0);
+  store(0);
+  __syncthreads();
+  int cur = 0;
+  for (int64_t k0 = 0; k0 < K; k0 += kTcK, cur ^= 1) {
+    const bool more = k0 + kTcK < K;
+    if (more) fetch(k0 + kTcK);  // in flight during this stage's MMAs
+    mma(cur);
+    if (more) store(cur ^ 1);  // that buffer's last readers passed the previous barrier
     __syncthreads();
-    int cur = 0;
-    for (int64_t k0 = 0; k0 < K; k0 += kTcK, cur ^= 1) {
-      const bool more = k0 + kTcK < K;
-      if (more) fetch(k0 + kTcK);  // in flight during this stage's MMAs
-      mma(cur);
-      if (more) store(cur ^ 1);  // that buffer's last readers passed the previous barrier
-      __syncthreads();
-    }
-  } else {
-    for (int64_t k0 = 0; k0 < K; k0 += kTcK) {
-      load(k0);
-      __syncthreads();
-      mma(0);
-      __syncthreads();
-    }
   }
 }
 
 // Shared memory of one stage buffer: gate/up Ag, Au [kTcM][kLdA], Bg, Bu [kTcN][kLdB]; down As, Bs.
 constexpr int kGateUpBufHalves = 2 * kTcM * kLdA + 2 * kTcN * kLdB, kDownBufHalves = kTcM * kLdA + kTcN * kLdB;
-template <bool PIPE>
-constexpr size_t tc_smem_bytes(int buf_halves) { return (PIPE ? 2 : 1) * buf_halves * sizeof(__half); }
+constexpr size_t tc_smem_bytes(int buf_halves) { return 2 * buf_halves * sizeof(__half); }
 
-template <bool PIPE>
 __global__ void __launch_bounds__(kTcThreads)
     tc_gate_up_kernel(const Int4Expert* __restrict__ experts, int64_t H, int64_t I, const int4* __restrict__ items,
                       const int32_t* __restrict__ counts, const __half* __restrict__ xg, const __half* __restrict__ xu,
@@ -401,7 +382,7 @@ __global__ void __launch_bounds__(kTcThreads)
   for (int mi = 0; mi < 2; ++mi) wmma::fill_fragment(cg[mi], 0.0f), wmma::fill_fragment(cu[mi], 0.0f);
   ARegs ag, au;
   WRegs wg, wu;
-  tc_k_loop<PIPE>(
+  tc_k_loop(
       H,
       [&](int64_t k0) {
         fetch_a(xg, H, s0, cnt, k0, nullptr, ag);  // already in each matrix's input order (gather)
@@ -415,12 +396,6 @@ __global__ void __launch_bounds__(kTcThreads)
         store_w(wg, Bg(b));
         store_w(wu, Bu(b));
       },
-      [&](int64_t k0) {
-        tc_load_a(xg, H, s0, cnt, k0, nullptr, Ag(0));
-        tc_load_a(xu, H, s0, cnt, k0, nullptr, Au(0));
-        tc_load_w(ex.gate, n0, k0, Bg(0));
-        tc_load_w(ex.up, n0, k0, Bu(0));
-      },
       [&](int b) {
         tc_mma(Ag(b), Bg(b), warp, cg);
         tc_mma(Au(b), Bu(b), warp, cu);
@@ -430,7 +405,6 @@ __global__ void __launch_bounds__(kTcThreads)
   gate_up_epilogue(cg, cu, Cg, Cu, warp, cnt, s0, n0, I, h);
 }
 
-template <bool PIPE>
 __global__ void __launch_bounds__(kTcThreads)
     tc_down_kernel(const Int4Expert* __restrict__ experts, int64_t H, int64_t I, const int4* __restrict__ items,
                    const int32_t* __restrict__ counts, const int32_t* __restrict__ order, const float* __restrict__ weights,
@@ -451,7 +425,7 @@ __global__ void __launch_bounds__(kTcThreads)
   for (int mi = 0; mi < 2; ++mi) wmma::fill_fragment(c[mi], 0.0f);
   ARegs a;
   WRegs w;
-  tc_k_loop<PIPE>(
+  tc_k_loop(
       I,
       [&](int64_t k0) {
         fetch_a(h, I, s0, cnt, k0, down.perm, a);
@@ -460,10 +434,6 @@ __global__ void __launch_bounds__(kTcThreads)
       [&](int b) {
         store_a(a, As(b));
         store_w(w, Bs(b));
-      },
-      [&](int64_t k0) {
-        tc_load_a(h, I, s0, cnt, k0, down.perm, As(0));
-        tc_load_w(down, n0, k0, Bs(0));
       },
       [&](int b) { tc_mma(As(b), Bs(b), warp, c); });
   float* C = reinterpret_cast<float*>(Bs(0));
@@ -485,40 +455,28 @@ void group_and_gather(const Int4Expert* experts, int E, int64_t H, const int32_t
   gather_pairs_kernel<<<static_cast<unsigned>(P), 256, 0, stream>>>(experts, ids, k, H, x, w.order, w.counts, w.xg, w.xu);
 }
 
-// moe_int4_grouped_tc(_pipelined): group, gather, the two tensor-core kernels, combine.
-template <bool PIPE>
-cudaError_t grouped_tc(const Int4Expert* experts, int E, int64_t H, int64_t I, int64_t group_size, const int32_t* ids,
-                       const float* weights, int n, int k, const float* x, void* workspace, float* out, cudaStream_t stream) {
+}  // namespace
+
+// Group, gather, the two tensor-core kernels, combine.
+cudaError_t moe_int4_grouped_tc(const Int4Expert* experts, int E, int64_t H, int64_t I, int64_t group_size, const int32_t* ids,
+                                const float* weights, int n, int k, const float* x, void* workspace, float* out, cudaStream_t stream) {
   if (!grouped_shape_ok(n, k, E, H, I, group_size)) return cudaErrorInvalidValue;
-  constexpr size_t up_smem = tc_smem_bytes<PIPE>(kGateUpBufHalves), down_smem = tc_smem_bytes<PIPE>(kDownBufHalves);
+  constexpr size_t up_smem = tc_smem_bytes(kGateUpBufHalves), down_smem = tc_smem_bytes(kDownBufHalves);
   // Past the default 48 KB: opted in once per process (a host call, not on every chunk of every layer).
   static const cudaError_t opt_in =
-      up_smem > 48 * 1024 ? cudaFuncSetAttribute(tc_gate_up_kernel<PIPE>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(up_smem))
+      up_smem > 48 * 1024 ? cudaFuncSetAttribute(tc_gate_up_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(up_smem))
                           : cudaSuccess;
   if (opt_in != cudaSuccess) return opt_in;
   static_assert(down_smem <= 48 * 1024, "the down kernel's buffers fit the default shared memory");
   const int64_t P = static_cast<int64_t>(n) * k, items = Carve::max_items(P, E, kTcM);
   const Carve w(workspace, P, H, I, E);
   group_and_gather(experts, E, H, ids, P, k, kTcM, x, w, stream);
-  tc_gate_up_kernel<PIPE><<<dim3(static_cast<unsigned>((I + kTcN - 1) / kTcN), static_cast<unsigned>(items)), kTcThreads, up_smem, stream>>>(
+  tc_gate_up_kernel<<<dim3(static_cast<unsigned>((I + kTcN - 1) / kTcN), static_cast<unsigned>(items)), kTcThreads, up_smem, stream>>>(
       experts, H, I, w.items, w.counts, w.xg, w.xu, w.h);
-  tc_down_kernel<PIPE><<<dim3(static_cast<unsigned>((H + kTcN - 1) / kTcN), static_cast<unsigned>(items)), kTcThreads, down_smem, stream>>>(
+  tc_down_kernel<<<dim3(static_cast<unsigned>((H + kTcN - 1) / kTcN), static_cast<unsigned>(items)), kTcThreads, down_smem, stream>>>(
       experts, H, I, w.items, w.counts, w.order, weights, w.h, w.y);
   combine_kernel<<<static_cast<unsigned>(n), 256, k * sizeof(int32_t), stream>>>(experts, ids, k, H, w.pos_of, w.y, out);
   return cudaGetLastError();
-}
-
-}  // namespace
-
-cudaError_t moe_int4_grouped_tc(const Int4Expert* experts, int E, int64_t H, int64_t I, int64_t group_size, const int32_t* ids,
-                                const float* weights, int n, int k, const float* x, void* workspace, float* out, cudaStream_t stream) {
-  return grouped_tc<false>(experts, E, H, I, group_size, ids, weights, n, k, x, workspace, out, stream);
-}
-
-cudaError_t moe_int4_grouped_tc_pipelined(const Int4Expert* experts, int E, int64_t H, int64_t I, int64_t group_size,
-                                          const int32_t* ids, const float* weights, int n, int k, const float* x, void* workspace,
-                                          float* out, cudaStream_t stream) {
-  return grouped_tc<true>(experts, E, H, I, group_size, ids, weights, n, k, x, workspace, out, stream);
 }
 
 size_t moe_int4_grouped_workspace(int64_t n, int k, int64_t H, int64_t I, int E) { return Carve(nullptr, n * k, H, I, E).bytes; }

@@ -1,6 +1,6 @@
 // gpu_core/norm_row.cuh: one row of rmsnorm_zc / add_rmsnorm_zc by one block (device code; include
 // from .cu only). Used by the norm kernel (ops.cu) and by the GEMVs that normalise their own input
-// (gemv_bf16_router_topk_norm, gemv_bf16_norm): the same operations in the same order, so the same bits.
+// (gemv_bf16_router_topk_norm): the same operations in the same order, so the same bits.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -190,18 +190,16 @@ class GpuRunner final : public Runner {
     g.batched_prefill = env_switch("TANDEM_BATCHED_PREFILL", true);
     g.grouped_moe = env_switch("TANDEM_GROUPED_MOE", true);
     g.grouped_moe_tc = env_switch("TANDEM_GROUPED_MOE_TC", true);
-    g.grouped_moe_pipe = env_switch("TANDEM_GROUPED_MOE_PIPE", false);
     g.moe_prefetch = env_switch("TANDEM_MOE_PREFETCH", true);
     g.moe_wide = env_switch("TANDEM_MOE_WIDE", true);
     g.router_norm = env_switch("TANDEM_ROUTER_NORM", true);
-    g.in_norm_gemv = env_switch("TANDEM_IN_NORM_GEMV", false);
-    g.parallel_shared = env_switch("TANDEM_PARALLEL_SHARED", false);
+    g.parallel_shared = env_switch("TANDEM_PARALLEL_SHARED", true);
     g.deltanet_split = env_switch("TANDEM_DELTANET_SPLIT", false);
     g.hybrid_one_graph = env_switch("TANDEM_HYBRID_ONE_GRAPH", true);
     g.deltanet_conv_in_gemv = env_switch("TANDEM_DELTANET_CONV_GEMV", false);
     g.attention_prefill = env_switch("TANDEM_ATTN_PREFILL", true);
+    g.attention_prefill_tc = env_switch("TANDEM_ATTN_TC", true);
     g.deltanet_chunked = env_switch("TANDEM_DELTANET_CHUNKED", true);
-    g.deltanet_wy = env_switch("TANDEM_DELTANET_WY", false);
     sample_on_gpu_ = env_switch("TANDEM_GPU_SAMPLING", true);
     if (placement_) {
       cpu_ = std::make_unique<CpuExpertSide>(model, *placement_, o.threads);

@@ -171,22 +171,13 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
     else CK(gpu::rmsnorm_zc(h, w, H, 1, eps, x, stream));
     pending = {};
   };
-  // The input norm and the stacked bf16 input projection in one launch (GpuOptions::in_norm_gemv).
-  auto norm_in_proj = [&](const DevLayer& L, float* y) {
-    CK(gpu::gemv_bf16_norm(L.in_proj.w, L.in_proj.out, L.in_proj.in, h, pending.a, pending.shared, pending.gate, L.in_norm, eps, x, y,
-                           route_ticket, stream));
-    pending = {};
-  };
   for (size_t li = 0; li < layers.size(); ++li) {
     const DevLayer& L = layers[li];
     mark(tr, li, 0);
     const bool conv_in_gemv = L.kind == LayerKind::LinearAttention && opts.deltanet_conv_in_gemv && L.in_proj.out && !L.in_proj.int4;
-    const bool in_norm_gemv = opts.in_norm_gemv && !conv_in_gemv && L.in_proj.out && !L.in_proj.int4;
-    if (!in_norm_gemv) norm_x(L.in_norm);
+    norm_x(L.in_norm);
     if (L.kind == LayerKind::LinearAttention) {
-      if (in_norm_gemv) {
-        norm_in_proj(L, qkv);  // qkv|z|b|a, as laid out in the workspace
-      } else if (conv_in_gemv) {  // qkv|z|b|a; the conv of the qkv rows applied as they are written
+      if (conv_in_gemv) {  // qkv|z|b|a; the conv of the qkv rows applied as they are written
         CK(gpu::gemv_bf16_conv(L.in_proj.w, L.in_proj.out, L.in_proj.in, x, qkv, static_cast<int>(c.linear_conv_dim()),
                                c.linear_conv_kernel, L.conv_w, L.conv_state, conv_out, stream));
       } else if (L.in_proj.out) {
@@ -204,9 +195,7 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
       CK(gpu::deltanet_decode(p, stream));
       linear(L.out_proj, core, o);
     } else {
-      if (in_norm_gemv) {
-        norm_in_proj(L, qg);  // q|k|v
-      } else if (L.in_proj.out) {
+      if (L.in_proj.out) {
         linear(L.in_proj, x, qg);  // q|k|v
       } else {
         linear(L.q, x, qg);

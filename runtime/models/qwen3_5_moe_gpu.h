@@ -109,10 +109,6 @@ struct GpuOptions {
   // unless TANDEM_GROUPED_MOE=0 / TANDEM_GROUPED_MOE_TC=0.
   bool grouped_moe = false;
   bool grouped_moe_tc = false;
-  // With grouped_moe_tc: gpu::moe_int4_grouped_tc_pipelined (each stage's loads in flight during the
-  // previous stage's products; the same bits). Written after session 8's device runs: not yet run on a
-  // GPU, so off unless TANDEM_GROUPED_MOE_PIPE=1.
-  bool grouped_moe_pipe = false;
   // Decode int4 experts through gpu::moe_int4_decode_prefetch (the same result, every weight word of a
   // row loaded up front). Validated; the runners turn it on unless TANDEM_MOE_PREFETCH=0.
   bool moe_prefetch = false;
@@ -124,14 +120,10 @@ struct GpuOptions {
   // the same bits): one launch fewer a layer. Validated on the H200 (12 GiB hybrid on text: 151 -> 159
   // tok/s); the runners turn it on unless TANDEM_ROUTER_NORM=0.
   bool router_norm = false;
-  // The same for a layer's input norm: done by the blocks of its stacked bf16 input projection
-  // (gpu::gemv_bf16_norm, the same bits): one launch fewer a layer. Written after session 8's device
-  // runs: not yet run on a GPU, so off unless TANDEM_IN_NORM_GEMV=1.
-  bool in_norm_gemv = false;
   // Decode: the shared expert's down GEMV on a second stream beside the routed experts (forked and
   // joined inside the step's graph; layers whose experts are all on the GPU, stacked bf16 shared
-  // projections). The same kernels, so the same bits. Written after session 8's device runs: not yet
-  // run on a GPU, so off unless TANDEM_PARALLEL_SHARED=1.
+  // projections). The same kernels, so the same bits. Validated on the H200 (all-GPU decode 230.0 ->
+  // 237.3 tok/s); the runners turn it on unless TANDEM_PARALLEL_SHARED=0.
   bool parallel_shared = false;
   // Decode DeltaNet with the recurrence split over 32-column slices of each head's state
   // (gpu::DeltaNetDecodeArgs::tickets). Validated on the H200, no faster there: off unless
@@ -145,16 +137,15 @@ struct GpuOptions {
   // attention form) instead of one decode call per token. Validated; the runners turn it on unless
   // TANDEM_ATTN_PREFILL=0.
   bool attention_prefill = false;
-  // In batched prefill, DeltaNet through gpu::deltanet_prefill_chunked (the chunked form: 32 tokens a
-  // sequential step) instead of the token-by-token scan. Validated on the H200 (its kernel, model and
-  // hybrid tests) and a little faster there (prefill 4096: 5,422 vs 5,350 tok/s); the runners turn it
-  // on unless TANDEM_DELTANET_CHUNKED=0.
+  // With attention_prefill: its products on tensor cores (queries and softmax weights in bf16, fp32
+  // sums; gpu::attention_prefill's tensor_cores). The runners turn it on unless TANDEM_ATTN_TC=0.
+  bool attention_prefill_tc = false;
+  // In batched prefill, DeltaNet through gpu::deltanet_prefill_chunked (the chunked form: every
+  // chunk's state-free terms first, in parallel, then 32 tokens a sequential step; its scratch is
+  // allocated and planned with batched prefill either way) instead of the token-by-token scan.
+  // Validated on the H200 (prefill 4096: 5,858 vs 4,996 tok/s); the runners turn it on unless
+  // TANDEM_DELTANET_CHUNKED=0.
   bool deltanet_chunked = false;
-  // With deltanet_chunked: the terms of every chunk that do not depend on the state computed first, in
-  // parallel, and the sequential step as register-tiled products (DeltaNetDecodeArgs::chunk_terms; the
-  // scratch is allocated and planned either way). Written after session 8's device runs: not yet run
-  // on a GPU, so off unless TANDEM_DELTANET_WY=1.
-  bool deltanet_wy = false;
   // Hybrid expert deferral (placement `experts.deferral`): of each token's N lowest-weight routed
   // experts, the host-resident ones join the residual one layer later, so the host runs them while the
   // GPU computes the next layer (Qwen35State::defer_experts with deferrable = the CPU side; changes the

@@ -16,9 +16,7 @@ void Qwen35MoeGpu::Impl::gpu_experts(const DevLayer& L, const float* x_dev, cons
   const int64_t H = c.hidden_size, I = c.moe_intermediate_size;
   const int k = c.num_experts_per_tok;
   if (L.int4_experts && n > gpu::kMaxGemvTokens && pgroup && opts.grouped_moe) {  // prefill: each expert's tokens together
-    auto* grouped = !opts.grouped_moe_tc    ? gpu::moe_int4_grouped
-                    : opts.grouped_moe_pipe ? gpu::moe_int4_grouped_tc_pipelined
-                                            : gpu::moe_int4_grouped_tc;
+    auto* grouped = opts.grouped_moe_tc ? gpu::moe_int4_grouped_tc : gpu::moe_int4_grouped;
     CK(grouped(experts, static_cast<int>(c.num_experts), H, I, L.expert_group, ids_dev, w_dev, static_cast<int>(n), k, x_dev,
                pgroup, out, stream));
     return;
@@ -75,7 +73,7 @@ void Qwen35MoeGpu::Impl::prefill_layer(size_t li, float* hbuf, int64_t n, const 
     linear_rows(L.a, px, n, pa);
     gpu::DeltaNetDecodeArgs p = deltanet_args(L);
     p.qkv = pqkv, p.z = pz, p.b = pb, p.a = pa, p.conv_out = pconv, p.out = pcore;
-    if (opts.deltanet_wy) p.chunk_terms = pterms;
+    p.chunk_terms = pterms;
     CK((opts.deltanet_chunked ? gpu::deltanet_prefill_chunked : gpu::deltanet_prefill)(p, static_cast<int>(n), stream));
     linear_rows(L.out_proj, pcore, n, po);
   } else {
@@ -85,7 +83,7 @@ void Qwen35MoeGpu::Impl::prefill_layer(size_t li, float* hbuf, int64_t n, const 
     gpu::AttentionDecodeArgs p = attention_args(L);
     if (opts.attention_prefill) {  // the whole chunk at once, causal inside it
       p.qg = pqg, p.k = pk, p.v = pv, p.pos = pos_dev, p.q_rot = pattn, p.out = pattn;  // q_rot may alias out
-      CK(gpu::attention_prefill(p, static_cast<int>(n), stream));
+      CK(gpu::attention_prefill(p, static_cast<int>(n), stream, opts.attention_prefill_tc));
     } else {
       for (int64_t t = 0; t < n; ++t) {  // causal: token t attends to the cache rows written before it
         p.qg = pqg + t * nh2, p.k = pk + t * kvd, p.v = pv + t * kvd, p.pos = pos_dev + t, p.q_rot = q_rot, p.partial = attn_part;

@@ -65,9 +65,9 @@ else
     # the post-attention norm as its own kernel (the default does it in the router GEMV's blocks)
     check "gpu logits $(basename "$d") with the norm kernel" "0" "OK" -- env TANDEM_ROUTER_NORM=0 \
       "$tandem" logits --model "$d" --ids "$(ids_of "$d")" --prefill "$(prefill_of "$d")" --device gpu --compare "$d/logits.npy" --tol 2e-2
-    # the input norm done by the input projection's blocks, the chunked DeltaNet's terms first, the shared
-    # expert beside the routed ones, the pipelined tensor-core experts (off by default)
-    check "gpu logits $(basename "$d") with this session's switched-off paths" "0" "OK" -- env TANDEM_IN_NORM_GEMV=1 TANDEM_DELTANET_WY=1 TANDEM_PARALLEL_SHARED=1 TANDEM_GROUPED_MOE_PIPE=1 \
+    # the fp32 attention prefill and the shared expert in line with the routed ones (the defaults are
+    # tensor cores and a second stream)
+    check "gpu logits $(basename "$d") with fp32 attention prefill, one stream" "0" "OK" -- env TANDEM_ATTN_TC=0 TANDEM_PARALLEL_SHARED=0 \
       "$tandem" logits --model "$d" --ids "$(ids_of "$d")" --prefill "$(prefill_of "$d")" --device gpu --compare "$d/logits.npy" --tol 2e-2
   done
   check "gpu budget too small" "1" "raise --gpu-mem" -- "$tandem" logits --model "$fx" --ids 1 --device gpu --gpu-mem 1MiB --out "$tmp/x.npy"

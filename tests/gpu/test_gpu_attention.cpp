@@ -92,10 +92,7 @@ TEST_P(GpuAttention, DecodeMatchesReference) {
 // attention_prefill (a chunk of tokens in one call) against attention_decode run token by token on the
 // same inputs: the caches end up bit-identical (the same prepare kernel) and the outputs agree to fp32
 // summation order. steps = chunk length here; start_pos rows of random context come first.
-TEST_P(GpuAttention, PrefillMatchesDecodeSteps) {
-  TANDEM_REQUIRE_GPU();
-  const AttnCase c = GetParam();
-  const int n = c.steps * 9 + 3;  // long enough for several key tiles and query groups
+void prefill_vs_decode_steps(const AttnCase& c, int n, bool tensor_cores, double tol) {
   std::mt19937 rng(test::test_seed() + 3);
   const int max_ctx = c.start_pos + n + 3, row = c.nkv * c.hd;
   auto q_norm = test::random_floats(rng, c.hd, 0.3f), k_norm = test::random_floats(rng, c.hd, 0.3f);
@@ -128,13 +125,28 @@ TEST_P(GpuAttention, PrefillMatchesDecodeSteps) {
   }
   p.qg = dqg.ptr, p.k = dk.ptr, p.v = dv.ptr, p.pos = dpos.ptr, p.k_cache = kc_b.ptr, p.v_cache = vc_b.ptr;
   p.q_rot = dchunk.ptr, p.out = dchunk.ptr;  // q_rot may alias out (the model does this)
-  CUDA_OK(gpu::attention_prefill(p, n, nullptr));
+  CUDA_OK(gpu::attention_prefill(p, n, nullptr, tensor_cores));
   CUDA_OK(cudaDeviceSynchronize());
   EXPECT_EQ(kc_a.to_host(), kc_b.to_host());
   EXPECT_EQ(vc_a.to_host(), vc_b.to_host());
   const auto a = dstep.to_host(), b = dchunk.to_host();
-  EXPECT_LT(test::rel_l2(std::vector<double>(b.begin(), b.end()), std::vector<double>(a.begin(), a.end())), 1e-5)
-      << n << " tokens from " << c.start_pos << ", seed " << test::test_seed();
+  EXPECT_LT(test::rel_l2(std::vector<double>(b.begin(), b.end()), std::vector<double>(a.begin(), a.end())), tol)
+      << n << " tokens from " << c.start_pos << (tensor_cores ? " (tensor cores)" : " (fp32)") << ", seed " << test::test_seed();
+}
+
+// fp32 flash kernel: the decode kernels' result up to summation order.
+TEST_P(GpuAttention, PrefillMatchesDecodeSteps) {
+  TANDEM_REQUIRE_GPU();
+  const AttnCase c = GetParam();
+  prefill_vs_decode_steps(c, c.steps * 9 + 3, false, 1e-5);  // long enough for several key tiles and query groups
+}
+
+// Tensor-core kernel: queries and softmax weights rounded to bf16 (relative 2^-9 each), so ~3e-3; the
+// chunk spans more than one 64-query block and ends inside one.
+TEST_P(GpuAttention, PrefillTensorCoresMatchDecodeSteps) {
+  TANDEM_REQUIRE_GPU();
+  const AttnCase c = GetParam();
+  prefill_vs_decode_steps(c, c.steps * 25 + 7, true, 1e-2);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuAttention,

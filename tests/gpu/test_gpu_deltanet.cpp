@@ -141,31 +141,20 @@ TEST_P(GpuDeltaNet, PrefillMatchesReference) {
       2e-5);
 }
 
-// The chunked form (deltanet_prefill_chunked): prompts of 100, 37, 5 and 2 tokens in one call each
-// (several chunks of 32, a partial one, fewer tokens than the conv history), every token's output and
-// the final states against the same reference steps. Different summation order from the scan (small
-// matrix products over a chunk, cumulative log decays): 1e-4.
+// The chunked form (deltanet_prefill_chunked, the chunk terms computed first into
+// DeltaNetDecodeArgs::chunk_terms): prompts of 300, 100, 37, 5 and 2 tokens in one call each (ten
+// chunks of 32 through the state, a partial one, fewer tokens than the conv history), every token's
+// output and the final states against the same reference steps. Different summation order from the
+// scan (small matrix products over a chunk, cumulative log decays, the forward substitution as an
+// explicit inverse): 1e-4. Without the scratch it refuses.
 TEST_P(GpuDeltaNet, ChunkedPrefillMatchesReference) {
-  TANDEM_REQUIRE_GPU();
-  prefill_vs_reference(
-      GetParam(), test::test_seed() + 2, {100, 37, 5, 2},
-      [](const gpu::DeltaNetDecodeArgs& p, int T) { return gpu::deltanet_prefill_chunked(p, T, nullptr); },
-      [](int T, const std::vector<float>& got, const std::vector<float>& want) {
-        EXPECT_LT(test::rel_l2(std::vector<double>(got.begin(), got.end()), std::vector<double>(want.begin(), want.end())), 1e-4)
-            << T << " tokens, seed " << test::test_seed();
-      },
-      1e-4);
-}
-
-// The chunked form with the chunk terms computed first (DeltaNetDecodeArgs::chunk_terms): the same
-// prompts plus one of 300 tokens (ten chunks through the state), against the same reference steps
-// (the forward substitution as an explicit inverse: fp32 rounding apart, the same 1e-4).
-TEST_P(GpuDeltaNet, ChunkTermsPrefillMatchesReference) {
   TANDEM_REQUIRE_GPU();
   const DnCase c = GetParam();
   prefill_vs_reference(
       c, test::test_seed() + 3, {300, 100, 37, 5, 2},
       [&](gpu::DeltaNetDecodeArgs p, int T) {
+        p.chunk_terms = nullptr;
+        EXPECT_EQ(gpu::deltanet_prefill_chunked(p, T, nullptr), cudaErrorInvalidValue) << "no chunk-terms scratch";
         test::DeviceBuffer<float> terms(gpu::deltanet_chunk_terms_floats(T, c.Hv));
         cudaMemset(terms.ptr, 0xff, terms.n * sizeof(float));  // NaN: a term read before it is written shows
         p.chunk_terms = terms.ptr;

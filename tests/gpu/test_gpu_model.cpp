@@ -131,8 +131,7 @@ TEST_P(GpuModel, DeltaNetDecodeVariantsEqualDefault) {
 
 // GpuOptions::router_norm (the post-attention norm done by the router GEMV's blocks): the same bits as
 // the norm launch + router GEMV, eagerly and as CUDA-graph steps, with the product's other decode paths;
-// and with GpuOptions::in_norm_gemv (the input norm done by the input projection's blocks) as well, and
-// GpuOptions::parallel_shared (the shared expert's down GEMV on a second stream) on top.
+// and with GpuOptions::parallel_shared (the shared expert's down GEMV on a second stream) on top.
 TEST_P(GpuModel, RouterNormEqualsNormThenRouter) {
   TANDEM_REQUIRE_GPU();
   const auto f = test::load_fixture(GetParam());
@@ -144,12 +143,8 @@ TEST_P(GpuModel, RouterNormEqualsNormThenRouter) {
     GpuOptions fused = g;
     fused.router_norm = true;
     expect_same_decode(*model, f, g, fused, 0.0, 2, graph ? "router norm (graph)" : "router norm");
-    // and the input norm done by the input projection's blocks (GpuOptions::in_norm_gemv) on top
-    GpuOptions both = fused;
-    both.in_norm_gemv = true;
-    expect_same_decode(*model, f, g, both, 0.0, 2, graph ? "router and input norms (graph)" : "router and input norms");
     // and the shared expert's down GEMV beside the routed experts (GpuOptions::parallel_shared)
-    GpuOptions side = both;
+    GpuOptions side = fused;
     side.parallel_shared = true;
     expect_same_decode(*model, f, g, side, 0.0, 2, graph ? "shared expert beside (graph)" : "shared expert beside");
   }
@@ -166,8 +161,8 @@ TEST_P(GpuModel, BatchedPrefillEqualsTokenByToken) {
   const NpyArray ref = read_npy_f32(f.dir + "/logits.npy");
   // 1: int4 experts grouped by expert; 2: and flash attention prefill; 3: and the grouped experts on
   // tensor cores (fp16 weights, fp32 sums: ~1e-3 from the decode kernel's arithmetic, not ~1e-5);
-  // 4: and DeltaNet in the chunked form; 5: with the chunk terms computed first (deltanet_wy) and the
-  // tensor-core experts pipelined (grouped_moe_pipe)
+  // 4: and DeltaNet in the chunked form; 5: and the attention prefill on tensor cores (bf16 queries and
+  // softmax weights) -- the runners' defaults
   for (int variant = 0; variant < 6; ++variant) {
     const bool grouped = variant >= 1;
     GpuOptions g = fixture_options();
@@ -178,7 +173,7 @@ TEST_P(GpuModel, BatchedPrefillEqualsTokenByToken) {
     g.attention_prefill = variant >= 2;
     g.grouped_moe_tc = variant >= 3;
     g.deltanet_chunked = variant >= 4;
-    g.deltanet_wy = g.grouped_moe_pipe = variant == 5;
+    g.attention_prefill_tc = variant >= 5;
     auto batched = Qwen35MoeGpu::create(*model, g);
     ASSERT_FALSE(plain->batched_prefill_active());
     ASSERT_TRUE(batched->batched_prefill_active());

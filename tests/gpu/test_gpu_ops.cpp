@@ -127,8 +127,7 @@ TEST(GpuRouterFused, EqualsGemvThenTopk) {
 // gemv_bf16_router_topk_norm (the norm before the router GEMV in the same launch): h, x, y, ids and
 // weights bit for bit what the norm launch (add_rmsnorm_zc with a residual, with a residual and a gated
 // shared expert, rmsnorm_zc without) followed by gemv_bf16_router_topk gives, at the 35B stacked shape
-// and odd ones (rows per thread 1..8, a partial last pass), three launches in a row; gemv_bf16_norm (the
-// same without the top-k) likewise against the norm launch + gemv_bf16, sharing the counter.
+// and odd ones (rows per thread 1..8, a partial last pass), three launches in a row.
 TEST(GpuRouterFused, WithItsNormEqualsNormThenRouter) {
   TANDEM_REQUIRE_GPU();
   struct Case {
@@ -157,10 +156,6 @@ TEST(GpuRouterFused, WithItsNormEqualsNormThenRouter) {
         if (av) CUDA_OK(gpu::add_rmsnorm_zc(h2.ptr, av, sv, gv, dnw.ptr, c.K, 1, 1e-6f, x2.ptr, nullptr));
         else CUDA_OK(gpu::rmsnorm_zc(h2.ptr, dnw.ptr, c.K, 1, 1e-6f, x2.ptr, nullptr));
         CUDA_OK(gpu::gemv_bf16_router_topk(dW.ptr, c.N, c.K, x2.ptr, y2.ptr, c.E, c.k, t2.ptr, i2.ptr, w2.ptr, nullptr));
-        // gemv_bf16_norm (no top-k), against the norm launch + gemv_bf16, on the same counter
-        test::DeviceBuffer<float> h3(h), x3(c.K), y3(c.N), y4(c.N);
-        CUDA_OK(gpu::gemv_bf16_norm(dW.ptr, c.N, c.K, h3.ptr, av, sv, gv, dnw.ptr, 1e-6f, x3.ptr, y3.ptr, t1.ptr, nullptr));
-        CUDA_OK(gpu::gemv_bf16(dW.ptr, c.N, c.K, x2.ptr, 1, y4.ptr, nullptr));
         CUDA_OK(cudaDeviceSynchronize());
         const std::string what = str_cat(c.N, " x ", c.K, " form ", form, " launch ", launch);
         EXPECT_EQ(h1.to_host(), h2.to_host()) << what;
@@ -169,9 +164,6 @@ TEST(GpuRouterFused, WithItsNormEqualsNormThenRouter) {
         EXPECT_EQ(i1.to_host(), i2.to_host()) << what;
         EXPECT_EQ(w1.to_host(), w2.to_host()) << what;
         EXPECT_EQ(t1.to_host()[0], 0u) << what;
-        EXPECT_EQ(h3.to_host(), h2.to_host()) << what << " (norm GEMV)";
-        EXPECT_EQ(x3.to_host(), x2.to_host()) << what << " (norm GEMV)";
-        EXPECT_EQ(y3.to_host(), y4.to_host()) << what << " (norm GEMV)";
       }
     }
 }
