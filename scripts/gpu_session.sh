@@ -68,7 +68,8 @@ for step in "$@"; do
       run_step build 400 bash -c "cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
         && cmake --build build-gpu -j $(nproc)" ;;
     gpu-tests)
-      run_step "gpu-tests$tag" 300 bash -c "build-gpu/tests/tandem_gpu_tests && ctest --test-dir build-gpu -R 'cli_' --output-on-failure" ;;
+      # both suites run whatever the first gives; the step fails if either does
+      run_step "gpu-tests$tag" 300 bash -c "build-gpu/tests/tandem_gpu_tests; a=\$?; ctest --test-dir build-gpu -R 'cli_' --output-on-failure; b=\$?; exit \$((a | b))" ;;
     gpu-tests:*)
       run_step "gpu-tests-filtered$tag" 300 build-gpu/tests/tandem_gpu_tests --gtest_filter="${step#gpu-tests:}" ;;
     ctest)
