@@ -14,6 +14,8 @@
 
 #include <cstdint>
 
+#include "gpu_core/attention_sizes.h"
+
 namespace tandem::gpu {
 
 struct AttentionDecodeArgs {

@@ -10,7 +10,7 @@ namespace tandem::gpu {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kChunk = 256;  // context rows per split
+constexpr int kChunk = kAttnDecodeSplitRows;  // context rows per split
 
 using detail::block_max;
 using detail::block_sum;

@@ -249,7 +249,8 @@ PlacementConfig parse_placement_config(const std::string& text, const std::strin
         const YAML::Node m = p["gpu_min_tokens"];
         c.prefill_gpu_min_tokens = m.IsScalar() && m.as<std::string>() == "auto" ? 0 : r.integer(m, "prefill.gpu_min_tokens", 1, int64_t(1) << 24);
       }
-      if (p["chunk"]) c.prefill_chunk = r.integer(p["chunk"], "prefill.chunk", 0, 4096);
+      if (const YAML::Node ch = p["chunk"])
+        c.prefill_chunk = ch.IsScalar() && ch.as<std::string>() == "auto" ? -1 : r.integer(ch, "prefill.chunk", 0, 4096);
       if (p["stream_pass"]) c.prefill_stream_pass = r.integer(p["stream_pass"], "prefill.stream_pass", 1, 65536);
     }
     if (const YAML::Node b = root["bandwidth"]) {

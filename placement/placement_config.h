@@ -64,7 +64,7 @@ struct PlacementConfig {
   // prefill
   PrefillStrategy prefill = PrefillStrategy::Auto;
   int64_t prefill_gpu_min_tokens = 0;  // 0: the cost model decides
-  int64_t prefill_chunk = 256;         // prompt tokens per batched GPU prefill chunk; 0: token by token
+  int64_t prefill_chunk = -1;          // prompt tokens per batched GPU prefill chunk; 0: token by token; -1: auto (the planner picks)
   int64_t prefill_stream_pass = 4096;  // streamed prefill: tokens per pass (each pass streams every layer once)
   // bandwidths in bytes/s for the cost model; 0: measure (cpu, gpu when present) or the default
   double bw_gpu = 0, bw_pcie = 0, bw_cpu = 0;

@@ -30,7 +30,7 @@ gpu::AttentionDecodeArgs Qwen35MoeGpu::Impl::attention_args(const DevLayer& L) c
   gpu::AttentionDecodeArgs p;
   p.q_norm = L.q_norm, p.k_norm = L.k_norm, p.inv_freq = inv_freq, p.k_cache = L.k_cache, p.v_cache = L.v_cache;
   p.nh = c.num_heads, p.nkv = c.num_kv_heads, p.hd = c.head_dim, p.rotary_dim = c.rotary_dim;
-  p.max_ctx = static_cast<int>(opts.max_context), p.max_splits = static_cast<int>((opts.max_context + 255) / 256);
+  p.max_ctx = static_cast<int>(opts.max_context), p.max_splits = static_cast<int>(gpu::attention_decode_splits(opts.max_context));
   p.eps = static_cast<float>(c.rms_norm_eps), p.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   return p;
 }

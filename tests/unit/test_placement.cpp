@@ -150,7 +150,8 @@ TEST(PlacementYamlErrors, RulesTheModelCannotHonour) {
 
 TEST(Planner, BelowTheMinimumSaysTheMinimum) {
   const ModelConfig m = model35();
-  const Plan ok = make_plan(m, {}, {.gpu_mem = 24ull << 30});
+  // (the minimum of a plan is for its prefill chunk: the smallest one auto picks is 256)
+  const Plan ok = make_plan(m, yaml("prefill: {chunk: 256}"), {.gpu_mem = 24ull << 30});
   test::expect_error([&] { make_plan(m, {}, {.gpu_mem = ok.min_budget_bytes - 1}); },
                      {"below the minimum of " + format_gib(ok.min_budget_bytes), "dense weights", "KV cache"});
   const Plan at_min = make_plan(m, {}, {.gpu_mem = ok.min_budget_bytes});
@@ -205,13 +206,14 @@ TEST(Planner, EveryExpertOnTheGpuWhenAllFit) {
   EXPECT_DOUBLE_EQ(p.expected_gpu_expert_fraction, 1.0);
   const Plan all = make_plan(m, yaml("experts: {select: all}"), {.gpu_mem = 40ull << 30});
   EXPECT_EQ(all.total_gpu_experts(), 40 * 256);
-  // The smallest budget that holds everything gets everything; one byte less leaves experts on the
-  // CPU: one without streamed prefill, and with it (the default) as many as make room for its buffers.
-  const uint64_t need = p.vram.total();
+  // The smallest budget that holds everything (at a set prefill chunk) gets everything; one byte less
+  // leaves experts on the CPU: one without streamed prefill, and with it (the default) as many as make
+  // room for its buffers. (With the chunk on auto, a smaller chunk keeps them all: AutoPrefillChunk...)
+  const uint64_t need = make_plan(m, yaml("prefill: {chunk: 256}"), {.gpu_mem = 40ull << 30}).vram.total();
   EXPECT_EQ(p.stream_experts, 0);
-  EXPECT_EQ(make_plan(m, {}, {.gpu_mem = need}).total_gpu_experts(), 40 * 256);
-  EXPECT_EQ(make_plan(m, yaml("prefill: {strategy: cpu}"), {.gpu_mem = need - 1}).total_gpu_experts(), 40 * 256 - 1);
-  const Plan short1 = make_plan(m, {}, {.gpu_mem = need - 1});
+  EXPECT_EQ(make_plan(m, yaml("prefill: {chunk: 256}"), {.gpu_mem = need}).total_gpu_experts(), 40 * 256);
+  EXPECT_EQ(make_plan(m, yaml("prefill: {strategy: cpu, chunk: 256}"), {.gpu_mem = need - 1}).total_gpu_experts(), 40 * 256 - 1);
+  const Plan short1 = make_plan(m, yaml("prefill: {chunk: 256}"), {.gpu_mem = need - 1});
   EXPECT_LT(short1.total_gpu_experts(), 40 * 256 - 1);
   EXPECT_GE(short1.stream_experts, 1);
   EXPECT_LE(short1.vram.total(), need - 1);
@@ -266,23 +268,48 @@ TEST(Planner, ByteAccountingMatchesTheSpecSizes) {
   const Plan cpu_embed = make_plan(model35(), yaml("rules:\n  - {match: embed_tokens, place: cpu}\n"), {.gpu_mem = 24ull << 30});
   EXPECT_FALSE(cpu_embed.embed_on_gpu);
   EXPECT_EQ(p.vram.dense_weights - cpu_embed.vram.dense_weights, 248320ull * 2048 * 2);
-  // Batched prefill (default chunk 256): chunk-sized copies of the activations (~0.2 MB per chunk token
-  // at the 35B shape), for int4 experts the grouped MoE's sorted copies (8 pairs x (fp16 x twice, fp16 h,
-  // fp32 y) ~ 0.14 MB per token), plus the cuBLAS workspace; a chunk of 0 (token by token) drops all
-  // of it, the embedding on the CPU none (its rows are gathered on the host, in host memory).
+  // Batched prefill (chunk 256): chunk-sized copies of the activations (~0.2 MB per chunk token at the
+  // 35B shape), for int4 experts the grouped MoE's sorted copies (8 pairs x (fp16 x twice, fp16 h, fp32
+  // y) ~ 0.14 MB per token), plus the cuBLAS workspace; a chunk of 0 (token by token) drops all of it,
+  // the embedding on the CPU none (its rows are gathered on the host, in host memory).
+  const Plan c256 = make_plan(model35(), yaml("prefill: {chunk: 256}"), {.gpu_mem = 24ull << 30});
   const Plan tbt = make_plan(model35(), yaml("prefill: {chunk: 0}"), {.gpu_mem = 24ull << 30});
   const Plan half = make_plan(model35(), yaml("prefill: {chunk: 128}"), {.gpu_mem = 24ull << 30});
-  EXPECT_EQ(p.prefill_chunk, 256);
+  EXPECT_EQ(c256.prefill_chunk, 256);
   EXPECT_EQ(tbt.prefill_chunk, 0);
-  const double per_token = static_cast<double>(p.vram.workspace - half.vram.workspace) / 128;
+  const double per_token = static_cast<double>(c256.vram.workspace - half.vram.workspace) / 128;
   EXPECT_GT(per_token, 300e3);
   EXPECT_LT(per_token, 450e3);
-  EXPECT_NEAR(static_cast<double>(p.vram.workspace - tbt.vram.workspace), 256 * per_token + (4 << 20), 64 << 10);
+  EXPECT_NEAR(static_cast<double>(c256.vram.workspace - tbt.vram.workspace), 256 * per_token + (4 << 20), 64 << 10);
+  const Plan b256 = make_plan(model35_bf16(), yaml("prefill: {chunk: 256}"), {.gpu_mem = 24ull << 30});
   const Plan b_tbt = make_plan(model35_bf16(), yaml("prefill: {chunk: 0}"), {.gpu_mem = 24ull << 30});
-  const double bf16_per_token = static_cast<double>(b.vram.workspace - b_tbt.vram.workspace - (4 << 20)) / 256;
+  const double bf16_per_token = static_cast<double>(b256.vram.workspace - b_tbt.vram.workspace - (4 << 20)) / 256;
   EXPECT_GT(bf16_per_token, 150e3);  // bf16 experts: no grouped copies
   EXPECT_LT(bf16_per_token, 300e3);
   EXPECT_EQ(cpu_embed.vram.workspace, p.vram.workspace);
+}
+
+// prefill.chunk: auto (the default): 2048 where every routed expert still fits beside it (24 GiB) or
+// none goes to the GPU (cpu_experts: all); where experts compete for the room, 256 (decode keeps its
+// GPU experts). "auto" may be written too.
+TEST(Planner, AutoPrefillChunkCostsDecodeLittle) {
+  const Plan all = make_plan(model35(), {}, {.gpu_mem = 24ull << 30});
+  EXPECT_EQ(all.prefill_chunk, 2048);
+  EXPECT_EQ(all.total_gpu_experts(), 256 * 40);
+  EXPECT_EQ(make_plan(model35(), yaml("prefill: {chunk: auto}"), {.gpu_mem = 24ull << 30}).prefill_chunk, 2048);
+  const Plan cpu = make_plan(model35(), yaml("cpu_experts: all"), {.gpu_mem = 8ull << 30});
+  EXPECT_EQ(cpu.prefill_chunk, 2048);
+  EXPECT_GT(cpu.stream_experts, 0) << plan_table(cpu);  // the streamed prefill's buffers still fit
+  for (const uint64_t gib : {8ull, 12ull, 16ull}) {
+    const Plan a = make_plan(model35(), {}, {.gpu_mem = gib << 30});
+    EXPECT_EQ(a.prefill_chunk, 256) << gib << " GiB";
+    EXPECT_EQ(a.total_gpu_experts(), make_plan(model35(), yaml("prefill: {chunk: 256}"), {.gpu_mem = gib << 30}).total_gpu_experts());
+  }
+  // Just below where all experts fit with 2048 (24 GiB's plan less 1 MiB): a smaller chunk that still
+  // fits them all, never fewer experts.
+  const Plan near = make_plan(model35(), {}, {.gpu_mem = all.vram.total() - (1ull << 20)});
+  EXPECT_LT(near.prefill_chunk, 2048);
+  EXPECT_EQ(near.total_gpu_experts(), 256 * 40);
 }
 
 TEST(Planner, SaysWhenTheCpuExpertsDoNotFitInHostMemory) {
