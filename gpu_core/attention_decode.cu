@@ -50,10 +50,16 @@ __global__ void prepare_kernel(AttentionDecodeArgs p) {
 }
 
 // grid (nh, splits): scores for one chunk of context, its max and sum, and the unnormalised output.
-__global__ void attend_kernel(AttentionDecodeArgs p) {
-  __shared__ float red[kThreads / 32];
+// Warp w takes rows begin + w, begin + w + 8, ...: it scores them (lanes split the head dimension),
+// then, once the block knows the chunk's max, adds their weighted values into its own partial output
+// (lane holds dims lane + 32 d), so each warp walks only its 8 rows with the loads of a row in flight
+// together; the 8 partial outputs are summed through shared memory.
+__global__ void __launch_bounds__(kThreads) attend_kernel(AttentionDecodeArgs p) {
+  constexpr int kWarps = kThreads / 32;
+  __shared__ float red[kWarps];
   __shared__ float q[256];
   __shared__ float score[kChunk];
+  __shared__ float po[kWarps][256];
   const int h = blockIdx.x, split = blockIdx.y, hd = p.hd, kvh = h / (p.nh / p.nkv);
   const int n_ctx = *p.pos + 1, begin = split * kChunk, end = min(n_ctx, begin + kChunk);
   float* part = p.partial + (static_cast<int64_t>(h) * p.max_splits + split) * (hd + 2);
@@ -63,9 +69,8 @@ __global__ void attend_kernel(AttentionDecodeArgs p) {
   }
   for (int i = threadIdx.x; i < hd; i += blockDim.x) q[i] = p.q_rot[static_cast<int64_t>(h) * hd + i];
   __syncthreads();
-  // One warp per context row: lanes split the head dimension.
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-  for (int s = begin + warp; s < end; s += nwarps) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int s = begin + warp; s < end; s += kWarps) {
     const uint16_t* kr = p.k_cache + (static_cast<int64_t>(s) * p.nkv + kvh) * hd;
     float d = 0.0f;
     for (int i = lane; i < hd; i += 32) d += q[i] * __bfloat162float(__ushort_as_bfloat16(kr[i]));
@@ -82,10 +87,24 @@ __global__ void attend_kernel(AttentionDecodeArgs p) {
     l += score[s];
   }
   l = block_sum(l, red);  // its leading barrier also publishes score[]
+  float o[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+  for (int s = begin + warp; s < end; s += kWarps) {
+    const float w = score[s - begin];
+    const uint16_t* vr = p.v_cache + (static_cast<int64_t>(s) * p.nkv + kvh) * hd;
+#pragma unroll
+    for (int d = 0; d < 8; ++d) {
+      const int i = lane + 32 * d;
+      if (i < hd) o[d] += w * __bfloat162float(__ushort_as_bfloat16(vr[i]));
+    }
+  }
+#pragma unroll
+  for (int d = 0; d < 8; ++d)
+    if (lane + 32 * d < hd) po[warp][lane + 32 * d] = o[d];
+  __syncthreads();
   for (int i = threadIdx.x; i < hd; i += blockDim.x) {
     float acc = 0.0f;
-    for (int s = begin; s < end; ++s)
-      acc += score[s - begin] * __bfloat162float(__ushort_as_bfloat16(p.v_cache[(static_cast<int64_t>(s) * p.nkv + kvh) * hd + i]));
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) acc += po[w][i];
     part[i] = acc;
   }
   if (threadIdx.x == 0) part[hd] = m, part[hd + 1] = l;
