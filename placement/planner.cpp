@@ -291,6 +291,7 @@ Plan make_plan(const ModelConfig& c, const PlacementConfig& cfg, const PlanReque
   auto fixed_for = [&](int64_t chunk) {
     return fixed_vram(c, s, p.context, p.batch, p.embed_on_gpu, tied_shared, chunk, eq.quantized, cfg.deferral, cfg.gpu_reserve);
   };
+  p.prefill_chunk_auto = cfg.prefill_chunk < 0;
   p.prefill_chunk = cfg.prefill_chunk >= 0 ? cfg.prefill_chunk : auto_prefill_chunk(cfg, p, fixed_for, static_cast<uint64_t>(L) * table,
                                                                                    static_cast<uint64_t>(L) * E * p.gpu_expert_bytes,
                                                                                    [&](int64_t chunk) {
@@ -505,6 +506,7 @@ nlohmann::json plan_to_json(const Plan& p) {
   j["host_replace_bytes"] = p.host_replace_bytes;
   j["prefill_strategy"] = prefill_name(p.prefill);
   j["prefill_chunk"] = p.prefill_chunk;
+  j["prefill_chunk_auto"] = p.prefill_chunk_auto;
   j["stream_experts_per_layer"] = p.stream_experts;
   j["stream_pass_tokens"] = p.stream_pass;
   if (!p.stream_note.empty()) j["stream_note"] = p.stream_note;
@@ -538,7 +540,11 @@ std::string plan_table(const Plan& p) {
   line("routed experts", str_cat(format_gib(v.expert_weights), " (", p.total_gpu_experts(), " experts, ", p.expert_checkpoint_format, ")"));
   line("KV cache", format_gib(v.kv_cache));
   line("DeltaNet state", format_gib(v.deltanet_state));
-  line("workspace", format_gib(v.workspace) + (p.prefill_chunk > 0 ? str_cat(" (prefill in batches of ", p.prefill_chunk, " tokens)") : std::string(" (prefill token by token)")));
+  const char* chunk_why = !p.prefill_chunk_auto      ? ""
+                          : p.prefill_chunk > 256     ? ", auto: it costs no GPU experts"
+                                                      : ", auto: a larger one would take GPU experts (prefill.chunk sets it)";
+  line("workspace", format_gib(v.workspace) + (p.prefill_chunk > 0 ? str_cat(" (prefill in batches of ", p.prefill_chunk, " tokens", chunk_why, ")")
+                                                                   : std::string(" (prefill token by token)")));
   line("reserve (CUDA)", format_gib(v.reserve));
   line("total", str_cat(format_gib(v.total()), " of ", format_gib(p.budget_bytes)));
   o += "\n";

@@ -80,6 +80,7 @@ struct Plan {
   int deferral = 0;
   PrefillStrategy prefill = PrefillStrategy::Auto;
   int64_t prefill_chunk = 0;  // batched GPU prefill chunk (its workspace is in vram.workspace); 0: token by token
+  bool prefill_chunk_auto = false;  // chosen by the planner (prefill.chunk: auto)
   // Streamed prefill: host experts of the layer with the most (its buffers are in vram.workspace); 0:
   // none budgeted (stream_note says why when prefill.strategy allowed it).
   int stream_experts = 0;

@@ -295,6 +295,10 @@ TEST(Planner, ByteAccountingMatchesTheSpecSizes) {
 TEST(Planner, AutoPrefillChunkCostsDecodeLittle) {
   const Plan all = make_plan(model35(), {}, {.gpu_mem = 24ull << 30});
   EXPECT_EQ(all.prefill_chunk, 2048);
+  EXPECT_TRUE(all.prefill_chunk_auto);
+  EXPECT_NE(plan_table(all).find("batches of 2048 tokens, auto: it costs no GPU experts"), std::string::npos) << plan_table(all);
+  EXPECT_TRUE(plan_to_json(all)["prefill_chunk_auto"].get<bool>());
+  EXPECT_FALSE(make_plan(model35(), yaml("prefill: {chunk: 512}"), {.gpu_mem = 24ull << 30}).prefill_chunk_auto);
   EXPECT_EQ(all.total_gpu_experts(), 256 * 40);
   EXPECT_EQ(make_plan(model35(), yaml("prefill: {chunk: auto}"), {.gpu_mem = 24ull << 30}).prefill_chunk, 2048);
   const Plan cpu = make_plan(model35(), yaml("cpu_experts: all"), {.gpu_mem = 8ull << 30});
@@ -303,6 +307,7 @@ TEST(Planner, AutoPrefillChunkCostsDecodeLittle) {
   for (const uint64_t gib : {8ull, 12ull, 16ull}) {
     const Plan a = make_plan(model35(), {}, {.gpu_mem = gib << 30});
     EXPECT_EQ(a.prefill_chunk, 256) << gib << " GiB";
+    EXPECT_NE(plan_table(a).find("auto: a larger one would take GPU experts"), std::string::npos) << plan_table(a);
     EXPECT_EQ(a.total_gpu_experts(), make_plan(model35(), yaml("prefill: {chunk: 256}"), {.gpu_mem = gib << 30}).total_gpu_experts());
   }
   // Just below where all experts fit with 2048 (24 GiB's plan less 1 MiB): a smaller chunk that still
