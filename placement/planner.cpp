@@ -70,15 +70,12 @@ std::string rule_where(const PlacementConfig& cfg, const PlacementRule& r) {
 // prompt at 9,491 tok/s all on the GPU where 256 gives 4,264 (session 9). Where experts compete for
 // the room the chunk stays 256: a larger one would take GPU experts from decode, and choosing it by
 // budget would break the plan's monotony (more budget, never fewer GPU experts); prefill.chunk sets
-// it by hand. fixed_for(chunk): the fixed VRAM with that chunk; stream_for(chunk): the streamed
-// prefill's buffers for a layer of only host experts.
+// it by hand. fixed_for(chunk): the fixed VRAM with that chunk (expert tables included); stream_for(chunk):
+// the streamed prefill's buffers for a layer of only host experts.
 template <typename Fixed, typename Stream>
-int64_t auto_prefill_chunk(const PlacementConfig& cfg, const Plan& p, Fixed&& fixed_for, uint64_t tables, uint64_t all_experts,
-                           Stream&& stream_for) {
-  for (const int64_t chunk : {2048, 1024, 512}) {
-    const uint64_t f = fixed_for(chunk).total() + tables;
-    if (cfg.cpu_experts_all ? f + stream_for(chunk) <= p.budget_bytes : f + all_experts <= p.budget_bytes) return chunk;
-  }
+int64_t auto_prefill_chunk(bool cpu_experts_all, uint64_t budget, uint64_t all_experts, Fixed&& fixed_for, Stream&& stream_for) {
+  for (const int64_t chunk : {2048, 1024, 512})
+    if (fixed_for(chunk) + (cpu_experts_all ? stream_for(chunk) : all_experts) <= budget) return chunk;
   return 256;
 }
 
@@ -292,14 +289,16 @@ Plan make_plan(const ModelConfig& c, const PlacementConfig& cfg, const PlanReque
     return fixed_vram(c, s, p.context, p.batch, p.embed_on_gpu, tied_shared, chunk, eq.quantized, cfg.deferral, cfg.gpu_reserve);
   };
   p.prefill_chunk_auto = cfg.prefill_chunk < 0;
-  p.prefill_chunk = cfg.prefill_chunk >= 0 ? cfg.prefill_chunk : auto_prefill_chunk(cfg, p, fixed_for, static_cast<uint64_t>(L) * table,
-                                                                                   static_cast<uint64_t>(L) * E * p.gpu_expert_bytes,
-                                                                                   [&](int64_t chunk) {
-                                                                                     return gpu::stream_buffer_bytes(
-                                                                                                H, I, group, E, L, E,
-                                                                                                gpu::stream_pass_tokens(chunk, cfg.prefill_stream_pass))
-                                                                                         .total();
-                                                                                   });
+  if (p.prefill_chunk_auto) {
+    auto fixed_total = [&](int64_t chunk) { return fixed_for(chunk).total() + static_cast<uint64_t>(L) * table; };
+    auto stream_all_host = [&](int64_t chunk) {
+      return gpu::stream_buffer_bytes(H, I, group, E, L, E, gpu::stream_pass_tokens(chunk, cfg.prefill_stream_pass)).total();
+    };
+    p.prefill_chunk = auto_prefill_chunk(cfg.cpu_experts_all, p.budget_bytes, static_cast<uint64_t>(L) * E * p.gpu_expert_bytes,
+                                         fixed_total, stream_all_host);
+  } else {
+    p.prefill_chunk = cfg.prefill_chunk;
+  }
   p.vram = fixed_for(p.prefill_chunk);
   VramBytes& v = p.vram;
 

@@ -21,27 +21,22 @@ void Progress::show(uint64_t done, double secs, bool final) {
   const double frac = total_ ? static_cast<double>(done) / total_ : 1.0;
   const double rate = secs > 0 ? done / secs : 0.0;
   const double eta = rate > 0 ? (total_ - done) / rate : -1.0;
-  char line[200];
-  if (tty_) {
+  char stats[120];
+  std::snprintf(stats, sizeof stats, "%3d%%  %.2f / %.2f GB  %.2f GB/s  %s %s", static_cast<int>(frac * 100), done / 1e9, total_ / 1e9,
+                rate / 1e9, final ? "in" : "ETA", clock_text(final ? secs : eta).c_str());
+  if (tty_) {  // a bar redrawn in place
     constexpr int kWidth = 28;
     std::string bar(kWidth, ' ');
     const int fill = static_cast<int>(frac * kWidth);
     for (int i = 0; i < fill; ++i) bar[i] = '=';
     if (fill < kWidth) bar[fill] = '>';
-    std::snprintf(line, sizeof line, "\r  %s [%s] %3d%%  %.2f / %.2f GB  %.2f GB/s  %s %s\x1b[K", label_.c_str(), bar.c_str(),
-                  static_cast<int>(frac * 100), done / 1e9, total_ / 1e9, rate / 1e9, final ? "in" : "ETA",
-                  clock_text(final ? secs : eta).c_str());
-    std::fputs(line, log_);
-    if (final) std::fputc('\n', log_);
-    std::fflush(log_);
-    return;
+    std::fprintf(log_, "\r  %s [%s] %s\x1b[K%s", label_.c_str(), bar.c_str(), stats, final ? "\n" : "");
+  } else {  // a line at every quarter
+    const int quarter = static_cast<int>(frac * 4);
+    if (!final && quarter <= last_quarter_) return;
+    last_quarter_ = quarter;
+    std::fprintf(log_, "  %s %s\n", label_.c_str(), stats);
   }
-  const int quarter = static_cast<int>(frac * 4);
-  if (!final && quarter <= last_quarter_) return;
-  last_quarter_ = quarter;
-  std::snprintf(line, sizeof line, "  %s %3d%%  %.2f / %.2f GB  %.2f GB/s  %s %s\n", label_.c_str(), static_cast<int>(frac * 100),
-                done / 1e9, total_ / 1e9, rate / 1e9, final ? "in" : "ETA", clock_text(final ? secs : eta).c_str());
-  std::fputs(line, log_);
   std::fflush(log_);
 }
 
