@@ -4,6 +4,7 @@
 
 #include "gpu_core/attention.cuh"
 #include "gpu_core/block_reduce.cuh"
+#include "gpu_core/pdl.cuh"
 
 namespace tandem::gpu {
 
@@ -21,6 +22,7 @@ __global__ void prepare_kernel(AttentionDecodeArgs p) {
   __shared__ float red[kThreads / 32];
   __shared__ float buf[256];
   const int b = blockIdx.x, t = blockIdx.y, hd = p.hd, half = p.rotary_dim / 2;
+  detail::pdl_enter();
   const bool is_q = b < p.nh;
   const int head = is_q ? b : b - p.nh;
   const float* src = is_q ? p.qg + (static_cast<int64_t>(t) * p.nh + head) * 2 * hd : p.k + (static_cast<int64_t>(t) * p.nkv + head) * hd;
@@ -61,6 +63,7 @@ __global__ void __launch_bounds__(kThreads) attend_kernel(AttentionDecodeArgs p)
   __shared__ float score[kChunk];
   __shared__ float po[kWarps][256];
   const int h = blockIdx.x, split = blockIdx.y, hd = p.hd, kvh = h / (p.nh / p.nkv);
+  detail::pdl_enter();
   const int n_ctx = *p.pos + 1, begin = split * kChunk, end = min(n_ctx, begin + kChunk);
   float* part = p.partial + (static_cast<int64_t>(h) * p.max_splits + split) * (hd + 2);
   if (begin >= n_ctx) {
@@ -113,6 +116,7 @@ __global__ void __launch_bounds__(kThreads) attend_kernel(AttentionDecodeArgs p)
 // One block per head: merge the splits (log-sum-exp) and apply the output gate.
 __global__ void combine_kernel(AttentionDecodeArgs p, int splits) {
   const int h = blockIdx.x, hd = p.hd;
+  detail::pdl_enter();
   const float* part = p.partial + static_cast<int64_t>(h) * p.max_splits * (hd + 2);
   // Splits past the context wrote only m = -inf (their outputs are stale): skip them.
   const int used = min(splits, (*p.pos + kChunk) / kChunk);
@@ -385,10 +389,10 @@ cudaError_t attention_decode(const AttentionDecodeArgs& p, cudaStream_t stream) 
   // launch shape does not depend on *pos (graph-capturable).
   const int splits = (p.max_ctx + kChunk - 1) / kChunk;
   if (splits > p.max_splits) return cudaErrorInvalidValue;
-  prepare_kernel<<<p.nh + p.nkv, kThreads, 0, stream>>>(p);
-  attend_kernel<<<dim3(p.nh, splits), kThreads, 0, stream>>>(p);
-  combine_kernel<<<p.nh, kThreads, 0, stream>>>(p, splits);
-  return cudaGetLastError();
+  cudaError_t err = detail::launch(prepare_kernel, dim3(p.nh + p.nkv), dim3(kThreads), 0, stream, p);
+  if (err == cudaSuccess) err = detail::launch(attend_kernel, dim3(p.nh, splits), dim3(kThreads), 0, stream, p);
+  if (err == cudaSuccess) err = detail::launch(combine_kernel, dim3(p.nh), dim3(kThreads), 0, stream, p, splits);
+  return err;
 }
 
 }  // namespace tandem::gpu

@@ -7,6 +7,7 @@
 #include "gpu_core/block_reduce.cuh"
 #include "gpu_core/conv_step.cuh"
 #include "gpu_core/deltanet.cuh"
+#include "gpu_core/pdl.cuh"
 
 namespace tandem::gpu {
 
@@ -33,6 +34,7 @@ __device__ __forceinline__ void conv_tokens(const float* __restrict__ x, const f
 __global__ void conv_kernel(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ window,
                                     float* __restrict__ y, int channels, int kernel, int T) {
   const int ch = blockIdx.x * blockDim.x + threadIdx.x;
+  detail::pdl_enter();
   if (ch >= channels) return;
   const int hist = kernel - 1;
   float win[kMaxHist];
@@ -479,7 +481,8 @@ __global__ void delta_head_kernel(DeltaNetDecodeArgs p, int T) {
 
   float* S = p.state + static_cast<int64_t>(h) * dk * dv;
   float s[kMaxRowsPerThread];
-  slice_load(s, S, r, j, dk, dv);
+  slice_load(s, S, r, j, dk, dv);  // the state is written by this kernel alone (pdl.cuh: read before the wait)
+  detail::pdl_enter();
   const float A = expf(p.A_log[h]);
   for (int t = 0; t < T; ++t) {
     const float* c = p.conv_out + t * conv_dim;
@@ -521,7 +524,8 @@ __global__ void __launch_bounds__(kRowGroups * kSplitCols) delta_split_kernel(De
   const int64_t key_dim = static_cast<int64_t>(p.Hk) * dk;
   float* S = p.state + static_cast<int64_t>(h) * dk * dv;
   float s[kMaxRowsPerThread];
-  slice_load(s, S, r, j, dk, dv);  // in flight while q, k and the gates are formed
+  slice_load(s, S, r, j, dk, dv);  // in flight while q, k and the gates are formed (and before the wait: pdl.cuh)
+  detail::pdl_enter();
   const float* c = p.conv_out;
   load_qk_normed(c, kh, dk, key_dim, q, k, red);
   float decay, beta;
@@ -579,13 +583,14 @@ bool head_kernel_fits(const DeltaNetDecodeArgs& p) {
 // The conv of T tokens, one thread per channel (conv_kernel).
 void launch_conv(const DeltaNetDecodeArgs& p, int T, cudaStream_t stream) {
   const int conv_dim = 2 * p.Hk * p.dk + p.Hv * p.dv;
-  conv_kernel<<<(conv_dim + 255) / 256, 256, 0, stream>>>(p.qkv, p.conv_w, p.conv_state, p.conv_out, conv_dim, p.kernel, T);
+  detail::launch(conv_kernel, dim3((conv_dim + 255) / 256), dim3(256), 0, stream, p.qkv, p.conv_w, p.conv_state, p.conv_out, conv_dim,
+                 p.kernel, T);
 }
 
 // The recurrence of T tokens, one block per value head (delta_head_kernel).
 void launch_head(const DeltaNetDecodeArgs& p, int T, cudaStream_t stream) {
   const int threads = p.dv * kRowGroups;
-  delta_head_kernel<<<p.Hv, threads, (2 * p.dk + kRowGroups * p.dv + threads / 32) * sizeof(float), stream>>>(p, T);
+  detail::launch(delta_head_kernel, dim3(p.Hv), dim3(threads), (2 * p.dk + kRowGroups * p.dv + threads / 32) * sizeof(float), stream, p, T);
 }
 
 }  // namespace
@@ -628,7 +633,7 @@ cudaError_t deltanet_decode(const DeltaNetDecodeArgs& p, cudaStream_t stream) {
   const bool split = p.tickets && deltanet_decode_split_fits(p);
   if (!split && !head_kernel_fits(p)) return cudaErrorInvalidValue;
   if (!p.conv_done) launch_conv(p, 1, stream);
-  if (split) delta_split_kernel<<<dim3(p.Hv, p.dv / kSplitCols), kRowGroups * kSplitCols, 0, stream>>>(p);
+  if (split) detail::launch(delta_split_kernel, dim3(p.Hv, p.dv / kSplitCols), dim3(kRowGroups * kSplitCols), 0, stream, p);
   else launch_head(p, 1, stream);
   return cudaGetLastError();
 }

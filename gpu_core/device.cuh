@@ -23,4 +23,20 @@ void gpu_device_probe(DeviceProbe* out);
 bool host_register(void* p, unsigned long long bytes, char* reason, int reason_len);
 void host_unregister(void* p);
 
+// Programmatic dependent launch (gpu_core/pdl.cuh): while a ProgrammaticLaunchScope made with `on` is
+// alive on this thread, the kernels that support it are launched so that each may start while the one
+// before it finishes (a device of compute capability 9.0 or later; the caller checks). Scopes nest; the
+// flag is per thread, so a step enqueued (or captured) on one thread does not change another's launches.
+bool programmatic_launch();
+class ProgrammaticLaunchScope {
+ public:
+  explicit ProgrammaticLaunchScope(bool on);
+  ~ProgrammaticLaunchScope();
+  ProgrammaticLaunchScope(const ProgrammaticLaunchScope&) = delete;
+  ProgrammaticLaunchScope& operator=(const ProgrammaticLaunchScope&) = delete;
+
+ private:
+  bool previous_;
+};
+
 }  // namespace tandem::gpu

@@ -4,6 +4,7 @@
 #include "gpu_core/conv_step.cuh"
 #include "gpu_core/gemv.cuh"
 #include "gpu_core/norm_row.cuh"
+#include "gpu_core/pdl.cuh"
 #include "gpu_core/topk_warp.cuh"
 
 namespace tandem::gpu {
@@ -92,11 +93,14 @@ __device__ __forceinline__ void row_finish(const uint16_t* __restrict__ W, int64
   for (int64_t c = lane + 32 * kPre; c < chunks; c += 32) chunk(c, load_stream(w + c));
 }
 
+// The row's first weight vectors, loaded before the kernel waits for the one before it (pdl.cuh:
+// weights are never written), then the rest of the dot product.
 template <int TMAX, bool SWIGLU>
 __device__ __forceinline__ void row_dot(const uint16_t* __restrict__ W, int64_t N, int64_t K, const float* __restrict__ x,
                                         const float* __restrict__ u, int T, int64_t row, int lane, float (&acc)[TMAX]) {
   uint4 pre[kPre];
   row_prefetch(W, N, K, row, lane, pre);
+  detail::pdl_enter();
   row_finish<TMAX, SWIGLU>(W, N, K, x, u, T, row, lane, pre, acc);
 }
 
@@ -181,6 +185,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   uint4 pre[kPre];
   row_prefetch(W, N, K, row, lane, pre);
+  detail::pdl_enter();
   const float sig = s ? 1.0f + expf(-gate[0]) : 1.0f;
   detail::norm_row<PER>(
       h, a, s, sig, norm_w, K, eps, [&](int64_t i, float v) { hs[i] = v; }, [&](int64_t i, float v) { xs[i] = v; });
@@ -202,12 +207,13 @@ cudaError_t launch_norm_gemv(const uint16_t* W, int64_t N, int64_t K, float* h, 
   if (K % 8 != 0 || K > 16 * kWarpsPerBlock * 32 || N < 1 || !counter || (shared && (!a || !gate))) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>((N + kWarpsPerBlock - 1) / kWarpsPerBlock)), block(kWarpsPerBlock * 32);
   const size_t smem = 2 * static_cast<size_t>(K) * sizeof(float);
+  cudaError_t err = cudaErrorInvalidValue;
   detail::with_norm_per_thread(K, kWarpsPerBlock * 32, [&](auto per) {
     if constexpr (per.value > 0)  // K <= 16 x threads (checked above): never the loop form
-      gemv_bf16_norm_topk_kernel<per.value><<<grid, block, smem, stream>>>(W, N, K, h, a, shared, gate, norm_w, eps, x, y, E, k, counter,
-                                                                           ids, weights);
+      err = detail::launch(gemv_bf16_norm_topk_kernel<per.value>, grid, block, smem, stream, W, N, K, h, a, shared, gate, norm_w, eps, x,
+                           y, E, k, counter, ids, weights);
   });
-  return cudaGetLastError();
+  return err;
 }
 
 }  // namespace
@@ -217,8 +223,7 @@ cudaError_t gemv_bf16_router_topk(const uint16_t* W, int64_t N, int64_t K, const
   if (K % 8 != 0 || N < 1 || E < 1 || E > N || E > detail::kRouterMaxExperts || k < 1 || k > E || k > detail::kRouterMaxTopK)
     return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>((N + kWarpsPerBlock - 1) / kWarpsPerBlock)), block(kWarpsPerBlock * 32);
-  gemv_bf16_topk_kernel<<<grid, block, 0, stream>>>(W, N, K, x, y, E, k, counter, ids, weights);
-  return cudaGetLastError();
+  return detail::launch(gemv_bf16_topk_kernel, grid, block, 0, stream, W, N, K, x, y, E, k, counter, ids, weights);
 }
 
 cudaError_t gemv_bf16_router_topk_norm(const uint16_t* W, int64_t N, int64_t K, float* h, const float* a, const float* shared,
@@ -232,11 +237,8 @@ cudaError_t gemv_bf16(const uint16_t* W, int64_t N, int64_t K, const float* x, i
   if (T < 1 || T > kMaxGemvTokens || K % 8 != 0 || N < 1) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>((N + kWarpsPerBlock - 1) / kWarpsPerBlock)), block(kWarpsPerBlock * 32);
   const float* none = nullptr;
-  if (T == 1) gemv_bf16_kernel<1><<<grid, block, 0, stream>>>(W, N, K, x, T, y, none, ConvEpilogue{});
-  else if (T <= 2) gemv_bf16_kernel<2><<<grid, block, 0, stream>>>(W, N, K, x, T, y, none, ConvEpilogue{});
-  else if (T <= 4) gemv_bf16_kernel<4><<<grid, block, 0, stream>>>(W, N, K, x, T, y, none, ConvEpilogue{});
-  else gemv_bf16_kernel<8><<<grid, block, 0, stream>>>(W, N, K, x, T, y, none, ConvEpilogue{});
-  return cudaGetLastError();
+  auto* kernel = T == 1 ? gemv_bf16_kernel<1> : T <= 2 ? gemv_bf16_kernel<2> : T <= 4 ? gemv_bf16_kernel<4> : gemv_bf16_kernel<8>;
+  return detail::launch(kernel, grid, block, 0, stream, W, N, K, x, T, y, none, ConvEpilogue{});
 }
 
 cudaError_t gemv_bf16_conv(const uint16_t* W, int64_t N, int64_t K, const float* x, float* y, int channels, int kernel,
@@ -245,17 +247,16 @@ cudaError_t gemv_bf16_conv(const uint16_t* W, int64_t N, int64_t K, const float*
     return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>((N + kWarpsPerBlock - 1) / kWarpsPerBlock)), block(kWarpsPerBlock * 32);
   const float* none = nullptr;
-  gemv_bf16_kernel<1, false, true><<<grid, block, 0, stream>>>(W, N, K, x, 1, y, none, ConvEpilogue{conv_w, conv_state, conv_out, channels, kernel});
-  return cudaGetLastError();
+  return detail::launch(gemv_bf16_kernel<1, false, true>, grid, block, 0, stream, W, N, K, x, 1, y, none,
+                        ConvEpilogue{conv_w, conv_state, conv_out, channels, kernel});
 }
 
 cudaError_t gemv_bf16_swiglu(const uint16_t* W, int64_t N, int64_t K, const float* g, const float* u, int T, float* y,
                              cudaStream_t stream) {
   if (T < 1 || T > kMaxGemvTokens || K % 8 != 0 || N < 1) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>((N + kWarpsPerBlock - 1) / kWarpsPerBlock)), block(kWarpsPerBlock * 32);
-  if (T == 1) gemv_bf16_kernel<1, true><<<grid, block, 0, stream>>>(W, N, K, g, T, y, u, ConvEpilogue{});
-  else gemv_bf16_kernel<8, true><<<grid, block, 0, stream>>>(W, N, K, g, T, y, u, ConvEpilogue{});
-  return cudaGetLastError();
+  return detail::launch(T == 1 ? gemv_bf16_kernel<1, true> : gemv_bf16_kernel<8, true>, grid, block, 0, stream, W, N, K, g, T, y, u,
+                        ConvEpilogue{});
 }
 
 }  // namespace tandem::gpu

@@ -10,6 +10,7 @@
 
 #include "gpu_core/int4_row.cuh"
 #include "gpu_core/moe.cuh"
+#include "gpu_core/pdl.cuh"
 
 namespace tandem::gpu {
 
@@ -72,6 +73,7 @@ __global__ void __launch_bounds__(kWarps * 32)
                         const float* __restrict__ x, __half* __restrict__ h, int gshift) {
   const int G = static_cast<int>(H >> 5) >> gshift;
   const int bx = blockIdx.x, p = blockIdx.y, t = p / k, lane = threadIdx.x & 31;
+  pdl_enter();  // every weight address depends on the router's ids
   const Int4Expert* ex = experts + ids[p];
   const Int4View gate = ex->gate, up = ex->up;
   if (!gate.qweight) return;  // not resident on the GPU (hybrid); uniform per block
@@ -134,6 +136,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int64_t row = (static_cast<int64_t>(bx) * kWarps + (threadIdx.x >> 5)) * (32 / kDownLanes) + lane / kDownLanes;
   const int64_t nvec = I / 32;
   const bool valid = row < H;
+  pdl_enter();
   const uint32_t* q[kMaxK];
   const uint16_t* sc[kMaxK];
   const uint8_t* zr[kMaxK];
@@ -246,15 +249,18 @@ cudaError_t moe_int4_decode_wide(const Int4Expert* experts, int64_t H, int64_t I
   if (T < 1 || T > kMaxGemvTokens || !moe_int4_decode_wide_fits(H, I, group_size, k)) return cudaErrorInvalidValue;
   auto* h = reinterpret_cast<__half*>(h_scratch);
   const int gs = group_shift(group_size);
+  cudaError_t err = cudaSuccess;
   with_vectors(vectors_per_lane(H, 32), [&](auto nv) {
     const dim3 grid(static_cast<unsigned>(gate_up_blocks(I)), static_cast<unsigned>(T * k));
-    wide_gate_up_kernel<nv.value><<<grid, kWarps * 32, 0, stream>>>(experts, H, I, ids, k, x, h, gs);
+    err = launch(wide_gate_up_kernel<nv.value>, grid, dim3(kWarps * 32), 0, stream, experts, H, I, ids, k, x, h, gs);
   });
   with_vectors(vectors_per_lane(I, kDownLanes), [&](auto nv) {
     const dim3 grid(static_cast<unsigned>(down_blocks(H)), static_cast<unsigned>(T));
-    wide_down_kernel<nv.value><<<grid, kWarps * 32, k * I * sizeof(__half), stream>>>(experts, H, I, ids, weights, k, h, out, gs);
+    if (err == cudaSuccess)
+      err = launch(wide_down_kernel<nv.value>, grid, dim3(kWarps * 32), k * I * sizeof(__half), stream, experts, H, I, ids, weights, k, h,
+                   out, gs);
   });
-  return cudaGetLastError();
+  return err;
 }
 
 }  // namespace tandem::gpu

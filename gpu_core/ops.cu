@@ -4,6 +4,7 @@
 
 #include "gpu_core/norm_row.cuh"
 #include "gpu_core/ops.cuh"
+#include "gpu_core/pdl.cuh"
 #include "gpu_core/topk_warp.cuh"
 
 namespace tandem::gpu {
@@ -31,6 +32,7 @@ __global__ void embed_kernel(const uint16_t* table, int64_t H, const int32_t* id
 template <int PER>
 __global__ void norm_kernel(const float* hin, float* hout, const float* __restrict__ a, const float* __restrict__ s,
                             const float* __restrict__ gate, const float* __restrict__ w, int64_t n, float eps, float* __restrict__ y) {
+  detail::pdl_enter();
   const float* hi = hin + blockIdx.x * n;
   float* ho = a ? hout + blockIdx.x * n : nullptr;
   const float* ar = a ? a + blockIdx.x * n : nullptr;
@@ -57,6 +59,7 @@ __global__ void norm_kernel(const float* hin, float* hout, const float* __restri
 }
 
 __global__ void add_kernel(float* h, const float* x, int64_t n) {
+  detail::pdl_enter();
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) h[i] += x[i];
 }
@@ -72,6 +75,7 @@ __global__ void topk_kernel(const float* logits, int E, int k, int32_t* ids, flo
 }
 
 __global__ void gated_add_kernel(float* out, const float* shared, const float* gate, int64_t n) {
+  detail::pdl_enter();
   const int t = blockIdx.y;
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) out[t * n + i] += shared[t * n + i] / (1.0f + expf(-gate[t]));
@@ -109,22 +113,23 @@ cudaError_t embed_bf16(const uint16_t* table, int64_t H, const int32_t* ids, int
 }
 cudaError_t rmsnorm_zc(const float* x, const float* w, int64_t n, int rows, float eps, float* y, cudaStream_t s) {
   float* none = nullptr;
+  cudaError_t err = cudaSuccess;
   detail::with_norm_per_thread(n, kThreads, [&](auto per) {
-    norm_kernel<per.value><<<rows, kThreads, 0, s>>>(x, none, none, none, none, w, n, eps, y);
+    err = detail::launch(norm_kernel<per.value>, dim3(rows), dim3(kThreads), 0, s, x, none, none, none, none, w, n, eps, y);
   });
-  return cudaGetLastError();
+  return err;
 }
 cudaError_t add_rmsnorm_zc(float* h, const float* a, const float* shared, const float* gate, const float* w, int64_t n, int rows,
                            float eps, float* y, cudaStream_t s) {
   if (!a || (shared && !gate)) return cudaErrorInvalidValue;
+  cudaError_t err = cudaSuccess;
   detail::with_norm_per_thread(n, kThreads, [&](auto per) {
-    norm_kernel<per.value><<<rows, kThreads, 0, s>>>(h, h, a, shared, gate, w, n, eps, y);
+    err = detail::launch(norm_kernel<per.value>, dim3(rows), dim3(kThreads), 0, s, h, h, a, shared, gate, w, n, eps, y);
   });
-  return cudaGetLastError();
+  return err;
 }
 cudaError_t add_inplace(float* h, const float* x, int64_t n, cudaStream_t s) {
-  add_kernel<<<blocks_for(n), kThreads, 0, s>>>(h, x, n);
-  return cudaGetLastError();
+  return detail::launch(add_kernel, dim3(blocks_for(n)), dim3(kThreads), 0, s, h, x, n);
 }
 cudaError_t silu_mul(float* g, const float* u, int64_t n, cudaStream_t s) {
   silu_mul_kernel<<<blocks_for(n), kThreads, 0, s>>>(g, u, n);
@@ -136,8 +141,7 @@ cudaError_t router_topk(const float* logits, int E, int k, int rows, int32_t* id
   return cudaGetLastError();
 }
 cudaError_t gated_add(float* out, const float* shared, const float* gate, int64_t n, int rows, cudaStream_t s) {
-  gated_add_kernel<<<dim3(blocks_for(n), rows), kThreads, 0, s>>>(out, shared, gate, n);
-  return cudaGetLastError();
+  return detail::launch(gated_add_kernel, dim3(blocks_for(n), rows), dim3(kThreads), 0, s, out, shared, gate, n);
 }
 cudaError_t argmax_rows(const float* logits, int64_t V, int rows, int32_t* ids, cudaStream_t s) {
   argmax_kernel<<<rows, 1024, 0, s>>>(logits, V, ids);

@@ -197,6 +197,7 @@ class GpuRunner final : public Runner {
     g.deltanet_split = env_switch("TANDEM_DELTANET_SPLIT", false);
     g.hybrid_one_graph = env_switch("TANDEM_HYBRID_ONE_GRAPH", true);
     g.deltanet_conv_in_gemv = env_switch("TANDEM_DELTANET_CONV_GEMV", false);
+    g.programmatic_launch = env_switch("TANDEM_PDL", false);
     g.attention_prefill = env_switch("TANDEM_ATTN_PREFILL", true);
     g.attention_prefill_tc = env_switch("TANDEM_ATTN_TC", true);
     g.deltanet_chunked = env_switch("TANDEM_DELTANET_CHUNKED", true);
@@ -241,6 +242,7 @@ class GpuRunner final : public Runner {
              : gpu_->graph_cut_at_handoffs() ? ", decode steps as CUDA graphs cut at the host handoffs"
              : gpu_->cuda_graph_active()   ? ", decode steps as CUDA graphs"
                                            : ", decode steps launched eagerly";
+    if (gpu_->programmatic_launch_active()) paths += " with programmatic dependent launch";
     if (!placement_) return "gpu: " + gpu_->memory().describe() + "; " + paths;
     if (placement_->replace.on()) paths += str_cat(", online re-placement every ", placement_->replace.every, " decode tokens");
     return "hybrid: " + placement_->summary + "; GPU " + gpu_->memory().describe() + "; CPU " + cpu_->describe() + "; " + paths;

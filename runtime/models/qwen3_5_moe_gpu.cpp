@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "gpu_core/device.cuh"
 #include "gpu_core/handoff.cuh"
 #include "gpu_core/ops.cuh"
 #include "runtime/models/qwen3_5_moe_gpu_impl.h"
@@ -153,6 +154,7 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
   const int64_t H = c.hidden_size;
   const int k = c.num_experts_per_tok;
   const float eps = static_cast<float>(c.rms_norm_eps);
+  const gpu::ProgrammaticLaunchScope programmatic(opts.programmatic_launch);
   CK(cudaMemcpyAsync(ids, id_src, 4, cudaMemcpyHostToDevice, stream));
   CK(cudaMemcpyAsync(pos_dev, pos_src, 4, cudaMemcpyHostToDevice, stream));
   if (embed) {
@@ -327,6 +329,7 @@ bool Qwen35MoeGpu::forward_top(std::span<const int32_t> ids, std::span<const gpu
   return true;
 }
 bool Qwen35MoeGpu::cuda_graph_active() const { return impl_->graph_ok; }
+bool Qwen35MoeGpu::programmatic_launch_active() const { return impl_->opts.programmatic_launch; }
 int64_t Qwen35MoeGpu::stream_prefill_min_tokens() const { return impl_->st.on && impl_->batched ? impl_->opts.stream_prefill_min_tokens : 0; }
 const std::string& Qwen35MoeGpu::stream_prefill_note() const { return impl_->st.note; }
 bool Qwen35MoeGpu::graph_cut_at_handoffs() const {

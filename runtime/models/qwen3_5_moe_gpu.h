@@ -133,6 +133,11 @@ struct GpuOptions {
   // (gpu::gemv_bf16_conv; the same bits, one launch fewer a layer). Written after the session's last
   // device run: not yet run on a GPU, so off unless TANDEM_DELTANET_CONV_GEMV=1.
   bool deltanet_conv_in_gemv = false;
+  // Decode kernels launched with programmatic dependent launch (gpu_core/pdl.cuh; compute capability
+  // 9.0 and later, ignored below): each may start while the one before it finishes, the GEMVs loading
+  // their first weights and the DeltaNet recurrence its state before they wait. The same kernels and
+  // arithmetic, so the same bits. Not yet measured on a GPU: off unless TANDEM_PDL=1.
+  bool programmatic_launch = false;
   // In batched prefill, attention for the whole chunk in one gpu::attention_prefill call (flash-
   // attention form) instead of one decode call per token. Validated; the runners turn it on unless
   // TANDEM_ATTN_PREFILL=0.
@@ -199,6 +204,8 @@ class Qwen35MoeGpu {
   bool forward_top(std::span<const int32_t> ids, std::span<const gpu::Penalty> penalties, int k,
                    std::vector<std::pair<int32_t, float>>& top);
   bool cuda_graph_active() const;
+  // GpuOptions::programmatic_launch asked for and the device takes it (compute capability >= 9.0).
+  bool programmatic_launch_active() const;
   bool graph_cut_at_handoffs() const;  // hybrid: the step's graphs are cut where the host takes over
   bool graph_one_step() const;         // hybrid: one graph a step, the host handoffs inside it
   // Online re-placement (GpuOptions::replace): where the routed experts are now ([layer][expert], 1 =

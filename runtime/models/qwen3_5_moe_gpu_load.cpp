@@ -431,6 +431,7 @@ std::unique_ptr<Qwen35MoeGpu> Qwen35MoeGpu::create(const Qwen35Moe& model, const
   // place (mapped; with unified addressing the host pointers are the device's too; without it, the cut
   // graphs). Deferred host work joins a layer late: inside one graph it is one more wait (on hflags[3]),
   // across cut graphs it cannot be, so those steps stay eager.
+  impl->opts.programmatic_launch = opts.programmatic_launch && device_attribute(cudaDevAttrComputeCapabilityMajor) >= 9;
   const bool one_graph = opts.cuda_graph && impl->embed && opts.hybrid_one_graph && host_layers &&
                          device_attribute(cudaDevAttrUnifiedAddressing);
   impl->graph_ok = opts.cuda_graph && impl->embed && !(impl->deferring() && host_layers && !one_graph);

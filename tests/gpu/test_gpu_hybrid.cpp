@@ -407,6 +407,31 @@ TEST(HybridGraph, OneGraphStepEqualsEagerStep) {
   }
 }
 
+// Programmatic dependent launch (TANDEM_PDL=1) in the one-graph hybrid step, whose handoff kernels
+// (post, spin-wait) are launched plainly between kernels that may start early: exactly the eager step
+// without it, for host experts in every layer and in some.
+TEST(HybridGraph, ProgrammaticLaunchOneGraphEqualsEagerStep) {
+  TANDEM_REQUIRE_GPU();
+  for (const std::string& name : test::fixture_names()) {
+    const auto f = test::load_fixture(name);
+    auto model = Qwen35Moe::load(f.dir);
+    for (const Placement& pl : {kPlacements[0], kPlacements[1]}) {
+      const RunnerOptions o = hybrid_options(plan_for(*model, pl));
+      setenv("TANDEM_CUDA_GRAPH", "0", 1);
+      setenv("TANDEM_PDL", "0", 1);
+      auto eager = make_runner(*model, o);
+      unsetenv("TANDEM_CUDA_GRAPH");
+      setenv("TANDEM_PDL", "1", 1);
+      auto graphed = make_runner(*model, o);
+      unsetenv("TANDEM_PDL");
+      ASSERT_NE(graphed->describe().find("one CUDA graph each"), std::string::npos) << graphed->describe();
+      ASSERT_NE(graphed->describe().find("programmatic dependent launch"), std::string::npos) << graphed->describe();
+      ASSERT_EQ(eager->describe().find("programmatic"), std::string::npos) << eager->describe();
+      expect_same_steps(*eager, *graphed, f, name + " " + pl.name + " programmatic launch");
+    }
+  }
+}
+
 // Expert deferral inside the one graph (experts.deferral = 1 and 2): the host runs a layer's deferred
 // experts right after releasing its other experts, into a row of mapped memory by layer parity, and the
 // graph adds it at the end of the next layer after a wait on hflags[3]: exactly the eager deferral step

@@ -150,6 +150,27 @@ TEST_P(GpuModel, RouterNormEqualsNormThenRouter) {
   }
 }
 
+// GpuOptions::programmatic_launch (decode kernels may start while the one before them finishes,
+// loading weights and the DeltaNet state before they wait): the same bits as plain launches, eagerly and
+// as CUDA-graph steps, over the runners' decode paths and the conv-in-GEMV / split-recurrence variants.
+TEST_P(GpuModel, ProgrammaticLaunchEqualsPlainLaunch) {
+  TANDEM_REQUIRE_GPU();
+  const auto f = test::load_fixture(GetParam());
+  auto model = Qwen35Moe::load(f.dir);
+  for (const bool graph : {false, true})
+    for (const int variant : {0, 1, 2}) {  // 1: conv in the GEMV, 2: and the split recurrence
+      GpuOptions g = fixture_options();
+      g.cuda_graph = graph;
+      g.moe_prefetch = g.moe_wide = g.router_norm = g.parallel_shared = true;
+      g.deltanet_conv_in_gemv = variant >= 1;
+      g.deltanet_split = variant >= 2;
+      GpuOptions pdl = g;
+      pdl.programmatic_launch = true;
+      ASSERT_TRUE(Qwen35MoeGpu::create(*model, pdl)->programmatic_launch_active()) << "the GPU machine is sm_90";
+      expect_same_decode(*model, f, g, pdl, 0.0, 2, str_cat("programmatic launch, variant ", variant, graph ? " (graph)" : ""));
+    }
+}
+
 // Batched prefill (GpuOptions::batched_prefill, chunks of 16 so that prompts span several): the last
 // prompt row and every following decode step agree with the token-by-token path (the projections differ
 // only by cuBLAS's split-bf16 rounding, ~1e-5) and with HF within the GPU tolerance.

@@ -1,0 +1,63 @@
+// gpu_core/pdl.cuh: programmatic dependent launch (sm_90+), for the decode step's chains of small kernels.
+//
+// A kernel launched through detail::launch while gpu::programmatic_launch() is on (device.cuh) may be
+// scheduled as soon as every block of the kernel before it in the stream has passed pdl_launch_next(),
+// instead of after that kernel has finished: its launch and whatever it does before pdl_wait() (loading
+// weights, which no kernel writes) overlap its predecessor's work.
+//
+// The contract every kernel launched this way keeps:
+//   - pdl_wait() before its first read of anything an earlier kernel of the stream writes, and before
+//     its first write (pdl_wait returns once the predecessor has completed and its writes are visible);
+//   - pdl_launch_next() only after its own pdl_wait(), so that when a kernel starts, everything before
+//     its predecessor has completed: a read before pdl_wait() of data written two or more kernels back
+//     (the DeltaNet state of the previous step) is safe.
+// Without the launch attribute (other GPUs, the option off, kernels launched with <<<>>>) both calls
+// return at once and the kernel runs as before.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <utility>
+
+#include "gpu_core/device.cuh"
+
+namespace tandem::gpu::detail {
+
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_launch_next() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Both, in the order the contract asks: the kernels with nothing to load before their inputs.
+__device__ __forceinline__ void pdl_enter() {
+  pdl_wait();
+  pdl_launch_next();
+}
+
+// kernel<<<grid, block, smem, stream>>>(args...), with the programmatic-serialization attribute while
+// gpu::programmatic_launch() is on. Only for kernels that keep the contract above.
+template <typename... Params, typename... Args>
+cudaError_t launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, Args&&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  if (programmatic_launch()) {
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+  }
+  return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+
+}  // namespace tandem::gpu::detail
