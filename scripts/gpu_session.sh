@@ -5,6 +5,7 @@
 # it below the call's limit_s), and the folder is packed into $OUT/results.tgz at the end (and after
 # each step, so a kill loses at most the step in flight).
 #
+# .deps: scripts/fetch_device_deps.sh fills it once per checkout (oneDNN, ICU: the machine lacks them).
 # usage (device tool, carry .deps): COMMIT=<sha> DEADLINE=540 [HEAT=heat.yaml] bash scripts/gpu_session.sh STEP...
 #   (write the sha itself into the command: $(git rev-parse HEAD) there reads the copy's .git, which can be stale)
 #   build        configure + build everything into build-gpu/ (sm_90)
