@@ -200,7 +200,8 @@ void BM_gemm_bf16(benchmark::State& state) {
   cudaMemset(x, 0, T * K * 4);
   tandem::gpu::BlasHandle h = nullptr;
   tandem::gpu::blas_create(&h);
-  time_kernel(state, double(N * K * 2), [&] { tandem::gpu::gemm_bf16(h, W, N, K, x, T, split, y, nullptr); });
+  const bool two = state.range(3) != 0;  // split-bf16 activations (two GEMMs) or one GEMM of bf16 activations
+  time_kernel(state, double(N * K * 2), [&] { tandem::gpu::gemm_bf16(h, W, N, K, x, T, split, two, y, nullptr); });
   state.counters["TFLOPS"] = benchmark::Counter(2.0 * N * K * T * 50 * state.iterations() / 1e12, benchmark::Counter::kIsRate);
   state.counters["tokens/s_this_matrix"] = benchmark::Counter(double(T) * 50 * state.iterations(), benchmark::Counter::kIsRate);
   tandem::gpu::blas_destroy(h);
@@ -426,8 +427,9 @@ BENCHMARK(BM_attention_decode)->Arg(512)->Arg(4096)->UseManualTime()->MinTime(0.
 BENCHMARK(BM_attention_prefill)
     ->Args({2048, 0, 0})->Args({2048, 0, 1})->Args({2048, 2048, 0})->Args({2048, 2048, 1})
     ->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_gemm_bf16)
-    ->Args({8192, 2048, 512})->Args({8192, 2048, 4096})->Args({2048, 4096, 4096})
+BENCHMARK(BM_gemm_bf16)  // N, K, T, split (1: two GEMMs of split-bf16 activations, 0: one of bf16 activations)
+    ->Args({8192, 2048, 512, 1})->Args({8192, 2048, 4096, 1})->Args({2048, 4096, 4096, 1})
+    ->Args({8192, 2048, 4096, 0})->Args({2048, 4096, 4096, 0})
     ->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_gemv_int4)
     ->Args({8192, 2048, 1})->Args({16384, 512, 1})->Args({512, 2048, 1})->Args({8192, 2048, 4})

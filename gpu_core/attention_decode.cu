@@ -63,7 +63,7 @@ __global__ void __launch_bounds__(kThreads) attend_kernel(AttentionDecodeArgs p)
   __shared__ float score[kChunk];
   __shared__ float po[kWarps][256];
   const int h = blockIdx.x, split = blockIdx.y, hd = p.hd, kvh = h / (p.nh / p.nkv);
-  detail::pdl_enter();
+  detail::pdl_wait();
   const int n_ctx = *p.pos + 1, begin = split * kChunk, end = min(n_ctx, begin + kChunk);
   float* part = p.partial + (static_cast<int64_t>(h) * p.max_splits + split) * (hd + 2);
   if (begin >= n_ctx) {
@@ -100,6 +100,7 @@ __global__ void __launch_bounds__(kThreads) attend_kernel(AttentionDecodeArgs p)
       if (i < hd) o[d] += w * __bfloat162float(__ushort_as_bfloat16(vr[i]));
     }
   }
+  detail::pdl_launch_next();  // past its loads (a grid of many blocks: pdl.cuh)
 #pragma unroll
   for (int d = 0; d < 8; ++d)
     if (lane + 32 * d < hd) po[warp][lane + 32 * d] = o[d];

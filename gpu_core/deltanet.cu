@@ -295,7 +295,9 @@ constexpr int kTermT = 0, kTermM = kChunk * kChunk, kTermEG = 2 * kChunk * kChun
 static_assert(kTermEGl < kDeltaChunkTermFloats, "chunk terms overflow their slot");
 constexpr int kTermsThreads = 128, kWyThreads = 128, kLdc = kChunk + 1;  // +1: a column's rows on different banks
 size_t terms_smem_floats(int dk) { return 2 * kChunk * (dk + 1) + 2 * kChunk * kLdc + 2 * kChunk; }
-size_t wy_smem_floats(int dk) { return 2 * kChunk * (dk + 1) + dk * kSlice + 2 * kChunk * kSlice + 2 * kChunk * kLdc + 2 * kChunk; }
+// delta_wy_kernel's shared memory: S0 [dk][kSlice], D [kChunk][kSlice], then two chunk buffers.
+constexpr int wy_buffer_floats(int dk) { return kChunk * kSlice + 2 * kChunk * kLdc + 2 * kChunk * (dk + 1) + 2 * kChunk + 4; }
+size_t wy_smem_floats(int dk) { return static_cast<size_t>(dk) * kSlice + kChunk * kSlice + 2 * wy_buffer_floats(dk); }
 
 __global__ void __launch_bounds__(kTermsThreads) delta_terms_kernel(DeltaNetDecodeArgs p, int T) {
   extern __shared__ float sm[];
@@ -353,45 +355,89 @@ __device__ __forceinline__ void tile_product(const float* A, const float* B, int
   }
 }
 
+// One 4-byte asynchronous copy global -> shared (cp.async, sm_80+), zeros when !ok (nothing is read).
+__device__ __forceinline__ void copy_async4(float* dst, const float* src, bool ok) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(d), "l"(src), "r"(ok ? 4 : 0) : "memory");
+#else
+  *dst = ok ? *src : 0.0f;
+#endif
+}
+__device__ __forceinline__ void copy_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+// Waits for this thread's copies but the most recent group (the chunk being staged for later).
+__device__ __forceinline__ void copy_async_wait_all_but_last() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group 1;" ::: "memory");
+#endif
+}
+
+// One chunk's inputs in delta_wy_kernel's shared memory (a buffer of wy_buffer_floats).
+struct WyChunk {
+  float *Rs, *Tm, *Mm, *Ks, *Qs, *EG, *Wl, *EGl;
+  __device__ WyChunk(float* b, int ldk)
+      : Rs(b), Tm(Rs + kChunk * kSlice), Mm(Tm + kChunk * kLdc), Ks(Mm + kChunk * kLdc), Qs(Ks + kChunk * ldk), EG(Qs + kChunk * ldk),
+        Wl(EG + kChunk), EGl(Wl + kChunk) {}
+};
+
+// Starts the copies of chunk c's q, k (rows past its end: zeros), terms and value slice into B, and
+// commits them as one group: they land while the block works on the chunk before.
+__device__ __forceinline__ void stage_wy_chunk(const DeltaNetDecodeArgs& p, int T, int c, int h, int kh, int col0, int width, int ldk,
+                                               const WyChunk& B) {
+  const int dk = p.dk, tid = threadIdx.x, t0 = c * kChunk, cc = min(kChunk, T - t0);
+  const int64_t key_dim = static_cast<int64_t>(p.Hk) * dk, conv_dim = 2 * key_dim + static_cast<int64_t>(p.Hv) * p.dv;
+  for (int idx = tid; idx < kChunk * dk; idx += kWyThreads) {
+    const int t = idx / dk, i = idx % dk;
+    const float* row = p.conv_out + static_cast<int64_t>(t0 + min(t, cc - 1)) * conv_dim;
+    copy_async4(B.Qs + t * ldk + i, row + kh * dk + i, t < cc);
+    copy_async4(B.Ks + t * ldk + i, row + key_dim + kh * dk + i, t < cc);
+  }
+  const float* terms = p.chunk_terms + (static_cast<int64_t>(c) * p.Hv + h) * kDeltaChunkTermFloats;
+  for (int idx = tid; idx < kChunk * kChunk; idx += kWyThreads) {
+    const int t = idx / kChunk, s = idx % kChunk;
+    copy_async4(B.Tm + t * kLdc + s, terms + kTermT + idx, true);
+    copy_async4(B.Mm + t * kLdc + s, terms + kTermM + idx, true);
+  }
+  for (int idx = tid; idx < kChunk * kSlice; idx += kWyThreads) {
+    const int t = idx / kSlice, j = idx % kSlice;
+    const bool ok = t < cc && j < width;
+    copy_async4(B.Rs + idx, p.conv_out + (ok ? static_cast<int64_t>(t0 + t) * conv_dim + 2 * key_dim + static_cast<int64_t>(h) * p.dv + col0 + j : 0),
+                ok);
+  }
+  if (tid < kChunk) copy_async4(B.EG + tid, terms + kTermEG + tid, true), copy_async4(B.Wl + tid, terms + kTermWl + tid, true);
+  if (tid == 0) copy_async4(B.EGl, terms + kTermEGl, true);
+  copy_async_commit();
+}
+
 __global__ void __launch_bounds__(kWyThreads) delta_wy_kernel(DeltaNetDecodeArgs p, int T) {
   extern __shared__ __align__(16) float sm[];
   const int dk = p.dk, dv = p.dv, h = blockIdx.x, kh = h / (p.Hv / p.Hk), col0 = blockIdx.y * kSlice, tid = threadIdx.x;
   const int width = min(kSlice, dv - col0), ldk = dk + 1;
-  float* Ks = sm;                          // [kChunk][ldk]
-  float* Qs = Ks + kChunk * ldk;           // [kChunk][ldk]
-  float* S0 = Qs + kChunk * ldk;           // [dk][kSlice]: this block's state columns
-  float* Rs = S0 + dk * kSlice;            // [kChunk][kSlice]: V, then V - e^G K S0
-  float* Ds = Rs + kChunk * kSlice;        // [kChunk][kSlice]: D
-  float* Tm = Ds + kChunk * kSlice;        // [kChunk][kLdc]: T'
-  float* Mm = Tm + kChunk * kLdc;          // [kChunk][kLdc]: M
-  float* EG = Mm + kChunk * kLdc;          // [kChunk] e^{G_t}
-  float* Wl = EG + kChunk;                 // [kChunk] e^{G_last - G_s}
-  const int64_t key_dim = static_cast<int64_t>(p.Hk) * dk, conv_dim = 2 * key_dim + static_cast<int64_t>(p.Hv) * dv;
+  float* S0 = sm;                          // [dk][kSlice]: this block's state columns
+  float* Ds = S0 + dk * kSlice;            // [kChunk][kSlice]: D
+  float* bufs = Ds + kChunk * kSlice;      // two WyChunk buffers: chunk c in buffer c % 2
   const int64_t Vd = static_cast<int64_t>(p.Hv) * dv;
   float* S = p.state + static_cast<int64_t>(h) * dk * dv;
+  const int nch = (T + kChunk - 1) / kChunk;
+  stage_wy_chunk(p, T, 0, h, kh, col0, width, ldk, WyChunk(bufs, ldk));
   load_state_slice(S, dk, dv, col0, width, S0);
   // This thread's tiles: rows r0, r0 + 1 x columns c0 .. c0 + 3 of the 32 x 32 products, and state
   // rows ig + 16 m (m < 8) x the same columns.
   const int r0 = 2 * (tid / 8), c0 = 4 * (tid % 8), ig = tid / 8;
-  const int nch = (T + kChunk - 1) / kChunk;
   for (int c = 0; c < nch; ++c) {
     const int t0 = c * kChunk, cc = min(kChunk, T - t0);
-    const float* terms = p.chunk_terms + (static_cast<int64_t>(c) * p.Hv + h) * kDeltaChunkTermFloats;
-    __syncthreads();  // the previous chunk is done with every buffer
-    load_chunk_qk(p, t0, cc, kh, ldk, Qs, Ks);
-    for (int idx = tid; idx < kChunk * kChunk; idx += kWyThreads) {
-      const int t = idx / kChunk, s = idx % kChunk;
-      Tm[t * kLdc + s] = terms[kTermT + idx];
-      Mm[t * kLdc + s] = terms[kTermM + idx];
-    }
-    for (int idx = tid; idx < kChunk * kSlice; idx += kWyThreads) {
-      const int t = idx / kSlice, j = idx % kSlice;
-      Rs[idx] = t < cc && j < width ? p.conv_out[static_cast<int64_t>(t0 + t) * conv_dim + 2 * key_dim + static_cast<int64_t>(h) * dv + col0 + j]
-                                    : 0.0f;
-    }
-    if (tid < kChunk) EG[tid] = terms[kTermEG + tid], Wl[tid] = terms[kTermWl + tid];
-    const float egl = terms[kTermEGl];
-    __syncthreads();
+    const WyChunk B(bufs + (c % 2) * wy_buffer_floats(dk), ldk);
+    __syncthreads();  // the previous chunk is done with every buffer, the next one's included
+    if (c + 1 < nch) stage_wy_chunk(p, T, c + 1, h, kh, col0, width, ldk, WyChunk(bufs + ((c + 1) % 2) * wy_buffer_floats(dk), ldk));
+    else copy_async_commit();  // an empty group: the wait below always leaves exactly the newest
+    copy_async_wait_all_but_last();
+    __syncthreads();  // every thread's copies of chunk c have landed
+    float *Ks = B.Ks, *Qs = B.Qs, *Rs = B.Rs, *Tm = B.Tm, *Mm = B.Mm, *EG = B.EG, *Wl = B.Wl;
+    const float egl = *B.EGl;
     // KS and QS; R = V - e^G KS into Rs (each thread its own entries), e^G QS kept for O.
     float ks[2][4] = {}, qs[2][4] = {};
     for (int i = 0; i < dk; ++i) {

@@ -94,14 +94,16 @@ __device__ __forceinline__ void row_finish(const uint16_t* __restrict__ W, int64
 }
 
 // The row's first weight vectors, loaded before the kernel waits for the one before it (pdl.cuh:
-// weights are never written), then the rest of the dot product.
+// weights are never written), then the rest of the dot product; the next kernel may launch once every
+// block is past its loads (earlier, its blocks would take SM slots from this grid's later waves).
 template <int TMAX, bool SWIGLU>
 __device__ __forceinline__ void row_dot(const uint16_t* __restrict__ W, int64_t N, int64_t K, const float* __restrict__ x,
                                         const float* __restrict__ u, int T, int64_t row, int lane, float (&acc)[TMAX]) {
   uint4 pre[kPre];
   row_prefetch(W, N, K, row, lane, pre);
-  detail::pdl_enter();
+  detail::pdl_wait();
   row_finish<TMAX, SWIGLU>(W, N, K, x, u, T, row, lane, pre, acc);
+  detail::pdl_launch_next();
 }
 
 // CONV (T = 1): rows below conv.channels also go through the conv step (gpu_core/conv_step.cuh).
@@ -185,13 +187,14 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   uint4 pre[kPre];
   row_prefetch(W, N, K, row, lane, pre);
-  detail::pdl_enter();
+  detail::pdl_wait();
   const float sig = s ? 1.0f + expf(-gate[0]) : 1.0f;
   detail::norm_row<PER>(
       h, a, s, sig, norm_w, K, eps, [&](int64_t i, float v) { hs[i] = v; }, [&](int64_t i, float v) { xs[i] = v; });
   __syncthreads();
   float dot[1];
   row_finish<1, false, true>(W, N, K, xs, nullptr, 1, row, lane, pre, dot);
+  detail::pdl_launch_next();
   route_tail(dot[0], row, lane, N, y, E, k, counter, ids, weights, [&] {
     for (int64_t i = threadIdx.x; i < K; i += blockDim.x) {
       if (a) h[i] = hs[i];

@@ -1,6 +1,8 @@
 // gpu_core/moe_int4_grouped.cu: routed experts of a prefill chunk, grouped by expert (see moe.cuh).
 #include <mma.h>
 
+#include <algorithm>
+
 #include "gpu_core/int4_row.cuh"
 #include "gpu_core/moe.cuh"
 
@@ -43,48 +45,83 @@ struct Carve {
   static int64_t max_items(int64_t P, int E, int item = kItem) { return (P + item - 1) / item + E; }
 };
 
-// One block: count pairs per expert, lay out the work items, then a stable scatter (a thread per expert).
+// Warps of group_pairs_kernel for E experts: each keeps its own count of every expert in shared memory.
+constexpr int kGroupSmemInts = 10 * 1024;
+int group_pairs_warps(int E) { return std::max(1, std::min(32, kGroupSmemInts / E - 1)); }
+
+// One block of W warps, warp w owning the pairs [w * seg, (w + 1) * seg): each warp counts its
+// pairs per expert; warp 0 lays out the work items; each expert's start is split among the warps
+// in warp order (cursor[w][e]); then every warp scatters its own pairs, 32 a step in pair order --
+// lanes with the same expert find each other (match_any) and take consecutive places after their
+// warp's cursor. The order within an expert is pair order, as one warp walking all pairs would give.
 __global__ void group_pairs_kernel(const int32_t* __restrict__ ids, int P, int E, int item, int32_t* order, int32_t* pos_of,
                                    int32_t* counts, int4* items) {
-  extern __shared__ int32_t sm[];  // cnt[E], start[E]
-  int32_t *cnt = sm, *start = sm + E;
-  for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
+  extern __shared__ int32_t sm[];  // counts, then cursors [W][E]; start [E]
+  const int W = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+  const unsigned below = (1u << lane) - 1u;
+  const int seg = (P + W - 1) / W, p0 = min(P, warp * seg), p1 = min(P, p0 + seg);
+  int32_t *mine = sm + warp * E, *start = sm + W * E;
+  for (int i = threadIdx.x; i < W * E; i += blockDim.x) sm[i] = 0;
   for (int p = threadIdx.x; p < P; p += blockDim.x) pos_of[p] = -1;
   __syncthreads();
-  for (int p = threadIdx.x; p < P; p += blockDim.x) {
-    const int e = ids[p];
-    if (e >= 0 && e < E) atomicAdd(&cnt[e], 1);
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    int s = 0, it = 0;
-    for (int e = 0; e < E; ++e) {
-      start[e] = s;
-      for (int c0 = 0; c0 < cnt[e]; c0 += item) items[it++] = make_int4(e, s + c0, min(item, cnt[e] - c0), 0);
-      s += cnt[e];
-    }
-    counts[0] = it;
-    counts[1] = s;
-  }
-  __syncthreads();
-  // Stable scatter by one warp, 32 pairs a step in pair order: lanes with the same expert find each
-  // other (match_any) and take consecutive places after that expert's cursor; its lowest lane moves it.
-  if (threadIdx.x >= 32) return;
-  const int lane = threadIdx.x;
-  const unsigned below = (1u << lane) - 1u;
-  for (int base = 0; base < P; base += 32) {
+  // Each lane's expert for step `base` of this warp's segment (-1: past it, or an id out of range).
+  auto expert_at = [&](int base) {
     const int p = base + lane;
-    const int e = p < P ? ids[p] : -1;
-    const bool ok = e >= 0 && e < E;
-    const unsigned same = __match_any_sync(0xffffffffu, ok ? e : -1);
-    int s = 0;
-    if (ok) {
-      s = start[e] + __popc(same & below);
-      order[s] = p;
-      pos_of[p] = s;
+    const int e = p < p1 ? ids[p] : -1;
+    return e >= 0 && e < E ? e : -1;
+  };
+  for (int base = p0; base < p1; base += 32) {
+    const int e = expert_at(base);
+    const unsigned same = __match_any_sync(0xffffffffu, e);
+    if (e >= 0 && (same & below) == 0) mine[e] += __popc(same);  // one lane an expert: no races
+  }
+  __syncthreads();
+  // Each expert's count, then its first place (start) and the work items, by warp 0: lane l takes the
+  // experts [l * per, (l + 1) * per), their totals scanned across the lanes.
+  for (int e = threadIdx.x; e < E; e += blockDim.x) {
+    int c = 0;
+    for (int w = 0; w < W; ++w) c += sm[w * E + e];
+    start[e] = c;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    const int per = (E + 31) / 32, e0 = min(E, lane * per), e1 = min(E, e0 + per);
+    int c = 0, n = 0;
+    for (int e = e0; e < e1; ++e) c += start[e], n += (start[e] + item - 1) / item;
+    int cs = c, ns = n;  // inclusive scans across the lanes
+    for (int o = 1; o < 32; o <<= 1) {
+      const int co = __shfl_up_sync(0xffffffffu, cs, o), no = __shfl_up_sync(0xffffffffu, ns, o);
+      if (lane >= o) cs += co, ns += no;
+    }
+    int s = cs - c, it = ns - n;
+    for (int e = e0; e < e1; ++e) {
+      const int ce = start[e];
+      start[e] = s;
+      for (int c0 = 0; c0 < ce; c0 += item) items[it++] = make_int4(e, s + c0, min(item, ce - c0), 0);
+      s += ce;
+    }
+    if (lane == 31) counts[0] = it, counts[1] = s;
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < E; e += blockDim.x) {  // warp w's first place for expert e
+    int s = start[e];
+    for (int w = 0; w < W; ++w) {
+      const int n = sm[w * E + e];
+      sm[w * E + e] = s;
+      s += n;
+    }
+  }
+  __syncthreads();
+  for (int base = p0; base < p1; base += 32) {
+    const int e = expert_at(base);
+    const unsigned same = __match_any_sync(0xffffffffu, e);
+    if (e >= 0) {
+      const int s = mine[e] + __popc(same & below);
+      order[s] = base + lane;
+      pos_of[base + lane] = s;
     }
     __syncwarp();
-    if (ok && (same & below) == 0) start[e] += __popc(same);
+    if (e >= 0 && (same & below) == 0) mine[e] += __popc(same);
     __syncwarp();
   }
 }
@@ -451,7 +488,9 @@ bool grouped_shape_ok(int n, int k, int E, int64_t H, int64_t I, int64_t group_s
 // Steps 1-2 of both forms: pairs sorted by expert into items of `item`, rows gathered to fp16.
 void group_and_gather(const Int4Expert* experts, int E, int64_t H, const int32_t* ids, int64_t P, int k, int item, const float* x,
                       const Carve& w, cudaStream_t stream) {
-  group_pairs_kernel<<<1, 1024, 2 * E * sizeof(int32_t), stream>>>(ids, static_cast<int>(P), E, item, w.order, w.pos_of, w.counts, w.items);
+  const int warps = group_pairs_warps(E);
+  group_pairs_kernel<<<1, 32 * warps, (warps + 1) * E * sizeof(int32_t), stream>>>(ids, static_cast<int>(P), E, item, w.order, w.pos_of, w.counts,
+                                                                             w.items);
   gather_pairs_kernel<<<static_cast<unsigned>(P), 256, 0, stream>>>(experts, ids, k, H, x, w.order, w.counts, w.xg, w.xu);
 }
 

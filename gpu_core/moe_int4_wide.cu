@@ -73,7 +73,7 @@ __global__ void __launch_bounds__(kWarps * 32)
                         const float* __restrict__ x, __half* __restrict__ h, int gshift) {
   const int G = static_cast<int>(H >> 5) >> gshift;
   const int bx = blockIdx.x, p = blockIdx.y, t = p / k, lane = threadIdx.x & 31;
-  pdl_enter();  // every weight address depends on the router's ids
+  pdl_wait();  // every weight address depends on the router's ids
   const Int4Expert* ex = experts + ids[p];
   const Int4View gate = ex->gate, up = ex->up;
   if (!gate.qweight) return;  // not resident on the GPU (hybrid); uniform per block
@@ -115,6 +115,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     for (int r = 0; r < kRowsUp; ++r)
       if (r0 + r < I && v < nvec) u[r] += __half2float(__ushort_as_half(su[r][i])) * vec_dot(wu[r][i], xv, zero_1024(zu[r][i]));
   }
+  pdl_launch_next();  // past its loads (pdl.cuh; see gemv_bf16.cu's row_dot)
 #pragma unroll
   for (int r = 0; r < kRowsUp; ++r) {
     const float gs = group_sum<32>(g[r]), us = group_sum<32>(u[r]);
@@ -136,7 +137,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int64_t row = (static_cast<int64_t>(bx) * kWarps + (threadIdx.x >> 5)) * (32 / kDownLanes) + lane / kDownLanes;
   const int64_t nvec = I / 32;
   const bool valid = row < H;
-  pdl_enter();
+  pdl_wait();
   const uint32_t* q[kMaxK];
   const uint16_t* sc[kMaxK];
   const uint8_t* zr[kMaxK];
@@ -209,6 +210,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     }
     acc += rw[j] * a;
   }
+  pdl_launch_next();
   acc = group_sum<kDownLanes>(acc);
   if (valid && l == 0) out[t * H + row] = acc;
 }

@@ -11,6 +11,10 @@
 //   - pdl_launch_next() only after its own pdl_wait(), so that when a kernel starts, everything before
 //     its predecessor has completed: a read before pdl_wait() of data written two or more kernels back
 //     (the DeltaNet state of the previous step) is safe.
+// Where a kernel triggers: grids of a few blocks right after their wait (pdl_enter: the next kernel's
+// launch and weight loads overlap all of their latency-bound work); grids of many blocks once each block
+// is past its loads (earlier, the next kernel's waiting blocks would hold SM slots and bandwidth while
+// this one still streams its weights).
 // Without the launch attribute (other GPUs, the option off, kernels launched with <<<>>>) both calls
 // return at once and the kernel runs as before.
 #pragma once

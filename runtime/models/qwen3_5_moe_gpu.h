@@ -151,6 +151,10 @@ struct GpuOptions {
   // Validated on the H200 (prefill 4096: 5,858 vs 4,996 tok/s); the runners turn it on unless
   // TANDEM_DELTANET_CHUNKED=0.
   bool deltanet_chunked = false;
+  // Batched prefill's bf16 projections (cuBLAS) with the activations split into two bf16 terms (two
+  // GEMMs, ~1e-5 from fp32) or, false, rounded to bf16 (one GEMM: half the tensor-core work, ~2e-3 at a
+  // projection; gpu::gemm_bf16). The runners keep the split unless TANDEM_GEMM_SINGLE=1.
+  bool prefill_gemm_split = true;
   // Hybrid expert deferral (placement `experts.deferral`): of each token's N lowest-weight routed
   // experts, the host-resident ones join the residual one layer later, so the host runs them while the
   // GPU computes the next layer (Qwen35State::defer_experts with deferrable = the CPU side; changes the

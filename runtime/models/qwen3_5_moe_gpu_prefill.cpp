@@ -44,7 +44,7 @@ void Qwen35MoeGpu::Impl::gpu_experts(const DevLayer& L, const float* x_dev, cons
 // y [n, out] = x [n, in] W^T for a chunk of tokens: cuBLAS for bf16, the int4 GEMV 8 tokens at a time.
 void Qwen35MoeGpu::Impl::linear_rows(const DevLinear& L, const float* in, int64_t n, float* out) {
   if (!L.int4) {
-    CK(gpu::gemm_bf16(blas, L.w, L.out, L.in, in, n, psplit, out, stream));
+    CK(gpu::gemm_bf16(blas, L.w, L.out, L.in, in, n, psplit, opts.prefill_gemm_split, out, stream));
     return;
   }
   for (int64_t t = 0; t < n; t += gpu::kMaxGemvTokens) {

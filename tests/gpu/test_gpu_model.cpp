@@ -183,8 +183,9 @@ TEST_P(GpuModel, BatchedPrefillEqualsTokenByToken) {
   // 1: int4 experts grouped by expert; 2: and flash attention prefill; 3: and the grouped experts on
   // tensor cores (fp16 weights, fp32 sums: ~1e-3 from the decode kernel's arithmetic, not ~1e-5);
   // 4: and DeltaNet in the chunked form; 5: and the attention prefill on tensor cores (bf16 queries and
-  // softmax weights) -- the runners' defaults
-  for (int variant = 0; variant < 6; ++variant) {
+  // softmax weights) -- the runners' defaults; 6: and the projections as one GEMM of bf16-rounded
+  // activations (GpuOptions::prefill_gemm_split off: ~2e-3 a projection, held to the HF bound)
+  for (int variant = 0; variant < 7; ++variant) {
     const bool grouped = variant >= 1;
     GpuOptions g = fixture_options();
     auto plain = Qwen35MoeGpu::create(*model, g);
@@ -195,6 +196,7 @@ TEST_P(GpuModel, BatchedPrefillEqualsTokenByToken) {
     g.grouped_moe_tc = variant >= 3;
     g.deltanet_chunked = variant >= 4;
     g.attention_prefill_tc = variant >= 5;
+    g.prefill_gemm_split = variant < 6;
     auto batched = Qwen35MoeGpu::create(*model, g);
     ASSERT_FALSE(plain->batched_prefill_active());
     ASSERT_TRUE(batched->batched_prefill_active());
@@ -207,7 +209,7 @@ TEST_P(GpuModel, BatchedPrefillEqualsTokenByToken) {
         batched->forward(std::span(f.ids.data() + i, 1), b.data());
       }
       const LogitsComparison same = compare_logits(b.data(), a.data(), 1, V);
-      EXPECT_LT(same.rel_l2[0], variant >= 3 ? 5e-3 : 1e-3) << f.name << " position " << i << " variant " << variant;
+      EXPECT_LT(same.rel_l2[0], variant >= 6 ? 2e-2 : variant >= 3 ? 5e-3 : 1e-3) << f.name << " position " << i << " variant " << variant;
       const LogitsComparison hf = compare_logits(b.data(), ref.data.data() + i * V, 1, V);
       EXPECT_LT(hf.rel_l2[0], 2e-2) << f.name << " position " << i << " variant " << variant;
       EXPECT_TRUE(hf.argmax_misses.empty()) << f.name << " position " << i << " variant " << variant;
