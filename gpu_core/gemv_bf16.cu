@@ -1,6 +1,8 @@
 // gpu_core/gemv_bf16.cu: bf16 weights x fp32 activations, one warp per output row (see gemv.cuh).
 #include <cuda_runtime.h>
 
+#include <type_traits>
+
 #include "gpu_core/conv_step.cuh"
 #include "gpu_core/gemv.cuh"
 #include "gpu_core/norm_row.cuh"
@@ -39,13 +41,15 @@ struct ConvEpilogue {
   int channels = 0, kernel = 0;
 };
 
-// The first kPre weight vectors of lane `lane` of row `row` (row_dot's first loads; zeros past N).
-constexpr int kPre = 4;
-__device__ __forceinline__ void row_prefetch(const uint16_t* __restrict__ W, int64_t N, int64_t K, int64_t row, int lane, uint4 (&pre)[kPre]) {
+// The first PRE weight vectors of lane `lane` of row `row` (row_dot's first loads; zeros past N).
+// Decode takes PRE = every vector of the lane (rows up to 4096 inputs: pre_vectors), so that a warp
+// waits for memory once; several tokens (more registers each) take 4 and load the rest in the loop.
+template <int PRE>
+__device__ __forceinline__ void row_prefetch(const uint16_t* __restrict__ W, int64_t N, int64_t K, int64_t row, int lane, uint4 (&pre)[PRE]) {
   const uint4* w = reinterpret_cast<const uint4*>(W + row * K);
   const int64_t chunks = K / 8;
 #pragma unroll
-  for (int i = 0; i < kPre; ++i) {
+  for (int i = 0; i < PRE; ++i) {
     const int64_t c = lane + 32 * i;
     pre[i] = row < N && c < chunks ? load_stream(w + c) : make_uint4(0u, 0u, 0u, 0u);
   }
@@ -55,9 +59,9 @@ __device__ __forceinline__ void row_prefetch(const uint16_t* __restrict__ W, int
 // row past N), from the row's first weight vectors `pre` (row_prefetch) and the rest loaded in the loop.
 // SWIGLU: the input is silu(x) * u, formed as it is read (x = gate rows, u = up rows). X_SHARED: x is
 // in shared memory (read plainly; the values, and so the arithmetic, as from global memory).
-template <int TMAX, bool SWIGLU, bool X_SHARED = false>
+template <int TMAX, bool SWIGLU, bool X_SHARED, int PRE>
 __device__ __forceinline__ void row_finish(const uint16_t* __restrict__ W, int64_t N, int64_t K, const float* __restrict__ x,
-                                           const float* __restrict__ u, int T, int64_t row, int lane, const uint4 (&pre)[kPre],
+                                           const float* __restrict__ u, int T, int64_t row, int lane, const uint4 (&pre)[PRE],
                                            float (&acc)[TMAX]) {
 #pragma unroll
   for (int t = 0; t < TMAX; ++t) acc[t] = 0.0f;
@@ -87,34 +91,34 @@ __device__ __forceinline__ void row_finish(const uint16_t* __restrict__ W, int64
     }
   };
 #pragma unroll
-  for (int i = 0; i < kPre; ++i)
+  for (int i = 0; i < PRE; ++i)
     if (lane + 32 * i < chunks) chunk(lane + 32 * i, pre[i]);
 #pragma unroll 4
-  for (int64_t c = lane + 32 * kPre; c < chunks; c += 32) chunk(c, load_stream(w + c));
+  for (int64_t c = lane + 32 * PRE; c < chunks; c += 32) chunk(c, load_stream(w + c));
 }
 
 // The row's first weight vectors, loaded before the kernel waits for the one before it (pdl.cuh:
 // weights are never written), then the rest of the dot product; the next kernel may launch once every
 // block is past its loads (earlier, its blocks would take SM slots from this grid's later waves).
-template <int TMAX, bool SWIGLU>
+template <int TMAX, bool SWIGLU, int PRE>
 __device__ __forceinline__ void row_dot(const uint16_t* __restrict__ W, int64_t N, int64_t K, const float* __restrict__ x,
                                         const float* __restrict__ u, int T, int64_t row, int lane, float (&acc)[TMAX]) {
-  uint4 pre[kPre];
+  uint4 pre[PRE];
   row_prefetch(W, N, K, row, lane, pre);
   detail::pdl_wait();
-  row_finish<TMAX, SWIGLU>(W, N, K, x, u, T, row, lane, pre, acc);
+  row_finish<TMAX, SWIGLU, false, PRE>(W, N, K, x, u, T, row, lane, pre, acc);
   detail::pdl_launch_next();
 }
 
 // CONV (T = 1): rows below conv.channels also go through the conv step (gpu_core/conv_step.cuh).
-template <int TMAX, bool SWIGLU = false, bool CONV = false>
+template <int TMAX, bool SWIGLU = false, bool CONV = false, int PRE = 4>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     gemv_bf16_kernel(const uint16_t* __restrict__ W, int64_t N, int64_t K, const float* __restrict__ x, int T,
                      float* __restrict__ y, const float* __restrict__ u = nullptr, ConvEpilogue conv = {}) {
   const int lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   float acc[TMAX];
-  row_dot<TMAX, SWIGLU>(W, N, K, x, u, T, row, lane, acc);
+  row_dot<TMAX, SWIGLU, PRE>(W, N, K, x, u, T, row, lane, acc);
   if (row >= N) return;  // whole warps exit together: shuffles below stay full-warp
 #pragma unroll
   for (int t = 0; t < TMAX; ++t) {
@@ -161,13 +165,14 @@ __device__ __forceinline__ void route_tail(float acc, int64_t row, int lane, int
   if (threadIdx.x == 0) *counter = 0u;
 }
 
+template <int PRE>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     gemv_bf16_topk_kernel(const uint16_t* __restrict__ W, int64_t N, int64_t K, const float* __restrict__ x, float* y, int E, int k,
                           unsigned* counter, int32_t* ids, float* weights) {
   const int lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   float dot[1];
-  row_dot<1, false>(W, N, K, x, nullptr, 1, row, lane, dot);  // gemv_bf16's arithmetic
+  row_dot<1, false, PRE>(W, N, K, x, nullptr, 1, row, lane, dot);  // gemv_bf16's arithmetic
   route_tail(dot[0], row, lane, N, y, E, k, counter, ids, weights, [] {});
 }
 
@@ -175,7 +180,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 // (norm_row, the norm kernel's arithmetic) while its first weight vectors load, then computes its
 // rows from there; the last block writes h' and x for the kernels after it (every block has read h
 // by then: its ticket follows its reads).
-template <int PER>
+template <int PER, int PRE>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     gemv_bf16_norm_topk_kernel(const uint16_t* __restrict__ W, int64_t N, int64_t K, float* h, const float* a, const float* s,
                                const float* gate, const float* norm_w, float eps, float* x, float* y, int E, int k, unsigned* counter,
@@ -185,7 +190,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   float* hs = sm + K;
   const int lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
-  uint4 pre[kPre];
+  uint4 pre[PRE];
   row_prefetch(W, N, K, row, lane, pre);
   detail::pdl_wait();
   const float sig = s ? 1.0f + expf(-gate[0]) : 1.0f;
@@ -193,7 +198,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
       h, a, s, sig, norm_w, K, eps, [&](int64_t i, float v) { hs[i] = v; }, [&](int64_t i, float v) { xs[i] = v; });
   __syncthreads();
   float dot[1];
-  row_finish<1, false, true>(W, N, K, xs, nullptr, 1, row, lane, pre, dot);
+  row_finish<1, false, true, PRE>(W, N, K, xs, nullptr, 1, row, lane, pre, dot);
   detail::pdl_launch_next();
   route_tail(dot[0], row, lane, N, y, E, k, counter, ids, weights, [&] {
     for (int64_t i = threadIdx.x; i < K; i += blockDim.x) {
@@ -201,6 +206,16 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
       x[i] = xs[i];
     }
   });
+}
+
+// Calls launch(std::integral_constant<int, PRE>) with the weight vectors a lane prefetches for rows of K
+// inputs at one token: all of them up to 4096 inputs (16 vectors, 64 registers), else 4 and a loop.
+template <typename Launch>
+void with_pre(int64_t K, Launch&& launch) {
+  const int64_t per_lane = (K / 8 + 31) / 32;
+  if (per_lane <= 4 || per_lane > 16) launch(std::integral_constant<int, 4>{});
+  else if (per_lane <= 8) launch(std::integral_constant<int, 8>{});
+  else launch(std::integral_constant<int, 16>{});
 }
 
 // gemv_bf16_norm_topk_kernel's launch.
@@ -213,8 +228,10 @@ cudaError_t launch_norm_gemv(const uint16_t* W, int64_t N, int64_t K, float* h, 
   cudaError_t err = cudaErrorInvalidValue;
   detail::with_norm_per_thread(K, kWarpsPerBlock * 32, [&](auto per) {
     if constexpr (per.value > 0)  // K <= 16 x threads (checked above): never the loop form
-      err = detail::launch(gemv_bf16_norm_topk_kernel<per.value>, grid, block, smem, stream, W, N, K, h, a, shared, gate, norm_w, eps, x,
-                           y, E, k, counter, ids, weights);
+      with_pre(K, [&](auto pre) {
+        err = detail::launch(gemv_bf16_norm_topk_kernel<per.value, pre.value>, grid, block, smem, stream, W, N, K, h, a, shared, gate,
+                             norm_w, eps, x, y, E, k, counter, ids, weights);
+      });
   });
   return err;
 }
@@ -226,7 +243,11 @@ cudaError_t gemv_bf16_router_topk(const uint16_t* W, int64_t N, int64_t K, const
   if (K % 8 != 0 || N < 1 || E < 1 || E > N || E > detail::kRouterMaxExperts || k < 1 || k > E || k > detail::kRouterMaxTopK)
     return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>((N + kWarpsPerBlock - 1) / kWarpsPerBlock)), block(kWarpsPerBlock * 32);
-  return detail::launch(gemv_bf16_topk_kernel, grid, block, 0, stream, W, N, K, x, y, E, k, counter, ids, weights);
+  cudaError_t err = cudaSuccess;
+  with_pre(K, [&](auto pre) {
+    err = detail::launch(gemv_bf16_topk_kernel<pre.value>, grid, block, 0, stream, W, N, K, x, y, E, k, counter, ids, weights);
+  });
+  return err;
 }
 
 cudaError_t gemv_bf16_router_topk_norm(const uint16_t* W, int64_t N, int64_t K, float* h, const float* a, const float* shared,
@@ -240,8 +261,15 @@ cudaError_t gemv_bf16(const uint16_t* W, int64_t N, int64_t K, const float* x, i
   if (T < 1 || T > kMaxGemvTokens || K % 8 != 0 || N < 1) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>((N + kWarpsPerBlock - 1) / kWarpsPerBlock)), block(kWarpsPerBlock * 32);
   const float* none = nullptr;
-  auto* kernel = T == 1 ? gemv_bf16_kernel<1> : T <= 2 ? gemv_bf16_kernel<2> : T <= 4 ? gemv_bf16_kernel<4> : gemv_bf16_kernel<8>;
-  return detail::launch(kernel, grid, block, 0, stream, W, N, K, x, T, y, none, ConvEpilogue{});
+  if (T > 1) {
+    auto* kernel = T <= 2 ? gemv_bf16_kernel<2> : T <= 4 ? gemv_bf16_kernel<4> : gemv_bf16_kernel<8>;
+    return detail::launch(kernel, grid, block, 0, stream, W, N, K, x, T, y, none, ConvEpilogue{});
+  }
+  cudaError_t err = cudaSuccess;
+  with_pre(K, [&](auto pre) {
+    err = detail::launch(gemv_bf16_kernel<1, false, false, pre.value>, grid, block, 0, stream, W, N, K, x, T, y, none, ConvEpilogue{});
+  });
+  return err;
 }
 
 cudaError_t gemv_bf16_conv(const uint16_t* W, int64_t N, int64_t K, const float* x, float* y, int channels, int kernel,
@@ -250,16 +278,24 @@ cudaError_t gemv_bf16_conv(const uint16_t* W, int64_t N, int64_t K, const float*
     return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>((N + kWarpsPerBlock - 1) / kWarpsPerBlock)), block(kWarpsPerBlock * 32);
   const float* none = nullptr;
-  return detail::launch(gemv_bf16_kernel<1, false, true>, grid, block, 0, stream, W, N, K, x, 1, y, none,
-                        ConvEpilogue{conv_w, conv_state, conv_out, channels, kernel});
+  cudaError_t err = cudaSuccess;
+  with_pre(K, [&](auto pre) {
+    err = detail::launch(gemv_bf16_kernel<1, false, true, pre.value>, grid, block, 0, stream, W, N, K, x, 1, y, none,
+                         ConvEpilogue{conv_w, conv_state, conv_out, channels, kernel});
+  });
+  return err;
 }
 
 cudaError_t gemv_bf16_swiglu(const uint16_t* W, int64_t N, int64_t K, const float* g, const float* u, int T, float* y,
                              cudaStream_t stream) {
   if (T < 1 || T > kMaxGemvTokens || K % 8 != 0 || N < 1) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>((N + kWarpsPerBlock - 1) / kWarpsPerBlock)), block(kWarpsPerBlock * 32);
-  return detail::launch(T == 1 ? gemv_bf16_kernel<1, true> : gemv_bf16_kernel<8, true>, grid, block, 0, stream, W, N, K, g, T, y, u,
-                        ConvEpilogue{});
+  if (T > 1) return detail::launch(gemv_bf16_kernel<8, true>, grid, block, 0, stream, W, N, K, g, T, y, u, ConvEpilogue{});
+  cudaError_t err = cudaSuccess;
+  with_pre(K, [&](auto pre) {
+    err = detail::launch(gemv_bf16_kernel<1, true, false, pre.value>, grid, block, 0, stream, W, N, K, g, T, y, u, ConvEpilogue{});
+  });
+  return err;
 }
 
 }  // namespace tandem::gpu

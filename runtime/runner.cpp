@@ -197,7 +197,7 @@ class GpuRunner final : public Runner {
     g.deltanet_split = env_switch("TANDEM_DELTANET_SPLIT", false);
     g.hybrid_one_graph = env_switch("TANDEM_HYBRID_ONE_GRAPH", true);
     g.deltanet_conv_in_gemv = env_switch("TANDEM_DELTANET_CONV_GEMV", false);
-    g.programmatic_launch = env_switch("TANDEM_PDL", false);
+    g.programmatic_launch = env_switch("TANDEM_PDL", true);
     g.attention_prefill = env_switch("TANDEM_ATTN_PREFILL", true);
     g.attention_prefill_tc = env_switch("TANDEM_ATTN_TC", true);
     g.deltanet_chunked = env_switch("TANDEM_DELTANET_CHUNKED", true);
