@@ -3,9 +3,8 @@
 // Why another decode kernel: moe_int4_decode(_prefetch) gives each lane one 4-byte code word at a
 // time and re-reads the activations for every row, so a layer's ~13 MB of expert weights took
 // 11 + 15 us on the H200 (~13% of bandwidth, latency- and issue-bound). Here each lane loads whole
-// 16-byte vectors (4 words, 32 inputs, one quantisation group), every load of a block is issued
-// before any is used, the activations are converted to fp16 once per warp and reused for the rows
-// the warp computes, and the fp32 input row is read directly (no separate fp16 gather launch).
+// 16-byte vectors (4 words, 32 inputs, one quantisation group), every weight load of a thread is
+// issued before any is used, and the fp32 input row is read directly (no separate fp16 gather launch).
 #include <type_traits>
 
 #include "gpu_core/int4_row.cuh"
@@ -18,10 +17,18 @@ namespace {
 
 using namespace detail;
 
-constexpr int kWarps = 4;       // per block
-constexpr int kRowsUp = 2;      // gate/up output rows per warp (each: one gate row and one up row)
-constexpr int kDownLanes = 16;  // lanes per down row: two rows a warp
-constexpr int kMaxK = 8;        // experts per token held in registers by the down kernel
+// The H200 profile (ncu) put both kernels at ~14 cycles between a warp's instructions with 4-16 warps
+// an SM: issue-bound on the dequantising arithmetic, not on bytes. So the work is spread thin: a
+// gate/up warp takes one row pair (4096 warps at the 35B shape), and a down half-warp one row for two
+// of the token's experts (the row's k experts over 4 half-warps of the block, summed in shared memory).
+constexpr int kWarps = 4;       // gate/up: warps per block
+constexpr int kRowsUp = 1;      // gate/up output rows per warp (each: one gate row and one up row)
+constexpr int kDownLanes = 16;  // lanes per down row
+constexpr int kDownRows = 4;    // down rows per block
+constexpr int kDownGroups = 4;  // half-warps per down row: group g takes the experts g, g + 4, ...
+constexpr int kDownThreads = kDownRows * kDownGroups * kDownLanes;
+constexpr int kMaxK = 8;        // experts per token
+constexpr int kDownPer = kMaxK / kDownGroups;  // experts per half-warp
 
 __device__ __forceinline__ uint4 zero4() { return make_uint4(0u, 0u, 0u, 0u); }
 
@@ -123,101 +130,89 @@ __global__ void __launch_bounds__(kWarps * 32)
   }
 }
 
-// down: block (row block, token t); each half-warp computes one output row over the token's k
-// experts. The k h rows are staged in shared memory (fp16, each in its expert's input order); their
-// loads go out with the weights'.
+// The 32 h values [32 v, 32 v + 32) of row hr (fp16) in the input order of its expert (perm: act order).
+__device__ __forceinline__ void load_h32(const __half* __restrict__ hr, const int32_t* __restrict__ perm, int64_t v, __half2 (&hv)[16]) {
+  if (!perm) {
+    const uint4* src = reinterpret_cast<const uint4*>(hr + 32 * v);
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const uint4 qq = __ldg(src + c);
+      memcpy(&hv[4 * c], &qq, 16);
+    }
+  } else {
+    const int32_t* q = perm + 32 * v;
+#pragma unroll
+    for (int i = 0; i < 16; ++i) hv[i] = __halves2half2(hr[__ldg(q + 2 * i)], hr[__ldg(q + 2 * i + 1)]);
+  }
+}
+
+// down: block (row block, token t) of kDownRows rows; half-warp (r, g) computes row r's share of the
+// experts j = g + kDownGroups m (m < kDownPer, j < k), weighted, summed over its lanes; the block adds
+// the kDownGroups shares of each row in group order. The weight loads go out before h is read.
 template <int NV>
-__global__ void __launch_bounds__(kWarps * 32)
+__global__ void __launch_bounds__(kDownThreads)
     wide_down_kernel(const Int4Expert* __restrict__ experts, int64_t H, int64_t I, const int32_t* __restrict__ ids,
                      const float* __restrict__ weights, int k, const __half* __restrict__ h, float* __restrict__ out, int gshift) {
-  extern __shared__ __align__(16) __half hs[];  // [k][I]
-  constexpr int kStage = 4;  // 16-byte h pieces a thread loads per round
+  __shared__ float share[kDownGroups][kDownRows];
   const int G = static_cast<int>(I >> 5) >> gshift;
-  const int bx = blockIdx.x, t = blockIdx.y, lane = threadIdx.x & 31, l = lane % kDownLanes;
-  const int64_t row = (static_cast<int64_t>(bx) * kWarps + (threadIdx.x >> 5)) * (32 / kDownLanes) + lane / kDownLanes;
-  const int64_t nvec = I / 32;
+  const int t = blockIdx.y, hw = threadIdx.x / kDownLanes, l = threadIdx.x % kDownLanes;
+  const int r = hw % kDownRows, g = hw / kDownRows;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kDownRows + r, nvec = I / 32;
   const bool valid = row < H;
   pdl_wait();
-  const uint32_t* q[kMaxK];
-  const uint16_t* sc[kMaxK];
-  const uint8_t* zr[kMaxK];
-  bool act = false;
+  const Int4View* d[kDownPer];
+  uint4 wd[kDownPer][NV];
+  uint16_t sd[kDownPer][NV];
+  uint8_t zd[kDownPer][NV];
+  float rw[kDownPer];
 #pragma unroll
-  for (int j = 0; j < kMaxK; ++j) {
-    const Int4View* d = j < k ? &experts[ids[t * k + j]].down : nullptr;
-    q[j] = d ? d->qweight : nullptr;
-    sc[j] = d ? d->scales : nullptr;
-    zr[j] = d ? d->zeros : nullptr;
-    act |= d && d->perm;
-  }
-  uint4 wd[kMaxK][NV];
-  uint16_t sd[kMaxK][NV];
-  uint8_t zd[kMaxK][NV];
-  float rw[kMaxK];
-#pragma unroll
-  for (int j = 0; j < kMaxK; ++j) {
-    rw[j] = j < k ? __ldg(weights + t * k + j) : 0.0f;
+  for (int m = 0; m < kDownPer; ++m) {
+    const int j = g + kDownGroups * m;
+    d[m] = j < k ? &experts[ids[t * k + j]].down : nullptr;
+    const uint32_t* q = d[m] ? d[m]->qweight : nullptr;
+    rw[m] = j < k ? __ldg(weights + t * k + j) : 0.0f;
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
       const int64_t v = l + kDownLanes * i;
-      const bool ok = q[j] && valid && v < nvec;
+      const bool ok = q && valid && v < nvec;
       const int64_t gi = row * G + (static_cast<int>(v) >> gshift);
-      wd[j][i] = ok ? load_stream(reinterpret_cast<const uint4*>(q[j]) + row * nvec + v) : zero4();
-      sd[j][i] = ok ? __ldg(sc[j] + gi) : uint16_t{0};
-      zd[j][i] = ok ? __ldg(zr[j] + gi) : uint8_t{0};
+      wd[m][i] = ok ? load_stream(reinterpret_cast<const uint4*>(q) + row * nvec + v) : zero4();
+      sd[m][i] = ok ? __ldg(d[m]->scales + gi) : uint16_t{0};
+      zd[m][i] = ok ? __ldg(d[m]->zeros + gi) : uint8_t{0};
     }
   }
-  const __half* ht = h + static_cast<int64_t>(t) * k * I;  // the token's k rows, back to back
-  if (!act) {  // rows of experts not resident are copied too (unwritten, never read)
-    const int n16 = static_cast<int>(k * I / 8);
-    for (int c0 = threadIdx.x; c0 < n16; c0 += kStage * blockDim.x) {
-      uint4 v[kStage];
-#pragma unroll
-      for (int u = 0; u < kStage; ++u) {
-        const int c = c0 + u * blockDim.x;
-        v[u] = c < n16 ? __ldg(reinterpret_cast<const uint4*>(ht) + c) : zero4();
-      }
-#pragma unroll
-      for (int u = 0; u < kStage; ++u)
-        if (c0 + u * static_cast<int>(blockDim.x) < n16) reinterpret_cast<uint4*>(hs)[c0 + u * blockDim.x] = v[u];
-    }
-  } else {
-    for (int j = 0; j < k; ++j) {
-      const Int4View& down = experts[ids[t * k + j]].down;
-      if (!down.qweight) continue;  // uniform per block
-      for (int64_t c = threadIdx.x; c < I; c += blockDim.x) hs[j * I + c] = ht[j * I + down.perm[c]];
-    }
-  }
-  __syncthreads();
   float acc = 0.0f;
 #pragma unroll
-  for (int j = 0; j < kMaxK; ++j) {
-    if (j >= k) break;
-    if (!q[j] || !valid) continue;
+  for (int m = 0; m < kDownPer; ++m) {
+    if (!d[m] || !d[m]->qweight || !valid) continue;
+    const __half* hr = h + (static_cast<int64_t>(t) * k + g + kDownGroups * m) * I;
     float a = 0.0f;
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
       const int64_t v = l + kDownLanes * i;
       if (v >= nvec) break;
       __half2 hv[16];
-      const uint4* src = reinterpret_cast<const uint4*>(hs + j * I + 32 * v);
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        const uint4 qq = src[c];
-        memcpy(&hv[4 * c], &qq, 16);
-      }
-      a += __half2float(__ushort_as_half(sd[j][i])) * vec_dot(wd[j][i], hv, zero_1024(zd[j][i]));
+      load_h32(hr, d[m]->perm, v, hv);
+      a += __half2float(__ushort_as_half(sd[m][i])) * vec_dot(wd[m][i], hv, zero_1024(zd[m][i]));
     }
-    acc += rw[j] * a;
+    acc += rw[m] * a;
   }
-  pdl_launch_next();
+  pdl_launch_next();  // past its loads (pdl.cuh)
   acc = group_sum<kDownLanes>(acc);
-  if (valid && l == 0) out[t * H + row] = acc;
+  if (l == 0) share[g][r] = acc;
+  __syncthreads();
+  if (threadIdx.x < kDownRows) {
+    const int64_t orow = static_cast<int64_t>(blockIdx.x) * kDownRows + threadIdx.x;
+    float sum = share[0][threadIdx.x];
+#pragma unroll
+    for (int q = 1; q < kDownGroups; ++q) sum += share[q][threadIdx.x];
+    if (orow < H) out[t * H + orow] = sum;
+  }
 }
 
 // Row blocks of one pair's gate/up rows, and of one token's down rows.
 int gate_up_blocks(int64_t I) { return static_cast<int>((I + kWarps * kRowsUp - 1) / (kWarps * kRowsUp)); }
-int down_blocks(int64_t H) { return static_cast<int>((H + kWarps * (32 / kDownLanes) - 1) / (kWarps * (32 / kDownLanes))); }
+int down_blocks(int64_t H) { return static_cast<int>((H + kDownRows - 1) / kDownRows); }
 
 int vectors_per_lane(int64_t K, int lanes) { return static_cast<int>((K / 32 + lanes - 1) / lanes); }
 
@@ -242,7 +237,7 @@ int group_shift(int64_t group_size) {
 bool moe_int4_decode_wide_fits(int64_t H, int64_t I, int64_t group_size, int k) {
   return k >= 1 && k <= kMaxK && H >= 32 && I >= 32 && H % 32 == 0 && I % 32 == 0 && group_shift(group_size) >= 0 &&
          H % group_size == 0 && I % group_size == 0 && vectors_per_lane(H, 32) <= 4 &&
-         vectors_per_lane(I, kDownLanes) <= 4 && k * I * 2 <= 48 * 1024;
+         vectors_per_lane(I, kDownLanes) <= 4;
 }
 
 cudaError_t moe_int4_decode_wide(const Int4Expert* experts, int64_t H, int64_t I, int64_t group_size, const int32_t* ids,
@@ -259,8 +254,7 @@ cudaError_t moe_int4_decode_wide(const Int4Expert* experts, int64_t H, int64_t I
   with_vectors(vectors_per_lane(I, kDownLanes), [&](auto nv) {
     const dim3 grid(static_cast<unsigned>(down_blocks(H)), static_cast<unsigned>(T));
     if (err == cudaSuccess)
-      err = launch(wide_down_kernel<nv.value>, grid, dim3(kWarps * 32), k * I * sizeof(__half), stream, experts, H, I, ids, weights, k, h,
-                   out, gs);
+      err = launch(wide_down_kernel<nv.value>, grid, dim3(kDownThreads), 0, stream, experts, H, I, ids, weights, k, h, out, gs);
   });
   return err;
 }
