@@ -116,20 +116,38 @@ __global__ void __launch_bounds__(kThreads) attend_kernel(AttentionDecodeArgs p)
 
 // One block per head: merge the splits (log-sum-exp) and apply the output gate.
 __global__ void combine_kernel(AttentionDecodeArgs p, int splits) {
-  const int h = blockIdx.x, hd = p.hd;
+  constexpr int kScaleChunk = 1024;  // splits whose scales are in shared memory at a time
+  __shared__ float red[kThreads / 32];
+  __shared__ float scale[kScaleChunk];
+  __shared__ float l_all;
+  const int h = blockIdx.x, hd = p.hd, i = threadIdx.x;  // hd <= kThreads: thread i owns output dimension i
   detail::pdl_enter();
   const float* part = p.partial + static_cast<int64_t>(h) * p.max_splits * (hd + 2);
   // Splits past the context wrote only m = -inf (their outputs are stale): skip them.
   const int used = min(splits, (*p.pos + kChunk) / kChunk);
+  // The splits' scales e^{m_s - m} are formed once by the block (a thread a split) instead of by every
+  // thread for every dimension; the sums run in split order as before: the same numbers.
   float m = -INFINITY;
-  for (int s = 0; s < used; ++s) m = fmaxf(m, part[s * (hd + 2) + hd]);
-  float l = 0.0f;
-  for (int s = 0; s < used; ++s) l += part[s * (hd + 2) + hd + 1] * expf(part[s * (hd + 2) + hd] - m);
-  for (int i = threadIdx.x; i < hd; i += blockDim.x) {
-    float acc = 0.0f;
-    for (int s = 0; s < used; ++s) acc += part[s * (hd + 2) + i] * expf(part[s * (hd + 2) + hd] - m);
+  for (int s = threadIdx.x; s < used; s += blockDim.x) m = fmaxf(m, part[s * (hd + 2) + hd]);
+  m = block_max(m, red);
+  float l = 0.0f, acc = 0.0f;
+  for (int s0 = 0; s0 < used; s0 += kScaleChunk) {
+    const int n = min(kScaleChunk, used - s0);
+    __syncthreads();  // the previous chunk's scales are read
+    for (int s = threadIdx.x; s < n; s += blockDim.x) scale[s] = expf(part[(s0 + s) * (hd + 2) + hd] - m);
+    __syncthreads();
+    if (threadIdx.x == 0)
+      for (int s = 0; s < n; ++s) l += part[(s0 + s) * (hd + 2) + hd + 1] * scale[s];
+    if (i < hd) {
+#pragma unroll 8
+      for (int s = 0; s < n; ++s) acc += part[(s0 + s) * (hd + 2) + i] * scale[s];
+    }
+  }
+  if (threadIdx.x == 0) l_all = l;
+  __syncthreads();
+  if (i < hd) {
     const float gate = p.qg[static_cast<int64_t>(h) * 2 * hd + hd + i];
-    p.out[static_cast<int64_t>(h) * hd + i] = acc / l / (1.0f + expf(-gate));
+    p.out[static_cast<int64_t>(h) * hd + i] = acc / l_all / (1.0f + expf(-gate));
   }
 }
 

@@ -21,7 +21,7 @@ using namespace detail;
 // an SM: issue-bound on the dequantising arithmetic, not on bytes. So the work is spread thin: a
 // gate/up warp takes one row pair (4096 warps at the 35B shape), and a down half-warp one row for two
 // of the token's experts (the row's k experts over 4 half-warps of the block, summed in shared memory).
-constexpr int kWarps = 4;       // gate/up: warps per block
+constexpr int kWarps = 8;       // gate/up: warps per block
 constexpr int kRowsUp = 1;      // gate/up output rows per warp (each: one gate row and one up row)
 constexpr int kDownLanes = 16;  // lanes per down row
 constexpr int kDownRows = 4;    // down rows per block
@@ -31,30 +31,6 @@ constexpr int kMaxK = 8;        // experts per token
 constexpr int kDownPer = kMaxK / kDownGroups;  // experts per half-warp
 
 __device__ __forceinline__ uint4 zero4() { return make_uint4(0u, 0u, 0u, 0u); }
-
-// The 32 inputs [32 v, 32 v + 32) of x (fp32, in the matrix's input order: x[perm[i]] with act
-// order) as 16 fp16 pairs.
-__device__ __forceinline__ void load_x32(const float* __restrict__ x, const int32_t* __restrict__ perm, int64_t v, bool valid,
-                                         __half2 (&xv)[16]) {
-  if (!valid) {
-#pragma unroll
-    for (int i = 0; i < 16; ++i) xv[i] = __float2half2_rn(0.0f);
-    return;
-  }
-  if (!perm) {
-    const float4* p = reinterpret_cast<const float4*>(x + 32 * v);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const float4 f = __ldg(p + i);
-      xv[2 * i] = __floats2half2_rn(f.x, f.y);
-      xv[2 * i + 1] = __floats2half2_rn(f.z, f.w);
-    }
-  } else {
-    const int32_t* q = perm + 32 * v;
-#pragma unroll
-    for (int i = 0; i < 16; ++i) xv[i] = __floats2half2_rn(__ldg(x + __ldg(q + 2 * i)), __ldg(x + __ldg(q + 2 * i + 1)));
-  }
-}
 
 // sum over the vector's 32 inputs of (q - z) * x: word_dot per 8-input word, the words' sums added in
 // fp32 (the caller scales by the group's scale).
@@ -72,12 +48,16 @@ __device__ __forceinline__ float vec_dot(const uint4& w, const __half2 (&xv)[16]
 // on L1TEX at ~25% occupancy, DRAM ~10% busy). Act-order experts gather x / h in their input order
 // as they go (a second phase, for that format only).
 
-// gate/up: block (row block, pair p); warp w computes rows r0, r0 + 1 of gate and of up for pair p.
-// Lane l takes vectors l + 32 i (i < NV) of each row: 16 B a lane, 512 B a warp per load.
+// gate/up: block (row block, pair p); warp w computes row r0 of gate and of up for pair p. Lane l
+// takes vectors l + 32 i (i < NV) of each row: 16 B a lane, 512 B a warp per load. The block converts
+// the token's x to fp16 once, into shared memory in gate's input order (and up's, with act order),
+// while its weight loads are in flight: a warp each converting the whole row was most of the
+// kernel's L1 traffic and instructions.
 template <int NV>
 __global__ void __launch_bounds__(kWarps * 32)
     wide_gate_up_kernel(const Int4Expert* __restrict__ experts, int64_t H, int64_t I, const int32_t* __restrict__ ids, int k,
                         const float* __restrict__ x, __half* __restrict__ h, int gshift) {
+  extern __shared__ __align__(16) __half2 xs2[];  // [H / 2] in gate's input order, then [H / 2] in up's (act order)
   const int G = static_cast<int>(H >> 5) >> gshift;
   const int bx = blockIdx.x, p = blockIdx.y, t = p / k, lane = threadIdx.x & 31;
   pdl_wait();  // every weight address depends on the router's ids
@@ -104,23 +84,38 @@ __global__ void __launch_bounds__(kWarps * 32)
       zg[r][i] = ok ? __ldg(gate.zeros + gi) : uint8_t{0};
       zu[r][i] = ok ? __ldg(up.zeros + gi) : uint8_t{0};
     }
-  // x as fp16 in gate's input order (waiting on x here leaves the weight loads in flight)
+  // x as fp16 pairs in each matrix's input order (rounded as pairs, __floats2half2_rn), while the weights load
   const float* xt = x + t * H;
-  __half2 xg[NV][16];
+  const bool own_up = up.perm != gate.perm;
+  for (int64_t i = threadIdx.x; i < H / 2; i += blockDim.x) {
+    const int32_t *pg = gate.perm, *pu = up.perm;
+    xs2[i] = pg ? __floats2half2_rn(__ldg(xt + pg[2 * i]), __ldg(xt + pg[2 * i + 1])) : __floats2half2_rn(__ldg(xt + 2 * i), __ldg(xt + 2 * i + 1));
+    if (own_up)
+      xs2[H / 2 + i] = pu ? __floats2half2_rn(__ldg(xt + pu[2 * i]), __ldg(xt + pu[2 * i + 1])) : __floats2half2_rn(__ldg(xt + 2 * i), __ldg(xt + 2 * i + 1));
+  }
+  __syncthreads();
+  auto x32 = [&](int64_t base, int64_t v, __half2(&xv)[16]) {  // the 32 inputs of vector v from shared memory
+    const uint4* src = reinterpret_cast<const uint4*>(xs2 + base + 16 * v);
 #pragma unroll
-  for (int i = 0; i < NV; ++i) load_x32(xt, gate.perm, lane + 32 * i, lane + 32 * i < nvec, xg[i]);
+    for (int c = 0; c < 4; ++c) {
+      const uint4 qq = src[c];
+      memcpy(&xv[4 * c], &qq, 16);
+    }
+  };
   float g[kRowsUp] = {}, u[kRowsUp] = {};
 #pragma unroll
   for (int i = 0; i < NV; ++i) {
     const int64_t v = lane + 32 * i;
-    __half2 (&xv)[16] = xg[i];
+    if (v >= nvec) break;
+    __half2 xv[16];
+    x32(0, v, xv);
 #pragma unroll
     for (int r = 0; r < kRowsUp; ++r)
-      if (r0 + r < I && v < nvec) g[r] += __half2float(__ushort_as_half(sg[r][i])) * vec_dot(wg[r][i], xv, zero_1024(zg[r][i]));
-    if (up.perm != gate.perm) load_x32(xt, up.perm, v, v < nvec, xv);  // act order: up's own input order
+      if (r0 + r < I) g[r] += __half2float(__ushort_as_half(sg[r][i])) * vec_dot(wg[r][i], xv, zero_1024(zg[r][i]));
+    if (own_up) x32(H / 2, v, xv);  // act order: up's own input order
 #pragma unroll
     for (int r = 0; r < kRowsUp; ++r)
-      if (r0 + r < I && v < nvec) u[r] += __half2float(__ushort_as_half(su[r][i])) * vec_dot(wu[r][i], xv, zero_1024(zu[r][i]));
+      if (r0 + r < I) u[r] += __half2float(__ushort_as_half(su[r][i])) * vec_dot(wu[r][i], xv, zero_1024(zu[r][i]));
   }
   pdl_launch_next();  // past its loads (pdl.cuh; see gemv_bf16.cu's row_dot)
 #pragma unroll
@@ -249,7 +244,7 @@ cudaError_t moe_int4_decode_wide(const Int4Expert* experts, int64_t H, int64_t I
   cudaError_t err = cudaSuccess;
   with_vectors(vectors_per_lane(H, 32), [&](auto nv) {
     const dim3 grid(static_cast<unsigned>(gate_up_blocks(I)), static_cast<unsigned>(T * k));
-    err = launch(wide_gate_up_kernel<nv.value>, grid, dim3(kWarps * 32), 0, stream, experts, H, I, ids, k, x, h, gs);
+    err = launch(wide_gate_up_kernel<nv.value>, grid, dim3(kWarps * 32), 2 * H * sizeof(__half), stream, experts, H, I, ids, k, x, h, gs);
   });
   with_vectors(vectors_per_lane(I, kDownLanes), [&](auto nv) {
     const dim3 grid(static_cast<unsigned>(down_blocks(H)), static_cast<unsigned>(T));
