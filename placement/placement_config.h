@@ -69,13 +69,14 @@ struct PlacementConfig {
   // bandwidths in bytes/s for the cost model; 0: measure (cpu, gpu when present) or the default
   double bw_gpu = 0, bw_pcie = 0, bw_cpu = 0;
   // cost model constants
-  // launch_us fitted to the all-GPU decode of 2026-12-01 session 8 (233.7 tok/s, 9 / 10 kernels a
-  // layer; bench/results/2026-12-01-h200-session8.md), handoff_us to session 7's 12 GiB text decode with
-  // a heat map (168.1 tok/s, hybrid steps as one graph with the handoffs inside). Against session 8's
-  // 14 hybrid runs (each predicted at its own measured bandwidths) the model is 0.86-1.12x of the
-  // measured decode, median 0.95x; deferral 4 is the outlier (predicted 138, measured 119.5).
-  double launch_us = 8.6;        // per decode kernel beyond its bytes, in a CUDA graph (all-GPU and hybrid)
-  double handoff_us = 25.0;      // GPU -> CPU -> GPU handoff per MoE layer with CPU experts, beyond the CPU's bytes
+  // Fitted to session 10's H200 runs (bench/results/2026-12-01-h200-session10.md, commit 1bd4e03, decode
+  // at a 4096-token context, each predicted at its own measured bandwidths): launch_us to the 24 GiB
+  // step (347.4 tok/s; all-GPU 344.4), handoff_us to the 8 GiB all-CPU-experts steps (111.4 and 98.7 on
+  // a noisier host: predicted 111.8 and 103.1). Session 8's fit (8.6 / 25) predicted 230.8 for the
+  // 24 GiB step after PDL and the MoE decode rework. The attention's context cost (~5 ns a cached row a
+  // layer) is inside launch_us at this context.
+  double launch_us = 4.7;        // per decode kernel beyond its bytes, in a CUDA graph (all-GPU and hybrid)
+  double handoff_us = 32.0;      // GPU -> CPU -> GPU handoff per MoE layer with CPU experts, beyond the CPU's bytes
 
   std::vector<PlacementRule> rules;  // user rules, then preset rules
 

@@ -374,6 +374,25 @@ TEST(Planner, CostModelOrdersPlacementsSensibly) {
   EXPECT_GT(cpu.predicted.prefill_gpu_min_tokens, 0);
 }
 
+// The cost model against the H200 runs it was fitted to (session 10, commit 1bd4e03 / 0ac6428, decode at
+// a 4096-token context; bench/results/2026-12-01-h200-session10.md), each at its run's measured
+// bandwidths: within 5% of the measured decode (a refit after the kernels change moves these).
+TEST(Planner, CostModelMatchesTheMeasuredH200Decode) {
+  const ModelConfig m = model35();
+  struct Run {
+    const char* yaml;
+    uint64_t gib;
+    double gpu_bw, cpu_bw, measured;
+  };
+  for (const Run& r : {Run{"experts:\n  select: all\n", 24, 4084.0e9, 83.2e9, 347.4},
+                       Run{"cpu_experts: all\n", 8, 4084.0e9, 93.5e9, 111.4}}) {
+    PlacementConfig c = yaml(r.yaml);
+    c.bw_gpu = r.gpu_bw, c.bw_pcie = 55e9, c.bw_cpu = r.cpu_bw;
+    const Plan p = make_plan(m, c, {.gpu_mem = r.gib << 30, .context = 4240});
+    EXPECT_NEAR(p.predicted.decode_tok_s / r.measured, 1.0, 0.05) << r.yaml << " predicted " << p.predicted.decode_tok_s;
+  }
+}
+
 // Online re-placement against static placement: routing drifts to other hot experts; swaps chosen
 // from a window of observed counts raise the GPU share of activations toward the new optimum while
 // keeping every layer's GPU expert count (the budget); without drift the hysteresis keeps it quiet.
