@@ -42,11 +42,10 @@ __device__ __forceinline__ float vec_dot(const uint4& w, const __half2 (&xv)[16]
   return acc;
 }
 
-// Both kernels issue every global load a warp needs in one phase (codes, scales, zero points,
-// activations) after the one dependent read of the expert table, then compute: a chain of load ->
-// use -> load phases, each a full memory latency, was what bounded them (ncu: most stalls waiting
-// on L1TEX at ~25% occupancy, DRAM ~10% busy). Act-order experts gather x / h in their input order
-// as they go (a second phase, for that format only).
+// Both kernels issue their weight loads (codes, scales, zero points) in one phase after the one
+// dependent read of the expert table, then read the activations (gate/up: staged by the block; down:
+// h in place, L1-cached) and compute: a chain of load -> use -> load phases, each a full memory
+// latency, bounded an earlier form. Act-order experts gather x / h in their input order.
 
 // gate/up: block (row block, pair p); warp w computes row r0 of gate and of up for pair p. Lane l
 // takes vectors l + 32 i (i < NV) of each row: 16 B a lane, 512 B a warp per load. The block converts
