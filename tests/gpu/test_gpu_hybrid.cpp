@@ -387,30 +387,10 @@ TEST(HybridGraph, SegmentedStepEqualsEagerStep) {
 
 // GpuOptions::hybrid_one_graph: the whole hybrid step as one graph with the host handoffs inside it
 // (mapped-memory flags) replays exactly the eager step, for placements with host experts in every
-// layer and in some, across prompts, decode steps and reset().
+// layer and in some, across prompts, decode steps and reset(); with and without programmatic dependent
+// launch (TANDEM_PDL: the handoff kernels, post and spin-wait, launch plainly between kernels that may
+// start early), against the eager step without it.
 TEST(HybridGraph, OneGraphStepEqualsEagerStep) {
-  TANDEM_REQUIRE_GPU();
-  for (const std::string& name : test::fixture_names()) {
-    const auto f = test::load_fixture(name);
-    auto model = Qwen35Moe::load(f.dir);
-    for (const Placement& pl : {kPlacements[0], kPlacements[1]}) {
-      const RunnerOptions o = hybrid_options(plan_for(*model, pl));
-      setenv("TANDEM_CUDA_GRAPH", "0", 1);
-      auto eager = make_runner(*model, o);
-      unsetenv("TANDEM_CUDA_GRAPH");
-      setenv("TANDEM_HYBRID_ONE_GRAPH", "1", 1);
-      auto graphed = make_runner(*model, o);
-      unsetenv("TANDEM_HYBRID_ONE_GRAPH");
-      ASSERT_NE(graphed->describe().find("one CUDA graph each"), std::string::npos) << graphed->describe();
-      expect_same_steps(*eager, *graphed, f, name + " " + pl.name);
-    }
-  }
-}
-
-// Programmatic dependent launch (TANDEM_PDL=1) in the one-graph hybrid step, whose handoff kernels
-// (post, spin-wait) are launched plainly between kernels that may start early: exactly the eager step
-// without it, for host experts in every layer and in some.
-TEST(HybridGraph, ProgrammaticLaunchOneGraphEqualsEagerStep) {
   TANDEM_REQUIRE_GPU();
   for (const std::string& name : test::fixture_names()) {
     const auto f = test::load_fixture(name);
@@ -421,13 +401,17 @@ TEST(HybridGraph, ProgrammaticLaunchOneGraphEqualsEagerStep) {
       setenv("TANDEM_PDL", "0", 1);
       auto eager = make_runner(*model, o);
       unsetenv("TANDEM_CUDA_GRAPH");
-      setenv("TANDEM_PDL", "1", 1);
-      auto graphed = make_runner(*model, o);
-      unsetenv("TANDEM_PDL");
-      ASSERT_NE(graphed->describe().find("one CUDA graph each"), std::string::npos) << graphed->describe();
-      ASSERT_NE(graphed->describe().find("programmatic dependent launch"), std::string::npos) << graphed->describe();
       ASSERT_EQ(eager->describe().find("programmatic"), std::string::npos) << eager->describe();
-      expect_same_steps(*eager, *graphed, f, name + " " + pl.name + " programmatic launch");
+      for (const bool pdl : {false, true}) {
+        setenv("TANDEM_PDL", pdl ? "1" : "0", 1);
+        setenv("TANDEM_HYBRID_ONE_GRAPH", "1", 1);
+        auto graphed = make_runner(*model, o);
+        unsetenv("TANDEM_HYBRID_ONE_GRAPH");
+        ASSERT_NE(graphed->describe().find("one CUDA graph each"), std::string::npos) << graphed->describe();
+        ASSERT_EQ(graphed->describe().find("programmatic dependent launch") != std::string::npos, pdl) << graphed->describe();
+        expect_same_steps(*eager, *graphed, f, name + " " + pl.name + (pdl ? " programmatic launch" : ""));
+      }
+      unsetenv("TANDEM_PDL");
     }
   }
 }
