@@ -23,11 +23,21 @@ cpu::CpuExpertStoreOptions store_options(const Qwen35Moe& m, const CpuBackendOpt
   return s;
 }
 
+// The dense projections (attention, DeltaNet, router, shared expert, lm_head) keep fp32 activations:
+// AMX-BF16 rounds them to bf16, and through the router's top-k that moved the HF fixtures' logits by up
+// to 3.5e-2 (1.4e-4 with the AVX-512 kernel, which every AMX machine has). The routed experts keep the
+// chosen level's kernels (int formats: the same bits at every level).
+cpu::MatmulFn dense_matmul_for(const cpu::CpuKernels& k) {
+  const cpu::Isa isa = k.isa == cpu::Isa::Amx ? cpu::Isa::Avx512 : k.isa;
+  return cpu::cpu_kernels(isa).matmul[static_cast<int>(cpu::WeightFormat::BF16)];
+}
+
 }  // namespace
 
 CpuBackend::CpuBackend(const Qwen35Moe& model, const CpuBackendOptions& opts)
     : pool_(cpu::ThreadPool::Options{opts.threads, true, false, 300}),
       kernels_(cpu::default_cpu_kernels()),
+      dense_matmul_(dense_matmul_for(kernels_)),
       experts_(store_options(model, opts)),
       hidden_(model.config().hidden_size) {
   auto pack_dense = [&](const LinearWeight& w) {
@@ -76,10 +86,9 @@ void CpuBackend::linear(const LinearWeight& w, const float* x, int64_t T, float*
   a.f_stride = stride;
   a.rows = rows_.data();
   a.nrows = T;
-  const cpu::MatmulFn mm = kernels_.matmul[static_cast<int>(m.format)];
   pool_.run(tasks, [&](int64_t task, int) {
     const int64_t t0 = task * per, t1 = std::min(tiles, t0 + per);
-    mm(m, t0, t1, a, out_tiles_.data() + t0 * cpu::kTileRows, ld);
+    dense_matmul_(m, t0, t1, a, out_tiles_.data() + t0 * cpu::kTileRows, ld);
   });
   for (int64_t t = 0; t < T; ++t) std::memcpy(y + t * w.out, out_tiles_.data() + t * ld, w.out * sizeof(float));
 }

@@ -39,6 +39,7 @@ class CpuBackend final : public MatmulBackend {
   cpu::ThreadPool pool_;
   cpu::HostArena arena_;
   const cpu::CpuKernels& kernels_;
+  cpu::MatmulFn dense_matmul_ = nullptr;  // bf16 kernel for the dense projections (dense_matmul_for)
   std::unordered_map<const void*, cpu::PackedMatrix> dense_;  // keyed by the LinearWeight's data
   cpu::CpuExpertStore experts_;
   cpu::CpuMoeWorkspace moe_ws_;

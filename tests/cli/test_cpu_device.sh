@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `tandem logits --device cpu` against the HF fixtures at every expert-kernel ISA level this CPU has
-# (TANDEM_MAX_ISA=scalar, avx2, avx512; a level the CPU lacks is skipped with a message): relative L2
+# (TANDEM_MAX_ISA=scalar, avx2, avx512, amx; a level the CPU lacks is skipped with a message): relative L2
 # <= 3e-2 per position and the same argmax at decisive positions, else MISMATCH and the test fails.
 #  - GPTQ fixtures: int4 experts with 16-bit activations (the default).
 #  - BF16 fixtures: bf16 experts (the default; exact products) at 3e-2; int8 experts
@@ -28,7 +28,7 @@ run() {  # run ISA NAME DIR TOL [extra args...]; returns 3 when the level is not
   passes=$((passes + 1))
 }
 
-for isa in scalar avx2 avx512; do
+for isa in scalar avx2 avx512 amx; do
   for d in "$data"/*/; do
     d=${d%/}
     [ -f "$d/reference.json" ] || continue
