@@ -405,11 +405,14 @@ void BM_deltanet_prefill(benchmark::State& state) {
   p.a = take(T * 32), p.A_log = take(32), p.dt_bias = take(32), p.norm_w = take(128), p.conv_w = take(conv_dim * 4);
   p.conv_state = take(conv_dim * 3), p.state = take(S);
   const double bytes = double(T) * (2 * conv_dim + 2 * Vd + 64) * 4 + 2.0 * S * 4;
-  const int mode = static_cast<int>(state.range(1));  // 0 scan, 1 chunked (the chunk terms first)
+  // 0 scan, 1 chunked (the chunk terms first; the device's chunk buffers), 2 chunked with one chunk
+  // buffer (a 99 KB-a-block card's form)
+  const int mode = static_cast<int>(state.range(1));
   float* terms = nullptr;
-  if (mode == 1) cudaMalloc(&terms, tandem::gpu::deltanet_chunk_terms_floats(T, p.Hv) * 4), p.chunk_terms = terms;
+  if (mode > 0) cudaMalloc(&terms, tandem::gpu::deltanet_chunk_terms_floats(T, p.Hv) * 4), p.chunk_terms = terms;
+  if (mode == 2) p.wy_buffers = 1;
   time_kernel(state, bytes, [&] { (mode > 0 ? tandem::gpu::deltanet_prefill_chunked : tandem::gpu::deltanet_prefill)(p, T, nullptr); });
-  state.SetLabel(mode == 1 ? "chunked form, chunk terms first" : "token-by-token scan");
+  state.SetLabel(mode == 2 ? "chunked form, one chunk buffer" : mode == 1 ? "chunked form, chunk terms first" : "token-by-token scan");
   state.counters["tokens/s_one_layer"] = benchmark::Counter(double(T) * 50 * state.iterations(), benchmark::Counter::kIsRate);
   cudaFree(buf);
   cudaFree(terms);
@@ -434,7 +437,7 @@ BENCHMARK(BM_gemm_bf16)  // N, K, T, split (1: two GEMMs of split-bf16 activatio
 BENCHMARK(BM_gemv_int4)
     ->Args({8192, 2048, 1})->Args({16384, 512, 1})->Args({512, 2048, 1})->Args({8192, 2048, 4})
     ->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_deltanet_prefill)->Args({512, 0})->Args({4096, 0})->Args({512, 1})->Args({4096, 1})->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_deltanet_prefill)->Args({512, 0})->Args({4096, 0})->Args({512, 1})->Args({4096, 1})->Args({4096, 2})->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_deltanet_decode)->Arg(0)->Arg(1)->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_moe_int4_decode)->Args({8, 1, 0, 1})->Args({8, 1, 1, 1})->Args({8, 1, 2, 1})->Args({8, 1, 1, 32})->Args({8, 1, 2, 32})
     ->Args({8, 4, 0, 1})->Args({8, 4, 1, 1})->Args({8, 4, 2, 1})->Args({8, 4, 1, 32})->Args({8, 4, 2, 32})->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);

@@ -4,6 +4,8 @@
 // registers for the whole call (read and written once, not once per token).
 #include <cuda_runtime.h>
 
+#include <algorithm>
+
 #include "gpu_core/block_reduce.cuh"
 #include "gpu_core/conv_step.cuh"
 #include "gpu_core/deltanet.cuh"
@@ -297,7 +299,7 @@ constexpr int kTermsThreads = 128, kWyThreads = 128, kLdc = kChunk + 1;  // +1: 
 size_t terms_smem_floats(int dk) { return 2 * kChunk * (dk + 1) + 2 * kChunk * kLdc + 2 * kChunk; }
 // delta_wy_kernel's shared memory: S0 [dk][kSlice], D [kChunk][kSlice], then two chunk buffers.
 constexpr int wy_buffer_floats(int dk) { return kChunk * kSlice + 2 * kChunk * kLdc + 2 * kChunk * (dk + 1) + 2 * kChunk + 4; }
-size_t wy_smem_floats(int dk) { return static_cast<size_t>(dk) * kSlice + kChunk * kSlice + 2 * wy_buffer_floats(dk); }
+size_t wy_smem_floats(int dk, int buffers) { return static_cast<size_t>(dk) * kSlice + kChunk * kSlice + buffers * wy_buffer_floats(dk); }
 
 __global__ void __launch_bounds__(kTermsThreads) delta_terms_kernel(DeltaNetDecodeArgs p, int T) {
   extern __shared__ float sm[];
@@ -375,6 +377,11 @@ __device__ __forceinline__ void copy_async_wait_all_but_last() {
   asm volatile("cp.async.wait_group 1;" ::: "memory");
 #endif
 }
+__device__ __forceinline__ void copy_async_wait_all() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group 0;" ::: "memory");
+#endif
+}
 
 // One chunk's inputs in delta_wy_kernel's shared memory (a buffer of wy_buffer_floats).
 struct WyChunk {
@@ -413,13 +420,16 @@ __device__ __forceinline__ void stage_wy_chunk(const DeltaNetDecodeArgs& p, int 
   copy_async_commit();
 }
 
+// NBUF 2: chunk c in buffer c % 2, the next chunk's copies in flight while this one computes; NBUF 1:
+// one buffer, each chunk copied after the previous one is done (devices with less shared memory).
+template <int NBUF>
 __global__ void __launch_bounds__(kWyThreads) delta_wy_kernel(DeltaNetDecodeArgs p, int T) {
   extern __shared__ __align__(16) float sm[];
   const int dk = p.dk, dv = p.dv, h = blockIdx.x, kh = h / (p.Hv / p.Hk), col0 = blockIdx.y * kSlice, tid = threadIdx.x;
   const int width = min(kSlice, dv - col0), ldk = dk + 1;
   float* S0 = sm;                          // [dk][kSlice]: this block's state columns
   float* Ds = S0 + dk * kSlice;            // [kChunk][kSlice]: D
-  float* bufs = Ds + kChunk * kSlice;      // two WyChunk buffers: chunk c in buffer c % 2
+  float* bufs = Ds + kChunk * kSlice;      // NBUF WyChunk buffers
   const int64_t Vd = static_cast<int64_t>(p.Hv) * dv;
   float* S = p.state + static_cast<int64_t>(h) * dk * dv;
   const int nch = (T + kChunk - 1) / kChunk;
@@ -430,11 +440,16 @@ __global__ void __launch_bounds__(kWyThreads) delta_wy_kernel(DeltaNetDecodeArgs
   const int r0 = 2 * (tid / 8), c0 = 4 * (tid % 8), ig = tid / 8;
   for (int c = 0; c < nch; ++c) {
     const int t0 = c * kChunk, cc = min(kChunk, T - t0);
-    const WyChunk B(bufs + (c % 2) * wy_buffer_floats(dk), ldk);
+    const WyChunk B(bufs + (c % NBUF) * wy_buffer_floats(dk), ldk);
     __syncthreads();  // the previous chunk is done with every buffer, the next one's included
-    if (c + 1 < nch) stage_wy_chunk(p, T, c + 1, h, kh, col0, width, ldk, WyChunk(bufs + ((c + 1) % 2) * wy_buffer_floats(dk), ldk));
-    else copy_async_commit();  // an empty group: the wait below always leaves exactly the newest
-    copy_async_wait_all_but_last();
+    if constexpr (NBUF == 2) {
+      if (c + 1 < nch) stage_wy_chunk(p, T, c + 1, h, kh, col0, width, ldk, WyChunk(bufs + ((c + 1) % 2) * wy_buffer_floats(dk), ldk));
+      else copy_async_commit();  // an empty group: the wait below always leaves exactly the newest
+      copy_async_wait_all_but_last();
+    } else {
+      if (c > 0) stage_wy_chunk(p, T, c, h, kh, col0, width, ldk, B);  // chunk 0 was staged before the loop
+      copy_async_wait_all();
+    }
     __syncthreads();  // every thread's copies of chunk c have landed
     float *Ks = B.Ks, *Qs = B.Qs, *Rs = B.Rs, *Tm = B.Tm, *Mm = B.Mm, *EG = B.EG, *Wl = B.Wl;
     const float egl = *B.EGl;
@@ -659,14 +674,29 @@ cudaError_t deltanet_prefill_chunked(const DeltaNetDecodeArgs& p, int T, cudaStr
   // Once per process, for the largest dk allowed (a host call: not on every chunk of every layer).
   static const cudaError_t opt_in_terms = cudaFuncSetAttribute(delta_terms_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                                static_cast<int>(terms_smem_floats(128) * sizeof(float)));
-  static const cudaError_t opt_in_wy = cudaFuncSetAttribute(delta_wy_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                            static_cast<int>(wy_smem_floats(128) * sizeof(float)));
+  // Two chunk buffers where the device allows a block their shared memory (sm_80 / sm_90), else one.
+  static const int fit_buffers = [] {
+    int dev = 0, optin = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
+      return 1;
+    return static_cast<size_t>(optin) >= wy_smem_floats(128, 2) * sizeof(float) ? 2 : 1;
+  }();
+  static const cudaError_t opt_in_wy2 = fit_buffers == 2 ? cudaFuncSetAttribute(delta_wy_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                                                 static_cast<int>(wy_smem_floats(128, 2) * sizeof(float)))
+                                                          : cudaSuccess;
+  static const cudaError_t opt_in_wy1 = cudaFuncSetAttribute(delta_wy_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                             static_cast<int>(wy_smem_floats(128, 1) * sizeof(float)));
+  const int buffers = p.wy_buffers == 1 || p.wy_buffers == 2 ? std::min(p.wy_buffers, fit_buffers) : fit_buffers;
   if (opt_in_terms != cudaSuccess) return opt_in_terms;
-  if (opt_in_wy != cudaSuccess) return opt_in_wy;
+  if (opt_in_wy1 != cudaSuccess) return opt_in_wy1;
+  if (buffers == 2 && opt_in_wy2 != cudaSuccess) return opt_in_wy2;
   const unsigned chunks = static_cast<unsigned>((T + kChunk - 1) / kChunk);
   return launch_token_parallel(p, T, stream, [&] {
     delta_terms_kernel<<<dim3(chunks, p.Hv), kTermsThreads, terms_smem_floats(p.dk) * sizeof(float), stream>>>(p, T);
-    delta_wy_kernel<<<dim3(p.Hv, (p.dv + kSlice - 1) / kSlice), kWyThreads, wy_smem_floats(p.dk) * sizeof(float), stream>>>(p, T);
+    const dim3 grid(p.Hv, (p.dv + kSlice - 1) / kSlice);
+    const size_t smem = wy_smem_floats(p.dk, buffers) * sizeof(float);
+    if (buffers == 2) delta_wy_kernel<2><<<grid, kWyThreads, smem, stream>>>(p, T);
+    else delta_wy_kernel<1><<<grid, kWyThreads, smem, stream>>>(p, T);
   });
 }
 

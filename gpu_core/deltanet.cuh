@@ -46,6 +46,10 @@ struct DeltaNetDecodeArgs {
   // inverse (I + A)^-1 of the chunk's forward substitution, the q.k products), computed for all
   // chunks in parallel first; the sequential step is then three small matrix products on the state.
   float* chunk_terms = nullptr;
+  // Chunked prefill's sequential step: chunk buffers in shared memory. 2: the next chunk's inputs are
+  // copied while this one computes (110 KB a block at dk 128: sm_80 / sm_90); 1: copied between
+  // chunks (67 KB: what an RTX 3090 / 4090 allows, 99 KB); 0: 2 where the device allows it, else 1.
+  int wy_buffers = 0;
 };
 
 bool deltanet_decode_split_fits(const DeltaNetDecodeArgs& args);
@@ -63,9 +67,9 @@ cudaError_t deltanet_prefill(const DeltaNetDecodeArgs& args, int T, cudaStream_t
 // terms of all chunks of 32 tokens first, in parallel (args.chunk_terms, required), then the
 // sequential step, one block per (value head, 32 state columns), as register-tiled products
 // (D = T' (V - e^G K S0)): T / 32 sequential steps instead of T. Equal to deltanet_prefill up to fp32
-// rounding. dk <= 128; opts in to more than 48 KB of shared memory a block (sm_80+). Validated on the
-// H200: at the 35B shape 4.3 ms for 4096 tokens a layer against the scan's 7.9 ms. (A form with the
-// terms inside the sequential step, a forward substitution per chunk, ran 8.9 ms: removed in session 9.)
+// rounding. dk <= 128; opts in to more than 48 KB of shared memory a block (sm_80+; args.wy_buffers).
+// Validated on the H200: at the 35B shape 2.05 ms for 4096 tokens a layer with 2 buffers (4.3 ms before
+// the copies went asynchronous; the scan: 7.9 ms).
 cudaError_t deltanet_prefill_chunked(const DeltaNetDecodeArgs& args, int T, cudaStream_t stream);
 
 }  // namespace tandem::gpu

@@ -146,27 +146,31 @@ TEST_P(GpuDeltaNet, PrefillMatchesReference) {
 // chunks of 32 through the state, a partial one, fewer tokens than the conv history), every token's
 // output and the final states against the same reference steps. Different summation order from the
 // scan (small matrix products over a chunk, cumulative log decays, the forward substitution as an
-// explicit inverse): 1e-4. Without the scratch it refuses.
+// explicit inverse): 1e-4. Without the scratch it refuses. With one chunk buffer in shared memory
+// (what a 99 KB-a-block card gets) and with the device's choice (two on the H200).
 TEST_P(GpuDeltaNet, ChunkedPrefillMatchesReference) {
   TANDEM_REQUIRE_GPU();
   const DnCase c = GetParam();
-  prefill_vs_reference(
-      c, test::test_seed() + 3, {300, 100, 37, 5, 2},
-      [&](gpu::DeltaNetDecodeArgs p, int T) {
-        p.chunk_terms = nullptr;
-        EXPECT_EQ(gpu::deltanet_prefill_chunked(p, T, nullptr), cudaErrorInvalidValue) << "no chunk-terms scratch";
-        test::DeviceBuffer<float> terms(gpu::deltanet_chunk_terms_floats(T, c.Hv));
-        cudaMemset(terms.ptr, 0xff, terms.n * sizeof(float));  // NaN: a term read before it is written shows
-        p.chunk_terms = terms.ptr;
-        const cudaError_t rc = gpu::deltanet_prefill_chunked(p, T, nullptr);
-        const cudaError_t done = cudaDeviceSynchronize();  // before the scratch is freed
-        return rc != cudaSuccess ? rc : done;
-      },
-      [](int T, const std::vector<float>& got, const std::vector<float>& want) {
-        EXPECT_LT(test::rel_l2(std::vector<double>(got.begin(), got.end()), std::vector<double>(want.begin(), want.end())), 1e-4)
-            << T << " tokens, seed " << test::test_seed();
-      },
-      1e-4);
+  for (const int buffers : {1, 0}) {
+    prefill_vs_reference(
+        c, test::test_seed() + 3, {300, 100, 37, 5, 2},
+        [&](gpu::DeltaNetDecodeArgs p, int T) {
+          p.wy_buffers = buffers;
+          p.chunk_terms = nullptr;
+          EXPECT_EQ(gpu::deltanet_prefill_chunked(p, T, nullptr), cudaErrorInvalidValue) << "no chunk-terms scratch";
+          test::DeviceBuffer<float> terms(gpu::deltanet_chunk_terms_floats(T, c.Hv));
+          cudaMemset(terms.ptr, 0xff, terms.n * sizeof(float));  // NaN: a term read before it is written shows
+          p.chunk_terms = terms.ptr;
+          const cudaError_t rc = gpu::deltanet_prefill_chunked(p, T, nullptr);
+          const cudaError_t done = cudaDeviceSynchronize();  // before the scratch is freed
+          return rc != cudaSuccess ? rc : done;
+        },
+        [&](int T, const std::vector<float>& got, const std::vector<float>& want) {
+          EXPECT_LT(test::rel_l2(std::vector<double>(got.begin(), got.end()), std::vector<double>(want.begin(), want.end())), 1e-4)
+              << T << " tokens, " << buffers << " buffers (0: the device's choice), seed " << test::test_seed();
+        },
+        1e-4);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuDeltaNet,
