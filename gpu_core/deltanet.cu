@@ -371,15 +371,11 @@ __device__ __forceinline__ void copy_async_commit() {
   asm volatile("cp.async.commit_group;" ::: "memory");
 #endif
 }
-// Waits for this thread's copies but the most recent group (the chunk being staged for later).
-__device__ __forceinline__ void copy_async_wait_all_but_last() {
+// Waits for this thread's copies but the PENDING most recent groups (1: the chunk staged for later).
+template <int PENDING>
+__device__ __forceinline__ void copy_async_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_group 1;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void copy_async_wait_all() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_group 0;" ::: "memory");
+  asm volatile("cp.async.wait_group %0;" ::"n"(PENDING) : "memory");
 #endif
 }
 
@@ -445,10 +441,10 @@ __global__ void __launch_bounds__(kWyThreads) delta_wy_kernel(DeltaNetDecodeArgs
     if constexpr (NBUF == 2) {
       if (c + 1 < nch) stage_wy_chunk(p, T, c + 1, h, kh, col0, width, ldk, WyChunk(bufs + ((c + 1) % 2) * wy_buffer_floats(dk), ldk));
       else copy_async_commit();  // an empty group: the wait below always leaves exactly the newest
-      copy_async_wait_all_but_last();
+      copy_async_wait<1>();
     } else {
       if (c > 0) stage_wy_chunk(p, T, c, h, kh, col0, width, ldk, B);  // chunk 0 was staged before the loop
-      copy_async_wait_all();
+      copy_async_wait<0>();
     }
     __syncthreads();  // every thread's copies of chunk c have landed
     float *Ks = B.Ks, *Qs = B.Qs, *Rs = B.Rs, *Tm = B.Tm, *Mm = B.Mm, *EG = B.EG, *Wl = B.Wl;

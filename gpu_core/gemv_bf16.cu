@@ -208,14 +208,14 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   });
 }
 
-// Calls launch(std::integral_constant<int, PRE>) with the weight vectors a lane prefetches for rows of K
-// inputs at one token: all of them up to 4096 inputs (16 vectors, 64 registers), else 4 and a loop.
+// Returns launch(std::integral_constant<int, PRE>) with the weight vectors a lane prefetches for rows of
+// K inputs at one token: all of them up to 4096 inputs (16 vectors, 64 registers), else 4 and a loop.
 template <typename Launch>
-void with_pre(int64_t K, Launch&& launch) {
+cudaError_t with_pre(int64_t K, Launch&& launch) {
   const int64_t per_lane = (K / 8 + 31) / 32;
-  if (per_lane <= 4 || per_lane > 16) launch(std::integral_constant<int, 4>{});
-  else if (per_lane <= 8) launch(std::integral_constant<int, 8>{});
-  else launch(std::integral_constant<int, 16>{});
+  if (per_lane <= 4 || per_lane > 16) return launch(std::integral_constant<int, 4>{});
+  if (per_lane <= 8) return launch(std::integral_constant<int, 8>{});
+  return launch(std::integral_constant<int, 16>{});
 }
 
 // gemv_bf16_norm_topk_kernel's launch.
@@ -225,15 +225,16 @@ cudaError_t launch_norm_gemv(const uint16_t* W, int64_t N, int64_t K, float* h, 
   if (K % 8 != 0 || K > 16 * kWarpsPerBlock * 32 || N < 1 || !counter || (shared && (!a || !gate))) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>((N + kWarpsPerBlock - 1) / kWarpsPerBlock)), block(kWarpsPerBlock * 32);
   const size_t smem = 2 * static_cast<size_t>(K) * sizeof(float);
-  cudaError_t err = cudaErrorInvalidValue;
-  detail::with_norm_per_thread(K, kWarpsPerBlock * 32, [&](auto per) {
-    if constexpr (per.value > 0)  // K <= 16 x threads (checked above): never the loop form
-      with_pre(K, [&](auto pre) {
-        err = detail::launch(gemv_bf16_norm_topk_kernel<per.value, pre.value>, grid, block, smem, stream, W, N, K, h, a, shared, gate,
-                             norm_w, eps, x, y, E, k, counter, ids, weights);
+  return detail::with_norm_per_thread(K, kWarpsPerBlock * 32, [&](auto per) {
+    if constexpr (per.value > 0) {  // K <= 16 x threads (checked above): never the loop form
+      return with_pre(K, [&](auto pre) {
+        return detail::launch(gemv_bf16_norm_topk_kernel<per.value, pre.value>, grid, block, smem, stream, W, N, K, h, a, shared, gate,
+                              norm_w, eps, x, y, E, k, counter, ids, weights);
       });
+    } else {
+      return cudaErrorInvalidValue;
+    }
   });
-  return err;
 }
 
 }  // namespace
@@ -243,11 +244,9 @@ cudaError_t gemv_bf16_router_topk(const uint16_t* W, int64_t N, int64_t K, const
   if (K % 8 != 0 || N < 1 || E < 1 || E > N || E > detail::kRouterMaxExperts || k < 1 || k > E || k > detail::kRouterMaxTopK)
     return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>((N + kWarpsPerBlock - 1) / kWarpsPerBlock)), block(kWarpsPerBlock * 32);
-  cudaError_t err = cudaSuccess;
-  with_pre(K, [&](auto pre) {
-    err = detail::launch(gemv_bf16_topk_kernel<pre.value>, grid, block, 0, stream, W, N, K, x, y, E, k, counter, ids, weights);
+  return with_pre(K, [&](auto pre) {
+    return detail::launch(gemv_bf16_topk_kernel<pre.value>, grid, block, 0, stream, W, N, K, x, y, E, k, counter, ids, weights);
   });
-  return err;
 }
 
 cudaError_t gemv_bf16_router_topk_norm(const uint16_t* W, int64_t N, int64_t K, float* h, const float* a, const float* shared,
@@ -265,11 +264,9 @@ cudaError_t gemv_bf16(const uint16_t* W, int64_t N, int64_t K, const float* x, i
     auto* kernel = T <= 2 ? gemv_bf16_kernel<2> : T <= 4 ? gemv_bf16_kernel<4> : gemv_bf16_kernel<8>;
     return detail::launch(kernel, grid, block, 0, stream, W, N, K, x, T, y, none, ConvEpilogue{});
   }
-  cudaError_t err = cudaSuccess;
-  with_pre(K, [&](auto pre) {
-    err = detail::launch(gemv_bf16_kernel<1, false, false, pre.value>, grid, block, 0, stream, W, N, K, x, T, y, none, ConvEpilogue{});
+  return with_pre(K, [&](auto pre) {
+    return detail::launch(gemv_bf16_kernel<1, false, false, pre.value>, grid, block, 0, stream, W, N, K, x, T, y, none, ConvEpilogue{});
   });
-  return err;
 }
 
 cudaError_t gemv_bf16_conv(const uint16_t* W, int64_t N, int64_t K, const float* x, float* y, int channels, int kernel,
@@ -278,12 +275,10 @@ cudaError_t gemv_bf16_conv(const uint16_t* W, int64_t N, int64_t K, const float*
     return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>((N + kWarpsPerBlock - 1) / kWarpsPerBlock)), block(kWarpsPerBlock * 32);
   const float* none = nullptr;
-  cudaError_t err = cudaSuccess;
-  with_pre(K, [&](auto pre) {
-    err = detail::launch(gemv_bf16_kernel<1, false, true, pre.value>, grid, block, 0, stream, W, N, K, x, 1, y, none,
-                         ConvEpilogue{conv_w, conv_state, conv_out, channels, kernel});
+  return with_pre(K, [&](auto pre) {
+    return detail::launch(gemv_bf16_kernel<1, false, true, pre.value>, grid, block, 0, stream, W, N, K, x, 1, y, none,
+                          ConvEpilogue{conv_w, conv_state, conv_out, channels, kernel});
   });
-  return err;
 }
 
 cudaError_t gemv_bf16_swiglu(const uint16_t* W, int64_t N, int64_t K, const float* g, const float* u, int T, float* y,
@@ -291,11 +286,9 @@ cudaError_t gemv_bf16_swiglu(const uint16_t* W, int64_t N, int64_t K, const floa
   if (T < 1 || T > kMaxGemvTokens || K % 8 != 0 || N < 1) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>((N + kWarpsPerBlock - 1) / kWarpsPerBlock)), block(kWarpsPerBlock * 32);
   if (T > 1) return detail::launch(gemv_bf16_kernel<8, true>, grid, block, 0, stream, W, N, K, g, T, y, u, ConvEpilogue{});
-  cudaError_t err = cudaSuccess;
-  with_pre(K, [&](auto pre) {
-    err = detail::launch(gemv_bf16_kernel<1, true, false, pre.value>, grid, block, 0, stream, W, N, K, g, T, y, u, ConvEpilogue{});
+  return with_pre(K, [&](auto pre) {
+    return detail::launch(gemv_bf16_kernel<1, true, false, pre.value>, grid, block, 0, stream, W, N, K, g, T, y, u, ConvEpilogue{});
   });
-  return err;
 }
 
 }  // namespace tandem::gpu

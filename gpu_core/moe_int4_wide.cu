@@ -86,11 +86,13 @@ __global__ void __launch_bounds__(kWarps * 32)
   // x as fp16 pairs in each matrix's input order (rounded as pairs, __floats2half2_rn), while the weights load
   const float* xt = x + t * H;
   const bool own_up = up.perm != gate.perm;
+  auto pair = [&](const int32_t* perm, int64_t i) {  // inputs 2i, 2i + 1 of a matrix's input order
+    const int64_t a = perm ? perm[2 * i] : 2 * i, b = perm ? perm[2 * i + 1] : 2 * i + 1;
+    return __floats2half2_rn(__ldg(xt + a), __ldg(xt + b));
+  };
   for (int64_t i = threadIdx.x; i < H / 2; i += blockDim.x) {
-    const int32_t *pg = gate.perm, *pu = up.perm;
-    xs2[i] = pg ? __floats2half2_rn(__ldg(xt + pg[2 * i]), __ldg(xt + pg[2 * i + 1])) : __floats2half2_rn(__ldg(xt + 2 * i), __ldg(xt + 2 * i + 1));
-    if (own_up)
-      xs2[H / 2 + i] = pu ? __floats2half2_rn(__ldg(xt + pu[2 * i]), __ldg(xt + pu[2 * i + 1])) : __floats2half2_rn(__ldg(xt + 2 * i), __ldg(xt + 2 * i + 1));
+    xs2[i] = pair(gate.perm, i);
+    if (own_up) xs2[H / 2 + i] = pair(up.perm, i);
   }
   __syncthreads();
   auto x32 = [&](int64_t base, int64_t v, __half2(&xv)[16]) {  // the 32 inputs of vector v from shared memory
@@ -155,6 +157,7 @@ __global__ void __launch_bounds__(kDownThreads)
   const bool valid = row < H;
   pdl_wait();
   const Int4View* d[kDownPer];
+  const uint32_t* q[kDownPer];  // null: no such expert, or not resident (hybrid)
   uint4 wd[kDownPer][NV];
   uint16_t sd[kDownPer][NV];
   uint8_t zd[kDownPer][NV];
@@ -163,14 +166,14 @@ __global__ void __launch_bounds__(kDownThreads)
   for (int m = 0; m < kDownPer; ++m) {
     const int j = g + kDownGroups * m;
     d[m] = j < k ? &experts[ids[t * k + j]].down : nullptr;
-    const uint32_t* q = d[m] ? d[m]->qweight : nullptr;
+    q[m] = d[m] ? d[m]->qweight : nullptr;
     rw[m] = j < k ? __ldg(weights + t * k + j) : 0.0f;
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
       const int64_t v = l + kDownLanes * i;
-      const bool ok = q && valid && v < nvec;
+      const bool ok = q[m] && valid && v < nvec;
       const int64_t gi = row * G + (static_cast<int>(v) >> gshift);
-      wd[m][i] = ok ? load_stream(reinterpret_cast<const uint4*>(q) + row * nvec + v) : zero4();
+      wd[m][i] = ok ? load_stream(reinterpret_cast<const uint4*>(q[m]) + row * nvec + v) : zero4();
       sd[m][i] = ok ? __ldg(d[m]->scales + gi) : uint16_t{0};
       zd[m][i] = ok ? __ldg(d[m]->zeros + gi) : uint8_t{0};
     }
@@ -178,7 +181,7 @@ __global__ void __launch_bounds__(kDownThreads)
   float acc = 0.0f;
 #pragma unroll
   for (int m = 0; m < kDownPer; ++m) {
-    if (!d[m] || !d[m]->qweight || !valid) continue;
+    if (!q[m] || !valid) continue;
     const __half* hr = h + (static_cast<int64_t>(t) * k + g + kDownGroups * m) * I;
     float a = 0.0f;
 #pragma unroll
@@ -210,13 +213,13 @@ int down_blocks(int64_t H) { return static_cast<int>((H + kDownRows - 1) / kDown
 
 int vectors_per_lane(int64_t K, int lanes) { return static_cast<int>((K / 32 + lanes - 1) / lanes); }
 
-// Calls launch(std::integral_constant<int, NV>) with the 16-byte vectors a lane holds (1, 2 or 4; the
-// shapes moe_int4_decode_wide_fits takes need no more).
+// Returns launch(std::integral_constant<int, NV>) with the 16-byte vectors a lane holds (1, 2 or 4;
+// the shapes moe_int4_decode_wide_fits takes need no more).
 template <typename Launch>
-void with_vectors(int nv, Launch&& launch) {
-  if (nv <= 1) launch(std::integral_constant<int, 1>{});
-  else if (nv <= 2) launch(std::integral_constant<int, 2>{});
-  else launch(std::integral_constant<int, 4>{});
+cudaError_t with_vectors(int nv, Launch&& launch) {
+  if (nv <= 1) return launch(std::integral_constant<int, 1>{});
+  if (nv <= 2) return launch(std::integral_constant<int, 2>{});
+  return launch(std::integral_constant<int, 4>{});
 }
 
 // log2(group_size / 32), or -1 when group_size is not 32 times a power of two.
@@ -240,17 +243,15 @@ cudaError_t moe_int4_decode_wide(const Int4Expert* experts, int64_t H, int64_t I
   if (T < 1 || T > kMaxGemvTokens || !moe_int4_decode_wide_fits(H, I, group_size, k)) return cudaErrorInvalidValue;
   auto* h = reinterpret_cast<__half*>(h_scratch);
   const int gs = group_shift(group_size);
-  cudaError_t err = cudaSuccess;
-  with_vectors(vectors_per_lane(H, 32), [&](auto nv) {
-    const dim3 grid(static_cast<unsigned>(gate_up_blocks(I)), static_cast<unsigned>(T * k));
-    err = launch(wide_gate_up_kernel<nv.value>, grid, dim3(kWarps * 32), 2 * H * sizeof(__half), stream, experts, H, I, ids, k, x, h, gs);
+  const dim3 up_grid(static_cast<unsigned>(gate_up_blocks(I)), static_cast<unsigned>(T * k));
+  const cudaError_t err = with_vectors(vectors_per_lane(H, 32), [&](auto nv) {
+    return launch(wide_gate_up_kernel<nv.value>, up_grid, dim3(kWarps * 32), 2 * H * sizeof(__half), stream, experts, H, I, ids, k, x, h, gs);
   });
-  with_vectors(vectors_per_lane(I, kDownLanes), [&](auto nv) {
-    const dim3 grid(static_cast<unsigned>(down_blocks(H)), static_cast<unsigned>(T));
-    if (err == cudaSuccess)
-      err = launch(wide_down_kernel<nv.value>, grid, dim3(kDownThreads), 0, stream, experts, H, I, ids, weights, k, h, out, gs);
+  if (err != cudaSuccess) return err;
+  const dim3 down_grid(static_cast<unsigned>(down_blocks(H)), static_cast<unsigned>(T));
+  return with_vectors(vectors_per_lane(I, kDownLanes), [&](auto nv) {
+    return launch(wide_down_kernel<nv.value>, down_grid, dim3(kDownThreads), 0, stream, experts, H, I, ids, weights, k, h, out, gs);
   });
-  return err;
 }
 
 }  // namespace tandem::gpu

@@ -53,18 +53,18 @@ __device__ __forceinline__ void norm_row(const float* hi, const float* ar, const
   }
 }
 
-// Host side: calls launch(std::integral_constant<int, PER>) with the elements per thread norm_row
+// Host side: returns launch(std::integral_constant<int, PER>) with the elements per thread norm_row
 // takes for rows of n over `threads` threads (1, 2, 4, 8 or 16; PER = 0: longer rows, which
 // norm_row does not take).
 template <typename Launch>
-void with_norm_per_thread(int64_t n, int threads, Launch&& launch) {
+auto with_norm_per_thread(int64_t n, int threads, Launch&& launch) {
   const int64_t per = (n + threads - 1) / threads;
-  if (per <= 1) launch(std::integral_constant<int, 1>{});
-  else if (per <= 2) launch(std::integral_constant<int, 2>{});
-  else if (per <= 4) launch(std::integral_constant<int, 4>{});
-  else if (per <= 8) launch(std::integral_constant<int, 8>{});
-  else if (per <= 16) launch(std::integral_constant<int, 16>{});
-  else launch(std::integral_constant<int, 0>{});
+  if (per <= 1) return launch(std::integral_constant<int, 1>{});
+  if (per <= 2) return launch(std::integral_constant<int, 2>{});
+  if (per <= 4) return launch(std::integral_constant<int, 4>{});
+  if (per <= 8) return launch(std::integral_constant<int, 8>{});
+  if (per <= 16) return launch(std::integral_constant<int, 16>{});
+  return launch(std::integral_constant<int, 0>{});
 }
 
 }  // namespace tandem::gpu::detail

@@ -113,20 +113,16 @@ cudaError_t embed_bf16(const uint16_t* table, int64_t H, const int32_t* ids, int
 }
 cudaError_t rmsnorm_zc(const float* x, const float* w, int64_t n, int rows, float eps, float* y, cudaStream_t s) {
   float* none = nullptr;
-  cudaError_t err = cudaSuccess;
-  detail::with_norm_per_thread(n, kThreads, [&](auto per) {
-    err = detail::launch(norm_kernel<per.value>, dim3(rows), dim3(kThreads), 0, s, x, none, none, none, none, w, n, eps, y);
+  return detail::with_norm_per_thread(n, kThreads, [&](auto per) {
+    return detail::launch(norm_kernel<per.value>, dim3(rows), dim3(kThreads), 0, s, x, none, none, none, none, w, n, eps, y);
   });
-  return err;
 }
 cudaError_t add_rmsnorm_zc(float* h, const float* a, const float* shared, const float* gate, const float* w, int64_t n, int rows,
                            float eps, float* y, cudaStream_t s) {
   if (!a || (shared && !gate)) return cudaErrorInvalidValue;
-  cudaError_t err = cudaSuccess;
-  detail::with_norm_per_thread(n, kThreads, [&](auto per) {
-    err = detail::launch(norm_kernel<per.value>, dim3(rows), dim3(kThreads), 0, s, h, h, a, shared, gate, w, n, eps, y);
+  return detail::with_norm_per_thread(n, kThreads, [&](auto per) {
+    return detail::launch(norm_kernel<per.value>, dim3(rows), dim3(kThreads), 0, s, h, h, a, shared, gate, w, n, eps, y);
   });
-  return err;
 }
 cudaError_t add_inplace(float* h, const float* x, int64_t n, cudaStream_t s) {
   return detail::launch(add_kernel, dim3(blocks_for(n)), dim3(kThreads), 0, s, h, x, n);

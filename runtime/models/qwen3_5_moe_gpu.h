@@ -136,8 +136,8 @@ struct GpuOptions {
   // Decode kernels launched with programmatic dependent launch (gpu_core/pdl.cuh; compute capability
   // 9.0 and later, ignored below): each may start while the one before it finishes, the GEMVs loading
   // their first weights and the DeltaNet recurrence its state before they wait. The same kernels and
-  // arithmetic, so the same bits (tested on the H200; all-GPU decode at a 4096 context 303.8 -> 310.5
-  // tok/s). The runners turn it on unless TANDEM_PDL=0.
+  // arithmetic, so the same bits (tested on the H200; all-GPU decode at a 4096 context 293.1 -> 312.4
+  // tok/s, medians of 3). The runners turn it on unless TANDEM_PDL=0.
   bool programmatic_launch = false;
   // In batched prefill, attention for the whole chunk in one gpu::attention_prefill call (flash-
   // attention form) instead of one decode call per token. Validated; the runners turn it on unless
