@@ -256,6 +256,10 @@ class GpuRunner final : public Runner {
   double gpu_expert_share_planned() const override { return placement_ ? placement_->expected_gpu_share : 1.0; }
   uint64_t streamed_layers() const override { return gpu_->expert_counts().streamed_layers; }
   uint64_t expert_swaps() const override { return gpu_->expert_counts().swaps; }
+  HostSplit host_split() const override {
+    const ExpertCounts& c = gpu_->expert_counts();
+    return {c.host_wait_ns * 1e-9, c.host_run_ns * 1e-9, c.host_layers, c.cpu};
+  }
   std::vector<std::vector<uint8_t>> expert_placement() const override { return gpu_->expert_placement(); }
   void settle_replacement() override { gpu_->settle_replacement(); }
   void pause_replacement(bool paused) override { gpu_->pause_replacement(paused); }

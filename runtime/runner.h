@@ -77,6 +77,14 @@ class Runner {
   // routed experts are served now ([layer][expert], 1 = GPU; empty for other runners); completing the
   // moves in flight; stopping / resuming new checks.
   virtual uint64_t expert_swaps() const { return 0; }
+  // Hybrid decode since reset(), the host's side: time spent waiting for the GPU's router results and
+  // running the host-resident experts, over `layers` layer handoffs; host_activations routed experts
+  // served there. Zeros for other runners.
+  struct HostSplit {
+    double wait_s = 0, run_s = 0;
+    uint64_t layers = 0, host_activations = 0;
+  };
+  virtual HostSplit host_split() const { return {}; }
   virtual std::vector<std::vector<uint8_t>> expert_placement() const { return {}; }
   virtual void settle_replacement() {}
   virtual void pause_replacement(bool /*paused*/) {}

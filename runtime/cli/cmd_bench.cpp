@@ -106,6 +106,8 @@ struct Run {
   std::vector<double> itl_ms;
   bool on_device = false;  // the runner picked the next token where the logits are (forward_top)
   uint64_t streamed_layers = 0;  // hybrid: layers of CPU experts the prompt streamed to the GPU
+  Runner::HostSplit split;       // hybrid: the host's side of the decode steps
+  double decode_s = 0;
 };
 
 // `text`: the --prompts file's tokens (empty: random ids); run `seed` takes the window starting at
@@ -143,7 +145,9 @@ Run run_once(Runner& runner, int64_t V, int64_t prompt_len, int64_t gen, uint64_
   const auto t0 = clock::now();
   int32_t next = next_of(prompt);
   const double ttft = std::chrono::duration<double>(clock::now() - t0).count();
-  Run r{prompt_len / ttft, ttft * 1e3, 0, {}};
+  Run r{};
+  r.prefill_tok_s = prompt_len / ttft;
+  r.ttft_ms = ttft * 1e3;
   r.streamed_layers = runner.streamed_layers();
   const auto d0 = clock::now();
   for (int64_t i = 1; i < gen; ++i) {
@@ -154,6 +158,8 @@ Run run_once(Runner& runner, int64_t V, int64_t prompt_len, int64_t gen, uint64_
   }
   const double dt = std::chrono::duration<double>(clock::now() - d0).count();
   r.decode_tok_s = gen > 1 ? (gen - 1) / dt : 0;
+  r.decode_s = dt;
+  r.split = runner.host_split();
   r.on_device = on_device;
   return r;
 }
@@ -229,6 +235,9 @@ int cmd_bench(int argc, char** argv) {
   if (FILE* f = std::fopen("/proc/self/clear_refs", "w")) std::fputs("5", f), std::fclose(f);
 
   nlohmann::json results = nlohmann::json::array();
+  std::string split_lines;  // hybrid: the host side of decode, one line per prompt length
+  int64_t moe_layers = 0;
+  for (const auto& layer : model->layers()) moe_layers += layer.moe.gate.empty() ? 0 : 1;
   bool token_on_device = false;
   if (!json_out) {
     std::printf("tandem bench: %s\n%s\n", a.get("model").c_str(), runner->describe().c_str());
@@ -243,8 +252,10 @@ int cmd_bench(int argc, char** argv) {
     run_once(*runner, cfg.vocab_size, warmup ? std::min(warmup, L) : L, std::min<int64_t>(gen, 4), seed, text);  // warm-up: page in weights
     std::vector<double> pf, ttft, dec, itl;
     uint64_t streamed = 0;
+    Run last{};
     for (int64_t r = 0; r < repeat; ++r) {
       Run x = run_once(*runner, cfg.vocab_size, L, gen, seed + 1 + r, text, follow);
+      last = x;
       token_on_device = x.on_device;
       streamed = x.streamed_layers;
       pf.push_back(x.prefill_tok_s);
@@ -272,6 +283,27 @@ int cmd_bench(int argc, char** argv) {
                        {"expert_swaps", runner->expert_swaps()},
                        {"bound_decode_tok_s", bound},
                        {"decode_ratio_to_bound", d.median / bound}});
+    // Hybrid: where the last run's decode steps went on the host's side, a token's worth.
+    const Runner::HostSplit& hs = last.split;
+    const double steps = static_cast<double>(std::max<int64_t>(gen - 1, 1));
+    const double act_bytes = moe_layers ? static_cast<double>(wb.routed_active) / (cfg.num_experts_per_tok * moe_layers) : 0;
+    if (hs.layers) {
+      const double host_gbs = hs.run_s > 0 ? hs.host_activations * act_bytes / hs.run_s / 1e9 : 0;
+      results.back()["host_split"] = {{"wait_for_gpu_ms_per_token", hs.wait_s / steps * 1e3},
+                                      {"host_experts_ms_per_token", hs.run_s / steps * 1e3},
+                                      {"other_ms_per_token", (last.decode_s - hs.wait_s - hs.run_s) / steps * 1e3},
+                                      {"host_layers_per_token", hs.layers / steps},
+                                      {"host_expert_read_bytes_per_s", host_gbs * 1e9}};
+      if (!json_out) {
+        char line[320];
+        std::snprintf(line, sizeof line,
+                      "\n  prompt %lld: %.2f ms waiting for the GPU's router results (%.1f µs a layer), %.2f ms running host experts "
+                      "(%.1f µs a layer, %.1f GB/s of expert weights), %.2f ms other",
+                      (long long)L, hs.wait_s / steps * 1e3, hs.wait_s / hs.layers * 1e6, hs.run_s / steps * 1e3,
+                      hs.run_s / hs.layers * 1e6, host_gbs, (last.decode_s - hs.wait_s - hs.run_s) / steps * 1e3);
+        split_lines += line;
+      }
+    }
     if (!json_out)
       std::printf("%8lld  %9.1f [%5.1f-%5.1f]  %18.1f  %9.2f [%5.2f-%5.2f]  %8.2f / %7.2f  %7.1f%%%s\n", (long long)L, p.median,
                   p.min, p.max, t.median, d.median, d.min, d.max, p50, p99, 100 * d.median / bound,
@@ -310,6 +342,7 @@ int cmd_bench(int argc, char** argv) {
     std::printf("\npeak host memory %.2f GB (mapped weights count when touched); GPU memory %.2f GB; routed activations served on the GPU: %.1f%%\n",
                 peak_host / 1e9, runner->peak_device_bytes() / 1e9, 100 * runner->gpu_expert_share());
     if (hybrid) std::printf("CPU read bandwidth %.1f GB/s; PCIe host-to-device %.1f GB/s\n", cpu_bw / 1e9, pcie_bw / 1e9);
+    if (!split_lines.empty()) std::printf("a decode token on the host's side (last run):%s\n", split_lines.c_str());
     if (const uint64_t s = runner->expert_swaps()) std::printf("online re-placement: %llu experts moved to the GPU in the last run\n", (unsigned long long)s);
   }
   return 0;

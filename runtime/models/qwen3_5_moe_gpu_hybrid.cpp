@@ -9,6 +9,11 @@
 #include "runtime/models/qwen3_5_moe_gpu_impl.h"
 
 namespace tandem {
+namespace {
+uint64_t ns_since(std::chrono::steady_clock::time_point t0) {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
+}
+}  // namespace
 
 // Hybrid handoff, part 1: x and the top-k of n tokens to pinned host memory, then an event.
 void Qwen35MoeGpu::Impl::handoff_out(const float* x_dev, const int32_t* ids_dev, const float* w_dev, int64_t n) {
@@ -43,12 +48,15 @@ bool Qwen35MoeGpu::Impl::host_part(size_t li, int64_t n, bool always, bool wait_
   const ModelConfig& c = model.config();
   const int64_t H = c.hidden_size;
   const int k = c.num_experts_per_tok;
+  using Clock = std::chrono::steady_clock;
   if (wait_routed) {
     TraceSpan wait("wait for router, layer", "handoff", static_cast<int>(li));
+    const auto t0 = Clock::now();
     cudaError_t q;
     while ((q = cudaEventQuery(routed)) == cudaErrorNotReady) {
     }
     CK(q);
+    if (pass == Pass::decode) counts.host_wait_ns += ns_since(t0);
   }
   bool any = false, any_deferred = false;
   for (int64_t j = 0; j < n * k; ++j) {
@@ -82,7 +90,11 @@ bool Qwen35MoeGpu::Impl::host_part(size_t li, int64_t n, bool always, bool wait_
   for (int64_t j = 0; j < n * k; ++j) any |= masked[j] >= 0;
   if (!any && !always) return false;
   std::fill(hout, hout + n * H, 0.0f);
-  if (any) opts.host_experts->run(static_cast<int>(li), hx, n, masked.data(), hw, k, hout);
+  if (any) {
+    const auto t0 = Clock::now();
+    opts.host_experts->run(static_cast<int>(li), hx, n, masked.data(), hw, k, hout);
+    if (pass == Pass::decode) counts.host_run_ns += ns_since(t0), ++counts.host_layers;
+  }
   return true;
 }
 
@@ -104,6 +116,7 @@ void Qwen35MoeGpu::Impl::run_one_graph(int w) {
           if (spins % 4096 == 0 && std::chrono::steady_clock::now() - t0 > kTimeout)
             fail("hybrid decode step: the GPU did not hand over layer ", li, "'s router result within 60 s");
         std::atomic_thread_fence(std::memory_order_acquire);  // hx / hids / hw after the flag
+        counts.host_wait_ns += ns_since(t0);
       }
       host_part(static_cast<size_t>(li), 1, true, false);
       std::atomic_thread_fence(std::memory_order_release);  // hout before the flag
