@@ -113,13 +113,15 @@ void BM_gemv_bf16(benchmark::State& state) {
 
 // Attention decode of one token at the 35B shape (16 query / 2 KV heads x 256) after `ctx` cached rows,
 // the grid sized for a cache of ctx + 144 rows (the e2e runs' 4096 + 144): bytes = the K and V rows
-// read (2 KV heads x 256 x bf16 each, once; the 8 query heads of a group share them through L2).
+// read (2 KV heads x 256 x bf16 each, once). Second argument: 1 = a scoring block per KV head (the 8
+// query heads of a group in one block), 0 = one per query head (they share the rows through L2).
 void BM_attention_decode(benchmark::State& state) {
   if (!gpu_present()) return state.SkipWithError("no CUDA device");
   const int ctx = static_cast<int>(state.range(0)), max_ctx = ctx + 144, nh = 16, nkv = 2, hd = 256, rot = 64;
   const int splits = static_cast<int>(tandem::gpu::attention_decode_splits(max_ctx));
   tandem::gpu::AttentionDecodeArgs p;
   p.nh = nh, p.nkv = nkv, p.hd = hd, p.rotary_dim = rot, p.max_ctx = max_ctx, p.max_splits = splits, p.scale = 1.0f / 16.0f;
+  p.gqa_blocks = state.range(1) != 0;
   float *buf, *part;
   uint16_t *kc, *vc;
   int32_t* pos;
@@ -139,7 +141,8 @@ void BM_attention_decode(benchmark::State& state) {
   p.inv_freq = take(rot / 2), p.q_rot = take(nh * hd), p.out = take(nh * hd);
   p.k_cache = kc, p.v_cache = vc, p.partial = part, p.pos = pos;
   time_kernel(state, double(ctx + 1) * nkv * hd * 2 * 2, [&] { tandem::gpu::attention_decode(p, nullptr); });
-  state.SetLabel(std::to_string(splits) + " splits of " + std::to_string(tandem::gpu::kAttnDecodeSplitRows) + " rows");
+  state.SetLabel(std::to_string(splits) + " splits of " + std::to_string(tandem::gpu::kAttnDecodeSplitRows) + " rows, a block per " +
+                 (p.gqa_blocks ? "KV head" : "query head"));
   for (void* ptr : {static_cast<void*>(buf), static_cast<void*>(part), static_cast<void*>(kc), static_cast<void*>(vc), static_cast<void*>(pos)})
     cudaFree(ptr);
 }
@@ -425,7 +428,7 @@ BENCHMARK(BM_gemv_bf16)
     ->Args({8192, 2048, 1, 1})->Args({8192, 2048, 1, 8})->Args({12352, 2048, 1, 8})->Args({4096, 2048, 1, 1})
     ->Args({2048, 4096, 1, 1})->Args({2048, 4096, 1, 8})->Args({248320, 2048, 1, 1})->Args({8192, 2048, 4, 1})
     ->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_attention_decode)->Arg(512)->Arg(4096)->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_attention_decode)->Args({512, 1})->Args({4096, 1})->Args({4096, 0})->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
 // A 4096-token prompt's two chunks of 2048 (the second attends to the first's 2048 cache rows too).
 BENCHMARK(BM_attention_prefill)
     ->Args({2048, 0, 0})->Args({2048, 0, 1})->Args({2048, 2048, 0})->Args({2048, 2048, 1})

@@ -33,6 +33,10 @@ struct AttentionDecodeArgs {
   float* out = nullptr;            // [nh][hd]
   int nh = 0, nkv = 0, hd = 0, rotary_dim = 0, max_ctx = 0, max_splits = 32;
   float eps = 1e-6f, scale = 0.0f;
+  // Decode's scoring blocks: one per (KV head, split) with a warp per query head of the group, each
+  // K / V row read once a block (hd 32 / 64 / 128 / 256, groups up to 16), or one per (query head,
+  // split) (false; other shapes always). The same sums in another order (~1e-6 apart).
+  bool gqa_blocks = true;
 };
 
 cudaError_t attention_decode(const AttentionDecodeArgs& args, cudaStream_t stream);

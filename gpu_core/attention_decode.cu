@@ -114,6 +114,101 @@ __global__ void __launch_bounds__(kThreads) attend_kernel(AttentionDecodeArgs p)
   if (threadIdx.x == 0) part[hd] = m, part[hd + 1] = l;
 }
 
+// The same partial outputs with one block per (KV head, split) and a warp per query head of the
+// group (grid (nkv, splits), G = nh / nkv warps): the group's 8 query heads score and weigh the chunk's
+// K and V rows together, so each row crosses from L2 once a block instead of once a query head, and
+// with 16-byte loads (a lane holds dims lane * E .. lane * E + E - 1 of a row, E = HD / 32). Each warp
+// is independent: lane j keeps the scores of rows j and 32 + j of the chunk, the softmax max and sum
+// are warp reductions, and the weighted V rows accumulate in registers.
+template <int E>
+__device__ __forceinline__ void load_bf16_row(const uint16_t* row, int lane, float (&v)[E]) {
+  static_assert(E == 1 || E == 2 || E == 4 || E == 8, "E bf16s a lane");
+  uint32_t w[(E + 1) / 2];
+  if constexpr (E == 8) {
+    const uint4 u = reinterpret_cast<const uint4*>(row)[lane];
+    w[0] = u.x, w[1] = u.y, w[2] = u.z, w[3] = u.w;
+  } else if constexpr (E == 4) {
+    const uint2 u = reinterpret_cast<const uint2*>(row)[lane];
+    w[0] = u.x, w[1] = u.y;
+  } else if constexpr (E == 2) {
+    w[0] = reinterpret_cast<const uint32_t*>(row)[lane];
+  } else {
+    w[0] = row[lane];
+  }
+  if constexpr (E == 1) {
+    v[0] = __uint_as_float(w[0] << 16);
+  } else {
+#pragma unroll
+    for (int j = 0; j < E / 2; ++j) v[2 * j] = __uint_as_float(w[j] << 16), v[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
+  }
+}
+
+template <int HD>
+__global__ void __launch_bounds__(512) attend_gqa_kernel(AttentionDecodeArgs p) {
+  constexpr int E = HD / 32;
+  static_assert(kChunk == 64, "lane j keeps rows j and 32 + j of a chunk");
+  const int group = p.nh / p.nkv, kvh = blockIdx.x, split = blockIdx.y;
+  const int lane = threadIdx.x & 31, h = kvh * group + (threadIdx.x >> 5);
+  detail::pdl_wait();
+  const int n_ctx = *p.pos + 1, begin = split * kChunk, end = min(n_ctx, begin + kChunk);
+  float* part = p.partial + (static_cast<int64_t>(h) * p.max_splits + split) * (HD + 2);
+  if (begin >= n_ctx) {
+    if (lane == 0) part[HD] = -INFINITY, part[HD + 1] = 0.0f;
+    return;
+  }
+  float q[E];
+#pragma unroll
+  for (int e = 0; e < E; ++e) q[e] = p.q_rot[static_cast<int64_t>(h) * HD + lane * E + e];
+  const int64_t stride = static_cast<int64_t>(p.nkv) * HD;  // elements between cache rows
+  const uint16_t* kbase = p.k_cache + kvh * HD;
+  const uint16_t* vbase = p.v_cache + kvh * HD;
+  float sc[2] = {-INFINITY, -INFINITY};  // rows begin + lane, begin + 32 + lane
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r0 = begin + 32 * half;
+#pragma unroll 8
+    for (int j = 0; j < 32; ++j) {
+      if (r0 + j >= end) break;  // the same for every lane
+      float k[E];
+      load_bf16_row<E>(kbase + (r0 + j) * stride, lane, k);
+      float d = 0.0f;
+#pragma unroll
+      for (int e = 0; e < E; ++e) d += q[e] * k[e];
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
+      if (lane == j) sc[half] = d * p.scale;
+    }
+  }
+  float m = fmaxf(sc[0], sc[1]);
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+  const float w0 = begin + lane < end ? expf(sc[0] - m) : 0.0f, w1 = begin + 32 + lane < end ? expf(sc[1] - m) : 0.0f;
+  float l = w0 + w1;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
+  float acc[E];
+#pragma unroll
+  for (int e = 0; e < E; ++e) acc[e] = 0.0f;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r0 = begin + 32 * half;
+    const float wh = half ? w1 : w0;
+#pragma unroll 8
+    for (int j = 0; j < 32; ++j) {
+      if (r0 + j >= end) break;
+      const float w = __shfl_sync(0xffffffffu, wh, j);
+      float v[E];
+      load_bf16_row<E>(vbase + (r0 + j) * stride, lane, v);
+#pragma unroll
+      for (int e = 0; e < E; ++e) acc[e] += w * v[e];
+    }
+  }
+  detail::pdl_launch_next();  // past its loads (a grid of many blocks: pdl.cuh)
+#pragma unroll
+  for (int e = 0; e < E; ++e) part[lane * E + e] = acc[e];
+  if (lane == 0) part[HD] = m, part[HD + 1] = l;
+}
+
 // One block per head: merge the splits (log-sum-exp) and apply the output gate.
 __global__ void combine_kernel(AttentionDecodeArgs p, int splits) {
   constexpr int kScaleChunk = 1024;  // splits whose scales are in shared memory at a time
@@ -409,7 +504,16 @@ cudaError_t attention_decode(const AttentionDecodeArgs& p, cudaStream_t stream) 
   const int splits = (p.max_ctx + kChunk - 1) / kChunk;
   if (splits > p.max_splits) return cudaErrorInvalidValue;
   cudaError_t err = detail::launch(prepare_kernel, dim3(p.nh + p.nkv), dim3(kThreads), 0, stream, p);
-  if (err == cudaSuccess) err = detail::launch(attend_kernel, dim3(p.nh, splits), dim3(kThreads), 0, stream, p);
+  const int group = p.nh / p.nkv;
+  auto gqa = [&](auto kernel) { return detail::launch(kernel, dim3(p.nkv, splits), dim3(32 * group), 0, stream, p); };
+  if (err == cudaSuccess) {
+    if (!p.gqa_blocks || group > 16) err = detail::launch(attend_kernel, dim3(p.nh, splits), dim3(kThreads), 0, stream, p);
+    else if (p.hd == 256) err = gqa(attend_gqa_kernel<256>);
+    else if (p.hd == 128) err = gqa(attend_gqa_kernel<128>);
+    else if (p.hd == 64) err = gqa(attend_gqa_kernel<64>);
+    else if (p.hd == 32) err = gqa(attend_gqa_kernel<32>);
+    else err = detail::launch(attend_kernel, dim3(p.nh, splits), dim3(kThreads), 0, stream, p);
+  }
   if (err == cudaSuccess) err = detail::launch(combine_kernel, dim3(p.nh), dim3(kThreads), 0, stream, p, splits);
   return err;
 }

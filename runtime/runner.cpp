@@ -200,6 +200,7 @@ class GpuRunner final : public Runner {
     g.programmatic_launch = env_switch("TANDEM_PDL", true);
     g.attention_prefill = env_switch("TANDEM_ATTN_PREFILL", true);
     g.attention_prefill_tc = env_switch("TANDEM_ATTN_TC", true);
+    g.attention_gqa = env_switch("TANDEM_ATTN_GQA", true);
     g.deltanet_chunked = env_switch("TANDEM_DELTANET_CHUNKED", true);
     g.prefill_gemm_split = !env_switch("TANDEM_GEMM_SINGLE", false);
     sample_on_gpu_ = env_switch("TANDEM_GPU_SAMPLING", true);

@@ -33,6 +33,7 @@ gpu::AttentionDecodeArgs Qwen35MoeGpu::Impl::attention_args(const DevLayer& L) c
   p.nh = c.num_heads, p.nkv = c.num_kv_heads, p.hd = c.head_dim, p.rotary_dim = c.rotary_dim;
   p.max_ctx = static_cast<int>(opts.max_context), p.max_splits = static_cast<int>(gpu::attention_decode_splits(opts.max_context));
   p.eps = static_cast<float>(c.rms_norm_eps), p.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  p.gqa_blocks = opts.attention_gqa;
   return p;
 }
 

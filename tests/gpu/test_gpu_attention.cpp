@@ -20,9 +20,8 @@ class GpuAttention : public ::testing::TestWithParam<AttnCase> {};
 
 float bf16_round(float x) { return bf16_to_f32(f32_to_bf16(x)); }
 
-TEST_P(GpuAttention, DecodeMatchesReference) {
-  TANDEM_REQUIRE_GPU();
-  const AttnCase c = GetParam();
+// gqa: the scoring blocks one per KV head (AttentionDecodeArgs::gqa_blocks) or one per query head.
+void decode_vs_reference(const AttnCase& c, bool gqa) {
   std::mt19937 rng(test::test_seed());
   const int max_ctx = c.start_pos + c.steps + 3, row = c.nkv * c.hd;
   auto q_norm = test::random_floats(rng, c.hd, 0.3f), k_norm = test::random_floats(rng, c.hd, 0.3f);
@@ -85,8 +84,14 @@ TEST_P(GpuAttention, DecodeMatchesReference) {
     CUDA_OK(cudaDeviceSynchronize());
     const auto got = dout.to_host();
     EXPECT_LT(test::rel_l2(std::vector<double>(got.begin(), got.end()), std::vector<double>(want.begin(), want.end())), 2e-5)
-        << "pos " << pos << " seed " << test::test_seed();
+        << "pos " << pos << (gqa ? " (a block per KV head)" : " (a block per query head)") << " seed " << test::test_seed();
   }
+}
+
+TEST_P(GpuAttention, DecodeMatchesReference) {
+  TANDEM_REQUIRE_GPU();
+  decode_vs_reference(GetParam(), true);
+  decode_vs_reference(GetParam(), false);
 }
 
 // attention_prefill (a chunk of tokens in one call) against attention_decode run token by token on the
@@ -151,7 +156,9 @@ TEST_P(GpuAttention, PrefillTensorCoresMatchDecodeSteps) {
 
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuAttention,
                          ::testing::Values(AttnCase{16, 2, 256, 64, 0, 4},     // 35B: first tokens
-                                           AttnCase{16, 2, 256, 64, 700, 2},   // 35B: three splits of context
+                                           AttnCase{16, 2, 256, 64, 700, 2},   // 35B: several splits of context
+                                           AttnCase{8, 2, 128, 32, 129, 3},    // hd 128: a split of one row, then two
+                                           AttnCase{4, 1, 64, 64, 63, 2},      // hd 64, one KV head: a split ends at 64
                                            AttnCase{8, 2, 32, 8, 0, 5},        // fixture bf16_fused
                                            AttnCase{4, 4, 16, 4, 300, 2}));    // GQA 1, odd sizes
 
