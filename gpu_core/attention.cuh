@@ -33,9 +33,9 @@ struct AttentionDecodeArgs {
   float* out = nullptr;            // [nh][hd]
   int nh = 0, nkv = 0, hd = 0, rotary_dim = 0, max_ctx = 0, max_splits = 32;
   float eps = 1e-6f, scale = 0.0f;
-  // Decode's scoring blocks: one per (KV head, split) with a warp per query head of the group, each
-  // K / V row read once a block (hd 32 / 64 / 128 / 256, groups up to 16), or one per (query head,
-  // split) (false; other shapes always). The same sums in another order (~1e-6 apart).
+  // Decode's scoring blocks: one per (KV head, split) for the group's query heads together, each K / V
+  // row read once a block (hd 128 / 256, groups of 4 / 8), or one per (query head, split) (false; other
+  // shapes always). The same sums in another order (~1e-6 apart).
   bool gqa_blocks = true;
 };
 

@@ -114,114 +114,170 @@ __global__ void __launch_bounds__(kThreads) attend_kernel(AttentionDecodeArgs p)
   if (threadIdx.x == 0) part[hd] = m, part[hd + 1] = l;
 }
 
-// The same partial outputs with one block per (KV head, split) and a warp per query head of the
-// group (grid (nkv, splits), G = nh / nkv warps): the group's 8 query heads score and weigh the chunk's
-// K and V rows together, so each row crosses from L2 once a block instead of once a query head, and
-// with 16-byte loads (a lane holds dims lane * E .. lane * E + E - 1 of a row, E = HD / 32). Each warp
-// is independent: lane j keeps the scores of rows j and 32 + j of the chunk, the softmax max and sum
-// are warp reductions, and the weighted V rows accumulate in registers.
-template <int E>
-__device__ __forceinline__ void load_bf16_row(const uint16_t* row, int lane, float (&v)[E]) {
-  static_assert(E == 1 || E == 2 || E == 4 || E == 8, "E bf16s a lane");
-  uint32_t w[(E + 1) / 2];
-  if constexpr (E == 8) {
-    const uint4 u = reinterpret_cast<const uint4*>(row)[lane];
-    w[0] = u.x, w[1] = u.y, w[2] = u.z, w[3] = u.w;
-  } else if constexpr (E == 4) {
-    const uint2 u = reinterpret_cast<const uint2*>(row)[lane];
-    w[0] = u.x, w[1] = u.y;
-  } else if constexpr (E == 2) {
-    w[0] = reinterpret_cast<const uint32_t*>(row)[lane];
-  } else {
-    w[0] = row[lane];
-  }
-  if constexpr (E == 1) {
-    v[0] = __uint_as_float(w[0] << 16);
-  } else {
-#pragma unroll
-    for (int j = 0; j < E / 2; ++j) v[2 * j] = __uint_as_float(w[j] << 16), v[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
-  }
-}
+// The same partial outputs with one block per (KV head, split) for the G query heads of the group
+// (grid (nkv, splits), 8 warps): each K / V row crosses from L2 once a block instead of once a query
+// head, with 16-byte loads (a lane holds dims lane * E .. lane * E + E - 1, E = HD / 32). Warp w takes
+// the chunk's rows w * 8 .. w * 8 + 7 with all their loads in flight at once. Scores: the lane's E-dim
+// products for the G heads, summed over the warp by a transposing reduction (the G sums cross the
+// warp together: 9 shuffles for G = 8 instead of 40), into shared memory. Softmax: warp g for head g.
+// Output: each warp weighs its 8 V rows for all G heads in registers, and the 8 warps' sums meet in
+// shared memory, G / 2 heads at a time.
+constexpr int kGroupWarps = 8, kGroupRows = kChunk / kGroupWarps;
 
-template <int HD>
-__global__ void __launch_bounds__(512) attend_gqa_kernel(AttentionDecodeArgs p) {
-  constexpr int E = HD / 32;
-  static_assert(kChunk == 64, "lane j keeps rows j and 32 + j of a chunk");
-  const int group = p.nh / p.nkv, kvh = blockIdx.x, split = blockIdx.y;
-  const int lane = threadIdx.x & 31, h = kvh * group + (threadIdx.x >> 5);
-  detail::pdl_wait();
-  const int n_ctx = *p.pos + 1, begin = split * kChunk, end = min(n_ctx, begin + kChunk);
-  float* part = p.partial + (static_cast<int64_t>(h) * p.max_splits + split) * (HD + 2);
-  if (begin >= n_ctx) {
-    if (lane == 0) part[HD] = -INFINITY, part[HD + 1] = 0.0f;
-    return;
-  }
-  float q[E];
-#pragma unroll
-  for (int e = 0; e < E; ++e) q[e] = p.q_rot[static_cast<int64_t>(h) * HD + lane * E + e];
-  const int64_t stride = static_cast<int64_t>(p.nkv) * HD;  // elements between cache rows
-  const uint16_t* kbase = p.k_cache + kvh * HD;
-  const uint16_t* vbase = p.v_cache + kvh * HD;
-  float sc[2] = {-INFINITY, -INFINITY};  // rows begin + lane, begin + 32 + lane
-#pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int r0 = begin + 32 * half;
-#pragma unroll 8
-    for (int j = 0; j < 32; ++j) {
-      if (r0 + j >= end) break;  // the same for every lane
-      float k[E];
-      load_bf16_row<E>(kbase + (r0 + j) * stride, lane, k);
-      float d = 0.0f;
-#pragma unroll
-      for (int e = 0; e < E; ++e) d += q[e] * k[e];
-#pragma unroll
-      for (int o = 16; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
-      if (lane == j) sc[half] = d * p.scale;
+// The E bf16s of a row a lane holds, as (E + 1) / 2 words.
+template <int E>
+struct RowBits {
+  uint32_t w[(E + 1) / 2];
+  __device__ __forceinline__ void load(const uint16_t* row, int lane) {
+    if constexpr (E == 8) {
+      const uint4 u = reinterpret_cast<const uint4*>(row)[lane];
+      w[0] = u.x, w[1] = u.y, w[2] = u.z, w[3] = u.w;
+    } else {
+      static_assert(E == 4, "hd 128 or 256");
+      const uint2 u = reinterpret_cast<const uint2*>(row)[lane];
+      w[0] = u.x, w[1] = u.y;
     }
   }
-  float m = fmaxf(sc[0], sc[1]);
+  __device__ __forceinline__ float at(int e) const {
+    return __uint_as_float(e % 2 ? w[e / 2] & 0xffff0000u : w[e / 2] << 16);
+  }
+};
+
+// v[0..G) summed over the warp; lane ends with the sum of head ((lane >> 4) & 1) * G / 2 + ((lane >> 3) & 1)
+// * G / 4 + ... in v[0] (returned), its head in *head.
+template <int G>
+__device__ __forceinline__ float transpose_sum(float (&v)[G], int lane, int* head) {
+  int h = 0;
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-  const float w0 = begin + lane < end ? expf(sc[0] - m) : 0.0f, w1 = begin + 32 + lane < end ? expf(sc[1] - m) : 0.0f;
-  float l = w0 + w1;
+  for (int c = G / 2, o = 16; c >= 1; c /= 2, o /= 2) {
+    const bool upper = lane & o;
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
-  float acc[E];
+    for (int i = 0; i < c; ++i) {
+      const float send = upper ? v[i] : v[i + c], keep = upper ? v[i + c] : v[i];
+      v[i] = keep + __shfl_xor_sync(0xffffffffu, send, o);
+    }
+    if (upper) h += c;
+  }
+  float r = v[0];
 #pragma unroll
-  for (int e = 0; e < E; ++e) acc[e] = 0.0f;
+  for (int o = 32 / G / 2; o > 0; o /= 2) r += __shfl_xor_sync(0xffffffffu, r, o);
+  *head = h;
+  return r;
+}
+
+template <int HD, int G>
+__global__ void __launch_bounds__(kGroupWarps * 32) attend_group_kernel(AttentionDecodeArgs p) {
+  constexpr int E = HD / 32, GH = G / 2;  // dims a lane holds; heads a round of the output sum
+  __shared__ float sc[G][kChunk];
+  __shared__ float red[kGroupWarps][GH][HD];
+  const int kvh = blockIdx.x, split = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  detail::pdl_wait();
+  const int n_ctx = *p.pos + 1, begin = split * kChunk, end = min(n_ctx, begin + kChunk);
+  float* part0 = p.partial + (static_cast<int64_t>(kvh) * G * p.max_splits + split) * (HD + 2);
+  const int64_t head_stride = static_cast<int64_t>(p.max_splits) * (HD + 2);
+  if (begin >= n_ctx) {
+    if (threadIdx.x < G) part0[threadIdx.x * head_stride + HD] = -INFINITY, part0[threadIdx.x * head_stride + HD + 1] = 0.0f;
+    return;
+  }
+  const int64_t stride = static_cast<int64_t>(p.nkv) * HD;  // elements between cache rows
+  const int r0 = begin + warp * kGroupRows;
+  RowBits<E> k[kGroupRows];
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int r0 = begin + 32 * half;
-    const float wh = half ? w1 : w0;
-#pragma unroll 8
-    for (int j = 0; j < 32; ++j) {
-      if (r0 + j >= end) break;
-      const float w = __shfl_sync(0xffffffffu, wh, j);
-      float v[E];
-      load_bf16_row<E>(vbase + (r0 + j) * stride, lane, v);
+  for (int j = 0; j < kGroupRows; ++j)
+    if (r0 + j < end) k[j].load(p.k_cache + (r0 + j) * stride + kvh * HD, lane);
+  float q[G][E];
 #pragma unroll
-      for (int e = 0; e < E; ++e) acc[e] += w * v[e];
+  for (int g = 0; g < G; ++g)
+#pragma unroll
+    for (int e = 0; e < E; ++e) q[g][e] = p.q_rot[static_cast<int64_t>(kvh * G + g) * HD + lane * E + e];
+#pragma unroll
+  for (int j = 0; j < kGroupRows; ++j) {
+    const int row = warp * kGroupRows + j;
+    if (r0 + j >= end) {  // the same for every lane
+      if (lane < G) sc[lane][row] = -INFINITY;
+      continue;
+    }
+    float d[G];
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      d[g] = 0.0f;
+#pragma unroll
+      for (int e = 0; e < E; ++e) d[g] += q[g][e] * k[j].at(e);
+    }
+    int head;
+    const float s = transpose_sum<G>(d, lane, &head);
+    if ((lane & (32 / G - 1)) == 0) sc[head][row] = s * p.scale;
+  }
+  RowBits<E> v[kGroupRows];  // in flight during the softmax
+#pragma unroll
+  for (int j = 0; j < kGroupRows; ++j)
+    if (r0 + j < end) v[j].load(p.v_cache + (r0 + j) * stride + kvh * HD, lane);
+  __syncthreads();
+  if (warp < G) {
+    const float a = sc[warp][lane], b = sc[warp][lane + 32];  // -inf past the context
+    float m = fmaxf(a, b);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    const float ea = expf(a - m), eb = expf(b - m);  // m is finite: the chunk has a row
+    float l = ea + eb;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
+    sc[warp][lane] = ea, sc[warp][lane + 32] = eb;
+    if (lane == 0) part0[warp * head_stride + HD] = m, part0[warp * head_stride + HD + 1] = l;
+  }
+  __syncthreads();
+  float acc[G][E];
+#pragma unroll
+  for (int g = 0; g < G; ++g)
+#pragma unroll
+    for (int e = 0; e < E; ++e) acc[g][e] = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kGroupRows; ++j) {
+    if (r0 + j >= end) break;
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      const float w = sc[g][warp * kGroupRows + j];
+#pragma unroll
+      for (int e = 0; e < E; ++e) acc[g][e] += w * v[j].at(e);
     }
   }
   detail::pdl_launch_next();  // past its loads (a grid of many blocks: pdl.cuh)
 #pragma unroll
-  for (int e = 0; e < E; ++e) part[lane * E + e] = acc[e];
-  if (lane == 0) part[HD] = m, part[HD + 1] = l;
+  for (int h0 = 0; h0 < G; h0 += GH) {
+#pragma unroll
+    for (int g = 0; g < GH; ++g)
+#pragma unroll
+      for (int e = 0; e < E; ++e) red[warp][g][lane * E + e] = acc[h0 + g][e];
+    __syncthreads();
+    for (int i = threadIdx.x; i < GH * HD; i += blockDim.x) {
+      const int g = i / HD, dim = i % HD;
+      float sum = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kGroupWarps; ++w) sum += red[w][g][dim];
+      part0[(h0 + g) * head_stride + dim] = sum;
+    }
+    __syncthreads();  // red is rewritten by the next round
+  }
 }
 
-// One block per head: merge the splits (log-sum-exp) and apply the output gate.
-__global__ void combine_kernel(AttentionDecodeArgs p, int splits) {
+// One block per head: merge the splits (log-sum-exp) and apply the output gate. Thread (c, i) sums
+// output dimension i over the splits c, c + kCombineParts, ... (a quarter of the serial loads each),
+// and the parts meet in shared memory in order.
+constexpr int kCombineParts = 4;
+
+__global__ void __launch_bounds__(kCombineParts * 256) combine_kernel(AttentionDecodeArgs p, int splits) {
   constexpr int kScaleChunk = 1024;  // splits whose scales are in shared memory at a time
-  __shared__ float red[kThreads / 32];
+  __shared__ float red[kCombineParts * 256 / 32];
   __shared__ float scale[kScaleChunk];
+  __shared__ float sums[kCombineParts][256];
   __shared__ float l_all;
-  const int h = blockIdx.x, hd = p.hd, i = threadIdx.x;  // hd <= kThreads: thread i owns output dimension i
+  const int h = blockIdx.x, hd = p.hd, i = threadIdx.x % 256, c = threadIdx.x / 256;  // hd <= 256
   detail::pdl_enter();
   const float* part = p.partial + static_cast<int64_t>(h) * p.max_splits * (hd + 2);
   // Splits past the context wrote only m = -inf (their outputs are stale): skip them.
   const int used = min(splits, (*p.pos + kChunk) / kChunk);
   // The splits' scales e^{m_s - m} are formed once by the block (a thread a split) instead of by every
-  // thread for every dimension; the sums run in split order as before: the same numbers.
+  // thread for every dimension.
   float m = -INFINITY;
   for (int s = threadIdx.x; s < used; s += blockDim.x) m = fmaxf(m, part[s * (hd + 2) + hd]);
   m = block_max(m, red);
@@ -235,14 +291,18 @@ __global__ void combine_kernel(AttentionDecodeArgs p, int splits) {
       for (int s = 0; s < n; ++s) l += part[(s0 + s) * (hd + 2) + hd + 1] * scale[s];
     if (i < hd) {
 #pragma unroll 8
-      for (int s = 0; s < n; ++s) acc += part[(s0 + s) * (hd + 2) + i] * scale[s];
+      for (int s = c; s < n; s += kCombineParts) acc += part[(s0 + s) * (hd + 2) + i] * scale[s];
     }
   }
+  sums[c][i] = acc;
   if (threadIdx.x == 0) l_all = l;
   __syncthreads();
-  if (i < hd) {
+  if (c == 0 && i < hd) {
+    float o = sums[0][i];
+#pragma unroll
+    for (int j = 1; j < kCombineParts; ++j) o += sums[j][i];
     const float gate = p.qg[static_cast<int64_t>(h) * 2 * hd + hd + i];
-    p.out[static_cast<int64_t>(h) * hd + i] = acc / l_all / (1.0f + expf(-gate));
+    p.out[static_cast<int64_t>(h) * hd + i] = o / l_all / (1.0f + expf(-gate));
   }
 }
 
@@ -505,16 +565,16 @@ cudaError_t attention_decode(const AttentionDecodeArgs& p, cudaStream_t stream) 
   if (splits > p.max_splits) return cudaErrorInvalidValue;
   cudaError_t err = detail::launch(prepare_kernel, dim3(p.nh + p.nkv), dim3(kThreads), 0, stream, p);
   const int group = p.nh / p.nkv;
-  auto gqa = [&](auto kernel) { return detail::launch(kernel, dim3(p.nkv, splits), dim3(32 * group), 0, stream, p); };
+  auto grouped = [&](auto kernel) { return detail::launch(kernel, dim3(p.nkv, splits), dim3(kGroupWarps * 32), 0, stream, p); };
   if (err == cudaSuccess) {
-    if (!p.gqa_blocks || group > 16) err = detail::launch(attend_kernel, dim3(p.nh, splits), dim3(kThreads), 0, stream, p);
-    else if (p.hd == 256) err = gqa(attend_gqa_kernel<256>);
-    else if (p.hd == 128) err = gqa(attend_gqa_kernel<128>);
-    else if (p.hd == 64) err = gqa(attend_gqa_kernel<64>);
-    else if (p.hd == 32) err = gqa(attend_gqa_kernel<32>);
+    if (!p.gqa_blocks) err = detail::launch(attend_kernel, dim3(p.nh, splits), dim3(kThreads), 0, stream, p);
+    else if (p.hd == 256 && group == 8) err = grouped(attend_group_kernel<256, 8>);
+    else if (p.hd == 256 && group == 4) err = grouped(attend_group_kernel<256, 4>);
+    else if (p.hd == 128 && group == 8) err = grouped(attend_group_kernel<128, 8>);
+    else if (p.hd == 128 && group == 4) err = grouped(attend_group_kernel<128, 4>);
     else err = detail::launch(attend_kernel, dim3(p.nh, splits), dim3(kThreads), 0, stream, p);
   }
-  if (err == cudaSuccess) err = detail::launch(combine_kernel, dim3(p.nh), dim3(kThreads), 0, stream, p, splits);
+  if (err == cudaSuccess) err = detail::launch(combine_kernel, dim3(p.nh), dim3(kCombineParts * 256), 0, stream, p, splits);
   return err;
 }
 

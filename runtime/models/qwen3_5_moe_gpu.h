@@ -146,9 +146,8 @@ struct GpuOptions {
   // With attention_prefill: its products on tensor cores (queries and softmax weights in bf16, fp32
   // sums; gpu::attention_prefill's tensor_cores). The runners turn it on unless TANDEM_ATTN_TC=0.
   bool attention_prefill_tc = false;
-  // Attention decode scores a chunk of context with one block per KV head (a warp per query head of
-  // its group, each K / V row read once: AttentionDecodeArgs::gqa_blocks) instead of one per query
-  // head. The runners turn it on unless TANDEM_ATTN_GQA=0.
+  // Attention decode scores a chunk of context with one block per KV head for its group's query heads
+  // (each K / V row read once: AttentionDecodeArgs::gqa_blocks) instead of one per query head. The runners turn it on unless TANDEM_ATTN_GQA=0.
   bool attention_gqa = false;
   // In batched prefill, DeltaNet through gpu::deltanet_prefill_chunked (the chunked form: every
   // chunk's state-free terms first, in parallel, then 32 tokens a sequential step; its scratch is

@@ -157,8 +157,10 @@ TEST_P(GpuAttention, PrefillTensorCoresMatchDecodeSteps) {
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuAttention,
                          ::testing::Values(AttnCase{16, 2, 256, 64, 0, 4},     // 35B: first tokens
                                            AttnCase{16, 2, 256, 64, 700, 2},   // 35B: several splits of context
-                                           AttnCase{8, 2, 128, 32, 129, 3},    // hd 128: a split of one row, then two
-                                           AttnCase{4, 1, 64, 64, 63, 2},      // hd 64, one KV head: a split ends at 64
+                                           AttnCase{8, 2, 128, 32, 129, 3},    // hd 128, groups of 4: a split of one row, then two
+                                           AttnCase{16, 2, 128, 64, 200, 2},   // hd 128, groups of 8
+                                           AttnCase{8, 2, 256, 64, 62, 3},     // hd 256, groups of 4: a split ends at 64
+                                           AttnCase{4, 1, 64, 64, 63, 2},      // hd 64: the per-query-head blocks either way
                                            AttnCase{8, 2, 32, 8, 0, 5},        // fixture bf16_fused
                                            AttnCase{4, 4, 16, 4, 300, 2}));    // GQA 1, odd sizes
 
