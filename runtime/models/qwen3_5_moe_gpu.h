@@ -187,7 +187,8 @@ struct ExpertCounts {
   uint64_t streamed_layers = 0, streamed_bytes = 0;
   uint64_t swaps = 0;  // online re-placement: experts moved to the GPU (each displacing one)
   // Decode's host side, layer by layer: time the host waited for the GPU's router result (the GPU's
-  // part of the layer plus the handoff's latency), time it ran its experts, and how many such layers.
+  // part of the layer plus the handoff's latency), time it ran its experts (deferred ones included), and
+  // how many layer handoffs.
   uint64_t host_wait_ns = 0, host_run_ns = 0, host_layers = 0;
 };
 

@@ -84,6 +84,7 @@ bool Qwen35MoeGpu::Impl::host_part(size_t li, int64_t n, bool always, bool wait_
       def.w.assign(hw, hw + n * k);
       def.layer = static_cast<int>(li);
       def.n = n;
+      def.decode = pass == Pass::decode;
       def.pending = true;
     }
   }
@@ -144,7 +145,9 @@ void Qwen35MoeGpu::Impl::deferred_sum(float* out, int64_t rows) {
   std::fill(out, out + rows * model.config().hidden_size, 0.0f);
   if (!def.pending) return;
   TraceSpan span("cpu experts (deferred), layer", "cpu", def.layer);
+  const auto t0 = std::chrono::steady_clock::now();
   opts.host_experts->run(def.layer, def.x.data(), def.n, def.ids.data(), def.w.data(), model.config().num_experts_per_tok, out);
+  if (def.decode) counts.host_run_ns += ns_since(t0);
   def.pending = false;
 }
 

@@ -149,6 +149,7 @@ struct Qwen35MoeGpu::Impl {
     bool ready = false;    // its result is queued into def_dev: add it with this layer's MoE output
     int layer = -1;
     int64_t n = 0;
+    bool decode = false;   // set aside by a decode step (its run counts in ExpertCounts::host_run_ns)
     std::vector<float> x, w;
     std::vector<int32_t> ids;  // the deferred (token, slot) pairs' experts, -1 elsewhere
   } def;
