@@ -18,14 +18,16 @@ namespace {
 int64_t key_of(int layer, int expert) { return (static_cast<int64_t>(layer) << 32) | static_cast<uint32_t>(expert); }
 int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
-// Task sizes: small enough that 16 threads get several tasks each in a decode step (8 experts:
-// 64 phase-1 tasks of ~66 KB and 64 phase-2 tasks of ~66 KB at int4), large enough to stream.
-// They are also the units of the NUMA split (CpuExpertStore::bind_by_node).
-constexpr int64_t kUpBlockRows = 64;    // phase 1: intermediate rows per task
+// Task sizes: small enough that 16 threads get several tasks each in a decode step (8 experts at the
+// 35B shape: 128 phase-1 tasks of ~33 KB each of gate and up with the default
+// CpuExpertStoreOptions::up_block_rows, and 64 phase-2 tasks of ~66 KB at int4), large enough to
+// stream. They are also the units of the NUMA split (CpuExpertStore::bind_by_node).
 constexpr int64_t kDownBlockTiles = 2;  // phase 2: 32 output rows per task
-constexpr int64_t kUpBlockTiles = kUpBlockRows / kTileRows;
 
-int64_t up_blocks(const PackedMatrix& gate) { return (gate.tiles + kUpBlockTiles - 1) / kUpBlockTiles; }
+int64_t up_blocks(const PackedMatrix& gate, int64_t block_rows) {
+  const int64_t tiles = block_rows / kTileRows;
+  return (gate.tiles + tiles - 1) / tiles;
+}
 
 }  // namespace
 
@@ -35,6 +37,8 @@ CpuExpertStore::CpuExpertStore(CpuExpertStoreOptions opt)
     : opt_(std::move(opt)), arena_(std::make_unique<HostArena>()) {
   if (opt_.dense_format == WeightFormat::Int4)
     fail("cpu experts: dense_format cannot be int4 (int4 comes only from GPTQ checkpoints)");
+  if (opt_.up_block_rows < kTileRows || opt_.up_block_rows % kTileRows)
+    fail("cpu experts: up_block_rows must be a positive multiple of ", kTileRows, " (got ", opt_.up_block_rows, ")");
 }
 
 CpuExpertStore::~CpuExpertStore() = default;
@@ -133,8 +137,8 @@ void CpuExpertStore::bind_by_node(const ExpertWeights& e, const ThreadPool& pool
       if (m.zeros) pool.bind_to_node(m.zeros + t0 * per_tile, static_cast<size_t>((t1 - t0) * per_tile), j);
     }
   };
-  bind(e.gate, kUpBlockTiles);
-  bind(e.up, kUpBlockTiles);
+  bind(e.gate, opt_.up_block_rows / kTileRows);
+  bind(e.up, opt_.up_block_rows / kTileRows);
   bind(e.down, kDownBlockTiles);
 }
 
@@ -193,7 +197,7 @@ struct Job {
   const ExpertWeights* w = nullptr;
   int64_t tok0 = 0, ntok = 0;  // slice of job_tokens / job_weights
   int xprep_gate = -1, xprep_up = -1;  // -1: act-order, gathered per expert (xq_gate / xq_up)
-  int64_t nblk = 0;                    // phase-1 blocks of kUpBlockRows rows
+  int64_t nblk = 0;                    // phase-1 blocks of up_block_rows rows
   size_t grp0 = 0;                     // first of this job's down-group counters
   size_t h_off = 0, hq_off = 0;  // into the per-call buffer
   size_t xg_off = 0, xu_off = 0;  // act-order: this expert's gathered, quantized rows (gate, up)
@@ -307,6 +311,7 @@ void cpu_moe_forward(const CpuExpertStore& store, int layer, const float* x, int
                      const CpuKernels& kern, ActPrecision act) {
   if (T <= 0 || k <= 0) return;
   CpuMoeWorkspace::Impl& ws = *workspace.impl;
+  const int64_t ub = store.options().up_block_rows;  // phase-1 rows per task
 
   // Group (token, weight) pairs by expert, experts in ascending id order (fixes the summation order).
   ws.order.resize(static_cast<size_t>(T * k));
@@ -351,7 +356,7 @@ void cpu_moe_forward(const CpuExpertStore& store, int layer, const float* x, int
   size_t groups_total = 0;
   for (Job& j : ws.jobs) {
     const PackedMatrix &g = j.w->gate, &d = j.w->down;
-    j.nblk = up_blocks(g);
+    j.nblk = up_blocks(g, ub);
     j.h_stride = round_up(std::max(g.tiles * kTileRows, d.cols_padded), 16);
     j.grp0 = groups_total;
     if (d.is_int()) groups_total += static_cast<size_t>(d.groups);
@@ -412,12 +417,12 @@ void cpu_moe_forward(const CpuExpertStore& store, int layer, const float* x, int
     const int64_t rows = j.w->gate.tiles * kTileRows;
     for (int64_t g = 0; g < d.groups; ++g) {
       const int64_t c0 = g * d.group_size, c1 = std::min((g + 1) * d.group_size, rows);
-      ws.pending[j.grp0 + static_cast<size_t>(g)].store(static_cast<int32_t>((c1 - 1) / kUpBlockRows - c0 / kUpBlockRows + 1),
+      ws.pending[j.grp0 + static_cast<size_t>(g)].store(static_cast<int32_t>((c1 - 1) / ub - c0 / ub + 1),
                                                        std::memory_order_relaxed);
     }
   }
   // Per worker: gate and up outputs of one block, one down block.
-  const size_t y_bytes = align64(static_cast<size_t>(max_ntok * kUpBlockRows * 4));
+  const size_t y_bytes = align64(static_cast<size_t>(max_ntok * ub * 4));
   const size_t down_bytes = align64(static_cast<size_t>(max_ntok * kDownBlockTiles * kTileRows * 4));
   const size_t per_worker = 2 * y_bytes + down_bytes;
   grow(ws.scratch, per_worker * static_cast<size_t>(pool.threads()) + 64);
@@ -503,7 +508,7 @@ void cpu_moe_forward(const CpuExpertStore& store, int layer, const float* x, int
     uint8_t* s = scratch + per_worker * static_cast<size_t>(worker);
     auto* yg = reinterpret_cast<float*>(s);
     auto* yu = reinterpret_cast<float*>(s + y_bytes);
-    const int64_t r0 = b * kUpBlockRows, r1 = std::min(r0 + kUpBlockRows, e.gate.tiles * kTileRows);
+    const int64_t r0 = b * ub, r1 = std::min(r0 + ub, e.gate.tiles * kTileRows);
     const int64_t t0 = r0 / kTileRows, t1 = r1 / kTileRows, w = r1 - r0;
     const ActRows ag = act_for(j, j.xprep_gate, j.xq_gate);
     const ActRows au = act_for(j, j.xprep_up, j.xq_up);

@@ -51,6 +51,11 @@ struct CpuExpertStoreOptions {
   // int8 halves, act_ops.h) or 8-bit (half the integer work, ~256x the rounding error). Matrices whose
   // group size exceeds qmatmul.h's 16-bit limit use 8-bit.
   ActPrecision act = ActPrecision::Int16;
+  // Intermediate rows of gate and up per phase-1 task of cpu_moe_forward (a multiple of 16; also the
+  // unit of the NUMA split). 32: a decode layer of 3, 5 or 8 experts at the 35B shape (512 rows each)
+  // gives 48, 80 or 128 tasks, whole rounds for 16 threads (64 left 8 of 16 threads idle for the
+  // last task of 3 or 5 experts, as expert deferral splits a layer).
+  int64_t up_block_rows = 32;
 };
 
 class CpuExpertStore {

@@ -165,6 +165,7 @@ class CpuExpertSide final : public HostExperts {
     else if (fmt == "bf16") o.format = cpu::WeightFormat::BF16;
     else fail("hybrid: CPU expert format must be int4, int8 or bf16 (got '", fmt, "')");
     o.dense_format = o.format == cpu::WeightFormat::Int4 ? cpu::WeightFormat::Int8 : o.format;
+    if (env_switch("TANDEM_CPU_COARSE_TASKS", false)) o.up_block_rows = 64;  // the task size before session 11 (A/B)
     return o;
   }
   cpu::ThreadPool pool_;

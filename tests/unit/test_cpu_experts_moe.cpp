@@ -8,6 +8,7 @@
 #include <tuple>
 
 #include "cpu_experts/cpu_moe.h"
+#include "runtime/error.h"
 #include "tests/unit/cpu_experts_cases.h"
 #include "tests/unit/test_util.h"
 
@@ -68,11 +69,12 @@ struct Built {
   int k = 0;
 };
 
-Built build(const MoeCase& c, uint32_t seed, ActPrecision act = ActPrecision::Int16) {
+Built build(const MoeCase& c, uint32_t seed, ActPrecision act = ActPrecision::Int16, int64_t up_block_rows = 32) {
   std::mt19937 rng(seed);
   Built b;
   CpuExpertStoreOptions opt;
   opt.act = act;
+  opt.up_block_rows = up_block_rows;
   opt.format = c.fmt;
   opt.dense_format = WeightFormat::BF16;
   opt.int8_group_size = c.spec.group_size;
@@ -312,6 +314,26 @@ TEST_P(CpuMoe, NumaSplitIsBitIdentical) {
   ThreadPool pool(ThreadPool::Options{.threads = 3, .pin = false, .pin_caller = false, .spin_us = 50, .pretend_nodes = 2});
   const std::vector<float> got = run(b, c, kern, &pool);
   EXPECT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float))) << c.name << " on 2 nodes";
+}
+
+// Phase-1 task size (CpuExpertStoreOptions::up_block_rows): each intermediate row, each re-quantized
+// group and each output row come from the same arithmetic whichever task holds them: bit-identical.
+TEST_P(CpuMoe, TaskSizeIsBitIdentical) {
+  const MoeCase& c = std::get<0>(GetParam());
+  const CpuKernels& kern = cpu_kernels(default_isa().isa);
+  const Built base = build(c, test::test_seed() + 3, std::get<1>(GetParam()));
+  const std::vector<float> want = run(base, c, kern);
+  for (const int64_t rows : {16, 48, 64, 128}) {
+    const Built b = build(c, test::test_seed() + 3, std::get<1>(GetParam()), rows);
+    const std::vector<float> got = run(b, c, kern);
+    EXPECT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * sizeof(float))) << c.name << ": " << rows << " rows a task";
+  }
+}
+
+TEST(CpuMoe, RejectsATaskSizeOffTheTileRows) {
+  CpuExpertStoreOptions opt;
+  opt.up_block_rows = 24;
+  EXPECT_THROW(CpuExpertStore{opt}, tandem::Error);
 }
 
 TEST_P(CpuMoe, ReferenceWithinDerivedBoundOfExactDefinition) {
