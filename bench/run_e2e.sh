@@ -59,9 +59,12 @@ run() {  # name, then bench flags
   [ "$name" = gpu-all ] && cfg="--gpu-mem 1000GiB"
   "$tandem" plan --model "$model" $cfg --json > "$out/$name.plan.json" 2>/dev/null || true
   # BENCH_PROMPTS=1: prompts from the profiling text (where the heat map's routing applies) instead of random ids
-  # FOLLOW_TEXT=1 (with BENCH_PROMPTS): decode steps fed the text's next tokens (bench --follow-text)
+  # FOLLOW_TEXT=1 (with BENCH_PROMPTS): decode steps fed the text's next tokens (bench --follow-text);
+  # ignored without BENCH_PROMPTS (random-id runs after a text run in one gpu_session.sh call)
+  local follow=""
+  [ -n "${BENCH_PROMPTS:-}" ] && [ -n "${FOLLOW_TEXT:-}" ] && follow="--follow-text"
   "$tandem" bench --model "$model" --prompt-len "$lens" --gen "$gen" --repeat "$repeat" --json ${WARMUP:+--warmup $WARMUP} \
-    ${BENCH_PROMPTS:+--prompts "$out/prompts.txt"} ${FOLLOW_TEXT:+--follow-text} "$@" \
+    ${BENCH_PROMPTS:+--prompts "$out/prompts.txt"} $follow "$@" \
     > "$out/$name.json" 2> "$out/$name.log"
   local rc=$?
   python3 - "$out/$name.json" <<'PY' || { echo "  failed (rc=$rc):"; tail -3 "$out/$name.log"; }

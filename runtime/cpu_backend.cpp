@@ -16,8 +16,7 @@ const void* key_of(const LinearWeight& w) {
 
 cpu::CpuExpertStoreOptions store_options(const Qwen35Moe& m, const CpuBackendOptions& o) {
   cpu::CpuExpertStoreOptions s;
-  const bool gptq = !m.layers().empty() && m.layers()[0].moe.gate[0].kind == LinearWeight::Kind::Gptq;
-  s.format = gptq ? cpu::WeightFormat::Int4 : o.dense_expert_format;
+  s.format = m.gptq_experts() ? cpu::WeightFormat::Int4 : o.dense_expert_format;
   s.dense_format = o.dense_expert_format;
   s.act = o.expert_act;
   return s;

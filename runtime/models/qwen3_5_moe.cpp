@@ -249,6 +249,12 @@ std::string Qwen35Moe::layout_description() const {
   return str_cat(prefix_ == "model." ? "text-only names" : "composite names", ", experts ", expert_layout_);
 }
 
+bool Qwen35Moe::gptq_experts() const {
+  for (const LayerWeights& L : layers_)
+    if (!L.moe.gate.empty()) return L.moe.gate[0].kind == LinearWeight::Kind::Gptq;
+  return false;
+}
+
 WeightBytes Qwen35Moe::weight_bytes() const {
   WeightBytes b;
   auto vec = [](const std::vector<float>& v, uint64_t elem) { return v.size() * elem; };

@@ -109,6 +109,9 @@ class Qwen35Moe {
 
   // The resolved tensor table, for the other placements (GPU upload, CPU expert repack).
   const std::vector<LayerWeights>& layers() const { return layers_; }
+  // Whether the routed experts are GPTQ int4, judged by the first MoE layer's first expert (a
+  // checkpoint's experts share one format; the GPU upload rejects a layer that mixes them).
+  bool gptq_experts() const;
   const LinearWeight& embed() const { return embed_; }
   const LinearWeight& lm_head() const { return lm_head_; }
   const std::vector<float>& final_norm() const { return final_norm_; }

@@ -326,8 +326,7 @@ void Qwen35MoeGpu::Impl::build(Uploader& up, const std::function<void(uint64_t)>
     ptopk_ids = up.zeros<int32_t>(n * k, Kind::Work);
     blas_ws = up.alloc(gpu::kBlasWorkspaceBytes, Kind::Work);
     if (c.linear_num_value_heads > 0) pterms = ws(gpu::deltanet_chunk_terms_floats(n, c.linear_num_value_heads));
-    if (!model.layers().empty() && !model.layers()[0].moe.gate.empty() &&
-        model.layers()[0].moe.gate[0].kind == LinearWeight::Kind::Gptq)  // grouped int4 experts
+    if (model.gptq_experts())  // grouped int4 experts
       pgroup = up.alloc(gpu::moe_int4_grouped_workspace(n, k, H, I, static_cast<int>(E)), Kind::Work);
   }
 }
