@@ -7,6 +7,7 @@
 #include "runtime/chat_template.h"
 #include "runtime/cpu_backend.h"
 #include "runtime/error.h"
+#include "runtime/ops_ref.h"
 #include "runtime/synth.h"
 
 namespace tandem {
@@ -14,12 +15,77 @@ namespace tandem {
 RoutingCounts profile_routing(const Qwen35Moe& model, MatmulBackend* backend, const std::vector<std::vector<int32_t>>& prompts,
                               int64_t gen, const std::function<void(size_t, int64_t)>& progress) {
   const ModelConfig& c = model.config();
+  const int64_t H = c.hidden_size;
+  const int E = static_cast<int>(c.num_experts), K = static_cast<int>(c.num_experts_per_tok);
   RoutingCounts out;
   out.counts.assign(c.num_layers, std::vector<uint64_t>(c.num_experts, 0));
+  out.early_hits.assign(c.num_layers, 0);
+  out.early_hits_2k.assign(c.num_layers, 0);
+  out.early_hits_host.assign(c.num_layers, 0);
+  // The early guess: each layer's router rows in fp32 (dequantized once, when the layer first routes),
+  // applied to the layer's input (the "embed" / previous "layer_out" tap) after its post-attention norm.
+  std::vector<std::vector<float>> router(c.num_layers);
+  std::vector<float> input, host_input, routed, normed(H), guess_logits(E), weights(2 * K);
+  std::vector<int> guess(2 * K);
+  // The top-2k guess of `layer` from rows x H residuals `in` (the post-attention norm, the router).
+  auto guess_from = [&](int layer, const float* in) {
+    const LayerWeights& L = model.layers()[layer];
+    std::vector<float>& R = router[layer];
+    if (R.empty()) {
+      R.resize(static_cast<size_t>(E * H));
+      for (int e = 0; e < E; ++e) L.moe.router.dequant_row(e, R.data() + e * H);
+    }
+    ref::rmsnorm_zc(in, L.post_attention_norm.data(), H, static_cast<float>(c.rms_norm_eps), normed.data());
+    for (int e = 0; e < E; ++e) {
+      const float* w = R.data() + e * H;
+      double acc = 0;
+      for (int64_t i = 0; i < H; ++i) acc += static_cast<double>(w[i]) * normed[i];
+      guess_logits[e] = static_cast<float>(acc);
+    }
+    ref::route_topk(guess_logits.data(), E, std::min(2 * K, E), guess.data(), weights.data());  // descending
+  };
+  auto hits = [&](const float* want, int64_t in_top) {
+    uint64_t n = 0;
+    for (int j = 0; j < K; ++j)
+      for (int64_t g = 0; g < in_top; ++g)
+        if (guess[g] == static_cast<int>(want[j])) {
+          ++n;
+          break;
+        }
+    return n;
+  };
   const TensorTap tap = [&](const char* name, int layer, const float* d, int64_t rows, int64_t cols) {
-    if (std::string_view(name) != "moe_topk_ids") return;
+    const std::string_view n(name);
+    if (n == "embed" || n == "layer_out") {
+      input.assign(d, d + rows * cols);
+      host_input = input;
+      if (n == "layer_out" && static_cast<int64_t>(routed.size()) == rows * cols) {  // what the host knows: without the shared expert
+        // routed holds the shared expert's output by now (moe_out - moe_routed): take it back out
+        for (size_t i = 0; i < host_input.size(); ++i) host_input[i] -= routed[i];
+      }
+      return;
+    }
+    if (n == "moe_routed") {
+      routed.assign(d, d + rows * cols);
+      return;
+    }
+    if (n == "moe_out") {  // routed := the shared expert's part of the MoE output
+      if (static_cast<int64_t>(routed.size()) == rows * cols)
+        for (size_t i = 0; i < routed.size(); ++i) routed[i] = d[i] - routed[i];
+      return;
+    }
+    if (n != "moe_topk_ids") return;
     for (int64_t i = 0; i < rows * cols; ++i) ++out.counts[layer][static_cast<size_t>(d[i])];
     if (layer == 0) out.tokens += rows;
+    if (model.layers()[layer].moe.router.out != E || static_cast<int64_t>(input.size()) != rows * H || cols != K) return;
+    const int64_t wide = std::min(2 * K, E);
+    for (int64_t t = 0; t < rows; ++t) {
+      guess_from(layer, input.data() + t * H);
+      out.early_hits[layer] += hits(d + t * K, K);
+      out.early_hits_2k[layer] += hits(d + t * K, wide);
+      guess_from(layer, host_input.data() + t * H);
+      out.early_hits_host[layer] += hits(d + t * K, K);
+    }
   };
   std::vector<float> logits(c.vocab_size);
   for (size_t i = 0; i < prompts.size(); ++i) {
@@ -55,6 +121,16 @@ RoutingCounts profile_prompts(const Qwen35Moe& model, const Tokenizer& tokenizer
     ids.push_back(std::move(t));
   }
   return profile_routing(model, backend.get(), ids, o.gen, progress);
+}
+
+double early_hit_share(const RoutingCounts& c, const std::vector<uint64_t> RoutingCounts::*which) {
+  uint64_t hits = 0, all = 0;
+  const std::vector<uint64_t>& h = c.*which;
+  for (size_t l = 0; l < h.size(); ++l) {
+    hits += h[l];
+    for (const uint64_t n : c.counts[l]) all += n;
+  }
+  return all ? static_cast<double>(hits) / static_cast<double>(all) : 0.0;
 }
 
 double top20_share(const RoutingCounts& c) {

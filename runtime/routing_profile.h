@@ -19,6 +19,14 @@ namespace tandem {
 struct RoutingCounts {
   int64_t tokens = 0;                          // tokens routed (each picks top-k experts per layer)
   std::vector<std::vector<uint64_t>> counts;   // [layer][expert]
+  // How well a layer's router applied to the layer's *input* (the residual before its mixer, with the
+  // post-attention norm) foresees the experts it picks after the mixer: of the tokens x top-k
+  // activations of layer l, early_hits[l] were among that early guess's top-k and early_hits_2k[l]
+  // among its top-2k. What reading predicted experts' weights while the mixer runs would catch.
+  std::vector<uint64_t> early_hits, early_hits_2k;
+  // The same guess from what the host of a hybrid step knows after layer l-1 (the residual before that
+  // layer's MoE plus its routed experts' sum, without the shared expert's output).
+  std::vector<uint64_t> early_hits_host;
 };
 
 RoutingCounts profile_routing(const Qwen35Moe& model, MatmulBackend* backend, const std::vector<std::vector<int32_t>>& prompts,
@@ -40,5 +48,8 @@ RoutingCounts profile_prompts(const Qwen35Moe& model, const Tokenizer& tokenizer
 
 // Mean over layers of the share of activations the hottest 20% of experts take (uniform routing: 0.2).
 double top20_share(const RoutingCounts& c);
+// Share of all layers' activations an early guess caught: RoutingCounts::early_hits, early_hits_2k
+// or early_hits_host; 0 without tokens.
+double early_hit_share(const RoutingCounts& c, const std::vector<uint64_t> RoutingCounts::*which);
 
 }  // namespace tandem

@@ -179,6 +179,8 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
     mark(tr, li, 0);
     const bool conv_in_gemv = L.kind == LayerKind::LinearAttention && opts.deltanet_conv_in_gemv && L.in_proj.out && !L.in_proj.int4;
     norm_x(L.in_norm);
+    // GpuOptions::host_prefetch: the layer's experts guessed from its input, beside the mixer
+    const bool guessed = posting && guessing && L.cpu_experts && opts.host_experts && post_guess(L, li);
     if (L.kind == LayerKind::LinearAttention) {
       if (conv_in_gemv) {  // qkv|z|b|a; the conv of the qkv rows applied as they are written
         CK(gpu::gemv_bf16_conv(L.in_proj.w, L.in_proj.out, L.in_proj.in, x, qkv, static_cast<int>(c.linear_conv_dim()),
@@ -215,6 +217,7 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
     // router|shared gate|shared up|shared expert gate stacked, or the router alone; bf16: top-k in the
     // GEMV's last block (and with GpuOptions::router_norm the norm before it in the same launch)
     const DevLinear& R = L.x_proj.out ? L.x_proj : L.router;
+    if (guessed) CK(cudaStreamWaitEvent(stream, join_ev, 0));  // the guess has read h and left its scratch
     if (!R.int4 && opts.router_norm) {
       CK(gpu::gemv_bf16_router_topk_norm(R.w, R.out, R.in, h, pending.a, pending.shared, pending.gate, L.post_norm, eps, x, router,
                                          static_cast<int>(c.num_experts), k, route_ticket, topk_ids, topk_w, stream));
@@ -331,6 +334,7 @@ bool Qwen35MoeGpu::forward_top(std::span<const int32_t> ids, std::span<const gpu
 }
 bool Qwen35MoeGpu::cuda_graph_active() const { return impl_->graph_ok; }
 bool Qwen35MoeGpu::programmatic_launch_active() const { return impl_->opts.programmatic_launch; }
+int Qwen35MoeGpu::host_prefetch_active() const { return impl_->guessing ? impl_->opts.host_prefetch : 0; }
 int64_t Qwen35MoeGpu::stream_prefill_min_tokens() const { return impl_->st.on && impl_->batched ? impl_->opts.stream_prefill_min_tokens : 0; }
 const std::string& Qwen35MoeGpu::stream_prefill_note() const { return impl_->st.note; }
 bool Qwen35MoeGpu::graph_cut_at_handoffs() const {

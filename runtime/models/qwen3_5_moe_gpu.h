@@ -69,6 +69,10 @@ class HostExperts {
   }
   // Whether run() can compute this expert (online re-placement hands the host GPU experts too).
   virtual bool holds(int /*layer*/, int /*expert*/) const { return false; }
+  // Reads the weights of `layer`'s experts ids[0..n) (a guess, best first; ones this side does not
+  // hold are skipped) into the caches, ahead of a run() expected to need them. run() gives the same
+  // result either way (GpuOptions::host_prefetch).
+  virtual void prefetch(int /*layer*/, const int32_t* /*ids*/, int /*n*/) {}
 };
 
 struct GpuOptions {
@@ -125,6 +129,14 @@ struct GpuOptions {
   // projections). The same kernels, so the same bits. Validated on the H200 (all-GPU decode 230.0 ->
   // 237.3 tok/s); the runners turn it on unless TANDEM_PARALLEL_SHARED=0.
   bool parallel_shared = false;
+  // Hybrid decode in one graph a step (hybrid_one_graph, parallel_shared): at the start of each layer
+  // with host experts the GPU guesses its experts (the layer's router applied to the layer's input
+  // with the post-attention norm, on the side stream beside the mixer) and posts the guess; the host,
+  // idle until the router's real choice arrives, reads the weights of the first host_prefetch guessed
+  // experts into its caches (HostExperts::prefetch). The guess changes nothing computed. A layer's
+  // input foresees ~86-89% of its top-8 on the synthetic 35B (`tandem profile`). 0: off. EXPERIMENTAL:
+  // written in session 11 after the device budget was spent, not yet run on a GPU (TANDEM_HOST_PREFETCH=N).
+  int host_prefetch = 0;
   // Decode DeltaNet with the recurrence split over 32-column slices of each head's state
   // (gpu::DeltaNetDecodeArgs::tickets). Validated on the H200, no faster there: off unless
   // TANDEM_DELTANET_SPLIT=1.
@@ -218,6 +230,7 @@ class Qwen35MoeGpu {
   bool cuda_graph_active() const;
   // GpuOptions::programmatic_launch asked for and the device takes it (compute capability >= 9.0).
   bool programmatic_launch_active() const;
+  int host_prefetch_active() const;  // GpuOptions::host_prefetch in effect (0: off)
   bool graph_cut_at_handoffs() const;  // hybrid: the step's graphs are cut where the host takes over
   bool graph_one_step() const;         // hybrid: one graph a step, the host handoffs inside it
   // Online re-placement (GpuOptions::replace): where the routed experts are now ([layer][expert], 1 =

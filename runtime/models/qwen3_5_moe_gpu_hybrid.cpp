@@ -99,16 +99,36 @@ bool Qwen35MoeGpu::Impl::host_part(size_t li, int64_t n, bool always, bool wait_
   return true;
 }
 
+// GpuOptions::host_prefetch, inside the step's graph: forks the side stream after the layer's input
+// norm (h is the layer's input), and there the router's rows (the first E of the stacked projection)
+// over h with the post-attention norm, top-k in the GEMV's last block, then the ids posted to hgids
+// with hflags[4] = li + 1. Its scratch (cpu_out, router, topk_ids / topk_w, route_ticket) is the real
+// router's, unused by the mixer; the caller joins the side stream back before the real router.
+bool Qwen35MoeGpu::Impl::post_guess(const DevLayer& L, size_t li) {
+  const ModelConfig& c = model.config();
+  const DevLinear& R = L.x_proj.out ? L.x_proj : L.router;
+  if (R.int4 || !R.w) return false;
+  const int E = static_cast<int>(c.num_experts), k = c.num_experts_per_tok;
+  CK(cudaEventRecord(fork_ev, stream));
+  CK(cudaStreamWaitEvent(side, fork_ev, 0));
+  CK(gpu::gemv_bf16_router_topk_norm(R.w, E, R.in, h, nullptr, nullptr, nullptr, L.post_norm, static_cast<float>(c.rms_norm_eps),
+                                     cpu_out, router, E, k, route_ticket, topk_ids, topk_w, side));
+  CK(gpu::host_post(nullptr, 0, topk_ids, topk_w, k, nullptr, hgids, hgw, hflags + 4, static_cast<unsigned>(li) + 1, side));
+  CK(cudaEventRecord(join_ev, side));
+  return true;
+}
+
 // GpuOptions::hybrid_one_graph: launches the step's one graph, then for each layer with host experts
 // waits (spinning) for the GPU to post its router result, runs them, and releases the GPU's wait. On any
 // failure every wait in the graph is released before the error leaves, so the stream always drains.
 void Qwen35MoeGpu::Impl::run_one_graph(int w) {
   volatile unsigned* f = hflags;
-  for (int i = 0; i < 4; ++i) f[i] = 0u;  // the previous step has finished (synchronized)
+  for (int i = 0; i < 8; ++i) f[i] = 0u;  // the previous step has finished (synchronized)
   CK(cudaGraphLaunch(segs[w][0], stream));
   constexpr auto kTimeout = std::chrono::seconds(60);
   try {
-    for (const int li : seg_layers) {
+    for (size_t si = 0; si < seg_layers.size(); ++si) {
+      const int li = seg_layers[si];
       const unsigned v = static_cast<unsigned>(li) + 1;
       {
         TraceSpan wait("wait for router, layer", "handoff", li);
@@ -126,6 +146,18 @@ void Qwen35MoeGpu::Impl::run_one_graph(int w) {
         deferred_sum(hdef_posted + (li % 2) * model.config().hidden_size, 1);
         std::atomic_thread_fence(std::memory_order_release);  // the row before the flag
         f[3] = v;
+      }
+      if (guessing && si + 1 < seg_layers.size()) {  // the next host layer's guess, while the GPU runs its mixer
+        const unsigned nv = static_cast<unsigned>(seg_layers[si + 1]) + 1;
+        const auto t0 = std::chrono::steady_clock::now();
+        for (uint64_t spins = 1; f[4] < nv && f[0] < nv; ++spins)
+          if (spins % 4096 == 0 && std::chrono::steady_clock::now() - t0 > kTimeout)
+            fail("hybrid decode step: the GPU did not post layer ", nv - 1, "'s expert guess within 60 s");
+        std::atomic_thread_fence(std::memory_order_acquire);  // hgids after the flag
+        if (f[0] < nv) {  // the real choice has not come yet: worth reading ahead
+          TraceSpan span("prefetch guessed experts, layer", "cpu", static_cast<int>(nv - 1));
+          opts.host_experts->prefetch(static_cast<int>(nv - 1), hgids, std::min(opts.host_prefetch, model.config().num_experts_per_tok));
+        }
       }
     }
   } catch (...) {

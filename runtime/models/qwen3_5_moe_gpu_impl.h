@@ -113,8 +113,13 @@ struct Qwen35MoeGpu::Impl {
   // GpuOptions::hybrid_one_graph: the step is one graph (segs[w][0]) and seg_layers the layers whose
   // host experts run while it waits inside it. hflags (mapped): [0] the last layer posted + 1 (GPU ->
   // host), [1] the last layer released + 1 (host -> GPU), [2] the layer + 1 a wait gave up on, [3] with
-  // deferral: the last layer whose deferred sum is in hdef_posted + 1 (host -> GPU).
+  // deferral: the last layer whose deferred sum is in hdef_posted + 1 (host -> GPU), [4] with
+  // GpuOptions::host_prefetch: the last layer whose expert guess is in hgids + 1 (GPU -> host).
   bool one_graph = false;
+  bool guessing = false;         // GpuOptions::host_prefetch in effect (one graph, side stream, bf16 routers)
+  int32_t* hgids = nullptr;      // mapped: the guessed experts of the layer in hflags[4] - 1, best first
+  float* hgw = nullptr;          // mapped: their guessed weights (posted with them, unused)
+  bool post_guess(const DevLayer& L, size_t li);  // false: not for this layer (an int4 router)
   bool posting = false;          // enqueue() under capture for one_graph: handoffs inside the graph
   unsigned* hflags = nullptr;
   void run_one_graph(int w);
@@ -246,6 +251,8 @@ struct Qwen35MoeGpu::Impl {
     if (hidpos) cudaFreeHost(hidpos);
     if (hlogits) cudaFreeHost(hlogits);
     if (hflags) cudaFreeHost(hflags);
+    if (hgids) cudaFreeHost(hgids);
+    if (hgw) cudaFreeHost(hgw);
     gpu::blas_destroy(blas);
     if (tbase) cudaEventDestroy(tbase);
     if (def_copied) cudaEventDestroy(def_copied);

@@ -436,8 +436,14 @@ std::unique_ptr<Qwen35MoeGpu> Qwen35MoeGpu::create(const Qwen35Moe& model, const
   impl->graph_ok = opts.cuda_graph && impl->embed && !(impl->deferring() && host_layers && !one_graph);
   impl->one_graph = impl->graph_ok && one_graph;
   if (impl->one_graph) {
-    CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hflags), 4 * sizeof(unsigned), cudaHostAllocMapped));
-    std::memset(impl->hflags, 0, 4 * sizeof(unsigned));
+    CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hflags), 8 * sizeof(unsigned), cudaHostAllocMapped));
+    std::memset(impl->hflags, 0, 8 * sizeof(unsigned));
+    impl->guessing = opts.host_prefetch > 0 && impl->side;
+    if (impl->guessing) {
+      const int64_t k = model.config().num_experts_per_tok;
+      CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hgids), k * sizeof(int32_t), cudaHostAllocMapped));
+      CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hgw), k * sizeof(float), cudaHostAllocMapped));
+    }
     if (impl->deferring()) {  // two rows, by layer parity: the host fills layer L + 1's while the GPU may still read layer L's
       CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hdef_posted), 2 * H * sizeof(float), cudaHostAllocMapped));
       std::memset(impl->hdef_posted, 0, 2 * H * sizeof(float));

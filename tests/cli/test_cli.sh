@@ -162,7 +162,14 @@ tokens = int(re.search(r"^tokens: (\d+)", text, re.M).group(1))
 top_k = int(re.search(r"^top_k: (\d+)", text, re.M).group(1))
 assert len(rows) == 4 and all(len(c) == 16 for c in counts), (len(rows), [len(c) for c in counts])
 assert tokens > 6 and all(sum(c) == tokens * top_k for c in counts), (tokens, [sum(c) for c in counts])
-assert "hottest 20% of experts take" in open(sys.argv[2]).read()
+out = open(sys.argv[2]).read()
+assert "hottest 20% of experts take" in out
+# the early guess (a layer's router on its input): shares that order as they must
+m = re.search(r"foresees ([\d.]+)% of its top-(\d+) \(([\d.]+)-([\d.]+)% by layer; ([\d.]+)% within its top-(\d+); ([\d.]+)% from", out)
+assert m, out
+share, lo, hi, wide, host = float(m[1]), float(m[3]), float(m[4]), float(m[5]), float(m[7])
+assert int(m[6]) == 2 * int(m[2]) == 2 * top_k, m.groups()
+assert 0 <= lo <= share <= hi <= 100 and share <= wide <= 100 and 0 <= host <= 100, m.groups()
 PY
 then echo "ok   profile heat map counts"; passes=$((passes + 1)); else echo "FAIL profile heat map"; failures=$((failures + 1)); fi
 printf 'gpu:\n  memory: 1GiB\nexperts:\n  heat: heat.yaml\n' >"$tmp/withheat.yaml"

@@ -390,6 +390,7 @@ TEST(HybridGraph, SegmentedStepEqualsEagerStep) {
 // layer and in some, across prompts, decode steps and reset(); with and without programmatic dependent
 // launch (TANDEM_PDL: the handoff kernels, post and spin-wait, launch plainly between kernels that may
 // start early), against the eager step without it.
+// (and with the host reading guessed experts ahead: GpuOptions::host_prefetch)
 TEST(HybridGraph, OneGraphStepEqualsEagerStep) {
   TANDEM_REQUIRE_GPU();
   for (const std::string& name : test::fixture_names()) {
@@ -411,6 +412,12 @@ TEST(HybridGraph, OneGraphStepEqualsEagerStep) {
         ASSERT_EQ(graphed->describe().find("programmatic dependent launch") != std::string::npos, pdl) << graphed->describe();
         expect_same_steps(*eager, *graphed, f, name + " " + pl.name + (pdl ? " programmatic launch" : ""));
       }
+      // GpuOptions::host_prefetch: the guess beside the mixer and the host's reads ahead change nothing
+      setenv("TANDEM_HOST_PREFETCH", "2", 1);
+      auto guessing = make_runner(*model, o);
+      unsetenv("TANDEM_HOST_PREFETCH");
+      ASSERT_NE(guessing->describe().find("guessed from each layer's input"), std::string::npos) << guessing->describe();
+      expect_same_steps(*eager, *guessing, f, name + " " + pl.name + " host prefetch");
       unsetenv("TANDEM_PDL");
     }
   }
