@@ -108,8 +108,9 @@ class CpuExpertSide final : public HostExperts {
   }
   // Every 64-byte line of the guessed experts' weights, scales and zeros read once, in 64 KB pieces
   // spread over the workers (each piece lands in the cache of the worker that read it; run()'s tasks
-  // find the lines there or in the shared cache instead of in DRAM).
-  void prefetch(int layer, const int32_t* ids, int n) override {
+  // find the lines there or in the shared cache instead of in DRAM); pieces not started when the stop
+  // flag rises are skipped.
+  void prefetch(int layer, const int32_t* ids, int n, const volatile unsigned* stop, unsigned stop_value) override {
     pieces_.clear();
     auto add = [&](const void* p, int64_t bytes) {
       constexpr int64_t kPiece = int64_t(64) << 10;
@@ -127,6 +128,7 @@ class CpuExpertSide final : public HostExperts {
     if (pieces_.empty()) return;
     sink_.resize(static_cast<size_t>(pool_.threads()) * 8, 0);
     pool_.run(static_cast<int64_t>(pieces_.size()), [&](int64_t t, int worker) {
+      if (*stop >= stop_value) return;  // the router's choice is in: the run starts after this piece at most
       const auto [p, bytes] = pieces_[static_cast<size_t>(t)];
       uint64_t acc = 0;
       for (int64_t o = 0; o + 8 <= bytes; o += 64) acc ^= *reinterpret_cast<const volatile uint64_t*>(p + o);

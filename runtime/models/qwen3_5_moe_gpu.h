@@ -70,9 +70,10 @@ class HostExperts {
   // Whether run() can compute this expert (online re-placement hands the host GPU experts too).
   virtual bool holds(int /*layer*/, int /*expert*/) const { return false; }
   // Reads the weights of `layer`'s experts ids[0..n) (a guess, best first; ones this side does not
-  // hold are skipped) into the caches, ahead of a run() expected to need them. run() gives the same
-  // result either way (GpuOptions::host_prefetch).
-  virtual void prefetch(int /*layer*/, const int32_t* /*ids*/, int /*n*/) {}
+  // hold are skipped) into the caches, ahead of a run() expected to need them; stops early once
+  // *stop >= stop_value (the run's inputs have arrived). run() gives the same result either way
+  // (GpuOptions::host_prefetch).
+  virtual void prefetch(int /*layer*/, const int32_t* /*ids*/, int /*n*/, const volatile unsigned* /*stop*/, unsigned /*stop_value*/) {}
 };
 
 struct GpuOptions {

@@ -156,7 +156,8 @@ void Qwen35MoeGpu::Impl::run_one_graph(int w) {
         std::atomic_thread_fence(std::memory_order_acquire);  // hgids after the flag
         if (f[0] < nv) {  // the real choice has not come yet: worth reading ahead
           TraceSpan span("prefetch guessed experts, layer", "cpu", static_cast<int>(nv - 1));
-          opts.host_experts->prefetch(static_cast<int>(nv - 1), hgids, std::min(opts.host_prefetch, model.config().num_experts_per_tok));
+          opts.host_experts->prefetch(static_cast<int>(nv - 1), hgids, std::min(opts.host_prefetch, model.config().num_experts_per_tok),
+                                      f, nv);  // f[0]: the router's result
         }
       }
     }
