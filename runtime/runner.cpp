@@ -106,34 +106,9 @@ class CpuExpertSide final : public HostExperts {
     TraceSpan span("cpu experts, layer", "cpu", layer);
     cpu::cpu_moe_forward(store_, layer, x, T, ids, weights, k, out, pool_, ws_);
   }
-  // Every 64-byte line of the guessed experts' weights, scales and zeros read once, in 64 KB pieces
-  // spread over the workers (each piece lands in the cache of the worker that read it; run()'s tasks
-  // find the lines there or in the shared cache instead of in DRAM); pieces not started when the stop
-  // flag rises are skipped.
+  // The guessed experts' bytes read into the caches (cpu::prefetch_experts), until the router's result is in.
   void prefetch(int layer, const int32_t* ids, int n, const volatile unsigned* stop, unsigned stop_value) override {
-    pieces_.clear();
-    auto add = [&](const void* p, int64_t bytes) {
-      constexpr int64_t kPiece = int64_t(64) << 10;
-      for (int64_t o = 0; p && o < bytes; o += kPiece) pieces_.push_back({static_cast<const uint8_t*>(p) + o, std::min(kPiece, bytes - o)});
-    };
-    for (int i = 0; i < n; ++i) {
-      const cpu::ExpertWeights* w = ids[i] >= 0 ? store_.find(layer, ids[i]) : nullptr;
-      if (!w) continue;
-      for (const cpu::PackedMatrix* m : {&w->gate, &w->up, &w->down}) {
-        add(m->w, m->tiles * m->tile_bytes);
-        if (m->is_int()) add(m->scales, m->tiles * m->groups * 16 * 2);
-        add(m->zeros, m->tiles * m->groups * 16);
-      }
-    }
-    if (pieces_.empty()) return;
-    sink_.resize(static_cast<size_t>(pool_.threads()) * 8, 0);
-    pool_.run(static_cast<int64_t>(pieces_.size()), [&](int64_t t, int worker) {
-      if (*stop >= stop_value) return;  // the router's choice is in: the run starts after this piece at most
-      const auto [p, bytes] = pieces_[static_cast<size_t>(t)];
-      uint64_t acc = 0;
-      for (int64_t o = 0; o + 8 <= bytes; o += 64) acc ^= *reinterpret_cast<const volatile uint64_t*>(p + o);
-      sink_[static_cast<size_t>(worker) * 8] ^= acc;  // the loads are used: not optimised away
-    });
+    cpu::prefetch_experts(store_, layer, ids, n, pool_, [&] { return *stop >= stop_value; });
   }
   // Each layer's experts were packed into one huge-page chunk (CpuExpertStore::add_layer): their
   // byte range is what crosses PCIe. Down's act order is folded into gate / up rows, so it has none.
@@ -202,8 +177,6 @@ class CpuExpertSide final : public HostExperts {
   cpu::CpuExpertStore store_;
   cpu::CpuMoeWorkspace ws_;
   std::vector<std::vector<int>> host_ids_;  // [layer]: the experts this side holds
-  std::vector<std::pair<const uint8_t*, int64_t>> pieces_;  // prefetch(): what to read
-  std::vector<uint64_t> sink_;                              // prefetch(): a word a worker, a line apart
   std::vector<void*> registered_;
   uint64_t registered_bytes_ = 0, unregistered_bytes_ = 0;
   std::string register_error_;

@@ -16,6 +16,7 @@
 #   ctest        the whole CTest suite
 #   cpu-experts  scripts/gpu_machine_cpu_experts.sh (AMX tests at every ISA cap + benchmarks)
 #   cpu-tests    the cpu_experts tests at the CPU's best level (AMX there), no benchmarks
+#   cpu-bench:FILTER  bench/bench_cpu_experts with --benchmark_filter=FILTER (e.g. 'decode_warm'), JSON + console
 #   handoff-bench  bench/bench_handoff: the hybrid handoff's round trip (one graph vs event + copies)
 #   gpu-bench[:FILTER]  bench/bench_gpu_gemv (per-kernel bandwidth at the 35B shapes), JSON + console
 #   e2e:LENS:REPEAT:SCENARIOS  bench/run_e2e.sh, e.g. e2e:4096:3:hybrid-8gib-cpu-experts,hybrid-24gib
@@ -87,6 +88,9 @@ for step in "$@"; do
       run_step handoff-bench 60 build-gpu/bench/bench_handoff --benchmark_out="$res/handoff-bench.json" --benchmark_out_format=json ;;
     cpu-tests)
       run_step cpu-tests 200 build-gpu/tests/tandem_cpu_experts_tests ;;
+    cpu-bench:*)
+      run_step "cpu-bench$tag" 240 build-gpu/bench/bench_cpu_experts --benchmark_filter="${step#cpu-bench:}" \
+        --benchmark_out="$res/cpu-bench$tag.json" --benchmark_out_format=json ;;
     cpu-experts)
       run_step cpu-experts 400 env OUT="$res/cpu_experts" TEST_TIMEOUT=200 BENCH_TIMEOUT=150 bash scripts/gpu_machine_cpu_experts.sh ;;
     e2e:*|e2e-eager:*|e2e-plain:*|e2e-text:*)
