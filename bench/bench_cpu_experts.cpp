@@ -230,6 +230,20 @@ std::vector<Routing> make_routes(const CpuExpertStore& store, int64_t T, uint32_
   return r;
 }
 
+// Iteration i's layer and routing: layer after layer (as a decode step walks the model), a fresh
+// routing each time round.
+std::pair<int, const Routing*> walk(size_t i, const Store& s, const std::vector<Routing>& routes) {
+  const size_t layers = static_cast<size_t>(s.layers);
+  return {static_cast<int>(i % layers), &routes[(i / layers) % routes.size()]};
+}
+
+// The bandwidth counters of `bytes` of expert weights read over the run.
+void bandwidth_counters(benchmark::State& st, double bytes) {
+  using C = benchmark::Counter;
+  st.counters["GB/s"] = C(bytes / 1e9, C::kIsRate);
+  st.counters["of_read_bw"] = C(bytes / env().read_bw, C::kIsRate);
+}
+
 void BM_moe(benchmark::State& st, WeightFormat fmt, Isa isa, int64_t T, ActPrecision act) {
   const Store& st_ = store_for(fmt);
   const CpuExpertStore& store = *st_.store;
@@ -245,19 +259,15 @@ void BM_moe(benchmark::State& st, WeightFormat fmt, Isa isa, int64_t T, ActPreci
   double bytes = 0;
   size_t i = 0;
   for (auto _ : st) {
-    // Layer after layer (as a decode step walks the model), a fresh routing each time round.
-    const int layer = static_cast<int>(i % static_cast<size_t>(st_.layers));
-    const Routing& r = routes[(i / static_cast<size_t>(st_.layers)) % routes.size()];
-    ++i;
+    const auto [layer, r] = walk(i++, st_, routes);
     std::fill(out.begin(), out.end(), 0.0f);
-    cpu_moe_forward(store, layer, x.data(), T, r.ids.data(), r.w.data(), kTopK, out.data(), pool, ws, kern, act);
-    bytes += static_cast<double>(r.bytes);
+    cpu_moe_forward(store, layer, x.data(), T, r->ids.data(), r->w.data(), kTopK, out.data(), pool, ws, kern, act);
+    bytes += static_cast<double>(r->bytes);
   }
   benchmark::DoNotOptimize(out.data());
   using C = benchmark::Counter;
   const double iters = static_cast<double>(st.iterations());
-  st.counters["GB/s"] = C(bytes / 1e9, C::kIsRate);
-  st.counters["of_read_bw"] = C(bytes / env().read_bw, C::kIsRate);
+  bandwidth_counters(st, bytes);
   st.counters["TOPS"] = C(iters * static_cast<double>(T) * kTopK * 3 * 2 * kHidden * kInter / 1e12, C::kIsRate);
   st.counters["tok/s_40layers"] = C(iters * static_cast<double>(T) / kLayers, C::kIsRate);
 }
@@ -277,20 +287,16 @@ void BM_moe_warm(benchmark::State& st, int warm) {
   double bytes = 0, pf_bytes = 0;
   size_t i = 0;
   for (auto _ : st) {
-    const int layer = static_cast<int>(i % static_cast<size_t>(st_.layers));
-    const Routing& r = routes[(i / static_cast<size_t>(st_.layers)) % routes.size()];
-    ++i;
+    const auto [layer, r] = walk(i++, st_, routes);
     std::fill(out.begin(), out.end(), 0.0f);
-    pf_bytes += static_cast<double>(prefetch_experts(store, layer, r.ids.data(), warm, pool));
+    pf_bytes += static_cast<double>(prefetch_experts(store, layer, r->ids.data(), warm, pool));
     const auto t0 = std::chrono::steady_clock::now();
-    cpu_moe_forward(store, layer, x.data(), 1, r.ids.data(), r.w.data(), kTopK, out.data(), pool, ws, kern, ActPrecision::Int16);
+    cpu_moe_forward(store, layer, x.data(), 1, r->ids.data(), r->w.data(), kTopK, out.data(), pool, ws, kern, ActPrecision::Int16);
     st.SetIterationTime(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    bytes += static_cast<double>(r.bytes);
+    bytes += static_cast<double>(r->bytes);
   }
   benchmark::DoNotOptimize(out.data());
-  using C = benchmark::Counter;
-  st.counters["GB/s"] = C(bytes / 1e9, C::kIsRate);
-  st.counters["of_read_bw"] = C(bytes / env().read_bw, C::kIsRate);
+  bandwidth_counters(st, bytes);
   st.counters["prefetched_MB"] = pf_bytes / 1e6 / static_cast<double>(st.iterations());
 }
 

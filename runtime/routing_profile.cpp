@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <numeric>
 #include <string_view>
 
 #include "runtime/chat_template.h"
@@ -25,7 +26,7 @@ RoutingCounts profile_routing(const Qwen35Moe& model, MatmulBackend* backend, co
   // The early guess: each layer's router rows in fp32 (dequantized once, when the layer first routes),
   // applied to the layer's input (the "embed" / previous "layer_out" tap) after its post-attention norm.
   std::vector<std::vector<float>> router(c.num_layers);
-  std::vector<float> input, host_input, routed, normed(H), guess_logits(E), weights(2 * K);
+  std::vector<float> input, routed, shared, host_input, normed(H), guess_logits(E), weights(2 * K);
   std::vector<int> guess(2 * K);
   // The top-2k guess of `layer` from rows x H residuals `in` (the post-attention norm, the router).
   auto guess_from = [&](int layer, const float* in) {
@@ -44,47 +45,44 @@ RoutingCounts profile_routing(const Qwen35Moe& model, MatmulBackend* backend, co
     }
     ref::route_topk(guess_logits.data(), E, std::min(2 * K, E), guess.data(), weights.data());  // descending
   };
-  auto hits = [&](const float* want, int64_t in_top) {
-    uint64_t n = 0;
-    for (int j = 0; j < K; ++j)
-      for (int64_t g = 0; g < in_top; ++g)
-        if (guess[g] == static_cast<int>(want[j])) {
-          ++n;
-          break;
-        }
-    return n;
+  // Counts the guess's catches of layer's chosen experts `want` [K]: in its top-k (into `top_k`) and in
+  // its top-2k (into `top_2k`, when given).
+  auto score = [&](const float* want, int layer, std::vector<uint64_t>& top_k, std::vector<uint64_t>* top_2k) {
+    const int wide = std::min(2 * K, E);
+    for (int j = 0; j < K; ++j) {
+      const int g = static_cast<int>(std::find(guess.begin(), guess.begin() + wide, static_cast<int>(want[j])) - guess.begin());
+      if (g < K) ++top_k[layer];
+      if (top_2k && g < wide) ++(*top_2k)[layer];
+    }
   };
   const TensorTap tap = [&](const char* name, int layer, const float* d, int64_t rows, int64_t cols) {
     const std::string_view n(name);
-    if (n == "embed" || n == "layer_out") {
+    if (n == "embed" || n == "layer_out") {  // the next layer's input, and what a hybrid host knows of it
       input.assign(d, d + rows * cols);
       host_input = input;
-      if (n == "layer_out" && static_cast<int64_t>(routed.size()) == rows * cols) {  // what the host knows: without the shared expert
-        // routed holds the shared expert's output by now (moe_out - moe_routed): take it back out
-        for (size_t i = 0; i < host_input.size(); ++i) host_input[i] -= routed[i];
-      }
+      if (n == "layer_out" && shared.size() == host_input.size())
+        for (size_t i = 0; i < host_input.size(); ++i) host_input[i] -= shared[i];
       return;
     }
     if (n == "moe_routed") {
       routed.assign(d, d + rows * cols);
       return;
     }
-    if (n == "moe_out") {  // routed := the shared expert's part of the MoE output
+    if (n == "moe_out") {  // the shared expert's part: the MoE output less the routed sum
+      shared.clear();
       if (static_cast<int64_t>(routed.size()) == rows * cols)
-        for (size_t i = 0; i < routed.size(); ++i) routed[i] = d[i] - routed[i];
+        for (size_t i = 0; i < routed.size(); ++i) shared.push_back(d[i] - routed[i]);
       return;
     }
     if (n != "moe_topk_ids") return;
     for (int64_t i = 0; i < rows * cols; ++i) ++out.counts[layer][static_cast<size_t>(d[i])];
     if (layer == 0) out.tokens += rows;
     if (model.layers()[layer].moe.router.out != E || static_cast<int64_t>(input.size()) != rows * H || cols != K) return;
-    const int64_t wide = std::min(2 * K, E);
     for (int64_t t = 0; t < rows; ++t) {
       guess_from(layer, input.data() + t * H);
-      out.early_hits[layer] += hits(d + t * K, K);
-      out.early_hits_2k[layer] += hits(d + t * K, wide);
+      score(d + t * K, layer, out.early_hits, &out.early_hits_2k);
       guess_from(layer, host_input.data() + t * H);
-      out.early_hits_host[layer] += hits(d + t * K, K);
+      score(d + t * K, layer, out.early_hits_host, nullptr);
     }
   };
   std::vector<float> logits(c.vocab_size);
@@ -123,14 +121,21 @@ RoutingCounts profile_prompts(const Qwen35Moe& model, const Tokenizer& tokenizer
   return profile_routing(model, backend.get(), ids, o.gen, progress);
 }
 
-double early_hit_share(const RoutingCounts& c, const std::vector<uint64_t> RoutingCounts::*which) {
-  uint64_t hits = 0, all = 0;
+std::vector<double> early_hit_shares(const RoutingCounts& c, const std::vector<uint64_t> RoutingCounts::*which) {
   const std::vector<uint64_t>& h = c.*which;
+  std::vector<double> r(h.size(), 0.0);
   for (size_t l = 0; l < h.size(); ++l) {
-    hits += h[l];
-    for (const uint64_t n : c.counts[l]) all += n;
+    const uint64_t all = std::accumulate(c.counts[l].begin(), c.counts[l].end(), uint64_t(0));
+    if (all) r[l] = static_cast<double>(h[l]) / static_cast<double>(all);
   }
-  return all ? static_cast<double>(hits) / static_cast<double>(all) : 0.0;
+  return r;
+}
+
+double early_hit_share(const RoutingCounts& c, const std::vector<uint64_t> RoutingCounts::*which) {
+  const std::vector<uint64_t>& h = c.*which;
+  uint64_t all = 0;
+  for (const auto& row : c.counts) all = std::accumulate(row.begin(), row.end(), all);
+  return all ? static_cast<double>(std::accumulate(h.begin(), h.end(), uint64_t(0))) / static_cast<double>(all) : 0.0;
 }
 
 double top20_share(const RoutingCounts& c) {

@@ -49,7 +49,8 @@ RoutingCounts profile_prompts(const Qwen35Moe& model, const Tokenizer& tokenizer
 // Mean over layers of the share of activations the hottest 20% of experts take (uniform routing: 0.2).
 double top20_share(const RoutingCounts& c);
 // Share of all layers' activations an early guess caught: RoutingCounts::early_hits, early_hits_2k
-// or early_hits_host; 0 without tokens.
+// or early_hits_host; 0 without tokens. early_hit_shares: the same per layer.
 double early_hit_share(const RoutingCounts& c, const std::vector<uint64_t> RoutingCounts::*which);
+std::vector<double> early_hit_shares(const RoutingCounts& c, const std::vector<uint64_t> RoutingCounts::*which);
 
 }  // namespace tandem

@@ -106,9 +106,9 @@ class CpuExpertSide final : public HostExperts {
     TraceSpan span("cpu experts, layer", "cpu", layer);
     cpu::cpu_moe_forward(store_, layer, x, T, ids, weights, k, out, pool_, ws_);
   }
-  // The guessed experts' bytes read into the caches (cpu::prefetch_experts), until the router's result is in.
-  void prefetch(int layer, const int32_t* ids, int n, const volatile unsigned* stop, unsigned stop_value) override {
-    cpu::prefetch_experts(store_, layer, ids, n, pool_, [&] { return *stop >= stop_value; });
+  // The guessed experts' bytes read into the caches (cpu::prefetch_experts) until stop() holds.
+  void prefetch(int layer, const int32_t* ids, int n, const std::function<bool()>& stop) override {
+    cpu::prefetch_experts(store_, layer, ids, n, pool_, stop);
   }
   // Each layer's experts were packed into one huge-page chunk (CpuExpertStore::add_layer): their
   // byte range is what crosses PCIe. Down's act order is folded into gate / up rows, so it has none.

@@ -289,9 +289,11 @@ int cmd_bench(int argc, char** argv) {
     const double act_bytes = moe_layers ? static_cast<double>(wb.routed_active) / (cfg.num_experts_per_tok * moe_layers) : 0;
     if (hs.layers) {
       const double host_gbs = hs.run_s > 0 ? hs.host_activations * act_bytes / hs.run_s / 1e9 : 0;
-      results.back()["host_split"] = {{"wait_for_gpu_ms_per_token", hs.wait_s / steps * 1e3},
-                                      {"host_experts_ms_per_token", hs.run_s / steps * 1e3},
-                                      {"other_ms_per_token", (last.decode_s - hs.wait_s - hs.run_s) / steps * 1e3},
+      const double wait_ms = hs.wait_s / steps * 1e3, run_ms = hs.run_s / steps * 1e3,
+                   other_ms = (last.decode_s - hs.wait_s - hs.run_s) / steps * 1e3;
+      results.back()["host_split"] = {{"wait_for_gpu_ms_per_token", wait_ms},
+                                      {"host_experts_ms_per_token", run_ms},
+                                      {"other_ms_per_token", other_ms},
                                       {"host_layers_per_token", hs.layers / steps},
                                       {"host_expert_read_bytes_per_s", host_gbs * 1e9}};
       if (!json_out) {
@@ -299,8 +301,7 @@ int cmd_bench(int argc, char** argv) {
         std::snprintf(line, sizeof line,
                       "\n  prompt %lld: %.2f ms waiting for the GPU's router results (%.1f µs a layer), %.2f ms running host experts "
                       "(%.1f µs a layer, %.1f GB/s of expert weights), %.2f ms other",
-                      (long long)L, hs.wait_s / steps * 1e3, hs.wait_s / hs.layers * 1e6, hs.run_s / steps * 1e3,
-                      hs.run_s / hs.layers * 1e6, host_gbs, (last.decode_s - hs.wait_s - hs.run_s) / steps * 1e3);
+                      (long long)L, wait_ms, hs.wait_s / hs.layers * 1e6, run_ms, hs.run_s / hs.layers * 1e6, host_gbs, other_ms);
         split_lines += line;
       }
     }

@@ -62,16 +62,11 @@ int cmd_profile(int argc, char** argv) {
   placement::save_heat_map(placement::heat_from_counts(counts, model->config(), dir), out);
   std::printf("wrote %s: %lld tokens x %d layers; hottest 20%% of experts take %.1f%% of activations (uniform: 20%%)\n", out.c_str(),
               static_cast<long long>(counts.tokens), model->config().num_layers, 100 * top20_share(counts));
-  // The early guess (RoutingCounts::early_hits): per layer, then over all layers.
-  double lo = 1, hi = 0;
+  // The early guess (RoutingCounts::early_hits): over all layers, and its range by layer.
   const int k = static_cast<int>(model->config().num_experts_per_tok);
-  for (size_t l = 0; l < counts.early_hits.size(); ++l) {
-    uint64_t all = 0;
-    for (const uint64_t n : counts.counts[l]) all += n;
-    if (!all) continue;
-    const double share = static_cast<double>(counts.early_hits[l]) / static_cast<double>(all);
-    lo = std::min(lo, share), hi = std::max(hi, share);
-  }
+  const std::vector<double> by_layer = early_hit_shares(counts, &RoutingCounts::early_hits);
+  const auto [lo, hi] = by_layer.empty() ? std::pair(0.0, 0.0) : std::pair(*std::min_element(by_layer.begin(), by_layer.end()),
+                                                                          *std::max_element(by_layer.begin(), by_layer.end()));
   if (counts.tokens > 0)
     std::printf("a layer's router applied to its input (before the mixer) foresees %.1f%% of its top-%d (%.1f-%.1f%% by layer; "
                 "%.1f%% within its top-%d; %.1f%% from the input less the shared expert's output)\n",

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -70,10 +71,10 @@ class HostExperts {
   // Whether run() can compute this expert (online re-placement hands the host GPU experts too).
   virtual bool holds(int /*layer*/, int /*expert*/) const { return false; }
   // Reads the weights of `layer`'s experts ids[0..n) (a guess, best first; ones this side does not
-  // hold are skipped) into the caches, ahead of a run() expected to need them; stops early once
-  // *stop >= stop_value (the run's inputs have arrived). run() gives the same result either way
+  // hold are skipped) into the caches, ahead of a run() expected to need them; stops early once stop()
+  // holds (the run's inputs have arrived). run() gives the same result either way
   // (GpuOptions::host_prefetch).
-  virtual void prefetch(int /*layer*/, const int32_t* /*ids*/, int /*n*/, const volatile unsigned* /*stop*/, unsigned /*stop_value*/) {}
+  virtual void prefetch(int /*layer*/, const int32_t* /*ids*/, int /*n*/, const std::function<bool()>& /*stop*/) {}
 };
 
 struct GpuOptions {

@@ -157,7 +157,7 @@ void Qwen35MoeGpu::Impl::run_one_graph(int w) {
         if (f[0] < nv) {  // the real choice has not come yet: worth reading ahead
           TraceSpan span("prefetch guessed experts, layer", "cpu", static_cast<int>(nv - 1));
           opts.host_experts->prefetch(static_cast<int>(nv - 1), hgids, std::min(opts.host_prefetch, model.config().num_experts_per_tok),
-                                      f, nv);  // f[0]: the router's result
+                                      [f, nv] { return f[0] >= nv; });  // until the router's result is in
         }
       }
     }
