@@ -11,9 +11,14 @@
 #include <benchmark/benchmark.h>
 #include <cuda_runtime.h>
 
+#include <sys/mman.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
 #include <vector>
 
 #include "gpu_core/handoff.cuh"
@@ -122,8 +127,124 @@ void BM_handoff_round_trip(benchmark::State& state) {
   if (routed) cudaEventDestroy(routed);
 }
 
+// Page-locked host memory as the hybrid host's experts have it: 2 MiB aligned, huge pages advised,
+// touched, then registered with CUDA (device-accessible through UVA).
+struct PinnedHost {
+  void* p = nullptr;
+  size_t bytes = 0;
+  explicit PinnedHost(size_t n) : bytes(n) {
+    p = std::aligned_alloc(size_t{2} << 20, n);
+    if (!p) return;
+    madvise(p, n, MADV_HUGEPAGE);
+    std::memset(p, 0x5a, n);
+    if (cudaHostRegister(p, n, cudaHostRegisterDefault) != cudaSuccess) {
+      cudaGetLastError();
+      std::free(p);
+      p = nullptr;
+    }
+  }
+  ~PinnedHost() {
+    if (p) cudaHostUnregister(p), std::free(p);
+  }
+};
+
+// CPU threads streaming through their own buffer (plain loads) until told to stop, counting bytes:
+// the host experts' reads, to see whether the link's reads and the cores' reads share one limit.
+struct CpuReaders {
+  std::vector<std::thread> threads;
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> bytes{0};
+  std::vector<uint64_t> buf;
+  explicit CpuReaders(int n, size_t total = size_t{2} << 30) : buf(total / 8, 1) {
+    const size_t per = buf.size() / std::max(n, 1);
+    for (int t = 0; t < n; ++t)
+      threads.emplace_back([this, t, per] {
+        const uint64_t* b = buf.data() + t * per;
+        uint64_t sink = 0;
+        while (!stop.load(std::memory_order_relaxed)) {
+          for (size_t off = 0; off < per; off += size_t{1} << 17) {  // 1 MiB pieces
+            const size_t end = std::min(per, off + (size_t{1} << 17));
+            uint64_t a = 0;
+            for (size_t i = off; i < end; ++i) a += b[i];
+            sink += a;
+            bytes.fetch_add((end - off) * 8, std::memory_order_relaxed);
+            if (stop.load(std::memory_order_relaxed)) break;
+          }
+        }
+        if (sink == 42) std::abort();  // keeps the sums
+      });
+  }
+  ~CpuReaders() {
+    stop = true;
+    for (auto& t : threads) t.join();
+  }
+};
+
+// The link's read rate from host memory: mode 0 a kernel reading the page-locked buffer in place
+// (zero copy, `blocks` blocks), mode 1 cudaMemcpyAsync of it to device memory, mode 2 nothing on the
+// GPU (a 5 ms sleep: the CPU readers' rate alone). With cpu_threads > 0 that many threads stream
+// through their own 2 GiB meanwhile, and cpu_GB/s is their rate over the timed iterations.
+void BM_pcie_read(benchmark::State& state) {
+  if (!gpu_present()) return state.SkipWithError("no CUDA device");
+  const size_t bytes = static_cast<size_t>(state.range(0)) << 20;
+  const int mode = static_cast<int>(state.range(1)), cpu_threads = static_cast<int>(state.range(2)), blocks = static_cast<int>(state.range(3));
+  PinnedHost host(bytes);
+  if (!host.p) return state.SkipWithError("could not page-lock the host buffer");
+  void* dev = nullptr;
+  unsigned* sink = nullptr;
+  cudaMalloc(&sink, 4);
+  if (mode == 1) cudaMalloc(&dev, bytes);
+  cudaStream_t s = nullptr;
+  cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  cudaEvent_t e0 = nullptr, e1 = nullptr;
+  cudaEventCreate(&e0), cudaEventCreate(&e1);
+  CpuReaders readers(cpu_threads);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  double gpu_s = 0.0, wall_s = 0.0;
+  uint64_t cpu_bytes = 0;
+  for (auto _ : state) {
+    const uint64_t b0 = readers.bytes.load();
+    const auto t0 = std::chrono::steady_clock::now();
+    cudaEventRecord(e0, s);
+    if (mode == 0) tandem::gpu::read_host_probe(host.p, static_cast<int64_t>(bytes), sink, blocks, s);
+    if (mode == 1) cudaMemcpyAsync(dev, host.p, bytes, cudaMemcpyHostToDevice, s);
+    cudaEventRecord(e1, s);
+    if (mode == 2) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    cudaEventSynchronize(e1);
+    const double w = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    float ms = 0.0f;
+    cudaEventElapsedTime(&ms, e0, e1);
+    const double secs = mode == 2 ? w : ms * 1e-3;
+    state.SetIterationTime(secs);
+    gpu_s += secs, wall_s += w, cpu_bytes += readers.bytes.load() - b0;
+  }
+  if (cudaGetLastError() != cudaSuccess) state.SkipWithError("a CUDA call failed");
+  if (mode != 2 && gpu_s > 0) state.counters["link_GB/s"] = static_cast<double>(bytes) * state.iterations() / gpu_s * 1e-9;
+  if (cpu_threads && wall_s > 0) state.counters["cpu_GB/s"] = static_cast<double>(cpu_bytes) / wall_s * 1e-9;
+  state.SetLabel(mode == 0 ? "kernel reads page-locked host memory" : mode == 1 ? "cudaMemcpyAsync host to device" : "GPU idle");
+  cudaEventDestroy(e0), cudaEventDestroy(e1);
+  cudaStreamDestroy(s);
+  cudaFree(sink);
+  if (dev) cudaFree(dev);
+}
+
 }  // namespace
 
+BENCHMARK(BM_pcie_read)
+    ->ArgNames({"MiB", "mode", "cpu_threads", "blocks"})
+    ->Args({256, 0, 0, 264})
+    ->Args({256, 0, 0, 528})
+    ->Args({256, 0, 0, 1056})
+    ->Args({16, 0, 0, 528})
+    ->Args({4, 0, 0, 264})
+    ->Args({256, 1, 0, 0})
+    ->Args({256, 2, 15, 0})
+    ->Args({256, 0, 15, 528})
+    ->Args({256, 1, 15, 0})
+    ->Args({256, 2, 15, 0})
+    ->UseManualTime()
+    ->MinTime(0.3)
+    ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_handoff_round_trip)->Arg(0)->Arg(1)->UseManualTime()->MinTime(0.5)->Unit(benchmark::kMicrosecond);
 
 BENCHMARK_MAIN();

@@ -23,4 +23,9 @@ cudaError_t host_post(const float* x, int64_t nx, const int32_t* ids, const floa
 cudaError_t host_wait_add(const unsigned* flag, unsigned value, const float* src, float* dst, int64_t n, unsigned* error,
                           int64_t timeout_ns, cudaStream_t stream);
 
+// Reads `bytes` (a multiple of 16) at src, device-accessible host memory, in 16-byte loads from
+// `blocks` blocks of 256 threads, 8 loads in flight per thread, and xors the words into *sink: the
+// rate at which kernels can read host memory over the link (bench_handoff's pcie rows), nothing more.
+cudaError_t read_host_probe(const void* src, int64_t bytes, unsigned* sink, int blocks, cudaStream_t stream);
+
 }  // namespace tandem::gpu
