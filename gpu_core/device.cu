@@ -47,4 +47,13 @@ void host_unregister(void* p) {
   if (cudaHostUnregister(p) != cudaSuccess) cudaGetLastError();
 }
 
+const void* host_device_pointer(const void* p) {
+  void* d = nullptr;
+  if (!p || cudaHostGetDevicePointer(&d, const_cast<void*>(p), 0) != cudaSuccess) {
+    cudaGetLastError();
+    return nullptr;
+  }
+  return d;
+}
+
 }  // namespace tandem::gpu

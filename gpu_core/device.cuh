@@ -22,6 +22,9 @@ void gpu_device_probe(DeviceProbe* out);
 // driver's reason in `reason` (the memory stays usable, pageable). host_unregister undoes it.
 bool host_register(void* p, unsigned long long bytes, char* reason, int reason_len);
 void host_unregister(void* p);
+// The device's address of page-locked host memory p (registered or cudaHostAlloc'd), for kernels that
+// read it in place; nullptr when p is not page-locked (or there is no device).
+const void* host_device_pointer(const void* p);
 
 // Programmatic dependent launch (gpu_core/pdl.cuh): while a ProgrammaticLaunchScope made with `on` is
 // alive on this thread, the kernels that support it are launched so that each may start while the one

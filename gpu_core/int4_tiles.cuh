@@ -26,4 +26,35 @@ struct Int4TilesToRows {
 // cols a multiple of 8 and of group_size.
 cudaError_t int4_tiles_to_rows(const Int4TilesToRows* jobs, int count, int64_t max_rows, cudaStream_t stream);
 
+// ---- Routed experts computed straight from the tile layout, wherever it lies ----
+// The hybrid decode step's link experts (GpuOptions::link_experts): some of a token's host-resident
+// experts computed by the GPU reading their weights in place from page-locked host memory over PCIe
+// (zero copy), while the host computes the others from the same memory. Pointers are device-usable
+// (cudaHostGetDevicePointer for host memory; device memory works the same).
+struct Int4TilesView {
+  const uint8_t* w = nullptr;          // [tiles][cols * 8]
+  const uint16_t* scales = nullptr;    // fp16 [tiles][groups][16]
+  const uint8_t* zeros = nullptr;      // u8 [tiles][groups][16]; nullptr: zero point 8
+  const int32_t* perm = nullptr;       // input order [cols] (act order), nullptr: identity
+};
+struct Int4TilesExpert {
+  Int4TilesView gate, up;  // [I, H], rows in down's input order
+  Int4TilesView down;      // [H, I], no perm (down's act order is folded into gate / up rows)
+};
+
+// For one token (decode): its link experts are the first m slots j (in slot order) whose expert
+// experts[ids[j]] has weights (gate.w set); fewer when fewer of its top-k have. For those,
+//   out[n] += sum over them, in slot order, of weights[j] * (down_e[n] . (silu(gate_e . xg) * (up_e . xu)))
+// with xg / xu = x gathered by gate's / up's perm. fp32 throughout (dequantised weight scale * (q - z)
+// times fp32 inputs; an 8-input octet's products summed before scaling): ~1e-6 relative to fp64.
+// experts: device array [E] (pointers 16-byte aligned); ids, weights [k]; x fp32 [H]; scratch:
+// moe_int4_tiles_scratch_bytes; out fp32 [H], added to. Needs H, I multiples of 16, group_size a
+// multiple of 8 dividing H and I in at most 32 groups, k <= 8, 1 <= m <= k; cudaErrorInvalidValue otherwise. Two launches (three with act_order: x gathered
+// once per expert first, so perms cross PCIe once); no host synchronisation (capturable).
+size_t moe_int4_tiles_scratch_bytes(int64_t H, int64_t I, int m);
+bool moe_int4_tiles_fits(int64_t H, int64_t I, int64_t group_size, int k, int m);
+cudaError_t moe_int4_tiles_decode(const Int4TilesExpert* experts, int E, int64_t H, int64_t I, int64_t group_size, const int32_t* ids,
+                                  const float* weights, int k, int m, bool act_order, const float* x, void* scratch, float* out,
+                                  cudaStream_t stream);
+
 }  // namespace tandem::gpu

@@ -203,6 +203,7 @@ class GpuRunner final : public Runner {
     g.deltanet_split = env_switch("TANDEM_DELTANET_SPLIT", false);
     g.hybrid_one_graph = env_switch("TANDEM_HYBRID_ONE_GRAPH", true);
     if (const char* v = std::getenv("TANDEM_HOST_PREFETCH")) g.host_prefetch = std::max(0, std::atoi(v));  // experimental, off
+    if (const char* v = std::getenv("TANDEM_LINK_EXPERTS")) g.link_experts = std::max(0, std::atoi(v));
     g.deltanet_conv_in_gemv = env_switch("TANDEM_DELTANET_CONV_GEMV", false);
     g.programmatic_launch = env_switch("TANDEM_PDL", true);
     g.attention_prefill = env_switch("TANDEM_ATTN_PREFILL", true);
@@ -252,6 +253,9 @@ class GpuRunner final : public Runner {
              : gpu_->cuda_graph_active()   ? ", decode steps as CUDA graphs"
                                            : ", decode steps launched eagerly";
     if (gpu_->programmatic_launch_active()) paths += " with programmatic dependent launch";
+    if (const int n = gpu_->link_experts_active())
+      paths += str_cat(", the GPU computing ", n, " of each token's host experts from host memory over PCIe");
+    else if (!gpu_->link_note().empty()) paths += str_cat(" (no link experts: ", gpu_->link_note(), ")");
     if (const int n = gpu_->host_prefetch_active()) paths += str_cat(", the host reading ", n, " experts guessed from each layer's input ahead of its router (experimental)");
     if (!placement_) return "gpu: " + gpu_->memory().describe() + "; " + paths;
     if (placement_->replace.on()) paths += str_cat(", online re-placement every ", placement_->replace.every, " decode tokens");
@@ -260,7 +264,8 @@ class GpuRunner final : public Runner {
   uint64_t peak_device_bytes() const override { return gpu_->memory().total(); }
   double gpu_expert_share() const override {
     const ExpertCounts& c = gpu_->expert_counts();
-    return c.gpu + c.cpu ? static_cast<double>(c.gpu) / static_cast<double>(c.gpu + c.cpu) : gpu_expert_share_planned();
+    const uint64_t all = c.gpu + c.cpu + c.link;  // link experts: computed on the GPU, resident on the host
+    return all ? static_cast<double>(c.gpu) / static_cast<double>(all) : gpu_expert_share_planned();
   }
   double gpu_expert_share_planned() const override { return placement_ ? placement_->expected_gpu_share : 1.0; }
   uint64_t streamed_layers() const override { return gpu_->expert_counts().streamed_layers; }

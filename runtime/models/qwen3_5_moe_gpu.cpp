@@ -248,6 +248,9 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
       CK(cudaEventRecord(join_ev, side));
     }
     gpu_experts(L, x, topk_ids, topk_w, 1, xh, hscratch, moe_out);
+    if (split && link.on && link.tables[li])  // GpuOptions::link_experts: some host experts read in place over PCIe, added
+      CK(gpu::moe_int4_tiles_decode(link.tables[li], static_cast<int>(c.num_experts), H, c.moe_intermediate_size, link.group_size,
+                                    topk_ids, topk_w, k, link.m, link.act_order, x, link.scratch, moe_out, stream));
     if (!L.x_proj.out) {
       linear(L.sh_gate, x, sg);
       linear(L.sh_up, x, su);
@@ -334,6 +337,8 @@ bool Qwen35MoeGpu::forward_top(std::span<const int32_t> ids, std::span<const gpu
 }
 bool Qwen35MoeGpu::cuda_graph_active() const { return impl_->graph_ok; }
 bool Qwen35MoeGpu::programmatic_launch_active() const { return impl_->opts.programmatic_launch; }
+int Qwen35MoeGpu::link_experts_active() const { return impl_->link.on ? impl_->link.m : 0; }
+const std::string& Qwen35MoeGpu::link_note() const { return impl_->link.note; }
 int Qwen35MoeGpu::host_prefetch_active() const { return impl_->guessing ? impl_->opts.host_prefetch : 0; }
 int64_t Qwen35MoeGpu::stream_prefill_min_tokens() const { return impl_->st.on && impl_->batched ? impl_->opts.stream_prefill_min_tokens : 0; }
 const std::string& Qwen35MoeGpu::stream_prefill_note() const { return impl_->st.note; }

@@ -139,6 +139,14 @@ struct GpuOptions {
   // input foresees ~86-89% of its top-8 on the synthetic 35B (`tandem profile`). 0: off. EXPERIMENTAL:
   // written in session 11 after the device budget was spent, not yet run on a GPU (TANDEM_HOST_PREFETCH=N).
   int host_prefetch = 0;
+  // Hybrid decode: of each token's host-resident routed experts, the first link_experts (in top-k slot
+  // order) are computed by the GPU, reading their weights in place from the host's page-locked memory
+  // over PCIe (gpu::moe_int4_tiles_decode, zero copy), while the host computes the rest from the same
+  // memory: the cores' reads and the link's add up (on the H200 machine ~72 + ~50 GB/s together
+  // against ~91 for the cores alone: bench_handoff's pcie rows). Nothing moves; arithmetic differs from
+  // the host's only in rounding. Needs int4 host experts in the tile layout, page-locked, and no online
+  // re-placement; link_note() says why it is off otherwise. 0: off. (TANDEM_LINK_EXPERTS=N.)
+  int link_experts = 0;
   // Decode DeltaNet with the recurrence split over 32-column slices of each head's state
   // (gpu::DeltaNetDecodeArgs::tickets). Validated on the H200, no faster there: off unless
   // TANDEM_DELTANET_SPLIT=1.
@@ -204,6 +212,8 @@ struct ExpertCounts {
   // part of the layer plus the handoff's latency), time it ran its experts (deferred ones included), and
   // how many layer handoffs.
   uint64_t host_wait_ns = 0, host_run_ns = 0, host_layers = 0;
+  // GpuOptions::link_experts: host-resident experts the GPU computed, reading them over PCIe (not in cpu).
+  uint64_t link = 0;
 };
 
 class Qwen35MoeGpu {
@@ -232,7 +242,9 @@ class Qwen35MoeGpu {
   bool cuda_graph_active() const;
   // GpuOptions::programmatic_launch asked for and the device takes it (compute capability >= 9.0).
   bool programmatic_launch_active() const;
-  int host_prefetch_active() const;  // GpuOptions::host_prefetch in effect (0: off)
+  int host_prefetch_active() const;
+  int link_experts_active() const;       // GpuOptions::link_experts in effect (0: off)
+  const std::string& link_note() const;  // why link_experts is off when it was asked for  // GpuOptions::host_prefetch in effect (0: off)
   bool graph_cut_at_handoffs() const;  // hybrid: the step's graphs are cut where the host takes over
   bool graph_one_step() const;         // hybrid: one graph a step, the host handoffs inside it
   // Online re-placement (GpuOptions::replace): where the routed experts are now ([layer][expert], 1 =

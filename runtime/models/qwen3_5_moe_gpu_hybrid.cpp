@@ -4,7 +4,9 @@
 #include <atomic>
 #include <chrono>
 
+#include "gpu_core/device.cuh"
 #include "gpu_core/handoff.cuh"
+#include "gpu_core/int4_layout.h"
 #include "gpu_core/ops.cuh"
 #include "runtime/models/qwen3_5_moe_gpu_impl.h"
 
@@ -65,6 +67,13 @@ bool Qwen35MoeGpu::Impl::host_part(size_t li, int64_t n, bool always, bool wait_
     if (pass == Pass::decode) ++(gpu_side ? counts.gpu : counts.cpu);
     if (pass != Pass::streamed && rp.on) ++rp.heat[li][hids[j]];
   }
+  if (pass == Pass::decode && link.on && link.tables[li])  // the GPU's share (its kernel picks the same slots)
+    for (int64_t t = 0; t < n; ++t)
+      for (int j = 0, taken = 0; j < k && taken < link.m; ++j)
+        if (masked[t * k + j] >= 0) {
+          masked[t * k + j] = -1;
+          ++taken, --counts.cpu, ++counts.link;
+        }
   if (deferring()) {
     def.ids.assign(static_cast<size_t>(n * k), -1);
     order.resize(static_cast<size_t>(k));
@@ -97,6 +106,88 @@ bool Qwen35MoeGpu::Impl::host_part(size_t li, int64_t n, bool always, bool wait_
     if (pass == Pass::decode) counts.host_run_ns += ns_since(t0), ++counts.host_layers;
   }
   return true;
+}
+
+// GpuOptions::link_experts: every layer's host experts as offsets into page-locked host memory
+// (HostExperts::stream_layout), turned into device addresses; any refusal leaves it off with link.note.
+void Qwen35MoeGpu::Impl::link_setup() {
+  link = Link{};
+  if (opts.link_experts <= 0 || !opts.host_experts || !opts.expert_on_gpu || opts.expert_on_gpu->empty()) return;
+  const ModelConfig& c = model.config();
+  const int64_t H = c.hidden_size, I = c.moe_intermediate_size;
+  const int L = static_cast<int>(c.num_layers), E = static_cast<int>(c.num_experts), k = c.num_experts_per_tok;
+  const auto& first = model.layers()[0].moe.gate[0];
+  if (first.kind != LinearWeight::Kind::Gptq) {
+    link.note = "the link takes GPTQ int4 experts (this checkpoint's are dense)";
+    return;
+  }
+  if (opts.replace.on()) {
+    link.note = "not with online re-placement (the host's set of experts changes)";
+    return;
+  }
+  const int64_t gs = first.gptq.group_size;
+  const int m = std::min(opts.link_experts, k);
+  if (!gpu::moe_int4_tiles_fits(H, I, gs, k, m)) {
+    link.note = str_cat("the link kernel does not take hidden ", H, ", intermediate ", I, " in groups of ", gs, " (multiples of 16 in groups of a multiple of 8, at most 32 groups a row)");
+    return;
+  }
+  using SM = HostExperts::StreamMatrix;
+  std::vector<gpu::Int4TilesExpert> tables;
+  std::vector<int> table_of(L, -1);
+  for (int l = 0; l < L; ++l) {
+    const auto& on = (*opts.expert_on_gpu)[l];
+    if (std::count(on.begin(), on.end(), 0) == 0) continue;
+    HostExperts::StreamLayer sl;
+    std::string why;
+    if (!opts.host_experts->stream_layout(l, sl, why)) {
+      link.note = str_cat("layer ", l, ": ", why);
+      return;
+    }
+    const auto* base = static_cast<const uint8_t*>(gpu::host_device_pointer(sl.base));
+    if (!base) {
+      link.note = str_cat("layer ", l, "'s host experts are not page-locked (the GPU cannot read them in place)");
+      return;
+    }
+    table_of[l] = static_cast<int>(tables.size() / E);
+    tables.resize(tables.size() + E);
+    gpu::Int4TilesExpert* t = tables.data() + tables.size() - E;
+    for (const HostExperts::StreamExpert& x : sl.experts) {
+      if (x.expert < 0 || x.expert >= E || on[x.expert]) {
+        link.note = str_cat("layer ", l, ": expert ", x.expert, " offered by the host is not a host expert");
+        return;
+      }
+      gpu::Int4TilesView* v[3] = {&t[x.expert].gate, &t[x.expert].up, &t[x.expert].down};
+      const SM* s[3] = {&x.gate, &x.up, &x.down};
+      for (int i = 0; i < 3; ++i) {
+        const int64_t R = i == 2 ? H : I, C = i == 2 ? I : H;
+        auto inside = [&](uint64_t off, uint64_t n) { return off != SM::kNone && off % 16 == 0 && off <= sl.bytes && n <= sl.bytes - off; };
+        const gpu::Int4TilePieces p = gpu::int4_tile_pieces(R, C, gs);
+        if (s[i]->rows != R || s[i]->cols != C || s[i]->group_size != gs || !inside(s[i]->w, p.w) || !inside(s[i]->scales, p.scales) ||
+            (s[i]->zeros != SM::kNone && !inside(s[i]->zeros, p.zeros)) || (s[i]->perm != SM::kNone && (i == 2 || !inside(s[i]->perm, p.perm)))) {
+          link.note = str_cat("layer ", l, " expert ", x.expert, ": its host layout (", s[i]->rows, " x ", s[i]->cols, ", group ",
+                              s[i]->group_size, ") does not match the model's [", R, ", ", C, "] in groups of ", gs,
+                              " or is not 16-byte aligned inside its ", sl.bytes, " bytes");
+          return;
+        }
+        v[i]->w = base + s[i]->w;
+        v[i]->scales = reinterpret_cast<const uint16_t*>(base + s[i]->scales);
+        v[i]->zeros = s[i]->zeros == SM::kNone ? nullptr : base + s[i]->zeros;
+        v[i]->perm = s[i]->perm == SM::kNone ? nullptr : reinterpret_cast<const int32_t*>(base + s[i]->perm);
+        link.act_order |= v[i]->perm != nullptr;
+      }
+    }
+  }
+  if (tables.empty()) return;
+  const size_t table_bytes = (tables.size() * sizeof(gpu::Int4TilesExpert) + 255) / 256 * 256;
+  CK(cudaMalloc(&link.mem, table_bytes + gpu::moe_int4_tiles_scratch_bytes(H, I, m)));
+  CK(cudaMemcpy(link.mem, tables.data(), tables.size() * sizeof(gpu::Int4TilesExpert), cudaMemcpyHostToDevice));
+  link.scratch = static_cast<char*>(link.mem) + table_bytes;
+  link.tables.assign(L, nullptr);
+  for (int l = 0; l < L; ++l)
+    if (table_of[l] >= 0) link.tables[l] = static_cast<const gpu::Int4TilesExpert*>(link.mem) + static_cast<size_t>(table_of[l]) * E;
+  link.m = m;
+  link.group_size = gs;
+  link.on = true;
 }
 
 // GpuOptions::host_prefetch, inside the step's graph: forks the side stream after the layer's input

@@ -13,6 +13,7 @@
 #include <future>
 #include <vector>
 
+#include "gpu_core/int4_tiles.cuh"
 #include "gpu_core/attention.cuh"
 #include "gpu_core/deltanet.cuh"
 #include "gpu_core/gemm.cuh"
@@ -223,6 +224,19 @@ struct Qwen35MoeGpu::Impl {
     cudaStream_t copy = nullptr;
     cudaEvent_t ready = nullptr, free = nullptr;
   } st;
+  // GpuOptions::link_experts: each layer's host experts as the GPU sees them in page-locked host memory
+  // (tile layout, gpu::moe_int4_tiles_decode), one device table [E] per layer that has host experts.
+  struct Link {
+    bool on = false;
+    std::string note;       // why it is off when it was asked for
+    int m = 0;              // a token's host experts the GPU takes (the first m in slot order)
+    bool act_order = false;  // some gate / up has an input order (x gathered first)
+    int64_t group_size = 0;
+    std::vector<const gpu::Int4TilesExpert*> tables;  // [layer], nullptr: no host experts there
+    void* mem = nullptr;    // the tables, then the kernel's scratch
+    void* scratch = nullptr;
+  } link;
+  void link_setup();
 
   explicit Impl(const Qwen35Moe& m, const GpuOptions& o) : model(m), opts(o) {
     if (o.expert_on_gpu) resident = *o.expert_on_gpu;
@@ -256,6 +270,7 @@ struct Qwen35MoeGpu::Impl {
     gpu::blas_destroy(blas);
     if (tbase) cudaEventDestroy(tbase);
     if (def_copied) cudaEventDestroy(def_copied);
+    if (link.mem) cudaFree(link.mem);
     if (st.copy) cudaStreamDestroy(st.copy);
     if (st.ready) cudaEventDestroy(st.ready);
     if (st.free) cudaEventDestroy(st.free);

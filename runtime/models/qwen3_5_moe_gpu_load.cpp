@@ -412,6 +412,7 @@ std::unique_ptr<Qwen35MoeGpu> Qwen35MoeGpu::create(const Qwen35Moe& model, const
     progress.show(impl->plan.total(), secs(), true);
   }
   impl->replace_setup();
+  impl->link_setup();
   impl->batched = impl->wants_batched() && impl->ph;
   impl->chunk = impl->opts.prefill_chunk;
   if (impl->batched) {

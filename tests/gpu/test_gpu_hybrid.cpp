@@ -423,6 +423,63 @@ TEST(HybridGraph, OneGraphStepEqualsEagerStep) {
   }
 }
 
+// GpuOptions::link_experts (TANDEM_LINK_EXPERTS=N): the GPU computes the first N of each token's host
+// experts itself, reading their weights in place from the host's page-locked memory over PCIe. On the
+// int4 fixtures, host experts in every layer and in half: every decode position within the hybrid's
+// 2e-2 of HF and 1e-2 of the same placement without the link; with every expert on the host the host
+// computes exactly k - N of each token's k (none at N >= k); the eager step and the one graph agree
+// bit for bit. Dense fixtures say why the link is off.
+TEST(HybridLink, MatchesTransformersAndTheHostPath) {
+  TANDEM_REQUIRE_GPU();
+  for (const std::string& name : test::fixture_names()) {
+    const auto f = test::load_fixture(name);
+    auto model = Qwen35Moe::load(f.dir);
+    const NpyArray ref = read_npy_f32(f.dir + "/logits.npy");
+    const int64_t n = static_cast<int64_t>(f.ids.size()), V = f.vocab;
+    const int k = model->config().num_experts_per_tok, layers = static_cast<int>(model->config().num_layers);
+    for (const Placement& pl : {kPlacements[0], kPlacements[1]}) {
+      const RunnerOptions o = hybrid_options(plan_for(*model, pl));
+      auto plain = make_runner(*model, o);
+      for (const int N : {1, 8}) {
+        const std::string what = str_cat(name, " ", pl.name, " link ", N);
+        setenv("TANDEM_LINK_EXPERTS", std::to_string(N).c_str(), 1);
+        auto linked = make_runner(*model, o);
+        setenv("TANDEM_CUDA_GRAPH", "0", 1);
+        auto eager = make_runner(*model, o);
+        unsetenv("TANDEM_CUDA_GRAPH");
+        unsetenv("TANDEM_LINK_EXPERTS");
+        if (!int4_experts(*model)) {
+          EXPECT_NE(linked->describe().find("no link experts: the link takes GPTQ int4 experts"), std::string::npos) << linked->describe();
+          continue;
+        }
+        ASSERT_NE(linked->describe().find("over PCIe"), std::string::npos) << linked->describe();
+        ASSERT_NE(linked->describe().find("one CUDA graph each"), std::string::npos) << linked->describe();
+        std::vector<float> a(V), b(V);
+        plain->forward(std::span(f.ids.data(), f.prefill), a.data(), Qwen35Moe::LogitRows::Last);
+        linked->forward(std::span(f.ids.data(), f.prefill), b.data(), Qwen35Moe::LogitRows::Last);
+        const uint64_t plain0 = plain->host_split().host_activations, linked0 = linked->host_split().host_activations;
+        for (int64_t i = f.prefill; i < n; ++i) {
+          plain->forward(std::span(f.ids.data() + i, 1), a.data(), Qwen35Moe::LogitRows::Last);
+          linked->forward(std::span(f.ids.data() + i, 1), b.data(), Qwen35Moe::LogitRows::Last);
+          EXPECT_LT(compare_logits(b.data(), ref.data.data() + i * V, 1, V).rel_l2[0], 2e-2) << what << " position " << i << " vs HF";
+          EXPECT_LT(compare_logits(b.data(), a.data(), 1, V).rel_l2[0], 1e-2) << what << " position " << i << " vs no link";
+        }
+        const uint64_t steps = static_cast<uint64_t>(n - f.prefill), on_host = plain->host_split().host_activations - plain0,
+                       linked_host = linked->host_split().host_activations - linked0;
+        if (std::string(pl.name) == "all_cpu") {
+          EXPECT_EQ(on_host, steps * layers * k) << what;
+          EXPECT_EQ(linked_host, steps * layers * std::max(0, k - N)) << what;
+        } else {
+          EXPECT_LT(linked_host, on_host) << what;
+        }
+        plain->reset();
+        linked->reset();
+        expect_same_steps(*eager, *linked, f, what + " eager vs one graph");
+      }
+    }
+  }
+}
+
 // Expert deferral inside the one graph (experts.deferral = 1 and 2): the host runs a layer's deferred
 // experts right after releasing its other experts, into a row of mapped memory by layer parity, and the
 // graph adds it at the end of the next layer after a wait on hflags[3]: exactly the eager deferral step
