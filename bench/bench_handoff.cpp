@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "gpu_core/handoff.cuh"
+#include "gpu_core/int4_tiles.cuh"
 #include "gpu_core/ops.cuh"
 
 namespace {
@@ -228,6 +229,73 @@ void BM_pcie_read(benchmark::State& state) {
   if (dev) cudaFree(dev);
 }
 
+// The link experts' kernel (gpu::moe_int4_tiles_decode) at the 35B shape (hidden 2048, intermediate
+// 512, groups of 128, top-8): m of a token's experts read in place from page-locked host memory (16
+// experts of random codes and scales there), per call, with cpu_threads streaming their own memory
+// meanwhile (as the host's experts do). link_GB/s: the experts' bytes over the call's time.
+void BM_link_experts(benchmark::State& state) {
+  if (!gpu_present()) return state.SkipWithError("no CUDA device");
+  const int m = static_cast<int>(state.range(0)), cpu_threads = static_cast<int>(state.range(1));
+  constexpr int64_t H = 2048, I = 512, gs = 128, E = 16;
+  constexpr int k = 8;
+  const size_t gate_w = I * H / 2, gate_s = I * (H / gs) * 2, down_w = H * I / 2, down_s = H * (I / gs) * 2;
+  const size_t per_expert = 2 * (gate_w + gate_s) + down_w + down_s;
+  PinnedHost host(per_expert * E);
+  if (!host.p) return state.SkipWithError("could not page-lock the host buffer");
+  auto* base = static_cast<uint8_t*>(host.p);
+  for (size_t i = 0; i < per_expert * E; i += 2) {  // fp16 scales need finite values: 0x2000-ish everywhere
+    base[i] = static_cast<uint8_t>(i * 2654435761u >> 24);
+    base[i + 1] = 0x20;
+  }
+  void* dbase = nullptr;
+  cudaHostGetDevicePointer(&dbase, host.p, 0);
+  std::vector<tandem::gpu::Int4TilesExpert> table(E);
+  for (int e = 0; e < E; ++e) {
+    auto* p = static_cast<const uint8_t*>(dbase) + e * per_expert;
+    auto view = [&](size_t w, size_t sc) {
+      tandem::gpu::Int4TilesView v;
+      v.w = p, v.scales = reinterpret_cast<const uint16_t*>(p + w);
+      p += w + sc;
+      return v;
+    };
+    table[e].gate = view(gate_w, gate_s);
+    table[e].up = view(gate_w, gate_s);
+    table[e].down = view(down_w, down_s);
+  }
+  tandem::gpu::Int4TilesExpert* dtable = nullptr;
+  int32_t* ids = nullptr;
+  float *w = nullptr, *x = nullptr, *out = nullptr;
+  void* scratch = nullptr;
+  cudaMalloc(&dtable, E * sizeof(table[0]));
+  cudaMemcpy(dtable, table.data(), E * sizeof(table[0]), cudaMemcpyHostToDevice);
+  const std::vector<int32_t> hids = {3, 11, 5, 14, 0, 9, 7, 12};
+  cudaMalloc(&ids, k * 4), cudaMalloc(&w, k * 4), cudaMalloc(&x, H * 4), cudaMalloc(&out, H * 4);
+  cudaMemcpy(ids, hids.data(), k * 4, cudaMemcpyHostToDevice);
+  cudaMemset(w, 0, k * 4), cudaMemset(x, 0, H * 4), cudaMemset(out, 0, H * 4);
+  cudaMalloc(&scratch, tandem::gpu::moe_int4_tiles_scratch_bytes(H, I, m));
+  cudaStream_t s = nullptr;
+  cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  cudaEvent_t e0 = nullptr, e1 = nullptr;
+  cudaEventCreate(&e0), cudaEventCreate(&e1);
+  CpuReaders readers(cpu_threads);
+  double secs = 0;
+  for (auto _ : state) {
+    cudaEventRecord(e0, s);
+    tandem::gpu::moe_int4_tiles_decode(dtable, E, H, I, gs, ids, w, k, m, false, x, scratch, out, s);
+    cudaEventRecord(e1, s);
+    cudaEventSynchronize(e1);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, e0, e1);
+    state.SetIterationTime(ms * 1e-3);
+    secs += ms * 1e-3;
+  }
+  if (cudaGetLastError() != cudaSuccess) state.SkipWithError("a CUDA call failed");
+  if (secs > 0) state.counters["link_GB/s"] = static_cast<double>(per_expert) * m * state.iterations() / secs * 1e-9;
+  cudaEventDestroy(e0), cudaEventDestroy(e1);
+  cudaStreamDestroy(s);
+  for (void* p : {(void*)dtable, (void*)ids, (void*)w, (void*)x, (void*)out, scratch}) cudaFree(p);
+}
+
 }  // namespace
 
 BENCHMARK(BM_pcie_read)
@@ -244,6 +312,18 @@ BENCHMARK(BM_pcie_read)
     ->Args({256, 2, 15, 0})
     ->UseManualTime()
     ->MinTime(0.3)
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_link_experts)
+    ->ArgNames({"m", "cpu_threads"})
+    ->Args({1, 0})
+    ->Args({2, 0})
+    ->Args({3, 0})
+    ->Args({4, 0})
+    ->Args({8, 0})
+    ->Args({3, 15})
+    ->Args({4, 15})
+    ->UseManualTime()
+    ->MinTime(0.2)
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_handoff_round_trip)->Arg(0)->Arg(1)->UseManualTime()->MinTime(0.5)->Unit(benchmark::kMicrosecond);
 
