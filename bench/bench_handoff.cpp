@@ -281,7 +281,7 @@ void BM_link_experts(benchmark::State& state) {
   double secs = 0;
   for (auto _ : state) {
     cudaEventRecord(e0, s);
-    tandem::gpu::moe_int4_tiles_decode(dtable, E, H, I, gs, ids, w, k, m, false, x, scratch, out, s);
+    tandem::gpu::moe_int4_tiles_decode(dtable, E, H, I, gs, ids, w, k, m, {}, false, x, scratch, out, s);
     cudaEventRecord(e1, s);
     cudaEventSynchronize(e1);
     float ms = 0;

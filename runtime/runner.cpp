@@ -204,6 +204,7 @@ class GpuRunner final : public Runner {
     g.hybrid_one_graph = env_switch("TANDEM_HYBRID_ONE_GRAPH", true);
     if (const char* v = std::getenv("TANDEM_HOST_PREFETCH")) g.host_prefetch = std::max(0, std::atoi(v));  // experimental, off
     if (const char* v = std::getenv("TANDEM_LINK_EXPERTS")) g.link_experts = std::max(0, std::atoi(v));
+    if (const char* v = std::getenv("TANDEM_LINK_STAGE")) g.link_stage = std::max(0, std::atoi(v));
     g.deltanet_conv_in_gemv = env_switch("TANDEM_DELTANET_CONV_GEMV", false);
     g.programmatic_launch = env_switch("TANDEM_PDL", true);
     g.attention_prefill = env_switch("TANDEM_ATTN_PREFILL", true);
@@ -254,7 +255,8 @@ class GpuRunner final : public Runner {
                                            : ", decode steps launched eagerly";
     if (gpu_->programmatic_launch_active()) paths += " with programmatic dependent launch";
     if (const int n = gpu_->link_experts_active())
-      paths += str_cat(", the GPU computing ", n, " of each token's host experts from host memory over PCIe");
+      paths += str_cat(", the GPU computing ", n, " of each token's host experts from host memory over PCIe",
+                       gpu_->link_stage_active() ? str_cat(" and those of its ", gpu_->link_stage_active(), " guessed ones it copied ahead") : "");
     else if (!gpu_->link_note().empty()) paths += str_cat(" (no link experts: ", gpu_->link_note(), ")");
     if (const int n = gpu_->host_prefetch_active()) paths += str_cat(", the host reading ", n, " experts guessed from each layer's input ahead of its router (experimental)");
     if (!placement_) return "gpu: " + gpu_->memory().describe() + "; " + paths;

@@ -17,7 +17,8 @@
 #   cpu-experts  scripts/gpu_machine_cpu_experts.sh (AMX tests at every ISA cap + benchmarks)
 #   cpu-tests    the cpu_experts tests at the CPU's best level (AMX there), no benchmarks
 #   cpu-bench:FILTER  bench/bench_cpu_experts with --benchmark_filter=FILTER (e.g. 'decode_warm'), JSON + console
-#   handoff-bench  bench/bench_handoff: the hybrid handoff's round trip (one graph vs event + copies)
+#   handoff-bench[:FILTER]  bench/bench_handoff: the hybrid handoff's round trip (one graph vs event + copies), the
+#                link's read rate (pcie rows) and the link experts' kernel (link rows)
 #   gpu-bench[:FILTER]  bench/bench_gpu_gemv (per-kernel bandwidth at the 35B shapes), JSON + console
 #   e2e:LENS:REPEAT:SCENARIOS  bench/run_e2e.sh, e.g. e2e:4096:3:hybrid-8gib-cpu-experts,hybrid-24gib
 #                (scenarios: gpu-all hybrid-{8gib-cpu-experts,12gib,16gib,24gib} hybrid-{8,12}gib-defer{1..4} hybrid-{12,16}gib-replace cpu-all)
@@ -84,8 +85,10 @@ for step in "$@"; do
       filter="${step#gpu-bench}"; filter="${filter#:}"
       run_step "gpu-bench$tag" 240 build-gpu/bench/bench_gpu_gemv ${filter:+--benchmark_filter="$filter"} \
         --benchmark_out="$res/gpu-bench$tag.json" --benchmark_out_format=json ;;
-    handoff-bench)
-      run_step handoff-bench 60 build-gpu/bench/bench_handoff --benchmark_out="$res/handoff-bench.json" --benchmark_out_format=json ;;
+    handoff-bench|handoff-bench:*)
+      filter=""; [ "$step" != handoff-bench ] && filter="${step#handoff-bench:}"
+      run_step "handoff-bench$tag" 120 build-gpu/bench/bench_handoff --benchmark_filter="${filter:-.}" \
+        --benchmark_out="$res/handoff-bench$tag.json" --benchmark_out_format=json ;;
     cpu-tests)
       run_step cpu-tests 200 build-gpu/tests/tandem_cpu_experts_tests ;;
     cpu-bench:*)

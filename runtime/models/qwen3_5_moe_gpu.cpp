@@ -181,6 +181,14 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
     norm_x(L.in_norm);
     // GpuOptions::host_prefetch: the layer's experts guessed from its input, beside the mixer
     const bool guessed = posting && guessing && L.cpu_experts && opts.host_experts && post_guess(L, li);
+    // GpuOptions::link_stage: the guessed experts copied to the device beside the mixer (side stream)
+    const bool staging = guessed && link.stage && link.on && link.tables[li];
+    if (link.stage && posting) link.staged_at[li] = staging;  // what the graph does (an eager step with --trace stages nothing)
+    if (staging) {
+      CK(gpu::int4_tiles_stage(link.tables[li], static_cast<int>(c.num_experts), H, c.moe_intermediate_size, link.group_size, hgids,
+                               link.stage, link.slots, link.slot_bytes, link.staged_ids, link.staged_table, side));
+      CK(cudaEventRecord(link.staged_ev, side));
+    }
     if (L.kind == LayerKind::LinearAttention) {
       if (conv_in_gemv) {  // qkv|z|b|a; the conv of the qkv rows applied as they are written
         CK(gpu::gemv_bf16_conv(L.in_proj.w, L.in_proj.out, L.in_proj.in, x, qkv, static_cast<int>(c.linear_conv_dim()),
@@ -248,9 +256,15 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
       CK(cudaEventRecord(join_ev, side));
     }
     gpu_experts(L, x, topk_ids, topk_w, 1, xh, hscratch, moe_out);
-    if (split && link.on && link.tables[li])  // GpuOptions::link_experts: some host experts read in place over PCIe, added
+    if (split && link.on && link.tables[li]) {  // GpuOptions::link_experts: some host experts read in place over PCIe, added
+      gpu::Int4TilesStaged staged;
+      if (staging) {
+        CK(cudaStreamWaitEvent(stream, link.staged_ev, 0));
+        staged = {link.staged_ids, link.staged_table, link.stage};
+      }
       CK(gpu::moe_int4_tiles_decode(link.tables[li], static_cast<int>(c.num_experts), H, c.moe_intermediate_size, link.group_size,
-                                    topk_ids, topk_w, k, link.m, link.act_order, x, link.scratch, moe_out, stream));
+                                    topk_ids, topk_w, k, link.m, staged, link.act_order, x, link.scratch, moe_out, stream));
+    }
     if (!L.x_proj.out) {
       linear(L.sh_gate, x, sg);
       linear(L.sh_up, x, su);
@@ -338,6 +352,7 @@ bool Qwen35MoeGpu::forward_top(std::span<const int32_t> ids, std::span<const gpu
 bool Qwen35MoeGpu::cuda_graph_active() const { return impl_->graph_ok; }
 bool Qwen35MoeGpu::programmatic_launch_active() const { return impl_->opts.programmatic_launch; }
 int Qwen35MoeGpu::link_experts_active() const { return impl_->link.on ? impl_->link.m : 0; }
+int Qwen35MoeGpu::link_stage_active() const { return impl_->link.on ? impl_->link.stage : 0; }
 const std::string& Qwen35MoeGpu::link_note() const { return impl_->link.note; }
 int Qwen35MoeGpu::host_prefetch_active() const { return impl_->guessing ? impl_->opts.host_prefetch : 0; }
 int64_t Qwen35MoeGpu::stream_prefill_min_tokens() const { return impl_->st.on && impl_->batched ? impl_->opts.stream_prefill_min_tokens : 0; }

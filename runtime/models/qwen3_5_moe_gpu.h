@@ -147,6 +147,12 @@ struct GpuOptions {
   // the host's only in rounding. Needs int4 host experts in the tile layout, page-locked, and no online
   // re-placement; link_note() says why it is off otherwise. 0: off. (TANDEM_LINK_EXPERTS=N.)
   int link_experts = 0;
+  // With link_experts, in the one-graph step: each layer's first link_stage guessed experts (the guess
+  // of host_prefetch: the router over the layer's input, ~86-89% of the top-8 on the synthetic 35B)
+  // are copied whole to device memory over PCIe while the GPU computes the mixer (the link is idle
+  // then: gpu::int4_tiles_stage), and the GPU computes those of them the router then picks from there,
+  // besides link_experts more read in place; the host computes the rest. (TANDEM_LINK_STAGE=S.) 0: off.
+  int link_stage = 0;
   // Decode DeltaNet with the recurrence split over 32-column slices of each head's state
   // (gpu::DeltaNetDecodeArgs::tickets). Validated on the H200, no faster there: off unless
   // TANDEM_DELTANET_SPLIT=1.
@@ -244,6 +250,7 @@ class Qwen35MoeGpu {
   bool programmatic_launch_active() const;
   int host_prefetch_active() const;
   int link_experts_active() const;       // GpuOptions::link_experts in effect (0: off)
+  int link_stage_active() const;         // GpuOptions::link_stage in effect (0: off)
   const std::string& link_note() const;  // why link_experts is off when it was asked for  // GpuOptions::host_prefetch in effect (0: off)
   bool graph_cut_at_handoffs() const;  // hybrid: the step's graphs are cut where the host takes over
   bool graph_one_step() const;         // hybrid: one graph a step, the host handoffs inside it

@@ -67,13 +67,22 @@ bool Qwen35MoeGpu::Impl::host_part(size_t li, int64_t n, bool always, bool wait_
     if (pass == Pass::decode) ++(gpu_side ? counts.gpu : counts.cpu);
     if (pass != Pass::streamed && rp.on) ++rp.heat[li][hids[j]];
   }
-  if (pass == Pass::decode && link.on && link.tables[li])  // the GPU's share (its kernel picks the same slots)
-    for (int64_t t = 0; t < n; ++t)
-      for (int j = 0, taken = 0; j < k && taken < link.m; ++j)
-        if (masked[t * k + j] >= 0) {
-          masked[t * k + j] = -1;
-          ++taken, --counts.cpu, ++counts.link;
-        }
+  if (pass == Pass::decode && link.on && link.tables[li]) {  // the GPU's share (its kernel picks the same slots)
+    int32_t staged[8];
+    int S = 0;
+    if (link.stage && link.replaying && link.staged_at[li])  // the layer's guess, staged where the host holds it
+      for (int q = 0; q < link.stage; ++q) staged[S++] = hgids[q] >= 0 && hgids[q] < c.num_experts && host_serves(static_cast<int>(li), hgids[q], false) ? hgids[q] : -1;
+    auto take = [&](int64_t at) {
+      masked[at] = -1;
+      --counts.cpu, ++counts.link;
+    };
+    for (int64_t t = 0; t < n; ++t) {
+      for (int j = 0; j < k && S; ++j)
+        if (masked[t * k + j] >= 0 && std::find(staged, staged + S, masked[t * k + j]) != staged + S) take(t * k + j);
+      for (int j = 0, extra = 0; j < k && extra < link.m; ++j)
+        if (masked[t * k + j] >= 0) take(t * k + j), ++extra;
+    }
+  }
   if (deferring()) {
     def.ids.assign(static_cast<size_t>(n * k), -1);
     order.resize(static_cast<size_t>(k));
@@ -126,8 +135,8 @@ void Qwen35MoeGpu::Impl::link_setup() {
     return;
   }
   const int64_t gs = first.gptq.group_size;
-  const int m = std::min(opts.link_experts, k);
-  if (!gpu::moe_int4_tiles_fits(H, I, gs, k, m)) {
+  const int m = std::min(opts.link_experts, k), stage = std::clamp(opts.link_stage, 0, k);
+  if (!gpu::moe_int4_tiles_fits(H, I, gs, k, m, stage)) {
     link.note = str_cat("the link kernel does not take hidden ", H, ", intermediate ", I, " in groups of ", gs, " (multiples of 16 in groups of a multiple of 8, at most 32 groups a row)");
     return;
   }
@@ -178,10 +187,24 @@ void Qwen35MoeGpu::Impl::link_setup() {
     }
   }
   if (tables.empty()) return;
-  const size_t table_bytes = (tables.size() * sizeof(gpu::Int4TilesExpert) + 255) / 256 * 256;
-  CK(cudaMalloc(&link.mem, table_bytes + gpu::moe_int4_tiles_scratch_bytes(H, I, m)));
+  auto round = [](size_t b) { return (b + 255) / 256 * 256; };
+  const size_t table_bytes = round(tables.size() * sizeof(gpu::Int4TilesExpert)), scratch_bytes = round(gpu::moe_int4_tiles_scratch_bytes(H, I, m + stage));
+  link.slot_bytes = round(gpu::int4_tiles_stage_slot_bytes(H, I, gs));
+  const size_t stage_bytes = stage ? stage * link.slot_bytes + round(stage * sizeof(int32_t)) + round(stage * sizeof(gpu::Int4TilesExpert)) : 0;
+  CK(cudaMalloc(&link.mem, table_bytes + scratch_bytes + stage_bytes));
   CK(cudaMemcpy(link.mem, tables.data(), tables.size() * sizeof(gpu::Int4TilesExpert), cudaMemcpyHostToDevice));
-  link.scratch = static_cast<char*>(link.mem) + table_bytes;
+  char* at = static_cast<char*>(link.mem) + table_bytes;
+  link.scratch = at;
+  at += scratch_bytes;
+  if (stage) {  // link.stage stays 0 until the one-graph step is known to guess (create())
+    link.slots = at;
+    at += stage * link.slot_bytes;
+    link.staged_ids = reinterpret_cast<int32_t*>(at);
+    at += round(stage * sizeof(int32_t));
+    link.staged_table = reinterpret_cast<gpu::Int4TilesExpert*>(at);
+    CK(cudaEventCreateWithFlags(&link.staged_ev, cudaEventDisableTiming));
+    link.staged_at.assign(L, 0);
+  }
   link.tables.assign(L, nullptr);
   for (int l = 0; l < L; ++l)
     if (table_of[l] >= 0) link.tables[l] = static_cast<const gpu::Int4TilesExpert*>(link.mem) + static_cast<size_t>(table_of[l]) * E;
@@ -217,18 +240,30 @@ void Qwen35MoeGpu::Impl::run_one_graph(int w) {
   for (int i = 0; i < 8; ++i) f[i] = 0u;  // the previous step has finished (synchronized)
   CK(cudaGraphLaunch(segs[w][0], stream));
   constexpr auto kTimeout = std::chrono::seconds(60);
+  struct Replaying {  // host_part stages as the graph does while this loop runs
+    bool& on;
+    explicit Replaying(bool& b) : on(b) { on = true; }
+    ~Replaying() { on = false; }
+  } replaying(link.replaying);
   try {
     for (size_t si = 0; si < seg_layers.size(); ++si) {
       const int li = seg_layers[si];
       const unsigned v = static_cast<unsigned>(li) + 1;
+      const auto t_wait = std::chrono::steady_clock::now();
       {
         TraceSpan wait("wait for router, layer", "handoff", li);
-        const auto t0 = std::chrono::steady_clock::now();
+        const auto t0 = t_wait;
         for (uint64_t spins = 1; f[0] < v; ++spins)
           if (spins % 4096 == 0 && std::chrono::steady_clock::now() - t0 > kTimeout)
             fail("hybrid decode step: the GPU did not hand over layer ", li, "'s router result within 60 s");
         std::atomic_thread_fence(std::memory_order_acquire);  // hx / hids / hw after the flag
         counts.host_wait_ns += ns_since(t0);
+      }
+      if (link.stage && link.staged_at[li]) {  // the layer's guess (posted before its router: there already)
+        for (uint64_t spins = 1; f[4] < v; ++spins)
+          if (spins % 4096 == 0 && std::chrono::steady_clock::now() - t_wait > kTimeout)
+            fail("hybrid decode step: the GPU did not post layer ", li, "'s expert guess within 60 s");
+        std::atomic_thread_fence(std::memory_order_acquire);  // hgids after the flag
       }
       host_part(static_cast<size_t>(li), 1, true, false);
       std::atomic_thread_fence(std::memory_order_release);  // hout before the flag
@@ -238,7 +273,7 @@ void Qwen35MoeGpu::Impl::run_one_graph(int w) {
         std::atomic_thread_fence(std::memory_order_release);  // the row before the flag
         f[3] = v;
       }
-      if (guessing && si + 1 < seg_layers.size()) {  // the next host layer's guess, while the GPU runs its mixer
+      if (guessing && opts.host_prefetch > 0 && si + 1 < seg_layers.size()) {  // the next host layer's guess, while the GPU runs its mixer
         const unsigned nv = static_cast<unsigned>(seg_layers[si + 1]) + 1;
         const auto t0 = std::chrono::steady_clock::now();
         for (uint64_t spins = 1; f[4] < nv && f[0] < nv; ++spins)

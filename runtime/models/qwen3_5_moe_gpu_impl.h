@@ -233,8 +233,18 @@ struct Qwen35MoeGpu::Impl {
     bool act_order = false;  // some gate / up has an input order (x gathered first)
     int64_t group_size = 0;
     std::vector<const gpu::Int4TilesExpert*> tables;  // [layer], nullptr: no host experts there
-    void* mem = nullptr;    // the tables, then the kernel's scratch
+    void* mem = nullptr;    // the tables, the kernel's scratch, the staging slots
     void* scratch = nullptr;
+    // GpuOptions::link_stage (one graph): slots for `stage` guessed experts, what they hold, and the
+    // layers whose guess the step's graph stages (set while it is captured; the host picks the same).
+    int stage = 0;
+    void* slots = nullptr;
+    size_t slot_bytes = 0;
+    int32_t* staged_ids = nullptr;
+    gpu::Int4TilesExpert* staged_table = nullptr;
+    cudaEvent_t staged_ev = nullptr;
+    std::vector<uint8_t> staged_at;
+    bool replaying = false;  // run_one_graph's host loop (eager steps never stage)
   } link;
   void link_setup();
 
@@ -271,6 +281,7 @@ struct Qwen35MoeGpu::Impl {
     if (tbase) cudaEventDestroy(tbase);
     if (def_copied) cudaEventDestroy(def_copied);
     if (link.mem) cudaFree(link.mem);
+    if (link.staged_ev) cudaEventDestroy(link.staged_ev);
     if (st.copy) cudaStreamDestroy(st.copy);
     if (st.ready) cudaEventDestroy(st.ready);
     if (st.free) cudaEventDestroy(st.free);

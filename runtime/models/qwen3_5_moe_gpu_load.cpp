@@ -439,7 +439,8 @@ std::unique_ptr<Qwen35MoeGpu> Qwen35MoeGpu::create(const Qwen35Moe& model, const
   if (impl->one_graph) {
     CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hflags), 8 * sizeof(unsigned), cudaHostAllocMapped));
     std::memset(impl->hflags, 0, 8 * sizeof(unsigned));
-    impl->guessing = opts.host_prefetch > 0 && impl->side;
+    impl->guessing = (opts.host_prefetch > 0 || (impl->link.on && impl->link.staged_ev)) && impl->side;
+    if (impl->guessing && impl->link.staged_ev) impl->link.stage = std::clamp(opts.link_stage, 0, static_cast<int>(model.config().num_experts_per_tok));
     if (impl->guessing) {
       const int64_t k = model.config().num_experts_per_tok;
       CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hgids), k * sizeof(int32_t), cudaHostAllocMapped));
