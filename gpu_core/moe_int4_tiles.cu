@@ -17,6 +17,7 @@ namespace {
 
 constexpr int kBatch = 8;  // 512-byte pieces a warp has in flight
 constexpr int kMaxLinkSlots = 16;
+constexpr int kStageBlocks = 96;  // per staged expert (1.6 MB at the 35B shape: ~4 reads of 16 bytes a thread)
 
 struct Pick {
   int j = -1;                           // the top-k slot, -1: no s-th link expert
@@ -260,21 +261,29 @@ __global__ void __launch_bounds__(256) stage_kernel(const Int4TilesExpert* __res
     }
     staged_table[s] = t;
   }
+  // The expert's units as one run (piece by piece, the slot's gaps skipped): 8 reads a thread in flight
+  // across the whole expert, not piece by piece (each piece would cost a wait for the link).
+  int64_t first[13];
+  first[0] = 0;
+  for (int q = 0; q < 12; ++q) first[q + 1] = first[q] + p.n[q];
+  const int64_t total = first[12], stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   constexpr int kInFlight = 8;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int q = 0; q < 12; ++q) {
-    const uint4* src = p.src[q];
-    uint4* d = dst + p.off[q];
-    const int64_t n = p.n[q];
-    for (int64_t base = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; base < n; base += stride * kInFlight) {
-      uint4 v[kInFlight];
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; base < total; base += stride * kInFlight) {
+    uint4 v[kInFlight];
+    int64_t to[kInFlight];
 #pragma unroll
-      for (int u = 0; u < kInFlight; ++u)
-        if (base + u * stride < n) v[u] = __ldcs(src + base + u * stride);
-#pragma unroll
-      for (int u = 0; u < kInFlight; ++u)
-        if (base + u * stride < n) d[base + u * stride] = v[u];
+    for (int u = 0; u < kInFlight; ++u) {
+      const int64_t i = base + u * stride;
+      to[u] = -1;
+      if (i >= total) continue;
+      int q = 0;
+      while (i >= first[q + 1]) ++q;
+      v[u] = __ldcs(p.src[q] + (i - first[q]));
+      to[u] = p.off[q] + (i - first[q]);
     }
+#pragma unroll
+    for (int u = 0; u < kInFlight; ++u)
+      if (to[u] >= 0) dst[to[u]] = v[u];
   }
 }
 
@@ -294,7 +303,7 @@ cudaError_t int4_tiles_stage(const Int4TilesExpert* experts, int E, int64_t H, i
   if (!experts || E <= 0 || !guess || S <= 0 || S > 8 || !slots || !staged_ids || !staged_table || group_size <= 0 ||
       slot_bytes < int4_tiles_stage_slot_bytes(H, I, group_size))
     return cudaErrorInvalidValue;
-  stage_kernel<<<dim3(48, static_cast<unsigned>(S)), 256, 0, stream>>>(experts, E, guess, H, I, group_size, static_cast<uint8_t*>(slots),
+  stage_kernel<<<dim3(kStageBlocks, static_cast<unsigned>(S)), 256, 0, stream>>>(experts, E, guess, H, I, group_size, static_cast<uint8_t*>(slots),
                                                                         slot_bytes, staged_ids, staged_table);
   return cudaGetLastError();
 }
