@@ -67,7 +67,7 @@ cudaError_t moe_int4_tiles_decode(const Int4TilesExpert* experts, int E, int64_t
                                   const float* weights, int k, int m, Int4TilesStaged staged, bool act_order, const float* x, void* scratch,
                                   float* out, cudaStream_t stream);
 
-// Staging for the link: the host experts guess[0..S) (guess may be mapped host memory; ids whose
+// Staging for the link: the host experts guess[0..S) (device memory best: every block reads it; ids whose
 // experts[e].gate.w is unset, or outside 0..E-1, are skipped) copied whole (codes, scales, zeros,
 // input orders) into slots (device memory, S slots of slot_bytes >= int4_tiles_stage_slot_bytes,
 // 256-byte aligned); staged_ids [S] and staged_table [S] (device) say what each slot holds (-1: none)

@@ -241,8 +241,11 @@ __device__ void stage_pieces(const Int4TilesExpert& ex, int64_t H, int64_t I, in
 __global__ void __launch_bounds__(256) stage_kernel(const Int4TilesExpert* __restrict__ experts, int E, const int32_t* guess, int64_t H,
                                                     int64_t I, int64_t group_size, uint8_t* slots, size_t slot_bytes,
                                                     int32_t* __restrict__ staged_ids, Int4TilesExpert* __restrict__ staged_table) {
+  __shared__ int guessed;
   const int s = blockIdx.y;
-  const int e = *reinterpret_cast<const volatile int32_t*>(guess + s);  // posted to host memory by the guess
+  if (threadIdx.x == 0) guessed = guess[s];  // one read a block (host memory: same-word reads queue one by one)
+  __syncthreads();
+  const int e = guessed;
   const bool host = e >= 0 && e < E && experts[e].gate.w;
   if (blockIdx.x == 0 && threadIdx.x == 0) staged_ids[s] = host ? e : -1;
   if (!host) return;

@@ -185,7 +185,7 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
     const bool staging = guessed && link.stage && link.on && link.tables[li];
     if (link.stage && posting) link.staged_at[li] = staging;  // what the graph does (an eager step with --trace stages nothing)
     if (staging) {
-      CK(gpu::int4_tiles_stage(link.tables[li], static_cast<int>(c.num_experts), H, c.moe_intermediate_size, link.group_size, hgids,
+      CK(gpu::int4_tiles_stage(link.tables[li], static_cast<int>(c.num_experts), H, c.moe_intermediate_size, link.group_size, link.guess_dev,
                                link.stage, link.slots, link.slot_bytes, link.staged_ids, link.staged_table, side));
       CK(cudaEventRecord(link.staged_ev, side));
     }

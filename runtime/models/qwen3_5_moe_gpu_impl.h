@@ -242,6 +242,7 @@ struct Qwen35MoeGpu::Impl {
     size_t slot_bytes = 0;
     int32_t* staged_ids = nullptr;
     gpu::Int4TilesExpert* staged_table = nullptr;
+    int32_t* guess_dev = nullptr;  // [k] the layer's guess, copied beside hgids (post_guess)
     cudaEvent_t staged_ev = nullptr;
     std::vector<uint8_t> staged_at;
     bool replaying = false;  // run_one_graph's host loop (eager steps never stage)
