@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "gpu_core/handoff.cuh"
+#include "gpu_core/int4_layout.h"
 #include "gpu_core/int4_tiles.cuh"
 #include "gpu_core/ops.cuh"
 

@@ -12,6 +12,7 @@ lens="${3:-512,4096}"
 gen="${4:-128}"
 repeat="${5:-3}"
 scenarios="${6:-gpu-all hybrid-24gib hybrid-16gib hybrid-12gib hybrid-8gib-cpu-experts}"
+# hybrid-8gib-cpu-experts-linkN / -linkNsS: experts.link (PCIE_BW / HOST_MEMORY_BW: the plan's bandwidth lines)
 out="${OUT:-$PWD/e2e-out}/e2e"
 mkdir -p "$out"
 tandem="$build/tandem"
@@ -83,6 +84,14 @@ for s in $scenarios; do
     gpu-all) run gpu-all --device gpu --context "$ctx" ;;
     hybrid-8gib-cpu-experts) config "$s" 8GiB 'cpu_experts: all
 '; run "$s" --device hybrid --config "$out/$s.yaml" ;;
+    hybrid-8gib-cpu-experts-link*)  # experts.link: link3 = 3 read in place, link2s1 = 2 in place + 1 staged
+      l=${s##*link}; n=${l%%s*}; st=0; [ "$l" != "$n" ] && st=${l#*s}
+      config "$s" 8GiB "  link: {in_place: $n, staged: $st}
+cpu_experts: all
+${PCIE_BW:+bandwidth:
+  pcie: $PCIE_BW
+${HOST_MEMORY_BW:+  host_memory: $HOST_MEMORY_BW
+}}"; run "$s" --device hybrid --config "$out/$s.yaml" ;;
     hybrid-8gib-defer*) config "$s" 8GiB "  deferral: ${s##*defer}
 cpu_experts: all
 "; run "$s" --device hybrid --config "$out/$s.yaml" ;;

@@ -104,6 +104,31 @@ uint64_t int4_rows_bytes(int64_t rows, int64_t cols, int64_t group_size) {
   return round_to(n * cols / 2, 256) + round_to(n * G * 2, 256) + round_to(n * G, 256) + round_to(static_cast<uint64_t>(cols) * 4, 256);
 }
 
+bool moe_int4_tiles_fits(int64_t H, int64_t I, int64_t group_size, int k, int m, int staged) {
+  return H > 0 && I > 0 && H % 16 == 0 && I % 16 == 0 && group_size > 0 && group_size % 8 == 0 && H % group_size == 0 &&
+         I % group_size == 0 && H / group_size <= 32 && I / group_size <= 32 && k >= 1 && k <= 8 && m >= 0 && m <= k && staged >= 0 &&
+         staged <= 8 && m + staged >= 1;
+}
+
+uint64_t int4_tiles_stage_slot_bytes(int64_t H, int64_t I, int64_t group_size) {
+  uint64_t at = 0;
+  for (int i = 0; i < 3; ++i) {
+    const int64_t rows = i == 2 ? H : I, cols = i == 2 ? I : H, tiles = (rows + 15) / 16, G = cols / group_size;
+    for (const int64_t b : {tiles * cols * 8, tiles * G * 32, tiles * G * 16, cols * 4}) at += round_to(static_cast<uint64_t>(b), 256);
+  }
+  return at;
+}
+
+uint64_t link_buffer_bytes(int64_t H, int64_t I, int64_t group_size, int E, int host_layers, int k, int m, int S) {
+  if (host_layers <= 0 || m + S <= 0) return 0;
+  uint64_t b = round_to(static_cast<uint64_t>(host_layers) * E * kInt4TilesExpertBytes, 256) +
+               round_to(static_cast<uint64_t>(m + S) * static_cast<uint64_t>(I + 2 * H) * 4, 256);  // moe_int4_tiles_scratch_bytes
+  if (S > 0)
+    b += S * round_to(int4_tiles_stage_slot_bytes(H, I, group_size), 256) + round_to(S * 4ull, 256) + round_to(S * kInt4TilesExpertBytes, 256) +
+         round_to(k * 4ull, 256);
+  return b;
+}
+
 StreamBuffers stream_buffer_bytes(int64_t H, int64_t I, int64_t group_size, int E, int L, int m, int64_t pass) {
   StreamBuffers b;
   if (m <= 0) return b;

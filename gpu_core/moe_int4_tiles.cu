@@ -11,12 +11,15 @@
 
 #include "gpu_core/int4_tiles.cuh"
 
+#include "gpu_core/int4_layout.h"
+
 namespace tandem::gpu {
 
 namespace {
 
 constexpr int kBatch = 8;  // 512-byte pieces a warp has in flight
 constexpr int kMaxLinkSlots = 16;
+static_assert(sizeof(Int4TilesExpert) == kInt4TilesExpertBytes, "int4_layout.h counts the link's tables with this size");
 constexpr int kStageBlocks = 96;  // per staged expert (1.6 MB at the 35B shape: ~4 reads of 16 bytes a thread)
 
 struct Pick {
@@ -155,7 +158,7 @@ __global__ void __launch_bounds__(64) gate_up_kernel(const Int4TilesExpert* __re
 __global__ void __launch_bounds__(32 * kMaxLinkSlots) down_kernel(const Int4TilesExpert* __restrict__ experts, int E,
                                                                   const int32_t* __restrict__ ids, const float* __restrict__ weights, int k,
                                                                   int m, Int4TilesStaged st, int64_t I, int64_t group_size,
-                                                                  const float* __restrict__ h, float* __restrict__ out) {
+                                                                  const float* __restrict__ h, float* __restrict__ out, bool accumulate) {
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ float part[kMaxLinkSlots][16];
   __shared__ float wslot[kMaxLinkSlots];
@@ -176,7 +179,7 @@ __global__ void __launch_bounds__(32 * kMaxLinkSlots) down_kernel(const Int4Tile
   if (threadIdx.x < 16) {
     float v = 0.0f;
     for (int i = 0; i < slots; ++i) v = fmaf(wslot[i], part[i][threadIdx.x], v);
-    out[16 * t + threadIdx.x] += v;
+    out[16 * t + threadIdx.x] = accumulate ? out[16 * t + threadIdx.x] + v : v;
   }
 }
 
@@ -186,15 +189,9 @@ size_t moe_int4_tiles_scratch_bytes(int64_t H, int64_t I, int slots) {
   return static_cast<size_t>(slots) * static_cast<size_t>(I + 2 * H) * sizeof(float);
 }
 
-bool moe_int4_tiles_fits(int64_t H, int64_t I, int64_t group_size, int k, int m, int staged) {
-  return H > 0 && I > 0 && H % 16 == 0 && I % 16 == 0 && group_size > 0 && group_size % 8 == 0 && H % group_size == 0 &&
-         I % group_size == 0 && H / group_size <= 32 && I / group_size <= 32 && k >= 1 && k <= 8 && m >= 0 && m <= k && staged >= 0 &&
-         staged <= 8 && m + staged >= 1;
-}
-
 cudaError_t moe_int4_tiles_decode(const Int4TilesExpert* experts, int E, int64_t H, int64_t I, int64_t group_size, const int32_t* ids,
                                   const float* weights, int k, int m, Int4TilesStaged staged, bool act_order, const float* x, void* scratch,
-                                  float* out, cudaStream_t stream) {
+                                  float* out, cudaStream_t stream, bool accumulate) {
   if (!experts || E <= 0 || !ids || !weights || !x || !scratch || !out || (staged.count && (!staged.ids || !staged.table)) ||
       !moe_int4_tiles_fits(H, I, group_size, k, m, staged.count))
     return cudaErrorInvalidValue;
@@ -205,7 +202,7 @@ cudaError_t moe_int4_tiles_decode(const Int4TilesExpert* experts, int E, int64_t
   gate_up_kernel<<<dim3(static_cast<unsigned>(I / 16), static_cast<unsigned>(slots)), 64, 2 * (H / group_size) * 48, stream>>>(
       experts, E, ids, k, m, staged, H, I, group_size, x, xs, h);
   down_kernel<<<static_cast<unsigned>(H / 16), 32 * slots, slots * (I / group_size) * 48, stream>>>(experts, E, ids, weights, k, m, staged,
-                                                                                                   I, group_size, h, out);
+                                                                                                   I, group_size, h, out, accumulate);
   return cudaGetLastError();
 }
 
@@ -291,15 +288,6 @@ __global__ void __launch_bounds__(256) stage_kernel(const Int4TilesExpert* __res
 }
 
 }  // namespace
-
-size_t int4_tiles_stage_slot_bytes(int64_t H, int64_t I, int64_t group_size) {
-  size_t at = 0;
-  for (int i = 0; i < 3; ++i) {
-    const int64_t rows = i == 2 ? H : I, cols = i == 2 ? I : H, tiles = (rows + 15) / 16, G = cols / group_size;
-    for (const int64_t b : {tiles * cols * 8, tiles * G * 32, tiles * G * 16, cols * 4}) at += static_cast<size_t>((b + 255) / 256 * 256);
-  }
-  return at;
-}
 
 cudaError_t int4_tiles_stage(const Int4TilesExpert* experts, int E, int64_t H, int64_t I, int64_t group_size, const int32_t* guess, int S,
                              void* slots, size_t slot_bytes, int32_t* staged_ids, Int4TilesExpert* staged_table, cudaStream_t stream) {

@@ -37,6 +37,8 @@ std::shared_ptr<HybridPlacement> hybrid_placement(const Plan& plan, int64_t tota
   hp->cpu_expert_format = plan.cpu_expert_format;
   hp->gpu_alloc_bytes = plan.budget_bytes - plan.vram.reserve;
   hp->deferral = plan.deferral;
+  hp->link_in_place = plan.link_in_place;
+  hp->link_staged = plan.link_staged;
   hp->prefill_chunk = plan.prefill_chunk;
   hp->stream_prefill_min_tokens = plan.stream_experts ? plan.predicted.prefill_gpu_min_tokens : 0;
   hp->stream_pass_tokens = plan.stream_pass;

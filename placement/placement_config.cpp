@@ -206,7 +206,7 @@ PlacementConfig parse_placement_config(const std::string& text, const std::strin
       if (cpu["numa"]) c.numa = r.choice<std::string>(cpu["numa"], "cpu.numa", {{"auto", "auto"}, {"off", "off"}});
     }
     if (const YAML::Node e = root["experts"]) {
-      r.check_keys(e, "experts", {"select", "heat", "cpu_format", "gpu_format", "deferral", "replace"});
+      r.check_keys(e, "experts", {"select", "heat", "cpu_format", "gpu_format", "deferral", "replace", "link"});
       if (e["select"]) read_select(r, e["select"], c);
       if (e["heat"]) c.heat = r.resolve(r.scalar(e["heat"], "experts.heat"));
       if (e["cpu_format"]) c.cpu_format = format_value(r, e["cpu_format"], "experts.cpu_format", true);
@@ -216,6 +216,21 @@ PlacementConfig parse_placement_config(const std::string& text, const std::strin
           r.fail_at(e["gpu_format"], "experts.gpu_format", "GPU experts run in the checkpoint's format; only 'auto' is supported");
       }
       if (e["deferral"]) c.deferral = static_cast<int>(r.integer(e["deferral"], "experts.deferral", 0, 64));
+      if (const YAML::Node lk = e["link"]) {
+        if (lk.IsScalar() && r.scalar(lk, "experts.link") == "off") {  // `link: off`
+          c.link_in_place = c.link_staged = 0;
+        } else if (lk.IsScalar() && r.scalar(lk, "experts.link") == "auto") {
+          c.link_auto = true;
+        } else if (lk.IsScalar()) {  // `link: N`
+          c.link_in_place = static_cast<int>(r.integer(lk, "experts.link", 0, 64));
+        } else {
+          r.check_keys(lk, "experts.link", {"in_place", "staged"});
+          if (lk["in_place"]) c.link_in_place = static_cast<int>(r.integer(lk["in_place"], "experts.link.in_place", 0, 64));
+          if (lk["staged"]) c.link_staged = static_cast<int>(r.integer(lk["staged"], "experts.link.staged", 0, 8));
+          if (c.link_staged > 0 && c.link_in_place == 0)
+            r.fail_at(lk, "experts.link", "staged experts come with the ones read in place: set in_place to 1 or more");
+        }
+      }
       if (const YAML::Node rp = e["replace"]) {
         if (rp.IsScalar()) {  // `replace: off`
           if (r.scalar(rp, "experts.replace") != "off") r.fail_at(rp, "experts.replace", "expected 'off' or a map with every / hysteresis / min_count / max_swaps / decay");
@@ -254,10 +269,11 @@ PlacementConfig parse_placement_config(const std::string& text, const std::strin
       if (p["stream_pass"]) c.prefill_stream_pass = r.integer(p["stream_pass"], "prefill.stream_pass", 1, 65536);
     }
     if (const YAML::Node b = root["bandwidth"]) {
-      r.check_keys(b, "bandwidth", {"gpu", "pcie", "cpu"});
+      r.check_keys(b, "bandwidth", {"gpu", "pcie", "cpu", "host_memory"});
       if (b["gpu"]) c.bw_gpu = r.bandwidth(b["gpu"], "bandwidth.gpu");
       if (b["pcie"]) c.bw_pcie = r.bandwidth(b["pcie"], "bandwidth.pcie");
       if (b["cpu"]) c.bw_cpu = r.bandwidth(b["cpu"], "bandwidth.cpu");
+      if (b["host_memory"]) c.bw_host_memory = r.bandwidth(b["host_memory"], "bandwidth.host_memory");
     }
     if (const YAML::Node k = root["cost"]) {
       r.check_keys(k, "cost", {"launch_us", "handoff_us"});

@@ -55,6 +55,11 @@ struct PlacementConfig {
   std::string cpu_format = "auto";        // auto | int4 | int8 | bf16
   std::string gpu_format = "auto";        // auto (the checkpoint's)
   int deferral = 0;                       // lowest-weight CPU experts of layer L applied at L+1
+  // experts.link: of each token's CPU experts, the first link_in_place the GPU computes itself reading
+  // them in place over PCIe, and (one-graph decode) those of link_staged guessed ones it copied ahead
+  // (GpuOptions::link_experts / link_stage). 0 / 0: off, the CPU computes all of them.
+  int link_in_place = 0, link_staged = 0;
+  bool link_auto = false;  // `link: auto`: the cost model picks link_in_place (none when it does not pay)
   // online re-placement (experts.replace): every `replace_every` decode tokens, swap CPU experts that
   // have become hotter than GPU ones (placement/replace.h); 0: the placement stays as planned
   int64_t replace_every = 0;
@@ -68,6 +73,9 @@ struct PlacementConfig {
   int64_t prefill_stream_pass = 4096;  // streamed prefill: tokens per pass (each pass streams every layer once)
   // bandwidths in bytes/s for the cost model; 0: measure (cpu, gpu when present) or the default
   double bw_gpu = 0, bw_pcie = 0, bw_cpu = 0;
+  // host memory's read rate for the cores and PCIe together (experts.link); 0: the CPU figure (the cores
+  // take all memory gives, as on a desktop's two channels: the link then moves reads, adds none)
+  double bw_host_memory = 0;
   // cost model constants
   // Fitted to session 10's H200 runs (bench/results/2026-12-01-h200-session10.md, commit 1bd4e03, decode
   // at a 4096-token context, each predicted at its own measured bandwidths): launch_us to the 24 GiB

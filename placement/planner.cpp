@@ -23,6 +23,12 @@ uint64_t floats(int64_t n) { return align256(static_cast<uint64_t>(n) * 4); }
 // 4 pointers + 3 int64 each, or 3 pointers.
 constexpr uint64_t kInt4ExpertTableEntry = 3 * (4 * 8 + 3 * 8);
 constexpr uint64_t kBf16ExpertTableEntry = 3 * 8;
+// experts.link's cost terms, measured on the H200 machine (bench/results/2026-12-01-h200-session12.md):
+// 15 cores streaming host memory beside a kernel reading it over PCIe keep 72 of their 91 GB/s while
+// the kernel reads 49.5 (bench_handoff pcie rows: host memory gave ~121 GB/s to both; the host experts
+// in decode: 62-65 of 80-88), the link kernel reads 3 experts at 42 of the link's 51-55 GB/s, and a
+// layer's input foresees ~0.9 of its top-8 (tandem profile).
+constexpr double kLinkCpuShare = 0.78, kLinkRate = 0.8, kGuessHit = 0.9;
 
 struct Sizer {
   const ModelConfig& c;
@@ -186,8 +192,23 @@ void predict(const ModelConfig& c, const PlacementConfig& cfg, const PlanRequest
     const double gpu_acts = k * p.layer_gpu_fraction[l], cpu_acts = k - gpu_acts;
     const double cpu_b = cpu_acts * static_cast<double>(p.cpu_expert_bytes);
     pr.cpu_bytes_per_token += cpu_b;
-    const double t_cpu = cpu_b / pr.cpu_bw;
-    t_cpu_total += t_cpu;
+    double t_cpu = cpu_b / pr.cpu_bw;
+    const bool linked = cpu_acts > 1e-9 && p.link_in_place + p.link_staged > 0;
+    const double memory = cfg.bw_host_memory > 0 ? std::max(cfg.bw_host_memory, pr.cpu_bw) : pr.cpu_bw;
+    // the bound: host memory read at the best rate the CPU (and with the link, PCIe beside it) can take
+    t_cpu_total += linked ? cpu_b / std::max(pr.cpu_bw, std::min(memory, pr.cpu_bw * kLinkCpuShare + pr.pcie_bw * kLinkRate)) : t_cpu;
+    if (linked) {
+      // experts.link: the GPU reads some of the layer's CPU experts over PCIe while the host computes
+      // the rest: up to link_in_place read in place, and the staged guesses that come true (a guess is
+      // one of the host's as often as the layer's experts are; copied during the mixer). The two
+      // reads share host memory: the cores' rate falls (kLinkCpuShare), the kernel reads at kLinkRate of
+      // the PCIe figure, and both together at most at bandwidth.host_memory (default: the CPU figure).
+      const double staged = std::min(cpu_acts, p.link_staged * kGuessHit * cpu_acts / k);
+      const double in_place = std::min(cpu_acts - staged, static_cast<double>(p.link_in_place));
+      const double bytes = static_cast<double>(p.cpu_expert_bytes);
+      t_cpu = std::max({(cpu_acts - staged - in_place) * bytes / (pr.cpu_bw * kLinkCpuShare), in_place * bytes / (pr.pcie_bw * kLinkRate),
+                        cpu_acts * bytes / memory});
+    }
     if (cpu_acts > 1e-9) {
       // The host's experts run while the GPU computes its own routed experts (2 launches) and the shared
       // down GEMV (`overlap`); the layer waits for what is left of them. With deferral the host-resident
@@ -337,6 +358,24 @@ Plan make_plan(const ModelConfig& c, const PlacementConfig& cfg, const PlanReque
   p.cpu_expert_bytes = 2 * Sizer::host_matrix(fmt, I, H, fmt == "int8" ? int8_group : group, sym) +
                        Sizer::host_matrix(fmt, H, I, fmt == "int8" ? int8_group : down_group, sym);
 
+  // ---- experts.link: its buffers (tables for every layer, scratch, staging slots) ----
+  const bool link_asked = cfg.link_in_place > 0 || cfg.link_staged > 0;
+  const bool link_possible = eq.quantized && fmt == "int4" && cfg.replace_every == 0 &&
+                             gpu::moe_int4_tiles_fits(H, I, group, c.num_experts_per_tok, c.num_experts_per_tok, 0);
+  if (cfg.link_auto && link_possible)  // room for any number read in place; predict() picks it
+    v.workspace += gpu::link_buffer_bytes(H, I, group, E, L, c.num_experts_per_tok, c.num_experts_per_tok, 0);
+  if (link_asked) {
+    if (cfg.replace_every > 0) fail(cfg.source, ": experts.link does not go with experts.replace (the host's set of experts would change under it)");
+    if (!eq.quantized || fmt != "int4")
+      fail(cfg.source, ": experts.link: the GPU reads CPU experts in place only as GPTQ int4 (",
+           eq.quantized ? "experts.cpu_format is " + fmt + ": set it to int4" : std::string("this checkpoint's experts are bf16"), ")");
+    const int k = c.num_experts_per_tok;
+    p.link_in_place = std::min(cfg.link_in_place, k), p.link_staged = std::min(cfg.link_staged, k);
+    if (!gpu::moe_int4_tiles_fits(H, I, group, k, p.link_in_place, p.link_staged))
+      fail(cfg.source, ": experts.link: the link kernel does not take hidden ", H, ", intermediate ", I, " in groups of ", group);
+    v.workspace += gpu::link_buffer_bytes(H, I, group, E, L, k, p.link_in_place, p.link_staged);
+  }
+
   // ---- minimum and the fill ----
   p.min_budget_bytes = v.total() + static_cast<uint64_t>(L) * table;
   auto component_list = [&]() {
@@ -470,6 +509,15 @@ Plan make_plan(const ModelConfig& c, const PlacementConfig& cfg, const PlanReque
   p.host_available_bytes = req.host_available_bytes;
 
   predict(c, cfg, req, tied_shared, p);
+  if (cfg.link_auto && link_possible && p.any_cpu_experts()) {  // experts.link: auto: the best predicted number read in place
+    Plan best = p;
+    for (int n = 1; n <= c.num_experts_per_tok; ++n) {
+      p.link_in_place = n;
+      predict(c, cfg, req, tied_shared, p);
+      if (p.predicted.decode_tok_s > best.predicted.decode_tok_s * 1.01) best = p;  // 1%: not for noise in the model
+    }
+    p = std::move(best);
+  }
   return p;
 }
 
@@ -501,6 +549,7 @@ nlohmann::json plan_to_json(const Plan& p) {
   j["layer_gpu_fraction"] = p.layer_gpu_fraction;
   j["expected_gpu_expert_fraction"] = p.expected_gpu_expert_fraction;
   j["deferral"] = p.deferral;
+  j["link"] = {{"in_place", p.link_in_place}, {"staged", p.link_staged}};
   j["replace_every_tokens"] = p.replace_every;
   j["host_replace_bytes"] = p.host_replace_bytes;
   j["prefill_strategy"] = prefill_name(p.prefill);
@@ -571,6 +620,9 @@ std::string plan_table(const Plan& p) {
   char buf[160];
   std::snprintf(buf, sizeof buf, "%.1f tok/s (%.2f ms/token; bandwidth bound %.1f tok/s)", pr.decode_tok_s, pr.decode_ms, pr.bound_tok_s);
   line("predicted decode", buf);
+  if (p.link_in_place + p.link_staged > 0)
+    line("link experts", str_cat("the GPU computes the first ", p.link_in_place, " of each token's CPU experts reading them over PCIe",
+                                 p.link_staged ? str_cat(", and those of its ", p.link_staged, " guessed ones it copied ahead") : ""));
   line("prefill on GPU from",
        pr.prefill_gpu_min_tokens
            ? str_cat(pr.prefill_gpu_min_tokens, " prompt tokens (", prefill_name(p.prefill), "; CPU experts streamed over PCIe, up to ",

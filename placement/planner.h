@@ -78,6 +78,9 @@ struct Plan {
   bool heat_used = false;
   std::string selection;                            // the policy, as the config named it
   int deferral = 0;
+  // experts.link (GpuOptions::link_experts / link_stage): its device buffers are in vram.workspace,
+  // counted for every layer (gpu::link_buffer_bytes with all layers holding CPU experts).
+  int link_in_place = 0, link_staged = 0;
   PrefillStrategy prefill = PrefillStrategy::Auto;
   int64_t prefill_chunk = 0;  // batched GPU prefill chunk (its workspace is in vram.workspace); 0: token by token
   bool prefill_chunk_auto = false;  // chosen by the planner (prefill.chunk: auto)

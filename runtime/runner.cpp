@@ -203,8 +203,6 @@ class GpuRunner final : public Runner {
     g.deltanet_split = env_switch("TANDEM_DELTANET_SPLIT", false);
     g.hybrid_one_graph = env_switch("TANDEM_HYBRID_ONE_GRAPH", true);
     if (const char* v = std::getenv("TANDEM_HOST_PREFETCH")) g.host_prefetch = std::max(0, std::atoi(v));  // experimental, off
-    if (const char* v = std::getenv("TANDEM_LINK_EXPERTS")) g.link_experts = std::max(0, std::atoi(v));
-    if (const char* v = std::getenv("TANDEM_LINK_STAGE")) g.link_stage = std::max(0, std::atoi(v));
     g.deltanet_conv_in_gemv = env_switch("TANDEM_DELTANET_CONV_GEMV", false);
     g.programmatic_launch = env_switch("TANDEM_PDL", true);
     g.attention_prefill = env_switch("TANDEM_ATTN_PREFILL", true);
@@ -223,6 +221,12 @@ class GpuRunner final : public Runner {
       g.prefill_chunk = placement_->prefill_chunk;
       g.prefill_chunk_max = 0;  // the planner counted this chunk's workspace
       g.defer_experts = placement_->deferral;
+      g.link_experts = placement_->link_in_place;
+      g.link_stage = placement_->link_staged;
+      // TANDEM_LINK_EXPERTS / TANDEM_LINK_STAGE override experts.link for A/B runs (the GPU model counts
+      // their buffers; a budget the plan filled with experts may not hold ~1.7 MB more a staged expert)
+      if (const char* v = std::getenv("TANDEM_LINK_EXPERTS")) g.link_experts = std::max(0, std::atoi(v));
+      if (const char* v = std::getenv("TANDEM_LINK_STAGE")) g.link_stage = std::max(0, std::atoi(v));
       g.stream_prefill_min_tokens = placement_->stream_prefill_min_tokens;
       g.stream_pass_tokens = placement_->stream_pass_tokens;
       g.replace = placement_->replace;

@@ -28,6 +28,7 @@ struct HybridPlacement {
   std::string cpu_expert_format = "int4";  // int4 | int8 | bf16
   uint64_t gpu_alloc_bytes = 0;            // what Tandem may allocate: budget minus gpu.reserve
   int deferral = 0;
+  int link_in_place = 0, link_staged = 0;  // experts.link (GpuOptions::link_experts / link_stage)
   int64_t prefill_chunk = 256;             // batched prefill chunk the plan budgets for; 0: token by token
   int64_t stream_prefill_min_tokens = 0;   // prompts this long stream the host experts to the GPU (the plan
                                            // budgets the buffers); 0: host experts always run on the host

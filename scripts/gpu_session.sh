@@ -21,7 +21,8 @@
 #                link's read rate (pcie rows) and the link experts' kernel (link rows)
 #   gpu-bench[:FILTER]  bench/bench_gpu_gemv (per-kernel bandwidth at the 35B shapes), JSON + console
 #   e2e:LENS:REPEAT:SCENARIOS  bench/run_e2e.sh, e.g. e2e:4096:3:hybrid-8gib-cpu-experts,hybrid-24gib
-#                (scenarios: gpu-all hybrid-{8gib-cpu-experts,12gib,16gib,24gib} hybrid-{8,12}gib-defer{1..4} hybrid-{12,16}gib-replace cpu-all)
+#                (scenarios: gpu-all hybrid-{8gib-cpu-experts,12gib,16gib,24gib} hybrid-{8,12}gib-defer{1..4} hybrid-{12,16}gib-replace
+#                 hybrid-8gib-cpu-experts-link{N,NsS} cpu-all)
 #   e2e-eager:LENS:REPEAT:SCENARIOS    the same with the fast paths off (TANDEM_CUDA_GRAPH=0 TANDEM_BATCHED_PREFILL=0)
 #   e2e-plain:LENS:REPEAT:SCENARIOS    the same with the later fast paths off (grouped / tensor-core MoE prefill,
 #                                      prefetching MoE decode, attention prefill, GPU sampling) for A/B runs

@@ -240,6 +240,9 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
       CK(gpu::router_topk(router, c.num_experts, k, 1, topk_ids, topk_w, stream));
     }
     const bool split = L.cpu_experts && opts.host_experts;
+    // GpuOptions::link_experts: some host experts computed here from host memory; in a layer with no
+    // GPU-resident experts their sum is the GPU's whole routed part (no gpu_experts launch before it)
+    const bool linked = split && link.on && link.tables[li], link_only = linked && link.host_only[li];
     if (split && posting) {  // the host starts while the GPU goes on: posted in mapped memory, no copy nodes
       CK(gpu::host_post(x, H, topk_ids, topk_w, k, hx, hids, hw, hflags, static_cast<unsigned>(li) + 1, stream));
     } else if (split) {
@@ -248,22 +251,23 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
     mark(tr, li, 2);
     // GpuOptions::parallel_shared: the shared expert's down GEMV (its gate / up came with the router)
     // beside the routed experts, on the side stream; both only read x, sg, su and write their own rows.
-    const bool beside = side && L.x_proj.out && !L.sh_down.int4 && !split && !deferring();
+    // With the link the shared expert goes beside it too (the link's kernels leave most SMs idle).
+    const bool beside = side && L.x_proj.out && !L.sh_down.int4 && (!split || linked) && !deferring();
     if (beside) {
       CK(cudaEventRecord(fork_ev, stream));
       CK(cudaStreamWaitEvent(side, fork_ev, 0));
       CK(gpu::gemv_bf16_swiglu(L.sh_down.w, L.sh_down.out, L.sh_down.in, sg, su, 1, sd, side));
       CK(cudaEventRecord(join_ev, side));
     }
-    gpu_experts(L, x, topk_ids, topk_w, 1, xh, hscratch, moe_out);
-    if (split && link.on && link.tables[li]) {  // GpuOptions::link_experts: some host experts read in place over PCIe, added
+    if (!link_only) gpu_experts(L, x, topk_ids, topk_w, 1, xh, hscratch, moe_out);
+    if (linked) {  // read in place over PCIe (staged ones from device memory), added to the GPU experts' sum
       gpu::Int4TilesStaged staged;
       if (staging) {
         CK(cudaStreamWaitEvent(stream, link.staged_ev, 0));
         staged = {link.staged_ids, link.staged_table, link.stage};
       }
       CK(gpu::moe_int4_tiles_decode(link.tables[li], static_cast<int>(c.num_experts), H, c.moe_intermediate_size, link.group_size,
-                                    topk_ids, topk_w, k, link.m, staged, link.act_order, x, link.scratch, moe_out, stream));
+                                    topk_ids, topk_w, k, link.m, staged, link.act_order, x, link.scratch, moe_out, stream, !link_only));
     }
     if (!L.x_proj.out) {
       linear(L.sh_gate, x, sg);

@@ -117,8 +117,9 @@ bool Qwen35MoeGpu::Impl::host_part(size_t li, int64_t n, bool always, bool wait_
   return true;
 }
 
-// GpuOptions::link_experts: every layer's host experts as offsets into page-locked host memory
-// (HostExperts::stream_layout), turned into device addresses; any refusal leaves it off with link.note.
+// GpuOptions::link_experts, before the plan: every layer's host experts as offsets into page-locked
+// host memory (HostExperts::stream_layout), turned into device addresses; any refusal leaves it off
+// with link.note.
 void Qwen35MoeGpu::Impl::link_setup() {
   link = Link{};
   if (opts.link_experts <= 0 || !opts.host_experts || !opts.expert_on_gpu || opts.expert_on_gpu->empty()) return;
@@ -187,33 +188,53 @@ void Qwen35MoeGpu::Impl::link_setup() {
     }
   }
   if (tables.empty()) return;
-  auto round = [](size_t b) { return (b + 255) / 256 * 256; };
-  const size_t table_bytes = round(tables.size() * sizeof(gpu::Int4TilesExpert)), scratch_bytes = round(gpu::moe_int4_tiles_scratch_bytes(H, I, m + stage));
-  link.slot_bytes = round(gpu::int4_tiles_stage_slot_bytes(H, I, gs));
-  const size_t stage_bytes =
-      stage ? stage * link.slot_bytes + round(stage * sizeof(int32_t)) + round(stage * sizeof(gpu::Int4TilesExpert)) + round(k * sizeof(int32_t)) : 0;
-  CK(cudaMalloc(&link.mem, table_bytes + scratch_bytes + stage_bytes));
-  CK(cudaMemcpy(link.mem, tables.data(), tables.size() * sizeof(gpu::Int4TilesExpert), cudaMemcpyHostToDevice));
-  char* at = static_cast<char*>(link.mem) + table_bytes;
+  link.host_tables = std::move(tables);
+  link.table_of = std::move(table_of);
+  link.host_only.assign(L, 0);
+  for (int l = 0; l < L; ++l) {
+    const auto& on = (*opts.expert_on_gpu)[l];
+    link.host_only[l] = std::count(on.begin(), on.end(), 0) == static_cast<std::ptrdiff_t>(on.size());
+  }
+  link.m = m;
+  link.stage_slots = stage;
+  link.group_size = gs;
+  link.on = true;
+}
+
+uint64_t Qwen35MoeGpu::Impl::link_bytes() const {
+  if (!link.on) return 0;
+  const ModelConfig& c = model.config();
+  return gpu::link_buffer_bytes(c.hidden_size, c.moe_intermediate_size, link.group_size, static_cast<int>(c.num_experts),
+                                static_cast<int>(link.host_tables.size() / c.num_experts), c.num_experts_per_tok, link.m, link.stage_slots);
+}
+
+// After the commit: the tables into link.mem (allocated by build(), gpu::link_buffer_bytes' order:
+// tables, scratch, then the staging slots, their ids and views, the guess), each layer's pointer.
+void Qwen35MoeGpu::Impl::link_upload() {
+  if (!link.on) return;
+  const ModelConfig& c = model.config();
+  const int64_t H = c.hidden_size, I = c.moe_intermediate_size;
+  const int L = static_cast<int>(c.num_layers), E = static_cast<int>(c.num_experts), S = link.stage_slots;
+  auto round = [](uint64_t b) { return (b + 255) / 256 * 256; };
+  CK(cudaMemcpy(link.mem, link.host_tables.data(), link.host_tables.size() * sizeof(gpu::Int4TilesExpert), cudaMemcpyHostToDevice));
+  char* at = static_cast<char*>(link.mem) + round(link.host_tables.size() * gpu::kInt4TilesExpertBytes);
   link.scratch = at;
-  at += scratch_bytes;
-  if (stage) {  // link.stage stays 0 until the one-graph step is known to guess (create())
+  at += round(gpu::moe_int4_tiles_scratch_bytes(H, I, link.m + S));
+  if (S) {  // link.stage stays 0 until the one-graph step is known to guess (create())
+    link.slot_bytes = round(gpu::int4_tiles_stage_slot_bytes(H, I, link.group_size));
     link.slots = at;
-    at += stage * link.slot_bytes;
+    at += S * link.slot_bytes;
     link.staged_ids = reinterpret_cast<int32_t*>(at);
-    at += round(stage * sizeof(int32_t));
+    at += round(S * sizeof(int32_t));
     link.staged_table = reinterpret_cast<gpu::Int4TilesExpert*>(at);
-    at += round(stage * sizeof(gpu::Int4TilesExpert));
+    at += round(S * gpu::kInt4TilesExpertBytes);
     link.guess_dev = reinterpret_cast<int32_t*>(at);
     CK(cudaEventCreateWithFlags(&link.staged_ev, cudaEventDisableTiming));
     link.staged_at.assign(L, 0);
   }
   link.tables.assign(L, nullptr);
   for (int l = 0; l < L; ++l)
-    if (table_of[l] >= 0) link.tables[l] = static_cast<const gpu::Int4TilesExpert*>(link.mem) + static_cast<size_t>(table_of[l]) * E;
-  link.m = m;
-  link.group_size = gs;
-  link.on = true;
+    if (link.table_of[l] >= 0) link.tables[l] = static_cast<const gpu::Int4TilesExpert*>(link.mem) + static_cast<size_t>(link.table_of[l]) * E;
 }
 
 // GpuOptions::host_prefetch, inside the step's graph: forks the side stream after the layer's input

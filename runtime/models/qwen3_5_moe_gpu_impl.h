@@ -233,7 +233,11 @@ struct Qwen35MoeGpu::Impl {
     bool act_order = false;  // some gate / up has an input order (x gathered first)
     int64_t group_size = 0;
     std::vector<const gpu::Int4TilesExpert*> tables;  // [layer], nullptr: no host experts there
-    void* mem = nullptr;    // the tables, the kernel's scratch, the staging slots
+    std::vector<uint8_t> host_only;                  // [layer]: every routed expert on the host
+    std::vector<gpu::Int4TilesExpert> host_tables;   // link_setup's, uploaded by link_upload
+    std::vector<int> table_of;                       // [layer]: its table's index in host_tables / E, -1: none
+    int stage_slots = 0;    // GpuOptions::link_stage as allocated (stage: as used, 0 without the one graph)
+    void* mem = nullptr;    // in the arena (workspace): the tables, the kernel's scratch, the staging slots
     void* scratch = nullptr;
     // GpuOptions::link_stage (one graph): slots for `stage` guessed experts, what they hold, and the
     // layers whose guess the step's graph stages (set while it is captured; the host picks the same).
@@ -247,7 +251,9 @@ struct Qwen35MoeGpu::Impl {
     std::vector<uint8_t> staged_at;
     bool replaying = false;  // run_one_graph's host loop (eager steps never stage)
   } link;
-  void link_setup();
+  void link_setup();                 // before the plan
+  uint64_t link_bytes() const;       // what build() allocates for it (gpu::link_buffer_bytes)
+  void link_upload();                // after the commit
 
   explicit Impl(const Qwen35Moe& m, const GpuOptions& o) : model(m), opts(o) {
     if (o.expert_on_gpu) resident = *o.expert_on_gpu;
@@ -281,7 +287,6 @@ struct Qwen35MoeGpu::Impl {
     gpu::blas_destroy(blas);
     if (tbase) cudaEventDestroy(tbase);
     if (def_copied) cudaEventDestroy(def_copied);
-    if (link.mem) cudaFree(link.mem);
     if (link.staged_ev) cudaEventDestroy(link.staged_ev);
     if (st.copy) cudaStreamDestroy(st.copy);
     if (st.ready) cudaEventDestroy(st.ready);

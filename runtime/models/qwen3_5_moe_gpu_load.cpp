@@ -201,6 +201,7 @@ void Qwen35MoeGpu::Impl::build(Uploader& up, const std::function<void(uint64_t)>
     st.pos = static_cast<int32_t*>(up.alloc(st.pass * 4, Kind::Work));
     st.ids = static_cast<int32_t*>(up.alloc(st.pass * 4, Kind::Work));
   }
+  if (link.on) link.mem = up.alloc(link_bytes(), Kind::Work);  // link experts' tables, scratch, staging (link_setup decided)
   layers.clear();
   if (opts.expert_on_gpu && !opts.expert_on_gpu->empty()) {
     if (static_cast<int64_t>(opts.expert_on_gpu->size()) != c.num_layers) fail("hybrid placement: expert map has ", opts.expert_on_gpu->size(), " layers, the model ", c.num_layers);
@@ -342,6 +343,7 @@ std::unique_ptr<Qwen35MoeGpu> Qwen35MoeGpu::create(const Qwen35Moe& model, const
     fail("--context ", opts.max_context, " must be between 1 and the model's ", model.config().max_position_embeddings);
   auto impl = std::make_unique<Impl>(model, opts);
   impl->stream_setup();
+  impl->link_setup();
   auto plan_with_chunk = [&](int64_t chunk) {
     impl->opts.prefill_chunk = chunk;
     Uploader up;
@@ -412,7 +414,7 @@ std::unique_ptr<Qwen35MoeGpu> Qwen35MoeGpu::create(const Qwen35Moe& model, const
     progress.show(impl->plan.total(), secs(), true);
   }
   impl->replace_setup();
-  impl->link_setup();
+  impl->link_upload();
   impl->batched = impl->wants_batched() && impl->ph;
   impl->chunk = impl->opts.prefill_chunk;
   if (impl->batched) {
@@ -440,7 +442,7 @@ std::unique_ptr<Qwen35MoeGpu> Qwen35MoeGpu::create(const Qwen35Moe& model, const
     CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hflags), 8 * sizeof(unsigned), cudaHostAllocMapped));
     std::memset(impl->hflags, 0, 8 * sizeof(unsigned));
     impl->guessing = (opts.host_prefetch > 0 || (impl->link.on && impl->link.staged_ev)) && impl->side;
-    if (impl->guessing && impl->link.staged_ev) impl->link.stage = std::clamp(opts.link_stage, 0, static_cast<int>(model.config().num_experts_per_tok));
+    if (impl->guessing && impl->link.staged_ev) impl->link.stage = impl->link.stage_slots;
     if (impl->guessing) {
       const int64_t k = model.config().num_experts_per_tok;
       CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hgids), k * sizeof(int32_t), cudaHostAllocMapped));

@@ -93,6 +93,7 @@ struct LinkCase {
   std::vector<int> resident;  // experts the host holds (the rest: no tile weights, skipped)
   std::vector<int32_t> ids;   // the token's top-k
   std::vector<int32_t> guess = {};  // staged first (gpu::int4_tiles_stage), then m more read in place
+  bool overwrite = false;           // out = the sum (a layer with no GPU experts), not out += it
 };
 
 TEST(GpuInt4Tiles, LinkExpertsMatchTheReference) {
@@ -105,6 +106,8 @@ TEST(GpuInt4Tiles, LinkExpertsMatchTheReference) {
       {256, 128, 64, false, true, 6, 4, 2, {0, 2, 3, 4, 5}, {4, 1, 2, 0}},
       // fewer resident experts among the top-k than m: the empty slots add nothing
       {512, 256, 128, false, false, 5, 4, 4, {1, 3}, {3, 0, 1, 4}},
+      // the same, overwriting out
+      {512, 256, 128, false, false, 5, 4, 4, {1, 3}, {3, 0, 1, 4}, {}, true},
       // the HF fixtures' shapes: rows of 48 inputs (a tile row's last 64-input piece partly past the end)
       // in groups of 16 with act order; 64 in groups of 32
       {48, 48, 16, false, true, 10, 3, 2, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9}, {9, 4, 6}},
@@ -116,7 +119,8 @@ TEST(GpuInt4Tiles, LinkExpertsMatchTheReference) {
   };
   for (const LinkCase& lc : cases) {
     const int S = static_cast<int>(lc.guess.size());
-    SCOPED_TRACE(::testing::Message() << "H " << lc.H << " I " << lc.I << " group " << lc.gs << " m " << lc.m << " staged " << S);
+    SCOPED_TRACE(::testing::Message() << "H " << lc.H << " I " << lc.I << " group " << lc.gs << " m " << lc.m << " staged " << S
+                                      << (lc.overwrite ? " overwriting" : ""));
     ASSERT_TRUE(gpu::moe_int4_tiles_fits(lc.H, lc.I, lc.gs, lc.k, lc.m, S));
     cpu::HostArena arena(size_t(32) << 20);
     struct Src {
@@ -187,14 +191,15 @@ TEST(GpuInt4Tiles, LinkExpertsMatchTheReference) {
       }
     }
     CUDA_OK(gpu::moe_int4_tiles_decode(dtable.ptr, lc.E, lc.H, lc.I, lc.gs, dids.ptr, dw.ptr, lc.k, lc.m, staged, lc.act_order, dx.ptr,
-                                       scratch.ptr, dout.ptr, nullptr));
+                                       scratch.ptr, dout.ptr, nullptr, !lc.overwrite));
     CUDA_OK(cudaDeviceSynchronize());
     const std::vector<float> got = dout.to_host();
     for (void* p : locked) cudaHostUnregister(p);
 
     // fp64 over the source matrices: out = out0 + sum over the link slots of w * down(silu(gate x) * up x);
     // the link slots: those whose expert is staged (a guess the host holds), then the first m other resident ones
-    std::vector<double> ref(out0.begin(), out0.end()), bound(lc.H, 0.0);
+    std::vector<double> ref(lc.H, 0.0), bound(lc.H, 0.0);
+    if (!lc.overwrite) ref.assign(out0.begin(), out0.end());
     std::vector<float> row(std::max(lc.H, lc.I));
     auto staged_expert = [&](int e) {
       return std::count(lc.guess.begin(), lc.guess.end(), e) > 0 && src[e].gate != nullptr;

@@ -181,6 +181,60 @@ TEST(Planner, NeverOverBudgetAndMonotoneInBudget) {
   }
 }
 
+// experts.link (the GPU computes some of each token's CPU experts reading them over PCIe): the YAML
+// forms and their errors; the plan counts the link's buffers (gpu::link_buffer_bytes for every layer)
+// and never goes over budget with them; the cost model credits the link where host memory outruns its
+// cores (the H200 machine's bandwidths) and not on a consumer PC's, and `auto` picks the best number.
+TEST(Planner, LinkExperts) {
+  const ModelConfig m = model35();
+  EXPECT_EQ(yaml("experts:\n  link: 3\n").link_in_place, 3);
+  const PlacementConfig both = yaml("experts:\n  link: {in_place: 2, staged: 1}\n");
+  EXPECT_EQ(both.link_in_place, 2);
+  EXPECT_EQ(both.link_staged, 1);
+  EXPECT_EQ(yaml("experts:\n  link: off\n").link_in_place, 0);
+  EXPECT_TRUE(yaml("experts:\n  link: auto\n").link_auto);
+  test::expect_error([] { yaml("experts:\n  link: {inplace: 2}\n"); }, {"test.yaml:2", "experts.link.inplace", "did you mean 'in_place'"});
+  test::expect_error([] { yaml("experts:\n  link: {staged: 2}\n"); }, {"test.yaml:2", "experts.link", "set in_place to 1 or more"});
+  test::expect_error([] { yaml("experts:\n  link: {in_place: 1, staged: 9}\n"); }, {"test.yaml:2", "experts.link.staged", "outside"});
+  test::expect_error([] { yaml("experts:\n  link: lots\n"); }, {"test.yaml:2", "experts.link", "not an integer"});
+  test::expect_error([&] { make_plan(m, yaml("cpu_experts: all\nexperts:\n  cpu_format: int8\n  link: 2\n"), {.gpu_mem = 8ull << 30}); },
+                     {"test.yaml", "experts.link", "experts.cpu_format is int8: set it to int4"});
+  test::expect_error([&] { make_plan(model35_bf16(), yaml("cpu_experts: all\nexperts:\n  link: 2\n"), {.gpu_mem = 80ull << 30}); },
+                     {"experts.link", "bf16"});
+  test::expect_error([&] { make_plan(m, yaml("experts:\n  link: 2\n  replace: {every: 64}\n"), {.gpu_mem = 12ull << 30}); },
+                     {"experts.link does not go with experts.replace"});
+
+  auto plan = [&](const std::string& extra, double cpu_bw, double pcie_bw, double memory = 0) {
+    PlacementConfig c = yaml("cpu_experts: all\nexperts:\n" + extra);
+    c.bw_gpu = 4000e9, c.bw_cpu = cpu_bw, c.bw_pcie = pcie_bw, c.bw_host_memory = memory;
+    return make_plan(m, c, {.gpu_mem = 8ull << 30});
+  };
+  EXPECT_EQ(yaml("bandwidth:\n  host_memory: 120GB/s\n").bw_host_memory, 120e9);
+  const Plan off = plan("  link: off\n", 88e9, 53e9, 120e9), three = plan("  link: 3\n", 88e9, 53e9, 120e9),
+             staged = plan("  link: {in_place: 2, staged: 1}\n", 88e9, 53e9, 120e9);
+  const int64_t H = m.hidden_size, I = m.moe_intermediate_size, E = m.num_experts, L = m.num_layers, k = m.num_experts_per_tok;
+  EXPECT_EQ(three.vram.workspace - off.vram.workspace, gpu::link_buffer_bytes(H, I, 128, E, L, k, 3, 0));
+  EXPECT_EQ(staged.vram.workspace - off.vram.workspace, gpu::link_buffer_bytes(H, I, 128, E, L, k, 2, 1));
+  EXPECT_LE(staged.vram.allocated(), staged.budget_bytes);
+  EXPECT_EQ(three.link_in_place, 3);
+  EXPECT_EQ(nlohmann::json::parse(plan_to_json(staged).dump())["link"]["staged"], 1);
+  // The H200 machine (host memory ~88 GB/s to 16 cores, ~120 to them and PCIe 5 at ~53 together): the link pays.
+  EXPECT_GT(three.predicted.decode_tok_s, off.predicted.decode_tok_s * 1.05);
+  EXPECT_GT(staged.predicted.decode_tok_s, off.predicted.decode_tok_s * 1.05);
+  // A desktop (dual-channel DDR5 ~60 GB/s, PCIe 4 ~25, host_memory unset: the cores already take what
+  // memory gives): the link cannot pay.
+  EXPECT_LT(plan("  link: 3\n", 60e9, 25e9).predicted.decode_tok_s, plan("  link: off\n", 60e9, 25e9).predicted.decode_tok_s);
+  EXPECT_LE(plan("  link: 1\n", 60e9, 25e9).predicted.decode_tok_s, plan("  link: off\n", 60e9, 25e9).predicted.decode_tok_s);
+  // auto: the best of 0..k read in place, by the same model.
+  const Plan fast = plan("  link: auto\n", 88e9, 53e9, 120e9), slow = plan("  link: auto\n", 60e9, 25e9);
+  EXPECT_GT(fast.link_in_place, 0);
+  EXPECT_GE(fast.predicted.decode_tok_s, three.predicted.decode_tok_s);
+  for (int n = 0; n <= k; ++n)
+    EXPECT_GE(fast.predicted.decode_tok_s * 1.0001, plan("  link: " + std::to_string(n) + "\n", 88e9, 53e9, 120e9).predicted.decode_tok_s) << n;
+  EXPECT_EQ(slow.link_in_place, 0);
+  EXPECT_LE(fast.vram.allocated(), fast.budget_bytes);
+}
+
 // Expert deferral in the cost model: a deferred expert's host time hides behind the next layer's GPU
 // work, so more deferral never predicts a slower decode with CPU experts, never above the bound, and
 // changes nothing when every expert is on the GPU.
