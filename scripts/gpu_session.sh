@@ -68,7 +68,7 @@ tag=""
 for step in "$@"; do
   case "$step" in
     env:*=*)
-      kv="${step#env:}"; export "${kv?}"; tag="$tag-$(echo "${kv%%=*}" | tr 'A-Z_' 'a-z-' | sed 's/^tandem-//')${kv#*=}"
+      kv="${step#env:}"; export "${kv?}"; tag="$tag-$(echo "${kv%%=*}" | tr 'A-Z_' 'a-z-' | sed 's/^tandem-//')$(echo "${kv#*=}" | tr '/' 'p')"  # 53GB/s -> 53GBps
       echo "== env $kv" | tee -a "$res/summary.txt" ;;
     build)
       run_step build 400 bash -c "cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
