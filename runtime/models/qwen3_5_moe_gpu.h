@@ -136,8 +136,9 @@ struct GpuOptions {
   // with the post-attention norm, on the side stream beside the mixer) and posts the guess; the host,
   // idle until the router's real choice arrives, reads the weights of the first host_prefetch guessed
   // experts into its caches (HostExperts::prefetch). The guess changes nothing computed. A layer's
-  // input foresees ~86-89% of its top-8 on the synthetic 35B (`tandem profile`). 0: off. EXPERIMENTAL:
-  // written in session 11 after the device budget was spent, not yet run on a GPU (TANDEM_HOST_PREFETCH=N).
+  // input foresees ~86-89% of its top-8 on the synthetic 35B (`tandem profile`). 0: off. Run on the H200
+  // in session 12: correct, no gain (a forward after such reads is slower there, 141-180 µs against
+  // 138; decode 102-105 against 98-105), so off (TANDEM_HOST_PREFETCH=N).
   int host_prefetch = 0;
   // Hybrid decode: of each token's host-resident routed experts, the first link_experts (in top-k slot
   // order) are computed by the GPU, reading their weights in place from the host's page-locked memory
@@ -145,13 +146,16 @@ struct GpuOptions {
   // memory: the cores' reads and the link's add up (on the H200 machine ~72 + ~50 GB/s together
   // against ~91 for the cores alone: bench_handoff's pcie rows). Nothing moves; arithmetic differs from
   // the host's only in rounding. Needs int4 host experts in the tile layout, page-locked, and no online
-  // re-placement; link_note() says why it is off otherwise. 0: off. (TANDEM_LINK_EXPERTS=N.)
+  // re-placement; link_note() says why it is off otherwise. 0: off (placement `experts.link`;
+  // TANDEM_LINK_EXPERTS=N overrides). Validated on the H200 (session 12): 8 GiB with every expert on the
+  // CPU 105.8-110.0 -> 127.9-130.6 tok/s with 3.
   int link_experts = 0;
   // With link_experts, in the one-graph step: each layer's first link_stage guessed experts (the guess
   // of host_prefetch: the router over the layer's input, ~86-89% of the top-8 on the synthetic 35B)
   // are copied whole to device memory over PCIe while the GPU computes the mixer (the link is idle
   // then: gpu::int4_tiles_stage), and the GPU computes those of them the router then picks from there,
-  // besides link_experts more read in place; the host computes the rest. (TANDEM_LINK_STAGE=S.) 0: off.
+  // besides link_experts more read in place; the host computes the rest. (`experts.link.staged`;
+  // TANDEM_LINK_STAGE=S.) 0: off. Validated on the H200 (session 12), no faster than link_experts alone.
   int link_stage = 0;
   // Decode DeltaNet with the recurrence split over 32-column slices of each head's state
   // (gpu::DeltaNetDecodeArgs::tickets). Validated on the H200, no faster there: off unless
