@@ -160,6 +160,7 @@ void predict(const ModelConfig& c, const PlacementConfig& cfg, const PlanRequest
   const int k = c.num_experts_per_tok, L = c.num_layers, nkv = c.num_kv_heads, hd = c.head_dim;
   const VramBytes& v = p.vram;
   Prediction& pr = p.predicted;
+  pr = Prediction{};  // from scratch: experts.link: auto predicts the same plan once per candidate
   auto pick = [](double configured, double measured, double dflt, std::string& from) {
     if (configured > 0) return from = "config", configured;
     if (measured > 0) return from = "measured", measured;
@@ -188,13 +189,14 @@ void predict(const ModelConfig& c, const PlacementConfig& cfg, const PlanRequest
   for (int l = 0; l < L; ++l) pr.gpu_bytes_per_token += k * p.layer_gpu_fraction[l] * expert_read;
   // The GPU's own time a layer: what a deferred expert's host time hides behind.
   const double gpu_layer = (pr.gpu_bytes_per_token / pr.gpu_bw + launches * launch_us * 1e-6) / L;
+  // experts.link: host memory's rate for the cores and PCIe together (unset: the CPU figure)
+  const double memory = cfg.bw_host_memory > 0 ? std::max(cfg.bw_host_memory, pr.cpu_bw) : pr.cpu_bw;
   for (int l = 0; l < L; ++l) {
     const double gpu_acts = k * p.layer_gpu_fraction[l], cpu_acts = k - gpu_acts;
     const double cpu_b = cpu_acts * static_cast<double>(p.cpu_expert_bytes);
     pr.cpu_bytes_per_token += cpu_b;
     double t_cpu = cpu_b / pr.cpu_bw;
     const bool linked = cpu_acts > 1e-9 && p.link_in_place + p.link_staged > 0;
-    const double memory = cfg.bw_host_memory > 0 ? std::max(cfg.bw_host_memory, pr.cpu_bw) : pr.cpu_bw;
     // the bound: host memory read at the best rate the CPU (and with the link, PCIe beside it) can take
     t_cpu_total += linked ? cpu_b / std::max(pr.cpu_bw, std::min(memory, pr.cpu_bw * kLinkCpuShare + pr.pcie_bw * kLinkRate)) : t_cpu;
     if (linked) {
@@ -363,7 +365,7 @@ Plan make_plan(const ModelConfig& c, const PlacementConfig& cfg, const PlanReque
   const bool link_possible = eq.quantized && fmt == "int4" && cfg.replace_every == 0 &&
                              gpu::moe_int4_tiles_fits(H, I, group, c.num_experts_per_tok, c.num_experts_per_tok, 0);
   if (cfg.link_auto && link_possible)  // room for any number read in place; predict() picks it
-    v.workspace += gpu::link_buffer_bytes(H, I, group, E, L, c.num_experts_per_tok, c.num_experts_per_tok, 0);
+    v.workspace += gpu::link_buffer_bytes(H, I, group, E, L, c.num_experts_per_tok, c.num_experts_per_tok, 0).total();
   if (link_asked) {
     if (cfg.replace_every > 0) fail(cfg.source, ": experts.link does not go with experts.replace (the host's set of experts would change under it)");
     if (!eq.quantized || fmt != "int4")
@@ -373,7 +375,7 @@ Plan make_plan(const ModelConfig& c, const PlacementConfig& cfg, const PlanReque
     p.link_in_place = std::min(cfg.link_in_place, k), p.link_staged = std::min(cfg.link_staged, k);
     if (!gpu::moe_int4_tiles_fits(H, I, group, k, p.link_in_place, p.link_staged))
       fail(cfg.source, ": experts.link: the link kernel does not take hidden ", H, ", intermediate ", I, " in groups of ", group);
-    v.workspace += gpu::link_buffer_bytes(H, I, group, E, L, k, p.link_in_place, p.link_staged);
+    v.workspace += gpu::link_buffer_bytes(H, I, group, E, L, k, p.link_in_place, p.link_staged).total();
   }
 
   // ---- minimum and the fill ----
@@ -510,13 +512,15 @@ Plan make_plan(const ModelConfig& c, const PlacementConfig& cfg, const PlanReque
 
   predict(c, cfg, req, tied_shared, p);
   if (cfg.link_auto && link_possible && p.any_cpu_experts()) {  // experts.link: auto: the best predicted number read in place
-    Plan best = p;
+    int best_n = 0;
+    Prediction best = p.predicted;
     for (int n = 1; n <= c.num_experts_per_tok; ++n) {
       p.link_in_place = n;
       predict(c, cfg, req, tied_shared, p);
-      if (p.predicted.decode_tok_s > best.predicted.decode_tok_s * 1.01) best = p;  // 1%: not for noise in the model
+      if (p.predicted.decode_tok_s > best.decode_tok_s * 1.01) best_n = n, best = p.predicted;  // 1%: not for noise in the model
     }
-    p = std::move(best);
+    p.link_in_place = best_n;
+    p.predicted = best;
   }
   return p;
 }

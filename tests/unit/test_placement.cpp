@@ -213,8 +213,8 @@ TEST(Planner, LinkExperts) {
   const Plan off = plan("  link: off\n", 88e9, 53e9, 120e9), three = plan("  link: 3\n", 88e9, 53e9, 120e9),
              staged = plan("  link: {in_place: 2, staged: 1}\n", 88e9, 53e9, 120e9);
   const int64_t H = m.hidden_size, I = m.moe_intermediate_size, E = m.num_experts, L = m.num_layers, k = m.num_experts_per_tok;
-  EXPECT_EQ(three.vram.workspace - off.vram.workspace, gpu::link_buffer_bytes(H, I, 128, E, L, k, 3, 0));
-  EXPECT_EQ(staged.vram.workspace - off.vram.workspace, gpu::link_buffer_bytes(H, I, 128, E, L, k, 2, 1));
+  EXPECT_EQ(three.vram.workspace - off.vram.workspace, gpu::link_buffer_bytes(H, I, 128, E, L, k, 3, 0).total());
+  EXPECT_EQ(staged.vram.workspace - off.vram.workspace, gpu::link_buffer_bytes(H, I, 128, E, L, k, 2, 1).total());
   EXPECT_LE(staged.vram.allocated(), staged.budget_bytes);
   EXPECT_EQ(three.link_in_place, 3);
   EXPECT_EQ(nlohmann::json::parse(plan_to_json(staged).dump())["link"]["staged"], 1);
@@ -229,6 +229,7 @@ TEST(Planner, LinkExperts) {
   const Plan fast = plan("  link: auto\n", 88e9, 53e9, 120e9), slow = plan("  link: auto\n", 60e9, 25e9);
   EXPECT_GT(fast.link_in_place, 0);
   EXPECT_GE(fast.predicted.decode_tok_s, three.predicted.decode_tok_s);
+  EXPECT_DOUBLE_EQ(fast.predicted.cpu_bytes_per_token, off.predicted.cpu_bytes_per_token);  // predicted once per candidate, not summed
   for (int n = 0; n <= k; ++n)
     EXPECT_GE(fast.predicted.decode_tok_s * 1.0001, plan("  link: " + std::to_string(n) + "\n", 88e9, 53e9, 120e9).predicted.decode_tok_s) << n;
   EXPECT_EQ(slow.link_in_place, 0);
