@@ -240,7 +240,8 @@ void BM_link_experts(benchmark::State& state) {
   const bool stage_only = state.range(3) != 0;
   constexpr int64_t H = 2048, I = 512, gs = 128, E = 16;
   constexpr int k = 8;
-  const size_t gate_w = I * H / 2, gate_s = I * (H / gs) * 2, down_w = H * I / 2, down_s = H * (I / gs) * 2;
+  const tandem::gpu::Int4TilePieces gp = tandem::gpu::int4_tile_pieces(I, H, gs), dp = tandem::gpu::int4_tile_pieces(H, I, gs);
+  const size_t gate_w = gp.w, gate_s = gp.scales, down_w = dp.w, down_s = dp.scales;  // symmetric, no input order
   const size_t per_expert = 2 * (gate_w + gate_s) + down_w + down_s;
   PinnedHost host(per_expert * E);
   if (!host.p) return state.SkipWithError("could not page-lock the host buffer");

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <numeric>
 #include <stdexcept>
+#include <utility>
 
 namespace tandem::gpu {
 
@@ -112,20 +113,25 @@ bool moe_int4_tiles_fits(int64_t H, int64_t I, int64_t group_size, int k, int m,
 
 uint64_t int4_tiles_stage_slot_bytes(int64_t H, int64_t I, int64_t group_size) {
   uint64_t at = 0;
-  for (int i = 0; i < 3; ++i) {
-    const int64_t rows = i == 2 ? H : I, cols = i == 2 ? I : H, tiles = (rows + 15) / 16, G = cols / group_size;
-    for (const int64_t b : {tiles * cols * 8, tiles * G * 32, tiles * G * 16, cols * 4}) at += round_to(static_cast<uint64_t>(b), 256);
+  for (const auto [rows, cols] : {std::pair{I, H}, std::pair{I, H}, std::pair{H, I}}) {  // gate, up, down
+    const Int4TilePieces t = int4_tile_pieces(rows, cols, group_size);
+    at += round_to(t.w, 256) + round_to(t.scales, 256) + round_to(t.zeros, 256) + round_to(t.perm, 256);
   }
   return at;
 }
 
-uint64_t link_buffer_bytes(int64_t H, int64_t I, int64_t group_size, int E, int host_layers, int k, int m, int S) {
-  if (host_layers <= 0 || m + S <= 0) return 0;
-  uint64_t b = round_to(static_cast<uint64_t>(host_layers) * E * kInt4TilesExpertBytes, 256) +
-               round_to(static_cast<uint64_t>(m + S) * static_cast<uint64_t>(I + 2 * H) * 4, 256);  // moe_int4_tiles_scratch_bytes
-  if (S > 0)
-    b += S * round_to(int4_tiles_stage_slot_bytes(H, I, group_size), 256) + round_to(S * 4ull, 256) + round_to(S * kInt4TilesExpertBytes, 256) +
-         round_to(k * 4ull, 256);
+LinkBuffers link_buffer_bytes(int64_t H, int64_t I, int64_t group_size, int E, int host_layers, int k, int m, int S) {
+  LinkBuffers b;
+  if (host_layers <= 0 || m + S <= 0) return b;
+  b.tables = round_to(static_cast<uint64_t>(host_layers) * E * kInt4TilesExpertBytes, 256);
+  b.scratch = round_to(static_cast<uint64_t>(m + S) * static_cast<uint64_t>(I + 2 * H) * 4, 256);  // moe_int4_tiles_scratch_bytes
+  if (S > 0) {
+    b.slot = round_to(int4_tiles_stage_slot_bytes(H, I, group_size), 256);
+    b.slots = S * b.slot;
+    b.ids = round_to(S * 4ull, 256);
+    b.views = round_to(S * kInt4TilesExpertBytes, 256);
+    b.guess = round_to(k * 4ull, 256);
+  }
   return b;
 }
 

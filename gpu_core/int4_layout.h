@@ -89,9 +89,14 @@ constexpr uint64_t kInt4TilesExpertBytes = 3 * 4 * 8;  // sizeof(gpu::Int4TilesE
 // One staged expert's slot: every piece (codes, scales, zeros, input order) of gate, up and down, each
 // rounded to 256 bytes.
 uint64_t int4_tiles_stage_slot_bytes(int64_t H, int64_t I, int64_t group_size);
-// An expert table of E entries for each of host_layers layers, the kernel's scratch for m + S link slots,
-// and with S > 0 the S staging slots, their ids and views, and the layer's guess (k ids); 256-byte pieces.
-uint64_t link_buffer_bytes(int64_t H, int64_t I, int64_t group_size, int E, int host_layers, int k, int m, int S);
+// In this order: an expert table of E entries for each of host_layers layers, the kernel's scratch for
+// m + S link slots, and with S > 0 the S staging slots (`slot` bytes each), their ids and views, and the
+// layer's guess (k ids); each piece a multiple of 256 bytes.
+struct LinkBuffers {
+  uint64_t tables = 0, scratch = 0, slot = 0, slots = 0, ids = 0, views = 0, guess = 0;
+  uint64_t total() const { return tables + scratch + slots + ids + views + guess; }
+};
+LinkBuffers link_buffer_bytes(int64_t H, int64_t I, int64_t group_size, int E, int host_layers, int k, int m, int S);
 // Tokens per streamed pass: `want` (default kStreamPassTokens) rounded up to whole prefill chunks.
 constexpr int64_t kStreamPassTokens = 4096;
 inline int64_t stream_pass_tokens(int64_t chunk, int64_t want = kStreamPassTokens) {

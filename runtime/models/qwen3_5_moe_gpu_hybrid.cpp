@@ -201,33 +201,32 @@ void Qwen35MoeGpu::Impl::link_setup() {
   link.on = true;
 }
 
-uint64_t Qwen35MoeGpu::Impl::link_bytes() const {
-  if (!link.on) return 0;
+gpu::LinkBuffers Qwen35MoeGpu::Impl::link_buffers() const {
+  if (!link.on) return {};
   const ModelConfig& c = model.config();
   return gpu::link_buffer_bytes(c.hidden_size, c.moe_intermediate_size, link.group_size, static_cast<int>(c.num_experts),
                                 static_cast<int>(link.host_tables.size() / c.num_experts), c.num_experts_per_tok, link.m, link.stage_slots);
 }
 
-// After the commit: the tables into link.mem (allocated by build(), gpu::link_buffer_bytes' order:
-// tables, scratch, then the staging slots, their ids and views, the guess), each layer's pointer.
+// After the commit: the tables into link.mem (allocated by build()), the other pieces' addresses in
+// gpu::LinkBuffers' order, each layer's table.
 void Qwen35MoeGpu::Impl::link_upload() {
   if (!link.on) return;
   const ModelConfig& c = model.config();
-  const int64_t H = c.hidden_size, I = c.moe_intermediate_size;
-  const int L = static_cast<int>(c.num_layers), E = static_cast<int>(c.num_experts), S = link.stage_slots;
-  auto round = [](uint64_t b) { return (b + 255) / 256 * 256; };
+  const int L = static_cast<int>(c.num_layers), E = static_cast<int>(c.num_experts);
+  const gpu::LinkBuffers b = link_buffers();
   CK(cudaMemcpy(link.mem, link.host_tables.data(), link.host_tables.size() * sizeof(gpu::Int4TilesExpert), cudaMemcpyHostToDevice));
-  char* at = static_cast<char*>(link.mem) + round(link.host_tables.size() * gpu::kInt4TilesExpertBytes);
+  char* at = static_cast<char*>(link.mem) + b.tables;
   link.scratch = at;
-  at += round(gpu::moe_int4_tiles_scratch_bytes(H, I, link.m + S));
-  if (S) {  // link.stage stays 0 until the one-graph step is known to guess (create())
-    link.slot_bytes = round(gpu::int4_tiles_stage_slot_bytes(H, I, link.group_size));
+  at += b.scratch;
+  if (link.stage_slots) {  // link.stage stays 0 until the one-graph step is known to guess (create())
+    link.slot_bytes = b.slot;
     link.slots = at;
-    at += S * link.slot_bytes;
+    at += b.slots;
     link.staged_ids = reinterpret_cast<int32_t*>(at);
-    at += round(S * sizeof(int32_t));
+    at += b.ids;
     link.staged_table = reinterpret_cast<gpu::Int4TilesExpert*>(at);
-    at += round(S * gpu::kInt4TilesExpertBytes);
+    at += b.views;
     link.guess_dev = reinterpret_cast<int32_t*>(at);
     CK(cudaEventCreateWithFlags(&link.staged_ev, cudaEventDisableTiming));
     link.staged_at.assign(L, 0);
@@ -266,7 +265,14 @@ void Qwen35MoeGpu::Impl::run_one_graph(int w) {
   volatile unsigned* f = hflags;
   for (int i = 0; i < 8; ++i) f[i] = 0u;  // the previous step has finished (synchronized)
   CK(cudaGraphLaunch(segs[w][0], stream));
-  constexpr auto kTimeout = std::chrono::seconds(60);
+  // Spins until ready() (a flag the GPU posts), then reads what it guards; a GPU that never posts fails
+  // the step after 60 s with what it did not do.
+  auto wait_for = [](auto ready, std::chrono::steady_clock::time_point t0, const auto&... what) {
+    for (uint64_t spins = 1; !ready(); ++spins)
+      if (spins % 4096 == 0 && std::chrono::steady_clock::now() - t0 > std::chrono::seconds(60))
+        fail("hybrid decode step: the GPU did not ", what..., " within 60 s");
+    std::atomic_thread_fence(std::memory_order_acquire);
+  };
   struct Replaying {  // host_part stages as the graph does while this loop runs
     bool& on;
     explicit Replaying(bool& b) : on(b) { on = true; }
@@ -276,22 +282,14 @@ void Qwen35MoeGpu::Impl::run_one_graph(int w) {
     for (size_t si = 0; si < seg_layers.size(); ++si) {
       const int li = seg_layers[si];
       const unsigned v = static_cast<unsigned>(li) + 1;
-      const auto t_wait = std::chrono::steady_clock::now();
+      const auto t0 = std::chrono::steady_clock::now();
       {
         TraceSpan wait("wait for router, layer", "handoff", li);
-        const auto t0 = t_wait;
-        for (uint64_t spins = 1; f[0] < v; ++spins)
-          if (spins % 4096 == 0 && std::chrono::steady_clock::now() - t0 > kTimeout)
-            fail("hybrid decode step: the GPU did not hand over layer ", li, "'s router result within 60 s");
-        std::atomic_thread_fence(std::memory_order_acquire);  // hx / hids / hw after the flag
+        wait_for([&] { return f[0] >= v; }, t0, "hand over layer ", li, "'s router result");  // then hx / hids / hw
         counts.host_wait_ns += ns_since(t0);
       }
-      if (link.stage && link.staged_at[li]) {  // the layer's guess (posted before its router: there already)
-        for (uint64_t spins = 1; f[4] < v; ++spins)
-          if (spins % 4096 == 0 && std::chrono::steady_clock::now() - t_wait > kTimeout)
-            fail("hybrid decode step: the GPU did not post layer ", li, "'s expert guess within 60 s");
-        std::atomic_thread_fence(std::memory_order_acquire);  // hgids after the flag
-      }
+      if (link.stage && link.staged_at[li])  // the layer's guess for staging (posted before its router: there already)
+        wait_for([&] { return f[4] >= v; }, t0, "post layer ", li, "'s expert guess");
       host_part(static_cast<size_t>(li), 1, true, false);
       std::atomic_thread_fence(std::memory_order_release);  // hout before the flag
       f[1] = v;
@@ -302,11 +300,7 @@ void Qwen35MoeGpu::Impl::run_one_graph(int w) {
       }
       if (guessing && opts.host_prefetch > 0 && si + 1 < seg_layers.size()) {  // the next host layer's guess, while the GPU runs its mixer
         const unsigned nv = static_cast<unsigned>(seg_layers[si + 1]) + 1;
-        const auto t0 = std::chrono::steady_clock::now();
-        for (uint64_t spins = 1; f[4] < nv && f[0] < nv; ++spins)
-          if (spins % 4096 == 0 && std::chrono::steady_clock::now() - t0 > kTimeout)
-            fail("hybrid decode step: the GPU did not post layer ", nv - 1, "'s expert guess within 60 s");
-        std::atomic_thread_fence(std::memory_order_acquire);  // hgids after the flag
+        wait_for([&] { return f[4] >= nv || f[0] >= nv; }, std::chrono::steady_clock::now(), "post layer ", nv - 1, "'s expert guess");
         if (f[0] < nv) {  // the real choice has not come yet: worth reading ahead
           TraceSpan span("prefetch guessed experts, layer", "cpu", static_cast<int>(nv - 1));
           opts.host_experts->prefetch(static_cast<int>(nv - 1), hgids, std::min(opts.host_prefetch, model.config().num_experts_per_tok),

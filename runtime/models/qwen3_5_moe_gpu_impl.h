@@ -252,7 +252,7 @@ struct Qwen35MoeGpu::Impl {
     bool replaying = false;  // run_one_graph's host loop (eager steps never stage)
   } link;
   void link_setup();                 // before the plan
-  uint64_t link_bytes() const;       // what build() allocates for it (gpu::link_buffer_bytes)
+  gpu::LinkBuffers link_buffers() const;  // what build() allocates for it
   void link_upload();                // after the commit
 
   explicit Impl(const Qwen35Moe& m, const GpuOptions& o) : model(m), opts(o) {

@@ -201,7 +201,7 @@ void Qwen35MoeGpu::Impl::build(Uploader& up, const std::function<void(uint64_t)>
     st.pos = static_cast<int32_t*>(up.alloc(st.pass * 4, Kind::Work));
     st.ids = static_cast<int32_t*>(up.alloc(st.pass * 4, Kind::Work));
   }
-  if (link.on) link.mem = up.alloc(link_bytes(), Kind::Work);  // link experts' tables, scratch, staging (link_setup decided)
+  if (link.on) link.mem = up.alloc(link_buffers().total(), Kind::Work);  // link experts' tables, scratch, staging (link_setup decided)
   layers.clear();
   if (opts.expert_on_gpu && !opts.expert_on_gpu->empty()) {
     if (static_cast<int64_t>(opts.expert_on_gpu->size()) != c.num_layers) fail("hybrid placement: expert map has ", opts.expert_on_gpu->size(), " layers, the model ", c.num_layers);
