@@ -148,11 +148,7 @@ void Qwen35MoeGpu::Impl::link_setup() {
     const auto& on = (*opts.expert_on_gpu)[l];
     if (std::count(on.begin(), on.end(), 0) == 0) continue;
     HostExperts::StreamLayer sl;
-    std::string why;
-    if (!opts.host_experts->stream_layout(l, sl, why)) {
-      link.note = str_cat("layer ", l, ": ", why);
-      return;
-    }
+    if (!host_layout(l, gs, 16, sl, link.note)) return;
     const auto* base = static_cast<const uint8_t*>(gpu::host_device_pointer(sl.base));
     if (!base) {
       link.note = str_cat("layer ", l, "'s host experts are not page-locked (the GPU cannot read them in place)");
@@ -162,23 +158,13 @@ void Qwen35MoeGpu::Impl::link_setup() {
     tables.resize(tables.size() + E);
     gpu::Int4TilesExpert* t = tables.data() + tables.size() - E;
     for (const HostExperts::StreamExpert& x : sl.experts) {
-      if (x.expert < 0 || x.expert >= E || on[x.expert]) {
-        link.note = str_cat("layer ", l, ": expert ", x.expert, " offered by the host is not a host expert");
+      if (x.down.perm != SM::kNone) {  // the kernel reads h in down's packed order
+        link.note = str_cat("layer ", l, " expert ", x.expert, ": its down projection has an input order (the host folds it into gate / up)");
         return;
       }
       gpu::Int4TilesView* v[3] = {&t[x.expert].gate, &t[x.expert].up, &t[x.expert].down};
       const SM* s[3] = {&x.gate, &x.up, &x.down};
       for (int i = 0; i < 3; ++i) {
-        const int64_t R = i == 2 ? H : I, C = i == 2 ? I : H;
-        auto inside = [&](uint64_t off, uint64_t n) { return off != SM::kNone && off % 16 == 0 && off <= sl.bytes && n <= sl.bytes - off; };
-        const gpu::Int4TilePieces p = gpu::int4_tile_pieces(R, C, gs);
-        if (s[i]->rows != R || s[i]->cols != C || s[i]->group_size != gs || !inside(s[i]->w, p.w) || !inside(s[i]->scales, p.scales) ||
-            (s[i]->zeros != SM::kNone && !inside(s[i]->zeros, p.zeros)) || (s[i]->perm != SM::kNone && (i == 2 || !inside(s[i]->perm, p.perm)))) {
-          link.note = str_cat("layer ", l, " expert ", x.expert, ": its host layout (", s[i]->rows, " x ", s[i]->cols, ", group ",
-                              s[i]->group_size, ") does not match the model's [", R, ", ", C, "] in groups of ", gs,
-                              " or is not 16-byte aligned inside its ", sl.bytes, " bytes");
-          return;
-        }
         v[i]->w = base + s[i]->w;
         v[i]->scales = reinterpret_cast<const uint16_t*>(base + s[i]->scales);
         v[i]->zeros = s[i]->zeros == SM::kNone ? nullptr : base + s[i]->zeros;

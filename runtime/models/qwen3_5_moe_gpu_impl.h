@@ -393,6 +393,7 @@ struct Qwen35MoeGpu::Impl {
   void prefill_streamed(const int32_t* ids_host, int64_t n, float* logits_last);
   // Asks the host experts for their layouts (setting st.on / st.note); before build().
   void stream_setup();
+  bool host_layout(int l, int64_t gs, uint64_t align, HostExperts::StreamLayer& sl, std::string& note) const;  // stream_setup, link_setup
   // Layer li's streamed expert table and conversion jobs into st.tables / st.jobs (commit pass of build).
   void stream_table(int li, const std::vector<gpu::Int4Expert>& i4);
   // Whether streamed prefill copies layer l's host experts.

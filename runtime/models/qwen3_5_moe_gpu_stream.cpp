@@ -11,6 +11,46 @@ namespace tandem {
 
 static_assert(sizeof(gpu::Int4Expert) == gpu::kInt4ExpertBytes, "gpu::stream_buffer_bytes counts expert tables with this size");
 
+// Layer l's host experts as HostExperts::stream_layout offers them (into sl), checked against the
+// placement (as many, each a host expert there) and the model (every matrix's shape and groups, its
+// pieces inside the byte range at `align`-byte offsets). false with `note` saying why otherwise.
+bool Qwen35MoeGpu::Impl::host_layout(int l, int64_t gs, uint64_t align, HostExperts::StreamLayer& sl, std::string& note) const {
+  const ModelConfig& c = model.config();
+  const int64_t H = c.hidden_size, I = c.moe_intermediate_size, E = c.num_experts;
+  const auto& on = (*opts.expert_on_gpu)[l];
+  const int64_t host = std::count(on.begin(), on.end(), 0);
+  std::string why;
+  if (!opts.host_experts->stream_layout(l, sl, why)) {
+    note = str_cat("layer ", l, ": ", why);
+    return false;
+  }
+  if (static_cast<int64_t>(sl.experts.size()) != host) {
+    note = str_cat("layer ", l, ": the host offers ", sl.experts.size(), " experts, the placement has ", host, " there");
+    return false;
+  }
+  using SM = HostExperts::StreamMatrix;
+  for (const HostExperts::StreamExpert& x : sl.experts) {
+    if (x.expert < 0 || x.expert >= E || on[x.expert]) {
+      note = str_cat("layer ", l, ": expert ", x.expert, " offered by the host is not a host expert");
+      return false;
+    }
+    for (const SM* m : {&x.gate, &x.up, &x.down}) {
+      const bool is_down = m == &x.down;
+      const int64_t R = is_down ? H : I, C = is_down ? I : H;
+      const gpu::Int4TilePieces t = gpu::int4_tile_pieces(R, C, gs);
+      auto inside = [&](uint64_t off, uint64_t n) { return off != SM::kNone && off % align == 0 && off <= sl.bytes && n <= sl.bytes - off; };
+      if (m->rows != R || m->cols != C || m->group_size != gs || !inside(m->w, t.w) || !inside(m->scales, t.scales) ||
+          (m->zeros != SM::kNone && !inside(m->zeros, t.zeros)) || (m->perm != SM::kNone && !inside(m->perm, t.perm))) {
+        note = str_cat("layer ", l, " expert ", x.expert, ": its host layout (", m->rows, " x ", m->cols, ", group ", m->group_size,
+                       ") does not match the model's [", R, ", ", C, "] in groups of ", gs, " or lies outside its ", sl.bytes,
+                       " bytes at ", align, "-byte offsets");
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
 // Streamed prefill: ask the host experts where each layer's lie and check every matrix against the
 // model's shapes and the buffers' bounds; on any refusal streaming stays off and st.note says why.
 void Qwen35MoeGpu::Impl::stream_setup() {
@@ -26,40 +66,12 @@ void Qwen35MoeGpu::Impl::stream_setup() {
     return;
   }
   const int64_t gs = st.group_size = first.gptq.group_size;
-  using SM = HostExperts::StreamMatrix;
   st.layout.assign(L, {});
   for (int l = 0; l < L; ++l) {
     const auto& on = (*opts.expert_on_gpu)[l];
     const int host = static_cast<int>(std::count(on.begin(), on.end(), 0));
     if (!host) continue;
-    std::string why;
-    HostExperts::StreamLayer& sl = st.layout[l];
-    if (!opts.host_experts->stream_layout(l, sl, why)) {
-      st.note = str_cat("layer ", l, ": ", why);
-      return;
-    }
-    if (static_cast<int>(sl.experts.size()) != host) {
-      st.note = str_cat("layer ", l, ": the host offers ", sl.experts.size(), " experts to stream, the placement has ", host, " there");
-      return;
-    }
-    for (const HostExperts::StreamExpert& x : sl.experts) {
-      if (x.expert < 0 || x.expert >= E || on[x.expert]) {
-        st.note = str_cat("layer ", l, ": expert ", x.expert, " offered for streaming is not a host expert");
-        return;
-      }
-      for (const SM* m : {&x.gate, &x.up, &x.down}) {
-        const bool is_down = m == &x.down;
-        const int64_t R = is_down ? H : I, C = is_down ? I : H;
-        const gpu::Int4TilePieces t = gpu::int4_tile_pieces(R, C, gs);
-        auto inside = [&](uint64_t off, uint64_t n) { return off != SM::kNone && off % 4 == 0 && off <= sl.bytes && n <= sl.bytes - off; };
-        if (m->rows != R || m->cols != C || m->group_size != gs || !inside(m->w, t.w) || !inside(m->scales, t.scales) ||
-            (m->zeros != SM::kNone && !inside(m->zeros, t.zeros)) || (m->perm != SM::kNone && !inside(m->perm, t.perm))) {
-          st.note = str_cat("layer ", l, " expert ", x.expert, ": its host layout (", m->rows, " x ", m->cols, ", group ", m->group_size,
-                            ") does not match the model's [", R, ", ", C, "] in groups of ", gs, " or lies outside its ", sl.bytes, " bytes");
-          return;
-        }
-      }
-    }
+    if (!host_layout(l, gs, 4, st.layout[l], st.note)) return;
     st.max_experts = std::max(st.max_experts, host);
   }
   if (!st.max_experts) return;
