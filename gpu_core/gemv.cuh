@@ -21,6 +21,8 @@
 
 namespace tandem::gpu {
 
+struct HostPost;  // handoff.cuh
+
 constexpr int kMaxGemvTokens = 8;
 
 cudaError_t gemv_bf16(const uint16_t* W, int64_t N, int64_t K, const float* x, int T, float* y, cudaStream_t stream);
@@ -34,10 +36,12 @@ cudaError_t gemv_bf16_router_topk(const uint16_t* W, int64_t N, int64_t K, const
 // shared) when a is given, as add_rmsnorm_zc (else h is only read, as rmsnorm_zc), x = the normalised
 // row (norm_w, eps), written for the kernels after it; y and the top-k from x. Every output bit for bit
 // as the norm launch + gemv_bf16_router_topk: each block normalises the row itself, with the norm
-// kernel's arithmetic, while its first weights load. One token; K <= 4096.
+// kernel's arithmetic, while its first weights load. One token; K <= 4096. With post (handoff.cuh) the
+// last block also posts x, ids and weights to the host as host_post would after the launch.
 cudaError_t gemv_bf16_router_topk_norm(const uint16_t* W, int64_t N, int64_t K, float* h, const float* a, const float* shared,
                                        const float* gate, const float* norm_w, float eps, float* x, float* y, int E, int k,
-                                       unsigned* counter, int32_t* ids, float* weights, cudaStream_t stream);
+                                       unsigned* counter, int32_t* ids, float* weights, cudaStream_t stream,
+                                       const HostPost* post = nullptr);
 // (The same for a layer's input norm with its stacked input projection measured slower on the H200,
 // 25.2 vs 18.9 us at the 35B DeltaNet shape: every block normalising the row costs more than the
 // launch it saves. Removed in session 9.)

@@ -5,6 +5,7 @@
 
 #include "gpu_core/conv_step.cuh"
 #include "gpu_core/gemv.cuh"
+#include "gpu_core/handoff.cuh"
 #include "gpu_core/norm_row.cuh"
 #include "gpu_core/pdl.cuh"
 #include "gpu_core/topk_warp.cuh"
@@ -142,9 +143,9 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 // The router GEMV's end (T = 1): every block stores its rows and fences, takes a ticket; the block
 // holding the last ticket runs on_last() (all threads), reads logits[0..E) back from L2 and runs the
 // warp top-k there, then re-arms the counter for the next
-// launch.
+// launch. Returns whether this block was the last.
 template <typename OnLast>
-__device__ __forceinline__ void route_tail(float acc, int64_t row, int lane, int64_t N, float* y, int E, int k, unsigned* counter,
+__device__ __forceinline__ bool route_tail(float acc, int64_t row, int lane, int64_t N, float* y, int E, int k, unsigned* counter,
                                            int32_t* ids, float* weights, OnLast&& on_last) {
   if (row < N) {  // no early return: the block meets at the barrier below
 #pragma unroll
@@ -158,11 +159,26 @@ __device__ __forceinline__ void route_tail(float acc, int64_t row, int lane, int
   __syncthreads();
   if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == gridDim.x - 1;
   __syncthreads();
-  if (!last) return;
+  if (!last) return false;
   __threadfence();
   on_last();
   if (threadIdx.x < 32) detail::warp_router_topk(y, E, k, ids, weights);
   if (threadIdx.x == 0) *counter = 0u;
+  return true;
+}
+
+// The last block's post of its router result to the host (handoff.cuh's HostPost, as host_post does it:
+// the row, ids and weights, made visible system-wide, then the flag).
+__device__ __forceinline__ void post_route(const HostPost& post, const float* xs, int64_t K, const int32_t* ids, const float* weights, int k) {
+  __syncthreads();  // warp 0's ids and weights are written
+  for (int64_t i = threadIdx.x; i < K; i += blockDim.x) post.x[i] = xs[i];
+  if (threadIdx.x < k) {
+    post.ids[threadIdx.x] = ids[threadIdx.x];
+    post.weights[threadIdx.x] = weights[threadIdx.x];
+  }
+  __threadfence_system();
+  __syncthreads();
+  if (threadIdx.x == 0) *reinterpret_cast<volatile unsigned*>(post.flag) = post.value;
 }
 
 template <int PRE>
@@ -179,12 +195,12 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 // The same with the norm before it in the launch: each block normalises the row into shared memory
 // (norm_row, the norm kernel's arithmetic) while its first weight vectors load, then computes its
 // rows from there; the last block writes h' and x for the kernels after it (every block has read h
-// by then: its ticket follows its reads).
+// by then: its ticket follows its reads), and with post.flag posts x, ids and weights to the host.
 template <int PER, int PRE>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     gemv_bf16_norm_topk_kernel(const uint16_t* __restrict__ W, int64_t N, int64_t K, float* h, const float* a, const float* s,
                                const float* gate, const float* norm_w, float eps, float* x, float* y, int E, int k, unsigned* counter,
-                               int32_t* ids, float* weights) {
+                               int32_t* ids, float* weights, HostPost post) {
   extern __shared__ __align__(16) float sm[];  // x [K], then h' [K]
   float* xs = sm;
   float* hs = sm + K;
@@ -200,12 +216,13 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   float dot[1];
   row_finish<1, false, true, PRE>(W, N, K, xs, nullptr, 1, row, lane, pre, dot);
   detail::pdl_launch_next();
-  route_tail(dot[0], row, lane, N, y, E, k, counter, ids, weights, [&] {
+  const bool last = route_tail(dot[0], row, lane, N, y, E, k, counter, ids, weights, [&] {
     for (int64_t i = threadIdx.x; i < K; i += blockDim.x) {
       if (a) h[i] = hs[i];
       x[i] = xs[i];
     }
   });
+  if (last && post.flag) post_route(post, xs, K, ids, weights, k);
 }
 
 // Returns launch(std::integral_constant<int, PRE>) with the weight vectors a lane prefetches for rows of
@@ -221,15 +238,16 @@ cudaError_t with_pre(int64_t K, Launch&& launch) {
 // gemv_bf16_norm_topk_kernel's launch.
 cudaError_t launch_norm_gemv(const uint16_t* W, int64_t N, int64_t K, float* h, const float* a, const float* shared, const float* gate,
                              const float* norm_w, float eps, float* x, float* y, int E, int k, unsigned* counter, int32_t* ids,
-                             float* weights, cudaStream_t stream) {
+                             float* weights, const HostPost& post, cudaStream_t stream) {
   if (K % 8 != 0 || K > 16 * kWarpsPerBlock * 32 || N < 1 || !counter || (shared && (!a || !gate))) return cudaErrorInvalidValue;
+  if (post.flag && (!post.x || !post.ids || !post.weights)) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>((N + kWarpsPerBlock - 1) / kWarpsPerBlock)), block(kWarpsPerBlock * 32);
   const size_t smem = 2 * static_cast<size_t>(K) * sizeof(float);
   return detail::with_norm_per_thread(K, kWarpsPerBlock * 32, [&](auto per) {
     if constexpr (per.value > 0) {  // K <= 16 x threads (checked above): never the loop form
       return with_pre(K, [&](auto pre) {
         return detail::launch(gemv_bf16_norm_topk_kernel<per.value, pre.value>, grid, block, smem, stream, W, N, K, h, a, shared, gate,
-                              norm_w, eps, x, y, E, k, counter, ids, weights);
+                              norm_w, eps, x, y, E, k, counter, ids, weights, post);
       });
     } else {
       return cudaErrorInvalidValue;
@@ -251,9 +269,9 @@ cudaError_t gemv_bf16_router_topk(const uint16_t* W, int64_t N, int64_t K, const
 
 cudaError_t gemv_bf16_router_topk_norm(const uint16_t* W, int64_t N, int64_t K, float* h, const float* a, const float* shared,
                                        const float* gate, const float* norm_w, float eps, float* x, float* y, int E, int k,
-                                       unsigned* counter, int32_t* ids, float* weights, cudaStream_t stream) {
+                                       unsigned* counter, int32_t* ids, float* weights, cudaStream_t stream, const HostPost* post) {
   if (E < 1 || E > N || E > detail::kRouterMaxExperts || k < 1 || k > E || k > detail::kRouterMaxTopK) return cudaErrorInvalidValue;
-  return launch_norm_gemv(W, N, K, h, a, shared, gate, norm_w, eps, x, y, E, k, counter, ids, weights, stream);
+  return launch_norm_gemv(W, N, K, h, a, shared, gate, norm_w, eps, x, y, E, k, counter, ids, weights, post ? *post : HostPost{}, stream);
 }
 
 cudaError_t gemv_bf16(const uint16_t* W, int64_t N, int64_t K, const float* x, int T, float* y, cudaStream_t stream) {

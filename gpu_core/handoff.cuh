@@ -8,6 +8,14 @@
 //                  of src followed by add_inplace. If the wait exceeds timeout_ns it gives up: *error is
 //                  set to value and the add goes ahead (the caller reports the step as failed; a stuck
 //                  host never hangs the GPU).
+//   host_wait_add_rmsnorm_zc: host_wait_add's wait and add fused with the add_rmsnorm_zc after it:
+//                  h += a + src, y = rmsnorm_zc(h), one row, the same bits as host_wait_add(.., src, a, ..)
+//                  then add_rmsnorm_zc(h, a, nullptr, nullptr, w, n, 1, eps, y), in one launch for rows up
+//                  to 4096 (a left as it was), else as those two (a += src). With programmatic launch the
+//                  kernel after it may start (and load its weights) while this one waits for the host.
+//   HostPost:      where a kernel that ends with a router result posts it the way host_post does (x, ids,
+//                  weights, then the flag): gemv_bf16_router_topk_norm's last block (gemv.cuh), so the
+//                  host is told without a launch after the router's.
 // All host pointers must be device-accessible (cudaHostAllocMapped; with UVA the host address). One
 // block each; launches that share flags must be stream-ordered.
 #pragma once
@@ -22,6 +30,26 @@ cudaError_t host_post(const float* x, int64_t nx, const int32_t* ids, const floa
                       unsigned* flag, unsigned value, cudaStream_t stream);
 cudaError_t host_wait_add(const unsigned* flag, unsigned value, const float* src, float* dst, int64_t n, unsigned* error,
                           int64_t timeout_ns, cudaStream_t stream);
+
+// The host's sum a kernel waits for: src [n] is valid once *flag >= value; past timeout_ns the kernel
+// sets *error = value and goes ahead with src as it is.
+struct HostSum {
+  const unsigned* flag = nullptr;
+  unsigned value = 0;
+  const float* src = nullptr;
+  unsigned* error = nullptr;
+  int64_t timeout_ns = 0;
+};
+cudaError_t host_wait_add_rmsnorm_zc(const HostSum& host, float* h, float* a, const float* w, int64_t n, float eps, float* y,
+                                     cudaStream_t stream);
+
+struct HostPost {
+  float* x = nullptr;        // [the row's length]
+  int32_t* ids = nullptr;    // [k]
+  float* weights = nullptr;  // [k]
+  unsigned* flag = nullptr;  // set to value once the three are visible to the host
+  unsigned value = 0;
+};
 
 // Reads `bytes` (a multiple of 16) at src, device-accessible host memory, in 16-byte loads from
 // `blocks` blocks of 256 threads, 8 loads in flight per thread, and xors the words into *sink: the

@@ -18,6 +18,32 @@ __device__ __forceinline__ float block_sum(float v) {
   return block_sum(v, red);
 }
 
+// The arithmetic of norm_row on a thread's loaded elements (hv: h, av / sv: the addends, wv: the norm
+// weights; elements past n zero): h' = hv (+ av (+ sv / sig) when add), store_h(i, h'_i) (only with
+// add), then store_y(i, y_i). Kernels that load their row another way (from host memory too) share it.
+template <int PER, typename StoreH, typename StoreY>
+__device__ __forceinline__ void norm_row_loaded(float (&hv)[PER], const float (&av)[PER], const float (&sv)[PER], const float (&wv)[PER],
+                                                bool add, bool shared, float sig, int64_t n, float eps, StoreH&& store_h,
+                                                StoreY&& store_y) {
+  float ss = 0.0f;
+#pragma unroll
+  for (int m = 0; m < PER; ++m) {
+    const int64_t i = threadIdx.x + m * blockDim.x;
+    if (i >= n) continue;
+    if (add) {
+      hv[m] += shared ? av[m] + sv[m] / sig : av[m];
+      store_h(i, hv[m]);
+    }
+    ss += hv[m] * hv[m];
+  }
+  const float r = rsqrtf(block_sum(ss) / n + eps);
+#pragma unroll
+  for (int m = 0; m < PER; ++m) {
+    const int64_t i = threadIdx.x + m * blockDim.x;
+    if (i < n) store_y(i, hv[m] * r * (1.0f + wv[m]));
+  }
+}
+
 // h' = hi (ar == nullptr) or hi + ar (+ sr / sig added to ar first), y = h' * rsqrt(mean(h'^2) + eps)
 // * (1 + w), for a row of n <= PER * blockDim.x: thread t holds elements t + m * blockDim.x in
 // registers, every load issued before any use. store_h(i, h'_i) (only with ar), then store_y(i, y_i).
@@ -34,23 +60,7 @@ __device__ __forceinline__ void norm_row(const float* hi, const float* ar, const
     sv[m] = in && sr ? sr[i] : 0.0f;
     wv[m] = in ? w[i] : 0.0f;
   }
-  float ss = 0.0f;
-#pragma unroll
-  for (int m = 0; m < PER; ++m) {
-    const int64_t i = threadIdx.x + m * blockDim.x;
-    if (i >= n) continue;
-    if (ar) {
-      hv[m] += sr ? av[m] + sv[m] / sig : av[m];
-      store_h(i, hv[m]);
-    }
-    ss += hv[m] * hv[m];
-  }
-  const float r = rsqrtf(block_sum(ss) / n + eps);
-#pragma unroll
-  for (int m = 0; m < PER; ++m) {
-    const int64_t i = threadIdx.x + m * blockDim.x;
-    if (i < n) store_y(i, hv[m] * r * (1.0f + wv[m]));
-  }
+  norm_row_loaded<PER>(hv, av, sv, wv, ar != nullptr, sr != nullptr, sig, n, eps, store_h, store_y);
 }
 
 // Host side: returns launch(std::integral_constant<int, PER>) with the elements per thread norm_row

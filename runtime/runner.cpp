@@ -63,9 +63,18 @@ bool env_switch(const char* name, bool dflt) {
 // the cpu_experts layout (and placed on their NUMA nodes), then page-locked with CUDA so they can
 // move by DMA, and run on the pinned worker pool when the GPU hands a layer over.
 class CpuExpertSide final : public HostExperts {
+  // How long idle workers spin before they sleep: past a decode token's gap between its last host layer
+  // and the next token's first (lm_head, sampling, the next launch, the first mixer: ~0.5 ms on the
+  // H200 machine), so that a token's first host layer does not wait for sleeping workers to wake.
+  // TANDEM_POOL_SPIN_US overrides (A/B).
+  static int pool_spin_us() {
+    const char* v = std::getenv("TANDEM_POOL_SPIN_US");
+    return v ? std::max(0, std::atoi(v)) : 2000;
+  }
+
  public:
   CpuExpertSide(const Qwen35Moe& model, const HybridPlacement& hp, int threads)
-      : pool_(cpu::ThreadPool::Options{threads, true, false, 300}), store_(store_options(hp.cpu_expert_format)) {
+      : pool_(cpu::ThreadPool::Options{threads, true, false, pool_spin_us()}), store_(store_options(hp.cpu_expert_format)) {
     const auto& layers = model.layers();
     for (size_t l = 0; l < layers.size(); ++l) {
       std::vector<int> ids;
@@ -202,6 +211,7 @@ class GpuRunner final : public Runner {
     g.parallel_shared = env_switch("TANDEM_PARALLEL_SHARED", true);
     g.deltanet_split = env_switch("TANDEM_DELTANET_SPLIT", false);
     g.hybrid_one_graph = env_switch("TANDEM_HYBRID_ONE_GRAPH", true);
+    g.fused_handoff = env_switch("TANDEM_FUSED_HANDOFF", true);
     if (const char* v = std::getenv("TANDEM_HOST_PREFETCH")) g.host_prefetch = std::max(0, std::atoi(v));  // experimental, off
     g.deltanet_conv_in_gemv = env_switch("TANDEM_DELTANET_CONV_GEMV", false);
     g.programmatic_launch = env_switch("TANDEM_PDL", true);
@@ -253,7 +263,9 @@ class GpuRunner final : public Runner {
     std::string paths = gpu_->batched_prefill_active() ? str_cat("prefill in chunks of ", gpu_->prefill_chunk(), " tokens") : "prefill token by token";
     if (const int64_t s = gpu_->stream_prefill_min_tokens()) paths += str_cat(" (from ", s, " prompt tokens with the CPU experts streamed to the GPU)");
     else if (!gpu_->stream_prefill_note().empty()) paths += str_cat(" (no streamed prefill: ", gpu_->stream_prefill_note(), ")");
-    paths += gpu_->graph_one_step()        ? ", decode steps as one CUDA graph each with the host handoffs inside (mapped-memory flags)"
+    paths += gpu_->handoff_fused()         ? ", decode steps as one CUDA graph each with the host handoffs inside (mapped-memory flags, "
+                                             "folded into the router's and the next norm's launches)"
+             : gpu_->graph_one_step()        ? ", decode steps as one CUDA graph each with the host handoffs inside (mapped-memory flags)"
              : gpu_->graph_cut_at_handoffs() ? ", decode steps as CUDA graphs cut at the host handoffs"
              : gpu_->cuda_graph_active()   ? ", decode steps as CUDA graphs"
                                            : ", decode steps launched eagerly";

@@ -165,13 +165,26 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
   }
   // The residual update that ends each block (h += attention/DeltaNet output; h += MoE output +
   // the gated shared expert) runs fused with the norm that follows it (add_rmsnorm_zc).
+  // host (GpuOptions::fused_handoff): the host's sum still to be waited for and added to a first.
   struct Residual {
     const float *a = nullptr, *shared = nullptr, *gate = nullptr;
+    gpu::HostSum host;
   } pending;
   int deferred_from = -1;  // one graph with deferral: the layer whose deferred host sum joins at the end of this one
+  gpu::HostSum host_sum;   // this layer's, once its wait is left to the next norm
+  auto settle_host = [&] {  // the host's sum waited for and added on its own (it goes to moe_out: pending.a)
+    const gpu::HostSum& w = pending.host;
+    if (w.flag) CK(gpu::host_wait_add(w.flag, w.value, w.src, moe_out, H, w.error, w.timeout_ns, stream));
+    pending.host = {};
+  };
   auto norm_x = [&](const float* w) {
-    if (pending.a) CK(gpu::add_rmsnorm_zc(h, pending.a, pending.shared, pending.gate, w, H, 1, eps, x, stream));
-    else CK(gpu::rmsnorm_zc(h, w, H, 1, eps, x, stream));
+    if (pending.host.flag && !pending.shared) {
+      CK(gpu::host_wait_add_rmsnorm_zc(pending.host, h, moe_out, w, H, eps, x, stream));  // pending.a is moe_out
+    } else {
+      settle_host();
+      if (pending.a) CK(gpu::add_rmsnorm_zc(h, pending.a, pending.shared, pending.gate, w, H, 1, eps, x, stream));
+      else CK(gpu::rmsnorm_zc(h, w, H, 1, eps, x, stream));
+    }
     pending = {};
   };
   for (size_t li = 0; li < layers.size(); ++li) {
@@ -226,9 +239,14 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
     // GEMV's last block (and with GpuOptions::router_norm the norm before it in the same launch)
     const DevLinear& R = L.x_proj.out ? L.x_proj : L.router;
     if (guessed) CK(cudaStreamWaitEvent(stream, join_ev, 0));  // the guess has read h and left its scratch
+    const bool split = L.cpu_experts && opts.host_experts;
+    // GpuOptions::fused_handoff: the router's last block posts its result to the host (no host_post)
+    const bool post_in_router = split && posting && opts.fused_handoff && !R.int4 && opts.router_norm;
     if (!R.int4 && opts.router_norm) {
+      const gpu::HostPost post{hx, hids, hw, hflags, static_cast<unsigned>(li) + 1};
       CK(gpu::gemv_bf16_router_topk_norm(R.w, R.out, R.in, h, pending.a, pending.shared, pending.gate, L.post_norm, eps, x, router,
-                                         static_cast<int>(c.num_experts), k, route_ticket, topk_ids, topk_w, stream));
+                                         static_cast<int>(c.num_experts), k, route_ticket, topk_ids, topk_w, stream,
+                                         post_in_router ? &post : nullptr));
       pending = {};
     } else if (!R.int4) {
       norm_x(L.post_norm);
@@ -239,11 +257,11 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
       linear(R, x, router);
       CK(gpu::router_topk(router, c.num_experts, k, 1, topk_ids, topk_w, stream));
     }
-    const bool split = L.cpu_experts && opts.host_experts;
     // GpuOptions::link_experts: some host experts computed here from host memory; in a layer with no
     // GPU-resident experts their sum is the GPU's whole routed part (no gpu_experts launch before it)
     const bool linked = split && link.on && link.tables[li], link_only = linked && link.host_only[li];
-    if (split && posting) {  // the host starts while the GPU goes on: posted in mapped memory, no copy nodes
+    if (post_in_router) {
+    } else if (split && posting) {  // the host starts while the GPU goes on: posted in mapped memory, no copy nodes
       CK(gpu::host_post(x, H, topk_ids, topk_w, k, hx, hids, hw, hflags, static_cast<unsigned>(li) + 1, stream));
     } else if (split) {
       handoff_out(x, topk_ids, topk_w, 1);
@@ -291,7 +309,9 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
       join_host(1, cpu_out, moe_out);
     } else if (split && posting) {  // wait inside the graph for the host's sum, added from host memory
       seg_layers.push_back(static_cast<int>(li));
-      CK(gpu::host_wait_add(hflags + 1, static_cast<unsigned>(li) + 1, hout, moe_out, H, hflags + 2, kHandoffTimeoutNs, stream));
+      const gpu::HostSum sum{hflags + 1, static_cast<unsigned>(li) + 1, hout, hflags + 2, kHandoffTimeoutNs};
+      if (opts.fused_handoff && !deferring()) host_sum = sum;  // waited for by the next norm's launch (norm_x)
+      else CK(gpu::host_wait_add(sum.flag, sum.value, sum.src, moe_out, H, sum.error, sum.timeout_ns, stream));
     } else if (split) {
       handoff_back(li, 1, cpu_out, moe_out);
     } else {
@@ -303,8 +323,9 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
       else add_deferred(h);
       deferred_from = split && posting ? static_cast<int>(li) : -1;
     } else {
-      pending = {moe_out, split ? nullptr : sd, split ? nullptr : sgate};
+      pending = {moe_out, split ? nullptr : sd, split ? nullptr : sgate, host_sum};
     }
+    host_sum = {};
     mark(tr, li, 4);
   }
   if (posting) {  // the last layer's join before the final norm
@@ -314,6 +335,7 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
     add_deferred(h);
   }
   if (!logits_dst) {  // no norm follows: the last residual on its own
+    settle_host();
     if (pending.shared) CK(gpu::gated_add(moe_out, pending.shared, pending.gate, H, 1, stream));
     if (pending.a) CK(gpu::add_inplace(h, pending.a, H, stream));
     return;
@@ -365,6 +387,7 @@ bool Qwen35MoeGpu::graph_cut_at_handoffs() const {
   return impl_->graph_ok && !impl_->one_graph && impl_->gpu_only_layers < impl_->layers.size();
 }
 bool Qwen35MoeGpu::graph_one_step() const { return impl_->one_graph; }
+bool Qwen35MoeGpu::handoff_fused() const { return impl_->one_graph && impl_->opts.fused_handoff; }
 
 
 namespace {

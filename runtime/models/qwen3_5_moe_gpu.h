@@ -96,6 +96,13 @@ struct GpuOptions {
   // handoffs and relaunched after each (gpu_core/handoff.cuh). Same numbers as the eager step (tested on
   // the H200). The runners turn it on unless TANDEM_HYBRID_ONE_GRAPH=0.
   bool hybrid_one_graph = false;
+  // With hybrid_one_graph: the handoff kernels folded into their neighbours (gpu_core/handoff.cuh): the
+  // router GEMV's last block posts the router result to the host itself (router_norm layers), and the
+  // wait for the host's sum is the next norm's own launch (gpu::host_wait_add_rmsnorm_zc), which lets
+  // the kernel after it load its weights while the host works. Two launches fewer on each layer's
+  // path from the host's sum to the next router result; the same bits. The runners turn it on unless
+  // TANDEM_FUSED_HANDOFF=0.
+  bool fused_handoff = false;
   // Prompts whose last logits row is asked for go through layer by layer in chunks of prefill_chunk
   // tokens (cuBLAS projections, DeltaNet prefill, the experts of the whole chunk at once, on the GPU
   // and on the host); with the embedding table in host memory the chunk's rows are gathered there
@@ -258,6 +265,7 @@ class Qwen35MoeGpu {
   const std::string& link_note() const;  // why link_experts is off when it was asked for  // GpuOptions::host_prefetch in effect (0: off)
   bool graph_cut_at_handoffs() const;  // hybrid: the step's graphs are cut where the host takes over
   bool graph_one_step() const;         // hybrid: one graph a step, the host handoffs inside it
+  bool handoff_fused() const;          // ... and folded into the router's and the next norm's launches
   // Online re-placement (GpuOptions::replace): where the routed experts are now ([layer][expert], 1 =
   // served by the GPU; empty without host experts); settle_replacement() waits for the moves in
   // flight and completes them (tests, and before reading the placement); pause_replacement stops or

@@ -388,8 +388,8 @@ TEST(HybridGraph, SegmentedStepEqualsEagerStep) {
 // GpuOptions::hybrid_one_graph: the whole hybrid step as one graph with the host handoffs inside it
 // (mapped-memory flags) replays exactly the eager step, for placements with host experts in every
 // layer and in some, across prompts, decode steps and reset(); with and without programmatic dependent
-// launch (TANDEM_PDL: the handoff kernels, post and spin-wait, launch plainly between kernels that may
-// start early), against the eager step without it.
+// launch (TANDEM_PDL), with the handoffs folded into the router's and the next norm's launches
+// (GpuOptions::fused_handoff, the default) and as launches of their own, against the eager step.
 // (and with the host reading guessed experts ahead: GpuOptions::host_prefetch)
 TEST(HybridGraph, OneGraphStepEqualsEagerStep) {
   TANDEM_REQUIRE_GPU();
@@ -409,9 +409,18 @@ TEST(HybridGraph, OneGraphStepEqualsEagerStep) {
         auto graphed = make_runner(*model, o);
         unsetenv("TANDEM_HYBRID_ONE_GRAPH");
         ASSERT_NE(graphed->describe().find("one CUDA graph each"), std::string::npos) << graphed->describe();
+        ASSERT_NE(graphed->describe().find("folded into the router's and the next norm's launches"), std::string::npos)
+            << graphed->describe();
         ASSERT_EQ(graphed->describe().find("programmatic dependent launch") != std::string::npos, pdl) << graphed->describe();
         expect_same_steps(*eager, *graphed, f, name + " " + pl.name + (pdl ? " programmatic launch" : ""));
       }
+      // GpuOptions::fused_handoff off: host_post and host_wait_add as launches of their own
+      setenv("TANDEM_FUSED_HANDOFF", "0", 1);
+      auto unfused = make_runner(*model, o);
+      unsetenv("TANDEM_FUSED_HANDOFF");
+      ASSERT_NE(unfused->describe().find("one CUDA graph each"), std::string::npos) << unfused->describe();
+      ASSERT_EQ(unfused->describe().find("folded"), std::string::npos) << unfused->describe();
+      expect_same_steps(*eager, *unfused, f, name + " " + pl.name + " handoff launches");
       // GpuOptions::host_prefetch: the guess beside the mixer and the host's reads ahead change nothing
       setenv("TANDEM_HOST_PREFETCH", "2", 1);
       auto guessing = make_runner(*model, o);
