@@ -2,6 +2,9 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cstdint>
+
 #include "gpu_core/norm_row.cuh"
 #include "gpu_core/ops.cuh"
 #include "gpu_core/pdl.cuh"
@@ -103,6 +106,22 @@ __global__ void argmax_kernel(const float* logits, int64_t V, int32_t* ids) {
   }
 }
 
+// sm_90: bulk prefetches of 16 KB (one instruction each, the copy engine of the SM does the rest);
+// earlier GPUs: a prefetch a 128-byte line.
+constexpr int64_t kPrefetchChunk = 16 * 1024;
+
+__global__ void l2_prefetch_kernel(const char* p, int64_t bytes) {
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x, stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  for (int64_t off = first * kPrefetchChunk; off < bytes; off += stride * kPrefetchChunk) {
+    const unsigned n = static_cast<unsigned>(bytes - off < kPrefetchChunk ? bytes - off : kPrefetchChunk);
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + off), "r"(n) : "memory");
+  }
+#else
+  for (int64_t off = first * 128; off < bytes; off += stride * 128) asm volatile("prefetch.global.L2 [%0];" ::"l"(p + off));
+#endif
+}
+
 unsigned blocks_for(int64_t n) { return static_cast<unsigned>((n + kThreads - 1) / kThreads); }
 
 }  // namespace
@@ -141,6 +160,16 @@ cudaError_t gated_add(float* out, const float* shared, const float* gate, int64_
 }
 cudaError_t argmax_rows(const float* logits, int64_t V, int rows, int32_t* ids, cudaStream_t s) {
   argmax_kernel<<<rows, 1024, 0, s>>>(logits, V, ids);
+  return cudaGetLastError();
+}
+
+cudaError_t l2_prefetch(const void* p, int64_t bytes, cudaStream_t s) {
+  if (!p || bytes < 0) return cudaErrorInvalidValue;
+  const auto a = reinterpret_cast<uintptr_t>(p), begin = (a + 15) / 16 * 16, end = (a + static_cast<uintptr_t>(bytes)) / 16 * 16;
+  if (end <= begin) return cudaSuccess;
+  const int64_t n = static_cast<int64_t>(end - begin);
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(8, (n + 128 * kPrefetchChunk - 1) / (128 * kPrefetchChunk)));
+  l2_prefetch_kernel<<<blocks, 128, 0, s>>>(reinterpret_cast<const char*>(begin), n);
   return cudaGetLastError();
 }
 

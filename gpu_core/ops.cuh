@@ -10,6 +10,9 @@
 //  router_topk:    softmax over E logits, top-k (ties to the lower id), renormalised, per row
 //  gated_add:      out[t, :] += sigmoid(gate[t]) * shared[t, :]
 //  argmax_rows:    ids[t] = argmax(logits[t, :]) (lowest id on ties)
+//  l2_prefetch:    asks the L2 cache to load [p, p + bytes) of device memory (reads nothing back, writes
+//                  nothing): weights a later kernel streams, fetched while the device waits on something
+//                  else. p and bytes are trimmed inward to 16-byte bounds. A hint: the cache may drop it.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -27,5 +30,6 @@ cudaError_t silu_mul(float* g, const float* u, int64_t n, cudaStream_t stream);
 cudaError_t router_topk(const float* logits, int E, int k, int rows, int32_t* ids, float* weights, cudaStream_t stream);
 cudaError_t gated_add(float* out, const float* shared, const float* gate, int64_t n, int rows, cudaStream_t stream);
 cudaError_t argmax_rows(const float* logits, int64_t V, int rows, int32_t* ids, cudaStream_t stream);
+cudaError_t l2_prefetch(const void* p, int64_t bytes, cudaStream_t stream);
 
 }  // namespace tandem::gpu

@@ -212,6 +212,7 @@ class GpuRunner final : public Runner {
     g.deltanet_split = env_switch("TANDEM_DELTANET_SPLIT", false);
     g.hybrid_one_graph = env_switch("TANDEM_HYBRID_ONE_GRAPH", true);
     g.fused_handoff = env_switch("TANDEM_FUSED_HANDOFF", true);
+    if (const char* v = std::getenv("TANDEM_L2_PREFETCH_MB")) g.l2_prefetch_bytes = std::max(0, std::atoi(v)) * (int64_t{1} << 20);
     if (const char* v = std::getenv("TANDEM_HOST_PREFETCH")) g.host_prefetch = std::max(0, std::atoi(v));  // experimental, off
     g.deltanet_conv_in_gemv = env_switch("TANDEM_DELTANET_CONV_GEMV", false);
     g.programmatic_launch = env_switch("TANDEM_PDL", true);

@@ -277,6 +277,16 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
       CK(gpu::gemv_bf16_swiglu(L.sh_down.w, L.sh_down.out, L.sh_down.in, sg, su, 1, sd, side));
       CK(cudaEventRecord(join_ev, side));
     }
+    // GpuOptions::l2_prefetch_bytes: the next layer's input projection (its tail) into L2 beside the experts
+    const DevLinear* next_in = li + 1 < layers.size() ? &layers[li + 1].in_proj : nullptr;
+    const bool prefetching = split && posting && side && opts.l2_prefetch_bytes > 0 && next_in && next_in->out && !next_in->int4;
+    if (prefetching) {
+      const int64_t bytes = next_in->out * next_in->in * 2, take = std::min(bytes, opts.l2_prefetch_bytes);
+      CK(cudaEventRecord(pf_fork_ev, stream));
+      CK(cudaStreamWaitEvent(side, pf_fork_ev, 0));
+      CK(gpu::l2_prefetch(reinterpret_cast<const char*>(next_in->w) + (bytes - take), take, side));
+      CK(cudaEventRecord(pf_join_ev, side));
+    }
     if (!link_only) gpu_experts(L, x, topk_ids, topk_w, 1, xh, hscratch, moe_out);
     if (linked) {  // read in place over PCIe (staged ones from device memory), added to the GPU experts' sum
       gpu::Int4TilesStaged staged;
@@ -301,6 +311,7 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
       CK(gpu::gemv_bf16_swiglu(L.sh_down.w, L.sh_down.out, L.sh_down.in, sg, su, 1, sd, stream));
     }
     if (split || deferring()) CK(gpu::gated_add(moe_out, sd, sgate, H, 1, stream));
+    if (prefetching) CK(cudaStreamWaitEvent(stream, pf_join_ev, 0));
     mark(tr, li, 3);
     if (!posting) run_deferred();  // the previous layer's, while the GPU works on this one (one graph: the host loop runs it)
     if (split && segmenting) {  // the host's part runs between this segment and the next (step())

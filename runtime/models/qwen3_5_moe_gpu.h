@@ -103,6 +103,12 @@ struct GpuOptions {
   // path from the host's sum to the next router result; the same bits. The runners turn it on unless
   // TANDEM_FUSED_HANDOFF=0.
   bool fused_handoff = false;
+  // With hybrid_one_graph and parallel_shared: while the host computes a layer's experts, the last
+  // l2_prefetch_bytes of the next layer's input projection (bf16) are fetched into the L2 cache on the
+  // side stream (gpu::l2_prefetch), so that the projection, the first kernel after the host's sum,
+  // streams them from there (its first blocks' rows come early with programmatic launch and
+  // fused_handoff). Changes nothing computed. 0: off (TANDEM_L2_PREFETCH_MB=N).
+  int64_t l2_prefetch_bytes = 0;
   // Prompts whose last logits row is asked for go through layer by layer in chunks of prefill_chunk
   // tokens (cuBLAS projections, DeltaNet prefill, the experts of the whole chunk at once, on the GPU
   // and on the host); with the embedding table in host memory the chunk's rows are gathered there

@@ -78,6 +78,7 @@ struct Qwen35MoeGpu::Impl {
   // into `stream` around the routed experts (inside the step's graph when captured).
   cudaStream_t side = nullptr;
   cudaEvent_t fork_ev = nullptr, join_ev = nullptr;
+  cudaEvent_t pf_fork_ev = nullptr, pf_join_ev = nullptr;  // GpuOptions::l2_prefetch_bytes, on `side`
   std::vector<DevLayer> layers;
   const uint16_t* embed = nullptr;
   DevLinear lm_head;
@@ -275,6 +276,8 @@ struct Qwen35MoeGpu::Impl {
     if (side) cudaStreamDestroy(side);
     if (fork_ev) cudaEventDestroy(fork_ev);
     if (join_ev) cudaEventDestroy(join_ev);
+    if (pf_fork_ev) cudaEventDestroy(pf_fork_ev);
+    if (pf_join_ev) cudaEventDestroy(pf_join_ev);
     if (routed) cudaEventDestroy(routed);
     for (cudaEvent_t e : tev) cudaEventDestroy(e);
     for (auto& v : segs)

@@ -379,6 +379,8 @@ std::unique_ptr<Qwen35MoeGpu> Qwen35MoeGpu::create(const Qwen35Moe& model, const
     CK(cudaStreamCreateWithFlags(&impl->side, cudaStreamNonBlocking));
     CK(cudaEventCreateWithFlags(&impl->fork_ev, cudaEventDisableTiming));
     CK(cudaEventCreateWithFlags(&impl->join_ev, cudaEventDisableTiming));
+    CK(cudaEventCreateWithFlags(&impl->pf_fork_ev, cudaEventDisableTiming));
+    CK(cudaEventCreateWithFlags(&impl->pf_join_ev, cudaEventDisableTiming));
   }
   if (impl->st.on) {
     CK(cudaStreamCreateWithFlags(&impl->st.copy, cudaStreamNonBlocking));

@@ -421,6 +421,11 @@ TEST(HybridGraph, OneGraphStepEqualsEagerStep) {
       ASSERT_NE(unfused->describe().find("one CUDA graph each"), std::string::npos) << unfused->describe();
       ASSERT_EQ(unfused->describe().find("folded"), std::string::npos) << unfused->describe();
       expect_same_steps(*eager, *unfused, f, name + " " + pl.name + " handoff launches");
+      // GpuOptions::l2_prefetch_bytes: the next layer's input projection fetched into L2 beside the experts
+      setenv("TANDEM_L2_PREFETCH_MB", "1", 1);
+      auto prefetching = make_runner(*model, o);
+      unsetenv("TANDEM_L2_PREFETCH_MB");
+      expect_same_steps(*eager, *prefetching, f, name + " " + pl.name + " L2 prefetch");
       // GpuOptions::host_prefetch: the guess beside the mixer and the host's reads ahead change nothing
       setenv("TANDEM_HOST_PREFETCH", "2", 1);
       auto guessing = make_runner(*model, o);

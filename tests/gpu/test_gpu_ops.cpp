@@ -168,5 +168,21 @@ TEST(GpuRouterFused, WithItsNormEqualsNormThenRouter) {
     }
 }
 
+// l2_prefetch is a hint: any range (odd bounds, empty, the last bytes of a buffer) launches, completes
+// and leaves the memory as it was; a null pointer is refused.
+TEST(GpuOps, L2PrefetchChangesNothing) {
+  TANDEM_REQUIRE_GPU();
+  std::mt19937 rng(test::test_seed() + 21);
+  const auto v = test::random_floats(rng, (3 << 20) + 5);
+  test::DeviceBuffer<float> d(v);
+  const int64_t bytes = static_cast<int64_t>(v.size() * sizeof(float));
+  const char* p = reinterpret_cast<const char*>(d.ptr);
+  for (const auto& [off, n] : {std::pair<int64_t, int64_t>{0, bytes}, {3, bytes - 3}, {bytes - 17, 17}, {5, 7}, {100, 0}, {4096, 1 << 20}})
+    EXPECT_EQ(gpu::l2_prefetch(p + off, n, nullptr), cudaSuccess) << off << " + " << n;
+  CUDA_OK(cudaDeviceSynchronize());
+  EXPECT_EQ(d.to_host(), v);
+  EXPECT_EQ(gpu::l2_prefetch(nullptr, 16, nullptr), cudaErrorInvalidValue);
+}
+
 }  // namespace
 }  // namespace tandem
