@@ -18,7 +18,11 @@ LABEL = {"hybrid-8gib-cpu-experts": "8 GiB, every routed expert on the CPU", "hy
          "cpu-all": "everything on the CPU (--device cpu)",
          "hybrid-12gib-replace": "12 GiB hybrid, online re-placement", "hybrid-16gib-replace": "16 GiB hybrid, online re-placement",
          **{n: ("8 GiB, all experts on the CPU, deferral %s" if b == 8 else "12 GiB hybrid, deferral %s") % n[-1] for n, b in DEFERRED.items()}}
-ORDER = ["hybrid-8gib-cpu-experts", *["hybrid-8gib-defer%d" % d for d in range(1, 5)], "hybrid-12gib",
+# experts.link (bench/run_e2e.sh hybrid-8gib-cpu-experts-link<N>[s<S>]): the GPU computes N of each token's
+# host experts over PCIe (S more staged); the same budget and placement, their own rows.
+LINKED = ["hybrid-8gib-cpu-experts-link%d%s" % (n, "s%d" % st if st else "") for n in range(1, 9) for st in range(0, 3)]
+LABEL.update({n: "8 GiB, every routed expert on the CPU, experts.link %s" % n.split("-link")[1] for n in LINKED})
+ORDER = ["hybrid-8gib-cpu-experts", *LINKED, *["hybrid-8gib-defer%d" % d for d in range(1, 5)], "hybrid-12gib",
          *["hybrid-12gib-defer%d" % d for d in range(1, 5)], "hybrid-12gib-replace", "hybrid-16gib",
          "hybrid-16gib-replace", "hybrid-24gib",
          "gpu-all", "cpu-all"]

@@ -212,6 +212,7 @@ class GpuRunner final : public Runner {
     g.deltanet_split = env_switch("TANDEM_DELTANET_SPLIT", false);
     g.hybrid_one_graph = env_switch("TANDEM_HYBRID_ONE_GRAPH", true);
     g.fused_handoff = env_switch("TANDEM_FUSED_HANDOFF", true);
+    g.l2_prefetch_bytes = -1;  // 70% of the device's L2
     if (const char* v = std::getenv("TANDEM_L2_PREFETCH_MB")) g.l2_prefetch_bytes = std::max(0, std::atoi(v)) * (int64_t{1} << 20);
     if (const char* v = std::getenv("TANDEM_HOST_PREFETCH")) g.host_prefetch = std::max(0, std::atoi(v));  // experimental, off
     g.deltanet_conv_in_gemv = env_switch("TANDEM_DELTANET_CONV_GEMV", false);
@@ -271,6 +272,8 @@ class GpuRunner final : public Runner {
              : gpu_->cuda_graph_active()   ? ", decode steps as CUDA graphs"
                                            : ", decode steps launched eagerly";
     if (gpu_->programmatic_launch_active()) paths += " with programmatic dependent launch";
+    if (const int64_t b = gpu_->l2_prefetch_active())
+      paths += str_cat(", the next layer's input projection (up to ", b >> 20, " MiB) fetched into L2 during each host layer");
     if (const int n = gpu_->link_experts_active())
       paths += str_cat(", the GPU computing ", n, " of each token's host experts from host memory over PCIe",
                        gpu_->link_stage_active() ? str_cat(" and those of its ", gpu_->link_stage_active(), " guessed ones it copied ahead") : "");

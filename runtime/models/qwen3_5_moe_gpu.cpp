@@ -399,6 +399,7 @@ bool Qwen35MoeGpu::graph_cut_at_handoffs() const {
 }
 bool Qwen35MoeGpu::graph_one_step() const { return impl_->one_graph; }
 bool Qwen35MoeGpu::handoff_fused() const { return impl_->one_graph && impl_->opts.fused_handoff; }
+int64_t Qwen35MoeGpu::l2_prefetch_active() const { return impl_->one_graph && impl_->side ? impl_->opts.l2_prefetch_bytes : 0; }
 
 
 namespace {

@@ -107,7 +107,9 @@ struct GpuOptions {
   // l2_prefetch_bytes of the next layer's input projection (bf16) are fetched into the L2 cache on the
   // side stream (gpu::l2_prefetch), so that the projection, the first kernel after the host's sum,
   // streams them from there (its first blocks' rows come early with programmatic launch and
-  // fused_handoff). Changes nothing computed. 0: off (TANDEM_L2_PREFETCH_MB=N).
+  // fused_handoff). Changes nothing computed. 0: off; -1: 70% of the device's L2 (35 MB on the H200,
+  // the best of 24 / 36 MB measured there: 8 GiB all-CPU 134.5 -> 137.5 tok/s). The runners ask for
+  // -1 unless TANDEM_L2_PREFETCH_MB=N.
   int64_t l2_prefetch_bytes = 0;
   // Prompts whose last logits row is asked for go through layer by layer in chunks of prefill_chunk
   // tokens (cuBLAS projections, DeltaNet prefill, the experts of the whole chunk at once, on the GPU
@@ -272,6 +274,7 @@ class Qwen35MoeGpu {
   bool graph_cut_at_handoffs() const;  // hybrid: the step's graphs are cut where the host takes over
   bool graph_one_step() const;         // hybrid: one graph a step, the host handoffs inside it
   bool handoff_fused() const;          // ... and folded into the router's and the next norm's launches
+  int64_t l2_prefetch_active() const;  // ... and GpuOptions::l2_prefetch_bytes as resolved (0: off)
   // Online re-placement (GpuOptions::replace): where the routed experts are now ([layer][expert], 1 =
   // served by the GPU; empty without host experts); settle_replacement() waits for the moves in
   // flight and completes them (tests, and before reading the placement); pause_replacement stops or

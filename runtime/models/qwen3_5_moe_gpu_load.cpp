@@ -436,6 +436,8 @@ std::unique_ptr<Qwen35MoeGpu> Qwen35MoeGpu::create(const Qwen35Moe& model, const
   // graphs). Deferred host work joins a layer late: inside one graph it is one more wait (on hflags[3]),
   // across cut graphs it cannot be, so those steps stay eager.
   impl->opts.programmatic_launch = opts.programmatic_launch && device_attribute(cudaDevAttrComputeCapabilityMajor) >= 9;
+  if (opts.l2_prefetch_bytes < 0)  // GpuOptions::l2_prefetch_bytes auto: 70% of this device's L2 cache
+    impl->opts.l2_prefetch_bytes = static_cast<int64_t>(device_attribute(cudaDevAttrL2CacheSize)) * 7 / 10;
   const bool one_graph = opts.cuda_graph && impl->embed && opts.hybrid_one_graph && host_layers &&
                          device_attribute(cudaDevAttrUnifiedAddressing);
   impl->graph_ok = opts.cuda_graph && impl->embed && !(impl->deferring() && host_layers && !one_graph);

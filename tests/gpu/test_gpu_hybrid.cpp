@@ -389,7 +389,9 @@ TEST(HybridGraph, SegmentedStepEqualsEagerStep) {
 // (mapped-memory flags) replays exactly the eager step, for placements with host experts in every
 // layer and in some, across prompts, decode steps and reset(); with and without programmatic dependent
 // launch (TANDEM_PDL), with the handoffs folded into the router's and the next norm's launches
-// (GpuOptions::fused_handoff, the default) and as launches of their own, against the eager step.
+// (GpuOptions::fused_handoff, the default) and as launches of their own, with the L2 prefetch of the
+// next layer's input projection (GpuOptions::l2_prefetch_bytes, the default) and without, against the
+// eager step.
 // (and with the host reading guessed experts ahead: GpuOptions::host_prefetch)
 TEST(HybridGraph, OneGraphStepEqualsEagerStep) {
   TANDEM_REQUIRE_GPU();
@@ -411,6 +413,7 @@ TEST(HybridGraph, OneGraphStepEqualsEagerStep) {
         ASSERT_NE(graphed->describe().find("one CUDA graph each"), std::string::npos) << graphed->describe();
         ASSERT_NE(graphed->describe().find("folded into the router's and the next norm's launches"), std::string::npos)
             << graphed->describe();
+        ASSERT_NE(graphed->describe().find("fetched into L2 during each host layer"), std::string::npos) << graphed->describe();
         ASSERT_EQ(graphed->describe().find("programmatic dependent launch") != std::string::npos, pdl) << graphed->describe();
         expect_same_steps(*eager, *graphed, f, name + " " + pl.name + (pdl ? " programmatic launch" : ""));
       }
@@ -421,11 +424,14 @@ TEST(HybridGraph, OneGraphStepEqualsEagerStep) {
       ASSERT_NE(unfused->describe().find("one CUDA graph each"), std::string::npos) << unfused->describe();
       ASSERT_EQ(unfused->describe().find("folded"), std::string::npos) << unfused->describe();
       expect_same_steps(*eager, *unfused, f, name + " " + pl.name + " handoff launches");
-      // GpuOptions::l2_prefetch_bytes: the next layer's input projection fetched into L2 beside the experts
-      setenv("TANDEM_L2_PREFETCH_MB", "1", 1);
-      auto prefetching = make_runner(*model, o);
-      unsetenv("TANDEM_L2_PREFETCH_MB");
-      expect_same_steps(*eager, *prefetching, f, name + " " + pl.name + " L2 prefetch");
+      // GpuOptions::l2_prefetch_bytes (on by default: the runs above) off, and at 1 MiB (a part of the projection)
+      for (const char* mib : {"0", "1"}) {
+        setenv("TANDEM_L2_PREFETCH_MB", mib, 1);
+        auto prefetching = make_runner(*model, o);
+        unsetenv("TANDEM_L2_PREFETCH_MB");
+        ASSERT_EQ(prefetching->describe().find("fetched into L2") != std::string::npos, mib[0] != '0') << prefetching->describe();
+        expect_same_steps(*eager, *prefetching, f, name + " " + pl.name + " L2 prefetch " + mib + " MiB");
+      }
       // GpuOptions::host_prefetch: the guess beside the mixer and the host's reads ahead change nothing
       setenv("TANDEM_HOST_PREFETCH", "2", 1);
       auto guessing = make_runner(*model, o);
