@@ -35,7 +35,12 @@ def predict(tandem, model, yaml_path, bw):
     # here from the folder the config lies in, so a plan with a heat map is predicted with it.
     heat = os.path.join(os.path.dirname(os.path.abspath(yaml_path)), "heat.yaml")
     text = re.sub(r"(?m)^  heat: .*\n", ("  heat: %s\n" % heat) if os.path.exists(heat) else "", text)
-    text += "bandwidth:\n  gpu: %.0fGB/s\n  pcie: %.1fGB/s\n  cpu: %.1fGB/s\n" % (bw["gpu"] / 1e9, bw["pcie"] / 1e9, bw["cpu"] / 1e9)
+    measured = "  gpu: %.0fGB/s\n  pcie: %.1fGB/s\n  cpu: %.1fGB/s\n" % (bw["gpu"] / 1e9, bw["pcie"] / 1e9, bw["cpu"] / 1e9)
+    if re.search(r"(?m)^bandwidth:\n", text):  # the config's own block (host_memory, ...) with the measured three
+        text = re.sub(r"(?m)^  (gpu|pcie|cpu): .*\n", "", text)
+        text = re.sub(r"(?m)^bandwidth:\n", "bandwidth:\n" + measured, text)
+    else:
+        text += "bandwidth:\n" + measured
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as t:
         t.write(text)
     try:

@@ -77,14 +77,16 @@ struct PlacementConfig {
   // take all memory gives, as on a desktop's two channels: the link then moves reads, adds none)
   double bw_host_memory = 0;
   // cost model constants
-  // Fitted to session 10's H200 runs (bench/results/2026-12-01-h200-session10.md, commit 1bd4e03, decode
-  // at a 4096-token context, each predicted at its own measured bandwidths): launch_us to the 24 GiB
-  // step (347.4 tok/s; all-GPU 344.4), handoff_us to the 8 GiB all-CPU-experts steps (111.4 and 98.7 on
-  // a noisier host: predicted 111.8 and 103.1). Session 8's fit (8.6 / 25) predicted 230.8 for the
-  // 24 GiB step after PDL and the MoE decode rework. The attention's context cost (~5 ns a cached row a
-  // layer) is inside launch_us at this context.
+  // launch_us fitted to session 10's H200 runs (bench/results/2026-12-01-h200-session10.md, commit
+  // 1bd4e03, decode at a 4096-token context, at the run's measured bandwidths): the 24 GiB step (347.4
+  // tok/s; all-GPU 344.4); the attention's context cost (~5 ns a cached row a layer) is inside it.
+  // handoff_us refitted in session 13 (bench/results/2026-12-01-h200-session13.md, the handoff kernels
+  // folded into the router and norm launches, L2 prefetch): 8 GiB all-CPU-experts 119.8 tok/s
+  // (predicted 115.7) and with experts.link 3 140.4 (135.4); it was 32 before those changes. The 12 GiB
+  // step it over-predicts (220 for 193: a token's host share of a layer varies, and the layer waits
+  // for the slower side each time, which the average share hides).
   double launch_us = 4.7;        // per decode kernel beyond its bytes, in a CUDA graph (all-GPU and hybrid)
-  double handoff_us = 32.0;      // GPU -> CPU -> GPU handoff per MoE layer with CPU experts, beyond the CPU's bytes
+  double handoff_us = 12.0;      // GPU -> CPU -> GPU handoff per MoE layer with CPU experts, beyond the CPU's bytes
 
   std::vector<PlacementRule> rules;  // user rules, then preset rules
 
