@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <vector>
 
 namespace tandem::test {
@@ -43,6 +44,19 @@ struct DeviceBuffer {
     cudaMemcpy(h.data(), ptr, n * sizeof(T), cudaMemcpyDeviceToHost);
     return h;
   }
+};
+
+// Page-locked, mapped host memory for `count` values of T, zeroed (freed with the object).
+template <typename T>
+struct Pinned {
+  T* ptr = nullptr;
+  explicit Pinned(size_t count) {
+    if (cudaHostAlloc(reinterpret_cast<void**>(&ptr), count * sizeof(T), cudaHostAllocMapped) != cudaSuccess) ptr = nullptr;
+    else std::memset(ptr, 0, count * sizeof(T));
+  }
+  Pinned(const Pinned&) = delete;
+  Pinned& operator=(const Pinned&) = delete;
+  ~Pinned() { cudaFreeHost(ptr); }
 };
 
 }  // namespace tandem::test

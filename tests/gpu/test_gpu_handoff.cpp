@@ -1,36 +1,22 @@
 // The mapped-memory handoff (gpu_core/handoff.cuh): host_post delivers x, ids and weights to host
 // memory exactly, then its flag; host_wait_add waits for the host's flag, adds the host's buffer with
 // the same fp32 add as copy + add_inplace, and gives up (reporting it) instead of hanging. The fused
-// forms: host_wait_add_rmsnorm_zc as host_wait_add + add_rmsnorm_zc, the router GEMV's own post as
-// host_post after it, bit for bit.
+// form host_wait_add_rmsnorm_zc as host_wait_add + add_rmsnorm_zc bit for bit (the router GEMV's own
+// post: GpuRouterFused.WithItsNormEqualsNormThenRouter).
 #include <atomic>
 #include <chrono>
 #include <cstring>
 #include <thread>
 
-#include "gpu_core/gemv.cuh"
 #include "gpu_core/handoff.cuh"
 #include "gpu_core/ops.cuh"
-#include "runtime/dtype.h"
-#include "runtime/error.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/unit/test_util.h"
 
 namespace tandem {
 namespace {
 
-// Page-locked, mapped host memory for `count` values of T (freed with the object).
-template <typename T>
-struct Pinned {
-  T* ptr = nullptr;
-  explicit Pinned(size_t count) {
-    if (cudaHostAlloc(reinterpret_cast<void**>(&ptr), count * sizeof(T), cudaHostAllocMapped) != cudaSuccess) ptr = nullptr;
-    else std::memset(ptr, 0, count * sizeof(T));
-  }
-  Pinned(const Pinned&) = delete;
-  Pinned& operator=(const Pinned&) = delete;
-  ~Pinned() { cudaFreeHost(ptr); }
-};
+using test::Pinned;
 
 TEST(GpuHandoff, PostDeliversThenFlags) {
   TANDEM_REQUIRE_GPU();
@@ -126,55 +112,6 @@ TEST(GpuHandoff, WaitAddNormEqualsWaitAddThenNorm) {
     EXPECT_EQ(flags.ptr[1], 9u) << n;
   }
   CUDA_OK(cudaStreamDestroy(s));
-}
-
-// gemv_bf16_router_topk_norm with a HostPost: the device outputs as without it, and the host gets x, ids
-// and weights as host_post after the launch would give them, then the flag; three launches in a row (the
-// ticket re-arms with the post in the last block).
-TEST(GpuHandoff, RouterPostsAsHostPost) {
-  TANDEM_REQUIRE_GPU();
-  struct Case {
-    int64_t N, K;
-    int E, k;
-  };
-  for (const Case c : {Case{1281, 2048, 256, 8}, Case{40, 64, 8, 4}, Case{300, 520, 33, 2}}) {
-    std::mt19937 rng(test::test_seed() + 3);
-    std::vector<uint16_t> W(c.N * c.K);
-    for (auto& v : W) v = f32_to_bf16(std::normal_distribution<float>(0, 0.2f)(rng));
-    const auto norm_w = test::random_floats(rng, c.K);
-    test::DeviceBuffer<uint16_t> dW(W);
-    test::DeviceBuffer<float> dnw(norm_w);
-    test::DeviceBuffer<unsigned> t1(std::vector<unsigned>{0u}), t2(std::vector<unsigned>{0u});
-    Pinned<float> px(c.K), pw(c.k), rx(c.K), rw(c.k);
-    Pinned<int32_t> pids(c.k), rids(c.k);
-    Pinned<unsigned> pflag(1), rflag(1);
-    ASSERT_TRUE(px.ptr && pw.ptr && rx.ptr && rw.ptr && pids.ptr && rids.ptr && pflag.ptr && rflag.ptr);
-    for (unsigned launch = 1; launch <= 3; ++launch) {
-      const auto h = test::random_floats(rng, c.K), a = test::random_floats(rng, c.K);
-      test::DeviceBuffer<float> h1(h), h2(h), da(a), x1(c.K), x2(c.K), y1(c.N), y2(c.N), w1(c.k), w2(c.k);
-      test::DeviceBuffer<int32_t> i1(c.k), i2(c.k);
-      const gpu::HostPost post{px.ptr, pids.ptr, pw.ptr, pflag.ptr, launch};
-      CUDA_OK(gpu::gemv_bf16_router_topk_norm(dW.ptr, c.N, c.K, h1.ptr, da.ptr, nullptr, nullptr, dnw.ptr, 1e-6f, x1.ptr, y1.ptr, c.E, c.k,
-                                              t1.ptr, i1.ptr, w1.ptr, nullptr, &post));
-      CUDA_OK(gpu::gemv_bf16_router_topk_norm(dW.ptr, c.N, c.K, h2.ptr, da.ptr, nullptr, nullptr, dnw.ptr, 1e-6f, x2.ptr, y2.ptr, c.E, c.k,
-                                              t2.ptr, i2.ptr, w2.ptr, nullptr));
-      CUDA_OK(gpu::host_post(x2.ptr, c.K, i2.ptr, w2.ptr, c.k, rx.ptr, rids.ptr, rw.ptr, rflag.ptr, launch, nullptr));
-      CUDA_OK(cudaDeviceSynchronize());
-      const std::string what = str_cat(c.N, " x ", c.K, " launch ", launch);
-      EXPECT_EQ(*pflag.ptr, launch) << what;
-      EXPECT_EQ(*rflag.ptr, launch) << what;
-      EXPECT_EQ(std::vector<float>(px.ptr, px.ptr + c.K), std::vector<float>(rx.ptr, rx.ptr + c.K)) << what;
-      EXPECT_EQ(std::vector<int32_t>(pids.ptr, pids.ptr + c.k), std::vector<int32_t>(rids.ptr, rids.ptr + c.k)) << what;
-      EXPECT_EQ(std::vector<float>(pw.ptr, pw.ptr + c.k), std::vector<float>(rw.ptr, rw.ptr + c.k)) << what;
-      EXPECT_EQ(std::vector<float>(px.ptr, px.ptr + c.K), x2.to_host()) << what;
-      EXPECT_EQ(h1.to_host(), h2.to_host()) << what;
-      EXPECT_EQ(x1.to_host(), x2.to_host()) << what;
-      EXPECT_EQ(y1.to_host(), y2.to_host()) << what;
-      EXPECT_EQ(i1.to_host(), i2.to_host()) << what;
-      EXPECT_EQ(w1.to_host(), w2.to_host()) << what;
-      EXPECT_EQ(t1.to_host()[0], 0u) << what;
-    }
-  }
 }
 
 }  // namespace

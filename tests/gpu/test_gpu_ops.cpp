@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "gpu_core/gemv.cuh"
+#include "gpu_core/handoff.cuh"
 #include "gpu_core/ops.cuh"
 #include "runtime/dtype.h"
 #include "runtime/error.h"
@@ -127,7 +128,9 @@ TEST(GpuRouterFused, EqualsGemvThenTopk) {
 // gemv_bf16_router_topk_norm (the norm before the router GEMV in the same launch): h, x, y, ids and
 // weights bit for bit what the norm launch (add_rmsnorm_zc with a residual, with a residual and a gated
 // shared expert, rmsnorm_zc without) followed by gemv_bf16_router_topk gives, at the 35B stacked shape
-// and odd ones (rows per thread 1..8, a partial last pass), three launches in a row.
+// and odd ones (rows per thread 1..8, a partial last pass), three launches in a row; the last two with a
+// HostPost (handoff.cuh): the host gets x, ids and weights as host_post after the two launches gives
+// them, and the flag, with the device outputs unchanged.
 TEST(GpuRouterFused, WithItsNormEqualsNormThenRouter) {
   TANDEM_REQUIRE_GPU();
   struct Case {
@@ -143,6 +146,10 @@ TEST(GpuRouterFused, WithItsNormEqualsNormThenRouter) {
       test::DeviceBuffer<uint16_t> dW(W);
       test::DeviceBuffer<float> dnw(norm_w);
       test::DeviceBuffer<unsigned> t1(std::vector<unsigned>{0u}), t2(std::vector<unsigned>{0u});
+      test::Pinned<float> px(c.K), pw(c.k), rx(c.K), rw(c.k);
+      test::Pinned<int32_t> pids(c.k), rids(c.k);
+      test::Pinned<unsigned> pflag(1), rflag(1);
+      ASSERT_TRUE(px.ptr && pw.ptr && rx.ptr && rw.ptr && pids.ptr && rids.ptr && pflag.ptr && rflag.ptr);
       for (int launch = 0; launch < 3; ++launch) {
         const auto h = test::random_floats(rng, c.K), a = test::random_floats(rng, c.K), sh = test::random_floats(rng, c.K);
         const auto g = test::random_floats(rng, 1);
@@ -151,13 +158,21 @@ TEST(GpuRouterFused, WithItsNormEqualsNormThenRouter) {
         const float* av = form < 2 ? da.ptr : nullptr;
         const float* sv = form == 1 ? dsh.ptr : nullptr;
         const float* gv = form == 1 ? dg.ptr : nullptr;
+        const gpu::HostPost post{px.ptr, pids.ptr, pw.ptr, pflag.ptr, static_cast<unsigned>(launch)};
         CUDA_OK(gpu::gemv_bf16_router_topk_norm(dW.ptr, c.N, c.K, h1.ptr, av, sv, gv, dnw.ptr, 1e-6f, x1.ptr, y1.ptr, c.E, c.k, t1.ptr,
-                                                i1.ptr, w1.ptr, nullptr));
+                                                i1.ptr, w1.ptr, nullptr, launch > 0 ? &post : nullptr));
         if (av) CUDA_OK(gpu::add_rmsnorm_zc(h2.ptr, av, sv, gv, dnw.ptr, c.K, 1, 1e-6f, x2.ptr, nullptr));
         else CUDA_OK(gpu::rmsnorm_zc(h2.ptr, dnw.ptr, c.K, 1, 1e-6f, x2.ptr, nullptr));
         CUDA_OK(gpu::gemv_bf16_router_topk(dW.ptr, c.N, c.K, x2.ptr, y2.ptr, c.E, c.k, t2.ptr, i2.ptr, w2.ptr, nullptr));
+        CUDA_OK(gpu::host_post(x2.ptr, c.K, i2.ptr, w2.ptr, c.k, rx.ptr, rids.ptr, rw.ptr, rflag.ptr, static_cast<unsigned>(launch), nullptr));
         CUDA_OK(cudaDeviceSynchronize());
         const std::string what = str_cat(c.N, " x ", c.K, " form ", form, " launch ", launch);
+        EXPECT_EQ(*pflag.ptr, static_cast<unsigned>(launch)) << what;  // launch 0 posts nothing: still 0
+        if (launch > 0) {
+          EXPECT_EQ(std::vector<float>(px.ptr, px.ptr + c.K), std::vector<float>(rx.ptr, rx.ptr + c.K)) << what;
+          EXPECT_EQ(std::vector<int32_t>(pids.ptr, pids.ptr + c.k), std::vector<int32_t>(rids.ptr, rids.ptr + c.k)) << what;
+          EXPECT_EQ(std::vector<float>(pw.ptr, pw.ptr + c.k), std::vector<float>(rw.ptr, rw.ptr + c.k)) << what;
+        }
         EXPECT_EQ(h1.to_host(), h2.to_host()) << what;
         EXPECT_EQ(x1.to_host(), x2.to_host()) << what;
         EXPECT_EQ(y1.to_host(), y2.to_host()) << what;
