@@ -618,10 +618,15 @@ std::string plan_table(const Plan& p) {
   o += "\n";
   const Prediction& pr = p.predicted;
   line("GPU expert share", pct(p.expected_gpu_expert_fraction));
-  line("bandwidths", str_cat(pr.gpu_bw / 1e9, " GB/s GPU (", pr.gpu_bw_from, "), ", pr.pcie_bw / 1e9, " GB/s PCIe (", pr.pcie_bw_from,
-                             "), ", pr.cpu_bw / 1e9, " GB/s CPU (", pr.cpu_bw_from, ")"));
-  line("bytes per token", str_cat(pr.gpu_bytes_per_token / 1e9, " GB GPU, ", pr.cpu_bytes_per_token / 1e9, " GB CPU"));
   char buf[160];
+  auto gbs = [&](double bw) {
+    std::snprintf(buf, sizeof buf, bw >= 1e12 ? "%.0f" : "%.1f", bw / 1e9);
+    return std::string(buf);
+  };
+  line("bandwidths", str_cat(gbs(pr.gpu_bw), " GB/s GPU (", pr.gpu_bw_from, "), ", gbs(pr.pcie_bw), " GB/s PCIe (", pr.pcie_bw_from,
+                             "), ", gbs(pr.cpu_bw), " GB/s CPU (", pr.cpu_bw_from, ")"));
+  std::snprintf(buf, sizeof buf, "%.2f GB GPU, %.3f GB CPU", pr.gpu_bytes_per_token / 1e9, pr.cpu_bytes_per_token / 1e9);
+  line("bytes per token", buf);
   std::snprintf(buf, sizeof buf, "%.1f tok/s (%.2f ms/token; bandwidth bound %.1f tok/s)", pr.decode_tok_s, pr.decode_ms, pr.bound_tok_s);
   line("predicted decode", buf);
   if (p.link_in_place + p.link_staged > 0)
