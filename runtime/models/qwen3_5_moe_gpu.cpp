@@ -171,7 +171,6 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
     gpu::HostSum host;
   } pending;
   int deferred_from = -1;  // one graph with deferral: the layer whose deferred host sum joins at the end of this one
-  gpu::HostSum host_sum;   // this layer's, once its wait is left to the next norm
   auto settle_host = [&] {  // the host's sum waited for and added on its own (it goes to moe_out: pending.a)
     const gpu::HostSum& w = pending.host;
     if (w.flag) CK(gpu::host_wait_add(w.flag, w.value, w.src, moe_out, H, w.error, w.timeout_ns, stream));
@@ -260,9 +259,8 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
     // GpuOptions::link_experts: some host experts computed here from host memory; in a layer with no
     // GPU-resident experts their sum is the GPU's whole routed part (no gpu_experts launch before it)
     const bool linked = split && link.on && link.tables[li], link_only = linked && link.host_only[li];
-    if (post_in_router) {
-    } else if (split && posting) {  // the host starts while the GPU goes on: posted in mapped memory, no copy nodes
-      CK(gpu::host_post(x, H, topk_ids, topk_w, k, hx, hids, hw, hflags, static_cast<unsigned>(li) + 1, stream));
+    if (split && posting) {  // the host starts while the GPU goes on: posted in mapped memory, no copy nodes
+      if (!post_in_router) CK(gpu::host_post(x, H, topk_ids, topk_w, k, hx, hids, hw, hflags, static_cast<unsigned>(li) + 1, stream));
     } else if (split) {
       handoff_out(x, topk_ids, topk_w, 1);
     }
@@ -314,6 +312,7 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
     if (prefetching) CK(cudaStreamWaitEvent(stream, pf_join_ev, 0));
     mark(tr, li, 3);
     if (!posting) run_deferred();  // the previous layer's, while the GPU works on this one (one graph: the host loop runs it)
+    gpu::HostSum host_sum;  // this layer's, when its wait is left to the next norm's launch
     if (split && segmenting) {  // the host's part runs between this segment and the next (step())
       seg_layers.push_back(static_cast<int>(li));
       cut_segment(true);
@@ -336,7 +335,6 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
     } else {
       pending = {moe_out, split ? nullptr : sd, split ? nullptr : sgate, host_sum};
     }
-    host_sum = {};
     mark(tr, li, 4);
   }
   if (posting) {  // the last layer's join before the final norm
