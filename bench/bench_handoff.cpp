@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "gpu_core/device.cuh"
 #include "gpu_core/handoff.cuh"
 #include "gpu_core/int4_layout.h"
 #include "gpu_core/int4_tiles.cuh"
@@ -250,8 +251,7 @@ void BM_link_experts(benchmark::State& state) {
     base[i] = static_cast<uint8_t>(i * 2654435761u >> 24);
     base[i + 1] = 0x20;
   }
-  void* dbase = nullptr;
-  cudaHostGetDevicePointer(&dbase, host.p, 0);
+  const void* dbase = tandem::gpu::host_device_pointer(host.p);
   std::vector<tandem::gpu::Int4TilesExpert> table(E);
   for (int e = 0; e < E; ++e) {
     auto* p = static_cast<const uint8_t*>(dbase) + e * per_expert;

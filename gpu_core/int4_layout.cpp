@@ -111,9 +111,13 @@ bool moe_int4_tiles_fits(int64_t H, int64_t I, int64_t group_size, int k, int m,
          staged <= 8 && m + staged >= 1;
 }
 
+size_t moe_int4_tiles_scratch_bytes(int64_t H, int64_t I, int slots) {
+  return static_cast<size_t>(slots) * static_cast<size_t>(I + 2 * H) * sizeof(float);
+}
+
 uint64_t int4_tiles_stage_slot_bytes(int64_t H, int64_t I, int64_t group_size) {
   uint64_t at = 0;
-  for (const auto [rows, cols] : {std::pair{I, H}, std::pair{I, H}, std::pair{H, I}}) {  // gate, up, down
+  for (const auto& [rows, cols] : {std::pair{I, H}, std::pair{I, H}, std::pair{H, I}}) {  // gate, up, down
     const Int4TilePieces t = int4_tile_pieces(rows, cols, group_size);
     at += round_to(t.w, 256) + round_to(t.scales, 256) + round_to(t.zeros, 256) + round_to(t.perm, 256);
   }
@@ -124,7 +128,7 @@ LinkBuffers link_buffer_bytes(int64_t H, int64_t I, int64_t group_size, int E, i
   LinkBuffers b;
   if (host_layers <= 0 || m + S <= 0) return b;
   b.tables = round_to(static_cast<uint64_t>(host_layers) * E * kInt4TilesExpertBytes, 256);
-  b.scratch = round_to(static_cast<uint64_t>(m + S) * static_cast<uint64_t>(I + 2 * H) * 4, 256);  // moe_int4_tiles_scratch_bytes
+  b.scratch = round_to(moe_int4_tiles_scratch_bytes(H, I, m + S), 256);
   if (S > 0) {
     b.slot = round_to(int4_tiles_stage_slot_bytes(H, I, group_size), 256);
     b.slots = S * b.slot;

@@ -12,6 +12,7 @@
 // Plain C++ (no CUDA), so it is tested on any machine.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -84,6 +85,8 @@ StreamBuffers stream_buffer_bytes(int64_t H, int64_t I, int64_t group_size, int 
 // Whether gpu::moe_int4_tiles_decode takes these shapes (int4_tiles.cuh): H, I multiples of 16, groups
 // a multiple of 8 dividing H and I in at most 32 a row, k <= 8, 0 <= m <= k, 0 <= staged <= 8, m + staged >= 1.
 bool moe_int4_tiles_fits(int64_t H, int64_t I, int64_t group_size, int k, int m, int staged = 0);
+// Its scratch for `slots` link experts: each one's h [I] and, with act order, its gathered inputs [2][H].
+size_t moe_int4_tiles_scratch_bytes(int64_t H, int64_t I, int slots);
 // ---- The link experts' device buffers (GpuOptions::link_experts; Qwen35MoeGpu allocates exactly these) ----
 constexpr uint64_t kInt4TilesExpertBytes = 3 * 4 * 8;  // sizeof(gpu::Int4TilesExpert): three Int4TilesViews
 // One staged expert's slot: every piece (codes, scales, zeros, input order) of gate, up and down, each

@@ -64,8 +64,7 @@ struct Int4TilesStaged {
 // of 16, group_size a multiple of 8 dividing H and I in at most 32 groups, k <= 8, 0 <= m <= k,
 // staged.count <= 8, m + staged.count >= 1; cudaErrorInvalidValue otherwise. Two launches (three with
 // act_order: x gathered once per expert first, so perms cross PCIe once); no host synchronisation.
-size_t moe_int4_tiles_scratch_bytes(int64_t H, int64_t I, int slots);
-// (moe_int4_tiles_fits: gpu_core/int4_layout.h)
+// (moe_int4_tiles_fits, moe_int4_tiles_scratch_bytes: gpu_core/int4_layout.h)
 cudaError_t moe_int4_tiles_decode(const Int4TilesExpert* experts, int E, int64_t H, int64_t I, int64_t group_size, const int32_t* ids,
                                   const float* weights, int k, int m, Int4TilesStaged staged, bool act_order, const float* x, void* scratch,
                                   float* out, cudaStream_t stream, bool accumulate = true);

@@ -185,10 +185,6 @@ __global__ void __launch_bounds__(32 * kMaxLinkSlots) down_kernel(const Int4Tile
 
 }  // namespace
 
-size_t moe_int4_tiles_scratch_bytes(int64_t H, int64_t I, int slots) {
-  return static_cast<size_t>(slots) * static_cast<size_t>(I + 2 * H) * sizeof(float);
-}
-
 cudaError_t moe_int4_tiles_decode(const Int4TilesExpert* experts, int E, int64_t H, int64_t I, int64_t group_size, const int32_t* ids,
                                   const float* weights, int k, int m, Int4TilesStaged staged, bool act_order, const float* x, void* scratch,
                                   float* out, cudaStream_t stream, bool accumulate) {

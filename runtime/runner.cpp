@@ -1,7 +1,7 @@
 #include "runtime/runner.h"
 
-#include <cstddef>
 #include <algorithm>
+#include <cstddef>
 #include <cstdlib>
 
 #include "cpu_experts/cpu_moe.h"
@@ -59,6 +59,12 @@ bool env_switch(const char* name, bool dflt) {
   return dflt ? std::string(v) != "0" : std::string(v) == "1";
 }
 
+// A count from the environment (negative values read as 0), dflt when unset: A/B overrides of options.
+int env_count(const char* name, int dflt) {
+  const char* v = std::getenv(name);
+  return v ? std::max(0, std::atoi(v)) : dflt;
+}
+
 // The CPU side of a hybrid run: the routed experts the plan leaves in host memory, repacked once into
 // the cpu_experts layout (and placed on their NUMA nodes), then page-locked with CUDA so they can
 // move by DMA, and run on the pinned worker pool when the GPU hands a layer over.
@@ -67,10 +73,7 @@ class CpuExpertSide final : public HostExperts {
   // and the next token's first (lm_head, sampling, the next launch, the first mixer: ~0.5 ms on the
   // H200 machine), so that a token's first host layer does not wait for sleeping workers to wake.
   // TANDEM_POOL_SPIN_US overrides (A/B).
-  static int pool_spin_us() {
-    const char* v = std::getenv("TANDEM_POOL_SPIN_US");
-    return v ? std::max(0, std::atoi(v)) : 2000;
-  }
+  static int pool_spin_us() { return env_count("TANDEM_POOL_SPIN_US", 2000); }
 
  public:
   CpuExpertSide(const Qwen35Moe& model, const HybridPlacement& hp, int threads)
@@ -212,9 +215,9 @@ class GpuRunner final : public Runner {
     g.deltanet_split = env_switch("TANDEM_DELTANET_SPLIT", false);
     g.hybrid_one_graph = env_switch("TANDEM_HYBRID_ONE_GRAPH", true);
     g.fused_handoff = env_switch("TANDEM_FUSED_HANDOFF", true);
-    g.l2_prefetch_bytes = -1;  // 70% of the device's L2
-    if (const char* v = std::getenv("TANDEM_L2_PREFETCH_MB")) g.l2_prefetch_bytes = std::max(0, std::atoi(v)) * (int64_t{1} << 20);
-    if (const char* v = std::getenv("TANDEM_HOST_PREFETCH")) g.host_prefetch = std::max(0, std::atoi(v));  // experimental, off
+    const int l2_mib = env_count("TANDEM_L2_PREFETCH_MB", -1);  // unset: 70% of the device's L2
+    g.l2_prefetch_bytes = l2_mib < 0 ? -1 : int64_t{l2_mib} << 20;
+    g.host_prefetch = env_count("TANDEM_HOST_PREFETCH", 0);  // experimental, off
     g.deltanet_conv_in_gemv = env_switch("TANDEM_DELTANET_CONV_GEMV", false);
     g.programmatic_launch = env_switch("TANDEM_PDL", true);
     g.attention_prefill = env_switch("TANDEM_ATTN_PREFILL", true);
@@ -237,8 +240,8 @@ class GpuRunner final : public Runner {
       g.link_stage = placement_->link_staged;
       // TANDEM_LINK_EXPERTS / TANDEM_LINK_STAGE override experts.link for A/B runs (the GPU model counts
       // their buffers; a budget the plan filled with experts may not hold ~1.7 MB more a staged expert)
-      if (const char* v = std::getenv("TANDEM_LINK_EXPERTS")) g.link_experts = std::max(0, std::atoi(v));
-      if (const char* v = std::getenv("TANDEM_LINK_STAGE")) g.link_stage = std::max(0, std::atoi(v));
+      g.link_experts = env_count("TANDEM_LINK_EXPERTS", g.link_experts);
+      g.link_stage = env_count("TANDEM_LINK_STAGE", g.link_stage);
       g.stream_prefill_min_tokens = placement_->stream_prefill_min_tokens;
       g.stream_pass_tokens = placement_->stream_pass_tokens;
       g.replace = placement_->replace;

@@ -277,7 +277,7 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
     }
     // GpuOptions::l2_prefetch_bytes: the next layer's input projection (its tail) into L2 beside the experts
     const DevLinear* next_in = li + 1 < layers.size() ? &layers[li + 1].in_proj : nullptr;
-    const bool prefetching = split && posting && side && opts.l2_prefetch_bytes > 0 && next_in && next_in->out && !next_in->int4;
+    const bool prefetching = split && posting && opts.l2_prefetch_bytes > 0 && next_in && next_in->out && !next_in->int4;
     if (prefetching) {
       const int64_t bytes = next_in->out * next_in->in * 2, take = std::min(bytes, opts.l2_prefetch_bytes);
       CK(cudaEventRecord(pf_fork_ev, stream));
@@ -397,7 +397,7 @@ bool Qwen35MoeGpu::graph_cut_at_handoffs() const {
 }
 bool Qwen35MoeGpu::graph_one_step() const { return impl_->one_graph; }
 bool Qwen35MoeGpu::handoff_fused() const { return impl_->one_graph && impl_->opts.fused_handoff; }
-int64_t Qwen35MoeGpu::l2_prefetch_active() const { return impl_->one_graph && impl_->side ? impl_->opts.l2_prefetch_bytes : 0; }
+int64_t Qwen35MoeGpu::l2_prefetch_active() const { return impl_->opts.l2_prefetch_bytes; }
 
 
 namespace {

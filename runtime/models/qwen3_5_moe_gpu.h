@@ -268,10 +268,10 @@ class Qwen35MoeGpu {
   bool cuda_graph_active() const;
   // GpuOptions::programmatic_launch asked for and the device takes it (compute capability >= 9.0).
   bool programmatic_launch_active() const;
-  int host_prefetch_active() const;
+  int host_prefetch_active() const;      // GpuOptions::host_prefetch in effect (0: off)
   int link_experts_active() const;       // GpuOptions::link_experts in effect (0: off)
   int link_stage_active() const;         // GpuOptions::link_stage in effect (0: off)
-  const std::string& link_note() const;  // why link_experts is off when it was asked for  // GpuOptions::host_prefetch in effect (0: off)
+  const std::string& link_note() const;  // why link_experts is off when it was asked for
   bool graph_cut_at_handoffs() const;  // hybrid: the step's graphs are cut where the host takes over
   bool graph_one_step() const;         // hybrid: one graph a step, the host handoffs inside it
   bool handoff_fused() const;          // ... and folded into the router's and the next norm's launches

@@ -126,8 +126,7 @@ void Qwen35MoeGpu::Impl::link_setup() {
   const ModelConfig& c = model.config();
   const int64_t H = c.hidden_size, I = c.moe_intermediate_size;
   const int L = static_cast<int>(c.num_layers), E = static_cast<int>(c.num_experts), k = c.num_experts_per_tok;
-  const auto& first = model.layers()[0].moe.gate[0];
-  if (first.kind != LinearWeight::Kind::Gptq) {
+  if (!model.gptq_experts()) {
     link.note = "the link takes GPTQ int4 experts (this checkpoint's are dense)";
     return;
   }
@@ -135,7 +134,7 @@ void Qwen35MoeGpu::Impl::link_setup() {
     link.note = "not with online re-placement (the host's set of experts changes)";
     return;
   }
-  const int64_t gs = first.gptq.group_size;
+  const int64_t gs = model.layers()[0].moe.gate[0].gptq.group_size;
   const int m = std::min(opts.link_experts, k), stage = std::clamp(opts.link_stage, 0, k);
   if (!gpu::moe_int4_tiles_fits(H, I, gs, k, m, stage)) {
     link.note = str_cat("the link kernel does not take hidden ", H, ", intermediate ", I, " in groups of ", gs, " (multiples of 16 in groups of a multiple of 8, at most 32 groups a row)");
@@ -144,9 +143,12 @@ void Qwen35MoeGpu::Impl::link_setup() {
   using SM = HostExperts::StreamMatrix;
   std::vector<gpu::Int4TilesExpert> tables;
   std::vector<int> table_of(L, -1);
+  std::vector<uint8_t> host_only(L, 0);
   for (int l = 0; l < L; ++l) {
     const auto& on = (*opts.expert_on_gpu)[l];
-    if (std::count(on.begin(), on.end(), 0) == 0) continue;
+    const auto host = std::count(on.begin(), on.end(), 0);
+    if (host == 0) continue;
+    host_only[l] = host == static_cast<std::ptrdiff_t>(on.size());
     HostExperts::StreamLayer sl;
     if (!host_layout(l, gs, 16, sl, link.note)) return;
     const auto* base = static_cast<const uint8_t*>(gpu::host_device_pointer(sl.base));
@@ -176,11 +178,7 @@ void Qwen35MoeGpu::Impl::link_setup() {
   if (tables.empty()) return;
   link.host_tables = std::move(tables);
   link.table_of = std::move(table_of);
-  link.host_only.assign(L, 0);
-  for (int l = 0; l < L; ++l) {
-    const auto& on = (*opts.expert_on_gpu)[l];
-    link.host_only[l] = std::count(on.begin(), on.end(), 0) == static_cast<std::ptrdiff_t>(on.size());
-  }
+  link.host_only = std::move(host_only);
   link.m = m;
   link.stage_slots = stage;
   link.group_size = gs;

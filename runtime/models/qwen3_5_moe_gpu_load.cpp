@@ -436,12 +436,14 @@ std::unique_ptr<Qwen35MoeGpu> Qwen35MoeGpu::create(const Qwen35Moe& model, const
   // graphs). Deferred host work joins a layer late: inside one graph it is one more wait (on hflags[3]),
   // across cut graphs it cannot be, so those steps stay eager.
   impl->opts.programmatic_launch = opts.programmatic_launch && device_attribute(cudaDevAttrComputeCapabilityMajor) >= 9;
-  if (opts.l2_prefetch_bytes < 0)  // GpuOptions::l2_prefetch_bytes auto: 70% of this device's L2 cache
-    impl->opts.l2_prefetch_bytes = static_cast<int64_t>(device_attribute(cudaDevAttrL2CacheSize)) * 7 / 10;
   const bool one_graph = opts.cuda_graph && impl->embed && opts.hybrid_one_graph && host_layers &&
                          device_attribute(cudaDevAttrUnifiedAddressing);
   impl->graph_ok = opts.cuda_graph && impl->embed && !(impl->deferring() && host_layers && !one_graph);
   impl->one_graph = impl->graph_ok && one_graph;
+  // GpuOptions::l2_prefetch_bytes as it will run: only in the one-graph step beside the side stream;
+  // auto (-1) is 70% of this device's L2 cache
+  if (!impl->one_graph || !impl->side) impl->opts.l2_prefetch_bytes = 0;
+  else if (opts.l2_prefetch_bytes < 0) impl->opts.l2_prefetch_bytes = static_cast<int64_t>(device_attribute(cudaDevAttrL2CacheSize)) * 7 / 10;
   if (impl->one_graph) {
     CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hflags), 8 * sizeof(unsigned), cudaHostAllocMapped));
     std::memset(impl->hflags, 0, 8 * sizeof(unsigned));

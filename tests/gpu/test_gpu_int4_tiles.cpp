@@ -13,6 +13,7 @@
 #include <random>
 
 #include "cpu_experts/packed_weight.h"
+#include "gpu_core/device.cuh"
 #include "gpu_core/int4_layout.h"
 #include "gpu_core/int4_tiles.cuh"
 #include "tests/gpu/gpu_test_util.h"
@@ -143,11 +144,7 @@ TEST(GpuInt4Tiles, LinkExpertsMatchTheReference) {
       CUDA_OK(cudaHostRegister(p, n, cudaHostRegisterDefault));
       locked.push_back(p);
     }
-    auto dev = [](const void* p) -> const void* {
-      if (!p) return nullptr;
-      void* d = nullptr;
-      return cudaHostGetDevicePointer(&d, const_cast<void*>(p), 0) == cudaSuccess ? d : nullptr;
-    };
+    auto dev = [](const void* p) { return gpu::host_device_pointer(p); };
     for (int e : lc.resident) {
       gpu::Int4TilesView* v[3] = {&table[e].gate, &table[e].up, &table[e].down};
       for (int i = 0; i < 3; ++i) {
