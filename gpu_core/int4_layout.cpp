@@ -48,7 +48,7 @@ Int4Host repack_gptq_int4(const GptqSource& s) {
   for (int64_t g = 0; g < G; ++g)
     for (int64_t n = 0; n < s.N; ++n) {
       const uint32_t zw = static_cast<uint32_t>(s.qzeros[g * (s.N / 8) + n / 8]);
-      w.zeros[n * G + g] = static_cast<uint8_t>(((zw >> ((n % 8) * 4)) & 0xfu) + s.zero_offset);
+      w.zeros[n * G + g] = static_cast<uint8_t>(gptq_zero_point(zw, n, s.zero_offset));
       w.scales[n * G + g] = s.scales_f16[g * s.N + n];
     }
   return w;

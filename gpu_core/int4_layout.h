@@ -1,7 +1,8 @@
 // gpu_core/int4_layout.h: GPTQ int4 weights repacked (on the host, once at load) for gemv_int4.
 //
 // Input: the checkpoint's GPTQ tensors (spec §4): qweight int32 [K/8, N] packed along K, qzeros
-// int32 [G, N/8] packed along N, fp16 scales [G, N], optional g_idx [K], zero offset 1 (v1) or 0 (v2).
+// int32 [G, N/8] packed along N, fp16 scales [G, N], optional g_idx [K], zero offset 1 (v1) or 0 (v2):
+// see gptq_zero_point for how v1 is read.
 // Output layout (all row-major by output n, so a warp streams one row contiguously):
 //  - perm [K]: input order; groups become contiguous (stable sort of k by g_idx). Identity when
 //    g_idx is trivial, and then `permuted` is false.
@@ -24,8 +25,18 @@ struct GptqSource {
   const uint16_t* scales_f16 = nullptr;
   const int32_t* g_idx = nullptr;  // nullptr: k / group_size
   int64_t N = 0, K = 0, group_size = 0;
-  int zero_offset = 1;
+  int zero_offset = 1;  // 1: v1 ("gptq"), 0: v2 ("gptq_v2"); see gptq_zero_point
 };
+
+// The zero point of column n in its packed qzeros word (spec §4), for every path that reads GPTQ zeros.
+// v2 stores the zero points as they are. v1 is what GPTQModel (HF transformers' GPTQ backend) writes
+// from them: each packed word minus 0x11111111, so a zero point of 0 borrows from the next nibble up.
+// GPTQModel reads v1 back by adding 0x11111111 to the whole word (mod 2^32), and so do we; adding 1
+// to each nibble alone differs wherever a zero point is 0.
+inline int gptq_zero_point(uint32_t word, int64_t n, int zero_offset) {
+  const uint32_t v2_word = word + 0x11111111u * static_cast<uint32_t>(zero_offset);
+  return static_cast<int>((v2_word >> ((n % 8) * 4)) & 0xfu);
+}
 
 struct Int4Host {
   std::vector<uint32_t> qweight;

@@ -4,6 +4,8 @@
 
 #include <vector>
 
+#include "gpu_core/int4_layout.h"
+
 namespace tandem {
 
 void LinearWeight::dequant_row(int64_t n, float* row) const {
@@ -26,13 +28,12 @@ void LinearWeight::dequant_row(int64_t n, float* row) const {
     return;
   }
   const GptqView& g = gptq;
-  const int zero_shift = static_cast<int>(n % 8) * 4;
   for (int64_t k = 0; k < in; ++k) {
     const int64_t grp = g.g_idx ? g.g_idx[k] : k / g.group_size;
     const uint32_t qword = static_cast<uint32_t>(g.qweight[(k / 8) * out + n]);
     const int q = static_cast<int>((qword >> ((k % 8) * 4)) & 0xfu);
     const uint32_t zword = static_cast<uint32_t>(g.qzeros[grp * (out / 8) + n / 8]);
-    const int z = static_cast<int>((zword >> zero_shift) & 0xfu) + g.zero_offset;
+    const int z = gpu::gptq_zero_point(zword, n, g.zero_offset);
     const float s = load_as_f32(g.scales, g.scales_dtype, grp * out + n);
     row[k] = s * static_cast<float>(q - z);
   }

@@ -6,7 +6,8 @@
 //    is input row 8r+j, j=0 least significant), qzeros int32 [groups, out/8] (nibble j of word c is
 //    column 8c+j), scales [groups, out] (F16/BF16/F32), g_idx int32 [in] (group of each input row,
 //    any permutation under act-order; absent means k / group_size).
-//    W[n, k] = scale[g, n] * (q(k, n) - Z(g, n)), g = g_idx[k]; Z = stored + 1 (v1) or stored (v2).
+//    W[n, k] = scale[g, n] * (q(k, n) - Z(g, n)), g = g_idx[k]; Z = stored (v2), or for v1 the nibble
+//    of (word + 0x11111111) mod 2^32 as GPTQModel reads it (gpu::gptq_zero_point).
 // dequant_row() rebuilds one output row in float32 exactly; linear_ref() is the reference matmul built
 // on it (fp32 accumulation, OpenMP over output rows). Hot paths in cpu_experts/ and gpu_core/ use
 // repacked copies instead; this is the definition they are compared against.
@@ -27,7 +28,7 @@ struct GptqView {
   const int32_t* g_idx = nullptr;  // nullptr: g = k / group_size
   int64_t group_size = 0;
   int64_t num_groups = 0;
-  int zero_offset = 1;  // added to the stored zero: 1 for the v1 format, 0 for v2
+  int zero_offset = 1;  // 1: v1 ("gptq"), 0: v2 ("gptq_v2"); read by gpu::gptq_zero_point
 };
 
 struct LinearWeight {

@@ -112,6 +112,18 @@ FIXTURES = [
                        linear_value_head_dim=16, num_experts=10, num_experts_per_tok=3, moe_intermediate_size=48,
                        shared_expert_intermediate_size=32, partial_rotary_factor=0.25,
                        rope_parameters=mrope(1e7, 0.25, 16))),
+    dict(name="gptq_asym_v1", seed=505, composite=True,
+         quant=dict(bits=4, group_size=32, sym=False, desc_act=True),
+         layout="gptq", shards=1, extras=False, prefill=10, decode=4,
+         desc="GPTQ int4 g32 asym, desc_act true, no checkpoint_format (v1) written as GPTQModel writes it: "
+              "the v2 qzeros words minus 0x11111111, so zero points of 0 borrow from the next nibble; "
+              "GQA 2, top-2 of 8; prefill 10 + 4 decode",
+         text=text_cfg(vocab_size=1201, hidden_size=64, num_hidden_layers=2, layer_types=[LIN, FULL],
+                       full_attention_interval=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                       linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
+                       linear_value_head_dim=16, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=64,
+                       shared_expert_intermediate_size=32, partial_rotary_factor=0.25,
+                       rope_parameters=mrope(1e7, 0.25, 16))),
 ]
 
 
@@ -165,6 +177,9 @@ def round_to(t, dt):
 
 
 # ---------------------------------------------------------------- GPTQ packing (spec §4)
+V1_WORD_OFFSET = 0x11111111
+
+
 def quantize_expert(rng, K, N, q):
     """Random int4 codes for an nn.Linear of [N out, K in]. Returns (tensors, exact float32 W[N, K])."""
     gs = q["group_size"]
@@ -174,16 +189,18 @@ def quantize_expert(rng, K, N, q):
     g_idx = (rng.permutation(K) // gs if q["desc_act"] else np.arange(K) // gs).astype(np.int32)
     codes = rng.integers(0, 16, size=(K, N), dtype=np.int64)
     zero = np.full((ng, N), 8, np.int64) if q["sym"] else rng.integers(0, 16, size=(ng, N), dtype=np.int64)
-    v2 = q.get("checkpoint_format") == "gptq_v2"
-    stored_zero = zero if v2 else zero - 1          # v1 stores zero-1 (nibble 7 for sym)
-    assert stored_zero.min() >= 0
+    if not q["sym"] and q.get("checkpoint_format") != "gptq_v2":
+        zero[0, :8] = np.arange(8) % 2 * 5         # v1: zero points of 0 beside non-zero ones in one word
     spread = np.sqrt(np.var(np.arange(16)) * (1 if q["sym"] else 2))   # std of (code - zero)
     scales = (rng.uniform(0.5, 1.5, (ng, N)) / (np.sqrt(K) * spread)).astype(np.float16)
     # fp16 scale * small int is exact in float32
     W = scales.astype(np.float32)[g_idx] * (codes - zero[g_idx]).astype(np.float32)     # [K, N]
     shifts = (4 * np.arange(8, dtype=np.uint64))
     qweight = (codes.reshape(K // 8, 8, N).astype(np.uint64) << shifts[None, :, None]).sum(1)
-    qzeros = (stored_zero.reshape(ng, N // 8, 8).astype(np.uint64) << shifts[None, None, :]).sum(2)
+    qzeros = (zero.reshape(ng, N // 8, 8).astype(np.uint64) << shifts[None, None, :]).sum(2)   # v2 words
+    if q.get("checkpoint_format") != "gptq_v2":
+        # v1 as GPTQModel writes it: each packed v2 word minus 0x11111111 (a zero of 0 borrows)
+        qzeros = (qzeros - V1_WORD_OFFSET) % (1 << 32)
     tensors = {"qweight": qweight.astype(np.uint32).view(np.int32), "qzeros": qzeros.astype(np.uint32).view(np.int32),
                "scales": scales, "g_idx": g_idx}
     return tensors, np.ascontiguousarray(W.T)
@@ -194,9 +211,11 @@ def dequantize(t, q):
     qw = t["qweight"].view(np.uint32)
     K, N = qw.shape[0] * 8, qw.shape[1]
     codes = ((qw[:, None, :] >> (4 * np.arange(8, dtype=np.uint32))[None, :, None]) & 0xF).reshape(K, N)
-    qz = t["qzeros"].view(np.uint32)
-    zero = ((qz[:, :, None] >> (4 * np.arange(8, dtype=np.uint32))[None, None, :]) & 0xF).reshape(qz.shape[0], N)
-    zero = zero.astype(np.int64) + (0 if q.get("checkpoint_format") == "gptq_v2" else 1)
+    qz = t["qzeros"].view(np.uint32).astype(np.uint64)
+    if q.get("checkpoint_format") != "gptq_v2":
+        qz = (qz + V1_WORD_OFFSET) % (1 << 32)      # GPTQModel's v1 -> v2: add 0x11111111 to the word
+    zero = ((qz[:, :, None] >> (4 * np.arange(8, dtype=np.uint64))[None, None, :]) & 0xF).reshape(qz.shape[0], N)
+    zero = zero.astype(np.int64)
     g = t["g_idx"].astype(np.int64)
     W = t["scales"].astype(np.float32)[g] * (codes.astype(np.int64) - zero[g]).astype(np.float32)
     return W.T

@@ -34,7 +34,7 @@ inline std::unique_ptr<SynthMatrix> synth_gptq(std::mt19937& rng, int64_t out, i
   auto m = std::make_unique<SynthMatrix>();
   const int64_t gs = in % spec.group_size == 0 ? spec.group_size : in;
   const int64_t groups = in / gs;
-  std::uniform_int_distribution<int> nib(0, 15), zero_dist(spec.v1 ? 1 : 0, 15);
+  std::uniform_int_distribution<int> nib(0, 15), zero_dist(0, 15);
   // f16 scales between ~1e-3 and ~4e-3 with random mantissas: weights ~ +-0.03, like real experts.
   std::uniform_int_distribution<int> exp_dist(5, 6), mant_dist(0, 1023);
   m->qweight.assign(static_cast<size_t>(in / 8 * out), 0);
@@ -45,9 +45,11 @@ inline std::unique_ptr<SynthMatrix> synth_gptq(std::mt19937& rng, int64_t out, i
   for (int64_t g = 0; g < groups; ++g)
     for (int64_t n = 0; n < out; ++n) {
       const int zero = spec.sym ? 8 : zero_dist(rng);
-      const uint32_t stored = static_cast<uint32_t>(zero - (spec.v1 ? 1 : 0)) & 0xfu;
-      m->qzeros[g * (out / 8) + n / 8] |= static_cast<int32_t>(stored << (4 * (n % 8)));
+      m->qzeros[g * (out / 8) + n / 8] |= static_cast<int32_t>(static_cast<uint32_t>(zero) << (4 * (n % 8)));
     }
+  // v1 as GPTQModel writes it: the v2 word minus 0x11111111 (zero points of 0 borrow).
+  if (spec.v1)
+    for (auto& w : m->qzeros) w = static_cast<int32_t>(static_cast<uint32_t>(w) - 0x11111111u);
   m->scales.resize(static_cast<size_t>(groups * out));
   for (auto& s : m->scales) s = static_cast<uint16_t>((exp_dist(rng) << 10) | mant_dist(rng));
   if (spec.act_order) {

@@ -18,7 +18,7 @@ struct Packed {
 
 Packed make(std::mt19937& rng, int64_t out, int64_t in, int64_t gs, bool sym, bool act_order, bool v1) {
   Packed p{out, in, gs, in / gs, {}, {}, {}, {}, {}, {}};
-  std::uniform_int_distribution<int> nib(0, 15), zero_dist(v1 ? 1 : 0, 15);
+  std::uniform_int_distribution<int> nib(0, 15), zero_dist(0, 15);
   p.q.resize(in * out);
   for (auto& v : p.q) v = nib(rng);
   p.zero.resize(p.groups * out);
@@ -36,12 +36,14 @@ Packed make(std::mt19937& rng, int64_t out, int64_t in, int64_t gs, bool sym, bo
   for (int64_t k = 0; k < in; ++k)
     for (int64_t n = 0; n < out; ++n)
       p.qweight[(k / 8) * out + n] |= static_cast<int32_t>(static_cast<uint32_t>(p.q[k * out + n]) << (4 * (k % 8)));
+  // v2 words hold the zero points; v1 words are written as GPTQModel writes them: the v2 word minus
+  // 0x11111111 (a zero point of 0 borrows from the next nibble).
   p.qzeros.assign(p.groups * (out / 8), 0);
   for (int64_t g = 0; g < p.groups; ++g)
-    for (int64_t n = 0; n < out; ++n) {
-      const uint32_t stored = static_cast<uint32_t>(p.zero[g * out + n] - (v1 ? 1 : 0)) & 0xfu;
-      p.qzeros[g * (out / 8) + n / 8] |= static_cast<int32_t>(stored << (4 * (n % 8)));
-    }
+    for (int64_t n = 0; n < out; ++n)
+      p.qzeros[g * (out / 8) + n / 8] |= static_cast<int32_t>(static_cast<uint32_t>(p.zero[g * out + n]) << (4 * (n % 8)));
+  if (v1)
+    for (auto& w : p.qzeros) w = static_cast<int32_t>(static_cast<uint32_t>(w) - 0x11111111u);
   return p;
 }
 
@@ -103,9 +105,11 @@ INSTANTIATE_TEST_SUITE_P(Formats, GptqDequant,
                                            Case{24, 256, 128, false, true, true},   // asym, act-order, v1
                                            Case{8, 64, 64, false, false, true}));   // one group
 
-TEST(GptqDequant, V1StoredFifteenMeansZeroSixteen) {
-  // AutoGPTQ v1 stores zero-1 in 4 bits and adds 1 back after unpacking, so nibble 15 reads as 16.
-  std::vector<int32_t> qweight(8, 0), qzeros(1, static_cast<int32_t>(0xffffffffu));
+TEST(GptqDequant, V1ZeroPointsOfZeroBorrowAsGptqModelWritesThem) {
+  // Zero points 0, 5, 0, 5, ... are the v2 word 0x50505050; GPTQModel writes v1 as 0x50505050 - 0x11111111
+  // = 0x3f3f3f3f. Read back word-wise they are 0 and 5 again; nibble by nibble (+1 each) they would
+  // read as 16 and 4.
+  std::vector<int32_t> qweight(8, 0x33333333), qzeros(1, static_cast<int32_t>(0x3f3f3f3fu));
   std::vector<uint16_t> scales(8, 0x3c00);  // 1.0
   LinearWeight w;
   w.kind = LinearWeight::Kind::Gptq;
@@ -113,8 +117,16 @@ TEST(GptqDequant, V1StoredFifteenMeansZeroSixteen) {
   w.in = 8;
   w.gptq = {qweight.data(), qzeros.data(), scales.data(), DType::F16, nullptr, 8, 1, 1};
   std::vector<float> row(8);
-  w.dequant_row(3, row.data());
-  EXPECT_EQ(row[0], -16.0f);
+  for (int64_t n = 0; n < 8; ++n) {
+    w.dequant_row(n, row.data());
+    EXPECT_EQ(row[0], n % 2 ? -2.0f : 3.0f) << "column " << n;  // q = 3 minus zero 5 or 0
+  }
+  // The top nibble's borrow leaves the word (mod 2^32): v2 0x0..., v1 0xf... + 0x11111111 wraps to 0x0...
+  qzeros[0] = static_cast<int32_t>(0x05050505u - 0x11111111u);
+  w.dequant_row(7, row.data());
+  EXPECT_EQ(row[0], 3.0f);
+  w.dequant_row(6, row.data());
+  EXPECT_EQ(row[0], -2.0f);
 }
 
 }  // namespace
