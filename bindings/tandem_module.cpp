@@ -179,27 +179,23 @@ class Engine {
 
   void cancel() { cancel_.store(true); }
 
-  // messages: dicts with role, content, optional reasoning_content, optional tool_calls normalised by the
-  // Python layer to [(name, [(parameter, value text), ...]), ...]; tools: one JSON text per tool.
-  std::string render_chat_text(const py::list& messages, bool enable_thinking, const std::vector<std::string>& tools) const {
-    std::vector<ChatMessage> msgs;
-    for (const auto& m : messages) {
-      if (!py::isinstance<py::dict>(m)) fail("messages must be dicts like {\"role\": \"user\", \"content\": \"...\"}");
-      const py::dict d = py::reinterpret_borrow<py::dict>(m);
-      if (!d.contains("role") || !d.contains("content")) fail("every message needs 'role' and 'content' (got ", std::string(py::repr(d)), ")");
-      ChatMessage c;
-      c.role = d["role"].cast<std::string>();
-      c.content = d["content"].is_none() ? "" : d["content"].cast<std::string>();
-      if (d.contains("reasoning_content") && !d["reasoning_content"].is_none()) c.reasoning = d["reasoning_content"].cast<std::string>();
-      if (d.contains("tool_calls") && !d["tool_calls"].is_none())
-        for (const auto& [name, args] : d["tool_calls"].cast<std::vector<std::pair<std::string, std::vector<std::pair<std::string, std::string>>>>>())
-          c.tool_calls.push_back({name, args});
-      msgs.push_back(std::move(c));
-    }
+  // messages, tools: JSON text of OpenAI-shaped messages and tool definitions (the Python layer writes it
+  // with json.dumps), read by the same converters an OpenAI-compatible server uses.
+  std::string render_chat_text(const std::string& messages_json, const std::string& tools_json, bool enable_thinking,
+                               bool add_generation_prompt, bool add_vision_id) const {
+    const auto parse = [](const std::string& text, const char* what) {
+      try {
+        return nlohmann::ordered_json::parse(text);
+      } catch (const nlohmann::json::exception& e) {
+        fail(what, " are not JSON (", e.what(), ")");
+      }
+    };
     ChatOptions co;
+    co.add_generation_prompt = add_generation_prompt;
     co.enable_thinking = enable_thinking;
-    co.tools = tools;
-    return render_chat(msgs, co);
+    co.add_vision_id = add_vision_id;
+    co.tools = chat_tools_from_json(parse(tools_json, "tools"));
+    return render_chat(chat_messages_from_json(parse(messages_json, "messages")), co);
   }
 
   // Same semantics as `tandem logits`: the first `prefill` ids in one call, the rest one at a time.
@@ -370,7 +366,8 @@ PYBIND11_MODULE(_tandem, m) {
       .def("generate", &Engine::generate, py::arg("text"), py::arg("max_new_tokens"), py::arg("sampling"), py::arg("stop"),
            py::arg("on_text"))
       .def("cancel", &Engine::cancel)
-      .def("render_chat", &Engine::render_chat_text, py::arg("messages"), py::arg("enable_thinking"), py::arg("tools"))
+      .def("render_chat", &Engine::render_chat_text, py::arg("messages_json"), py::arg("tools_json"), py::arg("enable_thinking"),
+           py::arg("add_generation_prompt"), py::arg("add_vision_id"))
       .def("logits", &Engine::logits, py::arg("ids"), py::arg("prefill"))
       .def("encode", &Engine::encode, py::arg("text"))
       .def("decode", &Engine::decode, py::arg("ids"), py::arg("skip_special") = false)

@@ -113,7 +113,7 @@ RoutingCounts profile_prompts(const Qwen35Moe& model, const Tokenizer& tokenizer
   }
   std::vector<std::vector<int32_t>> ids;
   for (const std::string& p : prompts) {
-    const ChatMessage msg{"user", p, "", {}};
+    const ChatMessage msg{"user", p};
     std::vector<int32_t> t = tokenizer.encode(o.chat ? render_chat(std::span<const ChatMessage>(&msg, 1), ChatOptions{}) : p);
     if (static_cast<int64_t>(t.size()) > o.max_tokens) t.resize(o.max_tokens);
     ids.push_back(std::move(t));

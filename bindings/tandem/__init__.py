@@ -90,17 +90,25 @@ class Engine:
         return self._run(prompt, max_new_tokens, stream, stop, sampling)
 
     def chat(self, messages: Sequence[Dict[str, Any]], enable_thinking: bool = True, max_new_tokens: int = 1024,
-             stream: bool = False, stop: Optional[Sequence[str]] = None, tools: Optional[Sequence[Dict[str, Any]]] = None,
-             **sampling: Any) -> Union[str, Iterator[str]]:
-        """Reply to OpenAI-style messages with the model's chat template.
-
-        messages: [{"role": "system"|"user"|"assistant"|"tool", "content": "..."}, ...]; assistant messages may
-        carry "reasoning_content" and OpenAI "tool_calls" ([{"type": "function", "function": {"name": ...,
-        "arguments": "{...json...}"}}]); tools: OpenAI tool definitions ({"type": "function", "function": {...}}).
-        """
-        text = self._core.render_chat([_chat_message(m) for m in messages], enable_thinking,
-                                      [_json.dumps(t, ensure_ascii=False) for t in (tools or [])])
+             stream: bool = False, stop: Optional[Sequence[str]] = None,
+             tools: Optional[Sequence[Union[Dict[str, Any], str]]] = None, **sampling: Any) -> Union[str, Iterator[str]]:
+        """Reply to OpenAI-style messages with the model's chat template (see `render_chat`)."""
+        text = self.render_chat(messages, tools=tools, enable_thinking=enable_thinking)
         return self._run(text, max_new_tokens, stream, stop, sampling)
+
+    def render_chat(self, messages: Sequence[Dict[str, Any]], tools: Optional[Sequence[Union[Dict[str, Any], str]]] = None,
+                    enable_thinking: bool = True, add_generation_prompt: bool = True, add_vision_id: bool = False) -> str:
+        """The prompt text of a conversation: the Qwen3.5 chat template, byte for byte as HF's
+        apply_chat_template(..., tokenize=False) renders it.
+
+        messages: [{"role": "system"|"user"|"assistant"|"tool", "content": "..."}, ...]; content may also be a
+        list of parts ({"type": "text", "text": ...}, {"type": "image"|"image_url"|"video", ...}); assistant
+        messages may carry "reasoning_content" and OpenAI "tool_calls" ([{"type": "function", "function":
+        {"name": ..., "arguments": {...} or "{...json...}"}}]); tools: OpenAI tool definitions
+        ({"type": "function", "function": {...}}) as dicts or JSON strings.
+        """
+        return self._core.render_chat(_json_text(list(messages), "messages"), _json_text(list(tools or []), "tools"),
+                                      enable_thinking, add_generation_prompt, add_vision_id)
 
     def _run(self, text, max_new_tokens, stream, stop, sampling):
         for k in sampling:
@@ -154,25 +162,11 @@ class Engine:
         return self._core.stats()
 
 
-def _chat_message(m: Dict[str, Any]) -> Dict[str, Any]:
-    if not isinstance(m, dict):
-        raise Error('messages must be dicts like {"role": "user", "content": "..."}')
-    out = dict(m)
-    calls = m.get("tool_calls")
-    if calls:
-        norm = []
-        for c in calls:
-            f = c.get("function", c)
-            args = f.get("arguments", {})
-            if isinstance(args, str):
-                try:
-                    args = _json.loads(args) if args.strip() else {}
-                except ValueError as e:
-                    raise Error(f"tool call '{f.get('name')}': arguments are not JSON ({e})") from None
-            norm.append((str(f["name"]), [(str(k), v if isinstance(v, str) else _json.dumps(v, ensure_ascii=False))
-                                         for k, v in args.items()]))
-        out["tool_calls"] = norm
-    return out
+def _json_text(value: Any, what: str) -> str:
+    try:
+        return _json.dumps(value, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise Error(f"{what} must be JSON data (dicts, lists, strings, numbers, booleans, None): {e}") from None
 
 
 def synth(preset: str, out: str, quant: Optional[str] = None, seed: int = 0, routing_skew: float = 1.0, threads: int = 0,

@@ -88,16 +88,39 @@ def test_chat_tool_calls_render_like_the_template(tiny):
                                                 "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
     msgs = [{"role": "user", "content": "Weather in Paris?"},
             {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "get_weather",
-                                                                                                  "arguments": '{"city": "Paris"}'}}]},
+                                                                                                  "arguments": '{"city": "Paris", "days": 2}'}}]},
             {"role": "tool", "content": "18 C, sunny"}]
     with tandem.Engine(tiny, device="cpu") as eng:
-        text = eng._core.render_chat([tandem._chat_message(m) for m in msgs], False, [json.dumps(weather)])
-        assert "<tools>" in text and '"get_weather"' in text
-        assert "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>" in text
+        text = eng.render_chat(msgs, tools=[json.dumps(weather)], enable_thinking=False)
+        assert text == eng.render_chat(msgs, tools=[weather], enable_thinking=False)  # a dict or its JSON text
+        assert '<tools>\n{"type": "function", "function": {"name": "get_weather", "description"' in text
+        assert ("<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n2\n"
+                "</parameter>\n</function>\n</tool_call>") in text
         assert "<tool_response>\n18 C, sunny\n</tool_response>" in text
+        assert text.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
         assert isinstance(eng.chat(msgs, tools=[weather], enable_thinking=False, max_new_tokens=4, temperature=0), str)
-        with pytest.raises(tandem.Error, match="arguments are not JSON"):
+        with pytest.raises(tandem.Error, match=r"messages\[0\]\.tool_calls\[0\]\.function\.arguments is not valid JSON"):
             eng.chat([{"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": "{oops"}}]}])
+        with pytest.raises(tandem.Error, match=r"messages\[1\] must be an object"):
+            eng.render_chat([{"role": "user", "content": "a"}, "hi"])
+        with pytest.raises(tandem.Error, match="messages must be JSON data"):
+            eng.render_chat([{"role": "user", "content": b"bytes"}])
+
+
+def test_render_chat_matches_the_template_fixtures(tiny):
+    # The jinja2 renderings of the model's template (tools/make_chat_fixtures.py), through the Python layer.
+    cases = json.load(open(os.path.join(DATA, "chat", "conversations.json"), encoding="utf-8"))
+    with tandem.Engine(tiny, device="cpu") as eng:
+        for c in cases:
+            o = c["options"]
+            args = dict(tools=c["tools"], enable_thinking=o["enable_thinking"],
+                        add_generation_prompt=o["add_generation_prompt"], add_vision_id=o["add_vision_id"])
+            if "error" in c:
+                with pytest.raises(tandem.Error) as e:
+                    eng.render_chat(c["messages"], **args)
+                assert c["error"] in str(e.value), c["name"]
+            else:
+                assert eng.render_chat(c["messages"], **args) == c["expected"], c["name"]
 
 
 def test_errors_are_tandem_errors_with_the_cli_messages(tiny, tmp_path):
