@@ -150,6 +150,7 @@ int cmd_generate(int argc, char** argv) {
   const SamplingParams sp = sampling_from_args(a, s.defaults);
   std::string text = prompt;
   if (a.has("chat")) {
+    if (const std::string note = chat_template_note(a.get("model")); !note.empty()) std::fprintf(stderr, "%s\n", note.c_str());
     std::vector<ChatMessage> msgs;
     if (a.has("system")) msgs.push_back({"system", a.get("system"), {}, {}});
     msgs.push_back({"user", prompt, {}, {}});
@@ -176,6 +177,7 @@ int cmd_chat(int argc, char** argv) {
     return 0;
   }
   Session s = open_session(a);
+  if (const std::string note = chat_template_note(a.get("model")); !note.empty()) std::fprintf(stderr, "%s\n", note.c_str());
   const SamplingParams sp = sampling_from_args(a, s.defaults);
   ChatOptions opts;
   opts.enable_thinking = !a.has("no-think");

@@ -91,6 +91,12 @@ if [ -n "$stop" ] && [ "$cut" = "${full%%"$stop"*}" ]; then echo "ok   --stop en
 else echo "FAIL --stop '$stop': got '$cut' from '$full'"; failures=$((failures + 1)); fi
 check "generate stats line" "0" "prefill .* tok/s .* decode .* tok/s" -- "$tandem" generate --model "$tmp/tiny" --prompt hi --chat --max-new-tokens 4
 check "chat REPL: two turns, reset, Ctrl-D" "0" "stop:" -- bash -c "printf 'hi\n/reset\nhello again\n' | '$tandem' chat --model '$tmp/tiny' --max-new-tokens 4 --temperature 0"
+# A model folder with its own chat template: one note line when it is not the Qwen3.5 one Tandem renders.
+mkdir -p "$tmp/tiny_tmpl" && ln -sf "$tmp/tiny"/* "$tmp/tiny_tmpl/" && printf '{{ messages }}\n' >"$tmp/tiny_tmpl/chat_template.jinja"
+check "chat notes a different model template" "0" "^note: .*/chat_template.jinja differs from the Qwen3.5 template" -- bash -c "printf 'hi\n' | '$tandem' chat --model '$tmp/tiny_tmpl' --max-new-tokens 2 --temperature 0"
+if "$tandem" generate --model "$tmp/tiny" --prompt hi --chat --max-new-tokens 2 2>&1 >/dev/null | grep -q "^note:"; then
+  echo "FAIL a folder without a chat template got a note"; failures=$((failures + 1));
+else echo "ok   no template note without a folder template"; passes=$((passes + 1)); fi
 text='Hello, world! Grüße — 你好 🙂'
 ids=$("$tandem" tokenize --model "$tmp/tiny" --text "$text" 2>/dev/null)
 back=$("$tandem" detokenize --model "$tmp/tiny" --ids "$ids" 2>/dev/null)
