@@ -3,14 +3,18 @@
 
 BUILD_DIR   ?= build
 BUILD_TYPE  ?= Release
-# CI compiles CUDA for sm_90 only (fast); release builds cover consumer cards too.
-CUDA_ARCHS  ?= 90
+# CUDA architectures: the GPU in this machine (CMake's `native`) when one is visible, else RTX 30xx /
+# 40xx and Hopper (86;89;90). CI passes 90 (fast) and compiles gpu_core for 86;89 beside it (sm8x).
+CUDA_ARCHS  ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo native || echo "86;89;90")
 JOBS        ?= $(shell nproc)
+# Seconds per fuzz target (four targets).
 FUZZ_SECONDS ?= 30
+# make sanitize: the CPU paths under AddressSanitizer + UBSan (CUDA off), in their own build folder.
+ASAN_DIR    ?= build-asan
 
 CMAKE_FLAGS = -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) -DCMAKE_CUDA_ARCHITECTURES="$(CUDA_ARCHS)"
 
-.PHONY: all deps configure build test unit fuzz demo release clean
+.PHONY: all deps configure build test unit fuzz sanitize demo release sm8x clean
 
 all: build
 
@@ -33,11 +37,24 @@ fuzz: build
 
 test: unit fuzz
 
+# Debug (-O0): what the compiler would inline away (a type defined twice, issue 29) still crashes here.
+sanitize: deps
+	cmake -S . -B $(ASAN_DIR) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DTANDEM_CUDA=OFF -DTANDEM_SANITIZE=ON
+	cmake --build $(ASAN_DIR) -j $(JOBS) --target tandem tandem_unit_tests tandem_placement_tests tandem_cpu_experts_tests
+	@bash tests/sanitize/run_sanitize.sh $(ASAN_DIR)
+
 demo: build
 	@bash scripts/demo.sh $(BUILD_DIR)
 
 release:
 	$(MAKE) build BUILD_DIR=build-release CUDA_ARCHS="86;89;90"
+
+# The CUDA kernels for RTX 3090 / 4090 (sm_86 / sm_89), compiled alone: CI's check that they build there.
+sm8x: deps
+	@if command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; then \
+	  cmake -S . -B build-sm8x -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="86;89" >/dev/null && \
+	  cmake --build build-sm8x -j $(JOBS) --target tandem_gpu_core; \
+	else echo "tandem: no nvcc: sm_86 / sm_89 kernels not compiled"; fi
 
 clean:
 	rm -rf $(BUILD_DIR)

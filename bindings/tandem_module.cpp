@@ -51,7 +51,7 @@ uint64_t bytes_of(const py::object& v, const char* what) {
 
 // A placement config from None, a YAML path, or a dict with the YAML schema (passed as JSON text).
 placement::PlacementConfig config_of(const py::object& config) {
-  if (config.is_none()) return {};
+  if (config.is_none()) return placement::default_placement_config();
   if (py::isinstance<py::dict>(config)) {
     const std::string text = py::module_::import("json").attr("dumps")(config).cast<std::string>();
     return placement::parse_placement_config(text, "<config dict>");
@@ -95,14 +95,10 @@ class Engine {
       : dir_(model_dir), pcfg_(config_of(config)) {
     RunnerOptions& o = ro_;
     o.device = device;
-    if (device == "auto") {
-      gpu::DeviceProbe probe;
-      gpu::gpu_device_probe(&probe);
-      o.device = probe.device_count > 0 ? "hybrid" : "cpu";
-    }
-    if (o.device != "ref" && o.device != "cpu" && o.device != "gpu" && o.device != "hybrid")
+    if (o.device != "auto" && o.device != "ref" && o.device != "cpu" && o.device != "gpu" && o.device != "hybrid")
       fail("device must be one of auto, ref, cpu, gpu, hybrid (got '", device, "')");
-    if (!config.is_none() && o.device != "hybrid") fail("config (a placement) applies to device='hybrid' (or 'auto' with a GPU)");
+    if (!config.is_none() && o.device == "auto") o.device = "hybrid";
+    if (!config.is_none() && o.device != "hybrid") fail("config (a placement) applies to device='hybrid' (or 'auto')");
     o.gpu_mem = bytes_of(gpu_mem, "gpu_mem");
     if (!threads.is_none()) {
       o.threads = threads.cast<int>();
@@ -120,7 +116,7 @@ class Engine {
       tokenizer_ = std::make_unique<Tokenizer>(Tokenizer::from_model_dir(dir_));
       eos_ = stop_token_ids(model_->config(), *tokenizer_, defaults_);
     }
-    if (o.device == "hybrid") placement::prepare_hybrid(o, model_->config(), pcfg_);
+    chosen_ = placement::prepare_device(o, model_->config(), pcfg_);
     runner_ = make_runner(*model_, o);
   }
 
@@ -164,6 +160,7 @@ class Engine {
       cancel_.store(false);
       req.prompt = tokenizer_->encode(text);
       if (req.prompt.empty()) fail("the prompt is empty");
+      check_context(*runner_, static_cast<int64_t>(req.prompt.size()), req.max_new_tokens, "max_new_tokens");  // as the CLI
       r = generate_impl(req);
     }
     if (callback_error) throw std::move(*callback_error);
@@ -206,8 +203,7 @@ class Engine {
     const int64_t prefill = prefill_obj.is_none() ? n : prefill_obj.cast<int64_t>();
     if (prefill < 0 || prefill > n) fail("prefill ", prefill, " must be between 0 and the number of ids (", n, ")");
     check_token_ids(ids, V, dir_, "ids");
-    if (ro_.device != "ref" && ro_.device != "cpu" && n > ro_.context)
-      fail(n, " ids exceed the context of ", ro_.context, " tokens (Engine(context=...))");
+    if (n > runner_->max_context()) fail(n, " ids exceed the context of ", runner_->max_context(), " tokens (Engine(context=...))");
     py::array_t<float> out({n, V});
     float* dst = out.mutable_data();
     {
@@ -246,6 +242,8 @@ class Engine {
     check_open();
     py::dict d;
     d["device"] = ro_.device;
+    d["device_choice"] = chosen_;  // device="auto" / "hybrid": what was chosen and why (the CLI's line)
+    d["context"] = runner_->max_context();
     d["description"] = runner_->describe();
     d["model"] = dir_;
     d["vocab_size"] = model_->config().vocab_size;
@@ -278,6 +276,7 @@ class Engine {
   }
 
   std::string dir_;
+  std::string chosen_;
   placement::PlacementConfig pcfg_;
   RunnerOptions ro_;
   std::unique_ptr<Qwen35Moe> model_;

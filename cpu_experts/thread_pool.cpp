@@ -8,6 +8,7 @@
 #include <chrono>
 #include <fstream>
 #include <set>
+#include <system_error>
 
 #include "runtime/error.h"
 
@@ -153,15 +154,27 @@ ThreadPool::ThreadPool(Options opt) : opt_(opt) {
                          real_nodes_ && nodes_ > 1 ? (topology_ ? ", weights bound per node" : ", no memory binding") : "",
                          opt.pin ? ", pinned" : ", not pinned", n > static_cast<int>(cores.size()) ? ", oversubscribed" : "");
   if (opt.pin && opt.pin_caller) pin_to(cpu_of_[0]);
-  for (int i = 1; i < n; ++i) helpers_.emplace_back(&ThreadPool::helper_main, this, i);
+  for (int i = 1; i < n; ++i) {
+    try {
+      helpers_.emplace_back(&ThreadPool::helper_main, this, i);
+    } catch (const std::system_error& e) {
+      // The destructor does not run for a half-built object: stop and join the helpers started so far
+      // (destroying a joinable std::thread would call std::terminate).
+      stop_helpers();
+      fail("cpu experts: cannot start worker thread ", i + 1, " of ", n, " (", e.what(), "); use fewer threads (--threads, cpu.threads)");
+    }
+  }
 }
 
-ThreadPool::~ThreadPool() {
+void ThreadPool::stop_helpers() noexcept {
   stop_.store(true);
   generation_.fetch_add(1);
   generation_.notify_all();
   for (auto& t : helpers_) t.join();
+  helpers_.clear();
 }
+
+ThreadPool::~ThreadPool() { stop_helpers(); }
 
 std::pair<int64_t, int64_t> ThreadPool::node_range(int node, int64_t n) const {
   const int64_t T = threads();

@@ -16,6 +16,8 @@
 //
 // Threading contract: run() may be called from one thread at a time; fn must not call run().
 // Exceptions thrown by fn are re-thrown from run() (the first one; the remaining tasks still run).
+// A worker thread that cannot be started makes the constructor throw tandem::Error (after joining
+// the ones it started).
 #pragma once
 
 #include <atomic>
@@ -92,6 +94,7 @@ class ThreadPool {
   void run_impl(int64_t n, const int64_t* node_end, TaskFn fn, void* ctx);
   void work(Slot& s, int worker);
   void helper_main(int worker);
+  void stop_helpers() noexcept;
 
   Options opt_;
   int nodes_ = 1;

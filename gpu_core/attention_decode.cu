@@ -5,6 +5,7 @@
 #include "gpu_core/attention.cuh"
 #include "gpu_core/block_reduce.cuh"
 #include "gpu_core/pdl.cuh"
+#include "gpu_core/smem.cuh"
 
 namespace tandem::gpu {
 
@@ -524,9 +525,7 @@ __global__ void __launch_bounds__(kTcWarps * 32) flash_prefill_tc_kernel(Attenti
 template <int HD>
 cudaError_t launch_prefill_tc(const AttentionDecodeArgs& p, int n, cudaStream_t stream) {
   constexpr size_t smem = tc_prefill_smem<HD>();
-  static const cudaError_t opt_in =
-      smem > 48 * 1024 ? cudaFuncSetAttribute(flash_prefill_tc_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem))
-                       : cudaSuccess;
+  static const cudaError_t opt_in = opt_in_smem(flash_prefill_tc_kernel<HD>, smem);
   if (opt_in != cudaSuccess) return opt_in;
   const float scale_log2 = p.scale * 1.4426950408889634f;
   flash_prefill_tc_kernel<HD><<<dim3(p.nh, (n + kTcQ - 1) / kTcQ), kTcWarps * 32, smem, stream>>>(p, n, scale_log2);

@@ -10,6 +10,7 @@
 #include "gpu_core/conv_step.cuh"
 #include "gpu_core/deltanet.cuh"
 #include "gpu_core/pdl.cuh"
+#include "gpu_core/smem.cuh"
 
 namespace tandem::gpu {
 
@@ -668,24 +669,13 @@ cudaError_t deltanet_prefill_chunked(const DeltaNetDecodeArgs& p, int T, cudaStr
   if (T < 1 || p.Hk < 1 || p.Hv % p.Hk || p.dk < 1 || p.dk > 128 || p.dv < 1 || p.kernel < 1 || p.kernel > kMaxHist + 1 || !p.chunk_terms)
     return cudaErrorInvalidValue;
   // Once per process, for the largest dk allowed (a host call: not on every chunk of every layer).
-  static const cudaError_t opt_in_terms = cudaFuncSetAttribute(delta_terms_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                               static_cast<int>(terms_smem_floats(128) * sizeof(float)));
+  static const cudaError_t opt_in_terms = opt_in_smem(delta_terms_kernel, terms_smem_floats(128) * sizeof(float));
+  static const cudaError_t opt_in_wy1 = opt_in_smem(delta_wy_kernel<1>, wy_smem_floats(128, 1) * sizeof(float));
   // Two chunk buffers where the device allows a block their shared memory (sm_80 / sm_90), else one.
-  static const int fit_buffers = [] {
-    int dev = 0, optin = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
-      return 1;
-    return static_cast<size_t>(optin) >= wy_smem_floats(128, 2) * sizeof(float) ? 2 : 1;
-  }();
-  static const cudaError_t opt_in_wy2 = fit_buffers == 2 ? cudaFuncSetAttribute(delta_wy_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                                                 static_cast<int>(wy_smem_floats(128, 2) * sizeof(float)))
-                                                          : cudaSuccess;
-  static const cudaError_t opt_in_wy1 = cudaFuncSetAttribute(delta_wy_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                             static_cast<int>(wy_smem_floats(128, 1) * sizeof(float)));
+  static const int fit_buffers = opt_in_smem(delta_wy_kernel<2>, wy_smem_floats(128, 2) * sizeof(float)) == cudaSuccess ? 2 : 1;
   const int buffers = p.wy_buffers == 1 || p.wy_buffers == 2 ? std::min(p.wy_buffers, fit_buffers) : fit_buffers;
   if (opt_in_terms != cudaSuccess) return opt_in_terms;
   if (opt_in_wy1 != cudaSuccess) return opt_in_wy1;
-  if (buffers == 2 && opt_in_wy2 != cudaSuccess) return opt_in_wy2;
   const unsigned chunks = static_cast<unsigned>((T + kChunk - 1) / kChunk);
   return launch_token_parallel(p, T, stream, [&] {
     delta_terms_kernel<<<dim3(chunks, p.Hv), kTermsThreads, terms_smem_floats(p.dk) * sizeof(float), stream>>>(p, T);

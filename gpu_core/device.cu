@@ -2,9 +2,113 @@
 #include "gpu_core/device.cuh"
 
 #include <cuda_runtime.h>
+
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "gpu_core/smem.cuh"
+
+#ifndef TANDEM_CUDA_ARCHS
+#define TANDEM_CUDA_ARCHS "unknown"
+#endif
 
 namespace tandem::gpu {
+
+namespace {
+
+__global__ void image_probe_kernel() {}
+
+// Shared memory one block may opt in to, by architecture (the CUDA programming guide's table).
+struct ArchLimit {
+  int sm, smem_per_block;
+};
+constexpr ArchLimit kArchLimits[] = {{80, 166912}, {86, 101376}, {87, 166912}, {89, 101376},
+                                     {90, 232448}, {100, 232448}, {120, 101376}};
+
+const ArchLimit* arch_limit(int sm) {
+  for (const ArchLimit& a : kArchLimits)
+    if (a.sm == sm) return &a;
+  return nullptr;
+}
+
+DeviceCaps compute_caps() {
+  DeviceCaps c;
+  if (const char* v = std::getenv("TANDEM_MAX_SM"); v && *v) {
+    char* end = nullptr;
+    const long sm = std::strtol(v, &end, 10);
+    if (*end || !arch_limit(static_cast<int>(sm))) {
+      std::snprintf(c.error, sizeof(c.error),
+                    "TANDEM_MAX_SM='%.32s' is not a CUDA architecture Tandem knows; use one of 80, 86, 87, 89, 90, 100, 120", v);
+      return c;
+    }
+    c.max_sm = static_cast<int>(sm);
+  }
+  DeviceProbe p;
+  gpu_device_probe(&p);
+  if (p.device_count == 0) {
+    std::snprintf(c.error, sizeof(c.error), "%s", p.reason);
+    c.run_on_cpu = true;
+    return c;
+  }
+  const int device_sm = p.cc_major * 10 + p.cc_minor;
+  if (device_sm < 80) {
+    std::snprintf(c.error, sizeof(c.error),
+                  "CUDA device 0, %s, has compute capability %d.%d; Tandem's kernels need 8.0 or later (bf16 tensor cores)",
+                  p.name, p.cc_major, p.cc_minor);
+    c.run_on_cpu = true;
+    return c;
+  }
+  cudaFuncAttributes fa{};
+  if (const cudaError_t e = cudaFuncGetAttributes(&fa, image_probe_kernel); e != cudaSuccess) {
+    cudaGetLastError();
+    std::snprintf(c.error, sizeof(c.error),
+                  "this build has no CUDA kernels for device 0, %s (compute capability %d.%d): it was built for CUDA "
+                  "architectures %s (%s); rebuild for this card with `make build CUDA_ARCHS=%d` (or CUDA_ARCHS=native on "
+                  "the machine that has it)",
+                  p.name, p.cc_major, p.cc_minor, TANDEM_CUDA_ARCHS, cudaGetErrorString(e), device_sm);
+    return c;
+  }
+  int dev = 0, optin = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
+    cudaGetLastError();
+    std::snprintf(c.error, sizeof(c.error), "cannot query CUDA device 0's shared memory per block");
+    return c;
+  }
+  c.usable = true;
+  c.cc_major = p.cc_major;
+  c.cc_minor = p.cc_minor;
+  c.smem_per_block = optin;
+  if (c.max_sm && c.max_sm < device_sm) {
+    c.cc_major = c.max_sm / 10;
+    c.cc_minor = c.max_sm % 10;
+    if (arch_limit(c.max_sm)->smem_per_block < c.smem_per_block) c.smem_per_block = arch_limit(c.max_sm)->smem_per_block;
+    std::snprintf(c.description, sizeof(c.description), "sm_%d capped by TANDEM_MAX_SM=%d: sm_%d, %d KiB shared memory a block",
+                  device_sm, c.max_sm, c.max_sm, c.smem_per_block / 1024);
+  } else {
+    std::snprintf(c.description, sizeof(c.description), "sm_%d, %d KiB shared memory a block", device_sm, c.smem_per_block / 1024);
+  }
+  return c;
+}
+
+}  // namespace
+
+const DeviceCaps& gpu_device_caps() {
+  static const DeviceCaps caps = compute_caps();
+  return caps;
+}
+
+const char* cuda_architectures_built() { return TANDEM_CUDA_ARCHS; }
+
+cudaError_t opt_in_smem_raw(const void* kernel, size_t dynamic_bytes) {
+  const DeviceCaps& caps = gpu_device_caps();
+  if (!caps.usable) return cudaErrorNoDevice;
+  cudaFuncAttributes fa{};
+  if (const cudaError_t e = cudaFuncGetAttributes(&fa, kernel); e != cudaSuccess) return e;
+  if (fa.sharedSizeBytes + dynamic_bytes > static_cast<size_t>(caps.smem_per_block)) return cudaErrorInvalidValue;
+  if (dynamic_bytes <= 48 * 1024) return cudaSuccess;
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(dynamic_bytes));
+}
 
 void gpu_device_probe(DeviceProbe* out) {
   *out = DeviceProbe{};

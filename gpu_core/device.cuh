@@ -18,6 +18,26 @@ struct DeviceProbe {
 
 void gpu_device_probe(DeviceProbe* out);
 
+// What this process may use of device 0, decided once (the first call creates the CUDA context) and
+// read by every launcher and by the runtime's choices (programmatic launch, shared-memory buffers).
+// TANDEM_MAX_SM=86 | 89 | ... caps it at that architecture, as TANDEM_MAX_ISA caps the CPU's level: on
+// an H200 the runtime then chooses exactly what it would on an RTX 3090 (86) or 4090 (89). What the
+// cap cannot change is the instruction set compiled in: for that, build PTX for the smaller
+// architecture alone (`make build CUDA_ARCHS=compute_89`; the driver compiles it for the device).
+struct DeviceCaps {
+  bool usable = false;           // a device this build can run kernels on
+  bool run_on_cpu = false;       // not usable, and nothing to rebuild: no device, or one older than sm_80
+  int cc_major = 0, cc_minor = 0;  // effective: the device's own, or TANDEM_MAX_SM's when lower
+  int smem_per_block = 0;        // largest shared memory one block may use (static + dynamic), bytes, effective
+  int max_sm = 0;                // TANDEM_MAX_SM as read; 0 when unset
+  char error[512] = {0};         // when not usable: why, in one line a user can act on
+  char description[256] = {0};   // e.g. "sm_90 (capped by TANDEM_MAX_SM=89: sm_89, 99 KiB shared memory a block)"
+};
+const DeviceCaps& gpu_device_caps();
+
+// The CUDA architectures this build compiled (CMAKE_CUDA_ARCHITECTURES, comma-separated; "" without CUDA).
+const char* cuda_architectures_built();
+
 // Page-locks host memory [p, p + bytes) for DMA (cudaHostRegister). On failure returns false with the
 // driver's reason in `reason` (the memory stays usable, pageable). host_unregister undoes it.
 bool host_register(void* p, unsigned long long bytes, char* reason, int reason_len);

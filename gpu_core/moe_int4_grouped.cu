@@ -5,6 +5,7 @@
 
 #include "gpu_core/int4_row.cuh"
 #include "gpu_core/moe.cuh"
+#include "gpu_core/smem.cuh"
 
 namespace tandem::gpu {
 
@@ -502,9 +503,7 @@ cudaError_t moe_int4_grouped_tc(const Int4Expert* experts, int E, int64_t H, int
   if (!grouped_shape_ok(n, k, E, H, I, group_size)) return cudaErrorInvalidValue;
   constexpr size_t up_smem = tc_smem_bytes(kGateUpBufHalves), down_smem = tc_smem_bytes(kDownBufHalves);
   // Past the default 48 KB: opted in once per process (a host call, not on every chunk of every layer).
-  static const cudaError_t opt_in =
-      up_smem > 48 * 1024 ? cudaFuncSetAttribute(tc_gate_up_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(up_smem))
-                          : cudaSuccess;
+  static const cudaError_t opt_in = opt_in_smem(tc_gate_up_kernel, up_smem);
   if (opt_in != cudaSuccess) return opt_in;
   static_assert(down_smem <= 48 * 1024, "the down kernel's buffers fit the default shared memory");
   const int64_t P = static_cast<int64_t>(n) * k, items = Carve::max_items(P, E, kTcM);

@@ -10,4 +10,16 @@ void gpu_device_probe(DeviceProbe* out) {
   std::snprintf(out->reason, sizeof(out->reason), "no CUDA device (this build has no CUDA support)");
 }
 
+const DeviceCaps& gpu_device_caps() {
+  static const DeviceCaps caps = [] {
+    DeviceCaps c;
+    std::snprintf(c.error, sizeof(c.error), "no CUDA device (this build has no CUDA support)");
+    c.run_on_cpu = true;
+    return c;
+  }();
+  return caps;
+}
+
+const char* cuda_architectures_built() { return ""; }
+
 }  // namespace tandem::gpu

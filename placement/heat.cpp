@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "runtime/error.h"
+#include "runtime/file_io.h"
 
 namespace tandem::placement {
 
@@ -72,11 +73,8 @@ HeatMap heat_from_counts(const RoutingCounts& counts, const ModelConfig& config,
 }
 
 HeatMap load_heat_map(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) fail(path, ": cannot open the heat map (experts.heat; write one with tandem profile)");
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return parse_heat_map(ss.str(), path);
+  // A 512-expert, 60-layer map is well under 1 MB.
+  return parse_heat_map(read_text_file(path, 64 << 20, "the heat map (experts.heat; write one with tandem profile)"), path);
 }
 
 void save_heat_map(const HeatMap& h, const std::string& path) {

@@ -64,15 +64,17 @@ ReplaceSetup replace_setup(const PlacementConfig& cfg) {
 }
 
 Plan prepare_hybrid(RunnerOptions& o, const ModelConfig& model) {
-  return prepare_hybrid(o, model, o.config.empty() ? PlacementConfig{} : load_placement_config(o.config));
+  return prepare_hybrid(o, model, o.config.empty() ? default_placement_config() : load_placement_config(o.config));
 }
 
 Plan prepare_hybrid(RunnerOptions& o, const ModelConfig& model, const PlacementConfig& cfg) {
   gpu::DeviceProbe probe;
   gpu::gpu_device_probe(&probe);
   if (probe.device_count == 0) fail("--device hybrid: ", probe.reason, "; tandem plan shows the placement without a GPU");
-  const int64_t context = o.context_set ? o.context : std::max(cfg.context, o.min_context);
-  const Plan plan = make_plan(model, cfg, request_for(probe, cfg, o.gpu_mem, context, false));
+  // --context, else the config's (at least what the command needs), else the planner's choice
+  const int64_t context = o.context_set ? o.context : cfg.context ? std::max(cfg.context, o.min_context) : 0;
+  Plan plan = make_plan(model, cfg, request_for(probe, cfg, o.gpu_mem, context, false));
+  if (plan.context < o.min_context) plan = make_plan(model, cfg, request_for(probe, cfg, o.gpu_mem, o.min_context, false));
 
   if (!plan.host_fits())
     fail("the CPU experts of this placement need ", format_gib(plan.host_expert_bytes + plan.host_replace_bytes), " of host RAM",
@@ -85,6 +87,29 @@ Plan prepare_hybrid(RunnerOptions& o, const ModelConfig& model, const PlacementC
   o.context = plan.context;
   if (o.threads == 0) o.threads = cfg.cpu_threads;
   return plan;
+}
+
+std::string prepare_device(RunnerOptions& o, const ModelConfig& model, const PlacementConfig& cfg) {
+  const bool automatic = o.device == "auto";
+  std::string why_cpu;
+  if (automatic) {
+    const gpu::DeviceCaps& caps = gpu::gpu_device_caps();
+    if (caps.usable) {
+      o.device = "hybrid";
+    } else if (caps.run_on_cpu) {
+      o.device = "cpu";
+      why_cpu = caps.error;
+    } else {
+      fail(caps.error);  // a device, but no kernels in this build for it (or a bad TANDEM_MAX_SM)
+    }
+  }
+  if (o.device != "hybrid") return automatic ? str_cat("--device auto chose cpu: ", why_cpu) : std::string();
+  const Plan plan = prepare_hybrid(o, model, cfg);
+  gpu::DeviceProbe probe;
+  gpu::gpu_device_probe(&probe);
+  return str_cat(automatic ? "--device auto chose hybrid" : "hybrid", " on ", probe.name, " (", gpu::gpu_device_caps().description, "): ",
+                 o.hybrid->summary, ", context ", plan.context, plan.context_note.empty() ? "" : " (auto: tandem plan shows its cost)",
+                 ", predicted ", static_cast<int>(plan.predicted.decode_tok_s + 0.5), " tok/s decode");
 }
 
 }  // namespace tandem::placement

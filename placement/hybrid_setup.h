@@ -25,4 +25,14 @@ Plan prepare_hybrid(RunnerOptions& opts, const ModelConfig& model);
 // The same with the config already parsed (the Python bindings accept dicts).
 Plan prepare_hybrid(RunnerOptions& opts, const ModelConfig& model, const PlacementConfig& config);
 
+// What every model-running entry point does before make_runner, CLI and Python alike. --device auto
+// (the default) becomes hybrid where this build can run kernels on a CUDA device (planned for its
+// free memory unless a budget is given), else cpu; a device this build has no kernels for stops here
+// with gpu::gpu_device_caps()'s one line (which architectures were built, how to rebuild), rather than
+// falling back in silence. A config (placement YAML) implies hybrid. Hybrid is then planned
+// (prepare_hybrid). Returns the one line a person reads about the choice: the device, the GPU budget,
+// routed experts on the GPU, the context and the predicted decode rate; empty for ref / cpu / gpu
+// asked for by name.
+std::string prepare_device(RunnerOptions& opts, const ModelConfig& model, const PlacementConfig& config);
+
 }  // namespace tandem::placement

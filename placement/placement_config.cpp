@@ -4,12 +4,13 @@
 
 #include <charconv>
 #include <filesystem>
-#include <fstream>
 #include <sstream>
 
 #include "runtime/bytes.h"
 #include "runtime/error.h"
+#include "runtime/file_io.h"
 #include "runtime/nearest.h"
+#include "runtime/runner.h"
 
 namespace tandem::placement {
 
@@ -66,7 +67,7 @@ class Reader {
       if (std::find(known.begin(), known.end(), k) != known.end()) continue;
       const std::string near = nearest(k, known);
       const int line = it->first.Mark().line + 1;
-      fail(source_, ":", line, ": unknown key '", path(where, k), "'",
+      fail(source_, ":", line, ": unknown key ", quote(path(where, k)),
            near.empty() ? str_cat(" (valid keys: ", join(known), ")") : str_cat(" (did you mean '", near, "'?)"));
     }
   }
@@ -94,7 +95,7 @@ class Reader {
     std::string s = scalar(n, key);
     if (s == "measure" || s == "auto") return 0;
     if (s.size() < 3 || s.substr(s.size() - 2) != "/s")
-      fail_at(n, key, "'", s, "' is not a bandwidth (examples: 1008GB/s, 25GB/s, 90.5GB/s, measure)");
+      fail_at(n, key, quote(s), " is not a bandwidth (examples: 1008GB/s, 25GB/s, 90.5GB/s, measure)");
     s.resize(s.size() - 2);
     try {
       return static_cast<double>(parse_bytes(s, "bandwidth"));
@@ -111,7 +112,7 @@ class Reader {
       names.push_back(name);
     }
     const std::string near = nearest(s, names);
-    fail_at(n, key, "'", s, "' is not one of ", join(names), near.empty() ? "" : str_cat(" (did you mean '", near, "'?)"));
+    fail_at(n, key, quote(s), " is not one of ", join(names), near.empty() ? "" : str_cat(" (did you mean '", near, "'?)"));
   }
   std::string resolve(const std::string& file) const {
     if (file.empty() || base_.empty() || std::filesystem::path(file).is_absolute()) return file;
@@ -130,7 +131,7 @@ class Reader {
     const std::string s = scalar(n, key);
     T v{};
     const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-    if (s.empty() || ec != std::errc() || end != s.data() + s.size()) fail_at(n, key, "'", s, "' is not ", what);
+    if (s.empty() || ec != std::errc() || end != s.data() + s.size()) fail_at(n, key, quote(s), " is not ", what);
     if (!(v >= lo && v <= hi)) fail_at(n, key, v, " is outside ", lo, "..", hi);
     return v;
   }
@@ -159,9 +160,9 @@ void read_select(const Reader& r, const YAML::Node& n, PlacementConfig& c) {
   int a = -1, b = -1;
   char dash = 0, extra = 0;
   std::istringstream is(range);
-  if (!(is >> a) || a < 0) r.fail_at(n, key, "'layers ", range, "' needs a layer range like 'layers 0-19'");
+  if (!(is >> a) || a < 0) r.fail_at(n, key, quote("layers " + range), " needs a layer range like 'layers 0-19'");
   if (is >> dash) {
-    if (dash != '-' || !(is >> b) || (is >> extra)) r.fail_at(n, key, "'layers ", range, "' needs a layer range like 'layers 0-19'");
+    if (dash != '-' || !(is >> b) || (is >> extra)) r.fail_at(n, key, quote("layers " + range), " needs a layer range like 'layers 0-19'");
   } else {
     b = a;
   }
@@ -198,11 +199,12 @@ PlacementConfig parse_placement_config(const std::string& text, const std::strin
       if (g["memory"]) c.gpu_memory = r.bytes(g["memory"], "gpu.memory");
       if (g["reserve"]) c.gpu_reserve = r.bytes(g["reserve"], "gpu.reserve");
     }
-    if (root["context"]) c.context = r.integer(root["context"], "context", 1, int64_t(1) << 24);
+    if (const YAML::Node ctx = root["context"])
+      c.context = ctx.IsScalar() && ctx.Scalar() == "auto" ? 0 : r.integer(ctx, "context", 1, int64_t(1) << 24);
     if (root["batch"]) c.batch = static_cast<int>(r.integer(root["batch"], "batch", 1, 256));
     if (const YAML::Node cpu = root["cpu"]) {
       r.check_keys(cpu, "cpu", {"threads", "numa"});
-      if (cpu["threads"]) c.cpu_threads = static_cast<int>(r.integer(cpu["threads"], "cpu.threads", 0, 4096));
+      if (cpu["threads"]) c.cpu_threads = static_cast<int>(r.integer(cpu["threads"], "cpu.threads", 0, RunnerOptions::kMaxThreads));
       if (cpu["numa"]) c.numa = r.choice<std::string>(cpu["numa"], "cpu.numa", {{"auto", "auto"}, {"off", "off"}});
     }
     if (const YAML::Node e = root["experts"]) {
@@ -307,16 +309,19 @@ PlacementConfig parse_placement_config(const std::string& text, const std::strin
   return c;
 }
 
+PlacementConfig default_placement_config() {
+  PlacementConfig c;
+  c.context = 0;
+  return c;
+}
+
 PlacementConfig load_placement_config(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) fail(path, ": cannot open the placement config");
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return parse_placement_config(ss.str(), path, std::filesystem::path(path).parent_path().string());
+  return parse_placement_config(read_text_file(path, 16 << 20, "the placement config"), path,
+                                std::filesystem::path(path).parent_path().string());
 }
 
 void PlacementConfig::validate() const {
-  if (context < 1) fail(source, ": context must be at least 1 (got ", context, ")");
+  if (context < 0) fail(source, ": context must be at least 1, or auto (got ", context, ")");
   if (batch < 1) fail(source, ": batch must be at least 1 (got ", batch, ")");
   if (gpu_memory && gpu_reserve >= gpu_memory)
     fail(source, ": gpu.reserve (", format_gib(gpu_reserve), ") must be below gpu.memory (", format_gib(gpu_memory), ")");

@@ -41,7 +41,7 @@ struct PlacementConfig {
   uint64_t gpu_memory = 0;             // the card's memory Tandem may use; 0: free device memory
   uint64_t gpu_reserve = 512ull << 20; // CUDA context, driver and allocator slack, inside gpu_memory
   // sequence
-  int64_t context = 4096;  // KV cache length
+  int64_t context = 4096;  // KV cache length; 0 (`context: auto`, and without a YAML): the planner's choice
   int batch = 1;           // sequences decoded together (KV and state scale with it)
   // cpu
   int cpu_threads = 0;          // 0: physical cores
@@ -95,6 +95,9 @@ struct PlacementConfig {
 };
 
 // Reads a YAML file. Throws tandem::Error "FILE:LINE: key 'x': ..." on any problem.
+// The placement without a YAML (--device auto / hybrid with no --config, Engine(config=None), tandem
+// plan without --config): every default, and the context chosen by the planner (context: auto).
+PlacementConfig default_placement_config();
 PlacementConfig load_placement_config(const std::string& path);
 // Parses YAML (or JSON) text; `source` names it in messages; relative heat paths resolve against `base_dir`.
 PlacementConfig parse_placement_config(const std::string& text, const std::string& source, const std::string& base_dir = "");

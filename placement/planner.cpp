@@ -267,7 +267,7 @@ Plan make_plan(const ModelConfig& c, const PlacementConfig& cfg, const PlanReque
   p.batch = cfg.batch;
   p.deferral = cfg.deferral;
   p.prefill = cfg.prefill;
-  if (p.context < 1 || p.context > c.max_position_embeddings)
+  if (p.context < 0 || p.context > c.max_position_embeddings)
     fail("context ", p.context, " must be between 1 and the model's max_position_embeddings (", c.max_position_embeddings, ")");
   p.budget_bytes = req.gpu_mem ? req.gpu_mem : cfg.gpu_memory ? cfg.gpu_memory : req.device_free_bytes;
   if (!p.budget_bytes)
@@ -306,6 +306,32 @@ Plan make_plan(const ModelConfig& c, const PlacementConfig& cfg, const PlanReque
   const int64_t group = eq.quantized ? (eq.group_size > 0 ? eq.group_size : H) : 128;
   p.gpu_expert_bytes = 2 * s.linear("layers.0.mlp.experts.0.gate_proj", I, H) + s.linear("layers.0.mlp.experts.0.down_proj", H, I);
   const uint64_t table = align256(E * (eq.quantized ? kInt4ExpertTableEntry : kBf16ExpertTableEntry));
+
+  // ---- context: auto ----
+  // The longest context whose KV cache (and context-sized workspaces) takes at most a quarter of what
+  // the budget leaves after everything else at the shortest context, up to the model's limit, in
+  // steps of 1024 tokens: long contexts by default, most of the card still for routed experts.
+  if (p.context == 0) {
+    const int64_t chunk = cfg.prefill_chunk < 0 ? 256 : cfg.prefill_chunk, floor = std::min<int64_t>(4096, c.max_position_embeddings);
+    auto fixed_at = [&](int64_t ctx) {
+      return fixed_vram(c, s, ctx, p.batch, p.embed_on_gpu, tied_shared, chunk, eq.quantized, cfg.deferral, cfg.gpu_reserve).total();
+    };
+    const uint64_t base = fixed_at(floor);
+    const uint64_t share = p.budget_bytes > base ? (p.budget_bytes - base) / 4 : 0;
+    auto context_at = [&](int64_t i) { return std::min<int64_t>(c.max_position_embeddings, floor + i * 1024); };
+    int64_t lo = 0, hi = (c.max_position_embeddings - floor + 1023) / 1024;  // fixed_at grows with the context
+    while (lo < hi) {
+      const int64_t mid = (lo + hi + 1) / 2;
+      if (fixed_at(context_at(mid)) - base <= share) lo = mid;
+      else hi = mid - 1;
+    }
+    p.context = context_at(lo);
+    const uint64_t extra = fixed_at(p.context) - base;
+    p.context_note = str_cat("auto: the KV cache and context-sized buffers take ", format_gib(extra + base - fixed_at(1)),
+                             ", at most a quarter of what the budget leaves; past ", floor, " tokens they hold the room of ",
+                             p.gpu_expert_bytes ? extra / p.gpu_expert_bytes : 0, " routed experts (", format_gib(extra),
+                             "); --context or `context:` in the YAML sets it");
+  }
 
   // ---- fixed VRAM ----
   auto fixed_for = [&](int64_t chunk) {
@@ -537,6 +563,7 @@ nlohmann::json plan_to_json(const Plan& p) {
                      {"kv_cache", p.vram.kv_cache},           {"deltanet_state", p.vram.deltanet_state},
                      {"workspace", p.vram.workspace},         {"reserve", p.vram.reserve}};
   j["context"] = p.context;
+  if (!p.context_note.empty()) j["context_note"] = p.context_note;
   j["batch"] = p.batch;
   j["embed_on_gpu"] = p.embed_on_gpu;
   j["selection"] = p.selection;
@@ -578,15 +605,14 @@ nlohmann::json plan_to_json(const Plan& p) {
 std::string plan_table(const Plan& p) {
   std::string o;
   auto line = [&](const std::string& a, const std::string& b) {
-    char buf[256];
-    std::snprintf(buf, sizeof buf, "  %-22s %s\n", a.c_str(), b.c_str());
-    o += buf;
+    o += "  " + a + std::string(a.size() < 22 ? 22 - a.size() : 0, ' ') + " " + b + "\n";
   };
   auto pct = [](double x) { return str_cat(static_cast<int>(std::lround(x * 1000)) / 10.0, "%"); };
   const VramBytes& v = p.vram;
   o += str_cat("placement plan for ", p.model, "\n");
   line("GPU budget", str_cat(format_gib(p.budget_bytes), " (minimum ", format_gib(p.min_budget_bytes), "), context ", p.context,
                              ", batch ", p.batch));
+  if (!p.context_note.empty()) line("context", p.context_note);
   o += "\n  GPU memory             bytes\n";
   line("dense weights", format_gib(v.dense_weights) + (p.embed_on_gpu ? "" : " (embed_tokens on the CPU)"));
   line("routed experts", str_cat(format_gib(v.expert_weights), " (", p.total_gpu_experts(), " experts, ", p.expert_checkpoint_format, ")"));

@@ -56,6 +56,7 @@ struct Plan {
   std::string model;              // config.json path
   uint64_t budget_bytes = 0;      // gpu.memory (or --gpu-mem)
   int64_t context = 0;
+  std::string context_note;       // context: auto: how it was chosen and what it costs in GPU experts
   int batch = 1;
   VramBytes vram;
   uint64_t min_budget_bytes = 0;  // everything but routed experts
@@ -97,7 +98,7 @@ struct Plan {
 
 struct PlanRequest {
   uint64_t gpu_mem = 0;   // overrides the config's gpu.memory when set
-  int64_t context = 0;    // overrides the config's context when set
+  int64_t context = 0;    // overrides the config's context when set (0: the config's; auto when it has none)
   uint64_t device_free_bytes = 0;  // what the GPU has free (0: no GPU known); the budget when none is set
   double measured_gpu_bw = 0;      // bytes/s, when known
   double measured_cpu_bw = 0;

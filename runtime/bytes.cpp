@@ -13,7 +13,7 @@ uint64_t parse_bytes(const std::string& text, const std::string& what) {
   try {
     v = std::stod(text, &used);
   } catch (const std::exception&) {
-    fail(what, ": '", text, "' is not a size (examples: 24GiB, 512MiB, 16GB)");
+    fail(what, ": ", quote(text), " is not a size (examples: 24GiB, 512MiB, 16GB)");
   }
   std::string unit = text.substr(used);
   for (auto& c : unit) c = static_cast<char>(std::tolower(c));
@@ -27,10 +27,10 @@ uint64_t parse_bytes(const std::string& text, const std::string& what) {
   else if (unit == "mb") mul = 1e6;
   else if (unit == "gb") mul = 1e9;
   else if (unit == "tb") mul = 1e12;
-  else fail(what, ": unknown unit '", text.substr(used), "' in '", text, "' (use B, KiB, MiB, GiB, TiB, KB, MB, GB or TB)");
-  if (!(v > 0)) fail(what, ": '", text, "' must be positive");
+  else fail(what, ": unknown unit ", quote(text.substr(used)), " in ", quote(text), " (use B, KiB, MiB, GiB, TiB, KB, MB, GB or TB)");
+  if (!(v > 0)) fail(what, ": ", quote(text), " must be positive");
   constexpr double kMax = 1152921504606846976.0;  // 1 EiB: far beyond any machine, and exact in uint64
-  if (!(v * mul <= kMax)) fail(what, ": '", text, "' is too large (at most 1 EiB)");
+  if (!(v * mul <= kMax)) fail(what, ": ", quote(text), " is too large (at most 1 EiB)");
   return static_cast<uint64_t>(v * mul);
 }
 

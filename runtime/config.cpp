@@ -1,17 +1,20 @@
 #include "runtime/config.h"
 
+#include <climits>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "runtime/error.h"
+#include "runtime/file_io.h"
 
 namespace tandem {
 
 using json = nlohmann::json;
 
 namespace {
+
+constexpr int64_t kMaxDim = int64_t{1} << 24;
+constexpr uint64_t kMaxConfigBytes = 16 << 20;  // real config.json files are a few KB
 
 // Typed access to config.json values; every message names the file and the dotted key path.
 class Reader {
@@ -23,12 +26,14 @@ class Reader {
   std::string path(const char* key) const { return prefix_ + key; }
 
   [[noreturn]] void bad(const char* key, const std::string& what) const {
-    fail(source_, ": ", path(key), ": ", what, " (found ", has(key) ? obj_[key].dump() : "nothing", ")");
+    fail(source_, ": ", path(key), ": ", what, " (found ", has(key) ? printable(obj_[key].dump(), 80) : "nothing", ")");
   }
 
   int64_t integer(const char* key) const {
     if (!has(key)) fail(source_, ": missing required key '", path(key), "'");
     if (!obj_[key].is_number_integer()) bad(key, "expected an integer");
+    if (obj_[key].is_number_unsigned() && obj_[key].get<uint64_t>() > static_cast<uint64_t>(INT64_MAX))
+      bad(key, "the integer is out of range");
     return obj_[key].get<int64_t>();
   }
   int64_t integer(const char* key, int64_t dflt) const { return has(key) ? integer(key) : dflt; }
@@ -38,6 +43,25 @@ class Reader {
     return v;
   }
   int64_t positive(const char* key, int64_t dflt) const { return has(key) ? positive(key) : dflt; }
+  // Range-checked before narrowing: a value above 2^32 is an error naming the key, never its low bits.
+  template <typename T>
+  T integer_in(const char* key, T lo, T hi) const {
+    return narrow<T>(integer(key), str_cat(source_, ": ", path(key)), lo, hi);
+  }
+  template <typename T>
+  T integer_in(const char* key, T dflt, T lo, T hi) const {
+    return has(key) ? integer_in<T>(key, lo, hi) : dflt;
+  }
+  template <typename T>
+  T positive_in(const char* key, T hi) const {
+    return narrow<T>(positive(key), str_cat(source_, ": ", path(key)), 1, hi);
+  }
+  template <typename T>
+  T positive_in(const char* key, T dflt, T hi) const {
+    return has(key) ? positive_in<T>(key, hi) : dflt;
+  }
+  int positive_int(const char* key) const { return positive_in<int>(key, INT_MAX); }
+  int positive_int(const char* key, int dflt) const { return positive_in<int>(key, dflt, INT_MAX); }
   double number(const char* key, double dflt) const {
     if (!has(key)) return dflt;
     if (!obj_[key].is_number()) bad(key, "expected a number");
@@ -107,9 +131,9 @@ void parse_quant(const Reader& q, QuantConfig& out) {
   const std::string method = q.string("quant_method", "");
   if (method != "gptq") q.bad("quant_method", "only 'gptq' quantization is supported");
   out.gptq = true;
-  out.bits = static_cast<int>(q.integer("bits", 4));
+  out.bits = q.integer_in<int>("bits", 4, INT_MIN, INT_MAX);
   if (out.bits != 4) q.bad("bits", "unsupported bits: Tandem reads 4-bit GPTQ checkpoints");
-  out.group_size = static_cast<int>(q.integer("group_size", 128));
+  out.group_size = q.integer_in<int>("group_size", 128, INT_MIN, INT_MAX);
   if (out.group_size != -1 && out.group_size <= 0) q.bad("group_size", "expected -1 or a positive integer");
   out.sym = q.boolean("sym", true);
   out.desc_act = q.boolean("desc_act", false);
@@ -139,9 +163,9 @@ void parse_quant(const Reader& q, QuantConfig& out) {
       }
       if (!val.is_object()) d.bad(key.c_str(), "expected an object of overrides");
       const Reader o = d.child(key.c_str());
-      rule.bits = static_cast<int>(o.integer("bits", 0));
+      rule.bits = o.integer_in<int>("bits", 0, INT_MIN, INT_MAX);
       if (rule.bits != 0 && rule.bits != 4) o.bad("bits", "unsupported bits: Tandem reads 4-bit GPTQ checkpoints");
-      rule.group_size = static_cast<int>(o.integer("group_size", 0));
+      rule.group_size = o.integer_in<int>("group_size", 0, INT_MIN, INT_MAX);
       if (o.has("sym")) rule.sym = o.boolean("sym", true) ? 1 : 0;
       if (o.has("desc_act")) rule.desc_act = o.boolean("desc_act", false) ? 1 : 0;
       out.dynamic.push_back(std::move(rule));
@@ -204,24 +228,25 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
   c.model_type = t.string("model_type", "qwen3_5_moe_text");
   if (c.model_type != "qwen3_5_moe_text") t.bad("model_type", "expected 'qwen3_5_moe_text'");
 
-  c.vocab_size = t.positive("vocab_size");
-  c.hidden_size = t.positive("hidden_size");
-  c.num_layers = static_cast<int>(t.positive("num_hidden_layers"));
-  c.num_heads = static_cast<int>(t.positive("num_attention_heads"));
-  c.num_kv_heads = static_cast<int>(t.positive("num_key_value_heads", c.num_heads));
-  c.head_dim = static_cast<int>(t.positive("head_dim", c.hidden_size / c.num_heads));
-  c.linear_num_key_heads = static_cast<int>(t.positive("linear_num_key_heads"));
-  c.linear_num_value_heads = static_cast<int>(t.positive("linear_num_value_heads"));
-  c.linear_key_head_dim = static_cast<int>(t.positive("linear_key_head_dim"));
-  c.linear_value_head_dim = static_cast<int>(t.positive("linear_value_head_dim"));
-  c.linear_conv_kernel = static_cast<int>(t.positive("linear_conv_kernel_dim", 4));
-  c.num_experts = static_cast<int>(t.positive("num_experts"));
-  c.num_experts_per_tok = static_cast<int>(t.positive("num_experts_per_tok"));
-  c.moe_intermediate_size = t.positive("moe_intermediate_size");
-  c.shared_expert_intermediate_size = t.positive("shared_expert_intermediate_size");
+  // Token ids are int32; matrix sizes up to 2^24 keep every product of two of them in int64.
+  c.vocab_size = t.positive_in<int64_t>("vocab_size", INT32_MAX);
+  c.hidden_size = t.positive_in<int64_t>("hidden_size", kMaxDim);
+  c.num_layers = t.positive_int("num_hidden_layers");
+  c.num_heads = t.positive_int("num_attention_heads");
+  c.num_kv_heads = t.positive_int("num_key_value_heads", c.num_heads);
+  c.head_dim = t.has("head_dim") ? t.positive_int("head_dim") : narrow<int>(c.hidden_size / c.num_heads, "head_dim");
+  c.linear_num_key_heads = t.positive_int("linear_num_key_heads");
+  c.linear_num_value_heads = t.positive_int("linear_num_value_heads");
+  c.linear_key_head_dim = t.positive_int("linear_key_head_dim");
+  c.linear_value_head_dim = t.positive_int("linear_value_head_dim");
+  c.linear_conv_kernel = t.positive_int("linear_conv_kernel_dim", 4);
+  c.num_experts = t.positive_int("num_experts");
+  c.num_experts_per_tok = t.positive_int("num_experts_per_tok");
+  c.moe_intermediate_size = t.positive_in<int64_t>("moe_intermediate_size", kMaxDim);
+  c.shared_expert_intermediate_size = t.positive_in<int64_t>("shared_expert_intermediate_size", kMaxDim);
   c.rms_norm_eps = t.number("rms_norm_eps", 1e-6);
   if (!(c.rms_norm_eps > 0)) t.bad("rms_norm_eps", "expected a positive number");
-  c.max_position_embeddings = t.positive("max_position_embeddings", 262144);
+  c.max_position_embeddings = t.positive_in<int64_t>("max_position_embeddings", 262144, INT32_MAX);
   c.tie_word_embeddings = t.boolean("tie_word_embeddings", top.boolean("tie_word_embeddings", false));
   c.eos_token_ids = token_ids(t, "eos_token_id");
   if (c.eos_token_ids.empty()) c.eos_token_ids = token_ids(top, "eos_token_id");
@@ -288,12 +313,10 @@ void ModelConfig::validate() const {
 ModelConfig load_model_config(const std::string& dir_or_file) {
   namespace fs = std::filesystem;
   fs::path p(dir_or_file);
-  if (fs::is_directory(p)) p /= "config.json";
-  std::ifstream in(p);
-  if (!in) fail(p.string(), ": cannot open (is this a model folder?)");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return parse_model_config(ss.str(), p.string());
+  std::error_code ec;
+  if (fs::is_directory(p, ec)) p /= "config.json";
+  if (!fs::exists(fs::symlink_status(p, ec))) fail(p.string(), ": cannot open (no such file; is this a model folder?)");
+  return parse_model_config(read_text_file(p.string(), kMaxConfigBytes, "the model config"), p.string());
 }
 
 }  // namespace tandem

@@ -38,6 +38,7 @@ class HostRunner final : public Runner {
   std::string describe() const override {
     return backend_ ? "cpu: " + backend_->describe() : "ref: exact fp32 reference";
   }
+  int64_t max_context() const override { return model_.config().max_position_embeddings; }
   double weight_bandwidth(std::string* what) override {
     if (what) *what = "CPU read bandwidth";
     return measure_read_bandwidth().bytes_per_s;
@@ -198,7 +199,7 @@ class CpuExpertSide final : public HostExperts {
 // side) are the same GPU model with and without host experts.
 class GpuRunner final : public Runner {
  public:
-  GpuRunner(const Qwen35Moe& model, const RunnerOptions& o) : placement_(o.hybrid) {
+  GpuRunner(const Qwen35Moe& model, const RunnerOptions& o) : placement_(o.hybrid), context_(o.context) {
     GpuOptions g;
     g.budget_bytes = o.gpu_mem;
     g.max_context = o.context;
@@ -286,6 +287,7 @@ class GpuRunner final : public Runner {
     if (placement_->replace.on()) paths += str_cat(", online re-placement every ", placement_->replace.every, " decode tokens");
     return "hybrid: " + placement_->summary + "; GPU " + gpu_->memory().describe() + "; CPU " + cpu_->describe() + "; " + paths;
   }
+  int64_t max_context() const override { return context_; }
   uint64_t peak_device_bytes() const override { return gpu_->memory().total(); }
   double gpu_expert_share() const override {
     const ExpertCounts& c = gpu_->expert_counts();
@@ -311,6 +313,7 @@ class GpuRunner final : public Runner {
  private:
   bool sample_on_gpu_ = false;
   std::shared_ptr<const HybridPlacement> placement_;  // null: everything on the GPU
+  int64_t context_ = 0;                               // the KV cache's length
   std::unique_ptr<CpuExpertSide> cpu_;                // declared before gpu_: the GPU model calls into it
   std::unique_ptr<Qwen35MoeGpu> gpu_;
 };
@@ -322,6 +325,13 @@ void check_token_ids(std::span<const int32_t> ids, int64_t vocab_size, const std
   for (size_t i = 0; i < ids.size(); ++i)
     if (ids[i] < 0 || ids[i] >= vocab_size)
       fail(what, ": token id ", ids[i], " at position ", i, " is outside the vocabulary of ", model_dir, " (vocab_size ", vocab_size, ")");
+}
+
+void check_context(const Runner& runner, int64_t prompt_tokens, int64_t new_tokens, const char* new_tokens_name) {
+  const int64_t limit = runner.max_context();
+  if (prompt_tokens > limit || new_tokens > limit - prompt_tokens)
+    fail("the prompt (", prompt_tokens, " tokens) plus ", new_tokens_name, " ", new_tokens, " exceeds the context of ", limit,
+         " tokens", runner.peak_device_bytes() ? " the KV cache was planned for (--context / context: sets it)" : "");
 }
 
 std::unique_ptr<Runner> make_runner(const Qwen35Moe& model, const RunnerOptions& o) {

@@ -39,7 +39,8 @@ struct HybridPlacement {
 };
 
 struct RunnerOptions {
-  std::string device = "ref";
+  static constexpr int kMaxThreads = 4096;  // --threads, cpu.threads, Engine(threads=): more is a typo
+  std::string device = "auto";  // auto | ref | cpu | gpu | hybrid (placement::prepare_device resolves auto)
   int threads = 0;                       // cpu: worker threads (0: physical cores)
   std::string cpu_expert_format = "bf16";  // cpu: bf16 | int8 for BF16 checkpoints' experts
   int defer_experts = 0;                 // ref/cpu: Qwen35State::defer_experts (measures deferral)
@@ -66,6 +67,9 @@ class Runner {
     return false;
   }
   virtual std::string describe() const = 0;  // one line: placement, ISA / GPU memory
+  // The longest sequence this runner holds: the KV cache it allocated (gpu, hybrid), else the model's
+  // max_position_embeddings (ref, cpu: the cache grows as needed).
+  virtual int64_t max_context() const = 0;
   virtual uint64_t peak_device_bytes() const { return 0; }
   // Share of decode's routed-expert activations served on the GPU since reset() (0 for host placements).
   virtual double gpu_expert_share() const { return 0; }
@@ -97,6 +101,11 @@ class Runner {
 };
 
 std::unique_ptr<Runner> make_runner(const Qwen35Moe& model, const RunnerOptions& opts);
+
+// tandem::Error when prompt_tokens + new_tokens do not fit runner.max_context(), with the figures and
+// what to change (`new_tokens_name`: "--max-new-tokens" on the CLI, "max_new_tokens" in Python; the
+// same check for generate, chat, logits and the bindings).
+void check_context(const Runner& runner, int64_t prompt_tokens, int64_t new_tokens, const char* new_tokens_name);
 
 // tandem::Error "<what>: token id X at position i is outside the vocabulary of <model_dir> (vocab_size V)"
 // for the first id out of range (the same words for the CLI and the Python bindings).

@@ -9,11 +9,11 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
 
 #include "runtime/error.h"
+#include "runtime/file_io.h"
 
 namespace tandem {
 
@@ -136,13 +136,17 @@ std::vector<TensorInfo> parse_safetensors_header(std::string_view header_json, u
 }
 
 MappedFile MappedFile::open_readonly(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);  // a FIFO must not block the open
   if (fd < 0) fail(path, ": cannot open (", std::strerror(errno), ")");
   struct stat st{};
   if (::fstat(fd, &st) != 0) {
     const int err = errno;
     ::close(fd);
     fail(path, ": cannot stat (", std::strerror(err), ")");
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    fail(path, ": not a regular file (a directory, FIFO or device cannot be memory-mapped as a checkpoint)");
   }
   MappedFile m;
   m.path_ = path;
@@ -199,10 +203,10 @@ Checkpoint Checkpoint::open(const std::string& dir) {
   const fs::path index = fs::path(dir) / "model.safetensors.index.json";
   const fs::path single = fs::path(dir) / "model.safetensors";
   if (fs::exists(index)) {
-    std::ifstream in(index);
+    const std::string text = read_text_file(index.string(), kMaxHeaderBytes, "the safetensors index");
     json j;
     try {
-      j = json::parse(in);
+      j = json::parse(text);
     } catch (const json::exception& e) {
       fail(index.string(), ": not valid JSON (", e.what(), ")");
     }

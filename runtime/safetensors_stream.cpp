@@ -8,11 +8,11 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <utility>
 
 #include "runtime/error.h"
+#include "runtime/file_io.h"
 
 namespace tandem {
 
@@ -177,10 +177,20 @@ void SafetensorsStreamWriter::finish() {
       const int f = std::exchange(*fd, -1);
       if (f >= 0 && ::close(f) != 0) fail(path_of(s, true), ": close failed (", std::strerror(errno), ")");
     }
-  for (size_t s = 0; s < shards_.size(); ++s) {
+  // Shards get their final names, then the index (written atomically); a failure removes the shards
+  // already renamed (the destructor removes the rest), so no folder ever has shards without an index.
+  size_t renamed = 0;
+  auto unrename = [&] {
+    std::error_code ec;
+    for (size_t s = 0; s < renamed; ++s) fs::remove(path_of(s, false), ec);
+  };
+  for (size_t s = 0; s < shards_.size(); ++s, ++renamed) {
     std::error_code ec;
     fs::rename(path_of(s, true), path_of(s, false), ec);
-    if (ec) fail(path_of(s, false), ": cannot rename from its .partial file (", ec.message(), ")");
+    if (ec) {
+      unrename();
+      fail(path_of(s, false), ": cannot rename from its .partial file (", ec.message(), ")");
+    }
   }
   if (shards_.size() > 1) {
     nlohmann::json idx;  // sorted keys, as HF writes it
@@ -188,12 +198,22 @@ void SafetensorsStreamWriter::finish() {
     idx["weight_map"] = nlohmann::json::object();
     for (size_t s = 0; s < shards_.size(); ++s)
       for (size_t t : shards_[s].tensors) idx["weight_map"][tensors_[t].name] = shards_[s].file;
-    const std::string p = (fs::path(dir_) / "model.safetensors.index.json").string();
-    std::ofstream f(p, std::ios::trunc);
-    f << idx.dump(2) << "\n";
-    if (!f) fail(p, ": write failed");
+    try {
+      write_file_atomic((fs::path(dir_) / kIndexFile).string(), idx.dump(2) + "\n");
+    } catch (...) {
+      unrename();
+      throw;
+    }
   }
   finished_ = true;
+}
+
+std::vector<std::string> SafetensorsStreamWriter::written_files() const {
+  std::vector<std::string> out;
+  if (!finished_) return out;
+  for (size_t s = 0; s < shards_.size(); ++s) out.push_back(path_of(s, false));
+  if (shards_.size() > 1) out.push_back((fs::path(dir_) / kIndexFile).string());
+  return out;
 }
 
 }  // namespace tandem

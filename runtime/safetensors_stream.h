@@ -12,8 +12,9 @@
 // Lifecycle: plan (constructor) -> open() creates every file at full size (blocks reserved with
 // fallocate where the filesystem can) under a `.partial` name -> write() from any number of threads
 // (pwrite, no shared state) -> finish() closes, renames the files to their final names and writes the
-// index. A writer destroyed before finish() removes its partial files, so a failed run never leaves a
-// loadable but incomplete model.
+// index (atomically: a temporary name, then a rename). A writer destroyed before finish() removes its
+// partial files, and a failing finish() the shards it renamed, so a failed run never leaves a loadable
+// but incomplete model.
 //
 // Two I/O modes. Buffered: open() writes the headers, write() takes any range. Direct (O_DIRECT, for
 // tens of GB: no page-cache copy, no writeback stalls; ~2 GB/s where buffered writes managed 0.3 on
@@ -71,6 +72,10 @@ class SafetensorsStreamWriter {
   // Thread-safe: `n` bytes into shard `shard` at absolute file offset `offset`. Throws on I/O errors.
   void write(size_t shard, uint64_t offset, const void* data, size_t n) const;
   void finish();
+  // After finish(): the files it left (shards, index), so a caller that fails later can remove them.
+  std::vector<std::string> written_files() const;
+
+  static constexpr const char* kIndexFile = "model.safetensors.index.json";
 
  private:
   std::string path_of(size_t shard, bool partial) const;

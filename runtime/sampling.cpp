@@ -4,10 +4,10 @@
 #include <cmath>
 #include <filesystem>
 #include <limits>
-#include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "runtime/error.h"
+#include "runtime/file_io.h"
 
 namespace tandem {
 
@@ -42,20 +42,28 @@ std::vector<std::string> sampling_preset_names() { return {"thinking", "thinking
 GenerationDefaults load_generation_config(const std::string& model_dir) {
   GenerationDefaults d;
   const auto path = std::filesystem::path(model_dir) / "generation_config.json";
-  if (!std::filesystem::exists(path)) return d;
+  std::error_code ec;
+  if (!std::filesystem::exists(std::filesystem::symlink_status(path, ec))) return d;  // optional; a broken link is reported
+  const std::string text = read_text_file(path.string(), 1 << 20, "the generation config");
   nlohmann::json j;
   try {
-    std::ifstream in(path);
-    j = nlohmann::json::parse(in);
+    j = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     fail(path.string(), ": not valid JSON (", e.what(), ")");
   }
   if (!j.is_object()) fail(path.string(), ": expected a JSON object");
   d.found = true;
   auto num = [&](const char* key, auto& field) {
+    using T = std::remove_reference_t<decltype(field)>;
     if (!j.contains(key) || j[key].is_null()) return;
-    if (!j[key].is_number()) fail(path.string(), ": '", key, "' must be a number (found ", j[key].dump(), ")");
-    field = j[key].get<std::remove_reference_t<decltype(field)>>();
+    if (!j[key].is_number()) fail(path.string(), ": '", key, "' must be a number (found ", printable(j[key].dump(), 80), ")");
+    if constexpr (std::is_integral_v<T>) {
+      if (!j[key].is_number_integer()) fail(path.string(), ": '", key, "' must be an integer (found ", j[key].dump(), ")");
+      if (j[key].is_number_unsigned()) field = narrow<T>(j[key].get<uint64_t>(), str_cat(path.string(), ": ", key));
+      else field = narrow<T>(j[key].get<int64_t>(), str_cat(path.string(), ": ", key));
+    } else {
+      field = j[key].get<T>();
+    }
   };
   num("temperature", d.sampling.temperature);
   num("top_k", d.sampling.top_k);
@@ -65,10 +73,14 @@ GenerationDefaults load_generation_config(const std::string& model_dir) {
   if (j.contains("do_sample") && j["do_sample"].is_boolean() && !j["do_sample"].get<bool>()) d.sampling.temperature = 0.0f;
   if (j.contains("eos_token_id")) {
     const auto& e = j["eos_token_id"];
-    if (e.is_number_integer()) d.eos_token_ids.push_back(e.get<int64_t>());
+    auto id = [&](const nlohmann::json& v) -> int64_t {  // token ids are int32
+      const std::string what = str_cat(path.string(), ": eos_token_id");
+      return v.is_number_unsigned() ? narrow<int32_t>(v.get<uint64_t>(), what, 0) : narrow<int32_t>(v.get<int64_t>(), what, 0);
+    };
+    if (e.is_number_integer()) d.eos_token_ids.push_back(id(e));
     else if (e.is_array())
       for (const auto& v : e)
-        if (v.is_number_integer()) d.eos_token_ids.push_back(v.get<int64_t>());
+        if (v.is_number_integer()) d.eos_token_ids.push_back(id(v));
   }
   try {
     d.sampling.validate();

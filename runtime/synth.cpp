@@ -3,12 +3,12 @@
 
 #include <chrono>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <thread>
 
 #include "runtime/bpe_trainer.h"
 #include "runtime/error.h"
+#include "runtime/file_io.h"
 #include "runtime/safetensors.h"
 #include "runtime/synth_write.h"
 
@@ -36,12 +36,26 @@ ojson mrope_section(int rotary_half) {
   return {a, a, rotary_half - 2 * a};
 }
 
-void write_file(const fs::path& p, const std::string& text) {
-  std::ofstream f(p, std::ios::binary | std::ios::trunc);
-  if (!f) fail(p.string(), ": cannot open for writing");
-  f << text;
-  if (!f) fail(p.string(), ": write failed (disk full?)");
-}
+// The files a run wrote, removed again when it fails part way (a full disk, a failed routing report),
+// so a later load finds no model rather than half of one. Each file is written atomically.
+class WrittenFiles {
+ public:
+  ~WrittenFiles() {
+    if (done_) return;
+    std::error_code ec;
+    for (const auto& p : files_) fs::remove(p, ec);
+  }
+  void write(const fs::path& p, const std::string& text) {
+    files_.push_back(p);
+    write_file_atomic(p.string(), text);
+  }
+  void add(const std::string& p) { files_.emplace_back(p); }
+  void keep() { done_ = true; }
+
+ private:
+  std::vector<fs::path> files_;
+  bool done_ = false;
+};
 
 std::string generation_config_json(const Vocab& v) {
   const int64_t eot = v.special_base, im_end = v.special_base + 2;
@@ -333,14 +347,19 @@ Result synthesize(const Preset& preset, const Options& opts) {
   std::vector<AddedToken> added;
   for (size_t i = 0; i < specials.size(); ++i)
     added.push_back({v.special_base + static_cast<int64_t>(i), specials[i].first, specials[i].second});
-  write_file(dir / "config.json", config_text);
-  write_file(dir / "generation_config.json", generation_config_json(v));
-  write_file(dir / "tokenizer.json", hf_tokenizer_json(bpe, added, v.special_base) + "\n");
-  write_file(dir / "tokenizer_config.json", tokenizer_config_json(v, s.max_position_embeddings));
-  if (!writer) return res;
+  WrittenFiles written;
+  written.write(dir / "config.json", config_text);
+  written.write(dir / "generation_config.json", generation_config_json(v));
+  written.write(dir / "tokenizer.json", hf_tokenizer_json(bpe, added, v.special_base) + "\n");
+  written.write(dir / "tokenizer_config.json", tokenizer_config_json(v, s.max_position_embeddings));
+  if (!writer) {
+    written.keep();
+    return res;
+  }
 
   const auto t0 = clock::now();
   write_weights(plan, *writer, opts.seed, threads, opts.work_unit_bytes, opts.log);
+  for (const auto& f : writer->written_files()) written.add(f);
   res.write_seconds = std::chrono::duration<double>(clock::now() - t0).count();
   res.gb_per_s = writer->file_bytes() / 1e9 / std::max(res.write_seconds, 1e-9);
   res.weights_written = true;
@@ -388,7 +407,8 @@ Result synthesize(const Preset& preset, const Options& opts) {
                          {"max", shares_json(res.routing.max)},
                          {"layers", layers}};
   }
-  write_file(dir / "synth_report.json", report.dump(2) + "\n");
+  written.write(dir / "synth_report.json", report.dump(2) + "\n");
+  written.keep();
   return res;
 }
 

@@ -11,6 +11,7 @@
 #include <exception>
 #include <mutex>
 #include <string>
+#include <system_error>
 #include <thread>
 
 #include "runtime/error.h"
@@ -98,7 +99,15 @@ void write_weights(const std::vector<PlannedTensor>& plan, SafetensorsStreamWrit
   auto secs = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
   Progress progress(log, total);
   std::vector<std::thread> pool;
-  for (int i = 0; i < std::max(1, threads); ++i) pool.emplace_back(worker);
+  for (int i = 0; i < std::max(1, threads); ++i) {
+    try {
+      pool.emplace_back(worker);
+    } catch (const std::system_error& e) {
+      abort = true;  // the started workers stop after their unit; the writer then removes its files
+      for (auto& th : pool) th.join();
+      fail("synth: cannot start writer thread ", i + 1, " of ", threads, " (", e.what(), "); use fewer --threads");
+    }
+  }
   {
     std::unique_lock<std::mutex> lock(mu);
     while (running > 0) {

@@ -4,10 +4,9 @@
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "runtime/error.h"
+#include "runtime/file_io.h"
 #include "runtime/tokenizer_impl.h"
 #include "runtime/tokenizer_unicode.h"
 
@@ -96,12 +95,12 @@ size_t leading_space_end(std::string_view text, size_t pos) {
 // HF AddedVocabulary::find_matches: splits `text` into gaps and added tokens. A match rejected by
 // single_word is skipped without rescanning its span, as HF's non-overlapping iterator does.
 template <typename OnGap, typename OnToken>
-void split_on_added(std::string_view text, const AddedTokenMatcher& matcher, const std::vector<AddedToken>& added,
+void split_on_added(std::string_view text, const AddedTokenMatcher& matcher, const std::vector<tok::AddedToken>& added,
                     OnGap&& on_gap, OnToken&& on_token) {
   size_t done = 0, search = 0;
   while (auto m = matcher.find(text, search)) {
     search = m->pos + m->length;
-    const AddedToken& t = added[m->token];
+    const tok::AddedToken& t = added[m->token];
     size_t start = m->pos, stop = m->pos + m->length;
     if (t.single_word) {
       const bool space_before = start == 0 || !(tok::char_flags(char_before(text, start)) & tok::kWord);
@@ -180,17 +179,14 @@ Tokenizer Tokenizer::from_json(std::string_view json, const std::string& source)
 }
 
 Tokenizer Tokenizer::from_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) fail(path, ": cannot open the tokenizer file");
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  if (f.bad()) fail(path, ": cannot read the tokenizer file");
-  return from_json(ss.str(), path);
+  // Real tokenizer.json files are a few MB to tens of MB (a 250k vocabulary with its merges).
+  return from_json(read_text_file(path, uint64_t{512} << 20, "the tokenizer file"), path);
 }
 
 Tokenizer Tokenizer::from_model_dir(const std::string& dir) {
   const auto path = std::filesystem::path(dir) / "tokenizer.json";
-  if (!std::filesystem::exists(path)) fail(dir, ": no tokenizer.json in the model folder");
+  std::error_code ec;
+  if (!std::filesystem::exists(std::filesystem::symlink_status(path, ec))) fail(dir, ": no tokenizer.json in the model folder");
   return from_file(path.string());
 }
 

@@ -18,6 +18,9 @@
 
 namespace tandem {
 
+// tok::, like tok::BpeModel: the trainer's tandem::AddedToken (bpe_trainer.h) is a different type, and two
+// definitions of one name in one library are an ODR violation (Debug builds crashed in ~AddedToken).
+namespace tok {
 struct AddedToken {
   std::string content;
   int32_t id = -1;
@@ -27,6 +30,7 @@ struct AddedToken {
   bool rstrip = false;
   bool normalized = true;
 };
+}  // namespace tok
 
 // Leftmost-longest search for a set of added tokens (HF: Aho-Corasick, MatchKind::LeftmostLongest).
 // Added tokens are few (tens), so candidates are filtered by first byte and compared directly.
@@ -67,7 +71,7 @@ struct Tokenizer::Impl {
   PreTokenizerSpec pre;
   tok::BpeModel bpe;
 
-  std::vector<AddedToken> added;
+  std::vector<tok::AddedToken> added;
   AddedTokenMatcher raw_matcher;         // normalized=false: matched in the raw text
   AddedTokenMatcher normalized_matcher;  // normalized=true: matched in the normalised pieces
 

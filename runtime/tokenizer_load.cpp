@@ -265,7 +265,7 @@ void parse_added_tokens(const Ctx& c, const json& root, Tokenizer::Impl& impl, V
     if (content == e.end() || !content->is_string()) c.error(key + ".content", "missing or not a string");
     const auto idj = e.find("id");
     if (idj == e.end() || !idj->is_number_integer()) c.error(key + ".id", "missing or not an integer");
-    AddedToken t;
+    tok::AddedToken t;
     t.content = content->get<std::string>();
     if (!tok::is_valid_utf8(t.content)) c.error(key + ".content", "not valid UTF-8");
     if (t.content.empty()) continue;  // HF skips empty added tokens
@@ -353,7 +353,7 @@ void build_tables(Tokenizer::Impl& impl, const Vocab& vocab) {
   }
 
   for (size_t i = 0; i < impl.added.size(); ++i) {
-    const AddedToken& t = impl.added[i];
+    const tok::AddedToken& t = impl.added[i];
     if (!t.normalized) {
       impl.raw_matcher.add(t.content, static_cast<int32_t>(i));
     } else {

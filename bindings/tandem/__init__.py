@@ -14,6 +14,8 @@ with the GIL released; an Engine serves one call at a time, separate Engines run
 from __future__ import annotations
 
 import json as _json
+import numbers as _numbers
+import operator as _operator
 import queue as _queue
 import threading as _threading
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Union
@@ -33,6 +35,52 @@ _SAMPLING = ("temperature", "top_k", "top_p", "min_p", "presence_penalty", "freq
 
 def _text(b: bytes) -> str:
     return b.decode("utf-8", errors="replace")
+
+
+_INT64_MAX, _UINT64_MAX, _MAX_THREADS = 2**63 - 1, 2**64 - 1, 4096  # _MAX_THREADS: RunnerOptions::kMaxThreads
+
+
+def _int(value: Any, name: str, lo: int, hi: int = _INT64_MAX) -> int:
+    """An integer argument in lo..hi, or tandem.Error naming it (not pybind11's cast error, not its low bits)."""
+    if isinstance(value, bool):
+        raise Error(f"{name} must be an integer (got {value!r})")
+    try:
+        v = _operator.index(value)
+    except TypeError:
+        raise Error(f"{name} must be an integer (got {type(value).__name__} {repr(value)[:60]})") from None
+    if not lo <= v <= hi:
+        raise Error(f"{name}: {v} is out of range ({lo}..{hi})")
+    return v
+
+
+def _opt_int(value: Any, name: str, lo: int, hi: int = _INT64_MAX) -> Optional[int]:
+    return None if value is None else _int(value, name, lo, hi)
+
+
+def _gpu_mem(value: Any) -> Union[None, int, str]:
+    return value if value is None or isinstance(value, str) else _int(value, "gpu_mem", 1)
+
+
+def _sampling_args(sampling: Dict[str, Any]) -> Dict[str, Any]:
+    out = {}
+    for k, v in sampling.items():
+        if k not in _SAMPLING:
+            raise Error(f"unknown sampling parameter '{k}' (known: {', '.join(_SAMPLING)})")
+        if v is None:
+            out[k] = v
+        elif k == "seed":
+            out[k] = _int(v, k, 0, _UINT64_MAX)
+        elif k == "top_k":
+            out[k] = _int(v, k, 0, 2**31 - 1)
+        elif k == "preset":
+            if not isinstance(v, str):
+                raise Error(f"preset must be a string (got {type(v).__name__} {repr(v)[:60]})")
+            out[k] = v
+        else:
+            if isinstance(v, bool) or not isinstance(v, _numbers.Real):
+                raise Error(f"{k} must be a number (got {type(v).__name__} {repr(v)[:60]})")
+            out[k] = float(v)
+    return out
 
 
 class Tokenizer:
@@ -63,7 +111,8 @@ class Engine:
 
     def __init__(self, model_dir: str, config: Union[None, str, Dict[str, Any]] = None, device: str = "auto",
                  gpu_mem: Union[None, int, str] = None, threads: Optional[int] = None, context: Optional[int] = None):
-        self._core = _tandem.Engine(str(model_dir), config, device, gpu_mem, threads, context)
+        self._core = _tandem.Engine(str(model_dir), config, device, _gpu_mem(gpu_mem), _opt_int(threads, "threads", 1, _MAX_THREADS),
+                                    _opt_int(context, "context", 1))
         self.model_dir = str(model_dir)
         self.tokenizer = Tokenizer(self._core)
 
@@ -111,13 +160,14 @@ class Engine:
                                       enable_thinking, add_generation_prompt, add_vision_id)
 
     def _run(self, text, max_new_tokens, stream, stop, sampling):
-        for k in sampling:
-            if k not in _SAMPLING:
-                raise Error(f"unknown sampling parameter '{k}' (known: {', '.join(_SAMPLING)})")
+        sampling = _sampling_args(sampling)
+        max_new_tokens = _int(max_new_tokens, "max_new_tokens", 1)
         stop = list(stop or [])
         if not stream:
-            return _text(self._core.generate(text, max_new_tokens, dict(sampling), stop, None)["text"])
-        return self._stream(text, max_new_tokens, stop, dict(sampling))
+            # Through the streaming path: the generation runs on a worker thread while this one waits in
+            # Python, where Ctrl-C raises KeyboardInterrupt (and stops the worker at its next token).
+            return "".join(self._stream(text, max_new_tokens, stop, sampling))
+        return self._stream(text, max_new_tokens, stop, sampling)
 
     def _stream(self, text, max_new_tokens, stop, sampling) -> Iterator[str]:
         q: "_queue.Queue" = _queue.Queue()
@@ -142,16 +192,16 @@ class Engine:
                 yield item
             if "error" in result:
                 raise result["error"]
-        finally:  # an abandoned iterator stops the generation at the next token
-            if t.is_alive():
+        finally:  # an abandoned iterator (or Ctrl-C) stops the generation at the next token
+            while t.is_alive():  # again until it ends: a cancel before the worker's start is reset by it
                 self._core.cancel()
-                t.join()
+                t.join(0.05)
 
     # -- inspection
     def logits(self, ids: Sequence[int], prefill: Optional[int] = None):
         """float32 numpy array [len(ids), vocab]: the first `prefill` ids (default all) in one forward call,
         the rest one at a time through the cache (the same as `tandem logits`)."""
-        return self._core.logits([int(i) for i in ids], prefill)
+        return self._core.logits([_int(i, "ids", -2**31, 2**31 - 1) for i in ids], _opt_int(prefill, "prefill", 0))
 
     def plan(self) -> Dict[str, Any]:
         """The placement plan for this engine's config and budget (the fields of `tandem plan --json`)."""
@@ -173,17 +223,19 @@ def synth(preset: str, out: str, quant: Optional[str] = None, seed: int = 0, rou
           config_only: bool = False, force: bool = False) -> Dict[str, Any]:
     """Write a model folder with random weights in the real format (`tandem synth`): preset "tiny", "small"
     or "qwen3.5-35b-a3b"; quant "bf16" or "gptq-int4" (default: the preset's)."""
-    return _tandem.synth(preset, str(out), quant, seed, routing_skew, threads, config_only, force)
+    return _tandem.synth(preset, str(out), quant, _int(seed, "seed", 0, _UINT64_MAX), routing_skew, _int(threads, "threads", 0, 1024),
+                         config_only, force)
 
 
 def profile(model_dir: str, prompts: Sequence[str], out: Optional[str] = None, device: str = "cpu", gen: int = 0,
             max_tokens: int = 2048, chat: bool = False, threads: int = 0) -> Dict[str, Any]:
     """Count routed-expert activations over `prompts` (`tandem profile`); with `out`, write the heat map the
     planner reads (experts.heat). Returns tokens, counts [layer][expert] and the top-20% share."""
-    return _tandem.profile(str(model_dir), list(prompts), None if out is None else str(out), device, gen, max_tokens, chat, threads)
+    return _tandem.profile(str(model_dir), list(prompts), None if out is None else str(out), device, _int(gen, "gen", 0),
+                           _int(max_tokens, "max_tokens", 1), chat, _int(threads, "threads", 0, _MAX_THREADS))
 
 
 def plan(model_dir: str, config: Union[None, str, Dict[str, Any]] = None, gpu_mem: Union[None, int, str] = None,
          context: Optional[int] = None) -> Dict[str, Any]:
     """The placement plan for a model folder (only config.json is read) without loading it (`tandem plan --json`)."""
-    return _json.loads(_tandem.plan(str(model_dir), config, gpu_mem, context))
+    return _json.loads(_tandem.plan(str(model_dir), config, _gpu_mem(gpu_mem), _opt_int(context, "context", 1)))

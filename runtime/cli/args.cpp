@@ -3,10 +3,10 @@
 #include <algorithm>
 #include <charconv>
 #include <climits>
-#include <fstream>
 #include <sstream>
 
 #include "runtime/error.h"
+#include "runtime/file_io.h"
 
 namespace tandem::cli {
 
@@ -59,6 +59,8 @@ int64_t Args::get_int(const std::string& name, int64_t dflt) const {
   const std::string v = get(name);
   int64_t out = 0;
   auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), out);
+  if (ec == std::errc::result_out_of_range && p == v.data() + v.size())
+    throw UsageError(str_cat("tandem ", command_, ": option '--", name, "': ", quote(v), " is out of range"));
   if (ec != std::errc() || p != v.data() + v.size())
     throw UsageError(str_cat("tandem ", command_, ": option '--", name, "' expects an integer, got '", v, "'"));
   return out;
@@ -91,11 +93,7 @@ std::vector<int32_t> parse_id_list(const std::string& spec, const std::string& c
   std::string origin = "--ids";
   if (!spec.empty() && spec[0] == '@') {
     origin = spec.substr(1);
-    std::ifstream in(origin);
-    if (!in) fail(origin, ": cannot open the ids file");
-    std::stringstream ss;
-    ss << in.rdbuf();
-    text = ss.str();
+    text = read_text_file(origin, 256 << 20, "the ids file");
   }
   for (char& ch : text)
     if (ch == ',' || ch == '\n' || ch == '\r' || ch == '\t') ch = ' ';

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/error.h"
 #include "runtime/nearest.h"
 
 namespace tandem::cli {
@@ -35,6 +36,17 @@ class Args {
   std::string get(const std::string& name, const std::string& dflt) const;
   std::vector<std::string> get_all(const std::string& name) const;  // a flag given several times
   int64_t get_int(const std::string& name, int64_t dflt) const;
+  // An integer flag in lo..hi as a T: range-checked before narrowing (tandem::narrow), so 2^32 + 16 is a
+  // UsageError naming the flag, never 16.
+  template <typename T>
+  T get_int(const std::string& name, T dflt, T lo, T hi) const {
+    const int64_t v = get_int(name, dflt);
+    try {
+      return narrow<T>(v, "--" + name, lo, hi);
+    } catch (const Error& e) {
+      throw UsageError(str_cat("tandem ", command_, ": ", e.what()));
+    }
+  }
   double get_double(const std::string& name, double dflt) const;
   std::string usage() const;
 

@@ -24,6 +24,7 @@
 #include "runtime/cli/args.h"
 #include "runtime/cli/commands.h"
 #include "runtime/error.h"
+#include "runtime/file_io.h"
 #include "runtime/membw.h"
 #include "runtime/cli/device_flags.h"
 #include "runtime/models/qwen3_5_moe.h"
@@ -195,7 +196,6 @@ int cmd_bench(int argc, char** argv) {
   int64_t longest = 0;
   for (int64_t L : lengths) longest = std::max(longest, L);
   RunnerOptions ro = runner_options(a, longest + gen);
-  const std::string device = ro.device;
   auto model = Qwen35Moe::load(a.get("model"));
   const ModelConfig& cfg = model->config();
   std::vector<int32_t> text;
@@ -203,14 +203,13 @@ int cmd_bench(int argc, char** argv) {
   if (follow && !a.has("prompts")) throw UsageError("tandem bench: --follow-text needs --prompts FILE");
   if (a.has("prompts")) {
     const std::string path = a.get("prompts");
-    std::ifstream in(path, std::ios::binary);
-    if (!in) fail("tandem bench: cannot open the prompts file ", path);
-    const std::string body((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const std::string body = read_text_file(path, kMaxPromptFileBytes, "the prompts file");
     text = Tokenizer::from_model_dir(a.get("model")).encode(body);
     if (text.empty()) fail("tandem bench: ", path, " has no text to make prompts from");
     check_token_ids(text, cfg.vocab_size, a.get("model"), "tandem bench --prompts");
   }
   auto runner = open_runner(*model, ro);
+  const std::string device = ro.device;  // as chosen (--device auto)
   for (int64_t L : lengths)
     if (L + gen > cfg.max_position_embeddings)
       fail("--prompt-len ", L, " + --gen ", gen, " exceeds the model's context of ", cfg.max_position_embeddings);

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <climits>
 #include <cstdio>
 #include <iostream>
 
@@ -10,6 +11,7 @@
 #include "runtime/cli/args.h"
 #include "runtime/cli/commands.h"
 #include "runtime/cli/device_flags.h"
+#include "runtime/cli/output.h"
 #include "runtime/error.h"
 #include "runtime/generate.h"
 
@@ -51,7 +53,7 @@ SamplingParams sampling_from_args(const Args& a, const GenerationDefaults& defau
     throw UsageError(str_cat("tandem: --preset: ", e.what()));
   }
   p.temperature = static_cast<float>(a.get_double("temperature", p.temperature));
-  p.top_k = static_cast<int>(a.get_int("top-k", p.top_k));
+  p.top_k = a.get_int<int>("top-k", p.top_k, INT_MIN, INT_MAX);  // validate() then says what it must be
   p.top_p = static_cast<float>(a.get_double("top-p", p.top_p));
   p.min_p = static_cast<float>(a.get_double("min-p", p.min_p));
   p.presence_penalty = static_cast<float>(a.get_double("presence-penalty", p.presence_penalty));
@@ -75,12 +77,16 @@ struct Session {
   GenerationDefaults defaults;
   std::vector<int32_t> eos;
   std::unique_ptr<Runner> runner;
+  SamplingParams sampling;
 };
 
+// The sampling flags are checked before the runner is made: a usage error is one line, before the
+// device's (--device auto prints what it chose).
 Session open_session(const Args& a) {
   RunnerOptions ro = runner_options(a);
   const std::string dir = a.get("model");
-  Session s{Qwen35Moe::load(dir), Tokenizer::from_model_dir(dir), load_generation_config(dir), {}, nullptr};
+  Session s{Qwen35Moe::load(dir), Tokenizer::from_model_dir(dir), load_generation_config(dir), {}, nullptr, {}};
+  s.sampling = sampling_from_args(a, s.defaults);
   s.runner = open_runner(*s.model, ro);
   s.eos = stop_token_ids(s.model->config(), s.tokenizer, s.defaults);
   return s;
@@ -100,14 +106,8 @@ GenerateResult run(Session& s, const Args& a, std::vector<int32_t> prompt, const
   req.eos_ids = s.eos;
   req.stop = a.get_all("stop");
   req.cancel = &g_cancel;
-  req.on_text = [](std::string_view t) {
-    std::fwrite(t.data(), 1, t.size(), stdout);
-    std::fflush(stdout);
-  };
-  const int64_t limit = a.get("device", "ref") == "gpu" ? a.get_int("context", 4096) : s.model->config().max_position_embeddings;
-  if (static_cast<int64_t>(req.prompt.size()) + req.max_new_tokens > limit)
-    fail("the prompt (", req.prompt.size(), " tokens) plus --max-new-tokens ", req.max_new_tokens,
-         " exceeds the model's context of ", limit, " tokens");
+  req.on_text = [](std::string_view t) { write_stdout(t); };  // a failed write stops the generation
+  check_context(*s.runner, static_cast<int64_t>(req.prompt.size()), req.max_new_tokens, "--max-new-tokens");
   g_cancel = false;
   g_generating = true;
   GenerateResult r = generate(*s.runner, s.model->config().vocab_size, s.tokenizer, req);
@@ -146,8 +146,10 @@ int cmd_generate(int argc, char** argv) {
     return 0;
   }
   const std::string prompt = a.get("prompt");
+  if (!a.has("chat") && (a.has("no-think") || a.has("system")))
+    throw UsageError("tandem generate: --no-think and --system need --chat");
   Session s = open_session(a);
-  const SamplingParams sp = sampling_from_args(a, s.defaults);
+  const SamplingParams& sp = s.sampling;
   std::string text = prompt;
   if (a.has("chat")) {
     if (const std::string note = chat_template_note(a.get("model")); !note.empty()) std::fprintf(stderr, "%s\n", note.c_str());
@@ -157,13 +159,11 @@ int cmd_generate(int argc, char** argv) {
     ChatOptions o;
     o.enable_thinking = !a.has("no-think");
     text = render_chat(msgs, o);
-  } else if (a.has("no-think") || a.has("system")) {
-    throw UsageError("tandem generate: --no-think and --system need --chat");
   }
   install_sigint();
   const GenerateResult r = run(s, a, s.tokenizer.encode(text), sp);
   print_stats(r);
-  return 0;
+  return r.stop == StopReason::Cancelled ? 130 : 0;  // 128 + SIGINT: a script can tell a cut-short reply
 }
 
 int cmd_chat(int argc, char** argv) {
@@ -178,7 +178,7 @@ int cmd_chat(int argc, char** argv) {
   }
   Session s = open_session(a);
   if (const std::string note = chat_template_note(a.get("model")); !note.empty()) std::fprintf(stderr, "%s\n", note.c_str());
-  const SamplingParams sp = sampling_from_args(a, s.defaults);
+  const SamplingParams& sp = s.sampling;
   ChatOptions opts;
   opts.enable_thinking = !a.has("no-think");
   std::vector<ChatMessage> history;
@@ -211,7 +211,16 @@ int cmd_chat(int argc, char** argv) {
     }
     history.push_back({"user", line, {}, {}});
     const std::vector<int32_t> ids = s.tokenizer.encode(render_chat(history, opts));
-    const GenerateResult r = run(s, a, ids, sp);
+    GenerateResult r;
+    try {
+      r = run(s, a, ids, sp);
+    } catch (const OutputError&) {
+      throw;
+    } catch (const Error& e) {  // e.g. a turn past the context: say so and keep the conversation
+      history.pop_back();
+      std::fprintf(stderr, "tandem: error: %s (the turn was dropped; /reset clears the conversation)\n", e.what());
+      continue;
+    }
     // The reply joins the conversation even when cut short by Ctrl-C.
     history.push_back({"assistant", (opts.enable_thinking ? "<think>\n" : "<think>\n\n</think>\n\n") + r.text, {}, {}});
     print_stats(r);

@@ -30,7 +30,7 @@ int cmd_plan(int argc, char** argv) {
   }
   const ModelConfig model = load_model_config(a.get("model"));
   const placement::PlacementConfig cfg =
-      a.has("config") ? placement::load_placement_config(a.get("config")) : placement::PlacementConfig{};
+      a.has("config") ? placement::load_placement_config(a.get("config")) : placement::default_placement_config();
   uint64_t gpu_mem = 0;
   if (a.has("gpu-mem")) {
     try {

@@ -6,14 +6,16 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <fstream>
+#include <sstream>
 
 #include "placement/heat.h"
 #include "runtime/cli/args.h"
 #include "runtime/cli/commands.h"
 #include "runtime/error.h"
+#include "runtime/file_io.h"
 #include "runtime/models/qwen3_5_moe.h"
 #include "runtime/routing_profile.h"
+#include "runtime/runner.h"
 #include "runtime/tokenizer.h"
 
 namespace tandem::cli {
@@ -41,8 +43,7 @@ int cmd_profile(int argc, char** argv) {
   if (gen < 0 || max_tokens < 1) throw UsageError("tandem profile: --gen must be >= 0 and --max-tokens >= 1");
   std::vector<std::string> prompts;
   {
-    std::ifstream f(a.get("prompts"));
-    if (!f) fail(a.get("prompts"), ": cannot open the prompts file");
+    std::istringstream f(read_text_file(a.get("prompts"), kMaxPromptFileBytes, "the prompts file"));
     for (std::string line; std::getline(f, line);)
       if (line.find_first_not_of(" \t\r") != std::string::npos) prompts.push_back(line);
     if (prompts.empty()) fail(a.get("prompts"), ": no prompts (one per line)");
@@ -50,7 +51,7 @@ int cmd_profile(int argc, char** argv) {
   auto model = Qwen35Moe::load(dir);
   const Tokenizer tok = Tokenizer::from_model_dir(dir);
   ProfileOptions po;
-  po.device = device, po.threads = static_cast<int>(a.get_int("threads", 0)), po.gen = gen, po.max_tokens = max_tokens;
+  po.device = device, po.threads = a.get_int<int>("threads", 0, 0, RunnerOptions::kMaxThreads), po.gen = gen, po.max_tokens = max_tokens;
   po.chat = a.has("chat");
   const auto t0 = std::chrono::steady_clock::now();
   const RoutingCounts counts = profile_prompts(*model, tok, prompts, po, [&](size_t done, int64_t tokens) {

@@ -1,11 +1,10 @@
 // tandem tokenize / detokenize: the tokenizer on its own, for checks and scripts.
 #include <cstdio>
-#include <fstream>
-#include <sstream>
 
 #include "runtime/cli/args.h"
 #include "runtime/cli/commands.h"
 #include "runtime/error.h"
+#include "runtime/file_io.h"
 #include "runtime/tokenizer.h"
 
 namespace tandem::cli {
@@ -34,11 +33,7 @@ int cmd_tokenize(int argc, char** argv) {
   if (a.has("text")) {
     text = a.get("text");
   } else {
-    std::ifstream in(a.get("file"), std::ios::binary);
-    if (!in) fail(a.get("file"), ": cannot open");
-    std::stringstream ss;
-    ss << in.rdbuf();
-    text = ss.str();
+    text = read_text_file(a.get("file"), kMaxPromptFileBytes, "the --file text");
   }
   const Tokenizer tok = open_tokenizer(a, "tokenize");
   const auto ids = tok.encode(text);

@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <climits>
 
 #include <cstdio>
 
@@ -15,12 +16,12 @@ namespace tandem::cli {
 
 std::vector<Flag> device_flags() {
   return {
-      {"device", true, "ref (exact fp32 reference) | cpu (fast CPU kernels) | gpu (everything on one GPU) | hybrid (GPU + CPU experts, --config)"},
+      {"device", true, "auto (default: hybrid with a CUDA device, else cpu) | ref (exact fp32 reference) | cpu (fast CPU kernels) | gpu (everything on one GPU) | hybrid (GPU + CPU experts, --config)"},
       {"config", true, "--device hybrid: placement YAML (configs/*.yaml; default: frequency placement in the free GPU memory)"},
       {"threads", true, "CPU threads (default: all physical cores)"},
       {"cpu-expert-format", true, "--device cpu: experts of BF16 checkpoints as bf16 (default, exact) or int8 (half the bytes)"},
       {"gpu-mem", true, "--device gpu|hybrid: memory budget, e.g. 24GiB (default: the config's, else free device memory)"},
-      {"context", true, "--device gpu|hybrid: longest sequence the KV cache holds (default 4096, or the config's)"},
+      {"context", true, "--device gpu|hybrid: longest sequence the KV cache holds (hybrid: the config's, else the longest whose KV cache takes at most a quarter of the free budget; gpu: 4096)"},
       {"defer-experts", true, "--device ref|cpu: apply each token's N lowest-weight experts one layer late (measures expert deferral)"},
       {"trace", true, "write a Perfetto / chrome://tracing timeline (GPU work, CPU expert jobs, copies) to this .json"},
   };
@@ -28,17 +29,15 @@ std::vector<Flag> device_flags() {
 
 RunnerOptions runner_options(const Args& a, int64_t min_context) {
   RunnerOptions o;
-  o.device = a.get("device", "ref");
-  static const std::vector<std::string> devices = {"ref", "cpu", "gpu", "hybrid"};
+  o.device = a.get("device", "auto");
+  static const std::vector<std::string> devices = {"auto", "ref", "cpu", "gpu", "hybrid"};
   if (std::find(devices.begin(), devices.end(), o.device) == devices.end()) {
     const std::string near = nearest(o.device, devices);
-    throw UsageError(str_cat("--device must be one of ref, cpu, gpu, hybrid (got '", o.device, "')",
+    throw UsageError(str_cat("--device must be one of auto, ref, cpu, gpu, hybrid (got '", o.device, "')",
                              near.empty() ? std::string() : str_cat("; did you mean '", near, "'?")));
   }
   if (a.has("threads")) {
-    const int64_t t = a.get_int("threads", 0);
-    if (t < 1) throw UsageError("--threads must be at least 1");
-    o.threads = static_cast<int>(t);
+    o.threads = a.get_int<int>("threads", 0, 1, RunnerOptions::kMaxThreads);  // the YAML's cpu.threads cap
     omp_set_num_threads(o.threads);
   }
   o.cpu_expert_format = a.get("cpu-expert-format", "bf16");
@@ -56,18 +55,18 @@ RunnerOptions runner_options(const Args& a, int64_t min_context) {
   o.min_context = min_context;
   if (o.context < 1) throw UsageError("--context must be at least 1");
   o.config = a.get("config", "");
-  o.defer_experts = static_cast<int>(a.get_int("defer-experts", 0));
+  o.defer_experts = a.get_int<int>("defer-experts", 0, 0, INT_MAX);  // make_runner checks it against the model
   if (a.has("trace")) Trace::start(a.get("trace"));
+  if (!o.config.empty() && o.device == "auto") o.device = "hybrid";
   if (!o.config.empty() && o.device != "hybrid")
     throw UsageError("--config (a placement YAML) applies to --device hybrid; add --device hybrid");
   return o;
 }
 
 std::unique_ptr<Runner> open_runner(const Qwen35Moe& model, RunnerOptions& o) {
-  if (o.device == "hybrid") {
-    placement::prepare_hybrid(o, model.config());
-    std::fprintf(stderr, "tandem: hybrid placement: %s\n", o.hybrid->summary.c_str());
-  }
+  const std::string chosen =
+      placement::prepare_device(o, model.config(), o.config.empty() ? placement::default_placement_config() : placement::load_placement_config(o.config));
+  if (!chosen.empty()) std::fprintf(stderr, "tandem: %s\n", chosen.c_str());
   return make_runner(model, o);
 }
 

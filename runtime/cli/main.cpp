@@ -1,12 +1,16 @@
 // tandem: command-line entry point. Errors at boundaries become one line on stderr and exit code
-// 1 (bad input data: files, checkpoints, configs) or 2 (bad usage: flags, values).
+// 1 (bad input data: files, checkpoints, configs; a failed write to stdout) or 2 (bad usage: flags,
+// values); a closed stdout pipe ends quietly with 141 (runtime/cli/output.h).
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <filesystem>
 #include <string>
 
 #include "runtime/cli/args.h"
 #include "runtime/cli/commands.h"
+#include "runtime/cli/output.h"
 #include "runtime/error.h"
 #include "runtime/trace.h"
 
@@ -40,9 +44,7 @@ constexpr Command kCommands[] = {
     {"plan", tandem::cli::cmd_plan},         {"profile", tandem::cli::cmd_profile},
 };
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   if (argc < 2 || !std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h")) {
     std::fputs(kUsage, argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;
@@ -51,22 +53,36 @@ int main(int argc, char** argv) {
     std::puts("tandem 0.1.0");
     return 0;
   }
+  for (const auto& c : kCommands)
+    if (!std::strcmp(argv[1], c.name)) {
+      const int rc = c.run(argc, argv);
+      tandem::Trace::finish();  // --trace: the timeline of the whole command
+      return rc;
+    }
+  std::vector<std::string> names;
+  for (const auto& c : kCommands) names.push_back(c.name);
+  const std::string near = tandem::cli::nearest(argv[1], names);
+  std::fprintf(stderr, "tandem: unknown command %s%s%s%s; 'tandem --help' lists them\n", tandem::quote(argv[1]).c_str(),
+               near.empty() ? "" : " (did you mean '", near.c_str(), near.empty() ? "" : "'?)");
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::signal(SIGPIPE, SIG_IGN);  // a closed stdout is an EPIPE that finish_stdout() ends quietly (output.h)
   try {
-    for (const auto& c : kCommands)
-      if (!std::strcmp(argv[1], c.name)) {
-        const int rc = c.run(argc, argv);
-        tandem::Trace::finish();  // --trace: the timeline of the whole command
-        return rc;
-      }
-    std::vector<std::string> names;
-    for (const auto& c : kCommands) names.push_back(c.name);
-    const std::string near = tandem::cli::nearest(argv[1], names);
-    std::fprintf(stderr, "tandem: unknown command '%s'%s%s%s; 'tandem --help' lists them\n", argv[1],
-                 near.empty() ? "" : " (did you mean '", near.c_str(), near.empty() ? "" : "'?)");
-    return 2;
+    const int rc = run(argc, argv);
+    tandem::cli::finish_stdout();
+    return rc;
+  } catch (const tandem::cli::OutputClosed&) {
+    return tandem::cli::kExitOutputClosed;
   } catch (const tandem::cli::UsageError& e) {
-    std::fprintf(stderr, "%s\n", e.what());
+    std::fprintf(stderr, "%s\n", tandem::printable(e.what()).c_str());
     return 2;
+  } catch (const std::filesystem::filesystem_error& e) {  // e.g. a symlink loop met by a std::filesystem query
+    std::fprintf(stderr, "tandem: error: %s: %s\n", tandem::printable(e.path1().string()).c_str(), e.code().message().c_str());
+    return 1;
   } catch (const tandem::Error& e) {
     std::fprintf(stderr, "tandem: error: %s\n", e.what());
     return 1;
@@ -74,7 +90,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "tandem: error: out of host memory\n");
     return 1;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "tandem: internal error: %s\n", e.what());
+    std::fprintf(stderr, "tandem: internal error: %s\n", tandem::printable(e.what()).c_str());
     return 1;
   }
 }

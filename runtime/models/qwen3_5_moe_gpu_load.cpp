@@ -7,6 +7,7 @@
 #include <cstring>
 #include <exception>
 
+#include "gpu_core/device.cuh"
 #include "gpu_core/int4_layout.h"
 #include "runtime/bytes.h"
 #include "runtime/dtype.h"
@@ -334,11 +335,9 @@ void Qwen35MoeGpu::Impl::build(Uploader& up, const std::function<void(uint64_t)>
 
 
 std::unique_ptr<Qwen35MoeGpu> Qwen35MoeGpu::create(const Qwen35Moe& model, const GpuOptions& opts) {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
-    cudaGetLastError();
-    fail("--device gpu: no CUDA device");
-  }
+  // The one start-up check: a device, this build's kernels for it, a valid TANDEM_MAX_SM.
+  const gpu::DeviceCaps& caps = gpu::gpu_device_caps();
+  if (!caps.usable) fail(caps.error);
   if (opts.max_context < 1 || opts.max_context > model.config().max_position_embeddings)
     fail("--context ", opts.max_context, " must be between 1 and the model's ", model.config().max_position_embeddings);
   auto impl = std::make_unique<Impl>(model, opts);
@@ -435,7 +434,7 @@ std::unique_ptr<Qwen35MoeGpu> Qwen35MoeGpu::create(const Qwen35Moe& model, const
   // place (mapped; with unified addressing the host pointers are the device's too; without it, the cut
   // graphs). Deferred host work joins a layer late: inside one graph it is one more wait (on hflags[3]),
   // across cut graphs it cannot be, so those steps stay eager.
-  impl->opts.programmatic_launch = opts.programmatic_launch && device_attribute(cudaDevAttrComputeCapabilityMajor) >= 9;
+  impl->opts.programmatic_launch = opts.programmatic_launch && caps.cc_major >= 9;
   const bool one_graph = opts.cuda_graph && impl->embed && opts.hybrid_one_graph && host_layers &&
                          device_attribute(cudaDevAttrUnifiedAddressing);
   impl->graph_ok = opts.cuda_graph && impl->embed && !(impl->deferring() && host_layers && !one_graph);

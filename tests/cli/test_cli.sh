@@ -7,38 +7,18 @@ configs="$(cd "$(dirname "$0")/../../configs" && pwd)"
 src="$(cd "$(dirname "$0")/../.." && pwd)"
 source "$(dirname "$0")/common.sh"
 
-check() {  # check NAME EXPECTED_CODES GREP_PATTERN -- command...
-  local name="$1" codes="$2" pattern="$3"
-  shift 4
-  "$@" >"$tmp/out" 2>"$tmp/err"
-  local rc=$?
-  local lines
-  lines=$(wc -l <"$tmp/err")
-  if [[ " $codes " != *" $rc "* ]]; then
-    echo "FAIL $name: exit code $rc, expected one of [$codes]"; cat "$tmp/err"; failures=$((failures + 1)); return
-  fi
-  if [ "$rc" -ne 0 ] && [ "$lines" -ne 1 ]; then
-    echo "FAIL $name: expected one line on stderr, got $lines:"; cat "$tmp/err"; failures=$((failures + 1)); return
-  fi
-  if [ -n "$pattern" ] && ! grep -q -- "$pattern" "$tmp/err"; then
-    echo "FAIL $name: stderr lacks '$pattern':"; cat "$tmp/err"; failures=$((failures + 1)); return
-  fi
-  echo "ok   $name"
-  passes=$((passes + 1))
-}
-
 for d in "$data"/*/; do
   d=${d%/}
   [ -f "$d/reference.json" ] || continue
   n=$(basename "$d")
-  check "logits $n matches HF" "0" "OK" -- "$tandem" logits --model "$d" --ids "$(ids_of "$d")" \
+  check "logits $n matches HF" "0" "OK" -- "$tandem" logits --model "$d" --device ref --ids "$(ids_of "$d")" \
     --prefill "$(prefill_of "$d")" --out "$tmp/l.npy" --compare "$d/logits.npy" --tol 1e-4
 done
 
 fx="$data/bf16_text_only"
 ids=$(ids_of "$fx")
 printf '%s' "$ids" | tr ',' '\n' >"$tmp/ids.txt"
-check "ids from a file" "0" "OK" -- "$tandem" logits --model "$fx" --ids "@$tmp/ids.txt" --prefill "$(prefill_of "$fx")" --compare "$fx/logits.npy"
+check "ids from a file" "0" "OK" -- "$tandem" logits --model "$fx" --device ref --ids "@$tmp/ids.txt" --prefill "$(prefill_of "$fx")" --compare "$fx/logits.npy"
 
 cp -r "$fx" "$tmp/trunc"
 truncate -s 5000 "$tmp/trunc/model.safetensors"
@@ -152,7 +132,7 @@ grep -q "predicted decode" "$tmp/out" && grep -q "routed experts" "$tmp/out" || 
 check "plan below minimum" "1" "below the minimum of 5.3. GiB" -- "$tandem" plan --model "$tmp/q35" --gpu-mem 3GiB --no-measure
 printf 'gpu:\n  memory: 8GiB\nexperts:\n  selct: uniform\n' >"$tmp/bad.yaml"
 check "plan yaml unknown key" "1" "bad.yaml:4: unknown key 'experts.selct' (did you mean 'select'?)" -- "$tandem" plan --model "$tmp/q35" --config "$tmp/bad.yaml"
-check "config without hybrid" "2" "applies to --device hybrid" -- "$tandem" logits --model "$tmp/tiny" --ids 1,2 --out "$tmp/x.npy" --config "$configs/8gb.yaml"
+check "config without hybrid" "2" "applies to --device hybrid" -- "$tandem" logits --model "$tmp/tiny" --device cpu --ids 1,2 --out "$tmp/x.npy" --config "$configs/8gb.yaml"
 if ! "$tandem" info | grep -q "device(s)"; then  # where a GPU exists these run (tests/gpu covers them)
   check "hybrid without GPU" "1" "no CUDA device" -- "$tandem" logits --model "$tmp/tiny" --ids 1,2 --out "$tmp/x.npy" --device hybrid --gpu-mem 1GiB
   check "plan without budget" "1" "no GPU memory budget" -- "$tandem" plan --model "$tmp/q35" --no-measure

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets with clang (ASan + UBSan) and runs each for a short time.
-# usage: run_fuzz.sh BUILD_DIR SECONDS
+# usage: run_fuzz.sh BUILD_DIR SECONDS   (SECONDS per target: a few seconds find nothing but the seeds)
 set -euo pipefail
 build="${1:-build}"
 seconds="${2:-30}"
@@ -24,24 +24,26 @@ build_target() {  # name sources... [-- extra compiler and linker flags]
   fi
 }
 
+# error.cpp (message escaping) and file_io.cpp (bounded reads) sit under every parser.
+common=("$root/runtime/error.cpp" "$root/runtime/file_io.cpp")
 build_target fuzz_safetensors_header "$root/tests/fuzz/fuzz_safetensors_header.cpp" \
-  "$root/runtime/safetensors.cpp" "$root/runtime/dtype.cpp"
-build_target fuzz_config "$root/tests/fuzz/fuzz_config.cpp" "$root/runtime/config.cpp"
-build_target fuzz_tokenizer "$root/tests/fuzz/fuzz_tokenizer.cpp" "$root/runtime/tokenizer.cpp" \
+  "$root/runtime/safetensors.cpp" "$root/runtime/dtype.cpp" "${common[@]}"
+build_target fuzz_config "$root/tests/fuzz/fuzz_config.cpp" "$root/runtime/config.cpp" "${common[@]}"
+build_target fuzz_tokenizer "$root/tests/fuzz/fuzz_tokenizer.cpp" "$root/runtime/tokenizer.cpp" "${common[@]}" \
   "$root/runtime/tokenizer_load.cpp" "$root/runtime/tokenizer_bpe.cpp" "$root/runtime/tokenizer_pretok.cpp" \
   "$root/runtime/tokenizer_unicode.cpp" -- -DTANDEM_TOKENIZER_DIR="\"$root/tests/data/tokenizers\"" -licuuc
 
 build_target fuzz_placement "$root/tests/fuzz/fuzz_placement.cpp" "$root/placement/placement_config.cpp" "$root/placement/heat.cpp" \
   "$root/placement/planner.cpp" "$root/gpu_core/int4_layout.cpp" "$root/runtime/config.cpp" "$root/runtime/bytes.cpp" "$root/runtime/nearest.cpp" \
+  "${common[@]}" \
   -- -DTANDEM_FUZZ_MODEL_CONFIG="\"$root/tests/data/gptq_sym_v1/config.json\"" -lyaml-cpp
 
 targets=(safetensors_header config tokenizer placement)
-half=$(( seconds / ${#targets[@]} > 1 ? seconds / ${#targets[@]} : 1 ))  # the time is shared by all targets
 for t in "${targets[@]}"; do
   work="$out/corpus-$t"
   mkdir -p "$work"
-  echo "fuzz: $t for ${half}s"
-  "$out/fuzz_$t" -max_total_time="$half" -max_len=4096 -timeout=10 -rss_limit_mb=2048 -print_final_stats=0 \
+  echo "fuzz: $t for ${seconds}s"
+  "$out/fuzz_$t" -max_total_time="$seconds" -max_len=4096 -timeout=10 -rss_limit_mb=2048 -print_final_stats=0 \
     "$work" "$root/tests/fuzz/corpus/$t" 2>"$out/$t.log" || { tail -40 "$out/$t.log"; echo "fuzz: $t FAILED"; exit 1; }
   grep -E "^#[0-9]+.*DONE" "$out/$t.log" | tail -1 || true
 done

@@ -283,8 +283,8 @@ TEST(CpuOps, QuantizeRowsAndSwigluBitwise) {
             for (int64_t k = 0; k < cp; ++k) {
               const int8_t lo = o0.q[r * cp + k], hi = o0.q_hi[r * cp + k];
               ASSERT_TRUE(lo >= -127 && hi >= -127) << r << "," << k;
-              const int64_t src = use_perm ? perm[k] : k;
-              const double xv = k < cols ? x[src_rows[r] * cols + src] : 0.0, sc = o0.s[r * groups + k / gs];
+              // Columns past `cols` are padding (zero): perm has only `cols` entries.
+              const double xv = k < cols ? x[src_rows[r] * cols + (use_perm ? perm[k] : k)] : 0.0, sc = o0.s[r * groups + k / gs];
               const double want = sc > 0 ? xv / sc : 0.0;
               // x * inv (fp32, inv rounded) vs x / scale: a few ulps of 32512 apart.
               ASSERT_LE(std::fabs(kAct16Base * hi + lo - want), 0.5 + kAct16Max * std::ldexp(1.0, -21)) << r << "," << k;

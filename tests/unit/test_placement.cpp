@@ -567,3 +567,38 @@ TEST(OnlineReplacement, ConfigGivesTheRuntimeItsPolicy) {
 
 }  // namespace
 }  // namespace tandem::placement
+
+namespace tandem::placement {
+namespace {
+
+// context: auto (and no YAML at all): the longest context whose KV cache and context-sized buffers take
+// at most a quarter of what the budget leaves at 4096 tokens, up to max_position_embeddings, in steps of
+// 1024; the plan says what it costs in GPU experts. A YAML's number (or --context) wins.
+TEST(Planner, AutoContextTakesAQuarterOfTheRoomAndSaysSo) {
+  const ModelConfig m = model35();
+  const PlacementConfig cfg = yaml("context: auto\nprefill: {chunk: 256}\n");  // one chunk: the same workspace at every context
+  for (const uint64_t gib : {8ull, 12ull, 24ull, 48ull}) {
+    const Plan p = make_plan(m, cfg, {.gpu_mem = gib << 30});
+    const Plan at4k = make_plan(m, cfg, {.gpu_mem = gib << 30, .context = 4096});
+    EXPECT_GE(p.context, 4096) << gib;
+    EXPECT_LE(p.context, m.max_position_embeddings) << gib;
+    EXPECT_TRUE(p.context == m.max_position_embeddings || p.context % 1024 == 0) << p.context;
+    // KV cache: 20,480 B a token at the 35B shape (spec §3.7)
+    EXPECT_EQ(p.vram.kv_cache, 20480ull * p.context) << gib;
+    const uint64_t room = p.budget_bytes - at4k.min_budget_bytes, grown = p.min_budget_bytes - at4k.min_budget_bytes;
+    EXPECT_LE(grown, room / 4 + (1 << 20)) << gib;  // the chunk may differ: 1 MiB of slack
+    if (p.context < m.max_position_embeddings) EXPECT_GT(grown + 2 * 20480ull * 1024, room / 4) << gib << ": could have been longer";
+    EXPECT_NE(p.context_note.find("routed experts"), std::string::npos) << p.context_note;
+    EXPECT_NE(plan_table(p).find("auto: the KV cache"), std::string::npos) << plan_table(p);
+    EXPECT_LE(p.total_gpu_experts(), at4k.total_gpu_experts());
+  }
+  EXPECT_EQ(make_plan(m, default_placement_config(), {.gpu_mem = 48ull << 30}).context, m.max_position_embeddings);
+  const Plan yaml_ctx = make_plan(m, yaml("context: 8192\n"), {.gpu_mem = 24ull << 30});
+  EXPECT_EQ(yaml_ctx.context, 8192);
+  EXPECT_TRUE(yaml_ctx.context_note.empty());
+  EXPECT_EQ(yaml("context: auto\n").context, 0);
+  EXPECT_EQ(make_plan(m, default_placement_config(), {.gpu_mem = 24ull << 30, .context = 6000}).context, 6000);
+}
+
+}  // namespace
+}  // namespace tandem::placement

@@ -252,6 +252,7 @@ TEST(Synth, GenerateDrawsTheSameFromCandidatesAsFromTheRow) {
       return true;
     }
     std::string describe() const override { return "top"; }
+    int64_t max_context() const override { return inner->max_context(); }
     double weight_bandwidth(std::string*) override { return 1; }
   };
   RunnerOptions ro;
