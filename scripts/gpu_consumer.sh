@@ -5,7 +5,9 @@
 #   sm89:   PTX for compute_89 alone (the driver compiles it for the H200: no sm_90 instruction can be
 #           in it) and TANDEM_MAX_SM=89, so the runtime chooses what it would on an RTX 4090 (99 KB of
 #           shared memory a block, no programmatic launch); the same suite.
-# usage (device tool): bash scripts/gpu_consumer.sh native|sm89   (logs under $OUT)
+#   firstrun: the sm89 build as a user with a 24 GB card would run it: the 35B GPTQ-Int4 model
+#           (synthetic weights, real shapes), `tandem chat` and `generate` with nothing but --gpu-mem 24GiB.
+# usage (device tool): bash scripts/gpu_consumer.sh native|sm89|firstrun   (logs under $OUT)
 set -uo pipefail
 mode="${1:?native or sm89}"
 OUT="${OUT:-$PWD/gpu-out}"
@@ -14,10 +16,10 @@ for f in .deps/*.deb; do dpkg -x "$f" /opt/deps; done
 export CMAKE_PREFIX_PATH=/opt/deps/usr LD_LIBRARY_PATH=/opt/deps/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
 case "$mode" in
   native) archs=native; export -n TANDEM_MAX_SM ;;
-  sm89) archs=89-virtual; export TANDEM_MAX_SM=89 ;;
+  sm89|firstrun) archs=89-virtual; export TANDEM_MAX_SM=89 ;;
   *) echo "unknown mode $mode"; exit 2 ;;
 esac
-b="build-gpu-$mode"
+b="build-gpu-${mode/firstrun/sm89}"
 {
   date -u; git rev-parse HEAD 2>/dev/null || true
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
@@ -28,6 +30,26 @@ cmake -S . -B "$b" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURE
 rc=$?
 echo "build rc=$rc"; tail -2 "$OUT/$mode-build.log"
 [ $rc -eq 0 ] || exit 1
+if [ "$mode" = firstrun ]; then
+  m=/tmp/q35
+  [ -f $m/config.json ] || "$b/tandem" synth --preset qwen3.5-35b-a3b --quant gptq-int4 --out $m > "$OUT/firstrun-synth.txt" 2>&1
+  tail -1 "$OUT/firstrun-synth.txt"
+  {
+    echo '$ printf "Hello! What can you do?\n" | tandem chat --model M --gpu-mem 24GiB --max-new-tokens 48'
+    printf 'Hello! What can you do?\n' | timeout 240 "$b/tandem" chat --model $m --gpu-mem 24GiB --max-new-tokens 48 --seed 1 2>&1 | cut -c1-400
+    echo "rc=${PIPESTATUS[1]}"
+    echo '$ tandem generate --model M --gpu-mem 24GiB --chat --prompt "..." --max-new-tokens 64'
+    timeout 240 "$b/tandem" generate --model $m --gpu-mem 24GiB --chat --prompt "Explain mixture-of-experts models in one paragraph." \
+      --max-new-tokens 64 --temperature 0 2>&1 | cut -c1-400
+    echo "rc=${PIPESTATUS[0]}"
+    echo '$ tandem plan --model M --gpu-mem 24GiB'
+    "$b/tandem" plan --model $m --gpu-mem 24GiB 2>&1 | head -24
+  } > "$OUT/firstrun.txt" 2>&1
+  cat "$OUT/firstrun.txt" | grep -v "^  *[0-9]*: " | head -60
+  bash tests/cli/test_cli.sh "$b/tandem" tests/data > "$OUT/firstrun-cli.log" 2>&1
+  echo "cli rc=$?"; tail -1 "$OUT/firstrun-cli.log"; grep -E "^FAIL" "$OUT/firstrun-cli.log" | head
+  exit 0
+fi
 "$b/tandem" info | tee -a "$OUT/$mode-machine.txt"
 "$b/tests/tandem_gpu_tests" > "$OUT/$mode-gpu-tests.log" 2>&1
 echo "gpu tests rc=$?"; grep -E "^\[  (PASSED|FAILED)|tests ran|^\[ caps" "$OUT/$mode-gpu-tests.log"; grep "^\[  FAILED  \]" "$OUT/$mode-gpu-tests.log" | head -20
