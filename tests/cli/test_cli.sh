@@ -132,8 +132,15 @@ grep -q "predicted decode" "$tmp/out" && grep -q "routed experts" "$tmp/out" || 
 check "plan below minimum" "1" "below the minimum of 5.3. GiB" -- "$tandem" plan --model "$tmp/q35" --gpu-mem 3GiB --no-measure
 printf 'gpu:\n  memory: 8GiB\nexperts:\n  selct: uniform\n' >"$tmp/bad.yaml"
 check "plan yaml unknown key" "1" "bad.yaml:4: unknown key 'experts.selct' (did you mean 'select'?)" -- "$tandem" plan --model "$tmp/q35" --config "$tmp/bad.yaml"
+check "auto device line" "0" "tandem: --device auto chose " -- "$tandem" logits --model "$tmp/tiny" --ids 1,2 --out "$tmp/x.npy"
+# No YAML: the planner picks the context (the longest whose KV cache takes a quarter of the room) and says so.
+"$tandem" plan --model "$tmp/q35" --gpu-mem 24GiB --no-measure >"$tmp/out" 2>&1
+if grep -q "context 245760" "$tmp/out" && grep -q "auto: the KV cache" "$tmp/out"; then echo "ok   plan context auto"; passes=$((passes + 1));
+else echo "FAIL plan context auto"; head -4 "$tmp/out"; failures=$((failures + 1)); fi
 check "config without hybrid" "2" "applies to --device hybrid" -- "$tandem" logits --model "$tmp/tiny" --device cpu --ids 1,2 --out "$tmp/x.npy" --config "$configs/8gb.yaml"
+# --device auto (the default): hybrid on a GPU this build can use, else cpu; one line says which.
 if ! "$tandem" info | grep -q "device(s)"; then  # where a GPU exists these run (tests/gpu covers them)
+  check "auto without GPU" "0" "device auto chose cpu: no CUDA device" -- "$tandem" logits --model "$tmp/tiny" --ids 1,2 --out "$tmp/x.npy"
   check "hybrid without GPU" "1" "no CUDA device" -- "$tandem" logits --model "$tmp/tiny" --ids 1,2 --out "$tmp/x.npy" --device hybrid --gpu-mem 1GiB
   check "plan without budget" "1" "no GPU memory budget" -- "$tandem" plan --model "$tmp/q35" --no-measure
 fi

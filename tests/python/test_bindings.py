@@ -240,3 +240,15 @@ def test_shipped_configs_plan_from_python(tmp_path):
         assert p["vram_total_bytes"] <= p["budget_bytes"]
         shares.append(p["expected_gpu_expert_fraction"])
     assert shares == sorted(shares) and shares[-1] == 1.0
+
+
+def test_default_device_is_auto(tiny):
+    # Engine(model) alone: hybrid on a CUDA device this build can use, else cpu, saying which and why.
+    with tandem.Engine(tiny) as eng:
+        s = eng.stats()
+        if s["device"] == "cpu":
+            assert s["device_choice"].startswith("--device auto chose cpu: "), s["device_choice"]
+        else:
+            assert s["device"] == "hybrid" and s["device_choice"].startswith("--device auto chose hybrid on "), s
+            assert "routed experts on the GPU" in s["device_choice"] and "predicted" in s["device_choice"]
+        assert s["context"] >= 1
