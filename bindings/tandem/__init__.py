@@ -8,8 +8,10 @@
         logits = eng.logits(eng.tokenizer.encode("Hello world"))   # numpy float32 [n, vocab]
         print(eng.plan()["predicted_decode_tok_s"])                  # with a GPU budget
 
-Errors are `tandem.Error` (a RuntimeError) with the same messages as the `tandem` CLI. Compute runs
-with the GIL released; an Engine serves one call at a time, separate Engines run in parallel.
+Errors are `tandem.Error` (a RuntimeError) with the same messages as the `tandem` CLI, wrong-typed or
+out-of-range arguments included. Compute runs with the GIL released; an Engine serves one call at a
+time, separate Engines run in parallel. Ctrl-C during generate / chat raises KeyboardInterrupt (the
+generation stops at its next token).
 """
 from __future__ import annotations
 

@@ -6,10 +6,8 @@ set -euo pipefail
 build="${1:-build-asan}"
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 case "$build" in /*) ;; *) build="$root/$build" ;; esac
-here="$root/tests/sanitize"
-# Leaks are checked too; lsan.supp names the few allocations that libraries keep until exit on purpose.
+# Leaks are checked too (no suppression needed today).
 export ASAN_OPTIONS="halt_on_error=1:detect_leaks=1:check_initialization_order=1:strict_init_order=1:detect_odr_violation=2"
-export LSAN_OPTIONS="suppressions=$here/lsan.supp:print_suppressions=0"
 export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1"
 export TANDEM_TEST_SEED="${TANDEM_TEST_SEED:-1}"  # reproducible runs; the suites print it
 t0=$SECONDS
