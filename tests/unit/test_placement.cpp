@@ -587,7 +587,9 @@ TEST(Planner, AutoContextTakesAQuarterOfTheRoomAndSaysSo) {
     EXPECT_EQ(p.vram.kv_cache, 20480ull * p.context) << gib;
     const uint64_t room = p.budget_bytes - at4k.min_budget_bytes, grown = p.min_budget_bytes - at4k.min_budget_bytes;
     EXPECT_LE(grown, room / 4 + (1 << 20)) << gib;  // the chunk may differ: 1 MiB of slack
-    if (p.context < m.max_position_embeddings) EXPECT_GT(grown + 2 * 20480ull * 1024, room / 4) << gib << ": could have been longer";
+    if (p.context < m.max_position_embeddings) {
+      EXPECT_GT(grown + 2 * 20480ull * 1024, room / 4) << gib << ": could have been longer";
+    }
     EXPECT_NE(p.context_note.find("routed experts"), std::string::npos) << p.context_note;
     EXPECT_NE(plan_table(p).find("auto: the KV cache"), std::string::npos) << plan_table(p);
     EXPECT_LE(p.total_gpu_experts(), at4k.total_gpu_experts());
