@@ -203,7 +203,7 @@ class Engine {
     const int64_t prefill = prefill_obj.is_none() ? n : prefill_obj.cast<int64_t>();
     if (prefill < 0 || prefill > n) fail("prefill ", prefill, " must be between 0 and the number of ids (", n, ")");
     check_token_ids(ids, V, dir_, "ids");
-    if (n > runner_->max_context()) fail(n, " ids exceed the context of ", runner_->max_context(), " tokens (Engine(context=...))");
+    check_context(*runner_, n);
     py::array_t<float> out({n, V});
     float* dst = out.mutable_data();
     {

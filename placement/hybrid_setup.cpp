@@ -63,10 +63,6 @@ ReplaceSetup replace_setup(const PlacementConfig& cfg) {
   return r;
 }
 
-Plan prepare_hybrid(RunnerOptions& o, const ModelConfig& model) {
-  return prepare_hybrid(o, model, o.config.empty() ? default_placement_config() : load_placement_config(o.config));
-}
-
 Plan prepare_hybrid(RunnerOptions& o, const ModelConfig& model, const PlacementConfig& cfg) {
   gpu::DeviceProbe probe;
   gpu::gpu_device_probe(&probe);
@@ -110,6 +106,10 @@ std::string prepare_device(RunnerOptions& o, const ModelConfig& model, const Pla
   return str_cat(automatic ? "--device auto chose hybrid" : "hybrid", " on ", probe.name, " (", gpu::gpu_device_caps().description, "): ",
                  o.hybrid->summary, ", context ", plan.context, plan.context_note.empty() ? "" : " (auto: tandem plan shows its cost)",
                  ", predicted ", static_cast<int>(plan.predicted.decode_tok_s + 0.5), " tok/s decode");
+}
+
+std::string prepare_device(RunnerOptions& o, const ModelConfig& model) {
+  return prepare_device(o, model, o.config.empty() ? default_placement_config() : load_placement_config(o.config));
 }
 
 }  // namespace tandem::placement

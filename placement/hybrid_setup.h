@@ -18,11 +18,9 @@ std::shared_ptr<HybridPlacement> hybrid_placement(const Plan& plan, int64_t tota
 // options as the policy; off (every = 0) unless the config sets it.
 ReplaceSetup replace_setup(const PlacementConfig& config);
 
-// Loads opts.config (or the defaults), plans against `model` and fills opts.hybrid (tandem::Error
-// without a CUDA device), opts.context
-// (the config's unless --context was given) and opts.threads (the config's unless --threads was).
-Plan prepare_hybrid(RunnerOptions& opts, const ModelConfig& model);
-// The same with the config already parsed (the Python bindings accept dicts).
+// Plans `config` against `model` and fills opts.hybrid (tandem::Error without a CUDA device),
+// opts.context (the config's unless --context was given; the planner's for context: auto) and
+// opts.threads (the config's unless --threads was).
 Plan prepare_hybrid(RunnerOptions& opts, const ModelConfig& model, const PlacementConfig& config);
 
 // What every model-running entry point does before make_runner, CLI and Python alike. --device auto
@@ -34,5 +32,7 @@ Plan prepare_hybrid(RunnerOptions& opts, const ModelConfig& model, const Placeme
 // routed experts on the GPU, the context and the predicted decode rate; empty for ref / cpu / gpu
 // asked for by name.
 std::string prepare_device(RunnerOptions& opts, const ModelConfig& model, const PlacementConfig& config);
+// The same with opts.config loaded (a YAML path), or default_placement_config() without one (the CLI).
+std::string prepare_device(RunnerOptions& opts, const ModelConfig& model);
 
 }  // namespace tandem::placement

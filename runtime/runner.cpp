@@ -329,9 +329,10 @@ void check_token_ids(std::span<const int32_t> ids, int64_t vocab_size, const std
 
 void check_context(const Runner& runner, int64_t prompt_tokens, int64_t new_tokens, const char* new_tokens_name) {
   const int64_t limit = runner.max_context();
-  if (prompt_tokens > limit || new_tokens > limit - prompt_tokens)
-    fail("the prompt (", prompt_tokens, " tokens) plus ", new_tokens_name, " ", new_tokens, " exceeds the context of ", limit,
-         " tokens", runner.peak_device_bytes() ? " the KV cache was planned for (--context / context: sets it)" : "");
+  if (prompt_tokens <= limit && new_tokens <= limit - prompt_tokens) return;
+  const char* planned = runner.peak_device_bytes() ? " the KV cache was planned for (--context / context: sets it)" : "";
+  if (!new_tokens_name) fail(prompt_tokens, " ids exceed the context of ", limit, " tokens", planned);
+  fail("the prompt (", prompt_tokens, " tokens) plus ", new_tokens_name, " ", new_tokens, " exceeds the context of ", limit, " tokens", planned);
 }
 
 std::unique_ptr<Runner> make_runner(const Qwen35Moe& model, const RunnerOptions& o) {

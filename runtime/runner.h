@@ -103,9 +103,10 @@ class Runner {
 std::unique_ptr<Runner> make_runner(const Qwen35Moe& model, const RunnerOptions& opts);
 
 // tandem::Error when prompt_tokens + new_tokens do not fit runner.max_context(), with the figures and
-// what to change (`new_tokens_name`: "--max-new-tokens" on the CLI, "max_new_tokens" in Python; the
-// same check for generate, chat, logits and the bindings).
-void check_context(const Runner& runner, int64_t prompt_tokens, int64_t new_tokens, const char* new_tokens_name);
+// what to change (`new_tokens_name`: "--max-new-tokens" on the CLI, "max_new_tokens" in Python; none:
+// `prompt_tokens` ids fed as they are, as logits does). The one check for generate, chat, logits and
+// the bindings.
+void check_context(const Runner& runner, int64_t prompt_tokens, int64_t new_tokens = 0, const char* new_tokens_name = nullptr);
 
 // tandem::Error "<what>: token id X at position i is outside the vocabulary of <model_dir> (vocab_size V)"
 // for the first id out of range (the same words for the CLI and the Python bindings).

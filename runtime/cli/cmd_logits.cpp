@@ -50,7 +50,7 @@ int cmd_logits(int argc, char** argv) {
   const ModelConfig& cfg = model->config();
   check_token_ids(ids, cfg.vocab_size, model_dir, "--ids");
   auto runner = open_runner(*model, ro);
-  if (n > runner->max_context()) fail("--ids: ", n, " ids exceed the context of ", runner->max_context(), " tokens");
+  check_context(*runner, n);
   const double load_s = std::chrono::duration<double>(clock::now() - t_load).count();
 
   const int64_t V = cfg.vocab_size;

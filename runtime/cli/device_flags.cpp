@@ -64,8 +64,7 @@ RunnerOptions runner_options(const Args& a, int64_t min_context) {
 }
 
 std::unique_ptr<Runner> open_runner(const Qwen35Moe& model, RunnerOptions& o) {
-  const std::string chosen =
-      placement::prepare_device(o, model.config(), o.config.empty() ? placement::default_placement_config() : placement::load_placement_config(o.config));
+  const std::string chosen = placement::prepare_device(o, model.config());
   if (!chosen.empty()) std::fprintf(stderr, "tandem: %s\n", chosen.c_str());
   return make_runner(model, o);
 }
