@@ -6,7 +6,7 @@
 #include <random>
 #include <vector>
 
-#include "runtime/sampling.h"
+#include "runtime/engine/sampling.h"
 
 namespace {
 

@@ -19,19 +19,19 @@
 
 #include "gpu_core/device.cuh"
 #include "placement/heat.h"
-#include "placement/hybrid_setup.h"
+#include "runtime/engine/session.h"
 #include "placement/planner.h"
-#include "runtime/bytes.h"
-#include "runtime/chat_template.h"
-#include "runtime/cpu_backend.h"
-#include "runtime/error.h"
-#include "runtime/generate.h"
-#include "runtime/models/qwen3_5_moe.h"
-#include "runtime/routing_profile.h"
-#include "runtime/runner.h"
-#include "runtime/sampling.h"
-#include "runtime/synth.h"
-#include "runtime/tokenizer.h"
+#include "core/bytes.h"
+#include "runtime/tokenizer/chat_template.h"
+#include "runtime/models/qwen3_5_moe/cpu_backend.h"
+#include "core/error.h"
+#include "runtime/engine/generate.h"
+#include "runtime/models/qwen3_5_moe/model.h"
+#include "runtime/engine/routing_profile.h"
+#include "runtime/engine/runner.h"
+#include "runtime/engine/sampling.h"
+#include "tools/synth/synth.h"
+#include "runtime/tokenizer/tokenizer.h"
 
 namespace py = pybind11;
 
@@ -116,7 +116,7 @@ class Engine {
       tokenizer_ = std::make_unique<Tokenizer>(Tokenizer::from_model_dir(dir_));
       eos_ = stop_token_ids(model_->config(), *tokenizer_, defaults_);
     }
-    chosen_ = placement::prepare_device(o, model_->config(), pcfg_);
+    chosen_ = prepare_device(o, model_->config(), pcfg_);
     runner_ = make_runner(*model_, o);
   }
 
@@ -232,7 +232,7 @@ class Engine {
     check_open();
     py::gil_scoped_release nogil;
     // The CPU bandwidth is measured on the first call (as tandem plan does) and reused after.
-    placement::PlanRequest req = placement::plan_request(pcfg_, ro_.gpu_mem, ro_.context_set ? ro_.context : 0, cpu_bw_ == 0);
+    placement::PlanRequest req = plan_request(pcfg_, ro_.gpu_mem, ro_.context_set ? ro_.context : 0, cpu_bw_ == 0);
     if (cpu_bw_ == 0) cpu_bw_ = req.measured_cpu_bw;
     req.measured_cpu_bw = cpu_bw_;
     return placement::plan_to_json(placement::make_plan(model_->config(), pcfg_, req)).dump();
@@ -346,7 +346,7 @@ std::string plan_for_py(const std::string& model_dir, const py::object& config, 
   const int64_t ctx = context.is_none() ? 0 : context.cast<int64_t>();
   const uint64_t mem = bytes_of(gpu_mem, "gpu_mem");
   py::gil_scoped_release nogil;
-  return placement::plan_to_json(placement::make_plan(m, c, placement::plan_request(c, mem, ctx, true))).dump();
+  return placement::plan_to_json(placement::make_plan(m, c, plan_request(c, mem, ctx, true))).dump();
 }
 
 }  // namespace

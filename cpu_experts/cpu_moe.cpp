@@ -9,7 +9,7 @@
 #include <numeric>
 #include <vector>
 
-#include "runtime/error.h"
+#include "core/error.h"
 
 namespace tandem::cpu {
 

@@ -34,7 +34,7 @@
 #include "cpu_experts/isa.h"
 #include "cpu_experts/packed_weight.h"
 #include "cpu_experts/thread_pool.h"
-#include "runtime/models/qwen3_5_moe.h"
+#include "core/weights.h"
 
 namespace tandem::cpu {
 

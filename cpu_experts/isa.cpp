@@ -10,7 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "runtime/error.h"
+#include "core/error.h"
 
 namespace tandem::cpu {
 

@@ -8,7 +8,7 @@
 #include <numeric>
 
 #include "gpu_core/int4_layout.h"
-#include "runtime/error.h"
+#include "core/error.h"
 
 namespace tandem::cpu {
 
@@ -26,7 +26,7 @@ struct Geometry {
 
 int gptq_zero(const GptqView& q, int64_t N, int64_t g, int64_t n) {
   const uint32_t word = static_cast<uint32_t>(q.qzeros[g * (N / 8) + n / 8]);
-  return gpu::gptq_zero_point(word, n, q.zero_offset);
+  return gptq_zero_point(word, n, q.zero_offset);
 }
 
 // Symmetric GPTQ: zero point 8 in every group and column, so kernels subtract a constant.

@@ -32,7 +32,7 @@
 #include <string>
 #include <vector>
 
-#include "runtime/linear.h"
+#include "core/weights.h"
 
 namespace tandem::cpu {
 

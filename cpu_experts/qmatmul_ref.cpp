@@ -3,7 +3,7 @@
 #include <cmath>
 
 #include "cpu_experts/qmatmul.h"
-#include "runtime/dtype.h"
+#include "core/dtype.h"
 
 namespace tandem::cpu::ref {
 

@@ -10,7 +10,7 @@
 #include <set>
 #include <system_error>
 
-#include "runtime/error.h"
+#include "core/error.h"
 
 #ifdef TANDEM_HAVE_HWLOC
 #include <hwloc.h>

@@ -17,6 +17,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/gptq.h"  // gptq_zero_point
+
 namespace tandem::gpu {
 
 struct GptqSource {
@@ -27,16 +29,6 @@ struct GptqSource {
   int64_t N = 0, K = 0, group_size = 0;
   int zero_offset = 1;  // 1: v1 ("gptq"), 0: v2 ("gptq_v2"); see gptq_zero_point
 };
-
-// The zero point of column n in its packed qzeros word (spec §4), for every path that reads GPTQ zeros.
-// v2 stores the zero points as they are. v1 is what GPTQModel (HF transformers' GPTQ backend) writes
-// from them: each packed word minus 0x11111111, so a zero point of 0 borrows from the next nibble up.
-// GPTQModel reads v1 back by adding 0x11111111 to the whole word (mod 2^32), and so do we; adding 1
-// to each nibble alone differs wherever a zero point is 0.
-inline int gptq_zero_point(uint32_t word, int64_t n, int zero_offset) {
-  const uint32_t v2_word = word + 0x11111111u * static_cast<uint32_t>(zero_offset);
-  return static_cast<int>((v2_word >> ((n % 8) * 4)) & 0xfu);
-}
 
 struct Int4Host {
   std::vector<uint32_t> qweight;

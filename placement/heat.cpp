@@ -2,12 +2,14 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <fstream>
+#include <functional>
 #include <numeric>
 #include <sstream>
 
-#include "runtime/error.h"
-#include "runtime/file_io.h"
+#include "core/error.h"
+#include "core/file_io.h"
 
 namespace tandem::placement {
 
@@ -60,6 +62,21 @@ HeatMap parse_heat_map(const std::string& text, const std::string& source) {
     fail(source, ":", e.mark.line + 1, ": ", e.msg, " (expected integers)");
   }
   return h;
+}
+
+RoutingShares shares_from_counts(std::vector<double> counts) {
+  std::sort(counts.begin(), counts.end(), std::greater<>());
+  const double total = std::accumulate(counts.begin(), counts.end(), 0.0);
+  const double E = static_cast<double>(counts.size());
+  auto share = [&](double q) {
+    const double n = q * E;  // fractional number of experts
+    double s = 0;
+    size_t i = 0;
+    for (; i + 1 <= n; ++i) s += counts[i];
+    if (i < counts.size()) s += (n - static_cast<double>(i)) * counts[i];
+    return total > 0 ? s / total : 0.0;
+  };
+  return {share(0.1), share(0.2), share(0.5)};
 }
 
 HeatMap heat_from_counts(const RoutingCounts& counts, const ModelConfig& config, const std::string& model_dir) {

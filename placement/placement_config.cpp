@@ -6,11 +6,11 @@
 #include <filesystem>
 #include <sstream>
 
-#include "runtime/bytes.h"
-#include "runtime/error.h"
-#include "runtime/file_io.h"
-#include "runtime/nearest.h"
-#include "runtime/runner.h"
+#include "core/bytes.h"
+#include "core/error.h"
+#include "core/file_io.h"
+#include "core/nearest.h"
+#include "core/limits.h"
 
 namespace tandem::placement {
 
@@ -204,7 +204,7 @@ PlacementConfig parse_placement_config(const std::string& text, const std::strin
     if (root["batch"]) c.batch = static_cast<int>(r.integer(root["batch"], "batch", 1, 256));
     if (const YAML::Node cpu = root["cpu"]) {
       r.check_keys(cpu, "cpu", {"threads", "numa"});
-      if (cpu["threads"]) c.cpu_threads = static_cast<int>(r.integer(cpu["threads"], "cpu.threads", 0, RunnerOptions::kMaxThreads));
+      if (cpu["threads"]) c.cpu_threads = static_cast<int>(r.integer(cpu["threads"], "cpu.threads", 0, kMaxThreads));
       if (cpu["numa"]) c.numa = r.choice<std::string>(cpu["numa"], "cpu.numa", {{"auto", "auto"}, {"off", "off"}});
     }
     if (const YAML::Node e = root["experts"]) {

@@ -9,8 +9,8 @@
 #include "gpu_core/attention_sizes.h"
 #include "gpu_core/deltanet_sizes.h"
 #include "gpu_core/int4_layout.h"
-#include "runtime/bytes.h"
-#include "runtime/error.h"
+#include "core/bytes.h"
+#include "core/error.h"
 
 namespace tandem::placement {
 

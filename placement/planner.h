@@ -26,7 +26,7 @@
 
 #include "placement/heat.h"
 #include "placement/placement_config.h"
-#include "runtime/config.h"
+#include "runtime/format/config.h"
 
 namespace tandem::placement {
 

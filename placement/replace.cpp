@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <numeric>
 
-#include "runtime/error.h"
+#include "core/error.h"
 
 namespace tandem::placement {
 

@@ -38,7 +38,7 @@ def fnv1a64(data: bytes) -> int:
 
 def template_fingerprint(text: str) -> int:
     # What the template renders does not change with line endings or one trailing newline (Jinja normalises
-    # newlines and drops a single trailing one), so neither does the fingerprint; runtime/chat_template.cpp
+    # newlines and drops a single trailing one), so neither does the fingerprint; runtime/tokenizer/chat_template.cpp
     # computes the same.
     t = text.replace("\r\n", "\n")
     if t.endswith("\n"):

@@ -5,8 +5,8 @@
 #include <climits>
 #include <sstream>
 
-#include "runtime/error.h"
-#include "runtime/file_io.h"
+#include "core/error.h"
+#include "core/file_io.h"
 
 namespace tandem::cli {
 

@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "runtime/error.h"
-#include "runtime/nearest.h"
+#include "core/error.h"
+#include "core/nearest.h"
 
 namespace tandem::cli {
 
@@ -59,6 +59,6 @@ class Args {
 // Token ids from "5,17 3" or "@FILE" (comma or whitespace separated); UsageError names the bad entry.
 std::vector<int32_t> parse_id_list(const std::string& spec, const std::string& command);
 
-using tandem::nearest;  // runtime/nearest.h
+using tandem::nearest;  // core/nearest.h
 
 }  // namespace tandem::cli

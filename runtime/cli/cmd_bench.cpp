@@ -23,14 +23,14 @@
 
 #include "runtime/cli/args.h"
 #include "runtime/cli/commands.h"
-#include "runtime/error.h"
-#include "runtime/file_io.h"
-#include "runtime/membw.h"
+#include "core/error.h"
+#include "core/file_io.h"
+#include "core/membw.h"
 #include "runtime/cli/device_flags.h"
-#include "runtime/models/qwen3_5_moe.h"
-#include "runtime/runner.h"
-#include "runtime/sampling.h"
-#include "runtime/tokenizer.h"
+#include "runtime/models/qwen3_5_moe/model.h"
+#include "runtime/engine/runner.h"
+#include "runtime/engine/sampling.h"
+#include "runtime/tokenizer/tokenizer.h"
 
 namespace tandem::cli {
 
@@ -196,8 +196,8 @@ int cmd_bench(int argc, char** argv) {
   int64_t longest = 0;
   for (int64_t L : lengths) longest = std::max(longest, L);
   RunnerOptions ro = runner_options(a, longest + gen);
-  auto model = Qwen35Moe::load(a.get("model"));
-  const ModelConfig& cfg = model->config();
+  Session session = Session::open(a.get("model"), false);
+  const ModelConfig& cfg = session.model->config();
   std::vector<int32_t> text;
   const bool follow = a.has("follow-text");
   if (follow && !a.has("prompts")) throw UsageError("tandem bench: --follow-text needs --prompts FILE");
@@ -208,12 +208,13 @@ int cmd_bench(int argc, char** argv) {
     if (text.empty()) fail("tandem bench: ", path, " has no text to make prompts from");
     check_token_ids(text, cfg.vocab_size, a.get("model"), "tandem bench --prompts");
   }
-  auto runner = open_runner(*model, ro);
-  const std::string device = ro.device;  // as chosen (--device auto)
+  start_session(session, ro);
+  Runner* runner = session.runner.get();
+  const std::string device = session.device;  // as chosen (--device auto)
   for (int64_t L : lengths)
     if (L + gen > cfg.max_position_embeddings)
       fail("--prompt-len ", L, " + --gen ", gen, " exceeds the model's context of ", cfg.max_position_embeddings);
-  const WeightBytes wb = model->weight_bytes();
+  const WeightBytes wb = session.model->weight_bytes();
   if (!json_out) std::fprintf(stderr, "measuring memory bandwidth...\n");
   std::string bw_what;
   const double bw_bytes = runner->weight_bandwidth(&bw_what);
@@ -236,7 +237,7 @@ int cmd_bench(int argc, char** argv) {
   nlohmann::json results = nlohmann::json::array();
   std::string split_lines;  // hybrid: the host side of decode, one line per prompt length
   int64_t moe_layers = 0;
-  for (const auto& layer : model->layers()) moe_layers += layer.moe.gate.empty() ? 0 : 1;
+  for (const auto& layer : session.model->layers()) moe_layers += layer.moe.gate.empty() ? 0 : 1;
   bool token_on_device = false;
   if (!json_out) {
     std::printf("tandem bench: %s\n%s\n", a.get("model").c_str(), runner->describe().c_str());

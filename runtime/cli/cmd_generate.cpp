@@ -7,13 +7,13 @@
 #include <cstdio>
 #include <iostream>
 
-#include "runtime/chat_template.h"
+#include "runtime/tokenizer/chat_template.h"
 #include "runtime/cli/args.h"
 #include "runtime/cli/commands.h"
 #include "runtime/cli/device_flags.h"
 #include "runtime/cli/output.h"
-#include "runtime/error.h"
-#include "runtime/generate.h"
+#include "core/error.h"
+#include "runtime/engine/generate.h"
 
 namespace tandem::cli {
 
@@ -71,25 +71,20 @@ SamplingParams sampling_from_args(const Args& a, const GenerationDefaults& defau
   return p;
 }
 
-struct Session {
-  std::unique_ptr<Qwen35Moe> model;
-  Tokenizer tokenizer;
-  GenerationDefaults defaults;
-  std::vector<int32_t> eos;
-  std::unique_ptr<Runner> runner;
+// A session and the sampling its flags ask for.
+struct Opened {
+  Session s;
   SamplingParams sampling;
 };
 
 // The sampling flags are checked before the runner is made: a usage error is one line, before the
 // device's (--device auto prints what it chose).
-Session open_session(const Args& a) {
+Opened open_for_text(const Args& a) {
   RunnerOptions ro = runner_options(a);
-  const std::string dir = a.get("model");
-  Session s{Qwen35Moe::load(dir), Tokenizer::from_model_dir(dir), load_generation_config(dir), {}, nullptr, {}};
-  s.sampling = sampling_from_args(a, s.defaults);
-  s.runner = open_runner(*s.model, ro);
-  s.eos = stop_token_ids(s.model->config(), s.tokenizer, s.defaults);
-  return s;
+  Opened o{Session::open(a.get("model"), true), {}};
+  o.sampling = sampling_from_args(a, o.s.defaults);
+  start_session(o.s, ro);
+  return o;
 }
 
 void print_stats(const GenerateResult& r) {
@@ -110,7 +105,7 @@ GenerateResult run(Session& s, const Args& a, std::vector<int32_t> prompt, const
   check_context(*s.runner, static_cast<int64_t>(req.prompt.size()), req.max_new_tokens, "--max-new-tokens");
   g_cancel = false;
   g_generating = true;
-  GenerateResult r = generate(*s.runner, s.model->config().vocab_size, s.tokenizer, req);
+  GenerateResult r = generate(*s.runner, s.model->config().vocab_size, *s.tokenizer, req);
   g_generating = false;
   return r;
 }
@@ -148,8 +143,9 @@ int cmd_generate(int argc, char** argv) {
   const std::string prompt = a.get("prompt");
   if (!a.has("chat") && (a.has("no-think") || a.has("system")))
     throw UsageError("tandem generate: --no-think and --system need --chat");
-  Session s = open_session(a);
-  const SamplingParams& sp = s.sampling;
+  Opened o = open_for_text(a);
+  Session& s = o.s;
+  const SamplingParams& sp = o.sampling;
   std::string text = prompt;
   if (a.has("chat")) {
     if (const std::string note = chat_template_note(a.get("model")); !note.empty()) std::fprintf(stderr, "%s\n", note.c_str());
@@ -161,7 +157,7 @@ int cmd_generate(int argc, char** argv) {
     text = render_chat(msgs, o);
   }
   install_sigint();
-  const GenerateResult r = run(s, a, s.tokenizer.encode(text), sp);
+  const GenerateResult r = run(s, a, s.tokenizer->encode(text), sp);
   print_stats(r);
   return r.stop == StopReason::Cancelled ? 130 : 0;  // 128 + SIGINT: a script can tell a cut-short reply
 }
@@ -176,9 +172,10 @@ int cmd_chat(int argc, char** argv) {
     std::fputs(a.usage().c_str(), stdout);
     return 0;
   }
-  Session s = open_session(a);
+  Opened o = open_for_text(a);
+  Session& s = o.s;
   if (const std::string note = chat_template_note(a.get("model")); !note.empty()) std::fprintf(stderr, "%s\n", note.c_str());
-  const SamplingParams& sp = s.sampling;
+  const SamplingParams& sp = o.sampling;
   ChatOptions opts;
   opts.enable_thinking = !a.has("no-think");
   std::vector<ChatMessage> history;
@@ -210,7 +207,7 @@ int cmd_chat(int argc, char** argv) {
       continue;
     }
     history.push_back({"user", line, {}, {}});
-    const std::vector<int32_t> ids = s.tokenizer.encode(render_chat(history, opts));
+    const std::vector<int32_t> ids = s.tokenizer->encode(render_chat(history, opts));
     GenerateResult r;
     try {
       r = run(s, a, ids, sp);

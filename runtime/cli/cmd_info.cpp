@@ -4,7 +4,7 @@
 #include "gpu_core/device.cuh"
 #include "runtime/cli/args.h"
 #include "runtime/cli/commands.h"
-#include "runtime/models/qwen3_5_moe.h"
+#include "runtime/models/qwen3_5_moe/model.h"
 
 namespace tandem::cli {
 

@@ -9,10 +9,10 @@
 #include "runtime/cli/args.h"
 #include "runtime/cli/commands.h"
 #include "runtime/cli/device_flags.h"
-#include "runtime/error.h"
-#include "runtime/logits_compare.h"
-#include "runtime/npy.h"
-#include "runtime/runner.h"
+#include "core/error.h"
+#include "runtime/engine/logits_compare.h"
+#include "runtime/format/npy.h"
+#include "runtime/engine/runner.h"
 
 namespace tandem::cli {
 
@@ -46,10 +46,11 @@ int cmd_logits(int argc, char** argv) {
 
   using clock = std::chrono::steady_clock;
   const auto t_load = clock::now();
-  auto model = Qwen35Moe::load(model_dir);
-  const ModelConfig& cfg = model->config();
+  Session s = Session::open(model_dir, false);
+  const ModelConfig& cfg = s.model->config();
   check_token_ids(ids, cfg.vocab_size, model_dir, "--ids");
-  auto runner = open_runner(*model, ro);
+  start_session(s, ro);
+  Runner* runner = s.runner.get();
   check_context(*runner, n);
   const double load_s = std::chrono::duration<double>(clock::now() - t_load).count();
 
@@ -66,7 +67,7 @@ int cmd_logits(int argc, char** argv) {
   const double decode_s = std::chrono::duration<double>(t2 - t1).count();
   std::fprintf(stderr, "model   %s: %d layers (%d attention), %d experts top-%d, hidden %lld, vocab %lld; %s\n",
                model_dir.c_str(), cfg.num_layers, cfg.num_full_attention_layers(), cfg.num_experts,
-               cfg.num_experts_per_tok, (long long)cfg.hidden_size, (long long)V, model->layout_description().c_str());
+               cfg.num_experts_per_tok, (long long)cfg.hidden_size, (long long)V, s.model->layout_description().c_str());
   std::fprintf(stderr, "run     %s; load %.2f s\n", runner->describe().c_str(), load_s);
   if (prefill > 0)
     std::fprintf(stderr, "prefill %lld tokens in %.1f ms (%.1f tok/s)\n", (long long)prefill, prefill_s * 1e3,

@@ -3,13 +3,13 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
-#include "placement/hybrid_setup.h"
+#include "runtime/engine/session.h"
 #include "placement/planner.h"
-#include "runtime/bytes.h"
+#include "core/bytes.h"
 #include "runtime/cli/args.h"
 #include "runtime/cli/commands.h"
-#include "runtime/config.h"
-#include "runtime/error.h"
+#include "runtime/format/config.h"
+#include "core/error.h"
 
 namespace tandem::cli {
 
@@ -42,7 +42,7 @@ int cmd_plan(int argc, char** argv) {
   const int64_t context = a.get_int("context", 0);
   if (a.has("context") && context < 1) throw UsageError("--context must be at least 1");
   const placement::Plan plan =
-      placement::make_plan(model, cfg, placement::plan_request(cfg, gpu_mem, context, !a.has("no-measure")));
+      placement::make_plan(model, cfg, plan_request(cfg, gpu_mem, context, !a.has("no-measure")));
   if (a.has("json")) {
     std::printf("%s\n", placement::plan_to_json(plan).dump().c_str());
   } else {

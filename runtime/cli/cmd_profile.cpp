@@ -11,12 +11,12 @@
 #include "placement/heat.h"
 #include "runtime/cli/args.h"
 #include "runtime/cli/commands.h"
-#include "runtime/error.h"
-#include "runtime/file_io.h"
-#include "runtime/models/qwen3_5_moe.h"
-#include "runtime/routing_profile.h"
-#include "runtime/runner.h"
-#include "runtime/tokenizer.h"
+#include "core/error.h"
+#include "core/file_io.h"
+#include "runtime/models/qwen3_5_moe/model.h"
+#include "runtime/engine/routing_profile.h"
+#include "runtime/engine/runner.h"
+#include "runtime/tokenizer/tokenizer.h"
 
 namespace tandem::cli {
 

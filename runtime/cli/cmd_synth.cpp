@@ -5,8 +5,8 @@
 
 #include "runtime/cli/args.h"
 #include "runtime/cli/commands.h"
-#include "runtime/error.h"
-#include "runtime/synth.h"
+#include "core/error.h"
+#include "tools/synth/synth.h"
 
 namespace tandem::cli {
 

@@ -3,9 +3,9 @@
 
 #include "runtime/cli/args.h"
 #include "runtime/cli/commands.h"
-#include "runtime/error.h"
-#include "runtime/file_io.h"
-#include "runtime/tokenizer.h"
+#include "core/error.h"
+#include "core/file_io.h"
+#include "runtime/tokenizer/tokenizer.h"
 
 namespace tandem::cli {
 

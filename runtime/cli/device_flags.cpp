@@ -7,10 +7,10 @@
 
 #include <cstdio>
 
-#include "placement/hybrid_setup.h"
-#include "runtime/bytes.h"
-#include "runtime/error.h"
-#include "runtime/trace.h"
+#include "runtime/engine/session.h"
+#include "core/bytes.h"
+#include "core/error.h"
+#include "core/trace.h"
 
 namespace tandem::cli {
 
@@ -63,10 +63,9 @@ RunnerOptions runner_options(const Args& a, int64_t min_context) {
   return o;
 }
 
-std::unique_ptr<Runner> open_runner(const Qwen35Moe& model, RunnerOptions& o) {
-  const std::string chosen = placement::prepare_device(o, model.config());
-  if (!chosen.empty()) std::fprintf(stderr, "tandem: %s\n", chosen.c_str());
-  return make_runner(model, o);
+void start_session(Session& s, const RunnerOptions& o) {
+  s.start(o);
+  if (!s.device_line.empty()) std::fprintf(stderr, "tandem: %s\n", s.device_line.c_str());
 }
 
 }  // namespace tandem::cli

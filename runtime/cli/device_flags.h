@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "runtime/cli/args.h"
-#include "runtime/runner.h"
+#include "runtime/engine/session.h"
 
 namespace tandem::cli {
 
@@ -13,7 +13,7 @@ namespace tandem::cli {
 std::vector<Flag> device_flags();
 // Reads them (and sets the OpenMP thread count for the shared host ops); UsageError on bad values.
 RunnerOptions runner_options(const Args& a, int64_t min_context = 0);
-// make_runner, after planning the placement when the device is hybrid (prints the plan's summary).
-std::unique_ptr<Runner> open_runner(const Qwen35Moe& model, RunnerOptions& opts);
+// Session::start, printing its device line (what --device auto chose, the hybrid plan) to stderr.
+void start_session(Session& s, const RunnerOptions& opts);
 
 }  // namespace tandem::cli

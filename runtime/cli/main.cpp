@@ -11,8 +11,8 @@
 #include "runtime/cli/args.h"
 #include "runtime/cli/commands.h"
 #include "runtime/cli/output.h"
-#include "runtime/error.h"
-#include "runtime/trace.h"
+#include "core/error.h"
+#include "core/trace.h"
 
 namespace {
 

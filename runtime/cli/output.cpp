@@ -8,7 +8,7 @@
 #include <cstring>
 #include <iostream>
 
-#include "runtime/error.h"
+#include "core/error.h"
 
 namespace tandem::cli {
 

@@ -11,7 +11,7 @@
 #include <stdexcept>
 #include <string_view>
 
-#include "runtime/error.h"
+#include "core/error.h"
 
 namespace tandem::cli {
 

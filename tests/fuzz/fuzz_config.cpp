@@ -7,8 +7,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "runtime/config.h"
-#include "runtime/error.h"
+#include "runtime/format/config.h"
+#include "core/error.h"
 
 namespace {
 

@@ -8,8 +8,8 @@
 #include "placement/heat.h"
 #include "placement/placement_config.h"
 #include "placement/planner.h"
-#include "runtime/config.h"
-#include "runtime/error.h"
+#include "runtime/format/config.h"
+#include "core/error.h"
 
 namespace {
 

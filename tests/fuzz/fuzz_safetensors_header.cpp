@@ -5,8 +5,8 @@
 #include <cstring>
 #include <string_view>
 
-#include "runtime/error.h"
-#include "runtime/safetensors.h"
+#include "core/error.h"
+#include "runtime/format/safetensors.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 8) return 0;

@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
-#include "runtime/error.h"
-#include "runtime/tokenizer.h"
-#include "runtime/tokenizer_unicode.h"
+#include "core/error.h"
+#include "runtime/tokenizer/tokenizer.h"
+#include "runtime/tokenizer/unicode.h"
 
 #ifndef TANDEM_TOKENIZER_DIR
 #error "build with -DTANDEM_TOKENIZER_DIR=\"<repo>/tests/data/tokenizers\""

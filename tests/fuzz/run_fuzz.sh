@@ -17,7 +17,7 @@ build_target() {  # name sources... [-- extra compiler and linker flags]
   while [ $# -gt 0 ] && [ "$1" != "--" ]; do sources+=("$1"); shift; done
   if [ $# -gt 0 ]; then shift; extra=("$@"); fi
   local newest
-  newest=$(ls -t "${sources[@]}" "$0" "$root"/runtime/*.h "$root"/placement/*.h "$root"/gpu_core/*.h | head -1)
+  newest=$(ls -t "${sources[@]}" "$0" "$root"/core/*.h "$root"/runtime/*/*.h "$root"/placement/*.h "$root"/gpu_core/*.h | head -1)
   if [ ! -x "$bin" ] || [ "$newest" -nt "$bin" ]; then
     echo "fuzz: building $name"
     "$cxx" "${flags[@]}" "${sources[@]}" "${extra[@]}" -o "$bin"
@@ -25,16 +25,16 @@ build_target() {  # name sources... [-- extra compiler and linker flags]
 }
 
 # error.cpp (message escaping) and file_io.cpp (bounded reads) sit under every parser.
-common=("$root/runtime/error.cpp" "$root/runtime/file_io.cpp")
+common=("$root/core/error.cpp" "$root/core/file_io.cpp")
 build_target fuzz_safetensors_header "$root/tests/fuzz/fuzz_safetensors_header.cpp" \
-  "$root/runtime/safetensors.cpp" "$root/runtime/dtype.cpp" "${common[@]}"
-build_target fuzz_config "$root/tests/fuzz/fuzz_config.cpp" "$root/runtime/config.cpp" "${common[@]}"
-build_target fuzz_tokenizer "$root/tests/fuzz/fuzz_tokenizer.cpp" "$root/runtime/tokenizer.cpp" "${common[@]}" \
-  "$root/runtime/tokenizer_load.cpp" "$root/runtime/tokenizer_bpe.cpp" "$root/runtime/tokenizer_pretok.cpp" \
-  "$root/runtime/tokenizer_unicode.cpp" -- -DTANDEM_TOKENIZER_DIR="\"$root/tests/data/tokenizers\"" -licuuc
+  "$root/runtime/format/safetensors.cpp" "$root/core/dtype.cpp" "${common[@]}"
+build_target fuzz_config "$root/tests/fuzz/fuzz_config.cpp" "$root/runtime/format/config.cpp" "${common[@]}"
+build_target fuzz_tokenizer "$root/tests/fuzz/fuzz_tokenizer.cpp" "$root/runtime/tokenizer/tokenizer.cpp" "${common[@]}" \
+  "$root/runtime/tokenizer/load.cpp" "$root/runtime/tokenizer/bpe.cpp" "$root/runtime/tokenizer/pretok.cpp" \
+  "$root/runtime/tokenizer/unicode.cpp" -- -DTANDEM_TOKENIZER_DIR="\"$root/tests/data/tokenizers\"" -licuuc
 
 build_target fuzz_placement "$root/tests/fuzz/fuzz_placement.cpp" "$root/placement/placement_config.cpp" "$root/placement/heat.cpp" \
-  "$root/placement/planner.cpp" "$root/gpu_core/int4_layout.cpp" "$root/runtime/config.cpp" "$root/runtime/bytes.cpp" "$root/runtime/nearest.cpp" \
+  "$root/placement/planner.cpp" "$root/gpu_core/int4_layout.cpp" "$root/runtime/format/config.cpp" "$root/core/bytes.cpp" "$root/core/nearest.cpp" \
   "${common[@]}" \
   -- -DTANDEM_FUZZ_MODEL_CONFIG="\"$root/tests/data/gptq_sym_v1/config.json\"" -lyaml-cpp
 

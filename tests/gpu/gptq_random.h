@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "gpu_core/int4_layout.h"
-#include "runtime/linear.h"
+#include "core/weights.h"
 
 namespace tandem::test {
 

@@ -4,8 +4,8 @@
 #include <cmath>
 
 #include "gpu_core/attention.cuh"
-#include "runtime/dtype.h"
-#include "runtime/ops_ref.h"
+#include "core/dtype.h"
+#include "runtime/models/qwen3_5_moe/ops_ref.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/unit/test_util.h"
 

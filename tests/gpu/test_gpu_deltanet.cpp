@@ -1,9 +1,9 @@
-// GPU DeltaNet decode against the reference ops (runtime/ops_ref.h) over several consecutive steps,
+// GPU DeltaNet decode against the reference ops (runtime/models/qwen3_5_moe/ops_ref.h) over several consecutive steps,
 // carrying conv and recurrent state: outputs and both states within fp32 rounding (2e-5 relative).
 #include <cmath>
 
 #include "gpu_core/deltanet.cuh"
-#include "runtime/ops_ref.h"
+#include "runtime/models/qwen3_5_moe/ops_ref.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/unit/test_util.h"
 

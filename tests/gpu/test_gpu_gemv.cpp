@@ -1,4 +1,4 @@
-// GPU GEMV kernels against the CPU definition of the same weights (runtime/linear.h), on fresh
+// GPU GEMV kernels against the CPU definition of the same weights (core/weights.h), on fresh
 // random inputs at the 35B model's shapes and odd ones. Bounds follow the arithmetic: bf16 weights
 // with fp32 math ~1e-6; int4 with fp16 activations and fp16 partial sums over 32 inputs: 3e-3.
 #include <cmath>
@@ -7,7 +7,7 @@
 #include "gpu_core/gemv.cuh"
 #include "gpu_core/int4_layout.h"
 #include "gpu_core/ops.cuh"
-#include "runtime/linear.h"
+#include "core/weights.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/gpu/gptq_random.h"
 #include "tests/unit/test_util.h"

@@ -8,13 +8,13 @@
 
 #include "gpu_core/device.cuh"
 #include "gpu_core/int4_layout.h"
-#include "placement/hybrid_setup.h"
+#include "runtime/engine/session.h"
 #include "placement/planner.h"
-#include "runtime/error.h"
-#include "runtime/logits_compare.h"
-#include "runtime/models/qwen3_5_moe_gpu.h"
-#include "runtime/npy.h"
-#include "runtime/runner.h"
+#include "core/error.h"
+#include "runtime/engine/logits_compare.h"
+#include "runtime/models/qwen3_5_moe/gpu.h"
+#include "runtime/format/npy.h"
+#include "runtime/engine/runner.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/unit/fixture_util.h"
 #include "tests/unit/test_util.h"
@@ -52,7 +52,7 @@ RunnerOptions hybrid_options(const placement::Plan& plan) {
   o.device = "hybrid";
   o.context = plan.context;
   o.threads = 4;
-  o.hybrid = placement::hybrid_placement(plan, int64_t(plan.expert_on_gpu.size()) * int64_t(plan.expert_on_gpu[0].size()));
+  o.hybrid = hybrid_placement(plan, int64_t(plan.expert_on_gpu.size()) * int64_t(plan.expert_on_gpu[0].size()));
   return o;
 }
 
@@ -250,7 +250,7 @@ TEST(HybridReplace, MovesKeepTheNumbers) {
     const placement::Plan plan = placement::make_plan(model->config(), cfg);
     RunnerOptions o = hybrid_options(plan);
     auto hp = std::make_shared<HybridPlacement>(*o.hybrid);
-    hp->replace = placement::replace_setup(cfg);
+    hp->replace = replace_setup(cfg);
     o.hybrid = hp;
     auto moving = make_runner(*model, o);
     ASSERT_NE(moving->describe().find("online re-placement every 1 decode tokens"), std::string::npos) << moving->describe();

@@ -4,10 +4,10 @@
 #include <cmath>
 
 #include "gpu_core/device.cuh"
-#include "runtime/error.h"
-#include "runtime/logits_compare.h"
-#include "runtime/models/qwen3_5_moe_gpu.h"
-#include "runtime/npy.h"
+#include "core/error.h"
+#include "runtime/engine/logits_compare.h"
+#include "runtime/models/qwen3_5_moe/gpu.h"
+#include "runtime/format/npy.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/unit/fixture_util.h"
 #include "tests/unit/test_util.h"

@@ -7,9 +7,9 @@
 #include "gpu_core/gemv.cuh"
 #include "gpu_core/handoff.cuh"
 #include "gpu_core/ops.cuh"
-#include "runtime/dtype.h"
-#include "runtime/error.h"
-#include "runtime/ops_ref.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "runtime/models/qwen3_5_moe/ops_ref.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/unit/test_util.h"
 

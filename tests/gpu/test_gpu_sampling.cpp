@@ -5,8 +5,8 @@
 #include <random>
 
 #include "gpu_core/sampling.cuh"
-#include "runtime/models/qwen3_5_moe_gpu.h"
-#include "runtime/sampling.h"
+#include "runtime/models/qwen3_5_moe/gpu.h"
+#include "runtime/engine/sampling.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/unit/fixture_util.h"
 #include "tests/unit/test_util.h"

@@ -12,8 +12,8 @@
 #include <random>
 #include <vector>
 
-#include "runtime/dtype.h"
-#include "runtime/linear.h"
+#include "core/dtype.h"
+#include "core/weights.h"
 
 namespace tandem::test {
 

@@ -3,7 +3,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "runtime/bpe_trainer.h"
+#include "tools/bpe/bpe_trainer.h"
 #include "tests/unit/test_util.h"
 
 namespace tandem {

@@ -9,10 +9,10 @@
 #include <fstream>
 #include <sstream>
 
-#include "runtime/chat_template.h"
-#include "runtime/error.h"
-#include "runtime/synth.h"
-#include "runtime/tokenizer.h"
+#include "runtime/tokenizer/chat_template.h"
+#include "core/error.h"
+#include "tools/synth/synth.h"
+#include "runtime/tokenizer/tokenizer.h"
 #include "tests/unit/test_util.h"
 
 namespace tandem {

@@ -1,6 +1,6 @@
 #include <nlohmann/json.hpp>
 
-#include "runtime/config.h"
+#include "runtime/format/config.h"
 #include "tests/unit/test_util.h"
 
 namespace tandem {

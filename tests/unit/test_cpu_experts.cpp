@@ -6,7 +6,7 @@
 //    the same IEEE fp32 operations in the same order (qmatmul.h, act_ops.h), so outputs must be
 //    bit-identical. Exception: AMX-BF16 rounds activations to bf16 inside the tile unit; it is held
 //    to the bound below with a relative activation error of 2^-8 (bf16 rounding is 2^-9).
-//  - Scalar reference vs the exact definition (runtime/linear.h dequantize-then-matmul, in double):
+//  - Scalar reference vs the exact definition (core/weights.h dequantize-then-matmul, in double):
 //    a per-element bound propagated through the expert. Activation quantization moves each input by
 //    at most half a step (plus the fp32 rounding of x * inv, qmax 2^-21 steps): amax(group) / 254
 //    (8-bit) or amax(group) / 65024 (16-bit, step amax / 32512; float(c) then rounds once more per
@@ -22,7 +22,7 @@
 #include <utility>
 
 #include "cpu_experts/cpu_moe.h"
-#include "runtime/error.h"
+#include "core/error.h"
 #include "tests/unit/cpu_experts_cases.h"
 #include "tests/unit/test_util.h"
 

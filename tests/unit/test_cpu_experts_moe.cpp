@@ -1,6 +1,6 @@
 // cpu_experts: the MoE forward, one list of cases through every ISA level (bit-identical to the scalar
 // reference; AMX-BF16 within a derived bound) and the scalar reference against the exact fp
-// definition (runtime/linear.h dequantize-then-matmul, in double) within a per-element bound derived
+// definition (core/weights.h dequantize-then-matmul, in double) within a per-element bound derived
 // from the arithmetic. The bounds are explained at the top of test_cpu_experts.cpp.
 #include <gtest/gtest.h>
 
@@ -8,7 +8,7 @@
 #include <tuple>
 
 #include "cpu_experts/cpu_moe.h"
-#include "runtime/error.h"
+#include "core/error.h"
 #include "tests/unit/cpu_experts_cases.h"
 #include "tests/unit/test_util.h"
 

@@ -5,7 +5,7 @@
 
 #include <cmath>
 
-#include "runtime/models/qwen3_5_moe.h"
+#include "runtime/models/qwen3_5_moe/model.h"
 #include "tests/unit/fixture_util.h"
 
 namespace tandem {

@@ -1,6 +1,6 @@
 #include <cmath>
 
-#include "runtime/dtype.h"
+#include "core/dtype.h"
 #include "tests/unit/test_util.h"
 
 namespace tandem {

@@ -2,9 +2,9 @@
 // then single-token decode through the cache, within 1e-4 relative L2 error at every position.
 #include <cmath>
 
-#include "runtime/logits_compare.h"
-#include "runtime/models/qwen3_5_moe.h"
-#include "runtime/npy.h"
+#include "runtime/engine/logits_compare.h"
+#include "runtime/models/qwen3_5_moe/model.h"
+#include "runtime/format/npy.h"
 #include "tests/unit/fixture_util.h"
 #include "tests/unit/test_util.h"
 

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <numeric>
 
-#include "runtime/linear.h"
+#include "core/weights.h"
 #include "tests/unit/test_util.h"
 
 namespace tandem {

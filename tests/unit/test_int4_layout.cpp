@@ -3,7 +3,7 @@
 #include <numeric>
 
 #include "gpu_core/int4_layout.h"
-#include "runtime/linear.h"
+#include "core/weights.h"
 #include "tests/unit/test_util.h"
 
 namespace tandem {

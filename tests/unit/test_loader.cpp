@@ -4,10 +4,10 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "runtime/error.h"
-#include "runtime/models/qwen3_5_moe.h"
-#include "runtime/npy.h"
-#include "runtime/safetensors_writer.h"
+#include "core/error.h"
+#include "runtime/models/qwen3_5_moe/model.h"
+#include "runtime/format/npy.h"
+#include "runtime/format/safetensors_writer.h"
 #include "tests/unit/fixture_util.h"
 #include "tests/unit/test_util.h"
 

@@ -5,7 +5,7 @@
 #include <complex>
 #include <numeric>
 
-#include "runtime/ops_ref.h"
+#include "runtime/models/qwen3_5_moe/ops_ref.h"
 #include "tests/unit/test_util.h"
 
 namespace tandem {

@@ -11,12 +11,12 @@
 
 #include "gpu_core/int4_layout.h"
 #include "placement/heat.h"
-#include "placement/hybrid_setup.h"
+#include "runtime/engine/session.h"
 #include "placement/placement_config.h"
 #include "placement/planner.h"
 #include "placement/replace.h"
-#include "runtime/bytes.h"
-#include "runtime/config.h"
+#include "core/bytes.h"
+#include "runtime/format/config.h"
 #include "tests/unit/test_util.h"
 
 namespace tandem::placement {

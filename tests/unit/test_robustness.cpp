@@ -12,12 +12,12 @@
 #include <future>
 #include <nlohmann/json.hpp>
 
-#include "runtime/config.h"
-#include "runtime/error.h"
-#include "runtime/file_io.h"
-#include "runtime/safetensors_stream.h"
-#include "runtime/sampling.h"
-#include "runtime/tokenizer.h"
+#include "runtime/format/config.h"
+#include "core/error.h"
+#include "core/file_io.h"
+#include "runtime/format/safetensors_stream.h"
+#include "runtime/engine/sampling.h"
+#include "runtime/tokenizer/tokenizer.h"
 #include "tests/unit/test_util.h"
 
 namespace tandem {

@@ -1,8 +1,8 @@
 #include <cstring>
 
-#include "runtime/error.h"
-#include "runtime/safetensors.h"
-#include "runtime/safetensors_writer.h"
+#include "core/error.h"
+#include "runtime/format/safetensors.h"
+#include "runtime/format/safetensors_writer.h"
 #include "tests/unit/test_util.h"
 
 namespace tandem {

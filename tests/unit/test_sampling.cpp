@@ -5,8 +5,8 @@
 #include <map>
 #include <random>
 
-#include "runtime/error.h"
-#include "runtime/sampling.h"
+#include "core/error.h"
+#include "runtime/engine/sampling.h"
 #include "tests/unit/test_util.h"
 
 namespace tandem {

@@ -8,15 +8,15 @@
 #include <set>
 #include <sstream>
 
-#include "runtime/dtype.h"
-#include "runtime/generate.h"
-#include "runtime/runner.h"
-#include "runtime/tokenizer.h"
-#include "runtime/models/qwen3_5_moe.h"
-#include "runtime/safetensors.h"
-#include "runtime/safetensors_stream.h"
-#include "runtime/config.h"
-#include "runtime/synth.h"
+#include "core/dtype.h"
+#include "runtime/engine/generate.h"
+#include "runtime/engine/runner.h"
+#include "runtime/tokenizer/tokenizer.h"
+#include "runtime/models/qwen3_5_moe/model.h"
+#include "runtime/format/safetensors.h"
+#include "runtime/format/safetensors_stream.h"
+#include "runtime/format/config.h"
+#include "tools/synth/synth.h"
 #include "tests/unit/test_util.h"
 
 namespace tandem {

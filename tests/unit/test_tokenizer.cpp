@@ -6,9 +6,9 @@
 #include <fstream>
 #include <sstream>
 
-#include "runtime/error.h"
-#include "runtime/tokenizer.h"
-#include "runtime/tokenizer_unicode.h"
+#include "core/error.h"
+#include "runtime/tokenizer/tokenizer.h"
+#include "runtime/tokenizer/unicode.h"
 #include "tests/unit/test_util.h"
 
 namespace tandem {

@@ -1,0 +1,9 @@
+// core/limits.h: bounds on what a user may ask for, the same for the CLI flags, the placement YAML
+// and the Python bindings.
+#pragma once
+
+namespace tandem {
+
+constexpr int kMaxThreads = 4096;  // --threads, cpu.threads, Engine(threads=): more is a typo
+
+}  // namespace tandem

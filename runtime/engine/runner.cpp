@@ -1,0 +1,372 @@
+#include "runtime/engine/runner.h"
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdlib>
+
+#include "cpu_experts/cpu_moe.h"
+
+#include "runtime/models/qwen3_5_moe/cpu_backend.h"
+#include "core/error.h"
+#include "core/membw.h"
+#include "core/trace.h"
+#ifdef TANDEM_HAVE_CUDA
+#include "gpu_core/device.cuh"
+#include "gpu_core/int4_layout.h"
+#include "runtime/models/qwen3_5_moe/gpu.h"
+#endif
+
+namespace tandem {
+
+namespace {
+
+class HostRunner final : public Runner {
+ public:
+  HostRunner(const Qwen35Moe& m, std::unique_ptr<CpuBackend> backend, int defer)
+      : model_(m), backend_(std::move(backend)), defer_(defer) {
+    reset();
+  }
+  void reset() override {
+    state_ = model_.new_state();
+    state_.backend = backend_.get();
+    state_.defer_experts = defer_;
+  }
+  void forward(std::span<const int32_t> ids, float* logits, Qwen35Moe::LogitRows rows) override {
+    TraceSpan span(ids.size() > 1 ? "forward (prefill)" : "forward (decode)", "host");
+    model_.forward(state_, ids, logits, {}, rows);
+  }
+  std::string describe() const override {
+    return backend_ ? "cpu: " + backend_->describe() : "ref: exact fp32 reference";
+  }
+  int64_t max_context() const override { return model_.config().max_position_embeddings; }
+  double weight_bandwidth(std::string* what) override {
+    if (what) *what = "CPU read bandwidth";
+    return measure_read_bandwidth().bytes_per_s;
+  }
+
+ private:
+  const Qwen35Moe& model_;
+  std::unique_ptr<CpuBackend> backend_;
+  int defer_ = 0;
+  Qwen35State state_;
+};
+
+#ifdef TANDEM_HAVE_CUDA
+// A GPU path switch: NAME=1 turns it on, NAME=0 off, unset leaves `dflt` (the validated fast paths
+// default to on, a path not yet run on a GPU to off; the switches are for A/B runs and bisecting).
+bool env_switch(const char* name, bool dflt) {
+  const char* v = std::getenv(name);
+  if (!v) return dflt;
+  return dflt ? std::string(v) != "0" : std::string(v) == "1";
+}
+
+// A count from the environment (negative values read as 0), dflt when unset: A/B overrides of options.
+int env_count(const char* name, int dflt) {
+  const char* v = std::getenv(name);
+  return v ? std::max(0, std::atoi(v)) : dflt;
+}
+
+// The CPU side of a hybrid run: the routed experts the plan leaves in host memory, repacked once into
+// the cpu_experts layout (and placed on their NUMA nodes), then page-locked with CUDA so they can
+// move by DMA, and run on the pinned worker pool when the GPU hands a layer over.
+class CpuExpertSide final : public HostExperts {
+  // How long idle workers spin before they sleep: past a decode token's gap between its last host layer
+  // and the next token's first (lm_head, sampling, the next launch, the first mixer: ~0.5 ms on the
+  // H200 machine), so that a token's first host layer does not wait for sleeping workers to wake.
+  // TANDEM_POOL_SPIN_US overrides (A/B).
+  static int pool_spin_us() { return env_count("TANDEM_POOL_SPIN_US", 2000); }
+
+ public:
+  CpuExpertSide(const Qwen35Moe& model, const HybridPlacement& hp, int threads)
+      : pool_(cpu::ThreadPool::Options{threads, true, false, pool_spin_us()}), store_(store_options(hp.cpu_expert_format)) {
+    const auto& layers = model.layers();
+    for (size_t l = 0; l < layers.size(); ++l) {
+      std::vector<int> ids;
+      for (size_t e = 0; e < hp.expert_on_gpu[l].size(); ++e)
+        if (!hp.expert_on_gpu[l][e]) ids.push_back(static_cast<int>(e));
+      if (!ids.empty()) store_.add_layer(static_cast<int>(l), layers[l].moe, ids, &pool_);
+      host_ids_.push_back(std::move(ids));
+    }
+    // After packing and NUMA binding: locked pages cannot migrate.
+    char reason[256] = {0};
+    for (const auto& [p, bytes] : store_.mappings()) {
+      if (gpu::host_register(p, bytes, reason, sizeof reason)) {
+        registered_.push_back(p);
+        registered_bytes_ += bytes;
+      } else {
+        unregistered_bytes_ += bytes;
+        register_error_ = reason;
+      }
+    }
+    // Online re-placement may hand any expert of these layers to the host: it holds the GPU ones too
+    // (their own chunk per layer, not page-locked: they never cross PCIe from here).
+    if (hp.replace.on())
+      for (size_t l = 0; l < layers.size(); ++l) {
+        if (host_ids_[l].empty()) continue;
+        std::vector<int> gpu_ids;
+        for (size_t e = 0; e < hp.expert_on_gpu[l].size(); ++e)
+          if (hp.expert_on_gpu[l][e]) gpu_ids.push_back(static_cast<int>(e));
+        if (!gpu_ids.empty()) store_.add_layer(static_cast<int>(l), layers[l].moe, gpu_ids, &pool_);
+      }
+  }
+  bool holds(int layer, int expert) const override { return store_.find(layer, expert) != nullptr; }
+  ~CpuExpertSide() override {
+    for (void* p : registered_) gpu::host_unregister(p);
+  }
+  CpuExpertSide(const CpuExpertSide&) = delete;
+  CpuExpertSide& operator=(const CpuExpertSide&) = delete;
+  void run(int layer, const float* x, int64_t T, const int32_t* ids, const float* weights, int k, float* out) override {
+    TraceSpan span("cpu experts, layer", "cpu", layer);
+    cpu::cpu_moe_forward(store_, layer, x, T, ids, weights, k, out, pool_, ws_);
+  }
+  // The guessed experts' bytes read into the caches (cpu::prefetch_experts) until stop() holds.
+  void prefetch(int layer, const int32_t* ids, int n, const std::function<bool()>& stop) override {
+    cpu::prefetch_experts(store_, layer, ids, n, pool_, stop);
+  }
+  // Each layer's experts were packed into one huge-page chunk (CpuExpertStore::add_layer): their
+  // byte range is what crosses PCIe. Down's act order is folded into gate / up rows, so it has none.
+  bool stream_layout(int layer, StreamLayer& out, std::string& why) const override {
+    out = StreamLayer{};
+    const uint8_t *lo = nullptr, *hi = nullptr;
+    auto extend = [&](const void* p, uint64_t n) {
+      const auto* b = static_cast<const uint8_t*>(p);
+      if (!lo || b < lo) lo = b;
+      if (!hi || b + n > hi) hi = b + n;
+    };
+    std::vector<std::pair<int, const cpu::ExpertWeights*>> found;
+    if (layer >= 0 && layer < static_cast<int>(host_ids_.size()))
+      for (int e : host_ids_[layer])
+        if (const cpu::ExpertWeights* w = store_.find(layer, e)) found.push_back({e, w});
+    for (const auto& [e, w] : found)
+      for (const cpu::PackedMatrix* m : {&w->gate, &w->up, &w->down}) {
+        if (m->format != cpu::WeightFormat::Int4 || m->cols_padded != m->cols) {
+          why = str_cat("its CPU experts are ", cpu::format_name(m->format), m->cols_padded != m->cols ? " with padded columns" : "",
+                        "; streaming over PCIe takes int4 experts (experts.cpu_format: int4)");
+          return false;
+        }
+        const gpu::Int4TilePieces t = gpu::int4_tile_pieces(m->rows, m->cols, m->group_size);
+        extend(m->w, t.w);
+        extend(m->scales, t.scales);
+        if (m->zeros) extend(m->zeros, t.zeros);
+        if (m->col_perm) extend(m->col_perm, t.perm);
+      }
+    if (found.empty()) {
+      why = "no host experts there";
+      return false;
+    }
+    out.base = lo;
+    out.bytes = static_cast<uint64_t>(hi - lo);
+    auto view = [&](const cpu::PackedMatrix& m, bool perm) {
+      StreamMatrix s;
+      s.w = static_cast<uint64_t>(m.w - lo);
+      s.scales = static_cast<uint64_t>(reinterpret_cast<const uint8_t*>(m.scales) - lo);
+      if (m.zeros) s.zeros = static_cast<uint64_t>(m.zeros - lo);
+      if (perm && m.col_perm) s.perm = static_cast<uint64_t>(reinterpret_cast<const uint8_t*>(m.col_perm) - lo);
+      s.rows = m.rows, s.cols = m.cols, s.group_size = m.group_size;
+      return s;
+    };
+    for (const auto& [e, w] : found) out.experts.push_back({e, view(w->gate, true), view(w->up, true), view(w->down, false)});
+    return true;
+  }
+  std::string describe() const {
+    if (!store_.size()) return "no CPU experts";
+    std::string s = store_.description() + str_cat(", ", registered_bytes_ >> 20, " MiB page-locked for DMA");
+    if (unregistered_bytes_) s += str_cat(", ", unregistered_bytes_ >> 20, " MiB not (", register_error_, ")");
+    return s;
+  }
+
+ private:
+  static cpu::CpuExpertStoreOptions store_options(const std::string& fmt) {
+    cpu::CpuExpertStoreOptions o;
+    if (fmt == "int4") o.format = cpu::WeightFormat::Int4;
+    else if (fmt == "int8") o.format = cpu::WeightFormat::Int8;
+    else if (fmt == "bf16") o.format = cpu::WeightFormat::BF16;
+    else fail("hybrid: CPU expert format must be int4, int8 or bf16 (got '", fmt, "')");
+    o.dense_format = o.format == cpu::WeightFormat::Int4 ? cpu::WeightFormat::Int8 : o.format;
+    if (env_switch("TANDEM_CPU_COARSE_TASKS", false)) o.up_block_rows = 64;  // the task size before session 11 (A/B)
+    return o;
+  }
+  cpu::ThreadPool pool_;
+  cpu::CpuExpertStore store_;
+  cpu::CpuMoeWorkspace ws_;
+  std::vector<std::vector<int>> host_ids_;  // [layer]: the experts this side holds
+  std::vector<void*> registered_;
+  uint64_t registered_bytes_ = 0, unregistered_bytes_ = 0;
+  std::string register_error_;
+};
+
+// --device gpu (everything on the GPU) and --device hybrid (o.hybrid: some routed experts on the CPU
+// side) are the same GPU model with and without host experts.
+class GpuRunner final : public Runner {
+ public:
+  GpuRunner(const Qwen35Moe& model, const RunnerOptions& o) : placement_(o.hybrid), context_(o.context) {
+    GpuOptions g;
+    g.budget_bytes = o.gpu_mem;
+    g.max_context = o.context;
+    g.progress = stderr;
+    g.cuda_graph = env_switch("TANDEM_CUDA_GRAPH", true);
+    g.prefill_chunk_max = 2048;
+    g.batched_prefill = env_switch("TANDEM_BATCHED_PREFILL", true);
+    g.grouped_moe = env_switch("TANDEM_GROUPED_MOE", true);
+    g.grouped_moe_tc = env_switch("TANDEM_GROUPED_MOE_TC", true);
+    g.moe_prefetch = env_switch("TANDEM_MOE_PREFETCH", true);
+    g.moe_wide = env_switch("TANDEM_MOE_WIDE", true);
+    g.router_norm = env_switch("TANDEM_ROUTER_NORM", true);
+    g.parallel_shared = env_switch("TANDEM_PARALLEL_SHARED", true);
+    g.deltanet_split = env_switch("TANDEM_DELTANET_SPLIT", false);
+    g.hybrid_one_graph = env_switch("TANDEM_HYBRID_ONE_GRAPH", true);
+    g.fused_handoff = env_switch("TANDEM_FUSED_HANDOFF", true);
+    const int l2_mib = env_count("TANDEM_L2_PREFETCH_MB", -1);  // unset: 70% of the device's L2
+    g.l2_prefetch_bytes = l2_mib < 0 ? -1 : int64_t{l2_mib} << 20;
+    g.host_prefetch = env_count("TANDEM_HOST_PREFETCH", 0);  // experimental, off
+    g.deltanet_conv_in_gemv = env_switch("TANDEM_DELTANET_CONV_GEMV", false);
+    g.programmatic_launch = env_switch("TANDEM_PDL", true);
+    g.attention_prefill = env_switch("TANDEM_ATTN_PREFILL", true);
+    g.attention_prefill_tc = env_switch("TANDEM_ATTN_TC", true);
+    g.attention_gqa = env_switch("TANDEM_ATTN_GQA", true);
+    g.deltanet_chunked = env_switch("TANDEM_DELTANET_CHUNKED", true);
+    g.prefill_gemm_split = !env_switch("TANDEM_GEMM_SINGLE", false);
+    sample_on_gpu_ = env_switch("TANDEM_GPU_SAMPLING", true);
+    if (placement_) {
+      cpu_ = std::make_unique<CpuExpertSide>(model, *placement_, o.threads);
+      g.budget_bytes = placement_->gpu_alloc_bytes;
+      g.budget_name = "gpu.memory / --gpu-mem, minus gpu.reserve";
+      g.expert_on_gpu = &placement_->expert_on_gpu;
+      g.host_experts = cpu_.get();
+      g.embed_on_gpu = placement_->embed_on_gpu;
+      g.prefill_chunk = placement_->prefill_chunk;
+      g.prefill_chunk_max = 0;  // the planner counted this chunk's workspace
+      g.defer_experts = placement_->deferral;
+      g.link_experts = placement_->link_in_place;
+      g.link_stage = placement_->link_staged;
+      // TANDEM_LINK_EXPERTS / TANDEM_LINK_STAGE override experts.link for A/B runs (the GPU model counts
+      // their buffers; a budget the plan filled with experts may not hold ~1.7 MB more a staged expert)
+      g.link_experts = env_count("TANDEM_LINK_EXPERTS", g.link_experts);
+      g.link_stage = env_count("TANDEM_LINK_STAGE", g.link_stage);
+      g.stream_prefill_min_tokens = placement_->stream_prefill_min_tokens;
+      g.stream_pass_tokens = placement_->stream_pass_tokens;
+      g.replace = placement_->replace;
+      g.batched_prefill = g.batched_prefill && g.prefill_chunk > 0;
+    }
+    gpu_ = Qwen35MoeGpu::create(model, g);
+  }
+  void reset() override { gpu_->reset(); }
+  void forward(std::span<const int32_t> ids, float* logits, Qwen35Moe::LogitRows rows) override {
+    TraceSpan span(ids.size() > 1 ? "forward (prefill)" : "forward (decode)", "host");
+    gpu_->forward(ids, logits, rows);
+  }
+  // Sampling on the GPU (validated; TANDEM_GPU_SAMPLING=0 turns it off): the sampler's candidates
+  // are picked on the device, so one step copies k pairs back instead of the logits row.
+  bool forward_top(std::span<const int32_t> ids, std::span<const LogitPenalty> penalties, int k,
+                   std::vector<std::pair<int32_t, float>>& top) override {
+    static_assert(sizeof(LogitPenalty) == sizeof(gpu::Penalty) && offsetof(LogitPenalty, rep) == offsetof(gpu::Penalty, rep) &&
+                  offsetof(LogitPenalty, sub) == offsetof(gpu::Penalty, sub));
+    if (!sample_on_gpu_) return false;
+    TraceSpan span(ids.size() > 1 ? "forward (prefill)" : "forward (decode)", "host");
+    return gpu_->forward_top(ids, {reinterpret_cast<const gpu::Penalty*>(penalties.data()), penalties.size()}, k, top);
+  }
+  std::string describe() const override {
+    std::string paths = gpu_->batched_prefill_active() ? str_cat("prefill in chunks of ", gpu_->prefill_chunk(), " tokens") : "prefill token by token";
+    if (const int64_t s = gpu_->stream_prefill_min_tokens()) paths += str_cat(" (from ", s, " prompt tokens with the CPU experts streamed to the GPU)");
+    else if (!gpu_->stream_prefill_note().empty()) paths += str_cat(" (no streamed prefill: ", gpu_->stream_prefill_note(), ")");
+    paths += gpu_->handoff_fused()         ? ", decode steps as one CUDA graph each with the host handoffs inside (mapped-memory flags, "
+                                             "folded into the router's and the next norm's launches)"
+             : gpu_->graph_one_step()        ? ", decode steps as one CUDA graph each with the host handoffs inside (mapped-memory flags)"
+             : gpu_->graph_cut_at_handoffs() ? ", decode steps as CUDA graphs cut at the host handoffs"
+             : gpu_->cuda_graph_active()   ? ", decode steps as CUDA graphs"
+                                           : ", decode steps launched eagerly";
+    if (gpu_->programmatic_launch_active()) paths += " with programmatic dependent launch";
+    if (const int64_t b = gpu_->l2_prefetch_active())
+      paths += str_cat(", the next layer's input projection (up to ", b >> 20, " MiB) fetched into L2 during each host layer");
+    if (const int n = gpu_->link_experts_active())
+      paths += str_cat(", the GPU computing ", n, " of each token's host experts from host memory over PCIe",
+                       gpu_->link_stage_active() ? str_cat(" and those of its ", gpu_->link_stage_active(), " guessed ones it copied ahead") : "");
+    else if (!gpu_->link_note().empty()) paths += str_cat(" (no link experts: ", gpu_->link_note(), ")");
+    if (const int n = gpu_->host_prefetch_active()) paths += str_cat(", the host reading ", n, " experts guessed from each layer's input ahead of its router (experimental)");
+    if (!placement_) return "gpu: " + gpu_->memory().describe() + "; " + paths;
+    if (placement_->replace.on()) paths += str_cat(", online re-placement every ", placement_->replace.every, " decode tokens");
+    return "hybrid: " + placement_->summary + "; GPU " + gpu_->memory().describe() + "; CPU " + cpu_->describe() + "; " + paths;
+  }
+  int64_t max_context() const override { return context_; }
+  uint64_t peak_device_bytes() const override { return gpu_->memory().total(); }
+  double gpu_expert_share() const override {
+    const ExpertCounts& c = gpu_->expert_counts();
+    const uint64_t all = c.gpu + c.cpu + c.link;  // link experts: computed on the GPU, resident on the host
+    return all ? static_cast<double>(c.gpu) / static_cast<double>(all) : gpu_expert_share_planned();
+  }
+  double gpu_expert_share_planned() const override { return placement_ ? placement_->expected_gpu_share : 1.0; }
+  uint64_t streamed_layers() const override { return gpu_->expert_counts().streamed_layers; }
+  uint64_t expert_swaps() const override { return gpu_->expert_counts().swaps; }
+  HostSplit host_split() const override {
+    const ExpertCounts& c = gpu_->expert_counts();
+    return {c.host_wait_ns * 1e-9, c.host_run_ns * 1e-9, c.host_layers, c.cpu};
+  }
+  std::vector<std::vector<uint8_t>> expert_placement() const override { return gpu_->expert_placement(); }
+  void settle_replacement() override { gpu_->settle_replacement(); }
+  void pause_replacement(bool paused) override { gpu_->pause_replacement(paused); }
+  double pcie_bandwidth() override { return gpu_->pcie_bandwidth(); }
+  double weight_bandwidth(std::string* what) override {
+    if (what) *what = "GPU copy bandwidth";
+    return gpu_->copy_bandwidth();
+  }
+
+ private:
+  bool sample_on_gpu_ = false;
+  std::shared_ptr<const HybridPlacement> placement_;  // null: everything on the GPU
+  int64_t context_ = 0;                               // the KV cache's length
+  std::unique_ptr<CpuExpertSide> cpu_;                // declared before gpu_: the GPU model calls into it
+  std::unique_ptr<Qwen35MoeGpu> gpu_;
+};
+#endif
+
+}  // namespace
+
+void check_token_ids(std::span<const int32_t> ids, int64_t vocab_size, const std::string& model_dir, const char* what) {
+  for (size_t i = 0; i < ids.size(); ++i)
+    if (ids[i] < 0 || ids[i] >= vocab_size)
+      fail(what, ": token id ", ids[i], " at position ", i, " is outside the vocabulary of ", model_dir, " (vocab_size ", vocab_size, ")");
+}
+
+void check_context(const Runner& runner, int64_t prompt_tokens, int64_t new_tokens, const char* new_tokens_name) {
+  const int64_t limit = runner.max_context();
+  if (prompt_tokens <= limit && new_tokens <= limit - prompt_tokens) return;
+  const char* planned = runner.peak_device_bytes() ? " the KV cache was planned for (--context / context: sets it)" : "";
+  if (!new_tokens_name) fail(prompt_tokens, " ids exceed the context of ", limit, " tokens", planned);
+  fail("the prompt (", prompt_tokens, " tokens) plus ", new_tokens_name, " ", new_tokens, " exceeds the context of ", limit, " tokens", planned);
+}
+
+std::unique_ptr<Runner> make_runner(const Qwen35Moe& model, const RunnerOptions& o) {
+  if (o.defer_experts < 0 || o.defer_experts > model.config().num_experts_per_tok)
+    fail("--defer-experts ", o.defer_experts, " must be between 0 and the model's ", model.config().num_experts_per_tok, " experts per token");
+  if (o.defer_experts > 0 && o.device != "ref" && o.device != "cpu")
+    fail("--defer-experts is for --device ref or cpu; a hybrid run defers through experts.deferral in its placement YAML");
+  if (o.device == "ref") return std::make_unique<HostRunner>(model, nullptr, o.defer_experts);
+  if (o.device == "cpu") {
+    CpuBackendOptions co;
+    co.threads = o.threads;
+    if (o.cpu_expert_format == "int8") co.dense_expert_format = cpu::WeightFormat::Int8;
+    else if (o.cpu_expert_format == "bf16") co.dense_expert_format = cpu::WeightFormat::BF16;
+    else fail("--cpu-expert-format must be int8 or bf16 (got '", o.cpu_expert_format, "')");
+    return std::make_unique<HostRunner>(model, std::make_unique<CpuBackend>(model, co), o.defer_experts);
+  }
+  if (o.device == "gpu") {
+#ifdef TANDEM_HAVE_CUDA
+    RunnerOptions all_gpu = o;
+    all_gpu.hybrid.reset();
+    return std::make_unique<GpuRunner>(model, all_gpu);
+#else
+    fail("--device gpu: no CUDA device (this build has no CUDA support)");
+#endif
+  }
+  if (o.device == "hybrid") {
+#ifdef TANDEM_HAVE_CUDA
+    if (!o.hybrid) fail("--device hybrid needs a placement plan (prepare_hybrid)");
+    return std::make_unique<GpuRunner>(model, o);
+#else
+    fail("--device hybrid: no CUDA device (this build has no CUDA support)");
+#endif
+  }
+  fail("--device must be one of ref, cpu, gpu, hybrid (got '", o.device, "')");
+}
+
+}  // namespace tandem

@@ -1,0 +1,115 @@
+// runtime/engine/runner.h: one sequence of a model on a placement (--device ref | cpu | gpu), behind one
+// interface so that logits, generate, chat and bench share the device handling.
+//
+//  ref: Qwen35Moe::forward with the exact reference matmuls.
+//  cpu: the same forward with CpuBackend (cpu_experts kernels at the runtime-chosen ISA).
+//  gpu: Qwen35MoeGpu (everything on one GPU; only where the build has CUDA and a device exists).
+//  hybrid: Qwen35MoeGpu with the routed experts the plan leaves in host memory run by the
+//       cpu_experts kernels (RunnerOptions::hybrid, from prepare_hybrid).
+// Errors (unknown device, no GPU, budget too small) are tandem::Error with the reason.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "runtime/engine/expert_swap.h"
+#include "runtime/models/qwen3_5_moe/model.h"
+#include "runtime/engine/sampling.h"
+
+namespace tandem {
+
+// Where a hybrid run keeps things (decided by placement/planner.h from the YAML config).
+struct HybridPlacement {
+  std::vector<std::vector<uint8_t>> expert_on_gpu;  // [layer][expert]
+  bool embed_on_gpu = true;
+  std::string cpu_expert_format = "int4";  // int4 | int8 | bf16
+  uint64_t gpu_alloc_bytes = 0;            // what Tandem may allocate: budget minus gpu.reserve
+  int deferral = 0;
+  int link_in_place = 0, link_staged = 0;  // experts.link (GpuOptions::link_experts / link_stage)
+  int64_t prefill_chunk = 256;             // batched prefill chunk the plan budgets for; 0: token by token
+  int64_t stream_prefill_min_tokens = 0;   // prompts this long stream the host experts to the GPU (the plan
+                                           // budgets the buffers); 0: host experts always run on the host
+  int64_t stream_pass_tokens = 4096;       // tokens per streamed pass
+  double expected_gpu_share = 1;           // the planner's expected share of activations on the GPU
+  ReplaceSetup replace;                    // online re-placement (experts.replace); off unless `every` > 0
+  std::string summary;                     // one line for describe()
+};
+
+struct RunnerOptions {
+  static constexpr int kMaxThreads = 4096;  // --threads, cpu.threads, Engine(threads=): more is a typo
+  std::string device = "auto";  // auto | ref | cpu | gpu | hybrid (prepare_device resolves auto)
+  int threads = 0;                       // cpu: worker threads (0: physical cores)
+  std::string cpu_expert_format = "bf16";  // cpu: bf16 | int8 for BF16 checkpoints' experts
+  int defer_experts = 0;                 // ref/cpu: Qwen35State::defer_experts (measures deferral)
+  uint64_t gpu_mem = 0;                  // gpu: budget in bytes (0: free device memory)
+  int64_t context = 4096;                // gpu: KV cache length
+  bool context_set = false;              // --context given (else a hybrid config's context applies)
+  int64_t min_context = 0;               // what the command needs at least (prompt + generation)
+  std::string config;                    // hybrid: placement YAML (empty: defaults)
+  std::shared_ptr<const HybridPlacement> hybrid;  // hybrid: filled by prepare_hybrid
+};
+
+class Runner {
+ public:
+  virtual ~Runner() = default;
+  virtual void reset() = 0;  // a new, empty sequence
+  // Feeds ids at the current position; logits [ids, vocab] (All) or [vocab] (Last) to host memory.
+  virtual void forward(std::span<const int32_t> ids, float* logits, Qwen35Moe::LogitRows rows) = 0;
+  // Like forward(ids, ..., Last) for a sampler that needs only the k best penalised logits
+  // (Sampler::candidates_needed / penalties / sample_top): runners that can select them where the
+  // logits are (the GPU) fill `top` and return true; the others return false and run nothing.
+  virtual bool forward_top(std::span<const int32_t> ids, std::span<const LogitPenalty> penalties, int k,
+                           std::vector<std::pair<int32_t, float>>& top) {
+    (void)ids, (void)penalties, (void)k, (void)top;
+    return false;
+  }
+  virtual std::string describe() const = 0;  // one line: placement, ISA / GPU memory
+  // The longest sequence this runner holds: the KV cache it allocated (gpu, hybrid), else the model's
+  // max_position_embeddings (ref, cpu: the cache grows as needed).
+  virtual int64_t max_context() const = 0;
+  virtual uint64_t peak_device_bytes() const { return 0; }
+  // Share of decode's routed-expert activations served on the GPU since reset() (0 for host placements).
+  virtual double gpu_expert_share() const { return 0; }
+  // What the placement expects that share to be (the planner's figure; 1 for gpu, 0 for host paths).
+  virtual double gpu_expert_share_planned() const { return 0; }
+  // Hybrid streamed prefill: layers of CPU experts copied to the GPU since the last reset (their
+  // activations are not in gpu_expert_share, which describes the placement's decode).
+  virtual uint64_t streamed_layers() const { return 0; }
+  // Online re-placement (hybrid, experts.replace): experts moved to the GPU since reset(); where the
+  // routed experts are served now ([layer][expert], 1 = GPU; empty for other runners); completing the
+  // moves in flight; stopping / resuming new checks.
+  virtual uint64_t expert_swaps() const { return 0; }
+  // Hybrid decode since reset(), the host's side: time spent waiting for the GPU's router results and
+  // running the host-resident experts, over `layers` layer handoffs; host_activations routed experts
+  // served there. Zeros for other runners.
+  struct HostSplit {
+    double wait_s = 0, run_s = 0;
+    uint64_t layers = 0, host_activations = 0;
+  };
+  virtual HostSplit host_split() const { return {}; }
+  virtual std::vector<std::vector<uint8_t>> expert_placement() const { return {}; }
+  virtual void settle_replacement() {}
+  virtual void pause_replacement(bool /*paused*/) {}
+  // Pinned host-to-device copy bandwidth in bytes/s, measured now (0 without a GPU).
+  virtual double pcie_bandwidth() { return 0; }
+  // Measured bandwidth of the memory the weights stream from (host DRAM read, or GPU copy), and
+  // what it is called: the denominator of the decode bound.
+  virtual double weight_bandwidth(std::string* what) = 0;
+};
+
+std::unique_ptr<Runner> make_runner(const Qwen35Moe& model, const RunnerOptions& opts);
+
+// tandem::Error when prompt_tokens + new_tokens do not fit runner.max_context(), with the figures and
+// what to change (`new_tokens_name`: "--max-new-tokens" on the CLI, "max_new_tokens" in Python; none:
+// `prompt_tokens` ids fed as they are, as logits does). The one check for generate, chat, logits and
+// the bindings.
+void check_context(const Runner& runner, int64_t prompt_tokens, int64_t new_tokens = 0, const char* new_tokens_name = nullptr);
+
+// tandem::Error "<what>: token id X at position i is outside the vocabulary of <model_dir> (vocab_size V)"
+// for the first id out of range (the same words for the CLI and the Python bindings).
+void check_token_ids(std::span<const int32_t> ids, int64_t vocab_size, const std::string& model_dir, const char* what);
+
+}  // namespace tandem

@@ -1,0 +1,141 @@
+#include "runtime/engine/session.h"
+
+#include <algorithm>
+#include <filesystem>
+
+#include "gpu_core/device.cuh"
+#include "placement/replace.h"
+#include "core/bytes.h"
+#include "core/error.h"
+#include "core/membw.h"
+
+namespace tandem {
+
+using placement::default_placement_config;
+using placement::load_placement_config;
+using placement::make_plan;
+using placement::Plan;
+using placement::PlacementConfig;
+using placement::PlanRequest;
+
+namespace {
+
+PlanRequest request_for(const gpu::DeviceProbe& probe, const PlacementConfig& config, uint64_t gpu_mem, int64_t context, bool measure_cpu) {
+  PlanRequest r;
+  r.gpu_mem = gpu_mem;
+  r.context = context;
+  if (probe.device_count > 0) r.device_free_bytes = probe.free_bytes;
+  if (measure_cpu && config.bw_cpu <= 0) r.measured_cpu_bw = measure_read_bandwidth(512ull << 20, 3).bytes_per_s;
+  r.host_available_bytes = available_host_memory();
+  return r;
+}
+
+}  // namespace
+
+PlanRequest plan_request(const PlacementConfig& config, uint64_t gpu_mem, int64_t context, bool measure_cpu) {
+  gpu::DeviceProbe probe;
+  gpu::gpu_device_probe(&probe);
+  return request_for(probe, config, gpu_mem, context, measure_cpu);
+}
+
+std::shared_ptr<HybridPlacement> hybrid_placement(const Plan& plan, int64_t total_experts) {
+  auto hp = std::make_shared<HybridPlacement>();
+  hp->expert_on_gpu = plan.expert_on_gpu;
+  hp->embed_on_gpu = plan.embed_on_gpu;
+  hp->cpu_expert_format = plan.cpu_expert_format;
+  hp->gpu_alloc_bytes = plan.budget_bytes - plan.vram.reserve;
+  hp->deferral = plan.deferral;
+  hp->link_in_place = plan.link_in_place;
+  hp->link_staged = plan.link_staged;
+  hp->prefill_chunk = plan.prefill_chunk;
+  hp->stream_prefill_min_tokens = plan.stream_experts ? plan.predicted.prefill_gpu_min_tokens : 0;
+  hp->stream_pass_tokens = plan.stream_pass;
+  hp->expected_gpu_share = plan.expected_gpu_expert_fraction;
+  hp->summary = str_cat(plan.total_gpu_experts(), " of ", total_experts, " routed experts on the GPU (", plan.selection, "), budget ",
+                        format_gib(plan.budget_bytes), ", expected GPU share ",
+                        static_cast<int>(plan.expected_gpu_expert_fraction * 100 + 0.5), "%");
+  return hp;
+}
+
+ReplaceSetup replace_setup(const PlacementConfig& cfg) {
+  ReplaceSetup r;
+  r.every = cfg.replace_every;
+  r.decay = cfg.replace_decay;
+  r.max_moving = cfg.replace_max_swaps;
+  const placement::ReplaceOptions opt{cfg.replace_hysteresis, static_cast<uint64_t>(cfg.replace_min_count), cfg.replace_max_swaps};
+  r.policy = [opt](const std::vector<std::vector<uint8_t>>& on_gpu, const std::vector<std::vector<uint64_t>>& counts) {
+    std::vector<ExpertSwap> out;
+    for (const placement::Swap& s : placement::plan_swaps(on_gpu, counts, opt)) out.push_back({s.layer, s.to_gpu, s.to_cpu});
+    return out;
+  };
+  return r;
+}
+
+Plan prepare_hybrid(RunnerOptions& o, const ModelConfig& model, const PlacementConfig& cfg) {
+  gpu::DeviceProbe probe;
+  gpu::gpu_device_probe(&probe);
+  if (probe.device_count == 0) fail("--device hybrid: ", probe.reason, "; tandem plan shows the placement without a GPU");
+  // --context, else the config's (at least what the command needs), else the planner's choice
+  const int64_t context = o.context_set ? o.context : cfg.context ? std::max(cfg.context, o.min_context) : 0;
+  Plan plan = make_plan(model, cfg, request_for(probe, cfg, o.gpu_mem, context, false));
+  if (plan.context < o.min_context) plan = make_plan(model, cfg, request_for(probe, cfg, o.gpu_mem, o.min_context, false));
+
+  if (!plan.host_fits())
+    fail("the CPU experts of this placement need ", format_gib(plan.host_expert_bytes + plan.host_replace_bytes), " of host RAM",
+         plan.host_replace_bytes ? str_cat(" (", format_gib(plan.host_replace_bytes), " of it for experts.replace's copies of GPU experts)") : std::string(),
+         " but only ", format_gib(plan.host_available_bytes), " is available (MemAvailable); raise the GPU budget (more experts on the GPU), ",
+         "use int4 CPU experts, ", plan.host_replace_bytes ? "turn experts.replace off, " : "", "or free memory");
+  auto hp = hybrid_placement(plan, int64_t(model.num_layers) * model.num_experts);
+  hp->replace = replace_setup(cfg);
+  o.hybrid = hp;
+  o.context = plan.context;
+  if (o.threads == 0) o.threads = cfg.cpu_threads;
+  return plan;
+}
+
+std::string prepare_device(RunnerOptions& o, const ModelConfig& model, const PlacementConfig& cfg) {
+  const bool automatic = o.device == "auto";
+  std::string why_cpu;
+  if (automatic) {
+    const gpu::DeviceCaps& caps = gpu::gpu_device_caps();
+    if (caps.usable) {
+      o.device = "hybrid";
+    } else if (caps.run_on_cpu) {
+      o.device = "cpu";
+      why_cpu = caps.error;
+    } else {
+      fail(caps.error);  // a device, but no kernels in this build for it (or a bad TANDEM_MAX_SM)
+    }
+  }
+  if (o.device != "hybrid") return automatic ? str_cat("--device auto chose cpu: ", why_cpu) : std::string();
+  const Plan plan = prepare_hybrid(o, model, cfg);
+  gpu::DeviceProbe probe;
+  gpu::gpu_device_probe(&probe);
+  return str_cat(automatic ? "--device auto chose hybrid" : "hybrid", " on ", probe.name, " (", gpu::gpu_device_caps().description, "): ",
+                 o.hybrid->summary, ", context ", plan.context, plan.context_note.empty() ? "" : " (auto: tandem plan shows its cost)",
+                 ", predicted ", static_cast<int>(plan.predicted.decode_tok_s + 0.5), " tok/s decode");
+}
+
+std::string prepare_device(RunnerOptions& o, const ModelConfig& model) {
+  return prepare_device(o, model, o.config.empty() ? default_placement_config() : load_placement_config(o.config));
+}
+
+Session Session::open(const std::string& model_dir, bool need_tokenizer) {
+  Session s;
+  s.model = Qwen35Moe::load(model_dir);
+  s.defaults = load_generation_config(model_dir);
+  if (need_tokenizer || std::filesystem::exists(std::filesystem::path(model_dir) / "tokenizer.json")) {
+    s.tokenizer = std::make_unique<Tokenizer>(Tokenizer::from_model_dir(model_dir));
+    s.eos = stop_token_ids(s.model->config(), *s.tokenizer, s.defaults);
+  }
+  return s;
+}
+
+void Session::start(RunnerOptions opts, const placement::PlacementConfig* config) {
+  runner.reset();  // a hybrid runner's host and device memory before the next plan counts what is free
+  device_line = config ? prepare_device(opts, model->config(), *config) : prepare_device(opts, model->config());
+  device = opts.device;
+  runner = make_runner(*model, opts);
+}
+
+}  // namespace tandem

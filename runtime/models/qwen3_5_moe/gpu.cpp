@@ -1,0 +1,487 @@
+// The Qwen3.5-MoE forward on one GPU (see qwen3_5_moe_gpu.h): the decode step (eager or as a CUDA
+// graph) and the public API. The layer walk mirrors Qwen35Moe::forward step by step. Loading (the
+// weights planned and uploaded into one device allocation, create()): qwen3_5_moe_gpu_load.cpp; batched
+// prefill: qwen3_5_moe_gpu_prefill.cpp; the hybrid handoff: qwen3_5_moe_gpu_hybrid.cpp; streamed
+// prefill: qwen3_5_moe_gpu_stream.cpp.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+
+#include "gpu_core/device.cuh"
+#include "gpu_core/handoff.cuh"
+#include "gpu_core/ops.cuh"
+#include "runtime/models/qwen3_5_moe/gpu_impl.h"
+
+namespace tandem {
+
+// The layer's weights and state in the kernels' argument blocks; callers add the activations.
+gpu::DeltaNetDecodeArgs Qwen35MoeGpu::Impl::deltanet_args(const DevLayer& L) const {
+  const ModelConfig& c = model.config();
+  gpu::DeltaNetDecodeArgs p;
+  p.conv_w = L.conv_w, p.conv_state = L.conv_state, p.A_log = L.A_log, p.dt_bias = L.dt_bias, p.norm_w = L.dn_norm;
+  p.state = L.ssm_state;
+  p.Hk = c.linear_num_key_heads, p.Hv = c.linear_num_value_heads, p.dk = c.linear_key_head_dim, p.dv = c.linear_value_head_dim;
+  p.kernel = c.linear_conv_kernel, p.eps = static_cast<float>(c.rms_norm_eps);
+  return p;
+}
+
+gpu::AttentionDecodeArgs Qwen35MoeGpu::Impl::attention_args(const DevLayer& L) const {
+  const ModelConfig& c = model.config();
+  gpu::AttentionDecodeArgs p;
+  p.q_norm = L.q_norm, p.k_norm = L.k_norm, p.inv_freq = inv_freq, p.k_cache = L.k_cache, p.v_cache = L.v_cache;
+  p.nh = c.num_heads, p.nkv = c.num_kv_heads, p.hd = c.head_dim, p.rotary_dim = c.rotary_dim;
+  p.max_ctx = static_cast<int>(opts.max_context), p.max_splits = static_cast<int>(gpu::attention_decode_splits(opts.max_context));
+  p.eps = static_cast<float>(c.rms_norm_eps), p.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  p.gqa_blocks = opts.attention_gqa;
+  return p;
+}
+
+void Qwen35MoeGpu::Impl::linear(const DevLinear& L, const float* in, float* out) {
+  if (L.int4) {
+    CK(gpu::gather_x_half(in, L.q.perm, L.in, 1, xh, stream));
+    CK(gpu::gemv_int4(L.q, xh, 1, out, stream));
+  } else {
+    CK(gpu::gemv_bf16(L.w, L.out, L.in, in, 1, out, stream));
+  }
+}
+
+void Qwen35MoeGpu::Impl::trace_begin(Trace* tr) {
+  if (!tr || !tev.empty()) return;
+  tev.resize(layers.size() * kMarks);
+  for (cudaEvent_t& e : tev) CK(cudaEventCreate(&e));
+  CK(cudaEventCreate(&tbase));
+  CK(cudaStreamSynchronize(stream));
+  CK(cudaEventRecord(tbase, stream));
+  CK(cudaEventSynchronize(tbase));
+  tbase_us = tr->now_us();  // the base event completed just now (an idle stream: within a few µs)
+}
+
+void Qwen35MoeGpu::Impl::trace_end(Trace* tr) {
+  if (!tr) return;
+  CK(cudaStreamSynchronize(stream));
+  auto at = [&](size_t i) {
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, tbase, tev[i]));
+    return tbase_us + ms * 1e3;
+  };
+  for (size_t l = 0; l < layers.size(); ++l) {
+    const size_t b = l * kMarks;
+    tr->gpu_span(str_cat(layers[l].kind == LayerKind::FullAttention ? "attention " : "deltanet ", l), "gpu", at(b), at(b + 1));
+    tr->gpu_span(str_cat("router + handoff ", l), "gpu", at(b + 1), at(b + 2));
+    tr->gpu_span(str_cat("gpu experts + shared ", l), "gpu", at(b + 2), at(b + 3));
+    if (layers[l].cpu_experts) tr->gpu_span(str_cat("cpu result in ", l), "copy", at(b + 3), at(b + 4));
+  }
+}
+
+// One decode step: eagerly (trace, hybrid handoffs, host embedding) or as a captured CUDA graph
+// (GpuOptions::cuda_graph, everything on the GPU): the same enqueue() either way.
+void Qwen35MoeGpu::Impl::step(int32_t id, float* logits_host) {
+  replace_tick();
+  Trace* tr = Trace::active();
+  const ModelConfig& c = model.config();
+  if (graph_ok && !tr) {
+    hidpos[0] = id, hidpos[1] = static_cast<int32_t>(pos);  // the previous launch has finished (synchronized)
+    const int w = !logits_host ? 0 : logits_host == &logits_sink ? 2 : 1;
+    if (segs[w].empty()) capture(w);
+    if (one_graph) {
+      run_one_graph(w);
+    } else {
+      for (size_t i = 0; i < segs[w].size(); ++i) {
+        CK(cudaGraphLaunch(segs[w][i], stream));
+        if (i < seg_layers.size()) host_part(static_cast<size_t>(seg_layers[i]), 1, true);
+      }
+      CK(cudaStreamSynchronize(stream));
+    }
+    if (w == 1) std::memcpy(logits_host, hlogits, c.vocab_size * sizeof(float));
+    counts.gpu += static_cast<uint64_t>(c.num_experts_per_tok) * gpu_only_layers;
+    ++pos;
+    return;
+  }
+  trace_begin(tr);
+  const int32_t p32 = static_cast<int32_t>(pos);
+  enqueue(id, &id, &p32, logits_host, tr);
+  ++pos;
+  trace_end(tr);
+  if (logits_host) CK(cudaStreamSynchronize(stream));
+}
+
+// Captures segs[w] (0 without logits, 1 with logits copied to hlogits, 2 with logits left on the
+// device): the step as CUDA graphs, cut at every host handoff (one graph when there is none).
+void Qwen35MoeGpu::Impl::capture(int w) {
+  const ExpertCounts saved = counts;  // enqueue() counts on the host; replays count in step()
+  seg_layers.clear();
+  (one_graph ? posting : segmenting) = true;
+  seg_out = &segs[w];
+  CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  try {
+    enqueue(0, hidpos, hidpos + 1, w == 0 ? nullptr : w == 1 ? hlogits : &logits_sink, nullptr);
+    cut_segment(false);
+  } catch (...) {  // leave the stream usable: end the capture, drop the partial segments
+    abandon_capture();
+    for (cudaGraphExec_t e : segs[w]) cudaGraphExecDestroy(e);
+    segs[w].clear();
+    segmenting = posting = false;
+    throw;
+  }
+  segmenting = posting = false;
+  seg_out = nullptr;
+  counts = saved;
+}
+
+// After a failure under capture: end it (the partial graph is dropped) and clear the error.
+void Qwen35MoeGpu::Impl::abandon_capture() {
+  cudaGraph_t g = nullptr;
+  if (cudaStreamEndCapture(stream, &g) == cudaSuccess && g) cudaGraphDestroy(g);
+  cudaGetLastError();
+}
+
+// Ends the capture in progress as the next segment; `more`: start capturing the one after it.
+void Qwen35MoeGpu::Impl::cut_segment(bool more) {
+  cudaGraph_t g = nullptr;
+  cudaGraphExec_t e = nullptr;
+  CK(cudaStreamEndCapture(stream, &g));
+  CK(cudaGraphInstantiate(&e, g, 0));
+  CK(cudaGraphDestroy(g));
+  seg_out->push_back(e);
+  if (more) CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+}
+
+// Queues one token's work on the stream: id / position copied from id_src / pos_src (host memory),
+// logits (when logits_dst) copied to logits_dst. Host-side waits only for hybrid handoffs and the
+// host embedding (neither is captured in a graph).
+void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_t* pos_src, float* logits_dst, Trace* tr) {
+  const ModelConfig& c = model.config();
+  const int64_t H = c.hidden_size;
+  const int k = c.num_experts_per_tok;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  const gpu::ProgrammaticLaunchScope programmatic(opts.programmatic_launch);
+  CK(cudaMemcpyAsync(ids, id_src, 4, cudaMemcpyHostToDevice, stream));
+  CK(cudaMemcpyAsync(pos_dev, pos_src, 4, cudaMemcpyHostToDevice, stream));
+  if (embed) {
+    CK(gpu::embed_bf16(embed, H, ids, 1, h, stream));
+  } else {
+    host_embedding_rows(&id, 1, h);
+  }
+  // The residual update that ends each block (h += attention/DeltaNet output; h += MoE output +
+  // the gated shared expert) runs fused with the norm that follows it (add_rmsnorm_zc).
+  // host (GpuOptions::fused_handoff): the host's sum still to be waited for and added to a first.
+  struct Residual {
+    const float *a = nullptr, *shared = nullptr, *gate = nullptr;
+    gpu::HostSum host;
+  } pending;
+  int deferred_from = -1;  // one graph with deferral: the layer whose deferred host sum joins at the end of this one
+  auto settle_host = [&] {  // the host's sum waited for and added on its own (it goes to moe_out: pending.a)
+    const gpu::HostSum& w = pending.host;
+    if (w.flag) CK(gpu::host_wait_add(w.flag, w.value, w.src, moe_out, H, w.error, w.timeout_ns, stream));
+    pending.host = {};
+  };
+  auto norm_x = [&](const float* w) {
+    if (pending.host.flag && !pending.shared) {
+      CK(gpu::host_wait_add_rmsnorm_zc(pending.host, h, moe_out, w, H, eps, x, stream));  // pending.a is moe_out
+    } else {
+      settle_host();
+      if (pending.a) CK(gpu::add_rmsnorm_zc(h, pending.a, pending.shared, pending.gate, w, H, 1, eps, x, stream));
+      else CK(gpu::rmsnorm_zc(h, w, H, 1, eps, x, stream));
+    }
+    pending = {};
+  };
+  for (size_t li = 0; li < layers.size(); ++li) {
+    const DevLayer& L = layers[li];
+    mark(tr, li, 0);
+    const bool conv_in_gemv = L.kind == LayerKind::LinearAttention && opts.deltanet_conv_in_gemv && L.in_proj.out && !L.in_proj.int4;
+    norm_x(L.in_norm);
+    // GpuOptions::host_prefetch: the layer's experts guessed from its input, beside the mixer
+    const bool guessed = posting && guessing && L.cpu_experts && opts.host_experts && post_guess(L, li);
+    // GpuOptions::link_stage: the guessed experts copied to the device beside the mixer (side stream)
+    const bool staging = guessed && link.stage && link.on && link.tables[li];
+    if (link.stage && posting) link.staged_at[li] = staging;  // what the graph does (an eager step with --trace stages nothing)
+    if (staging) {
+      CK(gpu::int4_tiles_stage(link.tables[li], static_cast<int>(c.num_experts), H, c.moe_intermediate_size, link.group_size, link.guess_dev,
+                               link.stage, link.slots, link.slot_bytes, link.staged_ids, link.staged_table, side));
+      CK(cudaEventRecord(link.staged_ev, side));
+    }
+    if (L.kind == LayerKind::LinearAttention) {
+      if (conv_in_gemv) {  // qkv|z|b|a; the conv of the qkv rows applied as they are written
+        CK(gpu::gemv_bf16_conv(L.in_proj.w, L.in_proj.out, L.in_proj.in, x, qkv, static_cast<int>(c.linear_conv_dim()),
+                               c.linear_conv_kernel, L.conv_w, L.conv_state, conv_out, stream));
+      } else if (L.in_proj.out) {
+        linear(L.in_proj, x, qkv);  // qkv|z|b|a, as laid out in the workspace
+      } else {
+        linear(L.qkv, x, qkv);
+        linear(L.z, x, z);
+        linear(L.b, x, b);
+        linear(L.a, x, a);
+      }
+      gpu::DeltaNetDecodeArgs p = deltanet_args(L);
+      p.qkv = qkv, p.z = z, p.b = b, p.a = a, p.conv_out = conv_out, p.out = core;
+      if (opts.deltanet_split) p.tickets = dn_tickets;
+      p.conv_done = conv_in_gemv;
+      CK(gpu::deltanet_decode(p, stream));
+      linear(L.out_proj, core, o);
+    } else {
+      if (L.in_proj.out) {
+        linear(L.in_proj, x, qg);  // q|k|v
+      } else {
+        linear(L.q, x, qg);
+        linear(L.k, x, kk);
+        linear(L.v, x, vv);
+      }
+      gpu::AttentionDecodeArgs p = attention_args(L);
+      p.qg = qg, p.k = kk, p.v = vv, p.pos = pos_dev, p.q_rot = q_rot, p.partial = attn_part, p.out = attn_out;
+      CK(gpu::attention_decode(p, stream));
+      linear(L.o, attn_out, o);
+    }
+    pending.a = o;
+    mark(tr, li, 1);
+    // router|shared gate|shared up|shared expert gate stacked, or the router alone; bf16: top-k in the
+    // GEMV's last block (and with GpuOptions::router_norm the norm before it in the same launch)
+    const DevLinear& R = L.x_proj.out ? L.x_proj : L.router;
+    if (guessed) CK(cudaStreamWaitEvent(stream, join_ev, 0));  // the guess has read h and left its scratch
+    const bool split = L.cpu_experts && opts.host_experts;
+    // GpuOptions::fused_handoff: the router's last block posts its result to the host (no host_post)
+    const bool post_in_router = split && posting && opts.fused_handoff && !R.int4 && opts.router_norm;
+    if (!R.int4 && opts.router_norm) {
+      const gpu::HostPost post{hx, hids, hw, hflags, static_cast<unsigned>(li) + 1};
+      CK(gpu::gemv_bf16_router_topk_norm(R.w, R.out, R.in, h, pending.a, pending.shared, pending.gate, L.post_norm, eps, x, router,
+                                         static_cast<int>(c.num_experts), k, route_ticket, topk_ids, topk_w, stream,
+                                         post_in_router ? &post : nullptr));
+      pending = {};
+    } else if (!R.int4) {
+      norm_x(L.post_norm);
+      CK(gpu::gemv_bf16_router_topk(R.w, R.out, R.in, x, router, static_cast<int>(c.num_experts), k, route_ticket, topk_ids, topk_w,
+                                    stream));
+    } else {
+      norm_x(L.post_norm);
+      linear(R, x, router);
+      CK(gpu::router_topk(router, c.num_experts, k, 1, topk_ids, topk_w, stream));
+    }
+    // GpuOptions::link_experts: some host experts computed here from host memory; in a layer with no
+    // GPU-resident experts their sum is the GPU's whole routed part (no gpu_experts launch before it)
+    const bool linked = split && link.on && link.tables[li], link_only = linked && link.host_only[li];
+    if (split && posting) {  // the host starts while the GPU goes on: posted in mapped memory, no copy nodes
+      if (!post_in_router) CK(gpu::host_post(x, H, topk_ids, topk_w, k, hx, hids, hw, hflags, static_cast<unsigned>(li) + 1, stream));
+    } else if (split) {
+      handoff_out(x, topk_ids, topk_w, 1);
+    }
+    mark(tr, li, 2);
+    // GpuOptions::parallel_shared: the shared expert's down GEMV (its gate / up came with the router)
+    // beside the routed experts, on the side stream; both only read x, sg, su and write their own rows.
+    // With the link the shared expert goes beside it too (the link's kernels leave most SMs idle).
+    const bool beside = side && L.x_proj.out && !L.sh_down.int4 && (!split || linked) && !deferring();
+    if (beside) {
+      CK(cudaEventRecord(fork_ev, stream));
+      CK(cudaStreamWaitEvent(side, fork_ev, 0));
+      CK(gpu::gemv_bf16_swiglu(L.sh_down.w, L.sh_down.out, L.sh_down.in, sg, su, 1, sd, side));
+      CK(cudaEventRecord(join_ev, side));
+    }
+    // GpuOptions::l2_prefetch_bytes: the next layer's input projection (its tail) into L2 beside the experts
+    const DevLinear* next_in = li + 1 < layers.size() ? &layers[li + 1].in_proj : nullptr;
+    const bool prefetching = split && posting && opts.l2_prefetch_bytes > 0 && next_in && next_in->out && !next_in->int4;
+    if (prefetching) {
+      const int64_t bytes = next_in->out * next_in->in * 2, take = std::min(bytes, opts.l2_prefetch_bytes);
+      CK(cudaEventRecord(pf_fork_ev, stream));
+      CK(cudaStreamWaitEvent(side, pf_fork_ev, 0));
+      CK(gpu::l2_prefetch(reinterpret_cast<const char*>(next_in->w) + (bytes - take), take, side));
+      CK(cudaEventRecord(pf_join_ev, side));
+    }
+    if (!link_only) gpu_experts(L, x, topk_ids, topk_w, 1, xh, hscratch, moe_out);
+    if (linked) {  // read in place over PCIe (staged ones from device memory), added to the GPU experts' sum
+      gpu::Int4TilesStaged staged;
+      if (staging) {
+        CK(cudaStreamWaitEvent(stream, link.staged_ev, 0));
+        staged = {link.staged_ids, link.staged_table, link.stage};
+      }
+      CK(gpu::moe_int4_tiles_decode(link.tables[li], static_cast<int>(c.num_experts), H, c.moe_intermediate_size, link.group_size,
+                                    topk_ids, topk_w, k, link.m, staged, link.act_order, x, link.scratch, moe_out, stream, !link_only));
+    }
+    if (!L.x_proj.out) {
+      linear(L.sh_gate, x, sg);
+      linear(L.sh_up, x, su);
+      linear(L.sh_expert_gate, x, sgate);
+    }
+    if (beside) {
+      CK(cudaStreamWaitEvent(stream, join_ev, 0));
+    } else if (L.sh_down.int4) {
+      CK(gpu::silu_mul(sg, su, c.shared_expert_intermediate_size, stream));
+      linear(L.sh_down, sg, sd);
+    } else {  // silu(gate) * up formed as sh_down reads it: one launch fewer
+      CK(gpu::gemv_bf16_swiglu(L.sh_down.w, L.sh_down.out, L.sh_down.in, sg, su, 1, sd, stream));
+    }
+    if (split || deferring()) CK(gpu::gated_add(moe_out, sd, sgate, H, 1, stream));
+    if (prefetching) CK(cudaStreamWaitEvent(stream, pf_join_ev, 0));
+    mark(tr, li, 3);
+    if (!posting) run_deferred();  // the previous layer's, while the GPU works on this one (one graph: the host loop runs it)
+    gpu::HostSum host_sum;  // this layer's, when its wait is left to the next norm's launch
+    if (split && segmenting) {  // the host's part runs between this segment and the next (step())
+      seg_layers.push_back(static_cast<int>(li));
+      cut_segment(true);
+      join_host(1, cpu_out, moe_out);
+    } else if (split && posting) {  // wait inside the graph for the host's sum, added from host memory
+      seg_layers.push_back(static_cast<int>(li));
+      const gpu::HostSum sum{hflags + 1, static_cast<unsigned>(li) + 1, hout, hflags + 2, kHandoffTimeoutNs};
+      if (opts.fused_handoff && !deferring()) host_sum = sum;  // waited for by the next norm's launch (norm_x)
+      else CK(gpu::host_wait_add(sum.flag, sum.value, sum.src, moe_out, H, sum.error, sum.timeout_ns, stream));
+    } else if (split) {
+      handoff_back(li, 1, cpu_out, moe_out);
+    } else {
+      counts.gpu += k;
+    }
+    if (deferring()) {  // the deferred sum joins after the MoE output, as the model definition adds them
+      CK(gpu::add_inplace(h, moe_out, H, stream));
+      if (posting) join_posted_deferred(deferred_from);
+      else add_deferred(h);
+      deferred_from = split && posting ? static_cast<int>(li) : -1;
+    } else {
+      pending = {moe_out, split ? nullptr : sd, split ? nullptr : sgate, host_sum};
+    }
+    mark(tr, li, 4);
+  }
+  if (posting) {  // the last layer's join before the final norm
+    join_posted_deferred(deferred_from);
+  } else {
+    run_deferred();
+    add_deferred(h);
+  }
+  if (!logits_dst) {  // no norm follows: the last residual on its own
+    settle_host();
+    if (pending.shared) CK(gpu::gated_add(moe_out, pending.shared, pending.gate, H, 1, stream));
+    if (pending.a) CK(gpu::add_inplace(h, pending.a, H, stream));
+    return;
+  }
+  norm_x(final_norm);
+  linear(lm_head, x, logits);
+  if (logits_dst != &logits_sink)
+    CK(cudaMemcpyAsync(logits_dst, logits, c.vocab_size * sizeof(float), cudaMemcpyDeviceToHost, stream));
+}
+
+
+Qwen35MoeGpu::Qwen35MoeGpu(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Qwen35MoeGpu::~Qwen35MoeGpu() = default;
+const GpuMemoryPlan& Qwen35MoeGpu::memory() const { return impl_->plan; }
+const ExpertCounts& Qwen35MoeGpu::expert_counts() const { return impl_->counts; }
+bool Qwen35MoeGpu::batched_prefill_active() const { return impl_->batched; }
+int64_t Qwen35MoeGpu::prefill_chunk() const { return impl_->chunk; }
+
+bool Qwen35MoeGpu::forward_top(std::span<const int32_t> ids, std::span<const gpu::Penalty> penalties, int k,
+                               std::vector<std::pair<int32_t, float>>& top) {
+  Impl& m = *impl_;
+  const int64_t V = m.model.config().vocab_size;
+  if (k < 1 || k > gpu::kMaxTopK || static_cast<int64_t>(penalties.size()) > m.opts.max_context ||
+      (V + gpu::kTopKBlocks - 1) / gpu::kTopKBlocks * 8 > 48 * 1024)
+    return false;
+  forward(ids, &m.logits_sink, Qwen35Moe::LogitRows::Last);
+  if (!penalties.empty())
+    CK(cudaMemcpyAsync(m.pen_dev, penalties.data(), penalties.size() * sizeof(gpu::Penalty), cudaMemcpyHostToDevice, m.stream));
+  CK(gpu::penalise(m.logits, V, m.pen_dev, static_cast<int>(penalties.size()), m.stream));
+  CK(gpu::top_k_row(m.logits, V, k, m.topk_ws, m.top_ids, m.top_vals, m.stream));
+  std::vector<int32_t> hi(k);
+  std::vector<float> hv(k);
+  CK(cudaMemcpyAsync(hi.data(), m.top_ids, k * sizeof(int32_t), cudaMemcpyDeviceToHost, m.stream));
+  CK(cudaMemcpyAsync(hv.data(), m.top_vals, k * sizeof(float), cudaMemcpyDeviceToHost, m.stream));
+  CK(cudaStreamSynchronize(m.stream));
+  top.resize(k);
+  for (int i = 0; i < k; ++i) top[i] = {hi[i], hv[i]};
+  return true;
+}
+bool Qwen35MoeGpu::cuda_graph_active() const { return impl_->graph_ok; }
+bool Qwen35MoeGpu::programmatic_launch_active() const { return impl_->opts.programmatic_launch; }
+int Qwen35MoeGpu::link_experts_active() const { return impl_->link.on ? impl_->link.m : 0; }
+int Qwen35MoeGpu::link_stage_active() const { return impl_->link.on ? impl_->link.stage : 0; }
+const std::string& Qwen35MoeGpu::link_note() const { return impl_->link.note; }
+int Qwen35MoeGpu::host_prefetch_active() const { return impl_->guessing ? impl_->opts.host_prefetch : 0; }
+int64_t Qwen35MoeGpu::stream_prefill_min_tokens() const { return impl_->st.on && impl_->batched ? impl_->opts.stream_prefill_min_tokens : 0; }
+const std::string& Qwen35MoeGpu::stream_prefill_note() const { return impl_->st.note; }
+bool Qwen35MoeGpu::graph_cut_at_handoffs() const {
+  return impl_->graph_ok && !impl_->one_graph && impl_->gpu_only_layers < impl_->layers.size();
+}
+bool Qwen35MoeGpu::graph_one_step() const { return impl_->one_graph; }
+bool Qwen35MoeGpu::handoff_fused() const { return impl_->one_graph && impl_->opts.fused_handoff; }
+int64_t Qwen35MoeGpu::l2_prefetch_active() const { return impl_->opts.l2_prefetch_bytes; }
+
+
+namespace {
+
+// Fastest of `reps` (after one warm-up) timed copies of `bytes` on `stream`, in seconds.
+double best_copy_seconds(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t stream, int reps) {
+  cudaEvent_t e0, e1;
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  float best = 1e30f;
+  for (int i = 0; i <= reps; ++i) {
+    CK(cudaEventRecord(e0, stream));
+    CK(cudaMemcpyAsync(dst, src, bytes, kind, stream));
+    CK(cudaEventRecord(e1, stream));
+    CK(cudaEventSynchronize(e1));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, e0, e1));
+    if (i > 0) best = std::min(best, ms);
+  }
+  cudaEventDestroy(e0);
+  cudaEventDestroy(e1);
+  return best * 1e-3;
+}
+
+}  // namespace
+
+double Qwen35MoeGpu::copy_bandwidth() const {
+  const size_t bytes = size_t(256) << 20;
+  void *a = nullptr, *b = nullptr;
+  CK(cudaMalloc(&a, bytes));
+  CK(cudaMalloc(&b, bytes));
+  const double s = best_copy_seconds(b, a, bytes, cudaMemcpyDeviceToDevice, impl_->stream, 5);
+  cudaFree(a);
+  cudaFree(b);
+  return 2.0 * bytes / s;  // read + write
+}
+
+double Qwen35MoeGpu::pcie_bandwidth() const {
+  const size_t bytes = size_t(256) << 20;
+  void *host = nullptr, *dev = nullptr;
+  CK(cudaHostAlloc(&host, bytes, cudaHostAllocDefault));
+  CK(cudaMalloc(&dev, bytes));
+  std::memset(host, 1, bytes);
+  const double s = best_copy_seconds(dev, host, bytes, cudaMemcpyHostToDevice, impl_->stream, 3);
+  cudaFree(dev);
+  cudaFreeHost(host);
+  return bytes / s;
+}
+
+void Qwen35MoeGpu::reset() {
+  Impl& m = *impl_;
+  m.pos = 0;
+  m.counts = {};
+  m.def.pending = m.def.ready = false;
+  for (DevLayer& L : m.layers) {
+    const ModelConfig& c = m.model.config();
+    if (L.kind == LayerKind::LinearAttention) {
+      CK(cudaMemsetAsync(L.conv_state, 0, (c.linear_conv_kernel - 1) * c.linear_conv_dim() * sizeof(float), m.stream));
+      CK(cudaMemsetAsync(L.ssm_state, 0,
+                         int64_t(c.linear_num_value_heads) * c.linear_key_head_dim * c.linear_value_head_dim * sizeof(float), m.stream));
+    }
+  }
+  CK(cudaStreamSynchronize(m.stream));
+}
+
+void Qwen35MoeGpu::forward(std::span<const int32_t> ids, float* logits, Qwen35Moe::LogitRows rows) {
+  Impl& m = *impl_;
+  const int64_t V = m.model.config().vocab_size, T = static_cast<int64_t>(ids.size());
+  for (int64_t t = 0; t < T; ++t)  // checked before any work, so a bad call leaves the sequence as it was
+    if (ids[t] < 0 || ids[t] >= V) fail("token id ", ids[t], " at position ", t, " is outside the vocabulary (0..", V - 1, ")");
+  if (m.pos + T > m.opts.max_context) fail("the sequence reached the context limit of ", m.opts.max_context, " tokens (--context)");
+  if (m.batched && T > 1 && rows == Qwen35Moe::LogitRows::Last && !Trace::active()) {
+    for (int64_t t = 0, n = 0; t < T; t += n) {
+      const bool streamed = m.st.on && T - t >= m.opts.stream_prefill_min_tokens;
+      n = std::min(streamed ? m.st.pass : m.chunk, T - t);
+      if (streamed) m.prefill_streamed(ids.data() + t, n, t + n == T ? logits : nullptr);
+      else m.prefill_chunk(ids.data() + t, n, t + n == T ? logits : nullptr);
+    }
+    return;
+  }
+  for (int64_t t = 0; t < T; ++t) {
+    const bool want = rows == Qwen35Moe::LogitRows::All || t == T - 1;
+    m.step(ids[t], want ? logits + (rows == Qwen35Moe::LogitRows::All ? t * V : 0) : nullptr);
+  }
+}
+
+}  // namespace tandem

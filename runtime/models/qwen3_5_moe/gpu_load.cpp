@@ -1,0 +1,468 @@
+// The Qwen3.5-MoE GPU model's load (see qwen3_5_moe_gpu.h): the weights planned by kind, then
+// uploaded into one device allocation (int4 experts repacked on all host threads), the workspace, and
+// Qwen35MoeGpu::create. The decode step: qwen3_5_moe_gpu.cpp.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <exception>
+
+#include "gpu_core/device.cuh"
+#include "gpu_core/int4_layout.h"
+#include "core/bytes.h"
+#include "core/dtype.h"
+#include "runtime/models/qwen3_5_moe/gpu_impl.h"
+#include "core/progress.h"
+
+namespace tandem {
+
+namespace {
+
+enum class Kind { Dense, Experts, Kv, State, Work };
+
+}  // namespace
+
+// Two passes over the same upload code: first it only counts bytes per kind (plan), then it
+// allocates from one device block and copies (commit).
+class Uploader {
+ public:
+  bool committing() const { return base_ != nullptr; }
+  uint64_t placed() const { return offset_; }  // committing: bytes handed out so far
+  void begin_commit(char* base) { base_ = base, offset_ = 0; }
+  GpuMemoryPlan& plan() { return plan_; }
+
+  void* alloc(uint64_t bytes, Kind kind) {
+    bytes = (bytes + 255) / 256 * 256;
+    if (!committing()) {
+      (kind == Kind::Dense ? plan_.dense_weights : kind == Kind::Experts ? plan_.expert_weights
+       : kind == Kind::Kv ? plan_.kv_cache : kind == Kind::State ? plan_.deltanet_state : plan_.workspace) += bytes;
+      return nullptr;
+    }
+    void* p = base_ + offset_;
+    offset_ += bytes;
+    return p;
+  }
+  template <typename T>
+  T* upload(const T* host, size_t count, Kind kind) {
+    auto* d = static_cast<T*>(alloc(count * sizeof(T), kind));
+    if (d) CK(cudaMemcpy(d, host, count * sizeof(T), cudaMemcpyHostToDevice));
+    return d;
+  }
+  template <typename T>
+  T* zeros(size_t count, Kind kind) {
+    auto* d = static_cast<T*>(alloc(count * sizeof(T), kind));
+    if (d) CK(cudaMemset(d, 0, count * sizeof(T)));
+    return d;
+  }
+
+ private:
+  char* base_ = nullptr;
+  uint64_t offset_ = 0;
+  GpuMemoryPlan plan_;
+};
+
+namespace {
+
+// An int4 (GPTQ) linear's device pieces in the GPU layout (qweight, scales, zeros, perm with act
+// order), allocated in that order; null pointers while the uploader only sizes.
+DevLinear alloc_int4(Uploader& up, const LinearWeight& L, Kind kind) {
+  DevLinear d;
+  d.out = L.out;
+  d.in = L.in;
+  d.int4 = true;
+  const int64_t G = L.gptq.num_groups;
+  d.q.qweight = static_cast<uint32_t*>(up.alloc(L.out * L.in / 2, kind));
+  d.q.scales = static_cast<uint16_t*>(up.alloc(L.out * G * 2, kind));
+  d.q.zeros = static_cast<uint8_t*>(up.alloc(L.out * G, kind));
+  d.q.perm = L.gptq.g_idx ? static_cast<int32_t*>(up.alloc(L.in * 4, kind)) : nullptr;
+  d.q.N = L.out, d.q.K = L.in, d.q.group_size = L.gptq.group_size;
+  return d;
+}
+
+// L repacked into the GPU layout (gpu::repack_gptq_int4, the expensive part) and copied into d's pieces.
+void fill_int4(const LinearWeight& L, const DevLinear& d) {
+  if (L.gptq.scales_dtype != DType::F16) fail(L.name, ": the GPU path needs F16 GPTQ scales (found ", dtype_name(L.gptq.scales_dtype), ")");
+  const gpu::Int4Host h = gpu::repack_gptq_int4({L.gptq.qweight, L.gptq.qzeros, static_cast<const uint16_t*>(L.gptq.scales),
+                                                 L.gptq.g_idx, L.out, L.in, L.gptq.group_size, L.gptq.zero_offset});
+  auto copy = [&](const void* dst, const auto& v, uint64_t bytes) {  // the views hold the pieces as const (kernels read them)
+    if (v.size() * sizeof(v[0]) != bytes) fail(L.name, ": repacked to ", v.size() * sizeof(v[0]), " bytes, ", bytes, " planned");
+    CK(cudaMemcpy(const_cast<void*>(dst), v.data(), bytes, cudaMemcpyHostToDevice));
+  };
+  const uint64_t G = static_cast<uint64_t>(L.gptq.num_groups), N = static_cast<uint64_t>(L.out);
+  copy(d.q.qweight, h.qweight, N * static_cast<uint64_t>(L.in) / 2);
+  copy(d.q.scales, h.scales, N * G * 2);
+  copy(d.q.zeros, h.zeros, N * G);
+  if (d.q.perm) copy(d.q.perm, h.perm, static_cast<uint64_t>(L.in) * 4);
+}
+
+// Int4 linears repacked and copied on all host threads (each a ~ms of CPU work; a 35B model has 30,720
+// expert matrices). The first failure is rethrown here once every thread has stopped.
+void fill_int4_parallel(const std::vector<std::pair<const LinearWeight*, DevLinear>>& jobs) {
+  int dev = 0;
+  CK(cudaGetDevice(&dev));
+  std::exception_ptr first;
+  std::atomic<bool> failed{false};
+#pragma omp parallel
+  {
+    if (cudaSetDevice(dev) != cudaSuccess) failed = true;  // the model's device on every worker thread
+#pragma omp for schedule(dynamic, 1)
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      if (failed.load(std::memory_order_relaxed)) continue;
+      try {
+        fill_int4(*jobs[i].first, jobs[i].second);
+      } catch (...) {
+#pragma omp critical(tandem_fill_int4)
+        if (!first) first = std::current_exception();
+        failed = true;
+      }
+    }
+  }
+  if (first) std::rethrow_exception(first);
+  if (failed) fail("uploading int4 experts: could not select CUDA device ", dev, " on a loader thread");
+}
+
+DevLinear upload_linear(Uploader& up, const LinearWeight& L, Kind kind) {
+  DevLinear d;
+  d.out = L.out;
+  d.in = L.in;
+  if (L.kind == LinearWeight::Kind::Gptq) {
+    d = alloc_int4(up, L, kind);
+    if (up.committing()) fill_int4(L, d);  // sizes only otherwise: repacking is the expensive part
+    return d;
+  }
+  const size_t n = static_cast<size_t>(L.out * L.in);
+  if (!up.committing()) {
+    up.alloc(n * 2, kind);
+    return d;
+  }
+  if (L.dense_dtype == DType::BF16) {
+    d.w = up.upload(static_cast<const uint16_t*>(L.dense), n, kind);
+    return d;
+  }
+  std::vector<uint16_t> bf(n);  // F16 / F32 checkpoint tensors are kept as bf16 on the GPU
+  for (size_t i = 0; i < n; ++i) bf[i] = f32_to_bf16(load_as_f32(L.dense, L.dense_dtype, static_cast<int64_t>(i)));
+  d.w = up.upload(bf.data(), n, kind);
+  return d;
+}
+
+}  // namespace
+
+DevLinear stack_rows(std::initializer_list<const DevLinear*> parts) {
+  const DevLinear* first = *parts.begin();
+  DevLinear s{false, first->w, {}, 0, first->in};
+  const DevLinear* prev = nullptr;
+  for (const DevLinear* p : parts) {
+    if (p->int4 || p->in != first->in || !p->w) return {};
+    // the output slices are carved at multiples of 4 floats (aligned for vector loads); the rows
+    // of one allocation follow the previous one's only when its bytes need no 256-byte padding
+    if (prev && (prev->out % 4 || (prev->out * prev->in * 2) % 256 || p->w != prev->w + prev->out * prev->in)) return {};
+    s.out += p->out;
+    prev = p;
+  }
+  return s;
+}
+
+std::string GpuMemoryPlan::describe() const {
+  return str_cat("dense weights ", format_gib(dense_weights), ", routed experts ", format_gib(expert_weights), ", KV cache ", format_gib(kv_cache),
+                 ", DeltaNet state ", format_gib(deltanet_state), ", workspace ", format_gib(workspace), "; total ", format_gib(total()));
+}
+
+void Qwen35MoeGpu::Impl::build(Uploader& up, const std::function<void(uint64_t)>& uploaded) {
+  const ModelConfig& c = model.config();
+  const int64_t H = c.hidden_size, V = c.vocab_size, conv_dim = c.linear_conv_dim(), Vd = c.linear_value_dim();
+  const int64_t I = c.moe_intermediate_size, Is = c.shared_expert_intermediate_size, E = c.num_experts;
+  const int k = c.num_experts_per_tok, nh = c.num_heads, nkv = c.num_kv_heads, hd = c.head_dim;
+  const int max_splits = static_cast<int>(gpu::attention_decode_splits(opts.max_context));
+
+  auto vec = [&](const std::vector<float>& v, Kind kind) { return up.upload(v.data(), v.size(), kind); };
+  if (!opts.embed_on_gpu) {
+    embed = nullptr;  // rows are looked up on the host
+  } else if (model.embed().dense_dtype != DType::BF16) {
+    DevLinear e = upload_linear(up, model.embed(), Kind::Dense);
+    embed = e.w;
+  } else {
+    embed = up.upload(static_cast<const uint16_t*>(model.embed().dense), static_cast<size_t>(V * H), Kind::Dense);
+  }
+  // A tied lm_head reads the embedding table when that is on the GPU (stored as bf16 either way).
+  lm_head = model.lm_head().dense == model.embed().dense && opts.embed_on_gpu ? DevLinear{false, embed, {}, V, H}
+                                                                            : upload_linear(up, model.lm_head(), Kind::Dense);
+  final_norm = vec(model.final_norm(), Kind::Dense);
+  inv_freq = vec(model.rope_inv_freq(), Kind::Dense);
+
+  // Streamed prefill's buffers (stream_setup decided; gpu::stream_buffer_bytes counts the same).
+  if (st.on) {
+    st.pass = gpu::stream_pass_tokens(opts.prefill_chunk, opts.stream_pass_tokens);
+    const gpu::StreamBuffers b =
+        gpu::stream_buffer_bytes(H, I, st.group_size, static_cast<int>(E), static_cast<int>(c.num_layers), st.max_experts, st.pass);
+    st.raw = static_cast<char*>(up.alloc(b.raw, Kind::Work));
+    st.rows = static_cast<char*>(up.alloc(b.rows, Kind::Work));
+    st.tables = static_cast<gpu::Int4Expert*>(up.alloc(b.tables, Kind::Work));
+    st.jobs = static_cast<gpu::Int4TilesToRows*>(up.alloc(b.jobs, Kind::Work));
+    st.h = static_cast<float*>(up.alloc(st.pass * H * 4, Kind::Work));
+    st.pos = static_cast<int32_t*>(up.alloc(st.pass * 4, Kind::Work));
+    st.ids = static_cast<int32_t*>(up.alloc(st.pass * 4, Kind::Work));
+  }
+  if (link.on) link.mem = up.alloc(link_buffers().total(), Kind::Work);  // link experts' tables, scratch, staging (link_setup decided)
+  layers.clear();
+  if (opts.expert_on_gpu && !opts.expert_on_gpu->empty()) {
+    if (static_cast<int64_t>(opts.expert_on_gpu->size()) != c.num_layers) fail("hybrid placement: expert map has ", opts.expert_on_gpu->size(), " layers, the model ", c.num_layers);
+    for (const auto& row : *opts.expert_on_gpu)
+      if (static_cast<int64_t>(row.size()) != E) fail("hybrid placement: expert map has ", row.size(), " experts per layer, the model ", E);
+  }
+  for (const LayerWeights& L : model.layers()) {
+    const int li = static_cast<int>(layers.size());
+    DevLayer d{};
+    d.kind = L.kind;
+    d.in_norm = vec(L.input_norm, Kind::Dense);
+    d.post_norm = vec(L.post_attention_norm, Kind::Dense);
+    if (L.kind == LayerKind::LinearAttention) {
+      const DeltaNetWeights& w = L.deltanet;
+      d.qkv = upload_linear(up, w.in_proj_qkv, Kind::Dense);
+      d.z = upload_linear(up, w.in_proj_z, Kind::Dense);
+      d.b = upload_linear(up, w.in_proj_b, Kind::Dense);
+      d.a = upload_linear(up, w.in_proj_a, Kind::Dense);
+      d.out_proj = upload_linear(up, w.out_proj, Kind::Dense);
+      d.in_proj = stack_rows({&d.qkv, &d.z, &d.b, &d.a});
+      d.conv_w = vec(w.conv, Kind::Dense);
+      d.A_log = vec(w.A_log, Kind::Dense);
+      d.dt_bias = vec(w.dt_bias, Kind::Dense);
+      d.dn_norm = vec(w.norm, Kind::Dense);
+      d.conv_state = up.zeros<float>((c.linear_conv_kernel - 1) * conv_dim, Kind::State);
+      d.ssm_state = up.zeros<float>(int64_t(c.linear_num_value_heads) * c.linear_key_head_dim * c.linear_value_head_dim, Kind::State);
+    } else {
+      const AttentionWeights& w = L.attn;
+      d.q = upload_linear(up, w.q_proj, Kind::Dense);
+      d.k = upload_linear(up, w.k_proj, Kind::Dense);
+      d.v = upload_linear(up, w.v_proj, Kind::Dense);
+      d.o = upload_linear(up, w.o_proj, Kind::Dense);
+      d.in_proj = stack_rows({&d.q, &d.k, &d.v});
+      d.q_norm = vec(w.q_norm, Kind::Dense);
+      d.k_norm = vec(w.k_norm, Kind::Dense);
+      d.k_cache = up.zeros<uint16_t>(opts.max_context * nkv * hd, Kind::Kv);
+      d.v_cache = up.zeros<uint16_t>(opts.max_context * nkv * hd, Kind::Kv);
+    }
+    const MoeWeights& m = L.moe;
+    d.router = upload_linear(up, m.router, Kind::Dense);
+    d.sh_gate = upload_linear(up, m.shared_gate, Kind::Dense);
+    d.sh_up = upload_linear(up, m.shared_up, Kind::Dense);
+    d.sh_expert_gate = upload_linear(up, m.shared_expert_gate, Kind::Dense);  // before sh_down: stacked with the three above
+    d.sh_down = upload_linear(up, m.shared_down, Kind::Dense);
+    d.x_proj = stack_rows({&d.router, &d.sh_gate, &d.sh_up, &d.sh_expert_gate});
+    d.int4_experts = m.gate[0].kind == LinearWeight::Kind::Gptq;
+    d.expert_group = d.int4_experts ? m.gate[0].gptq.group_size : 0;
+    std::vector<gpu::Int4Expert> i4(E);
+    std::vector<gpu::Bf16Expert> b16(E);
+    std::vector<std::pair<const LinearWeight*, DevLinear>> repack;  // int4 experts: filled in parallel below
+    for (int64_t e = 0; e < E; ++e) {
+      if (!on_gpu(li, e)) {  // null pointers: the kernels skip it, the host computes it
+        d.cpu_experts = true;
+        continue;
+      }
+      for (const LinearWeight* w : {&m.gate[e], &m.up[e], &m.down[e]})
+        if ((w->kind == LinearWeight::Kind::Gptq) != d.int4_experts || (d.int4_experts && w->gptq.group_size != d.expert_group))
+          fail(w->name, ": the GPU MoE kernels need every expert of a layer in one format and group size");
+      if (d.int4_experts) {  // the same pieces in the same order as upload_linear, the repacking deferred
+        const DevLinear g = alloc_int4(up, m.gate[e], Kind::Experts), u = alloc_int4(up, m.up[e], Kind::Experts),
+                        dn = alloc_int4(up, m.down[e], Kind::Experts);
+        if (up.committing()) repack.insert(repack.end(), {{&m.gate[e], g}, {&m.up[e], u}, {&m.down[e], dn}});
+        i4[e] = {g.q, u.q, dn.q};
+        continue;
+      }
+      const DevLinear g = upload_linear(up, m.gate[e], Kind::Experts), u = upload_linear(up, m.up[e], Kind::Experts),
+                      dn = upload_linear(up, m.down[e], Kind::Experts);
+      b16[e] = {g.w, u.w, dn.w};
+    }
+    fill_int4_parallel(repack);
+    if (d.int4_experts) d.experts_i4 = up.upload(i4.data(), i4.size(), Kind::Experts);
+    else d.experts_bf16 = up.upload(b16.data(), b16.size(), Kind::Experts);
+    if (opts.replace.on() && up.committing()) {  // online re-placement edits the tables from host copies
+      rp.i4.resize(li + 1), rp.b16.resize(li + 1), rp.stream_i4.resize(li + 1);
+      rp.i4[li] = i4, rp.b16[li] = b16, rp.stream_i4[li] = i4;
+    }
+    if (streams(li) && up.committing()) stream_table(li, i4);
+    layers.push_back(d);
+    if (uploaded && up.committing()) uploaded(up.placed());
+  }
+
+  const int64_t wide = std::max({H, conv_dim, Vd, int64_t(nh) * 2 * hd, I * k, Is});
+  auto ws = [&](int64_t n) { return up.zeros<float>(n, Kind::Work); };
+  // The outputs of each stacked projection group (stack_rows) share one buffer, sliced at multiples
+  // of 4 floats (placement/planner.cpp counts the same sizes).
+  auto r4 = [](int64_t n) { return (n + 3) / 4 * 4; };
+  const int64_t Hv = c.linear_num_value_heads, nh2 = int64_t(nh) * 2 * hd, kvd = int64_t(nkv) * hd;
+  h = ws(H), x = ws(H), o = ws(H);
+  qkv = ws(r4(conv_dim) + r4(Vd) + 2 * r4(Hv));
+  z = qkv ? qkv + r4(conv_dim) : nullptr, b = z ? z + r4(Vd) : nullptr, a = b ? b + r4(Hv) : nullptr;
+  core = ws(Vd), conv_out = ws(conv_dim);
+  qg = ws(r4(nh2) + 2 * r4(kvd));
+  kk = qg ? qg + r4(nh2) : nullptr, vv = kk ? kk + r4(kvd) : nullptr;
+  q_rot = ws(int64_t(nh) * hd), attn_part = ws(int64_t(nh) * max_splits * (hd + 2)), attn_out = ws(int64_t(nh) * hd);
+  router = ws(r4(E) + 2 * r4(Is) + r4(1));
+  sg = router ? router + r4(E) : nullptr, su = sg ? sg + r4(Is) : nullptr, sgate = su ? su + r4(Is) : nullptr;
+  moe_out = ws(H), hscratch = ws(I * k), sd = ws(H), logits = ws(V);
+  xh = up.zeros<uint16_t>(wide, Kind::Work);
+  ids = up.zeros<int32_t>(1, Kind::Work);
+  topk_ids = up.zeros<int32_t>(k, Kind::Work);
+  topk_w = ws(k);
+  route_ticket = up.zeros<unsigned>(1, Kind::Work);
+  dn_tickets = up.zeros<unsigned>(std::max<int64_t>(c.linear_num_value_heads, 1), Kind::Work);
+  pos_dev = up.zeros<int32_t>(1, Kind::Work);
+  cpu_out = ws(H);
+  if (deferring()) def_dev = ws(host_rows() * H);  // the deferred experts' sum (hybrid)
+  pen_dev = static_cast<gpu::Penalty*>(up.alloc(opts.max_context * sizeof(gpu::Penalty), Kind::Work));  // forward_top
+  topk_ws = up.alloc(gpu::kTopKWorkspaceBytes, Kind::Work);
+  top_ids = up.zeros<int32_t>(gpu::kMaxTopK, Kind::Work);
+  top_vals = ws(gpu::kMaxTopK);
+  if (wants_batched()) {
+    const int64_t n = opts.prefill_chunk;
+    const int64_t widest_k = std::max({H, Vd, int64_t(nh) * hd, Is, I});
+    ph = ws(n * H), px = ws(n * H), po = ws(n * H), pqkv = ws(n * conv_dim), pz = ws(n * Vd), pb = ws(n * c.linear_num_value_heads),
+    pa = ws(n * c.linear_num_value_heads), pcore = ws(n * Vd), pconv = ws(n * conv_dim), pqg = ws(n * nh2), pk = ws(n * kvd),
+    pv = ws(n * kvd), pattn = ws(n * int64_t(nh) * hd), prouter = ws(n * E), pmoe = ws(n * H), psg = ws(n * Is), psu = ws(n * Is),
+    psd = ws(n * H), psgate = ws(n), ptopk_w = ws(n * k), pcpu = ws(n * H);
+    phs = up.zeros<uint16_t>(n * k * I * 2, Kind::Work);  // fp16 (int4 experts) or fp32 (bf16 experts) h
+    psplit = up.zeros<uint16_t>(2 * n * widest_k, Kind::Work);
+    pxh = up.zeros<uint16_t>(n * wide, Kind::Work);
+    pids = up.zeros<int32_t>(n, Kind::Work);
+    ppos = up.zeros<int32_t>(n, Kind::Work);
+    ptopk_ids = up.zeros<int32_t>(n * k, Kind::Work);
+    blas_ws = up.alloc(gpu::kBlasWorkspaceBytes, Kind::Work);
+    if (c.linear_num_value_heads > 0) pterms = ws(gpu::deltanet_chunk_terms_floats(n, c.linear_num_value_heads));
+    if (model.gptq_experts())  // grouped int4 experts
+      pgroup = up.alloc(gpu::moe_int4_grouped_workspace(n, k, H, I, static_cast<int>(E)), Kind::Work);
+  }
+}
+
+
+std::unique_ptr<Qwen35MoeGpu> Qwen35MoeGpu::create(const Qwen35Moe& model, const GpuOptions& opts) {
+  // The one start-up check: a device, this build's kernels for it, a valid TANDEM_MAX_SM.
+  const gpu::DeviceCaps& caps = gpu::gpu_device_caps();
+  if (!caps.usable) fail(caps.error);
+  if (opts.max_context < 1 || opts.max_context > model.config().max_position_embeddings)
+    fail("--context ", opts.max_context, " must be between 1 and the model's ", model.config().max_position_embeddings);
+  auto impl = std::make_unique<Impl>(model, opts);
+  impl->stream_setup();
+  impl->link_setup();
+  auto plan_with_chunk = [&](int64_t chunk) {
+    impl->opts.prefill_chunk = chunk;
+    Uploader up;
+    impl->build(up);  // plan
+    return up.plan();
+  };
+  impl->plan = plan_with_chunk(opts.prefill_chunk);
+  size_t free_b = 0, total_b = 0;
+  CK(cudaMemGetInfo(&free_b, &total_b));
+  const uint64_t budget = opts.budget_bytes ? opts.budget_bytes : free_b;
+  // prefill_chunk_max: the largest power-of-two multiple of prefill_chunk up to it whose workspace
+  // still fits (no bigger than the context needs).
+  for (int64_t c = opts.prefill_chunk_max; opts.batched_prefill && opts.prefill_chunk > 0 && c > opts.prefill_chunk; c /= 2) {
+    if (c / 2 >= opts.max_context) continue;
+    const GpuMemoryPlan p = plan_with_chunk(c);
+    if (p.total() <= std::min<uint64_t>(budget, free_b)) {
+      impl->plan = p;
+      break;
+    }
+    impl->opts.prefill_chunk = opts.prefill_chunk;
+  }
+  if (impl->opts.prefill_chunk == opts.prefill_chunk) impl->plan = plan_with_chunk(opts.prefill_chunk);
+  if (impl->plan.total() > budget)
+    fail("the model needs ", format_gib(impl->plan.total()), " of GPU memory at context ", opts.max_context, " (",
+         impl->plan.describe(), ") but the budget is ", format_gib(budget),
+         opts.budget_bytes ? " (" + opts.budget_name + ")" : std::string(" (free device memory)"), "; raise ",
+         opts.budget_bytes ? opts.budget_name : std::string("--gpu-mem"), ", lower --context",
+         opts.host_experts ? "" : ", or use --device hybrid");
+  if (impl->plan.total() > free_b) fail("the model needs ", format_gib(impl->plan.total()), " of GPU memory but only ", format_gib(free_b), " is free");
+  CK(cudaMalloc(&impl->arena, impl->plan.total()));
+  CK(cudaStreamCreate(&impl->stream));
+  if (opts.parallel_shared) {
+    CK(cudaStreamCreateWithFlags(&impl->side, cudaStreamNonBlocking));
+    CK(cudaEventCreateWithFlags(&impl->fork_ev, cudaEventDisableTiming));
+    CK(cudaEventCreateWithFlags(&impl->join_ev, cudaEventDisableTiming));
+    CK(cudaEventCreateWithFlags(&impl->pf_fork_ev, cudaEventDisableTiming));
+    CK(cudaEventCreateWithFlags(&impl->pf_join_ev, cudaEventDisableTiming));
+  }
+  if (impl->st.on) {
+    CK(cudaStreamCreateWithFlags(&impl->st.copy, cudaStreamNonBlocking));
+    CK(cudaEventCreateWithFlags(&impl->st.ready, cudaEventDisableTiming));
+    CK(cudaEventCreateWithFlags(&impl->st.free, cudaEventDisableTiming));
+  }
+  const int64_t H = model.config().hidden_size, k = model.config().num_experts_per_tok;
+  CK(cudaEventCreateWithFlags(&impl->routed, cudaEventDisableTiming));
+  // Pointers into the arena exist only after the commit pass below; until then decide from the options.
+  const int64_t rows = impl->host_rows();  // tokens handed to the host at once
+  // Mapped when a step's handoffs may run inside its graph (kernels read and write them in place).
+  const unsigned handoff_flags = opts.hybrid_one_graph ? cudaHostAllocMapped : cudaHostAllocDefault;
+  CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hx), rows * H * sizeof(float), handoff_flags));
+  CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hout), rows * H * sizeof(float), handoff_flags));
+  if (!opts.embed_on_gpu && impl->wants_batched())  // prompt rows are gathered on the host
+    impl->hembed_rows = std::max(impl->opts.prefill_chunk, impl->st.pass);  // st.pass: set by the last plan pass
+  CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hembed), impl->hembed_rows * H * sizeof(float), cudaHostAllocDefault));
+  CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hw), rows * k * sizeof(float), handoff_flags));
+  CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hids), rows * k * sizeof(int32_t), handoff_flags));
+  impl->masked.assign(rows * k, -1);
+  if (impl->deferring()) {
+    CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hdef), rows * H * sizeof(float), cudaHostAllocDefault));
+    CK(cudaEventCreateWithFlags(&impl->def_copied, cudaEventDisableTiming));
+  }
+  Uploader commit;
+  commit.begin_commit(impl->arena);
+  {  // a progress line when the upload is large (the 35B model: ~20 GB)
+    Progress progress(opts.progress && impl->plan.total() >= (uint64_t(1) << 30) ? opts.progress : nullptr, impl->plan.total(), "to GPU");
+    const auto t0 = std::chrono::steady_clock::now();
+    auto secs = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+    impl->build(commit, [&](uint64_t placed) { progress.show(placed, secs(), false); });
+    CK(cudaDeviceSynchronize());
+    progress.show(impl->plan.total(), secs(), true);
+  }
+  impl->replace_setup();
+  impl->link_upload();
+  impl->batched = impl->wants_batched() && impl->ph;
+  impl->chunk = impl->opts.prefill_chunk;
+  if (impl->batched) {
+    CK(gpu::blas_create(&impl->blas));
+    CK(gpu::blas_set_workspace(impl->blas, impl->blas_ws, gpu::kBlasWorkspaceBytes));
+  }
+  for (const DevLayer& L : impl->layers) impl->gpu_only_layers += !(L.cpu_experts && opts.host_experts);
+  const bool host_layers = impl->gpu_only_layers < impl->layers.size();
+  auto device_attribute = [](cudaDeviceAttr what) {
+    int dev = 0, v = 0;
+    CK(cudaGetDevice(&dev));
+    CK(cudaDeviceGetAttribute(&v, what, dev));
+    return v;
+  };
+  // One graph a step with the handoffs inside: kernels read and write hx / hids / hw / hout / hflags in
+  // place (mapped; with unified addressing the host pointers are the device's too; without it, the cut
+  // graphs). Deferred host work joins a layer late: inside one graph it is one more wait (on hflags[3]),
+  // across cut graphs it cannot be, so those steps stay eager.
+  impl->opts.programmatic_launch = opts.programmatic_launch && caps.cc_major >= 9;
+  const bool one_graph = opts.cuda_graph && impl->embed && opts.hybrid_one_graph && host_layers &&
+                         device_attribute(cudaDevAttrUnifiedAddressing);
+  impl->graph_ok = opts.cuda_graph && impl->embed && !(impl->deferring() && host_layers && !one_graph);
+  impl->one_graph = impl->graph_ok && one_graph;
+  // GpuOptions::l2_prefetch_bytes as it will run: only in the one-graph step beside the side stream;
+  // auto (-1) is 70% of this device's L2 cache
+  if (!impl->one_graph || !impl->side) impl->opts.l2_prefetch_bytes = 0;
+  else if (opts.l2_prefetch_bytes < 0) impl->opts.l2_prefetch_bytes = static_cast<int64_t>(device_attribute(cudaDevAttrL2CacheSize)) * 7 / 10;
+  if (impl->one_graph) {
+    CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hflags), 8 * sizeof(unsigned), cudaHostAllocMapped));
+    std::memset(impl->hflags, 0, 8 * sizeof(unsigned));
+    impl->guessing = (opts.host_prefetch > 0 || (impl->link.on && impl->link.staged_ev)) && impl->side;
+    if (impl->guessing && impl->link.staged_ev) impl->link.stage = impl->link.stage_slots;
+    if (impl->guessing) {
+      const int64_t k = model.config().num_experts_per_tok;
+      CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hgids), k * sizeof(int32_t), cudaHostAllocMapped));
+      CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hgw), k * sizeof(float), cudaHostAllocMapped));
+    }
+    if (impl->deferring()) {  // two rows, by layer parity: the host fills layer L + 1's while the GPU may still read layer L's
+      CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hdef_posted), 2 * H * sizeof(float), cudaHostAllocMapped));
+      std::memset(impl->hdef_posted, 0, 2 * H * sizeof(float));
+    }
+  }
+  if (impl->graph_ok) {
+    CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hidpos), 2 * sizeof(int32_t), cudaHostAllocDefault));
+    CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hlogits), model.config().vocab_size * sizeof(float), cudaHostAllocDefault));
+  }
+  return std::unique_ptr<Qwen35MoeGpu>(new Qwen35MoeGpu(std::move(impl)));
+}
+
+}  // namespace tandem
