@@ -123,7 +123,6 @@ void Qwen35MoeGpu::Impl::stream_table(int li, const std::vector<gpu::Int4Expert>
     convert(x.down, e.down);
   }
   CK(cudaMemcpy(st.tables + li * E, table.data(), table.size() * sizeof(gpu::Int4Expert), cudaMemcpyHostToDevice));
-  if (li < static_cast<int>(rp.stream_i4.size())) rp.stream_i4[li] = table;  // online re-placement edits it
   CK(cudaMemcpy(st.jobs + li * 3 * int64_t(st.max_experts), jobs.data(), jobs.size() * sizeof(gpu::Int4TilesToRows), cudaMemcpyHostToDevice));
 }
 
