@@ -426,8 +426,8 @@ std::unique_ptr<Qwen35MoeGpu> Qwen35MoeGpu::create(const Qwen35Moe& model, const
   // Decode steps as one CUDA graph each unless eager (GpuOptions::eager). The graph needs the embedding
   // table on the GPU (a host-side row lookup is no graph node); with host experts, unified addressing
   // (kernels read and write hx / hids / hw / hout / hflags in place: with UVA the host pointers are the
-  // device's too). Steps outside these run eagerly, deferral included (it joins a layer late: one more
-  // wait inside the graph, on hflags[3]).
+  // device's too). Steps outside these run eagerly. Deferral runs inside the graph too (the deferred sum
+  // joins a layer late: one more wait, on hflags[3]).
   impl->pdl = caps.cc_major >= 9;
   impl->graph_ok = !opts.eager && impl->embed && (!host_layers || device_attribute(cudaDevAttrUnifiedAddressing));
   impl->one_graph = impl->graph_ok && host_layers;
