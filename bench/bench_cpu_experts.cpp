@@ -272,34 +272,6 @@ void BM_moe(benchmark::State& st, WeightFormat fmt, Isa isa, int64_t T, ActPreci
   st.counters["tok/s_40layers"] = C(iters * static_cast<double>(T) / kLayers, C::kIsRate);
 }
 
-// A decode layer (T = 1, int4, 16-bit activations, the best level) whose first `warm` experts of the
-// routing were read into the caches just before it (prefetch_experts, untimed: a hybrid host does it
-// while the GPU runs the layer's mixer); the time is the forward's alone. warm = 0 is BM_moe's decode
-// row timed the same way. What the guessed-expert prefetch (GpuOptions::host_prefetch) can save.
-void BM_moe_warm(benchmark::State& st, int warm) {
-  const Store& st_ = store_for(WeightFormat::Int4);
-  const CpuExpertStore& store = *st_.store;
-  const CpuKernels& kern = cpu_kernels(default_isa().isa);
-  ThreadPool& pool = *env().pool;
-  const std::vector<Routing> routes = make_routes(store, 1, 1);
-  std::vector<float> x(static_cast<size_t>(kHidden), 0.5f), out(static_cast<size_t>(kHidden));
-  CpuMoeWorkspace ws;
-  double bytes = 0, pf_bytes = 0;
-  size_t i = 0;
-  for (auto _ : st) {
-    const auto [layer, r] = walk(i++, st_, routes);
-    std::fill(out.begin(), out.end(), 0.0f);
-    pf_bytes += static_cast<double>(prefetch_experts(store, layer, r->ids.data(), warm, pool));
-    const auto t0 = std::chrono::steady_clock::now();
-    cpu_moe_forward(store, layer, x.data(), 1, r->ids.data(), r->w.data(), kTopK, out.data(), pool, ws, kern, ActPrecision::Int16);
-    st.SetIterationTime(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    bytes += static_cast<double>(r->bytes);
-  }
-  benchmark::DoNotOptimize(out.data());
-  bandwidth_counters(st, bytes);
-  st.counters["prefetched_MB"] = pf_bytes / 1e6 / static_cast<double>(st.iterations());
-}
-
 #ifdef TANDEM_HAVE_DNNL
 // oneDNN u8 x s8 -> s32 matmul [M, K] x [K, N] (oneDNN picks the weight layout; reordered once).
 void BM_onednn_u8s8(benchmark::State& st, int64_t M, int64_t K, int64_t N) {
@@ -392,10 +364,6 @@ int main(int argc, char** argv) {
       }
     }
   }
-  for (int warm : {0, 1, 2, 3, 8})
-    benchmark::RegisterBenchmark(("decode_warm/int4.a16/experts_prefetched:" + std::to_string(warm)).c_str(), BM_moe_warm, warm)
-        ->UseManualTime()
-        ->Unit(benchmark::kMicrosecond);
 #ifdef TANDEM_HAVE_DNNL
   for (int64_t M : {1, 4, 128, 512}) {
     const std::string name = "onednn_u8s8/M:" + std::to_string(M) + "/K:2048/N:1024";

@@ -113,15 +113,13 @@ void BM_gemv_bf16(benchmark::State& state) {
 
 // Attention decode of one token at the 35B shape (16 query / 2 KV heads x 256) after `ctx` cached rows,
 // the grid sized for a cache of ctx + 144 rows (the e2e runs' 4096 + 144): bytes = the K and V rows
-// read (2 KV heads x 256 x bf16 each, once). Second argument: 1 = a scoring block per KV head (the 8
-// query heads of a group in one block), 0 = one per query head (they share the rows through L2).
+// read (2 KV heads x 256 x bf16 each, once; a scoring block per KV head takes its group's 8 query heads).
 void BM_attention_decode(benchmark::State& state) {
   if (!gpu_present()) return state.SkipWithError("no CUDA device");
   const int ctx = static_cast<int>(state.range(0)), max_ctx = ctx + 144, nh = 16, nkv = 2, hd = 256, rot = 64;
   const int splits = static_cast<int>(tandem::gpu::attention_decode_splits(max_ctx));
   tandem::gpu::AttentionDecodeArgs p;
   p.nh = nh, p.nkv = nkv, p.hd = hd, p.rotary_dim = rot, p.max_ctx = max_ctx, p.max_splits = splits, p.scale = 1.0f / 16.0f;
-  p.gqa_blocks = state.range(1) != 0;
   float *buf, *part;
   uint16_t *kc, *vc;
   int32_t* pos;
@@ -141,20 +139,18 @@ void BM_attention_decode(benchmark::State& state) {
   p.inv_freq = take(rot / 2), p.q_rot = take(nh * hd), p.out = take(nh * hd);
   p.k_cache = kc, p.v_cache = vc, p.partial = part, p.pos = pos;
   time_kernel(state, double(ctx + 1) * nkv * hd * 2 * 2, [&] { tandem::gpu::attention_decode(p, nullptr); });
-  state.SetLabel(std::to_string(splits) + " splits of " + std::to_string(tandem::gpu::kAttnDecodeSplitRows) + " rows, a block per " +
-                 (p.gqa_blocks ? "KV head" : "query head"));
+  state.SetLabel(std::to_string(splits) + " splits of " + std::to_string(tandem::gpu::kAttnDecodeSplitRows) + " rows");
   for (void* ptr : {static_cast<void*>(buf), static_cast<void*>(part), static_cast<void*>(kc), static_cast<void*>(vc), static_cast<void*>(pos)})
     cudaFree(ptr);
 }
 
 // Attention prefill of one chunk at the 35B shape (16 query / 2 KV heads x 256, rotary 64): T tokens at
 // positions start..start+T-1 (causal over the cache rows before them and the chunk), the prepare
-// kernel (norms, RoPE, cache append) included. Mode 0 = the fp32 flash kernel, 1 = tensor cores.
-// TFLOPS counts the two products' multiply-adds over the causal rows.
+// kernel (norms, RoPE, cache append) included; the products on tensor cores. TFLOPS counts the two
+// products' multiply-adds over the causal rows.
 void BM_attention_prefill(benchmark::State& state) {
   if (!gpu_present()) return state.SkipWithError("no CUDA device");
   const int T = static_cast<int>(state.range(0)), start = static_cast<int>(state.range(1));
-  const bool tc = state.range(2) != 0;
   const int nh = 16, nkv = 2, hd = 256, rot = 64, ctx = start + T;
   tandem::gpu::AttentionDecodeArgs p;
   p.nh = nh, p.nkv = nkv, p.hd = hd, p.rotary_dim = rot, p.max_ctx = ctx, p.scale = 1.0f / 16.0f;
@@ -180,9 +176,8 @@ void BM_attention_prefill(benchmark::State& state) {
   p.k_cache = kc, p.v_cache = vc, p.q_rot = out, p.out = out;
   const double rows = double(T) * start + double(T) * (T + 1) / 2;  // (query, key) pairs
   const double bytes = double(ctx) * nkv * hd * 2 * 2 + double(T) * nh * (2 * hd + hd) * 4;
-  time_kernel(state, bytes, [&] { tandem::gpu::attention_prefill(p, T, nullptr, tc); });
+  time_kernel(state, bytes, [&] { tandem::gpu::attention_prefill(p, T, nullptr); });
   state.counters["TFLOPS"] = benchmark::Counter(4.0 * nh * hd * rows * 50 * state.iterations() / 1e12, benchmark::Counter::kIsRate);
-  state.SetLabel(tc ? "tensor cores" : "fp32");
   for (void* ptr : {static_cast<void*>(qg), static_cast<void*>(k), static_cast<void*>(v), static_cast<void*>(norms),
                     static_cast<void*>(out), static_cast<void*>(kc), static_cast<void*>(vc), static_cast<void*>(pos)})
     cudaFree(ptr);
@@ -203,8 +198,7 @@ void BM_gemm_bf16(benchmark::State& state) {
   cudaMemset(x, 0, T * K * 4);
   tandem::gpu::BlasHandle h = nullptr;
   tandem::gpu::blas_create(&h);
-  const bool two = state.range(3) != 0;  // split-bf16 activations (two GEMMs) or one GEMM of bf16 activations
-  time_kernel(state, double(N * K * 2), [&] { tandem::gpu::gemm_bf16(h, W, N, K, x, T, split, two, y, nullptr); });
+  time_kernel(state, double(N * K * 2), [&] { tandem::gpu::gemm_bf16(h, W, N, K, x, T, split, y, nullptr); });
   state.counters["TFLOPS"] = benchmark::Counter(2.0 * N * K * T * 50 * state.iterations() / 1e12, benchmark::Counter::kIsRate);
   state.counters["tokens/s_this_matrix"] = benchmark::Counter(double(T) * 50 * state.iterations(), benchmark::Counter::kIsRate);
   tandem::gpu::blas_destroy(h);
@@ -312,55 +306,39 @@ struct MoeLayerBench {
   }
 };
 
-// Args: k, tokens, variant (0 = moe_int4_decode, 1 = moe_int4_decode_prefetch, 2 = moe_int4_decode_wide),
-// routing sets cycled (1: the same experts every launch, L2-warm; 32: each launch other experts, from HBM).
+// Args: k, tokens, kernel (0 = moe_int4_decode, the form for other shapes; 1 = moe_int4_decode_wide, the
+// one Qwen3.5 runs), routing sets cycled (1: the same experts every launch, L2-warm; 32: each launch
+// other experts, from HBM).
 void BM_moe_int4_decode(benchmark::State& state) {
   if (!gpu_present()) return state.SkipWithError("no CUDA device");
   const int sets = static_cast<int>(state.range(3));
   MoeLayerBench b(static_cast<int>(state.range(1)), static_cast<int>(state.range(0)), sets);
-  const int variant = static_cast<int>(state.range(2));
-  const auto fn = variant == 1 ? tandem::gpu::moe_int4_decode_prefetch : tandem::gpu::moe_int4_decode;
+  const bool wide = state.range(2) != 0;
   int launch = 0;
   time_kernel(state, b.bytes, [&] {
     const int off = (launch++ % sets) * b.T * b.k;
-    if (variant == 2)
+    if (wide)
       tandem::gpu::moe_int4_decode_wide(b.dexp, b.H, b.I, b.gs, b.dids + off, b.dw + off, b.T, b.k, b.x, b.h, b.out, nullptr);
     else
-      fn(b.dexp, b.H, b.I, b.gs, b.dids + off, b.dw + off, b.T, b.k, b.xh, b.h, b.out, nullptr);
+      tandem::gpu::moe_int4_decode(b.dexp, b.H, b.I, b.gs, b.dids + off, b.dw + off, b.T, b.k, b.xh, b.h, b.out, nullptr);
   });
-  state.SetLabel(std::string(variant == 2 ? "wide" : variant == 1 ? "prefetch" : "plain") +
-                 (sets > 1 ? ", experts from HBM" : ", L2-warm"));
+  state.SetLabel(std::string(wide ? "wide" : "plain") + (sets > 1 ? ", experts from HBM" : ", L2-warm"));
 }
 
-// One MoE layer of a prefill chunk (T tokens, top-8 of 256): mode 0 = the decode kernel on blocks of 8
-// tokens (each block re-reads its experts), mode 1 = moe_int4_grouped (each expert once per 8 of its
-// tokens). Bound: every distinct expert read once.
+// One MoE layer of a prefill chunk (T tokens, top-8 of 256): moe_int4_grouped_tc (each expert once per
+// 32 of its tokens, tensor cores). Bound: every distinct expert read once.
 void BM_moe_int4_prefill(benchmark::State& state) {
   if (!gpu_present()) return state.SkipWithError("no CUDA device");
   MoeLayerBench b(static_cast<int>(state.range(0)), 8);
-  const int mode = static_cast<int>(state.range(1));  // 0 decode kernel on blocks of 8, 1 grouped, 2 grouped on tensor cores
   void* ws = nullptr;
   cudaMalloc(&ws, tandem::gpu::moe_int4_grouped_workspace(b.T, b.k, b.H, b.I, b.E));
   time_kernel(state, b.bytes, [&] {
-    if (mode == 1) {
-      tandem::gpu::moe_int4_grouped(b.dexp, b.E, b.H, b.I, b.gs, b.dids, b.dw, b.T, b.k, b.x, ws, b.out, nullptr);
-      return;
-    }
-    if (mode >= 2) {
-      tandem::gpu::moe_int4_grouped_tc(b.dexp, b.E, b.H, b.I, b.gs, b.dids, b.dw, b.T, b.k, b.x, ws, b.out, nullptr);
-      return;
-    }
-    for (int t = 0; t < b.T; t += tandem::gpu::kMaxGemvTokens) {
-      const int m = std::min(tandem::gpu::kMaxGemvTokens, b.T - t);
-      tandem::gpu::gather_x_half(b.x + t * b.H, nullptr, b.H, m, b.xh, nullptr);
-      tandem::gpu::moe_int4_decode(b.dexp, b.H, b.I, b.gs, b.dids + t * b.k, b.dw + t * b.k, m, b.k, b.xh, b.h, b.out + t * b.H, nullptr);
-    }
+    tandem::gpu::moe_int4_grouped_tc(b.dexp, b.E, b.H, b.I, b.gs, b.dids, b.dw, b.T, b.k, b.x, ws, b.out, nullptr);
   });
   // useful work: 2 flops per multiply-add of the T*k (token, expert) pairs through gate, up and down
   const double flops = 2.0 * b.T * b.k * 3.0 * b.H * b.I;
   state.counters["TFLOPS"] = benchmark::Counter(flops * 50 * state.iterations() / 1e12, benchmark::Counter::kIsRate);
   state.counters["tok_per_s_layer"] = benchmark::Counter(double(b.T) * 50 * state.iterations(), benchmark::Counter::kIsRate);
-  state.SetLabel(mode == 2 ? "grouped, tensor cores" : mode == 1 ? "grouped" : "decode kernel, blocks of 8");
   cudaFree(ws);
 }
 
@@ -380,15 +358,9 @@ void BM_deltanet_decode(benchmark::State& state) {
   p.qkv = take(conv_dim), p.conv_out = take(conv_dim), p.z = take(Vd), p.out = take(Vd), p.b = take(32), p.a = take(32);
   p.A_log = take(32), p.dt_bias = take(32), p.norm_w = take(128), p.conv_w = take(conv_dim * 4);
   p.conv_state = take(conv_dim * 3), p.state = take(S);
-  unsigned* tickets = nullptr;  // Arg 1: the recurrence split over 32-column slices (DeltaNetDecodeArgs::tickets)
-  cudaMalloc(&tickets, 32 * sizeof(unsigned));
-  cudaMemset(tickets, 0, 32 * sizeof(unsigned));
-  if (state.range(0) == 1) p.tickets = tickets;
   const double bytes = 2.0 * S * 4 + 2.0 * conv_dim * 3 * 4 + conv_dim * 4 * 4 + (conv_dim + 2 * Vd) * 4;
   time_kernel(state, bytes, [&] { tandem::gpu::deltanet_decode(p, nullptr); });
-  state.SetLabel(state.range(0) == 1 ? "split over 32-column slices" : "one block per head");
   cudaFree(buf);
-  cudaFree(tickets);
 }
 
 // DeltaNet over a whole prompt of T tokens in one call (35B layer shape): tokens per second of one layer.
@@ -408,14 +380,14 @@ void BM_deltanet_prefill(benchmark::State& state) {
   p.a = take(T * 32), p.A_log = take(32), p.dt_bias = take(32), p.norm_w = take(128), p.conv_w = take(conv_dim * 4);
   p.conv_state = take(conv_dim * 3), p.state = take(S);
   const double bytes = double(T) * (2 * conv_dim + 2 * Vd + 64) * 4 + 2.0 * S * 4;
-  // 0 scan, 1 chunked (the chunk terms first; the device's chunk buffers), 2 chunked with one chunk
-  // buffer (a 99 KB-a-block card's form)
-  const int mode = static_cast<int>(state.range(1));
+  // Arg 1: 0 = the device's chunk buffers (two on the H200), 1 = one chunk buffer (a 99 KB-a-block card's form)
+  const bool one_buffer = state.range(1) != 0;
   float* terms = nullptr;
-  if (mode > 0) cudaMalloc(&terms, tandem::gpu::deltanet_chunk_terms_floats(T, p.Hv) * 4), p.chunk_terms = terms;
-  if (mode == 2) p.wy_buffers = 1;
-  time_kernel(state, bytes, [&] { (mode > 0 ? tandem::gpu::deltanet_prefill_chunked : tandem::gpu::deltanet_prefill)(p, T, nullptr); });
-  state.SetLabel(mode == 2 ? "chunked form, one chunk buffer" : mode == 1 ? "chunked form, chunk terms first" : "token-by-token scan");
+  cudaMalloc(&terms, tandem::gpu::deltanet_chunk_terms_floats(T, p.Hv) * 4);
+  p.chunk_terms = terms;
+  if (one_buffer) p.wy_buffers = 1;
+  time_kernel(state, bytes, [&] { tandem::gpu::deltanet_prefill_chunked(p, T, nullptr); });
+  state.SetLabel(one_buffer ? "one chunk buffer" : "the device's chunk buffers");
   state.counters["tokens/s_one_layer"] = benchmark::Counter(double(T) * 50 * state.iterations(), benchmark::Counter::kIsRate);
   cudaFree(buf);
   cudaFree(terms);
@@ -428,23 +400,20 @@ BENCHMARK(BM_gemv_bf16)
     ->Args({8192, 2048, 1, 1})->Args({8192, 2048, 1, 8})->Args({12352, 2048, 1, 8})->Args({4096, 2048, 1, 1})
     ->Args({2048, 4096, 1, 1})->Args({2048, 4096, 1, 8})->Args({248320, 2048, 1, 1})->Args({8192, 2048, 4, 1})
     ->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_attention_decode)->Args({512, 1})->Args({4096, 1})->Args({4096, 0})->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_attention_decode)->Arg(512)->Arg(4096)->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
 // A 4096-token prompt's two chunks of 2048 (the second attends to the first's 2048 cache rows too).
-BENCHMARK(BM_attention_prefill)
-    ->Args({2048, 0, 0})->Args({2048, 0, 1})->Args({2048, 2048, 0})->Args({2048, 2048, 1})
-    ->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_gemm_bf16)  // N, K, T, split (1: two GEMMs of split-bf16 activations, 0: one of bf16 activations)
-    ->Args({8192, 2048, 512, 1})->Args({8192, 2048, 4096, 1})->Args({2048, 4096, 4096, 1})
-    ->Args({8192, 2048, 4096, 0})->Args({2048, 4096, 4096, 0})
+BENCHMARK(BM_attention_prefill)->Args({2048, 0})->Args({2048, 2048})->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_gemm_bf16)  // N, K, T
+    ->Args({8192, 2048, 512})->Args({8192, 2048, 4096})->Args({2048, 4096, 4096})
     ->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_gemv_int4)
     ->Args({8192, 2048, 1})->Args({16384, 512, 1})->Args({512, 2048, 1})->Args({8192, 2048, 4})
     ->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_deltanet_prefill)->Args({512, 0})->Args({4096, 0})->Args({512, 1})->Args({4096, 1})->Args({4096, 2})->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_deltanet_decode)->Arg(0)->Arg(1)->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_moe_int4_decode)->Args({8, 1, 0, 1})->Args({8, 1, 1, 1})->Args({8, 1, 2, 1})->Args({8, 1, 1, 32})->Args({8, 1, 2, 32})
-    ->Args({8, 4, 0, 1})->Args({8, 4, 1, 1})->Args({8, 4, 2, 1})->Args({8, 4, 1, 32})->Args({8, 4, 2, 32})->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_moe_int4_prefill)->Args({256, 0})->Args({256, 1})->Args({256, 2})->Args({2048, 1})->Args({2048, 2})->Args({4096, 2})->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_deltanet_prefill)->Args({512, 0})->Args({4096, 0})->Args({4096, 1})->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_deltanet_decode)->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_moe_int4_decode)->Args({8, 1, 0, 1})->Args({8, 1, 1, 1})->Args({8, 1, 1, 32})->Args({8, 4, 0, 1})->Args({8, 4, 1, 1})
+    ->Args({8, 4, 1, 32})->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_moe_int4_prefill)->Arg(256)->Arg(2048)->Arg(4096)->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
 
 }  // namespace
 

@@ -237,8 +237,7 @@ void BM_pcie_read(benchmark::State& state) {
 // meanwhile (as the host's experts do). link_GB/s: the experts' bytes over the call's time.
 void BM_link_experts(benchmark::State& state) {
   if (!gpu_present()) return state.SkipWithError("no CUDA device");
-  const int m = static_cast<int>(state.range(0)), cpu_threads = static_cast<int>(state.range(1)), S = static_cast<int>(state.range(2));
-  const bool stage_only = state.range(3) != 0;
+  const int m = static_cast<int>(state.range(0)), cpu_threads = static_cast<int>(state.range(1));
   constexpr int64_t H = 2048, I = 512, gs = 128, E = 16;
   constexpr int k = 8;
   const tandem::gpu::Int4TilePieces gp = tandem::gpu::int4_tile_pieces(I, H, gs), dp = tandem::gpu::int4_tile_pieces(H, I, gs);
@@ -275,15 +274,7 @@ void BM_link_experts(benchmark::State& state) {
   cudaMalloc(&ids, k * 4), cudaMalloc(&w, k * 4), cudaMalloc(&x, H * 4), cudaMalloc(&out, H * 4);
   cudaMemcpy(ids, hids.data(), k * 4, cudaMemcpyHostToDevice);
   cudaMemset(w, 0, k * 4), cudaMemset(x, 0, H * 4), cudaMemset(out, 0, H * 4);
-  cudaMalloc(&scratch, tandem::gpu::moe_int4_tiles_scratch_bytes(H, I, m + S));
-  // Staging (gpu::int4_tiles_stage): the guess names experts 5 (chosen, slot 2) and 1 (not chosen)
-  const size_t slot_bytes = tandem::gpu::int4_tiles_stage_slot_bytes(H, I, gs);
-  void* slots = nullptr;
-  int32_t *guess = nullptr, *staged_ids = nullptr;
-  tandem::gpu::Int4TilesExpert* staged_table = nullptr;
-  const std::vector<int32_t> hguess = {5, 1, 13, 2};
-  cudaMalloc(&slots, std::max(S, 1) * slot_bytes), cudaMalloc(&guess, 16), cudaMalloc(&staged_ids, 16), cudaMalloc(&staged_table, 4 * sizeof(table[0]));
-  cudaMemcpy(guess, hguess.data(), 16, cudaMemcpyHostToDevice);
+  cudaMalloc(&scratch, tandem::gpu::moe_int4_tiles_scratch_bytes(H, I, m));
   cudaStream_t s = nullptr;
   cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
   cudaEvent_t e0 = nullptr, e1 = nullptr;
@@ -292,10 +283,7 @@ void BM_link_experts(benchmark::State& state) {
   double secs = 0;
   for (auto _ : state) {
     cudaEventRecord(e0, s);
-    if (S) tandem::gpu::int4_tiles_stage(dtable, E, H, I, gs, guess, S, slots, slot_bytes, staged_ids, staged_table, s);
-    if (!stage_only)
-      tandem::gpu::moe_int4_tiles_decode(dtable, E, H, I, gs, ids, w, k, m, {S ? staged_ids : nullptr, S ? staged_table : nullptr, S}, false,
-                                         x, scratch, out, s);
+    tandem::gpu::moe_int4_tiles_decode(dtable, E, H, I, gs, ids, w, k, m, false, x, scratch, out, s);
     cudaEventRecord(e1, s);
     cudaEventSynchronize(e1);
     float ms = 0;
@@ -304,13 +292,11 @@ void BM_link_experts(benchmark::State& state) {
     secs += ms * 1e-3;
   }
   if (cudaGetLastError() != cudaSuccess) state.SkipWithError("a CUDA call failed");
-  // bytes over the link: the staged experts and the m read in place (staged ones are read from device memory)
-  if (secs > 0) state.counters["link_GB/s"] = static_cast<double>(per_expert) * (stage_only ? S : m + S) * state.iterations() / secs * 1e-9;
-  state.SetLabel(S ? (stage_only ? "staging only" : "staging, then the link kernel") : "link kernel");
+  // bytes over the link: the m experts read in place
+  if (secs > 0) state.counters["link_GB/s"] = static_cast<double>(per_expert) * m * state.iterations() / secs * 1e-9;
   cudaEventDestroy(e0), cudaEventDestroy(e1);
   cudaStreamDestroy(s);
-  for (void* p : {(void*)dtable, (void*)ids, (void*)w, (void*)x, (void*)out, scratch, slots, (void*)guess, (void*)staged_ids, (void*)staged_table})
-    cudaFree(p);
+  for (void* p : {(void*)dtable, (void*)ids, (void*)w, (void*)x, (void*)out, scratch}) cudaFree(p);
 }
 
 }  // namespace
@@ -331,18 +317,14 @@ BENCHMARK(BM_pcie_read)
     ->MinTime(0.3)
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_link_experts)
-    ->ArgNames({"m", "cpu_threads", "staged", "stage_only"})
-    ->Args({1, 0, 0, 0})
-    ->Args({2, 0, 0, 0})
-    ->Args({3, 0, 0, 0})
-    ->Args({4, 0, 0, 0})
-    ->Args({8, 0, 0, 0})
-    ->Args({3, 15, 0, 0})
-    ->Args({4, 15, 0, 0})
-    ->Args({0, 0, 1, 1})
-    ->Args({0, 0, 2, 1})
-    ->Args({3, 0, 1, 0})
-    ->Args({2, 0, 2, 0})
+    ->ArgNames({"m", "cpu_threads"})
+    ->Args({1, 0})
+    ->Args({2, 0})
+    ->Args({3, 0})
+    ->Args({4, 0})
+    ->Args({8, 0})
+    ->Args({3, 15})
+    ->Args({4, 15})
     ->UseManualTime()
     ->MinTime(0.2)
     ->Unit(benchmark::kMicrosecond);

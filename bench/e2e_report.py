@@ -12,19 +12,16 @@ import argparse, glob, json, os, re, subprocess, tempfile
 BUDGET = {"hybrid-8gib-cpu-experts": 8, "hybrid-12gib": 12, "hybrid-16gib": 16, "hybrid-24gib": 24}
 # Expert deferral 1-4 (bench/run_e2e.sh hybrid-<N>gib-defer<D>): not on the budget curve, their own rows.
 DEFERRED = {"hybrid-%dgib-defer%d" % (b, d): b for b in (8, 12) for d in range(1, 5)}
-REPLACED = {"hybrid-12gib-replace": 12, "hybrid-16gib-replace": 16}  # the same, with online re-placement
 LABEL = {"hybrid-8gib-cpu-experts": "8 GiB, every routed expert on the CPU", "hybrid-12gib": "12 GiB hybrid",
          "hybrid-16gib": "16 GiB hybrid", "hybrid-24gib": "24 GiB hybrid", "gpu-all": "everything on the GPU (--device gpu)",
          "cpu-all": "everything on the CPU (--device cpu)",
-         "hybrid-12gib-replace": "12 GiB hybrid, online re-placement", "hybrid-16gib-replace": "16 GiB hybrid, online re-placement",
          **{n: ("8 GiB, all experts on the CPU, deferral %s" if b == 8 else "12 GiB hybrid, deferral %s") % n[-1] for n, b in DEFERRED.items()}}
-# experts.link (bench/run_e2e.sh hybrid-8gib-cpu-experts-link<N>[s<S>]): the GPU computes N of each token's
-# host experts over PCIe (S more staged); the same budget and placement, their own rows.
-LINKED = ["hybrid-8gib-cpu-experts-link%d%s" % (n, "s%d" % st if st else "") for n in range(1, 9) for st in range(0, 3)]
+# experts.link (bench/run_e2e.sh hybrid-8gib-cpu-experts-link<N>): the GPU computes N of each token's host
+# experts over PCIe; the same budget and placement, their own rows.
+LINKED = ["hybrid-8gib-cpu-experts-link%d" % n for n in range(1, 9)]
 LABEL.update({n: "8 GiB, every routed expert on the CPU, experts.link %s" % n.split("-link")[1] for n in LINKED})
 ORDER = ["hybrid-8gib-cpu-experts", *LINKED, *["hybrid-8gib-defer%d" % d for d in range(1, 5)], "hybrid-12gib",
-         *["hybrid-12gib-defer%d" % d for d in range(1, 5)], "hybrid-12gib-replace", "hybrid-16gib",
-         "hybrid-16gib-replace", "hybrid-24gib",
+         *["hybrid-12gib-defer%d" % d for d in range(1, 5)], "hybrid-16gib", "hybrid-24gib",
          "gpu-all", "cpu-all"]
 
 
@@ -134,10 +131,6 @@ def main():
     if dfr:
         ax.plot([DEFERRED[e["scenario"]] for e in dfr], [e["decode_tok_s"] for e in dfr], "D", color="#ff7f0e",
                 label="hybrid with expert deferral (changes the output slightly)")
-    rpl = [e for e in rows if e["scenario"] in REPLACED and e["prompt_len"] == 512]
-    if rpl:
-        ax.plot([REPLACED[e["scenario"]] for e in rpl], [e["decode_tok_s"] for e in rpl], "v", color="#8c564b",
-                label="hybrid with online re-placement")
     if gpu:
         ax.axhline(gpu[0]["decode_tok_s"], color="#9467bd", lw=1, label="--device gpu (all on GPU): %.0f tok/s" % gpu[0]["decode_tok_s"])
     ax.axhline(58, color="gray", lw=1, ls="-.", label="ik_llama.cpp, all experts on CPU: 58 tok/s")

@@ -12,7 +12,8 @@ lens="${3:-512,4096}"
 gen="${4:-128}"
 repeat="${5:-3}"
 scenarios="${6:-gpu-all hybrid-24gib hybrid-16gib hybrid-12gib hybrid-8gib-cpu-experts}"
-# hybrid-8gib-cpu-experts-linkN / -linkNsS: experts.link (PCIE_BW / HOST_MEMORY_BW: the plan's bandwidth lines)
+# hybrid-8gib-cpu-experts-linkN: experts.link (PCIE_BW / HOST_MEMORY_BW: the plan's bandwidth lines)
+# BENCH_FLAGS: extra `tandem bench` flags for every run (e.g. --eager)
 out="${OUT:-$PWD/e2e-out}/e2e"
 mkdir -p "$out"
 tandem="$build/tandem"
@@ -40,7 +41,7 @@ fi
 
 config() {  # name budget extra-yaml (the heat map when profiling produced one)
   local heat_line="" prefill=""
-  # NO_HEAT=1: plan without the heat map (uniform expert selection), e.g. to see online re-placement learn it
+  # NO_HEAT=1: plan without the heat map (uniform expert selection)
   [ -f "$heat" ] && [ -z "${NO_HEAT:-}" ] && heat_line="  heat: $heat"
   # PREFILL_CHUNK=N / PREFILL_STRATEGY=auto|cpu|gpu_stream: the hybrid configs' prefill section
   [ -n "${PREFILL_CHUNK:-}${PREFILL_STRATEGY:-}" ] && prefill="prefill:
@@ -65,7 +66,7 @@ run() {  # name, then bench flags
   local follow=""
   [ -n "${BENCH_PROMPTS:-}" ] && [ -n "${FOLLOW_TEXT:-}" ] && follow="--follow-text"
   "$tandem" bench --model "$model" --prompt-len "$lens" --gen "$gen" --repeat "$repeat" --json ${WARMUP:+--warmup $WARMUP} \
-    ${BENCH_PROMPTS:+--prompts "$out/prompts.txt"} $follow "$@" \
+    ${BENCH_PROMPTS:+--prompts "$out/prompts.txt"} $follow ${BENCH_FLAGS:-} "$@" \
     > "$out/$name.json" 2> "$out/$name.log"
   local rc=$?
   python3 - "$out/$name.json" <<'PY' || { echo "  failed (rc=$rc):"; tail -3 "$out/$name.log"; }
@@ -84,9 +85,8 @@ for s in $scenarios; do
     gpu-all) run gpu-all --device gpu --context "$ctx" ;;
     hybrid-8gib-cpu-experts) config "$s" 8GiB 'cpu_experts: all
 '; run "$s" --device hybrid --config "$out/$s.yaml" ;;
-    hybrid-8gib-cpu-experts-link*)  # experts.link: link3 = 3 read in place, link2s1 = 2 in place + 1 staged
-      l=${s##*link}; n=${l%%s*}; st=0; [ "$l" != "$n" ] && st=${l#*s}
-      config "$s" 8GiB "  link: {in_place: $n, staged: $st}
+    hybrid-8gib-cpu-experts-link*)  # experts.link: link3 = 3 read in place
+      config "$s" 8GiB "  link: ${s##*link}
 cpu_experts: all
 ${PCIE_BW:+bandwidth:
   pcie: $PCIE_BW
@@ -96,8 +96,6 @@ ${HOST_MEMORY_BW:+  host_memory: $HOST_MEMORY_BW
 cpu_experts: all
 "; run "$s" --device hybrid --config "$out/$s.yaml" ;;
     hybrid-*gib-defer*) b=${s#hybrid-}; b=${b%gib-defer*}; config "$s" "${b}GiB" "  deferral: ${s##*defer}
-"; run "$s" --device hybrid --config "$out/$s.yaml" ;;
-    hybrid-*gib-replace) b=${s#hybrid-}; b=${b%gib-replace}; config "$s" "${b}GiB" "  replace: {every: ${REPLACE_EVERY:-16}, max_swaps: ${REPLACE_MAX_SWAPS:-64}, decay: ${REPLACE_DECAY:-0.5}}
 "; run "$s" --device hybrid --config "$out/$s.yaml" ;;
     hybrid-*gib) b=${s#hybrid-}; b=${b%gib}; config "$s" "${b}GiB" ''; run "$s" --device hybrid --config "$out/$s.yaml" ;;
     cpu-all) run cpu-all --device cpu ;;

@@ -91,7 +91,7 @@ SamplingParams sampling_of(const GenerationDefaults& defaults, const py::dict& k
 class Engine {
  public:
   Engine(const std::string& model_dir, const py::object& config, const std::string& device, const py::object& gpu_mem,
-         const py::object& threads, const py::object& context)
+         const py::object& threads, const py::object& context, bool eager)
       : dir_(model_dir), pcfg_(config_of(config)) {
     RunnerOptions& o = ro_;
     o.device = device;
@@ -109,6 +109,7 @@ class Engine {
       o.context_set = true;
       if (o.context < 1) fail("context must be at least 1 (got ", o.context, ")");
     }
+    o.eager = eager;
     py::gil_scoped_release nogil;
     model_ = Qwen35Moe::load(dir_);
     defaults_ = load_generation_config(dir_);
@@ -249,7 +250,6 @@ class Engine {
     d["vocab_size"] = model_->config().vocab_size;
     d["peak_device_bytes"] = runner_->peak_device_bytes();
     d["gpu_expert_share"] = runner_->gpu_expert_share();
-    d["expert_swaps"] = runner_->expert_swaps();  // online re-placement (experts.replace), since the last reset
     d["prompt_tokens"] = last_.prompt_tokens;
     d["generated_tokens"] = last_.tokens.size();
     d["prefill_tok_s"] = last_.prefill_tok_s();
@@ -358,8 +358,10 @@ PYBIND11_MODULE(_tandem, m) {
   m.doc() = "Tandem runtime (C++ core); use the `tandem` package API.";
   py::register_exception<tandem::Error>(m, "Error", PyExc_RuntimeError);
   py::class_<Engine>(m, "Engine")
-      .def(py::init<const std::string&, const py::object&, const std::string&, const py::object&, const py::object&, const py::object&>(),
-           py::arg("model_dir"), py::arg("config"), py::arg("device"), py::arg("gpu_mem"), py::arg("threads"), py::arg("context"))
+      .def(py::init<const std::string&, const py::object&, const std::string&, const py::object&, const py::object&, const py::object&,
+                    bool>(),
+           py::arg("model_dir"), py::arg("config"), py::arg("device"), py::arg("gpu_mem"), py::arg("threads"), py::arg("context"),
+           py::arg("eager"))
       .def("close", &Engine::close)
       .def_property_readonly("closed", &Engine::closed)
       .def("generate", &Engine::generate, py::arg("text"), py::arg("max_new_tokens"), py::arg("sampling"), py::arg("stop"),

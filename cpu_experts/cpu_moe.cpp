@@ -566,37 +566,4 @@ void cpu_moe_forward(const CpuExpertStore& store, int layer, const float* x, int
   });
 }
 
-uint64_t prefetch_experts(const CpuExpertStore& store, int layer, const int32_t* ids, int n, ThreadPool& pool,
-                          const std::function<bool()>& stop) {
-  constexpr int64_t kPiece = int64_t(64) << 10;
-  std::vector<std::pair<const uint8_t*, int64_t>> pieces;
-  auto add = [&](const void* p, int64_t bytes) {
-    for (int64_t o = 0; p && o < bytes; o += kPiece) pieces.push_back({static_cast<const uint8_t*>(p) + o, std::min(kPiece, bytes - o)});
-  };
-  for (int i = 0; i < n; ++i) {
-    const ExpertWeights* w = ids[i] >= 0 ? store.find(layer, ids[i]) : nullptr;
-    if (!w) continue;
-    for (const PackedMatrix* m : {&w->gate, &w->up, &w->down}) {
-      add(m->w, m->tiles * m->tile_bytes);
-      if (m->is_int()) add(m->scales, m->tiles * m->groups * kTileRows * 2);
-      add(m->zeros, m->tiles * m->groups * kTileRows);
-    }
-  }
-  if (pieces.empty()) return 0;
-  struct alignas(64) Sink {
-    uint64_t v = 0;
-  };
-  std::vector<Sink> sink(static_cast<size_t>(pool.threads()));
-  std::atomic<uint64_t> read{0};
-  pool.run(static_cast<int64_t>(pieces.size()), [&](int64_t t, int worker) {
-    if (stop && stop()) return;
-    const auto [p, bytes] = pieces[static_cast<size_t>(t)];
-    uint64_t acc = 0;
-    for (int64_t o = 0; o + 8 <= bytes; o += 64) acc ^= *reinterpret_cast<const volatile uint64_t*>(p + o);
-    sink[static_cast<size_t>(worker)].v ^= acc;  // the loads are used: not optimised away
-    read.fetch_add(static_cast<uint64_t>(bytes), std::memory_order_relaxed);
-  });
-  return read.load();
-}
-
 }  // namespace tandem::cpu

@@ -25,7 +25,6 @@
 
 #include <cstdint>
 #include <deque>
-#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -110,13 +109,5 @@ void cpu_moe_forward(const CpuExpertStore& store, int layer, const float* x, int
 void cpu_moe_forward(const CpuExpertStore& store, int layer, const float* x, int64_t T, const int32_t* ids,
                      const float* weights, int k, float* out, ThreadPool& pool, CpuMoeWorkspace& ws,
                      const CpuKernels& kernels, ActPrecision act);
-
-// Reads every 64-byte line of the weights, scales and zeros of `layer`'s experts ids[0..n) (ones the
-// store lacks, and negative ids, skipped) once, in 64 KB pieces over the pool's workers, so that a
-// cpu_moe_forward soon after finds them in the caches instead of DRAM (a hybrid host reading experts it
-// guesses while it waits for the router). Pieces not started once stop() is true are skipped. Changes
-// nothing cpu_moe_forward computes. Returns the bytes read.
-uint64_t prefetch_experts(const CpuExpertStore& store, int layer, const int32_t* ids, int n, ThreadPool& pool,
-                          const std::function<bool()>& stop = {});
 
 }  // namespace tandem::cpu

@@ -6,7 +6,9 @@
 //   are appended to the caches at row *pos. qg is q_proj's output [nh][2][hd] (query | gate per head).
 // attention_decode: softmax(q . K^T * scale) V over rows 0..*pos for every query head (GQA: head h
 //   reads kv head h / (nh / nkv)), split over the context in chunks combined with the log-sum-exp
-//   rule, then multiplied by sigmoid(gate): out [nh * hd] fp32.
+//   rule, then multiplied by sigmoid(gate): out [nh * hd] fp32. The scoring blocks: one per (KV head,
+//   split) for the group's query heads together, each K / V row read once a block, for hd 128 / 256
+//   in groups of 4 / 8 (Qwen3.5's shapes); one per (query head, split) for every other shape.
 // Caches: bf16 [max_ctx][nkv][hd]. Limits: hd <= 256 and even rotary_dim <= hd.
 #pragma once
 
@@ -33,10 +35,6 @@ struct AttentionDecodeArgs {
   float* out = nullptr;            // [nh][hd]
   int nh = 0, nkv = 0, hd = 0, rotary_dim = 0, max_ctx = 0, max_splits = 32;
   float eps = 1e-6f, scale = 0.0f;
-  // Decode's scoring blocks: one per (KV head, split) for the group's query heads together, each K / V
-  // row read once a block (hd 128 / 256, groups of 4 / 8), or one per (query head, split) (false; other
-  // shapes always). The same sums in another order (~1e-6 apart).
-  bool gqa_blocks = true;
 };
 
 cudaError_t attention_decode(const AttentionDecodeArgs& args, cudaStream_t stream);
@@ -47,10 +45,10 @@ cudaError_t attention_decode(const AttentionDecodeArgs& args, cudaStream_t strea
 // max_splits unused. Keys and values of all n tokens are appended first, then token t attends to cache
 // rows 0..pos[t] (causal, the chunk's earlier tokens included) in flash-attention form: key tiles in
 // shared memory, a running max / sum per query.
-// tensor_cores (hd 16, 32, 64, 128 or 256): the products on tensor cores with the queries and the
-//   softmax weights rounded to bf16 (the cache is bf16 already), fp32 accumulation: equal to n
-//   attention_decode calls to ~3e-3 relative L2. Otherwise (or other hd) fp32 throughout: equal to
-//   them up to summation order (~1e-6). Both validated on the H200 (GpuOptions::attention_prefill_tc).
-cudaError_t attention_prefill(const AttentionDecodeArgs& args, int n, cudaStream_t stream, bool tensor_cores = true);
+// The products on tensor cores with the queries and the softmax weights rounded to bf16 (the cache is
+// bf16 already), fp32 accumulation: equal to n attention_decode calls to ~3e-3 relative L2. Needs
+// attention_prefill_fits(hd) (attention_sizes.h: hd 16, 32, 64, 128 or 256); cudaErrorInvalidValue
+// otherwise.
+cudaError_t attention_prefill(const AttentionDecodeArgs& args, int n, cudaStream_t stream);
 
 }  // namespace tandem::gpu

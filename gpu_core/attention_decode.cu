@@ -307,76 +307,6 @@ __global__ void __launch_bounds__(kCombineParts * 256) combine_kernel(AttentionD
   }
 }
 
-// Prefill, flash-attention form: block (head, group of kQ query tokens), one warp per query. Key/value
-// rows go through shared memory in tiles of kKV; lane j scores row j of the tile; each warp keeps a
-// running max m, sum l and output o (lane holds dims lane + 32 d), rescaled when the max grows.
-constexpr int kQ = 8, kKV = 32;
-
-__global__ void __launch_bounds__(kQ * 32) flash_prefill_kernel(AttentionDecodeArgs p, int n) {
-  extern __shared__ __align__(16) float sm[];
-  const int h = blockIdx.x, q0 = blockIdx.y * kQ, hd = p.hd, kvh = h / (p.nh / p.nkv), ks_stride = hd + 2;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, t = q0 + warp;
-  float* qs = sm;                                           // [kQ][hd]
-  auto* ks = reinterpret_cast<uint16_t*>(sm + kQ * hd);     // [kKV][hd + 2]: padded, lanes read rows
-  uint16_t* vs = ks + kKV * ks_stride;                      // [kKV][hd]
-  const bool active = t < n;
-  const int my_pos = active ? p.pos[t] : -1;
-  const int max_pos = p.pos[min(n, q0 + kQ) - 1];          // positions increase along the chunk
-  for (int i = threadIdx.x; i < kQ * hd; i += blockDim.x) {
-    const int tt = q0 + i / hd;
-    qs[i] = tt < n ? p.q_rot[(static_cast<int64_t>(tt) * p.nh + h) * hd + i % hd] : 0.0f;
-  }
-  float o[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-  float m = -INFINITY, l = 0.0f;
-  for (int r0 = 0; r0 <= max_pos; r0 += kKV) {
-    __syncthreads();  // the previous tile is consumed (and, the first time, qs is written)
-    for (int i = threadIdx.x; i < kKV * hd; i += blockDim.x) {
-      const int r = r0 + i / hd, c = i % hd;
-      const int64_t at = (static_cast<int64_t>(r) * p.nkv + kvh) * hd + c;
-      ks[(i / hd) * ks_stride + c] = r <= max_pos ? p.k_cache[at] : 0;
-      vs[i] = r <= max_pos ? p.v_cache[at] : 0;
-    }
-    __syncthreads();
-    if (!active || r0 > my_pos) continue;  // uniform per warp
-    const int r = r0 + lane;
-    float s = -INFINITY;
-    if (r <= my_pos) {
-      const float* q = qs + warp * hd;
-      const uint16_t* kr = ks + lane * ks_stride;
-      float d = 0.0f;
-      for (int i = 0; i < hd; ++i) d += q[i] * __bfloat162float(__ushort_as_bfloat16(kr[i]));
-      s = d * p.scale;
-    }
-    float tile_max = s;
-    for (int off = 16; off > 0; off >>= 1) tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, off));
-    const float m_new = fmaxf(m, tile_max), corr = expf(m - m_new);
-    const float e = r <= my_pos ? expf(s - m_new) : 0.0f;
-    float esum = e;
-    for (int off = 16; off > 0; off >>= 1) esum += __shfl_xor_sync(0xffffffffu, esum, off);
-    l = l * corr + esum;
-#pragma unroll
-    for (int d = 0; d < 8; ++d) o[d] *= corr;
-    const int rows = min(kKV, my_pos - r0 + 1);
-    for (int j = 0; j < rows; ++j) {
-      const float pj = __shfl_sync(0xffffffffu, e, j);
-#pragma unroll
-      for (int d = 0; d < 8; ++d) {
-        const int i = lane + 32 * d;
-        if (i < hd) o[d] += pj * __bfloat162float(__ushort_as_bfloat16(vs[j * hd + i]));
-      }
-    }
-    m = m_new;
-  }
-  if (!active) return;
-#pragma unroll
-  for (int d = 0; d < 8; ++d) {
-    const int i = lane + 32 * d;
-    if (i >= hd) break;
-    const float gate = p.qg[(static_cast<int64_t>(t) * p.nh + h) * 2 * hd + hd + i];
-    p.out[(static_cast<int64_t>(t) * p.nh + h) * hd + i] = o[d] / l / (1.0f + expf(-gate));
-  }
-}
-
 // Prefill on tensor cores (mma.sync m16n8k16, bf16 inputs, fp32 accumulation), flash-attention-2 form:
 // block (head, group of kTcQ = 64 query tokens), 4 warps of 16 queries each. The queries are rounded to
 // bf16 into shared memory once; key tiles of kTcKV rows go through shared memory (K row-major, V
@@ -534,24 +464,18 @@ cudaError_t launch_prefill_tc(const AttentionDecodeArgs& p, int n, cudaStream_t 
 
 }  // namespace
 
-cudaError_t attention_prefill(const AttentionDecodeArgs& p, int n, cudaStream_t stream, bool tensor_cores) {
-  if (n < 1 || p.nh < 1 || p.nkv < 1 || p.nh % p.nkv || p.hd < 2 || p.hd > 256 || p.rotary_dim % 2 || p.rotary_dim > p.hd ||
+cudaError_t attention_prefill(const AttentionDecodeArgs& p, int n, cudaStream_t stream) {
+  if (n < 1 || p.nh < 1 || p.nkv < 1 || p.nh % p.nkv || !attention_prefill_fits(p.hd) || p.rotary_dim % 2 || p.rotary_dim > p.hd ||
       p.max_ctx < 1)
     return cudaErrorInvalidValue;
   prepare_kernel<<<dim3(p.nh + p.nkv, n), kThreads, 0, stream>>>(p);
-  if (tensor_cores) {
-    switch (p.hd) {
-      case 16: return launch_prefill_tc<16>(p, n, stream);
-      case 32: return launch_prefill_tc<32>(p, n, stream);
-      case 64: return launch_prefill_tc<64>(p, n, stream);
-      case 128: return launch_prefill_tc<128>(p, n, stream);
-      case 256: return launch_prefill_tc<256>(p, n, stream);
-      default: break;  // other head sizes: the fp32 kernel
-    }
+  switch (p.hd) {
+    case 16: return launch_prefill_tc<16>(p, n, stream);
+    case 32: return launch_prefill_tc<32>(p, n, stream);
+    case 64: return launch_prefill_tc<64>(p, n, stream);
+    case 128: return launch_prefill_tc<128>(p, n, stream);
+    default: return launch_prefill_tc<256>(p, n, stream);
   }
-  const size_t smem = kQ * p.hd * sizeof(float) + kKV * (p.hd + 2) * sizeof(uint16_t) + kKV * p.hd * sizeof(uint16_t);
-  flash_prefill_kernel<<<dim3(p.nh, (n + kQ - 1) / kQ), kQ * 32, smem, stream>>>(p, n);
-  return cudaGetLastError();
 }
 
 cudaError_t attention_decode(const AttentionDecodeArgs& p, cudaStream_t stream) {
@@ -566,8 +490,7 @@ cudaError_t attention_decode(const AttentionDecodeArgs& p, cudaStream_t stream) 
   const int group = p.nh / p.nkv;
   auto grouped = [&](auto kernel) { return detail::launch(kernel, dim3(p.nkv, splits), dim3(kGroupWarps * 32), 0, stream, p); };
   if (err == cudaSuccess) {
-    if (!p.gqa_blocks) err = detail::launch(attend_kernel, dim3(p.nh, splits), dim3(kThreads), 0, stream, p);
-    else if (p.hd == 256 && group == 8) err = grouped(attend_group_kernel<256, 8>);
+    if (p.hd == 256 && group == 8) err = grouped(attend_group_kernel<256, 8>);
     else if (p.hd == 256 && group == 4) err = grouped(attend_group_kernel<256, 4>);
     else if (p.hd == 128 && group == 8) err = grouped(attend_group_kernel<128, 8>);
     else if (p.hd == 128 && group == 4) err = grouped(attend_group_kernel<128, 4>);

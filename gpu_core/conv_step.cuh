@@ -1,6 +1,6 @@
 // gpu_core/conv_step.cuh: one token of the DeltaNet's causal depthwise conv + SiLU for one channel
-// (device code; include from .cu only). Shared by the DeltaNet kernels (deltanet.cu) and the GEMV that
-// computes the conv's input and applies it as it writes (gemv_bf16_conv), so both give the same bits.
+// (device code; include from .cu only). Shared by the DeltaNet's decode and prefill conv kernels
+// (deltanet.cu), so both give the same bits.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -1,7 +1,6 @@
-// gpu_core/deltanet.cu: Gated DeltaNet over T tokens (see deltanet.cuh). Decode (T = 1) in two
-// launches; prompt chunks in five, with everything but the recurrence itself parallel over tokens.
-// The recurrence runs token after token inside one block per value head with the state slice held in
-// registers for the whole call (read and written once, not once per token).
+// gpu_core/deltanet.cu: Gated DeltaNet (see deltanet.cuh). Decode (one token) in two launches, the
+// recurrence in one block per value head with its state slice in registers; prompt chunks in the
+// chunked form, everything but the sequential step over chunks parallel over tokens.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -173,55 +172,6 @@ __global__ void qk_norm_kernel(float* conv_out, int Hk, int dk, int64_t conv_dim
     q[i] = qi * q_scale(qq, dk);
     k[i] = ki * k_scale(kk);
   }
-}
-
-// Prefill step 3: the recurrence of one value head over T tokens, like delta_head_kernel, with q and
-// k already normalised, the next token's inputs loaded while this one computes (two shared buffers),
-// and three barriers a token; writes the raw o, normalised by gated_norm_kernel.
-constexpr int kScanMaxThreads = 512;  // dv <= 128: the register budget of a 512-thread block holds the slice
-__global__ void __launch_bounds__(kScanMaxThreads) delta_scan_kernel(DeltaNetDecodeArgs p, int T) {
-  extern __shared__ float smem[];
-  const int dk = p.dk, dv = p.dv, h = blockIdx.x, kh = h / (p.Hv / p.Hk);
-  float* qb = smem;                  // [2][dk]
-  float* kb = qb + 2 * dk;           // [2][dk]
-  float* part_u = kb + 2 * dk;       // [kRowGroups][dv]
-  float* part_o = part_u + kRowGroups * dv;
-  const int tid = threadIdx.x, j = tid % dv, r = tid / dv;
-  const int64_t key_dim = static_cast<int64_t>(p.Hk) * dk, conv_dim = 2 * key_dim + static_cast<int64_t>(p.Hv) * dv;
-  const int64_t Vd = static_cast<int64_t>(p.Hv) * dv;
-  float* S = p.state + static_cast<int64_t>(h) * dk * dv;
-  float s[kMaxRowsPerThread];
-  slice_load(s, S, r, j, dk, dv);
-  const float A = expf(p.A_log[h]), dt = p.dt_bias[h];
-  auto load = [&](int t, float& qn, float& kn, float& vn, float& an, float& bn) {
-    const float* c = p.conv_out + int64_t(t) * conv_dim;
-    if (tid < dk) qn = c[kh * dk + tid], kn = c[key_dim + kh * dk + tid];
-    vn = c[2 * key_dim + static_cast<int64_t>(h) * dv + j];
-    an = p.a[int64_t(t) * p.Hv + h];
-    bn = p.b[int64_t(t) * p.Hv + h];
-  };
-  float qn = 0.0f, kn = 0.0f, v, a, b;
-  load(0, qn, kn, v, a, b);
-  if (tid < dk) qb[tid] = qn, kb[tid] = kn;
-  for (int t = 0; t < T; ++t) {
-    const int cur = t & 1;
-    const float* q = qb + cur * dk;
-    const float* k = kb + cur * dk;
-    __syncthreads();  // buffer `cur` is written; the previous token is done with part_u / part_o
-    float vn = 0.0f, an = 0.0f, bn = 0.0f;
-    if (t + 1 < T) load(t + 1, qn, kn, vn, an, bn);
-    float decay, beta;
-    gates(a, dt, A, b, decay, beta);
-    part_u[r * dv + j] = slice_decay_dot(s, k, decay, r, dk);
-    __syncthreads();
-    const float delta = beta * (v - column_sum(part_u, j, dv));
-    part_o[r * dv + j] = slice_update_dot(s, k, q, delta, r, dk);
-    if (t + 1 < T && tid < dk) qb[(cur ^ 1) * dk + tid] = qn, kb[(cur ^ 1) * dk + tid] = kn;  // last read before this token's first barrier
-    __syncthreads();
-    if (r == 0) p.out[t * Vd + static_cast<int64_t>(h) * dv + j] = column_sum(part_o, j, dv);
-    v = vn, a = an, b = bn;
-  }
-  slice_store(s, S, r, j, dk, dv);
 }
 
 // Prefill step 3, chunked form (deltanet_prefill_chunked): the recurrence of ref::delta_rule_chunk,
@@ -566,58 +516,6 @@ __global__ void delta_head_kernel(DeltaNetDecodeArgs p, int T) {
   slice_store(s, S, r, j, dk, dv);
 }
 
-// Decode (T = 1) split over kSplitCols-column slices of each head's state: block (h, slice) holds
-// rows r, r + kRowGroups, ... of its columns (kRowGroups x kSplitCols threads), so the state is read
-// and written by Hv * dv / kSplitCols blocks instead of Hv (at the 35B shape 128 instead of 32: the
-// one-block-per-head kernel was bound by 32 SMs' share of bandwidth). Columns of the delta rule are
-// independent given q, k and the gates, which every block of a head recomputes; only the gated RMSNorm
-// spans the head: each block stores its raw o, and the head's last block (a ticket per head, re-armed)
-// normalises all dv of them.
-constexpr int kSplitCols = 32;
-__global__ void __launch_bounds__(kRowGroups * kSplitCols) delta_split_kernel(DeltaNetDecodeArgs p) {
-  __shared__ float q[128], k[128], part[kRowGroups * kSplitCols], red[32];
-  __shared__ bool last;
-  const int dk = p.dk, dv = p.dv, h = blockIdx.x, kh = h / (p.Hv / p.Hk);
-  const int tid = threadIdx.x, jj = tid % kSplitCols, r = tid / kSplitCols, j = blockIdx.y * kSplitCols + jj;
-  const int64_t key_dim = static_cast<int64_t>(p.Hk) * dk;
-  float* S = p.state + static_cast<int64_t>(h) * dk * dv;
-  float s[kMaxRowsPerThread];
-  slice_load(s, S, r, j, dk, dv);  // in flight while q, k and the gates are formed (and before the wait: pdl.cuh)
-  detail::pdl_enter();
-  const float* c = p.conv_out;
-  load_qk_normed(c, kh, dk, key_dim, q, k, red);
-  float decay, beta;
-  gates(p.a[h], p.dt_bias[h], expf(p.A_log[h]), p.b[h], decay, beta);
-  __syncthreads();
-  part[r * kSplitCols + jj] = slice_decay_dot(s, k, decay, r, dk);
-  __syncthreads();
-  const float delta = beta * (c[2 * key_dim + static_cast<int64_t>(h) * dv + j] - column_sum(part, jj, kSplitCols));
-  const float o = slice_update_dot(s, k, q, delta, r, dk);
-  slice_store(s, S, r, j, dk, dv);
-  __syncthreads();
-  part[r * kSplitCols + jj] = o;
-  __syncthreads();
-  float* out = p.out + static_cast<int64_t>(h) * dv;
-  if (r == 0) {
-    out[j] = column_sum(part, jj, kSplitCols);  // raw o_j, normalised below by the head's last block
-    __threadfence();
-  }
-  __syncthreads();
-  if (tid == 0) last = atomicAdd(p.tickets + h, 1u) == gridDim.y - 1;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  float sq = 0.0f;
-  for (int i = tid; i < dv; i += blockDim.x) {
-    const float v = __ldcg(out + i);
-    sq += v * v;
-  }
-  sq = block_sum(sq, red);
-  for (int i = tid; i < dv; i += blockDim.x)
-    out[i] = gated_rms(__ldcg(out + i), sq, dv, p.eps, p.norm_w[i], p.z[static_cast<int64_t>(h) * dv + i]);
-  if (tid == 0) p.tickets[h] = 0u;
-}
-
 // Prompt chunks (T > 1): the token-parallel parts around a recurrence launched by `recurrence`
 // (it reads q / k normalised in conv_out and writes the raw o): conv, window, q/k norms, ..., gated norm.
 template <typename Recurrence>
@@ -653,18 +551,6 @@ void launch_head(const DeltaNetDecodeArgs& p, int T, cudaStream_t stream) {
 
 }  // namespace
 
-cudaError_t deltanet_prefill(const DeltaNetDecodeArgs& p, int T, cudaStream_t stream) {
-  if (T < 1 || !head_kernel_fits(p)) return cudaErrorInvalidValue;
-  const int threads = p.dv * kRowGroups;
-  if (T > 1 && threads >= p.dk && threads <= kScanMaxThreads)  // prompt chunks: tokens in parallel wherever the recurrence allows
-    return launch_token_parallel(p, T, stream, [&] {
-      delta_scan_kernel<<<p.Hv, threads, (4 * p.dk + 2 * kRowGroups * p.dv) * sizeof(float), stream>>>(p, T);
-    });
-  launch_conv(p, T, stream);
-  launch_head(p, T, stream);
-  return cudaGetLastError();
-}
-
 cudaError_t deltanet_prefill_chunked(const DeltaNetDecodeArgs& p, int T, cudaStream_t stream) {
   if (T < 1 || p.Hk < 1 || p.Hv % p.Hk || p.dk < 1 || p.dk > 128 || p.dv < 1 || p.kernel < 1 || p.kernel > kMaxHist + 1 || !p.chunk_terms)
     return cudaErrorInvalidValue;
@@ -686,17 +572,10 @@ cudaError_t deltanet_prefill_chunked(const DeltaNetDecodeArgs& p, int T, cudaStr
   });
 }
 
-bool deltanet_decode_split_fits(const DeltaNetDecodeArgs& p) {
-  return p.Hk >= 1 && p.Hv % p.Hk == 0 && p.dk >= 1 && p.dk <= 128 && p.dv >= kSplitCols && p.dv % kSplitCols == 0 &&
-         p.kernel >= 1 && p.kernel <= kMaxHist + 1;
-}
-
 cudaError_t deltanet_decode(const DeltaNetDecodeArgs& p, cudaStream_t stream) {
-  const bool split = p.tickets && deltanet_decode_split_fits(p);
-  if (!split && !head_kernel_fits(p)) return cudaErrorInvalidValue;
-  if (!p.conv_done) launch_conv(p, 1, stream);
-  if (split) detail::launch(delta_split_kernel, dim3(p.Hv, p.dv / kSplitCols), dim3(kRowGroups * kSplitCols), 0, stream, p);
-  else launch_head(p, 1, stream);
+  if (!head_kernel_fits(p)) return cudaErrorInvalidValue;
+  launch_conv(p, 1, stream);
+  launch_head(p, 1, stream);
   return cudaGetLastError();
 }
 

@@ -32,16 +32,7 @@ struct DeltaNetDecodeArgs {
   float* out = nullptr;           // [Hv*dv]
   int Hk = 0, Hv = 0, dk = 0, dv = 0, kernel = 4;
   float eps = 1e-6f;
-  // Decode only: [Hv] device words, zero before the first step and left zero after each (steps sharing
-  // them must be stream-ordered). Set, and deltanet_decode_split_fits: the recurrence runs split over
-  // 32-column slices of each head's state (Hv * dv / 32 blocks instead of Hv), the head's last block
-  // doing the gated norm. The same operations per column; the norms' block sums in another order
-  // (fp32 rounding apart).
-  unsigned* tickets = nullptr;
-  // Decode only: conv_out already holds this token's conv output and conv_state has moved on (the
-  // input projection ran as gpu::gemv_bf16_conv): the conv launch is skipped.
-  bool conv_done = false;
-  // Prefill, chunked form only (required there): deltanet_chunk_terms_floats(T, Hv) floats of
+  // Prefill only (required there): deltanet_chunk_terms_floats(T, Hv) floats of
   // scratch for the terms of every chunk that do not depend on the state (cumulative decays, the WY
   // inverse (I + A)^-1 of the chunk's forward substitution, the q.k products), computed for all
   // chunks in parallel first; the sequential step is then three small matrix products on the state.
@@ -52,24 +43,16 @@ struct DeltaNetDecodeArgs {
   int wy_buffers = 0;
 };
 
-bool deltanet_decode_split_fits(const DeltaNetDecodeArgs& args);
 cudaError_t deltanet_decode(const DeltaNetDecodeArgs& args, cudaStream_t stream);
 
 // The same over T consecutive tokens (prefill): qkv [T][conv_dim], z [T][Hv*dv], b and a [T][Hv],
-// conv_out scratch [T][conv_dim], out [T][Hv*dv]; the states advance by T tokens. deltanet_decode is
-// this with T = 1. For T > 1 the conv, the q/k norms and the gated output norm run over all tokens in
-// parallel and one block per value head runs only the recurrence (state slice in registers, the next
-// token's inputs loaded during this one's): the same operations per token except the order of the
-// norms' block sums, so T tokens at once agree with T decode steps to fp32 rounding.
-cudaError_t deltanet_prefill(const DeltaNetDecodeArgs& args, int T, cudaStream_t stream);
-
-// The same T tokens with the recurrence in its chunked form (ref::delta_rule_chunk): the state-free
-// terms of all chunks of 32 tokens first, in parallel (args.chunk_terms, required), then the
-// sequential step, one block per (value head, 32 state columns), as register-tiled products
-// (D = T' (V - e^G K S0)): T / 32 sequential steps instead of T. Equal to deltanet_prefill up to fp32
-// rounding. dk <= 128; opts in to more than 48 KB of shared memory a block (sm_80+; args.wy_buffers).
-// Validated on the H200: at the 35B shape 2.05 ms for 4096 tokens a layer with 2 buffers (4.3 ms before
-// the copies went asynchronous; the scan: 7.9 ms).
+// conv_out scratch [T][conv_dim], out [T][Hv*dv]; the states advance by T tokens. The conv, the q/k
+// norms and the gated output norm run over all tokens in parallel; the recurrence in its chunked form
+// (ref::delta_rule_chunk): the state-free terms of all chunks of 32 tokens first, in parallel
+// (args.chunk_terms, required), then the sequential step, one block per (value head, 32 state
+// columns), as register-tiled products (D = T' (V - e^G K S0)): T / 32 sequential steps instead of T.
+// Equal to T decode steps up to fp32 rounding. dk <= 128; opts in to more than 48 KB of shared memory
+// a block (sm_80+; args.wy_buffers). At the 35B shape on the H200: 2.05 ms for 4096 tokens a layer.
 cudaError_t deltanet_prefill_chunked(const DeltaNetDecodeArgs& args, int T, cudaStream_t stream);
 
 }  // namespace tandem::gpu

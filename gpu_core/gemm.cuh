@@ -5,9 +5,9 @@
 // on `stream` through `handle` (cublasSetStream is called); never synchronizes.
 // Precision: x is split into two bf16 terms, hi = bf16(x) and lo = bf16(x - hi), and the two bf16 GEMMs
 // (fp32 accumulation) are summed, so activations keep ~16 mantissa bits: ~1e-5 relative to the fp32
-// reference, like gemv_bf16. With split = false, one GEMM of hi alone: half the tensor-core work, the
-// activations rounded to bf16 (~2e-3 relative at a projection).
-// Workspace: x_split holds 2 * T * K bf16 values (T * K without split). K % 8 == 0 (16-byte rows for tensor-core loads).
+// reference, like gemv_bf16 (one GEMM of hi alone, the activations rounded to bf16, is ~2e-3 off at
+// a projection). Workspace: x_split holds 2 * T * K bf16 values. K % 8 == 0 (16-byte rows for
+// tensor-core loads).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -28,6 +28,6 @@ cudaError_t blas_set_workspace(BlasHandle handle, void* workspace, size_t bytes)
 void blas_destroy(BlasHandle handle);
 
 cudaError_t gemm_bf16(BlasHandle handle, const uint16_t* W, int64_t N, int64_t K, const float* x, int64_t T, uint16_t* x_split,
-                      bool split, float* y, cudaStream_t stream);
+                      float* y, cudaStream_t stream);
 
 }  // namespace tandem::gpu

@@ -14,7 +14,7 @@ __global__ void split_bf16_kernel(const float* __restrict__ x, int64_t n, __nv_b
     const float v = x[i];
     const __nv_bfloat16 h = __float2bfloat16_rn(v);
     hi[i] = h;
-    if (lo) lo[i] = __float2bfloat16_rn(v - __bfloat162float(h));
+    lo[i] = __float2bfloat16_rn(v - __bfloat162float(h));
   }
 }
 
@@ -31,10 +31,10 @@ void blas_destroy(BlasHandle handle) {
 }
 
 cudaError_t gemm_bf16(BlasHandle handle, const uint16_t* W, int64_t N, int64_t K, const float* x, int64_t T, uint16_t* x_split,
-                      bool split, float* y, cudaStream_t stream) {
+                      float* y, cudaStream_t stream) {
   if (K % 8 != 0) return cudaErrorInvalidValue;
   auto* hi = reinterpret_cast<__nv_bfloat16*>(x_split);
-  auto* lo = split ? hi + T * K : nullptr;
+  auto* lo = hi + T * K;
   const int64_t n = T * K;
   const int blocks = static_cast<int>((n + 255) / 256 < 4096 ? (n + 255) / 256 : 4096);
   split_bf16_kernel<<<blocks, 256, 0, stream>>>(x, n, hi, lo);
@@ -42,7 +42,7 @@ cudaError_t gemm_bf16(BlasHandle handle, const uint16_t* W, int64_t N, int64_t K
   if (cudaError_t e = status(cublasSetStream(handle, stream)); e != cudaSuccess) return e;
   // Row-major Y[T,N] = X[T,K] W^T is column-major Y^T[N,T] = op_T(W: KxN) * X^T(KxT).
   const float one = 1.0f, zero = 0.0f;
-  for (int part = 0; part < (split ? 2 : 1); ++part) {
+  for (int part = 0; part < 2; ++part) {
     const cublasStatus_t s = cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(N), static_cast<int>(T), static_cast<int>(K),
                                           &one, W, CUDA_R_16BF, static_cast<int>(K), part ? lo : hi, CUDA_R_16BF, static_cast<int>(K),
                                           part ? &one : &zero, y, CUDA_R_32F, static_cast<int>(N), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);

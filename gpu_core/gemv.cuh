@@ -26,32 +26,19 @@ struct HostPost;  // handoff.cuh
 constexpr int kMaxGemvTokens = 8;
 
 cudaError_t gemv_bf16(const uint16_t* W, int64_t N, int64_t K, const float* x, int T, float* y, cudaStream_t stream);
-// gemv_bf16 for one token whose first E outputs are router logits, with router_topk (ops.cuh) of
-// them done by the launch's last block: y as gemv_bf16 computes it (bit for bit), ids / weights as
-// router_topk computes them, one launch instead of two. counter: a device word, zero before the first
-// launch and left zero after each (launches sharing one must be stream-ordered).
-cudaError_t gemv_bf16_router_topk(const uint16_t* W, int64_t N, int64_t K, const float* x, float* y, int E, int k,
-                                  unsigned* counter, int32_t* ids, float* weights, cudaStream_t stream);
-// gemv_bf16_router_topk with the norm before it in the same launch: h += a (+ sigmoid(gate[0]) *
+// The decode router of one token in one launch: the norm before it, h += a (+ sigmoid(gate[0]) *
 // shared) when a is given, as add_rmsnorm_zc (else h is only read, as rmsnorm_zc), x = the normalised
-// row (norm_w, eps), written for the kernels after it; y and the top-k from x. Every output bit for bit
-// as the norm launch + gemv_bf16_router_topk: each block normalises the row itself, with the norm
-// kernel's arithmetic, while its first weights load. One token; K <= 4096. With post (handoff.cuh) the
-// last block also posts x, ids and weights to the host as host_post would after the launch.
+// row (norm_w, eps), written for the kernels after it; y = W x as gemv_bf16 computes it, whose first E
+// outputs are router logits, and router_topk (ops.cuh) of them done by the launch's last block. Every
+// output bit for bit as the norm launch + gemv_bf16 + router_topk: each block normalises the row
+// itself, with the norm kernel's arithmetic, while its first weights load. One token; K <= 4096.
+// counter: a device word, zero before the first launch and left zero after each (launches sharing one
+// must be stream-ordered). With post (handoff.cuh) the last block also posts x, ids and weights to the
+// host as host_post would after the launch.
 cudaError_t gemv_bf16_router_topk_norm(const uint16_t* W, int64_t N, int64_t K, float* h, const float* a, const float* shared,
                                        const float* gate, const float* norm_w, float eps, float* x, float* y, int E, int k,
                                        unsigned* counter, int32_t* ids, float* weights, cudaStream_t stream,
                                        const HostPost* post = nullptr);
-// (The same for a layer's input norm with its stacked input projection measured slower on the H200,
-// 25.2 vs 18.9 us at the 35B DeltaNet shape: every block normalising the row costs more than the
-// launch it saves. Removed in session 9.)
-// gemv_bf16 for one token whose first `channels` outputs are the DeltaNet's conv inputs (q | k | v):
-// y as gemv_bf16 computes it (bit for bit), and for those rows the causal depthwise conv + SiLU of
-// deltanet_decode's first launch (conv_w [channels][kernel], conv_state [kernel-1][channels] oldest
-// first, moved on; conv_out [channels]), the same bits, so that launch can be skipped
-// (DeltaNetDecodeArgs::conv_done). kernel <= 8.
-cudaError_t gemv_bf16_conv(const uint16_t* W, int64_t N, int64_t K, const float* x, float* y, int channels, int kernel,
-                           const float* conv_w, float* conv_state, float* conv_out, cudaStream_t stream);
 // gemv_bf16 of silu(g) * u (g, u fp32 [T, K]), the SwiGLU product formed as the input is read: the
 // same numbers as silu_mul(g, u) then gemv_bf16(g), bit for bit, in one launch and without writing g.
 cudaError_t gemv_bf16_swiglu(const uint16_t* W, int64_t N, int64_t K, const float* g, const float* u, int T, float* y,

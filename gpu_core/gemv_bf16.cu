@@ -3,7 +3,6 @@
 
 #include <type_traits>
 
-#include "gpu_core/conv_step.cuh"
 #include "gpu_core/gemv.cuh"
 #include "gpu_core/handoff.cuh"
 #include "gpu_core/norm_row.cuh"
@@ -33,14 +32,6 @@ __device__ __forceinline__ float4 swiglu4(float4 g, float4 u) {
   return make_float4(g.x / (1.0f + expf(-g.x)) * u.x, g.y / (1.0f + expf(-g.y)) * u.y, g.z / (1.0f + expf(-g.z)) * u.z,
                      g.w / (1.0f + expf(-g.w)) * u.w);
 }
-
-// The DeltaNet conv applied to the first `channels` outputs as they are written (gemv_bf16_conv).
-struct ConvEpilogue {
-  const float* w = nullptr;  // [channels][kernel]
-  float* state = nullptr;    // [kernel-1][channels], oldest first
-  float* out = nullptr;      // [channels]
-  int channels = 0, kernel = 0;
-};
 
 // The first PRE weight vectors of lane `lane` of row `row` (row_dot's first loads; zeros past N).
 // Decode takes PRE = every vector of the lane (rows up to 4096 inputs: pre_vectors), so that a warp
@@ -111,11 +102,10 @@ __device__ __forceinline__ void row_dot(const uint16_t* __restrict__ W, int64_t 
   detail::pdl_launch_next();
 }
 
-// CONV (T = 1): rows below conv.channels also go through the conv step (gpu_core/conv_step.cuh).
-template <int TMAX, bool SWIGLU = false, bool CONV = false, int PRE = 4>
+template <int TMAX, bool SWIGLU = false, int PRE = 4>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     gemv_bf16_kernel(const uint16_t* __restrict__ W, int64_t N, int64_t K, const float* __restrict__ x, int T,
-                     float* __restrict__ y, const float* __restrict__ u = nullptr, ConvEpilogue conv = {}) {
+                     float* __restrict__ y, const float* __restrict__ u = nullptr) {
   const int lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   float acc[TMAX];
@@ -128,15 +118,6 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     if (lane == 0) y[t * N + row] = v;
-    if constexpr (CONV) {
-      if (lane == 0 && row < conv.channels) {
-        const int ch = static_cast<int>(row), hist = conv.kernel - 1;
-        float win[detail::kConvMaxHist];
-        for (int j = 0; j < hist; ++j) win[j] = conv.state[j * conv.channels + ch];
-        conv.out[ch] = detail::conv_step(conv.w + ch * conv.kernel, conv.kernel, win, v);
-        for (int j = 0; j < hist; ++j) conv.state[j * conv.channels + ch] = win[j];
-      }
-    }
   }
 }
 
@@ -181,18 +162,7 @@ __device__ __forceinline__ void post_route(const HostPost& post, const float* xs
   if (threadIdx.x == 0) *reinterpret_cast<volatile unsigned*>(post.flag) = post.value;
 }
 
-template <int PRE>
-__global__ void __launch_bounds__(kWarpsPerBlock * 32)
-    gemv_bf16_topk_kernel(const uint16_t* __restrict__ W, int64_t N, int64_t K, const float* __restrict__ x, float* y, int E, int k,
-                          unsigned* counter, int32_t* ids, float* weights) {
-  const int lane = threadIdx.x & 31;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
-  float dot[1];
-  row_dot<1, false, PRE>(W, N, K, x, nullptr, 1, row, lane, dot);  // gemv_bf16's arithmetic
-  route_tail(dot[0], row, lane, N, y, E, k, counter, ids, weights, [] {});
-}
-
-// The same with the norm before it in the launch: each block normalises the row into shared memory
+// The router GEMV with the norm before it in the launch: each block normalises the row into shared memory
 // (norm_row, the norm kernel's arithmetic) while its first weight vectors load, then computes its
 // rows from there; the last block writes h' and x for the kernels after it (every block has read h
 // by then: its ticket follows its reads), and with post.flag posts x, ids and weights to the host.
@@ -257,16 +227,6 @@ cudaError_t launch_norm_gemv(const uint16_t* W, int64_t N, int64_t K, float* h, 
 
 }  // namespace
 
-cudaError_t gemv_bf16_router_topk(const uint16_t* W, int64_t N, int64_t K, const float* x, float* y, int E, int k,
-                                  unsigned* counter, int32_t* ids, float* weights, cudaStream_t stream) {
-  if (K % 8 != 0 || N < 1 || E < 1 || E > N || E > detail::kRouterMaxExperts || k < 1 || k > E || k > detail::kRouterMaxTopK)
-    return cudaErrorInvalidValue;
-  const dim3 grid(static_cast<unsigned>((N + kWarpsPerBlock - 1) / kWarpsPerBlock)), block(kWarpsPerBlock * 32);
-  return with_pre(K, [&](auto pre) {
-    return detail::launch(gemv_bf16_topk_kernel<pre.value>, grid, block, 0, stream, W, N, K, x, y, E, k, counter, ids, weights);
-  });
-}
-
 cudaError_t gemv_bf16_router_topk_norm(const uint16_t* W, int64_t N, int64_t K, float* h, const float* a, const float* shared,
                                        const float* gate, const float* norm_w, float eps, float* x, float* y, int E, int k,
                                        unsigned* counter, int32_t* ids, float* weights, cudaStream_t stream, const HostPost* post) {
@@ -280,22 +240,10 @@ cudaError_t gemv_bf16(const uint16_t* W, int64_t N, int64_t K, const float* x, i
   const float* none = nullptr;
   if (T > 1) {
     auto* kernel = T <= 2 ? gemv_bf16_kernel<2> : T <= 4 ? gemv_bf16_kernel<4> : gemv_bf16_kernel<8>;
-    return detail::launch(kernel, grid, block, 0, stream, W, N, K, x, T, y, none, ConvEpilogue{});
+    return detail::launch(kernel, grid, block, 0, stream, W, N, K, x, T, y, none);
   }
   return with_pre(K, [&](auto pre) {
-    return detail::launch(gemv_bf16_kernel<1, false, false, pre.value>, grid, block, 0, stream, W, N, K, x, T, y, none, ConvEpilogue{});
-  });
-}
-
-cudaError_t gemv_bf16_conv(const uint16_t* W, int64_t N, int64_t K, const float* x, float* y, int channels, int kernel,
-                           const float* conv_w, float* conv_state, float* conv_out, cudaStream_t stream) {
-  if (K % 8 != 0 || N < 1 || channels < 1 || channels > N || kernel < 1 || kernel > detail::kConvMaxHist + 1)
-    return cudaErrorInvalidValue;
-  const dim3 grid(static_cast<unsigned>((N + kWarpsPerBlock - 1) / kWarpsPerBlock)), block(kWarpsPerBlock * 32);
-  const float* none = nullptr;
-  return with_pre(K, [&](auto pre) {
-    return detail::launch(gemv_bf16_kernel<1, false, true, pre.value>, grid, block, 0, stream, W, N, K, x, 1, y, none,
-                          ConvEpilogue{conv_w, conv_state, conv_out, channels, kernel});
+    return detail::launch(gemv_bf16_kernel<1, false, pre.value>, grid, block, 0, stream, W, N, K, x, T, y, none);
   });
 }
 
@@ -303,9 +251,9 @@ cudaError_t gemv_bf16_swiglu(const uint16_t* W, int64_t N, int64_t K, const floa
                              cudaStream_t stream) {
   if (T < 1 || T > kMaxGemvTokens || K % 8 != 0 || N < 1) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>((N + kWarpsPerBlock - 1) / kWarpsPerBlock)), block(kWarpsPerBlock * 32);
-  if (T > 1) return detail::launch(gemv_bf16_kernel<8, true>, grid, block, 0, stream, W, N, K, g, T, y, u, ConvEpilogue{});
+  if (T > 1) return detail::launch(gemv_bf16_kernel<8, true>, grid, block, 0, stream, W, N, K, g, T, y, u);
   return with_pre(K, [&](auto pre) {
-    return detail::launch(gemv_bf16_kernel<1, true, false, pre.value>, grid, block, 0, stream, W, N, K, g, T, y, u, ConvEpilogue{});
+    return detail::launch(gemv_bf16_kernel<1, true, pre.value>, grid, block, 0, stream, W, N, K, g, T, y, u);
   });
 }
 

@@ -105,37 +105,20 @@ uint64_t int4_rows_bytes(int64_t rows, int64_t cols, int64_t group_size) {
   return round_to(n * cols / 2, 256) + round_to(n * G * 2, 256) + round_to(n * G, 256) + round_to(static_cast<uint64_t>(cols) * 4, 256);
 }
 
-bool moe_int4_tiles_fits(int64_t H, int64_t I, int64_t group_size, int k, int m, int staged) {
+bool moe_int4_tiles_fits(int64_t H, int64_t I, int64_t group_size, int k, int m) {
   return H > 0 && I > 0 && H % 16 == 0 && I % 16 == 0 && group_size > 0 && group_size % 8 == 0 && H % group_size == 0 &&
-         I % group_size == 0 && H / group_size <= 32 && I / group_size <= 32 && k >= 1 && k <= 8 && m >= 0 && m <= k && staged >= 0 &&
-         staged <= 8 && m + staged >= 1;
+         I % group_size == 0 && H / group_size <= 32 && I / group_size <= 32 && k >= 1 && k <= 8 && m >= 1 && m <= k;
 }
 
 size_t moe_int4_tiles_scratch_bytes(int64_t H, int64_t I, int slots) {
   return static_cast<size_t>(slots) * static_cast<size_t>(I + 2 * H) * sizeof(float);
 }
 
-uint64_t int4_tiles_stage_slot_bytes(int64_t H, int64_t I, int64_t group_size) {
-  uint64_t at = 0;
-  for (const auto& [rows, cols] : {std::pair{I, H}, std::pair{I, H}, std::pair{H, I}}) {  // gate, up, down
-    const Int4TilePieces t = int4_tile_pieces(rows, cols, group_size);
-    at += round_to(t.w, 256) + round_to(t.scales, 256) + round_to(t.zeros, 256) + round_to(t.perm, 256);
-  }
-  return at;
-}
-
-LinkBuffers link_buffer_bytes(int64_t H, int64_t I, int64_t group_size, int E, int host_layers, int k, int m, int S) {
+LinkBuffers link_buffer_bytes(int64_t H, int64_t I, int E, int host_layers, int m) {
   LinkBuffers b;
-  if (host_layers <= 0 || m + S <= 0) return b;
+  if (host_layers <= 0 || m <= 0) return b;
   b.tables = round_to(static_cast<uint64_t>(host_layers) * E * kInt4TilesExpertBytes, 256);
-  b.scratch = round_to(moe_int4_tiles_scratch_bytes(H, I, m + S), 256);
-  if (S > 0) {
-    b.slot = round_to(int4_tiles_stage_slot_bytes(H, I, group_size), 256);
-    b.slots = S * b.slot;
-    b.ids = round_to(S * 4ull, 256);
-    b.views = round_to(S * kInt4TilesExpertBytes, 256);
-    b.guess = round_to(k * 4ull, 256);
-  }
+  b.scratch = round_to(moe_int4_tiles_scratch_bytes(H, I, m), 256);
   return b;
 }
 

@@ -86,23 +86,19 @@ struct StreamBuffers {
 };
 StreamBuffers stream_buffer_bytes(int64_t H, int64_t I, int64_t group_size, int E, int L, int m, int64_t pass);
 // Whether gpu::moe_int4_tiles_decode takes these shapes (int4_tiles.cuh): H, I multiples of 16, groups
-// a multiple of 8 dividing H and I in at most 32 a row, k <= 8, 0 <= m <= k, 0 <= staged <= 8, m + staged >= 1.
-bool moe_int4_tiles_fits(int64_t H, int64_t I, int64_t group_size, int k, int m, int staged = 0);
+// a multiple of 8 dividing H and I in at most 32 a row, k <= 8, 1 <= m <= k.
+bool moe_int4_tiles_fits(int64_t H, int64_t I, int64_t group_size, int k, int m);
 // Its scratch for `slots` link experts: each one's h [I] and, with act order, its gathered inputs [2][H].
 size_t moe_int4_tiles_scratch_bytes(int64_t H, int64_t I, int slots);
 // ---- The link experts' device buffers (GpuOptions::link_experts; Qwen35MoeGpu allocates exactly these) ----
 constexpr uint64_t kInt4TilesExpertBytes = 3 * 4 * 8;  // sizeof(gpu::Int4TilesExpert): three Int4TilesViews
-// One staged expert's slot: every piece (codes, scales, zeros, input order) of gate, up and down, each
-// rounded to 256 bytes.
-uint64_t int4_tiles_stage_slot_bytes(int64_t H, int64_t I, int64_t group_size);
-// In this order: an expert table of E entries for each of host_layers layers, the kernel's scratch for
-// m + S link slots, and with S > 0 the S staging slots (`slot` bytes each), their ids and views, and the
-// layer's guess (k ids); each piece a multiple of 256 bytes.
+// In this order: an expert table of E entries for each of host_layers layers, then the kernel's scratch
+// for m link slots; each piece a multiple of 256 bytes.
 struct LinkBuffers {
-  uint64_t tables = 0, scratch = 0, slot = 0, slots = 0, ids = 0, views = 0, guess = 0;
-  uint64_t total() const { return tables + scratch + slots + ids + views + guess; }
+  uint64_t tables = 0, scratch = 0;
+  uint64_t total() const { return tables + scratch; }
 };
-LinkBuffers link_buffer_bytes(int64_t H, int64_t I, int64_t group_size, int E, int host_layers, int k, int m, int S);
+LinkBuffers link_buffer_bytes(int64_t H, int64_t I, int E, int host_layers, int m);
 // Tokens per streamed pass: `want` (default kStreamPassTokens) rounded up to whole prefill chunks.
 constexpr int64_t kStreamPassTokens = 4096;
 inline int64_t stream_pass_tokens(int64_t chunk, int64_t want = kStreamPassTokens) {

@@ -97,39 +97,6 @@ __device__ __forceinline__ void int4_row_dot(const Int4View& W, int64_t row, int
   }
 }
 
-// The same dot product for one token from code words already loaded: wd[u] holds word l + u * LANES
-// of the row (u < WPL, words past the row end ignored). Same operations in the same order as
-// int4_row_dot with one token and one batch (rows of at most kBatch * LANES words): bit-identical.
-template <int LANES, int WPL>
-__device__ __forceinline__ float int4_words_dot(const Int4View& W, int64_t row, int l, const uint32_t (&wd)[WPL],
-                                                const __half* __restrict__ x) {
-  const int64_t K = W.K, G = K / W.group_size, words = K / 8;
-  const uint16_t* sc = W.scales + row * G;
-  const uint8_t* zr = W.zeros + row * G;
-  float acc = 0.0f;
-#pragma unroll
-  for (int u = 0; u < WPL; ++u) {
-    const int64_t w = l + u * LANES;
-    if (w >= words) break;
-    const int64_t g = (w * 8) / W.group_size;
-    const __half2 z = zero_1024(zr[g]);
-    const float s = __half2float(__ushort_as_half(sc[g]));
-    acc += s * word_dot(wd[u], x + w * 8, z);
-  }
-  return acc;
-}
-
-// Issues the loads of words l + u * LANES (u < WPL) of row `row` of codes q ([rows][words]) into wd
-// (0 past the row end, or everywhere when !valid; q is not read then).
-template <int LANES, int WPL>
-__device__ __forceinline__ void int4_load_words(const uint32_t* q, int64_t words, int64_t row, int l, bool valid, uint32_t (&wd)[WPL]) {
-#pragma unroll
-  for (int u = 0; u < WPL; ++u) {
-    const int64_t w = l + u * LANES;
-    wd[u] = valid && w < words ? load_stream(q + row * words + w) : 0u;
-  }
-}
-
 // Row of the calling thread when a block of WARPS warps covers WARPS * (32 / LANES) consecutive rows.
 template <int LANES, int WARPS>
 __device__ __forceinline__ int64_t row_of_thread() {

@@ -44,38 +44,19 @@ struct Int4TilesExpert {
   Int4TilesView down;      // [H, I], no perm (down's act order is folded into gate / up rows)
 };
 
-// Experts copied to device memory ahead of the router (int4_tiles_stage): ids [count] (-1: none) and
-// their views there. count 0: none.
-struct Int4TilesStaged {
-  const int32_t* ids = nullptr;
-  const Int4TilesExpert* table = nullptr;
-  int count = 0;
-};
-
-// For one token (decode), its link experts: those of its top-k that are staged (in slot order), then
-// the first m other slots j (in slot order) whose expert experts[ids[j]] has weights (gate.w set);
-// fewer when fewer of its top-k have. For those, in that order,
+// For one token (decode), its link experts: the first m slots j (in slot order) whose expert
+// experts[ids[j]] has weights (gate.w set); fewer when fewer of its top-k have. For those, in that order,
 //   out[n] += sum of weights[j] * (down_e[n] . (silu(gate_e . xg) * (up_e . xu)))
 // with xg / xu = x gathered by gate's / up's perm. fp32 throughout (dequantised weight scale * (q - z)
 // times fp32 inputs; an 8-input octet's products summed before scaling): ~1e-6 relative to fp64.
 // experts: device array [E] (pointers 16-byte aligned); ids, weights [k]; x fp32 [H]; scratch:
-// moe_int4_tiles_scratch_bytes(H, I, m + staged.count); out fp32 [H], added to (accumulate) or
-// overwritten (the sum alone: no GPU experts wrote it first). Needs H, I multiples
-// of 16, group_size a multiple of 8 dividing H and I in at most 32 groups, k <= 8, 0 <= m <= k,
-// staged.count <= 8, m + staged.count >= 1; cudaErrorInvalidValue otherwise. Two launches (three with
-// act_order: x gathered once per expert first, so perms cross PCIe once); no host synchronisation.
-// (moe_int4_tiles_fits, moe_int4_tiles_scratch_bytes: gpu_core/int4_layout.h)
+// moe_int4_tiles_scratch_bytes(H, I, m); out fp32 [H], added to (accumulate) or overwritten (the sum
+// alone: no GPU experts wrote it first). Needs H, I multiples of 16, group_size a multiple of 8
+// dividing H and I in at most 32 groups, k <= 8, 1 <= m <= k; cudaErrorInvalidValue otherwise. Two
+// launches (three with act_order: x gathered once per expert first, so perms cross PCIe once); no
+// host synchronisation. (moe_int4_tiles_fits, moe_int4_tiles_scratch_bytes: gpu_core/int4_layout.h)
 cudaError_t moe_int4_tiles_decode(const Int4TilesExpert* experts, int E, int64_t H, int64_t I, int64_t group_size, const int32_t* ids,
-                                  const float* weights, int k, int m, Int4TilesStaged staged, bool act_order, const float* x, void* scratch,
-                                  float* out, cudaStream_t stream, bool accumulate = true);
-
-// Staging for the link: the host experts guess[0..S) (device memory best: every block reads it; ids whose
-// experts[e].gate.w is unset, or outside 0..E-1, are skipped) copied whole (codes, scales, zeros,
-// input orders) into slots (device memory, S slots of slot_bytes >= int4_tiles_stage_slot_bytes,
-// 256-byte aligned); staged_ids [S] and staged_table [S] (device) say what each slot holds (-1: none)
-// for moe_int4_tiles_decode. Meant for the GPU's mixer time, when the link is idle. One launch.
-// (int4_tiles_stage_slot_bytes: gpu_core/int4_layout.h)
-cudaError_t int4_tiles_stage(const Int4TilesExpert* experts, int E, int64_t H, int64_t I, int64_t group_size, const int32_t* guess, int S,
-                             void* slots, size_t slot_bytes, int32_t* staged_ids, Int4TilesExpert* staged_table, cudaStream_t stream);
+                                  const float* weights, int k, int m, bool act_order, const float* x, void* scratch, float* out,
+                                  cudaStream_t stream, bool accumulate = true);
 
 }  // namespace tandem::gpu

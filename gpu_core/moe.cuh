@@ -1,7 +1,8 @@
-// gpu_core/moe.cuh: the routed experts of one MoE layer for decode (1..8 tokens), int4 GPTQ experts.
+// gpu_core/moe.cuh: the routed experts of one MoE layer, int4 GPTQ experts for decode (1..8 tokens) and
+// prefill (a chunk, grouped by expert), bf16 experts for 1..8 tokens.
 //
-// Two launches, both reading expert ids and routing weights from device memory (so the step can be
-// captured in a CUDA graph after the router kernel):
+// Decode: two launches, both reading expert ids and routing weights from device memory (so the step
+// can be captured in a CUDA graph after the router kernel):
 //   gate/up: h[p, i] = fp16( silu(gate_e[i] . x_t) * (up_e[i] . x_t) )   p = t*k + j, e = ids[p]
 //   down:    out[t, n] = sum_j weight[p] * (down_e[n] . h[p])              (overwrites out)
 // Each selected expert's weights are streamed exactly once per token. Experts are Int4Views in the
@@ -24,22 +25,18 @@ struct Int4Expert {
   Int4View down;      // [H, I]
 };
 
-// experts: device array [num_experts]; ids int32 [T*k]; weights fp32 [T*k]; x_half fp16 [T, H];
-// h_scratch fp16 [T*k, I]; out fp32 [T, H]. All experts share H, I and group_size.
+// Two kernels compute it. moe_int4_decode_wide (gpu_core/moe_int4_wide.cu) where the shapes fit it
+// (Qwen3.5's do); moe_int4_decode (gpu_core/moe_int4.cu) for every other shape (the small test
+// fixtures': H 48, groups of 16).
+//
+// moe_int4_decode: one 4-byte code word a lane at a time. experts: device array [num_experts]; ids
+// int32 [T*k]; weights fp32 [T*k]; x_half fp16 [T, H] (gather_x_half); h_scratch fp16 [T*k, I]; out
+// fp32 [T, H]. All experts share H, I and group_size.
 cudaError_t moe_int4_decode(const Int4Expert* experts, int64_t H, int64_t I, int64_t group_size, const int32_t* ids,
                             const float* weights, int T, int k, const uint16_t* x_half, uint16_t* h_scratch, float* out,
                             cudaStream_t stream);
 
-// The same result (bit for bit: the same operations per lane in the same order) with every weight word
-// of a row loaded before any is used: gate and up together, the down rows of all k experts together,
-// so each warp waits for memory once instead of once per matrix / per expert. Falls back to
-// moe_int4_decode for k > 8 or rows too long to hold in registers (H > 2048 or I > 1024 at 32 lanes).
-// Validated on the H200 (GpuOptions::moe_prefetch, the default decode path): 8-9% faster than moe_int4_decode.
-cudaError_t moe_int4_decode_prefetch(const Int4Expert* experts, int64_t H, int64_t I, int64_t group_size, const int32_t* ids,
-                                     const float* weights, int T, int k, const uint16_t* x_half, uint16_t* h_scratch, float* out,
-                                     cudaStream_t stream);
-
-// The same products with 16-byte weight loads (gpu_core/moe_int4_wide.cu): each lane takes whole
+// moe_int4_decode_wide: the same products with 16-byte weight loads: each lane takes whole
 // 32-input vectors (one quantisation group), every weight load of a block is issued before any is
 // used, and x is read as fp32 [T, H] directly (converted to fp16, and gathered in each matrix's input
 // order with act order, in registers: no gather_x_half launch). Per 8-input word the arithmetic of
@@ -53,26 +50,21 @@ cudaError_t moe_int4_decode_wide(const Int4Expert* experts, int64_t H, int64_t I
                                  cudaStream_t stream);
 
 // Prefill: the routed experts of n tokens grouped by expert, so each resident expert's weights are
-// streamed once per 8 of its tokens instead of once per token (a 256-token chunk at top-8 of 256 reads
+// streamed once per 32 of its tokens instead of once per token (a 256-token chunk at top-8 of 256 reads
 // every expert about once instead of ~8 times). All on the device, no host synchronisation:
-//   1. the n*k (token, slot) pairs are sorted by expert (stable) into work items of up to 8 pairs;
+//   1. the n*k (token, slot) pairs are sorted by expert (stable) into work items of up to 32 pairs;
 //   2. each pair's token row is gathered to fp16 in its expert's gate / up input order;
 //   3. gate/up per (item, row block) -> h [pair, I] fp16; 4. down per (item, row block) -> weight * y [pair, H];
 //   5. out[t] = sum over j of its pairs' y (j = 0..k-1, the decode order).
-// Arithmetic per (pair, row) as moe_int4_decode; the routing weight is applied to the reduced dot
-// product instead of each lane's part: the two agree to ~1e-6. Non-resident experts (null pointers)
-// contribute nothing, as in decode. x fp32 [n, H]; ids int32 [n*k] (ids outside 0..E-1 are skipped);
-// out fp32 [n, H] (overwritten). Needs I <= 3072 (act-order down inputs are staged in shared memory).
+// The products on tensor cores: per expert, tiles of 32 pairs x 64 output rows as fp16 matrix
+// products with fp32 accumulation, the weights dequantised to fp16 ((q - z) * s, one rounding) on the
+// way into shared memory, each stage's loads in flight during the previous stage's products (two
+// shared buffers). Not the per-pair arithmetic of the decode kernels: within ~1e-3 of them, 5e-3 of
+// the exact reference. Non-resident experts (null pointers) contribute nothing, as in decode. x fp32
+// [n, H]; ids int32 [n*k] (ids outside 0..E-1 are skipped); out fp32 [n, H] (overwritten). sm_70+.
 size_t moe_int4_grouped_workspace(int64_t n, int k, int64_t H, int64_t I, int E);
-// The same grouping with the products on tensor cores (moe_int4_grouped_tc, same workspace): per
-// expert, tiles of 32 pairs x 64 output rows as fp16 matrix products with fp32 accumulation, the
-// weights dequantised to fp16 ((q - z) * s, one rounding) on the way into shared memory, each stage's
-// loads in flight during the previous stage's products (two shared buffers). Not the per-pair
-// arithmetic of the decode kernel: within ~1e-3 of it, 5e-3 of the exact reference. sm_70+.
 cudaError_t moe_int4_grouped_tc(const Int4Expert* experts, int E, int64_t H, int64_t I, int64_t group_size, const int32_t* ids,
                                 const float* weights, int n, int k, const float* x, void* workspace, float* out, cudaStream_t stream);
-cudaError_t moe_int4_grouped(const Int4Expert* experts, int E, int64_t H, int64_t I, int64_t group_size, const int32_t* ids,
-                             const float* weights, int n, int k, const float* x, void* workspace, float* out, cudaStream_t stream);
 
 // The same for bf16 experts (the official BF16 checkpoint's fused layout gives per-expert row
 // pointers): fp32 activations, exact products, fp32 sums; h kept in fp32. x fp32 [T, H],

@@ -1,4 +1,5 @@
-// gpu_core/moe_int4.cu: fused routed-expert SwiGLU for decode (see moe.cuh).
+// gpu_core/moe_int4.cu: fused routed-expert SwiGLU for decode, the form for shapes moe_int4_decode_wide does
+// not take (see moe.cuh).
 #include "gpu_core/int4_row.cuh"
 #include "gpu_core/moe.cuh"
 
@@ -74,74 +75,6 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   if (valid && l == 0) out[t * H + row] = acc;
 }
 
-// The same two products with every weight word of a row loaded before any is used: gate and up
-// together, and the down rows of all k experts together, so a warp waits for memory once instead of
-// once per matrix / per expert (moe_int4_decode_prefetch).
-constexpr int kPrefetchGateUp = 8;  // words per lane: rows up to 8 * LANES words (H <= 2048 at 32 lanes)
-constexpr int kPrefetchDown = 4;    // words per lane per expert (I <= 1024 at 32 lanes)
-constexpr int kPrefetchMaxK = 8;
-
-template <int LANES>
-__global__ void __launch_bounds__(kWarpsPerBlock * 32)
-    moe_gate_up_prefetch_kernel(const Int4Expert* __restrict__ experts, int64_t H, int64_t I, const int32_t* __restrict__ ids,
-                                int k, const __half* __restrict__ x, __half* __restrict__ h) {
-  extern __shared__ __align__(16) __half xs[];  // act-order only, as moe_gate_up_kernel
-  const int p = blockIdx.y, t = p / k, l = (threadIdx.x & 31) % LANES;
-  const Int4Expert& ex = experts[ids[p]];
-  if (!ex.gate.qweight) return;  // uniform per block
-  const int64_t row = row_of_thread<LANES, kWarpsPerBlock>();
-  const bool valid = row < I;
-  uint32_t wg[kPrefetchGateUp], wu[kPrefetchGateUp];
-  int4_load_words<LANES>(ex.gate.qweight, H / 8, row, l, valid, wg);
-  int4_load_words<LANES>(ex.up.qweight, H / 8, row, l, valid, wu);
-  const __half *xg, *xu;
-  stage_inputs(ex, x + t * H, H, xs, xg, xu);
-  float g = 0.0f, u = 0.0f;
-  if (valid) {
-    g = int4_words_dot<LANES>(ex.gate, row, l, wg, xg);
-    u = int4_words_dot<LANES>(ex.up, row, l, wu, xu);
-  }
-  const float gs = group_sum<LANES>(g), us = group_sum<LANES>(u);
-  if (valid && l == 0) h[p * I + row] = __float2half_rn(gs / (1.0f + __expf(-gs)) * us);
-}
-
-template <int LANES>
-__global__ void __launch_bounds__(kWarpsPerBlock * 32)
-    moe_down_prefetch_kernel(const Int4Expert* __restrict__ experts, int64_t H, int64_t I, const int32_t* __restrict__ ids,
-                             const float* __restrict__ weights, int k, const __half* __restrict__ h, float* __restrict__ out) {
-  extern __shared__ __align__(16) __half hs[];  // act-order only, as moe_down_kernel
-  const int t = blockIdx.y, l = (threadIdx.x & 31) % LANES;
-  const int64_t row = row_of_thread<LANES, kWarpsPerBlock>();
-  const bool valid = row < H;
-  uint32_t wd[kPrefetchMaxK][kPrefetchDown];
-#pragma unroll
-  for (int j = 0; j < kPrefetchMaxK; ++j) {
-    const Int4View* down = j < k ? &experts[ids[t * k + j]].down : nullptr;
-    const bool use = valid && down && down->qweight;
-    int4_load_words<LANES>(use ? down->qweight : nullptr, I / 8, row, l, use, wd[j]);
-  }
-  float acc = 0.0f;
-#pragma unroll
-  for (int j = 0; j < kPrefetchMaxK; ++j) {
-    if (j >= k) break;
-    const int p = t * k + j;
-    const Int4View& down = experts[ids[p]].down;
-    if (!down.qweight) continue;  // not resident (hybrid); uniform per block
-    const __half* hp = h + p * I;
-    if (down.perm) {  // uniform per block
-      __syncthreads();
-      for (int64_t i = threadIdx.x; i < I; i += blockDim.x) hs[i] = hp[down.perm[i]];
-      __syncthreads();
-      hp = hs;
-    }
-    float a = 0.0f;
-    if (valid) a = int4_words_dot<LANES>(down, row, l, wd[j], hp);
-    acc += weights[p] * a;
-  }
-  acc = group_sum<LANES>(acc);
-  if (valid && l == 0) out[t * H + row] = acc;
-}
-
 template <int LANES>
 void launch_gate_up(const Int4Expert* e, int64_t H, int64_t I, const int32_t* ids, int T, int k, const __half* x, __half* h, cudaStream_t s) {
   const int64_t rows = kWarpsPerBlock * (32 / LANES);
@@ -157,41 +90,7 @@ void launch_down(const Int4Expert* e, int64_t H, int64_t I, const int32_t* ids, 
   moe_down_kernel<LANES><<<grid, kWarpsPerBlock * 32, I * sizeof(__half), s>>>(e, H, I, ids, w, k, h, out);
 }
 
-template <int LANES>
-void launch_prefetch(const Int4Expert* e, int64_t H, int64_t I, const int32_t* ids, const float* w, int T, int k, const __half* x,
-                     __half* h, float* out, bool gate_up, cudaStream_t s) {
-  const int64_t rows = kWarpsPerBlock * (32 / LANES);
-  if (gate_up) {
-    const dim3 grid(static_cast<unsigned>((I + rows - 1) / rows), static_cast<unsigned>(T * k));
-    moe_gate_up_prefetch_kernel<LANES><<<grid, kWarpsPerBlock * 32, 2 * H * sizeof(__half), s>>>(e, H, I, ids, k, x, h);
-  } else {
-    const dim3 grid(static_cast<unsigned>((H + rows - 1) / rows), static_cast<unsigned>(T));
-    moe_down_prefetch_kernel<LANES><<<grid, kWarpsPerBlock * 32, I * sizeof(__half), s>>>(e, H, I, ids, w, k, h, out);
-  }
-}
-
 }  // namespace
-
-cudaError_t moe_int4_decode_prefetch(const Int4Expert* experts, int64_t H, int64_t I, int64_t group_size, const int32_t* ids,
-                                     const float* weights, int T, int k, const uint16_t* x_half, uint16_t* h_scratch, float* out,
-                                     cudaStream_t stream) {
-  const int lg = lanes_for(H), ld = lanes_for(I);
-  if (k > kPrefetchMaxK || H / 8 > kPrefetchGateUp * lg || I / 8 > kPrefetchDown * ld)  // rows too long to hold in registers
-    return moe_int4_decode(experts, H, I, group_size, ids, weights, T, k, x_half, h_scratch, out, stream);
-  if (T < 1 || T > kMaxGemvTokens || k < 1 || H % 8 || I % 8 || group_size % 8 || H % group_size || I % group_size ||
-      2 * H * 2 > 48 * 1024)
-    return cudaErrorInvalidValue;
-  const auto* x = reinterpret_cast<const __half*>(x_half);
-  auto* h = reinterpret_cast<__half*>(h_scratch);
-  for (bool gate_up : {true, false}) {
-    switch (gate_up ? lg : ld) {
-      case 32: launch_prefetch<32>(experts, H, I, ids, weights, T, k, x, h, out, gate_up, stream); break;
-      case 16: launch_prefetch<16>(experts, H, I, ids, weights, T, k, x, h, out, gate_up, stream); break;
-      default: launch_prefetch<8>(experts, H, I, ids, weights, T, k, x, h, out, gate_up, stream);
-    }
-  }
-  return cudaGetLastError();
-}
 
 cudaError_t moe_int4_decode(const Int4Expert* experts, int64_t H, int64_t I, int64_t group_size, const int32_t* ids,
                             const float* weights, int T, int k, const uint16_t* x_half, uint16_t* h_scratch, float* out,

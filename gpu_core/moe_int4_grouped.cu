@@ -12,8 +12,9 @@ namespace tandem::gpu {
 namespace {
 
 using namespace detail;
-constexpr int kWarpsPerBlock = 8;
-constexpr int kItem = kMaxGemvTokens;  // pairs per work item
+// The workspace's work items are counted for items of 8 pairs (the planner counts the same bytes); the
+// tensor-core kernels' items hold kTcM = 32, so they use fewer of them.
+constexpr int kItem = 8;
 
 size_t align256(size_t b) { return (b + 255) / 256 * 256; }
 
@@ -42,7 +43,7 @@ struct Carve {
     y = reinterpret_cast<float*>(take(P * H * 4));
     bytes = off;
   }
-  // sum of ceil(c_e / item) over experts; the workspace holds the most, items of kItem
+  // sum of ceil(c_e / item) over experts; the workspace holds the most for items of kItem
   static int64_t max_items(int64_t P, int E, int item = kItem) { return (P + item - 1) / item + E; }
 };
 
@@ -144,59 +145,6 @@ __global__ void gather_pairs_kernel(const Int4Expert* __restrict__ experts, cons
   }
 }
 
-
-template <int LANES>
-__global__ void __launch_bounds__(kWarpsPerBlock * 32)
-    grouped_gate_up_kernel(const Int4Expert* __restrict__ experts, int64_t H, int64_t I, const int4* __restrict__ items,
-                           const int32_t* __restrict__ counts, const __half* __restrict__ xg, const __half* __restrict__ xu,
-                           __half* __restrict__ h) {
-  if (static_cast<int>(blockIdx.y) >= counts[0]) return;
-  const int4 it = items[blockIdx.y];
-  const Int4Expert& ex = experts[it.x];
-  if (!ex.gate.qweight) return;  // uniform per block
-  const int l = (threadIdx.x & 31) % LANES, s0 = it.y, c = it.z;
-  const int64_t row = row_of_thread<LANES, kWarpsPerBlock>();
-  const bool valid = row < I;
-  float g[kItem] = {}, u[kItem] = {};
-  if (valid) {
-    int4_row_dot<kItem, LANES>(ex.gate, row, l, xg + s0 * H, H, c, g);
-    int4_row_dot<kItem, LANES>(ex.up, row, l, xu + s0 * H, H, c, u);
-  }
-#pragma unroll
-  for (int t = 0; t < kItem; ++t) {
-    const float gs = group_sum<LANES>(g[t]), us = group_sum<LANES>(u[t]);
-    if (valid && l == 0 && t < c) h[(s0 + t) * I + row] = __float2half_rn(gs / (1.0f + __expf(-gs)) * us);
-  }
-}
-
-template <int LANES>
-__global__ void __launch_bounds__(kWarpsPerBlock * 32)
-    grouped_down_kernel(const Int4Expert* __restrict__ experts, int64_t H, int64_t I, const int4* __restrict__ items,
-                        const int32_t* __restrict__ counts, const int32_t* __restrict__ order, const float* __restrict__ weights,
-                        const __half* __restrict__ h, float* __restrict__ y) {
-  extern __shared__ __align__(16) __half hs[];  // act-order only: [kItem][I] permuted copies of h
-  if (static_cast<int>(blockIdx.y) >= counts[0]) return;
-  const int4 it = items[blockIdx.y];
-  const Int4View& down = experts[it.x].down;
-  if (!down.qweight) return;  // uniform per block
-  const int l = (threadIdx.x & 31) % LANES, s0 = it.y, c = it.z;
-  const __half* hp = h + s0 * I;
-  if (down.perm) {
-    for (int64_t i = threadIdx.x; i < c * I; i += blockDim.x) hs[i] = hp[(i / I) * I + down.perm[i % I]];
-    __syncthreads();
-    hp = hs;
-  }
-  const int64_t row = row_of_thread<LANES, kWarpsPerBlock>();
-  const bool valid = row < H;
-  float a[kItem] = {};
-  if (valid) int4_row_dot<kItem, LANES>(down, row, l, hp, I, c, a);
-#pragma unroll
-  for (int t = 0; t < kItem; ++t) {
-    const float v = group_sum<LANES>(a[t]);
-    if (valid && l == 0 && t < c) y[(s0 + t) * H + row] = weights[order[s0 + t]] * v;
-  }
-}
-
 // out[t, :] = sum over j of y[pos_of[t*k + j], :] for the pairs a resident expert served.
 __global__ void combine_kernel(const Int4Expert* __restrict__ experts, const int32_t* __restrict__ ids, int k, int64_t H,
                                const int32_t* __restrict__ pos_of, const float* __restrict__ y, float* __restrict__ out) {
@@ -213,21 +161,6 @@ __global__ void combine_kernel(const Int4Expert* __restrict__ experts, const int
       if (pos[j] >= 0) acc += y[pos[j] * H + n];
     out[t * H + n] = acc;
   }
-}
-
-template <int LANES>
-void launch_gate_up(const Int4Expert* e, int64_t H, int64_t I, const Carve& w, int64_t items, cudaStream_t s) {
-  const int64_t rows = kWarpsPerBlock * (32 / LANES);
-  const dim3 grid(static_cast<unsigned>((I + rows - 1) / rows), static_cast<unsigned>(items));
-  grouped_gate_up_kernel<LANES><<<grid, kWarpsPerBlock * 32, 0, s>>>(e, H, I, w.items, w.counts, w.xg, w.xu, w.h);
-}
-
-template <int LANES>
-void launch_down(const Int4Expert* e, int64_t H, int64_t I, const Carve& w, int64_t items, const float* weights, cudaStream_t s) {
-  const int64_t rows = kWarpsPerBlock * (32 / LANES);
-  const dim3 grid(static_cast<unsigned>((H + rows - 1) / rows), static_cast<unsigned>(items));
-  grouped_down_kernel<LANES><<<grid, kWarpsPerBlock * 32, kItem * I * sizeof(__half), s>>>(e, H, I, w.items, w.counts, w.order,
-                                                                                            weights, w.h, w.y);
 }
 
 // ---- Tensor-core path (moe_int4_grouped_tc) -----------------------------------------------------
@@ -486,7 +419,7 @@ bool grouped_shape_ok(int n, int k, int E, int64_t H, int64_t I, int64_t group_s
          I % group_size == 0;
 }
 
-// Steps 1-2 of both forms: pairs sorted by expert into items of `item`, rows gathered to fp16.
+// Steps 1-2: pairs sorted by expert into items of `item`, rows gathered to fp16.
 void group_and_gather(const Int4Expert* experts, int E, int64_t H, const int32_t* ids, int64_t P, int k, int item, const float* x,
                       const Carve& w, cudaStream_t stream) {
   const int warps = group_pairs_warps(E);
@@ -518,25 +451,5 @@ cudaError_t moe_int4_grouped_tc(const Int4Expert* experts, int E, int64_t H, int
 }
 
 size_t moe_int4_grouped_workspace(int64_t n, int k, int64_t H, int64_t I, int E) { return Carve(nullptr, n * k, H, I, E).bytes; }
-
-cudaError_t moe_int4_grouped(const Int4Expert* experts, int E, int64_t H, int64_t I, int64_t group_size, const int32_t* ids,
-                             const float* weights, int n, int k, const float* x, void* workspace, float* out, cudaStream_t stream) {
-  if (!grouped_shape_ok(n, k, E, H, I, group_size) || kItem * I * 2 > 48 * 1024) return cudaErrorInvalidValue;
-  const int64_t P = static_cast<int64_t>(n) * k, items = Carve::max_items(P, E);
-  const Carve w(workspace, P, H, I, E);
-  group_and_gather(experts, E, H, ids, P, k, kItem, x, w, stream);
-  switch (lanes_for(H)) {
-    case 32: launch_gate_up<32>(experts, H, I, w, items, stream); break;
-    case 16: launch_gate_up<16>(experts, H, I, w, items, stream); break;
-    default: launch_gate_up<8>(experts, H, I, w, items, stream);
-  }
-  switch (lanes_for(I)) {
-    case 32: launch_down<32>(experts, H, I, w, items, weights, stream); break;
-    case 16: launch_down<16>(experts, H, I, w, items, weights, stream); break;
-    default: launch_down<8>(experts, H, I, w, items, weights, stream);
-  }
-  combine_kernel<<<static_cast<unsigned>(n), 256, k * sizeof(int32_t), stream>>>(experts, ids, k, H, w.pos_of, w.y, out);
-  return cudaGetLastError();
-}
 
 }  // namespace tandem::gpu

@@ -20,32 +20,18 @@ namespace {
 constexpr int kBatch = 8;  // 512-byte pieces a warp has in flight
 constexpr int kMaxLinkSlots = 16;
 static_assert(sizeof(Int4TilesExpert) == kInt4TilesExpertBytes, "int4_layout.h counts the link's tables with this size");
-constexpr int kStageBlocks = 96;  // per staged expert (1.6 MB at the 35B shape: ~4 reads of 16 bytes a thread)
 
 struct Pick {
   int j = -1;                           // the top-k slot, -1: no s-th link expert
-  const Int4TilesExpert* ex = nullptr;  // its weights: a staged copy or where they lie
+  const Int4TilesExpert* ex = nullptr;  // its weights, where they lie
 };
 
-// The token's s-th link expert: first those of its top-k that are staged (slot order), then up to m
-// more host experts (slot order) that are not.
-__device__ __forceinline__ Pick link_pick(const Int4TilesExpert* experts, int E, const int32_t* ids, int k, int m, const Int4TilesStaged& st,
-                                          int s) {
-  auto staged_at = [&](int e) {
-    for (int q = 0; q < st.count; ++q)
-      if (st.ids[q] == e) return q;
-    return -1;
-  };
-  int seen = 0;
-  for (int j = 0; j < k && st.count; ++j) {
-    const int e = ids[j], q = e >= 0 ? staged_at(e) : -1;
-    if (q >= 0 && seen++ == s) return {j, st.table + q};
-  }
-  for (int j = 0, extra = 0; j < k && extra < m; ++j) {
+// The token's s-th link expert: the s-th of the first m host experts of its top-k (slot order).
+__device__ __forceinline__ Pick link_pick(const Int4TilesExpert* experts, int E, const int32_t* ids, int k, int m, int s) {
+  for (int j = 0, found = 0; j < k && found < m; ++j) {
     const int e = ids[j];
-    if (e < 0 || e >= E || !experts[e].gate.w || (st.count && staged_at(e) >= 0)) continue;
-    ++extra;
-    if (seen++ == s) return {j, experts + e};
+    if (e < 0 || e >= E || !experts[e].gate.w) continue;
+    if (found++ == s) return {j, experts + e};
   }
   return {};
 }
@@ -115,10 +101,9 @@ __device__ __forceinline__ void tile_dot(const Int4TilesView& M, int64_t t, int6
 
 // Act order: x gathered by each link expert's gate and up perms once, into xs [m][2][H].
 __global__ void __launch_bounds__(256) gather_kernel(const Int4TilesExpert* __restrict__ experts, int E, const int32_t* __restrict__ ids,
-                                                     int k, int m, Int4TilesStaged st, int64_t H, const float* __restrict__ x,
-                                                     float* __restrict__ xs) {
+                                                     int k, int m, int64_t H, const float* __restrict__ x, float* __restrict__ xs) {
   const int s = blockIdx.x;
-  const Pick p = link_pick(experts, E, ids, k, m, st, s);
+  const Pick p = link_pick(experts, E, ids, k, m, s);
   if (p.j < 0) return;
   const Int4TilesExpert& ex = *p.ex;
   float* dst = xs + static_cast<int64_t>(s) * 2 * H;
@@ -130,12 +115,12 @@ __global__ void __launch_bounds__(256) gather_kernel(const Int4TilesExpert* __re
 
 // grid (I / 16, link slots), 2 warps: gate's tile and up's tile of link slot s; h [slots][I] = silu(g) * u.
 __global__ void __launch_bounds__(64) gate_up_kernel(const Int4TilesExpert* __restrict__ experts, int E, const int32_t* __restrict__ ids,
-                                                     int k, int m, Int4TilesStaged st, int64_t H, int64_t I, int64_t group_size,
+                                                     int k, int m, int64_t H, int64_t I, int64_t group_size,
                                                      const float* __restrict__ x, const float* __restrict__ xs, float* __restrict__ h) {
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ float gu[2][16];
   const int s = blockIdx.y, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const Pick p = link_pick(experts, E, ids, k, m, st, s);
+  const Pick p = link_pick(experts, E, ids, k, m, s);
   if (p.j < 0) return;  // uniform per block
   const Int4TilesExpert& ex = *p.ex;
   const int64_t G = H / group_size, t = blockIdx.x;
@@ -157,14 +142,14 @@ __global__ void __launch_bounds__(64) gate_up_kernel(const Int4TilesExpert* __re
 // (in order) of weight * row.
 __global__ void __launch_bounds__(32 * kMaxLinkSlots) down_kernel(const Int4TilesExpert* __restrict__ experts, int E,
                                                                   const int32_t* __restrict__ ids, const float* __restrict__ weights, int k,
-                                                                  int m, Int4TilesStaged st, int64_t I, int64_t group_size,
+                                                                  int m, int64_t I, int64_t group_size,
                                                                   const float* __restrict__ h, float* __restrict__ out, bool accumulate) {
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ float part[kMaxLinkSlots][16];
   __shared__ float wslot[kMaxLinkSlots];
   const int s = threadIdx.x >> 5, lane = threadIdx.x & 31, slots = blockDim.x >> 5;
   const int64_t G = I / group_size, t = blockIdx.x;
-  const Pick p = link_pick(experts, E, ids, k, m, st, s);
+  const Pick p = link_pick(experts, E, ids, k, m, s);
   const int j = p.j;
   if (j >= 0) {
     float acc[4];
@@ -186,112 +171,18 @@ __global__ void __launch_bounds__(32 * kMaxLinkSlots) down_kernel(const Int4Tile
 }  // namespace
 
 cudaError_t moe_int4_tiles_decode(const Int4TilesExpert* experts, int E, int64_t H, int64_t I, int64_t group_size, const int32_t* ids,
-                                  const float* weights, int k, int m, Int4TilesStaged staged, bool act_order, const float* x, void* scratch,
-                                  float* out, cudaStream_t stream, bool accumulate) {
-  if (!experts || E <= 0 || !ids || !weights || !x || !scratch || !out || (staged.count && (!staged.ids || !staged.table)) ||
-      !moe_int4_tiles_fits(H, I, group_size, k, m, staged.count))
+                                  const float* weights, int k, int m, bool act_order, const float* x, void* scratch, float* out,
+                                  cudaStream_t stream, bool accumulate) {
+  if (!experts || E <= 0 || !ids || !weights || !x || !scratch || !out || !moe_int4_tiles_fits(H, I, group_size, k, m))
     return cudaErrorInvalidValue;
-  const int slots = m + staged.count;
+  const int slots = m;
   float* h = static_cast<float*>(scratch);
   float* xs = act_order ? h + static_cast<int64_t>(slots) * I : nullptr;
-  if (act_order) gather_kernel<<<slots, 256, 0, stream>>>(experts, E, ids, k, m, staged, H, x, xs);
+  if (act_order) gather_kernel<<<slots, 256, 0, stream>>>(experts, E, ids, k, m, H, x, xs);
   gate_up_kernel<<<dim3(static_cast<unsigned>(I / 16), static_cast<unsigned>(slots)), 64, 2 * (H / group_size) * 48, stream>>>(
-      experts, E, ids, k, m, staged, H, I, group_size, x, xs, h);
-  down_kernel<<<static_cast<unsigned>(H / 16), 32 * slots, slots * (I / group_size) * 48, stream>>>(experts, E, ids, weights, k, m, staged,
-                                                                                                   I, group_size, h, out, accumulate);
-  return cudaGetLastError();
-}
-
-// ---- Staging: guessed experts copied to device memory ----
-namespace {
-
-// The 12 pieces of an expert (gate, up, down x codes, scales, zeros, input order), in 16-byte units.
-struct StagePieces {
-  const uint4* src[12];
-  int64_t off[13];  // unit offsets into the slot (prefix sums, each piece rounded up to 16 units = 256 bytes)
-  int64_t n[12];
-};
-
-__device__ void stage_pieces(const Int4TilesExpert& ex, int64_t H, int64_t I, int64_t group_size, StagePieces& p) {
-  const Int4TilesView* v[3] = {&ex.gate, &ex.up, &ex.down};
-  int64_t at = 0;
-  for (int i = 0; i < 3; ++i) {
-    const int64_t rows = i == 2 ? H : I, cols = i == 2 ? I : H, tiles = (rows + 15) / 16, G = cols / group_size;
-    const void* src[4] = {v[i]->w, v[i]->scales, v[i]->zeros, v[i]->perm};
-    const int64_t bytes[4] = {tiles * cols * 8, tiles * G * 32, v[i]->zeros ? tiles * G * 16 : 0, v[i]->perm ? cols * 4 : 0};
-    for (int q = 0; q < 4; ++q) {
-      p.src[4 * i + q] = static_cast<const uint4*>(src[q]);
-      p.n[4 * i + q] = (bytes[q] + 15) / 16;
-      p.off[4 * i + q] = at;
-      at += (p.n[4 * i + q] + 15) / 16 * 16;
-    }
-  }
-  p.off[12] = at;
-}
-
-// grid (blocks, S): block b of slot s copies every gridDim.x-th run of 16-byte units of guess[s]'s pieces
-// (8 loads a thread in flight); block 0 records the copy's views.
-__global__ void __launch_bounds__(256) stage_kernel(const Int4TilesExpert* __restrict__ experts, int E, const int32_t* guess, int64_t H,
-                                                    int64_t I, int64_t group_size, uint8_t* slots, size_t slot_bytes,
-                                                    int32_t* __restrict__ staged_ids, Int4TilesExpert* __restrict__ staged_table) {
-  __shared__ int guessed;
-  const int s = blockIdx.y;
-  if (threadIdx.x == 0) guessed = guess[s];  // one read a block (host memory: same-word reads queue one by one)
-  __syncthreads();
-  const int e = guessed;
-  const bool host = e >= 0 && e < E && experts[e].gate.w;
-  if (blockIdx.x == 0 && threadIdx.x == 0) staged_ids[s] = host ? e : -1;
-  if (!host) return;
-  const Int4TilesExpert ex = experts[e];
-  StagePieces p;
-  stage_pieces(ex, H, I, group_size, p);
-  uint4* dst = reinterpret_cast<uint4*>(slots + s * slot_bytes);
-  if (blockIdx.x == 0 && threadIdx.x == 0) {
-    Int4TilesExpert t;
-    Int4TilesView* v[3] = {&t.gate, &t.up, &t.down};
-    for (int i = 0; i < 3; ++i) {
-      v[i]->w = reinterpret_cast<const uint8_t*>(dst + p.off[4 * i]);
-      v[i]->scales = reinterpret_cast<const uint16_t*>(dst + p.off[4 * i + 1]);
-      v[i]->zeros = p.n[4 * i + 2] ? reinterpret_cast<const uint8_t*>(dst + p.off[4 * i + 2]) : nullptr;
-      v[i]->perm = p.n[4 * i + 3] ? reinterpret_cast<const int32_t*>(dst + p.off[4 * i + 3]) : nullptr;
-    }
-    staged_table[s] = t;
-  }
-  // The expert's units as one run (piece by piece, the slot's gaps skipped): 8 reads a thread in flight
-  // across the whole expert, not piece by piece (each piece would cost a wait for the link).
-  int64_t first[13];
-  first[0] = 0;
-  for (int q = 0; q < 12; ++q) first[q + 1] = first[q] + p.n[q];
-  const int64_t total = first[12], stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  constexpr int kInFlight = 8;
-  for (int64_t base = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; base < total; base += stride * kInFlight) {
-    uint4 v[kInFlight];
-    int64_t to[kInFlight];
-#pragma unroll
-    for (int u = 0; u < kInFlight; ++u) {
-      const int64_t i = base + u * stride;
-      to[u] = -1;
-      if (i >= total) continue;
-      int q = 0;
-      while (i >= first[q + 1]) ++q;
-      v[u] = __ldcs(p.src[q] + (i - first[q]));
-      to[u] = p.off[q] + (i - first[q]);
-    }
-#pragma unroll
-    for (int u = 0; u < kInFlight; ++u)
-      if (to[u] >= 0) dst[to[u]] = v[u];
-  }
-}
-
-}  // namespace
-
-cudaError_t int4_tiles_stage(const Int4TilesExpert* experts, int E, int64_t H, int64_t I, int64_t group_size, const int32_t* guess, int S,
-                             void* slots, size_t slot_bytes, int32_t* staged_ids, Int4TilesExpert* staged_table, cudaStream_t stream) {
-  if (!experts || E <= 0 || !guess || S <= 0 || S > 8 || !slots || !staged_ids || !staged_table || group_size <= 0 ||
-      slot_bytes < int4_tiles_stage_slot_bytes(H, I, group_size))
-    return cudaErrorInvalidValue;
-  stage_kernel<<<dim3(kStageBlocks, static_cast<unsigned>(S)), 256, 0, stream>>>(experts, E, guess, H, I, group_size, static_cast<uint8_t*>(slots),
-                                                                        slot_bytes, staged_ids, staged_table);
+      experts, E, ids, k, m, H, I, group_size, x, xs, h);
+  down_kernel<<<static_cast<unsigned>(H / 16), 32 * slots, slots * (I / group_size) * 48, stream>>>(experts, E, ids, weights, k, m, I,
+                                                                                                   group_size, h, out, accumulate);
   return cudaGetLastError();
 }
 

@@ -1,7 +1,7 @@
 // gpu_core/moe_int4_wide.cu: decode MoE with 16-byte weight loads (moe_int4_decode_wide, see moe.cuh).
 //
-// Why another decode kernel: moe_int4_decode(_prefetch) gives each lane one 4-byte code word at a
-// time and re-reads the activations for every row, so a layer's ~13 MB of expert weights took
+// Why this form: moe_int4_decode gives each lane one 4-byte code word at a time and re-reads the
+// activations for every row, so a layer's ~13 MB of expert weights took
 // 11 + 15 us on the H200 (~13% of bandwidth, latency- and issue-bound). Here each lane loads whole
 // 16-byte vectors (4 words, 32 inputs, one quantisation group), every weight load of a thread is
 // issued before any is used, and the fp32 input row is read directly (no separate fp16 gather launch).

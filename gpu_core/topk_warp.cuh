@@ -1,6 +1,6 @@
 // gpu_core/topk_warp.cuh: the router's softmax + top-k + renormalisation for one row, by one warp
 // (device code; include from .cu only). Used by router_topk (ops.cu) and by the router GEMV's last
-// block (gemv_bf16_router_topk).
+// block (gemv_bf16_router_topk_norm).
 //
 // Lane l holds experts l + 32 m (E <= 512). Each of the k rounds takes every lane's best remaining
 // expert, then the warp's largest value with one redux (values as order-preserving integer keys, -0

@@ -208,7 +208,8 @@ PlacementConfig parse_placement_config(const std::string& text, const std::strin
       if (cpu["numa"]) c.numa = r.choice<std::string>(cpu["numa"], "cpu.numa", {{"auto", "auto"}, {"off", "off"}});
     }
     if (const YAML::Node e = root["experts"]) {
-      r.check_keys(e, "experts", {"select", "heat", "cpu_format", "gpu_format", "deferral", "replace", "link"});
+      if (e.IsMap() && e["replace"]) r.fail_at(e["replace"], "experts.replace", "online re-placement was removed (it never paid); delete the key");
+      r.check_keys(e, "experts", {"select", "heat", "cpu_format", "gpu_format", "deferral", "link"});
       if (e["select"]) read_select(r, e["select"], c);
       if (e["heat"]) c.heat = r.resolve(r.scalar(e["heat"], "experts.heat"));
       if (e["cpu_format"]) c.cpu_format = format_value(r, e["cpu_format"], "experts.cpu_format", true);
@@ -220,31 +221,14 @@ PlacementConfig parse_placement_config(const std::string& text, const std::strin
       if (e["deferral"]) c.deferral = static_cast<int>(r.integer(e["deferral"], "experts.deferral", 0, 64));
       if (const YAML::Node lk = e["link"]) {
         if (lk.IsScalar() && r.scalar(lk, "experts.link") == "off") {  // `link: off`
-          c.link_in_place = c.link_staged = 0;
+          c.link_in_place = 0;
         } else if (lk.IsScalar() && r.scalar(lk, "experts.link") == "auto") {
           c.link_auto = true;
         } else if (lk.IsScalar()) {  // `link: N`
           c.link_in_place = static_cast<int>(r.integer(lk, "experts.link", 0, 64));
         } else {
-          r.check_keys(lk, "experts.link", {"in_place", "staged"});
+          r.check_keys(lk, "experts.link", {"in_place"});
           if (lk["in_place"]) c.link_in_place = static_cast<int>(r.integer(lk["in_place"], "experts.link.in_place", 0, 64));
-          if (lk["staged"]) c.link_staged = static_cast<int>(r.integer(lk["staged"], "experts.link.staged", 0, 8));
-          if (c.link_staged > 0 && c.link_in_place == 0)
-            r.fail_at(lk, "experts.link", "staged experts come with the ones read in place: set in_place to 1 or more");
-        }
-      }
-      if (const YAML::Node rp = e["replace"]) {
-        if (rp.IsScalar()) {  // `replace: off`
-          if (r.scalar(rp, "experts.replace") != "off") r.fail_at(rp, "experts.replace", "expected 'off' or a map with every / hysteresis / min_count / max_swaps / decay");
-          c.replace_every = 0;
-        } else {
-          r.check_keys(rp, "experts.replace", {"every", "hysteresis", "min_count", "max_swaps", "decay"});
-          if (!rp["every"]) r.fail_at(rp, "experts.replace", "needs 'every': decode tokens between checks");
-          c.replace_every = r.integer(rp["every"], "experts.replace.every", 1, int64_t(1) << 30);
-          if (rp["hysteresis"]) c.replace_hysteresis = r.number(rp["hysteresis"], "experts.replace.hysteresis", 1.0, 1e6);
-          if (rp["min_count"]) c.replace_min_count = r.integer(rp["min_count"], "experts.replace.min_count", 1, int64_t(1) << 40);
-          if (rp["max_swaps"]) c.replace_max_swaps = static_cast<int>(r.integer(rp["max_swaps"], "experts.replace.max_swaps", 1, 4096));
-          if (rp["decay"]) c.replace_decay = r.number(rp["decay"], "experts.replace.decay", 0.0, 1.0);
         }
       }
     }

@@ -56,16 +56,9 @@ struct PlacementConfig {
   std::string gpu_format = "auto";        // auto (the checkpoint's)
   int deferral = 0;                       // lowest-weight CPU experts of layer L applied at L+1
   // experts.link: of each token's CPU experts, the first link_in_place the GPU computes itself reading
-  // them in place over PCIe, and (one-graph decode) those of link_staged guessed ones it copied ahead
-  // (GpuOptions::link_experts / link_stage). 0 / 0: off, the CPU computes all of them.
-  int link_in_place = 0, link_staged = 0;
+  // them in place over PCIe (GpuOptions::link_experts). 0: off, the CPU computes all of them.
+  int link_in_place = 0;
   bool link_auto = false;  // `link: auto`: the cost model picks link_in_place (none when it does not pay)
-  // online re-placement (experts.replace): every `replace_every` decode tokens, swap CPU experts that
-  // have become hotter than GPU ones (placement/replace.h); 0: the placement stays as planned
-  int64_t replace_every = 0;
-  double replace_hysteresis = 1.5, replace_decay = 0.5;
-  int64_t replace_min_count = 8;
-  int replace_max_swaps = 16;
   // prefill
   PrefillStrategy prefill = PrefillStrategy::Auto;
   int64_t prefill_gpu_min_tokens = 0;  // 0: the cost model decides

@@ -28,7 +28,7 @@ constexpr uint64_t kBf16ExpertTableEntry = 3 * 8;
 // the kernel reads 49.5 (bench_handoff pcie rows: host memory gave ~121 GB/s to both; the host experts
 // in decode: 62-65 of 80-88), the link kernel reads 3 experts at 42 of the link's 51-55 GB/s, and a
 // layer's input foresees ~0.9 of its top-8 (tandem profile).
-constexpr double kLinkCpuShare = 0.78, kLinkRate = 0.8, kGuessHit = 0.9;
+constexpr double kLinkCpuShare = 0.78, kLinkRate = 0.8;
 
 struct Sizer {
   const ModelConfig& c;
@@ -125,8 +125,7 @@ VramBytes fixed_vram(const ModelConfig& c, const Sizer& s, int64_t context, int 
     for (int64_t n : {H, H, H, r4(conv_dim) + r4(Vd) + 2 * r4(Hv), Vd, conv_dim, r4(int64_t(nh) * 2 * hd) + 2 * r4(int64_t(nkv) * hd),
                       int64_t(nh) * hd, int64_t(nh) * max_splits * (hd + 2), int64_t(nh) * hd, r4(E) + 2 * r4(Is) + r4(1), H, I * k, H, V})
       v.workspace += floats(n);
-    v.workspace += align256(wide * 2) + 2 * align256(4) + align256(k * 4) + floats(k) + align256(4) +
-                   align256(static_cast<uint64_t>(std::max<int64_t>(Hv, 1)) * 4);  // xh, ids, pos, top-k ids, weights, router / DeltaNet tickets
+    v.workspace += align256(wide * 2) + 2 * align256(4) + align256(k * 4) + floats(k) + align256(4);  // xh, ids, pos, top-k ids, weights, router ticket
     v.workspace += floats(H);  // CPU experts' result (hybrid)
     if (deferral > 0) v.workspace += floats((prefill_chunk > 0 ? prefill_chunk : 1) * H);  // deferred experts' sum
     // Sampling on the GPU: penalty list (12 B per context token), top-k workspace (gpu::kTopKWorkspaceBytes),
@@ -177,7 +176,7 @@ void predict(const ModelConfig& c, const PlacementConfig& cfg, const PlanRequest
   const double kv_read = static_cast<double>(c.num_full_attention_layers()) * 2 * typical_pos * nkv * hd * 2;
   pr.gpu_bytes_per_token = dense_read + 2.0 * static_cast<double>(v.deltanet_state) / p.batch + kv_read;
   double t = 0, t_cpu_total = 0;
-  // Decode kernels a layer (qwen3_5_moe_gpu.cpp): norm (fused with the residual add), stacked input
+  // Decode kernels a layer (gpu.cpp): norm (fused with the residual add), stacked input
   // projections, the mixer (DeltaNet 2, attention 3), output projection, stacked router / shared
   // projections with the add + norm before them and the top-k in the last block, 2 MoE kernels (fp32
   // input read in them), shared down with SiLU * up formed as it reads = 9 / 10.
@@ -196,19 +195,17 @@ void predict(const ModelConfig& c, const PlacementConfig& cfg, const PlanRequest
     const double cpu_b = cpu_acts * static_cast<double>(p.cpu_expert_bytes);
     pr.cpu_bytes_per_token += cpu_b;
     double t_cpu = cpu_b / pr.cpu_bw;
-    const bool linked = cpu_acts > 1e-9 && p.link_in_place + p.link_staged > 0;
+    const bool linked = cpu_acts > 1e-9 && p.link_in_place > 0;
     // the bound: host memory read at the best rate the CPU (and with the link, PCIe beside it) can take
     t_cpu_total += linked ? cpu_b / std::max(pr.cpu_bw, std::min(memory, pr.cpu_bw * kLinkCpuShare + pr.pcie_bw * kLinkRate)) : t_cpu;
     if (linked) {
       // experts.link: the GPU reads some of the layer's CPU experts over PCIe while the host computes
-      // the rest: up to link_in_place read in place, and the staged guesses that come true (a guess is
-      // one of the host's as often as the layer's experts are; copied during the mixer). The two
-      // reads share host memory: the cores' rate falls (kLinkCpuShare), the kernel reads at kLinkRate of
-      // the PCIe figure, and both together at most at bandwidth.host_memory (default: the CPU figure).
-      const double staged = std::min(cpu_acts, p.link_staged * kGuessHit * cpu_acts / k);
-      const double in_place = std::min(cpu_acts - staged, static_cast<double>(p.link_in_place));
+      // the rest: up to link_in_place read in place. The two reads share host memory: the cores' rate
+      // falls (kLinkCpuShare), the kernel reads at kLinkRate of the PCIe figure, and both together at
+      // most at bandwidth.host_memory (default: the CPU figure).
+      const double in_place = std::min(cpu_acts, static_cast<double>(p.link_in_place));
       const double bytes = static_cast<double>(p.cpu_expert_bytes);
-      t_cpu = std::max({(cpu_acts - staged - in_place) * bytes / (pr.cpu_bw * kLinkCpuShare), in_place * bytes / (pr.pcie_bw * kLinkRate),
+      t_cpu = std::max({(cpu_acts - in_place) * bytes / (pr.cpu_bw * kLinkCpuShare), in_place * bytes / (pr.pcie_bw * kLinkRate),
                         cpu_acts * bytes / memory});
     }
     if (cpu_acts > 1e-9) {
@@ -386,22 +383,20 @@ Plan make_plan(const ModelConfig& c, const PlacementConfig& cfg, const PlanReque
   p.cpu_expert_bytes = 2 * Sizer::host_matrix(fmt, I, H, fmt == "int8" ? int8_group : group, sym) +
                        Sizer::host_matrix(fmt, H, I, fmt == "int8" ? int8_group : down_group, sym);
 
-  // ---- experts.link: its buffers (tables for every layer, scratch, staging slots) ----
-  const bool link_asked = cfg.link_in_place > 0 || cfg.link_staged > 0;
-  const bool link_possible = eq.quantized && fmt == "int4" && cfg.replace_every == 0 &&
-                             gpu::moe_int4_tiles_fits(H, I, group, c.num_experts_per_tok, c.num_experts_per_tok, 0);
+  // ---- experts.link: its buffers (tables for every layer, scratch) ----
+  const bool link_asked = cfg.link_in_place > 0;
+  const bool link_possible = eq.quantized && fmt == "int4" && gpu::moe_int4_tiles_fits(H, I, group, c.num_experts_per_tok, c.num_experts_per_tok);
   if (cfg.link_auto && link_possible)  // room for any number read in place; predict() picks it
-    v.workspace += gpu::link_buffer_bytes(H, I, group, E, L, c.num_experts_per_tok, c.num_experts_per_tok, 0).total();
+    v.workspace += gpu::link_buffer_bytes(H, I, E, L, c.num_experts_per_tok).total();
   if (link_asked) {
-    if (cfg.replace_every > 0) fail(cfg.source, ": experts.link does not go with experts.replace (the host's set of experts would change under it)");
     if (!eq.quantized || fmt != "int4")
       fail(cfg.source, ": experts.link: the GPU reads CPU experts in place only as GPTQ int4 (",
            eq.quantized ? "experts.cpu_format is " + fmt + ": set it to int4" : std::string("this checkpoint's experts are bf16"), ")");
     const int k = c.num_experts_per_tok;
-    p.link_in_place = std::min(cfg.link_in_place, k), p.link_staged = std::min(cfg.link_staged, k);
-    if (!gpu::moe_int4_tiles_fits(H, I, group, k, p.link_in_place, p.link_staged))
+    p.link_in_place = std::min(cfg.link_in_place, k);
+    if (!gpu::moe_int4_tiles_fits(H, I, group, k, p.link_in_place))
       fail(cfg.source, ": experts.link: the link kernel does not take hidden ", H, ", intermediate ", I, " in groups of ", group);
-    v.workspace += gpu::link_buffer_bytes(H, I, group, E, L, k, p.link_in_place, p.link_staged).total();
+    v.workspace += gpu::link_buffer_bytes(H, I, E, L, p.link_in_place).total();
   }
 
   // ---- minimum and the fill ----
@@ -530,10 +525,6 @@ Plan make_plan(const ModelConfig& c, const PlacementConfig& cfg, const PlanReque
   }
   p.expected_gpu_expert_fraction = L ? frac_sum / L : 1.0;
   p.host_expert_bytes = static_cast<uint64_t>(L * E - p.total_gpu_experts()) * p.cpu_expert_bytes;
-  p.replace_every = cfg.replace_every;
-  if (p.replace_every > 0)
-    for (int l = 0; l < L; ++l)
-      if (p.experts_on_gpu[l] < E) p.host_replace_bytes += static_cast<uint64_t>(p.experts_on_gpu[l]) * p.cpu_expert_bytes;
   p.host_available_bytes = req.host_available_bytes;
 
   predict(c, cfg, req, tied_shared, p);
@@ -580,9 +571,7 @@ nlohmann::json plan_to_json(const Plan& p) {
   j["layer_gpu_fraction"] = p.layer_gpu_fraction;
   j["expected_gpu_expert_fraction"] = p.expected_gpu_expert_fraction;
   j["deferral"] = p.deferral;
-  j["link"] = {{"in_place", p.link_in_place}, {"staged", p.link_staged}};
-  j["replace_every_tokens"] = p.replace_every;
-  j["host_replace_bytes"] = p.host_replace_bytes;
+  j["link"] = {{"in_place", p.link_in_place}};
   j["prefill_strategy"] = prefill_name(p.prefill);
   j["prefill_chunk"] = p.prefill_chunk;
   j["prefill_chunk_auto"] = p.prefill_chunk_auto;
@@ -628,9 +617,6 @@ std::string plan_table(const Plan& p) {
   o += "\n";
   line("CPU experts", str_cat(format_gib(p.host_expert_bytes), " in host RAM (", p.cpu_expert_format, ")",
                               p.host_available_bytes ? str_cat(", ", format_gib(p.host_available_bytes), " available") : std::string()));
-  if (p.replace_every > 0)
-    line("re-placement", str_cat("online, every ", p.replace_every, " decode tokens; the host also keeps the GPU experts of those layers: ",
-                                 format_gib(p.host_replace_bytes)));
   if (!p.host_fits())
     line("", "not enough host RAM for the CPU experts: raise the GPU budget, use int4 experts, or free memory");
   line("selection", p.selection + (p.heat_used ? " (heat map)" : " (no heat map: uniform activations)"));
@@ -655,9 +641,8 @@ std::string plan_table(const Plan& p) {
   line("bytes per token", buf);
   std::snprintf(buf, sizeof buf, "%.1f tok/s (%.2f ms/token; bandwidth bound %.1f tok/s)", pr.decode_tok_s, pr.decode_ms, pr.bound_tok_s);
   line("predicted decode", buf);
-  if (p.link_in_place + p.link_staged > 0)
-    line("link experts", str_cat("the GPU computes the first ", p.link_in_place, " of each token's CPU experts reading them over PCIe",
-                                 p.link_staged ? str_cat(", and those of its ", p.link_staged, " guessed ones it copied ahead") : ""));
+  if (p.link_in_place > 0)
+    line("link experts", str_cat("the GPU computes the first ", p.link_in_place, " of each token's CPU experts reading them over PCIe"));
   line("prefill on GPU from",
        pr.prefill_gpu_min_tokens
            ? str_cat(pr.prefill_gpu_min_tokens, " prompt tokens (", prefill_name(p.prefill), "; CPU experts streamed over PCIe, up to ",

@@ -66,12 +66,8 @@ struct Plan {
   uint64_t gpu_expert_bytes = 0;         // one routed expert on the GPU
   uint64_t cpu_expert_bytes = 0;         // one routed expert in host RAM (streamed per activation)
   uint64_t host_expert_bytes = 0;        // all CPU-resident experts
-  // online re-placement (experts.replace): decode tokens between checks (0: off), and the host copies
-  // of the GPU experts of the layers with CPU experts it then keeps (any of them may move to the host)
-  int64_t replace_every = 0;
-  uint64_t host_replace_bytes = 0;
   uint64_t host_available_bytes = 0;     // what the machine had free when planned (0: unknown)
-  bool host_fits() const { return !host_available_bytes || host_expert_bytes + host_replace_bytes <= host_available_bytes; }
+  bool host_fits() const { return !host_available_bytes || host_expert_bytes <= host_available_bytes; }
   std::vector<std::vector<uint8_t>> expert_on_gpu;  // [layer][expert]
   std::vector<int> experts_on_gpu;                  // count per layer
   std::vector<double> layer_gpu_fraction;           // expected share of the layer's activations on the GPU
@@ -79,9 +75,9 @@ struct Plan {
   bool heat_used = false;
   std::string selection;                            // the policy, as the config named it
   int deferral = 0;
-  // experts.link (GpuOptions::link_experts / link_stage): its device buffers are in vram.workspace,
-  // counted for every layer (gpu::link_buffer_bytes with all layers holding CPU experts).
-  int link_in_place = 0, link_staged = 0;
+  // experts.link (GpuOptions::link_experts): its device buffers are in vram.workspace, counted for
+  // every layer (gpu::link_buffer_bytes with all layers holding CPU experts).
+  int link_in_place = 0;
   PrefillStrategy prefill = PrefillStrategy::Auto;
   int64_t prefill_chunk = 0;  // batched GPU prefill chunk (its workspace is in vram.workspace); 0: token by token
   bool prefill_chunk_auto = false;  // chosen by the planner (prefill.chunk: auto)

@@ -16,16 +16,14 @@
 #   ctest        the whole CTest suite
 #   cpu-experts  scripts/gpu_machine_cpu_experts.sh (AMX tests at every ISA cap + benchmarks)
 #   cpu-tests    the cpu_experts tests at the CPU's best level (AMX there), no benchmarks
-#   cpu-bench:FILTER  bench/bench_cpu_experts with --benchmark_filter=FILTER (e.g. 'decode_warm'), JSON + console
+#   cpu-bench:FILTER  bench/bench_cpu_experts with --benchmark_filter=FILTER (e.g. 'decode'), JSON + console
 #   handoff-bench[:FILTER]  bench/bench_handoff: the hybrid handoff's round trip (one graph vs event + copies), the
 #                link's read rate (pcie rows) and the link experts' kernel (link rows)
 #   gpu-bench[:FILTER]  bench/bench_gpu_gemv (per-kernel bandwidth at the 35B shapes), JSON + console
 #   e2e:LENS:REPEAT:SCENARIOS  bench/run_e2e.sh, e.g. e2e:4096:3:hybrid-8gib-cpu-experts,hybrid-24gib
-#                (scenarios: gpu-all hybrid-{8gib-cpu-experts,12gib,16gib,24gib} hybrid-{8,12}gib-defer{1..4} hybrid-{12,16}gib-replace
-#                 hybrid-8gib-cpu-experts-link{N,NsS} cpu-all)
-#   e2e-eager:LENS:REPEAT:SCENARIOS    the same with the fast paths off (TANDEM_CUDA_GRAPH=0 TANDEM_BATCHED_PREFILL=0)
-#   e2e-plain:LENS:REPEAT:SCENARIOS    the same with the later fast paths off (grouped / tensor-core MoE prefill,
-#                                      prefetching MoE decode, attention prefill, GPU sampling) for A/B runs
+#                (scenarios: gpu-all hybrid-{8gib-cpu-experts,12gib,16gib,24gib} hybrid-{8,12}gib-defer{1..4}
+#                 hybrid-8gib-cpu-experts-linkN cpu-all)
+#   e2e-eager:LENS:REPEAT:SCENARIOS    the same with `tandem bench --eager` (every kernel launched eagerly, no CUDA graphs)
 #   e2e-text:LENS:REPEAT:SCENARIOS     prompts from the profiling text instead of random ids (the heat map applies)
 #   ncu[:PLEN]   Nsight Compute per-kernel durations (kernels serialised) of an all-GPU bench with a PLEN-token
 #                prompt (default 1024) and 2 decode steps: ncu.txt
@@ -35,8 +33,8 @@
 #   ncu-bench:FILTER:KERNEL_REGEX  Nsight Compute sections (speed of light, occupancy, warp stalls) of the
 #                first 2 launches of the kernels matching KERNEL_REGEX in bench_gpu_gemv --benchmark_filter=FILTER
 #   trace:GIB    a hybrid decode at that budget with --trace, and tools/trace_plot.py's picture of one step
-#   env:VAR=VALUE  exported for the steps after it (GEN=N: tokens generated per e2e run, default 128) (e.g. env:TANDEM_DELTANET_CHUNKED=1); their result
-#                names carry VALUE's variable as a suffix so A/B runs of one step do not overwrite each other
+#   env:VAR=VALUE  exported for the steps after it (GEN=N: tokens generated per e2e run, default 128; e.g. env:PREFILL_CHUNK=512);
+#                their result names carry VALUE's variable as a suffix so A/B runs of one step do not overwrite each other
 set -uo pipefail
 OUT="${OUT:-$PWD/gpu-out}"
 DEADLINE="${DEADLINE:-540}"
@@ -97,11 +95,10 @@ for step in "$@"; do
         --benchmark_out="$res/cpu-bench$tag.json" --benchmark_out_format=json ;;
     cpu-experts)
       run_step cpu-experts 400 env OUT="$res/cpu_experts" TEST_TIMEOUT=200 BENCH_TIMEOUT=150 bash scripts/gpu_machine_cpu_experts.sh ;;
-    e2e:*|e2e-eager:*|e2e-plain:*|e2e-text:*)
+    e2e:*|e2e-eager:*|e2e-text:*)
       IFS=: read -r kind lens repeat scen <<< "$step"
       flags=""
-      [ "$kind" = e2e-eager ] && flags="TANDEM_CUDA_GRAPH=0 TANDEM_BATCHED_PREFILL=0"
-      [ "$kind" = e2e-plain ] && flags="TANDEM_GROUPED_MOE=0 TANDEM_GROUPED_MOE_TC=0 TANDEM_MOE_PREFETCH=0 TANDEM_ATTN_PREFILL=0 TANDEM_GPU_SAMPLING=0"
+      [ "$kind" = e2e-eager ] && flags="BENCH_FLAGS=--eager"
       [ "$kind" = e2e-text ] && flags="BENCH_PROMPTS=1"
       # HEAT=file: reuse a heat map (profiling the 35B synth takes minutes)
       name="$kind-${lens//,/_}$tag"

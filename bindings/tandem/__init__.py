@@ -109,12 +109,14 @@ class Engine:
     gpu_mem:   GPU budget, bytes (int) or text ("24GiB"); overrides the config's gpu.memory.
     threads:   CPU worker threads (default: physical cores).
     context:   KV cache length for the GPU placements (default: the config's, else 4096).
+    eager:     GPU placements: launch every kernel eagerly, no CUDA graphs (debugging).
     """
 
     def __init__(self, model_dir: str, config: Union[None, str, Dict[str, Any]] = None, device: str = "auto",
-                 gpu_mem: Union[None, int, str] = None, threads: Optional[int] = None, context: Optional[int] = None):
+                 gpu_mem: Union[None, int, str] = None, threads: Optional[int] = None, context: Optional[int] = None,
+                 eager: bool = False):
         self._core = _tandem.Engine(str(model_dir), config, device, _gpu_mem(gpu_mem), _opt_int(threads, "threads", 1, _MAX_THREADS),
-                                    _opt_int(context, "context", 1))
+                                    _opt_int(context, "context", 1), eager)
         self.model_dir = str(model_dir)
         self.tokenizer = Tokenizer(self._core)
 

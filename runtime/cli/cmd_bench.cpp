@@ -36,21 +36,6 @@ namespace tandem::cli {
 
 namespace {
 
-// The TANDEM_* environment switches in effect (A/B runs of the GPU paths say which side they are).
-nlohmann::json tandem_switches() {
-  nlohmann::json out = nlohmann::json::object();
-  for (char** e = environ; e && *e; ++e) {
-    const std::string kv(*e);
-    const size_t eq = kv.find('=');
-    if (kv.rfind("TANDEM_", 0) == 0 && eq != std::string::npos) out[kv.substr(0, eq)] = kv.substr(eq + 1);
-  }
-  return out;
-}
-
-}  // namespace
-
-namespace {
-
 struct Stat {
   double median = 0, min = 0, max = 0;
 };
@@ -280,7 +265,6 @@ int cmd_bench(int argc, char** argv) {
                        {"itl_p50_ms", p50},
                        {"itl_p99_ms", p99},
                        {"gpu_expert_fraction", runner->gpu_expert_share()},
-                       {"expert_swaps", runner->expert_swaps()},
                        {"bound_decode_tok_s", bound},
                        {"decode_ratio_to_bound", d.median / bound}});
     // Hybrid: where the last run's decode steps went on the host's side, a token's worth.
@@ -333,7 +317,7 @@ int cmd_bench(int argc, char** argv) {
                         {"cpu_read_bytes_per_s", cpu_bw},
                         {"pcie_h2d_bytes_per_s", pcie_bw},
                         {"description", runner->describe()},
-                        {"switches", tandem_switches()},
+                        {"eager", ro.eager},
                         {"active_bytes_per_token", wb.per_token_active},
                         {"routed_active_bytes_per_token", wb.routed_active},
                         {"bound_decode_tok_s", first["bound_decode_tok_s"]},
@@ -344,7 +328,6 @@ int cmd_bench(int argc, char** argv) {
                 peak_host / 1e9, runner->peak_device_bytes() / 1e9, 100 * runner->gpu_expert_share());
     if (hybrid) std::printf("CPU read bandwidth %.1f GB/s; PCIe host-to-device %.1f GB/s\n", cpu_bw / 1e9, pcie_bw / 1e9);
     if (!split_lines.empty()) std::printf("a decode token on the host's side (last run):%s\n", split_lines.c_str());
-    if (const uint64_t s = runner->expert_swaps()) std::printf("online re-placement: %llu experts moved to the GPU in the last run\n", (unsigned long long)s);
   }
   return 0;
 }

@@ -24,6 +24,7 @@ std::vector<Flag> device_flags() {
       {"context", true, "--device gpu|hybrid: longest sequence the KV cache holds (hybrid: the config's, else the longest whose KV cache takes at most a quarter of the free budget; gpu: 4096)"},
       {"defer-experts", true, "--device ref|cpu: apply each token's N lowest-weight experts one layer late (measures expert deferral)"},
       {"trace", true, "write a Perfetto / chrome://tracing timeline (GPU work, CPU expert jobs, copies) to this .json"},
+      {"eager", false, "launch every kernel eagerly, no CUDA graphs (debugging)"},
   };
 }
 
@@ -57,6 +58,7 @@ RunnerOptions runner_options(const Args& a, int64_t min_context) {
   o.config = a.get("config", "");
   o.defer_experts = a.get_int<int>("defer-experts", 0, 0, INT_MAX);  // make_runner checks it against the model
   if (a.has("trace")) Trace::start(a.get("trace"));
+  o.eager = a.has("eager");
   if (!o.config.empty() && o.device == "auto") o.device = "hybrid";
   if (!o.config.empty() && o.device != "hybrid")
     throw UsageError("--config (a placement YAML) applies to --device hybrid; add --device hybrid");

@@ -9,7 +9,7 @@
 
 namespace tandem::cli {
 
-// --device, --config, --threads, --cpu-expert-format, --gpu-mem, --context
+// --device, --config, --threads, --cpu-expert-format, --gpu-mem, --context, --defer-experts, --trace, --eager
 std::vector<Flag> device_flags();
 // Reads them (and sets the OpenMP thread count for the shared host ops); UsageError on bad values.
 RunnerOptions runner_options(const Args& a, int64_t min_context = 0);

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstddef>
-#include <cstdlib>
 
 #include "cpu_experts/cpu_moe.h"
 
@@ -52,20 +51,6 @@ class HostRunner final : public Runner {
 };
 
 #ifdef TANDEM_HAVE_CUDA
-// A GPU path switch: NAME=1 turns it on, NAME=0 off, unset leaves `dflt` (the validated fast paths
-// default to on, a path not yet run on a GPU to off; the switches are for A/B runs and bisecting).
-bool env_switch(const char* name, bool dflt) {
-  const char* v = std::getenv(name);
-  if (!v) return dflt;
-  return dflt ? std::string(v) != "0" : std::string(v) == "1";
-}
-
-// A count from the environment (negative values read as 0), dflt when unset: A/B overrides of options.
-int env_count(const char* name, int dflt) {
-  const char* v = std::getenv(name);
-  return v ? std::max(0, std::atoi(v)) : dflt;
-}
-
 // The CPU side of a hybrid run: the routed experts the plan leaves in host memory, repacked once into
 // the cpu_experts layout (and placed on their NUMA nodes), then page-locked with CUDA so they can
 // move by DMA, and run on the pinned worker pool when the GPU hands a layer over.
@@ -73,12 +58,11 @@ class CpuExpertSide final : public HostExperts {
   // How long idle workers spin before they sleep: past a decode token's gap between its last host layer
   // and the next token's first (lm_head, sampling, the next launch, the first mixer: ~0.5 ms on the
   // H200 machine), so that a token's first host layer does not wait for sleeping workers to wake.
-  // TANDEM_POOL_SPIN_US overrides (A/B).
-  static int pool_spin_us() { return env_count("TANDEM_POOL_SPIN_US", 2000); }
+  static constexpr int kPoolSpinUs = 2000;
 
  public:
   CpuExpertSide(const Qwen35Moe& model, const HybridPlacement& hp, int threads)
-      : pool_(cpu::ThreadPool::Options{threads, true, false, pool_spin_us()}), store_(store_options(hp.cpu_expert_format)) {
+      : pool_(cpu::ThreadPool::Options{threads, true, false, kPoolSpinUs}), store_(store_options(hp.cpu_expert_format)) {
     const auto& layers = model.layers();
     for (size_t l = 0; l < layers.size(); ++l) {
       std::vector<int> ids;
@@ -98,18 +82,7 @@ class CpuExpertSide final : public HostExperts {
         register_error_ = reason;
       }
     }
-    // Online re-placement may hand any expert of these layers to the host: it holds the GPU ones too
-    // (their own chunk per layer, not page-locked: they never cross PCIe from here).
-    if (hp.replace.on())
-      for (size_t l = 0; l < layers.size(); ++l) {
-        if (host_ids_[l].empty()) continue;
-        std::vector<int> gpu_ids;
-        for (size_t e = 0; e < hp.expert_on_gpu[l].size(); ++e)
-          if (hp.expert_on_gpu[l][e]) gpu_ids.push_back(static_cast<int>(e));
-        if (!gpu_ids.empty()) store_.add_layer(static_cast<int>(l), layers[l].moe, gpu_ids, &pool_);
-      }
   }
-  bool holds(int layer, int expert) const override { return store_.find(layer, expert) != nullptr; }
   ~CpuExpertSide() override {
     for (void* p : registered_) gpu::host_unregister(p);
   }
@@ -118,10 +91,6 @@ class CpuExpertSide final : public HostExperts {
   void run(int layer, const float* x, int64_t T, const int32_t* ids, const float* weights, int k, float* out) override {
     TraceSpan span("cpu experts, layer", "cpu", layer);
     cpu::cpu_moe_forward(store_, layer, x, T, ids, weights, k, out, pool_, ws_);
-  }
-  // The guessed experts' bytes read into the caches (cpu::prefetch_experts) until stop() holds.
-  void prefetch(int layer, const int32_t* ids, int n, const std::function<bool()>& stop) override {
-    cpu::prefetch_experts(store_, layer, ids, n, pool_, stop);
   }
   // Each layer's experts were packed into one huge-page chunk (CpuExpertStore::add_layer): their
   // byte range is what crosses PCIe. Down's act order is folded into gate / up rows, so it has none.
@@ -183,7 +152,6 @@ class CpuExpertSide final : public HostExperts {
     else if (fmt == "bf16") o.format = cpu::WeightFormat::BF16;
     else fail("hybrid: CPU expert format must be int4, int8 or bf16 (got '", fmt, "')");
     o.dense_format = o.format == cpu::WeightFormat::Int4 ? cpu::WeightFormat::Int8 : o.format;
-    if (env_switch("TANDEM_CPU_COARSE_TASKS", false)) o.up_block_rows = 64;  // the task size before session 11 (A/B)
     return o;
   }
   cpu::ThreadPool pool_;
@@ -204,29 +172,7 @@ class GpuRunner final : public Runner {
     g.budget_bytes = o.gpu_mem;
     g.max_context = o.context;
     g.progress = stderr;
-    g.cuda_graph = env_switch("TANDEM_CUDA_GRAPH", true);
-    g.prefill_chunk_max = 2048;
-    g.batched_prefill = env_switch("TANDEM_BATCHED_PREFILL", true);
-    g.grouped_moe = env_switch("TANDEM_GROUPED_MOE", true);
-    g.grouped_moe_tc = env_switch("TANDEM_GROUPED_MOE_TC", true);
-    g.moe_prefetch = env_switch("TANDEM_MOE_PREFETCH", true);
-    g.moe_wide = env_switch("TANDEM_MOE_WIDE", true);
-    g.router_norm = env_switch("TANDEM_ROUTER_NORM", true);
-    g.parallel_shared = env_switch("TANDEM_PARALLEL_SHARED", true);
-    g.deltanet_split = env_switch("TANDEM_DELTANET_SPLIT", false);
-    g.hybrid_one_graph = env_switch("TANDEM_HYBRID_ONE_GRAPH", true);
-    g.fused_handoff = env_switch("TANDEM_FUSED_HANDOFF", true);
-    const int l2_mib = env_count("TANDEM_L2_PREFETCH_MB", -1);  // unset: 70% of the device's L2
-    g.l2_prefetch_bytes = l2_mib < 0 ? -1 : int64_t{l2_mib} << 20;
-    g.host_prefetch = env_count("TANDEM_HOST_PREFETCH", 0);  // experimental, off
-    g.deltanet_conv_in_gemv = env_switch("TANDEM_DELTANET_CONV_GEMV", false);
-    g.programmatic_launch = env_switch("TANDEM_PDL", true);
-    g.attention_prefill = env_switch("TANDEM_ATTN_PREFILL", true);
-    g.attention_prefill_tc = env_switch("TANDEM_ATTN_TC", true);
-    g.attention_gqa = env_switch("TANDEM_ATTN_GQA", true);
-    g.deltanet_chunked = env_switch("TANDEM_DELTANET_CHUNKED", true);
-    g.prefill_gemm_split = !env_switch("TANDEM_GEMM_SINGLE", false);
-    sample_on_gpu_ = env_switch("TANDEM_GPU_SAMPLING", true);
+    g.eager = o.eager;
     if (placement_) {
       cpu_ = std::make_unique<CpuExpertSide>(model, *placement_, o.threads);
       g.budget_bytes = placement_->gpu_alloc_bytes;
@@ -238,15 +184,8 @@ class GpuRunner final : public Runner {
       g.prefill_chunk_max = 0;  // the planner counted this chunk's workspace
       g.defer_experts = placement_->deferral;
       g.link_experts = placement_->link_in_place;
-      g.link_stage = placement_->link_staged;
-      // TANDEM_LINK_EXPERTS / TANDEM_LINK_STAGE override experts.link for A/B runs (the GPU model counts
-      // their buffers; a budget the plan filled with experts may not hold ~1.7 MB more a staged expert)
-      g.link_experts = env_count("TANDEM_LINK_EXPERTS", g.link_experts);
-      g.link_stage = env_count("TANDEM_LINK_STAGE", g.link_stage);
       g.stream_prefill_min_tokens = placement_->stream_prefill_min_tokens;
       g.stream_pass_tokens = placement_->stream_pass_tokens;
-      g.replace = placement_->replace;
-      g.batched_prefill = g.batched_prefill && g.prefill_chunk > 0;
     }
     gpu_ = Qwen35MoeGpu::create(model, g);
   }
@@ -255,13 +194,12 @@ class GpuRunner final : public Runner {
     TraceSpan span(ids.size() > 1 ? "forward (prefill)" : "forward (decode)", "host");
     gpu_->forward(ids, logits, rows);
   }
-  // Sampling on the GPU (validated; TANDEM_GPU_SAMPLING=0 turns it off): the sampler's candidates
-  // are picked on the device, so one step copies k pairs back instead of the logits row.
+  // Sampling on the GPU: the sampler's candidates are picked on the device, so one step copies k pairs
+  // back instead of the logits row.
   bool forward_top(std::span<const int32_t> ids, std::span<const LogitPenalty> penalties, int k,
                    std::vector<std::pair<int32_t, float>>& top) override {
     static_assert(sizeof(LogitPenalty) == sizeof(gpu::Penalty) && offsetof(LogitPenalty, rep) == offsetof(gpu::Penalty, rep) &&
                   offsetof(LogitPenalty, sub) == offsetof(gpu::Penalty, sub));
-    if (!sample_on_gpu_) return false;
     TraceSpan span(ids.size() > 1 ? "forward (prefill)" : "forward (decode)", "host");
     return gpu_->forward_top(ids, {reinterpret_cast<const gpu::Penalty*>(penalties.data()), penalties.size()}, k, top);
   }
@@ -269,22 +207,16 @@ class GpuRunner final : public Runner {
     std::string paths = gpu_->batched_prefill_active() ? str_cat("prefill in chunks of ", gpu_->prefill_chunk(), " tokens") : "prefill token by token";
     if (const int64_t s = gpu_->stream_prefill_min_tokens()) paths += str_cat(" (from ", s, " prompt tokens with the CPU experts streamed to the GPU)");
     else if (!gpu_->stream_prefill_note().empty()) paths += str_cat(" (no streamed prefill: ", gpu_->stream_prefill_note(), ")");
-    paths += gpu_->handoff_fused()         ? ", decode steps as one CUDA graph each with the host handoffs inside (mapped-memory flags, "
-                                             "folded into the router's and the next norm's launches)"
-             : gpu_->graph_one_step()        ? ", decode steps as one CUDA graph each with the host handoffs inside (mapped-memory flags)"
-             : gpu_->graph_cut_at_handoffs() ? ", decode steps as CUDA graphs cut at the host handoffs"
-             : gpu_->cuda_graph_active()   ? ", decode steps as CUDA graphs"
-                                           : ", decode steps launched eagerly";
+    paths += gpu_->graph_one_step()      ? ", decode steps as one CUDA graph each with the host handoffs inside (mapped-memory flags, "
+                                           "folded into the router's and the next norm's launches)"
+             : gpu_->cuda_graph_active() ? ", decode steps as CUDA graphs"
+                                         : ", decode steps launched eagerly";
     if (gpu_->programmatic_launch_active()) paths += " with programmatic dependent launch";
     if (const int64_t b = gpu_->l2_prefetch_active())
       paths += str_cat(", the next layer's input projection (up to ", b >> 20, " MiB) fetched into L2 during each host layer");
-    if (const int n = gpu_->link_experts_active())
-      paths += str_cat(", the GPU computing ", n, " of each token's host experts from host memory over PCIe",
-                       gpu_->link_stage_active() ? str_cat(" and those of its ", gpu_->link_stage_active(), " guessed ones it copied ahead") : "");
+    if (const int n = gpu_->link_experts_active()) paths += str_cat(", the GPU computing ", n, " of each token's host experts from host memory over PCIe");
     else if (!gpu_->link_note().empty()) paths += str_cat(" (no link experts: ", gpu_->link_note(), ")");
-    if (const int n = gpu_->host_prefetch_active()) paths += str_cat(", the host reading ", n, " experts guessed from each layer's input ahead of its router (experimental)");
     if (!placement_) return "gpu: " + gpu_->memory().describe() + "; " + paths;
-    if (placement_->replace.on()) paths += str_cat(", online re-placement every ", placement_->replace.every, " decode tokens");
     return "hybrid: " + placement_->summary + "; GPU " + gpu_->memory().describe() + "; CPU " + cpu_->describe() + "; " + paths;
   }
   int64_t max_context() const override { return context_; }
@@ -296,14 +228,10 @@ class GpuRunner final : public Runner {
   }
   double gpu_expert_share_planned() const override { return placement_ ? placement_->expected_gpu_share : 1.0; }
   uint64_t streamed_layers() const override { return gpu_->expert_counts().streamed_layers; }
-  uint64_t expert_swaps() const override { return gpu_->expert_counts().swaps; }
   HostSplit host_split() const override {
     const ExpertCounts& c = gpu_->expert_counts();
     return {c.host_wait_ns * 1e-9, c.host_run_ns * 1e-9, c.host_layers, c.cpu};
   }
-  std::vector<std::vector<uint8_t>> expert_placement() const override { return gpu_->expert_placement(); }
-  void settle_replacement() override { gpu_->settle_replacement(); }
-  void pause_replacement(bool paused) override { gpu_->pause_replacement(paused); }
   double pcie_bandwidth() override { return gpu_->pcie_bandwidth(); }
   double weight_bandwidth(std::string* what) override {
     if (what) *what = "GPU copy bandwidth";
@@ -311,7 +239,6 @@ class GpuRunner final : public Runner {
   }
 
  private:
-  bool sample_on_gpu_ = false;
   std::shared_ptr<const HybridPlacement> placement_;  // null: everything on the GPU
   int64_t context_ = 0;                               // the KV cache's length
   std::unique_ptr<CpuExpertSide> cpu_;                // declared before gpu_: the GPU model calls into it

@@ -15,7 +15,6 @@
 #include <string>
 #include <vector>
 
-#include "runtime/engine/expert_swap.h"
 #include "runtime/models/qwen3_5_moe/model.h"
 #include "runtime/engine/sampling.h"
 
@@ -28,13 +27,12 @@ struct HybridPlacement {
   std::string cpu_expert_format = "int4";  // int4 | int8 | bf16
   uint64_t gpu_alloc_bytes = 0;            // what Tandem may allocate: budget minus gpu.reserve
   int deferral = 0;
-  int link_in_place = 0, link_staged = 0;  // experts.link (GpuOptions::link_experts / link_stage)
+  int link_in_place = 0;                   // experts.link (GpuOptions::link_experts)
   int64_t prefill_chunk = 256;             // batched prefill chunk the plan budgets for; 0: token by token
   int64_t stream_prefill_min_tokens = 0;   // prompts this long stream the host experts to the GPU (the plan
                                            // budgets the buffers); 0: host experts always run on the host
   int64_t stream_pass_tokens = 4096;       // tokens per streamed pass
   double expected_gpu_share = 1;           // the planner's expected share of activations on the GPU
-  ReplaceSetup replace;                    // online re-placement (experts.replace); off unless `every` > 0
   std::string summary;                     // one line for describe()
 };
 
@@ -46,6 +44,7 @@ struct RunnerOptions {
   int defer_experts = 0;                 // ref/cpu: Qwen35State::defer_experts (measures deferral)
   uint64_t gpu_mem = 0;                  // gpu: budget in bytes (0: free device memory)
   int64_t context = 4096;                // gpu: KV cache length
+  bool eager = false;                    // gpu: every kernel launched eagerly, no CUDA graphs (debugging; --trace implies it)
   bool context_set = false;              // --context given (else a hybrid config's context applies)
   int64_t min_context = 0;               // what the command needs at least (prompt + generation)
   std::string config;                    // hybrid: placement YAML (empty: defaults)
@@ -78,10 +77,6 @@ class Runner {
   // Hybrid streamed prefill: layers of CPU experts copied to the GPU since the last reset (their
   // activations are not in gpu_expert_share, which describes the placement's decode).
   virtual uint64_t streamed_layers() const { return 0; }
-  // Online re-placement (hybrid, experts.replace): experts moved to the GPU since reset(); where the
-  // routed experts are served now ([layer][expert], 1 = GPU; empty for other runners); completing the
-  // moves in flight; stopping / resuming new checks.
-  virtual uint64_t expert_swaps() const { return 0; }
   // Hybrid decode since reset(), the host's side: time spent waiting for the GPU's router results and
   // running the host-resident experts, over `layers` layer handoffs; host_activations routed experts
   // served there. Zeros for other runners.
@@ -90,9 +85,6 @@ class Runner {
     uint64_t layers = 0, host_activations = 0;
   };
   virtual HostSplit host_split() const { return {}; }
-  virtual std::vector<std::vector<uint8_t>> expert_placement() const { return {}; }
-  virtual void settle_replacement() {}
-  virtual void pause_replacement(bool /*paused*/) {}
   // Pinned host-to-device copy bandwidth in bytes/s, measured now (0 without a GPU).
   virtual double pcie_bandwidth() { return 0; }
   // Measured bandwidth of the memory the weights stream from (host DRAM read, or GPU copy), and

@@ -4,7 +4,6 @@
 #include <filesystem>
 
 #include "gpu_core/device.cuh"
-#include "placement/replace.h"
 #include "core/bytes.h"
 #include "core/error.h"
 #include "core/membw.h"
@@ -46,7 +45,6 @@ std::shared_ptr<HybridPlacement> hybrid_placement(const Plan& plan, int64_t tota
   hp->gpu_alloc_bytes = plan.budget_bytes - plan.vram.reserve;
   hp->deferral = plan.deferral;
   hp->link_in_place = plan.link_in_place;
-  hp->link_staged = plan.link_staged;
   hp->prefill_chunk = plan.prefill_chunk;
   hp->stream_prefill_min_tokens = plan.stream_experts ? plan.predicted.prefill_gpu_min_tokens : 0;
   hp->stream_pass_tokens = plan.stream_pass;
@@ -55,20 +53,6 @@ std::shared_ptr<HybridPlacement> hybrid_placement(const Plan& plan, int64_t tota
                         format_gib(plan.budget_bytes), ", expected GPU share ",
                         static_cast<int>(plan.expected_gpu_expert_fraction * 100 + 0.5), "%");
   return hp;
-}
-
-ReplaceSetup replace_setup(const PlacementConfig& cfg) {
-  ReplaceSetup r;
-  r.every = cfg.replace_every;
-  r.decay = cfg.replace_decay;
-  r.max_moving = cfg.replace_max_swaps;
-  const placement::ReplaceOptions opt{cfg.replace_hysteresis, static_cast<uint64_t>(cfg.replace_min_count), cfg.replace_max_swaps};
-  r.policy = [opt](const std::vector<std::vector<uint8_t>>& on_gpu, const std::vector<std::vector<uint64_t>>& counts) {
-    std::vector<ExpertSwap> out;
-    for (const placement::Swap& s : placement::plan_swaps(on_gpu, counts, opt)) out.push_back({s.layer, s.to_gpu, s.to_cpu});
-    return out;
-  };
-  return r;
 }
 
 Plan prepare_hybrid(RunnerOptions& o, const ModelConfig& model, const PlacementConfig& cfg) {
@@ -81,13 +65,10 @@ Plan prepare_hybrid(RunnerOptions& o, const ModelConfig& model, const PlacementC
   if (plan.context < o.min_context) plan = make_plan(model, cfg, request_for(probe, cfg, o.gpu_mem, o.min_context, false));
 
   if (!plan.host_fits())
-    fail("the CPU experts of this placement need ", format_gib(plan.host_expert_bytes + plan.host_replace_bytes), " of host RAM",
-         plan.host_replace_bytes ? str_cat(" (", format_gib(plan.host_replace_bytes), " of it for experts.replace's copies of GPU experts)") : std::string(),
-         " but only ", format_gib(plan.host_available_bytes), " is available (MemAvailable); raise the GPU budget (more experts on the GPU), ",
-         "use int4 CPU experts, ", plan.host_replace_bytes ? "turn experts.replace off, " : "", "or free memory");
-  auto hp = hybrid_placement(plan, int64_t(model.num_layers) * model.num_experts);
-  hp->replace = replace_setup(cfg);
-  o.hybrid = hp;
+    fail("the CPU experts of this placement need ", format_gib(plan.host_expert_bytes), " of host RAM but only ",
+         format_gib(plan.host_available_bytes), " is available (MemAvailable); raise the GPU budget (more experts on the GPU), ",
+         "use int4 CPU experts, or free memory");
+  o.hybrid = hybrid_placement(plan, int64_t(model.num_layers) * model.num_experts);
   o.context = plan.context;
   if (o.threads == 0) o.threads = cfg.cpu_threads;
   return plan;

@@ -24,10 +24,6 @@ placement::PlanRequest plan_request(const placement::PlacementConfig& config, ui
 // The runner's view of a plan (what lives where, the allocation limit, a one-line summary).
 std::shared_ptr<HybridPlacement> hybrid_placement(const placement::Plan& plan, int64_t total_experts);
 
-// Online re-placement as the config asks for it (experts.replace): placement::plan_swaps with its
-// options as the policy; off (every = 0) unless the config sets it.
-ReplaceSetup replace_setup(const placement::PlacementConfig& config);
-
 // Plans `config` against `model` and fills opts.hybrid (tandem::Error without a CUDA device),
 // opts.context (the config's unless --context was given; the planner's for context: auto) and
 // opts.threads (the config's unless --threads was).

@@ -40,51 +40,42 @@ std::vector<float> reference_step(const DnCase& c, const std::vector<float>& qkv
 
 class GpuDeltaNet : public ::testing::TestWithParam<DnCase> {};
 
-// Five decode steps against the reference, once with the one-block-per-head kernel and once with the
-// recurrence split over 32-column slices (DeltaNetDecodeArgs::tickets; shapes whose dv is not a
-// multiple of 32 fall back to the first kernel, tickets or not).
+// Five decode steps against the reference.
 TEST_P(GpuDeltaNet, StepsMatchReference) {
   TANDEM_REQUIRE_GPU();
   const DnCase c = GetParam();
-  for (const bool split : {false, true}) {
-    SCOPED_TRACE(split ? "split recurrence" : "one block per head");
-    std::mt19937 rng(test::test_seed());
-    const int conv_dim = 2 * c.Hk * c.dk + c.Hv * c.dv, Vd = c.Hv * c.dv, steps = 5;
-    const auto conv_w = test::random_floats(rng, conv_dim * c.kernel, 0.5f);
-    auto A_log = test::random_floats(rng, c.Hv, 1.0f), dt = test::random_floats(rng, c.Hv), nw = test::random_floats(rng, c.dv, 0.3f);
-    for (auto& v : nw) v += 1.0f;
-    std::vector<float> window((c.kernel - 1) * conv_dim, 0.0f), S(int64_t(c.Hv) * c.dk * c.dv, 0.0f);
+  std::mt19937 rng(test::test_seed());
+  const int conv_dim = 2 * c.Hk * c.dk + c.Hv * c.dv, Vd = c.Hv * c.dv, steps = 5;
+  const auto conv_w = test::random_floats(rng, conv_dim * c.kernel, 0.5f);
+  auto A_log = test::random_floats(rng, c.Hv, 1.0f), dt = test::random_floats(rng, c.Hv), nw = test::random_floats(rng, c.dv, 0.3f);
+  for (auto& v : nw) v += 1.0f;
+  std::vector<float> window((c.kernel - 1) * conv_dim, 0.0f), S(int64_t(c.Hv) * c.dk * c.dv, 0.0f);
 
-    test::DeviceBuffer<float> d_conv_w(conv_w), d_A(A_log), d_dt(dt), d_nw(nw), d_window(window), d_S(S);
-    test::DeviceBuffer<float> d_qkv(conv_dim), d_z(Vd), d_b(c.Hv), d_a(c.Hv), d_cout(conv_dim), d_out(Vd);
-    gpu::DeltaNetDecodeArgs p;
-    p.qkv = d_qkv.ptr, p.z = d_z.ptr, p.b = d_b.ptr, p.a = d_a.ptr, p.conv_w = d_conv_w.ptr, p.conv_state = d_window.ptr;
-    p.conv_out = d_cout.ptr, p.A_log = d_A.ptr, p.dt_bias = d_dt.ptr, p.norm_w = d_nw.ptr, p.state = d_S.ptr, p.out = d_out.ptr;
-    p.Hk = c.Hk, p.Hv = c.Hv, p.dk = c.dk, p.dv = c.dv, p.kernel = c.kernel;
-    test::DeviceBuffer<unsigned> tickets(std::vector<unsigned>(c.Hv, 0u));
-    if (split) p.tickets = tickets.ptr;
-    EXPECT_EQ(gpu::deltanet_decode_split_fits(p), c.dv % 32 == 0 && c.dk <= 128);
+  test::DeviceBuffer<float> d_conv_w(conv_w), d_A(A_log), d_dt(dt), d_nw(nw), d_window(window), d_S(S);
+  test::DeviceBuffer<float> d_qkv(conv_dim), d_z(Vd), d_b(c.Hv), d_a(c.Hv), d_cout(conv_dim), d_out(Vd);
+  gpu::DeltaNetDecodeArgs p;
+  p.qkv = d_qkv.ptr, p.z = d_z.ptr, p.b = d_b.ptr, p.a = d_a.ptr, p.conv_w = d_conv_w.ptr, p.conv_state = d_window.ptr;
+  p.conv_out = d_cout.ptr, p.A_log = d_A.ptr, p.dt_bias = d_dt.ptr, p.norm_w = d_nw.ptr, p.state = d_S.ptr, p.out = d_out.ptr;
+  p.Hk = c.Hk, p.Hv = c.Hv, p.dk = c.dk, p.dv = c.dv, p.kernel = c.kernel;
 
-    for (int step = 0; step < steps; ++step) {
-      const auto qkv = test::random_floats(rng, conv_dim), z = test::random_floats(rng, Vd), b = test::random_floats(rng, c.Hv),
-                 a = test::random_floats(rng, c.Hv);
-      CUDA_OK(cudaMemcpy(d_qkv.ptr, qkv.data(), qkv.size() * 4, cudaMemcpyHostToDevice));
-      CUDA_OK(cudaMemcpy(d_z.ptr, z.data(), z.size() * 4, cudaMemcpyHostToDevice));
-      CUDA_OK(cudaMemcpy(d_b.ptr, b.data(), b.size() * 4, cudaMemcpyHostToDevice));
-      CUDA_OK(cudaMemcpy(d_a.ptr, a.data(), a.size() * 4, cudaMemcpyHostToDevice));
-      CUDA_OK(gpu::deltanet_decode(p, nullptr));
+  for (int step = 0; step < steps; ++step) {
+    const auto qkv = test::random_floats(rng, conv_dim), z = test::random_floats(rng, Vd), b = test::random_floats(rng, c.Hv),
+               a = test::random_floats(rng, c.Hv);
+    CUDA_OK(cudaMemcpy(d_qkv.ptr, qkv.data(), qkv.size() * 4, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(d_z.ptr, z.data(), z.size() * 4, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(d_b.ptr, b.data(), b.size() * 4, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(d_a.ptr, a.data(), a.size() * 4, cudaMemcpyHostToDevice));
+    CUDA_OK(gpu::deltanet_decode(p, nullptr));
 
-      const std::vector<float> out = reference_step(c, qkv, z, b, a, conv_w, A_log, dt, nw, window, S);
-      CUDA_OK(cudaDeviceSynchronize());
-      const auto got = d_out.to_host();
-      EXPECT_LT(test::rel_l2(std::vector<double>(got.begin(), got.end()), std::vector<double>(out.begin(), out.end())), 2e-5)
-          << "step " << step << " seed " << test::test_seed();
-    }
-    const auto gS = d_S.to_host(), gw = d_window.to_host();
-    EXPECT_LT(test::rel_l2(std::vector<double>(gS.begin(), gS.end()), std::vector<double>(S.begin(), S.end())), 2e-5);
-    EXPECT_EQ(gw, window);  // the conv window is a copy of inputs: exact
-    EXPECT_EQ(tickets.to_host(), std::vector<unsigned>(c.Hv, 0u));  // re-armed for the next step
+    const std::vector<float> out = reference_step(c, qkv, z, b, a, conv_w, A_log, dt, nw, window, S);
+    CUDA_OK(cudaDeviceSynchronize());
+    const auto got = d_out.to_host();
+    EXPECT_LT(test::rel_l2(std::vector<double>(got.begin(), got.end()), std::vector<double>(out.begin(), out.end())), 2e-5)
+        << "step " << step << " seed " << test::test_seed();
   }
+  const auto gS = d_S.to_host(), gw = d_window.to_host();
+  EXPECT_LT(test::rel_l2(std::vector<double>(gS.begin(), gS.end()), std::vector<double>(S.begin(), S.end())), 2e-5);
+  EXPECT_EQ(gw, window);  // the conv window is a copy of inputs: exact
 }
 
 // Prompts of the given lengths through `prefill` (one call each, states carried) beside the reference
@@ -123,30 +114,12 @@ void prefill_vs_reference(const DnCase& c, unsigned seed, std::initializer_list<
   EXPECT_EQ(gw, window);
 }
 
-// Prefill: chunks of 37, 5 and 2 tokens (fewer than the conv history) in one call each, every
-// token's output and the final states against the same reference steps (same bound: the same
-// operations per token).
-TEST_P(GpuDeltaNet, PrefillMatchesReference) {
-  TANDEM_REQUIRE_GPU();
-  const DnCase c = GetParam();
-  const int64_t Vd = int64_t(c.Hv) * c.dv;
-  prefill_vs_reference(
-      c, test::test_seed() + 1, {37, 5, 2}, [](const gpu::DeltaNetDecodeArgs& p, int T) { return gpu::deltanet_prefill(p, T, nullptr); },
-      [&](int T, const std::vector<float>& got, const std::vector<float>& want) {
-        for (int t = 0; t < T; ++t) {
-          const std::vector<double> g(got.begin() + t * Vd, got.begin() + (t + 1) * Vd), w(want.begin() + t * Vd, want.begin() + (t + 1) * Vd);
-          ASSERT_LT(test::rel_l2(g, w), 2e-5) << "chunk " << T << " token " << t << " seed " << test::test_seed();
-        }
-      },
-      2e-5);
-}
-
-// The chunked form (deltanet_prefill_chunked, the chunk terms computed first into
-// DeltaNetDecodeArgs::chunk_terms): prompts of 300, 100, 37, 5 and 2 tokens in one call each (ten
-// chunks of 32 through the state, a partial one, fewer tokens than the conv history), every token's
-// output and the final states against the same reference steps. Different summation order from the
-// scan (small matrix products over a chunk, cumulative log decays, the forward substitution as an
-// explicit inverse): 1e-4. Without the scratch it refuses. With one chunk buffer in shared memory
+// Prefill (deltanet_prefill_chunked, the chunk terms computed first into DeltaNetDecodeArgs::
+// chunk_terms): prompts of 300, 100, 37, 5 and 2 tokens in one call each (ten chunks of 32 through the
+// state, a partial one, fewer tokens than the conv history), every token's output and the final states
+// against the reference's token-by-token steps. Another summation order (small matrix products over a
+// chunk, cumulative log decays, the forward substitution as an explicit inverse): 1e-4. Without the
+// scratch it refuses. With one chunk buffer in shared memory
 // (what a 99 KB-a-block card gets) and with the device's choice (two on the H200).
 TEST_P(GpuDeltaNet, ChunkedPrefillMatchesReference) {
   TANDEM_REQUIRE_GPU();

@@ -93,8 +93,7 @@ struct LinkCase {
   int E, k, m;
   std::vector<int> resident;  // experts the host holds (the rest: no tile weights, skipped)
   std::vector<int32_t> ids;   // the token's top-k
-  std::vector<int32_t> guess = {};  // staged first (gpu::int4_tiles_stage), then m more read in place
-  bool overwrite = false;           // out = the sum (a layer with no GPU experts), not out += it
+  bool overwrite = false;     // out = the sum (a layer with no GPU experts), not out += it
 };
 
 TEST(GpuInt4Tiles, LinkExpertsMatchTheReference) {
@@ -108,21 +107,16 @@ TEST(GpuInt4Tiles, LinkExpertsMatchTheReference) {
       // fewer resident experts among the top-k than m: the empty slots add nothing
       {512, 256, 128, false, false, 5, 4, 4, {1, 3}, {3, 0, 1, 4}},
       // the same, overwriting out
-      {512, 256, 128, false, false, 5, 4, 4, {1, 3}, {3, 0, 1, 4}, {}, true},
+      {512, 256, 128, false, false, 5, 4, 4, {1, 3}, {3, 0, 1, 4}, true},
       // the HF fixtures' shapes: rows of 48 inputs (a tile row's last 64-input piece partly past the end)
       // in groups of 16 with act order; 64 in groups of 32
       {48, 48, 16, false, true, 10, 3, 2, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9}, {9, 4, 6}},
       {64, 64, 32, true, false, 8, 4, 3, {0, 2, 4, 6}, {6, 1, 0, 2}},
-      // staged: guessed 6 (slot 3) and 2 (not chosen) from device memory, then 2 more read in place (slots 0 and 1)
-      {2048, 512, 128, true, false, 8, 8, 2, {1, 2, 3, 4, 5, 6, 7}, {1, 3, 0, 6, 4, 5, 7, 0}, {6, 2}},
-      // staged with act order and zeros; a guess the host does not hold (1) stages nothing
-      {48, 48, 16, false, true, 10, 3, 1, {0, 2, 3, 4, 5, 6, 7, 8, 9}, {9, 4, 6}, {6, 1, 4}},
   };
   for (const LinkCase& lc : cases) {
-    const int S = static_cast<int>(lc.guess.size());
-    SCOPED_TRACE(::testing::Message() << "H " << lc.H << " I " << lc.I << " group " << lc.gs << " m " << lc.m << " staged " << S
+    SCOPED_TRACE(::testing::Message() << "H " << lc.H << " I " << lc.I << " group " << lc.gs << " m " << lc.m
                                       << (lc.overwrite ? " overwriting" : ""));
-    ASSERT_TRUE(gpu::moe_int4_tiles_fits(lc.H, lc.I, lc.gs, lc.k, lc.m, S));
+    ASSERT_TRUE(gpu::moe_int4_tiles_fits(lc.H, lc.I, lc.gs, lc.k, lc.m));
     cpu::HostArena arena(size_t(32) << 20);
     struct Src {
       std::unique_ptr<test::RandomGptq> gate, up, down;
@@ -165,47 +159,21 @@ TEST(GpuInt4Tiles, LinkExpertsMatchTheReference) {
     test::DeviceBuffer<gpu::Int4TilesExpert> dtable(table);
     test::DeviceBuffer<int32_t> dids(lc.ids);
     test::DeviceBuffer<float> dw(w), dx(x), dout(out0);
-    test::DeviceBuffer<uint8_t> scratch(gpu::moe_int4_tiles_scratch_bytes(lc.H, lc.I, lc.m + S));
-    gpu::Int4TilesStaged staged;
-    const size_t slot_bytes = gpu::int4_tiles_stage_slot_bytes(lc.H, lc.I, lc.gs);
-    test::DeviceBuffer<uint8_t> slots(std::max<size_t>(1, S * slot_bytes));
-    test::DeviceBuffer<int32_t> guess(lc.guess.empty() ? std::vector<int32_t>{-1} : lc.guess), staged_ids(std::max(S, 1));
-    test::DeviceBuffer<gpu::Int4TilesExpert> staged_table(std::max(S, 1));
-    if (S) {
-      CUDA_OK(cudaMemset(slots.ptr, 0xAB, S * slot_bytes));
-      CUDA_OK(gpu::int4_tiles_stage(dtable.ptr, lc.E, lc.H, lc.I, lc.gs, guess.ptr, S, slots.ptr, slot_bytes, staged_ids.ptr,
-                                    staged_table.ptr, nullptr));
-      staged = {staged_ids.ptr, staged_table.ptr, S};
-      CUDA_OK(cudaDeviceSynchronize());
-      const std::vector<int32_t> got_ids = staged_ids.to_host();
-      for (int q = 0; q < S; ++q) {
-        const int e = lc.guess[q];
-        const bool host = src[e].gate != nullptr;
-        EXPECT_EQ(got_ids[q], host ? e : -1) << "staging slot " << q;
-        // The staged experts' host codes are spoilt now: the result must come from the copies.
-        if (host)
-          for (const cpu::PackedMatrix& m : packed[e]) std::memset(const_cast<uint8_t*>(m.w), 0x5A, m.tiles * m.tile_bytes);
-      }
-    }
-    CUDA_OK(gpu::moe_int4_tiles_decode(dtable.ptr, lc.E, lc.H, lc.I, lc.gs, dids.ptr, dw.ptr, lc.k, lc.m, staged, lc.act_order, dx.ptr,
+    test::DeviceBuffer<uint8_t> scratch(gpu::moe_int4_tiles_scratch_bytes(lc.H, lc.I, lc.m));
+    CUDA_OK(gpu::moe_int4_tiles_decode(dtable.ptr, lc.E, lc.H, lc.I, lc.gs, dids.ptr, dw.ptr, lc.k, lc.m, lc.act_order, dx.ptr,
                                        scratch.ptr, dout.ptr, nullptr, !lc.overwrite));
     CUDA_OK(cudaDeviceSynchronize());
     const std::vector<float> got = dout.to_host();
     for (void* p : locked) cudaHostUnregister(p);
 
     // fp64 over the source matrices: out = out0 + sum over the link slots of w * down(silu(gate x) * up x);
-    // the link slots: those whose expert is staged (a guess the host holds), then the first m other resident ones
+    // the link slots: the first m whose expert the host holds
     std::vector<double> ref(lc.H, 0.0), bound(lc.H, 0.0);
     if (!lc.overwrite) ref.assign(out0.begin(), out0.end());
     std::vector<float> row(std::max(lc.H, lc.I));
-    auto staged_expert = [&](int e) {
-      return std::count(lc.guess.begin(), lc.guess.end(), e) > 0 && src[e].gate != nullptr;
-    };
     std::vector<int> link;
-    for (int j = 0; j < lc.k; ++j)
-      if (staged_expert(lc.ids[j])) link.push_back(j);
-    for (int j = 0, extra = 0; j < lc.k && extra < lc.m; ++j)
-      if (src[lc.ids[j]].gate && !staged_expert(lc.ids[j])) link.push_back(j), ++extra;
+    for (int j = 0; j < lc.k && static_cast<int>(link.size()) < lc.m; ++j)
+      if (src[lc.ids[j]].gate) link.push_back(j);
     int taken = 0;
     for (const int j : link) {
       const int e = lc.ids[j];

@@ -115,13 +115,6 @@ TEST_P(GpuMoeInt4, MatchesReference) {
   CUDA_OK(cudaDeviceSynchronize());
   const auto got = dout.to_host();
   EXPECT_LT(test::rel_l2(std::vector<double>(got.begin(), got.end()), want), 5e-3) << "seed " << test::test_seed();
-  // The prefetching variant: the same operations per lane in the same order, so the same numbers.
-  test::DeviceBuffer<float> dpre(c.T * c.H);
-  CUDA_OK(gpu::moe_int4_decode_prefetch(dexp.ptr, c.H, c.I, c.gs, dids.ptr, dw.ptr, c.T, c.k, dxh.ptr, dh.ptr, dpre.ptr, nullptr));
-  CUDA_OK(cudaDeviceSynchronize());
-  const auto pre = dpre.to_host();
-  EXPECT_LT(test::rel_l2(std::vector<double>(pre.begin(), pre.end()), std::vector<double>(got.begin(), got.end())), 1e-6)
-      << "prefetch variant, seed " << test::test_seed();
   // The wide kernel (fp32 x read directly): the same per-word arithmetic, word sums in another order;
   // the fp32 differences (~1e-7) flip the fp16 rounding of a few h values (2^-11 each): 1e-4 apart.
   const bool fits = gpu::moe_int4_decode_wide_fits(c.H, c.I, c.gs, c.k);
@@ -166,11 +159,10 @@ TEST(GpuMoeInt4Wide, SkipsNonResidentExperts) {
   }
 }
 
-// The grouped prefill kernel (moe_int4_grouped) for a chunk of tokens: against the double reference
-// (5e-3, as decode) and against moe_int4_decode run on blocks of 8 tokens (same per-pair arithmetic,
-// only the routing weight is applied after the reduction: 1e-4); and moe_int4_grouped_tc, the tensor-
-// core form, against both (5e-3 / 2e-3). Every third expert is not resident
-// (null pointers, as in a hybrid placement): it contributes nothing on either path.
+// The grouped prefill kernel (moe_int4_grouped_tc, tensor cores) for a chunk of tokens: against the
+// double reference (5e-3, as decode) and against moe_int4_decode run on blocks of 8 tokens (2e-3: fp16
+// weights and fp32 accumulation instead of the decode kernel's fp16 partial sums). Every third expert
+// is not resident (null pointers, as in a hybrid placement): it contributes nothing on either path.
 TEST_P(GpuMoeInt4, GroupedPrefillMatchesDecode) {
   TANDEM_REQUIRE_GPU();
   const MoeCase c = GetParam();
@@ -188,9 +180,8 @@ TEST_P(GpuMoeInt4, GroupedPrefillMatchesDecode) {
 
     test::DeviceBuffer<gpu::Int4Expert> dexp(table);
     test::DeviceBuffer<int32_t> dids(ids);
-    test::DeviceBuffer<float> dw(w), dx(x), dgrouped(T * c.H), dblocks(T * c.H);
+    test::DeviceBuffer<float> dw(w), dx(x), dblocks(T * c.H);
     test::DeviceBuffer<uint8_t> ws(gpu::moe_int4_grouped_workspace(T, c.k, c.H, c.I, c.E));
-    CUDA_OK(gpu::moe_int4_grouped(dexp.ptr, c.E, c.H, c.I, c.gs, dids.ptr, dw.ptr, T, c.k, dx.ptr, ws.ptr, dgrouped.ptr, nullptr));
     test::DeviceBuffer<uint16_t> dxh(gpu::kMaxGemvTokens * c.H), dh(gpu::kMaxGemvTokens * c.k * c.I);
     for (int t = 0; t < T; t += gpu::kMaxGemvTokens) {
       const int m = std::min(gpu::kMaxGemvTokens, T - t);
@@ -199,13 +190,9 @@ TEST_P(GpuMoeInt4, GroupedPrefillMatchesDecode) {
                                    dblocks.ptr + t * c.H, nullptr));
     }
     CUDA_OK(cudaDeviceSynchronize());
-    const auto grouped = dgrouped.to_host(), blocks = dblocks.to_host();
-    const std::vector<double> g(grouped.begin(), grouped.end()), b(blocks.begin(), blocks.end());
-    EXPECT_LT(test::rel_l2(g, want), 5e-3) << T << " tokens, seed " << test::test_seed();
-    EXPECT_LT(test::rel_l2(g, b), 1e-4) << T << " tokens, seed " << test::test_seed();
-
-    // Tensor cores: fp16 weights ((q - z) * s rounded once) and fp32 accumulation instead of the
-    // decode kernel's fp16 partial sums: the same bound against the exact reference, ~1e-3 apart.
+    const auto blocks = dblocks.to_host();
+    const std::vector<double> b(blocks.begin(), blocks.end());
+    EXPECT_LT(test::rel_l2(b, want), 5e-3) << T << " tokens (decode kernel in blocks), seed " << test::test_seed();
     test::DeviceBuffer<float> dtc(T * c.H);
     CUDA_OK(gpu::moe_int4_grouped_tc(dexp.ptr, c.E, c.H, c.I, c.gs, dids.ptr, dw.ptr, T, c.k, dx.ptr, ws.ptr, dtc.ptr, nullptr));
     CUDA_OK(cudaDeviceSynchronize());

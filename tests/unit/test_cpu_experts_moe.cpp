@@ -330,23 +330,6 @@ TEST_P(CpuMoe, TaskSizeIsBitIdentical) {
   }
 }
 
-// prefetch_experts: reads exactly the found experts' stream bytes (weights, scales, zeros), skips
-// unknown and negative ids, reads nothing once stop() holds, and changes nothing the forward computes.
-TEST(CpuMoe, PrefetchReadsTheGuessedExpertsBytes) {
-  const MoeCase& c = kCases[3];  // asymmetric act-order int4: weights, scales and zeros
-  const Built b = build(c, test::test_seed() + 4);
-  ThreadPool pool(ThreadPool::Options{.threads = 3, .pin = false, .pin_caller = false, .spin_us = 50});
-  const std::vector<float> before = run(b, c, cpu_kernels(default_isa().isa), &pool);
-  const int32_t guess[] = {5, -1, 999, 2, 5};
-  const uint64_t want = b.store->find(0, 5)->stream_bytes() * 2 + b.store->find(0, 2)->stream_bytes();
-  EXPECT_EQ(prefetch_experts(*b.store, 0, guess, 5, pool), want);
-  EXPECT_EQ(prefetch_experts(*b.store, 0, guess, 1, pool), b.store->find(0, 5)->stream_bytes());
-  EXPECT_EQ(prefetch_experts(*b.store, 0, guess, 5, pool, [] { return true; }), 0u);
-  EXPECT_EQ(prefetch_experts(*b.store, 7, guess, 5, pool), 0u);  // a layer the store does not hold
-  const std::vector<float> after = run(b, c, cpu_kernels(default_isa().isa), &pool);
-  EXPECT_EQ(0, std::memcmp(before.data(), after.data(), before.size() * sizeof(float)));
-}
-
 TEST(CpuMoe, RejectsATaskSizeOffTheTileRows) {
   CpuExpertStoreOptions opt;
   opt.up_block_rows = 24;

@@ -14,7 +14,6 @@
 #include "runtime/engine/session.h"
 #include "placement/placement_config.h"
 #include "placement/planner.h"
-#include "placement/replace.h"
 #include "core/bytes.h"
 #include "runtime/format/config.h"
 #include "tests/unit/test_util.h"
@@ -106,10 +105,8 @@ TEST(PlacementYamlErrors, NameFileLineAndKey) {
   test::expect_error([] { yaml("prefill:\n  chunk: -1\n"); }, {"test.yaml:2", "key 'prefill.chunk'", "outside"});
   test::expect_error([] { yaml("gpu:\n  memory: 1e300GiB\n"); }, {"test.yaml:2", "gpu.memory", "too large"});  // found by fuzz_placement
   test::expect_error([] { yaml("prefill:\n  chunks: 64\n"); }, {"test.yaml:2", "'prefill.chunks'", "did you mean 'chunk'"});
-  test::expect_error([] { yaml("experts:\n  replace: {evry: 64}\n"); }, {"test.yaml:2", "'experts.replace.evry'", "did you mean 'every'"});
-  test::expect_error([] { yaml("experts:\n  replace: {hysteresis: 2}\n"); }, {"test.yaml:2", "experts.replace", "needs 'every'"});
-  test::expect_error([] { yaml("experts:\n  replace: {every: 64, hysteresis: 0.5}\n"); }, {"test.yaml:2", "experts.replace.hysteresis", "outside"});
-  test::expect_error([] { yaml("experts:\n  replace: sometimes\n"); }, {"test.yaml:2", "experts.replace", "'off' or a map"});
+  // online re-placement is gone: a config that still asks for it is told so, with the line
+  test::expect_error([] { yaml("experts:\n  replace: {every: 64}\n"); }, {"test.yaml:2", "key 'experts.replace'", "was removed"});
 }
 
 // prefill.strategy gpu_stream streams from the first prompt token, with the buffers counted; where it
@@ -188,21 +185,16 @@ TEST(Planner, NeverOverBudgetAndMonotoneInBudget) {
 TEST(Planner, LinkExperts) {
   const ModelConfig m = model35();
   EXPECT_EQ(yaml("experts:\n  link: 3\n").link_in_place, 3);
-  const PlacementConfig both = yaml("experts:\n  link: {in_place: 2, staged: 1}\n");
-  EXPECT_EQ(both.link_in_place, 2);
-  EXPECT_EQ(both.link_staged, 1);
+  EXPECT_EQ(yaml("experts:\n  link: {in_place: 2}\n").link_in_place, 2);
   EXPECT_EQ(yaml("experts:\n  link: off\n").link_in_place, 0);
   EXPECT_TRUE(yaml("experts:\n  link: auto\n").link_auto);
   test::expect_error([] { yaml("experts:\n  link: {inplace: 2}\n"); }, {"test.yaml:2", "experts.link.inplace", "did you mean 'in_place'"});
-  test::expect_error([] { yaml("experts:\n  link: {staged: 2}\n"); }, {"test.yaml:2", "experts.link", "set in_place to 1 or more"});
-  test::expect_error([] { yaml("experts:\n  link: {in_place: 1, staged: 9}\n"); }, {"test.yaml:2", "experts.link.staged", "outside"});
+  test::expect_error([] { yaml("experts:\n  link: {in_place: 1, staged: 1}\n"); }, {"test.yaml:", "unknown key 'experts.link.staged'"});
   test::expect_error([] { yaml("experts:\n  link: lots\n"); }, {"test.yaml:2", "experts.link", "not an integer"});
   test::expect_error([&] { make_plan(m, yaml("cpu_experts: all\nexperts:\n  cpu_format: int8\n  link: 2\n"), {.gpu_mem = 8ull << 30}); },
                      {"test.yaml", "experts.link", "experts.cpu_format is int8: set it to int4"});
   test::expect_error([&] { make_plan(model35_bf16(), yaml("cpu_experts: all\nexperts:\n  link: 2\n"), {.gpu_mem = 80ull << 30}); },
                      {"experts.link", "bf16"});
-  test::expect_error([&] { make_plan(m, yaml("experts:\n  link: 2\n  replace: {every: 64}\n"), {.gpu_mem = 12ull << 30}); },
-                     {"experts.link does not go with experts.replace"});
 
   auto plan = [&](const std::string& extra, double cpu_bw, double pcie_bw, double memory = 0) {
     PlacementConfig c = yaml("cpu_experts: all\nexperts:\n" + extra);
@@ -211,16 +203,15 @@ TEST(Planner, LinkExperts) {
   };
   EXPECT_EQ(yaml("bandwidth:\n  host_memory: 120GB/s\n").bw_host_memory, 120e9);
   const Plan off = plan("  link: off\n", 88e9, 53e9, 120e9), three = plan("  link: 3\n", 88e9, 53e9, 120e9),
-             staged = plan("  link: {in_place: 2, staged: 1}\n", 88e9, 53e9, 120e9);
+             two = plan("  link: {in_place: 2}\n", 88e9, 53e9, 120e9);
   const int64_t H = m.hidden_size, I = m.moe_intermediate_size, E = m.num_experts, L = m.num_layers, k = m.num_experts_per_tok;
-  EXPECT_EQ(three.vram.workspace - off.vram.workspace, gpu::link_buffer_bytes(H, I, 128, E, L, k, 3, 0).total());
-  EXPECT_EQ(staged.vram.workspace - off.vram.workspace, gpu::link_buffer_bytes(H, I, 128, E, L, k, 2, 1).total());
-  EXPECT_LE(staged.vram.allocated(), staged.budget_bytes);
+  EXPECT_EQ(three.vram.workspace - off.vram.workspace, gpu::link_buffer_bytes(H, I, E, L, 3).total());
+  EXPECT_EQ(two.vram.workspace - off.vram.workspace, gpu::link_buffer_bytes(H, I, E, L, 2).total());
+  EXPECT_LE(three.vram.allocated(), three.budget_bytes);
   EXPECT_EQ(three.link_in_place, 3);
-  EXPECT_EQ(nlohmann::json::parse(plan_to_json(staged).dump())["link"]["staged"], 1);
+  EXPECT_EQ(nlohmann::json::parse(plan_to_json(two).dump())["link"]["in_place"], 2);
   // The H200 machine (host memory ~88 GB/s to 16 cores, ~120 to them and PCIe 5 at ~53 together): the link pays.
   EXPECT_GT(three.predicted.decode_tok_s, off.predicted.decode_tok_s * 1.05);
-  EXPECT_GT(staged.predicted.decode_tok_s, off.predicted.decode_tok_s * 1.05);
   // A desktop (dual-channel DDR5 ~60 GB/s, PCIe 4 ~25, host_memory unset: the cores already take what
   // memory gives): the link cannot pay.
   EXPECT_LT(plan("  link: 3\n", 60e9, 25e9).predicted.decode_tok_s, plan("  link: off\n", 60e9, 25e9).predicted.decode_tok_s);
@@ -448,121 +439,6 @@ TEST(Planner, CostModelMatchesTheMeasuredH200Decode) {
     const Plan p = make_plan(m, c, {.gpu_mem = r.gib << 30, .context = 4240});
     EXPECT_NEAR(p.predicted.decode_tok_s / r.measured, 1.0, 0.05) << r.yaml << " predicted " << p.predicted.decode_tok_s;
   }
-}
-
-// Online re-placement against static placement: routing drifts to other hot experts; swaps chosen
-// from a window of observed counts raise the GPU share of activations toward the new optimum while
-// keeping every layer's GPU expert count (the budget); without drift the hysteresis keeps it quiet.
-TEST(Replacement, FollowsDriftWithinTheBudgetAndIgnoresNoise) {
-  const int L = 6, E = 64, k = 8, gpu_per_layer = 16;
-  std::mt19937 rng(5);
-  auto skewed = [&](unsigned seed) {  // per-layer popularity, a random permutation of a Zipf-like curve
-    std::vector<std::vector<double>> w(L, std::vector<double>(E));
-    std::mt19937 r(seed);
-    for (auto& row : w) {
-      for (int e = 0; e < E; ++e) row[e] = 1.0 / (1 + e);
-      std::shuffle(row.begin(), row.end(), r);
-    }
-    return w;
-  };
-  auto sample = [&](const std::vector<std::vector<double>>& w, int tokens) {
-    std::vector<std::vector<uint64_t>> c(L, std::vector<uint64_t>(E, 0));
-    for (int l = 0; l < L; ++l) {
-      std::discrete_distribution<int> d(w[l].begin(), w[l].end());
-      for (int i = 0; i < tokens * k; ++i) ++c[l][d(rng)];
-    }
-    return c;
-  };
-  auto share = [&](const std::vector<std::vector<uint8_t>>& on, const std::vector<std::vector<double>>& w) {
-    double s = 0;
-    for (int l = 0; l < L; ++l) {
-      const double tot = std::accumulate(w[l].begin(), w[l].end(), 0.0);
-      for (int e = 0; e < E; ++e) s += on[l][e] ? w[l][e] / tot : 0;
-    }
-    return s / L;
-  };
-  auto hottest = [&](const std::vector<std::vector<double>>& w) {
-    std::vector<std::vector<uint8_t>> on(L, std::vector<uint8_t>(E, 0));
-    for (int l = 0; l < L; ++l) {
-      std::vector<int> idx(E);
-      std::iota(idx.begin(), idx.end(), 0);
-      std::sort(idx.begin(), idx.end(), [&](int a, int b) { return w[l][a] > w[l][b]; });
-      for (int i = 0; i < gpu_per_layer; ++i) on[l][idx[i]] = 1;
-    }
-    return on;
-  };
-  const auto before = skewed(1), after = skewed(2);
-  auto on = hottest(before);
-  const double optimum = share(hottest(after), after), static_share = share(on, after);
-  ASSERT_LT(static_share, optimum - 0.2);  // the drift matters
-  ReplaceOptions o;
-  o.max_swaps = 24;
-  double prev = static_share;
-  for (int window = 0; window < 8; ++window) {
-    const auto swaps = plan_swaps(on, sample(after, 2000), o);
-    ASSERT_LE(static_cast<int>(swaps.size()), o.max_swaps);
-    apply_swaps(on, swaps);
-    for (int l = 0; l < L; ++l) ASSERT_EQ(std::accumulate(on[l].begin(), on[l].end(), 0), gpu_per_layer) << "layer " << l;
-    const double now = share(on, after);
-    EXPECT_GE(now, prev - 1e-3) << "window " << window;
-    prev = now;
-  }
-  EXPECT_GT(prev, optimum - 0.03) << "static " << static_share << ", optimum " << optimum;
-  // No drift: placement already optimal for the routing that is observed -> (almost) no swaps.
-  auto steady = hottest(after);
-  size_t moved = 0;
-  for (int window = 0; window < 4; ++window) moved += plan_swaps(steady, sample(after, 2000), o).size();
-  EXPECT_LE(moved, 2u);
-  // A swap must move a CPU expert in and a GPU expert out.
-  test::expect_error([&] { apply_swaps(steady, {{0, 0, 0, 0}}); }, {"not on those sides"});
-}
-
-// experts.replace in the plan: the host then keeps a copy of every GPU expert of the layers that have
-// CPU experts (counted against host RAM, shown in the table and the JSON); layers without CPU experts
-// need none.
-TEST(OnlineReplacement, PlanCountsTheHostCopies) {
-  const ModelConfig m = model35();
-  const Plan off = make_plan(m, yaml("gpu:\n  memory: 12GiB\n"));
-  const Plan on = make_plan(m, yaml("gpu:\n  memory: 12GiB\nexperts:\n  replace: {every: 64}\n"));
-  EXPECT_EQ(off.host_replace_bytes, 0u);
-  EXPECT_EQ(on.replace_every, 64);
-  uint64_t want = 0;
-  for (size_t l = 0; l < on.experts_on_gpu.size(); ++l)
-    if (on.experts_on_gpu[l] < m.num_experts) want += static_cast<uint64_t>(on.experts_on_gpu[l]) * on.cpu_expert_bytes;
-  EXPECT_GT(want, 0u);
-  EXPECT_EQ(on.host_replace_bytes, want);
-  EXPECT_EQ(on.host_expert_bytes, off.host_expert_bytes);
-  EXPECT_NE(plan_table(on).find("re-placement"), std::string::npos);
-  EXPECT_EQ(plan_to_json(on)["host_replace_bytes"], want);
-  // Every expert on the GPU: no layer has CPU experts, nothing to copy.
-  EXPECT_EQ(make_plan(m, yaml("gpu:\n  memory: 80GiB\nexperts:\n  select: all\n  replace: {every: 64}\n")).host_replace_bytes, 0u);
-}
-
-// experts.replace in the YAML: off unless set; its options reach the runtime's policy, which is
-// plan_swaps with them (the same swaps, as the runtime's ExpertSwap).
-TEST(OnlineReplacement, ConfigGivesTheRuntimeItsPolicy) {
-  EXPECT_FALSE(replace_setup(yaml("context: 4096\n")).on());
-  EXPECT_FALSE(replace_setup(yaml("experts:\n  replace: off\n")).on());
-  const PlacementConfig c = yaml("experts:\n  replace:\n    every: 128\n    hysteresis: 2\n    min_count: 3\n    max_swaps: 2\n    decay: 0.25\n");
-  const ReplaceSetup r = replace_setup(c);
-  ASSERT_TRUE(r.on());
-  EXPECT_EQ(r.every, 128);
-  EXPECT_EQ(r.max_moving, 2);
-  EXPECT_DOUBLE_EQ(r.decay, 0.25);
-  // Layer 0: CPU experts 0 (10 seen), 1 (5), 2 (2); GPU experts 3 (4), 4 (0), 5 (1). Hysteresis 2,
-  // min_count 3, at most 2: 0 replaces 4, 1 replaces 5 (5 >= 2 x 1); 2 is below min_count.
-  const std::vector<std::vector<uint8_t>> on = {{0, 0, 0, 1, 1, 1}};
-  const std::vector<std::vector<uint64_t>> counts = {{10, 5, 2, 4, 0, 1}};
-  const std::vector<ExpertSwap> got = r.policy(on, counts);
-  ASSERT_EQ(got.size(), 2u);
-  EXPECT_EQ(got[0].layer, 0);
-  EXPECT_EQ(got[0].to_gpu, 0);
-  EXPECT_EQ(got[0].to_cpu, 4);
-  EXPECT_EQ(got[1].to_gpu, 1);
-  EXPECT_EQ(got[1].to_cpu, 5);
-  const auto want = plan_swaps(on, counts, {2.0, 3, 2});
-  ASSERT_EQ(want.size(), got.size());
-  for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(want[i].to_gpu, got[i].to_gpu);
 }
 
 }  // namespace

@@ -222,8 +222,8 @@ TEST(Synth, TinyLoadsRunsAndGeneratesVariedTokens) {
 }
 
 // generate() with a runner that hands back only the sampler's k best penalised logits (as the GPU
-// runner does with TANDEM_GPU_SAMPLING=1; simulated here on the host with the plain definition) draws
-// exactly the tokens it draws from whole rows.
+// runner does; simulated here on the host with the plain definition) draws exactly the tokens it
+// draws from whole rows.
 TEST(Synth, GenerateDrawsTheSameFromCandidatesAsFromTheRow) {
   test::TempDir dir;
   synth::synthesize(synth::find_preset("tiny"), options(dir.str()));

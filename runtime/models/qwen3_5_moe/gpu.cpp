@@ -1,8 +1,8 @@
-// The Qwen3.5-MoE forward on one GPU (see qwen3_5_moe_gpu.h): the decode step (eager or as a CUDA
+// The Qwen3.5-MoE forward on one GPU (see gpu.h): the decode step (eager or as a CUDA
 // graph) and the public API. The layer walk mirrors Qwen35Moe::forward step by step. Loading (the
-// weights planned and uploaded into one device allocation, create()): qwen3_5_moe_gpu_load.cpp; batched
-// prefill: qwen3_5_moe_gpu_prefill.cpp; the hybrid handoff: qwen3_5_moe_gpu_hybrid.cpp; streamed
-// prefill: qwen3_5_moe_gpu_stream.cpp.
+// weights planned and uploaded into one device allocation, create()): gpu_load.cpp; batched
+// prefill: gpu_prefill.cpp; the hybrid handoff: gpu_hybrid.cpp; streamed
+// prefill: gpu_stream.cpp.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -33,7 +33,6 @@ gpu::AttentionDecodeArgs Qwen35MoeGpu::Impl::attention_args(const DevLayer& L) c
   p.nh = c.num_heads, p.nkv = c.num_kv_heads, p.hd = c.head_dim, p.rotary_dim = c.rotary_dim;
   p.max_ctx = static_cast<int>(opts.max_context), p.max_splits = static_cast<int>(gpu::attention_decode_splits(opts.max_context));
   p.eps = static_cast<float>(c.rms_norm_eps), p.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-  p.gqa_blocks = opts.attention_gqa;
   return p;
 }
 
@@ -74,23 +73,19 @@ void Qwen35MoeGpu::Impl::trace_end(Trace* tr) {
   }
 }
 
-// One decode step: eagerly (trace, hybrid handoffs, host embedding) or as a captured CUDA graph
-// (GpuOptions::cuda_graph, everything on the GPU): the same enqueue() either way.
+// One decode step: eagerly (GpuOptions::eager, --trace, and the cases create() leaves graph_ok off
+// for) or as the captured CUDA graph: the same enqueue() either way.
 void Qwen35MoeGpu::Impl::step(int32_t id, float* logits_host) {
-  replace_tick();
   Trace* tr = Trace::active();
   const ModelConfig& c = model.config();
   if (graph_ok && !tr) {
     hidpos[0] = id, hidpos[1] = static_cast<int32_t>(pos);  // the previous launch has finished (synchronized)
     const int w = !logits_host ? 0 : logits_host == &logits_sink ? 2 : 1;
-    if (segs[w].empty()) capture(w);
+    if (!graphs[w]) capture(w);
     if (one_graph) {
       run_one_graph(w);
     } else {
-      for (size_t i = 0; i < segs[w].size(); ++i) {
-        CK(cudaGraphLaunch(segs[w][i], stream));
-        if (i < seg_layers.size()) host_part(static_cast<size_t>(seg_layers[i]), 1, true);
-      }
+      CK(cudaGraphLaunch(graphs[w], stream));
       CK(cudaStreamSynchronize(stream));
     }
     if (w == 1) std::memcpy(logits_host, hlogits, c.vocab_size * sizeof(float));
@@ -106,26 +101,27 @@ void Qwen35MoeGpu::Impl::step(int32_t id, float* logits_host) {
   if (logits_host) CK(cudaStreamSynchronize(stream));
 }
 
-// Captures segs[w] (0 without logits, 1 with logits copied to hlogits, 2 with logits left on the
-// device): the step as CUDA graphs, cut at every host handoff (one graph when there is none).
+// Captures graphs[w] (0 without logits, 1 with logits copied to hlogits, 2 with logits left on the
+// device): the step as one CUDA graph, with the host handoffs inside it when there are host experts.
 void Qwen35MoeGpu::Impl::capture(int w) {
   const ExpertCounts saved = counts;  // enqueue() counts on the host; replays count in step()
-  seg_layers.clear();
-  (one_graph ? posting : segmenting) = true;
-  seg_out = &segs[w];
+  handoff_layers.clear();
+  posting = one_graph;
   CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  cudaGraph_t g = nullptr;
   try {
     enqueue(0, hidpos, hidpos + 1, w == 0 ? nullptr : w == 1 ? hlogits : &logits_sink, nullptr);
-    cut_segment(false);
-  } catch (...) {  // leave the stream usable: end the capture, drop the partial segments
+    CK(cudaStreamEndCapture(stream, &g));
+  } catch (...) {  // leave the stream usable: end the capture, drop the partial graph
     abandon_capture();
-    for (cudaGraphExec_t e : segs[w]) cudaGraphExecDestroy(e);
-    segs[w].clear();
-    segmenting = posting = false;
+    posting = false;
     throw;
   }
-  segmenting = posting = false;
-  seg_out = nullptr;
+  posting = false;
+  const cudaError_t made = cudaGraphInstantiate(&graphs[w], g, 0);
+  cudaGraphDestroy(g);
+  if (made != cudaSuccess) graphs[w] = nullptr;
+  CK(made);
   counts = saved;
 }
 
@@ -136,26 +132,15 @@ void Qwen35MoeGpu::Impl::abandon_capture() {
   cudaGetLastError();
 }
 
-// Ends the capture in progress as the next segment; `more`: start capturing the one after it.
-void Qwen35MoeGpu::Impl::cut_segment(bool more) {
-  cudaGraph_t g = nullptr;
-  cudaGraphExec_t e = nullptr;
-  CK(cudaStreamEndCapture(stream, &g));
-  CK(cudaGraphInstantiate(&e, g, 0));
-  CK(cudaGraphDestroy(g));
-  seg_out->push_back(e);
-  if (more) CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-}
-
 // Queues one token's work on the stream: id / position copied from id_src / pos_src (host memory),
-// logits (when logits_dst) copied to logits_dst. Host-side waits only for hybrid handoffs and the
-// host embedding (neither is captured in a graph).
+// logits (when logits_dst) copied to logits_dst. Host-side waits only for eager hybrid handoffs and
+// the host embedding (a graph step has neither: its handoffs run inside the graph).
 void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_t* pos_src, float* logits_dst, Trace* tr) {
   const ModelConfig& c = model.config();
   const int64_t H = c.hidden_size;
   const int k = c.num_experts_per_tok;
   const float eps = static_cast<float>(c.rms_norm_eps);
-  const gpu::ProgrammaticLaunchScope programmatic(opts.programmatic_launch);
+  const gpu::ProgrammaticLaunchScope programmatic(pdl);
   CK(cudaMemcpyAsync(ids, id_src, 4, cudaMemcpyHostToDevice, stream));
   CK(cudaMemcpyAsync(pos_dev, pos_src, 4, cudaMemcpyHostToDevice, stream));
   if (embed) {
@@ -165,7 +150,7 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
   }
   // The residual update that ends each block (h += attention/DeltaNet output; h += MoE output +
   // the gated shared expert) runs fused with the norm that follows it (add_rmsnorm_zc).
-  // host (GpuOptions::fused_handoff): the host's sum still to be waited for and added to a first.
+  // host (one graph): the host's sum still to be waited for and added to a first.
   struct Residual {
     const float *a = nullptr, *shared = nullptr, *gate = nullptr;
     gpu::HostSum host;
@@ -189,23 +174,9 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
   for (size_t li = 0; li < layers.size(); ++li) {
     const DevLayer& L = layers[li];
     mark(tr, li, 0);
-    const bool conv_in_gemv = L.kind == LayerKind::LinearAttention && opts.deltanet_conv_in_gemv && L.in_proj.out && !L.in_proj.int4;
     norm_x(L.in_norm);
-    // GpuOptions::host_prefetch: the layer's experts guessed from its input, beside the mixer
-    const bool guessed = posting && guessing && L.cpu_experts && opts.host_experts && post_guess(L, li);
-    // GpuOptions::link_stage: the guessed experts copied to the device beside the mixer (side stream)
-    const bool staging = guessed && link.stage && link.on && link.tables[li];
-    if (link.stage && posting) link.staged_at[li] = staging;  // what the graph does (an eager step with --trace stages nothing)
-    if (staging) {
-      CK(gpu::int4_tiles_stage(link.tables[li], static_cast<int>(c.num_experts), H, c.moe_intermediate_size, link.group_size, link.guess_dev,
-                               link.stage, link.slots, link.slot_bytes, link.staged_ids, link.staged_table, side));
-      CK(cudaEventRecord(link.staged_ev, side));
-    }
     if (L.kind == LayerKind::LinearAttention) {
-      if (conv_in_gemv) {  // qkv|z|b|a; the conv of the qkv rows applied as they are written
-        CK(gpu::gemv_bf16_conv(L.in_proj.w, L.in_proj.out, L.in_proj.in, x, qkv, static_cast<int>(c.linear_conv_dim()),
-                               c.linear_conv_kernel, L.conv_w, L.conv_state, conv_out, stream));
-      } else if (L.in_proj.out) {
+      if (L.in_proj.out) {
         linear(L.in_proj, x, qkv);  // qkv|z|b|a, as laid out in the workspace
       } else {
         linear(L.qkv, x, qkv);
@@ -215,8 +186,6 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
       }
       gpu::DeltaNetDecodeArgs p = deltanet_args(L);
       p.qkv = qkv, p.z = z, p.b = b, p.a = a, p.conv_out = conv_out, p.out = core;
-      if (opts.deltanet_split) p.tickets = dn_tickets;
-      p.conv_done = conv_in_gemv;
       CK(gpu::deltanet_decode(p, stream));
       linear(L.out_proj, core, o);
     } else {
@@ -234,23 +203,18 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
     }
     pending.a = o;
     mark(tr, li, 1);
-    // router|shared gate|shared up|shared expert gate stacked, or the router alone; bf16: top-k in the
-    // GEMV's last block (and with GpuOptions::router_norm the norm before it in the same launch)
+    // router|shared gate|shared up|shared expert gate stacked, or the router alone; bf16: the norm before
+    // it and the top-k in the GEMV's launch
     const DevLinear& R = L.x_proj.out ? L.x_proj : L.router;
-    if (guessed) CK(cudaStreamWaitEvent(stream, join_ev, 0));  // the guess has read h and left its scratch
     const bool split = L.cpu_experts && opts.host_experts;
-    // GpuOptions::fused_handoff: the router's last block posts its result to the host (no host_post)
-    const bool post_in_router = split && posting && opts.fused_handoff && !R.int4 && opts.router_norm;
-    if (!R.int4 && opts.router_norm) {
+    // one graph: the router's last block posts its result to the host (an int4 router: host_post below)
+    const bool post_in_router = split && posting && !R.int4;
+    if (!R.int4) {
       const gpu::HostPost post{hx, hids, hw, hflags, static_cast<unsigned>(li) + 1};
       CK(gpu::gemv_bf16_router_topk_norm(R.w, R.out, R.in, h, pending.a, pending.shared, pending.gate, L.post_norm, eps, x, router,
                                          static_cast<int>(c.num_experts), k, route_ticket, topk_ids, topk_w, stream,
                                          post_in_router ? &post : nullptr));
       pending = {};
-    } else if (!R.int4) {
-      norm_x(L.post_norm);
-      CK(gpu::gemv_bf16_router_topk(R.w, R.out, R.in, x, router, static_cast<int>(c.num_experts), k, route_ticket, topk_ids, topk_w,
-                                    stream));
     } else {
       norm_x(L.post_norm);
       linear(R, x, router);
@@ -265,36 +229,30 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
       handoff_out(x, topk_ids, topk_w, 1);
     }
     mark(tr, li, 2);
-    // GpuOptions::parallel_shared: the shared expert's down GEMV (its gate / up came with the router)
-    // beside the routed experts, on the side stream; both only read x, sg, su and write their own rows.
-    // With the link the shared expert goes beside it too (the link's kernels leave most SMs idle).
-    const bool beside = side && L.x_proj.out && !L.sh_down.int4 && (!split || linked) && !deferring();
+    // The shared expert's down GEMV (its gate / up came with the router) beside the routed experts, on
+    // the side stream; both only read x, sg, su and write their own rows. With the link the shared
+    // expert goes beside it too (the link's kernels leave most SMs idle).
+    const bool beside = L.x_proj.out && !L.sh_down.int4 && (!split || linked) && !deferring();
     if (beside) {
       CK(cudaEventRecord(fork_ev, stream));
       CK(cudaStreamWaitEvent(side, fork_ev, 0));
       CK(gpu::gemv_bf16_swiglu(L.sh_down.w, L.sh_down.out, L.sh_down.in, sg, su, 1, sd, side));
       CK(cudaEventRecord(join_ev, side));
     }
-    // GpuOptions::l2_prefetch_bytes: the next layer's input projection (its tail) into L2 beside the experts
+    // One graph: the next layer's input projection (its tail) into L2 beside the experts
     const DevLinear* next_in = li + 1 < layers.size() ? &layers[li + 1].in_proj : nullptr;
-    const bool prefetching = split && posting && opts.l2_prefetch_bytes > 0 && next_in && next_in->out && !next_in->int4;
+    const bool prefetching = split && posting && l2_prefetch > 0 && next_in && next_in->out && !next_in->int4;
     if (prefetching) {
-      const int64_t bytes = next_in->out * next_in->in * 2, take = std::min(bytes, opts.l2_prefetch_bytes);
+      const int64_t bytes = next_in->out * next_in->in * 2, take = std::min(bytes, l2_prefetch);
       CK(cudaEventRecord(pf_fork_ev, stream));
       CK(cudaStreamWaitEvent(side, pf_fork_ev, 0));
       CK(gpu::l2_prefetch(reinterpret_cast<const char*>(next_in->w) + (bytes - take), take, side));
       CK(cudaEventRecord(pf_join_ev, side));
     }
     if (!link_only) gpu_experts(L, x, topk_ids, topk_w, 1, xh, hscratch, moe_out);
-    if (linked) {  // read in place over PCIe (staged ones from device memory), added to the GPU experts' sum
-      gpu::Int4TilesStaged staged;
-      if (staging) {
-        CK(cudaStreamWaitEvent(stream, link.staged_ev, 0));
-        staged = {link.staged_ids, link.staged_table, link.stage};
-      }
+    if (linked)  // read in place over PCIe, added to the GPU experts' sum
       CK(gpu::moe_int4_tiles_decode(link.tables[li], static_cast<int>(c.num_experts), H, c.moe_intermediate_size, link.group_size,
-                                    topk_ids, topk_w, k, link.m, staged, link.act_order, x, link.scratch, moe_out, stream, !link_only));
-    }
+                                    topk_ids, topk_w, k, link.m, link.act_order, x, link.scratch, moe_out, stream, !link_only));
     if (!L.x_proj.out) {
       linear(L.sh_gate, x, sg);
       linear(L.sh_up, x, su);
@@ -313,14 +271,10 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
     mark(tr, li, 3);
     if (!posting) run_deferred();  // the previous layer's, while the GPU works on this one (one graph: the host loop runs it)
     gpu::HostSum host_sum;  // this layer's, when its wait is left to the next norm's launch
-    if (split && segmenting) {  // the host's part runs between this segment and the next (step())
-      seg_layers.push_back(static_cast<int>(li));
-      cut_segment(true);
-      join_host(1, cpu_out, moe_out);
-    } else if (split && posting) {  // wait inside the graph for the host's sum, added from host memory
-      seg_layers.push_back(static_cast<int>(li));
+    if (split && posting) {  // wait inside the graph for the host's sum, added from host memory
+      handoff_layers.push_back(static_cast<int>(li));
       const gpu::HostSum sum{hflags + 1, static_cast<unsigned>(li) + 1, hout, hflags + 2, kHandoffTimeoutNs};
-      if (opts.fused_handoff && !deferring()) host_sum = sum;  // waited for by the next norm's launch (norm_x)
+      if (!deferring()) host_sum = sum;  // waited for by the next norm's launch (norm_x)
       else CK(gpu::host_wait_add(sum.flag, sum.value, sum.src, moe_out, H, sum.error, sum.timeout_ns, stream));
     } else if (split) {
       handoff_back(li, 1, cpu_out, moe_out);
@@ -385,19 +339,13 @@ bool Qwen35MoeGpu::forward_top(std::span<const int32_t> ids, std::span<const gpu
   return true;
 }
 bool Qwen35MoeGpu::cuda_graph_active() const { return impl_->graph_ok; }
-bool Qwen35MoeGpu::programmatic_launch_active() const { return impl_->opts.programmatic_launch; }
+bool Qwen35MoeGpu::programmatic_launch_active() const { return impl_->pdl; }
 int Qwen35MoeGpu::link_experts_active() const { return impl_->link.on ? impl_->link.m : 0; }
-int Qwen35MoeGpu::link_stage_active() const { return impl_->link.on ? impl_->link.stage : 0; }
 const std::string& Qwen35MoeGpu::link_note() const { return impl_->link.note; }
-int Qwen35MoeGpu::host_prefetch_active() const { return impl_->guessing ? impl_->opts.host_prefetch : 0; }
 int64_t Qwen35MoeGpu::stream_prefill_min_tokens() const { return impl_->st.on && impl_->batched ? impl_->opts.stream_prefill_min_tokens : 0; }
 const std::string& Qwen35MoeGpu::stream_prefill_note() const { return impl_->st.note; }
-bool Qwen35MoeGpu::graph_cut_at_handoffs() const {
-  return impl_->graph_ok && !impl_->one_graph && impl_->gpu_only_layers < impl_->layers.size();
-}
 bool Qwen35MoeGpu::graph_one_step() const { return impl_->one_graph; }
-bool Qwen35MoeGpu::handoff_fused() const { return impl_->one_graph && impl_->opts.fused_handoff; }
-int64_t Qwen35MoeGpu::l2_prefetch_active() const { return impl_->opts.l2_prefetch_bytes; }
+int64_t Qwen35MoeGpu::l2_prefetch_active() const { return impl_->l2_prefetch; }
 
 
 namespace {

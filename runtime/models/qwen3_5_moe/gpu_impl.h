@@ -1,19 +1,15 @@
 // runtime/models/qwen3_5_moe/gpu_impl.h: the GPU model's internals (not a public header), shared by
-// qwen3_5_moe_gpu.cpp (upload, the decode step, the public API), qwen3_5_moe_gpu_prefill.cpp (batched
-// prefill and the routed experts of n tokens), qwen3_5_moe_gpu_hybrid.cpp (the host handoff and
-// expert deferral), qwen3_5_moe_gpu_stream.cpp (streamed prefill) and qwen3_5_moe_gpu_replace.cpp
-// (online re-placement).
+// gpu.cpp (upload, the decode step, the public API), gpu_prefill.cpp (batched
+// prefill and the routed experts of n tokens), gpu_hybrid.cpp (the host handoff and
+// expert deferral, the link experts) and gpu_stream.cpp (streamed prefill).
 #pragma once
 
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <cstdint>
 #include <functional>
-#include <future>
 #include <vector>
 
-#include "gpu_core/int4_tiles.cuh"
 #include "gpu_core/attention.cuh"
 #include "gpu_core/deltanet.cuh"
 #include "gpu_core/gemm.cuh"
@@ -32,7 +28,7 @@ inline void cuda_check(cudaError_t e, const char* what) {
 }
 #define CK(expr) cuda_check((expr), #expr)
 
-class Uploader;  // qwen3_5_moe_gpu.cpp: plans, then fills, the one device allocation
+class Uploader;  // gpu.cpp: plans, then fills, the one device allocation
 
 struct DevLinear {
   bool int4 = false;
@@ -74,11 +70,13 @@ struct Qwen35MoeGpu::Impl {
   GpuMemoryPlan plan;
   char* arena = nullptr;
   cudaStream_t stream = nullptr;
-  // GpuOptions::parallel_shared: the shared expert's down GEMV on `side`, forked from and joined back
-  // into `stream` around the routed experts (inside the step's graph when captured).
+  // Decode: the shared expert's down GEMV on `side`, forked from and joined back into `stream` around
+  // the routed experts (inside the step's graph when captured).
   cudaStream_t side = nullptr;
   cudaEvent_t fork_ev = nullptr, join_ev = nullptr;
-  cudaEvent_t pf_fork_ev = nullptr, pf_join_ev = nullptr;  // GpuOptions::l2_prefetch_bytes, on `side`
+  cudaEvent_t pf_fork_ev = nullptr, pf_join_ev = nullptr;  // the L2 prefetch (l2_prefetch), on `side`
+  bool pdl = false;          // decode kernels with programmatic dependent launch (the device takes it)
+  int64_t l2_prefetch = 0;   // one-graph hybrid step: bytes of the next layer's input projection fetched into L2
   std::vector<DevLayer> layers;
   const uint16_t* embed = nullptr;
   DevLinear lm_head;
@@ -91,7 +89,6 @@ struct Qwen35MoeGpu::Impl {
   int32_t *ids, *topk_ids, *pos_dev;
   float* topk_w;
   unsigned* route_ticket = nullptr;  // the router / norm GEMVs' counter (their launches are stream-ordered)
-  unsigned* dn_tickets = nullptr;    // deltanet_decode's per-head tickets (split recurrence), [max(Hv, 1)]
   float* cpu_out;  // the host experts' sum, copied in (hybrid)
   // Pinned host staging for the hybrid handoff and the host-side embedding row.
   float *hx = nullptr, *hw = nullptr, *hout = nullptr, *hembed = nullptr;
@@ -102,30 +99,20 @@ struct Qwen35MoeGpu::Impl {
   ExpertCounts counts;
   // --trace: events at the segment boundaries of every layer, turned into GPU spans after each step.
   std::vector<cudaEvent_t> tev;
-  // Decode steps as CUDA graphs (GpuOptions::cuda_graph; not with --trace), cut at every host handoff
-  // of a hybrid placement: segment i ends with a layer's router result on its way to the host (an
-  // event node), the host runs that layer's experts, and segment i + 1 starts by adding their sum.
-  // Without host experts a step is one graph. segs[0] without logits, [1] with logits copied to
-  // hlogits, [2] with logits left on the device (forward_top).
+  // Decode steps as CUDA graphs (not with GpuOptions::eager or --trace), one a step: graphs[0] without
+  // logits, [1] with logits copied to hlogits, [2] with logits left on the device (forward_top). With
+  // host experts the host handoffs run inside it (one_graph): handoff_layers are the layers whose host
+  // experts run while it waits. hflags (mapped): [0] the last layer posted + 1 (GPU -> host), [1] the
+  // last layer released + 1 (host -> GPU), [2] the layer + 1 a wait gave up on, [3] with deferral: the
+  // last layer whose deferred sum is in hdef_posted + 1 (host -> GPU).
   bool graph_ok = false;
-  std::vector<cudaGraphExec_t> segs[3];
-  std::vector<int> seg_layers;   // the layer whose host experts follow segment i
+  cudaGraphExec_t graphs[3] = {};
+  std::vector<int> handoff_layers;
   uint64_t gpu_only_layers = 0;  // layers with no host experts (counted as GPU-served per step)
-  bool segmenting = false;       // enqueue() under capture: cut at handoffs
-  // GpuOptions::hybrid_one_graph: the step is one graph (segs[w][0]) and seg_layers the layers whose
-  // host experts run while it waits inside it. hflags (mapped): [0] the last layer posted + 1 (GPU ->
-  // host), [1] the last layer released + 1 (host -> GPU), [2] the layer + 1 a wait gave up on, [3] with
-  // deferral: the last layer whose deferred sum is in hdef_posted + 1 (host -> GPU), [4] with
-  // GpuOptions::host_prefetch: the last layer whose expert guess is in hgids + 1 (GPU -> host).
   bool one_graph = false;
-  bool guessing = false;         // GpuOptions::host_prefetch in effect (one graph, side stream, bf16 routers)
-  int32_t* hgids = nullptr;      // mapped: the guessed experts of the layer in hflags[4] - 1, best first
-  float* hgw = nullptr;          // mapped: their guessed weights (posted with them, unused)
-  bool post_guess(const DevLayer& L, size_t li);  // false: not for this layer (an int4 router)
   bool posting = false;          // enqueue() under capture for one_graph: handoffs inside the graph
   unsigned* hflags = nullptr;
   void run_one_graph(int w);
-  std::vector<cudaGraphExec_t>* seg_out = nullptr;
   // forward_top: the logits row stays on the device (no copy at the end of a step or chunk); the
   // penalties and the top-k run there and only k (id, logit) pairs come back.
   float logits_sink = 0;  // as a logits destination: compute the row, leave it on the device
@@ -134,12 +121,12 @@ struct Qwen35MoeGpu::Impl {
   int32_t* top_ids = nullptr;
   float* top_vals = nullptr;
   int32_t* hidpos = nullptr;  // pinned: the token id and position the graph copies in
-  // Batched prefill (GpuOptions::batched_prefill): a prompt goes through layer by layer in chunks.
+  // Batched prefill (GpuOptions::prefill_chunk): a prompt goes through layer by layer in chunks.
   bool batched = false;
   int64_t chunk = 0;
   gpu::BlasHandle blas = nullptr;
   void* blas_ws = nullptr;  // its workspace, inside the arena
-  void* pgroup = nullptr;   // moe_int4_grouped's workspace (int4 experts)
+  void* pgroup = nullptr;   // moe_int4_grouped_tc's workspace (int4 experts)
   float* pterms = nullptr;  // the chunked DeltaNet's chunk terms (gpu::deltanet_chunk_terms_floats)
   float *ph = nullptr, *px = nullptr, *po = nullptr, *pqkv = nullptr, *pz = nullptr, *pb = nullptr, *pa = nullptr, *pcore = nullptr,
         *pconv = nullptr, *pqg = nullptr, *pk = nullptr, *pv = nullptr, *pattn = nullptr, *prouter = nullptr, *pmoe = nullptr,
@@ -170,44 +157,6 @@ struct Qwen35MoeGpu::Impl {
   cudaEvent_t def_copied = nullptr;
   cudaEvent_t tbase = nullptr;
   double tbase_us = 0;
-  // Where the routed experts are served ([layer][expert], 1: the GPU); the plan's, then what online
-  // re-placement made of it. Empty: every expert on the GPU.
-  std::vector<std::vector<uint8_t>> resident;
-  // Online re-placement (GpuOptions::replace, qwen3_5_moe_gpu_replace.cpp). An expert moving to the GPU
-  // takes the slot (device allocations) of the one it displaces: that one is served by the host from
-  // the next step on, the newcomer's weights are repacked on a worker thread into pinned staging,
-  // copied into the slot on rp.copy (after rp.freed: no step reads the slot any more) and served by the
-  // GPU from the step after they arrived. Streamed prefill keeps streaming the plan's host experts;
-  // the plan's GPU experts that were displaced run on the host there (displaced()).
-  struct Move {
-    int layer = 0, expert = 0;  // the expert moving to the GPU
-    gpu::Int4Expert i4{};       // the slot it takes
-    gpu::Bf16Expert b16{};
-    int staging = 0;            // index into rp.staging / rp.copied
-    int order = 0;              // in its batch: packed once rp.packed > order
-    bool copying = false;
-  };
-  struct Replace {
-    bool on = false, paused = false;
-    int64_t since = 0;                                   // decode steps since the last check
-    std::vector<std::vector<uint64_t>> heat;             // [layer][expert] activations seen by the host
-    std::vector<std::vector<gpu::Int4Expert>> i4, stream_i4;  // host copies of the device tables
-    std::vector<std::vector<gpu::Bf16Expert>> b16;
-    std::vector<Move> moving;                            // one batch (no check while it is in flight)
-    std::future<void> packer;                            // one worker thread repacks the batch in order
-    std::atomic<int> packed{0};                          // moves of the batch packed so far
-    std::vector<char*> staging;                          // pinned, slot_bytes each
-    std::vector<cudaEvent_t> copied;                     // per staging buffer
-    std::vector<int> free;                               // staging buffers not in use
-    uint64_t slot_bytes = 0;
-    cudaStream_t copy = nullptr;
-    cudaEvent_t freed = nullptr;
-    // Table writes: a changed layer's whole table, one copy per table from pinned rows (a copy per
-    // entry from pageable memory stalled the step that made 100 moves by milliseconds).
-    std::vector<uint8_t> touched;                        // [layer]
-    char* rows = nullptr;                                // pinned: [layer][E] expert tables, then [layer][E] streamed tables
-    cudaEvent_t written = nullptr;                       // after the last table copies: rows may change
-  } rp;
   // Streamed prefill's state (GpuOptions::stream_prefill_min_tokens; buffers: gpu::stream_buffer_bytes).
   struct Stream {
     bool on = false;
@@ -237,40 +186,15 @@ struct Qwen35MoeGpu::Impl {
     std::vector<uint8_t> host_only;                  // [layer]: every routed expert on the host
     std::vector<gpu::Int4TilesExpert> host_tables;   // link_setup's, uploaded by link_upload
     std::vector<int> table_of;                       // [layer]: its table's index in host_tables / E, -1: none
-    int stage_slots = 0;    // GpuOptions::link_stage as allocated (stage: as used, 0 without the one graph)
-    void* mem = nullptr;    // in the arena (workspace): the tables, the kernel's scratch, the staging slots
+    void* mem = nullptr;    // in the arena (workspace): the tables, then the kernel's scratch
     void* scratch = nullptr;
-    // GpuOptions::link_stage (one graph): slots for `stage` guessed experts, what they hold, and the
-    // layers whose guess the step's graph stages (set while it is captured; the host picks the same).
-    int stage = 0;
-    void* slots = nullptr;
-    size_t slot_bytes = 0;
-    int32_t* staged_ids = nullptr;
-    gpu::Int4TilesExpert* staged_table = nullptr;
-    int32_t* guess_dev = nullptr;  // [k] the layer's guess, copied beside hgids (post_guess)
-    cudaEvent_t staged_ev = nullptr;
-    std::vector<uint8_t> staged_at;
-    bool replaying = false;  // run_one_graph's host loop (eager steps never stage)
   } link;
   void link_setup();                 // before the plan
   gpu::LinkBuffers link_buffers() const;  // what build() allocates for it
   void link_upload();                // after the commit
 
-  explicit Impl(const Qwen35Moe& m, const GpuOptions& o) : model(m), opts(o) {
-    if (o.expert_on_gpu) resident = *o.expert_on_gpu;
-  }
+  explicit Impl(const Qwen35Moe& m, const GpuOptions& o) : model(m), opts(o) {}
   ~Impl() {
-    // Re-placement first: a pack in flight writes into staging, a copy in flight into the arena.
-    if (rp.packer.valid()) rp.packer.wait();
-    if (rp.copy) {
-      cudaStreamSynchronize(rp.copy);
-      cudaStreamDestroy(rp.copy);
-    }
-    if (rp.freed) cudaEventDestroy(rp.freed);
-    for (cudaEvent_t e : rp.copied) cudaEventDestroy(e);
-    if (rp.written) cudaEventDestroy(rp.written);
-    if (rp.rows) cudaFreeHost(rp.rows);
-    for (char* p : rp.staging) cudaFreeHost(p);
     if (arena) cudaFree(arena);
     if (stream) cudaStreamDestroy(stream);
     if (side) cudaStreamDestroy(side);
@@ -280,17 +204,14 @@ struct Qwen35MoeGpu::Impl {
     if (pf_join_ev) cudaEventDestroy(pf_join_ev);
     if (routed) cudaEventDestroy(routed);
     for (cudaEvent_t e : tev) cudaEventDestroy(e);
-    for (auto& v : segs)
-      for (cudaGraphExec_t g : v) cudaGraphExecDestroy(g);
+    for (cudaGraphExec_t g : graphs)
+      if (g) cudaGraphExecDestroy(g);
     if (hidpos) cudaFreeHost(hidpos);
     if (hlogits) cudaFreeHost(hlogits);
     if (hflags) cudaFreeHost(hflags);
-    if (hgids) cudaFreeHost(hgids);
-    if (hgw) cudaFreeHost(hgw);
     gpu::blas_destroy(blas);
     if (tbase) cudaEventDestroy(tbase);
     if (def_copied) cudaEventDestroy(def_copied);
-    if (link.staged_ev) cudaEventDestroy(link.staged_ev);
     if (st.copy) cudaStreamDestroy(st.copy);
     if (st.ready) cudaEventDestroy(st.ready);
     if (st.free) cudaEventDestroy(st.free);
@@ -299,46 +220,17 @@ struct Qwen35MoeGpu::Impl {
       if (p) cudaFreeHost(p);
   }
 
-  // Whether prompts can go through in batches (GpuOptions::batched_prefill).
-  bool wants_batched() const { return opts.batched_prefill && opts.prefill_chunk > 0; }
+  // Whether prompts go through in batches: a chunk is set and the attention prefill kernel takes the
+  // head size (other head sizes prefill token by token, as decode steps).
+  bool wants_batched() const { return opts.prefill_chunk > 0 && gpu::attention_prefill_fits(model.config().head_dim); }
   // Tokens handed to the host at once: a prefill chunk when prompts go in batches, else one.
   int64_t host_rows() const { return wants_batched() ? opts.prefill_chunk : 1; }
   bool deferring() const { return opts.defer_experts > 0 && opts.host_experts; }
 
-  bool on_gpu(int layer, int64_t e) const { return resident.empty() || resident[layer][e]; }
-  // Whether the plan put expert e of layer l on the host (what streamed prefill streams, whatever
-  // re-placement has done since).
-  bool plan_host(int layer, int64_t e) const {
-    return opts.expert_on_gpu && !opts.expert_on_gpu->empty() && !(*opts.expert_on_gpu)[layer][e];
+  // Whether expert e of layer `layer` lives on the GPU (the plan's; every expert without a hybrid placement).
+  bool on_gpu(int layer, int64_t e) const {
+    return !opts.expert_on_gpu || opts.expert_on_gpu->empty() || (*opts.expert_on_gpu)[layer][e];
   }
-  // Whether the host computes expert e of layer li: a host expert, except in streamed prefill
-  // (`streamed`), where the plan's host experts are streamed to the GPU and only the plan's GPU
-  // experts that re-placement displaced run on the host.
-  bool host_serves(int li, int64_t e, bool streamed) const {
-    return !on_gpu(li, e) && !(streamed && rp.on && plan_host(li, e));
-  }
-
-  // ---- online re-placement (qwen3_5_moe_gpu_replace.cpp) ----
-  void replace_setup();             // after the upload: staging, copy stream, the host's coverage
-  void replace_tick();              // before each decode step: moves that arrived, and every N steps a check
-  void finish_moves(bool wait);     // moves whose weights are packed / copied (all of them when `wait`)
-  // Expert e of layer l now on the GPU in the slot i4 / b16, or (gpu false, empty slots) on the host:
-  // the host copies of the tables, to be written by flush_tables().
-  void place(int l, int e, bool gpu, const gpu::Int4Expert& i4, const gpu::Bf16Expert& b16);
-  bool displaced(int l) const;      // some of the plan's GPU experts of layer l are on the host now
-  void flush_tables();              // the device tables of the layers whose host copies changed (rp.touched)
-  struct SlotImage {
-    struct Piece {
-      void* dst;        // on the device
-      uint64_t offset;  // in staging
-      uint64_t bytes;
-    };
-    std::vector<Piece> pieces;
-    uint64_t span = 0;
-    bool contiguous = true;
-  };
-  SlotImage slot_image(const Move& m) const;
-  void pack_expert(int li, int e, const gpu::Int4Expert& slot, const SlotImage& image, char* dst) const;
 
   // uploaded(bytes): called after each layer while committing, with the bytes placed so far.
   void build(Uploader& up, const std::function<void(uint64_t)>& uploaded = {});
@@ -360,11 +252,8 @@ struct Qwen35MoeGpu::Impl {
   // Part 2: wait for the event (spinning: a blocking sync adds a wake-up), run the host-resident
   // experts of the n tokens, and queue their sum into moe_dev (through cpu_dev). Counts who served what.
   // With deferral, the host-resident ones among each token's N lowest-weight experts are set aside
-  // for run_deferred() (next layer) instead.
-  // Which pass hands tokens to the host: decode steps are counted (ExpertCounts, re-placement's heat),
-  // a prompt chunk feeds only the heat, streamed prefill neither (and its host part is only the plan's
-  // displaced GPU experts: host_serves).
-  enum class Pass { decode, prefill, streamed };
+  // for run_deferred() (next layer) instead. Decode steps are counted (ExpertCounts), prompt chunks not.
+  enum class Pass { decode, prefill };
   void handoff_back(size_t li, int64_t n, float* cpu_dev, float* moe_dev, Pass pass = Pass::decode);
   bool host_part(size_t li, int64_t n, bool always, bool wait_routed = true, Pass pass = Pass::decode);
   void join_host(int64_t n, float* cpu_dev, float* moe_dev);
@@ -378,7 +267,7 @@ struct Qwen35MoeGpu::Impl {
   // y [n, out] = x [n, in] W^T for a chunk of tokens: cuBLAS for bf16, the int4 GEMV 8 tokens at a time.
   void linear_rows(const DevLinear& L, const float* in, int64_t n, float* out);
 
-  // n prompt tokens at positions pos.. through every layer at once (GpuOptions::batched_prefill);
+  // n prompt tokens at positions pos.. through every layer at once (GpuOptions::prefill_chunk);
   // logits of the last token to logits_last when given. Same math as n decode steps, except that
   // bf16 projections run on cuBLAS with split-bf16 activations (~1e-5) instead of the GEMV.
   void prefill_chunk(const int32_t* ids_host, int64_t n, float* logits_last);
@@ -411,14 +300,12 @@ struct Qwen35MoeGpu::Impl {
   void trace_begin(Trace* tr);
   void trace_end(Trace* tr);
 
-  // One decode step: eagerly (trace, host embedding, deferral) or as captured CUDA graphs (see
-  // graph_ok): the same enqueue() either way.
+  // One decode step: eagerly (GpuOptions::eager, --trace, and the cases graph_ok excludes) or as the
+  // captured CUDA graph: the same enqueue() either way.
   void step(int32_t id, float* logits_host);
 
-  // Captures segs[w]; cut_segment ends the segment under capture (and starts the next when `more`);
-  // abandon_capture ends a capture after a failure so the stream stays usable.
+  // Captures graphs[w]; abandon_capture ends a capture after a failure so the stream stays usable.
   void capture(int w);
-  void cut_segment(bool more);
   void abandon_capture();
 
   // Queues one token's work on the stream: id / position copied from id_src / pos_src (host memory),

@@ -1,6 +1,6 @@
-// The Qwen3.5-MoE GPU model's load (see qwen3_5_moe_gpu.h): the weights planned by kind, then
+// The Qwen3.5-MoE GPU model's load (see gpu.h): the weights planned by kind, then
 // uploaded into one device allocation (int4 experts repacked on all host threads), the workspace, and
-// Qwen35MoeGpu::create. The decode step: qwen3_5_moe_gpu.cpp.
+// Qwen35MoeGpu::create. The decode step: gpu.cpp.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -202,7 +202,7 @@ void Qwen35MoeGpu::Impl::build(Uploader& up, const std::function<void(uint64_t)>
     st.pos = static_cast<int32_t*>(up.alloc(st.pass * 4, Kind::Work));
     st.ids = static_cast<int32_t*>(up.alloc(st.pass * 4, Kind::Work));
   }
-  if (link.on) link.mem = up.alloc(link_buffers().total(), Kind::Work);  // link experts' tables, scratch, staging (link_setup decided)
+  if (link.on) link.mem = up.alloc(link_buffers().total(), Kind::Work);  // link experts' tables and scratch (link_setup decided)
   layers.clear();
   if (opts.expert_on_gpu && !opts.expert_on_gpu->empty()) {
     if (static_cast<int64_t>(opts.expert_on_gpu->size()) != c.num_layers) fail("hybrid placement: expert map has ", opts.expert_on_gpu->size(), " layers, the model ", c.num_layers);
@@ -275,10 +275,6 @@ void Qwen35MoeGpu::Impl::build(Uploader& up, const std::function<void(uint64_t)>
     fill_int4_parallel(repack);
     if (d.int4_experts) d.experts_i4 = up.upload(i4.data(), i4.size(), Kind::Experts);
     else d.experts_bf16 = up.upload(b16.data(), b16.size(), Kind::Experts);
-    if (opts.replace.on() && up.committing()) {  // online re-placement edits the tables from host copies
-      rp.i4.resize(li + 1), rp.b16.resize(li + 1), rp.stream_i4.resize(li + 1);
-      rp.i4[li] = i4, rp.b16[li] = b16, rp.stream_i4[li] = i4;
-    }
     if (streams(li) && up.committing()) stream_table(li, i4);
     layers.push_back(d);
     if (uploaded && up.committing()) uploaded(up.placed());
@@ -305,7 +301,6 @@ void Qwen35MoeGpu::Impl::build(Uploader& up, const std::function<void(uint64_t)>
   topk_ids = up.zeros<int32_t>(k, Kind::Work);
   topk_w = ws(k);
   route_ticket = up.zeros<unsigned>(1, Kind::Work);
-  dn_tickets = up.zeros<unsigned>(std::max<int64_t>(c.linear_num_value_heads, 1), Kind::Work);
   pos_dev = up.zeros<int32_t>(1, Kind::Work);
   cpu_out = ws(H);
   if (deferring()) def_dev = ws(host_rows() * H);  // the deferred experts' sum (hybrid)
@@ -355,7 +350,8 @@ std::unique_ptr<Qwen35MoeGpu> Qwen35MoeGpu::create(const Qwen35Moe& model, const
   const uint64_t budget = opts.budget_bytes ? opts.budget_bytes : free_b;
   // prefill_chunk_max: the largest power-of-two multiple of prefill_chunk up to it whose workspace
   // still fits (no bigger than the context needs).
-  for (int64_t c = opts.prefill_chunk_max; opts.batched_prefill && opts.prefill_chunk > 0 && c > opts.prefill_chunk; c /= 2) {
+  const bool batchable = impl->wants_batched();
+  for (int64_t c = opts.prefill_chunk_max; batchable && c > opts.prefill_chunk; c /= 2) {
     if (c / 2 >= opts.max_context) continue;
     const GpuMemoryPlan p = plan_with_chunk(c);
     if (p.total() <= std::min<uint64_t>(budget, free_b)) {
@@ -374,13 +370,11 @@ std::unique_ptr<Qwen35MoeGpu> Qwen35MoeGpu::create(const Qwen35Moe& model, const
   if (impl->plan.total() > free_b) fail("the model needs ", format_gib(impl->plan.total()), " of GPU memory but only ", format_gib(free_b), " is free");
   CK(cudaMalloc(&impl->arena, impl->plan.total()));
   CK(cudaStreamCreate(&impl->stream));
-  if (opts.parallel_shared) {
-    CK(cudaStreamCreateWithFlags(&impl->side, cudaStreamNonBlocking));
-    CK(cudaEventCreateWithFlags(&impl->fork_ev, cudaEventDisableTiming));
-    CK(cudaEventCreateWithFlags(&impl->join_ev, cudaEventDisableTiming));
-    CK(cudaEventCreateWithFlags(&impl->pf_fork_ev, cudaEventDisableTiming));
-    CK(cudaEventCreateWithFlags(&impl->pf_join_ev, cudaEventDisableTiming));
-  }
+  CK(cudaStreamCreateWithFlags(&impl->side, cudaStreamNonBlocking));
+  CK(cudaEventCreateWithFlags(&impl->fork_ev, cudaEventDisableTiming));
+  CK(cudaEventCreateWithFlags(&impl->join_ev, cudaEventDisableTiming));
+  CK(cudaEventCreateWithFlags(&impl->pf_fork_ev, cudaEventDisableTiming));
+  CK(cudaEventCreateWithFlags(&impl->pf_join_ev, cudaEventDisableTiming));
   if (impl->st.on) {
     CK(cudaStreamCreateWithFlags(&impl->st.copy, cudaStreamNonBlocking));
     CK(cudaEventCreateWithFlags(&impl->st.ready, cudaEventDisableTiming));
@@ -390,8 +384,8 @@ std::unique_ptr<Qwen35MoeGpu> Qwen35MoeGpu::create(const Qwen35Moe& model, const
   CK(cudaEventCreateWithFlags(&impl->routed, cudaEventDisableTiming));
   // Pointers into the arena exist only after the commit pass below; until then decide from the options.
   const int64_t rows = impl->host_rows();  // tokens handed to the host at once
-  // Mapped when a step's handoffs may run inside its graph (kernels read and write them in place).
-  const unsigned handoff_flags = opts.hybrid_one_graph ? cudaHostAllocMapped : cudaHostAllocDefault;
+  // Mapped: a graph step's handoffs run inside it (kernels read and write them in place).
+  const unsigned handoff_flags = cudaHostAllocMapped;
   CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hx), rows * H * sizeof(float), handoff_flags));
   CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hout), rows * H * sizeof(float), handoff_flags));
   if (!opts.embed_on_gpu && impl->wants_batched())  // prompt rows are gathered on the host
@@ -414,7 +408,6 @@ std::unique_ptr<Qwen35MoeGpu> Qwen35MoeGpu::create(const Qwen35Moe& model, const
     CK(cudaDeviceSynchronize());
     progress.show(impl->plan.total(), secs(), true);
   }
-  impl->replace_setup();
   impl->link_upload();
   impl->batched = impl->wants_batched() && impl->ph;
   impl->chunk = impl->opts.prefill_chunk;
@@ -430,29 +423,19 @@ std::unique_ptr<Qwen35MoeGpu> Qwen35MoeGpu::create(const Qwen35Moe& model, const
     CK(cudaDeviceGetAttribute(&v, what, dev));
     return v;
   };
-  // One graph a step with the handoffs inside: kernels read and write hx / hids / hw / hout / hflags in
-  // place (mapped; with unified addressing the host pointers are the device's too; without it, the cut
-  // graphs). Deferred host work joins a layer late: inside one graph it is one more wait (on hflags[3]),
-  // across cut graphs it cannot be, so those steps stay eager.
-  impl->opts.programmatic_launch = opts.programmatic_launch && caps.cc_major >= 9;
-  const bool one_graph = opts.cuda_graph && impl->embed && opts.hybrid_one_graph && host_layers &&
-                         device_attribute(cudaDevAttrUnifiedAddressing);
-  impl->graph_ok = opts.cuda_graph && impl->embed && !(impl->deferring() && host_layers && !one_graph);
-  impl->one_graph = impl->graph_ok && one_graph;
-  // GpuOptions::l2_prefetch_bytes as it will run: only in the one-graph step beside the side stream;
-  // auto (-1) is 70% of this device's L2 cache
-  if (!impl->one_graph || !impl->side) impl->opts.l2_prefetch_bytes = 0;
-  else if (opts.l2_prefetch_bytes < 0) impl->opts.l2_prefetch_bytes = static_cast<int64_t>(device_attribute(cudaDevAttrL2CacheSize)) * 7 / 10;
+  // Decode steps as one CUDA graph each unless eager (GpuOptions::eager). The graph needs the embedding
+  // table on the GPU (a host-side row lookup is no graph node); with host experts, unified addressing
+  // (kernels read and write hx / hids / hw / hout / hflags in place: with UVA the host pointers are the
+  // device's too). Steps outside these run eagerly. Deferral runs inside the graph too (the deferred sum
+  // joins a layer late: one more wait, on hflags[3]).
+  impl->pdl = caps.cc_major >= 9;
+  impl->graph_ok = !opts.eager && impl->embed && (!host_layers || device_attribute(cudaDevAttrUnifiedAddressing));
+  impl->one_graph = impl->graph_ok && host_layers;
+  // The L2 prefetch, only in the one-graph step: 70% of this device's L2 cache
+  if (impl->one_graph) impl->l2_prefetch = static_cast<int64_t>(device_attribute(cudaDevAttrL2CacheSize)) * 7 / 10;
   if (impl->one_graph) {
-    CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hflags), 8 * sizeof(unsigned), cudaHostAllocMapped));
-    std::memset(impl->hflags, 0, 8 * sizeof(unsigned));
-    impl->guessing = (opts.host_prefetch > 0 || (impl->link.on && impl->link.staged_ev)) && impl->side;
-    if (impl->guessing && impl->link.staged_ev) impl->link.stage = impl->link.stage_slots;
-    if (impl->guessing) {
-      const int64_t k = model.config().num_experts_per_tok;
-      CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hgids), k * sizeof(int32_t), cudaHostAllocMapped));
-      CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hgw), k * sizeof(float), cudaHostAllocMapped));
-    }
+    CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hflags), 4 * sizeof(unsigned), cudaHostAllocMapped));
+    std::memset(impl->hflags, 0, 4 * sizeof(unsigned));
     if (impl->deferring()) {  // two rows, by layer parity: the host fills layer L + 1's while the GPU may still read layer L's
       CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hdef_posted), 2 * H * sizeof(float), cudaHostAllocMapped));
       std::memset(impl->hdef_posted, 0, 2 * H * sizeof(float));

@@ -1,5 +1,5 @@
 // runtime/models/qwen3_5_moe/gpu_prefill.cpp: the GPU model's batched prefill (a chunk of prompt tokens
-// layer by layer) and the routed experts of n tokens, shared with decode (see qwen3_5_moe_gpu_impl.h).
+// layer by layer) and the routed experts of n tokens, shared with decode (see gpu_impl.h).
 #include <algorithm>
 #include <cmath>
 
@@ -15,26 +15,25 @@ void Qwen35MoeGpu::Impl::gpu_experts(const DevLayer& L, const float* x_dev, cons
   const gpu::Int4Expert* experts = table ? table : L.experts_i4;
   const int64_t H = c.hidden_size, I = c.moe_intermediate_size;
   const int k = c.num_experts_per_tok;
-  if (L.int4_experts && n > gpu::kMaxGemvTokens && pgroup && opts.grouped_moe) {  // prefill: each expert's tokens together
-    auto* grouped = opts.grouped_moe_tc ? gpu::moe_int4_grouped_tc : gpu::moe_int4_grouped;
-    CK(grouped(experts, static_cast<int>(c.num_experts), H, I, L.expert_group, ids_dev, w_dev, static_cast<int>(n), k, x_dev,
-               pgroup, out, stream));
+  if (L.int4_experts && n > gpu::kMaxGemvTokens) {  // a prompt chunk: each expert's tokens together (workspace: pgroup)
+    if (!pgroup) fail("internal: ", n, " tokens of int4 experts without the grouped workspace");
+    CK(gpu::moe_int4_grouped_tc(experts, static_cast<int>(c.num_experts), H, I, L.expert_group, ids_dev, w_dev, static_cast<int>(n), k,
+                                x_dev, pgroup, out, stream));
     return;
   }
-  // The decode kernels take up to kMaxGemvTokens tokens per launch (a prefill chunk goes in blocks).
+  // The decode kernels take up to kMaxGemvTokens tokens per launch (bf16 experts of a prompt chunk go in blocks).
   for (int64_t t = 0; t < n; t += gpu::kMaxGemvTokens) {
     const int T = static_cast<int>(std::min<int64_t>(gpu::kMaxGemvTokens, n - t));
     const float* x = x_dev + t * H;
     const int32_t* ids = ids_dev + t * k;
     const float* w = w_dev + t * k;
-    if (L.int4_experts && opts.moe_wide && gpu::moe_int4_decode_wide_fits(H, I, L.expert_group, k)) {
+    if (L.int4_experts && gpu::moe_int4_decode_wide_fits(H, I, L.expert_group, k)) {
       auto* h16 = static_cast<uint16_t*>(hs);
       CK(gpu::moe_int4_decode_wide(experts, H, I, L.expert_group, ids, w, T, k, x, h16, out + t * H, stream));
-    } else if (L.int4_experts) {
+    } else if (L.int4_experts) {  // shapes the wide kernel does not take
       CK(gpu::gather_x_half(x, nullptr, H, T, xh_buf, stream));
       auto* h16 = static_cast<uint16_t*>(hs);
-      CK(opts.moe_prefetch ? gpu::moe_int4_decode_prefetch(experts, H, I, L.expert_group, ids, w, T, k, xh_buf, h16, out + t * H, stream)
-                           : gpu::moe_int4_decode(experts, H, I, L.expert_group, ids, w, T, k, xh_buf, h16, out + t * H, stream));
+      CK(gpu::moe_int4_decode(experts, H, I, L.expert_group, ids, w, T, k, xh_buf, h16, out + t * H, stream));
     } else {
       CK(gpu::moe_bf16_decode(L.experts_bf16, H, I, ids, w, T, k, x, static_cast<float*>(hs), out + t * H, stream));
     }
@@ -44,7 +43,7 @@ void Qwen35MoeGpu::Impl::gpu_experts(const DevLayer& L, const float* x_dev, cons
 // y [n, out] = x [n, in] W^T for a chunk of tokens: cuBLAS for bf16, the int4 GEMV 8 tokens at a time.
 void Qwen35MoeGpu::Impl::linear_rows(const DevLinear& L, const float* in, int64_t n, float* out) {
   if (!L.int4) {
-    CK(gpu::gemm_bf16(blas, L.w, L.out, L.in, in, n, psplit, opts.prefill_gemm_split, out, stream));
+    CK(gpu::gemm_bf16(blas, L.w, L.out, L.in, in, n, psplit, out, stream));
     return;
   }
   for (int64_t t = 0; t < n; t += gpu::kMaxGemvTokens) {
@@ -61,8 +60,6 @@ void Qwen35MoeGpu::Impl::prefill_layer(size_t li, float* hbuf, int64_t n, const 
   const ModelConfig& c = model.config();
   const int64_t H = c.hidden_size, Is = c.shared_expert_intermediate_size;
   const int k = c.num_experts_per_tok;
-  const int64_t nh2 = int64_t(c.num_heads) * 2 * c.head_dim;
-  const int64_t kvd = int64_t(c.num_kv_heads) * c.head_dim, ad = int64_t(c.num_heads) * c.head_dim;
   const float eps = static_cast<float>(c.rms_norm_eps);
   const DevLayer& L = layers[li];
   CK(gpu::rmsnorm_zc(hbuf, L.in_norm, H, static_cast<int>(n), eps, px, stream));
@@ -74,32 +71,23 @@ void Qwen35MoeGpu::Impl::prefill_layer(size_t li, float* hbuf, int64_t n, const 
     gpu::DeltaNetDecodeArgs p = deltanet_args(L);
     p.qkv = pqkv, p.z = pz, p.b = pb, p.a = pa, p.conv_out = pconv, p.out = pcore;
     p.chunk_terms = pterms;
-    CK((opts.deltanet_chunked ? gpu::deltanet_prefill_chunked : gpu::deltanet_prefill)(p, static_cast<int>(n), stream));
+    CK(gpu::deltanet_prefill_chunked(p, static_cast<int>(n), stream));
     linear_rows(L.out_proj, pcore, n, po);
   } else {
     linear_rows(L.q, px, n, pqg);
     linear_rows(L.k, px, n, pk);
     linear_rows(L.v, px, n, pv);
-    gpu::AttentionDecodeArgs p = attention_args(L);
-    if (opts.attention_prefill) {  // the whole chunk at once, causal inside it
-      p.qg = pqg, p.k = pk, p.v = pv, p.pos = pos_dev, p.q_rot = pattn, p.out = pattn;  // q_rot may alias out
-      CK(gpu::attention_prefill(p, static_cast<int>(n), stream, opts.attention_prefill_tc));
-    } else {
-      for (int64_t t = 0; t < n; ++t) {  // causal: token t attends to the cache rows written before it
-        p.qg = pqg + t * nh2, p.k = pk + t * kvd, p.v = pv + t * kvd, p.pos = pos_dev + t, p.q_rot = q_rot, p.partial = attn_part;
-        p.out = pattn + t * ad;
-        CK(gpu::attention_decode(p, stream));
-      }
-    }
+    gpu::AttentionDecodeArgs p = attention_args(L);  // the whole chunk at once, causal inside it
+    p.qg = pqg, p.k = pk, p.v = pv, p.pos = pos_dev, p.q_rot = pattn, p.out = pattn;  // q_rot may alias out
+    CK(gpu::attention_prefill(p, static_cast<int>(n), stream));
     linear_rows(L.o, pattn, n, po);
   }
   CK(gpu::add_inplace(hbuf, po, n * H, stream));
   CK(gpu::rmsnorm_zc(hbuf, L.post_norm, H, static_cast<int>(n), eps, px, stream));
   linear_rows(L.router, px, n, prouter);
   CK(gpu::router_topk(prouter, c.num_experts, k, static_cast<int>(n), ptopk_ids, ptopk_w, stream));
-  // Streamed: the plan's host experts run on the GPU from `streamed`; the plan's GPU experts that
-  // online re-placement displaced run on the host.
-  const bool split = L.cpu_experts && opts.host_experts && (!streamed || (rp.on && displaced(static_cast<int>(li))));
+  // Streamed: the layer's host experts run on the GPU from `streamed`, the host computes none.
+  const bool split = L.cpu_experts && opts.host_experts && !streamed;
   if (split) handoff_out(px, ptopk_ids, ptopk_w, n);
   gpu_experts(L, px, ptopk_ids, ptopk_w, n, pxh, phs, pmoe, streamed);
   linear_rows(L.sh_gate, px, n, psg);
@@ -109,7 +97,7 @@ void Qwen35MoeGpu::Impl::prefill_layer(size_t li, float* hbuf, int64_t n, const 
   linear_rows(L.sh_expert_gate, px, n, psgate);
   CK(gpu::gated_add(pmoe, psd, psgate, H, static_cast<int>(n), stream));
   run_deferred();
-  if (split) handoff_back(li, n, pcpu, pmoe, streamed ? Pass::streamed : Pass::prefill);
+  if (split) handoff_back(li, n, pcpu, pmoe, Pass::prefill);
   CK(gpu::add_inplace(hbuf, pmoe, n * H, stream));
   add_deferred(hbuf);
 }
@@ -152,7 +140,7 @@ void Qwen35MoeGpu::Impl::host_embedding_rows(const int32_t* ids_host, int64_t n,
   CK(cudaMemcpyAsync(h_dev, hembed, n * H * sizeof(float), cudaMemcpyHostToDevice, stream));
 }
 
-// n prompt tokens at positions pos.. through every layer at once (GpuOptions::batched_prefill);
+// n prompt tokens at positions pos.. through every layer at once (GpuOptions::prefill_chunk);
 // logits of the last token to logits_last when given. Same math as n decode steps, except that
 // bf16 projections run on cuBLAS with split-bf16 activations (~1e-5) instead of the GEMV.
 void Qwen35MoeGpu::Impl::prefill_chunk(const int32_t* ids_host, int64_t n, float* logits_last) {

@@ -1,7 +1,7 @@
 // runtime/models/qwen3_5_moe/gpu_stream.cpp: the GPU model's streamed prefill (GpuOptions::
 // stream_prefill_min_tokens): what the host experts offer to stream, each layer's expert table and
 // conversion jobs, and the layer-by-layer pass that copies a layer's host experts while the GPU
-// computes the one before (see qwen3_5_moe_gpu_impl.h).
+// computes the one before (see gpu_impl.h).
 #include <algorithm>
 
 #include "gpu_core/int4_layout.h"
@@ -123,7 +123,6 @@ void Qwen35MoeGpu::Impl::stream_table(int li, const std::vector<gpu::Int4Expert>
     convert(x.down, e.down);
   }
   CK(cudaMemcpy(st.tables + li * E, table.data(), table.size() * sizeof(gpu::Int4Expert), cudaMemcpyHostToDevice));
-  if (li < static_cast<int>(rp.stream_i4.size())) rp.stream_i4[li] = table;  // online re-placement edits it
   CK(cudaMemcpy(st.jobs + li * 3 * int64_t(st.max_experts), jobs.data(), jobs.size() * sizeof(gpu::Int4TilesToRows), cudaMemcpyHostToDevice));
 }
 

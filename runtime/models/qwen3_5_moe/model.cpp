@@ -1,4 +1,4 @@
-// The Qwen3.5-MoE decoder: tensor table + reference forward. See qwen3_5_moe.h and spec §2-§4.
+// The Qwen3.5-MoE decoder: tensor table + reference forward. See model.h and spec §2-§4.
 #include "runtime/models/qwen3_5_moe/model.h"
 
 #include <omp.h>

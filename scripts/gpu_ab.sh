@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# A/B of two source trees on the GPU machine, in one device call (issue 24: a refactoring must give the
+# same logits bit for bit and the same speed): builds the old tree ($OLD, e.g. `git archive BASE`
+# unpacked into .base/) and this one side by side, then runs the steps asked for, old and new
+# interleaved, and writes a summary to $OUT/summary.md.
+#
+# usage (device tool, carry [".deps", ".base"]): OLD=.base DEADLINE=560 bash scripts/gpu_ab.sh STEP...
+#   ab       scripts/ab_logits.sh on every HF fixture: --device gpu, hybrid, hybrid with every expert on the CPU
+#   tests    the new tree's GPU suite (tandem_gpu_tests) and the CLI tests
+#   e2e      the synthetic 35B GPTQ model (synthesized once, to /tmp/q35), `tandem bench` (prompt $PLEN, $GEN
+#            tokens, $REPEAT repeats) for each of $SCENARIOS, old then new
+#            (gpu-all, hybrid-24gib, hybrid-12gib, hybrid-8gib, hybrid-8gib-link3)
+set -uo pipefail
+OUT="${OUT:-$PWD/gpu-ab-out}"
+mkdir -p "$OUT"
+old="${OLD:-.base}"
+deadline="${DEADLINE:-560}"
+t0=$(date +%s)
+left() { echo $((deadline - ($(date +%s) - t0))); }
+summary="$OUT/summary.md"
+for f in .deps/*.deb; do dpkg -x "$f" /opt/deps; done
+export CMAKE_PREFIX_PATH=/opt/deps/usr LD_LIBRARY_PATH=/opt/deps/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+{ echo "# A/B on $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1), $(nproc) CPU threads, $(date -u +%F)"; echo; } > "$summary"
+
+steps=" $* "
+new_targets=tandem
+[[ "$steps" == *" tests "* ]] && new_targets="tandem tandem_gpu_tests"
+build() {  # src dir targets...
+  local src="$1" dir="$2"; shift 2
+  cmake -S "$src" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 && cmake --build "$dir" -j "$(nproc)" --target "$@"
+}
+b0=$(date +%s)
+(build "$old" build-ab-old tandem > "$OUT/build-old.log" 2>&1; echo $? > "$OUT/build-old.rc") &
+(build . build-ab-new $new_targets > "$OUT/build-new.log" 2>&1; echo $? > "$OUT/build-new.rc") &
+wait
+echo "builds: old rc $(cat "$OUT/build-old.rc"), new rc $(cat "$OUT/build-new.rc") in $(( $(date +%s) - b0 )) s" | tee -a "$summary"
+[ "$(cat "$OUT/build-old.rc")" = 0 ] && [ "$(cat "$OUT/build-new.rc")" = 0 ] || { tail -30 "$OUT"/build-*.log; exit 1; }
+OLD_T=build-ab-old/tandem NEW_T=build-ab-new/tandem
+
+if [[ "$steps" == *" ab "* ]]; then
+  echo "## Logits, bit for bit (scripts/ab_logits.sh)" >> "$summary"
+  timeout "$(left)" bash scripts/ab_logits.sh "$OLD_T" "$NEW_T" "gpu hybrid hybrid-cpu" /tmp/ab > "$OUT/ab_logits.txt" 2>&1
+  echo "rc $?: $(tail -1 "$OUT/ab_logits.txt")" | tee -a "$summary"
+  grep -E '^DIFFER|exited' "$OUT/ab_logits.txt" | head -20 | tee -a "$summary"
+  echo >> "$summary"
+fi
+
+if [[ "$steps" == *" tests "* ]]; then
+  echo "## New tree: GPU suite and CLI tests" >> "$summary"
+  timeout "$(left)" build-ab-new/tests/tandem_gpu_tests > "$OUT/gpu-tests.log" 2>&1
+  echo "gpu tests rc $?: $(grep -E '^\[  PASSED|tests ran' "$OUT/gpu-tests.log" | tr '\n' ' ')" | tee -a "$summary"
+  grep '^\[  FAILED  \]' "$OUT/gpu-tests.log" | head -20 | tee -a "$summary"
+  timeout "$(left)" bash tests/cli/test_cli.sh "$NEW_T" tests/data > "$OUT/cli.log" 2>&1
+  echo "cli rc $?: $(tail -1 "$OUT/cli.log")" | tee -a "$summary"
+  echo >> "$summary"
+fi
+
+if [[ "$steps" == *" e2e "* ]]; then
+  m=/tmp/q35
+  plen="${PLEN:-4096}" gen="${GEN:-64}" repeat="${REPEAT:-2}"
+  scenarios="${SCENARIOS:-gpu-all hybrid-24gib hybrid-12gib hybrid-8gib hybrid-8gib-link3}"
+  s0=$(date +%s)
+  [ -f $m/config.json ] || timeout "$(left)" "$NEW_T" synth --preset qwen3.5-35b-a3b --quant gptq-int4 --routing-skew 1 --out $m > "$OUT/synth.txt" 2>&1
+  echo "synth: $(tail -1 "$OUT/synth.txt") ($(( $(date +%s) - s0 )) s)" >> "$OUT/e2e.log"
+  ctx=$((plen + gen + 16))
+  mkdir -p "$OUT/e2e"
+  yaml() {  # name budget extra
+    printf 'gpu:\n  memory: %s\n  reserve: 512MiB\ncontext: %s\n%s' "$2" "$ctx" "$3" > "$OUT/e2e/$1.yaml"
+  }
+  yaml hybrid-24gib 24GiB $'experts:\n  select: frequency\n'
+  yaml hybrid-12gib 12GiB $'experts:\n  select: frequency\n'
+  yaml hybrid-8gib 8GiB $'cpu_experts: all\n'
+  yaml hybrid-8gib-link3 8GiB $'cpu_experts: all\nexperts:\n  link:\n    in_place: 3\n'
+  echo "## End to end: prompt $plen, $gen decode tokens, $repeat repeats (synthetic 35B GPTQ-Int4), old | new" >> "$summary"
+  echo "| scenario | prefill tok/s old | new | decode tok/s old | new | new/old decode |" >> "$summary"
+  echo "|---|---|---|---|---|---|" >> "$summary"
+  for s in $scenarios; do
+    for which in old new; do
+      t=$OLD_T; [ $which = new ] && t=$NEW_T
+      args=(--device hybrid --config "$OUT/e2e/$s.yaml")
+      [ "$s" = gpu-all ] && args=(--device gpu --gpu-mem 1000GiB --context "$ctx")
+      [ "$(left)" -gt 30 ] || { echo "$s $which: no time left" >> "$OUT/e2e.log"; continue; }
+      timeout "$(left)" "$t" bench --model $m --prompt-len "$plen" --gen "$gen" --repeat "$repeat" --json "${args[@]}" \
+        > "$OUT/e2e/$s.$which.json" 2> "$OUT/e2e/$s.$which.log"
+      echo "$s $which rc $?" >> "$OUT/e2e.log"
+    done
+    python3 - "$OUT/e2e/$s.old.json" "$OUT/e2e/$s.new.json" "$s" >> "$summary" <<'PY'
+import json, sys
+def get(p):
+    try: r = json.load(open(p))["results"][0]; return r["prefill_tok_s"], r["decode_tok_s"], r["decode_tok_s_min"], r["decode_tok_s_max"]
+    except Exception: return None
+o, n = get(sys.argv[1]), get(sys.argv[2])
+f = lambda r, i: "-" if r is None else "%.1f" % r[i]
+d = lambda r: "-" if r is None else "%.1f [%.1f-%.1f]" % (r[1], r[2], r[3])
+ratio = "-" if o is None or n is None else "%.3f" % (n[1] / o[1])
+print("| %s | %s | %s | %s | %s | %s |" % (sys.argv[3], f(o, 0), f(n, 0), d(o), d(n), ratio))
+PY
+  done
+  echo >> "$summary"
+fi
+echo "total $(( $(date +%s) - t0 )) s" >> "$summary"
+cat "$summary"
