@@ -94,11 +94,7 @@ class Engine {
          const py::object& threads, const py::object& context, bool eager)
       : dir_(model_dir), pcfg_(config_of(config)) {
     RunnerOptions& o = ro_;
-    o.device = device;
-    if (o.device != "auto" && o.device != "ref" && o.device != "cpu" && o.device != "gpu" && o.device != "hybrid")
-      fail("device must be one of auto, ref, cpu, gpu, hybrid (got '", device, "')");
-    if (!config.is_none() && o.device == "auto") o.device = "hybrid";
-    if (!config.is_none() && o.device != "hybrid") fail("config (a placement) applies to device='hybrid' (or 'auto')");
+    o.device = requested_device(device, !config.is_none(), "device", "config");
     o.gpu_mem = bytes_of(gpu_mem, "gpu_mem");
     if (!threads.is_none()) {
       o.threads = threads.cast<int>();
@@ -111,34 +107,28 @@ class Engine {
     }
     o.eager = eager;
     py::gil_scoped_release nogil;
-    model_ = Qwen35Moe::load(dir_);
-    defaults_ = load_generation_config(dir_);
-    if (std::filesystem::exists(std::filesystem::path(dir_) / "tokenizer.json")) {  // logits need none
-      tokenizer_ = std::make_unique<Tokenizer>(Tokenizer::from_model_dir(dir_));
-      eos_ = stop_token_ids(model_->config(), *tokenizer_, defaults_);
-    }
-    chosen_ = prepare_device(o, model_->config(), pcfg_);
-    runner_ = make_runner(*model_, o);
+    s_ = Session::open(dir_, false);  // the CLI's opener: logits need no tokenizer
+    s_.start(o, &pcfg_);
   }
 
   void close() {
     std::lock_guard lock(mu_);
     py::gil_scoped_release nogil;
-    runner_.reset();
-    tokenizer_.reset();
-    model_.reset();
+    s_.runner.reset();
+    s_.tokenizer.reset();
+    s_.model.reset();
   }
-  bool closed() const { return !runner_; }
+  bool closed() const { return !s_.runner; }
 
   // Text of a prompt (plain or a rendered chat) -> reply; on_text (optional) gets each streamed piece.
   py::dict generate(const std::string& text, int64_t max_new_tokens, const py::dict& sampling, const std::vector<std::string>& stop,
                     const py::object& on_text) {
     check_text();
     GenerateRequest req;
-    req.sampling = sampling_of(defaults_, sampling);
+    req.sampling = sampling_of(s_.defaults, sampling);
     req.max_new_tokens = max_new_tokens;
     if (max_new_tokens < 1) fail("max_new_tokens must be at least 1 (got ", max_new_tokens, ")");
-    req.eos_ids = eos_;
+    req.eos_ids = s_.eos;
     req.stop = stop;
     std::unique_ptr<py::error_already_set> callback_error;
     if (!on_text.is_none())
@@ -159,9 +149,9 @@ class Engine {
       std::lock_guard lock(mu_);
       set_threads();
       cancel_.store(false);
-      req.prompt = tokenizer_->encode(text);
+      req.prompt = s_.tokenizer->encode(text);
       if (req.prompt.empty()) fail("the prompt is empty");
-      check_context(*runner_, static_cast<int64_t>(req.prompt.size()), req.max_new_tokens, "max_new_tokens");  // as the CLI
+      check_context(*s_.runner, static_cast<int64_t>(req.prompt.size()), req.max_new_tokens, "max_new_tokens");  // as the CLI
       r = generate_impl(req);
     }
     if (callback_error) throw std::move(*callback_error);
@@ -199,21 +189,21 @@ class Engine {
   // Same semantics as `tandem logits`: the first `prefill` ids in one call, the rest one at a time.
   py::array_t<float> logits(const std::vector<int32_t>& ids, const py::object& prefill_obj) {
     check_open();
-    const int64_t n = static_cast<int64_t>(ids.size()), V = model_->config().vocab_size;
+    const int64_t n = static_cast<int64_t>(ids.size()), V = s_.model->config().vocab_size;
     if (n == 0) fail("ids: give at least one token id");
     const int64_t prefill = prefill_obj.is_none() ? n : prefill_obj.cast<int64_t>();
     if (prefill < 0 || prefill > n) fail("prefill ", prefill, " must be between 0 and the number of ids (", n, ")");
     check_token_ids(ids, V, dir_, "ids");
-    check_context(*runner_, n);
+    check_context(*s_.runner, n);
     py::array_t<float> out({n, V});
     float* dst = out.mutable_data();
     {
       py::gil_scoped_release nogil;
       std::lock_guard lock(mu_);
       set_threads();
-      runner_->reset();
-      if (prefill > 0) runner_->forward(std::span(ids.data(), prefill), dst, Qwen35Moe::LogitRows::All);
-      for (int64_t i = prefill; i < n; ++i) runner_->forward(std::span(ids.data() + i, 1), dst + i * V, Qwen35Moe::LogitRows::All);
+      s_.runner->reset();
+      if (prefill > 0) s_.runner->forward(std::span(ids.data(), prefill), dst, Qwen35Moe::LogitRows::All);
+      for (int64_t i = prefill; i < n; ++i) s_.runner->forward(std::span(ids.data() + i, 1), dst + i * V, Qwen35Moe::LogitRows::All);
     }
     return out;
   }
@@ -221,12 +211,12 @@ class Engine {
   std::vector<int32_t> encode(const std::string& text) const {
     check_text();
     py::gil_scoped_release nogil;
-    return tokenizer_->encode(text);
+    return s_.tokenizer->encode(text);
   }
   py::bytes decode(const std::vector<int32_t>& ids, bool skip_special) const {
     check_text();
-    check_token_ids(ids, model_->config().vocab_size, dir_, "decode");
-    return py::bytes(tokenizer_->decode(ids, skip_special));
+    check_token_ids(ids, s_.model->config().vocab_size, dir_, "decode");
+    return py::bytes(s_.tokenizer->decode(ids, skip_special));
   }
 
   std::string plan_json() {
@@ -236,20 +226,20 @@ class Engine {
     placement::PlanRequest req = plan_request(pcfg_, ro_.gpu_mem, ro_.context_set ? ro_.context : 0, cpu_bw_ == 0);
     if (cpu_bw_ == 0) cpu_bw_ = req.measured_cpu_bw;
     req.measured_cpu_bw = cpu_bw_;
-    return placement::plan_to_json(placement::make_plan(model_->config(), pcfg_, req)).dump();
+    return placement::plan_to_json(placement::make_plan(s_.model->config(), pcfg_, req)).dump();
   }
 
   py::dict stats() const {
     check_open();
     py::dict d;
-    d["device"] = ro_.device;
-    d["device_choice"] = chosen_;  // device="auto" / "hybrid": what was chosen and why (the CLI's line)
-    d["context"] = runner_->max_context();
-    d["description"] = runner_->describe();
+    d["device"] = device_name(s_.options.device);
+    d["device_choice"] = s_.device_line;  // device="auto" / "hybrid": what was chosen and why (the CLI's line)
+    d["context"] = s_.runner->max_context();
+    d["description"] = s_.runner->describe();
     d["model"] = dir_;
-    d["vocab_size"] = model_->config().vocab_size;
-    d["peak_device_bytes"] = runner_->peak_device_bytes();
-    d["gpu_expert_share"] = runner_->gpu_expert_share();
+    d["vocab_size"] = s_.model->config().vocab_size;
+    d["peak_device_bytes"] = s_.runner->peak_device_bytes();
+    d["gpu_expert_share"] = s_.runner->gpu_expert_share();
     d["prompt_tokens"] = last_.prompt_tokens;
     d["generated_tokens"] = last_.tokens.size();
     d["prefill_tok_s"] = last_.prefill_tok_s();
@@ -260,30 +250,25 @@ class Engine {
 
  private:
   void check_open() const {
-    if (!runner_) fail("this Engine is closed");
+    if (!s_.runner) fail("this Engine is closed");
   }
   // OpenMP's thread count is per calling thread: the host ops of this call use the engine's count.
   void set_threads() const {
-    if (ro_.threads > 0) omp_set_num_threads(ro_.threads);
+    if (s_.options.threads > 0) omp_set_num_threads(s_.options.threads);
   }
   void check_text() const {
     check_open();
-    if (!tokenizer_) fail(dir_, " has no tokenizer.json: text in and out needs one (logits() works on ids)");
+    if (!s_.tokenizer) fail(dir_, " has no tokenizer.json: text in and out needs one (logits() works on ids)");
   }
   GenerateResult generate_impl(const GenerateRequest& req) {
-    last_ = tandem::generate(*runner_, model_->config().vocab_size, *tokenizer_, req);
+    last_ = tandem::generate(*s_.runner, s_.model->config().vocab_size, *s_.tokenizer, req);
     return last_;
   }
 
   std::string dir_;
-  std::string chosen_;
   placement::PlacementConfig pcfg_;
   RunnerOptions ro_;
-  std::unique_ptr<Qwen35Moe> model_;
-  std::unique_ptr<Tokenizer> tokenizer_;
-  GenerationDefaults defaults_;
-  std::vector<int32_t> eos_;
-  std::unique_ptr<Runner> runner_;
+  Session s_;
   std::mutex mu_;
   std::atomic<bool> cancel_{false};
   GenerateResult last_;

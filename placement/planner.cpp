@@ -591,6 +591,13 @@ nlohmann::json plan_to_json(const Plan& p) {
   return j;
 }
 
+std::string plan_summary(const Plan& plan) {
+  int64_t total = 0;
+  for (const auto& layer : plan.expert_on_gpu) total += static_cast<int64_t>(layer.size());
+  return str_cat(plan.total_gpu_experts(), " of ", total, " routed experts on the GPU (", plan.selection, "), budget ", format_gib(plan.budget_bytes),
+                 ", expected GPU share ", static_cast<int>(plan.expected_gpu_expert_fraction * 100 + 0.5), "%");
+}
+
 std::string plan_table(const Plan& p) {
   std::string o;
   auto line = [&](const std::string& a, const std::string& b) {

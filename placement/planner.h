@@ -107,6 +107,8 @@ Plan make_plan(const ModelConfig& model, const PlacementConfig& config, const Pl
 
 // The machine-readable form (`tandem plan --json`, Engine.plan()).
 nlohmann::json plan_to_json(const Plan& plan);
+// One line: "N of M routed experts on the GPU (selection), budget X GiB, expected GPU share P%".
+std::string plan_summary(const Plan& plan);
 // The readable form: components, experts per layer, prediction.
 std::string plan_table(const Plan& plan);
 

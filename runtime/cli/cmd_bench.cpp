@@ -195,7 +195,7 @@ int cmd_bench(int argc, char** argv) {
   }
   start_session(session, ro);
   Runner* runner = session.runner.get();
-  const std::string device = session.device;  // as chosen (--device auto)
+  const std::string device = device_name(session.options.device);  // as chosen (--device auto)
   for (int64_t L : lengths)
     if (L + gen > cfg.max_position_embeddings)
       fail("--prompt-len ", L, " + --gen ", gen, " exceeds the model's context of ", cfg.max_position_embeddings);

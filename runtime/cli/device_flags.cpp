@@ -30,12 +30,10 @@ std::vector<Flag> device_flags() {
 
 RunnerOptions runner_options(const Args& a, int64_t min_context) {
   RunnerOptions o;
-  o.device = a.get("device", "auto");
-  static const std::vector<std::string> devices = {"auto", "ref", "cpu", "gpu", "hybrid"};
-  if (std::find(devices.begin(), devices.end(), o.device) == devices.end()) {
-    const std::string near = nearest(o.device, devices);
-    throw UsageError(str_cat("--device must be one of auto, ref, cpu, gpu, hybrid (got '", o.device, "')",
-                             near.empty() ? std::string() : str_cat("; did you mean '", near, "'?")));
+  try {
+    o.device = requested_device(a.get("device", "auto"), a.has("config"), "--device", "--config");
+  } catch (const Error& e) {
+    throw UsageError(e.what());
   }
   if (a.has("threads")) {
     o.threads = a.get_int<int>("threads", 0, 1, RunnerOptions::kMaxThreads);  // the YAML's cpu.threads cap
@@ -59,9 +57,6 @@ RunnerOptions runner_options(const Args& a, int64_t min_context) {
   o.defer_experts = a.get_int<int>("defer-experts", 0, 0, INT_MAX);  // make_runner checks it against the model
   if (a.has("trace")) Trace::start(a.get("trace"));
   o.eager = a.has("eager");
-  if (!o.config.empty() && o.device == "auto") o.device = "hybrid";
-  if (!o.config.empty() && o.device != "hybrid")
-    throw UsageError("--config (a placement YAML) applies to --device hybrid; add --device hybrid");
   return o;
 }
 

@@ -7,6 +7,7 @@
 
 #include "runtime/models/qwen3_5_moe/cpu_backend.h"
 #include "core/error.h"
+#include "core/nearest.h"
 #include "core/membw.h"
 #include "core/trace.h"
 #ifdef TANDEM_HAVE_CUDA
@@ -61,7 +62,7 @@ class CpuExpertSide final : public HostExperts {
   static constexpr int kPoolSpinUs = 2000;
 
  public:
-  CpuExpertSide(const Qwen35Moe& model, const HybridPlacement& hp, int threads)
+  CpuExpertSide(const Qwen35Moe& model, const placement::Plan& hp, int threads)
       : pool_(cpu::ThreadPool::Options{threads, true, false, kPoolSpinUs}), store_(store_options(hp.cpu_expert_format)) {
     const auto& layers = model.layers();
     for (size_t l = 0; l < layers.size(); ++l) {
@@ -167,7 +168,7 @@ class CpuExpertSide final : public HostExperts {
 // side) are the same GPU model with and without host experts.
 class GpuRunner final : public Runner {
  public:
-  GpuRunner(const Qwen35Moe& model, const RunnerOptions& o) : placement_(o.hybrid), context_(o.context) {
+  GpuRunner(const Qwen35Moe& model, const RunnerOptions& o) : placement_(o.plan), context_(o.context) {
     GpuOptions g;
     g.budget_bytes = o.gpu_mem;
     g.max_context = o.context;
@@ -175,7 +176,7 @@ class GpuRunner final : public Runner {
     g.eager = o.eager;
     if (placement_) {
       cpu_ = std::make_unique<CpuExpertSide>(model, *placement_, o.threads);
-      g.budget_bytes = placement_->gpu_alloc_bytes;
+      g.budget_bytes = placement_->budget_bytes - placement_->vram.reserve;
       g.budget_name = "gpu.memory / --gpu-mem, minus gpu.reserve";
       g.expert_on_gpu = &placement_->expert_on_gpu;
       g.host_experts = cpu_.get();
@@ -184,8 +185,8 @@ class GpuRunner final : public Runner {
       g.prefill_chunk_max = 0;  // the planner counted this chunk's workspace
       g.defer_experts = placement_->deferral;
       g.link_experts = placement_->link_in_place;
-      g.stream_prefill_min_tokens = placement_->stream_prefill_min_tokens;
-      g.stream_pass_tokens = placement_->stream_pass_tokens;
+      g.stream_prefill_min_tokens = placement_->stream_experts ? placement_->predicted.prefill_gpu_min_tokens : 0;
+      g.stream_pass_tokens = placement_->stream_pass;
     }
     gpu_ = Qwen35MoeGpu::create(model, g);
   }
@@ -217,7 +218,7 @@ class GpuRunner final : public Runner {
     if (const int n = gpu_->link_experts_active()) paths += str_cat(", the GPU computing ", n, " of each token's host experts from host memory over PCIe");
     else if (!gpu_->link_note().empty()) paths += str_cat(" (no link experts: ", gpu_->link_note(), ")");
     if (!placement_) return "gpu: " + gpu_->memory().describe() + "; " + paths;
-    return "hybrid: " + placement_->summary + "; GPU " + gpu_->memory().describe() + "; CPU " + cpu_->describe() + "; " + paths;
+    return "hybrid: " + placement::plan_summary(*placement_) + "; GPU " + gpu_->memory().describe() + "; CPU " + cpu_->describe() + "; " + paths;
   }
   int64_t max_context() const override { return context_; }
   uint64_t peak_device_bytes() const override { return gpu_->memory().total(); }
@@ -226,7 +227,7 @@ class GpuRunner final : public Runner {
     const uint64_t all = c.gpu + c.cpu + c.link;  // link experts: computed on the GPU, resident on the host
     return all ? static_cast<double>(c.gpu) / static_cast<double>(all) : gpu_expert_share_planned();
   }
-  double gpu_expert_share_planned() const override { return placement_ ? placement_->expected_gpu_share : 1.0; }
+  double gpu_expert_share_planned() const override { return placement_ ? placement_->expected_gpu_expert_fraction : 1.0; }
   uint64_t streamed_layers() const override { return gpu_->expert_counts().streamed_layers; }
   HostSplit host_split() const override {
     const ExpertCounts& c = gpu_->expert_counts();
@@ -239,7 +240,7 @@ class GpuRunner final : public Runner {
   }
 
  private:
-  std::shared_ptr<const HybridPlacement> placement_;  // null: everything on the GPU
+  std::shared_ptr<const placement::Plan> placement_;  // null: everything on the GPU
   int64_t context_ = 0;                               // the KV cache's length
   std::unique_ptr<CpuExpertSide> cpu_;                // declared before gpu_: the GPU model calls into it
   std::unique_ptr<Qwen35MoeGpu> gpu_;
@@ -247,6 +248,25 @@ class GpuRunner final : public Runner {
 #endif
 
 }  // namespace
+
+const char* device_name(Device d) {
+  switch (d) {
+    case Device::Auto: return "auto";
+    case Device::Ref: return "ref";
+    case Device::Cpu: return "cpu";
+    case Device::Gpu: return "gpu";
+    case Device::Hybrid: return "hybrid";
+  }
+  return "?";
+}
+
+Device parse_device(const std::string& name, const char* what) {
+  static const std::vector<std::string> names = {"auto", "ref", "cpu", "gpu", "hybrid"};
+  for (size_t i = 0; i < names.size(); ++i)
+    if (name == names[i]) return static_cast<Device>(i);
+  const std::string near = nearest(name, names);
+  fail(what, " must be one of auto, ref, cpu, gpu, hybrid (got '", name, "')", near.empty() ? std::string() : str_cat("; did you mean '", near, "'?"));
+}
 
 void check_token_ids(std::span<const int32_t> ids, int64_t vocab_size, const std::string& model_dir, const char* what) {
   for (size_t i = 0; i < ids.size(); ++i)
@@ -265,10 +285,10 @@ void check_context(const Runner& runner, int64_t prompt_tokens, int64_t new_toke
 std::unique_ptr<Runner> make_runner(const Qwen35Moe& model, const RunnerOptions& o) {
   if (o.defer_experts < 0 || o.defer_experts > model.config().num_experts_per_tok)
     fail("--defer-experts ", o.defer_experts, " must be between 0 and the model's ", model.config().num_experts_per_tok, " experts per token");
-  if (o.defer_experts > 0 && o.device != "ref" && o.device != "cpu")
+  if (o.defer_experts > 0 && o.device != Device::Ref && o.device != Device::Cpu)
     fail("--defer-experts is for --device ref or cpu; a hybrid run defers through experts.deferral in its placement YAML");
-  if (o.device == "ref") return std::make_unique<HostRunner>(model, nullptr, o.defer_experts);
-  if (o.device == "cpu") {
+  if (o.device == Device::Ref) return std::make_unique<HostRunner>(model, nullptr, o.defer_experts);
+  if (o.device == Device::Cpu) {
     CpuBackendOptions co;
     co.threads = o.threads;
     if (o.cpu_expert_format == "int8") co.dense_expert_format = cpu::WeightFormat::Int8;
@@ -276,24 +296,24 @@ std::unique_ptr<Runner> make_runner(const Qwen35Moe& model, const RunnerOptions&
     else fail("--cpu-expert-format must be int8 or bf16 (got '", o.cpu_expert_format, "')");
     return std::make_unique<HostRunner>(model, std::make_unique<CpuBackend>(model, co), o.defer_experts);
   }
-  if (o.device == "gpu") {
+  if (o.device == Device::Gpu) {
 #ifdef TANDEM_HAVE_CUDA
     RunnerOptions all_gpu = o;
-    all_gpu.hybrid.reset();
+    all_gpu.plan.reset();
     return std::make_unique<GpuRunner>(model, all_gpu);
 #else
     fail("--device gpu: no CUDA device (this build has no CUDA support)");
 #endif
   }
-  if (o.device == "hybrid") {
+  if (o.device == Device::Hybrid) {
 #ifdef TANDEM_HAVE_CUDA
-    if (!o.hybrid) fail("--device hybrid needs a placement plan (prepare_hybrid)");
+    if (!o.plan) fail("--device hybrid needs a placement plan (prepare_device)");
     return std::make_unique<GpuRunner>(model, o);
 #else
     fail("--device hybrid: no CUDA device (this build has no CUDA support)");
 #endif
   }
-  fail("--device must be one of ref, cpu, gpu, hybrid (got '", o.device, "')");
+  fail("--device auto is resolved by prepare_device before a runner is made");
 }
 
 }  // namespace tandem

@@ -5,7 +5,7 @@
 //  cpu: the same forward with CpuBackend (cpu_experts kernels at the runtime-chosen ISA).
 //  gpu: Qwen35MoeGpu (everything on one GPU; only where the build has CUDA and a device exists).
 //  hybrid: Qwen35MoeGpu with the routed experts the plan leaves in host memory run by the
-//       cpu_experts kernels (RunnerOptions::hybrid, from prepare_hybrid).
+//       cpu_experts kernels (RunnerOptions::plan, from prepare_device).
 // Errors (unknown device, no GPU, budget too small) are tandem::Error with the reason.
 #pragma once
 
@@ -15,30 +15,23 @@
 #include <string>
 #include <vector>
 
-#include "runtime/models/qwen3_5_moe/model.h"
+#include "core/limits.h"
+#include "placement/planner.h"
 #include "runtime/engine/sampling.h"
+#include "runtime/models/qwen3_5_moe/model.h"
 
 namespace tandem {
 
-// Where a hybrid run keeps things (decided by placement/planner.h from the YAML config).
-struct HybridPlacement {
-  std::vector<std::vector<uint8_t>> expert_on_gpu;  // [layer][expert]
-  bool embed_on_gpu = true;
-  std::string cpu_expert_format = "int4";  // int4 | int8 | bf16
-  uint64_t gpu_alloc_bytes = 0;            // what Tandem may allocate: budget minus gpu.reserve
-  int deferral = 0;
-  int link_in_place = 0;                   // experts.link (GpuOptions::link_experts)
-  int64_t prefill_chunk = 256;             // batched prefill chunk the plan budgets for; 0: token by token
-  int64_t stream_prefill_min_tokens = 0;   // prompts this long stream the host experts to the GPU (the plan
-                                           // budgets the buffers); 0: host experts always run on the host
-  int64_t stream_pass_tokens = 4096;       // tokens per streamed pass
-  double expected_gpu_share = 1;           // the planner's expected share of activations on the GPU
-  std::string summary;                     // one line for describe()
-};
+// Where a sequence runs (--device, device=). Auto resolves to Hybrid or Cpu in prepare_device.
+enum class Device { Auto, Ref, Cpu, Gpu, Hybrid };
+const char* device_name(Device d);  // "auto", "ref", ...
+// The one parse of a device name: tandem::Error "<what> must be one of auto, ref, cpu, gpu, hybrid (got
+// 'x'); did you mean 'y'?" otherwise.
+Device parse_device(const std::string& name, const char* what);
 
 struct RunnerOptions {
-  static constexpr int kMaxThreads = 4096;  // --threads, cpu.threads, Engine(threads=): more is a typo
-  std::string device = "auto";  // auto | ref | cpu | gpu | hybrid (prepare_device resolves auto)
+  static constexpr int kMaxThreads = tandem::kMaxThreads;
+  Device device = Device::Auto;          // prepare_device resolves Auto
   int threads = 0;                       // cpu: worker threads (0: physical cores)
   std::string cpu_expert_format = "bf16";  // cpu: bf16 | int8 for BF16 checkpoints' experts
   int defer_experts = 0;                 // ref/cpu: Qwen35State::defer_experts (measures deferral)
@@ -48,7 +41,8 @@ struct RunnerOptions {
   bool context_set = false;              // --context given (else a hybrid config's context applies)
   int64_t min_context = 0;               // what the command needs at least (prompt + generation)
   std::string config;                    // hybrid: placement YAML (empty: defaults)
-  std::shared_ptr<const HybridPlacement> hybrid;  // hybrid: filled by prepare_hybrid
+  // hybrid: the placement as the planner made it (prepare_device), handed to the engine as it is
+  std::shared_ptr<const placement::Plan> plan;
 };
 
 class Runner {

@@ -37,22 +37,11 @@ PlanRequest plan_request(const PlacementConfig& config, uint64_t gpu_mem, int64_
   return request_for(probe, config, gpu_mem, context, measure_cpu);
 }
 
-std::shared_ptr<HybridPlacement> hybrid_placement(const Plan& plan, int64_t total_experts) {
-  auto hp = std::make_shared<HybridPlacement>();
-  hp->expert_on_gpu = plan.expert_on_gpu;
-  hp->embed_on_gpu = plan.embed_on_gpu;
-  hp->cpu_expert_format = plan.cpu_expert_format;
-  hp->gpu_alloc_bytes = plan.budget_bytes - plan.vram.reserve;
-  hp->deferral = plan.deferral;
-  hp->link_in_place = plan.link_in_place;
-  hp->prefill_chunk = plan.prefill_chunk;
-  hp->stream_prefill_min_tokens = plan.stream_experts ? plan.predicted.prefill_gpu_min_tokens : 0;
-  hp->stream_pass_tokens = plan.stream_pass;
-  hp->expected_gpu_share = plan.expected_gpu_expert_fraction;
-  hp->summary = str_cat(plan.total_gpu_experts(), " of ", total_experts, " routed experts on the GPU (", plan.selection, "), budget ",
-                        format_gib(plan.budget_bytes), ", expected GPU share ",
-                        static_cast<int>(plan.expected_gpu_expert_fraction * 100 + 0.5), "%");
-  return hp;
+Device requested_device(const std::string& name, bool has_config, const char* device_what, const char* config_what) {
+  const Device d = parse_device(name, device_what);
+  if (!has_config || d == Device::Hybrid) return d;
+  if (d == Device::Auto) return Device::Hybrid;  // a placement implies hybrid
+  fail(config_what, " (a placement YAML) applies to ", device_what, " hybrid (or auto); add ", device_what, " hybrid");
 }
 
 Plan prepare_hybrid(RunnerOptions& o, const ModelConfig& model, const PlacementConfig& cfg) {
@@ -68,32 +57,32 @@ Plan prepare_hybrid(RunnerOptions& o, const ModelConfig& model, const PlacementC
     fail("the CPU experts of this placement need ", format_gib(plan.host_expert_bytes), " of host RAM but only ",
          format_gib(plan.host_available_bytes), " is available (MemAvailable); raise the GPU budget (more experts on the GPU), ",
          "use int4 CPU experts, or free memory");
-  o.hybrid = hybrid_placement(plan, int64_t(model.num_layers) * model.num_experts);
+  o.plan = std::make_shared<const Plan>(plan);
   o.context = plan.context;
   if (o.threads == 0) o.threads = cfg.cpu_threads;
   return plan;
 }
 
 std::string prepare_device(RunnerOptions& o, const ModelConfig& model, const PlacementConfig& cfg) {
-  const bool automatic = o.device == "auto";
+  const bool automatic = o.device == Device::Auto;
   std::string why_cpu;
   if (automatic) {
     const gpu::DeviceCaps& caps = gpu::gpu_device_caps();
     if (caps.usable) {
-      o.device = "hybrid";
+      o.device = Device::Hybrid;
     } else if (caps.run_on_cpu) {
-      o.device = "cpu";
+      o.device = Device::Cpu;
       why_cpu = caps.error;
     } else {
       fail(caps.error);  // a device, but no kernels in this build for it (or a bad TANDEM_MAX_SM)
     }
   }
-  if (o.device != "hybrid") return automatic ? str_cat("--device auto chose cpu: ", why_cpu) : std::string();
+  if (o.device != Device::Hybrid) return automatic ? str_cat("--device auto chose cpu: ", why_cpu) : std::string();
   const Plan plan = prepare_hybrid(o, model, cfg);
   gpu::DeviceProbe probe;
   gpu::gpu_device_probe(&probe);
   return str_cat(automatic ? "--device auto chose hybrid" : "hybrid", " on ", probe.name, " (", gpu::gpu_device_caps().description, "): ",
-                 o.hybrid->summary, ", context ", plan.context, plan.context_note.empty() ? "" : " (auto: tandem plan shows its cost)",
+                 placement::plan_summary(plan), ", context ", plan.context, plan.context_note.empty() ? "" : " (auto: tandem plan shows its cost)",
                  ", predicted ", static_cast<int>(plan.predicted.decode_tok_s + 0.5), " tok/s decode");
 }
 
@@ -115,8 +104,8 @@ Session Session::open(const std::string& model_dir, bool need_tokenizer) {
 void Session::start(RunnerOptions opts, const placement::PlacementConfig* config) {
   runner.reset();  // a hybrid runner's host and device memory before the next plan counts what is free
   device_line = config ? prepare_device(opts, model->config(), *config) : prepare_device(opts, model->config());
-  device = opts.device;
   runner = make_runner(*model, opts);
+  options = std::move(opts);
 }
 
 }  // namespace tandem

@@ -21,10 +21,12 @@ namespace tandem {
 // sets them, the measured CPU read bandwidth. `measure_cpu` false skips the ~1 s measurement.
 placement::PlanRequest plan_request(const placement::PlacementConfig& config, uint64_t gpu_mem, int64_t context, bool measure_cpu);
 
-// The runner's view of a plan (what lives where, the allocation limit, a one-line summary).
-std::shared_ptr<HybridPlacement> hybrid_placement(const placement::Plan& plan, int64_t total_experts);
+// The device a caller asked for, checked once for the CLI and Python alike: `name` parsed
+// (parse_device), and with a placement config Auto becomes Hybrid and any other device is an error.
+// device_what / config_what name the inputs in messages ("--device" / "--config", "device" / "config").
+Device requested_device(const std::string& name, bool has_config, const char* device_what, const char* config_what);
 
-// Plans `config` against `model` and fills opts.hybrid (tandem::Error without a CUDA device),
+// Plans `config` against `model` and fills opts.plan (tandem::Error without a CUDA device),
 // opts.context (the config's unless --context was given; the planner's for context: auto) and
 // opts.threads (the config's unless --threads was).
 placement::Plan prepare_hybrid(RunnerOptions& opts, const ModelConfig& model, const placement::PlacementConfig& config);
@@ -48,7 +50,7 @@ struct Session {
   GenerationDefaults defaults;           // generation_config.json
   std::vector<int32_t> eos;              // the ids that end a reply (with a tokenizer)
   std::unique_ptr<Runner> runner;        // after start()
-  std::string device;                    // the device it runs on (--device auto resolved)
+  RunnerOptions options;                 // as start() resolved them: the device, the plan, the context, threads
   std::string device_line;               // prepare_device's line (empty for ref / cpu / gpu asked for by name)
 
   // Loads the checkpoint, its generation defaults and, when the folder has one (or `need_tokenizer`:

@@ -48,10 +48,10 @@ placement::Plan plan_for(const Qwen35Moe& model, const Placement& pl) {
 
 RunnerOptions hybrid_options(const placement::Plan& plan) {
   RunnerOptions o;
-  o.device = "hybrid";
+  o.device = Device::Hybrid;
   o.context = plan.context;
   o.threads = 4;
-  o.hybrid = hybrid_placement(plan, int64_t(plan.expert_on_gpu.size()) * int64_t(plan.expert_on_gpu[0].size()));
+  o.plan = std::make_shared<const placement::Plan>(plan);
   return o;
 }
 
@@ -149,9 +149,9 @@ TEST(HybridBatched, PrefillEqualsTokenByToken) {
     const placement::Plan plan = plan_for(*model, kPlacements[1]);
     RunnerOptions o = hybrid_options(plan);
     auto batched = make_runner(*model, o);
-    auto token_by_token = std::make_shared<HybridPlacement>(*o.hybrid);
+    auto token_by_token = std::make_shared<placement::Plan>(*o.plan);
     token_by_token->prefill_chunk = 0;
-    o.hybrid = token_by_token;
+    o.plan = token_by_token;
     auto plain = make_runner(*model, o);
     ASSERT_NE(plain->describe().find("prefill token by token"), std::string::npos) << plain->describe();
     ASSERT_NE(batched->describe().find("prefill in chunks of"), std::string::npos) << batched->describe();
@@ -238,9 +238,9 @@ TEST(HybridDeferral, MatchesTheDefinitionWithTheSameRule) {
     auto model = Qwen35Moe::load(f.dir);
     const placement::Plan plan = plan_for(*model, kPlacements[1]);
     RunnerOptions o = hybrid_options(plan);
-    auto hp = std::make_shared<HybridPlacement>(*o.hybrid);
+    auto hp = std::make_shared<placement::Plan>(*o.plan);
     hp->deferral = 1;
-    o.hybrid = hp;
+    o.plan = hp;
     std::vector<std::vector<uint8_t>> cpu_side = plan.expert_on_gpu;
     for (auto& layer : cpu_side)
       for (auto& e : layer) e = !e;
@@ -339,10 +339,10 @@ TEST(HybridLink, MatchesTransformersAndTheHostPath) {
       auto plain = make_runner(*model, o);
       for (const int N : {1, 8}) {
         const std::string what = str_cat(name, " ", pl.name, " link ", N);
-        auto hp = std::make_shared<HybridPlacement>(*o.hybrid);
+        auto hp = std::make_shared<placement::Plan>(*o.plan);
         hp->link_in_place = N;
         RunnerOptions lo = o;
-        lo.hybrid = hp;
+        lo.plan = hp;
         auto linked = make_runner(*model, lo);
         lo.eager = true;
         auto eager = make_runner(*model, lo);
@@ -390,9 +390,9 @@ TEST(HybridGraph, OneGraphDeferralEqualsEagerDeferral) {
     for (const Placement& pl : {kPlacements[0], kPlacements[1]})
       for (int deferral : {1, 2}) {
         RunnerOptions o = hybrid_options(plan_for(*model, pl));
-        auto hp = std::make_shared<HybridPlacement>(*o.hybrid);
+        auto hp = std::make_shared<placement::Plan>(*o.plan);
         hp->deferral = deferral;
-        o.hybrid = hp;
+        o.plan = hp;
         auto graphed = make_runner(*model, o);
         o.eager = true;
         auto eager = make_runner(*model, o);

@@ -256,7 +256,7 @@ TEST(Synth, GenerateDrawsTheSameFromCandidatesAsFromTheRow) {
     double weight_bandwidth(std::string*) override { return 1; }
   };
   RunnerOptions ro;
-  ro.device = "ref";
+  ro.device = Device::Ref;
   for (const char* preset : {"instruct", "thinking"}) {
     GenerateRequest req;
     req.prompt = tok.encode("the model routes every token");
