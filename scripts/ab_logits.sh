@@ -17,7 +17,7 @@ for fx in "$root"/tests/data/*/reference.json; do
     extra=(--device "$d")
     [ "$d" = hybrid ] && extra=(--device hybrid --gpu-mem 2GiB)
     # hybrid-cpu: every routed expert on the host (configs/cpu-experts.yaml)
-    [ "$d" = hybrid-cpu ] && extra=(--device hybrid --config "$root/configs/cpu-experts.yaml")
+    [ "$d" = hybrid-cpu ] && extra=(--device hybrid --config "$root/configs/cpu-experts.yaml" --context 64)
     for which in old new; do
       bin=$old; [ $which = new ] && bin=$new
       "$bin" logits --model "$dir" --ids "$ids" --prefill "$prefill" "${extra[@]}" --out "$out/$name.$d.$which.npy" \

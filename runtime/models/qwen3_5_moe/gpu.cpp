@@ -1,7 +1,7 @@
 // The Qwen3.5-MoE forward on one GPU (see gpu.h): the decode step (eager or as a CUDA
 // graph) and the public API. The layer walk mirrors Qwen35Moe::forward step by step. Loading (the
 // weights planned and uploaded into one device allocation, create()): gpu_load.cpp; batched
-// prefill: gpu_prefill.cpp; the hybrid handoff: gpu_hybrid.cpp; streamed
+// prefill: gpu_prefill.cpp; the host's part of a hybrid step: hybrid_dispatch.cpp; the link: gpu_link.cpp; streamed
 // prefill: gpu_stream.cpp.
 #include <algorithm>
 #include <cmath>
@@ -83,7 +83,7 @@ void Qwen35MoeGpu::Impl::step(int32_t id, float* logits_host) {
     const int w = !logits_host ? 0 : logits_host == &logits_sink ? 2 : 1;
     if (!graphs[w]) capture(w);
     if (one_graph) {
-      run_one_graph(w);
+      hy.serve_graph(graphs[w], stream, handoff_layers);
     } else {
       CK(cudaGraphLaunch(graphs[w], stream));
       CK(cudaStreamSynchronize(stream));
@@ -210,7 +210,7 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
     // one graph: the router's last block posts its result to the host (an int4 router: host_post below)
     const bool post_in_router = split && posting && !R.int4;
     if (!R.int4) {
-      const gpu::HostPost post{hx, hids, hw, hflags, static_cast<unsigned>(li) + 1};
+      const gpu::HostPost post = hy.post(static_cast<int>(li));
       CK(gpu::gemv_bf16_router_topk_norm(R.w, R.out, R.in, h, pending.a, pending.shared, pending.gate, L.post_norm, eps, x, router,
                                          static_cast<int>(c.num_experts), k, route_ticket, topk_ids, topk_w, stream,
                                          post_in_router ? &post : nullptr));
@@ -224,9 +224,12 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
     // GPU-resident experts their sum is the GPU's whole routed part (no gpu_experts launch before it)
     const bool linked = split && link.on && link.tables[li], link_only = linked && link.host_only[li];
     if (split && posting) {  // the host starts while the GPU goes on: posted in mapped memory, no copy nodes
-      if (!post_in_router) CK(gpu::host_post(x, H, topk_ids, topk_w, k, hx, hids, hw, hflags, static_cast<unsigned>(li) + 1, stream));
+      if (!post_in_router) {
+        const gpu::HostPost p = hy.post(static_cast<int>(li));
+        CK(gpu::host_post(x, H, topk_ids, topk_w, k, p.x, p.ids, p.weights, p.flag, p.value, stream));
+      }
     } else if (split) {
-      handoff_out(x, topk_ids, topk_w, 1);
+      hy.post_copy(x, topk_ids, topk_w, 1, stream);
     }
     mark(tr, li, 2);
     // The shared expert's down GEMV (its gate / up came with the router) beside the routed experts, on
@@ -269,22 +272,22 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
     if (split || deferring()) CK(gpu::gated_add(moe_out, sd, sgate, H, 1, stream));
     if (prefetching) CK(cudaStreamWaitEvent(stream, pf_join_ev, 0));
     mark(tr, li, 3);
-    if (!posting) run_deferred();  // the previous layer's, while the GPU works on this one (one graph: the host loop runs it)
+    if (!posting) hy.run_deferred(def_dev, stream);  // the previous layer's, while the GPU works on this one (one graph: the host loop runs it)
     gpu::HostSum host_sum;  // this layer's, when its wait is left to the next norm's launch
     if (split && posting) {  // wait inside the graph for the host's sum, added from host memory
       handoff_layers.push_back(static_cast<int>(li));
-      const gpu::HostSum sum{hflags + 1, static_cast<unsigned>(li) + 1, hout, hflags + 2, kHandoffTimeoutNs};
+      const gpu::HostSum sum = hy.sum(static_cast<int>(li));
       if (!deferring()) host_sum = sum;  // waited for by the next norm's launch (norm_x)
       else CK(gpu::host_wait_add(sum.flag, sum.value, sum.src, moe_out, H, sum.error, sum.timeout_ns, stream));
     } else if (split) {
-      handoff_back(li, 1, cpu_out, moe_out);
+      hy.serve_copy(li, 1, cpu_out, moe_out, stream, HybridDispatch::Pass::decode);
     } else {
       counts.gpu += k;
     }
     if (deferring()) {  // the deferred sum joins after the MoE output, as the model definition adds them
       CK(gpu::add_inplace(h, moe_out, H, stream));
-      if (posting) join_posted_deferred(deferred_from);
-      else add_deferred(h);
+      if (posting) hy.join_deferred_posted(deferred_from, h, stream);
+      else hy.add_deferred(h, def_dev, stream);
       deferred_from = split && posting ? static_cast<int>(li) : -1;
     } else {
       pending = {moe_out, split ? nullptr : sd, split ? nullptr : sgate, host_sum};
@@ -292,10 +295,10 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
     mark(tr, li, 4);
   }
   if (posting) {  // the last layer's join before the final norm
-    join_posted_deferred(deferred_from);
+    hy.join_deferred_posted(deferred_from, h, stream);
   } else {
-    run_deferred();
-    add_deferred(h);
+    hy.run_deferred(def_dev, stream);
+    hy.add_deferred(h, def_dev, stream);
   }
   if (!logits_dst) {  // no norm follows: the last residual on its own
     settle_host();
@@ -399,7 +402,7 @@ void Qwen35MoeGpu::reset() {
   Impl& m = *impl_;
   m.pos = 0;
   m.counts = {};
-  m.def.pending = m.def.ready = false;
+  m.hy.reset();
   for (DevLayer& L : m.layers) {
     const ModelConfig& c = m.model.config();
     if (L.kind == LayerKind::LinearAttention) {

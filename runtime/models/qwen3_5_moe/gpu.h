@@ -9,11 +9,8 @@
 //
 // Hybrid (GpuOptions::expert_on_gpu + host_experts): per MoE layer the GPU computes the router and
 // top-k and hands x, ids and weights to the host; it goes on with its own experts and the shared
-// expert while the host runs the CPU experts, then adds their sum. In a graph step the handoff goes
-// through mapped host memory inside the graph (gpu_core/handoff.cuh); eager steps and prompt chunks
-// copy to pinned host memory and record an event, and the sum is queued back (H2D copy + add on the
-// same stream). Stream order makes the buffer reuse safe: a layer's host buffers are rewritten only
-// after the next layer's event, which follows the previous H2D copy on the stream.
+// expert while the host runs the CPU experts, then adds their sum. Who computes what and the handoff
+// protocol: hybrid_dispatch.h.
 //
 // Memory: everything is planned first and taken from one device allocation; when the plan exceeds
 // the budget (--gpu-mem, default the free device memory) the error lists what needs how much.
@@ -26,6 +23,7 @@
 #include <vector>
 
 #include "gpu_core/sampling.cuh"
+#include "runtime/models/qwen3_5_moe/hybrid_dispatch.h"
 #include "runtime/models/qwen3_5_moe/model.h"
 
 namespace tandem {
@@ -34,40 +32,6 @@ struct GpuMemoryPlan {
   uint64_t dense_weights = 0, expert_weights = 0, kv_cache = 0, deltanet_state = 0, workspace = 0;
   uint64_t total() const { return dense_weights + expert_weights + kv_cache + deltanet_state + workspace; }
   std::string describe() const;  // "dense weights 1.2 GiB, experts ..., KV cache ..., ..."
-};
-
-// Routed experts that live in host memory (hybrid placement): the GPU model hands each MoE layer's
-// normalised hidden state and its top-k choice to this object and adds what it returns.
-class HostExperts {
- public:
-  virtual ~HostExperts() = default;
-  // out [T, H] = per token t, sum over j with ids[t*k + j] >= 0 of weights[t*k + j] * expert(x_t); ids of
-  // GPU experts are -1. T is 1 in decode, up to the prefill chunk in batched prefill.
-  virtual void run(int layer, const float* x, int64_t T, const int32_t* ids, const float* weights, int k, float* out) = 0;
-
-  // For streamed prefill (GpuOptions::stream_prefill_min_tokens): where a layer's host-resident int4
-  // experts lie, as one byte range (page-locked for DMA where the host could lock it) and each
-  // expert's matrices in the tile layout (gpu_core/int4_layout.h) as offsets into it. Gate and up rows come in down's
-  // input order (act order folded in), so down's inputs need no permutation and only gate / up carry
-  // one. false (with `why`) when the layer cannot be streamed (another format, padded shapes).
-  struct StreamMatrix {
-    static constexpr uint64_t kNone = ~uint64_t(0);
-    uint64_t w = 0, scales = 0, zeros = kNone, perm = kNone;  // byte offsets from base
-    int64_t rows = 0, cols = 0, group_size = 0;
-  };
-  struct StreamExpert {
-    int expert = 0;
-    StreamMatrix gate, up, down;
-  };
-  struct StreamLayer {
-    const void* base = nullptr;
-    uint64_t bytes = 0;
-    std::vector<StreamExpert> experts;
-  };
-  virtual bool stream_layout(int /*layer*/, StreamLayer& /*out*/, std::string& why) const {
-    why = "these host experts cannot be streamed";
-    return false;
-  }
 };
 
 // The defaults are what --device gpu runs; the runner fills in a hybrid placement's fields.
@@ -116,20 +80,6 @@ struct GpuOptions {
   // model picks the switch point: Prediction::prefill_gpu_min_tokens).
   int64_t stream_prefill_min_tokens = 0;
   int64_t stream_pass_tokens = 4096;
-};
-
-// Since the last reset(): decode's routed-expert activations served by each side (prompts are not
-// counted: gpu / cpu say where the placement serves decode); streamed_layers / streamed_bytes count
-// streamed prefill's copies of host experts to the GPU.
-struct ExpertCounts {
-  uint64_t gpu = 0, cpu = 0;
-  uint64_t streamed_layers = 0, streamed_bytes = 0;
-  // Decode's host side, layer by layer: time the host waited for the GPU's router result (the GPU's
-  // part of the layer plus the handoff's latency), time it ran its experts (deferred ones included), and
-  // how many layer handoffs.
-  uint64_t host_wait_ns = 0, host_run_ns = 0, host_layers = 0;
-  // GpuOptions::link_experts: host-resident experts the GPU computed, reading them over PCIe (not in cpu).
-  uint64_t link = 0;
 };
 
 class Qwen35MoeGpu {

@@ -1,7 +1,7 @@
 // runtime/models/qwen3_5_moe/gpu_impl.h: the GPU model's internals (not a public header), shared by
 // gpu.cpp (upload, the decode step, the public API), gpu_prefill.cpp (batched
-// prefill and the routed experts of n tokens), gpu_hybrid.cpp (the host handoff and
-// expert deferral, the link experts) and gpu_stream.cpp (streamed prefill).
+// prefill and the routed experts of n tokens), gpu_link.cpp (the link experts) and gpu_stream.cpp
+// (streamed prefill). The host's part of a hybrid step is HybridDispatch (hybrid_dispatch.h).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -61,9 +61,6 @@ struct DevLayer {
   gpu::Bf16Expert* experts_bf16 = nullptr;
 };
 
-// How long a kernel waiting inside a hybrid step's graph waits for the host before giving up.
-constexpr int64_t kHandoffTimeoutNs = 60'000'000'000;
-
 struct Qwen35MoeGpu::Impl {
   const Qwen35Moe& model;
   GpuOptions opts;
@@ -90,29 +87,23 @@ struct Qwen35MoeGpu::Impl {
   float* topk_w;
   unsigned* route_ticket = nullptr;  // the router / norm GEMVs' counter (their launches are stream-ordered)
   float* cpu_out;  // the host experts' sum, copied in (hybrid)
-  // Pinned host staging for the hybrid handoff and the host-side embedding row.
-  float *hx = nullptr, *hw = nullptr, *hout = nullptr, *hembed = nullptr;
+  float* hembed = nullptr;  // pinned: embedding rows gathered on the host (the table in host memory)
   int64_t hembed_rows = 1;  // rows hembed holds: a prompt chunk / streamed pass when the table is in host memory
-  int32_t *hids = nullptr;
-  std::vector<int32_t> masked;
-  cudaEvent_t routed = nullptr;
   ExpertCounts counts;
+  // Hybrid: the host's part of each step and the handoff's memory (hybrid_dispatch.h).
+  HybridDispatch hy;
   // --trace: events at the segment boundaries of every layer, turned into GPU spans after each step.
   std::vector<cudaEvent_t> tev;
   // Decode steps as CUDA graphs (not with GpuOptions::eager or --trace), one a step: graphs[0] without
   // logits, [1] with logits copied to hlogits, [2] with logits left on the device (forward_top). With
-  // host experts the host handoffs run inside it (one_graph): handoff_layers are the layers whose host
-  // experts run while it waits. hflags (mapped): [0] the last layer posted + 1 (GPU -> host), [1] the
-  // last layer released + 1 (host -> GPU), [2] the layer + 1 a wait gave up on, [3] with deferral: the
-  // last layer whose deferred sum is in hdef_posted + 1 (host -> GPU).
+  // host experts the host handoffs run inside it (one_graph, hy.serve_graph): handoff_layers are the
+  // layers whose host experts run while it waits.
   bool graph_ok = false;
   cudaGraphExec_t graphs[3] = {};
   std::vector<int> handoff_layers;
   uint64_t gpu_only_layers = 0;  // layers with no host experts (counted as GPU-served per step)
   bool one_graph = false;
   bool posting = false;          // enqueue() under capture for one_graph: handoffs inside the graph
-  unsigned* hflags = nullptr;
-  void run_one_graph(int w);
   // forward_top: the logits row stays on the device (no copy at the end of a step or chunk); the
   // penalties and the top-k run there and only k (id, logit) pairs come back.
   float logits_sink = 0;  // as a logits destination: compute the row, leave it on the device
@@ -135,26 +126,9 @@ struct Qwen35MoeGpu::Impl {
   int32_t *pids = nullptr, *ppos = nullptr, *ptopk_ids = nullptr;
   std::vector<int32_t> host_pos;
   float* hlogits = nullptr;   // pinned: the logits the graph copies out
-  // Expert deferral (GpuOptions::defer_experts, hybrid): the host-resident ones among each token's N
-  // lowest-weight experts of layer L run on the host while the GPU goes on with layer L+1, and join
-  // the residual with layer L+1's MoE output (Qwen35State::defer_experts, deferrable = the CPU side).
-  struct Deferred {
-    bool pending = false;  // host work of `layer` not run yet
-    bool ready = false;    // its result is queued into def_dev: add it with this layer's MoE output
-    int layer = -1;
-    int64_t n = 0;
-    bool decode = false;   // set aside by a decode step (its run counts in ExpertCounts::host_run_ns)
-    std::vector<float> x, w;
-    std::vector<int32_t> ids;  // the deferred (token, slot) pairs' experts, -1 elsewhere
-  } def;
-  std::vector<int> order;     // scratch: a token's slots by ascending weight
-  float* hdef = nullptr;      // pinned: the deferred result on its way to def_dev
-  float* hdef_posted = nullptr;  // one graph a step (mapped, [2][H]): layer L's deferred sum in row L % 2, read in place
-  // One graph with deferral: the deferred host sum of layer `from` (if >= 0) added to h from host memory
-  // once the host's flag (hflags[3]) says it is there.
-  void join_posted_deferred(int from);
-  float* def_dev = nullptr;   // device
-  cudaEvent_t def_copied = nullptr;
+  // Expert deferral (GpuOptions::defer_experts): the deferred sum on the device (eager steps and
+  // prompt chunks; hybrid_dispatch.h).
+  float* def_dev = nullptr;
   cudaEvent_t tbase = nullptr;
   double tbase_us = 0;
   // Streamed prefill's state (GpuOptions::stream_prefill_min_tokens; buffers: gpu::stream_buffer_bytes).
@@ -202,22 +176,17 @@ struct Qwen35MoeGpu::Impl {
     if (join_ev) cudaEventDestroy(join_ev);
     if (pf_fork_ev) cudaEventDestroy(pf_fork_ev);
     if (pf_join_ev) cudaEventDestroy(pf_join_ev);
-    if (routed) cudaEventDestroy(routed);
     for (cudaEvent_t e : tev) cudaEventDestroy(e);
     for (cudaGraphExec_t g : graphs)
       if (g) cudaGraphExecDestroy(g);
     if (hidpos) cudaFreeHost(hidpos);
     if (hlogits) cudaFreeHost(hlogits);
-    if (hflags) cudaFreeHost(hflags);
     gpu::blas_destroy(blas);
     if (tbase) cudaEventDestroy(tbase);
-    if (def_copied) cudaEventDestroy(def_copied);
     if (st.copy) cudaStreamDestroy(st.copy);
     if (st.ready) cudaEventDestroy(st.ready);
     if (st.free) cudaEventDestroy(st.free);
-    for (void* p : {static_cast<void*>(hx), static_cast<void*>(hw), static_cast<void*>(hout), static_cast<void*>(hembed),
-                    static_cast<void*>(hids), static_cast<void*>(hdef), static_cast<void*>(hdef_posted)})
-      if (p) cudaFreeHost(p);
+    if (hembed) cudaFreeHost(hembed);
   }
 
   // Whether prompts go through in batches: a chunk is set and the attention prefill kernel takes the
@@ -245,24 +214,6 @@ struct Qwen35MoeGpu::Impl {
   // `table`: the layer's expert table with its host experts streamed in (prefill_streamed), nullptr: L's own.
   void gpu_experts(const DevLayer& L, const float* x_dev, const int32_t* ids_dev, const float* w_dev, int64_t n, uint16_t* xh_buf, void* hs, float* out,
                    const gpu::Int4Expert* table = nullptr);
-
-  // Hybrid handoff, part 1: x and the top-k of n tokens to pinned host memory, then an event.
-  void handoff_out(const float* x_dev, const int32_t* ids_dev, const float* w_dev, int64_t n);
-
-  // Part 2: wait for the event (spinning: a blocking sync adds a wake-up), run the host-resident
-  // experts of the n tokens, and queue their sum into moe_dev (through cpu_dev). Counts who served what.
-  // With deferral, the host-resident ones among each token's N lowest-weight experts are set aside
-  // for run_deferred() (next layer) instead. Decode steps are counted (ExpertCounts), prompt chunks not.
-  enum class Pass { decode, prefill };
-  void handoff_back(size_t li, int64_t n, float* cpu_dev, float* moe_dev, Pass pass = Pass::decode);
-  bool host_part(size_t li, int64_t n, bool always, bool wait_routed = true, Pass pass = Pass::decode);
-  void join_host(int64_t n, float* cpu_dev, float* moe_dev);
-
-  // The previous layer's deferred host experts, run while the GPU works on this layer; their sum is
-  // queued into def_dev, and add_deferred() adds it with this layer's MoE output.
-  void run_deferred();
-  void deferred_sum(float* out, int64_t rows);  // the pending deferred experts' sum (zeros when none), host side
-  void add_deferred(float* h_dev);
 
   // y [n, out] = x [n, in] W^T for a chunk of tokens: cuBLAS for bf16, the int4 GEMV 8 tokens at a time.
   void linear_rows(const DevLinear& L, const float* in, int64_t n, float* out);

@@ -380,24 +380,10 @@ std::unique_ptr<Qwen35MoeGpu> Qwen35MoeGpu::create(const Qwen35Moe& model, const
     CK(cudaEventCreateWithFlags(&impl->st.ready, cudaEventDisableTiming));
     CK(cudaEventCreateWithFlags(&impl->st.free, cudaEventDisableTiming));
   }
-  const int64_t H = model.config().hidden_size, k = model.config().num_experts_per_tok;
-  CK(cudaEventCreateWithFlags(&impl->routed, cudaEventDisableTiming));
-  // Pointers into the arena exist only after the commit pass below; until then decide from the options.
-  const int64_t rows = impl->host_rows();  // tokens handed to the host at once
-  // Mapped: a graph step's handoffs run inside it (kernels read and write them in place).
-  const unsigned handoff_flags = cudaHostAllocMapped;
-  CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hx), rows * H * sizeof(float), handoff_flags));
-  CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hout), rows * H * sizeof(float), handoff_flags));
+  const int64_t H = model.config().hidden_size;
   if (!opts.embed_on_gpu && impl->wants_batched())  // prompt rows are gathered on the host
     impl->hembed_rows = std::max(impl->opts.prefill_chunk, impl->st.pass);  // st.pass: set by the last plan pass
   CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hembed), impl->hembed_rows * H * sizeof(float), cudaHostAllocDefault));
-  CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hw), rows * k * sizeof(float), handoff_flags));
-  CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hids), rows * k * sizeof(int32_t), handoff_flags));
-  impl->masked.assign(rows * k, -1);
-  if (impl->deferring()) {
-    CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hdef), rows * H * sizeof(float), cudaHostAllocDefault));
-    CK(cudaEventCreateWithFlags(&impl->def_copied, cudaEventDisableTiming));
-  }
   Uploader commit;
   commit.begin_commit(impl->arena);
   {  // a progress line when the upload is large (the 35B model: ~20 GB)
@@ -425,7 +411,7 @@ std::unique_ptr<Qwen35MoeGpu> Qwen35MoeGpu::create(const Qwen35Moe& model, const
   };
   // Decode steps as one CUDA graph each unless eager (GpuOptions::eager). The graph needs the embedding
   // table on the GPU (a host-side row lookup is no graph node); with host experts, unified addressing
-  // (kernels read and write hx / hids / hw / hout / hflags in place: with UVA the host pointers are the
+  // (kernels read and write the handoff buffers in place: with UVA the host pointers are the
   // device's too). Steps outside these run eagerly. Deferral runs inside the graph too (the deferred sum
   // joins a layer late: one more wait, on hflags[3]).
   impl->pdl = caps.cc_major >= 9;
@@ -433,12 +419,20 @@ std::unique_ptr<Qwen35MoeGpu> Qwen35MoeGpu::create(const Qwen35Moe& model, const
   impl->one_graph = impl->graph_ok && host_layers;
   // The L2 prefetch, only in the one-graph step: 70% of this device's L2 cache
   if (impl->one_graph) impl->l2_prefetch = static_cast<int64_t>(device_attribute(cudaDevAttrL2CacheSize)) * 7 / 10;
-  if (impl->one_graph) {
-    CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hflags), 4 * sizeof(unsigned), cudaHostAllocMapped));
-    std::memset(impl->hflags, 0, 4 * sizeof(unsigned));
-    if (impl->deferring()) {  // two rows, by layer parity: the host fills layer L + 1's while the GPU may still read layer L's
-      CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hdef_posted), 2 * H * sizeof(float), cudaHostAllocMapped));
-      std::memset(impl->hdef_posted, 0, 2 * H * sizeof(float));
+  if (opts.host_experts) {  // the host's part of each step (hybrid_dispatch.h)
+    HybridDispatch::Setup s;
+    s.hidden = H;
+    s.k = model.config().num_experts_per_tok;
+    s.rows = impl->host_rows();  // tokens handed to the host at once
+    s.defer = opts.defer_experts;
+    s.host = opts.host_experts;
+    s.expert_on_gpu = opts.expert_on_gpu;
+    s.counts = &impl->counts;
+    impl->hy.init(s, impl->one_graph);
+    if (impl->link.on) {
+      std::vector<uint8_t> linked(impl->link.tables.size());
+      for (size_t l = 0; l < linked.size(); ++l) linked[l] = impl->link.tables[l] != nullptr;
+      impl->hy.set_link(std::move(linked), impl->link.m);
     }
   }
   if (impl->graph_ok) {

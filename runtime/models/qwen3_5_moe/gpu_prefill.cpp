@@ -88,7 +88,7 @@ void Qwen35MoeGpu::Impl::prefill_layer(size_t li, float* hbuf, int64_t n, const 
   CK(gpu::router_topk(prouter, c.num_experts, k, static_cast<int>(n), ptopk_ids, ptopk_w, stream));
   // Streamed: the layer's host experts run on the GPU from `streamed`, the host computes none.
   const bool split = L.cpu_experts && opts.host_experts && !streamed;
-  if (split) handoff_out(px, ptopk_ids, ptopk_w, n);
+  if (split) hy.post_copy(px, ptopk_ids, ptopk_w, n, stream);
   gpu_experts(L, px, ptopk_ids, ptopk_w, n, pxh, phs, pmoe, streamed);
   linear_rows(L.sh_gate, px, n, psg);
   linear_rows(L.sh_up, px, n, psu);
@@ -96,10 +96,10 @@ void Qwen35MoeGpu::Impl::prefill_layer(size_t li, float* hbuf, int64_t n, const 
   linear_rows(L.sh_down, psg, n, psd);
   linear_rows(L.sh_expert_gate, px, n, psgate);
   CK(gpu::gated_add(pmoe, psd, psgate, H, static_cast<int>(n), stream));
-  run_deferred();
-  if (split) handoff_back(li, n, pcpu, pmoe, Pass::prefill);
+  hy.run_deferred(def_dev, stream);
+  if (split) hy.serve_copy(li, n, pcpu, pmoe, stream, HybridDispatch::Pass::prefill);
   CK(gpu::add_inplace(hbuf, pmoe, n * H, stream));
-  add_deferred(hbuf);
+  hy.add_deferred(hbuf, def_dev, stream);
 }
 
 // The last token's logits after a prefill (h_last: its hidden state) to logits_last, when given.
@@ -147,8 +147,8 @@ void Qwen35MoeGpu::Impl::prefill_chunk(const int32_t* ids_host, int64_t n, float
   const int64_t H = model.config().hidden_size;
   prefill_inputs(ids_host, n, pids, ppos, ph);
   for (size_t li = 0; li < layers.size(); ++li) prefill_layer(li, ph, n, ppos, nullptr);
-  run_deferred();
-  add_deferred(ph);
+  hy.run_deferred(def_dev, stream);
+  hy.add_deferred(ph, def_dev, stream);
   pos += n;
   prefill_logits(ph + (n - 1) * H, logits_last);
   CK(cudaStreamSynchronize(stream));  // the host buffers (ids, positions) are free again
