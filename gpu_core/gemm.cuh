@@ -14,6 +14,8 @@
 
 #include <cstdint>
 
+#include "gpu_core/workspace_sizes.h"
+
 struct cublasContext;
 
 namespace tandem::gpu {
@@ -23,7 +25,7 @@ using BlasHandle = cublasContext*;
 // Create / destroy a cuBLAS handle (status as cudaError_t: cudaErrorUnknown on a cuBLAS failure).
 cudaError_t blas_create(BlasHandle* handle);
 // Gives the handle a caller-owned workspace (so its memory is inside the caller's budget).
-inline constexpr size_t kBlasWorkspaceBytes = size_t(4) << 20;
+// (kBlasWorkspaceBytes, workspace_sizes.h)
 cudaError_t blas_set_workspace(BlasHandle handle, void* workspace, size_t bytes);
 void blas_destroy(BlasHandle handle);
 

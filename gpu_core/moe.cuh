@@ -16,6 +16,8 @@
 
 #include <cstdint>
 
+#include "gpu_core/workspace_sizes.h"
+
 #include "gpu_core/gemv.cuh"
 
 namespace tandem::gpu {
@@ -62,7 +64,7 @@ cudaError_t moe_int4_decode_wide(const Int4Expert* experts, int64_t H, int64_t I
 // shared buffers). Not the per-pair arithmetic of the decode kernels: within ~1e-3 of them, 5e-3 of
 // the exact reference. Non-resident experts (null pointers) contribute nothing, as in decode. x fp32
 // [n, H]; ids int32 [n*k] (ids outside 0..E-1 are skipped); out fp32 [n, H] (overwritten). sm_70+.
-size_t moe_int4_grouped_workspace(int64_t n, int k, int64_t H, int64_t I, int E);
+// Its workspace: moe_int4_grouped_workspace (workspace_sizes.h).
 cudaError_t moe_int4_grouped_tc(const Int4Expert* experts, int E, int64_t H, int64_t I, int64_t group_size, const int32_t* ids,
                                 const float* weights, int n, int k, const float* x, void* workspace, float* out, cudaStream_t stream);
 

@@ -12,39 +12,28 @@ namespace tandem::gpu {
 namespace {
 
 using namespace detail;
-// The workspace's work items are counted for items of 8 pairs (the planner counts the same bytes); the
-// tensor-core kernels' items hold kTcM = 32, so they use fewer of them.
-constexpr int kItem = 8;
-
-size_t align256(size_t b) { return (b + 255) / 256 * 256; }
-
-// The workspace, carved in this order (each piece 256-byte aligned).
+// The workspace, carved as grouped_moe_layout (workspace_sizes.h) says: the planner counts the same
+// bytes. Its work items are counted for items of kGroupedItem = 8 pairs; the tensor-core kernels'
+// items hold kTcM = 32, so they use fewer of them.
 struct Carve {
   int32_t *order, *pos_of, *counts;  // counts: [0] work items, [1] valid pairs
   int4* items;                        // (expert, first sorted pair, pairs, 0)
   __half *xg, *xu, *h;
   float* y;
-  size_t bytes;
   Carve(void* base, int64_t P, int64_t H, int64_t I, int E) {
     char* p = static_cast<char*>(base);
-    size_t off = 0;
-    auto take = [&](size_t b) {
-      char* r = p ? p + off : nullptr;
-      off += align256(b);
-      return r;
-    };
-    order = reinterpret_cast<int32_t*>(take(P * 4));
-    pos_of = reinterpret_cast<int32_t*>(take(P * 4));
-    counts = reinterpret_cast<int32_t*>(take(2 * 4));
-    items = reinterpret_cast<int4*>(take(max_items(P, E) * sizeof(int4)));
-    xg = reinterpret_cast<__half*>(take(P * H * 2));
-    xu = reinterpret_cast<__half*>(take(P * H * 2));
-    h = reinterpret_cast<__half*>(take(P * I * 2));
-    y = reinterpret_cast<float*>(take(P * H * 4));
-    bytes = off;
+    const GroupedMoeLayout g = grouped_moe_layout(P, H, I, E);
+    order = reinterpret_cast<int32_t*>(p + g.order);
+    pos_of = reinterpret_cast<int32_t*>(p + g.pos_of);
+    counts = reinterpret_cast<int32_t*>(p + g.counts);
+    items = reinterpret_cast<int4*>(p + g.items);
+    xg = reinterpret_cast<__half*>(p + g.xg);
+    xu = reinterpret_cast<__half*>(p + g.xu);
+    h = reinterpret_cast<__half*>(p + g.h);
+    y = reinterpret_cast<float*>(p + g.y);
   }
-  // sum of ceil(c_e / item) over experts; the workspace holds the most for items of kItem
-  static int64_t max_items(int64_t P, int E, int item = kItem) { return (P + item - 1) / item + E; }
+  // sum of ceil(c_e / item) over experts
+  static int64_t max_items(int64_t P, int E, int item) { return (P + item - 1) / item + E; }
 };
 
 // Warps of group_pairs_kernel for E experts: each keeps its own count of every expert in shared memory.
@@ -450,6 +439,5 @@ cudaError_t moe_int4_grouped_tc(const Int4Expert* experts, int E, int64_t H, int
   return cudaGetLastError();
 }
 
-size_t moe_int4_grouped_workspace(int64_t n, int k, int64_t H, int64_t I, int E) { return Carve(nullptr, n * k, H, I, E).bytes; }
 
 }  // namespace tandem::gpu

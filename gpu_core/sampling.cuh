@@ -13,6 +13,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "gpu_core/workspace_sizes.h"
+
 namespace tandem::gpu {
 
 struct Penalty {  // the layout of tandem::LogitPenalty
@@ -20,10 +22,8 @@ struct Penalty {  // the layout of tandem::LogitPenalty
   float rep, sub;
 };
 
-inline constexpr int kMaxTopK = 64;
-inline constexpr int kTopKBlocks = 64;
-// Workspace of top_k_row for any k <= kMaxTopK.
-inline constexpr size_t kTopKWorkspaceBytes = size_t(kTopKBlocks) * kMaxTopK * 8;
+static_assert(sizeof(Penalty) == kPenaltyBytes);
+// kMaxTopK, kTopKBlocks and top_k_row's workspace kTopKWorkspaceBytes: workspace_sizes.h.
 
 cudaError_t penalise(float* logits, int64_t V, const Penalty* pen, int n, cudaStream_t stream);
 cudaError_t top_k_row(const float* logits, int64_t V, int k, void* workspace, int32_t* ids, float* vals, cudaStream_t stream);

@@ -9,6 +9,7 @@
 #include "gpu_core/attention_sizes.h"
 #include "gpu_core/deltanet_sizes.h"
 #include "gpu_core/int4_layout.h"
+#include "placement/gpu_layout.h"
 #include "core/bytes.h"
 #include "core/error.h"
 
@@ -16,7 +17,6 @@ namespace tandem::placement {
 
 namespace {
 
-uint64_t align256(uint64_t b) { return (b + 255) / 256 * 256; }
 uint64_t floats(int64_t n) { return align256(static_cast<uint64_t>(n) * 4); }
 
 // The pointer tables the GPU MoE kernels index by expert id (gpu_core/moe.cuh): 3 Int4Views of
@@ -38,10 +38,7 @@ struct Sizer {
   // One nn.Linear as Qwen35MoeGpu stores it.
   uint64_t linear(const std::string& module, int64_t out, int64_t in, bool quantizable = true) const {
     const auto q = quantizable ? quant(module) : QuantConfig::ModuleQuant{};
-    if (!q.quantized) return align256(static_cast<uint64_t>(out * in) * 2);
-    const int64_t gs = q.group_size > 0 ? q.group_size : in;
-    const int64_t G = in / gs;
-    return align256(out * in / 2) + align256(out * G * 2) + align256(out * G) + (q.desc_act ? align256(in * 4) : 0);
+    return gpu_linear_pieces(out, in, q.quantized, q.group_size, q.desc_act).total();
   }
   // Host bytes of one expert matrix as cpu_experts/packed_weight.h streams it: nibbles / bytes / bf16
   // plus f16 scales per group (and u8 zeros for asymmetric int4).
@@ -96,7 +93,6 @@ VramBytes fixed_vram(const ModelConfig& c, const Sizer& s, int64_t context, int 
   if (embed_on_gpu) v.dense_weights += align256(static_cast<uint64_t>(V * H) * 2);
   if (!tied_shared) v.dense_weights += s.linear("lm_head", V, H, false);
   v.dense_weights += floats(H) + floats(c.rotary_dim / 2);  // final norm, RoPE frequencies
-  const int64_t max_splits = gpu::attention_decode_splits(context);
   for (int l = 0; l < L; ++l) {
     const std::string pre = str_cat("layers.", l, ".");
     v.dense_weights += 2 * floats(H);
@@ -105,49 +101,20 @@ VramBytes fixed_vram(const ModelConfig& c, const Sizer& s, int64_t context, int 
       v.dense_weights += s.linear(a + "in_proj_qkv", conv_dim, H) + s.linear(a + "in_proj_z", Vd, H) + s.linear(a + "in_proj_b", Hv, H) +
                          s.linear(a + "in_proj_a", Hv, H) + s.linear(a + "out_proj", H, Vd);
       v.dense_weights += floats(conv_dim * c.linear_conv_kernel) + 2 * floats(Hv) + floats(c.linear_value_head_dim);
-      v.deltanet_state += (floats((c.linear_conv_kernel - 1) * conv_dim) + floats(Hv * c.linear_key_head_dim * c.linear_value_head_dim)) * batch;
+      v.deltanet_state += (conv_state_bytes(c) + ssm_state_bytes(c)) * batch;
     } else {
       const std::string a = pre + "self_attn.";
       v.dense_weights += s.linear(a + "q_proj", int64_t(nh) * hd * 2, H) + s.linear(a + "k_proj", int64_t(nkv) * hd, H) +
                          s.linear(a + "v_proj", int64_t(nkv) * hd, H) + s.linear(a + "o_proj", H, int64_t(nh) * hd);
       v.dense_weights += 2 * floats(hd);
-      v.kv_cache += 2 * align256(static_cast<uint64_t>(context) * nkv * hd * 2) * batch;
+      v.kv_cache += kv_cache_bytes(c, context) * batch;
     }
     const std::string m = pre + "mlp.";
     v.dense_weights += s.linear(m + "gate", E, H, false) + s.linear(m + "shared_expert.gate_proj", Is, H) +
                        s.linear(m + "shared_expert.up_proj", Is, H) + s.linear(m + "shared_expert.down_proj", H, Is) +
                        s.linear(m + "shared_expert_gate", 1, H, false);
   }
-  {  // workspace, in Qwen35MoeGpu's order
-    const int64_t wide = std::max({H, conv_dim, Vd, int64_t(nh) * 2 * hd, I * k, Is});
-    // the outputs of a stacked projection group share one buffer, sliced at multiples of 4 floats
-    auto r4 = [](int64_t n) { return (n + 3) / 4 * 4; };
-    for (int64_t n : {H, H, H, r4(conv_dim) + r4(Vd) + 2 * r4(Hv), Vd, conv_dim, r4(int64_t(nh) * 2 * hd) + 2 * r4(int64_t(nkv) * hd),
-                      int64_t(nh) * hd, int64_t(nh) * max_splits * (hd + 2), int64_t(nh) * hd, r4(E) + 2 * r4(Is) + r4(1), H, I * k, H, V})
-      v.workspace += floats(n);
-    v.workspace += align256(wide * 2) + 2 * align256(4) + align256(k * 4) + floats(k) + align256(4);  // xh, ids, pos, top-k ids, weights, router ticket
-    v.workspace += floats(H);  // CPU experts' result (hybrid)
-    if (deferral > 0) v.workspace += floats((prefill_chunk > 0 ? prefill_chunk : 1) * H);  // deferred experts' sum
-    // Sampling on the GPU: penalty list (12 B per context token), top-k workspace (gpu::kTopKWorkspaceBytes),
-    // the k best ids and values (gpu::kMaxTopK each).
-    v.workspace += align256(static_cast<uint64_t>(context) * 12) + align256(64 * 64 * 8) + align256(64 * 4) + floats(64);
-    if (prefill_chunk > 0) {  // batched prefill: chunk-sized copies, cuBLAS workspace
-      const int64_t n = prefill_chunk, nh2 = int64_t(nh) * 2 * hd, kvd = int64_t(nkv) * hd;
-      const int64_t widest_k = std::max({H, Vd, int64_t(nh) * hd, Is, I});
-      for (int64_t m : {H, H, H, conv_dim, Vd, Hv, Hv, Vd, conv_dim, nh2, kvd, kvd, int64_t(nh) * hd, int64_t(E), H, Is, Is, H,
-                        int64_t(1), int64_t(k), H})
-        v.workspace += floats(n * m);
-      v.workspace += align256(static_cast<uint64_t>(n * k * I * 2) * 2) + align256(static_cast<uint64_t>(2 * n * widest_k) * 2) +
-                     align256(static_cast<uint64_t>(n * wide) * 2) + 2 * align256(n * 4) + align256(n * k * 4);  // h, split x, xh, ids, pos, top-k
-      v.workspace += uint64_t(4) << 20;  // cuBLAS workspace (gpu::kBlasWorkspaceBytes)
-      if (Hv > 0) v.workspace += floats(gpu::deltanet_chunk_terms_floats(n, static_cast<int>(Hv)));  // the chunked DeltaNet's chunk terms
-      if (int4_experts) {  // gpu::moe_int4_grouped_workspace: pair order / positions, counts, items, xg, xu, h, y
-        const int64_t P = n * k, items = (P + 7) / 8 + E;
-        v.workspace += 2 * align256(P * 4) + align256(8) + align256(items * 16) + 2 * align256(P * H * 2) + align256(P * I * 2) +
-                       align256(P * H * 4);
-      }
-    }
-  }
+  v.workspace += gpu_workspace(c, {context, prefill_chunk, int4_experts, deferral > 0}).total();  // as the GPU model allocates it
   v.reserve = reserve;
   return v;
 }

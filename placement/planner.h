@@ -1,6 +1,7 @@
 // placement/planner.h: decides where every tensor and routed expert lives, from config.json (with its
 // quantization config), a PlacementConfig and optionally a heat map. It loads no weights and runs
-// nothing; the GPU runtime allocates exactly what the plan says (tests compare the two byte for byte).
+// nothing. The GPU memory it counts comes from placement/gpu_layout.h, the layout the GPU model allocates
+// from, so the plan is the allocation by construction (the GPU tests compare the two byte for byte too).
 //
 // Order of decisions:
 //   1. Always on the GPU: attention, DeltaNet, routers, shared experts, norms, lm_head (rules may move
@@ -14,8 +15,8 @@
 //      depend on the budget, more budget never means fewer GPU experts.
 //   4. A cost model from bandwidths (GPU memory, PCIe, CPU DRAM) and per-launch / per-handoff latency
 //      predicts decode tok/s and the prompt length above which prefill streams CPU experts to the GPU.
-// Byte formulas mirror Qwen35MoeGpu's allocations (256-byte aligned; dense tensors in bf16; GPTQ
-// int4 repacked: nibbles + fp16 scales + uint8 zeros (+ int32 permutation for act-order)).
+// Byte counts: placement/gpu_layout.h (256-byte aligned pieces; dense tensors in bf16; GPTQ int4
+// repacked: nibbles + fp16 scales + uint8 zeros (+ int32 permutation for act-order)).
 #pragma once
 
 #include <cstdint>

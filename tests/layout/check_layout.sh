@@ -34,8 +34,8 @@ for d in runtime/format runtime/tokenizer; do
   hits=$(includes "$d" 'runtime/(engine|models|cli)/|placement/|tools/|cpu_experts/|gpu_core/')
   [ -n "$hits" ] && say "$d/ must not include the model, engine, CLI, placement, tools or kernels:"$'\n'"$hits"
 done
-hits=$(includes runtime/models 'runtime/(engine|cli)/|placement/|tools/')
-[ -n "$hits" ] && say "runtime/models/ must not include the engine, CLI, placement or tools:"$'\n'"$hits"
+hits=$(includes runtime/models 'runtime/(engine|cli)/|tools/|placement/(planner|placement_config|heat)')
+[ -n "$hits" ] && say "runtime/models/ must not include the engine, CLI or tools, and of placement/ only the layout it allocates from (gpu_layout.h):"$'\n'"$hits"
 hits=$(includes runtime/engine 'runtime/cli/|tools/|bindings/')
 [ -n "$hits" ] && say "runtime/engine/ must not include the CLI, tools or bindings:"$'\n'"$hits"
 

@@ -11,6 +11,7 @@
 #include "gpu_core/int4_layout.h"
 #include "core/bytes.h"
 #include "core/dtype.h"
+#include "placement/gpu_layout.h"
 #include "runtime/models/qwen3_5_moe/gpu_impl.h"
 #include "core/progress.h"
 
@@ -46,6 +47,11 @@ class Uploader {
   T* upload(const T* host, size_t count, Kind kind) {
     auto* d = static_cast<T*>(alloc(count * sizeof(T), kind));
     if (d) CK(cudaMemcpy(d, host, count * sizeof(T), cudaMemcpyHostToDevice));
+    return d;
+  }
+  void* zeroed(uint64_t bytes, Kind kind) {
+    void* d = alloc(bytes, kind);
+    if (d) CK(cudaMemset(d, 0, bytes));
     return d;
   }
   template <typename T>
@@ -172,7 +178,6 @@ void Qwen35MoeGpu::Impl::build(Uploader& up, const std::function<void(uint64_t)>
   const int64_t H = c.hidden_size, V = c.vocab_size, conv_dim = c.linear_conv_dim(), Vd = c.linear_value_dim();
   const int64_t I = c.moe_intermediate_size, Is = c.shared_expert_intermediate_size, E = c.num_experts;
   const int k = c.num_experts_per_tok, nh = c.num_heads, nkv = c.num_kv_heads, hd = c.head_dim;
-  const int max_splits = static_cast<int>(gpu::attention_decode_splits(opts.max_context));
 
   auto vec = [&](const std::vector<float>& v, Kind kind) { return up.upload(v.data(), v.size(), kind); };
   if (!opts.embed_on_gpu) {
@@ -227,8 +232,8 @@ void Qwen35MoeGpu::Impl::build(Uploader& up, const std::function<void(uint64_t)>
       d.A_log = vec(w.A_log, Kind::Dense);
       d.dt_bias = vec(w.dt_bias, Kind::Dense);
       d.dn_norm = vec(w.norm, Kind::Dense);
-      d.conv_state = up.zeros<float>((c.linear_conv_kernel - 1) * conv_dim, Kind::State);
-      d.ssm_state = up.zeros<float>(int64_t(c.linear_num_value_heads) * c.linear_key_head_dim * c.linear_value_head_dim, Kind::State);
+      d.conv_state = static_cast<float*>(up.zeroed(placement::conv_state_bytes(c), Kind::State));
+      d.ssm_state = static_cast<float*>(up.zeroed(placement::ssm_state_bytes(c), Kind::State));
     } else {
       const AttentionWeights& w = L.attn;
       d.q = upload_linear(up, w.q_proj, Kind::Dense);
@@ -238,8 +243,8 @@ void Qwen35MoeGpu::Impl::build(Uploader& up, const std::function<void(uint64_t)>
       d.in_proj = stack_rows({&d.q, &d.k, &d.v});
       d.q_norm = vec(w.q_norm, Kind::Dense);
       d.k_norm = vec(w.k_norm, Kind::Dense);
-      d.k_cache = up.zeros<uint16_t>(opts.max_context * nkv * hd, Kind::Kv);
-      d.v_cache = up.zeros<uint16_t>(opts.max_context * nkv * hd, Kind::Kv);
+      d.k_cache = static_cast<uint16_t*>(up.zeroed(placement::kv_cache_bytes(c, opts.max_context) / 2, Kind::Kv));  // K, then V
+      d.v_cache = static_cast<uint16_t*>(up.zeroed(placement::kv_cache_bytes(c, opts.max_context) / 2, Kind::Kv));
     }
     const MoeWeights& m = L.moe;
     d.router = upload_linear(up, m.router, Kind::Dense);
@@ -280,51 +285,52 @@ void Qwen35MoeGpu::Impl::build(Uploader& up, const std::function<void(uint64_t)>
     if (uploaded && up.committing()) uploaded(up.placed());
   }
 
-  const int64_t wide = std::max({H, conv_dim, Vd, int64_t(nh) * 2 * hd, I * k, Is});
-  auto ws = [&](int64_t n) { return up.zeros<float>(n, Kind::Work); };
-  // The outputs of each stacked projection group (stack_rows) share one buffer, sliced at multiples
-  // of 4 floats (placement/planner.cpp counts the same sizes).
-  auto r4 = [](int64_t n) { return (n + 3) / 4 * 4; };
+  // The workspace as placement::gpu_workspace lays it out (the planner counts the same pieces). The
+  // outputs of each stacked projection group (stack_rows) share one buffer, sliced at multiples of 4 floats.
+  placement::WorkShape shape;
+  shape.context = opts.max_context;
+  shape.prefill_chunk = wants_batched() ? opts.prefill_chunk : 0;
+  shape.int4_experts = model.gptq_experts();
+  shape.deferral = deferring();
+  const placement::GpuWorkspace work = placement::gpu_workspace(c, shape);
+  auto ws = [&](placement::Work w) { return work[w] ? static_cast<float*>(up.zeroed(work[w], Kind::Work)) : nullptr; };
+  auto ws16 = [&](placement::Work w) { return reinterpret_cast<uint16_t*>(ws(w)); };
+  auto ws32 = [&](placement::Work w) { return reinterpret_cast<int32_t*>(ws(w)); };
+  using placement::slice4;
+  using W = placement::Work;
   const int64_t Hv = c.linear_num_value_heads, nh2 = int64_t(nh) * 2 * hd, kvd = int64_t(nkv) * hd;
-  h = ws(H), x = ws(H), o = ws(H);
-  qkv = ws(r4(conv_dim) + r4(Vd) + 2 * r4(Hv));
-  z = qkv ? qkv + r4(conv_dim) : nullptr, b = z ? z + r4(Vd) : nullptr, a = b ? b + r4(Hv) : nullptr;
-  core = ws(Vd), conv_out = ws(conv_dim);
-  qg = ws(r4(nh2) + 2 * r4(kvd));
-  kk = qg ? qg + r4(nh2) : nullptr, vv = kk ? kk + r4(kvd) : nullptr;
-  q_rot = ws(int64_t(nh) * hd), attn_part = ws(int64_t(nh) * max_splits * (hd + 2)), attn_out = ws(int64_t(nh) * hd);
-  router = ws(r4(E) + 2 * r4(Is) + r4(1));
-  sg = router ? router + r4(E) : nullptr, su = sg ? sg + r4(Is) : nullptr, sgate = su ? su + r4(Is) : nullptr;
-  moe_out = ws(H), hscratch = ws(I * k), sd = ws(H), logits = ws(V);
-  xh = up.zeros<uint16_t>(wide, Kind::Work);
-  ids = up.zeros<int32_t>(1, Kind::Work);
-  topk_ids = up.zeros<int32_t>(k, Kind::Work);
-  topk_w = ws(k);
-  route_ticket = up.zeros<unsigned>(1, Kind::Work);
-  pos_dev = up.zeros<int32_t>(1, Kind::Work);
-  cpu_out = ws(H);
-  if (deferring()) def_dev = ws(host_rows() * H);  // the deferred experts' sum (hybrid)
-  pen_dev = static_cast<gpu::Penalty*>(up.alloc(opts.max_context * sizeof(gpu::Penalty), Kind::Work));  // forward_top
-  topk_ws = up.alloc(gpu::kTopKWorkspaceBytes, Kind::Work);
-  top_ids = up.zeros<int32_t>(gpu::kMaxTopK, Kind::Work);
-  top_vals = ws(gpu::kMaxTopK);
-  if (wants_batched()) {
-    const int64_t n = opts.prefill_chunk;
-    const int64_t widest_k = std::max({H, Vd, int64_t(nh) * hd, Is, I});
-    ph = ws(n * H), px = ws(n * H), po = ws(n * H), pqkv = ws(n * conv_dim), pz = ws(n * Vd), pb = ws(n * c.linear_num_value_heads),
-    pa = ws(n * c.linear_num_value_heads), pcore = ws(n * Vd), pconv = ws(n * conv_dim), pqg = ws(n * nh2), pk = ws(n * kvd),
-    pv = ws(n * kvd), pattn = ws(n * int64_t(nh) * hd), prouter = ws(n * E), pmoe = ws(n * H), psg = ws(n * Is), psu = ws(n * Is),
-    psd = ws(n * H), psgate = ws(n), ptopk_w = ws(n * k), pcpu = ws(n * H);
-    phs = up.zeros<uint16_t>(n * k * I * 2, Kind::Work);  // fp16 (int4 experts) or fp32 (bf16 experts) h
-    psplit = up.zeros<uint16_t>(2 * n * widest_k, Kind::Work);
-    pxh = up.zeros<uint16_t>(n * wide, Kind::Work);
-    pids = up.zeros<int32_t>(n, Kind::Work);
-    ppos = up.zeros<int32_t>(n, Kind::Work);
-    ptopk_ids = up.zeros<int32_t>(n * k, Kind::Work);
-    blas_ws = up.alloc(gpu::kBlasWorkspaceBytes, Kind::Work);
-    if (c.linear_num_value_heads > 0) pterms = ws(gpu::deltanet_chunk_terms_floats(n, c.linear_num_value_heads));
-    if (model.gptq_experts())  // grouped int4 experts
-      pgroup = up.alloc(gpu::moe_int4_grouped_workspace(n, k, H, I, static_cast<int>(E)), Kind::Work);
+  h = ws(W::h), x = ws(W::x), o = ws(W::o);
+  qkv = ws(W::qkv);
+  z = qkv ? qkv + slice4(conv_dim) : nullptr, b = z ? z + slice4(Vd) : nullptr, a = b ? b + slice4(Hv) : nullptr;
+  core = ws(W::core), conv_out = ws(W::conv_out);
+  qg = ws(W::qg);
+  kk = qg ? qg + slice4(nh2) : nullptr, vv = kk ? kk + slice4(kvd) : nullptr;
+  q_rot = ws(W::q_rot), attn_part = ws(W::attn_part), attn_out = ws(W::attn_out);
+  router = ws(W::router);
+  sg = router ? router + slice4(E) : nullptr, su = sg ? sg + slice4(Is) : nullptr, sgate = su ? su + slice4(Is) : nullptr;
+  moe_out = ws(W::moe_out), hscratch = ws(W::hscratch), sd = ws(W::sd), logits = ws(W::logits);
+  xh = ws16(W::xh);
+  ids = ws32(W::ids);
+  topk_ids = ws32(W::topk_ids);
+  topk_w = ws(W::topk_w);
+  route_ticket = reinterpret_cast<unsigned*>(ws(W::route_ticket));
+  pos_dev = ws32(W::pos);
+  cpu_out = ws(W::cpu_out);
+  def_dev = ws(W::deferred);  // the deferred experts' sum (hybrid with deferral)
+  pen_dev = reinterpret_cast<gpu::Penalty*>(ws(W::penalties));  // forward_top
+  topk_ws = ws(W::topk_ws);
+  top_ids = ws32(W::top_ids);
+  top_vals = ws(W::top_vals);
+  if (shape.prefill_chunk > 0) {
+    ph = ws(W::p_h), px = ws(W::p_x), po = ws(W::p_o), pqkv = ws(W::p_qkv), pz = ws(W::p_z), pb = ws(W::p_b), pa = ws(W::p_a);
+    pcore = ws(W::p_core), pconv = ws(W::p_conv), pqg = ws(W::p_qg), pk = ws(W::p_k), pv = ws(W::p_v), pattn = ws(W::p_attn);
+    prouter = ws(W::p_router), pmoe = ws(W::p_moe), psg = ws(W::p_sg), psu = ws(W::p_su), psd = ws(W::p_sd), psgate = ws(W::p_sgate);
+    ptopk_w = ws(W::p_topk_w), pcpu = ws(W::p_cpu);
+    phs = ws16(W::p_hs), psplit = ws16(W::p_split), pxh = ws16(W::p_xh);
+    pids = ws32(W::p_ids), ppos = ws32(W::p_pos), ptopk_ids = ws32(W::p_topk_ids);
+    blas_ws = ws(W::p_blas);
+    pterms = ws(W::p_terms);
+    pgroup = ws(W::p_grouped);
   }
 }
 
