@@ -8,13 +8,13 @@
 
 namespace tandem::placement {
 
-LinearPieces gpu_linear_pieces(int64_t out, int64_t in, bool int4, int64_t group_size, bool act_order) {
+LinearPieces gpu_linear_pieces(int64_t out, int64_t in, bool int4, int64_t groups, bool act_order) {
   LinearPieces p;
   if (!int4) {
     p.w = align256(static_cast<uint64_t>(out * in) * 2);
     return p;
   }
-  const int64_t G = in / (group_size > 0 ? group_size : in);
+  const int64_t G = groups;
   p.w = align256(static_cast<uint64_t>(out * in / 2));
   p.scales = align256(static_cast<uint64_t>(out * G) * 2);
   p.zeros = align256(static_cast<uint64_t>(out * G));

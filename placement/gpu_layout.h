@@ -22,7 +22,8 @@ struct LinearPieces {
   uint64_t w = 0, scales = 0, zeros = 0, perm = 0;
   uint64_t total() const { return w + scales + zeros + perm; }
 };
-LinearPieces gpu_linear_pieces(int64_t out, int64_t in, bool int4, int64_t group_size, bool act_order);
+// groups: scale groups along the input (int4; GPTQ stores in / group_size of them).
+LinearPieces gpu_linear_pieces(int64_t out, int64_t in, bool int4, int64_t groups, bool act_order);
 
 // Per layer: an attention layer's K and V caches (bf16 [context, kv heads, head dim] each), a DeltaNet
 // layer's convolution and recurrent state (fp32).

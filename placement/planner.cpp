@@ -38,7 +38,7 @@ struct Sizer {
   // One nn.Linear as Qwen35MoeGpu stores it.
   uint64_t linear(const std::string& module, int64_t out, int64_t in, bool quantizable = true) const {
     const auto q = quantizable ? quant(module) : QuantConfig::ModuleQuant{};
-    return gpu_linear_pieces(out, in, q.quantized, q.group_size, q.desc_act).total();
+    return gpu_linear_pieces(out, in, q.quantized, in / (q.group_size > 0 ? q.group_size : in), q.desc_act).total();
   }
   // Host bytes of one expert matrix as cpu_experts/packed_weight.h streams it: nibbles / bytes / bf16
   // plus f16 scales per group (and u8 zeros for asymmetric int4).

@@ -76,11 +76,11 @@ DevLinear alloc_int4(Uploader& up, const LinearWeight& L, Kind kind) {
   d.out = L.out;
   d.in = L.in;
   d.int4 = true;
-  const int64_t G = L.gptq.num_groups;
-  d.q.qweight = static_cast<uint32_t*>(up.alloc(L.out * L.in / 2, kind));
-  d.q.scales = static_cast<uint16_t*>(up.alloc(L.out * G * 2, kind));
-  d.q.zeros = static_cast<uint8_t*>(up.alloc(L.out * G, kind));
-  d.q.perm = L.gptq.g_idx ? static_cast<int32_t*>(up.alloc(L.in * 4, kind)) : nullptr;
+  const placement::LinearPieces p = placement::gpu_linear_pieces(L.out, L.in, true, L.gptq.num_groups, L.gptq.g_idx != nullptr);
+  d.q.qweight = static_cast<uint32_t*>(up.alloc(p.w, kind));
+  d.q.scales = static_cast<uint16_t*>(up.alloc(p.scales, kind));
+  d.q.zeros = static_cast<uint8_t*>(up.alloc(p.zeros, kind));
+  d.q.perm = p.perm ? static_cast<int32_t*>(up.alloc(p.perm, kind)) : nullptr;
   d.q.N = L.out, d.q.K = L.in, d.q.group_size = L.gptq.group_size;
   return d;
 }
@@ -138,7 +138,7 @@ DevLinear upload_linear(Uploader& up, const LinearWeight& L, Kind kind) {
   }
   const size_t n = static_cast<size_t>(L.out * L.in);
   if (!up.committing()) {
-    up.alloc(n * 2, kind);
+    up.alloc(placement::gpu_linear_pieces(L.out, L.in, false, 0, false).w, kind);
     return d;
   }
   if (L.dense_dtype == DType::BF16) {
