@@ -2,7 +2,7 @@
 # A/B of two source trees on the GPU machine, in one device call (issue 24: a refactoring must give the
 # same logits bit for bit and the same speed): builds the old tree ($OLD, e.g. `git archive BASE`
 # unpacked into .base/) and this one side by side, then runs the steps asked for, old and new
-# interleaved, and writes a summary to $OUT/summary.md.
+# interleaved, and writes a summary to $OUT/summary.md (the logs and each run's JSON: $OUT/results.tgz).
 #
 # usage (device tool, carry [".deps", ".base"]): OLD=.base DEADLINE=560 bash scripts/gpu_ab.sh STEP...
 #   ab       scripts/ab_logits.sh on every HF fixture: --device gpu, hybrid, hybrid with every expert on the CPU
@@ -99,4 +99,6 @@ PY
   echo >> "$summary"
 fi
 echo "total $(( $(date +%s) - t0 )) s" >> "$summary"
+# The device tool brings back at most 8 files: everything but the summary goes into one archive.
+(cd "$OUT" && tar czf /tmp/gpu-ab-results.tgz --exclude=summary.md . && find . -mindepth 1 ! -name summary.md -delete && mv /tmp/gpu-ab-results.tgz results.tgz)
 cat "$summary"
