@@ -51,7 +51,7 @@ int cmd_profile(int argc, char** argv) {
   auto model = Qwen35Moe::load(dir);
   const Tokenizer tok = Tokenizer::from_model_dir(dir);
   ProfileOptions po;
-  po.device = device, po.threads = a.get_int<int>("threads", 0, 0, RunnerOptions::kMaxThreads), po.gen = gen, po.max_tokens = max_tokens;
+  po.device = device, po.threads = a.get_int<int>("threads", 0, 0, kMaxThreads), po.gen = gen, po.max_tokens = max_tokens;
   po.chat = a.has("chat");
   const auto t0 = std::chrono::steady_clock::now();
   const RoutingCounts counts = profile_prompts(*model, tok, prompts, po, [&](size_t done, int64_t tokens) {

@@ -36,7 +36,7 @@ RunnerOptions runner_options(const Args& a, int64_t min_context) {
     throw UsageError(e.what());
   }
   if (a.has("threads")) {
-    o.threads = a.get_int<int>("threads", 0, 1, RunnerOptions::kMaxThreads);  // the YAML's cpu.threads cap
+    o.threads = a.get_int<int>("threads", 0, 1, kMaxThreads);  // the YAML's cpu.threads cap
     omp_set_num_threads(o.threads);
   }
   o.cpu_expert_format = a.get("cpu-expert-format", "bf16");

@@ -30,7 +30,6 @@ const char* device_name(Device d);  // "auto", "ref", ...
 Device parse_device(const std::string& name, const char* what);
 
 struct RunnerOptions {
-  static constexpr int kMaxThreads = tandem::kMaxThreads;
   Device device = Device::Auto;          // prepare_device resolves Auto
   int threads = 0;                       // cpu: worker threads (0: physical cores)
   std::string cpu_expert_format = "bf16";  // cpu: bf16 | int8 for BF16 checkpoints' experts

@@ -12,15 +12,11 @@
 #include "core/error.h"
 #include "core/trace.h"
 #include "gpu_core/ops.cuh"
+#include "runtime/models/qwen3_5_moe/gpu_impl.h"  // cuda_check / CK
 
 namespace tandem {
 
 namespace {
-
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) fail("CUDA error in ", what, ": ", cudaGetErrorString(e));
-}
-#define CK(expr) check((expr), #expr)
 
 uint64_t ns_since(std::chrono::steady_clock::time_point t0) {
   return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
