@@ -44,9 +44,12 @@ Device requested_device(const std::string& name, bool has_config, const char* de
   fail(config_what, " (a placement YAML) applies to ", device_what, " hybrid (or auto); add ", device_what, " hybrid");
 }
 
-Plan prepare_hybrid(RunnerOptions& o, const ModelConfig& model, const PlacementConfig& cfg) {
-  gpu::DeviceProbe probe;
-  gpu::gpu_device_probe(&probe);
+namespace {
+
+// Plans `config` against `model` on the probed device and fills opts.plan, opts.context (the config's
+// unless --context was given; the planner's for context: auto) and opts.threads (the config's unless
+// --threads was).
+Plan prepare_hybrid(RunnerOptions& o, const ModelConfig& model, const PlacementConfig& cfg, const gpu::DeviceProbe& probe) {
   if (probe.device_count == 0) fail("--device hybrid: ", probe.reason, "; tandem plan shows the placement without a GPU");
   // --context, else the config's (at least what the command needs), else the planner's choice
   const int64_t context = o.context_set ? o.context : cfg.context ? std::max(cfg.context, o.min_context) : 0;
@@ -63,6 +66,8 @@ Plan prepare_hybrid(RunnerOptions& o, const ModelConfig& model, const PlacementC
   return plan;
 }
 
+}  // namespace
+
 std::string prepare_device(RunnerOptions& o, const ModelConfig& model, const PlacementConfig& cfg) {
   const bool automatic = o.device == Device::Auto;
   std::string why_cpu;
@@ -78,9 +83,9 @@ std::string prepare_device(RunnerOptions& o, const ModelConfig& model, const Pla
     }
   }
   if (o.device != Device::Hybrid) return automatic ? str_cat("--device auto chose cpu: ", why_cpu) : std::string();
-  const Plan plan = prepare_hybrid(o, model, cfg);
   gpu::DeviceProbe probe;
   gpu::gpu_device_probe(&probe);
+  const Plan plan = prepare_hybrid(o, model, cfg, probe);
   return str_cat(automatic ? "--device auto chose hybrid" : "hybrid", " on ", probe.name, " (", gpu::gpu_device_caps().description, "): ",
                  placement::plan_summary(plan), ", context ", plan.context, plan.context_note.empty() ? "" : " (auto: tandem plan shows its cost)",
                  ", predicted ", static_cast<int>(plan.predicted.decode_tok_s + 0.5), " tok/s decode");

@@ -26,17 +26,13 @@ placement::PlanRequest plan_request(const placement::PlacementConfig& config, ui
 // device_what / config_what name the inputs in messages ("--device" / "--config", "device" / "config").
 Device requested_device(const std::string& name, bool has_config, const char* device_what, const char* config_what);
 
-// Plans `config` against `model` and fills opts.plan (tandem::Error without a CUDA device),
-// opts.context (the config's unless --context was given; the planner's for context: auto) and
-// opts.threads (the config's unless --threads was).
-placement::Plan prepare_hybrid(RunnerOptions& opts, const ModelConfig& model, const placement::PlacementConfig& config);
 
 // What every model-running entry point does before make_runner, CLI and Python alike. --device auto
 // (the default) becomes hybrid where this build can run kernels on a CUDA device (planned for its
 // free memory unless a budget is given), else cpu; a device this build has no kernels for stops here
 // with gpu::gpu_device_caps()'s one line (which architectures were built, how to rebuild), rather than
-// falling back in silence. A config (placement YAML) implies hybrid. Hybrid is then planned
-// (prepare_hybrid). Returns the one line a person reads about the choice: the device, the GPU budget,
+// falling back in silence. A config (placement YAML) implies hybrid. Hybrid is then planned on the
+// device probed once. Returns the one line a person reads about the choice: the device, the GPU budget,
 // routed experts on the GPU, the context and the predicted decode rate; empty for ref / cpu / gpu
 // asked for by name.
 std::string prepare_device(RunnerOptions& opts, const ModelConfig& model, const placement::PlacementConfig& config);
