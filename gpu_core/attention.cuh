@@ -4,7 +4,7 @@
 //   CUDA graph): q heads = zero-centred RMSNorm(q, q_norm) then partial NeoX RoPE (first rotary_dim
 //   dims, pairs (i, i + rotary_dim/2), angle pos * inv_freq[i]); k likewise with k_norm; k and raw v
 //   are appended to the caches at row *pos. qg is q_proj's output [nh][2][hd] (query | gate per head).
-// attention_decode: softmax(q . K^T * scale) V over rows 0..*pos for every query head (GQA: head h
+// attention_decode: softmax(q . K^T * scale) V over rows 0..pos[t] for every query head (GQA: head h
 //   reads kv head h / (nh / nkv)), split over the context in chunks combined with the log-sum-exp
 //   rule, then multiplied by sigmoid(gate): out [nh * hd] fp32. The scoring blocks: one per (KV head,
 //   split) for the group's query heads together, each K / V row read once a block, for hd 128 / 256
@@ -35,6 +35,14 @@ struct AttentionDecodeArgs {
   float* out = nullptr;            // [nh][hd]
   int nh = 0, nkv = 0, hd = 0, rotary_dim = 0, max_ctx = 0, max_splits = 32;
   float eps = 1e-6f, scale = 0.0f;
+  // Decode of several tokens at once (attention_decode): token t (qg, k, v, q_rot, out rows t; partial
+  // [tokens][nh][max_splits][hd + 2]) at position pos[t] of the sequence whose caches start slot[t] *
+  // cache_stride elements after k_cache / v_cache (slot nullptr: every token in that one cache). All
+  // the tokens' keys and values are appended before any attends, so consecutive positions of one
+  // sequence attend causally (a verification step).
+  int tokens = 1;
+  const int32_t* slot = nullptr;  // device [tokens]
+  int64_t cache_stride = 0;
 };
 
 cudaError_t attention_decode(const AttentionDecodeArgs& args, cudaStream_t stream);

@@ -29,6 +29,7 @@ __global__ void prepare_kernel(AttentionDecodeArgs p) {
   const float* src = is_q ? p.qg + (static_cast<int64_t>(t) * p.nh + head) * 2 * hd : p.k + (static_cast<int64_t>(t) * p.nkv + head) * hd;
   const float* w = is_q ? p.q_norm : p.k_norm;
   const int pos = p.pos[t];
+  const int64_t cache0 = p.slot ? static_cast<int64_t>(p.slot[t]) * p.cache_stride : 0;
   float ss = 0.0f;
   for (int i = threadIdx.x; i < hd; i += blockDim.x) ss += src[i] * src[i];
   const float r = rsqrtf(block_sum(ss, red) / hd + p.eps);
@@ -45,7 +46,7 @@ __global__ void prepare_kernel(AttentionDecodeArgs p) {
     if (is_q) {
       p.q_rot[(static_cast<int64_t>(t) * p.nh + head) * hd + i] = y;
     } else {
-      const int64_t row = (static_cast<int64_t>(pos) * p.nkv + head) * hd + i;
+      const int64_t row = cache0 + (static_cast<int64_t>(pos) * p.nkv + head) * hd + i;
       p.k_cache[row] = __bfloat16_as_ushort(__float2bfloat16_rn(y));
       p.v_cache[row] = __bfloat16_as_ushort(__float2bfloat16_rn(p.v[(static_cast<int64_t>(t) * p.nkv + head) * hd + i]));
     }
@@ -63,19 +64,21 @@ __global__ void __launch_bounds__(kThreads) attend_kernel(AttentionDecodeArgs p)
   __shared__ float q[256];
   __shared__ float score[kChunk];
   __shared__ float po[kWarps][256];
-  const int h = blockIdx.x, split = blockIdx.y, hd = p.hd, kvh = h / (p.nh / p.nkv);
+  const int h = blockIdx.x, split = blockIdx.y, t = blockIdx.z, hd = p.hd, kvh = h / (p.nh / p.nkv);
   detail::pdl_wait();
-  const int n_ctx = *p.pos + 1, begin = split * kChunk, end = min(n_ctx, begin + kChunk);
-  float* part = p.partial + (static_cast<int64_t>(h) * p.max_splits + split) * (hd + 2);
+  const int n_ctx = p.pos[t] + 1, begin = split * kChunk, end = min(n_ctx, begin + kChunk);
+  const int64_t th = static_cast<int64_t>(t) * p.nh + h;  // the token's query head
+  const int64_t cache0 = p.slot ? static_cast<int64_t>(p.slot[t]) * p.cache_stride : 0;
+  float* part = p.partial + (th * p.max_splits + split) * (hd + 2);
   if (begin >= n_ctx) {
     if (threadIdx.x == 0) part[hd] = -INFINITY, part[hd + 1] = 0.0f;
     return;
   }
-  for (int i = threadIdx.x; i < hd; i += blockDim.x) q[i] = p.q_rot[static_cast<int64_t>(h) * hd + i];
+  for (int i = threadIdx.x; i < hd; i += blockDim.x) q[i] = p.q_rot[th * hd + i];
   __syncthreads();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   for (int s = begin + warp; s < end; s += kWarps) {
-    const uint16_t* kr = p.k_cache + (static_cast<int64_t>(s) * p.nkv + kvh) * hd;
+    const uint16_t* kr = p.k_cache + cache0 + (static_cast<int64_t>(s) * p.nkv + kvh) * hd;
     float d = 0.0f;
     for (int i = lane; i < hd; i += 32) d += q[i] * __bfloat162float(__ushort_as_bfloat16(kr[i]));
     for (int o = 16; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
@@ -94,7 +97,7 @@ __global__ void __launch_bounds__(kThreads) attend_kernel(AttentionDecodeArgs p)
   float o[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
   for (int s = begin + warp; s < end; s += kWarps) {
     const float w = score[s - begin];
-    const uint16_t* vr = p.v_cache + (static_cast<int64_t>(s) * p.nkv + kvh) * hd;
+    const uint16_t* vr = p.v_cache + cache0 + (static_cast<int64_t>(s) * p.nkv + kvh) * hd;
 #pragma unroll
     for (int d = 0; d < 8; ++d) {
       const int i = lane + 32 * d;
@@ -171,10 +174,13 @@ __global__ void __launch_bounds__(kGroupWarps * 32) attend_group_kernel(Attentio
   constexpr int E = HD / 32, GH = G / 2;  // dims a lane holds; heads a round of the output sum
   __shared__ float sc[G][kChunk];
   __shared__ float red[kGroupWarps][GH][HD];
-  const int kvh = blockIdx.x, split = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int kvh = blockIdx.x, split = blockIdx.y, t = blockIdx.z, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   detail::pdl_wait();
-  const int n_ctx = *p.pos + 1, begin = split * kChunk, end = min(n_ctx, begin + kChunk);
-  float* part0 = p.partial + (static_cast<int64_t>(kvh) * G * p.max_splits + split) * (HD + 2);
+  const int n_ctx = p.pos[t] + 1, begin = split * kChunk, end = min(n_ctx, begin + kChunk);
+  const int64_t th0 = static_cast<int64_t>(t) * p.nh + kvh * G;  // the token's first query head of the group
+  const uint16_t* kc = p.k_cache + (p.slot ? static_cast<int64_t>(p.slot[t]) * p.cache_stride : 0);
+  const uint16_t* vc = p.v_cache + (p.slot ? static_cast<int64_t>(p.slot[t]) * p.cache_stride : 0);
+  float* part0 = p.partial + (th0 * p.max_splits + split) * (HD + 2);
   const int64_t head_stride = static_cast<int64_t>(p.max_splits) * (HD + 2);
   if (begin >= n_ctx) {
     if (threadIdx.x < G) part0[threadIdx.x * head_stride + HD] = -INFINITY, part0[threadIdx.x * head_stride + HD + 1] = 0.0f;
@@ -185,12 +191,12 @@ __global__ void __launch_bounds__(kGroupWarps * 32) attend_group_kernel(Attentio
   RowBits<E> k[kGroupRows];
 #pragma unroll
   for (int j = 0; j < kGroupRows; ++j)
-    if (r0 + j < end) k[j].load(p.k_cache + (r0 + j) * stride + kvh * HD, lane);
+    if (r0 + j < end) k[j].load(kc + (r0 + j) * stride + kvh * HD, lane);
   float q[G][E];
 #pragma unroll
   for (int g = 0; g < G; ++g)
 #pragma unroll
-    for (int e = 0; e < E; ++e) q[g][e] = p.q_rot[static_cast<int64_t>(kvh * G + g) * HD + lane * E + e];
+    for (int e = 0; e < E; ++e) q[g][e] = p.q_rot[(th0 + g) * HD + lane * E + e];
 #pragma unroll
   for (int j = 0; j < kGroupRows; ++j) {
     const int row = warp * kGroupRows + j;
@@ -212,7 +218,7 @@ __global__ void __launch_bounds__(kGroupWarps * 32) attend_group_kernel(Attentio
   RowBits<E> v[kGroupRows];  // in flight during the softmax
 #pragma unroll
   for (int j = 0; j < kGroupRows; ++j)
-    if (r0 + j < end) v[j].load(p.v_cache + (r0 + j) * stride + kvh * HD, lane);
+    if (r0 + j < end) v[j].load(vc + (r0 + j) * stride + kvh * HD, lane);
   __syncthreads();
   if (warp < G) {
     const float a = sc[warp][lane], b = sc[warp][lane + 32];  // -inf past the context
@@ -272,11 +278,12 @@ __global__ void __launch_bounds__(kCombineParts * 256) combine_kernel(AttentionD
   __shared__ float scale[kScaleChunk];
   __shared__ float sums[kCombineParts][256];
   __shared__ float l_all;
-  const int h = blockIdx.x, hd = p.hd, i = threadIdx.x % 256, c = threadIdx.x / 256;  // hd <= 256
+  const int h = blockIdx.x, t = blockIdx.y, hd = p.hd, i = threadIdx.x % 256, c = threadIdx.x / 256;  // hd <= 256
   detail::pdl_enter();
-  const float* part = p.partial + static_cast<int64_t>(h) * p.max_splits * (hd + 2);
+  const int64_t th = static_cast<int64_t>(t) * p.nh + h;
+  const float* part = p.partial + th * p.max_splits * (hd + 2);
   // Splits past the context wrote only m = -inf (their outputs are stale): skip them.
-  const int used = min(splits, (*p.pos + kChunk) / kChunk);
+  const int used = min(splits, (p.pos[t] + kChunk) / kChunk);
   // The splits' scales e^{m_s - m} are formed once by the block (a thread a split) instead of by every
   // thread for every dimension.
   float m = -INFINITY;
@@ -302,8 +309,8 @@ __global__ void __launch_bounds__(kCombineParts * 256) combine_kernel(AttentionD
     float o = sums[0][i];
 #pragma unroll
     for (int j = 1; j < kCombineParts; ++j) o += sums[j][i];
-    const float gate = p.qg[static_cast<int64_t>(h) * 2 * hd + hd + i];
-    p.out[static_cast<int64_t>(h) * hd + i] = o / l_all / (1.0f + expf(-gate));
+    const float gate = p.qg[th * 2 * hd + hd + i];
+    p.out[th * hd + i] = o / l_all / (1.0f + expf(-gate));
   }
 }
 
@@ -480,23 +487,23 @@ cudaError_t attention_prefill(const AttentionDecodeArgs& p, int n, cudaStream_t 
 
 cudaError_t attention_decode(const AttentionDecodeArgs& p, cudaStream_t stream) {
   if (p.nh < 1 || p.nkv < 1 || p.nh % p.nkv || p.hd < 2 || p.hd > 256 || p.rotary_dim % 2 || p.rotary_dim > p.hd ||
-      p.max_ctx < 1 || p.max_splits < 1)
+      p.max_ctx < 1 || p.max_splits < 1 || p.tokens < 1)
     return cudaErrorInvalidValue;
   // The grid covers the whole cache; splits past the current position return at once, so the
   // launch shape does not depend on *pos (graph-capturable).
   const int splits = (p.max_ctx + kChunk - 1) / kChunk;
   if (splits > p.max_splits) return cudaErrorInvalidValue;
-  cudaError_t err = detail::launch(prepare_kernel, dim3(p.nh + p.nkv), dim3(kThreads), 0, stream, p);
+  cudaError_t err = detail::launch(prepare_kernel, dim3(p.nh + p.nkv, p.tokens), dim3(kThreads), 0, stream, p);
   const int group = p.nh / p.nkv;
-  auto grouped = [&](auto kernel) { return detail::launch(kernel, dim3(p.nkv, splits), dim3(kGroupWarps * 32), 0, stream, p); };
+  auto grouped = [&](auto kernel) { return detail::launch(kernel, dim3(p.nkv, splits, p.tokens), dim3(kGroupWarps * 32), 0, stream, p); };
   if (err == cudaSuccess) {
     if (p.hd == 256 && group == 8) err = grouped(attend_group_kernel<256, 8>);
     else if (p.hd == 256 && group == 4) err = grouped(attend_group_kernel<256, 4>);
     else if (p.hd == 128 && group == 8) err = grouped(attend_group_kernel<128, 8>);
     else if (p.hd == 128 && group == 4) err = grouped(attend_group_kernel<128, 4>);
-    else err = detail::launch(attend_kernel, dim3(p.nh, splits), dim3(kThreads), 0, stream, p);
+    else err = detail::launch(attend_kernel, dim3(p.nh, splits, p.tokens), dim3(kThreads), 0, stream, p);
   }
-  if (err == cudaSuccess) err = detail::launch(combine_kernel, dim3(p.nh), dim3(kCombineParts * 256), 0, stream, p, splits);
+  if (err == cudaSuccess) err = detail::launch(combine_kernel, dim3(p.nh, p.tokens), dim3(kCombineParts * 256), 0, stream, p, splits);
   return err;
 }
 

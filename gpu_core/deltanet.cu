@@ -32,16 +32,26 @@ __device__ __forceinline__ void conv_tokens(const float* __restrict__ x, const f
   }
 }
 
-// One thread per channel: the conv window lives in registers across the T tokens.
-__global__ void conv_kernel(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ window,
-                                    float* __restrict__ y, int channels, int kernel, int T) {
-  const int ch = blockIdx.x * blockDim.x + threadIdx.x;
+// One thread per (channel, group): the group's conv window lives in registers across its tokens
+// (decode: DeltaNetDecodeArgs' groups), copied to kept_conv before and after each token when asked.
+__global__ void conv_kernel(DeltaNetDecodeArgs p, int channels) {
+  const int ch = blockIdx.x * blockDim.x + threadIdx.x, g = blockIdx.y;
   detail::pdl_enter();
   if (ch >= channels) return;
-  const int hist = kernel - 1;
+  const int t0 = p.slot ? p.first[g] : 0, t1 = p.slot ? p.first[g + 1] : p.tokens;
+  float* window = p.conv_state + (p.slot ? static_cast<int64_t>(p.slot[g]) * p.conv_stride : 0);
+  const int hist = p.kernel - 1;
   float win[kMaxHist];
   for (int j = 0; j < hist; ++j) win[j] = window[j * channels + ch];
-  conv_tokens(x, w, win, y, ch, channels, kernel, 0, T);
+  auto keep = [&](int copy) {
+    if (p.kept_conv)
+      for (int j = 0; j < hist; ++j) p.kept_conv[copy * p.conv_stride + j * channels + ch] = win[j];
+  };
+  keep(0);
+  for (int t = t0; t < t1; ++t) {
+    p.conv_out[int64_t(t) * channels + ch] = detail::conv_step(p.conv_w + ch * p.kernel, p.kernel, win, p.qkv[int64_t(t) * channels + ch]);
+    keep(t - t0 + 1);
+  }
   for (int j = 0; j < hist; ++j) window[j * channels + ch] = win[j];
 }
 
@@ -476,9 +486,10 @@ __global__ void gated_norm_kernel(float* out, const float* __restrict__ z, const
   if (j < dv) out[base + j] = gated_rms(o, sq, dv, eps, norm_w[j], z[base + j]);
 }
 
-__global__ void delta_head_kernel(DeltaNetDecodeArgs p, int T) {
+// One block per (value head, group): the group's tokens in order on its sequence's state slice.
+__global__ void delta_head_kernel(DeltaNetDecodeArgs p) {
   extern __shared__ float smem[];
-  const int dk = p.dk, dv = p.dv, h = blockIdx.x, kh = h / (p.Hv / p.Hk);
+  const int dk = p.dk, dv = p.dv, h = blockIdx.x, g = blockIdx.y, kh = h / (p.Hv / p.Hk);
   float* q = smem;
   float* k = q + dk;
   float* part = k + dk;
@@ -486,13 +497,16 @@ __global__ void delta_head_kernel(DeltaNetDecodeArgs p, int T) {
   const int tid = threadIdx.x, j = tid % dv, r = tid / dv;
   const int64_t key_dim = static_cast<int64_t>(p.Hk) * dk, conv_dim = 2 * key_dim + static_cast<int64_t>(p.Hv) * dv;
   const int64_t Vd = static_cast<int64_t>(p.Hv) * dv;
-
-  float* S = p.state + static_cast<int64_t>(h) * dk * dv;
+  // slot and first were copied in before the step's first kernel: complete before this one starts
+  const int t0 = p.slot ? p.first[g] : 0, t1 = p.slot ? p.first[g + 1] : p.tokens;
+  const int64_t head = static_cast<int64_t>(h) * dk * dv;
+  float* S = p.state + (p.slot ? static_cast<int64_t>(p.slot[g]) * p.state_stride : 0) + head;
   float s[kMaxRowsPerThread];
   slice_load(s, S, r, j, dk, dv);  // the state is written by this kernel alone (pdl.cuh: read before the wait)
   detail::pdl_enter();
+  if (p.kept_state) slice_store(s, p.kept_state + head, r, j, dk, dv);
   const float A = expf(p.A_log[h]);
-  for (int t = 0; t < T; ++t) {
+  for (int t = t0; t < t1; ++t) {
     const float* c = p.conv_out + t * conv_dim;
     __syncthreads();  // the previous token is done with q, k and part
     load_qk_normed(c, kh, dk, key_dim, q, k, red);
@@ -512,6 +526,7 @@ __global__ void delta_head_kernel(DeltaNetDecodeArgs p, int T) {
       const float zj = p.z[t * Vd + static_cast<int64_t>(h) * dv + j];
       p.out[t * Vd + static_cast<int64_t>(h) * dv + j] = gated_rms(oj, sq, dv, p.eps, p.norm_w[j], zj);
     }
+    if (p.kept_state) slice_store(s, p.kept_state + (t - t0 + 1) * p.state_stride + head, r, j, dk, dv);
   }
   slice_store(s, S, r, j, dk, dv);
 }
@@ -536,17 +551,16 @@ bool head_kernel_fits(const DeltaNetDecodeArgs& p) {
          p.dv * kRowGroups <= 1024 && (p.dv * kRowGroups) % 32 == 0 && p.kernel >= 1 && p.kernel <= kMaxHist + 1;
 }
 
-// The conv of T tokens, one thread per channel (conv_kernel).
-void launch_conv(const DeltaNetDecodeArgs& p, int T, cudaStream_t stream) {
+// The conv of the step's tokens, one thread per (channel, group) (conv_kernel).
+void launch_conv(const DeltaNetDecodeArgs& p, cudaStream_t stream) {
   const int conv_dim = 2 * p.Hk * p.dk + p.Hv * p.dv;
-  detail::launch(conv_kernel, dim3((conv_dim + 255) / 256), dim3(256), 0, stream, p.qkv, p.conv_w, p.conv_state, p.conv_out, conv_dim,
-                 p.kernel, T);
+  detail::launch(conv_kernel, dim3((conv_dim + 255) / 256, p.groups), dim3(256), 0, stream, p, conv_dim);
 }
 
-// The recurrence of T tokens, one block per value head (delta_head_kernel).
-void launch_head(const DeltaNetDecodeArgs& p, int T, cudaStream_t stream) {
+// The recurrence of the step's tokens, one block per (value head, group) (delta_head_kernel).
+void launch_head(const DeltaNetDecodeArgs& p, cudaStream_t stream) {
   const int threads = p.dv * kRowGroups;
-  detail::launch(delta_head_kernel, dim3(p.Hv), dim3(threads), (2 * p.dk + kRowGroups * p.dv + threads / 32) * sizeof(float), stream, p, T);
+  detail::launch(delta_head_kernel, dim3(p.Hv, p.groups), dim3(threads), (2 * p.dk + kRowGroups * p.dv + threads / 32) * sizeof(float), stream, p);
 }
 
 }  // namespace
@@ -573,9 +587,11 @@ cudaError_t deltanet_prefill_chunked(const DeltaNetDecodeArgs& p, int T, cudaStr
 }
 
 cudaError_t deltanet_decode(const DeltaNetDecodeArgs& p, cudaStream_t stream) {
-  if (!head_kernel_fits(p)) return cudaErrorInvalidValue;
-  launch_conv(p, 1, stream);
-  launch_head(p, 1, stream);
+  if (!head_kernel_fits(p) || p.tokens < 1 || p.groups < 1 || (p.groups > 1 && !p.slot) || (p.slot && !p.first) ||
+      ((p.kept_state || p.kept_conv) && (p.groups != 1 || p.conv_stride < 1 || p.state_stride < 1)))
+    return cudaErrorInvalidValue;
+  launch_conv(p, stream);
+  launch_head(p, stream);
   return cudaGetLastError();
 }
 

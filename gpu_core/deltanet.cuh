@@ -13,6 +13,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstdint>
+
 #include "gpu_core/deltanet_sizes.h"
 
 namespace tandem::gpu {
@@ -41,8 +43,23 @@ struct DeltaNetDecodeArgs {
   // copied while this one computes (110 KB a block at dk 128: sm_80 / sm_90); 1: copied between
   // chunks (67 KB: what an RTX 3090 / 4090 allows, 99 KB); 0: 2 where the device allows it, else 1.
   int wy_buffers = 0;
+  // Decode of several sequences at once (deltanet_decode): `tokens` token rows of the activations in
+  // `groups`, group g the tokens first[g] .. first[g + 1] - 1 (in order) of the sequence whose conv
+  // window and state start slot[g] * conv_stride / state_stride floats after conv_state / state
+  // (device arrays, so a captured step takes new slots each replay). slot nullptr: one group of all
+  // the tokens at conv_state / state.
+  int tokens = 1, groups = 1;
+  const int32_t* slot = nullptr;   // [groups]
+  const int32_t* first = nullptr;  // [groups + 1]
+  int64_t conv_stride = 0, state_stride = 0;
+  // With one group: the conv window and state before the step (copy 0) and after each token t (copy
+  // t + 1), conv_stride / state_stride floats apart, for a verification step to roll back to. nullptr: none.
+  float* kept_conv = nullptr;
+  float* kept_state = nullptr;
 };
 
+// args.tokens tokens in args.groups sequences (above): each group's tokens in order on its own state,
+// the groups in parallel; the same arithmetic per token as one token at a time.
 cudaError_t deltanet_decode(const DeltaNetDecodeArgs& args, cudaStream_t stream);
 
 // The same over T consecutive tokens (prefill): qkv [T][conv_dim], z [T][Hv*dv], b and a [T][Hv],

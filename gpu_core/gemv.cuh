@@ -19,11 +19,11 @@
 
 #include <cstdint>
 
+#include "gpu_core/workspace_sizes.h"
+
 namespace tandem::gpu {
 
 struct HostPost;  // handoff.cuh
-
-constexpr int kMaxGemvTokens = 8;
 
 cudaError_t gemv_bf16(const uint16_t* W, int64_t N, int64_t K, const float* x, int T, float* y, cudaStream_t stream);
 // The decode router of one token in one launch: the norm before it, h += a (+ sigmoid(gate[0]) *

@@ -7,6 +7,9 @@
 
 namespace tandem::gpu {
 
+// Tokens one decode-kernel launch takes (the GEMVs and the decode MoE kernels: gemv.cuh, moe.cuh).
+inline constexpr int kMaxGemvTokens = 8;
+
 // cuBLAS's workspace, given to the handle so its memory is inside the caller's budget (gemm.cuh).
 inline constexpr size_t kBlasWorkspaceBytes = size_t(4) << 20;
 

@@ -57,7 +57,7 @@ GpuWorkspace gpu_workspace(const ModelConfig& c, const WorkShape& s) {
   f32(Work::router, slice4(E) + 2 * slice4(Is) + slice4(1));
   f32(Work::moe_out, H), f32(Work::hscratch, I * k), f32(Work::sd, H), f32(Work::logits, V);
   set(Work::xh, static_cast<uint64_t>(wide) * 2);
-  set(Work::ids, 4), set(Work::topk_ids, static_cast<uint64_t>(k) * 4), f32(Work::topk_w, k), set(Work::route_ticket, 4), set(Work::pos, 4);
+  set(Work::ids, 4), set(Work::topk_ids, static_cast<uint64_t>(k) * 4), f32(Work::topk_w, k), set(Work::route_ticket, 4), set(Work::pos, 16);  // pos: position, slot, the group table {0, 1}
   f32(Work::cpu_out, H);  // the host experts' sum (hybrid)
   const int64_t chunk = batched_chunk(c, s.prefill_chunk);
   if (s.deferral) f32(Work::deferred, (chunk > 0 ? chunk : 1) * H);
@@ -81,7 +81,25 @@ GpuWorkspace gpu_workspace(const ModelConfig& c, const WorkShape& s) {
     if (Hv > 0) f32(Work::p_terms, gpu::deltanet_chunk_terms_floats(n, static_cast<int>(Hv)));
     if (s.int4_experts) set(Work::p_grouped, gpu::moe_int4_grouped_workspace(n, static_cast<int>(k), H, I, static_cast<int>(E)));
   }
+  if (s.decode_rows > 1 && chunk >= s.decode_rows) {
+    const int64_t n = s.decode_rows;
+    f32(Work::b_part, n * nh * gpu::attention_decode_splits(s.context) * (hd + 2));
+    f32(Work::b_logits, n * V);
+    set(Work::b_groups, static_cast<uint64_t>(5 * n + 1) * 4);  // ids, positions, each token's slot, each group's slot and first token
+    set(Work::b_top, static_cast<uint64_t>(n * gpu::kMaxTopK) * 8);  // the k best ids and values of each row
+  }
+  if (s.kept_positions > 0 && chunk >= s.kept_positions) {
+    int64_t layers = 0;
+    for (LayerKind kind : c.layer_types) layers += kind == LayerKind::LinearAttention;
+    set(Work::kept, static_cast<uint64_t>(layers * (s.kept_positions + 1)) * (conv_state_bytes(c) + ssm_state_bytes(c)));
+  }
   return w;
+}
+
+int64_t decode_rows_for(const ModelConfig& c, int64_t prefill_chunk, int batch, int64_t kept_positions) {
+  const int64_t chunk = batched_chunk(c, prefill_chunk);
+  const int64_t rows = std::max<int64_t>(std::min<int64_t>(batch, gpu::kMaxGemvTokens), kept_positions);
+  return chunk >= rows ? rows : 1;
 }
 
 }  // namespace tandem::placement

@@ -40,6 +40,7 @@ enum class Work : int {
   xh, ids, topk_ids, topk_w, route_ticket, pos, cpu_out, deferred, penalties, topk_ws, top_ids, top_vals,
   p_h, p_x, p_o, p_qkv, p_z, p_b, p_a, p_core, p_conv, p_qg, p_k, p_v, p_attn, p_router, p_moe, p_sg, p_su, p_sd, p_sgate,
   p_topk_w, p_cpu, p_hs, p_split, p_xh, p_ids, p_pos, p_topk_ids, p_blas, p_terms, p_grouped,  // batched prefill
+  b_part, b_logits, b_groups, b_top, kept,  // steps of several tokens of several sequences (decode_rows > 1)
   count
 };
 struct WorkShape {
@@ -47,6 +48,13 @@ struct WorkShape {
   int64_t prefill_chunk = 0;  // batched prefill's chunk (0: prompts token by token)
   bool int4_experts = false;  // GPTQ routed experts (the grouped kernel's scratch)
   bool deferral = false;      // experts.deferral: the deferred sum
+  // Tokens a batched decode / verification step takes at once (min(batch, gpu::kMaxGemvTokens) or the
+  // verification length); above 1 it runs on the batched prefill's buffers (prefill_chunk > 0) plus
+  // the attention splits, logits rows and group tables of that many tokens.
+  int64_t decode_rows = 1;
+  // Positions whose DeltaNet state a verification step keeps (Runner::Feed::keep_states): that many
+  // + 1 copies of every DeltaNet layer's conv and recurrent state. 0: none.
+  int64_t kept_positions = 0;
 };
 struct GpuWorkspace {
   std::array<uint64_t, static_cast<int>(Work::count)> bytes{};  // 0: not allocated
@@ -58,5 +66,8 @@ inline int64_t slice4(int64_t floats) { return (floats + 3) / 4 * 4; }
 // head size, else 0 (prompts token by token).
 int64_t batched_chunk(const ModelConfig& c, int64_t prefill_chunk);
 GpuWorkspace gpu_workspace(const ModelConfig& c, const WorkShape& s);
+// Tokens a batched step takes at once for `batch` sequences (1 without batched prefill: the steps then
+// run one sequence at a time).
+int64_t decode_rows_for(const ModelConfig& c, int64_t prefill_chunk, int batch, int64_t kept_positions);
 
 }  // namespace tandem::placement

@@ -201,7 +201,7 @@ PlacementConfig parse_placement_config(const std::string& text, const std::strin
     }
     if (const YAML::Node ctx = root["context"])
       c.context = ctx.IsScalar() && ctx.Scalar() == "auto" ? 0 : r.integer(ctx, "context", 1, int64_t(1) << 24);
-    if (root["batch"]) c.batch = static_cast<int>(r.integer(root["batch"], "batch", 1, 256));
+    if (root["batch"]) c.batch = static_cast<int>(r.integer(root["batch"], "batch", 1, kMaxBatch));
     if (const YAML::Node cpu = root["cpu"]) {
       r.check_keys(cpu, "cpu", {"threads", "numa"});
       if (cpu["threads"]) c.cpu_threads = static_cast<int>(r.integer(cpu["threads"], "cpu.threads", 0, kMaxThreads));

@@ -114,7 +114,7 @@ VramBytes fixed_vram(const ModelConfig& c, const Sizer& s, int64_t context, int 
                        s.linear(m + "shared_expert.up_proj", Is, H) + s.linear(m + "shared_expert.down_proj", H, Is) +
                        s.linear(m + "shared_expert_gate", 1, H, false);
   }
-  v.workspace += gpu_workspace(c, {context, prefill_chunk, int4_experts, deferral > 0}).total();  // as the GPU model allocates it
+  v.workspace += gpu_workspace(c, {context, prefill_chunk, int4_experts, deferral > 0, decode_rows_for(c, prefill_chunk, batch, 0), 0}).total();  // as the GPU model allocates it
   v.reserve = reserve;
   return v;
 }

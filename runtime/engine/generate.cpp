@@ -28,81 +28,171 @@ size_t held_back_suffix(std::string_view text, const std::vector<std::string>& s
   return hold;
 }
 
-GenerateResult generate(Runner& runner, int64_t vocab, const Tokenizer& tokenizer, const GenerateRequest& req) {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// One request in flight: its slot, sampler, text decoder and result. After each forward that gave its
+// logits (or candidates) take_next() samples, streams and decides whether it goes on; next() is the
+// token the following step feeds it.
+class Live {
+ public:
+  Live(const GenerateRequest& req, GenerateResult& res, const Tokenizer& tok, int slot, int64_t vocab)
+      : req_(req), res_(res), slot_(slot), sampler_(req.sampling), decoder_(tok, /*skip_special=*/true), context_(req.prompt) {
+    logits_.resize(static_cast<size_t>(vocab));
+    res_.prompt_tokens = static_cast<int64_t>(req.prompt.size());
+  }
+  int slot() const { return slot_; }
+  bool done() const { return done_; }
+  int32_t next() const { return res_.tokens.back(); }
+  float* logits() { return logits_.data(); }
+  // What the runner needs to pick this sequence's candidates on its side (k 0: it needs the row).
+  int candidates() const { return sampler_.candidates_needed(); }
+  std::vector<LogitPenalty> penalties() const { return sampler_.penalties(context_, res_.tokens); }
+  std::vector<std::pair<int32_t, float>>& top() { return top_; }
+  void prefilled(double seconds) {
+    res_.prefill_s = seconds;
+    t_decode_ = Clock::now();
+    if (req_.max_new_tokens <= 0) finish(StopReason::MaxTokens);
+  }
+  // The step gave this sequence's logits row (have_top: its candidates in top()); samples the next
+  // token, streams its text, and ends the sequence on eos, a stop string, max_new_tokens or cancel.
+  void take_next(bool have_top) {
+    if (req_.cancel && req_.cancel->load()) return finish(StopReason::Cancelled);
+    const int32_t id = have_top ? sampler_.sample_top(top_) : sampler_.sample(logits_, context_, res_.tokens);
+    res_.tokens.push_back(id);
+    context_.push_back(id);
+    if (std::find(req_.eos_ids.begin(), req_.eos_ids.end(), id) != req_.eos_ids.end()) return finish(StopReason::Eos);
+    pending_ += decoder_.push(id);
+    if (!req_.stop.empty()) {
+      size_t cut = std::string::npos;
+      for (const auto& s : req_.stop) cut = std::min(cut, pending_.find(s));
+      if (cut != std::string::npos) {
+        emit(std::string_view(pending_).substr(0, cut));
+        pending_.clear();
+        return finish(StopReason::StopString);
+      }
+      const size_t hold = held_back_suffix(pending_, req_.stop);
+      emit(std::string_view(pending_).substr(0, pending_.size() - hold));
+      pending_.erase(0, pending_.size() - hold);
+    } else {
+      emit(pending_);
+      pending_.clear();
+    }
+    if (static_cast<int64_t>(res_.tokens.size()) == req_.max_new_tokens) finish(StopReason::MaxTokens);  // no forward for a token never sampled from
+  }
+
+ private:
+  void emit(std::string_view s) {
+    if (s.empty()) return;
+    res_.text.append(s);
+    if (req_.on_text) req_.on_text(s);
+  }
+  void finish(StopReason why) {
+    res_.stop = why;
+    if (why != StopReason::StopString) {
+      pending_ += decoder_.flush();
+      emit(pending_);
+      pending_.clear();
+    }
+    res_.decode_s = std::chrono::duration<double>(Clock::now() - t_decode_).count();
+    done_ = true;
+  }
+
+  const GenerateRequest& req_;
+  GenerateResult& res_;
+  int slot_;
+  Sampler sampler_;
+  StreamDecoder decoder_;
+  std::vector<int32_t> context_;
+  std::string pending_;  // decoded text not yet emitted
+  std::vector<float> logits_;
+  std::vector<std::pair<int32_t, float>> top_;
+  Clock::time_point t_decode_ = Clock::now();
+  bool done_ = false;
+};
+
+void check_request(const GenerateRequest& req) {
   if (req.prompt.empty()) fail("generate: the prompt is empty (no tokens)");
   for (const auto& s : req.stop)
     if (s.empty()) fail("generate: empty stop string");
-  using clock = std::chrono::steady_clock;
-  const int64_t V = vocab;
-  GenerateResult res;
-  res.prompt_tokens = static_cast<int64_t>(req.prompt.size());
+}
 
-  runner.reset();
-  Sampler sampler(req.sampling);
-  StreamDecoder decoder(tokenizer, /*skip_special=*/true);
-  std::vector<float> logits(V);
-  std::vector<int32_t> context = req.prompt;
-  std::string pending;  // decoded text not yet emitted
+}  // namespace
 
-  auto emit = [&](std::string_view s) {
-    if (s.empty()) return;
-    res.text.append(s);
-    if (req.on_text) req.on_text(s);
-  };
-
-  // The runner selects the sampler's candidates itself when it can (the GPU: k pairs cross, not the row).
-  // A runner that declines once (no such path) is not asked again, so the penalty list is not built
-  // per token for nothing.
-  const int need = sampler.candidates_needed();
-  std::vector<std::pair<int32_t, float>> top;
-  bool try_top = need > 0, have_top = false;
-  auto feed = [&](std::span<const int32_t> ids) {
-    have_top = try_top && runner.forward_top(ids, sampler.penalties(context, res.tokens), need, top);
-    try_top = have_top;
-    if (!have_top) runner.forward(ids, logits.data(), Qwen35Moe::LogitRows::Last);
-  };
-  const auto t0 = clock::now();
-  feed(req.prompt);
-  res.prefill_s = std::chrono::duration<double>(clock::now() - t0).count();
-  const auto t1 = clock::now();
-  for (int64_t step = 0; step < req.max_new_tokens; ++step) {
-    if (req.cancel && req.cancel->load()) {
-      res.stop = StopReason::Cancelled;
-      break;
-    }
-    const int32_t id = have_top ? sampler.sample_top(top) : sampler.sample(logits, context, res.tokens);
-    res.tokens.push_back(id);
-    context.push_back(id);
-    if (std::find(req.eos_ids.begin(), req.eos_ids.end(), id) != req.eos_ids.end()) {
-      res.stop = StopReason::Eos;
-      break;
-    }
-    pending += decoder.push(id);
-    if (!req.stop.empty()) {
-      size_t cut = std::string::npos;
-      for (const auto& s : req.stop) cut = std::min(cut, pending.find(s));
-      if (cut != std::string::npos) {
-        emit(std::string_view(pending).substr(0, cut));
-        pending.clear();
-        res.stop = StopReason::StopString;
-        break;
+std::vector<GenerateResult> generate_batch(Runner& runner, int64_t vocab, const Tokenizer& tokenizer, std::span<const GenerateRequest> reqs) {
+  for (const GenerateRequest& r : reqs) check_request(r);
+  std::vector<GenerateResult> results(reqs.size());
+  std::vector<std::unique_ptr<Live>> active;
+  std::vector<int> free_slots;  // the lowest last: taken first
+  for (int s = runner.slots() - 1; s >= 0; --s) free_slots.push_back(s);
+  size_t waiting = 0;  // the first request not started
+  // The runner selects the samplers' candidates itself when it can (the GPU: k pairs cross, not the
+  // rows). A runner that declines once is not asked again, so penalty lists are not built for nothing.
+  bool try_top = true;
+  // One step feeding ids[i] to who[i]; returns whether their candidates (not rows) came back.
+  auto run = [&](const std::vector<Live*>& who, const std::vector<std::span<const int32_t>>& ids) {
+    std::vector<Runner::Feed> feeds(who.size());
+    for (size_t i = 0; i < who.size(); ++i) feeds[i] = {who[i]->slot(), ids[i], who[i]->logits(), Qwen35Moe::LogitRows::Last, false};
+    bool all_k = try_top;
+    for (Live* l : who) all_k = all_k && l->candidates() > 0;
+    if (all_k) {
+      std::vector<std::vector<LogitPenalty>> pens(who.size());
+      std::vector<Runner::TopWant> want(who.size());
+      for (size_t i = 0; i < who.size(); ++i) {
+        pens[i] = who[i]->penalties();
+        want[i] = {pens[i], who[i]->candidates(), &who[i]->top()};
       }
-      const size_t hold = held_back_suffix(pending, req.stop);
-      emit(std::string_view(pending).substr(0, pending.size() - hold));
-      pending.erase(0, pending.size() - hold);
-    } else {
-      emit(pending);
-      pending.clear();
+      if (runner.step_top(feeds, want)) return true;
+      try_top = false;
     }
-    if (step + 1 == req.max_new_tokens) break;  // no forward for a token we will not sample from
-    feed(std::span(&id, 1));
+    runner.step(feeds);
+    return false;
+  };
+  auto retire = [&] {  // finished sequences give their slots back
+    for (size_t i = 0; i < active.size();)
+      if (active[i]->done()) {
+        free_slots.push_back(active[i]->slot());
+        std::sort(free_slots.rbegin(), free_slots.rend());
+        active.erase(active.begin() + static_cast<std::ptrdiff_t>(i));
+      } else {
+        ++i;
+      }
+  };
+  while (true) {
+    // Waiting requests take free slots; each prompt is fed on its own (a prefill).
+    while (waiting < reqs.size() && !free_slots.empty()) {
+      const int slot = free_slots.back();
+      free_slots.pop_back();
+      runner.reset_slot(slot);
+      active.push_back(std::make_unique<Live>(reqs[waiting], results[waiting], tokenizer, slot, vocab));
+      Live* l = active.back().get();
+      const auto t0 = Clock::now();
+      const bool top = run({l}, {reqs[waiting].prompt});
+      l->prefilled(std::chrono::duration<double>(Clock::now() - t0).count());
+      if (!l->done()) l->take_next(top);
+      ++waiting;
+      retire();
+    }
+    if (active.empty()) break;
+    // Every sequence in flight feeds its last token in one step.
+    std::vector<Live*> who;
+    std::vector<std::span<const int32_t>> ids;
+    std::vector<int32_t> next(active.size());
+    for (size_t i = 0; i < active.size(); ++i) {
+      next[i] = active[i]->next();
+      who.push_back(active[i].get());
+      ids.push_back(std::span(&next[i], 1));
+    }
+    const bool top = run(who, ids);
+    for (Live* l : who) l->take_next(top);
+    retire();
   }
-  if (res.stop != StopReason::StopString) {
-    pending += decoder.flush();
-    emit(pending);
-  }
-  res.decode_s = std::chrono::duration<double>(clock::now() - t1).count();
-  return res;
+  return results;
+}
+
+GenerateResult generate(Runner& runner, int64_t vocab, const Tokenizer& tokenizer, const GenerateRequest& req) {
+  return std::move(generate_batch(runner, vocab, tokenizer, std::span(&req, 1))[0]);
 }
 
 std::vector<int32_t> stop_token_ids(const ModelConfig& config, const Tokenizer& tokenizer, const GenerationDefaults& defaults) {

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <functional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -43,7 +44,13 @@ struct GenerateResult {
   double decode_tok_s() const { return decode_s > 0 && tokens.size() > 1 ? (tokens.size() - 1) / decode_s : 0; }
 };
 
-// Runs on `runner` (reset first: every call is a fresh sequence). vocab = the model's vocab_size.
+// Several requests on one runner: each takes a free slot (the rest wait for one), its prompt is fed on
+// its own, then one step feeds every sequence in flight its next token together. Every sequence has
+// its own sampler (its own seed) and stop rules, so each result is what generate() gives that request
+// alone wherever the runner's batched logits equal its single ones (bit for bit on ref and cpu).
+// vocab = the model's vocab_size.
+std::vector<GenerateResult> generate_batch(Runner& runner, int64_t vocab, const Tokenizer& tokenizer, std::span<const GenerateRequest> reqs);
+// One request in slot 0 (reset first: every call is a fresh sequence): the one-sequence case.
 GenerateResult generate(Runner& runner, int64_t vocab, const Tokenizer& tokenizer, const GenerateRequest& req);
 
 // The ids that end a reply: generation_config.json's eos ids (else config.json's), plus <|im_end|> and

@@ -19,20 +19,51 @@ namespace tandem {
 
 namespace {
 
+// What every runner checks before a step runs anything: slots in range and distinct, tokens to feed,
+// ids in the vocabulary, the context not exceeded.
+void check_feeds(std::span<const Runner::Feed> feeds, const Runner& r, int64_t vocab) {
+  for (size_t i = 0; i < feeds.size(); ++i) {
+    const Runner::Feed& f = feeds[i];
+    if (f.slot < 0 || f.slot >= r.slots()) fail("slot ", f.slot, " is outside 0..", r.slots() - 1, " (the runner holds ", r.slots(), " sequences: batch)");
+    for (size_t j = 0; j < i; ++j)
+      if (feeds[j].slot == f.slot) fail("slot ", f.slot, " is fed twice in one step");
+    if (f.ids.empty()) fail("slot ", f.slot, ": a step feeds at least one token");
+    for (size_t t = 0; t < f.ids.size(); ++t)
+      if (f.ids[t] < 0 || f.ids[t] >= vocab) fail("token id ", f.ids[t], " at position ", t, " is outside the vocabulary (0..", vocab - 1, ")");
+    if (r.position(f.slot) + static_cast<int64_t>(f.ids.size()) > r.max_context())
+      fail("the sequence in slot ", f.slot, " reached the context limit of ", r.max_context(), " tokens (--context)");
+  }
+}
+
 class HostRunner final : public Runner {
  public:
-  HostRunner(const Qwen35Moe& m, std::unique_ptr<CpuBackend> backend, int defer)
-      : model_(m), backend_(std::move(backend)), defer_(defer) {
-    reset();
+  HostRunner(const Qwen35Moe& m, std::unique_ptr<CpuBackend> backend, int defer, int batch)
+      : model_(m), backend_(std::move(backend)), defer_(defer), states_(static_cast<size_t>(std::max(batch, 1))) {
+    for (int s = 0; s < slots(); ++s) reset_slot(s);
   }
-  void reset() override {
-    state_ = model_.new_state();
-    state_.backend = backend_.get();
-    state_.defer_experts = defer_;
+  int slots() const override { return static_cast<int>(states_.size()); }
+  void reset_slot(int slot) override {
+    if (slot < 0 || slot >= slots()) fail("slot ", slot, " is outside 0..", slots() - 1);
+    Qwen35State& st = states_[slot];
+    st = model_.new_state();
+    st.backend = backend_.get();
+    st.defer_experts = defer_;
   }
-  void forward(std::span<const int32_t> ids, float* logits, Qwen35Moe::LogitRows rows) override {
-    TraceSpan span(ids.size() > 1 ? "forward (prefill)" : "forward (decode)", "host");
-    model_.forward(state_, ids, logits, {}, rows);
+  int64_t position(int slot) const override { return states_.at(slot).pos; }
+  void step(std::span<const Feed> feeds) override {
+    check_feeds(feeds, *this, model_.config().vocab_size);
+    int64_t tokens = 0;
+    std::vector<Qwen35Moe::SeqTokens> seqs;
+    for (const Feed& f : feeds) {
+      seqs.push_back({&states_[f.slot], f.ids, f.logits, f.rows, f.keep_states});
+      tokens += static_cast<int64_t>(f.ids.size());
+    }
+    TraceSpan span(tokens > static_cast<int64_t>(feeds.size()) ? "forward (prefill)" : "forward (decode)", "host");
+    model_.forward_batch(seqs);
+  }
+  void rollback(int slot, int64_t keep) override {
+    if (slot < 0 || slot >= slots()) fail("slot ", slot, " is outside 0..", slots() - 1);
+    states_[slot].rollback(keep);
   }
   std::string describe() const override {
     return backend_ ? "cpu: " + backend_->describe() : "ref: exact fp32 reference";
@@ -47,7 +78,7 @@ class HostRunner final : public Runner {
   const Qwen35Moe& model_;
   std::unique_ptr<CpuBackend> backend_;
   int defer_ = 0;
-  Qwen35State state_;
+  std::vector<Qwen35State> states_;
 };
 
 #ifdef TANDEM_HAVE_CUDA
@@ -55,12 +86,14 @@ class HostRunner final : public Runner {
 // side) are the same GPU model with and without host experts.
 class GpuRunner final : public Runner {
  public:
-  GpuRunner(const Qwen35Moe& model, const RunnerOptions& o) : placement_(o.plan), context_(o.context) {
+  GpuRunner(const Qwen35Moe& model, const RunnerOptions& o) : placement_(o.plan), context_(o.context), vocab_(model.config().vocab_size) {
     GpuOptions g;
     g.budget_bytes = o.gpu_mem;
     g.max_context = o.context;
     g.progress = stderr;
     g.eager = o.eager;
+    g.batch = std::max(o.batch, 1);
+    g.verify_tokens = o.verify_tokens;
     if (placement_) {
       cpu_ = make_cpu_experts(model, placement_->expert_on_gpu, placement_->cpu_expert_format, o.threads);
       g.budget_bytes = placement_->budget_bytes - placement_->vram.reserve;
@@ -77,19 +110,96 @@ class GpuRunner final : public Runner {
     }
     gpu_ = Qwen35MoeGpu::create(model, g);
   }
-  void reset() override { gpu_->reset(); }
-  void forward(std::span<const int32_t> ids, float* logits, Qwen35Moe::LogitRows rows) override {
-    TraceSpan span(ids.size() > 1 ? "forward (prefill)" : "forward (decode)", "host");
-    gpu_->forward(ids, logits, rows);
+  int slots() const override { return gpu_->slots(); }
+  void reset_slot(int slot) override { gpu_->reset_slot(slot); }
+  int64_t position(int slot) const override { return gpu_->position(slot); }
+  void rollback(int slot, int64_t keep) override { gpu_->rollback(slot, keep); }
+  // A feed of one sequence runs on the GPU model's one-sequence paths (the decode step's graph, the
+  // prompt in chunks), unless it keeps its states; the others go together through step_rows as long as
+  // their tokens fit a step (longer ones alone, in turn).
+  void step(std::span<const Feed> feeds) override {
+    check_feeds(feeds, *this, vocab_);
+    const int64_t R = gpu_->step_rows_max();
+    std::vector<Qwen35MoeGpu::RowFeed> group;
+    std::vector<const Feed*> members;
+    int64_t tokens = 0;
+    auto flush = [&] {
+      if (group.empty()) return;
+      TraceSpan span("forward (batch)", "host");
+      rows_.resize(static_cast<size_t>(tokens * vocab_));
+      gpu_->step_rows(group, rows_.data());
+      int64_t r = 0;
+      for (const Feed* f : members) {
+        const int64_t n = static_cast<int64_t>(f->ids.size());
+        if (f->logits) {
+          const bool all = f->rows == Qwen35Moe::LogitRows::All;
+          std::copy_n(rows_.data() + (r + (all ? 0 : n - 1)) * vocab_, (all ? n : 1) * vocab_, f->logits);
+        }
+        r += n;
+      }
+      group.clear(), members.clear(), tokens = 0;
+    };
+    for (const Feed& f : feeds) {
+      const int64_t n = static_cast<int64_t>(f.ids.size());
+      if (f.keep_states) {
+        if (R < 2 || n > R) fail("slot ", f.slot, ": keeping the state after each of ", n, " tokens needs the GPU model's verification buffers (",
+                                 "RunnerOptions::verify_tokens >= ", n, ")");
+        flush();
+        group.push_back({f.slot, f.ids, true});
+        members.push_back(&f);
+        tokens = n;
+        flush();
+      } else if (feeds.size() > 1 && R > 1 && n <= R) {
+        if (tokens + n > R) flush();
+        group.push_back({f.slot, f.ids, false});
+        members.push_back(&f);
+        tokens += n;
+      } else {
+        TraceSpan span(n > 1 ? "forward (prefill)" : "forward (decode)", "host");
+        gpu_->select(f.slot);
+        gpu_->forward(f.ids, f.logits, f.rows);
+      }
+    }
+    flush();
   }
-  // Sampling on the GPU: the sampler's candidates are picked on the device, so one step copies k pairs
-  // back instead of the logits row.
-  bool forward_top(std::span<const int32_t> ids, std::span<const LogitPenalty> penalties, int k,
-                   std::vector<std::pair<int32_t, float>>& top) override {
+  // Sampling on the GPU: the samplers' candidates are picked on the device, so a step copies k pairs
+  // per sequence back instead of the logits rows. One feed: the one-sequence path; several: step_rows
+  // steps of as many as fit (false, nothing run, when a feed is too long for one: a prompt among
+  // others; the caller then samples from the rows).
+  bool step_top(std::span<const Feed> feeds, std::span<const TopWant> want) override {
     static_assert(sizeof(LogitPenalty) == sizeof(gpu::Penalty) && offsetof(LogitPenalty, rep) == offsetof(gpu::Penalty, rep) &&
                   offsetof(LogitPenalty, sub) == offsetof(gpu::Penalty, sub));
-    TraceSpan span(ids.size() > 1 ? "forward (prefill)" : "forward (decode)", "host");
-    return gpu_->forward_top(ids, {reinterpret_cast<const gpu::Penalty*>(penalties.data()), penalties.size()}, k, top);
+    auto pen = [](std::span<const LogitPenalty> p) { return std::span<const gpu::Penalty>(reinterpret_cast<const gpu::Penalty*>(p.data()), p.size()); };
+    check_feeds(feeds, *this, vocab_);
+    for (const TopWant& w : want)
+      if (w.k < 1 || w.k > gpu::kMaxTopK || static_cast<int64_t>(w.penalties.size()) > context_) return false;
+    if (feeds.size() == 1 && !feeds[0].keep_states) {
+      TraceSpan span(feeds[0].ids.size() > 1 ? "forward (prefill)" : "forward (decode)", "host");
+      gpu_->select(feeds[0].slot);
+      return gpu_->forward_top(feeds[0].ids, pen(want[0].penalties), want[0].k, *want[0].top);
+    }
+    const int64_t R = gpu_->step_rows_max();
+    for (const Feed& f : feeds)
+      if (R < 2 || static_cast<int64_t>(f.ids.size()) > R || f.keep_states) return false;
+    std::vector<Qwen35MoeGpu::RowFeed> group;
+    std::vector<std::span<const gpu::Penalty>> pens;
+    std::vector<int> ks;
+    std::vector<std::vector<std::pair<int32_t, float>>*> tops;
+    auto flush = [&] {
+      if (group.empty()) return true;
+      TraceSpan span("forward (batch)", "host");
+      const bool ok = gpu_->step_rows_top(group, pens, ks, tops);
+      group.clear(), pens.clear(), ks.clear(), tops.clear();
+      return ok;
+    };
+    for (size_t i = 0; i < feeds.size(); ++i) {
+      const int64_t n = static_cast<int64_t>(feeds[i].ids.size());
+      if (static_cast<int64_t>(ks.size()) + n > R && !flush()) return false;  // only the first step can decline (the logits' size)
+      group.push_back({feeds[i].slot, feeds[i].ids, false});
+      for (int64_t t = 0; t + 1 < n; ++t) pens.emplace_back(), ks.push_back(0), tops.push_back(nullptr);  // rows before the feed's last
+      pens.push_back(pen(want[i].penalties)), ks.push_back(want[i].k), tops.push_back(want[i].top);
+    }
+    return flush();
   }
   std::string describe() const override {
     std::string paths = gpu_->batched_prefill_active() ? str_cat("prefill in chunks of ", gpu_->prefill_chunk(), " tokens") : "prefill token by token";
@@ -129,6 +239,8 @@ class GpuRunner final : public Runner {
  private:
   std::shared_ptr<const placement::Plan> placement_;  // null: everything on the GPU
   int64_t context_ = 0;                               // the KV cache's length
+  int64_t vocab_ = 0;
+  std::vector<float> rows_;                           // a batched step's logits rows
   std::unique_ptr<HostExperts> cpu_;                // declared before gpu_: the GPU model calls into it
   std::unique_ptr<Qwen35MoeGpu> gpu_;
 };
@@ -170,18 +282,20 @@ void check_context(const Runner& runner, int64_t prompt_tokens, int64_t new_toke
 }
 
 std::unique_ptr<Runner> make_runner(const Qwen35Moe& model, const RunnerOptions& o) {
+  if (o.batch < 0 || o.batch > kMaxBatch) fail("batch ", o.batch, " must be between 1 and ", kMaxBatch, " sequences");
+  const int batch = std::max(o.batch, 1);
   if (o.defer_experts < 0 || o.defer_experts > model.config().num_experts_per_tok)
     fail("--defer-experts ", o.defer_experts, " must be between 0 and the model's ", model.config().num_experts_per_tok, " experts per token");
   if (o.defer_experts > 0 && o.device != Device::Ref && o.device != Device::Cpu)
     fail("--defer-experts is for --device ref or cpu; a hybrid run defers through experts.deferral in its placement YAML");
-  if (o.device == Device::Ref) return std::make_unique<HostRunner>(model, nullptr, o.defer_experts);
+  if (o.device == Device::Ref) return std::make_unique<HostRunner>(model, nullptr, o.defer_experts, batch);
   if (o.device == Device::Cpu) {
     CpuBackendOptions co;
     co.threads = o.threads;
     if (o.cpu_expert_format == "int8") co.dense_expert_format = cpu::WeightFormat::Int8;
     else if (o.cpu_expert_format == "bf16") co.dense_expert_format = cpu::WeightFormat::BF16;
     else fail("--cpu-expert-format must be int8 or bf16 (got '", o.cpu_expert_format, "')");
-    return std::make_unique<HostRunner>(model, std::make_unique<CpuBackend>(model, co), o.defer_experts);
+    return std::make_unique<HostRunner>(model, std::make_unique<CpuBackend>(model, co), o.defer_experts, batch);
   }
   if (o.device == Device::Gpu) {
 #ifdef TANDEM_HAVE_CUDA

@@ -1,5 +1,11 @@
-// runtime/engine/runner.h: one sequence of a model on a placement (--device ref | cpu | gpu), behind one
-// interface so that logits, generate, chat and bench share the device handling.
+// runtime/engine/runner.h: a model on a placement (--device ref | cpu | gpu | hybrid) holding one or
+// more sequences (slots), behind one interface so that logits, generate, chat, bench and the batched
+// engine share the device handling.
+//
+// A runner holds slots() sequences. step() feeds tokens to any of them at once: one layer walk over
+// all the step's tokens (B sequences one token each: batched decode; K tokens of one sequence kept
+// state by state: the verification step of speculative decoding; a prompt: prefill). Each sequence
+// gets the numbers it gets alone. reset() / forward() are slot 0's, the one-sequence case.
 //
 //  ref: Qwen35Moe::forward with the exact reference matmuls.
 //  cpu: the same forward with CpuBackend (cpu_experts kernels at the runtime-chosen ISA).
@@ -39,6 +45,8 @@ struct RunnerOptions {
   bool eager = false;                    // gpu: every kernel launched eagerly, no CUDA graphs (debugging; --trace implies it)
   bool context_set = false;              // --context given (else a hybrid config's context applies)
   int64_t min_context = 0;               // what the command needs at least (prompt + generation)
+  int64_t verify_tokens = 0;             // gpu / hybrid: tokens a step that keeps its states (Feed::keep_states) may feed (0: none)
+  int batch = 0;                         // sequences held at once (slots; gpu / hybrid: KV cache and state each); 0: the config's batch, else 1
   std::string config;                    // hybrid: placement YAML (empty: defaults)
   // hybrid: the placement as the planner made it (prepare_device), handed to the engine as it is
   std::shared_ptr<const placement::Plan> plan;
@@ -47,16 +55,52 @@ struct RunnerOptions {
 class Runner {
  public:
   virtual ~Runner() = default;
-  virtual void reset() = 0;  // a new, empty sequence
-  // Feeds ids at the current position; logits [ids, vocab] (All) or [vocab] (Last) to host memory.
-  virtual void forward(std::span<const int32_t> ids, float* logits, Qwen35Moe::LogitRows rows) = 0;
-  // Like forward(ids, ..., Last) for a sampler that needs only the k best penalised logits
-  // (Sampler::candidates_needed / penalties / sample_top): runners that can select them where the
-  // logits are (the GPU) fill `top` and return true; the others return false and run nothing.
-  virtual bool forward_top(std::span<const int32_t> ids, std::span<const LogitPenalty> penalties, int k,
-                           std::vector<std::pair<int32_t, float>>& top) {
-    (void)ids, (void)penalties, (void)k, (void)top;
+
+  // One sequence's part of a step.
+  struct Feed {
+    int slot = 0;
+    std::span<const int32_t> ids;      // fed at the slot's position (at least one)
+    float* logits = nullptr;           // [ids, vocab] (All) or [vocab] (Last) to host memory; nullptr: none
+    Qwen35Moe::LogitRows rows = Qwen35Moe::LogitRows::Last;
+    bool keep_states = false;          // keep the state after every token: rollback(slot, keep) afterwards
+  };
+  // What a feed's sampler needs when the runner selects candidates where the logits are (step_top).
+  struct TopWant {
+    std::span<const LogitPenalty> penalties;      // Sampler::penalties
+    int k = 0;                                    // Sampler::candidates_needed
+    std::vector<std::pair<int32_t, float>>* top;  // filled: the k best (id, penalised logit), best first
+  };
+
+  virtual int slots() const = 0;                  // sequences held at once
+  virtual void reset_slot(int slot) = 0;          // slot becomes a new, empty sequence
+  virtual int64_t position(int slot) const = 0;   // tokens the slot's sequence holds
+  // Feeds every feed's ids (distinct slots) in one step. tandem::Error (nothing run) for a bad slot,
+  // a slot twice, an id outside the vocabulary or a sequence past max_context().
+  virtual void step(std::span<const Feed> feeds) = 0;
+  // Like step() for feeds whose last rows are sampled from their k best penalised logits (want[i] for
+  // feeds[i]; logits unused): runners that select them where the logits are (the GPU) fill the tops
+  // and return true; the others return false and run nothing.
+  virtual bool step_top(std::span<const Feed> feeds, std::span<const TopWant> want) {
+    (void)feeds, (void)want;
     return false;
+  }
+  // After a keep_states step that fed n tokens to `slot`: back to its state after the first `keep`
+  // (0..n) of them, as if the rest had never been fed (no recompute).
+  virtual void rollback(int slot, int64_t keep) = 0;
+
+  // Slot 0, the one-sequence case.
+  void reset() { reset_slot(0); }
+  // Feeds ids at the current position; logits [ids, vocab] (All) or [vocab] (Last) to host memory.
+  void forward(std::span<const int32_t> ids, float* logits, Qwen35Moe::LogitRows rows) {
+    const Feed f{0, ids, logits, rows, false};
+    step(std::span(&f, 1));
+  }
+  // forward(ids, ..., Last) through step_top.
+  bool forward_top(std::span<const int32_t> ids, std::span<const LogitPenalty> penalties, int k,
+                   std::vector<std::pair<int32_t, float>>& top) {
+    const Feed f{0, ids, nullptr, Qwen35Moe::LogitRows::Last, false};
+    const TopWant w{penalties, k, &top};
+    return step_top(std::span(&f, 1), std::span(&w, 1));
   }
   virtual std::string describe() const = 0;  // one line: placement, ISA / GPU memory
   // The longest sequence this runner holds: the KV cache it allocated (gpu, hybrid), else the model's

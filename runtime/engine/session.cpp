@@ -47,10 +47,13 @@ Device requested_device(const std::string& name, bool has_config, const char* de
 namespace {
 
 // Plans `config` against `model` on the probed device and fills opts.plan, opts.context (the config's
-// unless --context was given; the planner's for context: auto) and opts.threads (the config's unless
-// --threads was).
-Plan prepare_hybrid(RunnerOptions& o, const ModelConfig& model, const PlacementConfig& cfg, const gpu::DeviceProbe& probe) {
+// unless --context was given; the planner's for context: auto), opts.batch (the config's unless
+// --batch was) and opts.threads (the config's unless --threads was).
+Plan prepare_hybrid(RunnerOptions& o, const ModelConfig& model, const PlacementConfig& config, const gpu::DeviceProbe& probe) {
   if (probe.device_count == 0) fail("--device hybrid: ", probe.reason, "; tandem plan shows the placement without a GPU");
+  PlacementConfig cfg = config;  // --batch over the config's batch: the plan holds that many sequences
+  if (o.batch > 0) cfg.batch = o.batch;
+  o.batch = cfg.batch;
   // --context, else the config's (at least what the command needs), else the planner's choice
   const int64_t context = o.context_set ? o.context : cfg.context ? std::max(cfg.context, o.min_context) : 0;
   Plan plan = make_plan(model, cfg, request_for(probe, cfg, o.gpu_mem, context, false));

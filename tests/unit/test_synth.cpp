@@ -235,12 +235,18 @@ TEST(Synth, GenerateDrawsTheSameFromCandidatesAsFromTheRow) {
     int64_t V = 0;
     int calls = 0;
     std::vector<float> row;
-    void reset() override { inner->reset(); }
-    void forward(std::span<const int32_t> ids, float* logits, Qwen35Moe::LogitRows rows) override { inner->forward(ids, logits, rows); }
-    bool forward_top(std::span<const int32_t> ids, std::span<const LogitPenalty> pen, int k,
-                     std::vector<std::pair<int32_t, float>>& top) override {
+    int slots() const override { return 1; }
+    void reset_slot(int slot) override { inner->reset_slot(slot); }
+    int64_t position(int slot) const override { return inner->position(slot); }
+    void rollback(int slot, int64_t keep) override { inner->rollback(slot, keep); }
+    void step(std::span<const Feed> feeds) override { inner->step(feeds); }
+    bool step_top(std::span<const Feed> feeds, std::span<const TopWant> want) override {
+      if (feeds.size() != 1) return false;
+      const std::span<const LogitPenalty> pen = want[0].penalties;
+      const int k = want[0].k;
+      std::vector<std::pair<int32_t, float>>& top = *want[0].top;
       row.resize(V);
-      inner->forward(ids, row.data(), Qwen35Moe::LogitRows::Last);
+      inner->forward(feeds[0].ids, row.data(), Qwen35Moe::LogitRows::Last);
       for (const auto& p : pen) row[p.id] = p.apply(row[p.id]);
       std::vector<int32_t> order(V);
       for (int64_t i = 0; i < V; ++i) order[i] = static_cast<int32_t>(i);

@@ -16,20 +16,24 @@
 namespace tandem {
 
 // The layer's weights and state in the kernels' argument blocks; callers add the activations.
-gpu::DeltaNetDecodeArgs Qwen35MoeGpu::Impl::deltanet_args(const DevLayer& L) const {
+gpu::DeltaNetDecodeArgs Qwen35MoeGpu::Impl::deltanet_args(const DevLayer& L, int slot) const {
   const ModelConfig& c = model.config();
   gpu::DeltaNetDecodeArgs p;
-  p.conv_w = L.conv_w, p.conv_state = L.conv_state, p.A_log = L.A_log, p.dt_bias = L.dt_bias, p.norm_w = L.dn_norm;
-  p.state = L.ssm_state;
+  const int64_t s = std::max(slot, 0);
+  p.conv_w = L.conv_w, p.conv_state = L.conv_state + s * conv_stride, p.A_log = L.A_log, p.dt_bias = L.dt_bias, p.norm_w = L.dn_norm;
+  p.state = L.ssm_state + s * ssm_stride;
+  p.conv_stride = conv_stride, p.state_stride = ssm_stride;
   p.Hk = c.linear_num_key_heads, p.Hv = c.linear_num_value_heads, p.dk = c.linear_key_head_dim, p.dv = c.linear_value_head_dim;
   p.kernel = c.linear_conv_kernel, p.eps = static_cast<float>(c.rms_norm_eps);
   return p;
 }
 
-gpu::AttentionDecodeArgs Qwen35MoeGpu::Impl::attention_args(const DevLayer& L) const {
+gpu::AttentionDecodeArgs Qwen35MoeGpu::Impl::attention_args(const DevLayer& L, int slot) const {
   const ModelConfig& c = model.config();
   gpu::AttentionDecodeArgs p;
-  p.q_norm = L.q_norm, p.k_norm = L.k_norm, p.inv_freq = inv_freq, p.k_cache = L.k_cache, p.v_cache = L.v_cache;
+  const int64_t s = std::max(slot, 0);
+  p.q_norm = L.q_norm, p.k_norm = L.k_norm, p.inv_freq = inv_freq, p.k_cache = L.k_cache + s * cache_stride, p.v_cache = L.v_cache + s * cache_stride;
+  p.cache_stride = cache_stride;
   p.nh = c.num_heads, p.nkv = c.num_kv_heads, p.hd = c.head_dim, p.rotary_dim = c.rotary_dim;
   p.max_ctx = static_cast<int>(opts.max_context), p.max_splits = static_cast<int>(gpu::attention_decode_splits(opts.max_context));
   p.eps = static_cast<float>(c.rms_norm_eps), p.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
@@ -79,7 +83,7 @@ void Qwen35MoeGpu::Impl::step(int32_t id, float* logits_host) {
   Trace* tr = Trace::active();
   const ModelConfig& c = model.config();
   if (graph_ok && !tr) {
-    hidpos[0] = id, hidpos[1] = static_cast<int32_t>(pos);  // the previous launch has finished (synchronized)
+    hidpos[0] = id, hidpos[1] = static_cast<int32_t>(pos), hidpos[2] = cur;  // the previous launch has finished (synchronized)
     const int w = !logits_host ? 0 : logits_host == &logits_sink ? 2 : 1;
     if (!graphs[w]) capture(w);
     if (one_graph) {
@@ -94,8 +98,8 @@ void Qwen35MoeGpu::Impl::step(int32_t id, float* logits_host) {
     return;
   }
   trace_begin(tr);
-  const int32_t p32 = static_cast<int32_t>(pos);
-  enqueue(id, &id, &p32, logits_host, tr);
+  const int32_t p32[2] = {static_cast<int32_t>(pos), cur};
+  enqueue(id, &id, p32, logits_host, tr);
   ++pos;
   trace_end(tr);
   if (logits_host) CK(cudaStreamSynchronize(stream));
@@ -132,7 +136,7 @@ void Qwen35MoeGpu::Impl::abandon_capture() {
   cudaGetLastError();
 }
 
-// Queues one token's work on the stream: id / position copied from id_src / pos_src (host memory),
+// Queues one token's work on the stream: id / position and slot copied from id_src / pos_src[0..1] (host memory),
 // logits (when logits_dst) copied to logits_dst. Host-side waits only for eager hybrid handoffs and
 // the host embedding (a graph step has neither: its handoffs run inside the graph).
 void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_t* pos_src, float* logits_dst, Trace* tr) {
@@ -142,7 +146,7 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
   const float eps = static_cast<float>(c.rms_norm_eps);
   const gpu::ProgrammaticLaunchScope programmatic(pdl);
   CK(cudaMemcpyAsync(ids, id_src, 4, cudaMemcpyHostToDevice, stream));
-  CK(cudaMemcpyAsync(pos_dev, pos_src, 4, cudaMemcpyHostToDevice, stream));
+  CK(cudaMemcpyAsync(pos_dev, pos_src, 8, cudaMemcpyHostToDevice, stream));  // position, slot (pos_dev[2..3]: first tokens 0, 1)
   if (embed) {
     CK(gpu::embed_bf16(embed, H, ids, 1, h, stream));
   } else {
@@ -184,8 +188,9 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
         linear(L.b, x, b);
         linear(L.a, x, a);
       }
-      gpu::DeltaNetDecodeArgs p = deltanet_args(L);
+      gpu::DeltaNetDecodeArgs p = deltanet_args(L, -1);
       p.qkv = qkv, p.z = z, p.b = b, p.a = a, p.conv_out = conv_out, p.out = core;
+      p.slot = pos_dev + 1, p.first = pos_dev + 2;
       CK(gpu::deltanet_decode(p, stream));
       linear(L.out_proj, core, o);
     } else {
@@ -196,8 +201,9 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
         linear(L.k, x, kk);
         linear(L.v, x, vv);
       }
-      gpu::AttentionDecodeArgs p = attention_args(L);
+      gpu::AttentionDecodeArgs p = attention_args(L, -1);
       p.qg = qg, p.k = kk, p.v = vv, p.pos = pos_dev, p.q_rot = q_rot, p.partial = attn_part, p.out = attn_out;
+      p.slot = pos_dev + 1;
       CK(gpu::attention_decode(p, stream));
       linear(L.o, attn_out, o);
     }
@@ -398,18 +404,40 @@ double Qwen35MoeGpu::pcie_bandwidth() const {
   return bytes / s;
 }
 
-void Qwen35MoeGpu::reset() {
+void Qwen35MoeGpu::reset() { reset_slot(impl_->cur); }
+
+int Qwen35MoeGpu::slots() const { return impl_->slots; }
+int64_t Qwen35MoeGpu::step_rows_max() const { return impl_->rows; }
+
+int64_t Qwen35MoeGpu::position(int slot) const {
+  const Impl& m = *impl_;
+  if (slot < 0 || slot >= m.slots) fail("slot ", slot, " is outside 0..", m.slots - 1);
+  return slot == m.cur ? m.pos : m.slot_pos[slot];
+}
+
+void Qwen35MoeGpu::select(int slot) {
   Impl& m = *impl_;
-  m.pos = 0;
-  m.counts = {};
-  m.hy.reset();
+  if (slot < 0 || slot >= m.slots) fail("slot ", slot, " is outside 0..", m.slots - 1);
+  m.slot_pos[m.cur] = m.pos;
+  m.cur = slot;
+  m.pos = m.slot_pos[slot];
+}
+
+void Qwen35MoeGpu::reset_slot(int slot) {
+  Impl& m = *impl_;
+  if (slot < 0 || slot >= m.slots) fail("slot ", slot, " is outside 0..", m.slots - 1);
+  (slot == m.cur ? m.pos : m.slot_pos[slot]) = 0;
+  if (m.kept.slot == slot) m.kept = {};
+  if (slot == m.cur || m.slots == 1) {  // the expert counts and the host's deferral follow the selected sequence
+    m.counts = {};
+    m.hy.reset();
+  }
+  const ModelConfig& c = m.model.config();
   for (DevLayer& L : m.layers) {
-    const ModelConfig& c = m.model.config();
-    if (L.kind == LayerKind::LinearAttention) {
-      CK(cudaMemsetAsync(L.conv_state, 0, (c.linear_conv_kernel - 1) * c.linear_conv_dim() * sizeof(float), m.stream));
-      CK(cudaMemsetAsync(L.ssm_state, 0,
-                         int64_t(c.linear_num_value_heads) * c.linear_key_head_dim * c.linear_value_head_dim * sizeof(float), m.stream));
-    }
+    if (L.kind != LayerKind::LinearAttention) continue;
+    CK(cudaMemsetAsync(L.conv_state + slot * m.conv_stride, 0, (c.linear_conv_kernel - 1) * c.linear_conv_dim() * sizeof(float), m.stream));
+    CK(cudaMemsetAsync(L.ssm_state + slot * m.ssm_stride, 0,
+                       int64_t(c.linear_num_value_heads) * c.linear_key_head_dim * c.linear_value_head_dim * sizeof(float), m.stream));
   }
   CK(cudaStreamSynchronize(m.stream));
 }

@@ -80,6 +80,12 @@ struct GpuOptions {
   // model picks the switch point: Prediction::prefill_gpu_min_tokens).
   int64_t stream_prefill_min_tokens = 0;
   int64_t stream_pass_tokens = 4096;
+  // Sequences held at once (slots): each its own KV cache and DeltaNet state. Steps of several
+  // sequences' tokens (step_rows) take up to min(batch, gpu::kMaxGemvTokens) tokens at once.
+  int batch = 1;
+  // Positions a verification step keeps the DeltaNet state of (step_rows with keep; rollback): that
+  // many + 1 copies of every DeltaNet layer's state in the workspace. 0: none.
+  int64_t verify_tokens = 0;
 };
 
 class Qwen35MoeGpu {
@@ -123,6 +129,33 @@ class Qwen35MoeGpu {
   const std::string& stream_prefill_note() const;
   // Like Qwen35Moe::forward: ids at the current position; logits to host memory, all rows or the last.
   void forward(std::span<const int32_t> ids, float* logits, Qwen35Moe::LogitRows rows = Qwen35Moe::LogitRows::All);
+
+  // ---- several sequences (GpuOptions::batch slots) ----
+  // forward(), forward_top() and reset() work on the selected slot (0 at first).
+  int slots() const;
+  void select(int slot);
+  int64_t position(int slot) const;
+  void reset_slot(int slot);
+  // Tokens one step_rows call takes at most (1: no batched steps here; sequences go one at a time).
+  int64_t step_rows_max() const;
+  struct RowFeed {
+    int slot = 0;
+    std::span<const int32_t> ids;  // consecutive positions of the slot's sequence
+    bool keep = false;             // keep its DeltaNet state after every position (alone in its step; GpuOptions::verify_tokens)
+  };
+  // One layer walk over every feed's tokens at once (at most step_rows_max() in all, distinct slots):
+  // the projections and the experts over all rows (each expert's weights read once per step for all
+  // its tokens on the host side), the conv, recurrence and attention on each sequence's own state. The
+  // logits of every fed row, in feed order, to `logits` [rows, vocab] (nullptr: none). All on the GPU:
+  // one CUDA graph per step shape (tokens, sequences).
+  void step_rows(std::span<const RowFeed> feeds, float* logits);
+  // The same with each row's logits left on the device: penalties[r] applied to row r there and the
+  // k[r] best (id, penalised logit) pairs of it to tops[r] (best first). false (nothing run) when a k
+  // is outside 1..gpu::kMaxTopK or a list is longer than the context.
+  bool step_rows_top(std::span<const RowFeed> feeds, std::span<const std::span<const gpu::Penalty>> penalties, std::span<const int> k,
+                     std::span<std::vector<std::pair<int32_t, float>>* const> tops);
+  // After a keep step that fed n tokens to `slot`: its state after the first `keep` (0..n) of them.
+  void rollback(int slot, int64_t keep);
 
   struct Impl;
 

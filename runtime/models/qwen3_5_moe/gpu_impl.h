@@ -49,10 +49,11 @@ struct DevLayer {
   DevLinear x_proj;   // router|shared gate|shared up|shared expert gate stacked, for decode
   DevLinear qkv, z, b, a, out_proj;
   const float *conv_w, *A_log, *dt_bias, *dn_norm;
-  float *conv_state, *ssm_state;
+  float *conv_state, *ssm_state;  // slot 0's; slot s at + s * conv_stride / ssm_stride
+  float *kept_conv = nullptr, *kept_state = nullptr;  // verification steps: the state before and after each position
   DevLinear q, k, v, o;
   const float *q_norm, *k_norm;
-  uint16_t *k_cache, *v_cache;
+  uint16_t *k_cache, *v_cache;  // slot 0's; slot s at + s * cache_stride
   DevLinear router, sh_gate, sh_up, sh_down, sh_expert_gate;
   bool int4_experts = false;
   bool cpu_experts = false;  // some routed experts live in host memory (hybrid)
@@ -78,7 +79,26 @@ struct Qwen35MoeGpu::Impl {
   const uint16_t* embed = nullptr;
   DevLinear lm_head;
   const float *final_norm = nullptr, *inv_freq = nullptr;
-  int64_t pos = 0;
+  int64_t pos = 0;  // the selected slot's position
+  // Slots (GpuOptions::batch): `cur` is the one forward() / step() / the prefill paths work on; the
+  // others' positions wait in slot_pos. Their states lie stride elements apart.
+  int slots = 1, cur = 0;
+  std::vector<int64_t> slot_pos;
+  int64_t conv_stride = 0, ssm_stride = 0, cache_stride = 0;
+  // step_rows: up to `rows` tokens of several sequences on the batched prefill's buffers, with
+  // b_part (attention splits), b_logits ([rows][V]) and the step's table `bio` on the device, copied
+  // from pinned `hio`: ids [rows], positions [rows], each token's slot [rows], each group's slot
+  // [rows] and first token [rows + 1].
+  int64_t rows = 1;
+  float *bpart = nullptr, *blogits = nullptr, *hrows = nullptr;  // hrows: pinned [rows][V]
+  int32_t *bio = nullptr, *hio = nullptr;
+  int32_t* btop_ids = nullptr;
+  float* btop_vals = nullptr;
+  std::vector<std::pair<int, cudaGraphExec_t>> row_graphs;  // by step shape (row_graph_key)
+  struct Kept {  // the last keep step: its slot, start position and tokens
+    int slot = -1;
+    int64_t from = 0, n = 0;
+  } kept;
   // workspace
   float *h, *x, *o, *qkv, *z, *b, *a, *core, *conv_out, *qg, *kk, *vv, *q_rot, *attn_part, *attn_out, *router, *moe_out,
       *hscratch, *sg, *su, *sd, *sgate, *logits;
@@ -180,6 +200,9 @@ struct Qwen35MoeGpu::Impl {
     for (cudaGraphExec_t g : graphs)
       if (g) cudaGraphExecDestroy(g);
     if (hidpos) cudaFreeHost(hidpos);
+    if (hio) cudaFreeHost(hio);
+    if (hrows) cudaFreeHost(hrows);
+    for (auto& g : row_graphs) cudaGraphExecDestroy(g.second);
     if (hlogits) cudaFreeHost(hlogits);
     gpu::blas_destroy(blas);
     if (tbase) cudaEventDestroy(tbase);
@@ -205,8 +228,9 @@ struct Qwen35MoeGpu::Impl {
   void build(Uploader& up, const std::function<void(uint64_t)>& uploaded = {});
 
   // The layer's weights and state in the kernels' argument blocks; callers add the activations.
-  gpu::DeltaNetDecodeArgs deltanet_args(const DevLayer& L) const;
-  gpu::AttentionDecodeArgs attention_args(const DevLayer& L) const;
+  // slot >= 0: that slot's state; -1: slot 0's with the strides (the step's slots come from the device).
+  gpu::DeltaNetDecodeArgs deltanet_args(const DevLayer& L, int slot) const;
+  gpu::AttentionDecodeArgs attention_args(const DevLayer& L, int slot) const;
 
   // ---- the routed experts of one layer for n tokens, shared by decode (n = 1) and batched prefill ----
 
@@ -215,8 +239,9 @@ struct Qwen35MoeGpu::Impl {
   void gpu_experts(const DevLayer& L, const float* x_dev, const int32_t* ids_dev, const float* w_dev, int64_t n, uint16_t* xh_buf, void* hs, float* out,
                    const gpu::Int4Expert* table = nullptr);
 
-  // y [n, out] = x [n, in] W^T for a chunk of tokens: cuBLAS for bf16, the int4 GEMV 8 tokens at a time.
-  void linear_rows(const DevLinear& L, const float* in, int64_t n, float* out);
+  // y [n, out] = x [n, in] W^T for a chunk of tokens: cuBLAS for bf16 (the GEMV with `gemv`, n <=
+  // gpu::kMaxGemvTokens), the int4 GEMV 8 tokens at a time.
+  void linear_rows(const DevLinear& L, const float* in, int64_t n, float* out, bool gemv = false);
 
   // n prompt tokens at positions pos.. through every layer at once (GpuOptions::prefill_chunk);
   // logits of the last token to logits_last when given. Same math as n decode steps, except that
@@ -224,7 +249,17 @@ struct Qwen35MoeGpu::Impl {
   void prefill_chunk(const int32_t* ids_host, int64_t n, float* logits_last);
   // One layer of it for n tokens with hidden states h [n, H] (in place) at positions pos_dev; with
   // `streamed` the layer's host experts run on the GPU from that table.
-  void prefill_layer(size_t li, float* h, int64_t n, const int32_t* pos_dev, const gpu::Int4Expert* streamed);
+  // `batch`: a step_rows step of `groups` sequences (the decode kernels on each token's slot, bio's
+  // tables; keep: its state kept position by position) instead of a prompt chunk of the selected slot.
+  struct Batch {
+    int groups = 0;
+    bool keep = false;
+  };
+  void prefill_layer(size_t li, float* h, int64_t n, const int32_t* pos_dev, const gpu::Int4Expert* streamed, const Batch* batch = nullptr);
+  // step_rows' work on the stream for n tokens in `groups` (hio filled): logits of every row to
+  // logits_dst (hrows, logits_sink: left in blogits, nullptr: none).
+  void enqueue_rows(int64_t n, const Batch& b, float* logits_dst);
+  void run_rows(int64_t n, const Batch& b, float* logits_dst);  // as a graph where it can be, else eagerly
   void prefill_logits(const float* h_last, float* logits_last);
   // A prompt piece's positions into pos_dev and embedding rows into h_dev (on the GPU, or from the
   // host table via hembed).

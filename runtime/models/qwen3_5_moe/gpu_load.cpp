@@ -232,8 +232,8 @@ void Qwen35MoeGpu::Impl::build(Uploader& up, const std::function<void(uint64_t)>
       d.A_log = vec(w.A_log, Kind::Dense);
       d.dt_bias = vec(w.dt_bias, Kind::Dense);
       d.dn_norm = vec(w.norm, Kind::Dense);
-      d.conv_state = static_cast<float*>(up.zeroed(placement::conv_state_bytes(c), Kind::State));
-      d.ssm_state = static_cast<float*>(up.zeroed(placement::ssm_state_bytes(c), Kind::State));
+      d.conv_state = static_cast<float*>(up.zeroed(placement::conv_state_bytes(c) * slots, Kind::State));  // slot after slot
+      d.ssm_state = static_cast<float*>(up.zeroed(placement::ssm_state_bytes(c) * slots, Kind::State));
     } else {
       const AttentionWeights& w = L.attn;
       d.q = upload_linear(up, w.q_proj, Kind::Dense);
@@ -243,8 +243,8 @@ void Qwen35MoeGpu::Impl::build(Uploader& up, const std::function<void(uint64_t)>
       d.in_proj = stack_rows({&d.q, &d.k, &d.v});
       d.q_norm = vec(w.q_norm, Kind::Dense);
       d.k_norm = vec(w.k_norm, Kind::Dense);
-      d.k_cache = static_cast<uint16_t*>(up.zeroed(placement::kv_cache_bytes(c, opts.max_context) / 2, Kind::Kv));  // K, then V
-      d.v_cache = static_cast<uint16_t*>(up.zeroed(placement::kv_cache_bytes(c, opts.max_context) / 2, Kind::Kv));
+      d.k_cache = static_cast<uint16_t*>(up.zeroed(placement::kv_cache_bytes(c, opts.max_context) / 2 * slots, Kind::Kv));  // K, then V
+      d.v_cache = static_cast<uint16_t*>(up.zeroed(placement::kv_cache_bytes(c, opts.max_context) / 2 * slots, Kind::Kv));
     }
     const MoeWeights& m = L.moe;
     d.router = upload_linear(up, m.router, Kind::Dense);
@@ -292,6 +292,8 @@ void Qwen35MoeGpu::Impl::build(Uploader& up, const std::function<void(uint64_t)>
   shape.prefill_chunk = wants_batched() ? opts.prefill_chunk : 0;
   shape.int4_experts = model.gptq_experts();
   shape.deferral = deferring();
+  shape.decode_rows = placement::decode_rows_for(c, shape.prefill_chunk, slots, opts.verify_tokens);
+  shape.kept_positions = shape.decode_rows > 1 ? opts.verify_tokens : 0;
   const placement::GpuWorkspace work = placement::gpu_workspace(c, shape);
   auto ws = [&](placement::Work w) { return work[w] ? static_cast<float*>(up.zeroed(work[w], Kind::Work)) : nullptr; };
   auto ws16 = [&](placement::Work w) { return reinterpret_cast<uint16_t*>(ws(w)); };
@@ -332,6 +334,17 @@ void Qwen35MoeGpu::Impl::build(Uploader& up, const std::function<void(uint64_t)>
     pterms = ws(W::p_terms);
     pgroup = ws(W::p_grouped);
   }
+  rows = work[W::b_logits] ? shape.decode_rows : 1;  // step_rows' tokens (1: none)
+  bpart = ws(W::b_part), blogits = ws(W::b_logits), bio = ws32(W::b_groups);
+  if (int32_t* top = ws32(W::b_top)) btop_ids = top, btop_vals = reinterpret_cast<float*>(top + rows * gpu::kMaxTopK);
+  if (float* kept_all = ws(W::kept)) {  // per DeltaNet layer: verify_tokens + 1 conv windows, then as many states
+    const int64_t copies = shape.kept_positions + 1;
+    for (DevLayer& d : layers) {
+      if (d.kind != LayerKind::LinearAttention) continue;
+      d.kept_conv = kept_all, kept_all += copies * conv_stride;
+      d.kept_state = kept_all, kept_all += copies * ssm_stride;
+    }
+  }
 }
 
 
@@ -341,7 +354,17 @@ std::unique_ptr<Qwen35MoeGpu> Qwen35MoeGpu::create(const Qwen35Moe& model, const
   if (!caps.usable) fail(caps.error);
   if (opts.max_context < 1 || opts.max_context > model.config().max_position_embeddings)
     fail("--context ", opts.max_context, " must be between 1 and the model's ", model.config().max_position_embeddings);
+  if (opts.batch < 1) fail("batch ", opts.batch, " must be at least 1");
+  if (opts.batch > 1 && opts.defer_experts > 0)
+    fail("experts.deferral holds one sequence's deferred experts between layers: it needs batch 1 (got batch ", opts.batch, ")");
+  if (opts.verify_tokens < 0 || opts.verify_tokens > gpu::kMaxGemvTokens)
+    fail("verify_tokens ", opts.verify_tokens, " must be between 0 and ", gpu::kMaxGemvTokens);
   auto impl = std::make_unique<Impl>(model, opts);
+  impl->slots = opts.batch;
+  impl->slot_pos.assign(opts.batch, 0);
+  impl->conv_stride = static_cast<int64_t>(placement::conv_state_bytes(model.config()) / 4);
+  impl->ssm_stride = static_cast<int64_t>(placement::ssm_state_bytes(model.config()) / 4);
+  impl->cache_stride = static_cast<int64_t>(placement::kv_cache_bytes(model.config(), opts.max_context) / 4);  // bf16 elements of K (or V)
   impl->stream_setup();
   impl->link_setup();
   auto plan_with_chunk = [&](int64_t chunk) {
@@ -442,8 +465,14 @@ std::unique_ptr<Qwen35MoeGpu> Qwen35MoeGpu::create(const Qwen35Moe& model, const
     }
   }
   if (impl->graph_ok) {
-    CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hidpos), 2 * sizeof(int32_t), cudaHostAllocDefault));
+    CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hidpos), 3 * sizeof(int32_t), cudaHostAllocDefault));
     CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hlogits), model.config().vocab_size * sizeof(float), cudaHostAllocDefault));
+  }
+  const int32_t first[2] = {0, 1};  // a one-token step's group table (enqueue: pos_dev[2..3])
+  CK(cudaMemcpy(impl->pos_dev + 2, first, sizeof(first), cudaMemcpyHostToDevice));
+  if (impl->rows > 1) {  // step_rows' table and logits rows, pinned
+    CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hio), (5 * impl->rows + 1) * sizeof(int32_t), cudaHostAllocDefault));
+    CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hrows), impl->rows * model.config().vocab_size * sizeof(float), cudaHostAllocDefault));
   }
   return std::unique_ptr<Qwen35MoeGpu>(new Qwen35MoeGpu(std::move(impl)));
 }

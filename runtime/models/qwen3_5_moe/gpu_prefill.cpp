@@ -41,7 +41,11 @@ void Qwen35MoeGpu::Impl::gpu_experts(const DevLayer& L, const float* x_dev, cons
 }
 
 // y [n, out] = x [n, in] W^T for a chunk of tokens: cuBLAS for bf16, the int4 GEMV 8 tokens at a time.
-void Qwen35MoeGpu::Impl::linear_rows(const DevLinear& L, const float* in, int64_t n, float* out) {
+void Qwen35MoeGpu::Impl::linear_rows(const DevLinear& L, const float* in, int64_t n, float* out, bool gemv) {
+  if (!L.int4 && gemv) {
+    CK(gpu::gemv_bf16(L.w, L.out, L.in, in, static_cast<int>(n), out, stream));
+    return;
+  }
   if (!L.int4) {
     CK(gpu::gemm_bf16(blas, L.w, L.out, L.in, in, n, psplit, out, stream));
     return;
@@ -55,49 +59,66 @@ void Qwen35MoeGpu::Impl::linear_rows(const DevLinear& L, const float* in, int64_
 
 // One layer of batched prefill for n tokens whose hidden states are h [n, H] (updated in place) at
 // positions pos_dev; `streamed`: the layer's expert table with its host experts streamed to the GPU
-// (prefill_streamed), nullptr: host experts on the host.
-void Qwen35MoeGpu::Impl::prefill_layer(size_t li, float* hbuf, int64_t n, const int32_t* pos_dev, const gpu::Int4Expert* streamed) {
+// (prefill_streamed), nullptr: host experts on the host. With `batch` the n tokens are a step_rows
+// step's (several sequences, each token on its own slot): the GEMVs and the decode kernels instead
+// of cuBLAS and the prompt kernels, the same walk otherwise.
+void Qwen35MoeGpu::Impl::prefill_layer(size_t li, float* hbuf, int64_t n, const int32_t* pos_dev, const gpu::Int4Expert* streamed,
+                                       const Batch* batch) {
   const ModelConfig& c = model.config();
   const int64_t H = c.hidden_size, Is = c.shared_expert_intermediate_size;
   const int k = c.num_experts_per_tok;
   const float eps = static_cast<float>(c.rms_norm_eps);
   const DevLayer& L = layers[li];
+  const bool gemv = batch != nullptr;
+  const int64_t R = rows;
   CK(gpu::rmsnorm_zc(hbuf, L.in_norm, H, static_cast<int>(n), eps, px, stream));
   if (L.kind == LayerKind::LinearAttention) {
-    linear_rows(L.qkv, px, n, pqkv);
-    linear_rows(L.z, px, n, pz);
-    linear_rows(L.b, px, n, pb);
-    linear_rows(L.a, px, n, pa);
-    gpu::DeltaNetDecodeArgs p = deltanet_args(L);
+    linear_rows(L.qkv, px, n, pqkv, gemv);
+    linear_rows(L.z, px, n, pz, gemv);
+    linear_rows(L.b, px, n, pb, gemv);
+    linear_rows(L.a, px, n, pa, gemv);
+    gpu::DeltaNetDecodeArgs p = deltanet_args(L, batch ? -1 : cur);
     p.qkv = pqkv, p.z = pz, p.b = pb, p.a = pa, p.conv_out = pconv, p.out = pcore;
-    p.chunk_terms = pterms;
-    CK(gpu::deltanet_prefill_chunked(p, static_cast<int>(n), stream));
-    linear_rows(L.out_proj, pcore, n, po);
+    if (batch) {  // each sequence's tokens in order on its own state (bio: each group's slot and first token)
+      p.tokens = static_cast<int>(n), p.groups = batch->groups, p.slot = bio + 3 * R, p.first = bio + 4 * R;
+      if (batch->keep) p.kept_conv = L.kept_conv, p.kept_state = L.kept_state;
+      CK(gpu::deltanet_decode(p, stream));
+    } else {
+      p.chunk_terms = pterms;
+      CK(gpu::deltanet_prefill_chunked(p, static_cast<int>(n), stream));
+    }
+    linear_rows(L.out_proj, pcore, n, po, gemv);
   } else {
-    linear_rows(L.q, px, n, pqg);
-    linear_rows(L.k, px, n, pk);
-    linear_rows(L.v, px, n, pv);
-    gpu::AttentionDecodeArgs p = attention_args(L);  // the whole chunk at once, causal inside it
+    linear_rows(L.q, px, n, pqg, gemv);
+    linear_rows(L.k, px, n, pk, gemv);
+    linear_rows(L.v, px, n, pv, gemv);
+    gpu::AttentionDecodeArgs p = attention_args(L, batch ? -1 : cur);
     p.qg = pqg, p.k = pk, p.v = pv, p.pos = pos_dev, p.q_rot = pattn, p.out = pattn;  // q_rot may alias out
-    CK(gpu::attention_prefill(p, static_cast<int>(n), stream));
-    linear_rows(L.o, pattn, n, po);
+    if (batch) {  // each token on its own sequence's cache (bio: its slot), all keys in before any attends
+      p.tokens = static_cast<int>(n), p.slot = bio + 2 * R, p.partial = bpart;
+      CK(gpu::attention_decode(p, stream));
+    } else {  // the whole chunk at once, causal inside it
+      CK(gpu::attention_prefill(p, static_cast<int>(n), stream));
+    }
+    linear_rows(L.o, pattn, n, po, gemv);
   }
   CK(gpu::add_inplace(hbuf, po, n * H, stream));
   CK(gpu::rmsnorm_zc(hbuf, L.post_norm, H, static_cast<int>(n), eps, px, stream));
-  linear_rows(L.router, px, n, prouter);
+  linear_rows(L.router, px, n, prouter, gemv);
   CK(gpu::router_topk(prouter, c.num_experts, k, static_cast<int>(n), ptopk_ids, ptopk_w, stream));
   // Streamed: the layer's host experts run on the GPU from `streamed`, the host computes none.
   const bool split = L.cpu_experts && opts.host_experts && !streamed;
   if (split) hy.post_copy(px, ptopk_ids, ptopk_w, n, stream);
   gpu_experts(L, px, ptopk_ids, ptopk_w, n, pxh, phs, pmoe, streamed);
-  linear_rows(L.sh_gate, px, n, psg);
-  linear_rows(L.sh_up, px, n, psu);
+  linear_rows(L.sh_gate, px, n, psg, gemv);
+  linear_rows(L.sh_up, px, n, psu, gemv);
   CK(gpu::silu_mul(psg, psu, n * Is, stream));
-  linear_rows(L.sh_down, psg, n, psd);
-  linear_rows(L.sh_expert_gate, px, n, psgate);
+  linear_rows(L.sh_down, psg, n, psd, gemv);
+  linear_rows(L.sh_expert_gate, px, n, psgate, gemv);
   CK(gpu::gated_add(pmoe, psd, psgate, H, static_cast<int>(n), stream));
   hy.run_deferred(def_dev, stream);
-  if (split) hy.serve_copy(li, n, pcpu, pmoe, stream, HybridDispatch::Pass::prefill);
+  if (split) hy.serve_copy(li, n, pcpu, pmoe, stream, batch ? HybridDispatch::Pass::batch : HybridDispatch::Pass::prefill);
+  else if (batch) counts.gpu += static_cast<uint64_t>(n) * k;
   CK(gpu::add_inplace(hbuf, pmoe, n * H, stream));
   hy.add_deferred(hbuf, def_dev, stream);
 }

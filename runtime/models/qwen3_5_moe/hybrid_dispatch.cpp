@@ -138,7 +138,7 @@ void HybridDispatch::serve_copy(size_t li, int64_t n, float* cpu_dev, float* moe
     while ((q = cudaEventQuery(routed_)) == cudaErrorNotReady) {
     }
     CK(q);
-    if (pass == Pass::decode) s_.counts->host_wait_ns += ns_since(t0);
+    if (pass != Pass::prefill) s_.counts->host_wait_ns += ns_since(t0);
   }
   if (!host_part(li, n, false, pass)) return;
   const int64_t H = s_.hidden;
@@ -154,7 +154,7 @@ bool HybridDispatch::host_part(size_t li, int64_t n, bool always, Pass pass) {
   for (int64_t j = 0; j < n * k; ++j) {
     const bool gpu_side = on_gpu(li, hids_[j]);
     masked_[j] = gpu_side ? -1 : hids_[j];
-    if (pass == Pass::decode) ++(gpu_side ? counts.gpu : counts.cpu);
+    if (pass != Pass::prefill) ++(gpu_side ? counts.gpu : counts.cpu);
   }
   if (pass == Pass::decode && li < link_layers_.size() && link_layers_[li]) {  // the GPU's share (its kernel picks the same slots)
     for (int64_t t = 0; t < n; ++t)
@@ -183,7 +183,7 @@ bool HybridDispatch::host_part(size_t li, int64_t n, bool always, Pass pass) {
       def_.w.assign(hw_, hw_ + n * k);
       def_.layer = static_cast<int>(li);
       def_.n = n;
-      def_.decode = pass == Pass::decode;
+      def_.decode = pass != Pass::prefill;
       def_.pending = true;
     }
   }
@@ -193,7 +193,7 @@ bool HybridDispatch::host_part(size_t li, int64_t n, bool always, Pass pass) {
   if (any) {
     const auto t0 = std::chrono::steady_clock::now();
     s_.host->run(static_cast<int>(li), hx_, n, masked_.data(), hw_, k, hout_);
-    if (pass == Pass::decode) counts.host_run_ns += ns_since(t0), ++counts.host_layers;
+    if (pass != Pass::prefill) counts.host_run_ns += ns_since(t0), ++counts.host_layers;
   }
   return true;
 }

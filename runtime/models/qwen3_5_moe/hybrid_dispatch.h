@@ -106,8 +106,9 @@ constexpr int64_t kHandoffTimeoutNs = 60'000'000'000;
 class HybridDispatch {
  public:
   enum Flag : int { kPosted = 0, kReleased = 1, kGaveUp = 2, kDeferred = 3, kFlags = 4 };
-  // Which pass hands tokens over: decode steps are counted (ExpertCounts), prompt chunks not.
-  enum class Pass { decode, prefill };
+  // Which pass hands tokens over: decode steps are counted (ExpertCounts), prompt chunks not; a batched
+  // step (several sequences' tokens) is counted, and the GPU takes no link experts in it.
+  enum class Pass { decode, prefill, batch };
   struct Setup {
     int64_t hidden = 0;
     int k = 0;                  // experts per token

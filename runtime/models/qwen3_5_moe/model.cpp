@@ -117,11 +117,6 @@ void routed_experts_ref(const MoeWeights& w, const float* x, int64_t T, const in
   }
 }
 
-void linear(const Qwen35State& st, const LinearWeight& w, const float* x, int64_t T, float* y) {
-  if (st.backend) st.backend->linear(w, x, T, y);
-  else linear_ref(w, x, T, y);
-}
-
 }  // namespace
 
 std::unique_ptr<Qwen35Moe> Qwen35Moe::load(const std::string& dir) {
@@ -295,152 +290,269 @@ Qwen35State Qwen35Moe::new_state() const {
   return s;
 }
 
+// A forward_batch call: its sequences, where each one's rows start in the step ([seqs + 1]), and the
+// states' backend.
+struct Qwen35Moe::Step {
+  std::span<const SeqTokens> seqs;
+  std::vector<int64_t> first;  // rows of sequence i: first[i] .. first[i + 1]
+  MatmulBackend* backend = nullptr;
+  const Qwen35State* lead = nullptr;  // the deferral setting (every state's is the same)
+  int64_t rows() const { return first.back(); }
+  void linear(const LinearWeight& w, const float* x, int64_t T, float* y) const {
+    if (backend) backend->linear(w, x, T, y);
+    else linear_ref(w, x, T, y);
+  }
+};
+
+void Qwen35State::rollback(int64_t keep) {
+  if (kept.empty()) fail("rollback: the last step of this sequence kept no states (feed it with keep_states)");
+  const int64_t n = static_cast<int64_t>(kept.size()) - 1;
+  if (keep < 0 || keep > n) fail("rollback: keep ", keep, " is outside 0..", n, " (the tokens of the last kept step)");
+  Kept& k = kept[keep];
+  for (size_t l = 0; l < recurrent.size(); ++l) {
+    if (!k.recurrent[l].empty()) recurrent[l].swap(k.recurrent[l]);
+    if (!k.conv_window[l].empty()) conv_window[l].swap(k.conv_window[l]);
+  }
+  pos = kept_from + keep;
+  for (size_t l = 0; l < k_cache.size(); ++l) {
+    if (k_cache[l].empty()) continue;
+    const size_t row = k_cache[l].size() / static_cast<size_t>(kept_from + n);
+    k_cache[l].resize(static_cast<size_t>(pos) * row);
+    v_cache[l].resize(static_cast<size_t>(pos) * row);
+  }
+  kept.clear();
+  kept_from = -1;
+}
+
 void Qwen35Moe::forward(Qwen35State& st, std::span<const int32_t> ids, float* logits, const TensorTap& tap,
                         LogitRows rows) const {
+  const SeqTokens one{&st, ids, logits, rows, false};
+  forward_batch(std::span(&one, 1), tap);
+}
+
+void Qwen35Moe::forward_batch(std::span<const SeqTokens> seqs, const TensorTap& tap) const {
   const ModelConfig& c = cfg_;
-  const int64_t T = static_cast<int64_t>(ids.size()), H = c.hidden_size;
-  if (T == 0) return;
-  for (int64_t t = 0; t < T; ++t)
-    if (ids[t] < 0 || ids[t] >= c.vocab_size) fail("token id ", ids[t], " at position ", t, " is outside the vocabulary (0..", c.vocab_size - 1, ")");
+  const int64_t H = c.hidden_size, V = c.vocab_size;
+  Step step;
+  step.seqs = seqs;
+  step.first.assign(1, 0);
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const SeqTokens& s = seqs[i];
+    if (!s.state) fail("forward_batch: sequence ", i, " has no state");
+    if (s.ids.empty()) fail("forward_batch: sequence ", i, " feeds no tokens");
+    for (size_t t = 0; t < s.ids.size(); ++t)
+      if (s.ids[t] < 0 || s.ids[t] >= V) fail("token id ", s.ids[t], " at position ", t, " is outside the vocabulary (0..", V - 1, ")");
+    for (size_t j = 0; j < i; ++j)
+      if (seqs[j].state == s.state) fail("forward_batch: sequences ", j, " and ", i, " share one state");
+    if (s.state->backend != seqs[0].state->backend || s.state->defer_experts != seqs[0].state->defer_experts ||
+        s.state->deferrable != seqs[0].state->deferrable)
+      fail("forward_batch: sequence ", i, " has another backend or deferral setting than sequence 0");
+    step.first.push_back(step.first.back() + static_cast<int64_t>(s.ids.size()));
+  }
+  if (seqs.empty()) return;
+  step.backend = seqs[0].state->backend;
+  step.lead = seqs[0].state;
+  const int64_t T = step.rows();
   auto emit = [&](const char* name, int layer, const float* d, int64_t rows, int64_t cols) {
     if (tap) tap(name, layer, d, rows, cols);
   };
   const float eps = static_cast<float>(c.rms_norm_eps);
 
-  std::vector<float> h(T * H), x(T * H), out(T * H), pending;
-  for (int64_t t = 0; t < T; ++t) embed_.dequant_row(ids[t], h.data() + t * H);
+  for (const SeqTokens& s : seqs) {  // the states to keep start with the state before the step
+    Qwen35State& st = *s.state;
+    st.kept.clear();
+    st.kept_from = -1;
+    if (!s.keep_states) continue;
+    st.kept.resize(s.ids.size() + 1);
+    for (Qwen35State::Kept& k : st.kept) {
+      k.conv_window.resize(st.conv_window.size());
+      k.recurrent.resize(st.recurrent.size());
+    }
+    st.kept[0].conv_window = st.conv_window;
+    st.kept[0].recurrent = st.recurrent;
+    st.kept_from = st.pos;
+  }
+
+  std::vector<float> h(T * H), x(T * H), out(T * H), pending, deferred;
+  int64_t t = 0;
+  for (const SeqTokens& s : seqs)
+    for (const int32_t id : s.ids) embed_.dequant_row(id, h.data() + t++ * H);
   emit("embed", -1, h.data(), T, H);
 
   for (int l = 0; l < c.num_layers; ++l) {
     const LayerWeights& L = layers_[l];
-    for (int64_t t = 0; t < T; ++t) ref::rmsnorm_zc(h.data() + t * H, L.input_norm.data(), H, eps, x.data() + t * H);
+    for (int64_t r = 0; r < T; ++r) ref::rmsnorm_zc(h.data() + r * H, L.input_norm.data(), H, eps, x.data() + r * H);
     emit("attn_norm", l, x.data(), T, H);
-    if (L.kind == LayerKind::LinearAttention) deltanet_forward(L, l, st, x.data(), T, out.data(), tap);
-    else attention_forward(L, l, st, x.data(), T, out.data(), tap);
+    if (L.kind == LayerKind::LinearAttention) deltanet_forward(L, l, step, x.data(), out.data(), tap);
+    else attention_forward(L, l, step, x.data(), out.data(), tap);
     for (int64_t i = 0; i < T * H; ++i) h[i] += out[i];
-    for (int64_t t = 0; t < T; ++t)
-      ref::rmsnorm_zc(h.data() + t * H, L.post_attention_norm.data(), H, eps, x.data() + t * H);
+    for (int64_t r = 0; r < T; ++r)
+      ref::rmsnorm_zc(h.data() + r * H, L.post_attention_norm.data(), H, eps, x.data() + r * H);
     emit("ffn_norm", l, x.data(), T, H);
-    moe_forward(L, l, st, x.data(), T, out.data(), tap);
+    moe_forward(L, l, step, x.data(), out.data(), deferred, tap);
     for (int64_t i = 0; i < T * H; ++i) h[i] += out[i];
-    if (st.defer_experts > 0) {  // the previous layer's deferred experts arrive with this layer's MoE output
+    if (step.lead->defer_experts > 0) {  // the previous layer's deferred experts arrive with this layer's MoE output
       for (size_t i = 0; i < pending.size(); ++i) h[i] += pending[i];
-      pending.swap(st.deferred);
+      pending.swap(deferred);
     }
     emit("layer_out", l, h.data(), T, H);
   }
   for (size_t i = 0; i < pending.size(); ++i) h[i] += pending[i];  // the last layer's deferred experts
-  const int64_t first = rows == LogitRows::Last ? T - 1 : 0, n_out = T - first;
-  for (int64_t t = first; t < T; ++t) ref::rmsnorm_zc(h.data() + t * H, final_norm_.data(), H, eps, x.data() + t * H);
-  emit("final_norm", -1, x.data() + first * H, n_out, H);
-  linear(st, lm_head_, x.data() + first * H, n_out, logits);
-  emit("logits", -1, logits, n_out, c.vocab_size);
-  st.pos += T;
+
+  // lm_head over the rows asked for only, in step order
+  std::vector<int64_t> wanted;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    if (!seqs[i].logits) continue;
+    const int64_t from = seqs[i].rows == LogitRows::Last ? step.first[i + 1] - 1 : step.first[i];
+    for (int64_t r = from; r < step.first[i + 1]; ++r) wanted.push_back(r);
+  }
+  const int64_t n_out = static_cast<int64_t>(wanted.size());
+  for (int64_t j = 0; j < n_out; ++j) ref::rmsnorm_zc(h.data() + wanted[j] * H, final_norm_.data(), H, eps, x.data() + j * H);
+  emit("final_norm", -1, x.data(), n_out, H);
+  if (n_out > 0) {
+    const bool direct = seqs.size() == 1;  // one sequence: its rows are the buffer's
+    std::vector<float> all(direct ? 0 : static_cast<size_t>(n_out * V));
+    float* dst = direct ? seqs[0].logits : all.data();
+    step.linear(lm_head_, x.data(), n_out, dst);
+    emit("logits", -1, dst, n_out, V);
+    for (size_t i = 0, j = 0; !direct && i < seqs.size(); ++i) {
+      if (!seqs[i].logits) continue;
+      const int64_t n = seqs[i].rows == LogitRows::Last ? 1 : step.first[i + 1] - step.first[i];
+      std::copy_n(all.data() + j * V, n * V, seqs[i].logits);
+      j += static_cast<size_t>(n);
+    }
+  }
+  for (const SeqTokens& s : seqs) s.state->pos += static_cast<int64_t>(s.ids.size());
 }
 
-void Qwen35Moe::deltanet_forward(const LayerWeights& L, int layer, Qwen35State& st, const float* x, int64_t T,
-                                 float* out, const TensorTap& tap) const {
+void Qwen35Moe::deltanet_forward(const LayerWeights& L, int layer, const Step& step, const float* x, float* out,
+                                 const TensorTap& tap) const {
   const ModelConfig& c = cfg_;
   const DeltaNetWeights& w = L.deltanet;
-  const int64_t conv_dim = c.linear_conv_dim(), Kd = c.linear_key_dim(), Vd = c.linear_value_dim();
+  const int64_t conv_dim = c.linear_conv_dim(), Kd = c.linear_key_dim(), Vd = c.linear_value_dim(), T = step.rows();
   const int Hv = c.linear_num_value_heads, dk = c.linear_key_head_dim, dv = c.linear_value_head_dim;
   const int group = Hv / c.linear_num_key_heads;  // v head h reads q/k head h / group
   const float eps = static_cast<float>(c.rms_norm_eps);
 
   std::vector<float> qkv(T * conv_dim), conv(T * conv_dim), z(T * Vd), b(T * Hv), a(T * Hv), core(T * Vd);
-  linear(st, w.in_proj_qkv, x, T, qkv.data());
-  linear(st, w.in_proj_z, x, T, z.data());
-  linear(st, w.in_proj_b, x, T, b.data());
-  linear(st, w.in_proj_a, x, T, a.data());
-  float* window = st.conv_window[layer].data();
-  for (int64_t t = 0; t < T; ++t)
-    ref::causal_conv_step(qkv.data() + t * conv_dim, window, w.conv.data(), conv_dim, c.linear_conv_kernel,
-                          conv.data() + t * conv_dim);
+  step.linear(w.in_proj_qkv, x, T, qkv.data());
+  step.linear(w.in_proj_z, x, T, z.data());
+  step.linear(w.in_proj_b, x, T, b.data());
+  step.linear(w.in_proj_a, x, T, a.data());
+  for (size_t i = 0; i < step.seqs.size(); ++i) {
+    Qwen35State& st = *step.seqs[i].state;
+    const bool keep = step.seqs[i].keep_states;
+    float* window = st.conv_window[layer].data();
+    for (int64_t t = step.first[i]; t < step.first[i + 1]; ++t) {
+      ref::causal_conv_step(qkv.data() + t * conv_dim, window, w.conv.data(), conv_dim, c.linear_conv_kernel,
+                            conv.data() + t * conv_dim);
+      if (keep) st.kept[t - step.first[i] + 1].conv_window[layer] = st.conv_window[layer];
+    }
+    if (keep)
+      for (size_t k = 1; k < st.kept.size(); ++k) st.kept[k].recurrent[layer].resize(st.recurrent[layer].size());
+  }
   if (tap) tap("linear_attn_conv", layer, conv.data(), T, conv_dim);
 
-  float* S = st.recurrent[layer].data();
   const float q_scale = 1.0f / std::sqrt(static_cast<float>(dk));
-  // Heads are independent: each owns its [dk][dv] state; tokens go in order within a head.
-#pragma omp parallel for schedule(static) if (int64_t(Hv) * dk * dv * T >= (int64_t(1) << 16))
-  for (int h = 0; h < Hv; ++h) {
-    std::vector<float> q(dk), k(dk), o(dv);
-    const int kh = h / group;
-    for (int64_t t = 0; t < T; ++t) {
-      const float* ct = conv.data() + t * conv_dim;
-      std::copy_n(ct + kh * dk, dk, q.data());
-      std::copy_n(ct + Kd + kh * dk, dk, k.data());
-      ref::l2norm(q.data(), dk, 1e-6f);
-      ref::l2norm(k.data(), dk, 1e-6f);
-      for (float& v : q) v *= q_scale;
-      const float* v = ct + 2 * Kd + int64_t(h) * dv;
-      const float beta = ref::sigmoid(b[t * Hv + h]);
-      const float g = -std::exp(w.A_log[h]) * ref::softplus(a[t * Hv + h] + w.dt_bias[h]);
-      ref::delta_rule_step(S + int64_t(h) * dk * dv, q.data(), k.data(), v, g, beta, dk, dv, o.data());
-      ref::rmsnorm_gated(o.data(), z.data() + t * Vd + int64_t(h) * dv, w.norm.data(), dv, eps,
-                         core.data() + t * Vd + int64_t(h) * dv);
+  const int64_t n_seqs = static_cast<int64_t>(step.seqs.size());
+  // (sequence, head) pairs are independent: each owns its [dk][dv] state; a sequence's tokens go in order.
+#pragma omp parallel for collapse(2) schedule(static) if (int64_t(Hv) * dk * dv * T >= (int64_t(1) << 16))
+  for (int64_t i = 0; i < n_seqs; ++i)
+    for (int h = 0; h < Hv; ++h) {
+      Qwen35State& st = *step.seqs[i].state;
+      const bool keep = step.seqs[i].keep_states;
+      float* S = st.recurrent[layer].data() + int64_t(h) * dk * dv;
+      std::vector<float> q(dk), k(dk), o(dv);
+      const int kh = h / group;
+      for (int64_t t = step.first[i]; t < step.first[i + 1]; ++t) {
+        const float* ct = conv.data() + t * conv_dim;
+        std::copy_n(ct + kh * dk, dk, q.data());
+        std::copy_n(ct + Kd + kh * dk, dk, k.data());
+        ref::l2norm(q.data(), dk, 1e-6f);
+        ref::l2norm(k.data(), dk, 1e-6f);
+        for (float& v : q) v *= q_scale;
+        const float* v = ct + 2 * Kd + int64_t(h) * dv;
+        const float beta = ref::sigmoid(b[t * Hv + h]);
+        const float g = -std::exp(w.A_log[h]) * ref::softplus(a[t * Hv + h] + w.dt_bias[h]);
+        ref::delta_rule_step(S, q.data(), k.data(), v, g, beta, dk, dv, o.data());
+        ref::rmsnorm_gated(o.data(), z.data() + t * Vd + int64_t(h) * dv, w.norm.data(), dv, eps,
+                           core.data() + t * Vd + int64_t(h) * dv);
+        if (keep) std::copy_n(S, int64_t(dk) * dv, st.kept[t - step.first[i] + 1].recurrent[layer].data() + int64_t(h) * dk * dv);
+      }
     }
-  }
   if (tap) tap("linear_attn_core", layer, core.data(), T, Vd);
-  linear(st, w.out_proj, core.data(), T, out);
+  step.linear(w.out_proj, core.data(), T, out);
   if (tap) tap("linear_attn_out", layer, out, T, c.hidden_size);
 }
 
-void Qwen35Moe::attention_forward(const LayerWeights& L, int layer, Qwen35State& st, const float* x, int64_t T,
-                                  float* out, const TensorTap& tap) const {
+void Qwen35Moe::attention_forward(const LayerWeights& L, int layer, const Step& step, const float* x, float* out,
+                                  const TensorTap& tap) const {
   const ModelConfig& c = cfg_;
   const AttentionWeights& w = L.attn;
   const int nh = c.num_heads, nkv = c.num_kv_heads, hd = c.head_dim, group = nh / nkv;
-  const int64_t kv_row = int64_t(nkv) * hd, pos0 = st.pos;
+  const int64_t kv_row = int64_t(nkv) * hd, T = step.rows();
   const float eps = static_cast<float>(c.rms_norm_eps);
 
   std::vector<float> qg(T * nh * 2 * hd), k(T * kv_row), v(T * kv_row), o(T * nh * hd);
-  linear(st, w.q_proj, x, T, qg.data());
-  linear(st, w.k_proj, x, T, k.data());
-  linear(st, w.v_proj, x, T, v.data());
+  step.linear(w.q_proj, x, T, qg.data());
+  step.linear(w.k_proj, x, T, k.data());
+  step.linear(w.v_proj, x, T, v.data());
 
-  std::vector<float>& kc = st.k_cache[layer];
-  std::vector<float>& vc = st.v_cache[layer];
-  for (int64_t t = 0; t < T; ++t)
-    for (int j = 0; j < nkv; ++j) {
-      float* kh = k.data() + t * kv_row + j * hd;
-      ref::rmsnorm_zc(kh, w.k_norm.data(), hd, eps, kh);
-      ref::rope_neox(kh, c.rotary_dim, inv_freq_.data(), pos0 + t);
+  // Each row's position; its keys and values join its sequence's cache first.
+  std::vector<int64_t> pos(T), seq_of(T);
+  for (size_t i = 0; i < step.seqs.size(); ++i) {
+    Qwen35State& st = *step.seqs[i].state;
+    for (int64_t t = step.first[i]; t < step.first[i + 1]; ++t) {
+      pos[t] = st.pos + (t - step.first[i]);
+      seq_of[t] = static_cast<int64_t>(i);
+      for (int j = 0; j < nkv; ++j) {
+        float* kh = k.data() + t * kv_row + j * hd;
+        ref::rmsnorm_zc(kh, w.k_norm.data(), hd, eps, kh);
+        ref::rope_neox(kh, c.rotary_dim, inv_freq_.data(), pos[t]);
+      }
     }
-  kc.insert(kc.end(), k.begin(), k.end());
-  vc.insert(vc.end(), v.begin(), v.end());
+    std::vector<float>& kc = st.k_cache[layer];
+    std::vector<float>& vc = st.v_cache[layer];
+    kc.insert(kc.end(), k.begin() + step.first[i] * kv_row, k.begin() + step.first[i + 1] * kv_row);
+    vc.insert(vc.end(), v.begin() + step.first[i] * kv_row, v.begin() + step.first[i + 1] * kv_row);
+  }
+  int64_t longest = 0;
+  for (int64_t t = 0; t < T; ++t) longest = std::max(longest, pos[t] + 1);
 
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-#pragma omp parallel if (T * nh * (pos0 + T) * hd >= (int64_t(1) << 16))
+#pragma omp parallel if (T * nh * longest * hd >= (int64_t(1) << 16))
   {
-    std::vector<float> q(hd), scores(pos0 + T);
+    std::vector<float> q(hd), scores(longest);
 #pragma omp for collapse(2) schedule(static)
     for (int64_t t = 0; t < T; ++t)
       for (int h = 0; h < nh; ++h) {
+        const Qwen35State& st = *step.seqs[seq_of[t]].state;
         const float* qh = qg.data() + (t * nh + h) * 2 * hd;
         const float* gate = qh + hd;
         ref::rmsnorm_zc(qh, w.q_norm.data(), hd, eps, q.data());
-        ref::rope_neox(q.data(), c.rotary_dim, inv_freq_.data(), pos0 + t);
+        ref::rope_neox(q.data(), c.rotary_dim, inv_freq_.data(), pos[t]);
         float* oh = o.data() + (t * nh + h) * hd;
         const int64_t kvh = h / group;
-        ref::attend(q.data(), kc.data() + kvh * hd, vc.data() + kvh * hd, pos0 + t + 1, kv_row, hd, scale,
-                    scores.data(), oh);
+        ref::attend(q.data(), st.k_cache[layer].data() + kvh * hd, st.v_cache[layer].data() + kvh * hd, pos[t] + 1, kv_row, hd,
+                    scale, scores.data(), oh);
         for (int i = 0; i < hd; ++i) oh[i] *= ref::sigmoid(gate[i]);
       }
   }
   if (tap) tap("attn_gated", layer, o.data(), T, int64_t(nh) * hd);
-  linear(st, w.o_proj, o.data(), T, out);
+  step.linear(w.o_proj, o.data(), T, out);
   if (tap) tap("attn_out", layer, out, T, c.hidden_size);
 }
 
-void Qwen35Moe::moe_forward(const LayerWeights& L, int layer, Qwen35State& st, const float* x, int64_t T, float* out,
-                            const TensorTap& tap) const {
+void Qwen35Moe::moe_forward(const LayerWeights& L, int layer, const Step& step, const float* x, float* out,
+                            std::vector<float>& deferred, const TensorTap& tap) const {
   const ModelConfig& c = cfg_;
   const MoeWeights& w = L.moe;
-  const int64_t H = c.hidden_size, Is = c.shared_expert_intermediate_size;
+  const int64_t H = c.hidden_size, Is = c.shared_expert_intermediate_size, T = step.rows();
   const int E = c.num_experts, K = c.num_experts_per_tok;
+  const Qwen35State& st = *step.lead;
 
   std::vector<float> router(T * E);
-  linear(st, w.router, x, T, router.data());
+  step.linear(w.router, x, T, router.data());
   std::vector<int32_t> idx(T * K);
   std::vector<float> wt(T * K);
   for (int64_t t = 0; t < T; ++t) ref::route_topk(router.data() + t * E, E, K, idx.data() + t * K, wt.data() + t * K);
@@ -449,8 +561,9 @@ void Qwen35Moe::moe_forward(const LayerWeights& L, int layer, Qwen35State& st, c
     tap("moe_topk_ids", layer, ids_f.data(), T, K);
   }
 
+  // All the step's tokens at once: grouped by expert, each expert's weights read once for its tokens.
   auto routed = [&](const int32_t* ids, float* dst) {
-    if (st.backend) st.backend->routed_experts(layer, x, T, ids, wt.data(), K, dst);
+    if (step.backend) step.backend->routed_experts(layer, x, T, ids, wt.data(), K, dst);
     else routed_experts_ref(L.moe, x, T, ids, wt.data(), K, dst);
   };
   if (st.defer_experts > 0) {  // the lowest-weight choices of each token join the residual one layer later
@@ -464,8 +577,8 @@ void Qwen35Moe::moe_forward(const LayerWeights& L, int layer, Qwen35State& st, c
         if (!st.deferrable || (*st.deferrable)[layer][idx[t * K + j]]) std::swap(now[t * K + j], later[t * K + j]);
       }
     }
-    st.deferred.assign(T * H, 0.0f);
-    routed(later.data(), st.deferred.data());
+    deferred.assign(T * H, 0.0f);
+    routed(later.data(), deferred.data());
     routed(now.data(), out);
   } else {
     routed(idx.data(), out);
@@ -473,11 +586,11 @@ void Qwen35Moe::moe_forward(const LayerWeights& L, int layer, Qwen35State& st, c
   if (tap) tap("moe_routed", layer, out, T, H);
 
   std::vector<float> sg(T * Is), su(T * Is), sd(T * H), sgate(T);
-  linear(st, w.shared_gate, x, T, sg.data());
-  linear(st, w.shared_up, x, T, su.data());
+  step.linear(w.shared_gate, x, T, sg.data());
+  step.linear(w.shared_up, x, T, su.data());
   for (int64_t i = 0; i < T * Is; ++i) sg[i] = ref::silu(sg[i]) * su[i];
-  linear(st, w.shared_down, sg.data(), T, sd.data());
-  linear(st, w.shared_expert_gate, x, T, sgate.data());
+  step.linear(w.shared_down, sg.data(), T, sd.data());
+  step.linear(w.shared_expert_gate, x, T, sgate.data());
   for (int64_t t = 0; t < T; ++t) {
     const float s = ref::sigmoid(sgate[t]);
     for (int64_t k = 0; k < H; ++k) out[t * H + k] += s * sd[t * H + k];

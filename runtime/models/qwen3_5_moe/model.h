@@ -5,9 +5,14 @@
 // on-disk layouts (official fused BF16, per-expert BF16, GPTQ-Int4 per expert), checking names,
 // shapes and dtypes once so the forward never meets a surprise. Weights stay in the mapping.
 //
-// forward() feeds T tokens at the state's current position (T > 1 is a prefill, T == 1 a decode
-// step) and returns float32 logits [T, vocab]. State (KV cache, conv windows, DeltaNet matrices)
-// lives in Qwen35State, one per sequence.
+// forward_batch() is one layer walk over the tokens of several sequences at once: each sequence's
+// tokens at its state's position (one token: a decode step; several: a prompt chunk, or the K
+// positions a speculative step verifies). Norms, projections and the MoE run over all the step's
+// tokens together (the routed experts grouped by expert, so each expert's weights are read once for
+// all its tokens); the conv, the DeltaNet recurrence and attention run per sequence on its own state.
+// Every row's arithmetic is the row's alone, so a sequence gets the same numbers in any batch.
+// forward() is the one-sequence case. State (KV cache, conv windows, DeltaNet matrices) lives in
+// Qwen35State, one per sequence.
 #pragma once
 
 #include <cstdint>
@@ -72,7 +77,18 @@ struct Qwen35State {
   // host-resident experts: deferrable = its CPU side. 0 = the exact model. `deferred` is scratch.
   int defer_experts = 0;
   const std::vector<std::vector<uint8_t>>* deferrable = nullptr;
-  std::vector<float> deferred;
+  // After a step that kept its states (SeqTokens::keep_states): the conv windows and DeltaNet matrices
+  // before it (kept[0]) and after each of its n tokens (kept[t], [layer] inside), from position
+  // kept_from; rollback(keep) returns to the state after `keep` of them. Cleared by the next step.
+  struct Kept {
+    std::vector<std::vector<float>> conv_window, recurrent;
+  };
+  std::vector<Kept> kept;
+  int64_t kept_from = -1;
+  // Back to the state after the first `keep` tokens of the last kept step (0: before it), as if the
+  // later ones had never been fed: the recurrent state from its copy, the KV rows cut. tandem::Error
+  // when the last step kept nothing or keep is outside 0..n.
+  void rollback(int64_t keep);
 };
 
 // Called with every named intermediate when set (llama.cpp-style "cb"), for layer-by-layer
@@ -116,13 +132,24 @@ class Qwen35Moe {
   void forward(Qwen35State& state, std::span<const int32_t> ids, float* logits, const TensorTap& tap = {},
                LogitRows rows = LogitRows::All) const;
 
+  // One sequence's part of a batched step.
+  struct SeqTokens {
+    Qwen35State* state = nullptr;
+    std::span<const int32_t> ids;     // fed at state->pos (at least one)
+    float* logits = nullptr;          // [ids, vocab] (All) or [vocab] (Last); nullptr: none
+    LogitRows rows = LogitRows::Last;
+    bool keep_states = false;         // keep the state after every position (Qwen35State::rollback)
+  };
+  // One layer walk over every sequence's tokens (see above). The states share one backend and one
+  // deferral setting; a state appears once. Taps see the step's rows [sum of ids, cols] in order.
+  void forward_batch(std::span<const SeqTokens> seqs, const TensorTap& tap = {}) const;
+
  private:
   void load_weights();
-  void deltanet_forward(const LayerWeights& L, int layer, Qwen35State& st, const float* x, int64_t T, float* out,
-                        const TensorTap& tap) const;
-  void attention_forward(const LayerWeights& L, int layer, Qwen35State& st, const float* x, int64_t T, float* out,
-                         const TensorTap& tap) const;
-  void moe_forward(const LayerWeights& L, int layer, Qwen35State& st, const float* x, int64_t T, float* out,
+  struct Step;  // a forward_batch call's sequences, their rows and the backend
+  void deltanet_forward(const LayerWeights& L, int layer, const Step& step, const float* x, float* out, const TensorTap& tap) const;
+  void attention_forward(const LayerWeights& L, int layer, const Step& step, const float* x, float* out, const TensorTap& tap) const;
+  void moe_forward(const LayerWeights& L, int layer, const Step& step, const float* x, float* out, std::vector<float>& deferred,
                    const TensorTap& tap) const;
 
   ModelConfig cfg_;

@@ -1,0 +1,180 @@
+// runtime/models/qwen3_5_moe/gpu_batch.cpp: steps over several sequences' tokens at once (step_rows,
+// see gpu.h): the step's table, its walk (prefill_layer over the rows with the decode kernels on each
+// token's slot), a CUDA graph per step shape, the logits rows and their top-k, and rollback.
+#include <algorithm>
+#include <cstring>
+
+#include "gpu_core/ops.cuh"
+#include "runtime/models/qwen3_5_moe/gpu_impl.h"
+
+namespace tandem {
+
+namespace {
+
+// One graph per (tokens, sequences, keep, logits destination): the kernels' grids depend on them,
+// everything else (ids, positions, slots) is read from the table on the device.
+int row_graph_key(int64_t n, int groups, bool keep, int w) { return ((static_cast<int>(n) * 64 + groups) * 2 + keep) * 3 + w; }
+
+}  // namespace
+
+void Qwen35MoeGpu::Impl::enqueue_rows(int64_t n, const Batch& b, float* logits_dst) {
+  const ModelConfig& c = model.config();
+  const int64_t H = c.hidden_size, V = c.vocab_size, R = rows;
+  CK(cudaMemcpyAsync(bio, hio, (5 * R + 1) * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
+  if (embed) CK(gpu::embed_bf16(embed, H, bio, static_cast<int>(n), ph, stream));
+  else host_embedding_rows(hio, n, ph);
+  for (size_t li = 0; li < layers.size(); ++li) prefill_layer(li, ph, n, bio + R, nullptr, &b);
+  if (!logits_dst) return;
+  CK(gpu::rmsnorm_zc(ph, final_norm, H, static_cast<int>(n), static_cast<float>(c.rms_norm_eps), px, stream));
+  linear_rows(lm_head, px, n, blogits, true);
+  if (logits_dst != &logits_sink) CK(cudaMemcpyAsync(logits_dst, blogits, n * V * sizeof(float), cudaMemcpyDeviceToHost, stream));
+}
+
+void Qwen35MoeGpu::Impl::run_rows(int64_t n, const Batch& b, float* logits_dst) {
+  const ModelConfig& c = model.config();
+  const int64_t V = c.vocab_size;
+  const int w = !logits_dst ? 0 : logits_dst == &logits_sink ? 2 : 1;
+  float* dst = w == 0 ? nullptr : w == 2 ? &logits_sink : hrows;
+  // All on the GPU: the step as a graph. With host experts the layers hand over eagerly (post_copy /
+  // serve_copy wait on the host).
+  if (graph_ok && gpu_only_layers == layers.size() && !Trace::active()) {
+    const int key = row_graph_key(n, b.groups, b.keep, w);
+    auto it = std::find_if(row_graphs.begin(), row_graphs.end(), [&](const auto& g) { return g.first == key; });
+    if (it == row_graphs.end()) {
+      const ExpertCounts saved = counts;  // replays count below
+      CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+      cudaGraph_t g = nullptr;
+      try {
+        enqueue_rows(n, b, dst);
+        CK(cudaStreamEndCapture(stream, &g));
+      } catch (...) {
+        abandon_capture();
+        throw;
+      }
+      cudaGraphExec_t exec = nullptr;
+      const cudaError_t made = cudaGraphInstantiate(&exec, g, 0);
+      cudaGraphDestroy(g);
+      CK(made);
+      counts = saved;
+      row_graphs.emplace_back(key, exec);
+      it = row_graphs.end() - 1;
+    }
+    CK(cudaGraphLaunch(it->second, stream));
+    counts.gpu += static_cast<uint64_t>(n) * c.num_experts_per_tok * gpu_only_layers;
+  } else {
+    enqueue_rows(n, b, dst);
+  }
+  CK(cudaStreamSynchronize(stream));
+  if (w == 1) std::memcpy(logits_dst, hrows, n * V * sizeof(float));
+}
+
+// Checks the feeds and fills the step's table (hio); returns its tokens and groups.
+static int64_t fill_rows(Qwen35MoeGpu::Impl& m, std::span<const Qwen35MoeGpu::RowFeed> feeds, Qwen35MoeGpu::Impl::Batch& b) {
+  const int64_t R = m.rows, V = m.model.config().vocab_size;
+  if (R < 2) fail("internal: step_rows without batched buffers (step_rows_max() is 1)");
+  if (feeds.empty()) fail("step_rows: no sequences to feed");
+  int64_t n = 0;
+  b = {};
+  for (size_t g = 0; g < feeds.size(); ++g) {
+    const Qwen35MoeGpu::RowFeed& f = feeds[g];
+    if (f.slot < 0 || f.slot >= m.slots) fail("slot ", f.slot, " is outside 0..", m.slots - 1);
+    for (size_t j = 0; j < g; ++j)
+      if (feeds[j].slot == f.slot) fail("slot ", f.slot, " is fed twice in one step");
+    if (f.ids.empty()) fail("slot ", f.slot, ": a step feeds at least one token");
+    const int64_t at = f.slot == m.cur ? m.pos : m.slot_pos[f.slot];
+    if (at + static_cast<int64_t>(f.ids.size()) > m.opts.max_context)
+      fail("the sequence in slot ", f.slot, " reached the context limit of ", m.opts.max_context, " tokens (--context)");
+    if (f.keep) {
+      if (feeds.size() != 1) fail("a step that keeps its states feeds one sequence (slot ", f.slot, " had company)");
+      if (static_cast<int64_t>(f.ids.size()) > m.opts.verify_tokens)
+        fail("a step that keeps its states takes at most ", m.opts.verify_tokens, " tokens here (got ", f.ids.size(), ")");
+      b.keep = true;
+    }
+    m.hio[3 * R + g] = f.slot;
+    m.hio[4 * R + g] = static_cast<int32_t>(n);
+    for (size_t t = 0; t < f.ids.size(); ++t, ++n) {
+      if (n >= R) fail("step_rows: more than ", R, " tokens in one step");
+      if (f.ids[t] < 0 || f.ids[t] >= V) fail("token id ", f.ids[t], " at position ", t, " is outside the vocabulary (0..", V - 1, ")");
+      m.hio[n] = f.ids[t];
+      m.hio[R + n] = static_cast<int32_t>(at + static_cast<int64_t>(t));
+      m.hio[2 * R + n] = f.slot;
+    }
+  }
+  b.groups = static_cast<int>(feeds.size());
+  m.hio[4 * R + b.groups] = static_cast<int32_t>(n);
+  return n;
+}
+
+// The positions move on; a keep step is remembered for rollback.
+static void advance(Qwen35MoeGpu::Impl& m, std::span<const Qwen35MoeGpu::RowFeed> feeds, bool keep) {
+  m.kept = {};
+  for (const Qwen35MoeGpu::RowFeed& f : feeds) {
+    int64_t& at = f.slot == m.cur ? m.pos : m.slot_pos[f.slot];
+    if (keep) m.kept = {f.slot, at, static_cast<int64_t>(f.ids.size())};
+    at += static_cast<int64_t>(f.ids.size());
+  }
+}
+
+void Qwen35MoeGpu::step_rows(std::span<const RowFeed> feeds, float* logits) {
+  Impl& m = *impl_;
+  Impl::Batch b;
+  const int64_t n = fill_rows(m, feeds, b);
+  m.run_rows(n, b, logits);
+  advance(m, feeds, b.keep);
+}
+
+bool Qwen35MoeGpu::step_rows_top(std::span<const RowFeed> feeds, std::span<const std::span<const gpu::Penalty>> penalties, std::span<const int> k,
+                                 std::span<std::vector<std::pair<int32_t, float>>* const> tops) {
+  Impl& m = *impl_;
+  const int64_t V = m.model.config().vocab_size;
+  if ((V + gpu::kTopKBlocks - 1) / gpu::kTopKBlocks * 8 > 48 * 1024) return false;
+  int64_t rows = 0;
+  for (const RowFeed& f : feeds) rows += static_cast<int64_t>(f.ids.size());
+  if (static_cast<int64_t>(penalties.size()) != rows || static_cast<int64_t>(k.size()) != rows || static_cast<int64_t>(tops.size()) != rows)
+    fail("internal: step_rows_top wants one penalty list, k and result per row");
+  for (int64_t r = 0; r < rows; ++r)
+    if (k[r] < 0 || k[r] > gpu::kMaxTopK || static_cast<int64_t>(penalties[r].size()) > m.opts.max_context) return false;
+  Impl::Batch b;
+  const int64_t n = fill_rows(m, feeds, b);
+  m.run_rows(n, b, &m.logits_sink);
+  for (int64_t r = 0; r < n; ++r) {
+    if (k[r] == 0) continue;
+    float* row = m.blogits + r * V;
+    if (!penalties[r].empty())
+      CK(cudaMemcpyAsync(m.pen_dev, penalties[r].data(), penalties[r].size() * sizeof(gpu::Penalty), cudaMemcpyHostToDevice, m.stream));
+    CK(gpu::penalise(row, V, m.pen_dev, static_cast<int>(penalties[r].size()), m.stream));
+    CK(gpu::top_k_row(row, V, k[r], m.topk_ws, m.btop_ids + r * gpu::kMaxTopK, m.btop_vals + r * gpu::kMaxTopK, m.stream));
+  }
+  std::vector<int32_t> hi(n * gpu::kMaxTopK);
+  std::vector<float> hv(n * gpu::kMaxTopK);
+  CK(cudaMemcpyAsync(hi.data(), m.btop_ids, hi.size() * sizeof(int32_t), cudaMemcpyDeviceToHost, m.stream));
+  CK(cudaMemcpyAsync(hv.data(), m.btop_vals, hv.size() * sizeof(float), cudaMemcpyDeviceToHost, m.stream));
+  CK(cudaStreamSynchronize(m.stream));
+  for (int64_t r = 0; r < n; ++r) {
+    if (k[r] == 0) continue;
+    tops[r]->resize(k[r]);
+    for (int i = 0; i < k[r]; ++i) (*tops[r])[i] = {hi[r * gpu::kMaxTopK + i], hv[r * gpu::kMaxTopK + i]};
+  }
+  advance(m, feeds, b.keep);
+  return true;
+}
+
+void Qwen35MoeGpu::rollback(int slot, int64_t keep) {
+  Impl& m = *impl_;
+  if (slot < 0 || slot >= m.slots) fail("slot ", slot, " is outside 0..", m.slots - 1);
+  if (m.kept.slot != slot) fail("rollback: the last step of slot ", slot, " kept no states (feed it with keep_states)");
+  if (keep < 0 || keep > m.kept.n) fail("rollback: keep ", keep, " is outside 0..", m.kept.n, " (the tokens of the last kept step)");
+  const ModelConfig& c = m.model.config();
+  const size_t conv = (c.linear_conv_kernel - 1) * c.linear_conv_dim() * sizeof(float);
+  const size_t state = int64_t(c.linear_num_value_heads) * c.linear_key_head_dim * c.linear_value_head_dim * sizeof(float);
+  for (DevLayer& L : m.layers) {
+    if (L.kind != LayerKind::LinearAttention) continue;
+    CK(cudaMemcpyAsync(L.conv_state + slot * m.conv_stride, L.kept_conv + keep * m.conv_stride, conv, cudaMemcpyDeviceToDevice, m.stream));
+    CK(cudaMemcpyAsync(L.ssm_state + slot * m.ssm_stride, L.kept_state + keep * m.ssm_stride, state, cudaMemcpyDeviceToDevice, m.stream));
+  }
+  CK(cudaStreamSynchronize(m.stream));
+  (slot == m.cur ? m.pos : m.slot_pos[slot]) = m.kept.from + keep;  // later keys and values are overwritten as it goes on
+  m.kept = {};
+}
+
+}  // namespace tandem

@@ -1,0 +1,138 @@
+// The batched engine on the host placements (ref, cpu) and every HF fixture: batch_cases.h's contract
+// bit for bit (a sequence's rows are computed with the same arithmetic in any batch), the batched
+// rows against HF's logits, and generate_batch's results equal to each request run alone.
+#include <gtest/gtest.h>
+
+#include "runtime/engine/generate.h"
+#include "runtime/engine/logits_compare.h"
+#include "runtime/format/npy.h"
+#include "tests/unit/batch_cases.h"
+#include "tests/unit/fixture_util.h"
+#include "tests/unit/test_util.h"
+#include "tools/synth/synth.h"
+
+namespace tandem {
+namespace {
+
+struct Case {
+  std::string fixture;
+  Device device;
+};
+
+std::string case_name(const ::testing::TestParamInfo<Case>& info) { return info.param.fixture + "_" + device_name(info.param.device); }
+
+std::vector<Case> cases() {
+  std::vector<Case> out;
+  for (const std::string& f : test::fixture_names())
+    for (Device d : {Device::Ref, Device::Cpu}) out.push_back({f, d});
+  return out;
+}
+
+class Batch : public ::testing::TestWithParam<Case> {
+ protected:
+  void SetUp() override {
+    fixture_ = test::load_fixture(GetParam().fixture);
+    model_ = Qwen35Moe::load(fixture_.dir);
+  }
+  test::RunnerFactory factory() const {
+    return [this](int batch, int64_t verify) {
+      RunnerOptions o;
+      o.device = GetParam().device;
+      o.threads = 2;
+      o.batch = batch;
+      o.verify_tokens = verify;
+      return make_runner(*model_, o);
+    };
+  }
+  test::Fixture fixture_;
+  std::unique_ptr<Qwen35Moe> model_;
+};
+
+TEST_P(Batch, EverySequenceGetsItsLogitsAlone) { test::batch_equals_alone(factory(), fixture_.ids, fixture_.vocab, 0); }
+
+TEST_P(Batch, KeptStatesRollBackExactly) { test::keep_states_and_rollback(factory(), fixture_.ids, fixture_.vocab, 0); }
+
+// The fixture's ids as three sequences of different lengths in one prompt step: each one's rows
+// against HF's logits of the same positions (the fixture's prompt is one sequence, so each of ours
+// is a prefix of it). Within each device's tolerance against HF: 1e-4 for the exact reference, 3e-2 for
+// cpu (its int4 experts see 16-bit activations; tests/cli/test_cpu_device.sh).
+TEST_P(Batch, BatchedPrefixesMatchTransformers) {
+  const double tol = GetParam().device == Device::Ref ? 1e-4 : 3e-2;
+  const NpyArray ref = read_npy_f32(fixture_.dir + "/logits.npy");
+  const int64_t V = fixture_.vocab, n = static_cast<int64_t>(fixture_.ids.size());
+  auto r = factory()(3, 0);
+  const std::vector<int64_t> lengths = {n, std::max<int64_t>(1, n / 2), 1};
+  std::vector<std::vector<float>> out(3);
+  std::vector<Runner::Feed> feeds;
+  for (int s = 0; s < 3; ++s) {
+    out[s].resize(lengths[s] * V);
+    feeds.push_back({s, std::span(fixture_.ids.data(), lengths[s]), out[s].data(), Qwen35Moe::LogitRows::All, false});
+  }
+  r->step(feeds);
+  for (int s = 0; s < 3; ++s) {
+    const LogitsComparison cmp = compare_logits(out[s].data(), ref.data.data(), lengths[s], V);
+    for (int64_t t = 0; t < lengths[s]; ++t) EXPECT_LT(cmp.rel_l2[t], tol) << "sequence " << s << " position " << t;
+  }
+}
+
+TEST_P(Batch, BadStepsAreRefusedBeforeAnythingRuns) {
+  auto r = factory()(2, 0);
+  const int32_t id = fixture_.ids[0];
+  const Runner::Feed twice[2] = {{0, std::span(&id, 1)}, {0, std::span(&id, 1)}};
+  EXPECT_THROW(r->step(twice), Error);
+  const Runner::Feed outside{2, std::span(&id, 1)};
+  EXPECT_THROW(r->step(std::span(&outside, 1)), Error);
+  const int32_t bad = static_cast<int32_t>(fixture_.vocab);
+  const Runner::Feed vocab[2] = {{0, std::span(&id, 1)}, {1, std::span(&bad, 1)}};
+  EXPECT_THROW(r->step(vocab), Error);
+  EXPECT_EQ(r->position(0), 0);  // nothing ran
+  EXPECT_THROW(r->rollback(0, 0), Error);  // nothing was kept
+}
+
+INSTANTIATE_TEST_SUITE_P(Tandem, Batch, ::testing::ValuesIn(cases()), case_name);
+
+// Seeded sampling per sequence: each request of a batch draws what it draws alone, whatever else runs
+// beside it and whichever slot it gets (more requests than slots: later ones wait for a free slot).
+TEST(GenerateBatch, EachRequestGetsWhatItGetsAlone) {
+  test::TempDir dir;
+  synth::Options so;
+  so.out_dir = dir.str();
+  so.threads = 2;
+  so.seed = 7;
+  synth::synthesize(synth::find_preset("tiny"), so);
+  auto model = Qwen35Moe::load(dir.str());
+  const Tokenizer tok = Tokenizer::from_model_dir(dir.str());
+  const int64_t V = model->config().vocab_size;
+  std::vector<GenerateRequest> reqs;
+  const char* prompts[] = {"the model routes every token", "experts", "a longer prompt than the others, with commas", "x y z"};
+  for (int i = 0; i < 4; ++i) {
+    GenerateRequest q;
+    q.prompt = tok.encode(prompts[i]);
+    q.max_new_tokens = 6 + 3 * i;
+    q.sampling = sampling_preset(i % 2 ? "thinking" : "instruct");
+    q.sampling.seeded = true;
+    q.sampling.seed = 11 + i;
+    if (i == 3) q.sampling.temperature = 0;  // greedy beside sampled ones
+    reqs.push_back(q);
+  }
+  RunnerOptions o;
+  o.device = Device::Cpu;
+  o.threads = 2;
+  auto one = make_runner(*model, o);
+  std::vector<GenerateResult> alone;
+  for (const GenerateRequest& q : reqs) alone.push_back(generate(*one, V, tok, q));
+  for (int batch : {2, 4}) {
+    o.batch = batch;
+    auto many = make_runner(*model, o);
+    const std::vector<GenerateResult> got = generate_batch(*many, V, tok, reqs);
+    ASSERT_EQ(got.size(), reqs.size());
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      EXPECT_EQ(got[i].tokens, alone[i].tokens) << "request " << i << ", batch " << batch;
+      EXPECT_EQ(got[i].text, alone[i].text) << "request " << i << ", batch " << batch;
+      EXPECT_EQ(got[i].stop, alone[i].stop) << "request " << i << ", batch " << batch;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tandem
