@@ -10,6 +10,8 @@
 #   e2e      the synthetic 35B GPTQ model (synthesized once, to /tmp/q35), `tandem bench` (prompt $PLEN, $GEN
 #            tokens, $REPEAT repeats) for each of $SCENARIOS, old then new
 #            (gpu-all, hybrid-24gib, hybrid-12gib, hybrid-8gib, hybrid-8gib-link3)
+#   batch    the new tree's `tandem bench --batch $BATCHES` on the synthetic 35B for each of $BSCENARIOS
+#            (default gpu-all hybrid-24gib hybrid-8gib): aggregate decode at each batch size, ITL, bound
 set -uo pipefail
 OUT="${OUT:-$PWD/gpu-ab-out}"
 mkdir -p "$OUT"
@@ -55,14 +57,13 @@ if [[ "$steps" == *" tests "* ]]; then
   echo >> "$summary"
 fi
 
-if [[ "$steps" == *" e2e "* ]]; then
-  m=/tmp/q35
-  plen="${PLEN:-4096}" gen="${GEN:-64}" repeat="${REPEAT:-2}"
-  scenarios="${SCENARIOS:-gpu-all hybrid-24gib hybrid-12gib hybrid-8gib hybrid-8gib-link3}"
+m=/tmp/q35
+plen="${PLEN:-4096}" gen="${GEN:-64}" repeat="${REPEAT:-2}"
+ctx=$((plen + gen + 16))
+prepare_35b() {  # the synthetic model and the scenarios' placements
   s0=$(date +%s)
   [ -f $m/config.json ] || timeout "$(left)" "$NEW_T" synth --preset qwen3.5-35b-a3b --quant gptq-int4 --routing-skew 1 --out $m > "$OUT/synth.txt" 2>&1
-  echo "synth: $(tail -1 "$OUT/synth.txt") ($(( $(date +%s) - s0 )) s)" >> "$OUT/e2e.log"
-  ctx=$((plen + gen + 16))
+  echo "synth: $(tail -1 "$OUT/synth.txt" 2>/dev/null) ($(( $(date +%s) - s0 )) s)" >> "$OUT/e2e.log"
   mkdir -p "$OUT/e2e"
   yaml() {  # name budget extra
     printf 'gpu:\n  memory: %s\n  reserve: 512MiB\ncontext: %s\n%s' "$2" "$ctx" "$3" > "$OUT/e2e/$1.yaml"
@@ -71,14 +72,44 @@ if [[ "$steps" == *" e2e "* ]]; then
   yaml hybrid-12gib 12GiB $'experts:\n  select: frequency\n'
   yaml hybrid-8gib 8GiB $'cpu_experts: all\n'
   yaml hybrid-8gib-link3 8GiB $'cpu_experts: all\nexperts:\n  link:\n    in_place: 3\n'
+}
+scenario_args() {  # scenario -> the bench's device flags
+  if [ "$1" = gpu-all ]; then echo "--device gpu --gpu-mem 1000GiB --context $ctx"; else echo "--device hybrid --config $OUT/e2e/$1.yaml"; fi
+}
+
+if [[ "$steps" == *" batch "* ]]; then
+  prepare_35b
+  batches="${BATCHES:-1,2,4,8}"
+  echo "## Batched decode: prompt $plen, $gen tokens a sequence, $repeat repeats, batch $batches (synthetic 35B GPTQ-Int4, new tree)" >> "$summary"
+  echo "| scenario | batch | aggregate tok/s [min-max] | per sequence | ITL p50 / p99 ms | vs B=1 | bound tok/s | of bound |" >> "$summary"
+  echo "|---|---|---|---|---|---|---|---|" >> "$summary"
+  for s in ${BSCENARIOS:-gpu-all hybrid-24gib hybrid-8gib}; do
+    [ "$(left)" -gt 40 ] || { echo "batch $s: no time left" >> "$OUT/e2e.log"; continue; }
+    timeout "$(left)" "$NEW_T" bench --model $m --prompt-len "$plen" --gen "$gen" --repeat "$repeat" --batch "$batches" --json $(scenario_args "$s") \
+      > "$OUT/e2e/$s.batch.json" 2> "$OUT/e2e/$s.batch.log"
+    echo "batch $s rc $?" >> "$OUT/e2e.log"
+    python3 - "$OUT/e2e/$s.batch.json" "$s" >> "$summary" <<'PY'
+import json, sys
+try: rows = json.load(open(sys.argv[1]))["batches"]
+except Exception as e: print("| %s | failed: %s |" % (sys.argv[2], e)); sys.exit()
+for r in rows:
+    print("| %s | %d | %.1f [%.1f-%.1f] | %.1f | %.2f / %.2f | %.2fx | %.1f | %.0f%% |" % (sys.argv[2], r["batch"], r["decode_tok_s"], r["decode_tok_s_min"],
+          r["decode_tok_s_max"], r["per_sequence_tok_s"], r["itl_p50_ms"], r["itl_p99_ms"], r["vs_batch_1"], r["bound_decode_tok_s"], 100 * r["decode_ratio_to_bound"]))
+PY
+  done
+  echo >> "$summary"
+fi
+
+if [[ "$steps" == *" e2e "* ]]; then
+  scenarios="${SCENARIOS:-gpu-all hybrid-24gib hybrid-12gib hybrid-8gib hybrid-8gib-link3}"
+  prepare_35b
   echo "## End to end: prompt $plen, $gen decode tokens, $repeat repeats (synthetic 35B GPTQ-Int4), old | new" >> "$summary"
   echo "| scenario | prefill tok/s old | new | decode tok/s old | new | new/old decode |" >> "$summary"
   echo "|---|---|---|---|---|---|" >> "$summary"
   for s in $scenarios; do
     for which in old new; do
       t=$OLD_T; [ $which = new ] && t=$NEW_T
-      args=(--device hybrid --config "$OUT/e2e/$s.yaml")
-      [ "$s" = gpu-all ] && args=(--device gpu --gpu-mem 1000GiB --context "$ctx")
+      read -r -a args <<< "$(scenario_args "$s")"
       [ "$(left)" -gt 30 ] || { echo "$s $which: no time left" >> "$OUT/e2e.log"; continue; }
       timeout "$(left)" "$t" bench --model $m --prompt-len "$plen" --gen "$gen" --repeat "$repeat" --json "${args[@]}" \
         > "$OUT/e2e/$s.$which.json" 2> "$OUT/e2e/$s.$which.log"

@@ -6,12 +6,21 @@
 // route more evenly than text, so a placement made from a heat map shows its effect with --prompts. Reported: prefill tok/s, time to first token, decode tok/s, inter-token
 // latency p50/p99, peak host memory; the bound is the active weight bytes per decode token over the
 // read bandwidth measured here (CPU DRAM for the CPU paths).
+//
+// --batch 1,2,4,8: batched decode instead. For each batch size B, B sequences (random prompts of the
+// first --prompt-len, each prefilled into its own slot) decode --gen tokens together, one step feeding
+// every sequence its next token. Reported: aggregate tok/s, per-sequence inter-token latency p50 / p99,
+// the ratio to B = 1, and the bound at that B: the dense weights once, the expected union of the
+// routed experts B tokens pick (uniform routing: E (1 - (1 - k/E)^B) a layer), and each sequence's
+// DeltaNet state (read and written) and KV rows, over the measured bandwidths (hybrid: the GPU's and
+// the host's parts overlapped perfectly, the host's share of the experts as measured).
 #include <omp.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -25,7 +34,9 @@
 #include "runtime/cli/commands.h"
 #include "core/error.h"
 #include "core/file_io.h"
+#include "core/limits.h"
 #include "core/membw.h"
+#include "placement/gpu_layout.h"
 #include "runtime/cli/device_flags.h"
 #include "runtime/models/qwen3_5_moe/model.h"
 #include "runtime/engine/runner.h"
@@ -150,6 +161,65 @@ Run run_once(Runner& runner, int64_t V, int64_t prompt_len, int64_t gen, uint64_
   return r;
 }
 
+std::vector<int> parse_batches(const std::string& s) {
+  std::vector<int> out;
+  for (int64_t b : parse_lengths(s)) {
+    if (b > kMaxBatch) throw UsageError(str_cat("tandem bench: --batch ", b, " exceeds ", kMaxBatch, " sequences"));
+    out.push_back(static_cast<int>(b));
+  }
+  return out;
+}
+
+struct BatchRun {
+  double tok_s = 0;             // all sequences' decode tokens over the decode time
+  std::vector<double> step_ms;  // every step's time: each sequence's inter-token latency
+};
+
+// B sequences: random prompts of prompt_len (seeded per sequence), each prefilled into its slot; then
+// gen - 1 steps that feed every sequence its greedy next token together.
+BatchRun run_batch(Runner& runner, int64_t V, int B, int64_t prompt_len, int64_t gen, uint64_t seed) {
+  using clock = std::chrono::steady_clock;
+  std::vector<int32_t> next(B);
+  std::vector<std::vector<std::pair<int32_t, float>>> tops(B);
+  std::vector<std::vector<float>> rows(B, std::vector<float>(V));
+  SamplingParams greedy;
+  greedy.temperature = 0.0f;
+  Sampler sampler(greedy);
+  bool try_top = true;
+  auto advance = [&](std::span<const Runner::Feed> feeds) {  // next[i] for feeds[i]'s slot, picked where the logits are when the runner can
+    std::vector<Runner::TopWant> want;
+    for (const Runner::Feed& f : feeds) want.push_back({{}, 1, &tops[f.slot]});
+    if (try_top && runner.step_top(feeds, want)) {
+      for (const Runner::Feed& f : feeds) next[f.slot] = tops[f.slot][0].first;
+      return;
+    }
+    try_top = false;
+    runner.step(feeds);
+    for (const Runner::Feed& f : feeds) next[f.slot] = sampler.sample(rows[f.slot], {}, {});
+  };
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int32_t> id(0, static_cast<int32_t>(V - 1));
+  std::vector<int32_t> prompt(prompt_len);
+  for (int b = 0; b < B; ++b) {
+    runner.reset_slot(b);
+    for (auto& t : prompt) t = id(rng);
+    const Runner::Feed f{b, prompt, rows[b].data(), Qwen35Moe::LogitRows::Last, false};
+    advance(std::span(&f, 1));
+  }
+  BatchRun r;
+  std::vector<Runner::Feed> feeds(B);
+  const auto d0 = clock::now();
+  for (int64_t i = 1; i < gen; ++i) {
+    for (int b = 0; b < B; ++b) feeds[b] = {b, std::span(&next[b], 1), rows[b].data(), Qwen35Moe::LogitRows::Last, false};
+    const auto s0 = clock::now();
+    advance(feeds);
+    r.step_ms.push_back(std::chrono::duration<double>(clock::now() - s0).count() * 1e3);
+  }
+  const double dt = std::chrono::duration<double>(clock::now() - d0).count();
+  r.tok_s = gen > 1 ? B * (gen - 1) / dt : 0;
+  return r;
+}
+
 }  // namespace
 
 int cmd_bench(int argc, char** argv) {
@@ -161,6 +231,7 @@ int cmd_bench(int argc, char** argv) {
                              {"prompts", true, "text file whose tokens make the prompts (windows of it, cycled) instead of random ids"},
                              {"follow-text", false, "with --prompts: feed each decode step the text's next token instead of the one picked"},
                              {"warmup", true, "prompt tokens of the warm-up run (default: each measured length)"},
+                             {"batch", true, "comma-separated batch sizes: batched decode of that many sequences at once (the first --prompt-len each)"},
                              {"json", false, "print one JSON object instead of the table"}};
   for (auto& f : device_flags()) flags.push_back(f);
   flags.push_back({"help", false, "show this help"});
@@ -180,7 +251,9 @@ int cmd_bench(int argc, char** argv) {
 
   int64_t longest = 0;
   for (int64_t L : lengths) longest = std::max(longest, L);
+  const std::vector<int> batches = a.has("batch") ? parse_batches(a.get("batch")) : std::vector<int>{};
   RunnerOptions ro = runner_options(a, longest + gen);
+  for (int b : batches) ro.batch = std::max(ro.batch, b);  // the runner holds the largest batch's sequences
   Session session = Session::open(a.get("model"), false);
   const ModelConfig& cfg = session.model->config();
   std::vector<int32_t> text;
@@ -218,6 +291,68 @@ int cmd_bench(int argc, char** argv) {
   double bound = bound_for(runner->gpu_expert_share_planned());
   // The probe's buffer is freed; restart the peak-RSS mark so it reports the model runs alone.
   if (FILE* f = std::fopen("/proc/self/clear_refs", "w")) std::fputs("5", f), std::fclose(f);
+
+  if (!batches.empty()) {
+    // Batched decode: the bound's bytes per step at batch B (see the file comment).
+    const int64_t L = lengths[0], E = cfg.num_experts, k = cfg.num_experts_per_tok;
+    int64_t moe_layers = 0, dn_layers = 0, attn_layers = 0;
+    for (const auto& layer : session.model->layers()) {
+      moe_layers += layer.moe.gate.empty() ? 0 : 1;
+      (layer.kind == LayerKind::LinearAttention ? dn_layers : attn_layers) += 1;
+    }
+    const double act_bytes = moe_layers ? static_cast<double>(wb.routed_active) / static_cast<double>(k * moe_layers) : 0;
+    const double dense = static_cast<double>(wb.per_token_active - wb.routed_active);
+    const double kv_elem = hybrid || device == "gpu" ? 2 : 4;  // bf16 cache on the GPU, fp32 on the host
+    const double per_seq = dn_layers * 2.0 * static_cast<double>(placement::ssm_state_bytes(cfg) + placement::conv_state_bytes(cfg)) +
+                           attn_layers * (L + gen / 2.0) * cfg.num_kv_heads * cfg.head_dim * 2.0 * kv_elem;
+    auto union_of = [&](int B) { return static_cast<double>(E) * (1.0 - std::pow(1.0 - static_cast<double>(k) / E, B)); };
+    auto batch_bound = [&](int B) {
+      const double experts = union_of(B) * moe_layers * act_bytes;
+      if (!hybrid) return B / ((dense + experts + B * per_seq) / bw_bytes);
+      const double cpu_bytes = (1 - runner->gpu_expert_share()) * experts;
+      return B / std::max((dense + experts - cpu_bytes + B * per_seq) / bw_bytes, cpu_bytes / cpu_bw);
+    };
+    if (!json_out) {
+      std::printf("tandem bench: %s\n%s\n", a.get("model").c_str(), runner->describe().c_str());
+      std::printf("batched decode: prompts of %lld tokens, %lld tokens each; per step %.3f GB dense + %.1f MB per routed expert picked "
+                  "(uniform routing) + %.1f MB state and KV per sequence; %s %.1f GB/s%s\n\n",
+                  (long long)L, (long long)gen, dense / 1e9, act_bytes * moe_layers / 1e6, per_seq / 1e6, bw_what.c_str(), bw_bytes / 1e9,
+                  hybrid ? str_cat(", CPU read ", static_cast<int>(cpu_bw / 1e9 + 0.5), " GB/s").c_str() : "");
+      std::printf("%6s  %26s  %14s  %16s  %7s  %12s  %7s\n", "batch", "aggregate tok/s [min-max]", "per sequence", "ITL p50/p99 ms", "vs B=1",
+                  "bound tok/s", "/bound");
+    }
+    nlohmann::json rows = nlohmann::json::array();
+    double base = 0;
+    for (int B : batches) {
+      if (!json_out) std::fprintf(stderr, "batch %d: warm-up + %lld runs...\r", B, (long long)repeat);
+      run_batch(*runner, cfg.vocab_size, B, std::min<int64_t>(L, warmup ? warmup : L), std::min<int64_t>(gen, 4), seed);
+      std::vector<double> tok, itl;
+      for (int64_t r = 0; r < repeat; ++r) {
+        const BatchRun x = run_batch(*runner, cfg.vocab_size, B, L, gen, seed + 1 + r);
+        tok.push_back(x.tok_s);
+        itl.insert(itl.end(), x.step_ms.begin(), x.step_ms.end());
+      }
+      const Stat t = stat_of(tok);
+      if (base == 0) base = B == 1 ? t.median : 0;
+      const double p50 = itl.empty() ? 0 : percentile(itl, 0.5), p99 = itl.empty() ? 0 : percentile(itl, 0.99), bnd = batch_bound(B);
+      rows.push_back({{"batch", B}, {"decode_tok_s", t.median}, {"decode_tok_s_min", t.min}, {"decode_tok_s_max", t.max},
+                      {"per_sequence_tok_s", t.median / B}, {"itl_p50_ms", p50}, {"itl_p99_ms", p99}, {"vs_batch_1", base > 0 ? t.median / base : 0},
+                      {"expected_union_experts_per_layer", union_of(B)}, {"bound_decode_tok_s", bnd}, {"decode_ratio_to_bound", t.median / bnd},
+                      {"gpu_expert_fraction", runner->gpu_expert_share()}});
+      if (!json_out)
+        std::printf("%6d  %10.1f [%6.1f-%6.1f]  %14.1f  %7.2f / %6.2f  %7s  %12.1f  %6.1f%%\n", B, t.median, t.min, t.max, t.median / B, p50, p99,
+                    base > 0 ? str_cat(static_cast<int>(t.median / base * 100 + 0.5) / 100.0, "x").c_str() : "-", bnd, 100 * t.median / bnd);
+    }
+    if (json_out) {
+      const nlohmann::json j = {{"model", a.get("model")}, {"device", device}, {"prompt_len", L}, {"gen", gen}, {"repeat", repeat},
+                                {"description", runner->describe()}, {"bandwidth_bytes_per_s", bw_bytes}, {"bandwidth_kind", bw_what},
+                                {"cpu_read_bytes_per_s", cpu_bw}, {"dense_bytes_per_step", dense}, {"expert_bytes_per_activation", act_bytes},
+                                {"state_and_kv_bytes_per_sequence", per_seq}, {"peak_vram_bytes", runner->peak_device_bytes()},
+                                {"batches", rows}};
+      std::printf("%s\n", j.dump(2).c_str());
+    }
+    return 0;
+  }
 
   nlohmann::json results = nlohmann::json::array();
   std::string split_lines;  // hybrid: the host side of decode, one line per prompt length

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "gpu_core/attention.cuh"
+#include "gpu_core/attention_sizes.h"
 #include "core/dtype.h"
 #include "runtime/models/qwen3_5_moe/ops_ref.h"
 #include "tests/gpu/gpu_test_util.h"
@@ -155,6 +156,54 @@ TEST(GpuAttentionPrefill, RefusesOtherHeadSizes) {
   gpu::AttentionDecodeArgs p;
   p.nh = 4, p.nkv = 2, p.hd = 48, p.rotary_dim = 16, p.max_ctx = 8;
   EXPECT_EQ(gpu::attention_prefill(p, 4, nullptr), cudaErrorInvalidValue);
+}
+
+// A batched decode step: tokens of several sequences (slots, each with its own cache and context
+// length), two of them consecutive positions of one sequence (a verification step), in one call,
+// against one single-token call per token in order: caches and outputs bit for bit.
+TEST_P(GpuAttention, BatchedDecodeEqualsTokenByToken) {
+  TANDEM_REQUIRE_GPU();
+  const AttnCase c = GetParam();
+  std::mt19937 rng(test::test_seed() + 5);
+  const int row = c.nkv * c.hd, slots = 3, n = 4;
+  const std::vector<int32_t> slot = {0, 1, 2, 2}, pos = {c.start_pos, c.start_pos + 70, c.start_pos + 130, c.start_pos + 131};
+  const int max_ctx = c.start_pos + 140;
+  const int64_t stride = int64_t(max_ctx) * row + 64;
+  auto q_norm = test::random_floats(rng, c.hd, 0.3f), k_norm = test::random_floats(rng, c.hd, 0.3f);
+  std::vector<float> inv(c.rot / 2);
+  ref::rope_inv_freq(1e7, c.rot, inv.data());
+  std::vector<uint16_t> kc0(slots * stride, 0), vc0(kc0.size(), 0);
+  for (int s = 0; s < slots; ++s)
+    for (int64_t i = 0; i < int64_t(pos[s]) * row; ++i) {  // each slot's context before its first token
+      kc0[s * stride + i] = f32_to_bf16(std::normal_distribution<float>(0, 1)(rng));
+      vc0[s * stride + i] = f32_to_bf16(std::normal_distribution<float>(0, 1)(rng));
+    }
+  const auto qg = test::random_floats(rng, n * c.nh * 2 * c.hd), k = test::random_floats(rng, n * row), v = test::random_floats(rng, n * row);
+  const int splits_max = static_cast<int>(gpu::attention_decode_splits(max_ctx));
+  test::DeviceBuffer<float> dqn(q_norm), dkn(k_norm), dinv(inv), dqg(qg), dk(k), dv(v);
+  test::DeviceBuffer<float> dqr(int64_t(n) * c.nh * c.hd), dpart(int64_t(n) * c.nh * splits_max * (c.hd + 2));
+  test::DeviceBuffer<float> dstep(int64_t(n) * c.nh * c.hd), dbatch(int64_t(n) * c.nh * c.hd);
+  test::DeviceBuffer<uint16_t> kc_a(kc0), vc_a(vc0), kc_b(kc0), vc_b(vc0);
+  test::DeviceBuffer<int32_t> dpos(pos), dslot(slot);
+  gpu::AttentionDecodeArgs p;
+  p.q_norm = dqn.ptr, p.k_norm = dkn.ptr, p.inv_freq = dinv.ptr, p.partial = dpart.ptr;
+  p.nh = c.nh, p.nkv = c.nkv, p.hd = c.hd, p.rotary_dim = c.rot, p.max_ctx = max_ctx, p.max_splits = splits_max;
+  p.scale = 1.0f / std::sqrt(float(c.hd));
+  for (int t = 0; t < n; ++t) {
+    gpu::AttentionDecodeArgs s = p;
+    s.qg = dqg.ptr + int64_t(t) * c.nh * 2 * c.hd, s.k = dk.ptr + int64_t(t) * row, s.v = dv.ptr + int64_t(t) * row;
+    s.pos = dpos.ptr + t, s.k_cache = kc_a.ptr + slot[t] * stride, s.v_cache = vc_a.ptr + slot[t] * stride;
+    s.q_rot = dqr.ptr, s.out = dstep.ptr + int64_t(t) * c.nh * c.hd;
+    CUDA_OK(gpu::attention_decode(s, nullptr));
+  }
+  p.qg = dqg.ptr, p.k = dk.ptr, p.v = dv.ptr, p.pos = dpos.ptr, p.k_cache = kc_b.ptr, p.v_cache = vc_b.ptr;
+  p.q_rot = dbatch.ptr, p.out = dbatch.ptr;  // q_rot may alias out (the model does this)
+  p.tokens = n, p.slot = dslot.ptr, p.cache_stride = stride;
+  CUDA_OK(gpu::attention_decode(p, nullptr));
+  CUDA_OK(cudaDeviceSynchronize());
+  EXPECT_EQ(kc_b.to_host(), kc_a.to_host());
+  EXPECT_EQ(vc_b.to_host(), vc_a.to_host());
+  EXPECT_EQ(dbatch.to_host(), dstep.to_host()) << "seed " << test::test_seed();
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuAttention,

@@ -146,6 +146,84 @@ TEST_P(GpuDeltaNet, ChunkedPrefillMatchesReference) {
   }
 }
 
+// A batched step: groups of tokens of several sequences (slots), each group's tokens in order on its
+// own state, in one call, against one single-token call per token on the same state: outputs and
+// states bit for bit (the same arithmetic per token). Then one group of three tokens keeping its
+// states: copy 0 the state before, copy t + 1 the state after token t, bit for bit.
+TEST_P(GpuDeltaNet, GroupsOfSequencesEqualSingleSteps) {
+  TANDEM_REQUIRE_GPU();
+  const DnCase c = GetParam();
+  std::mt19937 rng(test::test_seed() + 11);
+  const int conv_dim = 2 * c.Hk * c.dk + c.Hv * c.dv, Vd = c.Hv * c.dv, slots = 3;
+  const int64_t conv_n = int64_t(c.kernel - 1) * conv_dim, state_n = int64_t(c.Hv) * c.dk * c.dv;
+  const int64_t conv_stride = conv_n + 5, state_stride = state_n + 7;  // strides wider than a state, as the model's aligned ones
+  const auto conv_w = test::random_floats(rng, conv_dim * c.kernel, 0.5f);
+  auto A_log = test::random_floats(rng, c.Hv, 1.0f), dt = test::random_floats(rng, c.Hv), nw = test::random_floats(rng, c.dv, 0.3f);
+  for (auto& v : nw) v += 1.0f;
+  const auto window0 = test::random_floats(rng, slots * conv_stride), state0 = test::random_floats(rng, slots * state_stride, 0.1f);
+  // tokens: 0 -> slot 1; 1, 2 -> slot 0 (in order); 3 -> slot 2
+  const int n = 4;
+  const std::vector<int32_t> group_slot = {1, 0, 2}, first = {0, 1, 3, 4};
+  const auto qkv = test::random_floats(rng, n * conv_dim), z = test::random_floats(rng, n * Vd), b = test::random_floats(rng, n * c.Hv),
+             a = test::random_floats(rng, n * c.Hv);
+  test::DeviceBuffer<float> d_conv_w(conv_w), d_A(A_log), d_dt(dt), d_nw(nw), d_qkv(qkv), d_z(z), d_b(b), d_a(a);
+  test::DeviceBuffer<float> win_a(window0), st_a(state0), win_b(window0), st_b(state0);
+  test::DeviceBuffer<float> cout_a(n * conv_dim), cout_b(n * conv_dim), out_a(n * Vd), out_b(n * Vd);
+  test::DeviceBuffer<int32_t> d_slot(group_slot), d_first(first);
+  gpu::DeltaNetDecodeArgs p;
+  p.conv_w = d_conv_w.ptr, p.A_log = d_A.ptr, p.dt_bias = d_dt.ptr, p.norm_w = d_nw.ptr;
+  p.Hk = c.Hk, p.Hv = c.Hv, p.dk = c.dk, p.dv = c.dv, p.kernel = c.kernel;
+  for (int g = 0; g < 3; ++g)  // one call per token, on the group's slot
+    for (int t = first[g]; t < first[g + 1]; ++t) {
+      gpu::DeltaNetDecodeArgs s = p;
+      s.qkv = d_qkv.ptr + int64_t(t) * conv_dim, s.z = d_z.ptr + int64_t(t) * Vd, s.b = d_b.ptr + t * c.Hv, s.a = d_a.ptr + t * c.Hv;
+      s.conv_state = win_a.ptr + group_slot[g] * conv_stride, s.state = st_a.ptr + group_slot[g] * state_stride;
+      s.conv_out = cout_a.ptr + int64_t(t) * conv_dim, s.out = out_a.ptr + int64_t(t) * Vd;
+      CUDA_OK(gpu::deltanet_decode(s, nullptr));
+    }
+  gpu::DeltaNetDecodeArgs m = p;
+  m.qkv = d_qkv.ptr, m.z = d_z.ptr, m.b = d_b.ptr, m.a = d_a.ptr, m.conv_state = win_b.ptr, m.state = st_b.ptr;
+  m.conv_out = cout_b.ptr, m.out = out_b.ptr;
+  m.tokens = n, m.groups = 3, m.slot = d_slot.ptr, m.first = d_first.ptr, m.conv_stride = conv_stride, m.state_stride = state_stride;
+  CUDA_OK(gpu::deltanet_decode(m, nullptr));
+  CUDA_OK(cudaDeviceSynchronize());
+  EXPECT_EQ(out_b.to_host(), out_a.to_host()) << "seed " << test::test_seed();
+  EXPECT_EQ(st_b.to_host(), st_a.to_host());
+  EXPECT_EQ(win_b.to_host(), win_a.to_host());
+
+  // Kept states: slot 0 again, three tokens in one group (tokens 0..2 of the inputs).
+  const int k = 3;
+  test::DeviceBuffer<float> kept_conv((k + 1) * conv_stride), kept_state((k + 1) * state_stride);
+  const std::vector<int32_t> one_slot = {0}, one_first = {0, k};
+  test::DeviceBuffer<int32_t> d_one(one_slot), d_one_first(one_first);
+  std::vector<std::vector<float>> want_w, want_s;  // before, then after each token, token by token on win_a / st_a
+  auto snap = [&] {
+    const auto w = win_a.to_host(), st = st_a.to_host();
+    want_w.emplace_back(w.begin(), w.begin() + conv_n);
+    want_s.emplace_back(st.begin(), st.begin() + state_n);
+  };
+  snap();
+  for (int t = 0; t < k; ++t) {
+    gpu::DeltaNetDecodeArgs s = p;
+    s.qkv = d_qkv.ptr + int64_t(t) * conv_dim, s.z = d_z.ptr + int64_t(t) * Vd, s.b = d_b.ptr + t * c.Hv, s.a = d_a.ptr + t * c.Hv;
+    s.conv_state = win_a.ptr, s.state = st_a.ptr, s.conv_out = cout_a.ptr, s.out = out_a.ptr + int64_t(t) * Vd;
+    CUDA_OK(gpu::deltanet_decode(s, nullptr));
+    CUDA_OK(cudaDeviceSynchronize());
+    snap();
+  }
+  m.tokens = k, m.groups = 1, m.slot = d_one.ptr, m.first = d_one_first.ptr, m.kept_conv = kept_conv.ptr, m.kept_state = kept_state.ptr;
+  CUDA_OK(gpu::deltanet_decode(m, nullptr));
+  CUDA_OK(cudaDeviceSynchronize());
+  const auto kw = kept_conv.to_host(), ks = kept_state.to_host(), ob = out_b.to_host(), oa = out_a.to_host();
+  for (int j = 0; j <= k; ++j) {
+    EXPECT_EQ(std::vector<float>(kw.begin() + j * conv_stride, kw.begin() + j * conv_stride + conv_n), want_w[j]) << "conv copy " << j;
+    EXPECT_EQ(std::vector<float>(ks.begin() + j * state_stride, ks.begin() + j * state_stride + state_n), want_s[j]) << "state copy " << j;
+  }
+  EXPECT_EQ(std::vector<float>(ob.begin(), ob.begin() + k * Vd), std::vector<float>(oa.begin(), oa.begin() + k * Vd));
+  m.groups = 2;  // kept states with two groups: refused
+  EXPECT_EQ(gpu::deltanet_decode(m, nullptr), cudaErrorInvalidValue);
+}
+
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuDeltaNet,
                          ::testing::Values(DnCase{16, 32, 128, 128, 4},  // Qwen3.5-35B-A3B
                                            DnCase{2, 4, 16, 24, 4},      // fixture bf16_fused

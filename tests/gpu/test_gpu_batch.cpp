@@ -1,0 +1,127 @@
+// The batched engine on the GPU placements (gpu, hybrid with half the experts on the host) and every
+// HF fixture: batch_cases.h's contract within 5e-3 relative L2 against each sequence alone (alone its
+// prompt runs the prefill path and its decode the one-token graph; in a batch both go through the
+// batched walk with the decode kernels: the tolerance of prefill against decode steps), and bit for
+// bit between batches that share a sequence (the same kernels on its rows whatever the others are).
+// Sampling on the device in a batch draws what the host draws from the same rows.
+#include <gtest/gtest.h>
+
+#include "placement/planner.h"
+#include "runtime/engine/generate.h"
+#include "runtime/models/qwen3_5_moe/gpu.h"
+#include "tests/gpu/gpu_test_util.h"
+#include "tests/unit/batch_cases.h"
+#include "tests/unit/fixture_util.h"
+#include "tests/unit/test_util.h"
+#include "tools/synth/synth.h"
+
+namespace tandem {
+namespace {
+
+constexpr double kTol = 5e-3;
+
+// device "gpu" or "hybrid" (half of each layer's experts on the host).
+test::RunnerFactory factory(const Qwen35Moe& model, bool hybrid) {
+  return [&model, hybrid](int batch, int64_t verify) {
+    RunnerOptions o;
+    o.device = hybrid ? Device::Hybrid : Device::Gpu;
+    o.context = 256;
+    o.threads = 4;
+    o.batch = batch;
+    o.verify_tokens = verify;
+    if (hybrid) {
+      const std::string yaml = "gpu:\n  memory: 4GiB\ncontext: 256\ngpu_experts_per_layer: " + std::to_string(model.config().num_experts / 2) +
+                               "\nbatch: " + std::to_string(batch) + "\n";
+      const auto cfg = placement::parse_placement_config(yaml, "half");
+      o.plan = std::make_shared<const placement::Plan>(placement::make_plan(model.config(), cfg));
+    }
+    return make_runner(model, o);
+  };
+}
+
+class GpuBatch : public ::testing::TestWithParam<std::tuple<std::string, bool>> {
+ protected:
+  void SetUp() override {
+    if (!test::have_gpu()) GTEST_SKIP() << "no CUDA device on this machine";
+    fixture_ = test::load_fixture(std::get<0>(GetParam()));
+    model_ = Qwen35Moe::load(fixture_.dir);
+  }
+  test::Fixture fixture_;
+  std::unique_ptr<Qwen35Moe> model_;
+};
+
+TEST_P(GpuBatch, EverySequenceGetsItsLogitsAlone) {
+  test::batch_equals_alone(factory(*model_, std::get<1>(GetParam())), fixture_.ids, fixture_.vocab, kTol);
+}
+
+TEST_P(GpuBatch, KeptStatesRollBack) {
+  test::keep_states_and_rollback(factory(*model_, std::get<1>(GetParam())), fixture_.ids, fixture_.vocab, kTol);
+}
+
+// Sequence A decoded beside B, then (fresh runner) beside C: A's rows bit for bit the same.
+TEST_P(GpuBatch, ASequencesRowsDoNotDependOnItsNeighbours) {
+  const auto make = factory(*model_, std::get<1>(GetParam()));
+  const int64_t V = fixture_.vocab;
+  const std::vector<int32_t>& ids = fixture_.ids;
+  auto run = [&](int32_t other) {
+    auto r = make(2, 0);
+    std::vector<float> rows, a(V), b(V);
+    for (size_t t = 0; t < 4; ++t) {
+      const int32_t x = ids[t], y = (other + static_cast<int32_t>(t)) % static_cast<int32_t>(V);
+      const Runner::Feed feeds[2] = {{0, std::span(&x, 1), a.data()}, {1, std::span(&y, 1), b.data()}};
+      r->step(feeds);
+      rows.insert(rows.end(), a.begin(), a.end());
+    }
+    return rows;
+  };
+  test::expect_rows(run(ids[1]), run(ids[2] + 7), V, 0, "sequence A beside B and beside C");
+}
+
+INSTANTIATE_TEST_SUITE_P(Tandem, GpuBatch, ::testing::Combine(::testing::ValuesIn(test::fixture_names()), ::testing::Bool()),
+                         [](const auto& info) { return std::get<0>(info.param) + (std::get<1>(info.param) ? "_hybrid" : "_gpu"); });
+
+// generate_batch on the GPU: the samplers' candidates picked on the device (step_top) against the
+// same steps with every row copied to the host and sampled there: the same tokens, request by request.
+TEST(GpuGenerateBatch, DeviceSamplingEqualsHostSampling) {
+  TANDEM_REQUIRE_GPU();
+  test::TempDir dir;
+  synth::Options so;
+  so.out_dir = dir.str();
+  so.threads = 2;
+  so.seed = 7;
+  synth::synthesize(synth::find_preset("tiny"), so);
+  auto model = Qwen35Moe::load(dir.str());
+  const Tokenizer tok = Tokenizer::from_model_dir(dir.str());
+  const int64_t V = model->config().vocab_size;
+  std::vector<GenerateRequest> reqs;
+  const char* prompts[] = {"the model routes every token", "experts", "a longer prompt than the others", "x y z", "five"};
+  for (int i = 0; i < 5; ++i) {
+    GenerateRequest q;
+    q.prompt = tok.encode(prompts[i]);
+    q.max_new_tokens = 5 + 2 * i;
+    q.sampling = sampling_preset(i % 2 ? "thinking" : "instruct");
+    q.sampling.seeded = true;
+    q.sampling.seed = 3 + i;
+    reqs.push_back(q);
+  }
+  struct RowsOnly final : Runner {  // declines step_top: the host samples from the rows
+    std::unique_ptr<Runner> inner;
+    int slots() const override { return inner->slots(); }
+    void reset_slot(int s) override { inner->reset_slot(s); }
+    int64_t position(int s) const override { return inner->position(s); }
+    void rollback(int s, int64_t k) override { inner->rollback(s, k); }
+    void step(std::span<const Feed> f) override { inner->step(f); }
+    std::string describe() const override { return inner->describe(); }
+    int64_t max_context() const override { return inner->max_context(); }
+    double weight_bandwidth(std::string* w) override { return inner->weight_bandwidth(w); }
+  };
+  const auto make = factory(*model, false);
+  auto device = make(4, 0);
+  RowsOnly host;
+  host.inner = make(4, 0);
+  const auto a = generate_batch(*device, V, tok, reqs), b = generate_batch(host, V, tok, reqs);
+  for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(a[i].tokens, b[i].tokens) << "request " << i;
+}
+
+}  // namespace
+}  // namespace tandem
