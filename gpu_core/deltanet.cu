@@ -17,6 +17,7 @@ namespace {
 
 constexpr int kRowGroups = 4;  // threads per state column; each owns dk / kRowGroups rows
 constexpr int kMaxRowsPerThread = 32;
+constexpr int kMaxHeadThreads = 512;  // delta_head_kernel's block: dv * kRowGroups (dv <= 128)
 constexpr int kMaxHist = detail::kConvMaxHist;  // kernel <= 8
 
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
@@ -487,7 +488,10 @@ __global__ void gated_norm_kernel(float* out, const float* __restrict__ z, const
 }
 
 // One block per (value head, group): the group's tokens in order on its sequence's state slice.
-__global__ void delta_head_kernel(DeltaNetDecodeArgs p) {
+// Keep: the state also copied out before and after each token (a separate instance: the copies'
+// registers would push the plain step past 128 a thread, the most a 512-thread block may have).
+template <bool Keep>
+__global__ void __launch_bounds__(kMaxHeadThreads) delta_head_kernel(DeltaNetDecodeArgs p) {
   extern __shared__ float smem[];
   const int dk = p.dk, dv = p.dv, h = blockIdx.x, g = blockIdx.y, kh = h / (p.Hv / p.Hk);
   float* q = smem;
@@ -498,13 +502,13 @@ __global__ void delta_head_kernel(DeltaNetDecodeArgs p) {
   const int64_t key_dim = static_cast<int64_t>(p.Hk) * dk, conv_dim = 2 * key_dim + static_cast<int64_t>(p.Hv) * dv;
   const int64_t Vd = static_cast<int64_t>(p.Hv) * dv;
   // slot and first were copied in before the step's first kernel: complete before this one starts
-  const int t0 = p.slot ? p.first[g] : 0, t1 = p.slot ? p.first[g + 1] : p.tokens;
-  const int64_t head = static_cast<int64_t>(h) * dk * dv;
-  float* S = p.state + (p.slot ? static_cast<int64_t>(p.slot[g]) * p.state_stride : 0) + head;
+  const int t0 = p.slot ? __ldg(p.first + g) : 0, t1 = p.slot ? __ldg(p.first + g + 1) : p.tokens;
+  // formed again where it is stored (a reload, not two registers held across the loop)
+  auto state_of = [&] { return p.state + (p.slot ? static_cast<int64_t>(__ldg(p.slot + g)) * p.state_stride : 0) + static_cast<int64_t>(h) * dk * dv; };
   float s[kMaxRowsPerThread];
-  slice_load(s, S, r, j, dk, dv);  // the state is written by this kernel alone (pdl.cuh: read before the wait)
+  slice_load(s, state_of(), r, j, dk, dv);  // the state is written by this kernel alone (pdl.cuh: read before the wait)
   detail::pdl_enter();
-  if (p.kept_state) slice_store(s, p.kept_state + head, r, j, dk, dv);
+  if constexpr (Keep) slice_store(s, p.kept_state + static_cast<int64_t>(h) * dk * dv, r, j, dk, dv);
   const float A = expf(p.A_log[h]);
   for (int t = t0; t < t1; ++t) {
     const float* c = p.conv_out + t * conv_dim;
@@ -526,9 +530,9 @@ __global__ void delta_head_kernel(DeltaNetDecodeArgs p) {
       const float zj = p.z[t * Vd + static_cast<int64_t>(h) * dv + j];
       p.out[t * Vd + static_cast<int64_t>(h) * dv + j] = gated_rms(oj, sq, dv, p.eps, p.norm_w[j], zj);
     }
-    if (p.kept_state) slice_store(s, p.kept_state + (t - t0 + 1) * p.state_stride + head, r, j, dk, dv);
+    if constexpr (Keep) slice_store(s, p.kept_state + (t - t0 + 1) * p.state_stride + static_cast<int64_t>(h) * dk * dv, r, j, dk, dv);
   }
-  slice_store(s, S, r, j, dk, dv);
+  slice_store(s, state_of(), r, j, dk, dv);
 }
 
 // Prompt chunks (T > 1): the token-parallel parts around a recurrence launched by `recurrence`
@@ -548,7 +552,7 @@ cudaError_t launch_token_parallel(const DeltaNetDecodeArgs& p, int T, cudaStream
 // Shapes delta_head_kernel (and the conv kernels) take.
 bool head_kernel_fits(const DeltaNetDecodeArgs& p) {
   return p.Hk >= 1 && p.Hv % p.Hk == 0 && p.dk >= 1 && p.dk <= kRowGroups * kMaxRowsPerThread && p.dv >= 1 &&
-         p.dv * kRowGroups <= 1024 && (p.dv * kRowGroups) % 32 == 0 && p.kernel >= 1 && p.kernel <= kMaxHist + 1;
+         p.dv * kRowGroups <= kMaxHeadThreads && (p.dv * kRowGroups) % 32 == 0 && p.kernel >= 1 && p.kernel <= kMaxHist + 1;
 }
 
 // The conv of the step's tokens, one thread per (channel, group) (conv_kernel).
@@ -560,7 +564,9 @@ void launch_conv(const DeltaNetDecodeArgs& p, cudaStream_t stream) {
 // The recurrence of the step's tokens, one block per (value head, group) (delta_head_kernel).
 void launch_head(const DeltaNetDecodeArgs& p, cudaStream_t stream) {
   const int threads = p.dv * kRowGroups;
-  detail::launch(delta_head_kernel, dim3(p.Hv, p.groups), dim3(threads), (2 * p.dk + kRowGroups * p.dv + threads / 32) * sizeof(float), stream, p);
+  const size_t smem = (2 * p.dk + kRowGroups * p.dv + threads / 32) * sizeof(float);
+  if (p.kept_state) detail::launch(delta_head_kernel<true>, dim3(p.Hv, p.groups), dim3(threads), smem, stream, p);
+  else detail::launch(delta_head_kernel<false>, dim3(p.Hv, p.groups), dim3(threads), smem, stream, p);
 }
 
 }  // namespace

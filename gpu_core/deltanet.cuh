@@ -8,7 +8,7 @@
 //     beta = sigmoid(b), g = -exp(A_log) * softplus(a + dt_bias); S <- e^g S; delta = beta (v - S^T k);
 //     S += k delta^T; o = S^T q (read after the write); out = gated RMSNorm(o, z) with norm_w.
 // The state S [Hv][dk][dv] is read and written once per step, each thread keeping its slice in
-// registers. Limits: dk <= 128, dv <= 256, kernel <= 8. Same arithmetic as runtime/ops_ref (fp32).
+// registers. Limits: dk <= 128, dv <= 128, kernel <= 8. Same arithmetic as runtime/ops_ref (fp32).
 #pragma once
 
 #include <cuda_runtime_api.h>

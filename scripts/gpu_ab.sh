@@ -85,7 +85,7 @@ if [[ "$steps" == *" batch "* ]]; then
   echo "|---|---|---|---|---|---|---|---|" >> "$summary"
   for s in ${BSCENARIOS:-gpu-all hybrid-24gib hybrid-8gib}; do
     [ "$(left)" -gt 40 ] || { echo "batch $s: no time left" >> "$OUT/e2e.log"; continue; }
-    timeout "$(left)" "$NEW_T" bench --model $m --prompt-len "$plen" --gen "$gen" --repeat "$repeat" --batch "$batches" --json $(scenario_args "$s") \
+    timeout "$(left)" "$NEW_T" bench --model $m --prompt-len "$plen" --gen "$gen" --repeat "$repeat" --batch "$batches" --warmup "${WARMUP:-64}" --json $(scenario_args "$s") \
       > "$OUT/e2e/$s.batch.json" 2> "$OUT/e2e/$s.batch.log"
     echo "batch $s rc $?" >> "$OUT/e2e.log"
     python3 - "$OUT/e2e/$s.batch.json" "$s" >> "$summary" <<'PY'
