@@ -236,9 +236,8 @@ struct Qwen35MoeGpu::Impl {
 
   // GPU-resident experts into `out` (the kernels skip the host-resident ones); xh / hs are scratch.
   // `table`: the layer's expert table with its host experts streamed in (prefill_streamed), nullptr: L's own.
-  // `grouped`: int4 experts grouped by expert (the prefill kernel) for n <= gpu::kMaxGemvTokens too.
   void gpu_experts(const DevLayer& L, const float* x_dev, const int32_t* ids_dev, const float* w_dev, int64_t n, uint16_t* xh_buf, void* hs, float* out,
-                   const gpu::Int4Expert* table = nullptr, bool grouped = false);
+                   const gpu::Int4Expert* table = nullptr);
 
   // y [n, out] = x [n, in] W^T for a chunk of tokens: cuBLAS for bf16 (the GEMV with `gemv`, n <=
   // gpu::kMaxGemvTokens), the int4 GEMV 8 tokens at a time.

@@ -10,12 +10,12 @@ namespace tandem {
 
 // GPU-resident experts into `out` (the kernels skip the host-resident ones); xh / hs are scratch.
 void Qwen35MoeGpu::Impl::gpu_experts(const DevLayer& L, const float* x_dev, const int32_t* ids_dev, const float* w_dev, int64_t n, uint16_t* xh_buf, void* hs, float* out,
-                                     const gpu::Int4Expert* table, bool grouped) {
+                                     const gpu::Int4Expert* table) {
   const ModelConfig& c = model.config();
   const gpu::Int4Expert* experts = table ? table : L.experts_i4;
   const int64_t H = c.hidden_size, I = c.moe_intermediate_size;
   const int k = c.num_experts_per_tok;
-  if (L.int4_experts && (n > gpu::kMaxGemvTokens || grouped)) {  // a prompt chunk: each expert's tokens together (workspace: pgroup)
+  if (L.int4_experts && n > gpu::kMaxGemvTokens) {  // a prompt chunk: each expert's tokens together (workspace: pgroup)
     if (!pgroup) fail("internal: ", n, " tokens of int4 experts without the grouped workspace");
     CK(gpu::moe_int4_grouped_tc(experts, static_cast<int>(c.num_experts), H, I, L.expert_group, ids_dev, w_dev, static_cast<int>(n), k,
                                 x_dev, pgroup, out, stream));
@@ -109,10 +109,7 @@ void Qwen35MoeGpu::Impl::prefill_layer(size_t li, float* hbuf, int64_t n, const 
   // Streamed: the layer's host experts run on the GPU from `streamed`, the host computes none.
   const bool split = L.cpu_experts && opts.host_experts && !streamed;
   if (split) hy.post_copy(px, ptopk_ids, ptopk_w, n, stream);
-  // A batched step of more than two tokens groups them by expert too: the decode kernels are issue-bound
-  // on dequantising each (token, expert) pair's weights (their time grows with the pairs, ~26 µs a
-  // layer per token at the 35B shape), the grouped kernel dequantises each expert once for its tokens.
-  gpu_experts(L, px, ptopk_ids, ptopk_w, n, pxh, phs, pmoe, streamed, batch && n > 2);
+  gpu_experts(L, px, ptopk_ids, ptopk_w, n, pxh, phs, pmoe, streamed);
   linear_rows(L.sh_gate, px, n, psg, gemv);
   linear_rows(L.sh_up, px, n, psu, gemv);
   CK(gpu::silu_mul(psg, psu, n * Is, stream));
