@@ -25,6 +25,7 @@
 #include "runtime/tokenizer/chat_template.h"
 #include "runtime/models/qwen3_5_moe/cpu_backend.h"
 #include "core/error.h"
+#include "core/limits.h"
 #include "runtime/engine/generate.h"
 #include "runtime/models/qwen3_5_moe/model.h"
 #include "runtime/engine/routing_profile.h"
@@ -91,7 +92,7 @@ SamplingParams sampling_of(const GenerationDefaults& defaults, const py::dict& k
 class Engine {
  public:
   Engine(const std::string& model_dir, const py::object& config, const std::string& device, const py::object& gpu_mem,
-         const py::object& threads, const py::object& context, bool eager)
+         const py::object& threads, const py::object& context, bool eager, const py::object& batch)
       : dir_(model_dir), pcfg_(config_of(config)) {
     RunnerOptions& o = ro_;
     o.device = requested_device(device, !config.is_none(), "device", "config");
@@ -106,6 +107,10 @@ class Engine {
       if (o.context < 1) fail("context must be at least 1 (got ", o.context, ")");
     }
     o.eager = eager;
+    if (!batch.is_none()) {
+      o.batch = batch.cast<int>();
+      if (o.batch < 1 || o.batch > kMaxBatch) fail("batch must be between 1 and ", kMaxBatch, " (got ", o.batch, ")");
+    }
     py::gil_scoped_release nogil;
     s_ = Session::open(dir_, false);  // the CLI's opener: logits need no tokenizer
     s_.start(o, &pcfg_);
@@ -162,6 +167,84 @@ class Engine {
     out["prefill_tok_s"] = r.prefill_tok_s();
     out["decode_tok_s"] = r.decode_tok_s();
     out["stop"] = stop_reason_name(r.stop);
+    return out;
+  }
+
+  // Several prompts at once (generate_batch): sampling[i] for prompt i; every request as generate()
+  // would run it alone, the sequences decoded together in the runner's slots.
+  py::list generate_batch(const std::vector<std::string>& texts, int64_t max_new_tokens, const std::vector<py::dict>& sampling,
+                          const std::vector<std::string>& stop) {
+    check_text();
+    if (texts.empty()) fail("prompts: give at least one prompt");
+    if (sampling.size() != texts.size()) fail("internal: one sampling dict per prompt");
+    if (max_new_tokens < 1) fail("max_new_tokens must be at least 1 (got ", max_new_tokens, ")");
+    std::vector<GenerateRequest> reqs(texts.size());
+    for (size_t i = 0; i < texts.size(); ++i) {
+      reqs[i].sampling = sampling_of(s_.defaults, sampling[i]);
+      reqs[i].max_new_tokens = max_new_tokens;
+      reqs[i].eos_ids = s_.eos;
+      reqs[i].stop = stop;
+      reqs[i].cancel = &cancel_;
+    }
+    std::vector<GenerateResult> rs;
+    {
+      py::gil_scoped_release nogil;
+      std::lock_guard lock(mu_);
+      set_threads();
+      cancel_.store(false);
+      for (size_t i = 0; i < texts.size(); ++i) {
+        reqs[i].prompt = s_.tokenizer->encode(texts[i]);
+        if (reqs[i].prompt.empty()) fail("prompt ", i, " is empty");
+        check_context(*s_.runner, static_cast<int64_t>(reqs[i].prompt.size()), max_new_tokens, "max_new_tokens");
+      }
+      rs = tandem::generate_batch(*s_.runner, s_.model->config().vocab_size, *s_.tokenizer, reqs);
+      if (!rs.empty()) last_ = rs.back();
+    }
+    py::list out;
+    for (const GenerateResult& r : rs) {
+      py::dict d;
+      d["text"] = py::bytes(r.text);
+      d["tokens"] = r.tokens;
+      d["prompt_tokens"] = r.prompt_tokens;
+      d["stop"] = stop_reason_name(r.stop);
+      out.append(d);
+    }
+    return out;
+  }
+
+  // Each sequence's ids fed in one step (its logits of every position, as logits(ids) with every id in
+  // the prefill), the sequences together, slots() of them at a time.
+  py::list logits_batch(const std::vector<std::vector<int32_t>>& seqs) {
+    check_open();
+    const int64_t V = s_.model->config().vocab_size;
+    if (seqs.empty()) fail("sequences: give at least one sequence of ids");
+    std::vector<py::array_t<float>> arrays;
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      if (seqs[i].empty()) fail("sequence ", i, ": give at least one token id");
+      check_token_ids(seqs[i], V, dir_, str_cat("sequence ", i).c_str());
+      check_context(*s_.runner, static_cast<int64_t>(seqs[i].size()));
+      arrays.emplace_back(std::vector<py::ssize_t>{static_cast<py::ssize_t>(seqs[i].size()), static_cast<py::ssize_t>(V)});
+    }
+    std::vector<float*> dst;
+    for (auto& a : arrays) dst.push_back(a.mutable_data());
+    {
+      py::gil_scoped_release nogil;
+      std::lock_guard lock(mu_);
+      set_threads();
+      Runner& r = *s_.runner;
+      const size_t slots = static_cast<size_t>(r.slots());
+      for (size_t first = 0; first < seqs.size(); first += slots) {
+        std::vector<Runner::Feed> feeds;
+        for (size_t i = first; i < std::min(seqs.size(), first + slots); ++i) {
+          const int slot = static_cast<int>(i - first);
+          r.reset_slot(slot);
+          feeds.push_back({slot, seqs[i], dst[i], Qwen35Moe::LogitRows::All, false});
+        }
+        r.step(feeds);
+      }
+    }
+    py::list out;
+    for (auto& a : arrays) out.append(a);
     return out;
   }
 
@@ -344,9 +427,9 @@ PYBIND11_MODULE(_tandem, m) {
   py::register_exception<tandem::Error>(m, "Error", PyExc_RuntimeError);
   py::class_<Engine>(m, "Engine")
       .def(py::init<const std::string&, const py::object&, const std::string&, const py::object&, const py::object&, const py::object&,
-                    bool>(),
+                    bool, const py::object&>(),
            py::arg("model_dir"), py::arg("config"), py::arg("device"), py::arg("gpu_mem"), py::arg("threads"), py::arg("context"),
-           py::arg("eager"))
+           py::arg("eager"), py::arg("batch"))
       .def("close", &Engine::close)
       .def_property_readonly("closed", &Engine::closed)
       .def("generate", &Engine::generate, py::arg("text"), py::arg("max_new_tokens"), py::arg("sampling"), py::arg("stop"),
@@ -355,6 +438,8 @@ PYBIND11_MODULE(_tandem, m) {
       .def("render_chat", &Engine::render_chat_text, py::arg("messages_json"), py::arg("tools_json"), py::arg("enable_thinking"),
            py::arg("add_generation_prompt"), py::arg("add_vision_id"))
       .def("logits", &Engine::logits, py::arg("ids"), py::arg("prefill"))
+      .def("logits_batch", &Engine::logits_batch, py::arg("sequences"))
+      .def("generate_batch", &Engine::generate_batch, py::arg("texts"), py::arg("max_new_tokens"), py::arg("sampling"), py::arg("stop"))
       .def("encode", &Engine::encode, py::arg("text"))
       .def("decode", &Engine::decode, py::arg("ids"), py::arg("skip_special") = false)
       .def("plan_json", &Engine::plan_json)

@@ -6,6 +6,9 @@
         for piece in eng.generate("Tell me a story", stream=True, seed=1):
             print(piece, end="", flush=True)
         logits = eng.logits(eng.tokenizer.encode("Hello world"))   # numpy float32 [n, vocab]
+    with tandem.Engine("models/tiny", device="cpu", batch=4) as eng:   # 4 sequences at once
+        print(eng.generate(["Hello", "Bonjour", "Hallo"], max_new_tokens=16, seed=[1, 2, 3]))
+        rows = eng.logits_batch([[1, 2, 3], [4, 5]])                  # [3, vocab] and [2, vocab]
         print(eng.plan()["predicted_decode_tok_s"])                  # with a GPU budget
 
 Errors are `tandem.Error` (a RuntimeError) with the same messages as the `tandem` CLI, wrong-typed or
@@ -39,7 +42,7 @@ def _text(b: bytes) -> str:
     return b.decode("utf-8", errors="replace")
 
 
-_INT64_MAX, _UINT64_MAX, _MAX_THREADS = 2**63 - 1, 2**64 - 1, 4096  # _MAX_THREADS: RunnerOptions::kMaxThreads
+_INT64_MAX, _UINT64_MAX, _MAX_THREADS, _MAX_BATCH = 2**63 - 1, 2**64 - 1, 4096, 256  # core/limits.h: kMaxThreads, kMaxBatch
 
 
 def _int(value: Any, name: str, lo: int, hi: int = _INT64_MAX) -> int:
@@ -110,13 +113,15 @@ class Engine:
     threads:   CPU worker threads (default: physical cores).
     context:   KV cache length for the GPU placements (default: the config's, else 4096).
     eager:     GPU placements: launch every kernel eagerly, no CUDA graphs (debugging).
+    batch:     sequences decoded at once (slots; GPU placements hold a KV cache and state for each;
+               default: the config's batch, else 1).
     """
 
     def __init__(self, model_dir: str, config: Union[None, str, Dict[str, Any]] = None, device: str = "auto",
                  gpu_mem: Union[None, int, str] = None, threads: Optional[int] = None, context: Optional[int] = None,
-                 eager: bool = False):
+                 eager: bool = False, batch: Optional[int] = None):
         self._core = _tandem.Engine(str(model_dir), config, device, _gpu_mem(gpu_mem), _opt_int(threads, "threads", 1, _MAX_THREADS),
-                                    _opt_int(context, "context", 1), eager)
+                                    _opt_int(context, "context", 1), eager, _opt_int(batch, "batch", 1, _MAX_BATCH))
         self.model_dir = str(model_dir)
         self.tokenizer = Tokenizer(self._core)
 
@@ -132,15 +137,35 @@ class Engine:
         self.close()
 
     # -- generation
-    def generate(self, prompt: str, max_new_tokens: int = 256, stream: bool = False, stop: Optional[Sequence[str]] = None,
-                 **sampling: Any) -> Union[str, Iterator[str]]:
+    def generate(self, prompt: Union[str, Sequence[str]], max_new_tokens: int = 256, stream: bool = False,
+                 stop: Optional[Sequence[str]] = None, **sampling: Any) -> Union[str, Iterator[str], List[str]]:
         """Continue `prompt`. Returns the text, or with stream=True an iterator of text pieces.
 
         Sampling keywords: temperature (0 = greedy), top_k, top_p, min_p, presence_penalty,
         frequency_penalty, repetition_penalty, seed, preset ("thinking", "thinking-coding", "instruct",
         "instruct-reasoning"); defaults come from the model's generation_config.json.
+
+        A list of prompts is decoded together (the engine's `batch` sequences at a time, the rest as
+        slots free up) and returns a list of texts, each the text that prompt gives alone; `seed` may
+        then be a list (one per prompt). Not with stream=True.
         """
-        return self._run(prompt, max_new_tokens, stream, stop, sampling)
+        if isinstance(prompt, str):
+            return self._run(prompt, max_new_tokens, stream, stop, sampling)
+        prompts = list(prompt)
+        if stream:
+            raise Error("stream=True takes one prompt (got a list of prompts)")
+        for i, p in enumerate(prompts):
+            if not isinstance(p, str):
+                raise Error(f"prompt {i} must be a string (got {type(p).__name__})")
+        seeds = sampling.pop("seed", None)
+        if isinstance(seeds, (list, tuple)):
+            if len(seeds) != len(prompts):
+                raise Error(f"seed: {len(seeds)} seeds for {len(prompts)} prompts")
+        else:
+            seeds = [seeds] * len(prompts)
+        per = [_sampling_args(dict(sampling, seed=s)) for s in seeds]
+        out = self._core.generate_batch(prompts, _int(max_new_tokens, "max_new_tokens", 1), per, list(stop or []))
+        return [_text(r["text"]) for r in out]
 
     def chat(self, messages: Sequence[Dict[str, Any]], enable_thinking: bool = True, max_new_tokens: int = 1024,
              stream: bool = False, stop: Optional[Sequence[str]] = None,
@@ -206,6 +231,12 @@ class Engine:
         """float32 numpy array [len(ids), vocab]: the first `prefill` ids (default all) in one forward call,
         the rest one at a time through the cache (the same as `tandem logits`)."""
         return self._core.logits([_int(i, "ids", -2**31, 2**31 - 1) for i in ids], _opt_int(prefill, "prefill", 0))
+
+    def logits_batch(self, sequences: Sequence[Sequence[int]]) -> List[Any]:
+        """One float32 numpy array [len(ids), vocab] per sequence of ids: each sequence fed in one step beside
+        the others (the engine's `batch` at a time), the same numbers as `logits(ids)` on it alone."""
+        seqs = [[_int(i, f"sequence {n}", -2**31, 2**31 - 1) for i in ids] for n, ids in enumerate(sequences)]
+        return self._core.logits_batch(seqs)
 
     def plan(self) -> Dict[str, Any]:
         """The placement plan for this engine's config and budget (the fields of `tandem plan --json`)."""

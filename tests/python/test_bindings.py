@@ -260,3 +260,34 @@ def test_eager_keyword(tiny):
         if s["device"] != "cpu":
             assert "decode steps launched eagerly" in s["description"], s["description"]
         assert len(eng.generate("Once upon a time", max_new_tokens=4, temperature=0)) > 0
+
+
+@pytest.mark.parametrize("name", FIXTURES)
+@pytest.mark.parametrize("device", ["ref", "cpu"])
+def test_logits_batch_equals_logits_alone(name, device):
+    d, ids, _ = fixture(name)
+    seqs = [ids, ids[: max(1, len(ids) // 2)], ids[::-1], ids[:1]]
+    with tandem.Engine(d, device=device, threads=2, batch=3) as eng:  # 4 sequences, 3 slots: two steps
+        got = eng.logits_batch(seqs)
+        alone = [eng.logits(s) for s in seqs]
+    assert len(got) == len(seqs)
+    for g, a, s in zip(got, alone, seqs):
+        assert g.shape == (len(s), a.shape[1])
+        np.testing.assert_array_equal(g, a)  # the same arithmetic per row: bit for bit
+
+
+def test_batched_generate_equals_each_prompt_alone(tiny):
+    prompts = ["Once upon a time", "The weather", "A", "Numbers: 1 2 3"]
+    with tandem.Engine(tiny, device="cpu", threads=2, batch=2) as eng:
+        alone = [eng.generate(p, max_new_tokens=12, temperature=0.8, top_p=0.9, seed=s) for p, s in zip(prompts, [1, 2, 3, 4])]
+        together = eng.generate(prompts, max_new_tokens=12, temperature=0.8, top_p=0.9, seed=[1, 2, 3, 4])
+        assert together == alone
+        assert eng.generate(prompts[:2], max_new_tokens=8, temperature=0) == [eng.generate(p, max_new_tokens=8, temperature=0) for p in prompts[:2]]
+        with pytest.raises(tandem.Error, match="seed: 3 seeds for 4 prompts"):
+            eng.generate(prompts, max_new_tokens=4, seed=[1, 2, 3])
+        with pytest.raises(tandem.Error, match="stream=True takes one prompt"):
+            eng.generate(prompts, stream=True)
+        with pytest.raises(tandem.Error, match="batch"):
+            tandem.Engine(tiny, device="cpu", batch=0)
+        with pytest.raises(tandem.Error, match="sequence 1"):
+            eng.logits_batch([[1, 2], [10**6]])
