@@ -581,6 +581,11 @@ std::string plan_table(const Plan& p) {
   line("routed experts", str_cat(format_gib(v.expert_weights), " (", p.total_gpu_experts(), " experts, ", p.expert_checkpoint_format, ")"));
   line("KV cache", format_gib(v.kv_cache));
   line("DeltaNet state", format_gib(v.deltanet_state));
+  {  // the batch's trade: each sequence's KV cache and state is room routed experts could have had
+    const uint64_t per_seq = (v.kv_cache + v.deltanet_state) / static_cast<uint64_t>(std::max(p.batch, 1));
+    line("per sequence", str_cat(format_gib(per_seq), " of KV cache and state at context ", p.context, ": the room of ",
+                                 p.gpu_expert_bytes ? per_seq / p.gpu_expert_bytes : 0, " routed experts (`batch:` sets the sequences held)"));
+  }
   const char* chunk_why = !p.prefill_chunk_auto      ? ""
                           : p.prefill_chunk > 256     ? ", auto: it costs no GPU experts"
                                                       : ", auto: a larger one would take GPU experts (prefill.chunk sets it)";
