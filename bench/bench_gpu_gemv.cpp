@@ -397,7 +397,7 @@ void BM_deltanet_prefill(benchmark::State& state) {
 // q_proj 8192x2048, lm_head 248320x2048; int4: the 8 selected experts' gate+up rows stacked
 // (8 x 1024 = 8192 x 2048) and their down projections (8 x 2048 = 16384 x 512).
 BENCHMARK(BM_gemv_bf16)
-    ->Args({8192, 2048, 1, 1})->Args({8192, 2048, 1, 8})->Args({12352, 2048, 1, 8})->Args({4096, 2048, 1, 1})
+    ->Args({8192, 2048, 1, 1})->Args({8192, 2048, 1, 8})->Args({8192, 2048, 2, 8})->Args({8192, 2048, 4, 8})->Args({8192, 2048, 8, 8})->Args({12352, 2048, 1, 8})->Args({4096, 2048, 1, 1})
     ->Args({2048, 4096, 1, 1})->Args({2048, 4096, 1, 8})->Args({248320, 2048, 1, 1})->Args({8192, 2048, 4, 1})
     ->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_attention_decode)->Arg(512)->Arg(4096)->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
@@ -412,7 +412,7 @@ BENCHMARK(BM_gemv_int4)
 BENCHMARK(BM_deltanet_prefill)->Args({512, 0})->Args({4096, 0})->Args({4096, 1})->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_deltanet_decode)->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_moe_int4_decode)->Args({8, 1, 0, 1})->Args({8, 1, 1, 1})->Args({8, 1, 1, 32})->Args({8, 4, 0, 1})->Args({8, 4, 1, 1})
-    ->Args({8, 4, 1, 32})->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
+    ->Args({8, 4, 1, 32})->Args({8, 2, 1, 32})->Args({8, 8, 1, 32})->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_moe_int4_prefill)->Arg(256)->Arg(2048)->Arg(4096)->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
 
 }  // namespace
