@@ -121,6 +121,57 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   }
 }
 
+// Several tokens (T > 1): a warp computes R consecutive rows, so that each activation vector it loads
+// serves R rows (one row a warp loaded T x 32 bytes of x per 16 bytes of weights: at T = 8 the L1
+// traffic, not the weights, set the time). Per row and token the arithmetic of row_finish: the lane's
+// chunks in the same order, the same expression per chunk, the same warp sum: the same bits as
+// gemv_bf16_kernel<TMAX>.
+template <int TMAX, int R>
+__global__ void __launch_bounds__(kWarpsPerBlock * 32)
+    gemv_bf16_rows_kernel(const uint16_t* __restrict__ W, int64_t N, int64_t K, const float* __restrict__ x, int T, float* __restrict__ y) {
+  const int lane = threadIdx.x & 31;
+  const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5)) * R;
+  const int64_t chunks = K / 8;
+  float acc[R][TMAX];
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int t = 0; t < TMAX; ++t) acc[r][t] = 0.0f;
+  detail::pdl_wait();
+#pragma unroll 2
+  for (int64_t c = lane; c < chunks; c += 32) {
+    uint4 v[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+      v[r] = row0 + r < N ? load_stream(reinterpret_cast<const uint4*>(W + (row0 + r) * K) + c) : make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+    for (int t = 0; t < TMAX; ++t) {
+      if (t >= T) break;
+      const float4* xp = reinterpret_cast<const float4*>(x + t * K + c * 8);
+      const float4 a = __ldg(xp), b = __ldg(xp + 1);
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const float wf[8] = {lo_bf16(v[r].x), hi_bf16(v[r].x), lo_bf16(v[r].y), hi_bf16(v[r].y),
+                             lo_bf16(v[r].z), hi_bf16(v[r].z), lo_bf16(v[r].w), hi_bf16(v[r].w)};
+        acc[r][t] += wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w + wf[4] * b.x + wf[5] * b.y + wf[6] * b.z + wf[7] * b.w;
+      }
+    }
+  }
+  detail::pdl_launch_next();
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    if (row0 + r >= N) break;  // the same for the whole warp
+#pragma unroll
+    for (int t = 0; t < TMAX; ++t) {
+      if (t >= T) break;
+      float v = acc[r][t];
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+      if (lane == 0) y[t * N + row0 + r] = v;
+    }
+  }
+}
+
 // The router GEMV's end (T = 1): every block stores its rows and fences, takes a ticket; the block
 // holding the last ticket runs on_last() (all threads), reads logits[0..E) back from L2 and runs the
 // warp top-k there, then re-arms the counter for the next
@@ -238,9 +289,16 @@ cudaError_t gemv_bf16(const uint16_t* W, int64_t N, int64_t K, const float* x, i
   if (T < 1 || T > kMaxGemvTokens || K % 8 != 0 || N < 1) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>((N + kWarpsPerBlock - 1) / kWarpsPerBlock)), block(kWarpsPerBlock * 32);
   const float* none = nullptr;
-  if (T > 1) {
-    auto* kernel = T <= 2 ? gemv_bf16_kernel<2> : T <= 4 ? gemv_bf16_kernel<4> : gemv_bf16_kernel<8>;
-    return detail::launch(kernel, grid, block, 0, stream, W, N, K, x, T, y, none);
+  if (T > 1) {  // R rows a warp: the most that still gives 256 blocks (two waves of a 132-SM device)
+    const int R = N >= 4 * 256 * kWarpsPerBlock ? 4 : N >= 2 * 256 * kWarpsPerBlock ? 2 : 1;
+    if (R == 1) {
+      auto* kernel = T <= 2 ? gemv_bf16_kernel<2> : T <= 4 ? gemv_bf16_kernel<4> : gemv_bf16_kernel<8>;
+      return detail::launch(kernel, grid, block, 0, stream, W, N, K, x, T, y, none);
+    }
+    const dim3 rgrid(static_cast<unsigned>((N + kWarpsPerBlock * R - 1) / (kWarpsPerBlock * R)));
+    auto* kernel = R == 4 ? (T <= 2 ? gemv_bf16_rows_kernel<2, 4> : T <= 4 ? gemv_bf16_rows_kernel<4, 4> : gemv_bf16_rows_kernel<8, 4>)
+                          : (T <= 2 ? gemv_bf16_rows_kernel<2, 2> : T <= 4 ? gemv_bf16_rows_kernel<4, 2> : gemv_bf16_rows_kernel<8, 2>);
+    return detail::launch(kernel, rgrid, block, 0, stream, W, N, K, x, T, y);
   }
   return with_pre(K, [&](auto pre) {
     return detail::launch(gemv_bf16_kernel<1, false, pre.value>, grid, block, 0, stream, W, N, K, x, T, y, none);

@@ -87,6 +87,33 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GpuGemvBf16,
                          ::testing::Values(Shape{8192, 2048, 1}, Shape{2048, 4096, 1}, Shape{512, 2048, 4}, Shape{32, 2048, 8},
                                            Shape{1031, 48, 3}, Shape{13, 8, 1}));
 
+// Several tokens on tall matrices (a warp computing 4 or 2 rows: gemv_bf16_rows_kernel): within 1e-5
+// of the double reference, and each token's outputs those of the one-token launch on that token to
+// fp32 rounding (the same per-row arithmetic; 1e-6).
+TEST(GpuGemvBf16Rows, TokensOfTallMatricesMatchTheOneTokenLaunch) {
+  TANDEM_REQUIRE_GPU();
+  for (const Shape sh : {Shape{8192, 2048, 8}, Shape{8192, 2048, 2}, Shape{4100, 1024, 5}, Shape{8200, 512, 3}}) {
+    const auto [N, K, T] = sh;
+    std::mt19937 rng(test::test_seed() + static_cast<unsigned>(N + T));
+    std::vector<uint16_t> W;
+    const LinearWeight lw = random_bf16_linear(N, K, rng, W);
+    const auto x = test::random_floats(rng, T * K);
+    test::DeviceBuffer<uint16_t> dW(W);
+    test::DeviceBuffer<float> dx(x), dy(T * N), d1(N);
+    CUDA_OK(gpu::gemv_bf16(dW.ptr, N, K, dx.ptr, T, dy.ptr, nullptr));
+    CUDA_OK(cudaDeviceSynchronize());
+    const auto y = dy.to_host();
+    EXPECT_LT(test::rel_l2(std::vector<double>(y.begin(), y.end()), reference(lw, x, T)), 1e-5) << N << "x" << K << " T " << T;
+    for (int t = 0; t < T; ++t) {
+      CUDA_OK(gpu::gemv_bf16(dW.ptr, N, K, dx.ptr + int64_t(t) * K, 1, d1.ptr, nullptr));
+      CUDA_OK(cudaDeviceSynchronize());
+      const auto one = d1.to_host();
+      EXPECT_LT(test::rel_l2(std::vector<double>(y.begin() + t * N, y.begin() + (t + 1) * N), std::vector<double>(one.begin(), one.end())), 1e-6)
+          << N << "x" << K << " token " << t << " of " << T;
+    }
+  }
+}
+
 // Prefill GEMM (cuBLAS, split-bf16 activations): the same definition and the same 1e-5 bound.
 class GpuGemmBf16 : public ::testing::TestWithParam<Shape> {};
 
