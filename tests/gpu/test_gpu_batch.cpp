@@ -13,7 +13,6 @@
 #include "tests/unit/batch_cases.h"
 #include "tests/unit/fixture_util.h"
 #include "tests/unit/test_util.h"
-#include "tools/synth/synth.h"
 
 namespace tandem {
 namespace {
@@ -85,25 +84,11 @@ INSTANTIATE_TEST_SUITE_P(Tandem, GpuBatch, ::testing::Combine(::testing::ValuesI
 TEST(GpuGenerateBatch, DeviceSamplingEqualsHostSampling) {
   TANDEM_REQUIRE_GPU();
   test::TempDir dir;
-  synth::Options so;
-  so.out_dir = dir.str();
-  so.threads = 2;
-  so.seed = 7;
-  synth::synthesize(synth::find_preset("tiny"), so);
+  test::synth_tiny(dir.str());
   auto model = Qwen35Moe::load(dir.str());
   const Tokenizer tok = Tokenizer::from_model_dir(dir.str());
   const int64_t V = model->config().vocab_size;
-  std::vector<GenerateRequest> reqs;
-  const char* prompts[] = {"the model routes every token", "experts", "a longer prompt than the others", "x y z", "five"};
-  for (int i = 0; i < 5; ++i) {
-    GenerateRequest q;
-    q.prompt = tok.encode(prompts[i]);
-    q.max_new_tokens = 5 + 2 * i;
-    q.sampling = sampling_preset(i % 2 ? "thinking" : "instruct");
-    q.sampling.seeded = true;
-    q.sampling.seed = 3 + i;
-    reqs.push_back(q);
-  }
+  const std::vector<GenerateRequest> reqs = test::mixed_requests(tok, 5, 3);
   struct RowsOnly final : Runner {  // declines step_top: the host samples from the rows
     std::unique_ptr<Runner> inner;
     int slots() const override { return inner->slots(); }

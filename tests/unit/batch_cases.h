@@ -16,9 +16,38 @@
 #include <vector>
 
 #include "core/error.h"
+#include "runtime/engine/generate.h"
 #include "runtime/engine/runner.h"
+#include "tools/synth/synth.h"
 
 namespace tandem::test {
+
+// The tiny synthetic model (with its tokenizer) written to `dir`.
+inline void synth_tiny(const std::string& dir) {
+  synth::Options so;
+  so.out_dir = dir;
+  so.threads = 2;
+  so.seed = 7;
+  synth::synthesize(synth::find_preset("tiny"), so);
+}
+
+// n requests with prompts and lengths of their own, sampled by alternating presets with seeds seed0 + i,
+// request 3 greedy among them.
+inline std::vector<GenerateRequest> mixed_requests(const Tokenizer& tok, int n, uint64_t seed0) {
+  const char* prompts[] = {"the model routes every token", "experts", "a longer prompt than the others, with commas", "x y z", "five"};
+  std::vector<GenerateRequest> reqs;
+  for (int i = 0; i < n; ++i) {
+    GenerateRequest q;
+    q.prompt = tok.encode(prompts[i % 5]);
+    q.max_new_tokens = 5 + 2 * i;
+    q.sampling = sampling_preset(i % 2 ? "thinking" : "instruct");
+    q.sampling.seeded = true;
+    q.sampling.seed = seed0 + static_cast<uint64_t>(i);
+    if (i == 3) q.sampling.temperature = 0;
+    reqs.push_back(q);
+  }
+  return reqs;
+}
 
 // A runner holding `batch` sequences whose steps may keep states for up to `verify` tokens.
 using RunnerFactory = std::function<std::unique_ptr<Runner>(int batch, int64_t verify)>;

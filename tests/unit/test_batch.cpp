@@ -9,7 +9,6 @@
 #include "tests/unit/batch_cases.h"
 #include "tests/unit/fixture_util.h"
 #include "tests/unit/test_util.h"
-#include "tools/synth/synth.h"
 
 namespace tandem {
 namespace {
@@ -95,26 +94,11 @@ INSTANTIATE_TEST_SUITE_P(Tandem, Batch, ::testing::ValuesIn(cases()), case_name)
 // beside it and whichever slot it gets (more requests than slots: later ones wait for a free slot).
 TEST(GenerateBatch, EachRequestGetsWhatItGetsAlone) {
   test::TempDir dir;
-  synth::Options so;
-  so.out_dir = dir.str();
-  so.threads = 2;
-  so.seed = 7;
-  synth::synthesize(synth::find_preset("tiny"), so);
+  test::synth_tiny(dir.str());
   auto model = Qwen35Moe::load(dir.str());
   const Tokenizer tok = Tokenizer::from_model_dir(dir.str());
   const int64_t V = model->config().vocab_size;
-  std::vector<GenerateRequest> reqs;
-  const char* prompts[] = {"the model routes every token", "experts", "a longer prompt than the others, with commas", "x y z"};
-  for (int i = 0; i < 4; ++i) {
-    GenerateRequest q;
-    q.prompt = tok.encode(prompts[i]);
-    q.max_new_tokens = 6 + 3 * i;
-    q.sampling = sampling_preset(i % 2 ? "thinking" : "instruct");
-    q.sampling.seeded = true;
-    q.sampling.seed = 11 + i;
-    if (i == 3) q.sampling.temperature = 0;  // greedy beside sampled ones
-    reqs.push_back(q);
-  }
+  const std::vector<GenerateRequest> reqs = test::mixed_requests(tok, 4, 11);
   RunnerOptions o;
   o.device = Device::Cpu;
   o.threads = 2;
