@@ -339,9 +339,11 @@ int cmd_bench(int argc, char** argv) {
                       {"per_sequence_tok_s", t.median / B}, {"itl_p50_ms", p50}, {"itl_p99_ms", p99}, {"vs_batch_1", base > 0 ? t.median / base : 0},
                       {"expected_union_experts_per_layer", union_of(B)}, {"bound_decode_tok_s", bnd}, {"decode_ratio_to_bound", t.median / bnd},
                       {"gpu_expert_fraction", runner->gpu_expert_share()}});
+      char ratio[16] = "-";
+      if (base > 0) std::snprintf(ratio, sizeof ratio, "%.2fx", t.median / base);
       if (!json_out)
         std::printf("%6d  %10.1f [%6.1f-%6.1f]  %14.1f  %7.2f / %6.2f  %7s  %12.1f  %6.1f%%\n", B, t.median, t.min, t.max, t.median / B, p50, p99,
-                    base > 0 ? str_cat(static_cast<int>(t.median / base * 100 + 0.5) / 100.0, "x").c_str() : "-", bnd, 100 * t.median / bnd);
+                    ratio, bnd, 100 * t.median / bnd);
     }
     if (json_out) {
       const nlohmann::json j = {{"model", a.get("model")}, {"device", device}, {"prompt_len", L}, {"gen", gen}, {"repeat", repeat},
