@@ -28,37 +28,45 @@ size_t held_back_suffix(std::string_view text, const std::vector<std::string>& s
   return hold;
 }
 
-namespace {
-
 using Clock = std::chrono::steady_clock;
 
-// One request in flight: its slot, sampler, text decoder and result. After each forward that gave its
-// logits (or candidates) take_next() samples, streams and decides whether it goes on; next() is the
-// token the following step feeds it.
-class Live {
+// One request in flight: its slot, sampler, text decoder and result. The prompt is fed in chunks
+// (next_chunk / fed); after each forward that gave its logits (or candidates) take_next() samples,
+// streams and decides whether it goes on; next() is the token the following step feeds it.
+class Batcher::Live {
  public:
   Live(const GenerateRequest& req, GenerateResult& res, const Tokenizer& tok, int slot, int64_t vocab)
       : req_(req), res_(res), slot_(slot), sampler_(req.sampling), decoder_(tok, /*skip_special=*/true), context_(req.prompt) {
     logits_.resize(static_cast<size_t>(vocab));
+    res_ = GenerateResult{};
     res_.prompt_tokens = static_cast<int64_t>(req.prompt.size());
   }
   int slot() const { return slot_; }
   bool done() const { return done_; }
+  bool cancelled() const { return req_.cancel && req_.cancel->load(); }
+  // The prompt's next piece (chunk 0: the rest) and whether it is the prompt's last.
+  bool prefilling() const { return fed_ < static_cast<int64_t>(req_.prompt.size()); }
+  std::span<const int32_t> next_chunk(int64_t chunk) const {
+    const int64_t left = static_cast<int64_t>(req_.prompt.size()) - fed_;
+    return std::span(req_.prompt.data() + fed_, static_cast<size_t>(chunk > 0 ? std::min(chunk, left) : left));
+  }
+  bool last_chunk(int64_t chunk) const { return chunk <= 0 || static_cast<int64_t>(req_.prompt.size()) - fed_ <= chunk; }
+  void fed(int64_t n) { fed_ += n; }
   int32_t next() const { return res_.tokens.back(); }
   float* logits() { return logits_.data(); }
   // What the runner needs to pick this sequence's candidates on its side (k 0: it needs the row).
   int candidates() const { return sampler_.candidates_needed(); }
   std::vector<LogitPenalty> penalties() const { return sampler_.penalties(context_, res_.tokens); }
   std::vector<std::pair<int32_t, float>>& top() { return top_; }
-  void prefilled(double seconds) {
-    res_.prefill_s = seconds;
+  void prefilled() {
+    res_.prefill_s = std::chrono::duration<double>(Clock::now() - t_start_).count();
     t_decode_ = Clock::now();
     if (req_.max_new_tokens <= 0) finish(StopReason::MaxTokens);
   }
   // The step gave this sequence's logits row (have_top: its candidates in top()); samples the next
   // token, streams its text, and ends the sequence on eos, a stop string, max_new_tokens or cancel.
   void take_next(bool have_top) {
-    if (req_.cancel && req_.cancel->load()) return finish(StopReason::Cancelled);
+    if (cancelled()) return finish(StopReason::Cancelled);
     const int32_t id = have_top ? sampler_.sample_top(top_) : sampler_.sample(logits_, context_, res_.tokens);
     res_.tokens.push_back(id);
     context_.push_back(id);
@@ -81,13 +89,6 @@ class Live {
     }
     if (static_cast<int64_t>(res_.tokens.size()) == req_.max_new_tokens) finish(StopReason::MaxTokens);  // no forward for a token never sampled from
   }
-
- private:
-  void emit(std::string_view s) {
-    if (s.empty()) return;
-    res_.text.append(s);
-    if (req_.on_text) req_.on_text(s);
-  }
   void finish(StopReason why) {
     res_.stop = why;
     if (why != StopReason::StopString) {
@@ -99,7 +100,14 @@ class Live {
     done_ = true;
   }
 
-  const GenerateRequest& req_;
+ private:
+  void emit(std::string_view s) {
+    if (s.empty()) return;
+    res_.text.append(s);
+    if (req_.on_text) req_.on_text(s);
+  }
+
+  GenerateRequest req_;  // a copy: the caller's may go away once added
   GenerateResult& res_;
   int slot_;
   Sampler sampler_;
@@ -108,9 +116,12 @@ class Live {
   std::string pending_;  // decoded text not yet emitted
   std::vector<float> logits_;
   std::vector<std::pair<int32_t, float>> top_;
-  Clock::time_point t_decode_ = Clock::now();
+  int64_t fed_ = 0;      // prompt tokens fed
+  Clock::time_point t_start_ = Clock::now(), t_decode_ = Clock::now();
   bool done_ = false;
 };
+
+namespace {
 
 void check_request(const GenerateRequest& req) {
   if (req.prompt.empty()) fail("generate: the prompt is empty (no tokens)");
@@ -120,74 +131,116 @@ void check_request(const GenerateRequest& req) {
 
 }  // namespace
 
+Batcher::Batcher(Runner& runner, int64_t vocab, const Tokenizer& tokenizer, int64_t prefill_chunk)
+    : runner_(runner), vocab_(vocab), tokenizer_(tokenizer), chunk_(prefill_chunk) {
+  if (prefill_chunk < 0) fail("prefill chunk ", prefill_chunk, " must be 0 (whole prompts) or positive");
+  for (int s = runner.slots() - 1; s >= 0; --s) free_slots_.push_back(s);
+}
+
+Batcher::~Batcher() = default;
+
+void Batcher::add(const GenerateRequest& req, GenerateResult* out) {
+  check_request(req);
+  if (!out) fail("internal: Batcher::add without a result");
+  waiting_.push_back({req, out});
+}
+
+size_t Batcher::running() const { return active_.size(); }
+
+// One step feeding ids[i] to who[i] with logits; returns whether their candidates (not rows) came back.
+bool Batcher::run(const std::vector<Live*>& who, const std::vector<std::span<const int32_t>>& ids) {
+  std::vector<Runner::Feed> feeds(who.size());
+  for (size_t i = 0; i < who.size(); ++i) feeds[i] = {who[i]->slot(), ids[i], who[i]->logits(), Qwen35Moe::LogitRows::Last, false};
+  bool all_k = try_top_;
+  for (Live* l : who) all_k = all_k && l->candidates() > 0;
+  if (all_k) {
+    std::vector<std::vector<LogitPenalty>> pens(who.size());
+    std::vector<Runner::TopWant> want(who.size());
+    for (size_t i = 0; i < who.size(); ++i) {
+      pens[i] = who[i]->penalties();
+      want[i] = {pens[i], who[i]->candidates(), &who[i]->top()};
+    }
+    if (runner_.step_top(feeds, want)) return true;
+    try_top_ = false;  // a runner that declines once is not asked again (penalty lists not built for nothing)
+  }
+  runner_.step(feeds);
+  return false;
+}
+
+void Batcher::retire() {  // finished sequences give their slots back (the lowest is taken first)
+  for (size_t i = 0; i < active_.size();)
+    if (active_[i]->done()) {
+      free_slots_.push_back(active_[i]->slot());
+      std::sort(free_slots_.rbegin(), free_slots_.rend());
+      active_.erase(active_.begin() + static_cast<std::ptrdiff_t>(i));
+    } else {
+      ++i;
+    }
+}
+
+void Batcher::step() {
+  while (!waiting_.empty() && !free_slots_.empty()) {  // waiting requests take free slots
+    const int slot = free_slots_.back();
+    free_slots_.pop_back();
+    runner_.reset_slot(slot);
+    active_.push_back(std::make_unique<Live>(waiting_.front().req, *waiting_.front().out, tokenizer_, slot, vocab_));
+    waiting_.pop_front();
+  }
+  for (auto& l : active_)  // a cancelled request still reading its prompt leaves now
+    if (l->prefilling() && l->cancelled()) l->finish(StopReason::Cancelled);
+  retire();
+  if (active_.empty()) return;
+  // Prompts not at their last chunk: fed first, no logits.
+  std::vector<Runner::Feed> partial;
+  std::vector<uint8_t> in_partial(active_.size(), 0);
+  for (size_t i = 0; i < active_.size(); ++i)
+    if (Live* l = active_[i].get(); l->prefilling() && !l->last_chunk(chunk_)) {
+      partial.push_back({l->slot(), l->next_chunk(chunk_), nullptr, Qwen35Moe::LogitRows::Last, false});
+      in_partial[i] = 1;
+    }
+  if (!partial.empty()) {
+    runner_.step(partial);
+    for (size_t i = 0; i < active_.size(); ++i)
+      if (in_partial[i]) active_[i]->fed(static_cast<int64_t>(active_[i]->next_chunk(chunk_).size()));
+  }
+  // Every other sequence: its prompt's last chunk or its next token, together.
+  std::vector<Live*> who;
+  std::vector<std::span<const int32_t>> ids;
+  std::vector<int32_t> next(active_.size());
+  std::vector<uint8_t> was_prompt;
+  for (size_t i = 0; i < active_.size(); ++i) {
+    Live* l = active_[i].get();
+    if (in_partial[i]) continue;  // fed its chunk above: one piece a step
+    if (l->prefilling()) {
+      ids.push_back(l->next_chunk(chunk_));
+      was_prompt.push_back(1);
+    } else {
+      next[i] = l->next();
+      ids.push_back(std::span(&next[i], 1));
+      was_prompt.push_back(0);
+    }
+    who.push_back(l);
+  }
+  if (!who.empty()) {
+    const bool top = run(who, ids);
+    for (size_t i = 0; i < who.size(); ++i) {
+      if (was_prompt[i]) {
+        who[i]->fed(static_cast<int64_t>(ids[i].size()));
+        who[i]->prefilled();
+        if (who[i]->done()) continue;
+      }
+      who[i]->take_next(top);
+    }
+  }
+  retire();
+}
+
 std::vector<GenerateResult> generate_batch(Runner& runner, int64_t vocab, const Tokenizer& tokenizer, std::span<const GenerateRequest> reqs) {
   for (const GenerateRequest& r : reqs) check_request(r);
   std::vector<GenerateResult> results(reqs.size());
-  std::vector<std::unique_ptr<Live>> active;
-  std::vector<int> free_slots;  // the lowest last: taken first
-  for (int s = runner.slots() - 1; s >= 0; --s) free_slots.push_back(s);
-  size_t waiting = 0;  // the first request not started
-  // The runner selects the samplers' candidates itself when it can (the GPU: k pairs cross, not the
-  // rows). A runner that declines once is not asked again, so penalty lists are not built for nothing.
-  bool try_top = true;
-  // One step feeding ids[i] to who[i]; returns whether their candidates (not rows) came back.
-  auto run = [&](const std::vector<Live*>& who, const std::vector<std::span<const int32_t>>& ids) {
-    std::vector<Runner::Feed> feeds(who.size());
-    for (size_t i = 0; i < who.size(); ++i) feeds[i] = {who[i]->slot(), ids[i], who[i]->logits(), Qwen35Moe::LogitRows::Last, false};
-    bool all_k = try_top;
-    for (Live* l : who) all_k = all_k && l->candidates() > 0;
-    if (all_k) {
-      std::vector<std::vector<LogitPenalty>> pens(who.size());
-      std::vector<Runner::TopWant> want(who.size());
-      for (size_t i = 0; i < who.size(); ++i) {
-        pens[i] = who[i]->penalties();
-        want[i] = {pens[i], who[i]->candidates(), &who[i]->top()};
-      }
-      if (runner.step_top(feeds, want)) return true;
-      try_top = false;
-    }
-    runner.step(feeds);
-    return false;
-  };
-  auto retire = [&] {  // finished sequences give their slots back
-    for (size_t i = 0; i < active.size();)
-      if (active[i]->done()) {
-        free_slots.push_back(active[i]->slot());
-        std::sort(free_slots.rbegin(), free_slots.rend());
-        active.erase(active.begin() + static_cast<std::ptrdiff_t>(i));
-      } else {
-        ++i;
-      }
-  };
-  while (true) {
-    // Waiting requests take free slots; each prompt is fed on its own (a prefill).
-    while (waiting < reqs.size() && !free_slots.empty()) {
-      const int slot = free_slots.back();
-      free_slots.pop_back();
-      runner.reset_slot(slot);
-      active.push_back(std::make_unique<Live>(reqs[waiting], results[waiting], tokenizer, slot, vocab));
-      Live* l = active.back().get();
-      const auto t0 = Clock::now();
-      const bool top = run({l}, {reqs[waiting].prompt});
-      l->prefilled(std::chrono::duration<double>(Clock::now() - t0).count());
-      if (!l->done()) l->take_next(top);
-      ++waiting;
-      retire();
-    }
-    if (active.empty()) break;
-    // Every sequence in flight feeds its last token in one step.
-    std::vector<Live*> who;
-    std::vector<std::span<const int32_t>> ids;
-    std::vector<int32_t> next(active.size());
-    for (size_t i = 0; i < active.size(); ++i) {
-      next[i] = active[i]->next();
-      who.push_back(active[i].get());
-      ids.push_back(std::span(&next[i], 1));
-    }
-    const bool top = run(who, ids);
-    for (Live* l : who) l->take_next(top);
-    retire();
-  }
+  Batcher b(runner, vocab, tokenizer);
+  for (size_t i = 0; i < reqs.size(); ++i) b.add(reqs[i], &results[i]);
+  while (!b.idle()) b.step();
   return results;
 }
 

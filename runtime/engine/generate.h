@@ -6,7 +6,9 @@
 #pragma once
 
 #include <atomic>
+#include <deque>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -44,7 +46,45 @@ struct GenerateResult {
   double decode_tok_s() const { return decode_s > 0 && tokens.size() > 1 ? (tokens.size() - 1) / decode_s : 0; }
 };
 
-// Several requests on one runner: each takes a free slot (the rest wait for one), its prompt is fed on
+// Continuous batching over a runner's slots: requests join (add) at any time and leave when they end
+// (eos, a stop string, max_new_tokens, cancel: a cancelled one frees its slot at the next step).
+// Each step() first gives waiting requests the free slots, then feeds every sequence still reading
+// its prompt the next chunk of at most prefill_chunk tokens (0: the whole prompt at once) and every
+// other sequence its next token, in one runner step (prompt chunks before their last go in a step of
+// their own, without logits), so a long prompt does not stall the others' decoding. Each sequence
+// has its own sampler and stop rules: a request gets what generate() gives it alone wherever the
+// runner's batched rows equal its single ones (bit for bit on ref and cpu, chunked prompts too).
+class Batcher {
+ public:
+  Batcher(Runner& runner, int64_t vocab, const Tokenizer& tokenizer, int64_t prefill_chunk = 0);
+  ~Batcher();
+  // Queues a copy of `req` (tandem::Error for an empty prompt or stop string); `out` (which must
+  // outlive the request) receives its result as it runs: final once it has left.
+  void add(const GenerateRequest& req, GenerateResult* out);
+  void step();
+  bool idle() const { return active_.empty() && waiting_.empty(); }
+  size_t running() const;                           // sequences in slots
+  size_t waiting() const { return waiting_.size(); }  // requests waiting for a slot
+
+ private:
+  class Live;
+  struct Queued {
+    GenerateRequest req;
+    GenerateResult* out;
+  };
+  bool run(const std::vector<Live*>& who, const std::vector<std::span<const int32_t>>& ids);
+  void retire();
+  Runner& runner_;
+  int64_t vocab_;
+  const Tokenizer& tokenizer_;
+  int64_t chunk_;
+  bool try_top_ = true;
+  std::deque<Queued> waiting_;
+  std::vector<std::unique_ptr<Live>> active_;
+  std::vector<int> free_slots_;  // the lowest last: taken first
+};
+
+// Several requests on one runner (a Batcher with whole prompts): each takes a free slot (the rest wait for one), its prompt is fed on
 // its own, then one step feeds every sequence in flight its next token together. Every sequence has
 // its own sampler (its own seed) and stop rules, so each result is what generate() gives that request
 // alone wherever the runner's batched logits equal its single ones (bit for bit on ref and cpu).

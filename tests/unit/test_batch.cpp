@@ -3,6 +3,8 @@
 // rows against HF's logits, and generate_batch's results equal to each request run alone.
 #include <gtest/gtest.h>
 
+#include <atomic>
+
 #include "runtime/engine/generate.h"
 #include "runtime/engine/logits_compare.h"
 #include "runtime/format/npy.h"
@@ -116,6 +118,58 @@ TEST(GenerateBatch, EachRequestGetsWhatItGetsAlone) {
       EXPECT_EQ(got[i].stop, alone[i].stop) << "request " << i << ", batch " << batch;
     }
   }
+}
+
+}  // namespace
+}  // namespace tandem
+
+namespace tandem {
+namespace {
+
+// Continuous batching: prompts fed 3 tokens a step beside the others' decoding, requests added while
+// others run and waiting for a slot, a request cancelled mid-way freeing its slot for the next one;
+// every finished request has exactly what it gets alone.
+TEST(Batcher, RequestsJoinAndLeaveBetweenSteps) {
+  test::TempDir dir;
+  test::synth_tiny(dir.str());
+  auto model = Qwen35Moe::load(dir.str());
+  const Tokenizer tok = Tokenizer::from_model_dir(dir.str());
+  const int64_t V = model->config().vocab_size;
+  std::vector<GenerateRequest> reqs = test::mixed_requests(tok, 5, 21);
+  RunnerOptions o;
+  o.device = Device::Cpu;
+  o.threads = 2;
+  auto one = make_runner(*model, o);
+  std::vector<GenerateResult> alone;
+  for (const GenerateRequest& q : reqs) alone.push_back(generate(*one, V, tok, q));
+  o.batch = 2;
+  auto two = make_runner(*model, o);
+  std::atomic<bool> cancel{false};
+  GenerateRequest doomed = reqs[4];
+  doomed.max_new_tokens = 50;
+  doomed.cancel = &cancel;
+  std::vector<GenerateResult> got(reqs.size()), cancelled(1);
+  Batcher b(*two, V, tok, 3);
+  b.add(doomed, &cancelled[0]);
+  b.add(reqs[0], &got[0]);
+  for (int i = 0; i < 3; ++i) b.step();
+  EXPECT_EQ(b.running(), 2u);
+  for (size_t i = 1; i < 4; ++i) b.add(reqs[i], &got[i]);
+  EXPECT_EQ(b.waiting(), 3u);
+  b.step();
+  cancel = true;  // the doomed request leaves at the next step; a waiting one takes its slot the step after
+  b.step();
+  EXPECT_EQ(cancelled[0].stop, StopReason::Cancelled);
+  EXPECT_LT(cancelled[0].tokens.size(), 50u);
+  b.step();
+  EXPECT_LE(b.waiting(), 2u);
+  while (!b.idle()) b.step();
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(got[i].tokens, alone[i].tokens) << "request " << i;
+    EXPECT_EQ(got[i].text, alone[i].text) << "request " << i;
+    EXPECT_EQ(got[i].stop, alone[i].stop) << "request " << i;
+  }
+  EXPECT_THROW(b.add(GenerateRequest{}, &got[0]), Error);  // an empty prompt
 }
 
 }  // namespace
