@@ -27,6 +27,7 @@
 #include "core/error.h"
 #include "core/limits.h"
 #include "runtime/engine/generate.h"
+#include "runtime/engine/reply_parser.h"
 #include "runtime/models/qwen3_5_moe/model.h"
 #include "runtime/engine/routing_profile.h"
 #include "runtime/engine/runner.h"
@@ -408,6 +409,28 @@ py::dict profile_py(const std::string& model_dir, const std::vector<std::string>
   return d;
 }
 
+// The reply parser on a fixed text (reply_parser.h), in OpenAI's message shape.
+py::dict parse_reply_py(const std::string& text, const std::string& tools_json, bool thinking) {
+  const nlohmann::json tools = nlohmann::json::parse(tools_json, nullptr, false);
+  if (tools.is_discarded() || !(tools.is_array() || tools.is_null())) fail("tools must be a list of tool definitions");
+  const ParsedReply r = parse_reply(text, thinking, tools);
+  py::dict out;
+  out["reasoning_content"] = py::bytes(r.reasoning);
+  out["content"] = py::bytes(r.content);
+  py::list calls;
+  for (const ParsedToolCall& c : r.tool_calls) {
+    py::dict fn, call;
+    fn["name"] = py::bytes(c.name);
+    fn["arguments"] = py::bytes(c.arguments);
+    call["id"] = c.id;
+    call["type"] = "function";
+    call["function"] = fn;
+    calls.append(call);
+  }
+  out["tool_calls"] = calls;
+  return out;
+}
+
 std::string plan_for_py(const std::string& model_dir, const py::object& config, const py::object& gpu_mem, const py::object& context) {
   const ModelConfig m = load_model_config(model_dir);
   const placement::PlacementConfig c = config_of(config);
@@ -448,5 +471,6 @@ PYBIND11_MODULE(_tandem, m) {
         py::arg("threads"), py::arg("config_only"), py::arg("force"));
   m.def("profile", &profile_py, py::arg("model_dir"), py::arg("prompts"), py::arg("out"), py::arg("device"), py::arg("gen"),
         py::arg("max_tokens"), py::arg("chat"), py::arg("threads"));
+  m.def("parse_reply", &parse_reply_py, py::arg("text"), py::arg("tools_json"), py::arg("thinking"));
   m.def("plan", &plan_for_py, py::arg("model_dir"), py::arg("config"), py::arg("gpu_mem"), py::arg("context"));
 }

@@ -31,7 +31,7 @@ Error = _tandem.Error
 Error.__doc__ = "A Tandem error (bad path, bad config, bad input); the message says what and where."
 Error.__module__ = "tandem"
 
-__all__ = ["Engine", "Tokenizer", "Error", "synth", "profile", "plan"]
+__all__ = ["Engine", "Tokenizer", "Error", "synth", "profile", "plan", "parse_reply"]
 __version__ = "0.1.0"
 
 _SAMPLING = ("temperature", "top_k", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty",
@@ -252,6 +252,21 @@ def _json_text(value: Any, what: str) -> str:
         return _json.dumps(value, ensure_ascii=False, allow_nan=False)
     except (TypeError, ValueError) as e:
         raise Error(f"{what} must be JSON data (dicts, lists, strings, numbers, booleans, None): {e}") from None
+
+
+def parse_reply(text: str, tools: Optional[Sequence[Union[Dict[str, Any], str]]] = None, thinking: bool = False) -> Dict[str, Any]:
+    """A model reply split as an OpenAI-compatible server returns it: {"reasoning_content", "content",
+    "tool_calls": [{"id", "type": "function", "function": {"name", "arguments": JSON text}}]}. thinking: the
+    prompt ended in "<think>\n" (text up to "</think>" is reasoning). tools: the OpenAI tool definitions
+    whose JSON schemas type the arguments (integer, number, boolean, null, object, array; strings verbatim).
+    Malformed calls come back as content, never as an error."""
+    if not isinstance(text, str):
+        raise Error(f"text must be a string (got {type(text).__name__})")
+    tool_list = [_json.loads(t) if isinstance(t, str) else t for t in (tools or [])]
+    r = _tandem.parse_reply(text, _json_text(tool_list, "tools"), bool(thinking))
+    calls = [{"id": c["id"], "type": "function", "function": {"name": _text(c["function"]["name"]), "arguments": _text(c["function"]["arguments"])}}
+             for c in r["tool_calls"]]
+    return {"reasoning_content": _text(r["reasoning_content"]), "content": _text(r["content"]), "tool_calls": calls}
 
 
 def synth(preset: str, out: str, quant: Optional[str] = None, seed: int = 0, routing_skew: float = 1.0, threads: int = 0,

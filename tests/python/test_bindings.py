@@ -291,3 +291,19 @@ def test_batched_generate_equals_each_prompt_alone(tiny):
             tandem.Engine(tiny, device="cpu", batch=0)
         with pytest.raises(tandem.Error, match="sequence 1"):
             eng.logits_batch([[1, 2], [10**6]])
+
+
+def test_parse_reply_splits_reasoning_and_typed_tool_calls():
+    tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {
+        "a": {"type": "integer"}, "b": {"type": "number"}, "why": {"type": "string"}}}}}]
+    text = ("Two numbers.\n</think>\n\nAdding.\n\n<tool_call>\n<function=add>\n<parameter=a>\n2\n</parameter>\n"
+            "<parameter=b>\n0.5\n</parameter>\n<parameter=why>\n7\n</parameter>\n</function>\n</tool_call>")
+    r = tandem.parse_reply(text, tools, thinking=True)
+    assert r["reasoning_content"] == "Two numbers." and r["content"] == "Adding.\n\n"
+    (call,) = r["tool_calls"]
+    assert call["id"] == "call_0" and call["type"] == "function" and call["function"]["name"] == "add"
+    assert json.loads(call["function"]["arguments"]) == {"a": 2, "b": 0.5, "why": "7"}
+    assert tandem.parse_reply("<tool_call>\nbroken")["content"] == "<tool_call>broken"
+    assert tandem.parse_reply("plain", None)["tool_calls"] == []
+    with pytest.raises(tandem.Error, match="text must be a string"):
+        tandem.parse_reply(b"bytes")
