@@ -142,7 +142,7 @@ void ReplyParser::step(ReplyDelta& d, bool at_end) {
           mode_ = Mode::AfterThink;
           continue;
         }
-        const size_t hold = at_end ? 0 : partial_tag(buf_, "\n</think>");
+        const size_t hold = at_end ? 0 : std::max(partial_tag(buf_, "\n</think>"), partial_tag(buf_, kThinkClose));
         emit_reasoning(d, std::string_view(buf_).substr(0, buf_.size() - hold));
         buf_.erase(0, buf_.size() - hold);
         return;
@@ -163,11 +163,10 @@ void ReplyParser::step(ReplyDelta& d, bool at_end) {
             if (at_end) buf_.clear();
             return;
           }
-          if (std::string_view(buf_).substr(i).rfind(kCallOpen, 0) == 0 || (!at_end && may_become(std::string_view(buf_).substr(i), {kCallOpen}))) {
-            buf_.erase(0, i);
-          } else {
-            after_call_ = false;
-          }
+          const std::string_view after = std::string_view(buf_).substr(i);
+          if (after.rfind(kCallOpen, 0) == 0) buf_.erase(0, i);  // the next call: the whitespace was between calls
+          else if (!at_end && may_become(after, {kCallOpen})) return;  // not known yet: hold it all
+          else after_call_ = false;                                    // text after a call, its whitespace with it
         }
         const size_t at = buf_.find(kCallOpen);
         if (at != std::string::npos) {

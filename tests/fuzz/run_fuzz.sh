@@ -37,8 +37,9 @@ build_target fuzz_placement "$root/tests/fuzz/fuzz_placement.cpp" "$root/placeme
   "$root/placement/planner.cpp" "$root/placement/gpu_layout.cpp" "$root/gpu_core/int4_layout.cpp" "$root/runtime/format/config.cpp" "$root/core/bytes.cpp" "$root/core/nearest.cpp" \
   "${common[@]}" \
   -- -DTANDEM_FUZZ_MODEL_CONFIG="\"$root/tests/data/gptq_sym_v1/config.json\"" -lyaml-cpp
+build_target fuzz_reply "$root/tests/fuzz/fuzz_reply.cpp" "$root/runtime/engine/reply_parser.cpp"
 
-targets=(safetensors_header config tokenizer placement)
+targets=(safetensors_header config tokenizer placement reply)
 for t in "${targets[@]}"; do
   work="$out/corpus-$t"
   mkdir -p "$work"

@@ -70,6 +70,7 @@ TEST(ReplyParser, ThinkingOffIsAllContentAndACutReasoningIsAllReasoning) {
   EXPECT_EQ(cut.reasoning, "half a thought, then max_tokens");
   EXPECT_EQ(cut.content, "");
   EXPECT_EQ(parse("<think>\nits own tag\n</think>\n\nok", true).reasoning, "its own tag");
+  EXPECT_EQ(parse("\n\xff\xff\xff\xff</think>\n\nhi", true).reasoning, "\n\xff\xff\xff\xff");  // found by fuzz_reply
 }
 
 TEST(ReplyParser, OneToolCallWithTypedArguments) {
@@ -127,6 +128,7 @@ TEST(ReplyParser, MalformedCallsDegradeToContent) {
   EXPECT_TRUE(d.tool_calls.empty());
   EXPECT_EQ(d.content, "<tool_call><function=a\nb>");
   EXPECT_EQ(parse("a < b and <tool", false).content, "a < b and <tool");  // a tag that never comes is text
+  EXPECT_EQ(parse("<tool_call>\n<function=f></tool_call>\n<//x", false).content, "\n<//x");  // found by fuzz_reply
 }
 
 TEST(ReplyParser, StreamingHoldsAPartialTagBack) {
