@@ -130,12 +130,7 @@ class Engine {
   py::dict generate(const std::string& text, int64_t max_new_tokens, const py::dict& sampling, const std::vector<std::string>& stop,
                     const py::object& on_text) {
     check_text();
-    GenerateRequest req;
-    req.sampling = sampling_of(s_.defaults, sampling);
-    req.max_new_tokens = max_new_tokens;
-    if (max_new_tokens < 1) fail("max_new_tokens must be at least 1 (got ", max_new_tokens, ")");
-    req.eos_ids = s_.eos;
-    req.stop = stop;
+    GenerateRequest req = request(sampling, max_new_tokens, stop);
     std::unique_ptr<py::error_already_set> callback_error;
     if (!on_text.is_none())
       req.on_text = [&](std::string_view piece) {
@@ -148,27 +143,17 @@ class Engine {
           cancel_.store(true);
         }
       };
-    req.cancel = &cancel_;
     GenerateResult r;
     {
       py::gil_scoped_release nogil;
       std::lock_guard lock(mu_);
       set_threads();
       cancel_.store(false);
-      req.prompt = s_.tokenizer->encode(text);
-      if (req.prompt.empty()) fail("the prompt is empty");
-      check_context(*s_.runner, static_cast<int64_t>(req.prompt.size()), req.max_new_tokens, "max_new_tokens");  // as the CLI
+      encode_prompt(req, text, "the prompt");
       r = generate_impl(req);
     }
     if (callback_error) throw std::move(*callback_error);
-    py::dict out;
-    out["text"] = py::bytes(r.text);
-    out["tokens"] = r.tokens;
-    out["prompt_tokens"] = r.prompt_tokens;
-    out["prefill_tok_s"] = r.prefill_tok_s();
-    out["decode_tok_s"] = r.decode_tok_s();
-    out["stop"] = stop_reason_name(r.stop);
-    return out;
+    return result_dict(r);
   }
 
   // Several prompts at once (generate_batch): sampling[i] for prompt i; every request as generate()
@@ -178,38 +163,20 @@ class Engine {
     check_text();
     if (texts.empty()) fail("prompts: give at least one prompt");
     if (sampling.size() != texts.size()) fail("internal: one sampling dict per prompt");
-    if (max_new_tokens < 1) fail("max_new_tokens must be at least 1 (got ", max_new_tokens, ")");
-    std::vector<GenerateRequest> reqs(texts.size());
-    for (size_t i = 0; i < texts.size(); ++i) {
-      reqs[i].sampling = sampling_of(s_.defaults, sampling[i]);
-      reqs[i].max_new_tokens = max_new_tokens;
-      reqs[i].eos_ids = s_.eos;
-      reqs[i].stop = stop;
-      reqs[i].cancel = &cancel_;
-    }
+    std::vector<GenerateRequest> reqs;
+    for (size_t i = 0; i < texts.size(); ++i) reqs.push_back(request(sampling[i], max_new_tokens, stop));
     std::vector<GenerateResult> rs;
     {
       py::gil_scoped_release nogil;
       std::lock_guard lock(mu_);
       set_threads();
       cancel_.store(false);
-      for (size_t i = 0; i < texts.size(); ++i) {
-        reqs[i].prompt = s_.tokenizer->encode(texts[i]);
-        if (reqs[i].prompt.empty()) fail("prompt ", i, " is empty");
-        check_context(*s_.runner, static_cast<int64_t>(reqs[i].prompt.size()), max_new_tokens, "max_new_tokens");
-      }
+      for (size_t i = 0; i < texts.size(); ++i) encode_prompt(reqs[i], texts[i], str_cat("prompt ", i).c_str());
       rs = tandem::generate_batch(*s_.runner, s_.model->config().vocab_size, *s_.tokenizer, reqs);
       if (!rs.empty()) last_ = rs.back();
     }
     py::list out;
-    for (const GenerateResult& r : rs) {
-      py::dict d;
-      d["text"] = py::bytes(r.text);
-      d["tokens"] = r.tokens;
-      d["prompt_tokens"] = r.prompt_tokens;
-      d["stop"] = stop_reason_name(r.stop);
-      out.append(d);
-    }
+    for (const GenerateResult& r : rs) out.append(result_dict(r));
     return out;
   }
 
@@ -343,6 +310,33 @@ class Engine {
   void check_text() const {
     check_open();
     if (!s_.tokenizer) fail(dir_, " has no tokenizer.json: text in and out needs one (logits() works on ids)");
+  }
+  // A request with the model's defaults under `sampling`, its eos ids, the stop strings and this
+  // engine's cancel flag (the prompt comes with encode_prompt, under the lock).
+  GenerateRequest request(const py::dict& sampling, int64_t max_new_tokens, const std::vector<std::string>& stop) const {
+    if (max_new_tokens < 1) fail("max_new_tokens must be at least 1 (got ", max_new_tokens, ")");
+    GenerateRequest req;
+    req.sampling = sampling_of(s_.defaults, sampling);
+    req.max_new_tokens = max_new_tokens;
+    req.eos_ids = s_.eos;
+    req.stop = stop;
+    req.cancel = &cancel_;
+    return req;
+  }
+  void encode_prompt(GenerateRequest& req, const std::string& text, const char* what) const {
+    req.prompt = s_.tokenizer->encode(text);
+    if (req.prompt.empty()) fail(what, " is empty");
+    check_context(*s_.runner, static_cast<int64_t>(req.prompt.size()), req.max_new_tokens, "max_new_tokens");  // as the CLI
+  }
+  static py::dict result_dict(const GenerateResult& r) {
+    py::dict out;
+    out["text"] = py::bytes(r.text);
+    out["tokens"] = r.tokens;
+    out["prompt_tokens"] = r.prompt_tokens;
+    out["prefill_tok_s"] = r.prefill_tok_s();
+    out["decode_tok_s"] = r.decode_tok_s();
+    out["stop"] = stop_reason_name(r.stop);
+    return out;
   }
   GenerateResult generate_impl(const GenerateRequest& req) {
     last_ = tandem::generate(*s_.runner, s_.model->config().vocab_size, *s_.tokenizer, req);

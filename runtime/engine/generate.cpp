@@ -236,9 +236,8 @@ void Batcher::step() {
 }
 
 std::vector<GenerateResult> generate_batch(Runner& runner, int64_t vocab, const Tokenizer& tokenizer, std::span<const GenerateRequest> reqs) {
-  for (const GenerateRequest& r : reqs) check_request(r);
   std::vector<GenerateResult> results(reqs.size());
-  Batcher b(runner, vocab, tokenizer);
+  Batcher b(runner, vocab, tokenizer);  // add() checks each request before any step runs
   for (size_t i = 0; i < reqs.size(); ++i) b.add(reqs[i], &results[i]);
   while (!b.idle()) b.step();
   return results;
