@@ -98,6 +98,48 @@ uint64_t peak_rss_bytes() {
   return static_cast<uint64_t>(ru.ru_maxrss) * 1024;
 }
 
+// Greedy next tokens as generate() picks them: the runner picks them where the logits are when it
+// can (one id crosses a sequence), else the rows come back and the host sampler's one-pass argmax
+// runs. A runner that declines once is not asked again.
+class Greedy {
+ public:
+  using Seq = std::pair<int, std::span<const int32_t>>;  // a slot and the ids it is fed
+  Greedy(Runner& runner, int64_t vocab) : runner_(runner), vocab_(vocab), sampler_(greedy_params()) {}
+  // One step feeding every (slot, ids); next[slot] becomes that sequence's greedy next token.
+  void step(std::span<const Seq> seqs, std::vector<int32_t>& next) {
+    const size_t n = seqs.size();
+    rows_.resize(n * static_cast<size_t>(vocab_));
+    tops_.resize(n);
+    std::vector<Runner::Feed> feeds;
+    std::vector<Runner::TopWant> want;
+    for (size_t i = 0; i < n; ++i) {
+      feeds.push_back({seqs[i].first, seqs[i].second, rows_.data() + i * vocab_, Qwen35Moe::LogitRows::Last, false});
+      want.push_back({{}, 1, &tops_[i]});
+    }
+    on_device_ = try_top_ && runner_.step_top(feeds, want);
+    if (!on_device_) {
+      try_top_ = false;
+      runner_.step(feeds);
+    }
+    for (size_t i = 0; i < n; ++i)
+      next[seqs[i].first] = on_device_ ? tops_[i][0].first : sampler_.sample(std::span(rows_.data() + i * vocab_, vocab_), {}, {});
+  }
+  bool on_device() const { return on_device_; }
+
+ private:
+  static SamplingParams greedy_params() {
+    SamplingParams p;
+    p.temperature = 0.0f;
+    return p;
+  }
+  Runner& runner_;
+  int64_t vocab_;
+  Sampler sampler_;
+  std::vector<float> rows_;
+  std::vector<std::vector<std::pair<int32_t, float>>> tops_;
+  bool try_top_ = true, on_device_ = false;
+};
+
 struct Run {
   double prefill_tok_s, ttft_ms, decode_tok_s;
   std::vector<double> itl_ms;
@@ -124,20 +166,13 @@ Run run_once(Runner& runner, int64_t V, int64_t prompt_len, int64_t gen, uint64_
     start = static_cast<size_t>(seed * static_cast<uint64_t>(prompt_len) % text.size());
     for (int64_t i = 0; i < prompt_len; ++i) prompt[i] = text[(start + static_cast<size_t>(i)) % text.size()];
   }
-  std::vector<float> logits(V);
   runner.reset();
-  // Greedy, as generate() does it: the runner picks the token where the logits are when it can
-  // (one id crosses), else the whole row comes back and the host sampler's one-pass argmax runs.
-  SamplingParams greedy;
-  greedy.temperature = 0.0f;
-  Sampler sampler(greedy);
-  std::vector<std::pair<int32_t, float>> top;
-  bool on_device = false;
+  Greedy greedy(runner, V);
+  std::vector<int32_t> picked(1);
   auto next_of = [&](std::span<const int32_t> ids) {
-    on_device = runner.forward_top(ids, {}, 1, top);
-    if (on_device) return top[0].first;
-    runner.forward(ids, logits.data(), Qwen35Moe::LogitRows::Last);
-    return sampler.sample(logits, {}, {});
+    const Greedy::Seq seq{0, ids};
+    greedy.step(std::span(&seq, 1), picked);
+    return picked[0];
   };
   const auto t0 = clock::now();
   int32_t next = next_of(prompt);
@@ -157,7 +192,7 @@ Run run_once(Runner& runner, int64_t V, int64_t prompt_len, int64_t gen, uint64_
   r.decode_tok_s = gen > 1 ? (gen - 1) / dt : 0;
   r.decode_s = dt;
   r.split = runner.host_split();
-  r.on_device = on_device;
+  r.on_device = greedy.on_device();
   return r;
 }
 
@@ -180,39 +215,23 @@ struct BatchRun {
 BatchRun run_batch(Runner& runner, int64_t V, int B, int64_t prompt_len, int64_t gen, uint64_t seed) {
   using clock = std::chrono::steady_clock;
   std::vector<int32_t> next(B);
-  std::vector<std::vector<std::pair<int32_t, float>>> tops(B);
-  std::vector<std::vector<float>> rows(B, std::vector<float>(V));
-  SamplingParams greedy;
-  greedy.temperature = 0.0f;
-  Sampler sampler(greedy);
-  bool try_top = true;
-  auto advance = [&](std::span<const Runner::Feed> feeds) {  // next[i] for feeds[i]'s slot, picked where the logits are when the runner can
-    std::vector<Runner::TopWant> want;
-    for (const Runner::Feed& f : feeds) want.push_back({{}, 1, &tops[f.slot]});
-    if (try_top && runner.step_top(feeds, want)) {
-      for (const Runner::Feed& f : feeds) next[f.slot] = tops[f.slot][0].first;
-      return;
-    }
-    try_top = false;
-    runner.step(feeds);
-    for (const Runner::Feed& f : feeds) next[f.slot] = sampler.sample(rows[f.slot], {}, {});
-  };
+  Greedy greedy(runner, V);
   std::mt19937_64 rng(seed);
   std::uniform_int_distribution<int32_t> id(0, static_cast<int32_t>(V - 1));
   std::vector<int32_t> prompt(prompt_len);
   for (int b = 0; b < B; ++b) {
     runner.reset_slot(b);
     for (auto& t : prompt) t = id(rng);
-    const Runner::Feed f{b, prompt, rows[b].data(), Qwen35Moe::LogitRows::Last, false};
-    advance(std::span(&f, 1));
+    const Greedy::Seq seq{b, prompt};
+    greedy.step(std::span(&seq, 1), next);
   }
   BatchRun r;
-  std::vector<Runner::Feed> feeds(B);
+  std::vector<Greedy::Seq> seqs(B);
   const auto d0 = clock::now();
   for (int64_t i = 1; i < gen; ++i) {
-    for (int b = 0; b < B; ++b) feeds[b] = {b, std::span(&next[b], 1), rows[b].data(), Qwen35Moe::LogitRows::Last, false};
+    for (int b = 0; b < B; ++b) seqs[b] = {b, std::span(&next[b], 1)};
     const auto s0 = clock::now();
-    advance(feeds);
+    greedy.step(seqs, next);
     r.step_ms.push_back(std::chrono::duration<double>(clock::now() - s0).count() * 1e3);
   }
   const double dt = std::chrono::duration<double>(clock::now() - d0).count();
