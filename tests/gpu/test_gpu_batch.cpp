@@ -83,12 +83,8 @@ INSTANTIATE_TEST_SUITE_P(Tandem, GpuBatch, ::testing::Combine(::testing::ValuesI
 // same steps with every row copied to the host and sampled there: the same tokens, request by request.
 TEST(GpuGenerateBatch, DeviceSamplingEqualsHostSampling) {
   TANDEM_REQUIRE_GPU();
-  test::TempDir dir;
-  test::synth_tiny(dir.str());
-  auto model = Qwen35Moe::load(dir.str());
-  const Tokenizer tok = Tokenizer::from_model_dir(dir.str());
-  const int64_t V = model->config().vocab_size;
-  const std::vector<GenerateRequest> reqs = test::mixed_requests(tok, 5, 3);
+  const test::TinyModel tiny;
+  const std::vector<GenerateRequest> reqs = test::mixed_requests(tiny.tok, 5, 3);
   struct RowsOnly final : Runner {  // declines step_top: the host samples from the rows
     std::unique_ptr<Runner> inner;
     int slots() const override { return inner->slots(); }
@@ -100,11 +96,11 @@ TEST(GpuGenerateBatch, DeviceSamplingEqualsHostSampling) {
     int64_t max_context() const override { return inner->max_context(); }
     double weight_bandwidth(std::string* w) override { return inner->weight_bandwidth(w); }
   };
-  const auto make = factory(*model, false);
+  const auto make = factory(*tiny.model, false);
   auto device = make(4, 0);
   RowsOnly host;
   host.inner = make(4, 0);
-  const auto a = generate_batch(*device, V, tok, reqs), b = generate_batch(host, V, tok, reqs);
+  const auto a = generate_batch(*device, tiny.vocab, tiny.tok, reqs), b = generate_batch(host, tiny.vocab, tiny.tok, reqs);
   for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(a[i].tokens, b[i].tokens) << "request " << i;
 }
 

@@ -18,18 +18,29 @@
 #include "core/error.h"
 #include "runtime/engine/generate.h"
 #include "runtime/engine/runner.h"
+#include "tests/unit/test_util.h"
 #include "tools/synth/synth.h"
 
 namespace tandem::test {
 
-// The tiny synthetic model (with its tokenizer) written to `dir`.
-inline void synth_tiny(const std::string& dir) {
-  synth::Options so;
-  so.out_dir = dir;
-  so.threads = 2;
-  so.seed = 7;
-  synth::synthesize(synth::find_preset("tiny"), so);
-}
+// The tiny synthetic model with its tokenizer, written to a temporary folder and loaded.
+struct TinyModel {
+  TempDir dir;
+  std::unique_ptr<Qwen35Moe> model;
+  Tokenizer tok;
+  int64_t vocab;
+  TinyModel() : model(write_and_load(dir.str())), tok(Tokenizer::from_model_dir(dir.str())), vocab(model->config().vocab_size) {}
+
+ private:
+  static std::unique_ptr<Qwen35Moe> write_and_load(const std::string& dir) {
+    synth::Options so;
+    so.out_dir = dir;
+    so.threads = 2;
+    so.seed = 7;
+    synth::synthesize(synth::find_preset("tiny"), so);
+    return Qwen35Moe::load(dir);
+  }
+};
 
 // n requests with prompts and lengths of their own, sampled by alternating presets with seeds seed0 + i,
 // request 3 greedy among them.

@@ -92,64 +92,63 @@ TEST_P(Batch, BadStepsAreRefusedBeforeAnythingRuns) {
 
 INSTANTIATE_TEST_SUITE_P(Tandem, Batch, ::testing::ValuesIn(cases()), case_name);
 
-// Seeded sampling per sequence: each request of a batch draws what it draws alone, whatever else runs
-// beside it and whichever slot it gets (more requests than slots: later ones wait for a free slot).
-TEST(GenerateBatch, EachRequestGetsWhatItGetsAlone) {
-  test::TempDir dir;
-  test::synth_tiny(dir.str());
-  auto model = Qwen35Moe::load(dir.str());
-  const Tokenizer tok = Tokenizer::from_model_dir(dir.str());
-  const int64_t V = model->config().vocab_size;
-  const std::vector<GenerateRequest> reqs = test::mixed_requests(tok, 4, 11);
+// cpu runner options of the generation tests (batch 1: each request alone).
+RunnerOptions cpu_options() {
   RunnerOptions o;
   o.device = Device::Cpu;
   o.threads = 2;
-  auto one = make_runner(*model, o);
+  return o;
+}
+
+// Each request generated alone on a one-sequence cpu runner.
+std::vector<GenerateResult> each_alone(const test::TinyModel& tiny, const std::vector<GenerateRequest>& reqs) {
+  auto one = make_runner(*tiny.model, cpu_options());
   std::vector<GenerateResult> alone;
-  for (const GenerateRequest& q : reqs) alone.push_back(generate(*one, V, tok, q));
-  for (int batch : {2, 4}) {
-    o.batch = batch;
-    auto many = make_runner(*model, o);
-    const std::vector<GenerateResult> got = generate_batch(*many, V, tok, reqs);
-    ASSERT_EQ(got.size(), reqs.size());
-    for (size_t i = 0; i < reqs.size(); ++i) {
-      EXPECT_EQ(got[i].tokens, alone[i].tokens) << "request " << i << ", batch " << batch;
-      EXPECT_EQ(got[i].text, alone[i].text) << "request " << i << ", batch " << batch;
-      EXPECT_EQ(got[i].stop, alone[i].stop) << "request " << i << ", batch " << batch;
-    }
+  for (const GenerateRequest& q : reqs) alone.push_back(generate(*one, tiny.vocab, tiny.tok, q));
+  return alone;
+}
+
+// got[i] has the tokens, text and stop reason of alone[i], for i < n.
+void expect_same_results(const std::vector<GenerateResult>& got, const std::vector<GenerateResult>& alone, size_t n, const std::string& what) {
+  for (size_t i = 0; i < n; ++i) {
+    EXPECT_EQ(got[i].tokens, alone[i].tokens) << "request " << i << ", " << what;
+    EXPECT_EQ(got[i].text, alone[i].text) << "request " << i << ", " << what;
+    EXPECT_EQ(got[i].stop, alone[i].stop) << "request " << i << ", " << what;
   }
 }
 
-}  // namespace
-}  // namespace tandem
-
-namespace tandem {
-namespace {
+// Seeded sampling per sequence: each request of a batch draws what it draws alone, whatever else runs
+// beside it and whichever slot it gets (more requests than slots: later ones wait for a free slot).
+TEST(GenerateBatch, EachRequestGetsWhatItGetsAlone) {
+  const test::TinyModel tiny;
+  const std::vector<GenerateRequest> reqs = test::mixed_requests(tiny.tok, 4, 11);
+  const std::vector<GenerateResult> alone = each_alone(tiny, reqs);
+  for (int batch : {2, 4}) {
+    RunnerOptions o = cpu_options();
+    o.batch = batch;
+    auto many = make_runner(*tiny.model, o);
+    const std::vector<GenerateResult> got = generate_batch(*many, tiny.vocab, tiny.tok, reqs);
+    ASSERT_EQ(got.size(), reqs.size());
+    expect_same_results(got, alone, reqs.size(), "batch " + std::to_string(batch));
+  }
+}
 
 // Continuous batching: prompts fed 3 tokens a step beside the others' decoding, requests added while
 // others run and waiting for a slot, a request cancelled mid-way freeing its slot for the next one;
 // every finished request has exactly what it gets alone.
 TEST(Batcher, RequestsJoinAndLeaveBetweenSteps) {
-  test::TempDir dir;
-  test::synth_tiny(dir.str());
-  auto model = Qwen35Moe::load(dir.str());
-  const Tokenizer tok = Tokenizer::from_model_dir(dir.str());
-  const int64_t V = model->config().vocab_size;
-  std::vector<GenerateRequest> reqs = test::mixed_requests(tok, 5, 21);
-  RunnerOptions o;
-  o.device = Device::Cpu;
-  o.threads = 2;
-  auto one = make_runner(*model, o);
-  std::vector<GenerateResult> alone;
-  for (const GenerateRequest& q : reqs) alone.push_back(generate(*one, V, tok, q));
+  const test::TinyModel tiny;
+  std::vector<GenerateRequest> reqs = test::mixed_requests(tiny.tok, 5, 21);
+  const std::vector<GenerateResult> alone = each_alone(tiny, reqs);
+  RunnerOptions o = cpu_options();
   o.batch = 2;
-  auto two = make_runner(*model, o);
+  auto two = make_runner(*tiny.model, o);
   std::atomic<bool> cancel{false};
   GenerateRequest doomed = reqs[4];
   doomed.max_new_tokens = 50;
   doomed.cancel = &cancel;
   std::vector<GenerateResult> got(reqs.size()), cancelled(1);
-  Batcher b(*two, V, tok, 3);
+  Batcher b(*two, tiny.vocab, tiny.tok, 3);
   b.add(doomed, &cancelled[0]);
   b.add(reqs[0], &got[0]);
   for (int i = 0; i < 3; ++i) b.step();
@@ -164,11 +163,7 @@ TEST(Batcher, RequestsJoinAndLeaveBetweenSteps) {
   b.step();
   EXPECT_LE(b.waiting(), 2u);
   while (!b.idle()) b.step();
-  for (size_t i = 0; i < 4; ++i) {
-    EXPECT_EQ(got[i].tokens, alone[i].tokens) << "request " << i;
-    EXPECT_EQ(got[i].text, alone[i].text) << "request " << i;
-    EXPECT_EQ(got[i].stop, alone[i].stop) << "request " << i;
-  }
+  expect_same_results(got, alone, 4, "joined between steps");
   EXPECT_THROW(b.add(GenerateRequest{}, &got[0]), Error);  // an empty prompt
 }
 
