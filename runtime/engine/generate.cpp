@@ -207,24 +207,21 @@ void Batcher::step() {
   std::vector<Live*> who;
   std::vector<std::span<const int32_t>> ids;
   std::vector<int32_t> next(active_.size());
-  std::vector<uint8_t> was_prompt;
   for (size_t i = 0; i < active_.size(); ++i) {
     Live* l = active_[i].get();
     if (in_partial[i]) continue;  // fed its chunk above: one piece a step
     if (l->prefilling()) {
       ids.push_back(l->next_chunk(chunk_));
-      was_prompt.push_back(1);
     } else {
       next[i] = l->next();
       ids.push_back(std::span(&next[i], 1));
-      was_prompt.push_back(0);
     }
     who.push_back(l);
   }
   if (!who.empty()) {
     const bool top = run(who, ids);
     for (size_t i = 0; i < who.size(); ++i) {
-      if (was_prompt[i]) {
+      if (who[i]->prefilling()) {  // its prompt's last chunk went in this step
         who[i]->fed(static_cast<int64_t>(ids[i].size()));
         who[i]->prefilled();
         if (who[i]->done()) continue;
