@@ -409,11 +409,15 @@ void Qwen35MoeGpu::reset() { reset_slot(impl_->cur); }
 int Qwen35MoeGpu::slots() const { return impl_->slots; }
 int64_t Qwen35MoeGpu::step_rows_max() const { return impl_->rows; }
 
-int64_t Qwen35MoeGpu::position(int slot) const { return impl_->pos_of(slot); }
+int64_t Qwen35MoeGpu::position(int slot) const {
+  const Impl& m = *impl_;
+  if (slot < 0 || slot >= m.slots) fail("slot ", slot, " is outside 0..", m.slots - 1);
+  return slot == m.cur ? m.pos : m.slot_pos[slot];
+}
 
 void Qwen35MoeGpu::select(int slot) {
   Impl& m = *impl_;
-  m.pos_of(slot);  // the range check
+  if (slot < 0 || slot >= m.slots) fail("slot ", slot, " is outside 0..", m.slots - 1);
   m.slot_pos[m.cur] = m.pos;
   m.cur = slot;
   m.pos = m.slot_pos[slot];
@@ -421,7 +425,8 @@ void Qwen35MoeGpu::select(int slot) {
 
 void Qwen35MoeGpu::reset_slot(int slot) {
   Impl& m = *impl_;
-  m.pos_of(slot) = 0;
+  if (slot < 0 || slot >= m.slots) fail("slot ", slot, " is outside 0..", m.slots - 1);
+  (slot == m.cur ? m.pos : m.slot_pos[slot]) = 0;
   if (m.kept.slot == slot) m.kept = {};
   if (slot == m.cur || m.slots == 1) {  // the expert counts and the host's deferral follow the selected sequence
     m.counts = {};

@@ -77,10 +77,11 @@ static int64_t fill_rows(Qwen35MoeGpu::Impl& m, std::span<const Qwen35MoeGpu::Ro
   b = {};
   for (size_t g = 0; g < feeds.size(); ++g) {
     const Qwen35MoeGpu::RowFeed& f = feeds[g];
+    if (f.slot < 0 || f.slot >= m.slots) fail("slot ", f.slot, " is outside 0..", m.slots - 1);
     for (size_t j = 0; j < g; ++j)
       if (feeds[j].slot == f.slot) fail("slot ", f.slot, " is fed twice in one step");
     if (f.ids.empty()) fail("slot ", f.slot, ": a step feeds at least one token");
-    const int64_t at = m.pos_of(f.slot);
+    const int64_t at = f.slot == m.cur ? m.pos : m.slot_pos[f.slot];
     if (at + static_cast<int64_t>(f.ids.size()) > m.opts.max_context)
       fail("the sequence in slot ", f.slot, " reached the context limit of ", m.opts.max_context, " tokens (--context)");
     if (f.keep) {
@@ -108,7 +109,7 @@ static int64_t fill_rows(Qwen35MoeGpu::Impl& m, std::span<const Qwen35MoeGpu::Ro
 static void advance(Qwen35MoeGpu::Impl& m, std::span<const Qwen35MoeGpu::RowFeed> feeds, bool keep) {
   m.kept = {};
   for (const Qwen35MoeGpu::RowFeed& f : feeds) {
-    int64_t& at = m.pos_of(f.slot);
+    int64_t& at = f.slot == m.cur ? m.pos : m.slot_pos[f.slot];
     if (keep) m.kept = {f.slot, at, static_cast<int64_t>(f.ids.size())};
     at += static_cast<int64_t>(f.ids.size());
   }
@@ -160,7 +161,7 @@ bool Qwen35MoeGpu::step_rows_top(std::span<const RowFeed> feeds, std::span<const
 
 void Qwen35MoeGpu::rollback(int slot, int64_t keep) {
   Impl& m = *impl_;
-  m.pos_of(slot);  // the range check
+  if (slot < 0 || slot >= m.slots) fail("slot ", slot, " is outside 0..", m.slots - 1);
   if (m.kept.slot != slot) fail("rollback: the last step of slot ", slot, " kept no states (feed it with keep_states)");
   if (keep < 0 || keep > m.kept.n) fail("rollback: keep ", keep, " is outside 0..", m.kept.n, " (the tokens of the last kept step)");
   const ModelConfig& c = m.model.config();
@@ -172,7 +173,7 @@ void Qwen35MoeGpu::rollback(int slot, int64_t keep) {
     CK(cudaMemcpyAsync(L.ssm_state + slot * m.ssm_stride, L.kept_state + keep * m.ssm_stride, state, cudaMemcpyDeviceToDevice, m.stream));
   }
   CK(cudaStreamSynchronize(m.stream));
-  m.pos_of(slot) = m.kept.from + keep;  // later keys and values are overwritten as it goes on
+  (slot == m.cur ? m.pos : m.slot_pos[slot]) = m.kept.from + keep;  // later keys and values are overwritten as it goes on
   m.kept = {};
 }
 

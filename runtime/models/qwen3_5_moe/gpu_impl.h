@@ -85,11 +85,6 @@ struct Qwen35MoeGpu::Impl {
   int slots = 1, cur = 0;
   std::vector<int64_t> slot_pos;
   int64_t conv_stride = 0, ssm_stride = 0, cache_stride = 0;
-  // The slot's position (the selected one's lives in `pos`), after a range check (tandem::Error).
-  int64_t& pos_of(int slot) {
-    if (slot < 0 || slot >= slots) fail("slot ", slot, " is outside 0..", slots - 1);
-    return slot == cur ? pos : slot_pos[slot];
-  }
   // step_rows: up to `rows` tokens of several sequences on the batched prefill's buffers, with
   // b_part (attention splits), b_logits ([rows][V]) and the step's table `bio` on the device, copied
   // from pinned `hio`: ids [rows], positions [rows], each token's slot [rows], each group's slot
