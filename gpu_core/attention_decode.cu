@@ -4,6 +4,7 @@
 
 #include "gpu_core/attention.cuh"
 #include "gpu_core/block_reduce.cuh"
+#include "gpu_core/mma.cuh"
 #include "gpu_core/pdl.cuh"
 #include "gpu_core/smem.cuh"
 
@@ -322,17 +323,8 @@ __global__ void __launch_bounds__(kCombineParts * 256) combine_kernel(AttentionD
 // it causally, keeps each row's running max in the quad that holds it, and adds P V with P rounded to
 // bf16. Fragment layouts are PTX's for m16n8k16: lane = 4 g + t holds rows g and g + 8.
 constexpr int kTcQ = 64, kTcKV = 32, kTcWarps = 4;
-
-__device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
+using detail::mma_bf16;
+using detail::pack_bf16;
 
 template <int HD>
 constexpr size_t tc_prefill_smem() {

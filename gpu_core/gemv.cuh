@@ -4,7 +4,9 @@
 // accumulation; device pointers; launched on `stream`; return the launch status (never synchronize).
 //
 // gemv_bf16: W bf16 row-major [N, K] (nn.Linear layout, as in the checkpoint), K % 8 == 0, rows
-//   16-byte aligned; x fp32 [T, K]. Exact products, fp32 sums: ~1e-6 relative to the fp32 reference.
+//   16-byte aligned; x fp32 [T, K]. One token: exact fp32 products, fp32 sums; 2..8 tokens: tensor
+//   cores on x split in two bf16 parts (as gemm_bf16), the weights read once for all of them, each
+//   token's outputs independent of the other tokens. Both ~1e-6 relative to the fp32 reference.
 //
 // gemv_int4: W in the Int4Layout of gpu_core/int4_layout.h (GPTQ repacked once at load: rows
 //   contiguous, act-order permutation folded into the input order, nibbles ordered for half2

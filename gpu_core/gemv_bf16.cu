@@ -5,6 +5,7 @@
 
 #include "gpu_core/gemv.cuh"
 #include "gpu_core/handoff.cuh"
+#include "gpu_core/mma.cuh"
 #include "gpu_core/norm_row.cuh"
 #include "gpu_core/pdl.cuh"
 #include "gpu_core/topk_warp.cuh"
@@ -121,55 +122,115 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   }
 }
 
-// Several tokens (T > 1): a warp computes R consecutive rows, so that each activation vector it loads
-// serves R rows (one row a warp loaded T x 32 bytes of x per 16 bytes of weights: at T = 8 the L1
-// traffic, not the weights, set the time). Per row and token the arithmetic of row_finish: the lane's
-// chunks in the same order, the same expression per chunk, the same warp sum: the same bits as
-// gemv_bf16_kernel<TMAX>.
-template <int TMAX, int R>
+// Several tokens (T = 2..8) on tensor cores (mma.cuh): W's rows are A (16 a tile), the tokens B (8
+// columns, zeros past T), each x split in two bf16 parts (hi = bf16(x), lo = bf16(x - hi): x to ~2^-17,
+// the prefill GEMM's split, gemm.cuh), both parts multiplied: exact products, fp32 sums, ~1e-6 of the
+// fp32 reference, and the weights read once with 16-byte loads (the fp32 form above read the
+// activations T times per weight vector: at T = 8, 3x the one-token time). A dot product does not care
+// in which order its inputs come, so each lane takes its fragments from contiguous memory: in a chunk of
+// 64 inputs, lane 4 g + q reads inputs [16 q, 16 q + 16) of rows g and g + 8 of each tile (two 16-byte
+// vectors a row) and of token g, and feeds inputs 16 q + 4 s .. + 3 to step s (s < 4) as the fragment
+// columns 2q, 2q + 1, 2q + 8, 2q + 9. A block's warps take interleaved chunks of the same MT tiles and
+// add their partial tiles in shared memory in warp order, so a token's outputs do not depend on the
+// other tokens of the launch. SWIGLU: the input is silu(x) * u, formed as it is read.
+template <int MT, bool SWIGLU>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
-    gemv_bf16_rows_kernel(const uint16_t* __restrict__ W, int64_t N, int64_t K, const float* __restrict__ x, int T, float* __restrict__ y) {
-  const int lane = threadIdx.x & 31;
-  const int64_t row0 = (static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5)) * R;
-  const int64_t chunks = K / 8;
-  float acc[R][TMAX];
+    gemv_bf16_mma_kernel(const uint16_t* __restrict__ W, int64_t N, int64_t K, const float* __restrict__ x, const float* __restrict__ u,
+                         int T, float* __restrict__ y) {
+  __shared__ float part[kWarpsPerBlock][MT][4][32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
+  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * (16 * MT), chunks = (K + 63) / 64;
+  using Tile = uint4[MT][2][2];  // [tile][row g, g + 8][first, second 8 inputs]
+  const auto load_w = [&](int64_t c, Tile& w) {
 #pragma unroll
-  for (int r = 0; r < R; ++r)
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int t = 0; t < TMAX; ++t) acc[r][t] = 0.0f;
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int v = 0; v < 2; ++v) {
+          const int64_t row = row0 + 16 * mt + g + 8 * h, k = c * 64 + 16 * q + 8 * v;
+          w[mt][h][v] = row < N && k < K ? load_stream(reinterpret_cast<const uint4*>(W + row * K + k)) : make_uint4(0u, 0u, 0u, 0u);
+        }
+  };
+  float acc[MT][4] = {};
+  Tile w;
+  if (warp < chunks) load_w(warp, w);  // before the wait: weights are never written
   detail::pdl_wait();
-#pragma unroll 2
-  for (int64_t c = lane; c < chunks; c += 32) {
-    uint4 v[R];
+  for (int64_t c = warp; c < chunks; c += kWarpsPerBlock) {
+    float xv[16] = {};
+    const int64_t k = c * 64 + 16 * q;
+    if (g < T) {
 #pragma unroll
-    for (int r = 0; r < R; ++r)
-      v[r] = row0 + r < N ? load_stream(reinterpret_cast<const uint4*>(W + (row0 + r) * K) + c) : make_uint4(0u, 0u, 0u, 0u);
+      for (int v = 0; v < 2; ++v) {
+        if (k + 8 * v >= K) continue;
+        const float4* xp = reinterpret_cast<const float4*>(x + g * K + k + 8 * v);
+        float4 a = __ldg(xp), b = __ldg(xp + 1);
+        if constexpr (SWIGLU) {
+          const float4* up = reinterpret_cast<const float4*>(u + g * K + k + 8 * v);
+          a = swiglu4(a, __ldg(up));
+          b = swiglu4(b, __ldg(up + 1));
+        }
+        const float e[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
 #pragma unroll
-    for (int t = 0; t < TMAX; ++t) {
-      if (t >= T) break;
-      const float4* xp = reinterpret_cast<const float4*>(x + t * K + c * 8);
-      const float4 a = __ldg(xp), b = __ldg(xp + 1);
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        const float wf[8] = {lo_bf16(v[r].x), hi_bf16(v[r].x), lo_bf16(v[r].y), hi_bf16(v[r].y),
-                             lo_bf16(v[r].z), hi_bf16(v[r].z), lo_bf16(v[r].w), hi_bf16(v[r].w)};
-        acc[r][t] += wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w + wf[4] * b.x + wf[5] * b.y + wf[6] * b.z + wf[7] * b.w;
+        for (int i = 0; i < 8; ++i) xv[8 * v + i] = e[i];
       }
+    }
+    uint32_t bh[8], bl[8];  // step s: b0 = [2s], b1 = [2s + 1]
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const float x0 = xv[2 * i], x1 = xv[2 * i + 1];
+      const float h0 = __bfloat162float(__float2bfloat16_rn(x0)), h1 = __bfloat162float(__float2bfloat16_rn(x1));
+      bh[i] = detail::pack_bf16(h0, h1);
+      bl[i] = detail::pack_bf16(x0 - h0, x1 - h1);
+    }
+    Tile next;
+    const bool more = c + kWarpsPerBlock < chunks;
+    if (more) load_w(c + kWarpsPerBlock, next);
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int s = 0; s < 4; ++s) {
+        const uint4& r0 = w[mt][0][s >> 1];
+        const uint4& r8 = w[mt][1][s >> 1];
+        const uint32_t a0 = s & 1 ? r0.z : r0.x, a1 = s & 1 ? r8.z : r8.x, a2 = s & 1 ? r0.w : r0.y, a3 = s & 1 ? r8.w : r8.y;
+        detail::mma_bf16(acc[mt], a0, a1, a2, a3, bh[2 * s], bh[2 * s + 1]);
+        detail::mma_bf16(acc[mt], a0, a1, a2, a3, bl[2 * s], bl[2 * s + 1]);
+      }
+    if (more) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int v = 0; v < 2; ++v) w[mt][h][v] = next[mt][h][v];
     }
   }
   detail::pdl_launch_next();
 #pragma unroll
-  for (int r = 0; r < R; ++r) {
-    if (row0 + r >= N) break;  // the same for the whole warp
+  for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int t = 0; t < TMAX; ++t) {
-      if (t >= T) break;
-      float v = acc[r][t];
+    for (int i = 0; i < 4; ++i) part[warp][mt][i][lane] = acc[mt][i];
+  __syncthreads();
+  if (warp >= MT) return;
 #pragma unroll
-      for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-      if (lane == 0) y[t * N + row0 + r] = v;
-    }
+  for (int i = 0; i < 4; ++i) {  // c0, c1: row g, tokens 2q, 2q + 1; c2, c3: row g + 8
+    float sum = part[0][warp][i][lane];
+#pragma unroll
+    for (int w2 = 1; w2 < kWarpsPerBlock; ++w2) sum += part[w2][warp][i][lane];
+    const int64_t row = row0 + 16 * warp + g + (i >= 2 ? 8 : 0);
+    const int t = 2 * q + (i & 1);
+    if (row < N && t < T) y[t * N + row] = sum;
   }
+}
+
+// gemv_bf16_mma_kernel's launch: two tiles a block on the tallest matrices (256 blocks at 8192 rows),
+// else one.
+template <bool SWIGLU>
+cudaError_t launch_mma(const uint16_t* W, int64_t N, int64_t K, const float* x, const float* u, int T, float* y, cudaStream_t stream) {
+  const int mt = N >= 8192 ? 2 : 1;
+  const dim3 grid(static_cast<unsigned>((N + 16 * mt - 1) / (16 * mt))), block(kWarpsPerBlock * 32);
+  if (mt == 2) return detail::launch(gemv_bf16_mma_kernel<2, SWIGLU>, grid, block, 0, stream, W, N, K, x, u, T, y);
+  return detail::launch(gemv_bf16_mma_kernel<1, SWIGLU>, grid, block, 0, stream, W, N, K, x, u, T, y);
 }
 
 // The router GEMV's end (T = 1): every block stores its rows and fences, takes a ticket; the block
@@ -289,17 +350,7 @@ cudaError_t gemv_bf16(const uint16_t* W, int64_t N, int64_t K, const float* x, i
   if (T < 1 || T > kMaxGemvTokens || K % 8 != 0 || N < 1) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>((N + kWarpsPerBlock - 1) / kWarpsPerBlock)), block(kWarpsPerBlock * 32);
   const float* none = nullptr;
-  if (T > 1) {  // R rows a warp: the most that still gives 256 blocks (two waves of a 132-SM device)
-    const int R = N >= 4 * 256 * kWarpsPerBlock ? 4 : N >= 2 * 256 * kWarpsPerBlock ? 2 : 1;
-    if (R == 1) {
-      auto* kernel = T <= 2 ? gemv_bf16_kernel<2> : T <= 4 ? gemv_bf16_kernel<4> : gemv_bf16_kernel<8>;
-      return detail::launch(kernel, grid, block, 0, stream, W, N, K, x, T, y, none);
-    }
-    const dim3 rgrid(static_cast<unsigned>((N + kWarpsPerBlock * R - 1) / (kWarpsPerBlock * R)));
-    auto* kernel = R == 4 ? (T <= 2 ? gemv_bf16_rows_kernel<2, 4> : T <= 4 ? gemv_bf16_rows_kernel<4, 4> : gemv_bf16_rows_kernel<8, 4>)
-                          : (T <= 2 ? gemv_bf16_rows_kernel<2, 2> : T <= 4 ? gemv_bf16_rows_kernel<4, 2> : gemv_bf16_rows_kernel<8, 2>);
-    return detail::launch(kernel, rgrid, block, 0, stream, W, N, K, x, T, y);
-  }
+  if (T > 1) return launch_mma<false>(W, N, K, x, nullptr, T, y, stream);
   return with_pre(K, [&](auto pre) {
     return detail::launch(gemv_bf16_kernel<1, false, pre.value>, grid, block, 0, stream, W, N, K, x, T, y, none);
   });
@@ -309,7 +360,7 @@ cudaError_t gemv_bf16_swiglu(const uint16_t* W, int64_t N, int64_t K, const floa
                              cudaStream_t stream) {
   if (T < 1 || T > kMaxGemvTokens || K % 8 != 0 || N < 1) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>((N + kWarpsPerBlock - 1) / kWarpsPerBlock)), block(kWarpsPerBlock * 32);
-  if (T > 1) return detail::launch(gemv_bf16_kernel<8, true>, grid, block, 0, stream, W, N, K, g, T, y, u);
+  if (T > 1) return launch_mma<true>(W, N, K, g, u, T, y, stream);
   return with_pre(K, [&](auto pre) {
     return detail::launch(gemv_bf16_kernel<1, true, pre.value>, grid, block, 0, stream, W, N, K, g, T, y, u);
   });

@@ -12,6 +12,9 @@
 #            (gpu-all, hybrid-24gib, hybrid-12gib, hybrid-8gib, hybrid-8gib-link3)
 #   batch    the new tree's `tandem bench --batch $BATCHES` on the synthetic 35B for each of $BSCENARIOS
 #            (default gpu-all hybrid-24gib hybrid-8gib): aggregate decode at each batch size, ITL, bound
+#   kbench   the new tree's kernel benchmarks (bench_gpu_gemv) matching $KFILTER
+#   profile  nsys's kernel summary of the new tree's `tandem bench --batch $PBATCH` ($PSCENARIO, default
+#            gpu-all), when nsys is there: the kernels' total time, calls and share, largest first
 set -uo pipefail
 OUT="${OUT:-$PWD/gpu-ab-out}"
 mkdir -p "$OUT"
@@ -26,7 +29,8 @@ export CMAKE_PREFIX_PATH=/opt/deps/usr LD_LIBRARY_PATH=/opt/deps/usr/lib/x86_64-
 
 steps=" $* "
 new_targets=tandem
-[[ "$steps" == *" tests "* ]] && new_targets="tandem tandem_gpu_tests"
+[[ "$steps" == *" tests "* ]] && new_targets="$new_targets tandem_gpu_tests"
+[[ "$steps" == *" kbench "* ]] && new_targets="$new_targets bench_gpu_gemv"
 build() {  # src dir targets...
   local src="$1" dir="$2"; shift 2
   cmake -S "$src" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 && cmake --build "$dir" -j "$(nproc)" --target "$@"
@@ -97,6 +101,33 @@ for r in rows:
           r["decode_tok_s_max"], r["per_sequence_tok_s"], r["itl_p50_ms"], r["itl_p99_ms"], r["vs_batch_1"], r["bound_decode_tok_s"], 100 * r["decode_ratio_to_bound"]))
 PY
   done
+  echo >> "$summary"
+fi
+
+if [[ "$steps" == *" kbench "* ]]; then
+  echo "## Kernel benchmarks (bench_gpu_gemv, filter ${KFILTER:-all})" >> "$summary"
+  timeout "$(left)" build-ab-new/bench/bench_gpu_gemv --benchmark_filter="${KFILTER:-.}" > "$OUT/kbench.txt" 2>&1
+  echo '```' >> "$summary"; grep -E '^BM_' "$OUT/kbench.txt" >> "$summary"; echo '```' >> "$summary"; echo >> "$summary"
+fi
+
+if [[ "$steps" == *" profile "* ]]; then
+  prepare_35b
+  nsys=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
+  echo "## Kernel profile: \`tandem bench --batch ${PBATCH:-8}\`, ${PSCENARIO:-gpu-all} (nsys: ${nsys:-not found})" >> "$summary"
+  if [ -n "$nsys" ]; then
+    read -r -a args <<< "$(scenario_args "${PSCENARIO:-gpu-all}")"
+    timeout "$(left)" "$nsys" profile -t cuda --cuda-graph-trace=node -o /tmp/prof -f true "$NEW_T" bench --model $m --prompt-len "$plen" \
+      --gen "$gen" --repeat 1 --warmup 8 --batch "${PBATCH:-8}" "${args[@]}" > "$OUT/profile.log" 2>&1
+    "$nsys" stats -q -r cuda_gpu_kern_sum -f csv -o /tmp/prof_k /tmp/prof.nsys-rep >> "$OUT/profile.log" 2>&1
+    python3 - /tmp/prof_k_cuda_gpu_kern_sum.csv >> "$summary" <<'PY'
+import csv, sys
+try: rows = list(csv.DictReader(open(sys.argv[1])))
+except Exception as e: print("no kernel summary: %s" % e); sys.exit()
+print("| share | total ms | calls | avg us | kernel |"); print("|---|---|---|---|---|")
+for r in rows[:30]:
+    print("| %s%% | %.2f | %s | %.1f | %s |" % (r["Time (%)"], float(r["Total Time (ns)"]) / 1e6, r["Instances"], float(r["Avg (ns)"]) / 1e3, r["Name"][:110]))
+PY
+  fi
   echo >> "$summary"
 fi
 
