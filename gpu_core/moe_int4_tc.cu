@@ -1,0 +1,267 @@
+// gpu_core/moe_int4_tc.cu: decode MoE for 2..8 tokens on tensor cores (moe_int4_decode_tc, see moe.cuh).
+//
+// Why this form: moe_int4_decode_wide dequantises and multiplies every (token, expert) pair's weights
+// on its own, so its time grows with the pairs (the H200: 14.7 us a layer at one token, 76.8 at 8,
+// issue-bound). Here each resident expert's rows are dequantised once for all the step's tokens routed
+// to it and multiplied on tensor cores (fp16 mma, fp32 accumulation): the time follows the union of
+// experts, i.e. the bytes.
+//
+// Fragments (mma.cuh's m16n8k16): the A tile is 16 weight rows x 16 inputs, B 16 inputs x 8 columns
+// (the expert's tokens), C 16 rows x 8 columns. A 128-input chunk of a row pair (g, g + 8) is read by
+// lane 4 g + q as one 16-byte vector per row: the four code words of inputs [32 q, 32 q + 32). Its 16
+// (q - z) pairs (int4_row.cuh's dequant_pair, exact in fp16) are the lane's A registers of the chunk's
+// 8 mma steps: step s takes pairs 2 s (k-slots 2q, 2q + 1) and 2 s + 1 (2q + 8, 2q + 9). B is laid out
+// the same way (lane 4 g + q holds column g's inputs [32 q, 32 q + 32)), so A's and B's k-slots name
+// the same inputs. A chunk lies in one quantisation group (group_size a multiple of 128): its partial
+// product is scaled by each row's scale once and added to the fp32 accumulators.
+#include "gpu_core/int4_row.cuh"
+#include "gpu_core/mma.cuh"
+#include "gpu_core/moe.cuh"
+#include "gpu_core/pdl.cuh"
+
+namespace tandem::gpu {
+
+namespace {
+
+using namespace detail;
+
+constexpr int kWarps = 8;             // warps a block (both kernels)
+constexpr int kChunk = 128;           // inputs a warp's mma chunk covers
+constexpr int kBatch = 4;             // chunks a warp loads before it uses any
+constexpr int kCols = 8;              // tokens an expert's tile takes (the mma's n)
+constexpr int kMaxPairs = kMaxGemvTokens * 8;  // T * k pairs a launch takes (k <= 8)
+constexpr int kDownRows = 16 * kWarps;  // down rows a block
+
+// The pairs this block serves, in smem: the block of pair p serves expert e = ids[p] when p is the
+// first, ninth, ... pair routed to e (so every pair has one server whatever the routing), for up to
+// kCols of e's pairs from p on; none when it is not such a pair or e is not resident (null qweight).
+// Called by warp 0; the block syncs before reading.
+__device__ __forceinline__ void expert_columns(const Int4Expert* __restrict__ experts, const int32_t* __restrict__ ids, int P, int p,
+                                               int* cols, int* n_cols) {
+  const int lane = threadIdx.x & 31, e = ids[p];
+  const bool m0 = lane < P && ids[lane] == e, m1 = lane + 32 < P && ids[lane + 32] == e;
+  const uint64_t M = uint64_t{__ballot_sync(0xffffffffu, m0)} | uint64_t{__ballot_sync(0xffffffffu, m1)} << 32;
+  if (lane != 0) return;
+  const int before = __popcll(M & ((uint64_t{1} << p) - 1));
+  int n = 0;
+  if (before % kCols == 0 && experts[e].gate.qweight)
+    for (uint64_t r = M >> p << p; r && n < kCols; r &= r - 1) cols[n++] = __ffsll(static_cast<long long>(r)) - 1;
+  *n_cols = n;
+}
+
+// One chunk of a row pair (g, g + 8): the lane's code vectors, scales and zero points.
+struct RowsChunk {
+  uint4 w[2];
+  uint16_t s[2];
+  uint8_t z[2];
+};
+
+__device__ __forceinline__ RowsChunk load_chunk(const Int4View& W, int64_t row, int64_t c, int q, int group_chunks) {
+  const int64_t vecs = W.K / 32, G = W.K / W.group_size, grp = c / group_chunks;
+  RowsChunk r;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int64_t n = row + 8 * h;
+    r.w[h] = load_stream(reinterpret_cast<const uint4*>(W.qweight) + n * vecs + c * 4 + q);
+    r.s[h] = __ldg(W.scales + n * G + grp);
+    r.z[h] = __ldg(W.zeros + n * G + grp);
+  }
+  return r;
+}
+
+__device__ __forceinline__ uint32_t word_of(const uint4& v, int m) { return m == 0 ? v.x : m == 1 ? v.y : m == 2 ? v.z : v.w; }
+
+// acc (C fragment: rows g, g + 8 at columns 2q, 2q + 1) += scale * (the chunk's A) B.
+__device__ __forceinline__ void chunk_mma(float (&acc)[4], const RowsChunk& a, const uint32_t (&b)[16]) {
+  const __half2 z0 = zero_1024(a.z[0]), z1 = zero_1024(a.z[1]);
+  float c[4] = {};
+#pragma unroll
+  for (int s = 0; s < 8; ++s) {
+    const int j0 = 2 * s, j1 = 2 * s + 1;  // pair j: word j / 4, pair j % 4 of the word
+    const __half2 a0 = dequant_pair(word_of(a.w[0], j0 >> 2), j0 & 3, z0), a2 = dequant_pair(word_of(a.w[0], j1 >> 2), j1 & 3, z0);
+    const __half2 a1 = dequant_pair(word_of(a.w[1], j0 >> 2), j0 & 3, z1), a3 = dequant_pair(word_of(a.w[1], j1 >> 2), j1 & 3, z1);
+    uint32_t r[4];
+    memcpy(&r[0], &a0, 4), memcpy(&r[1], &a1, 4), memcpy(&r[2], &a2, 4), memcpy(&r[3], &a3, 4);
+    mma_f16(c, r[0], r[1], r[2], r[3], b[j0], b[j1]);
+  }
+  const float s0 = __half2float(__ushort_as_half(a.s[0])), s1 = __half2float(__ushort_as_half(a.s[1]));
+  acc[0] += s0 * c[0], acc[1] += s0 * c[1], acc[2] += s1 * c[2], acc[3] += s1 * c[3];
+}
+
+__device__ __forceinline__ uint32_t half2_bits(__half2 h) {
+  uint32_t u;
+  memcpy(&u, &h, 4);
+  return u;
+}
+
+// Column g's B fragment of a chunk from an fp32 row xr (inputs [c 128 + 32 q, + 32) in the matrix's
+// input order, gathered through perm with act order), rounded to fp16 pairs.
+__device__ __forceinline__ void x_fragment(const float* __restrict__ xr, const int32_t* __restrict__ perm, int64_t c, int q,
+                                           uint32_t (&b)[16]) {
+  const int64_t k0 = c * kChunk + 32 * q;
+  if (!perm) {
+    const float4* p = reinterpret_cast<const float4*>(xr + k0);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const float4 v = __ldg(p + i);
+      b[2 * i] = half2_bits(__floats2half2_rn(v.x, v.y));
+      b[2 * i + 1] = half2_bits(__floats2half2_rn(v.z, v.w));
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < 16; ++j) b[j] = half2_bits(__floats2half2_rn(__ldg(xr + __ldg(perm + k0 + 2 * j)), __ldg(xr + __ldg(perm + k0 + 2 * j + 1))));
+  }
+}
+
+// The same from an fp16 row (h).
+__device__ __forceinline__ void h_fragment(const __half* __restrict__ hr, const int32_t* __restrict__ perm, int64_t c, int q,
+                                           uint32_t (&b)[16]) {
+  const int64_t k0 = c * kChunk + 32 * q;
+  if (!perm) {
+    const uint4* p = reinterpret_cast<const uint4*>(hr + k0);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint4 v = p[i];
+      b[4 * i] = v.x, b[4 * i + 1] = v.y, b[4 * i + 2] = v.z, b[4 * i + 3] = v.w;
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < 16; ++j) b[j] = half2_bits(__halves2half2(hr[__ldg(perm + k0 + 2 * j)], hr[__ldg(perm + k0 + 2 * j + 1)]));
+  }
+}
+
+// acc += the rows (row, row + 8) of W times the block's columns over the chunks c0, c0 + stride, ...:
+// kBatch chunks' weights loaded before any is used. fill_b(c, b) fills chunk c's B fragment; with
+// wait, pdl_wait() comes between the first loads and the first fill_b (B is the previous kernel's).
+template <typename FillB>
+__device__ __forceinline__ void rows_times_columns(const Int4View& W, int64_t row, int q, int group_chunks, int64_t c0, int64_t stride,
+                                                   bool wait, float (&acc)[4], FillB&& fill_b) {
+  const int64_t chunks = W.K / kChunk;
+  for (int64_t c = c0; c < chunks; c += kBatch * stride) {
+    RowsChunk a[kBatch];
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i)
+      if (c + i * stride < chunks) a[i] = load_chunk(W, row, c + i * stride, q, group_chunks);
+    if (wait && c == c0) pdl_wait();
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {
+      if (c + i * stride >= chunks) break;
+      uint32_t b[16];
+      fill_b(c + i * stride, b);
+      chunk_mma(acc, a[i], b);
+    }
+  }
+}
+
+// gate/up: block (16-row block, pair p) computes, for the pairs expert_columns gives it, h[pair, row] =
+// fp16(silu(gate . x) * (up . x)). Warp w takes matrix w / 4 (gate, up) and the chunks w % 4, w % 4 + 4,
+// ...; the four partial tiles of each matrix are added in warp order.
+__global__ void __launch_bounds__(kWarps * 32)
+    tc_gate_up_kernel(const Int4Expert* __restrict__ experts, int64_t H, int64_t I, int group_chunks, const int32_t* __restrict__ ids,
+                      int P, int k, const float* __restrict__ x, __half* __restrict__ h) {
+  __shared__ int cols[kCols], n_cols;
+  __shared__ float part[kWarps][4][32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3, p = blockIdx.y;
+  pdl_wait();  // ids come from the router
+  if (warp == 0) expert_columns(experts, ids, P, p, cols, &n_cols);
+  __syncthreads();
+  const int n = n_cols;
+  if (n == 0) return;
+  const Int4View W = warp < 4 ? experts[ids[p]].gate : experts[ids[p]].up;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * 16 + g;
+  const float* xr = g < n ? x + static_cast<int64_t>(cols[g] / k) * H : nullptr;
+  float acc[4] = {};
+  rows_times_columns(W, row, q, group_chunks, warp & 3, 4, false, acc, [&](int64_t c, uint32_t(&b)[16]) {
+    if (xr) x_fragment(xr, W.perm, c, q, b);
+    else
+#pragma unroll
+      for (int j = 0; j < 16; ++j) b[j] = 0u;
+  });
+  pdl_launch_next();
+#pragma unroll
+  for (int i = 0; i < 4; ++i) part[warp][i][lane] = acc[i];
+  __syncthreads();
+  if (warp != 0) return;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {  // c0, c1: row g, columns 2q, 2q + 1; c2, c3: row g + 8
+    float gs = part[0][i][lane], us = part[4][i][lane];
+#pragma unroll
+    for (int w2 = 1; w2 < 4; ++w2) gs += part[w2][i][lane], us += part[4 + w2][i][lane];
+    const int col = 2 * q + (i & 1);
+    if (col < n) h[static_cast<int64_t>(cols[col]) * I + row + (i >= 2 ? 8 : 0)] = __float2half_rn(gs / (1.0f + __expf(-gs)) * us);
+  }
+}
+
+// down: block (kDownRows-row block, pair p): warp w computes rows 16 w.. of the block for the pairs
+// expert_columns gives it, y[pair, row] = down . h[pair] (unweighted, fp32), over all of I.
+__global__ void __launch_bounds__(kWarps * 32)
+    tc_down_kernel(const Int4Expert* __restrict__ experts, int64_t H, int64_t I, int group_chunks, const int32_t* __restrict__ ids, int P,
+                   const __half* __restrict__ h, float* __restrict__ y) {
+  __shared__ int cols[kCols], n_cols;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3, p = blockIdx.y;
+  // ids were written two kernels back (the router): safe to read before the wait (pdl.cuh), so the
+  // weight loads overlap the gate/up kernel's tail
+  if (warp == 0) expert_columns(experts, ids, P, p, cols, &n_cols);
+  __syncthreads();
+  const int n = n_cols;
+  if (n == 0) return;  // reads and writes nothing of the earlier kernels'
+  const Int4View W = experts[ids[p]].down;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kDownRows + 16 * warp + g;
+  const __half* hr = g < n ? h + static_cast<int64_t>(cols[g]) * I : nullptr;
+  float acc[4] = {};
+  rows_times_columns(W, row, q, group_chunks, 0, 1, true, acc, [&](int64_t c, uint32_t(&b)[16]) {  // h: the gate/up kernel's
+    if (hr) h_fragment(hr, W.perm, c, q, b);
+    else
+#pragma unroll
+      for (int j = 0; j < 16; ++j) b[j] = 0u;
+  });
+  pdl_launch_next();
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int col = 2 * q + (i & 1);
+    if (col < n) y[static_cast<int64_t>(cols[col]) * H + row + (i >= 2 ? 8 : 0)] = acc[i];
+  }
+}
+
+// out[t, r] = sum over j (in order) of weights[t k + j] * y[t k + j, r], resident experts only.
+__global__ void tc_sum_kernel(const Int4Expert* __restrict__ experts, const int32_t* __restrict__ ids, const float* __restrict__ weights,
+                              int k, int64_t H, const float* __restrict__ y, float* __restrict__ out) {
+  const int t = blockIdx.y;
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  pdl_enter();
+  if (r >= H) return;
+  float sum = 0.0f;
+  for (int j = 0; j < k; ++j) {
+    const int p = t * k + j;
+    if (experts[ids[p]].down.qweight) sum += weights[p] * y[static_cast<int64_t>(p) * H + r];
+  }
+  out[t * H + r] = sum;
+}
+
+}  // namespace
+
+bool moe_int4_decode_tc_fits(int64_t H, int64_t I, int64_t group_size, int k) {
+  static_assert(kDownRows % kChunk == 0, "H % kDownRows == 0 covers the chunks");
+  return k >= 1 && k <= 8 && H > 0 && I > 0 && H % kDownRows == 0 && I % kChunk == 0 && group_size > 0 && group_size % kChunk == 0 &&
+         H % group_size == 0 && I % group_size == 0;
+}
+
+cudaError_t moe_int4_decode_tc(const Int4Expert* experts, int64_t H, int64_t I, int64_t group_size, const int32_t* ids, const float* weights,
+                               int T, int k, const float* x, uint16_t* h_scratch, float* y_scratch, float* out, cudaStream_t stream) {
+  if (T < 1 || T > kMaxGemvTokens || !moe_int4_decode_tc_fits(H, I, group_size, k)) return cudaErrorInvalidValue;
+  const int P = T * k, gc = static_cast<int>(group_size / kChunk);
+  static_assert(kMaxPairs <= 64, "expert_columns takes the pairs in two ballots");
+  auto* h = reinterpret_cast<__half*>(h_scratch);
+  const dim3 block(kWarps * 32);
+  cudaError_t err = launch(tc_gate_up_kernel, dim3(static_cast<unsigned>(I / 16), static_cast<unsigned>(P)), block, 0, stream, experts, H, I, gc,
+                           ids, P, k, x, h);
+  if (err != cudaSuccess) return err;
+  err = launch(tc_down_kernel, dim3(static_cast<unsigned>(H / kDownRows), static_cast<unsigned>(P)), block, 0, stream, experts, H, I, gc, ids, P,
+               static_cast<const __half*>(h), y_scratch);
+  if (err != cudaSuccess) return err;
+  constexpr int kSumThreads = 256;
+  return launch(tc_sum_kernel, dim3(static_cast<unsigned>((H + kSumThreads - 1) / kSumThreads), static_cast<unsigned>(T)), dim3(kSumThreads), 0,
+                stream, experts, ids, weights, k, H, static_cast<const float*>(y_scratch), out);
+}
+
+}  // namespace tandem::gpu
