@@ -7,7 +7,7 @@ debs=(
   cmake ninja-build ccache g++ clang libclang-rt-dev pkg-config make
   libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libyaml-cpp-dev libhwloc-dev libdnnl-dev libomp-dev
-  libicu-dev pybind11-dev python3-dev
+  libicu-dev pybind11-dev python3-dev libcpp-httplib-dev
   ocl-icd-opencl-dev opencl-headers  # libdnnl-dev's CMake config looks for OpenCL
 )
 
