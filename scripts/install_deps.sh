@@ -26,9 +26,10 @@ fi
 
 # Python test tools (PyPI): HF `tokenizers` checks that synthesized tokenizer.json files load in the
 # reference implementation; numpy reads .npy files in tools/ and is the bindings' array type.
-# pytest runs the Python binding tests (bindings/tests).
-if ! python3 -c "import tokenizers, numpy, pytest" >/dev/null 2>&1; then
-  echo "tandem: installing Python test tools (tokenizers, numpy, pytest)"
-  python3 -m pip install --quiet --disable-pip-version-check tokenizers numpy pytest \
-    || python3 -m pip install --quiet --disable-pip-version-check --break-system-packages tokenizers numpy pytest
+# pytest runs the Python binding tests (bindings/tests); the official openai and anthropic clients
+# drive tandem serve in its tests (tests/server).
+if ! python3 -c "import tokenizers, numpy, pytest, openai, anthropic" >/dev/null 2>&1; then
+  echo "tandem: installing Python test tools (tokenizers, numpy, pytest, openai, anthropic)"
+  python3 -m pip install --quiet --disable-pip-version-check tokenizers numpy pytest openai anthropic \
+    || python3 -m pip install --quiet --disable-pip-version-check --break-system-packages tokenizers numpy pytest openai anthropic
 fi

@@ -13,5 +13,6 @@ int cmd_detokenize(int argc, char** argv);
 int cmd_synth(int argc, char** argv);
 int cmd_plan(int argc, char** argv);
 int cmd_profile(int argc, char** argv);
+int cmd_serve(int argc, char** argv);
 
 }  // namespace tandem::cli

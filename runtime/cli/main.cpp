@@ -29,6 +29,7 @@ constexpr const char* kUsage =
     "  synth       write a model folder with random weights in the real format (tiny .. 35B-A3B)\n"
     "  plan        where weights and experts go for a GPU budget (placement YAML), and predicted speed\n"
     "  profile     count routed-expert activations over prompts -> heat.yaml for the planner\n"
+    "  serve       OpenAI- and Anthropic-compatible HTTP server (continuous batching over the slots)\n"
     "\n"
     "Run 'tandem <command> --help' for the options of a command.\n";
 
@@ -42,6 +43,7 @@ constexpr Command kCommands[] = {
     {"logits", tandem::cli::cmd_logits},     {"bench", tandem::cli::cmd_bench},
     {"synth", tandem::cli::cmd_synth},       {"info", tandem::cli::cmd_info},
     {"plan", tandem::cli::cmd_plan},         {"profile", tandem::cli::cmd_profile},
+    {"serve", tandem::cli::cmd_serve},
 };
 
 int run(int argc, char** argv) {

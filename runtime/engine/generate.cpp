@@ -74,7 +74,8 @@ class Batcher::Live {
     pending_ += decoder_.push(id);
     if (!req_.stop.empty()) {
       size_t cut = std::string::npos;
-      for (const auto& s : req_.stop) cut = std::min(cut, pending_.find(s));
+      for (const auto& s : req_.stop)
+        if (const size_t at = pending_.find(s); at < cut) cut = at, res_.stop_string = s;
       if (cut != std::string::npos) {
         emit(std::string_view(pending_).substr(0, cut));
         pending_.clear();
@@ -98,6 +99,7 @@ class Batcher::Live {
     }
     res_.decode_s = std::chrono::duration<double>(Clock::now() - t_decode_).count();
     done_ = true;
+    if (req_.on_done) req_.on_done();
   }
 
  private:

@@ -29,6 +29,7 @@ struct GenerateRequest {
   std::vector<std::string> stop;
   std::function<void(std::string_view)> on_text;
   const std::atomic<bool>* cancel = nullptr;
+  std::function<void()> on_done;  // the request has ended and its result is final (Batcher: in step())
 };
 
 enum class StopReason { Eos, StopString, MaxTokens, Cancelled };
@@ -40,6 +41,7 @@ struct GenerateResult {
   int64_t prompt_tokens = 0;
   double prefill_s = 0, decode_s = 0;
   StopReason stop = StopReason::MaxTokens;
+  std::string stop_string;        // the stop string that ended it (StopReason::StopString)
 
   double prefill_tok_s() const { return prefill_s > 0 ? prompt_tokens / prefill_s : 0; }
   // Decode speed counts the tokens sampled after the first (the first comes from the prefill).

@@ -292,7 +292,7 @@ std::string render_chat(std::span<const ChatMessage> messages, const ChatOptions
         std::tie(reasoning, content) = split_reasoning(content);
       }
       out += "<|im_start|>assistant\n";
-      if (i > *last_query) out += "<think>\n" + reasoning + "\n</think>\n\n";
+      if (i > *last_query || (opts.preserve_thinking && !reasoning.empty())) out += "<think>\n" + reasoning + "\n</think>\n\n";
       out += content;
       for (size_t j = 0; j < m.tool_calls.size(); ++j) {
         const ToolCall& c = m.tool_calls[j];

@@ -58,6 +58,10 @@ struct ChatMessage {
 struct ChatOptions {
   bool add_generation_prompt = true;
   bool enable_thinking = true;
+  // Not the template's: assistant turns before the last user query keep their (non-empty) reasoning too
+  // (chat_template_kwargs.preserve_thinking, which agents send so that a resent history renders as it
+  // was generated).
+  bool preserve_thinking = false;
   bool add_vision_id = false;      // "Picture N: " / "Video N: " before each image / video
   std::vector<std::string> tools;  // one JSON object per tool ({"type":"function","function":{...}}), any spacing
 };
