@@ -94,31 +94,18 @@ __device__ __forceinline__ uint32_t half2_bits(__half2 h) {
   return u;
 }
 
-// Column g's B fragment of a chunk from an fp32 row xr (inputs [c 128 + 32 q, + 32) in the matrix's
-// input order, gathered through perm with act order), rounded to fp16 pairs.
-__device__ __forceinline__ void x_fragment(const float* __restrict__ xr, const int32_t* __restrict__ perm, int64_t c, int q,
-                                           uint32_t (&b)[16]) {
-  const int64_t k0 = c * kChunk + 32 * q;
-  if (!perm) {
-    const float4* p = reinterpret_cast<const float4*>(xr + k0);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const float4 v = __ldg(p + i);
-      b[2 * i] = half2_bits(__floats2half2_rn(v.x, v.y));
-      b[2 * i + 1] = half2_bits(__floats2half2_rn(v.z, v.w));
-    }
-  } else {
-#pragma unroll
-    for (int j = 0; j < 16; ++j) b[j] = half2_bits(__floats2half2_rn(__ldg(xr + __ldg(perm + k0 + 2 * j)), __ldg(xr + __ldg(perm + k0 + 2 * j + 1))));
-  }
-}
+// The block's columns staged in shared memory as fp16 rows of K inputs (+ kPad: rows start in
+// different banks), in natural input order; act-order matrices gather through perm when reading.
+constexpr int kPad = 8;
+__host__ __device__ constexpr int64_t staged_stride(int64_t K) { return K + kPad; }
 
-// The same from an fp16 row (h).
-__device__ __forceinline__ void h_fragment(const __half* __restrict__ hr, const int32_t* __restrict__ perm, int64_t c, int q,
+// Column g's B fragment of chunk c (the matrix's inputs [c 128 + 32 q, + 32), through perm with act
+// order) from its staged row.
+__device__ __forceinline__ void b_fragment(const __half* __restrict__ row, const int32_t* __restrict__ perm, int64_t c, int q,
                                            uint32_t (&b)[16]) {
   const int64_t k0 = c * kChunk + 32 * q;
   if (!perm) {
-    const uint4* p = reinterpret_cast<const uint4*>(hr + k0);
+    const uint4* p = reinterpret_cast<const uint4*>(row + k0);
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const uint4 v = p[i];
@@ -126,39 +113,57 @@ __device__ __forceinline__ void h_fragment(const __half* __restrict__ hr, const 
     }
   } else {
 #pragma unroll
-    for (int j = 0; j < 16; ++j) b[j] = half2_bits(__halves2half2(hr[__ldg(perm + k0 + 2 * j)], hr[__ldg(perm + k0 + 2 * j + 1)]));
+    for (int j = 0; j < 16; ++j) b[j] = half2_bits(__halves2half2(row[__ldg(perm + k0 + 2 * j)], row[__ldg(perm + k0 + 2 * j + 1)]));
   }
 }
 
-// acc += the rows (row, row + 8) of W times the block's columns over the chunks c0, c0 + stride, ...:
-// kBatch chunks' weights loaded before any is used. fill_b(c, b) fills chunk c's B fragment; with
-// wait, pdl_wait() comes between the first loads and the first fill_b (B is the previous kernel's).
-template <typename FillB>
+// The chunks c, c + stride, ... (kBatch of them, those below `chunks`) of the rows (row, row + 8).
+__device__ __forceinline__ void load_batch(const Int4View& W, int64_t row, int q, int group_chunks, int64_t c, int64_t stride, int64_t chunks,
+                                           RowsChunk (&a)[kBatch]) {
+#pragma unroll
+  for (int i = 0; i < kBatch; ++i)
+    if (c + i * stride < chunks) a[i] = load_chunk(W, row, c + i * stride, q, group_chunks);
+}
+
+// acc += the loaded chunks times column g's staged row (zeros for columns past n).
+__device__ __forceinline__ void compute_batch(const RowsChunk (&a)[kBatch], const __half* __restrict__ staged, const int32_t* __restrict__ perm,
+                                              int q, int64_t c, int64_t stride, int64_t chunks, float (&acc)[4]) {
+#pragma unroll
+  for (int i = 0; i < kBatch; ++i) {
+    if (c + i * stride >= chunks) break;
+    uint32_t b[16];
+    if (staged) b_fragment(staged, perm, c + i * stride, q, b);
+    else
+#pragma unroll
+      for (int j = 0; j < 16; ++j) b[j] = 0u;
+    chunk_mma(acc, a[i], b);
+  }
+}
+
+// acc += the rows (row, row + 8) of W times the block's staged columns over the chunks c0, c0 +
+// stride, ...: the first kBatch chunks' weights are loaded before stage() runs (it fills the shared
+// rows, all threads of the block, then syncs), so the weights' and the activations' latencies overlap.
+template <typename Stage>
 __device__ __forceinline__ void rows_times_columns(const Int4View& W, int64_t row, int q, int group_chunks, int64_t c0, int64_t stride,
-                                                   bool wait, float (&acc)[4], FillB&& fill_b) {
+                                                   const __half* staged, float (&acc)[4], Stage&& stage) {
   const int64_t chunks = W.K / kChunk;
+  RowsChunk a[kBatch];
+  load_batch(W, row, q, group_chunks, c0, stride, chunks, a);
+  stage();
   for (int64_t c = c0; c < chunks; c += kBatch * stride) {
-    RowsChunk a[kBatch];
-#pragma unroll
-    for (int i = 0; i < kBatch; ++i)
-      if (c + i * stride < chunks) a[i] = load_chunk(W, row, c + i * stride, q, group_chunks);
-    if (wait && c == c0) pdl_wait();
-#pragma unroll
-    for (int i = 0; i < kBatch; ++i) {
-      if (c + i * stride >= chunks) break;
-      uint32_t b[16];
-      fill_b(c + i * stride, b);
-      chunk_mma(acc, a[i], b);
-    }
+    if (c != c0) load_batch(W, row, q, group_chunks, c, stride, chunks, a);
+    compute_batch(a, staged, W.perm, q, c, stride, chunks, acc);
   }
 }
 
 // gate/up: block (16-row block, pair p) computes, for the pairs expert_columns gives it, h[pair, row] =
-// fp16(silu(gate . x) * (up . x)). Warp w takes matrix w / 4 (gate, up) and the chunks w % 4, w % 4 + 4,
-// ...; the four partial tiles of each matrix are added in warp order.
+// fp16(silu(gate . x) * (up . x)). The columns' x rows are staged as fp16 (rounded as pairs) once for
+// the block. Warp w takes matrix w / 4 (gate, up) and the chunks w % 4, w % 4 + 4, ...; the four
+// partial tiles of each matrix are added in warp order.
 __global__ void __launch_bounds__(kWarps * 32)
     tc_gate_up_kernel(const Int4Expert* __restrict__ experts, int64_t H, int64_t I, int group_chunks, const int32_t* __restrict__ ids,
                       int P, int k, const float* __restrict__ x, __half* __restrict__ h) {
+  extern __shared__ __align__(16) __half xs[];  // [kCols][staged_stride(H)]
   __shared__ int cols[kCols], n_cols;
   __shared__ float part[kWarps][4][32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3, p = blockIdx.y;
@@ -168,14 +173,16 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int n = n_cols;
   if (n == 0) return;
   const Int4View W = warp < 4 ? experts[ids[p]].gate : experts[ids[p]].up;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * 16 + g;
-  const float* xr = g < n ? x + static_cast<int64_t>(cols[g] / k) * H : nullptr;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * 16 + g, st = staged_stride(H);
   float acc[4] = {};
-  rows_times_columns(W, row, q, group_chunks, warp & 3, 4, false, acc, [&](int64_t c, uint32_t(&b)[16]) {
-    if (xr) x_fragment(xr, W.perm, c, q, b);
-    else
-#pragma unroll
-      for (int j = 0; j < 16; ++j) b[j] = 0u;
+  rows_times_columns(W, row, q, group_chunks, warp & 3, 4, g < n ? xs + g * st : nullptr, acc, [&] {
+    for (int64_t i = threadIdx.x; i < n * (H / 4); i += blockDim.x) {
+      const int64_t col = i / (H / 4), k4 = i % (H / 4);
+      const float4 v = __ldg(reinterpret_cast<const float4*>(x + static_cast<int64_t>(cols[col] / k) * H) + k4);
+      __half2* dst = reinterpret_cast<__half2*>(xs + col * st + 4 * k4);
+      dst[0] = __floats2half2_rn(v.x, v.y), dst[1] = __floats2half2_rn(v.z, v.w);
+    }
+    __syncthreads();
   });
   pdl_launch_next();
 #pragma unroll
@@ -193,10 +200,12 @@ __global__ void __launch_bounds__(kWarps * 32)
 }
 
 // down: block (kDownRows-row block, pair p): warp w computes rows 16 w.. of the block for the pairs
-// expert_columns gives it, y[pair, row] = down . h[pair] (unweighted, fp32), over all of I.
+// expert_columns gives it, y[pair, row] = down . h[pair] (unweighted, fp32), over all of I; the
+// columns' h rows are staged once for the block.
 __global__ void __launch_bounds__(kWarps * 32)
     tc_down_kernel(const Int4Expert* __restrict__ experts, int64_t H, int64_t I, int group_chunks, const int32_t* __restrict__ ids, int P,
                    const __half* __restrict__ h, float* __restrict__ y) {
+  extern __shared__ __align__(16) __half hs[];  // [kCols][staged_stride(I)]
   __shared__ int cols[kCols], n_cols;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3, p = blockIdx.y;
   // ids were written two kernels back (the router): safe to read before the wait (pdl.cuh), so the
@@ -206,14 +215,15 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int n = n_cols;
   if (n == 0) return;  // reads and writes nothing of the earlier kernels'
   const Int4View W = experts[ids[p]].down;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kDownRows + 16 * warp + g;
-  const __half* hr = g < n ? h + static_cast<int64_t>(cols[g]) * I : nullptr;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kDownRows + 16 * warp + g, st = staged_stride(I);
   float acc[4] = {};
-  rows_times_columns(W, row, q, group_chunks, 0, 1, true, acc, [&](int64_t c, uint32_t(&b)[16]) {  // h: the gate/up kernel's
-    if (hr) h_fragment(hr, W.perm, c, q, b);
-    else
-#pragma unroll
-      for (int j = 0; j < 16; ++j) b[j] = 0u;
+  rows_times_columns(W, row, q, group_chunks, 0, 1, g < n ? hs + g * st : nullptr, acc, [&] {
+    pdl_wait();  // h is the gate/up kernel's
+    for (int64_t i = threadIdx.x; i < n * (I / 8); i += blockDim.x) {
+      const int64_t col = i / (I / 8), k8 = i % (I / 8);
+      reinterpret_cast<uint4*>(hs + col * st)[k8] = reinterpret_cast<const uint4*>(h + static_cast<int64_t>(cols[col]) * I)[k8];
+    }
+    __syncthreads();
   });
   pdl_launch_next();
 #pragma unroll
@@ -253,10 +263,16 @@ cudaError_t moe_int4_decode_tc(const Int4Expert* experts, int64_t H, int64_t I, 
   static_assert(kMaxPairs <= 64, "expert_columns takes the pairs in two ballots");
   auto* h = reinterpret_cast<__half*>(h_scratch);
   const dim3 block(kWarps * 32);
-  cudaError_t err = launch(tc_gate_up_kernel, dim3(static_cast<unsigned>(I / 16), static_cast<unsigned>(P)), block, 0, stream, experts, H, I, gc,
+  const size_t up_smem = kCols * staged_stride(H) * sizeof(__half), down_smem = kCols * staged_stride(I) * sizeof(__half);
+  // above 48 KiB a kernel's dynamic shared memory needs the opt-in (H or I above ~3000)
+  if (up_smem > 48 * 1024)
+    if (const cudaError_t e = cudaFuncSetAttribute(tc_gate_up_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(up_smem)); e != cudaSuccess) return e;
+  if (down_smem > 48 * 1024)
+    if (const cudaError_t e = cudaFuncSetAttribute(tc_down_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(down_smem)); e != cudaSuccess) return e;
+  cudaError_t err = launch(tc_gate_up_kernel, dim3(static_cast<unsigned>(I / 16), static_cast<unsigned>(P)), block, up_smem, stream, experts, H, I, gc,
                            ids, P, k, x, h);
   if (err != cudaSuccess) return err;
-  err = launch(tc_down_kernel, dim3(static_cast<unsigned>(H / kDownRows), static_cast<unsigned>(P)), block, 0, stream, experts, H, I, gc, ids, P,
+  err = launch(tc_down_kernel, dim3(static_cast<unsigned>(H / kDownRows), static_cast<unsigned>(P)), block, down_smem, stream, experts, H, I, gc, ids, P,
                static_cast<const __half*>(h), y_scratch);
   if (err != cudaSuccess) return err;
   constexpr int kSumThreads = 256;
