@@ -193,7 +193,16 @@ PlacementConfig parse_placement_config(const std::string& text, const std::strin
   if (!root || root.IsNull()) return c;  // an empty file: every default
   try {
     r.check_keys(root, "", {"gpu", "context", "batch", "cpu", "experts", "cpu_experts", "gpu_experts_per_layer", "prefill",
-                            "bandwidth", "cost", "rules"});
+                            "bandwidth", "cost", "rules", "server"});
+    if (const YAML::Node sv = root["server"]) {
+      r.check_keys(sv, "server", {"host", "port", "max_queue", "prefill_chunk", "timeout", "max_body"});
+      if (sv["host"]) c.server.host = r.scalar(sv["host"], "server.host");
+      if (sv["port"]) c.server.port = static_cast<int>(r.integer(sv["port"], "server.port", 0, 65535));
+      if (sv["max_queue"]) c.server.max_queue = r.integer(sv["max_queue"], "server.max_queue", 0, 1 << 16);
+      if (sv["prefill_chunk"]) c.server.prefill_chunk = r.integer(sv["prefill_chunk"], "server.prefill_chunk", 0, int64_t(1) << 20);
+      if (sv["timeout"]) c.server.timeout_s = r.number(sv["timeout"], "server.timeout", 0, 1e9);
+      if (sv["max_body"]) c.server.max_body = r.bytes(sv["max_body"], "server.max_body");
+    }
     if (const YAML::Node g = root["gpu"]) {
       r.check_keys(g, "gpu", {"memory", "reserve"});
       if (g["memory"]) c.gpu_memory = r.bytes(g["memory"], "gpu.memory");

@@ -34,6 +34,16 @@ struct PlacementRule {
   int line = 0;                // 1-based line in the source, for messages
 };
 
+// `server:`, tandem serve's defaults (its flags override them; runtime/server/http_server.h).
+struct ServerSection {
+  std::string host = "127.0.0.1";
+  int port = 8080;
+  int64_t max_queue = 64;          // requests waiting for a slot before new ones get 503
+  int64_t prefill_chunk = 512;     // prompt tokens a step feeds one sequence (0: whole prompts)
+  double timeout_s = 600;          // a request's wall-clock limit (0: none)
+  uint64_t max_body = 16ull << 20; // largest request body
+};
+
 struct PlacementConfig {
   std::string source = "<defaults>";  // file path (or "<dict>") for messages
 
@@ -82,6 +92,7 @@ struct PlacementConfig {
   double handoff_us = 12.0;      // GPU -> CPU -> GPU handoff per MoE layer with CPU experts, beyond the CPU's bytes
 
   std::vector<PlacementRule> rules;  // user rules, then preset rules
+  ServerSection server;
 
   // Range and consistency checks; throws tandem::Error naming the source.
   void validate() const;

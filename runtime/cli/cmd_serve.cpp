@@ -5,6 +5,7 @@
 #include "runtime/cli/args.h"
 #include "runtime/cli/commands.h"
 #include "runtime/cli/device_flags.h"
+#include "placement/placement_config.h"
 #include "runtime/server/http_server.h"
 
 namespace tandem::cli {
@@ -18,15 +19,15 @@ bool loopback(const std::string& host) { return host == "127.0.0.1" || host == "
 int cmd_serve(int argc, char** argv) {
   std::vector<Flag> flags = {
       {"model", true, "model folder (config.json, safetensors, tokenizer.json)"},
-      {"host", true, "address to listen on (default 127.0.0.1)"},
-      {"port", true, "port (default 8080; 0: any free port, printed when listening)"},
+      {"host", true, "address to listen on (default: the config's server.host, else 127.0.0.1)"},
+      {"port", true, "port (default: server.port, else 8080; 0: any free port, printed when listening)"},
       {"api-key", true, "require this key (Authorization: Bearer KEY or x-api-key: KEY)"},
       {"insecure", false, "allow listening on a non-loopback address without --api-key"},
       {"slots", true, "sequences decoded at once (default: the config's batch, else 4)"},
-      {"prefill-chunk", true, "prompt tokens a step feeds one sequence, between the others' decode steps (default 512; 0: whole prompts)"},
-      {"max-queue", true, "requests waiting for a slot before new ones get 503 (default 64)"},
-      {"timeout", true, "a request's wall-clock limit in seconds (default 600; 0: none)"},
-      {"max-body", true, "largest request body in bytes (default 16 MiB)"},
+      {"prefill-chunk", true, "prompt tokens a step feeds one sequence, between the others' decode steps (default: server.prefill_chunk, else 512; 0: whole prompts)"},
+      {"max-queue", true, "requests waiting for a slot before new ones get 503 (default: server.max_queue, else 64)"},
+      {"timeout", true, "a request's wall-clock limit in seconds (default: server.timeout, else 600; 0: none)"},
+      {"max-body", true, "largest request body in bytes (default: server.max_body, else 16 MiB)"},
       {"alias", true, "the model id /v1/models lists (default: the model folder's name)"},
   };
   for (auto& f : device_flags()) flags.push_back(f);
@@ -37,17 +38,19 @@ int cmd_serve(int argc, char** argv) {
     std::fputs(a.usage().c_str(), stdout);
     return 0;
   }
+  // the YAML's server: section, then the flags
+  const placement::PlacementConfig cfg = a.has("config") ? placement::load_placement_config(a.get("config")) : placement::default_placement_config();
   server::ServeOptions o;
-  o.host = a.get("host", o.host);
-  o.port = a.get_int<int>("port", 8080, 0, 65535);
+  o.host = a.get("host", cfg.server.host);
+  o.port = a.get_int<int>("port", cfg.server.port, 0, 65535);
   o.api_key = a.get("api-key", "");
   if (!loopback(o.host) && o.api_key.empty() && !a.has("insecure"))
     throw UsageError("tandem serve: --host " + o.host + " is reachable from other machines: give --api-key KEY, or --insecure to serve without one");
-  o.scheduler.prefill_chunk = a.get_int<int64_t>("prefill-chunk", 512, 0, int64_t{1} << 20);
-  o.scheduler.max_queue = a.get_int<size_t>("max-queue", 64, 0, 1 << 16);
-  o.scheduler.timeout_s = a.get_double("timeout", 600);
+  o.scheduler.prefill_chunk = a.get_int<int64_t>("prefill-chunk", cfg.server.prefill_chunk, 0, int64_t{1} << 20);
+  o.scheduler.max_queue = a.get_int<size_t>("max-queue", static_cast<size_t>(cfg.server.max_queue), 0, 1 << 16);
+  o.scheduler.timeout_s = a.get_double("timeout", cfg.server.timeout_s);
   if (o.scheduler.timeout_s < 0) throw UsageError("tandem serve: --timeout must be 0 (none) or positive seconds");
-  o.max_body_bytes = a.get_int<size_t>("max-body", size_t(16) << 20, 1024, size_t(1) << 32);
+  o.max_body_bytes = a.get_int<size_t>("max-body", static_cast<size_t>(cfg.server.max_body), 1024, size_t(1) << 32);
   const std::string model = a.get("model");
   o.model_id = a.get("alias", std::filesystem::path(model).lexically_normal().filename().string());
   if (o.model_id.empty()) o.model_id = std::filesystem::path(model).lexically_normal().parent_path().filename().string();

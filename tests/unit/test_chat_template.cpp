@@ -163,6 +163,27 @@ TEST(ChatTemplate, SystemFirstAndEarlierThinkBlocksStripped) {
             "<|im_start|>assistant\n<think>\n");
 }
 
+// preserve_thinking (chat_template_kwargs, not the template's own): earlier turns keep their reasoning,
+// so a resent history renders as it was generated; turns without reasoning are unchanged.
+TEST(ChatTemplate, PreserveThinkingKeepsEarlierReasoning) {
+  const std::vector<ChatMessage> m = {
+      {"user", "2+2?"},
+      {"assistant", "<think>\nadd them\n</think>\n\n4"},
+      {"user", "3+3?"},
+      {"assistant", "6"},
+      {"user", "and 4+4?"},
+  };
+  ChatOptions keep;
+  keep.preserve_thinking = true;
+  EXPECT_EQ(render_chat(m, keep),
+            "<|im_start|>user\n2+2?<|im_end|>\n"
+            "<|im_start|>assistant\n<think>\nadd them\n</think>\n\n4<|im_end|>\n"
+            "<|im_start|>user\n3+3?<|im_end|>\n"
+            "<|im_start|>assistant\n6<|im_end|>\n"
+            "<|im_start|>user\nand 4+4?<|im_end|>\n"
+            "<|im_start|>assistant\n<think>\n");
+}
+
 TEST(ChatTemplate, ToolLoopKeepsCurrentReasoningAndGroupsResults) {
   const std::vector<ChatMessage> m = {
       {"user", "Weather in Paris and Rome?"},

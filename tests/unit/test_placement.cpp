@@ -107,6 +107,22 @@ TEST(PlacementYamlErrors, NameFileLineAndKey) {
   test::expect_error([] { yaml("prefill:\n  chunks: 64\n"); }, {"test.yaml:2", "'prefill.chunks'", "did you mean 'chunk'"});
   // online re-placement is gone: a config that still asks for it is told so, with the line
   test::expect_error([] { yaml("experts:\n  replace: {every: 64}\n"); }, {"test.yaml:2", "key 'experts.replace'", "was removed"});
+  test::expect_error([] { yaml("server:\n  port: 70000\n"); }, {"test.yaml:2", "key 'server.port'", "outside"});
+  test::expect_error([] { yaml("server:\n  max_queu: 3\n"); }, {"test.yaml:2", "'server.max_queu'", "did you mean 'max_queue'"});
+}
+
+// tandem serve's section: the defaults without it, each key read.
+TEST(PlacementConfigs, ServerSection) {
+  const ServerSection d = yaml("context: 4096\n").server;
+  EXPECT_EQ(d.host, "127.0.0.1");
+  EXPECT_EQ(d.port, 8080);
+  const ServerSection s = yaml("server:\n  host: 0.0.0.0\n  port: 0\n  max_queue: 3\n  prefill_chunk: 0\n  timeout: 2.5\n  max_body: 1MiB\n").server;
+  EXPECT_EQ(s.host, "0.0.0.0");
+  EXPECT_EQ(s.port, 0);
+  EXPECT_EQ(s.max_queue, 3);
+  EXPECT_EQ(s.prefill_chunk, 0);
+  EXPECT_DOUBLE_EQ(s.timeout_s, 2.5);
+  EXPECT_EQ(s.max_body, uint64_t{1} << 20);
 }
 
 // prefill.strategy gpu_stream streams from the first prompt token, with the buffers counted; where it
