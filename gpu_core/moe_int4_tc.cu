@@ -27,10 +27,8 @@ using namespace detail;
 
 constexpr int kWarps = 8;             // warps a block (both kernels)
 constexpr int kChunk = 128;           // inputs a warp's mma chunk covers
-constexpr int kBatch = 4;             // chunks a warp loads before it uses any
 constexpr int kCols = 8;              // tokens an expert's tile takes (the mma's n)
 constexpr int kMaxPairs = kMaxGemvTokens * 8;  // T * k pairs a launch takes (k <= 8)
-constexpr int kDownRows = 16 * kWarps;  // down rows a block
 
 // The pairs this block serves, in smem: the block of pair p serves expert e = ids[p] when p is the
 // first, ninth, ... pair routed to e (so every pair has one server whatever the routing), for up to
@@ -117,49 +115,52 @@ __device__ __forceinline__ void b_fragment(const __half* __restrict__ row, const
   }
 }
 
-// The chunks c, c + stride, ... (kBatch of them, those below `chunks`) of the rows (row, row + 8).
-__device__ __forceinline__ void load_batch(const Int4View& W, int64_t row, int q, int group_chunks, int64_t c, int64_t stride, int64_t chunks,
-                                           RowsChunk (&a)[kBatch]) {
+// A warp's work is a run of steps, step s = chunk s % cpt of its 16-row tile s / cpt (cpt: chunks a
+// row), streamed with the next kAhead steps' weights in flight while a step multiplies: the loads of
+// one warp overlap its own arithmetic, not only other warps'. stage() (all threads of the block, then a
+// sync) runs once the first steps' loads are out; done(tile, acc) takes a finished tile's C fragment.
+constexpr int kAhead = 2;
+template <typename Stage, typename Done>
+__device__ __forceinline__ void stream_tiles(const Int4View& W, int64_t row, int tiles, int q, int group_chunks, const __half* staged,
+                                             Stage&& stage, Done&& done) {
+  const int64_t cpt = W.K / kChunk, steps = tiles * cpt;
+  auto load = [&](int64_t st, RowsChunk (&a)[kAhead]) {
 #pragma unroll
-  for (int i = 0; i < kBatch; ++i)
-    if (c + i * stride < chunks) a[i] = load_chunk(W, row, c + i * stride, q, group_chunks);
-}
-
-// acc += the loaded chunks times column g's staged row (zeros for columns past n).
-__device__ __forceinline__ void compute_batch(const RowsChunk (&a)[kBatch], const __half* __restrict__ staged, const int32_t* __restrict__ perm,
-                                              int q, int64_t c, int64_t stride, int64_t chunks, float (&acc)[4]) {
-#pragma unroll
-  for (int i = 0; i < kBatch; ++i) {
-    if (c + i * stride >= chunks) break;
-    uint32_t b[16];
-    if (staged) b_fragment(staged, perm, c + i * stride, q, b);
-    else
-#pragma unroll
-      for (int j = 0; j < 16; ++j) b[j] = 0u;
-    chunk_mma(acc, a[i], b);
-  }
-}
-
-// acc += the rows (row, row + 8) of W times the block's staged columns over the chunks c0, c0 +
-// stride, ...: the first kBatch chunks' weights are loaded before stage() runs (it fills the shared
-// rows, all threads of the block, then syncs), so the weights' and the activations' latencies overlap.
-template <typename Stage>
-__device__ __forceinline__ void rows_times_columns(const Int4View& W, int64_t row, int q, int group_chunks, int64_t c0, int64_t stride,
-                                                   const __half* staged, float (&acc)[4], Stage&& stage) {
-  const int64_t chunks = W.K / kChunk;
-  RowsChunk a[kBatch];
-  load_batch(W, row, q, group_chunks, c0, stride, chunks, a);
+    for (int i = 0; i < kAhead; ++i)
+      if (st + i < steps) a[i] = load_chunk(W, row + 16 * ((st + i) / cpt), (st + i) % cpt, q, group_chunks);
+  };
+  RowsChunk cur[kAhead], nxt[kAhead];
+  load(0, cur);
   stage();
-  for (int64_t c = c0; c < chunks; c += kBatch * stride) {
-    if (c != c0) load_batch(W, row, q, group_chunks, c, stride, chunks, a);
-    compute_batch(a, staged, W.perm, q, c, stride, chunks, acc);
+  float acc[4] = {};
+  for (int64_t st = 0; st < steps; st += kAhead) {
+    if (st + kAhead < steps) load(st + kAhead, nxt);
+#pragma unroll
+    for (int i = 0; i < kAhead; ++i) {
+      const int64_t si = st + i;
+      if (si >= steps) break;
+      uint32_t b[16];
+      if (staged) b_fragment(staged, W.perm, si % cpt, q, b);
+      else
+#pragma unroll
+        for (int j = 0; j < 16; ++j) b[j] = 0u;
+      chunk_mma(acc, cur[i], b);
+      if ((si + 1) % cpt == 0) {
+        done(static_cast<int>(si / cpt), acc);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[j] = 0.0f;
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kAhead; ++i) cur[i] = nxt[i];
   }
 }
 
-// gate/up: block (16-row block, pair p) computes, for the pairs expert_columns gives it, h[pair, row] =
-// fp16(silu(gate . x) * (up . x)). The columns' x rows are staged as fp16 (rounded as pairs) once for
-// the block. Warp w takes matrix w / 4 (gate, up) and the chunks w % 4, w % 4 + 4, ...; the four
-// partial tiles of each matrix are added in warp order.
+// gate/up: block (kUpRows-row block, pair p) computes, for the pairs expert_columns gives it, h[pair,
+// row] = fp16(silu(gate . x) * (up . x)). The columns' x rows are staged as fp16 (rounded as pairs)
+// once for the block. Warp w streams matrix w % 2 (gate, up) over all of H for tile w / 2; the gate
+// and up tiles of the same rows meet in shared memory.
+constexpr int kUpRows = 16 * kWarps / 2;
 __global__ void __launch_bounds__(kWarps * 32)
     tc_gate_up_kernel(const Int4Expert* __restrict__ experts, int64_t H, int64_t I, int group_chunks, const int32_t* __restrict__ ids,
                       int P, int k, const float* __restrict__ x, __half* __restrict__ h) {
@@ -172,39 +173,40 @@ __global__ void __launch_bounds__(kWarps * 32)
   __syncthreads();
   const int n = n_cols;
   if (n == 0) return;
-  const Int4View W = warp < 4 ? experts[ids[p]].gate : experts[ids[p]].up;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * 16 + g, st = staged_stride(H);
-  float acc[4] = {};
-  rows_times_columns(W, row, q, group_chunks, warp & 3, 4, g < n ? xs + g * st : nullptr, acc, [&] {
-    for (int64_t i = threadIdx.x; i < n * (H / 4); i += blockDim.x) {
-      const int64_t col = i / (H / 4), k4 = i % (H / 4);
-      const float4 v = __ldg(reinterpret_cast<const float4*>(x + static_cast<int64_t>(cols[col] / k) * H) + k4);
-      __half2* dst = reinterpret_cast<__half2*>(xs + col * st + 4 * k4);
-      dst[0] = __floats2half2_rn(v.x, v.y), dst[1] = __floats2half2_rn(v.z, v.w);
-    }
-    __syncthreads();
-  });
-  pdl_launch_next();
+  const Int4View W = warp % 2 == 0 ? experts[ids[p]].gate : experts[ids[p]].up;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kUpRows + 16 * (warp / 2) + g, st = staged_stride(H);
+  stream_tiles(
+      W, row, 1, q, group_chunks, g < n ? xs + g * st : nullptr,
+      [&] {
+        for (int64_t i = threadIdx.x; i < n * (H / 4); i += blockDim.x) {
+          const int64_t col = i / (H / 4), k4 = i % (H / 4);
+          const float4 v = __ldg(reinterpret_cast<const float4*>(x + static_cast<int64_t>(cols[col] / k) * H) + k4);
+          __half2* dst = reinterpret_cast<__half2*>(xs + col * st + 4 * k4);
+          dst[0] = __floats2half2_rn(v.x, v.y), dst[1] = __floats2half2_rn(v.z, v.w);
+        }
+        __syncthreads();
+      },
+      [&](int, const float(&acc)[4]) {
 #pragma unroll
-  for (int i = 0; i < 4; ++i) part[warp][i][lane] = acc[i];
+        for (int i = 0; i < 4; ++i) part[warp][i][lane] = acc[i];
+      });
+  pdl_launch_next();
   __syncthreads();
-  if (warp != 0) return;
+  if (warp % 2 != 0) return;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {  // c0, c1: row g, columns 2q, 2q + 1; c2, c3: row g + 8
-    float gs = part[0][i][lane], us = part[4][i][lane];
-#pragma unroll
-    for (int w2 = 1; w2 < 4; ++w2) gs += part[w2][i][lane], us += part[4 + w2][i][lane];
+    const float gs = part[warp][i][lane], us = part[warp + 1][i][lane];
     const int col = 2 * q + (i & 1);
     if (col < n) h[static_cast<int64_t>(cols[col]) * I + row + (i >= 2 ? 8 : 0)] = __float2half_rn(gs / (1.0f + __expf(-gs)) * us);
   }
 }
 
-// down: block (kDownRows-row block, pair p): warp w computes rows 16 w.. of the block for the pairs
-// expert_columns gives it, y[pair, row] = down . h[pair] (unweighted, fp32), over all of I; the
+// down: block (kWarps * 16 * tpw rows, pair p): warp w streams the tiles w tpw .. (w + 1) tpw - 1 over
+// all of I for the pairs expert_columns gives it, y[pair, row] = down . h[pair] (unweighted, fp32); the
 // columns' h rows are staged once for the block.
 __global__ void __launch_bounds__(kWarps * 32)
     tc_down_kernel(const Int4Expert* __restrict__ experts, int64_t H, int64_t I, int group_chunks, const int32_t* __restrict__ ids, int P,
-                   const __half* __restrict__ h, float* __restrict__ y) {
+                   int tpw, const __half* __restrict__ h, float* __restrict__ y) {
   extern __shared__ __align__(16) __half hs[];  // [kCols][staged_stride(I)]
   __shared__ int cols[kCols], n_cols;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3, p = blockIdx.y;
@@ -215,22 +217,25 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int n = n_cols;
   if (n == 0) return;  // reads and writes nothing of the earlier kernels'
   const Int4View W = experts[ids[p]].down;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kDownRows + 16 * warp + g, st = staged_stride(I);
-  float acc[4] = {};
-  rows_times_columns(W, row, q, group_chunks, 0, 1, g < n ? hs + g * st : nullptr, acc, [&] {
-    pdl_wait();  // h is the gate/up kernel's
-    for (int64_t i = threadIdx.x; i < n * (I / 8); i += blockDim.x) {
-      const int64_t col = i / (I / 8), k8 = i % (I / 8);
-      reinterpret_cast<uint4*>(hs + col * st)[k8] = reinterpret_cast<const uint4*>(h + static_cast<int64_t>(cols[col]) * I)[k8];
-    }
-    __syncthreads();
-  });
-  pdl_launch_next();
+  const int64_t row = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * 16 * tpw + g, st = staged_stride(I);
+  stream_tiles(
+      W, row, tpw, q, group_chunks, g < n ? hs + g * st : nullptr,
+      [&] {
+        pdl_wait();  // h is the gate/up kernel's
+        for (int64_t i = threadIdx.x; i < n * (I / 8); i += blockDim.x) {
+          const int64_t col = i / (I / 8), k8 = i % (I / 8);
+          reinterpret_cast<uint4*>(hs + col * st)[k8] = reinterpret_cast<const uint4*>(h + static_cast<int64_t>(cols[col]) * I)[k8];
+        }
+        __syncthreads();
+      },
+      [&](int tile, const float(&acc)[4]) {
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int col = 2 * q + (i & 1);
-    if (col < n) y[static_cast<int64_t>(cols[col]) * H + row + (i >= 2 ? 8 : 0)] = acc[i];
-  }
+        for (int i = 0; i < 4; ++i) {
+          const int col = 2 * q + (i & 1);
+          if (col < n) y[static_cast<int64_t>(cols[col]) * H + row + 16 * tile + (i >= 2 ? 8 : 0)] = acc[i];
+        }
+      });
+  pdl_launch_next();
 }
 
 // out[t, r] = sum over j (in order) of weights[t k + j] * y[t k + j, r], resident experts only.
@@ -248,18 +253,24 @@ __global__ void tc_sum_kernel(const Int4Expert* __restrict__ experts, const int3
   out[t * H + r] = sum;
 }
 
+// Down tiles a warp streams: as many as H allows up to 4 (fewer, larger blocks keep every block
+// resident at once).
+int down_tiles_per_warp(int64_t H) {
+  for (int t : {4, 2}) if (H % (16 * kWarps * t) == 0) return t;
+  return 1;
+}
+
 }  // namespace
 
 bool moe_int4_decode_tc_fits(int64_t H, int64_t I, int64_t group_size, int k) {
-  static_assert(kDownRows % kChunk == 0, "H % kDownRows == 0 covers the chunks");
-  return k >= 1 && k <= 8 && H > 0 && I > 0 && H % kDownRows == 0 && I % kChunk == 0 && group_size > 0 && group_size % kChunk == 0 &&
-         H % group_size == 0 && I % group_size == 0;
+  return k >= 1 && k <= 8 && H > 0 && I > 0 && H % (16 * kWarps) == 0 && H % kChunk == 0 && I % kChunk == 0 && I % kUpRows == 0 &&
+         group_size > 0 && group_size % kChunk == 0 && H % group_size == 0 && I % group_size == 0;
 }
 
 cudaError_t moe_int4_decode_tc(const Int4Expert* experts, int64_t H, int64_t I, int64_t group_size, const int32_t* ids, const float* weights,
                                int T, int k, const float* x, uint16_t* h_scratch, float* y_scratch, float* out, cudaStream_t stream) {
   if (T < 1 || T > kMaxGemvTokens || !moe_int4_decode_tc_fits(H, I, group_size, k)) return cudaErrorInvalidValue;
-  const int P = T * k, gc = static_cast<int>(group_size / kChunk);
+  const int P = T * k, gc = static_cast<int>(group_size / kChunk), tpw = down_tiles_per_warp(H);
   static_assert(kMaxPairs <= 64, "expert_columns takes the pairs in two ballots");
   auto* h = reinterpret_cast<__half*>(h_scratch);
   const dim3 block(kWarps * 32);
@@ -269,11 +280,11 @@ cudaError_t moe_int4_decode_tc(const Int4Expert* experts, int64_t H, int64_t I, 
     if (const cudaError_t e = cudaFuncSetAttribute(tc_gate_up_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(up_smem)); e != cudaSuccess) return e;
   if (down_smem > 48 * 1024)
     if (const cudaError_t e = cudaFuncSetAttribute(tc_down_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(down_smem)); e != cudaSuccess) return e;
-  cudaError_t err = launch(tc_gate_up_kernel, dim3(static_cast<unsigned>(I / 16), static_cast<unsigned>(P)), block, up_smem, stream, experts, H, I, gc,
-                           ids, P, k, x, h);
+  cudaError_t err = launch(tc_gate_up_kernel, dim3(static_cast<unsigned>(I / kUpRows), static_cast<unsigned>(P)), block, up_smem, stream, experts, H,
+                           I, gc, ids, P, k, x, h);
   if (err != cudaSuccess) return err;
-  err = launch(tc_down_kernel, dim3(static_cast<unsigned>(H / kDownRows), static_cast<unsigned>(P)), block, down_smem, stream, experts, H, I, gc, ids, P,
-               static_cast<const __half*>(h), y_scratch);
+  err = launch(tc_down_kernel, dim3(static_cast<unsigned>(H / (16 * kWarps * tpw)), static_cast<unsigned>(P)), block, down_smem, stream, experts, H, I,
+               gc, ids, P, tpw, static_cast<const __half*>(h), y_scratch);
   if (err != cudaSuccess) return err;
   constexpr int kSumThreads = 256;
   return launch(tc_sum_kernel, dim3(static_cast<unsigned>((H + kSumThreads - 1) / kSumThreads), static_cast<unsigned>(T)), dim3(kSumThreads), 0,
