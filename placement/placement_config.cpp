@@ -195,7 +195,8 @@ PlacementConfig parse_placement_config(const std::string& text, const std::strin
     r.check_keys(root, "", {"gpu", "context", "batch", "cpu", "experts", "cpu_experts", "gpu_experts_per_layer", "prefill",
                             "bandwidth", "cost", "rules", "server"});
     if (const YAML::Node sv = root["server"]) {
-      r.check_keys(sv, "server", {"host", "port", "max_queue", "prefill_chunk", "timeout", "max_body"});
+      r.check_keys(sv, "server", {"host", "port", "max_queue", "prefill_chunk", "timeout", "max_body", "cache"});
+      if (const YAML::Node cache = sv["cache"]) c.server.cache_bytes = cache.IsScalar() && cache.Scalar() == "0" ? 0 : r.bytes(cache, "server.cache");
       if (sv["host"]) c.server.host = r.scalar(sv["host"], "server.host");
       if (sv["port"]) c.server.port = static_cast<int>(r.integer(sv["port"], "server.port", 0, 65535));
       if (sv["max_queue"]) c.server.max_queue = r.integer(sv["max_queue"], "server.max_queue", 0, 1 << 16);

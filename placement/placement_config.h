@@ -42,6 +42,7 @@ struct ServerSection {
   int64_t prefill_chunk = 512;     // prompt tokens a step feeds one sequence (0: whole prompts)
   double timeout_s = 600;          // a request's wall-clock limit (0: none)
   uint64_t max_body = 16ull << 20; // largest request body
+  uint64_t cache_bytes = 2ull << 30; // the prefix cache's memory (0: off)
 };
 
 struct PlacementConfig {

@@ -5,6 +5,7 @@
 #include "runtime/cli/args.h"
 #include "runtime/cli/commands.h"
 #include "runtime/cli/device_flags.h"
+#include "core/bytes.h"
 #include "placement/placement_config.h"
 #include "runtime/server/http_server.h"
 
@@ -28,6 +29,7 @@ int cmd_serve(int argc, char** argv) {
       {"max-queue", true, "requests waiting for a slot before new ones get 503 (default: server.max_queue, else 64)"},
       {"timeout", true, "a request's wall-clock limit in seconds (default: server.timeout, else 600; 0: none)"},
       {"max-body", true, "largest request body in bytes (default: server.max_body, else 16 MiB)"},
+      {"cache-bytes", true, "the prefix cache's memory, e.g. 4GiB (default: server.cache, else 2GiB; 0: off)"},
       {"alias", true, "the model id /v1/models lists (default: the model folder's name)"},
   };
   for (auto& f : device_flags()) flags.push_back(f);
@@ -50,6 +52,15 @@ int cmd_serve(int argc, char** argv) {
   o.scheduler.max_queue = a.get_int<size_t>("max-queue", static_cast<size_t>(cfg.server.max_queue), 0, 1 << 16);
   o.scheduler.timeout_s = a.get_double("timeout", cfg.server.timeout_s);
   if (o.scheduler.timeout_s < 0) throw UsageError("tandem serve: --timeout must be 0 (none) or positive seconds");
+  o.scheduler.cache_bytes = cfg.server.cache_bytes;
+  if (a.has("cache-bytes")) {
+    try {
+      const std::string v = a.get("cache-bytes");
+      o.scheduler.cache_bytes = v == "0" ? 0 : parse_bytes(v, "--cache-bytes");
+    } catch (const Error& e) {
+      throw UsageError(str_cat("tandem serve: ", e.what()));
+    }
+  }
   o.max_body_bytes = a.get_int<size_t>("max-body", static_cast<size_t>(cfg.server.max_body), 1024, size_t(1) << 32);
   const std::string model = a.get("model");
   o.model_id = a.get("alias", std::filesystem::path(model).lexically_normal().filename().string());

@@ -40,17 +40,35 @@ class Batcher::Live {
     logits_.resize(static_cast<size_t>(vocab));
     res_ = GenerateResult{};
     res_.prompt_tokens = static_cast<int64_t>(req.prompt.size());
+    fed_ = req.resume ? req.resume->position : 0;  // the slot holds the saved sequence
+    res_.cached_tokens = fed_;
   }
+  const GenerateRequest& request() const { return req_; }
+  // The prompt's next checkpoint still ahead (-1: none).
+  int64_t next_checkpoint() const {
+    for (int64_t c : req_.checkpoints)
+      if (c > fed_) return c;
+    return -1;
+  }
+  bool at_checkpoint() const {
+    return std::find(req_.checkpoints.begin(), req_.checkpoints.end(), fed_) != req_.checkpoints.end() && saved_at_ != fed_;
+  }
+  void saved_here() { saved_at_ = fed_; }
+  int64_t fed_tokens() const { return fed_; }
+  std::span<const int32_t> context() const { return context_; }
   int slot() const { return slot_; }
   bool done() const { return done_; }
+  StopReason result_stop() const { return res_.stop; }
   bool cancelled() const { return req_.cancel && req_.cancel->load(); }
   // The prompt's next piece (chunk 0: the rest) and whether it is the prompt's last.
   bool prefilling() const { return fed_ < static_cast<int64_t>(req_.prompt.size()); }
-  std::span<const int32_t> next_chunk(int64_t chunk) const {
-    const int64_t left = static_cast<int64_t>(req_.prompt.size()) - fed_;
-    return std::span(req_.prompt.data() + fed_, static_cast<size_t>(chunk > 0 ? std::min(chunk, left) : left));
+  std::span<const int32_t> next_chunk(int64_t chunk) const {  // ends at the next checkpoint, if any
+    int64_t n = static_cast<int64_t>(req_.prompt.size()) - fed_;
+    if (chunk > 0) n = std::min(chunk, n);
+    if (const int64_t c = next_checkpoint(); c > 0) n = std::min(n, c - fed_);
+    return std::span(req_.prompt.data() + fed_, static_cast<size_t>(n));
   }
-  bool last_chunk(int64_t chunk) const { return chunk <= 0 || static_cast<int64_t>(req_.prompt.size()) - fed_ <= chunk; }
+  bool last_chunk(int64_t chunk) const { return fed_ + static_cast<int64_t>(next_chunk(chunk).size()) == static_cast<int64_t>(req_.prompt.size()); }
   void fed(int64_t n) { fed_ += n; }
   int32_t next() const { return res_.tokens.back(); }
   float* logits() { return logits_.data(); }
@@ -118,7 +136,8 @@ class Batcher::Live {
   std::string pending_;  // decoded text not yet emitted
   std::vector<float> logits_;
   std::vector<std::pair<int32_t, float>> top_;
-  int64_t fed_ = 0;      // prompt tokens fed
+  int64_t fed_ = 0;      // prompt tokens fed (or resumed)
+  int64_t saved_at_ = -1;  // the checkpoint last saved
   Clock::time_point t_start_ = Clock::now(), t_decode_ = Clock::now();
   bool done_ = false;
 };
@@ -129,6 +148,14 @@ void check_request(const GenerateRequest& req) {
   if (req.prompt.empty()) fail("generate: the prompt is empty (no tokens)");
   for (const auto& s : req.stop)
     if (s.empty()) fail("generate: empty stop string");
+  const auto n = static_cast<int64_t>(req.prompt.size());
+  const int64_t from = req.resume ? req.resume->position : 0;
+  if (req.resume && (from < 1 || from >= n)) fail("generate: a resumed sequence of ", from, " tokens for a prompt of ", n, " (it must be shorter)");
+  int64_t last = from;
+  for (int64_t c : req.checkpoints) {
+    if (c <= last || c >= n) fail("generate: checkpoint ", c, " is not increasing inside ", from + 1, "..", n - 1);
+    last = c;
+  }
 }
 
 }  // namespace
@@ -169,6 +196,14 @@ bool Batcher::run(const std::vector<Live*>& who, const std::vector<std::span<con
   return false;
 }
 
+void Batcher::checkpoint(Live& l) {
+  if (!l.at_checkpoint()) return;
+  l.saved_here();
+  const GenerateRequest& r = l.request();
+  if (!r.on_checkpoint || !runner_.saves_sequences()) return;
+  r.on_checkpoint(std::span(r.prompt).first(static_cast<size_t>(l.fed_tokens())), runner_.save(l.slot()));
+}
+
 void Batcher::retire() {  // finished sequences give their slots back (the lowest is taken first)
   for (size_t i = 0; i < active_.size();)
     if (active_[i]->done()) {
@@ -184,8 +219,10 @@ void Batcher::step() {
   while (!waiting_.empty() && !free_slots_.empty()) {  // waiting requests take free slots
     const int slot = free_slots_.back();
     free_slots_.pop_back();
-    runner_.reset_slot(slot);
-    active_.push_back(std::make_unique<Live>(waiting_.front().req, *waiting_.front().out, tokenizer_, slot, vocab_));
+    const Queued& q = waiting_.front();
+    if (q.req.resume) runner_.restore(slot, *q.req.resume);
+    else runner_.reset_slot(slot);
+    active_.push_back(std::make_unique<Live>(q.req, *q.out, tokenizer_, slot, vocab_));
     waiting_.pop_front();
   }
   for (auto& l : active_)  // a cancelled request still reading its prompt leaves now
@@ -203,7 +240,10 @@ void Batcher::step() {
   if (!partial.empty()) {
     runner_.step(partial);
     for (size_t i = 0; i < active_.size(); ++i)
-      if (in_partial[i]) active_[i]->fed(static_cast<int64_t>(active_[i]->next_chunk(chunk_).size()));
+      if (in_partial[i]) {
+        active_[i]->fed(static_cast<int64_t>(active_[i]->next_chunk(chunk_).size()));
+        checkpoint(*active_[i]);
+      }
   }
   // Every other sequence: its prompt's last chunk or its next token, together.
   std::vector<Live*> who;
@@ -229,6 +269,11 @@ void Batcher::step() {
         if (who[i]->done()) continue;
       }
       who[i]->take_next(top);
+      const GenerateRequest& r = who[i]->request();
+      if (who[i]->done() && r.checkpoint_reply && r.on_checkpoint && who[i]->result_stop() == StopReason::Eos && runner_.saves_sequences()) {
+        const std::span<const int32_t> held = who[i]->context().first(who[i]->context().size() - 1);  // the eos was never fed
+        if (static_cast<int64_t>(held.size()) == runner_.position(who[i]->slot())) r.on_checkpoint(held, runner_.save(who[i]->slot()));
+      }
     }
   }
   retire();

@@ -30,6 +30,15 @@ struct GenerateRequest {
   std::function<void(std::string_view)> on_text;
   const std::atomic<bool>* cancel = nullptr;
   std::function<void()> on_done;  // the request has ended and its result is final (Batcher: in step())
+  // Prefix cache (the server): start from `resume`, a saved sequence of the prompt's first
+  // resume->position tokens (1 ..< prompt size), instead of feeding them; save the sequence through
+  // on_checkpoint when it has been fed each of `checkpoints` (prompt positions, increasing, above the
+  // resumed ones and below the prompt's size) and, with checkpoint_reply, after a reply that ended on
+  // eos (the prompt and the reply but its eos). Runners that make no snapshots skip the saves.
+  std::shared_ptr<const SequenceSnapshot> resume;
+  std::vector<int64_t> checkpoints;
+  bool checkpoint_reply = false;
+  std::function<void(std::span<const int32_t> tokens, std::shared_ptr<const SequenceSnapshot> saved)> on_checkpoint;
 };
 
 enum class StopReason { Eos, StopString, MaxTokens, Cancelled };
@@ -39,6 +48,7 @@ struct GenerateResult {
   std::string text;               // everything emitted (stop string excluded)
   std::vector<int32_t> tokens;    // generated ids (eos included when it ended the reply)
   int64_t prompt_tokens = 0;
+  int64_t cached_tokens = 0;      // of them, resumed from a saved sequence (GenerateRequest::resume), not fed
   double prefill_s = 0, decode_s = 0;
   StopReason stop = StopReason::MaxTokens;
   std::string stop_string;        // the stop string that ended it (StopReason::StopString)
@@ -76,6 +86,7 @@ class Batcher {
   };
   bool run(const std::vector<Live*>& who, const std::vector<std::span<const int32_t>>& ids);
   void retire();
+  void checkpoint(Live& l);  // saves the sequence when it is at one of its checkpoints
   Runner& runner_;
   int64_t vocab_;
   const Tokenizer& tokenizer_;

@@ -17,6 +17,11 @@
 
 namespace tandem {
 
+void Runner::restore(int slot, const SequenceSnapshot& s) {
+  (void)slot, (void)s;
+  fail("this runner (", describe(), ") cannot restore a saved sequence");
+}
+
 namespace {
 
 // What every runner checks before a step runs anything: slots in range and distinct, tokens to feed,
@@ -34,6 +39,12 @@ void check_feeds(std::span<const Runner::Feed> feeds, const Runner& r, int64_t v
       fail("the sequence in slot ", f.slot, " reached the context limit of ", r.max_context(), " tokens (--context)");
   }
 }
+
+// A host sequence's copy: the state's vectors as they are (KV rows up to its position).
+struct HostSnapshot final : SequenceSnapshot {
+  const void* owner = nullptr;
+  std::vector<std::vector<float>> k_cache, v_cache, conv_window, recurrent;
+};
 
 class HostRunner final : public Runner {
  public:
@@ -64,6 +75,26 @@ class HostRunner final : public Runner {
   void rollback(int slot, int64_t keep) override {
     if (slot < 0 || slot >= slots()) fail("slot ", slot, " is outside 0..", slots() - 1);
     states_[slot].rollback(keep);
+  }
+  bool saves_sequences() const override { return true; }
+  std::shared_ptr<const SequenceSnapshot> save(int slot) const override {
+    if (slot < 0 || slot >= slots()) fail("slot ", slot, " is outside 0..", slots() - 1);
+    const Qwen35State& st = states_[slot];
+    auto s = std::make_shared<HostSnapshot>();
+    s->owner = this;
+    s->position = st.pos;
+    s->k_cache = st.k_cache, s->v_cache = st.v_cache, s->conv_window = st.conv_window, s->recurrent = st.recurrent;
+    for (const auto* part : {&s->k_cache, &s->v_cache, &s->conv_window, &s->recurrent})
+      for (const auto& v : *part) s->bytes += v.size() * sizeof(float);
+    return s;
+  }
+  void restore(int slot, const SequenceSnapshot& saved) override {
+    const auto* s = dynamic_cast<const HostSnapshot*>(&saved);
+    if (!s || s->owner != this) fail("restore: the snapshot was made by another runner");
+    reset_slot(slot);
+    Qwen35State& st = states_[slot];
+    st.pos = s->position;
+    st.k_cache = s->k_cache, st.v_cache = s->v_cache, st.conv_window = s->conv_window, st.recurrent = s->recurrent;
   }
   std::string describe() const override {
     return backend_ ? "cpu: " + backend_->describe() : "ref: exact fp32 reference";

@@ -52,6 +52,14 @@ struct RunnerOptions {
   std::shared_ptr<const placement::Plan> plan;
 };
 
+// A slot's sequence saved at its position: its KV rows and recurrent states, as the runner that made it
+// holds them (the server's prefix cache restores it into any slot of that runner).
+struct SequenceSnapshot {
+  virtual ~SequenceSnapshot() = default;
+  int64_t position = 0;  // tokens the sequence held
+  uint64_t bytes = 0;    // memory the snapshot takes
+};
+
 class Runner {
  public:
   virtual ~Runner() = default;
@@ -87,6 +95,16 @@ class Runner {
   // After a keep_states step that fed n tokens to `slot`: back to its state after the first `keep`
   // (0..n) of them, as if the rest had never been fed (no recompute).
   virtual void rollback(int slot, int64_t keep) = 0;
+
+  // Sequence snapshots (the prefix cache): whether this runner makes them; a copy of the slot's
+  // sequence; the slot becomes a saved sequence (tandem::Error for another runner's snapshot). The
+  // host placements (ref, cpu) make them; the GPU placements do not yet (save returns nullptr).
+  virtual bool saves_sequences() const { return false; }
+  virtual std::shared_ptr<const SequenceSnapshot> save(int slot) const {
+    (void)slot;
+    return nullptr;
+  }
+  virtual void restore(int slot, const SequenceSnapshot& s);
 
   // Slot 0, the one-sequence case.
   void reset() { reset_slot(0); }

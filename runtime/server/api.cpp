@@ -498,7 +498,8 @@ std::string Reply::end(const GenerateResult& r, int64_t cached) {
       const std::string why = finish_reason(r);
       out += sse_event("message_delta", {{"type", "message_delta"},
                                          {"delta", {{"stop_reason", why}, {"stop_sequence", why == "stop_sequence" ? Json(r.stop_string) : Json(nullptr)}}},
-                                         {"usage", {{"output_tokens", static_cast<int64_t>(r.tokens.size())}}}});
+                                         {"usage", {{"input_tokens", r.prompt_tokens - cached}, {"output_tokens", static_cast<int64_t>(r.tokens.size())},
+                                                    {"cache_read_input_tokens", cached}}}});
       out += sse_event("message_stop", {{"type", "message_stop"}});
       return out;
     }

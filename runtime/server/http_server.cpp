@@ -117,8 +117,8 @@ class Service {
 
   void log_reply(const std::string& id, const std::string& path, const Ticket& t, const std::string& finish) {
     const GenerateResult& r = t.result();
-    std::fprintf(stderr, "tandem serve: %s %s prompt %lld (cached 0), %zu tokens, TTFT %.0f ms, %.1f tok/s, %s%s\n", id.c_str(), path.c_str(),
-                 static_cast<long long>(r.prompt_tokens), r.tokens.size(), t.ttft_s() * 1e3, r.decode_tok_s(), finish.c_str(),
+    std::fprintf(stderr, "tandem serve: %s %s prompt %lld (cached %lld), %zu tokens, TTFT %.0f ms, %.1f tok/s, %s%s\n", id.c_str(), path.c_str(),
+                 static_cast<long long>(r.prompt_tokens), static_cast<long long>(r.cached_tokens), r.tokens.size(), t.ttft_s() * 1e3, r.decode_tok_s(), finish.c_str(),
                  t.timed_out() ? " (timed out)" : r.stop == StopReason::Cancelled ? " (cancelled)" : "");
   }
 
@@ -154,7 +154,7 @@ class Service {
       std::string ignored;
       while (!t->take(ignored, std::chrono::milliseconds(500))) ignored.clear();
       if (!t->error().empty()) return fail(q, r, api, 500, t->error(), "");
-      send_json(r, 200, reply->whole(t->result(), 0));
+      send_json(r, 200, reply->whole(t->result(), t->result().cached_tokens));
       log_reply(id, q.path, *t, reply->finish_reason(t->result()));
       return;
     }
@@ -180,7 +180,7 @@ class Service {
               out += api == Api::messages ? sse_event("error", err) : sse(err);
               std::fprintf(stderr, "tandem serve: %s %s -> stream error: %s\n", id.c_str(), path.c_str(), t->error().c_str());
             } else {
-              out += reply->end(t->result(), 0);
+              out += reply->end(t->result(), t->result().cached_tokens);
               log_reply(id, path, *t, reply->finish_reason(t->result()));
             }
           }
@@ -228,6 +228,14 @@ class Service {
     metric("tandem_queue_depth", "gauge", "Requests waiting for a slot.", static_cast<double>(st.queued));
     metric("tandem_slots_in_use", "gauge", "Slots holding a sequence.", static_cast<double>(st.running));
     metric("tandem_slots", "gauge", "Slots (sequences held at once).", static_cast<double>(st.slots));
+    if (const PrefixCache* c = sched_.cache()) {
+      const PrefixCache::Stats cs = c->stats();
+      metric("tandem_prefix_cache_hits_total", "counter", "Requests resumed from a saved prefix.", static_cast<double>(cs.hits));
+      metric("tandem_prefix_cache_misses_total", "counter", "Requests with no saved prefix.", static_cast<double>(cs.misses));
+      metric("tandem_prefix_cache_reused_tokens_total", "counter", "Prompt tokens served from saved prefixes.", static_cast<double>(cs.reused_tokens));
+      metric("tandem_prefix_cache_entries", "gauge", "Saved sequences.", static_cast<double>(cs.entries));
+      metric("tandem_prefix_cache_bytes", "gauge", "Bytes the saved sequences take.", static_cast<double>(cs.bytes));
+    }
     r.set_content(m.str(), "text/plain; version=0.0.4");
   }
 
@@ -300,8 +308,9 @@ int serve(Session& session, const ServeOptions& opts) {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the last replies' bytes leave
     svr.stop();
   });
-  std::fprintf(stderr, "tandem serve: listening on http://%s:%d (model %s, %d slots, context %lld)\n", opts.host.c_str(), port,
-               opts.model_id.c_str(), session.runner->slots(), static_cast<long long>(session.runner->max_context()));
+  const std::string cache = service.scheduler().cache() ? str_cat("up to ", opts.scheduler.cache_bytes >> 20, " MiB") : service.scheduler().cache_note();
+  std::fprintf(stderr, "tandem serve: listening on http://%s:%d (model %s, %d slots, context %lld, prefix cache %s)\n", opts.host.c_str(), port,
+               opts.model_id.c_str(), session.runner->slots(), static_cast<long long>(session.runner->max_context()), cache.c_str());
   const bool ok = svr.listen_after_bind();
   listening_done = true;
   watcher.join();

@@ -37,6 +37,11 @@ Scheduler::Scheduler(Runner& runner, int64_t vocab, const Tokenizer& tokenizer, 
     : runner_(runner), vocab_(vocab), tokenizer_(tokenizer), opts_(opts) {
   batcher_ = std::make_unique<Batcher>(runner_, vocab_, tokenizer_, opts_.prefill_chunk);
   totals_.slots = runner_.slots();
+  if (opts_.cache_bytes == 0) cache_note_ = "off (--cache-bytes 0)";
+  else if (!runner_.saves_sequences()) cache_note_ = "off (this device keeps no sequence snapshots yet)";
+  else cache_ = std::make_unique<PrefixCache>(opts_.cache_bytes);
+  im_end_ = tokenizer_.token_to_id("<|im_end|>");
+  if (const std::vector<int32_t> nl = tokenizer_.encode("\n"); nl.size() == 1) newline_ = nl[0];
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -86,6 +91,35 @@ Scheduler::Stats Scheduler::stats() const {
   return s;
 }
 
+// Where a prompt is saved: after its last message (the end of a "<|im_end|>\n"; the next turn of the
+// conversation starts the same way) and every cache_every tokens, all past the resumed part and
+// before the prompt's last token (which must be fed for its logits).
+std::vector<int64_t> Scheduler::checkpoints(std::span<const int32_t> prompt, int64_t from) const {
+  const auto n = static_cast<int64_t>(prompt.size());
+  std::vector<int64_t> at;
+  if (opts_.cache_every > 0)
+    for (int64_t c = (from / opts_.cache_every + 1) * opts_.cache_every; c < n; c += opts_.cache_every) at.push_back(c);
+  if (im_end_ >= 0 && newline_ >= 0)
+    for (int64_t i = n - 1; i >= 2 && i > from; --i)
+      if (prompt[i - 1] == newline_ && prompt[i - 2] == im_end_) {
+        at.push_back(i);
+        break;
+      }
+  std::sort(at.begin(), at.end());
+  at.erase(std::unique(at.begin(), at.end()), at.end());
+  return at;
+}
+
+// With the cache: resume from the longest saved prefix, save at the checkpoints and after the reply.
+void Scheduler::use_cache(GenerateRequest& req) {
+  if (!cache_) return;
+  req.resume = cache_->find(req.prompt);
+  req.checkpoints = checkpoints(req.prompt, req.resume ? req.resume->position : 0);
+  req.checkpoint_reply = true;
+  PrefixCache* cache = cache_.get();
+  req.on_checkpoint = [cache](std::span<const int32_t> tokens, std::shared_ptr<const SequenceSnapshot> saved) { cache->add(tokens, std::move(saved)); };
+}
+
 // The engine failed mid-step: every request it held ends with the error, and a fresh batcher takes
 // the next ones (each request resets its slot when it takes one).
 void Scheduler::fail_all(const std::string& why) {
@@ -124,6 +158,7 @@ void Scheduler::loop() {
         raw->end();
       };
       try {
+        use_cache(in.req);
         batcher_->add(in.req, &in.ticket->result_);
         live_.push_back(in.ticket);
       } catch (const std::exception& e) {

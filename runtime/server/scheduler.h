@@ -18,6 +18,7 @@
 
 #include "runtime/engine/generate.h"
 #include "runtime/engine/runner.h"
+#include "runtime/server/prefix_cache.h"
 #include "runtime/tokenizer/tokenizer.h"
 
 namespace tandem::server {
@@ -54,6 +55,8 @@ struct SchedulerOptions {
   int64_t prefill_chunk = 512;  // prompt tokens a step feeds one sequence (0: whole prompts)
   size_t max_queue = 64;        // requests waiting for a slot (beyond one a slot) before new ones are refused
   double timeout_s = 600;       // a request's wall-clock limit (0: none)
+  uint64_t cache_bytes = uint64_t{2} << 30;  // the prefix cache's budget (0: off; off too where the runner saves no sequences)
+  int64_t cache_every = 4096;   // besides the last message boundary, a prompt is saved every this many tokens
 };
 
 class Scheduler {
@@ -75,6 +78,9 @@ class Scheduler {
     int slots = 0;
   };
   Stats stats() const;
+  // The prefix cache (nullptr: off) and why it is off ("" when on).
+  const PrefixCache* cache() const { return cache_.get(); }
+  const std::string& cache_note() const { return cache_note_; }
 
  private:
   struct Incoming {
@@ -83,12 +89,17 @@ class Scheduler {
   };
   void loop();
   void fail_all(const std::string& why);
+  void use_cache(GenerateRequest& req);
+  std::vector<int64_t> checkpoints(std::span<const int32_t> prompt, int64_t from) const;
 
   Runner& runner_;
   int64_t vocab_;
   const Tokenizer& tokenizer_;
   SchedulerOptions opts_;
   std::unique_ptr<Batcher> batcher_;                // the engine thread's
+  std::unique_ptr<PrefixCache> cache_;
+  std::string cache_note_;
+  int32_t im_end_ = -1, newline_ = -1;              // a message ends with these two tokens
   std::vector<std::shared_ptr<Ticket>> live_;       // added to the batcher, not yet ended (engine thread)
   mutable std::mutex m_;
   std::condition_variable cv_;

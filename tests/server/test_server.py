@@ -297,3 +297,31 @@ def test_auth_limits_queue_timeout_and_drain(model):
     finally:
         if s.proc.poll() is None:
             s.stop()
+
+
+def test_second_turn_hits_the_prefix_cache_and_gives_the_same_reply(server, model):
+    turn1 = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a colour."}]
+    r1 = oai(server).chat.completions.create(model="tiny", messages=turn1, max_tokens=12, temperature=0, extra_body=NO_THINK)
+    assert r1.usage.prompt_tokens_details.cached_tokens == 0
+    turn2 = turn1 + [{"role": "assistant", "content": r1.choices[0].message.content}, {"role": "user", "content": "Another one?"}]
+    hits = server.metric("tandem_prefix_cache_hits_total")
+    r2 = oai(server).chat.completions.create(model="tiny", messages=turn2, max_tokens=12, temperature=0, extra_body=NO_THINK)
+    cached = r2.usage.prompt_tokens_details.cached_tokens
+    assert 0 < cached < r2.usage.prompt_tokens
+    assert server.metric("tandem_prefix_cache_hits_total") == hits + 1
+    assert server.metric("tandem_prefix_cache_reused_tokens_total") >= cached
+    plain = Server(model, "--cache-bytes", "0")
+    try:
+        again = oai(plain).chat.completions.create(model="tiny", messages=turn2, max_tokens=12, temperature=0, extra_body=NO_THINK)
+        assert again.usage.prompt_tokens_details.cached_tokens == 0
+        assert again.choices[0].message.content == r2.choices[0].message.content
+        assert again.usage.prompt_tokens == r2.usage.prompt_tokens
+    finally:
+        assert plain.stop() == 0
+    # the same conversation through the Anthropic API: the system and first turn come from the cache
+    client = anthropic.Anthropic(base_url=server.url, api_key="none", max_retries=0)
+    a = client.messages.create(model="tiny", max_tokens=4, system="You are terse.", messages=[
+        {"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": r1.choices[0].message.content},
+        {"role": "user", "content": "And a third?"}], extra_body={"temperature": 0})
+    assert a.usage.cache_read_input_tokens > 0
+    assert a.usage.input_tokens + a.usage.cache_read_input_tokens > 20

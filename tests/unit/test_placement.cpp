@@ -123,6 +123,9 @@ TEST(PlacementConfigs, ServerSection) {
   EXPECT_EQ(s.prefill_chunk, 0);
   EXPECT_DOUBLE_EQ(s.timeout_s, 2.5);
   EXPECT_EQ(s.max_body, uint64_t{1} << 20);
+  EXPECT_EQ(d.cache_bytes, uint64_t{2} << 30);
+  EXPECT_EQ(yaml("server:\n  cache: 0\n").server.cache_bytes, 0u);
+  EXPECT_EQ(yaml("server:\n  cache: 8GiB\n").server.cache_bytes, uint64_t{8} << 30);
 }
 
 // prefill.strategy gpu_stream streams from the first prompt token, with the buffers counted; where it
