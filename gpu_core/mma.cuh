@@ -1,5 +1,5 @@
-// gpu_core/mma.cuh: the tensor-core instructions the kernels share (mma.sync m16n8k16, bf16 or fp16
-// inputs, fp32 accumulation) and the bf16 pair packing its fragments use. Fragment layouts are PTX's: lane
+// gpu_core/mma.cuh: the tensor-core instruction the kernels share (mma.sync m16n8k16, bf16 inputs,
+// fp32 accumulation) and the bf16 pair packing its fragments use. Fragment layouts are PTX's: lane
 // 4 g + q holds A rows g and g + 8 at columns 2q, 2q + 1 (a0, a1) and 2q + 8, 2q + 9 (a2, a3), B column g
 // at rows 2q, 2q + 1 (b0) and 2q + 8, 2q + 9 (b1), and C rows g, g + 8 at columns 2q, 2q + 1.
 #pragma once
@@ -16,13 +16,6 @@ namespace tandem::gpu::detail {
 // cols 2q + 8..), b0, b1: B's.
 __device__ __forceinline__ void mma_bf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
   asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-               : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-// The same with fp16 inputs.
-__device__ __forceinline__ void mma_f16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0, uint32_t b1) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }

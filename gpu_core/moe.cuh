@@ -27,9 +27,9 @@ struct Int4Expert {
   Int4View down;      // [H, I]
 };
 
-// Three kernels compute it: moe_int4_decode_tc (below) for 2..8 tokens and moe_int4_decode_wide
-// (gpu_core/moe_int4_wide.cu) for one, where the shapes fit them (Qwen3.5's do); moe_int4_decode
-// (gpu_core/moe_int4.cu) for every other shape (the small test fixtures': H 48, groups of 16).
+// Two kernels compute it. moe_int4_decode_wide (gpu_core/moe_int4_wide.cu) where the shapes fit it
+// (Qwen3.5's do); moe_int4_decode (gpu_core/moe_int4.cu) for every other shape (the small test
+// fixtures': H 48, groups of 16).
 //
 // moe_int4_decode: one 4-byte code word a lane at a time. experts: device array [num_experts]; ids
 // int32 [T*k]; weights fp32 [T*k]; x_half fp16 [T, H] (gather_x_half); h_scratch fp16 [T*k, I]; out
@@ -50,19 +50,6 @@ bool moe_int4_decode_wide_fits(int64_t H, int64_t I, int64_t group_size, int k);
 cudaError_t moe_int4_decode_wide(const Int4Expert* experts, int64_t H, int64_t I, int64_t group_size, const int32_t* ids,
                                  const float* weights, int T, int k, const float* x, uint16_t* h_scratch, float* out,
                                  cudaStream_t stream);
-
-// moe_int4_decode_tc (gpu_core/moe_int4_tc.cu): the same sum for 2..8 tokens on tensor cores, each
-// resident expert's rows dequantised once for all the launch's tokens routed to it (fp16 (q - z) times
-// fp16 x, fp32 accumulation, each 128-input chunk scaled once), so the time follows the union of the
-// tokens' experts instead of their count. Three launches: gate/up -> h fp16 [T*k, I]; down -> y fp32
-// [T*k, H] (y_scratch, moe_decode_tc_y_floats); out[t] = sum over j, in order, of weight * y. A
-// token's outputs do not depend on the other tokens of the launch (its column of each mma is its
-// own). Arithmetic: x and h rounded to fp16 as the wide kernel, sums in fp32 (~1e-3 of the wide
-// kernel, 5e-3 of the exact reference). Needs moe_int4_decode_tc_fits (H a multiple of 128, I of
-// 128, group_size of 128 dividing both, k <= 8); returns cudaErrorInvalidValue otherwise.
-bool moe_int4_decode_tc_fits(int64_t H, int64_t I, int64_t group_size, int k);
-cudaError_t moe_int4_decode_tc(const Int4Expert* experts, int64_t H, int64_t I, int64_t group_size, const int32_t* ids, const float* weights,
-                               int T, int k, const float* x, uint16_t* h_scratch, float* y_scratch, float* out, cudaStream_t stream);
 
 // Prefill: the routed experts of n tokens grouped by expert, so each resident expert's weights are
 // streamed once per 32 of its tokens instead of once per token (a 256-token chunk at top-8 of 256 reads

@@ -10,9 +10,6 @@ namespace tandem::gpu {
 // Tokens one decode-kernel launch takes (the GEMVs and the decode MoE kernels: gemv.cuh, moe.cuh).
 inline constexpr int kMaxGemvTokens = 8;
 
-// moe_int4_decode_tc's pair outputs (moe.cuh): fp32 [T * k, H].
-inline int64_t moe_decode_tc_y_floats(int64_t T, int64_t k, int64_t H) { return T * k * H; }
-
 // cuBLAS's workspace, given to the handle so its memory is inside the caller's budget (gemm.cuh).
 inline constexpr size_t kBlasWorkspaceBytes = size_t(4) << 20;
 

@@ -87,7 +87,6 @@ GpuWorkspace gpu_workspace(const ModelConfig& c, const WorkShape& s) {
     f32(Work::b_logits, n * V);
     set(Work::b_groups, static_cast<uint64_t>(5 * n + 1) * 4);  // ids, positions, each token's slot, each group's slot and first token
     set(Work::b_top, static_cast<uint64_t>(n * gpu::kMaxTopK) * 8);  // the k best ids and values of each row
-    if (s.int4_experts) f32(Work::b_moe_y, gpu::moe_decode_tc_y_floats(std::min<int64_t>(n, gpu::kMaxGemvTokens), k, H));  // moe_int4_decode_tc
   }
   if (s.kept_positions > 0 && chunk >= s.kept_positions) {
     int64_t layers = 0;

@@ -40,7 +40,7 @@ enum class Work : int {
   xh, ids, topk_ids, topk_w, route_ticket, pos, cpu_out, deferred, penalties, topk_ws, top_ids, top_vals,
   p_h, p_x, p_o, p_qkv, p_z, p_b, p_a, p_core, p_conv, p_qg, p_k, p_v, p_attn, p_router, p_moe, p_sg, p_su, p_sd, p_sgate,
   p_topk_w, p_cpu, p_hs, p_split, p_xh, p_ids, p_pos, p_topk_ids, p_blas, p_terms, p_grouped,  // batched prefill
-  b_part, b_logits, b_groups, b_top, b_moe_y, kept,  // steps of several tokens of several sequences (decode_rows > 1)
+  b_part, b_logits, b_groups, b_top, kept,  // steps of several tokens of several sequences (decode_rows > 1)
   count
 };
 struct WorkShape {

@@ -159,65 +159,6 @@ TEST(GpuMoeInt4Wide, SkipsNonResidentExperts) {
   }
 }
 
-// The small-batch tensor-core kernel (moe_int4_decode_tc) for 1..8 tokens: against the double
-// reference (5e-3, as decode) and the wide kernel (2e-3: fp32 instead of fp16 partial sums), with every
-// third expert not resident; each token's outputs bit for bit those of a launch of that token alone
-// (its column of each tile is its own, whatever the neighbours). Shapes: the 35B layer's, act order,
-// and few experts for many tokens (an expert's tile full: 8 columns).
-TEST(GpuMoeInt4Tc, MatchesReferenceAndTheWideKernelWhateverTheNeighbours) {
-  TANDEM_REQUIRE_GPU();
-  for (const MoeCase c : {MoeCase{16, 8, 8, 2048, 512, 128}, MoeCase{16, 8, 5, 2048, 512, 128, true}, MoeCase{4, 4, 8, 256, 128, 128},
-                          MoeCase{9, 3, 2, 512, 256, 256}}) {
-    ASSERT_TRUE(gpu::moe_int4_decode_tc_fits(c.H, c.I, c.gs, c.k));
-    std::mt19937 rng(test::test_seed() + 11);
-    const ExpertSet set(rng, c);
-    const auto x = test::random_floats(rng, c.T * c.H);
-    std::vector<int32_t> ids;
-    std::vector<float> w;
-    random_routing(rng, c, c.T, ids, w);
-    std::vector<uint8_t> resident(c.E, 1);
-    std::vector<gpu::Int4Expert> table = set.experts;
-    for (int e = 2; e < c.E; e += 3) resident[e] = 0, table[e] = gpu::Int4Expert{};
-    const std::vector<double> want = set.reference(c, c.T, x, ids, w, resident);
-    test::DeviceBuffer<gpu::Int4Expert> dexp(table);
-    test::DeviceBuffer<int32_t> dids(ids);
-    test::DeviceBuffer<float> dw(w), dx(x), dtc(c.T * c.H), dwide(c.T * c.H), dy(gpu::moe_decode_tc_y_floats(c.T, c.k, c.H));
-    test::DeviceBuffer<uint16_t> dh(c.T * c.k * c.I);
-    const std::string what = "E " + std::to_string(c.E) + " k " + std::to_string(c.k) + " T " + std::to_string(c.T) + " H " +
-                             std::to_string(c.H) + ", seed " + std::to_string(test::test_seed());
-    CUDA_OK(gpu::moe_int4_decode_tc(dexp.ptr, c.H, c.I, c.gs, dids.ptr, dw.ptr, c.T, c.k, dx.ptr, dh.ptr, dy.ptr, dtc.ptr, nullptr));
-    CUDA_OK(cudaDeviceSynchronize());
-    const auto tc = dtc.to_host();
-    const std::vector<double> t(tc.begin(), tc.end());
-    EXPECT_LT(test::rel_l2(t, want), 5e-3) << what;
-    if (gpu::moe_int4_decode_wide_fits(c.H, c.I, c.gs, c.k)) {
-      CUDA_OK(gpu::moe_int4_decode_wide(dexp.ptr, c.H, c.I, c.gs, dids.ptr, dw.ptr, c.T, c.k, dx.ptr, dh.ptr, dwide.ptr, nullptr));
-      CUDA_OK(cudaDeviceSynchronize());
-      const auto wide = dwide.to_host();
-      EXPECT_LT(test::rel_l2(t, std::vector<double>(wide.begin(), wide.end())), 2e-3) << what;
-    }
-    for (int tok = 0; tok < c.T; ++tok) {  // each token alone
-      test::DeviceBuffer<float> one(c.H);
-      CUDA_OK(gpu::moe_int4_decode_tc(dexp.ptr, c.H, c.I, c.gs, dids.ptr + tok * c.k, dw.ptr + tok * c.k, 1, c.k, dx.ptr + tok * c.H, dh.ptr,
-                                      dy.ptr, one.ptr, nullptr));
-      CUDA_OK(cudaDeviceSynchronize());
-      const auto alone = one.to_host();
-      int differ = 0;
-      for (int64_t n = 0; n < c.H; ++n) differ += alone[n] != tc[tok * c.H + n];
-      EXPECT_EQ(differ, 0) << "token " << tok << " alone vs in the batch, " << what;
-    }
-  }
-}
-
-TEST(GpuMoeInt4Tc, RefusesShapesItDoesNotTake) {
-  EXPECT_FALSE(gpu::moe_int4_decode_tc_fits(48, 48, 16, 3));     // the fixtures' groups of 16
-  EXPECT_FALSE(gpu::moe_int4_decode_tc_fits(2048, 512, 64, 8));  // a group shorter than a chunk
-  EXPECT_FALSE(gpu::moe_int4_decode_tc_fits(2048, 512, 128, 9)); // more experts a token than a tile's columns
-  EXPECT_FALSE(gpu::moe_int4_decode_tc_fits(2112, 512, 128, 8)); // H not a multiple of a down block
-  EXPECT_TRUE(gpu::moe_int4_decode_tc_fits(2048, 512, 128, 8));
-  EXPECT_EQ(gpu::moe_int4_decode_tc(nullptr, 48, 48, 16, nullptr, nullptr, 2, 3, nullptr, nullptr, nullptr, nullptr, nullptr), cudaErrorInvalidValue);
-}
-
 // The grouped prefill kernel (moe_int4_grouped_tc, tensor cores) for a chunk of tokens: against the
 // double reference (5e-3, as decode) and against moe_int4_decode run on blocks of 8 tokens (2e-3: fp16
 // weights and fp32 accumulation instead of the decode kernel's fp16 partial sums). Every third expert

@@ -91,7 +91,6 @@ struct Qwen35MoeGpu::Impl {
   // [rows] and first token [rows + 1].
   int64_t rows = 1;
   float *bpart = nullptr, *blogits = nullptr, *hrows = nullptr;  // hrows: pinned [rows][V]
-  float* bmoe_y = nullptr;  // int4 experts: moe_int4_decode_tc's pair outputs (b_moe_y)
   int32_t *bio = nullptr, *hio = nullptr;
   int32_t* btop_ids = nullptr;
   float* btop_vals = nullptr;

@@ -335,7 +335,7 @@ void Qwen35MoeGpu::Impl::build(Uploader& up, const std::function<void(uint64_t)>
     pgroup = ws(W::p_grouped);
   }
   rows = work[W::b_logits] ? shape.decode_rows : 1;  // step_rows' tokens (1: none)
-  bpart = ws(W::b_part), blogits = ws(W::b_logits), bio = ws32(W::b_groups), bmoe_y = ws(W::b_moe_y);
+  bpart = ws(W::b_part), blogits = ws(W::b_logits), bio = ws32(W::b_groups);
   if (int32_t* top = ws32(W::b_top)) btop_ids = top, btop_vals = reinterpret_cast<float*>(top + rows * gpu::kMaxTopK);
   if (float* kept_all = ws(W::kept)) {  // per DeltaNet layer: verify_tokens + 1 conv windows, then as many states
     const int64_t copies = shape.kept_positions + 1;
