@@ -38,8 +38,10 @@ build_target fuzz_placement "$root/tests/fuzz/fuzz_placement.cpp" "$root/placeme
   "${common[@]}" \
   -- -DTANDEM_FUZZ_MODEL_CONFIG="\"$root/tests/data/gptq_sym_v1/config.json\"" -lyaml-cpp
 build_target fuzz_reply "$root/tests/fuzz/fuzz_reply.cpp" "$root/runtime/engine/reply_parser.cpp"
+build_target fuzz_server_api "$root/tests/fuzz/fuzz_server_api.cpp" "$root/runtime/server/api.cpp" "$root/runtime/engine/reply_parser.cpp" \
+  "$root/runtime/engine/sampling.cpp" "$root/runtime/tokenizer/chat_template.cpp" "$root/runtime/tokenizer/unicode.cpp" "${common[@]}" -- -licuuc
 
-targets=(safetensors_header config tokenizer placement reply)
+targets=(safetensors_header config tokenizer placement reply server_api)
 for t in "${targets[@]}"; do
   work="$out/corpus-$t"
   mkdir -p "$work"

@@ -101,12 +101,12 @@ TEST(ServerApi, ChatStreamAtEverySplitAddsUpToTheWholeReply) {
       if (!c["finish_reason"].is_null()) finish = c["finish_reason"];
     }
     SCOPED_TRACE("split at " + std::to_string(k));
-    EXPECT_EQ(reasoning, whole["message"]["reasoning_content"]);
-    EXPECT_EQ(content, whole["message"]["content"]);
-    EXPECT_EQ(id, whole["message"]["tool_calls"][0]["id"]);
+    EXPECT_EQ(reasoning, whole["message"]["reasoning_content"].get<std::string>());
+    EXPECT_EQ(content, whole["message"]["content"].get<std::string>());
+    EXPECT_EQ(id, whole["message"]["tool_calls"][0]["id"].get<std::string>());
     EXPECT_EQ(name, "get_weather");
     EXPECT_EQ(Json::parse(args), Json::parse(whole["message"]["tool_calls"][0]["function"]["arguments"].get<std::string>()));
-    EXPECT_EQ(finish, "tool_calls");
+    EXPECT_EQ(finish, Json("tool_calls"));
   }
 }
 
