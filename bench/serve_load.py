@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Load test of `tandem serve` (loopback only; stops by itself): for each concurrency level, that many
-clients stream chat completions at once (the official openai client), and the table gives aggregate
+clients stream chat completions at once (plain HTTP and SSE, no client library), and the table gives aggregate
 generated tok/s, TTFT and inter-token latency p50 / p99. With --soak SECONDS it instead keeps the
 highest level running for that long and reports the server's resident memory every 30 s (growth is a
 leak). Starts the server itself with --model (extra server flags after --), or talks to --url.
@@ -9,6 +9,8 @@ leak). Starts the server itself with --model (extra server flags after --), or t
   bench/serve_load.py --url http://127.0.0.1:8080 --streams 1,4 --max-tokens 128 --prompt-words 2000
 """
 import argparse
+import http.client
+import json
 import os
 import re
 import statistics
@@ -16,8 +18,7 @@ import subprocess
 import sys
 import threading
 import time
-
-import openai
+import urllib.parse
 
 
 def percentile(xs, p):
@@ -29,17 +30,37 @@ def percentile(xs, p):
     return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
 
 
-def one_request(client, prompt, max_tokens, out):
+def one_request(url, prompt, max_tokens, out):
+    """One streamed chat completion over plain HTTP (no client library: the GPU machine has none)."""
+    u = urllib.parse.urlparse(url)
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens, "temperature": 0,
+                       "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True,
+                       "chat_template_kwargs": {"enable_thinking": False}})
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=600)
     t0 = time.perf_counter()
-    times, tokens = [], 0
-    stream = client.chat.completions.create(model="m", messages=[{"role": "user", "content": prompt}], max_tokens=max_tokens, temperature=0,
-                                            stream=True, stream_options={"include_usage": True},
-                                            extra_body={"ignore_eos": True, "chat_template_kwargs": {"enable_thinking": False}})
-    for chunk in stream:
-        if chunk.usage:
-            tokens = chunk.usage.completion_tokens
-        if chunk.choices and (chunk.choices[0].delta.content or getattr(chunk.choices[0].delta, "reasoning_content", None)):
-            times.append(time.perf_counter())
+    conn.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json",
+                                                        "Authorization": "Bearer " + os.environ.get("TANDEM_API_KEY", "none")})
+    resp = conn.getresponse()
+    if resp.status != 200:
+        raise RuntimeError(f"HTTP {resp.status}: {resp.read()[:300]!r}")
+    times, tokens, buf = [], 0, b""
+    while True:
+        piece = resp.read1(65536) if hasattr(resp, "read1") else resp.read(1)
+        if not piece:
+            break
+        buf += piece
+        while b"\n\n" in buf:
+            frame, buf = buf.split(b"\n\n", 1)
+            if not frame.startswith(b"data: ") or frame == b"data: [DONE]":
+                continue
+            chunk = json.loads(frame[6:])
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+            for c in chunk.get("choices", []):
+                d = c.get("delta", {})
+                if d.get("content") or d.get("reasoning_content"):
+                    times.append(time.perf_counter())
+    conn.close()
     out.append((t0, times, tokens))
 
 
@@ -48,10 +69,9 @@ def run_level(url, streams, requests, prompt, max_tokens):
     lock = threading.Lock()
 
     def client_loop(i):
-        client = openai.OpenAI(base_url=url + "/v1", api_key=os.environ.get("TANDEM_API_KEY", "none"), max_retries=0, timeout=600)
         for r in range(requests):
             mine = []
-            one_request(client, f"[client {i}, request {r}] {prompt}", max_tokens, mine)
+            one_request(url, f"[client {i}, request {r}] {prompt}", max_tokens, mine)
             with lock:
                 results.extend(mine)
 
@@ -65,7 +85,8 @@ def run_level(url, streams, requests, prompt, max_tokens):
     ttft = [(ts[0] - s) * 1e3 for s, ts, _ in results if ts]
     gaps = [(b - a) * 1e3 for _, ts, n in results for a, b in zip(ts, ts[1:])]
     generated = sum(n for _, _, n in results)
-    return {"streams": streams, "requests": len(results), "tok_s": generated / wall, "ttft50": percentile(ttft, 50), "ttft99": percentile(ttft, 99),
+    per_stream = [(len(ts) - 1) / (ts[-1] - ts[0]) for _, ts, _ in results if len(ts) > 2 and ts[-1] > ts[0]]
+    return {"streams": streams, "requests": len(results), "tok_s": generated / wall, "decode": statistics.median(per_stream) if per_stream else float("nan"), "ttft50": percentile(ttft, 50), "ttft99": percentile(ttft, 99),
             "itl50": percentile(gaps, 50), "itl99": percentile(gaps, 99), "wall": wall, "tokens": generated}
 
 
@@ -135,11 +156,11 @@ def main():
             if pid:
                 print(f"\nRSS {start_rss:.1f} -> {rss_mib(pid):.1f} MiB over {a.soak:.0f} s (the prefix cache fills up to its budget first)")
             return
-        print(f"| streams | requests | aggregate tok/s | TTFT p50 / p99 ms | ITL p50 / p99 ms |")
-        print("|---|---|---|---|---|")
+        print(f"| streams | requests | aggregate tok/s | decode tok/s a stream (median) | TTFT p50 / p99 ms | ITL p50 / p99 ms |")
+        print("|---|---|---|---|---|---|")
         for n in levels:
             r = run_level(a.url, n, a.requests, prompt, a.max_tokens)
-            print(f"| {n} | {r['requests']} | {r['tok_s']:.1f} | {r['ttft50']:.1f} / {r['ttft99']:.1f} | {r['itl50']:.2f} / {r['itl99']:.2f} |", flush=True)
+            print(f"| {n} | {r['requests']} | {r['tok_s']:.1f} | {r['decode']:.1f} | {r['ttft50']:.1f} / {r['ttft99']:.1f} | {r['itl50']:.2f} / {r['itl99']:.2f} |", flush=True)
     finally:
         if proc:
             proc.terminate()
