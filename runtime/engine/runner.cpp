@@ -113,6 +113,12 @@ class HostRunner final : public Runner {
 };
 
 #ifdef TANDEM_HAVE_CUDA
+// A GPU slot's sequence in host memory (Qwen35MoeGpu::save_slot).
+struct GpuSnapshot final : SequenceSnapshot {
+  const void* owner = nullptr;
+  Qwen35MoeGpu::SlotCopy copy;
+};
+
 // --device gpu (everything on the GPU) and --device hybrid (o.hybrid: some routed experts on the CPU
 // side) are the same GPU model with and without host experts.
 class GpuRunner final : public Runner {
@@ -145,6 +151,20 @@ class GpuRunner final : public Runner {
   void reset_slot(int slot) override { gpu_->reset_slot(slot); }
   int64_t position(int slot) const override { return gpu_->position(slot); }
   void rollback(int slot, int64_t keep) override { gpu_->rollback(slot, keep); }
+  bool saves_sequences() const override { return true; }
+  std::shared_ptr<const SequenceSnapshot> save(int slot) const override {
+    auto s = std::make_shared<GpuSnapshot>();
+    s->owner = this;
+    s->copy = gpu_->save_slot(slot);
+    s->position = s->copy.position;
+    s->bytes = s->copy.kv.size() * sizeof(uint16_t) + s->copy.states.size() * sizeof(float);
+    return s;
+  }
+  void restore(int slot, const SequenceSnapshot& saved) override {
+    const auto* s = dynamic_cast<const GpuSnapshot*>(&saved);
+    if (!s || s->owner != this) fail("restore: the snapshot was made by another runner");
+    gpu_->load_slot(slot, s->copy);
+  }
   // A feed of one sequence runs on the GPU model's one-sequence paths (the decode step's graph, the
   // prompt in chunks), unless it keeps its states; the others go together through step_rows as long as
   // their tokens fit a step (longer ones alone, in turn).

@@ -97,8 +97,9 @@ class Runner {
   virtual void rollback(int slot, int64_t keep) = 0;
 
   // Sequence snapshots (the prefix cache): whether this runner makes them; a copy of the slot's
-  // sequence; the slot becomes a saved sequence (tandem::Error for another runner's snapshot). The
-  // host placements (ref, cpu) make them; the GPU placements do not yet (save returns nullptr).
+  // sequence; the slot becomes a saved sequence (tandem::Error for another runner's snapshot). Every
+  // placement makes them: the host ones copy the state's vectors, the GPU ones copy the slot's KV rows
+  // and DeltaNet states to host memory (Qwen35MoeGpu::save_slot).
   virtual bool saves_sequences() const { return false; }
   virtual std::shared_ptr<const SequenceSnapshot> save(int slot) const {
     (void)slot;

@@ -53,6 +53,10 @@ TEST_P(GpuBatch, EverySequenceGetsItsLogitsAlone) {
   test::batch_equals_alone(factory(*model_, std::get<1>(GetParam())), fixture_.ids, fixture_.vocab, kTol);
 }
 
+TEST_P(GpuBatch, ASavedSequenceRestoresExactly) {
+  test::saved_sequence_restores(factory(*model_, std::get<1>(GetParam())), fixture_.ids, fixture_.vocab);
+}
+
 TEST_P(GpuBatch, KeptStatesRollBack) {
   test::keep_states_and_rollback(factory(*model_, std::get<1>(GetParam())), fixture_.ids, fixture_.vocab, kTol);
 }

@@ -189,4 +189,32 @@ inline void keep_states_and_rollback(const RunnerFactory& make, const std::vecto
   EXPECT_THROW(r->rollback(0, 1), Error);  // the last step kept nothing
 }
 
+// A sequence saved after its prompt (Runner::save) and restored into another slot, and into its own
+// after that slot moved on, continues bit for bit as the sequence that was never saved: the same
+// state, the same kernels on the rows that follow.
+inline void saved_sequence_restores(const RunnerFactory& make, const std::vector<int32_t>& pool, int64_t V) {
+  ASSERT_GE(pool.size(), 8u);
+  const std::vector<int32_t> prompt(pool.begin(), pool.begin() + 5), then(pool.begin() + 5, pool.begin() + 8);
+  auto r = make(2, 0);
+  ASSERT_TRUE(r->saves_sequences());
+  std::vector<float> scratch(prompt.size() * V), want(then.size() * V), got(then.size() * V);
+  const Runner::Feed p{0, prompt, scratch.data(), Qwen35Moe::LogitRows::All, false};
+  r->step(std::span(&p, 1));
+  const std::shared_ptr<const SequenceSnapshot> saved = r->save(0);
+  ASSERT_TRUE(saved);
+  EXPECT_EQ(saved->position, static_cast<int64_t>(prompt.size()));
+  EXPECT_GT(saved->bytes, 0u);
+  const Runner::Feed a{0, then, want.data(), Qwen35Moe::LogitRows::All, false};
+  r->step(std::span(&a, 1));
+  for (int slot : {1, 0}) {
+    r->restore(slot, *saved);
+    EXPECT_EQ(r->position(slot), static_cast<int64_t>(prompt.size()));
+    const Runner::Feed b{slot, then, got.data(), Qwen35Moe::LogitRows::All, false};
+    r->step(std::span(&b, 1));
+    int differ = 0;
+    for (size_t i = 0; i < got.size(); ++i) differ += got[i] != want[i];
+    EXPECT_EQ(differ, 0) << "restored into slot " << slot << ": " << differ << " of " << got.size() << " logits differ";
+  }
+}
+
 }  // namespace tandem::test

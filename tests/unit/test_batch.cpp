@@ -53,6 +53,8 @@ TEST_P(Batch, EverySequenceGetsItsLogitsAlone) { test::batch_equals_alone(factor
 
 TEST_P(Batch, KeptStatesRollBackExactly) { test::keep_states_and_rollback(factory(), fixture_.ids, fixture_.vocab, 0); }
 
+TEST_P(Batch, ASavedSequenceRestoresExactly) { test::saved_sequence_restores(factory(), fixture_.ids, fixture_.vocab); }
+
 // The fixture's ids as three sequences of different lengths in one prompt step: each one's rows
 // against HF's logits of the same positions (the fixture's prompt is one sequence, so each of ours
 // is a prefix of it). Within each device's tolerance against HF: 1e-4 for the exact reference, 3e-2 for

@@ -442,6 +442,77 @@ void Qwen35MoeGpu::reset_slot(int slot) {
   CK(cudaStreamSynchronize(m.stream));
 }
 
+namespace {
+
+// One slot's sequence of `position` tokens: a KV row's values, a DeltaNet layer's conv window and
+// recurrent state, and the totals over the layers.
+struct SlotShape {
+  int64_t row = 0, conv = 0, state = 0, kv = 0, states = 0;
+  SlotShape(const ModelConfig& c, int64_t position) {
+    row = int64_t(c.num_kv_heads) * c.head_dim, conv = (c.linear_conv_kernel - 1) * c.linear_conv_dim();
+    state = int64_t(c.linear_num_value_heads) * c.linear_key_head_dim * c.linear_value_head_dim;
+    for (LayerKind k : c.layer_types) {
+      if (k == LayerKind::LinearAttention) states += conv + state;
+      else kv += 2 * position * row;
+    }
+  }
+};
+
+}  // namespace
+
+Qwen35MoeGpu::SlotCopy Qwen35MoeGpu::save_slot(int slot) const {
+  const Impl& m = *impl_;
+  SlotCopy out;
+  out.position = position(slot);
+  const SlotShape sh(m.model.config(), out.position);
+  const int64_t row = sh.row, conv = sh.conv, state = sh.state;
+  out.kv.resize(static_cast<size_t>(sh.kv));
+  out.states.resize(static_cast<size_t>(sh.states));
+  uint16_t* k = out.kv.data();
+  float* s = out.states.data();
+  for (const DevLayer& L : m.layers) {
+    if (L.kind == LayerKind::LinearAttention) {
+      CK(cudaMemcpyAsync(s, L.conv_state + slot * m.conv_stride, conv * sizeof(float), cudaMemcpyDeviceToHost, m.stream));
+      CK(cudaMemcpyAsync(s + conv, L.ssm_state + slot * m.ssm_stride, state * sizeof(float), cudaMemcpyDeviceToHost, m.stream));
+      s += conv + state;
+    } else if (out.position > 0) {
+      const size_t bytes = static_cast<size_t>(out.position * row) * sizeof(uint16_t);
+      CK(cudaMemcpyAsync(k, L.k_cache + slot * m.cache_stride, bytes, cudaMemcpyDeviceToHost, m.stream));
+      CK(cudaMemcpyAsync(k + out.position * row, L.v_cache + slot * m.cache_stride, bytes, cudaMemcpyDeviceToHost, m.stream));
+      k += 2 * out.position * row;
+    }
+  }
+  CK(cudaStreamSynchronize(m.stream));
+  return out;
+}
+
+void Qwen35MoeGpu::load_slot(int slot, const SlotCopy& copy) {
+  Impl& m = *impl_;
+  if (copy.position > m.opts.max_context) fail("load_slot: a sequence of ", copy.position, " tokens for a context of ", m.opts.max_context);
+  const SlotShape sh(m.model.config(), copy.position);
+  const int64_t row = sh.row, conv = sh.conv, state = sh.state;
+  if (static_cast<int64_t>(copy.kv.size()) != sh.kv || static_cast<int64_t>(copy.states.size()) != sh.states)
+    fail("load_slot: the copy does not have this model's shapes (", copy.kv.size(), " KV values for ", sh.kv, ", ", copy.states.size(), " state values for ",
+         sh.states, ")");
+  reset_slot(slot);  // the expert counts, the kept states and the host's deferral start afresh
+  const uint16_t* k = copy.kv.data();
+  const float* s = copy.states.data();
+  for (DevLayer& L : m.layers) {
+    if (L.kind == LayerKind::LinearAttention) {
+      CK(cudaMemcpyAsync(L.conv_state + slot * m.conv_stride, s, conv * sizeof(float), cudaMemcpyHostToDevice, m.stream));
+      CK(cudaMemcpyAsync(L.ssm_state + slot * m.ssm_stride, s + conv, state * sizeof(float), cudaMemcpyHostToDevice, m.stream));
+      s += conv + state;
+    } else if (copy.position > 0) {
+      const size_t bytes = static_cast<size_t>(copy.position * row) * sizeof(uint16_t);
+      CK(cudaMemcpyAsync(L.k_cache + slot * m.cache_stride, k, bytes, cudaMemcpyHostToDevice, m.stream));
+      CK(cudaMemcpyAsync(L.v_cache + slot * m.cache_stride, k + copy.position * row, bytes, cudaMemcpyHostToDevice, m.stream));
+      k += 2 * copy.position * row;
+    }
+  }
+  CK(cudaStreamSynchronize(m.stream));
+  (slot == m.cur ? m.pos : m.slot_pos[slot]) = copy.position;
+}
+
 void Qwen35MoeGpu::forward(std::span<const int32_t> ids, float* logits, Qwen35Moe::LogitRows rows) {
   Impl& m = *impl_;
   const int64_t V = m.model.config().vocab_size, T = static_cast<int64_t>(ids.size());

@@ -136,6 +136,16 @@ class Qwen35MoeGpu {
   void select(int slot);
   int64_t position(int slot) const;
   void reset_slot(int slot);
+  // A slot's sequence copied to host memory and back (the server's prefix cache): the KV rows of its
+  // position and every DeltaNet layer's conv and recurrent state, in layer order. load_slot makes the
+  // slot that sequence (position included).
+  struct SlotCopy {
+    int64_t position = 0;
+    std::vector<uint16_t> kv;    // per attention layer: K rows [position][nkv][hd], then V rows
+    std::vector<float> states;   // per DeltaNet layer: the conv window, then the recurrent state
+  };
+  SlotCopy save_slot(int slot) const;
+  void load_slot(int slot, const SlotCopy& copy);
   // Tokens one step_rows call takes at most (1: no batched steps here; sequences go one at a time).
   int64_t step_rows_max() const;
   struct RowFeed {
