@@ -21,7 +21,7 @@ T=build-serve/tandem m=/tmp/q35
 ctx=4608
 echo; echo "## One sequence: tandem bench (prompt 512, 64 tokens, 2 repeats)" >> "$summary"
 timeout "$(left)" $T bench --model $m --device "$device" --context $ctx --prompt-len 512 --gen 64 --repeat 2 > "$OUT/bench.txt" 2>&1
-grep -E "decode|prefill" "$OUT/bench.txt" | tail -6 >> "$summary"
+grep -A1 -E "^ +prompt +prefill" "$OUT/bench.txt" >> "$summary"  # the table's header and its row
 $T serve --model $m --device "$device" --context $ctx --slots "$slots" --port 0 2> "$OUT/serve.log" &
 pid=$!
 url=""
@@ -32,7 +32,7 @@ for _ in $(seq 1 240); do
   sleep 0.5
 done
 [ -n "$url" ] || { echo "the server did not start:" >> "$summary"; tail -20 "$OUT/serve.log" >> "$summary"; exit 1; }
-head -2 "$OUT/serve.log" >> "$summary"
+grep "listening on" "$OUT/serve.log" >> "$summary"
 echo; echo "## Through the server (bench/serve_load.py: ~500-token prompts, 64 tokens, ignore_eos, greedy)" >> "$summary"
 timeout "$(left)" python3 bench/serve_load.py --url "$url" --streams 1,2,4,8 --requests 2 --max-tokens 64 --prompt-words 450 >> "$summary" 2> "$OUT/load.err"
 kill -TERM $pid; wait $pid; echo "server exit: $?" >> "$summary"
