@@ -1,0 +1,64 @@
+#!/usr/bin/env python3
+"""Second-turn TTFT of a long conversation through `tandem serve` (issue 26's prefix-cache target): turn 1
+sends a history of about --history tokens, turn 2 resends it with the reply and a new question; the
+time to the first token of turn 2 (a 1-token reply, so the request's time) with the server's prefix
+cache, against a server started with --cache-bytes 0. Starts both servers itself (flags after --).
+
+  bench/serve_cache_ttft.py --tandem build/tandem --model DIR --history 16000 -- --device gpu --context 17000
+"""
+import argparse
+import json
+import re
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+
+def start(tandem, model, flags):
+    p = subprocess.Popen([tandem, "serve", "--model", model, "--port", "0", *flags], stderr=subprocess.PIPE, text=True)
+    for line in p.stderr:
+        m = re.search(r"listening on (http://[\d.]+:\d+)", line)
+        if m:
+            threading.Thread(target=lambda: [None for _ in p.stderr], daemon=True).start()
+            return p, m.group(1), line.strip()
+    sys.exit("tandem serve exited before listening")
+
+
+def chat(url, messages):
+    body = json.dumps({"messages": messages, "max_tokens": 1, "temperature": 0, "chat_template_kwargs": {"enable_thinking": False}}).encode()
+    t0 = time.perf_counter()
+    req = urllib.request.Request(url + "/v1/chat/completions", data=body, headers={"Content-Type": "application/json"})
+    r = json.loads(urllib.request.urlopen(req, timeout=600).read())
+    return time.perf_counter() - t0, r
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tandem", default="build/tandem")
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--history", type=int, default=16000, help="approximate history tokens")
+    ap.add_argument("flags", nargs="*")
+    a = ap.parse_args()
+    words = " ".join(f"item{i} is here." for i in range(a.history // 5))
+    turn1 = [{"role": "system", "content": "You are a careful reader."}, {"role": "user", "content": "Read this: " + words}]
+    print("| server | turn 1 prompt tokens | turn 1 s | turn 2 prompt tokens | cached | turn 2 TTFT s |")
+    print("|---|---|---|---|---|---|")
+    results = {}
+    for name, extra in (("prefix cache", []), ("no cache (--cache-bytes 0)", ["--cache-bytes", "0"])):
+        p, url, line = start(a.tandem, a.model, a.flags + extra)
+        t1, r1 = chat(url, turn1)
+        turn2 = turn1 + [{"role": "assistant", "content": r1["choices"][0]["message"]["content"] or "ok"}, {"role": "user", "content": "What was item7?"}]
+        t2, r2 = chat(url, turn2)
+        u1, u2 = r1["usage"], r2["usage"]
+        results[name] = t2
+        print(f"| {name} | {u1['prompt_tokens']} | {t1:.3f} | {u2['prompt_tokens']} | {u2['prompt_tokens_details']['cached_tokens']} | {t2:.3f} |", flush=True)
+        p.terminate()
+        p.wait(timeout=60)
+    vals = list(results.values())
+    print(f"\nsecond-turn TTFT without / with the cache: {vals[1] / vals[0]:.1f}x")
+
+
+if __name__ == "__main__":
+    main()
