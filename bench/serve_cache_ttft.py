@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 
 
@@ -41,21 +42,29 @@ def main():
     ap.add_argument("--history", type=int, default=16000, help="approximate history tokens")
     ap.add_argument("flags", nargs="*")
     a = ap.parse_args()
-    words = " ".join(f"item{i} is here." for i in range(a.history // 5))
-    turn1 = [{"role": "system", "content": "You are a careful reader."}, {"role": "user", "content": "Read this: " + words}]
     print("| server | turn 1 prompt tokens | turn 1 s | turn 2 prompt tokens | cached | turn 2 TTFT s |")
     print("|---|---|---|---|---|---|")
     results = {}
     for name, extra in (("prefix cache", []), ("no cache (--cache-bytes 0)", ["--cache-bytes", "0"])):
         p, url, line = start(a.tandem, a.model, a.flags + extra)
-        t1, r1 = chat(url, turn1)
-        turn2 = turn1 + [{"role": "assistant", "content": r1["choices"][0]["message"]["content"] or "ok"}, {"role": "user", "content": "What was item7?"}]
-        t2, r2 = chat(url, turn2)
+        try:
+            # a history of about --history tokens, measured with the server's tokenizer
+            sample = " ".join(f"item{i} is here." for i in range(100))
+            req = urllib.request.Request(url + "/tokenize", data=json.dumps({"content": sample}).encode(), headers={"Content-Type": "application/json"})
+            per_item = len(json.loads(urllib.request.urlopen(req, timeout=60).read())["tokens"]) / 100
+            words = " ".join(f"item{i} is here." for i in range(int(a.history / per_item)))
+            turn1 = [{"role": "system", "content": "You are a careful reader."}, {"role": "user", "content": "Read this: " + words}]
+            t1, r1 = chat(url, turn1)
+            turn2 = turn1 + [{"role": "assistant", "content": r1["choices"][0]["message"]["content"] or "ok"}, {"role": "user", "content": "What was item7?"}]
+            t2, r2 = chat(url, turn2)
+        except urllib.error.HTTPError as e:
+            sys.exit(f"{name}: HTTP {e.code}: {e.read()[:400]!r}")
+        finally:
+            p.terminate()
+            p.wait(timeout=60)
         u1, u2 = r1["usage"], r2["usage"]
         results[name] = t2
         print(f"| {name} | {u1['prompt_tokens']} | {t1:.3f} | {u2['prompt_tokens']} | {u2['prompt_tokens_details']['cached_tokens']} | {t2:.3f} |", flush=True)
-        p.terminate()
-        p.wait(timeout=60)
     vals = list(results.values())
     print(f"\nsecond-turn TTFT without / with the cache: {vals[1] / vals[0]:.1f}x")
 
