@@ -129,8 +129,15 @@ void common(Job& j, const Json& body, const Defaults& d) {
   j.ignore_eos = boolean(body, "ignore_eos").value_or(false);
 }
 
-// OpenAI's stream_options and the features this server does not have.
-void openai_common(Job& j, const Json& body) {
+int64_t max_tokens(const Json& body) {
+  constexpr int64_t kMax = int64_t{1} << 40;
+  if (auto v = integer(body, "max_completion_tokens", 1, kMax)) return *v;
+  if (auto v = integer(body, "max_tokens", 1, kMax)) return *v;
+  return -1;
+}
+
+// OpenAI's stream_options, the features this server does not have, the limits and the sampling.
+void openai_common(Job& j, const Json& body, const Defaults& d) {
   if (const Json* so = object(body, "stream_options")) {
     if (!j.stream) bad("stream_options", "is only allowed with stream: true");
     j.include_usage = boolean(*so, "include_usage").value_or(false);
@@ -139,13 +146,9 @@ void openai_common(Job& j, const Json& body) {
   if (boolean(body, "logprobs").value_or(false)) bad("logprobs", "is not supported by this server");
   if (const Json* v = field(body, "logprobs"); v && v->is_number()) bad("logprobs", "is not supported by this server");
   if (field(body, "top_logprobs")) bad("top_logprobs", "is not supported by this server");
-}
-
-int64_t max_tokens(const Json& body) {
-  constexpr int64_t kMax = int64_t{1} << 40;
-  if (auto v = integer(body, "max_completion_tokens", 1, kMax)) return *v;
-  if (auto v = integer(body, "max_tokens", 1, kMax)) return *v;
-  return -1;
+  j.max_tokens = max_tokens(body);
+  j.stop = stops(body, "stop");
+  j.sampling = sampling(body, d, 2);
 }
 
 // Anthropic content blocks of one message to OpenAI-shaped messages (chat_messages_from_json's input):
@@ -248,7 +251,7 @@ Job parse_chat(const Json& body, const Defaults& d) {
   Job j;
   j.api = Api::chat;
   common(j, body, d);
-  openai_common(j, body);
+  openai_common(j, body, d);
   const Json* messages = field(body, "messages");
   if (!messages) bad("messages", "is required");
   if (!messages->is_array() || messages->empty()) bad("messages", "must be a non-empty list of messages");
@@ -286,9 +289,6 @@ Job parse_chat(const Json& body, const Defaults& d) {
   }
   j.thinking = o.enable_thinking;
   j.prompt = render(*messages, tools, o);
-  j.max_tokens = max_tokens(body);
-  j.stop = stops(body, "stop");
-  j.sampling = sampling(body, d, 2);
   return j;
 }
 
@@ -296,7 +296,7 @@ Job parse_completion(const Json& body, const Defaults& d) {
   Job j;
   j.api = Api::completion;
   common(j, body, d);
-  openai_common(j, body);
+  openai_common(j, body, d);
   const Json* p = field(body, "prompt");
   if (!p) bad("prompt", "is required");
   if (p->is_array() && p->size() == 1 && (*p)[0].is_string()) p = &(*p)[0];
@@ -306,10 +306,7 @@ Job parse_completion(const Json& body, const Defaults& d) {
   if (field(body, "suffix")) bad("suffix", "is not supported by this server");
   if (auto b = integer(body, "best_of", 1, 128); b && *b != 1) bad("best_of", "must be 1");
   j.prompt = p->get<std::string>();
-  j.max_tokens = max_tokens(body);
   if (j.max_tokens < 0) j.max_tokens = 16;  // OpenAI's default for completions
-  j.stop = stops(body, "stop");
-  j.sampling = sampling(body, d, 2);
   return j;
 }
 
