@@ -85,9 +85,9 @@ int64_t auto_prefill_chunk(bool cpu_experts_all, uint64_t budget, uint64_t all_e
 // Everything but routed experts, as Qwen35MoeGpu allocates it (header comment, point 1).
 VramBytes fixed_vram(const ModelConfig& c, const Sizer& s, int64_t context, int batch, bool embed_on_gpu, bool tied_shared,
                      int64_t prefill_chunk, bool int4_experts, int deferral, uint64_t reserve) {
-  const int64_t H = c.hidden_size, V = c.vocab_size, I = c.moe_intermediate_size, Is = c.shared_expert_intermediate_size;
+  const int64_t H = c.hidden_size, V = c.vocab_size, Is = c.shared_expert_intermediate_size;
   const int64_t conv_dim = c.linear_conv_dim(), Vd = c.linear_value_dim(), Hv = c.linear_num_value_heads;
-  const int E = c.num_experts, k = c.num_experts_per_tok, L = c.num_layers;
+  const int E = c.num_experts, L = c.num_layers;
   const int nh = c.num_heads, nkv = c.num_kv_heads, hd = c.head_dim;
   VramBytes v;
   if (embed_on_gpu) v.dense_weights += align256(static_cast<uint64_t>(V * H) * 2);

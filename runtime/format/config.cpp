@@ -244,6 +244,7 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
   c.num_experts_per_tok = t.positive_int("num_experts_per_tok");
   c.moe_intermediate_size = t.positive_in<int64_t>("moe_intermediate_size", kMaxDim);
   c.shared_expert_intermediate_size = t.positive_in<int64_t>("shared_expert_intermediate_size", kMaxDim);
+  c.mtp_layers = narrow<int>(t.integer("mtp_num_hidden_layers", 0), "mtp_num_hidden_layers", 0, 16);
   c.rms_norm_eps = t.number("rms_norm_eps", 1e-6);
   if (!(c.rms_norm_eps > 0)) t.bad("rms_norm_eps", "expected a positive number");
   c.max_position_embeddings = t.positive_in<int64_t>("max_position_embeddings", 262144, INT32_MAX);

@@ -80,6 +80,7 @@ struct ModelConfig {
   int num_experts_per_tok = 0;
   int64_t moe_intermediate_size = 0;
   int64_t shared_expert_intermediate_size = 0;
+  int mtp_layers = 0;  // mtp_num_hidden_layers: the multi-token-prediction head's decoder layers (0: none)
 
   double rms_norm_eps = 1e-6;
   int64_t max_position_embeddings = 0;

@@ -138,9 +138,12 @@ void Scheduler::loop() {
     {
       std::unique_lock l(m_);
       cv_.wait(l, [&] { return stop_ || !incoming_.empty() || !live_.empty(); });
-      if (stop_)
+      if (stop_) {
         for (auto& t : live_) t->cancel = true;
-      if (stop_ && live_.empty()) break;
+        for (auto& in : incoming_) in.ticket->end("the server stopped before the request started");
+        incoming_.clear();
+        if (live_.empty()) break;
+      }
       take.swap(incoming_);
     }
     for (Incoming& in : take) {

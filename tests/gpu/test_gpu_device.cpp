@@ -23,7 +23,9 @@ TEST(DeviceCaps, TheDeviceOrTheCap) {
   if (cap && std::atoi(cap) < device_sm) {
     EXPECT_EQ(sm, std::atoi(cap)) << caps.description;
     EXPECT_LE(caps.smem_per_block, optin);
-    if (sm == 86 || sm == 89) EXPECT_EQ(caps.smem_per_block, 99 * 1024) << "an RTX 3090 / 4090 gives a block 99 KB";
+    if (sm == 86 || sm == 89) {
+      EXPECT_EQ(caps.smem_per_block, 99 * 1024) << "an RTX 3090 / 4090 gives a block 99 KB";
+    }
     EXPECT_NE(std::string(caps.description).find("capped by TANDEM_MAX_SM="), std::string::npos) << caps.description;
   } else {
     EXPECT_EQ(sm, device_sm);

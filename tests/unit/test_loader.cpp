@@ -8,6 +8,7 @@
 #include "runtime/models/qwen3_5_moe/model.h"
 #include "runtime/format/npy.h"
 #include "runtime/format/safetensors_writer.h"
+#include "tests/unit/batch_cases.h"
 #include "tests/unit/fixture_util.h"
 #include "tests/unit/test_util.h"
 
@@ -156,7 +157,27 @@ TEST(Loader, IgnoresVisionAndMtpTensors) {
     mtp = mtp || n.starts_with("mtp.");
   }
   EXPECT_TRUE(visual && mtp) << "the fixture should carry tensors the loader must skip";
-  EXPECT_NO_THROW(Qwen35Moe::load(c.dir()));
+  std::unique_ptr<Qwen35Moe> m;
+  EXPECT_NO_THROW(m = Qwen35Moe::load(c.dir()));
+  EXPECT_EQ(m->mtp(), nullptr) << "a few of the head's tensors are not a head";
+}
+
+// The MTP head as `tandem synth` writes it (the releases' layout: mtp.fc, its norms and one attention
+// layer with fused BF16 experts) loads whole, with the shapes the spec gives; a config without
+// mtp_num_hidden_layers loads none.
+TEST(Loader, LoadsTheMtpHead) {
+  const test::TinyModel tiny;
+  const std::unique_ptr<Qwen35Moe>& m = tiny.model;
+  const MtpWeights* h = m->mtp();
+  ASSERT_NE(h, nullptr);
+  const ModelConfig& c = m->config();
+  EXPECT_EQ(h->fc.out, c.hidden_size);
+  EXPECT_EQ(h->fc.in, 2 * c.hidden_size);
+  EXPECT_EQ(h->norm.size(), static_cast<size_t>(c.hidden_size));
+  EXPECT_EQ(h->layer.kind, LayerKind::FullAttention);
+  EXPECT_EQ(h->layer.moe.gate.size(), static_cast<size_t>(c.num_experts));
+  EXPECT_EQ(h->layer.attn.q_proj.out, int64_t(c.num_heads) * c.head_dim * 2);
+  EXPECT_EQ(Qwen35Moe::load(std::string(TANDEM_TEST_DATA) + "/gptq_sym_v1")->mtp(), nullptr);
 }
 
 TEST(Loader, TokenIdOutsideVocabulary) {

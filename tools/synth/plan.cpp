@@ -79,10 +79,10 @@ std::vector<PlannedTensor> plan_tensors(const ModelConfig& c, Quant quant, const
   Table t;
   t.normal(p + "embed_tokens.weight", {V, H}, 1.0f);
 
-  for (int l = 0; l < c.num_layers; ++l) {
-    const std::string L = p + "layers." + std::to_string(l) + ".";
+  // One decoder layer under L (routing skew seeded by l); bf16_experts: fused BF16 experts whatever quant.
+  auto layer = [&](const std::string& L, LayerKind kind, int l, bool bf16_experts) {
     t.normal(L + "input_layernorm.weight", {H}, kNormStd);
-    if (c.layer_types[l] == LayerKind::LinearAttention) {
+    if (kind == LayerKind::LinearAttention) {
       const std::string a = L + "linear_attn.";
       const int64_t conv = c.linear_conv_dim(), Vd = c.linear_value_dim(), Hv = c.linear_num_value_heads;
       t.linear(a + "in_proj_qkv", conv, H);
@@ -110,7 +110,7 @@ std::vector<PlannedTensor> plan_tensors(const ModelConfig& c, Quant quant, const
     auto rows = std::make_shared<const std::vector<float>>(router_row_scales(c.num_experts, spread, seed, l));
     t.normal(m + "gate.weight", {E, H}, kRouterGain * inv_sqrt_h, 0.0f, rows);
     const float down_std = kOutGain / std::sqrt(static_cast<float>(I));
-    if (quant == Quant::BF16) {
+    if (quant == Quant::BF16 || bf16_experts) {
       t.normal(m + "experts.gate_up_proj", {E, 2 * I, H}, inv_sqrt_h);
       t.normal(m + "experts.down_proj", {E, H, I}, down_std);
     } else {
@@ -125,6 +125,14 @@ std::vector<PlannedTensor> plan_tensors(const ModelConfig& c, Quant quant, const
     t.linear(m + "shared_expert.up_proj", Is, H);
     t.linear(m + "shared_expert.down_proj", H, Is, kOutGain);
     t.linear(m + "shared_expert_gate", 1, H);
+  };
+  for (int l = 0; l < c.num_layers; ++l) layer(p + "layers." + std::to_string(l) + ".", c.layer_types[l], l, false);
+  if (c.mtp_layers > 0) {  // the MTP head (spec section 3.6), BF16 in both official releases
+    t.linear("mtp.fc", H, 2 * H);
+    t.normal("mtp.pre_fc_norm_embedding.weight", {H}, kNormStd);
+    t.normal("mtp.pre_fc_norm_hidden.weight", {H}, kNormStd);
+    for (int l = 0; l < c.mtp_layers; ++l) layer("mtp.layers." + std::to_string(l) + ".", LayerKind::FullAttention, c.num_layers + l, true);
+    t.normal("mtp.norm.weight", {H}, kNormStd);
   }
   t.normal(p + "norm.weight", {H}, kNormStd);
 

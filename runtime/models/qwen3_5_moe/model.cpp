@@ -127,6 +127,69 @@ std::unique_ptr<Qwen35Moe> Qwen35Moe::load(const std::string& dir) {
   return m;
 }
 
+LayerWeights Qwen35Moe::load_layer(const std::string& p, LayerKind kind, bool fused) const {
+  const ModelConfig& c = cfg_;
+  const Checkpoint& ck = ckpt_;
+  const int64_t H = c.hidden_size, E = c.num_experts, I = c.moe_intermediate_size, Is = c.shared_expert_intermediate_size;
+  LayerWeights L;
+  L.kind = kind;
+  L.input_norm = load_vector(ck, p + "input_layernorm.weight", {H});
+  L.post_attention_norm = load_vector(ck, p + "post_attention_layernorm.weight", {H});
+  if (L.kind == LayerKind::LinearAttention) {
+    const std::string a = p + "linear_attn.";
+    const int64_t conv_dim = c.linear_conv_dim(), Vd = c.linear_value_dim(), Hv = c.linear_num_value_heads;
+    DeltaNetWeights& d = L.deltanet;
+    d.in_proj_qkv = load_linear(ck, c, a + "in_proj_qkv", conv_dim, H);
+    d.in_proj_z = load_linear(ck, c, a + "in_proj_z", Vd, H);
+    d.in_proj_b = load_linear(ck, c, a + "in_proj_b", Hv, H);
+    d.in_proj_a = load_linear(ck, c, a + "in_proj_a", Hv, H);
+    d.out_proj = load_linear(ck, c, a + "out_proj", H, Vd);
+    d.conv = load_vector(ck, a + "conv1d.weight", {conv_dim, 1, c.linear_conv_kernel});
+    d.A_log = load_vector(ck, a + "A_log", {Hv});
+    d.dt_bias = load_vector(ck, a + "dt_bias", {Hv});
+    d.norm = load_vector(ck, a + "norm.weight", {c.linear_value_head_dim});
+  } else {
+    const std::string a = p + "self_attn.";
+    const int64_t hd = c.head_dim;
+    AttentionWeights& w = L.attn;
+    w.q_proj = load_linear(ck, c, a + "q_proj", c.num_heads * hd * 2, H);
+    w.k_proj = load_linear(ck, c, a + "k_proj", c.num_kv_heads * hd, H);
+    w.v_proj = load_linear(ck, c, a + "v_proj", c.num_kv_heads * hd, H);
+    w.o_proj = load_linear(ck, c, a + "o_proj", H, c.num_heads * hd);
+    w.q_norm = load_vector(ck, a + "q_norm.weight", {hd});
+    w.k_norm = load_vector(ck, a + "k_norm.weight", {hd});
+  }
+  const std::string m = p + "mlp.";
+  MoeWeights& moe = L.moe;
+  moe.router = load_linear(ck, c, m + "gate", E, H, false);
+  moe.shared_gate = load_linear(ck, c, m + "shared_expert.gate_proj", Is, H);
+  moe.shared_up = load_linear(ck, c, m + "shared_expert.up_proj", Is, H);
+  moe.shared_down = load_linear(ck, c, m + "shared_expert.down_proj", H, Is);
+  moe.shared_expert_gate = load_linear(ck, c, m + "shared_expert_gate", 1, H, false);
+  moe.gate.resize(E);
+  moe.up.resize(E);
+  moe.down.resize(E);
+  if (fused) {
+    // Official layout: gate_up_proj [E, 2I, H] (rows 0..I-1 gate, I..2I-1 up), down_proj [E, H, I].
+    const TensorRef& gu = ck.get(m + "experts.gate_up_proj", {E, 2 * I, H}, kFloatTypes);
+    const TensorRef& dn = ck.get(m + "experts.down_proj", {E, H, I}, kFloatTypes);
+    for (int64_t e = 0; e < E; ++e) {
+      const std::string ex = m + "experts." + std::to_string(e) + ".";
+      moe.gate[e] = dense_view(gu, ex + "gate_proj", I, H, e * 2 * I);
+      moe.up[e] = dense_view(gu, ex + "up_proj", I, H, e * 2 * I + I);
+      moe.down[e] = dense_view(dn, ex + "down_proj", H, I, e * H);
+    }
+  } else {
+    for (int64_t e = 0; e < E; ++e) {
+      const std::string ex = m + "experts." + std::to_string(e) + ".";
+      moe.gate[e] = load_linear(ck, c, ex + "gate_proj", I, H);
+      moe.up[e] = load_linear(ck, c, ex + "up_proj", I, H);
+      moe.down[e] = load_linear(ck, c, ex + "down_proj", H, I);
+    }
+  }
+  return L;
+}
+
 void Qwen35Moe::load_weights() {
   const ModelConfig& c = cfg_;
   const Checkpoint& ck = ckpt_;
@@ -141,69 +204,22 @@ void Qwen35Moe::load_weights() {
   else fail(ck.dir(), ": tensor 'lm_head.weight' is missing (and tie_word_embeddings is false)");
   final_norm_ = load_vector(ck, prefix_ + "norm.weight", {H});
 
-  const int64_t E = c.num_experts, I = c.moe_intermediate_size, Is = c.shared_expert_intermediate_size;
   const bool fused = ck.contains(prefix_ + "layers.0.mlp.experts.gate_up_proj");
   expert_layout_ = fused ? "fused" : "per-expert";
 
   layers_.resize(c.num_layers);
-  for (int l = 0; l < c.num_layers; ++l) {
-    LayerWeights& L = layers_[l];
-    const std::string p = prefix_ + "layers." + std::to_string(l) + ".";
-    L.kind = c.layer_types[l];
-    L.input_norm = load_vector(ck, p + "input_layernorm.weight", {H});
-    L.post_attention_norm = load_vector(ck, p + "post_attention_layernorm.weight", {H});
-    if (L.kind == LayerKind::LinearAttention) {
-      const std::string a = p + "linear_attn.";
-      const int64_t conv_dim = c.linear_conv_dim(), Vd = c.linear_value_dim(), Hv = c.linear_num_value_heads;
-      DeltaNetWeights& d = L.deltanet;
-      d.in_proj_qkv = load_linear(ck, c, a + "in_proj_qkv", conv_dim, H);
-      d.in_proj_z = load_linear(ck, c, a + "in_proj_z", Vd, H);
-      d.in_proj_b = load_linear(ck, c, a + "in_proj_b", Hv, H);
-      d.in_proj_a = load_linear(ck, c, a + "in_proj_a", Hv, H);
-      d.out_proj = load_linear(ck, c, a + "out_proj", H, Vd);
-      d.conv = load_vector(ck, a + "conv1d.weight", {conv_dim, 1, c.linear_conv_kernel});
-      d.A_log = load_vector(ck, a + "A_log", {Hv});
-      d.dt_bias = load_vector(ck, a + "dt_bias", {Hv});
-      d.norm = load_vector(ck, a + "norm.weight", {c.linear_value_head_dim});
-    } else {
-      const std::string a = p + "self_attn.";
-      const int64_t hd = c.head_dim;
-      AttentionWeights& w = L.attn;
-      w.q_proj = load_linear(ck, c, a + "q_proj", c.num_heads * hd * 2, H);
-      w.k_proj = load_linear(ck, c, a + "k_proj", c.num_kv_heads * hd, H);
-      w.v_proj = load_linear(ck, c, a + "v_proj", c.num_kv_heads * hd, H);
-      w.o_proj = load_linear(ck, c, a + "o_proj", H, c.num_heads * hd);
-      w.q_norm = load_vector(ck, a + "q_norm.weight", {hd});
-      w.k_norm = load_vector(ck, a + "k_norm.weight", {hd});
-    }
-    const std::string m = p + "mlp.";
-    MoeWeights& moe = L.moe;
-    moe.router = load_linear(ck, c, m + "gate", E, H, false);
-    moe.shared_gate = load_linear(ck, c, m + "shared_expert.gate_proj", Is, H);
-    moe.shared_up = load_linear(ck, c, m + "shared_expert.up_proj", Is, H);
-    moe.shared_down = load_linear(ck, c, m + "shared_expert.down_proj", H, Is);
-    moe.shared_expert_gate = load_linear(ck, c, m + "shared_expert_gate", 1, H, false);
-    moe.gate.resize(E);
-    moe.up.resize(E);
-    moe.down.resize(E);
-    if (fused) {
-      // Official layout: gate_up_proj [E, 2I, H] (rows 0..I-1 gate, I..2I-1 up), down_proj [E, H, I].
-      const TensorRef& gu = ck.get(m + "experts.gate_up_proj", {E, 2 * I, H}, kFloatTypes);
-      const TensorRef& dn = ck.get(m + "experts.down_proj", {E, H, I}, kFloatTypes);
-      for (int64_t e = 0; e < E; ++e) {
-        const std::string ex = m + "experts." + std::to_string(e) + ".";
-        moe.gate[e] = dense_view(gu, ex + "gate_proj", I, H, e * 2 * I);
-        moe.up[e] = dense_view(gu, ex + "up_proj", I, H, e * 2 * I + I);
-        moe.down[e] = dense_view(dn, ex + "down_proj", H, I, e * H);
-      }
-    } else {
-      for (int64_t e = 0; e < E; ++e) {
-        const std::string ex = m + "experts." + std::to_string(e) + ".";
-        moe.gate[e] = load_linear(ck, c, ex + "gate_proj", I, H);
-        moe.up[e] = load_linear(ck, c, ex + "up_proj", I, H);
-        moe.down[e] = load_linear(ck, c, ex + "down_proj", H, I);
-      }
-    }
+  for (int l = 0; l < c.num_layers; ++l) layers_[l] = load_layer(prefix_ + "layers." + std::to_string(l) + ".", c.layer_types[l], fused);
+  // The MTP head when the checkpoint carries it whole (community quants may leave it out, and a test
+  // fixture carries a few of its tensors only: both load without it).
+  if (c.mtp_layers > 0 && ck.contains("mtp.fc.weight") && ck.contains("mtp.layers.0.mlp.gate.weight")) {
+    if (c.mtp_layers != 1) fail(ck.dir(), ": mtp_num_hidden_layers ", c.mtp_layers, " (the MTP head has one decoder layer in Qwen3.5)");
+    MtpWeights m;
+    m.fc = load_linear(ck, c, "mtp.fc", H, 2 * H, false);
+    m.pre_fc_norm_embedding = load_vector(ck, "mtp.pre_fc_norm_embedding.weight", {H});
+    m.pre_fc_norm_hidden = load_vector(ck, "mtp.pre_fc_norm_hidden.weight", {H});
+    m.norm = load_vector(ck, "mtp.norm.weight", {H});
+    m.layer = load_layer("mtp.layers.0.", LayerKind::FullAttention, ck.contains("mtp.layers.0.mlp.experts.gate_up_proj"));
+    mtp_ = std::move(m);
   }
 
   if (c.quant.gptq) {
@@ -223,7 +239,11 @@ void Qwen35Moe::load_weights() {
     auto fix = [&](LinearWeight& w) {
       if (w.kind == LinearWeight::Kind::Gptq) set_gptq_zero_offset(w, fmt);
     };
-    for (auto& L : layers_) {
+    std::vector<LayerWeights*> all;
+    for (auto& L : layers_) all.push_back(&L);
+    if (mtp_) all.push_back(&mtp_->layer);
+    for (LayerWeights* Lp : all) {
+      LayerWeights& L = *Lp;
       for (auto* w : {&L.attn.q_proj, &L.attn.k_proj, &L.attn.v_proj, &L.attn.o_proj, &L.deltanet.in_proj_qkv,
                       &L.deltanet.in_proj_z, &L.deltanet.in_proj_a, &L.deltanet.in_proj_b, &L.deltanet.out_proj,
                       &L.moe.shared_gate, &L.moe.shared_up, &L.moe.shared_down})

@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <memory>
 #include <span>
 #include <string>
@@ -47,6 +48,15 @@ struct LayerWeights {
   AttentionWeights attn;
   DeltaNetWeights deltanet;
   MoeWeights moe;
+};
+
+// The multi-token-prediction head (`mtp.*`, spec section 3.6): x = fc([RMSNorm_e(embed(next)) ;
+// RMSNorm_h(h)]), then `layer` (full attention with its own MoE), `norm`, the shared lm_head. Loaded
+// when the checkpoint has it (both official releases keep it in BF16); not yet run (issue 27).
+struct MtpWeights {
+  LinearWeight fc;  // [H, 2H]: embedding half first
+  std::vector<float> pre_fc_norm_embedding, pre_fc_norm_hidden, norm;
+  LayerWeights layer;
 };
 
 // The matrix products of a forward pass. Without one the forward uses the exact reference
@@ -125,6 +135,8 @@ class Qwen35Moe {
   const LinearWeight& lm_head() const { return lm_head_; }
   const std::vector<float>& final_norm() const { return final_norm_; }
   const std::vector<float>& rope_inv_freq() const { return inv_freq_; }
+  // The MTP head, nullptr when the checkpoint has none (or the config says mtp_num_hidden_layers 0).
+  const MtpWeights* mtp() const { return mtp_ ? &*mtp_ : nullptr; }
   // Feeds ids (each < vocab) at state.pos. With LogitRows::All writes logits [ids.size(), vocab];
   // with LogitRows::Last only the last position's [vocab] (what generation needs: a 4096-token
   // prompt would otherwise need 4 GB of logits).
@@ -146,6 +158,8 @@ class Qwen35Moe {
 
  private:
   void load_weights();
+  // One decoder layer's tensors under `p` ("model.language_model.layers.3.", "mtp.layers.0.").
+  LayerWeights load_layer(const std::string& p, LayerKind kind, bool fused) const;
   struct Step;  // a forward_batch call's sequences, their rows and the backend
   void deltanet_forward(const LayerWeights& L, int layer, const Step& step, const float* x, float* out, const TensorTap& tap) const;
   void attention_forward(const LayerWeights& L, int layer, const Step& step, const float* x, float* out, const TensorTap& tap) const;
@@ -159,6 +173,7 @@ class Qwen35Moe {
   LinearWeight embed_, lm_head_;
   std::vector<float> final_norm_;
   std::vector<LayerWeights> layers_;
+  std::optional<MtpWeights> mtp_;
   std::vector<float> inv_freq_;
 };
 
