@@ -129,6 +129,14 @@ void common(Job& j, const Json& body, const Defaults& d) {
   j.ignore_eos = boolean(body, "ignore_eos").value_or(false);
 }
 
+// The body's "messages": required, a non-empty list.
+const Json* message_list(const Json& body) {
+  const Json* messages = field(body, "messages");
+  if (!messages) bad("messages", "is required");
+  if (!messages->is_array() || messages->empty()) bad("messages", "must be a non-empty list of messages");
+  return messages;
+}
+
 int64_t max_tokens(const Json& body) {
   constexpr int64_t kMax = int64_t{1} << 40;
   if (auto v = integer(body, "max_completion_tokens", 1, kMax)) return *v;
@@ -149,6 +157,15 @@ void openai_common(Job& j, const Json& body, const Defaults& d) {
   j.max_tokens = max_tokens(body);
   j.stop = stops(body, "stop");
   j.sampling = sampling(body, d, 2);
+}
+
+// A job of one of the OpenAI endpoints with the fields they share read.
+Job openai_job(Api api, const Json& body, const Defaults& d) {
+  Job j;
+  j.api = api;
+  common(j, body, d);
+  openai_common(j, body, d);
+  return j;
 }
 
 // Anthropic content blocks of one message to OpenAI-shaped messages (chat_messages_from_json's input):
@@ -248,13 +265,8 @@ Json error_body(Api api, int status, const std::string& message, const std::stri
 }
 
 Job parse_chat(const Json& body, const Defaults& d) {
-  Job j;
-  j.api = Api::chat;
-  common(j, body, d);
-  openai_common(j, body, d);
-  const Json* messages = field(body, "messages");
-  if (!messages) bad("messages", "is required");
-  if (!messages->is_array() || messages->empty()) bad("messages", "must be a non-empty list of messages");
+  Job j = openai_job(Api::chat, body, d);
+  const Json* messages = message_list(body);
   if (const Json* rf = object(body, "response_format"); rf && string(*rf, "type").value_or("text") != "text")
     bad("response_format", "only {\"type\": \"text\"} is supported by this server");
   ChatOptions o;
@@ -293,10 +305,7 @@ Job parse_chat(const Json& body, const Defaults& d) {
 }
 
 Job parse_completion(const Json& body, const Defaults& d) {
-  Job j;
-  j.api = Api::completion;
-  common(j, body, d);
-  openai_common(j, body, d);
+  Job j = openai_job(Api::completion, body, d);
   const Json* p = field(body, "prompt");
   if (!p) bad("prompt", "is required");
   if (p->is_array() && p->size() == 1 && (*p)[0].is_string()) p = &(*p)[0];
@@ -317,9 +326,7 @@ Job parse_messages(const Json& body, const Defaults& d) {
   const auto mt = integer(body, "max_tokens", 1, int64_t{1} << 40);
   if (!mt) bad("max_tokens", "is required");
   j.max_tokens = *mt;
-  const Json* messages = field(body, "messages");
-  if (!messages) bad("messages", "is required");
-  if (!messages->is_array() || messages->empty()) bad("messages", "must be a non-empty list of messages");
+  const Json* messages = message_list(body);
   Json msgs = Json::array();
   if (const Json* sys = field(body, "system")) {
     std::string text;
