@@ -7,6 +7,8 @@
 
 namespace tandem {
 
+uint64_t parse_bytes_or_zero(const std::string& text, const std::string& what) { return text == "0" ? 0 : parse_bytes(text, what); }
+
 uint64_t parse_bytes(const std::string& text, const std::string& what) {
   size_t used = 0;
   double v = 0;

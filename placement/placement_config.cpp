@@ -82,10 +82,10 @@ class Reader {
   double number(const YAML::Node& n, const std::string& key, double lo, double hi) const {
     return numeric<double>(n, key, lo, hi, "a number");
   }
-  uint64_t bytes(const YAML::Node& n, const std::string& key) const {
+  uint64_t bytes(const YAML::Node& n, const std::string& key, bool zero_is_off = false) const {
     const std::string s = scalar(n, key);
     try {
-      return parse_bytes(s, "size");
+      return zero_is_off ? parse_bytes_or_zero(s, "size") : parse_bytes(s, "size");
     } catch (const Error& e) {
       fail_at(n, key, e.what());
     }
@@ -196,7 +196,7 @@ PlacementConfig parse_placement_config(const std::string& text, const std::strin
                             "bandwidth", "cost", "rules", "server"});
     if (const YAML::Node sv = root["server"]) {
       r.check_keys(sv, "server", {"host", "port", "max_queue", "prefill_chunk", "timeout", "max_body", "cache"});
-      if (const YAML::Node cache = sv["cache"]) c.server.cache_bytes = cache.IsScalar() && cache.Scalar() == "0" ? 0 : r.bytes(cache, "server.cache");
+      if (sv["cache"]) c.server.cache_bytes = r.bytes(sv["cache"], "server.cache", true);
       if (sv["host"]) c.server.host = r.scalar(sv["host"], "server.host");
       if (sv["port"]) c.server.port = static_cast<int>(r.integer(sv["port"], "server.port", 0, 65535));
       if (sv["max_queue"]) c.server.max_queue = r.integer(sv["max_queue"], "server.max_queue", 0, 1 << 16);

@@ -55,8 +55,7 @@ int cmd_serve(int argc, char** argv) {
   o.scheduler.cache_bytes = cfg.server.cache_bytes;
   if (a.has("cache-bytes")) {
     try {
-      const std::string v = a.get("cache-bytes");
-      o.scheduler.cache_bytes = v == "0" ? 0 : parse_bytes(v, "--cache-bytes");
+      o.scheduler.cache_bytes = parse_bytes_or_zero(a.get("cache-bytes"), "--cache-bytes");
     } catch (const Error& e) {
       throw UsageError(str_cat("tandem serve: ", e.what()));
     }

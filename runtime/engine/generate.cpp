@@ -50,10 +50,7 @@ class Batcher::Live {
       if (c > fed_) return c;
     return -1;
   }
-  bool at_checkpoint() const {
-    return std::find(req_.checkpoints.begin(), req_.checkpoints.end(), fed_) != req_.checkpoints.end() && saved_at_ != fed_;
-  }
-  void saved_here() { saved_at_ = fed_; }
+  bool at_checkpoint() const { return std::find(req_.checkpoints.begin(), req_.checkpoints.end(), fed_) != req_.checkpoints.end(); }
   int64_t fed_tokens() const { return fed_; }
   std::span<const int32_t> context() const { return context_; }
   int slot() const { return slot_; }
@@ -137,7 +134,6 @@ class Batcher::Live {
   std::vector<float> logits_;
   std::vector<std::pair<int32_t, float>> top_;
   int64_t fed_ = 0;      // prompt tokens fed (or resumed)
-  int64_t saved_at_ = -1;  // the checkpoint last saved
   Clock::time_point t_start_ = Clock::now(), t_decode_ = Clock::now();
   bool done_ = false;
 };
@@ -196,12 +192,18 @@ bool Batcher::run(const std::vector<Live*>& who, const std::vector<std::span<con
   return false;
 }
 
-void Batcher::checkpoint(Live& l) {
-  if (!l.at_checkpoint()) return;
-  l.saved_here();
+// After a prompt chunk (once per chunk: the fed count only grows): the sequence when it is at one of its
+// checkpoints. After the reply's last token: the sequence when it ended on eos (all but the eos fed).
+void Batcher::checkpoint(const Live& l) {
   const GenerateRequest& r = l.request();
   if (!r.on_checkpoint || !runner_.saves_sequences()) return;
-  r.on_checkpoint(std::span(r.prompt).first(static_cast<size_t>(l.fed_tokens())), runner_.save(l.slot()));
+  if (l.prefilling()) {
+    if (l.at_checkpoint()) r.on_checkpoint(std::span(r.prompt).first(static_cast<size_t>(l.fed_tokens())), runner_.save(l.slot()));
+    return;
+  }
+  if (!l.done() || !r.checkpoint_reply || l.result_stop() != StopReason::Eos) return;
+  const std::span<const int32_t> held = l.context().first(l.context().size() - 1);
+  if (static_cast<int64_t>(held.size()) == runner_.position(l.slot())) r.on_checkpoint(held, runner_.save(l.slot()));
 }
 
 void Batcher::retire() {  // finished sequences give their slots back (the lowest is taken first)
@@ -269,11 +271,7 @@ void Batcher::step() {
         if (who[i]->done()) continue;
       }
       who[i]->take_next(top);
-      const GenerateRequest& r = who[i]->request();
-      if (who[i]->done() && r.checkpoint_reply && r.on_checkpoint && who[i]->result_stop() == StopReason::Eos && runner_.saves_sequences()) {
-        const std::span<const int32_t> held = who[i]->context().first(who[i]->context().size() - 1);  // the eos was never fed
-        if (static_cast<int64_t>(held.size()) == runner_.position(who[i]->slot())) r.on_checkpoint(held, runner_.save(who[i]->slot()));
-      }
+      checkpoint(*who[i]);
     }
   }
   retire();

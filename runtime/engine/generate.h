@@ -86,7 +86,7 @@ class Batcher {
   };
   bool run(const std::vector<Live*>& who, const std::vector<std::span<const int32_t>>& ids);
   void retire();
-  void checkpoint(Live& l);  // saves the sequence when it is at one of its checkpoints
+  void checkpoint(const Live& l);  // saves the sequence at its checkpoints and after its reply (GenerateRequest::checkpoints)
   Runner& runner_;
   int64_t vocab_;
   const Tokenizer& tokenizer_;

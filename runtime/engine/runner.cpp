@@ -42,7 +42,6 @@ void check_feeds(std::span<const Runner::Feed> feeds, const Runner& r, int64_t v
 
 // A host sequence's copy: the state's vectors as they are (KV rows up to its position).
 struct HostSnapshot final : SequenceSnapshot {
-  const void* owner = nullptr;
   std::vector<std::vector<float>> k_cache, v_cache, conv_window, recurrent;
 };
 
@@ -89,8 +88,8 @@ class HostRunner final : public Runner {
     return s;
   }
   void restore(int slot, const SequenceSnapshot& saved) override {
-    const auto* s = dynamic_cast<const HostSnapshot*>(&saved);
-    if (!s || s->owner != this) fail("restore: the snapshot was made by another runner");
+    if (saved.owner != this) fail("restore: the snapshot was made by another runner");
+    const auto* s = static_cast<const HostSnapshot*>(&saved);
     reset_slot(slot);
     Qwen35State& st = states_[slot];
     st.pos = s->position;
@@ -115,7 +114,6 @@ class HostRunner final : public Runner {
 #ifdef TANDEM_HAVE_CUDA
 // A GPU slot's sequence in host memory (Qwen35MoeGpu::save_slot).
 struct GpuSnapshot final : SequenceSnapshot {
-  const void* owner = nullptr;
   Qwen35MoeGpu::SlotCopy copy;
 };
 
@@ -161,9 +159,8 @@ class GpuRunner final : public Runner {
     return s;
   }
   void restore(int slot, const SequenceSnapshot& saved) override {
-    const auto* s = dynamic_cast<const GpuSnapshot*>(&saved);
-    if (!s || s->owner != this) fail("restore: the snapshot was made by another runner");
-    gpu_->load_slot(slot, s->copy);
+    if (saved.owner != this) fail("restore: the snapshot was made by another runner");
+    gpu_->load_slot(slot, static_cast<const GpuSnapshot&>(saved).copy);
   }
   // A feed of one sequence runs on the GPU model's one-sequence paths (the decode step's graph, the
   // prompt in chunks), unless it keeps its states; the others go together through step_rows as long as

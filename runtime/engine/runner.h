@@ -54,10 +54,12 @@ struct RunnerOptions {
 
 // A slot's sequence saved at its position: its KV rows and recurrent states, as the runner that made it
 // holds them (the server's prefix cache restores it into any slot of that runner).
+class Runner;
 struct SequenceSnapshot {
   virtual ~SequenceSnapshot() = default;
-  int64_t position = 0;  // tokens the sequence held
-  uint64_t bytes = 0;    // memory the snapshot takes
+  const Runner* owner = nullptr;  // the runner that made it (restore refuses the others')
+  int64_t position = 0;           // tokens the sequence held
+  uint64_t bytes = 0;             // memory the snapshot takes
 };
 
 class Runner {

@@ -403,10 +403,19 @@ std::string Reply::finish_reason(const GenerateResult& r) const {
   return r.stop == StopReason::Eos || r.stop == StopReason::StopString ? "stop" : "length";
 }
 
+namespace {
+
+// Anthropic's usage object: input_tokens excludes what the cache served.
+Json anthropic_usage(int64_t prompt, int64_t cached, int64_t output) {
+  return {{"input_tokens", prompt - cached}, {"output_tokens", output}, {"cache_read_input_tokens", cached}, {"cache_creation_input_tokens", 0}};
+}
+
+}  // namespace
+
 Json Reply::usage(const GenerateResult& r, int64_t cached) const {
   const auto gen = static_cast<int64_t>(r.tokens.size());
   if (job_.api == Api::messages)
-    return {{"input_tokens", r.prompt_tokens - cached}, {"output_tokens", gen}, {"cache_read_input_tokens", cached}, {"cache_creation_input_tokens", 0}};
+    return anthropic_usage(r.prompt_tokens, cached, gen);
   return {{"prompt_tokens", r.prompt_tokens}, {"completion_tokens", gen}, {"total_tokens", r.prompt_tokens + gen},
           {"prompt_tokens_details", {{"cached_tokens", cached}}}};
 }
@@ -422,10 +431,9 @@ std::string Reply::chat_frame(const Json& delta, const Json& finish) const {
 std::string Reply::start(int64_t prompt_tokens, int64_t cached) {
   if (job_.api == Api::chat) return chat_frame({{"role", "assistant"}, {"content", ""}}, nullptr);
   if (job_.api == Api::completion) return "";
-  const Json usage = {{"input_tokens", prompt_tokens - cached}, {"output_tokens", 0}, {"cache_read_input_tokens", cached}, {"cache_creation_input_tokens", 0}};
   return sse_event("message_start", {{"type", "message_start"},
                                      {"message", {{"id", id_}, {"type", "message"}, {"role", "assistant"}, {"model", job_.model}, {"content", Json::array()},
-                                                  {"stop_reason", nullptr}, {"stop_sequence", nullptr}, {"usage", usage}}}});
+                                                  {"stop_reason", nullptr}, {"stop_sequence", nullptr}, {"usage", anthropic_usage(prompt_tokens, cached, 0)}}}});
 }
 
 std::string Reply::anthropic_open(const std::string& type, const Json& block) {
@@ -502,8 +510,7 @@ std::string Reply::end(const GenerateResult& r, int64_t cached) {
       const std::string why = finish_reason(r);
       out += sse_event("message_delta", {{"type", "message_delta"},
                                          {"delta", {{"stop_reason", why}, {"stop_sequence", why == "stop_sequence" ? Json(r.stop_string) : Json(nullptr)}}},
-                                         {"usage", {{"input_tokens", r.prompt_tokens - cached}, {"output_tokens", static_cast<int64_t>(r.tokens.size())},
-                                                    {"cache_read_input_tokens", cached}}}});
+                                         {"usage", usage(r, cached)}});
       out += sse_event("message_stop", {{"type", "message_stop"}});
       return out;
     }

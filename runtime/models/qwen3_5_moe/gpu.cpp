@@ -460,29 +460,39 @@ struct SlotShape {
 
 }  // namespace
 
-Qwen35MoeGpu::SlotCopy Qwen35MoeGpu::save_slot(int slot) const {
+// The device pieces of a slot's sequence of `position` tokens in SlotCopy's order: f(device pointer,
+// values, is_kv) for each attention layer's K and V rows (bf16) and each DeltaNet layer's conv window
+// and recurrent state (fp32).
+template <typename F>
+void Qwen35MoeGpu::for_slot_pieces(int slot, int64_t position, F&& f) const {
   const Impl& m = *impl_;
+  const SlotShape sh(m.model.config(), position);
+  for (const DevLayer& L : m.layers) {
+    if (L.kind == LayerKind::LinearAttention) {
+      f(static_cast<void*>(L.conv_state + slot * m.conv_stride), sh.conv, false);
+      f(static_cast<void*>(L.ssm_state + slot * m.ssm_stride), sh.state, false);
+    } else if (position > 0) {
+      f(static_cast<void*>(L.k_cache + slot * m.cache_stride), position * sh.row, true);
+      f(static_cast<void*>(L.v_cache + slot * m.cache_stride), position * sh.row, true);
+    }
+  }
+  CK(cudaStreamSynchronize(m.stream));
+}
+
+Qwen35MoeGpu::SlotCopy Qwen35MoeGpu::save_slot(int slot) const {
   SlotCopy out;
   out.position = position(slot);
-  const SlotShape sh(m.model.config(), out.position);
-  const int64_t row = sh.row, conv = sh.conv, state = sh.state;
+  const SlotShape sh(impl_->model.config(), out.position);
   out.kv.resize(static_cast<size_t>(sh.kv));
   out.states.resize(static_cast<size_t>(sh.states));
   uint16_t* k = out.kv.data();
   float* s = out.states.data();
-  for (const DevLayer& L : m.layers) {
-    if (L.kind == LayerKind::LinearAttention) {
-      CK(cudaMemcpyAsync(s, L.conv_state + slot * m.conv_stride, conv * sizeof(float), cudaMemcpyDeviceToHost, m.stream));
-      CK(cudaMemcpyAsync(s + conv, L.ssm_state + slot * m.ssm_stride, state * sizeof(float), cudaMemcpyDeviceToHost, m.stream));
-      s += conv + state;
-    } else if (out.position > 0) {
-      const size_t bytes = static_cast<size_t>(out.position * row) * sizeof(uint16_t);
-      CK(cudaMemcpyAsync(k, L.k_cache + slot * m.cache_stride, bytes, cudaMemcpyDeviceToHost, m.stream));
-      CK(cudaMemcpyAsync(k + out.position * row, L.v_cache + slot * m.cache_stride, bytes, cudaMemcpyDeviceToHost, m.stream));
-      k += 2 * out.position * row;
-    }
-  }
-  CK(cudaStreamSynchronize(m.stream));
+  for_slot_pieces(slot, out.position, [&](void* dev, int64_t n, bool kv) {
+    void* host = kv ? static_cast<void*>(k) : static_cast<void*>(s);
+    CK(cudaMemcpyAsync(host, dev, n * (kv ? sizeof(uint16_t) : sizeof(float)), cudaMemcpyDeviceToHost, impl_->stream));
+    if (kv) k += n;
+    else s += n;
+  });
   return out;
 }
 
@@ -490,26 +500,18 @@ void Qwen35MoeGpu::load_slot(int slot, const SlotCopy& copy) {
   Impl& m = *impl_;
   if (copy.position > m.opts.max_context) fail("load_slot: a sequence of ", copy.position, " tokens for a context of ", m.opts.max_context);
   const SlotShape sh(m.model.config(), copy.position);
-  const int64_t row = sh.row, conv = sh.conv, state = sh.state;
   if (static_cast<int64_t>(copy.kv.size()) != sh.kv || static_cast<int64_t>(copy.states.size()) != sh.states)
     fail("load_slot: the copy does not have this model's shapes (", copy.kv.size(), " KV values for ", sh.kv, ", ", copy.states.size(), " state values for ",
          sh.states, ")");
   reset_slot(slot);  // the expert counts, the kept states and the host's deferral start afresh
   const uint16_t* k = copy.kv.data();
   const float* s = copy.states.data();
-  for (DevLayer& L : m.layers) {
-    if (L.kind == LayerKind::LinearAttention) {
-      CK(cudaMemcpyAsync(L.conv_state + slot * m.conv_stride, s, conv * sizeof(float), cudaMemcpyHostToDevice, m.stream));
-      CK(cudaMemcpyAsync(L.ssm_state + slot * m.ssm_stride, s + conv, state * sizeof(float), cudaMemcpyHostToDevice, m.stream));
-      s += conv + state;
-    } else if (copy.position > 0) {
-      const size_t bytes = static_cast<size_t>(copy.position * row) * sizeof(uint16_t);
-      CK(cudaMemcpyAsync(L.k_cache + slot * m.cache_stride, k, bytes, cudaMemcpyHostToDevice, m.stream));
-      CK(cudaMemcpyAsync(L.v_cache + slot * m.cache_stride, k + copy.position * row, bytes, cudaMemcpyHostToDevice, m.stream));
-      k += 2 * copy.position * row;
-    }
-  }
-  CK(cudaStreamSynchronize(m.stream));
+  for_slot_pieces(slot, copy.position, [&](void* dev, int64_t n, bool kv) {
+    const void* host = kv ? static_cast<const void*>(k) : static_cast<const void*>(s);
+    CK(cudaMemcpyAsync(dev, host, n * (kv ? sizeof(uint16_t) : sizeof(float)), cudaMemcpyHostToDevice, m.stream));
+    if (kv) k += n;
+    else s += n;
+  });
   (slot == m.cur ? m.pos : m.slot_pos[slot]) = copy.position;
 }
 

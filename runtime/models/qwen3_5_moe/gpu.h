@@ -170,6 +170,8 @@ class Qwen35MoeGpu {
   struct Impl;
 
  private:
+  template <typename F>
+  void for_slot_pieces(int slot, int64_t position, F&& f) const;  // save_slot / load_slot's walk (gpu.cpp)
   explicit Qwen35MoeGpu(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
