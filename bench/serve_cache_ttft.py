@@ -48,11 +48,17 @@ def main():
     for name, extra in (("prefix cache", []), ("no cache (--cache-bytes 0)", ["--cache-bytes", "0"])):
         p, url, line = start(a.tandem, a.model, a.flags + extra)
         try:
-            # a history of about --history tokens, measured with the server's tokenizer
-            sample = " ".join(f"item{i} is here." for i in range(100))
-            req = urllib.request.Request(url + "/tokenize", data=json.dumps({"content": sample}).encode(), headers={"Content-Type": "application/json"})
-            per_item = len(json.loads(urllib.request.urlopen(req, timeout=60).read())["tokens"]) / 100
-            words = " ".join(f"item{i} is here." for i in range(int(a.history / per_item)))
+            # a history of about --history tokens (at most), measured with the server's tokenizer
+            def tokens(text):
+                req = urllib.request.Request(url + "/tokenize", data=json.dumps({"content": text}).encode(), headers={"Content-Type": "application/json"})
+                return len(json.loads(urllib.request.urlopen(req, timeout=60).read())["tokens"])
+            items = a.history // 4
+            for _ in range(4):  # item numbers grow longer as they go: rescale until it fits
+                words = " ".join(f"item{i} is here." for i in range(items))
+                n = tokens(words)
+                if a.history * 0.97 <= n <= a.history:
+                    break
+                items = int(items * a.history * 0.985 / n)
             turn1 = [{"role": "system", "content": "You are a careful reader."}, {"role": "user", "content": "Read this: " + words}]
             t1, r1 = chat(url, turn1)
             turn2 = turn1 + [{"role": "assistant", "content": r1["choices"][0]["message"]["content"] or "ok"}, {"role": "user", "content": "What was item7?"}]

@@ -12,7 +12,7 @@
 set -uo pipefail
 OUT="${OUT:-$PWD/gpu-serve-out}"
 mkdir -p "$OUT"
-deadline="${DEADLINE:-540}" slots="${SLOTS:-8}" placements="${PLACEMENTS:-gpu}" streams="${STREAMS:-1,2,4,8}"
+deadline="${DEADLINE:-540}" slots="${SLOTS:-8}" placements="${PLACEMENTS-gpu}" streams="${STREAMS:-1,2,4,8}"
 t0=$(date +%s)
 left() { echo $((deadline - ($(date +%s) - t0))); }
 for f in .deps/*.deb; do dpkg -x "$f" /opt/deps; done
@@ -39,7 +39,7 @@ placement_flags() { if [ "$1" = gpu ]; then echo "--device gpu"; else echo "--de
 if [ -n "${HISTORY:-}" ]; then
   echo; echo "## Second-turn TTFT, a ${HISTORY}-token history (bench/serve_cache_ttft.py, --device gpu)" >> "$summary"
   timeout "$(left)" python3 bench/serve_cache_ttft.py --tandem $T --model $m --history "$HISTORY" -- \
-    --device gpu --context $((HISTORY + 1024)) --slots 2 >> "$summary" 2> "$OUT/ttft.err"
+    --device gpu --context $((HISTORY + 1024)) --slots 2 >> "$summary" 2>&1
   echo "rc=$? at $(( $(date +%s) - t0 )) s" >> "$summary"
 fi
 

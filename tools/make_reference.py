@@ -80,7 +80,7 @@ FIXTURES = [
                        shared_expert_intermediate_size=48, partial_rotary_factor=0.25,
                        rope_parameters=mrope(1e7, 0.25, 32))),
     dict(name="bf16_text_only", seed=202, composite=False, quant=None, layout="per_expert", shards=1,
-         extras=False, prefill=5, decode=3,
+         extras=False, prefill=5, decode=3, mtp="per_expert",
          desc="text-only config (qwen3_5_moe_text, Qwen3_5MoeForCausalLM, prefix model.), full_attention_interval 3 "
               "(5 layers -> full at 2), partial_rotary_factor 0.5 / rope_theta 1e6 only inside rope_parameters, "
               "Hv=Hk, GQA 2, top-4 of 16, per-expert names, single file, mixed dtypes (norms/A_log/dt_bias F32, "
@@ -92,7 +92,7 @@ FIXTURES = [
                        moe_intermediate_size=16, shared_expert_intermediate_size=40,
                        rope_parameters={"rope_type": "default", "rope_theta": 1e6, "partial_rotary_factor": 0.5})),
     dict(name="gptq_sym_v1", seed=303, composite=True, quant=dict(bits=4, group_size=32, sym=True, desc_act=False),
-         layout="gptq", shards=1, extras=False, prefill=20, decode=4,
+         layout="gptq", shards=1, extras=False, prefill=20, decode=4, mtp="fused",
          desc="GPTQ int4 g32 sym, desc_act false, no checkpoint_format (v1: stored zero = 7), per-expert "
               "qweight/qzeros/scales/g_idx, rest BF16 (A_log F32); GQA 4, Hv=2*Hk, top-4 of 8; prefill 20 + 4 decode",
          text=text_cfg(vocab_size=1063, hidden_size=64, num_hidden_layers=4, layer_types=[LIN, LIN, LIN, FULL],
@@ -257,6 +257,73 @@ def split_expert_name(name, e, proj):
     return name.replace("experts.gate_up_proj", f"experts.{e}.{proj}").replace("experts.down_proj", f"experts.{e}.{proj}")
 
 
+# ---------------------------------------------------------------- the MTP head (spec §3.6)
+def text_model_of(model):
+    m = model.model
+    return m.language_model if hasattr(m, "language_model") else m
+
+
+@torch.no_grad()
+def mtp_head(fx, model, ids):
+    """A whole MTP head (mtp.*) with random values from its own stream (the main tensors and ids stay
+    as they were), and its float32 reference: h = the main model's final hidden states (after the final
+    norm, as vLLM and SGLang hand them to the head), then for row p, from (h[p], ids[p + 1]) at RoPE
+    position p, x = fc([norm_e(embed(id)) ; norm_h(h)]), HF's own decoder layer for mtp.layers.0 (full
+    attention + sparse MoE, causal over the head's rows), mtp.norm, lm_head. Returns (tensors, h, logits)."""
+    from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe as hf
+    rng = np.random.default_rng(fx["seed"] + 1000)
+    tm = text_model_of(model)
+    cfg = tm.config
+    H = cfg.hidden_size
+    full = cfg.layer_types.index("full_attention")
+    layer = hf.Qwen3_5MoeDecoderLayer(cfg, layer_idx=full).float().eval()
+    norms = {k: hf.Qwen3_5MoeRMSNorm(H, eps=cfg.rms_norm_eps).float() for k in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm")}
+    fc = torch.nn.Linear(2 * H, H, bias=False).float()
+    params = [(f"mtp.layers.0.{k}", p) for k, p in layer.named_parameters()]
+    params += [(f"mtp.{k}.weight", m.weight) for k, m in norms.items()] + [("mtp.fc.weight", fc.weight)]
+    tensors = []
+    for name, p in params:
+        dt = stored_dtype(fx, name)
+        val = round_to(torch.from_numpy(init_value(rng, name, tuple(p.shape), H).astype(np.float32)), dt)
+        p.data.copy_(val)
+        if name.endswith(("experts.gate_up_proj", "experts.down_proj")) and fx["mtp"] == "per_expert":
+            for e in range(p.shape[0]):
+                if name.endswith("gate_up_proj"):
+                    I = p.shape[1] // 2
+                    tensors.append((split_expert_name(name, e, "gate_proj") + ".weight", val[e, :I].to(TORCH_DT[dt]).contiguous()))
+                    tensors.append((split_expert_name(name, e, "up_proj") + ".weight", val[e, I:].to(TORCH_DT[dt]).contiguous()))
+                else:
+                    tensors.append((split_expert_name(name, e, "down_proj") + ".weight", val[e].to(TORCH_DT[dt]).contiguous()))
+        else:
+            tensors.append((name, val.to(TORCH_DT[dt]).contiguous()))
+
+    # the main model's final hidden states, and what its full-attention layers are called with
+    got = {}
+    h1 = tm.norm.register_forward_hook(lambda m, i, o: got.__setitem__("h", o))
+    h2 = tm.layers[full].register_forward_pre_hook(lambda m, a, kw: got.__setitem__("kw", kw), with_kwargs=True)
+    model(input_ids=torch.tensor([ids]), use_cache=False)
+    h1.remove(), h2.remove()
+    h, kw = got["h"][0], got["kw"]
+    n = len(ids) - 1
+    cos, sin = kw["position_embeddings"]
+    mask = kw.get("attention_mask")
+    if mask is None:
+        mask = torch.full((n, n), float("-inf")).triu(1)[None, None]
+    else:
+        mask = mask[..., :n, :n]
+    emb = tm.embed_tokens(torch.tensor(ids[1:]))
+    x = fc(torch.cat([norms["pre_fc_norm_embedding"](emb), norms["pre_fc_norm_hidden"](h[:n])], -1))[None]
+    rec = RouterGaps(layer)
+    out = layer(x, position_embeddings=(cos[:, :n], sin[:, :n]), attention_mask=mask, position_ids=kw.get("position_ids"))
+    rec.close()
+    out = out[0] if isinstance(out, tuple) else out
+    lm = model.lm_head
+    logits = lm(norms["norm"](out))[0]
+    print(f"[{fx['name']}] MTP head ({fx['mtp']} experts): {len(tensors)} tensors, logits std {logits.std():.3f}, "
+          f"min router top-k gap {min(g.min().item() for g in rec.gaps):.3f}")
+    return tensors, h.float().numpy(), logits.float().numpy()
+
+
 # ---------------------------------------------------------------- HF helpers
 def load_kwargs():
     return dict(attn_implementation="eager", experts_implementation="eager", dtype=torch.float32)
@@ -387,9 +454,14 @@ def build(fx, root):
                             ("mtp.pre_fc_norm_embedding.weight", (H,)), ("mtp.pre_fc_norm_hidden.weight", (H,)),
                             ("mtp.layers.0.input_layernorm.weight", (H,))]:
             tensors.append((name, torch.from_numpy(rng.standard_normal(shape).astype(np.float32)).to(torch.bfloat16)))
+    ids = choose_ids(model, rng, V, fx["prefill"] + fx["decode"], MIN_ROUTER_GAP)
+    if fx.get("mtp"):
+        mtp_tensors, mtp_h, mtp_logits = mtp_head(fx, model, ids)
+        tensors += mtp_tensors
+        np.save(os.path.join(folder, "mtp_hidden.npy"), np.ascontiguousarray(mtp_h, dtype=np.float32))
+        np.save(os.path.join(folder, "mtp_logits.npy"), np.ascontiguousarray(mtp_logits, dtype=np.float32))
     write_safetensors(folder, tensors, fx["shards"])
 
-    ids = choose_ids(model, rng, V, fx["prefill"] + fx["decode"], MIN_ROUTER_GAP)
     rec = RouterGaps(model)
     stepped, full = reference_logits(model, ids, fx["prefill"])
     rec.close()
@@ -422,7 +494,7 @@ def verify(fx, folder, cls, model, ids, stepped, gptq_ref):
             I = fused.shape[0] // 2
             used = {"gate_proj": fused[:I], "up_proj": fused[I:], "down_proj": fused}[proj].numpy()
             assert np.array_equal(Wd, W) and np.array_equal(Wd, used), base
-        for k, v in read_safetensors(folder, "pt", lambda k: not k.endswith(GPTQ_SUFFIXES)).items():
+        for k, v in read_safetensors(folder, "pt", lambda k: not k.endswith(GPTQ_SUFFIXES) and not k.startswith("mtp.")).items():
             assert torch.equal(v.float(), state[k]), k
         print(f"[{fx['name']}] GPTQ round trip: {len(gptq_ref)} expert matrices unpacked + dequantised, "
               f"bit-identical to the weights used; all 16-bit tensors identical too")
