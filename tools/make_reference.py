@@ -151,7 +151,7 @@ def init_value(rng, name, shape, H):
         return n(4.0 / np.sqrt(H))                      # logits std ~4
     if name.endswith("linear_attn.norm.weight"):
         return 1.0 + n(0.3)                             # gated norm uses w directly
-    if name.endswith("norm.weight"):
+    if name.endswith("norm.weight") or name.startswith("mtp.pre_fc_norm_"):
         return n(0.3)                                   # zero-centred norms use (1 + w)
     if name.endswith("A_log"):
         # log-uniform A in [0.05, 16]: mixes slow-decay heads (state matters) with fast-forgetting ones
