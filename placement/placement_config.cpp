@@ -193,7 +193,11 @@ PlacementConfig parse_placement_config(const std::string& text, const std::strin
   if (!root || root.IsNull()) return c;  // an empty file: every default
   try {
     r.check_keys(root, "", {"gpu", "context", "batch", "cpu", "experts", "cpu_experts", "gpu_experts_per_layer", "prefill",
-                            "bandwidth", "cost", "rules", "server"});
+                            "bandwidth", "cost", "rules", "server", "speculative"});
+    if (const YAML::Node sp = root["speculative"]) {
+      r.check_keys(sp, "speculative", {"draft"});
+      if (sp["draft"]) c.draft = static_cast<int>(r.integer(sp["draft"], "speculative.draft", 0, kMaxDraft));
+    }
     if (const YAML::Node sv = root["server"]) {
       r.check_keys(sv, "server", {"host", "port", "max_queue", "prefill_chunk", "timeout", "max_body", "cache"});
       if (sv["cache"]) c.server.cache_bytes = r.bytes(sv["cache"], "server.cache", true);

@@ -88,8 +88,10 @@ Opened open_for_text(const Args& a) {
 }
 
 void print_stats(const GenerateResult& r) {
-  std::fprintf(stderr, "\n[prompt %lld tokens, prefill %.1f tok/s | generated %zu tokens, decode %.1f tok/s | stop: %s]\n",
-               (long long)r.prompt_tokens, r.prefill_tok_s(), r.tokens.size(), r.decode_tok_s(), stop_reason_name(r.stop));
+  const std::string drafts = draft_summary(r);
+  std::fprintf(stderr, "\n[prompt %lld tokens, prefill %.1f tok/s | generated %zu tokens, decode %.1f tok/s | stop: %s%s%s]\n",
+               (long long)r.prompt_tokens, r.prefill_tok_s(), r.tokens.size(), r.decode_tok_s(), stop_reason_name(r.stop),
+               drafts.empty() ? "" : " | ", drafts.c_str());
 }
 
 GenerateResult run(Session& s, const Args& a, std::vector<int32_t> prompt, const SamplingParams& sp) {
@@ -98,6 +100,7 @@ GenerateResult run(Session& s, const Args& a, std::vector<int32_t> prompt, const
   req.max_new_tokens = a.get_int("max-new-tokens", 512);
   if (req.max_new_tokens < 1) throw UsageError("tandem: --max-new-tokens must be at least 1");
   req.sampling = sp;
+  req.draft = s.runner->max_draft();
   req.eos_ids = s.eos;
   req.stop = a.get_all("stop");
   req.cancel = &g_cancel;

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <tuple>
 
 #include "core/error.h"
 
@@ -36,7 +38,7 @@ using Clock = std::chrono::steady_clock;
 class Batcher::Live {
  public:
   Live(const GenerateRequest& req, GenerateResult& res, const Tokenizer& tok, int slot, int64_t vocab)
-      : req_(req), res_(res), slot_(slot), sampler_(req.sampling), decoder_(tok, /*skip_special=*/true), context_(req.prompt) {
+      : req_(req), res_(res), slot_(slot), vocab_(vocab), sampler_(req.sampling), decoder_(tok, /*skip_special=*/true), context_(req.prompt) {
     logits_.resize(static_cast<size_t>(vocab));
     res_ = GenerateResult{};
     res_.prompt_tokens = static_cast<int64_t>(req.prompt.size());
@@ -82,7 +84,76 @@ class Batcher::Live {
   // token, streams its text, and ends the sequence on eos, a stop string, max_new_tokens or cancel.
   void take_next(bool have_top) {
     if (cancelled()) return finish(StopReason::Cancelled);
-    const int32_t id = have_top ? sampler_.sample_top(top_) : sampler_.sample(logits_, context_, res_.tokens);
+    commit(have_top ? sampler_.sample_top(top_) : sampler_.sample(std::span(logits_).first(vocab_), context_, res_.tokens));
+  }
+
+  // Speculative decoding. How many drafts this step should verify (0: an ordinary step): what the
+  // request asks, within what the runner drafts, the tokens still allowed and the context.
+  int drafts_wanted(const Runner& r) const {
+    if (req_.draft <= 0 || prefilling() || done_) return 0;
+    int64_t k = std::min<int64_t>(req_.draft, r.max_draft());
+    k = std::min(k, req_.max_new_tokens - static_cast<int64_t>(res_.tokens.size()) - 1);
+    k = std::min(k, r.max_context() - r.position(slot_) - 1);
+    return static_cast<int>(std::max<int64_t>(k, 0));
+  }
+  // The runner's k drafts to follow next() (sampled ones drawn from the head's distribution with this
+  // request's sampler, which is kept for the acceptance test); returns what the step feeds: next() and them.
+  std::span<const int32_t> propose(Runner& r, int k) {
+    drafts_.assign(static_cast<size_t>(k), 0);
+    q_.clear();
+    DraftPick pick;
+    if (!sampler_.greedy())
+      pick = [this](int i, std::span<const float> logits) {
+        std::vector<int32_t> ctx(context_), gen(res_.tokens);  // as they will be if drafts 0..i-1 are accepted
+        ctx.insert(ctx.end(), drafts_.begin(), drafts_.begin() + i);
+        gen.insert(gen.end(), drafts_.begin(), drafts_.begin() + i);
+        q_.push_back(sampler_.distribution(logits, ctx, gen));
+        return sampler_.draw_from(q_.back());
+      };
+    r.draft(slot_, next(), drafts_, pick);
+    feed_.assign(1, next());
+    feed_.insert(feed_.end(), drafts_.begin(), drafts_.end());
+    logits_.resize(feed_.size() * static_cast<size_t>(vocab_));
+    return feed_;
+  }
+  // After the step that fed propose()'s tokens (a logits row each): row i decides the token after
+  // feed_[i]: the draft when the model agrees (greedy: the same token; sampling: the acceptance rule),
+  // else the model's own token, which ends the step; all drafts agreed: row k's token as well. Returns
+  // how many of the fed tokens the sequence keeps (every committed token but the last is fed).
+  int64_t verify() {
+    const size_t k = drafts_.size();
+    ++res_.verify_steps;
+    if (res_.drafted.size() < k) res_.drafted.resize(k, 0), res_.accepted.resize(k, 0);
+    int64_t committed = 0;
+    for (size_t i = 0; i <= k && !done_; ++i) {
+      if (cancelled()) {
+        finish(StopReason::Cancelled);
+        break;
+      }
+      const std::span<const float> row(logits_.data() + i * static_cast<size_t>(vocab_), static_cast<size_t>(vocab_));
+      bool accepted = false;
+      int32_t id = 0;
+      if (i < k) {
+        if (sampler_.greedy()) {
+          id = sampler_.sample(row, context_, res_.tokens);
+          accepted = id == drafts_[i];
+        } else {
+          std::tie(accepted, id) = sampler_.verify_draft(sampler_.distribution(row, context_, res_.tokens), q_[i], drafts_[i]);
+        }
+        ++res_.drafted[i];
+        res_.accepted[i] += accepted;
+      } else {
+        id = sampler_.sample(row, context_, res_.tokens);
+      }
+      commit(id);
+      ++committed;
+      if (i < k && !accepted) break;
+    }
+    return std::max<int64_t>(committed, 1);
+  }
+
+  // Appends a chosen token: streams its text and ends the sequence on eos, a stop string or max_new_tokens.
+  void commit(int32_t id) {
     res_.tokens.push_back(id);
     context_.push_back(id);
     if (std::find(req_.eos_ids.begin(), req_.eos_ids.end(), id) != req_.eos_ids.end()) return finish(StopReason::Eos);
@@ -127,12 +198,15 @@ class Batcher::Live {
   GenerateRequest req_;  // a copy: the caller's may go away once added
   GenerateResult& res_;
   int slot_;
+  int64_t vocab_;
   Sampler sampler_;
   StreamDecoder decoder_;
   std::vector<int32_t> context_;
   std::string pending_;  // decoded text not yet emitted
-  std::vector<float> logits_;
+  std::vector<float> logits_;  // [vocab], or a row for each token a verification step feeds
   std::vector<std::pair<int32_t, float>> top_;
+  std::vector<int32_t> drafts_, feed_;  // the step's drafts, and what it feeds: next() and the drafts
+  std::vector<Sampler::Dist> q_;        // the drafts' distributions (sampling)
   int64_t fed_ = 0;      // prompt tokens fed (or resumed)
   Clock::time_point t_start_ = Clock::now(), t_decode_ = Clock::now();
   bool done_ = false;
@@ -173,10 +247,15 @@ void Batcher::add(const GenerateRequest& req, GenerateResult* out) {
 size_t Batcher::running() const { return active_.size(); }
 
 // One step feeding ids[i] to who[i] with logits; returns whether their candidates (not rows) came back.
-bool Batcher::run(const std::vector<Live*>& who, const std::vector<std::span<const int32_t>>& ids) {
+// A verifying feed (verify[i]) keeps its states and gets every row's logits.
+bool Batcher::run(const std::vector<Live*>& who, const std::vector<std::span<const int32_t>>& ids, const std::vector<uint8_t>& verify) {
   std::vector<Runner::Feed> feeds(who.size());
-  for (size_t i = 0; i < who.size(); ++i) feeds[i] = {who[i]->slot(), ids[i], who[i]->logits(), Qwen35Moe::LogitRows::Last, false};
-  bool all_k = try_top_;
+  bool any_verify = false;
+  for (size_t i = 0; i < who.size(); ++i) {
+    feeds[i] = {who[i]->slot(), ids[i], who[i]->logits(), verify[i] ? Qwen35Moe::LogitRows::All : Qwen35Moe::LogitRows::Last, verify[i] != 0};
+    any_verify = any_verify || verify[i];
+  }
+  bool all_k = try_top_ && !any_verify;
   for (Live* l : who) all_k = all_k && l->candidates() > 0;
   if (all_k) {
     std::vector<std::vector<LogitPenalty>> pens(who.size());
@@ -250,12 +329,17 @@ void Batcher::step() {
   // Every other sequence: its prompt's last chunk or its next token, together.
   std::vector<Live*> who;
   std::vector<std::span<const int32_t>> ids;
+  std::vector<uint8_t> verify;
   std::vector<int32_t> next(active_.size());
   for (size_t i = 0; i < active_.size(); ++i) {
     Live* l = active_[i].get();
     if (in_partial[i]) continue;  // fed its chunk above: one piece a step
+    verify.push_back(0);
     if (l->prefilling()) {
       ids.push_back(l->next_chunk(chunk_));
+    } else if (const int k = l->drafts_wanted(runner_); k > 0) {
+      ids.push_back(l->propose(runner_, k));
+      verify.back() = 1;
     } else {
       next[i] = l->next();
       ids.push_back(std::span(&next[i], 1));
@@ -263,14 +347,15 @@ void Batcher::step() {
     who.push_back(l);
   }
   if (!who.empty()) {
-    const bool top = run(who, ids);
+    const bool top = run(who, ids, verify);
     for (size_t i = 0; i < who.size(); ++i) {
       if (who[i]->prefilling()) {  // its prompt's last chunk went in this step
         who[i]->fed(static_cast<int64_t>(ids[i].size()));
         who[i]->prefilled();
         if (who[i]->done()) continue;
       }
-      who[i]->take_next(top);
+      if (verify[i]) runner_.rollback(who[i]->slot(), who[i]->verify());
+      else who[i]->take_next(top);
       checkpoint(*who[i]);
     }
   }
@@ -287,6 +372,21 @@ std::vector<GenerateResult> generate_batch(Runner& runner, int64_t vocab, const 
 
 GenerateResult generate(Runner& runner, int64_t vocab, const Tokenizer& tokenizer, const GenerateRequest& req) {
   return std::move(generate_batch(runner, vocab, tokenizer, std::span(&req, 1))[0]);
+}
+
+std::string draft_summary(const GenerateResult& r) {
+  if (r.verify_steps == 0) return {};
+  auto two = [](double v) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%.2f", v);
+    return std::string(b);
+  };
+  int64_t tokens = r.verify_steps;  // each verification step commits one token plus its accepted drafts
+  for (int64_t a : r.accepted) tokens += a;
+  std::string s = "drafts: " + two(static_cast<double>(tokens) / r.verify_steps) + " tokens a step, accepted";
+  for (size_t i = 0; i < r.drafted.size(); ++i)
+    s += std::string(i ? " /" : "") + " " + (r.drafted[i] ? two(static_cast<double>(r.accepted[i]) / r.drafted[i]) : "-");
+  return s + " by position";
 }
 
 std::vector<int32_t> stop_token_ids(const ModelConfig& config, const Tokenizer& tokenizer, const GenerationDefaults& defaults) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <optional>
 
 #include "cpu_experts/cpu_moe.h"
 
@@ -16,6 +17,11 @@
 #endif
 
 namespace tandem {
+
+void Runner::draft(int slot, int32_t next, std::span<int32_t> drafts, const DraftPick& pick) {
+  (void)slot, (void)next, (void)drafts, (void)pick;
+  fail("this runner (", describe(), ") does not draft (RunnerOptions::draft / --draft is 0)");
+}
 
 void Runner::restore(int slot, const SequenceSnapshot& s) {
   (void)slot, (void)s;
@@ -43,12 +49,15 @@ void check_feeds(std::span<const Runner::Feed> feeds, const Runner& r, int64_t v
 // A host sequence's copy: the state's vectors as they are (KV rows up to its position).
 struct HostSnapshot final : SequenceSnapshot {
   std::vector<std::vector<float>> k_cache, v_cache, conv_window, recurrent;
+  std::optional<MtpSequence> mtp;  // the head's side, when the runner drafts
 };
 
 class HostRunner final : public Runner {
  public:
-  HostRunner(const Qwen35Moe& m, std::unique_ptr<CpuBackend> backend, int defer, int batch)
-      : model_(m), backend_(std::move(backend)), defer_(defer), states_(static_cast<size_t>(std::max(batch, 1))) {
+  HostRunner(const Qwen35Moe& m, std::unique_ptr<CpuBackend> backend, int defer, int batch, int draft)
+      : model_(m), backend_(std::move(backend)), defer_(defer), draft_(draft), states_(static_cast<size_t>(std::max(batch, 1))) {
+    if (draft_ > 0)
+      for (int s = 0; s < slots(); ++s) mtp_.emplace_back(m, backend_.get());
     for (int s = 0; s < slots(); ++s) reset_slot(s);
   }
   int slots() const override { return static_cast<int>(states_.size()); }
@@ -58,22 +67,45 @@ class HostRunner final : public Runner {
     st = model_.new_state();
     st.backend = backend_.get();
     st.defer_experts = defer_;
+    if (draft_ > 0) mtp_[slot].reset();
   }
   int64_t position(int slot) const override { return states_.at(slot).pos; }
   void step(std::span<const Feed> feeds) override {
     check_feeds(feeds, *this, model_.config().vocab_size);
     int64_t tokens = 0;
     std::vector<Qwen35Moe::SeqTokens> seqs;
-    for (const Feed& f : feeds) {
+    std::vector<std::vector<float>> hidden(draft_ > 0 ? feeds.size() : 0);  // the MTP head's inputs
+    for (size_t i = 0; i < feeds.size(); ++i) {
+      const Feed& f = feeds[i];
       seqs.push_back({&states_[f.slot], f.ids, f.logits, f.rows, f.keep_states});
+      if (draft_ > 0) {
+        hidden[i].resize(f.ids.size() * static_cast<size_t>(model_.config().hidden_size));
+        seqs.back().hidden = hidden[i].data();
+      }
       tokens += static_cast<int64_t>(f.ids.size());
     }
-    TraceSpan span(tokens > static_cast<int64_t>(feeds.size()) ? "forward (prefill)" : "forward (decode)", "host");
-    model_.forward_batch(seqs);
+    {
+      TraceSpan span(tokens > static_cast<int64_t>(feeds.size()) ? "forward (prefill)" : "forward (decode)", "host");
+      model_.forward_batch(seqs);
+    }
+    if (draft_ > 0) {
+      TraceSpan span("MTP head (catch-up)", "host");
+      for (size_t i = 0; i < feeds.size(); ++i) mtp_[feeds[i].slot].fed(feeds[i].ids, hidden[i].data(), feeds[i].keep_states);
+    }
   }
   void rollback(int slot, int64_t keep) override {
     if (slot < 0 || slot >= slots()) fail("slot ", slot, " is outside 0..", slots() - 1);
     states_[slot].rollback(keep);
+    if (draft_ > 0) mtp_[slot].rolled_back(keep);
+  }
+  int max_draft() const override { return draft_; }
+  void draft(int slot, int32_t next, std::span<int32_t> drafts, const DraftPick& pick) override {
+    if (draft_ == 0) return Runner::draft(slot, next, drafts, pick);
+    if (slot < 0 || slot >= slots()) fail("slot ", slot, " is outside 0..", slots() - 1);
+    if (drafts.empty() || static_cast<int>(drafts.size()) > draft_)
+      fail("draft: ", drafts.size(), " tokens asked for; this runner drafts 1..", draft_, " (--draft)");
+    TraceSpan span("MTP head (draft)", "host");
+    mtp_[slot].draft(next, drafts, pick);
   }
   bool saves_sequences() const override { return true; }
   std::shared_ptr<const SequenceSnapshot> save(int slot) const override {
@@ -85,6 +117,10 @@ class HostRunner final : public Runner {
     s->k_cache = st.k_cache, s->v_cache = st.v_cache, s->conv_window = st.conv_window, s->recurrent = st.recurrent;
     for (const auto* part : {&s->k_cache, &s->v_cache, &s->conv_window, &s->recurrent})
       for (const auto& v : *part) s->bytes += v.size() * sizeof(float);
+    if (draft_ > 0) {
+      s->mtp = mtp_[slot];
+      s->bytes += s->mtp->bytes();
+    }
     return s;
   }
   void restore(int slot, const SequenceSnapshot& saved) override {
@@ -94,6 +130,7 @@ class HostRunner final : public Runner {
     Qwen35State& st = states_[slot];
     st.pos = s->position;
     st.k_cache = s->k_cache, st.v_cache = s->v_cache, st.conv_window = s->conv_window, st.recurrent = s->recurrent;
+    if (draft_ > 0) mtp_[slot] = *s->mtp;
   }
   std::string describe() const override {
     return backend_ ? "cpu: " + backend_->describe() : "ref: exact fp32 reference";
@@ -108,7 +145,9 @@ class HostRunner final : public Runner {
   const Qwen35Moe& model_;
   std::unique_ptr<CpuBackend> backend_;
   int defer_ = 0;
+  int draft_ = 0;
   std::vector<Qwen35State> states_;
+  std::vector<MtpSequence> mtp_;  // per slot, when drafting
 };
 
 #ifdef TANDEM_HAVE_CUDA
@@ -336,14 +375,20 @@ std::unique_ptr<Runner> make_runner(const Qwen35Moe& model, const RunnerOptions&
     fail("--defer-experts ", o.defer_experts, " must be between 0 and the model's ", model.config().num_experts_per_tok, " experts per token");
   if (o.defer_experts > 0 && o.device != Device::Ref && o.device != Device::Cpu)
     fail("--defer-experts is for --device ref or cpu; a hybrid run defers through experts.deferral in its placement YAML");
-  if (o.device == Device::Ref) return std::make_unique<HostRunner>(model, nullptr, o.defer_experts, batch);
+  if (o.draft < 0 || o.draft > kMaxDraft) fail("--draft ", o.draft, " must be between 0 (off) and ", kMaxDraft, " tokens");
+  if (o.draft > 0 && !model.mtp())
+    fail("--draft ", o.draft, ": ", model.checkpoint().dir(), " has no MTP head (mtp.* tensors), which speculative decoding drafts with");
+  if (o.draft > 0 && o.device != Device::Ref && o.device != Device::Cpu)
+    fail("--draft: speculative decoding runs on --device ref and cpu so far; the GPU placements do not run the MTP head yet");
+  if (o.device == Device::Ref) return std::make_unique<HostRunner>(model, nullptr, o.defer_experts, batch, o.draft);
   if (o.device == Device::Cpu) {
     CpuBackendOptions co;
     co.threads = o.threads;
     if (o.cpu_expert_format == "int8") co.dense_expert_format = cpu::WeightFormat::Int8;
     else if (o.cpu_expert_format == "bf16") co.dense_expert_format = cpu::WeightFormat::BF16;
     else fail("--cpu-expert-format must be int8 or bf16 (got '", o.cpu_expert_format, "')");
-    return std::make_unique<HostRunner>(model, std::make_unique<CpuBackend>(model, co), o.defer_experts, batch);
+    co.mtp = o.draft > 0;
+    return std::make_unique<HostRunner>(model, std::make_unique<CpuBackend>(model, co), o.defer_experts, batch, o.draft);
   }
   if (o.device == Device::Gpu) {
 #ifdef TANDEM_HAVE_CUDA

@@ -25,6 +25,7 @@
 #include "placement/planner.h"
 #include "runtime/engine/sampling.h"
 #include "runtime/models/qwen3_5_moe/model.h"
+#include "runtime/models/qwen3_5_moe/mtp.h"
 
 namespace tandem {
 
@@ -46,6 +47,8 @@ struct RunnerOptions {
   bool context_set = false;              // --context given (else a hybrid config's context applies)
   int64_t min_context = 0;               // what the command needs at least (prompt + generation)
   int64_t verify_tokens = 0;             // gpu / hybrid: tokens a step that keeps its states (Feed::keep_states) may feed (0: none)
+  int draft = 0;                         // ref / cpu: tokens the MTP head may draft a step (speculative decoding; 0: off)
+  bool draft_set = false;                // --draft given (else a hybrid config's speculative.draft applies)
   int batch = 0;                         // sequences held at once (slots; gpu / hybrid: KV cache and state each); 0: the config's batch, else 1
   std::string config;                    // hybrid: placement YAML (empty: defaults)
   // hybrid: the placement as the planner made it (prepare_device), handed to the engine as it is
@@ -97,6 +100,15 @@ class Runner {
   // After a keep_states step that fed n tokens to `slot`: back to its state after the first `keep`
   // (0..n) of them, as if the rest had never been fed (no recompute).
   virtual void rollback(int slot, int64_t keep) = 0;
+
+  // Speculative decoding with the model's MTP head (RunnerOptions::draft): the most tokens draft()
+  // proposes (0: this runner does not draft). draft() fills `drafts` (1..max_draft() of them) with the
+  // tokens the head expects to follow `next`, the token the slot's sequence is fed next (the one its
+  // last step's logits gave); pick(i, logits) chooses draft i from the head's logits (nullptr: the
+  // argmax). The runner keeps what the head needs (the main model's hidden states) itself, through
+  // step() and rollback(), whichever placement runs it.
+  virtual int max_draft() const { return 0; }
+  virtual void draft(int slot, int32_t next, std::span<int32_t> drafts, const DraftPick& pick);
 
   // Sequence snapshots (the prefix cache): whether this runner makes them; a copy of the slot's
   // sequence; the slot becomes a saved sequence (tandem::Error for another runner's snapshot). Every

@@ -235,4 +235,25 @@ int32_t Sampler::sample_top(std::span<const std::pair<int32_t, float>> top) {
   return draw(filtered(top.first(static_cast<size_t>(need))));
 }
 
+std::pair<bool, int32_t> Sampler::verify_draft(const Dist& p, const Dist& q, int32_t d) {
+  auto prob = [](const Dist& dist, int32_t id) {
+    for (const auto& [i, v] : dist)
+      if (i == id) return v;
+    return 0.0;
+  };
+  const double pd = prob(p, d), qd = prob(q, d);
+  if (qd <= 0) fail("verify_draft: the draft token ", d, " has no probability under the draft distribution");
+  if (pd >= qd || std::uniform_real_distribution<double>(0.0, 1.0)(rng_) < pd / qd) return {true, d};
+  std::unordered_map<int32_t, double> qm(q.begin(), q.end());
+  Dist residual;
+  double total = 0;
+  for (const auto& [id, v] : p) {
+    const auto it = qm.find(id);
+    if (const double r = v - (it == qm.end() ? 0.0 : it->second); r > 0) residual.push_back({id, r}), total += r;
+  }
+  if (total <= 0) return {false, draw(p)};
+  for (auto& r : residual) r.second /= total;
+  return {false, draw(residual)};
+}
+
 }  // namespace tandem

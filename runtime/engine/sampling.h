@@ -73,6 +73,17 @@ class Sampler {
   // logit order (ties: lower id first): the same draw as sample() on the whole row.
   int32_t sample_top(std::span<const std::pair<int32_t, float>> top);
 
+  // Speculative decoding. A distribution as distribution() gives it: (id, probability), decreasing.
+  using Dist = std::vector<std::pair<int32_t, double>>;
+  bool greedy() const { return p_.temperature == 0.0f; }
+  // A draw from `dist` with this sampler's generator (a draft token from the draft model's q).
+  int32_t draw_from(const Dist& dist) { return draw(dist); }
+  // The speculative-sampling rule (Leviathan et al. 2023, Chen et al. 2023): a draft `d` drawn from q
+  // is accepted with probability min(1, p(d) / q(d)); otherwise the token is drawn from
+  // max(0, p - q) renormalised (from p when that is empty). Either way the token's distribution is
+  // exactly p. Returns (accepted, token).
+  std::pair<bool, int32_t> verify_draft(const Dist& p, const Dist& q, int32_t d);
+
  private:
   // The k best (id, penalised logit) pairs of a whole row, decreasing (ties: lower id first); one pass.
   static std::vector<std::pair<int32_t, float>> best(std::span<const float> logits, const std::vector<LogitPenalty>& pen, int64_t k);

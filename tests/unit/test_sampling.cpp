@@ -240,5 +240,48 @@ TEST(Sampling, GenerationConfigDefaults) {
   EXPECT_FALSE(load_generation_config(dir.file("nowhere")).found);
 }
 
+// Speculative sampling: a draft drawn from q and put through verify_draft against p yields tokens
+// distributed as p, whatever q is (overlapping, missing some of p's ids, or holding ids p lacks);
+// and when p and q agree every draft is accepted.
+TEST(Sampling, VerifiedDraftsFollowTheTargetDistribution) {
+  const Sampler::Dist p = {{1, 0.4}, {3, 0.25}, {4, 0.15}, {2, 0.1}, {0, 0.05}, {5, 0.05}};
+  const std::vector<Sampler::Dist> qs = {
+      {{3, 0.5}, {1, 0.2}, {0, 0.2}, {5, 0.1}},           // overlaps, misses 2 and 4
+      {{7, 0.6}, {1, 0.3}, {4, 0.1}},                     // holds an id p does not
+      {{5, 0.9}, {2, 0.1}},                               // far from p
+  };
+  for (size_t c = 0; c < qs.size(); ++c) {
+    SamplingParams sp;
+    sp.seeded = true;
+    sp.seed = test::test_seed() + c;
+    Sampler s(sp);
+    const int n = 200000;
+    std::map<int, int> count;
+    int accepted = 0;
+    for (int i = 0; i < n; ++i) {
+      const int32_t d = s.draw_from(qs[c]);
+      const auto [ok, id] = s.verify_draft(p, qs[c], d);
+      accepted += ok;
+      EXPECT_TRUE(!ok || id == d);
+      ++count[id];
+    }
+    double chi2 = 0;
+    for (const auto& [id, prob] : p) {
+      const double e = prob * n, o = count[id];
+      chi2 += (o - e) * (o - e) / e;
+    }
+    EXPECT_EQ(count.size(), p.size()) << "q " << c << ": a token outside p's support";
+    EXPECT_LT(chi2, chi2_critical(5)) << "q " << c << ", seed " << sp.seed;
+    double overlap = 0;  // the acceptance rate is sum min(p, q)
+    for (const auto& [id, pv] : p)
+      for (const auto& [jd, qv] : qs[c])
+        if (id == jd) overlap += std::min(pv, qv);
+    EXPECT_NEAR(static_cast<double>(accepted) / n, overlap, 0.01) << "q " << c;
+  }
+  Sampler s(SamplingParams{});
+  for (int i = 0; i < 100; ++i) EXPECT_TRUE(s.verify_draft(p, p, s.draw_from(p)).first);
+  test::expect_error([&] { s.verify_draft(p, qs[2], 1); }, {"draft token 1", "no probability"});
+}
+
 }  // namespace
 }  // namespace tandem

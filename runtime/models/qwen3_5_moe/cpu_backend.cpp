@@ -45,14 +45,18 @@ CpuBackend::CpuBackend(const Qwen35Moe& model, const CpuBackendOptions& opts)
     po.format = cpu::WeightFormat::BF16;
     dense_.emplace(key_of(w), cpu::pack_weight(w, po, arena_));
   };
-  for (size_t l = 0; l < model.layers().size(); ++l) {
-    const LayerWeights& L = model.layers()[l];
+  auto add_layer = [&](int l, const LayerWeights& L) {
     for (const LinearWeight* w : {&L.attn.q_proj, &L.attn.k_proj, &L.attn.v_proj, &L.attn.o_proj, &L.deltanet.in_proj_qkv,
                                   &L.deltanet.in_proj_z, &L.deltanet.in_proj_a, &L.deltanet.in_proj_b, &L.deltanet.out_proj,
                                   &L.moe.router, &L.moe.shared_gate, &L.moe.shared_up, &L.moe.shared_down,
                                   &L.moe.shared_expert_gate})
       pack_dense(*w);
-    experts_.add_layer(static_cast<int>(l), L.moe, {}, &pool_);
+    experts_.add_layer(l, L.moe, {}, &pool_);
+  };
+  for (size_t l = 0; l < model.layers().size(); ++l) add_layer(static_cast<int>(l), model.layers()[l]);
+  if (opts.mtp && model.mtp()) {  // the MTP head's layer at index num_layers, as the model's walk numbers it
+    add_layer(model.config().num_layers, model.mtp()->layer);
+    pack_dense(model.mtp()->fc);
   }
   pack_dense(model.lm_head());
 }

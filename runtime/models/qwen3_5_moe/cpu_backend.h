@@ -23,6 +23,7 @@ struct CpuBackendOptions {
   int threads = 0;                                   // 0: physical cores
   cpu::WeightFormat dense_expert_format = cpu::WeightFormat::BF16;  // for BF16/F16 experts (int8 on request)
   cpu::ActPrecision expert_act = cpu::ActPrecision::Int16;           // int expert activations
+  bool mtp = false;                                  // pack the MTP head too (speculative decoding)
 };
 
 class CpuBackend final : public MatmulBackend {

@@ -399,29 +399,19 @@ void Qwen35Moe::forward_batch(std::span<const SeqTokens> seqs, const TensorTap& 
     for (const int32_t id : s.ids) embed_.dequant_row(id, h.data() + t++ * H);
   emit("embed", -1, h.data(), T, H);
 
-  for (int l = 0; l < c.num_layers; ++l) {
-    const LayerWeights& L = layers_[l];
-    for (int64_t r = 0; r < T; ++r) ref::rmsnorm_zc(h.data() + r * H, L.input_norm.data(), H, eps, x.data() + r * H);
-    emit("attn_norm", l, x.data(), T, H);
-    if (L.kind == LayerKind::LinearAttention) deltanet_forward(L, l, step, x.data(), out.data(), tap);
-    else attention_forward(L, l, step, x.data(), out.data(), tap);
-    for (int64_t i = 0; i < T * H; ++i) h[i] += out[i];
-    for (int64_t r = 0; r < T; ++r)
-      ref::rmsnorm_zc(h.data() + r * H, L.post_attention_norm.data(), H, eps, x.data() + r * H);
-    emit("ffn_norm", l, x.data(), T, H);
-    moe_forward(L, l, step, x.data(), out.data(), deferred, tap);
-    for (int64_t i = 0; i < T * H; ++i) h[i] += out[i];
-    if (step.lead->defer_experts > 0) {  // the previous layer's deferred experts arrive with this layer's MoE output
-      for (size_t i = 0; i < pending.size(); ++i) h[i] += pending[i];
-      pending.swap(deferred);
-    }
-    emit("layer_out", l, h.data(), T, H);
-  }
+  for (int l = 0; l < c.num_layers; ++l) decoder_layer(layers_[l], l, step, h, x, out, pending, deferred, tap);
   for (size_t i = 0; i < pending.size(); ++i) h[i] += pending[i];  // the last layer's deferred experts
 
-  // lm_head over the rows asked for only, in step order
+  // The final norm and lm_head over the rows asked for only, in step order; every row of a sequence
+  // that wants its hidden states.
   std::vector<int64_t> wanted;
   for (size_t i = 0; i < seqs.size(); ++i) {
+    if (seqs[i].hidden) {
+      for (int64_t r = step.first[i]; r < step.first[i + 1]; ++r) {
+        float* dst = seqs[i].hidden + (r - step.first[i]) * H;
+        ref::rmsnorm_zc(h.data() + r * H, final_norm_.data(), H, eps, dst);
+      }
+    }
     if (!seqs[i].logits) continue;
     const int64_t from = seqs[i].rows == LogitRows::Last ? step.first[i + 1] - 1 : step.first[i];
     for (int64_t r = from; r < step.first[i + 1]; ++r) wanted.push_back(r);
@@ -443,6 +433,81 @@ void Qwen35Moe::forward_batch(std::span<const SeqTokens> seqs, const TensorTap& 
     }
   }
   for (const SeqTokens& s : seqs) s.state->pos += static_cast<int64_t>(s.ids.size());
+}
+
+void Qwen35Moe::decoder_layer(const LayerWeights& L, int l, const Step& step, std::vector<float>& h, std::vector<float>& x,
+                              std::vector<float>& out, std::vector<float>& pending, std::vector<float>& deferred,
+                              const TensorTap& tap) const {
+  const int64_t H = cfg_.hidden_size, T = step.rows();
+  const float eps = static_cast<float>(cfg_.rms_norm_eps);
+  auto emit = [&](const char* name, const float* d) {
+    if (tap) tap(name, l, d, T, H);
+  };
+  for (int64_t r = 0; r < T; ++r) ref::rmsnorm_zc(h.data() + r * H, L.input_norm.data(), H, eps, x.data() + r * H);
+  emit("attn_norm", x.data());
+  if (L.kind == LayerKind::LinearAttention) deltanet_forward(L, l, step, x.data(), out.data(), tap);
+  else attention_forward(L, l, step, x.data(), out.data(), tap);
+  for (int64_t i = 0; i < T * H; ++i) h[i] += out[i];
+  for (int64_t r = 0; r < T; ++r) ref::rmsnorm_zc(h.data() + r * H, L.post_attention_norm.data(), H, eps, x.data() + r * H);
+  emit("ffn_norm", x.data());
+  moe_forward(L, l, step, x.data(), out.data(), deferred, tap);
+  for (int64_t i = 0; i < T * H; ++i) h[i] += out[i];
+  if (step.lead->defer_experts > 0) {  // the previous layer's deferred experts arrive with this layer's MoE output
+    for (size_t i = 0; i < pending.size(); ++i) h[i] += pending[i];
+    pending.swap(deferred);
+  }
+  emit("layer_out", h.data());
+}
+
+Qwen35State Qwen35Moe::new_mtp_state() const {
+  Qwen35State s;
+  const size_t n = static_cast<size_t>(cfg_.num_layers) + 1;  // the head's layer sits at index num_layers
+  s.k_cache.resize(n);
+  s.v_cache.resize(n);
+  s.conv_window.resize(n);
+  s.recurrent.resize(n);
+  return s;
+}
+
+void Qwen35Moe::mtp_forward(Qwen35State& st, std::span<const int32_t> ids, const float* hidden, float* logits, LogitRows rows,
+                            float* hidden_out, const TensorTap& tap) const {
+  if (!mtp_) fail(ckpt_.dir(), ": the checkpoint has no MTP head (mtp.* tensors), which drafting needs");
+  const ModelConfig& c = cfg_;
+  const int64_t H = c.hidden_size, V = c.vocab_size, T = static_cast<int64_t>(ids.size());
+  if (T == 0) fail("mtp_forward: no rows");
+  if (st.k_cache.size() != static_cast<size_t>(c.num_layers) + 1) fail("mtp_forward: the state is not an MTP head state (new_mtp_state)");
+  if (st.defer_experts != 0) fail("mtp_forward: the head defers no experts");
+  for (int64_t t = 0; t < T; ++t)
+    if (ids[t] < 0 || ids[t] >= V) fail("token id ", ids[t], " at position ", t, " is outside the vocabulary (0..", V - 1, ")");
+  const SeqTokens one{&st, ids, logits, rows, false};
+  Step step;
+  step.seqs = std::span(&one, 1);
+  step.first = {0, T};
+  step.backend = st.backend;
+  step.lead = &st;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+  const int layer = c.num_layers;
+
+  // x = fc([RMSNorm_e(embed(id)) ; RMSNorm_h(h)]), the embedding half first
+  std::vector<float> cat(T * 2 * H), e(H), h(T * H), x(T * H), out(T * H), pending, deferred;
+  for (int64_t t = 0; t < T; ++t) {
+    embed_.dequant_row(ids[t], e.data());
+    ref::rmsnorm_zc(e.data(), mtp_->pre_fc_norm_embedding.data(), H, eps, cat.data() + t * 2 * H);
+    ref::rmsnorm_zc(hidden + t * H, mtp_->pre_fc_norm_hidden.data(), H, eps, cat.data() + t * 2 * H + H);
+  }
+  step.linear(mtp_->fc, cat.data(), T, h.data());
+  if (tap) tap("mtp_fc", layer, h.data(), T, H);
+  decoder_layer(mtp_->layer, layer, step, h, x, out, pending, deferred, tap);
+
+  const int64_t from = rows == LogitRows::Last ? T - 1 : 0, n = T - from;
+  for (int64_t r = 0; r < n; ++r) ref::rmsnorm_zc(h.data() + (from + r) * H, mtp_->norm.data(), H, eps, x.data() + r * H);
+  if (tap) tap("mtp_norm", layer, x.data(), n, H);
+  if (hidden_out) std::copy_n(x.data(), n * H, hidden_out);
+  if (logits) {
+    step.linear(lm_head_, x.data(), n, logits);
+    if (tap) tap("mtp_logits", layer, logits, n, V);
+  }
+  st.pos += T;
 }
 
 void Qwen35Moe::deltanet_forward(const LayerWeights& L, int layer, const Step& step, const float* x, float* out,

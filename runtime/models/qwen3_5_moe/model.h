@@ -52,7 +52,7 @@ struct LayerWeights {
 
 // The multi-token-prediction head (`mtp.*`, spec section 3.6): x = fc([RMSNorm_e(embed(next)) ;
 // RMSNorm_h(h)]), then `layer` (full attention with its own MoE), `norm`, the shared lm_head. Loaded
-// when the checkpoint has it (both official releases keep it in BF16); not yet run (issue 27).
+// when the checkpoint has it (both official releases keep it in BF16); Qwen35Moe::mtp_forward runs it.
 struct MtpWeights {
   LinearWeight fc;  // [H, 2H]: embedding half first
   std::vector<float> pre_fc_norm_embedding, pre_fc_norm_hidden, norm;
@@ -151,16 +151,36 @@ class Qwen35Moe {
     float* logits = nullptr;          // [ids, vocab] (All) or [vocab] (Last); nullptr: none
     LogitRows rows = LogitRows::Last;
     bool keep_states = false;         // keep the state after every position (Qwen35State::rollback)
+    float* hidden = nullptr;          // [ids, H]: every fed token's final hidden state (after the final norm; the MTP head's h)
   };
   // One layer walk over every sequence's tokens (see above). The states share one backend and one
   // deferral setting; a state appears once. Taps see the step's rows [sum of ids, cols] in order.
   void forward_batch(std::span<const SeqTokens> seqs, const TensorTap& tap = {}) const;
+
+  // The MTP head (spec section 3.6) over n rows of one sequence's head state (new_mtp_state) at its
+  // position p: row i pairs the main model's final hidden state at position p + i (`hidden` [n, H],
+  // SeqTokens::hidden) with the token that followed it (ids[i]), and its KV row joins the head's cache
+  // at position p + i (the main model's RoPE position of that hidden state). h is the state after the
+  // final norm: vLLM and SGLang, whose MTP serving of Qwen3-Next / Qwen3.5 reports acceptance rates a
+  // mismatched input could not reach, hand the head the target model's normed output (its forward's
+  // return value), and the head norms it once more (pre_fc_norm_hidden), as Megatron-style MTP training
+  // does. Chained drafts feed the head its own output after mtp.norm (`hidden_out`), as they do.
+  // Writes logits [n, vocab] (All) or [vocab] (Last) and, when set, hidden_out [n or 1, H] for the same
+  // rows. tandem::Error when the checkpoint has no head.
+  void mtp_forward(Qwen35State& state, std::span<const int32_t> ids, const float* hidden, float* logits, LogitRows rows,
+                   float* hidden_out = nullptr, const TensorTap& tap = {}) const;
+  // A state for the MTP head: one attention layer's cache, at index config().num_layers of the walk
+  // (the index its routed experts and taps use too).
+  Qwen35State new_mtp_state() const;
 
  private:
   void load_weights();
   // One decoder layer's tensors under `p` ("model.language_model.layers.3.", "mtp.layers.0.").
   LayerWeights load_layer(const std::string& p, LayerKind kind, bool fused) const;
   struct Step;  // a forward_batch call's sequences, their rows and the backend
+  // One decoder layer over the step's rows: h += mixer(norm(h)); h += moe(norm(h)) (x, out: scratch).
+  void decoder_layer(const LayerWeights& L, int layer, const Step& step, std::vector<float>& h, std::vector<float>& x,
+                     std::vector<float>& out, std::vector<float>& pending, std::vector<float>& deferred, const TensorTap& tap) const;
   void deltanet_forward(const LayerWeights& L, int layer, const Step& step, const float* x, float* out, const TensorTap& tap) const;
   void attention_forward(const LayerWeights& L, int layer, const Step& step, const float* x, float* out, const TensorTap& tap) const;
   void moe_forward(const LayerWeights& L, int layer, const Step& step, const float* x, float* out, std::vector<float>& deferred,

@@ -1,0 +1,50 @@
+// runtime/models/qwen3_5_moe/mtp.h: the MTP head's side of one host sequence (speculative decoding):
+// the head's KV cache and the main model's hidden states it has not consumed yet.
+//
+// Head row p pairs the main model's final hidden state at position p with the token fed at p + 1, so
+// a row can be built once that token is known. After an ordinary step the head catches up on all the
+// step's rows but the last (whose following token is not fed yet); after a step that kept its states
+// (a verification) it waits for the rollback to say which rows stand. draft() completes the last pair
+// with the token about to be fed, then chains the head on its own output for the later drafts. Only
+// rows built from the main model's states are kept: a chain's rows are provisional, dropped at the
+// next call. The head's own KV cache is attention only, so dropping rows is a truncation.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <vector>
+
+#include "runtime/models/qwen3_5_moe/model.h"
+
+namespace tandem {
+
+// Chooses draft i from the head's logits [vocab] (Runner::draft; nullptr: the argmax).
+using DraftPick = std::function<int32_t(int i, std::span<const float> logits)>;
+
+// Index of the largest value, the lowest on ties.
+int32_t argmax_lowest(std::span<const float> v);
+
+class MtpSequence {
+ public:
+  MtpSequence(const Qwen35Moe& model, MatmulBackend* backend);
+  void reset();
+  // The main model fed `ids` (their final hidden states: hidden [n, H]); kept: its step kept states.
+  void fed(std::span<const int32_t> ids, const float* hidden, bool kept);
+  // The main model went back to the first `keep` tokens of its last kept step.
+  void rolled_back(int64_t keep);
+  // Fills `out` (at least one) with draft tokens to follow `next`, the token the main model is fed next.
+  void draft(int32_t next, std::span<int32_t> out, const DraftPick& pick);
+  uint64_t bytes() const;
+
+ private:
+  void drop_provisional();
+  const Qwen35Moe* model_;
+  Qwen35State st_;
+  int64_t committed_ = 0;       // head rows built from the main model's states (st_ may hold a chain's beyond)
+  std::vector<float> hidden_;   // [rows, H]: the main model's hidden states at positions committed_ ..
+  std::vector<int32_t> ids_;    // the tokens fed at those positions
+  int64_t kept_rows_ = 0;       // of them, the last kept step's (held until rolled_back)
+};
+
+}  // namespace tandem

@@ -1,0 +1,297 @@
+// Speculative decoding with the model's MTP head on the host placements (ref, cpu): the head against
+// its float reference (HF's own decoder layer under the head's formula, tools/make_reference.py) on
+// the fixtures that carry a head; the head's cache (rows at once = rows one by one); and the decoding
+// contract on the tiny synthetic model: greedy tokens with drafts are the tokens without them,
+// whatever the acceptance (random heads accept almost nothing, so an oracle drafter that knows the
+// answer checks the accepting side), in batches too; sampled tokens keep the target's distribution.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <map>
+
+#include "runtime/engine/generate.h"
+#include "runtime/engine/logits_compare.h"
+#include "runtime/format/npy.h"
+#include "runtime/models/qwen3_5_moe/cpu_backend.h"
+#include "tests/unit/batch_cases.h"
+#include "tests/unit/fixture_util.h"
+#include "tests/unit/test_util.h"
+
+namespace tandem {
+namespace {
+
+std::unique_ptr<Runner> host_runner(const Qwen35Moe& m, Device d, int draft, int batch = 1) {
+  RunnerOptions o;
+  o.device = d;
+  o.threads = 2;
+  o.batch = batch;
+  o.draft = draft;
+  return make_runner(m, o);
+}
+
+// ---------------------------------------------------------------- the head against its reference
+
+struct HeadCase {
+  std::string fixture;
+  Device device;
+};
+
+std::vector<HeadCase> head_cases() {
+  std::vector<HeadCase> out;
+  for (const std::string& f : test::fixture_names())
+    if (std::filesystem::exists(std::string(TANDEM_TEST_DATA) + "/" + f + "/mtp_logits.npy"))
+      for (Device d : {Device::Ref, Device::Cpu}) out.push_back({f, d});
+  return out;
+}
+
+class MtpHead : public ::testing::TestWithParam<HeadCase> {};
+
+// The main model's final hidden states against HF's (the head's input), then the head's logits from
+// HF's hidden states against HF's decoder layer, per position; within the device's tolerance against
+// HF (1e-4 for the exact reference, 3e-2 for the CPU kernels, as the main model's logits).
+TEST_P(MtpHead, MatchesTheFloatReference) {
+  const test::Fixture fx = test::load_fixture(GetParam().fixture);
+  auto model = Qwen35Moe::load(fx.dir);
+  ASSERT_NE(model->mtp(), nullptr) << fx.dir << " has mtp_logits.npy but no whole head";
+  const int64_t H = model->config().hidden_size, V = fx.vocab, n = static_cast<int64_t>(fx.ids.size());
+  const double tol = GetParam().device == Device::Ref ? 1e-4 : 3e-2;
+  std::unique_ptr<CpuBackend> cpu;
+  if (GetParam().device == Device::Cpu) {
+    CpuBackendOptions co;
+    co.threads = 2;
+    co.mtp = true;
+    cpu = std::make_unique<CpuBackend>(*model, co);
+  }
+  const NpyArray want_h = read_npy_f32(fx.dir + "/mtp_hidden.npy"), want = read_npy_f32(fx.dir + "/mtp_logits.npy");
+  ASSERT_EQ(want_h.shape, (std::vector<int64_t>{n, H}));
+  ASSERT_EQ(want.shape, (std::vector<int64_t>{n - 1, V}));
+
+  Qwen35State st = model->new_state();
+  st.backend = cpu.get();
+  std::vector<float> h(static_cast<size_t>(n * H));
+  const Qwen35Moe::SeqTokens one{&st, fx.ids, nullptr, Qwen35Moe::LogitRows::Last, false, h.data()};
+  model->forward_batch(std::span(&one, 1));
+  for (int64_t t = 0; t < n; ++t)
+    EXPECT_LT(test::row_rel_l2(h.data() + t * H, want_h.data.data() + t * H, H), tol) << "main hidden state, position " << t;
+
+  Qwen35State head = model->new_mtp_state();
+  head.backend = cpu.get();
+  std::vector<float> logits(static_cast<size_t>((n - 1) * V));
+  model->mtp_forward(head, std::span(fx.ids).subspan(1), want_h.data.data(), logits.data(), Qwen35Moe::LogitRows::All);
+  EXPECT_EQ(head.pos, n - 1);
+  for (int64_t t = 0; t + 1 < n; ++t)
+    EXPECT_LT(test::row_rel_l2(logits.data() + t * V, want.data.data() + t * V, V), tol) << "MTP logits, position " << t;
+
+  // The head's cache: the same rows one at a time, bit for bit.
+  Qwen35State step = model->new_mtp_state();
+  step.backend = cpu.get();
+  std::vector<float> row(static_cast<size_t>(V));
+  for (int64_t t = 0; t + 1 < n; ++t) {
+    model->mtp_forward(step, std::span(fx.ids).subspan(static_cast<size_t>(t) + 1, 1), want_h.data.data() + t * H, row.data(),
+                       Qwen35Moe::LogitRows::Last);
+    EXPECT_TRUE(std::equal(row.begin(), row.end(), logits.begin() + t * V)) << "position " << t << " fed alone";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, MtpHead, ::testing::ValuesIn(head_cases()),
+                         [](const auto& info) { return info.param.fixture + "_" + device_name(info.param.device); });
+GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(MtpHead);
+
+TEST(MtpHead, FixturesCarryOne) { EXPECT_GE(head_cases().size(), 4u) << "gptq_sym_v1 and bf16_text_only carry a head (tools/make_reference.py)"; }
+
+// ---------------------------------------------------------------- decoding with drafts
+
+const test::TinyModel& tiny() {
+  static const test::TinyModel m;
+  return m;
+}
+
+GenerateRequest greedy_request(const std::string& prompt, int64_t n, int draft) {
+  GenerateRequest q;
+  q.prompt = tiny().tok.encode(prompt);
+  q.max_new_tokens = n;
+  q.sampling.temperature = 0;
+  q.draft = draft;
+  return q;
+}
+
+class Speculative : public ::testing::TestWithParam<Device> {};
+
+TEST_P(Speculative, GreedyTokensAreTheTokensWithoutDrafts) {
+  const test::TinyModel& m = tiny();
+  auto plain = host_runner(*m.model, GetParam(), 0);
+  for (int k : {1, 2, 4}) {
+    auto spec = host_runner(*m.model, GetParam(), k);
+    EXPECT_EQ(spec->max_draft(), k);
+    for (const char* p : {"the model routes every token", "x y z"}) {
+      const GenerateResult want = generate(*plain, m.vocab, m.tok, greedy_request(p, 24, 0));
+      const GenerateResult got = generate(*spec, m.vocab, m.tok, greedy_request(p, 24, k));
+      EXPECT_EQ(got.tokens, want.tokens) << "draft " << k << ", prompt '" << p << "'";
+      EXPECT_EQ(got.text, want.text);
+      EXPECT_GT(got.verify_steps, 0);
+      ASSERT_EQ(got.drafted.size(), static_cast<size_t>(k));
+      EXPECT_GT(got.drafted[0], 0);
+    }
+  }
+}
+
+// Greedy requests with different drafts in one batch: each gets its tokens alone without drafts.
+TEST_P(Speculative, BatchedRequestsWithDraftsGetTheirTokensAlone) {
+  const test::TinyModel& m = tiny();
+  auto plain = host_runner(*m.model, GetParam(), 0);
+  auto spec = host_runner(*m.model, GetParam(), 3, 4);
+  const char* prompts[] = {"experts", "a longer prompt than the others, with commas", "five", "x y z"};
+  std::vector<GenerateRequest> reqs;
+  for (int i = 0; i < 4; ++i) reqs.push_back(greedy_request(prompts[i], 9 + 3 * i, i % 4));  // drafts 0, 1, 2, 3
+  const std::vector<GenerateResult> got = generate_batch(*spec, m.vocab, m.tok, reqs);
+  for (int i = 0; i < 4; ++i) {
+    GenerateRequest alone = reqs[i];
+    alone.draft = 0;
+    EXPECT_EQ(got[i].tokens, generate(*plain, m.vocab, m.tok, alone).tokens) << "request " << i;
+    EXPECT_EQ(got[i].verify_steps > 0, i > 0) << "request " << i;
+  }
+}
+
+// A drafter that knows the greedy answer (`truth`: prompt and reply) and spoils the draft at
+// position `wrong` of every other call: the accepting side of verification and rollback.
+class OracleRunner final : public Runner {
+ public:
+  OracleRunner(std::unique_ptr<Runner> inner, std::vector<int32_t> truth, int draft, int wrong, int64_t vocab)
+      : in_(std::move(inner)), truth_(std::move(truth)), draft_(draft), wrong_(wrong), vocab_(vocab) {}
+  int slots() const override { return in_->slots(); }
+  void reset_slot(int slot) override { in_->reset_slot(slot); }
+  int64_t position(int slot) const override { return in_->position(slot); }
+  void step(std::span<const Feed> feeds) override { in_->step(feeds); }
+  void rollback(int slot, int64_t keep) override { in_->rollback(slot, keep); }
+  int max_draft() const override { return draft_; }
+  void draft(int slot, int32_t next, std::span<int32_t> drafts, const DraftPick&) override {
+    const int64_t at = in_->position(slot);  // next sits at truth_[at]
+    EXPECT_EQ(next, truth_.at(static_cast<size_t>(at)));
+    for (size_t i = 0; i < drafts.size(); ++i) {
+      const size_t j = static_cast<size_t>(at) + 1 + i;
+      drafts[i] = j < truth_.size() ? truth_[j] : 0;
+      if (calls_ % 2 == 1 && static_cast<int>(i) == wrong_) drafts[i] = static_cast<int32_t>((drafts[i] + 1) % vocab_);
+    }
+    ++calls_;
+  }
+  std::string describe() const override { return "oracle drafts over " + in_->describe(); }
+  int64_t max_context() const override { return in_->max_context(); }
+  double weight_bandwidth(std::string* what) override { return in_->weight_bandwidth(what); }
+  int calls_ = 0;
+
+ private:
+  std::unique_ptr<Runner> in_;
+  std::vector<int32_t> truth_;
+  int draft_, wrong_;
+  int64_t vocab_;
+};
+
+TEST_P(Speculative, AcceptedDraftsAreKeptAndTheRestRolledBack) {
+  const test::TinyModel& m = tiny();
+  auto plain = host_runner(*m.model, GetParam(), 0);
+  const GenerateRequest base = greedy_request("the model routes every token", 30, 0);
+  const GenerateResult want = generate(*plain, m.vocab, m.tok, base);
+  std::vector<int32_t> truth = base.prompt;
+  truth.insert(truth.end(), want.tokens.begin(), want.tokens.end());
+  for (int wrong : {0, 2}) {
+    OracleRunner oracle(host_runner(*m.model, GetParam(), 0), truth, 3, wrong, m.vocab);
+    GenerateRequest q = base;
+    q.draft = 3;
+    const GenerateResult got = generate(oracle, m.vocab, m.tok, q);
+    EXPECT_EQ(got.tokens, want.tokens) << "spoiled position " << wrong;
+    ASSERT_EQ(got.drafted.size(), 3u);
+    // Calls alternate all right / spoiled at `wrong`: position 0 is accepted in every good call.
+    EXPECT_GE(got.accepted[0], got.drafted[0] / 2 - 1);
+    if (wrong == 0) EXPECT_LE(got.accepted[0], (got.drafted[0] + 1) / 2);
+    if (wrong == 2) EXPECT_EQ(got.accepted[1], got.drafted[1]);
+    EXPECT_LT(got.verify_steps, static_cast<int64_t>(want.tokens.size()) - 1) << "accepted drafts save steps";
+  }
+}
+
+// Seeded sampling with drafts draws from the target distribution: the joint distribution of the
+// first two sampled tokens (top-3 sampling: 9 outcomes; the second goes through a verification with
+// the head's draft) against the sampler without drafts, by a two-sample chi-square test.
+TEST_P(Speculative, SampledTokensKeepTheTargetDistribution) {
+  const test::TinyModel& m = tiny();
+  auto plain = host_runner(*m.model, GetParam(), 0);
+  auto spec = host_runner(*m.model, GetParam(), 1);
+  const int n = 1500;
+  std::map<std::pair<int32_t, int32_t>, int> a, b;
+  int64_t verified = 0;
+  for (int i = 0; i < n; ++i) {
+    GenerateRequest q = greedy_request("experts", 3, 0);
+    q.sampling.temperature = 1.5f;
+    q.sampling.top_k = 3;
+    q.sampling.seeded = true;
+    q.sampling.seed = test::test_seed() + static_cast<uint64_t>(i);
+    const GenerateResult x = generate(*plain, m.vocab, m.tok, q);
+    q.draft = 1;
+    q.sampling.seed += 1000003;  // independent of the first run
+    const GenerateResult y = generate(*spec, m.vocab, m.tok, q);
+    ASSERT_GE(x.tokens.size(), 2u);
+    ASSERT_GE(y.tokens.size(), 2u);
+    ++a[{x.tokens[0], x.tokens[1]}];
+    ++b[{y.tokens[0], y.tokens[1]}];
+    verified += y.verify_steps;
+  }
+  EXPECT_GE(verified, n);
+  std::map<std::pair<int32_t, int32_t>, int> all = a;
+  for (const auto& [k, v] : b) all[k] += 0;
+  double chi2 = 0;
+  for (const auto& [k, v] : all) {
+    const double x = a.count(k) ? a[k] : 0, y = b.count(k) ? b[k] : 0;
+    chi2 += (x - y) * (x - y) / (x + y);
+  }
+  const int df = static_cast<int>(all.size()) - 1;
+  ASSERT_LE(df, 8) << "top-3 sampling: at most 9 outcomes";
+  // chi-square critical values at significance 1e-6, df 1..8
+  static const double crit[] = {0, 23.93, 27.63, 30.66, 33.38, 35.89, 38.26, 40.52, 42.70};
+  EXPECT_LT(chi2, crit[std::max(df, 1)]) << "seed " << test::test_seed();
+}
+
+// A saved sequence takes its head's side along: the restored slot drafts what the saved one did.
+TEST_P(Speculative, ASavedSequenceDraftsAsItsOriginal) {
+  const test::TinyModel& m = tiny();
+  auto r = host_runner(*m.model, GetParam(), 3, 2);
+  const std::vector<int32_t> prompt = m.tok.encode("the model routes every token");
+  std::vector<float> logits(static_cast<size_t>(m.vocab));
+  r->step(std::vector<Runner::Feed>{{0, prompt, logits.data(), Qwen35Moe::LogitRows::Last, false}});
+  const int32_t next = argmax_lowest(logits);
+  const auto saved = r->save(0);
+  std::vector<int32_t> a(3), b(3);
+  r->draft(0, next, a, nullptr);
+  r->restore(1, *saved);
+  r->draft(1, next, b, nullptr);
+  EXPECT_EQ(a, b);
+  // and after a verification step rolled back to one token, both go on alike
+  for (int s : {0, 1}) {
+    std::vector<int32_t> feed = {next};
+    feed.insert(feed.end(), a.begin(), a.end());
+    std::vector<float> rows(feed.size() * static_cast<size_t>(m.vocab));
+    r->step(std::vector<Runner::Feed>{{s, feed, rows.data(), Qwen35Moe::LogitRows::All, true}});
+    r->rollback(s, 1);
+  }
+  std::vector<int32_t> a2(2), b2(2);
+  r->draft(0, 5, a2, nullptr);
+  r->draft(1, 5, b2, nullptr);
+  EXPECT_EQ(a2, b2);
+}
+
+INSTANTIATE_TEST_SUITE_P(Host, Speculative, ::testing::Values(Device::Ref, Device::Cpu), [](const auto& info) { return std::string(device_name(info.param)); });
+
+TEST(Speculative, RefusesWhatItCannotDo) {
+  auto no_head = Qwen35Moe::load(std::string(TANDEM_TEST_DATA) + "/bf16_fused");  // a few mtp.* tensors, no whole head
+  ASSERT_EQ(no_head->mtp(), nullptr);
+  test::expect_error([&] { host_runner(*no_head, Device::Ref, 2); }, {"--draft 2", "bf16_fused", "no MTP head"});
+  test::expect_error([&] { host_runner(*tiny().model, Device::Ref, kMaxDraft + 1); }, {"--draft", "between 0 (off) and"});
+  auto r = host_runner(*tiny().model, Device::Ref, 2);
+  std::vector<int32_t> three(3);
+  test::expect_error([&] { r->draft(0, 1, three, nullptr); }, {"3 tokens asked for", "1..2"});
+  std::vector<int32_t> one(1);
+  test::expect_error([&] { r->draft(0, 1, one, nullptr); }, {"nothing to draft from"});
+  auto plain = host_runner(*tiny().model, Device::Ref, 0);
+  test::expect_error([&] { plain->draft(0, 1, one, nullptr); }, {"does not draft"});
+}
+
+}  // namespace
+}  // namespace tandem
