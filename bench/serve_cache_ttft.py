@@ -40,12 +40,17 @@ def main():
     ap.add_argument("--tandem", default="build/tandem")
     ap.add_argument("--model", required=True)
     ap.add_argument("--history", type=int, default=16000, help="approximate history tokens")
+    ap.add_argument("--vram", help="also a server whose cache is only its VRAM tier of this size (--cache-vram, GPU)")
     ap.add_argument("flags", nargs="*")
     a = ap.parse_args()
     print("| server | turn 1 prompt tokens | turn 1 s | turn 2 prompt tokens | cached | turn 2 TTFT s |")
     print("|---|---|---|---|---|---|")
     results = {}
-    for name, extra in (("prefix cache", []), ("no cache (--cache-bytes 0)", ["--cache-bytes", "0"])):
+    variants = [("prefix cache (host memory)", [])]
+    if a.vram:
+        variants.append((f"prefix cache (VRAM tier, --cache-vram {a.vram})", ["--cache-vram", a.vram, "--cache-bytes", "0"]))
+    variants.append(("no cache (--cache-bytes 0)", ["--cache-bytes", "0"]))
+    for name, extra in variants:
         p, url, line = start(a.tandem, a.model, a.flags + extra)
         try:
             # a history of about --history tokens (at most), measured with the server's tokenizer
@@ -71,8 +76,10 @@ def main():
         u1, u2 = r1["usage"], r2["usage"]
         results[name] = t2
         print(f"| {name} | {u1['prompt_tokens']} | {t1:.3f} | {u2['prompt_tokens']} | {u2['prompt_tokens_details']['cached_tokens']} | {t2:.3f} |", flush=True)
-    vals = list(results.values())
-    print(f"\nsecond-turn TTFT without / with the cache: {vals[1] / vals[0]:.1f}x")
+    base = results.pop("no cache (--cache-bytes 0)")
+    print()
+    for name, t in results.items():
+        print(f"second-turn TTFT without the cache / with the {name[len('prefix cache ('):-1]}: {base / t:.1f}x")
 
 
 if __name__ == "__main__":

@@ -199,8 +199,9 @@ PlacementConfig parse_placement_config(const std::string& text, const std::strin
       if (sp["draft"]) c.draft = static_cast<int>(r.integer(sp["draft"], "speculative.draft", 0, kMaxDraft));
     }
     if (const YAML::Node sv = root["server"]) {
-      r.check_keys(sv, "server", {"host", "port", "max_queue", "prefill_chunk", "timeout", "max_body", "cache"});
+      r.check_keys(sv, "server", {"host", "port", "max_queue", "prefill_chunk", "timeout", "max_body", "cache", "cache_vram"});
       if (sv["cache"]) c.server.cache_bytes = r.bytes(sv["cache"], "server.cache", true);
+      if (sv["cache_vram"]) c.server.cache_vram = r.bytes(sv["cache_vram"], "server.cache_vram", true);
       if (sv["host"]) c.server.host = r.scalar(sv["host"], "server.host");
       if (sv["port"]) c.server.port = static_cast<int>(r.integer(sv["port"], "server.port", 0, 65535));
       if (sv["max_queue"]) c.server.max_queue = r.integer(sv["max_queue"], "server.max_queue", 0, 1 << 16);

@@ -42,7 +42,8 @@ struct ServerSection {
   int64_t prefill_chunk = 512;     // prompt tokens a step feeds one sequence (0: whole prompts)
   double timeout_s = 600;          // a request's wall-clock limit (0: none)
   uint64_t max_body = 16ull << 20; // largest request body
-  uint64_t cache_bytes = 2ull << 30; // the prefix cache's memory (0: off)
+  uint64_t cache_bytes = 2ull << 30; // the prefix cache's host memory (0: none)
+  uint64_t cache_vram = 0;           // its GPU memory, the VRAM tier (gpu / hybrid; 0: none)
 };
 
 struct PlacementConfig {

@@ -6,7 +6,7 @@
 # conversation of that many tokens with and without the prefix cache (bench/serve_cache_ttft.py).
 # Summary: $OUT/summary.md.
 # usage (device tool, carry [".deps"]):
-#   DEADLINE=540 [SLOTS=8] [PLACEMENTS="gpu 24GiB 8GiB"] [STREAMS=1,2,4,8] [HISTORY=16000]
+#   DEADLINE=540 [SLOTS=8] [PLACEMENTS="gpu 24GiB 8GiB"] [STREAMS=1,2,4,8] [HISTORY=16000] [CACHE_VRAM=4GiB]
 #   [TESTS='*GpuBatch*'] bash scripts/gpu_serve.sh
 # A placement is `gpu` (--device gpu) or a budget (--device hybrid --gpu-mem BUDGET).
 set -uo pipefail
@@ -38,7 +38,7 @@ placement_flags() { if [ "$1" = gpu ]; then echo "--device gpu"; else echo "--de
 
 if [ -n "${HISTORY:-}" ]; then
   echo; echo "## Second-turn TTFT, a ${HISTORY}-token history (bench/serve_cache_ttft.py, --device gpu)" >> "$summary"
-  timeout "$(left)" python3 bench/serve_cache_ttft.py --tandem $T --model $m --history "$HISTORY" -- \
+  timeout "$(left)" python3 bench/serve_cache_ttft.py --tandem $T --model $m --history "$HISTORY" ${CACHE_VRAM:+--vram $CACHE_VRAM} -- \
     --device gpu --context $((HISTORY + 1024)) --slots 2 >> "$summary" 2>&1
   echo "rc=$? at $(( $(date +%s) - t0 )) s" >> "$summary"
 fi

@@ -168,9 +168,11 @@ class GpuRunner final : public Runner {
     g.eager = o.eager;
     g.batch = std::max(o.batch, 1);
     g.verify_tokens = o.verify_tokens;
+    g.snapshot_vram = o.cache_vram;
+    g.snapshot_host = o.cache_host;
     if (placement_) {
       cpu_ = make_cpu_experts(model, placement_->expert_on_gpu, placement_->cpu_expert_format, o.threads);
-      g.budget_bytes = placement_->budget_bytes - placement_->vram.reserve;
+      g.budget_bytes = placement_->budget_bytes - placement_->vram.reserve + o.cache_vram;  // the reserve holds the cache's VRAM tier
       g.budget_name = "gpu.memory / --gpu-mem, minus gpu.reserve";
       g.expert_on_gpu = &placement_->expert_on_gpu;
       g.host_experts = cpu_.get();
@@ -194,7 +196,8 @@ class GpuRunner final : public Runner {
     s->owner = this;
     s->copy = gpu_->save_slot(slot);
     s->position = s->copy.position;
-    s->bytes = s->copy.kv.size() * sizeof(uint16_t) + s->copy.states.size() * sizeof(float);
+    s->bytes = s->copy.memory->bytes();
+    s->where = s->copy.memory->where();
     return s;
   }
   void restore(int slot, const SequenceSnapshot& saved) override {

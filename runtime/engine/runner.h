@@ -49,6 +49,9 @@ struct RunnerOptions {
   int64_t verify_tokens = 0;             // gpu / hybrid: tokens a step that keeps its states (Feed::keep_states) may feed (0: none)
   int draft = 0;                         // ref / cpu: tokens the MTP head may draft a step (speculative decoding; 0: off)
   bool draft_set = false;                // --draft given (else a hybrid config's speculative.draft applies)
+  // gpu / hybrid: memory reserved at start for saved sequences (the server's prefix cache): device
+  // memory (its VRAM tier, inside the budget) and page-locked host memory; 0: none
+  uint64_t cache_vram = 0, cache_host = 0;
   int batch = 0;                         // sequences held at once (slots; gpu / hybrid: KV cache and state each); 0: the config's batch, else 1
   std::string config;                    // hybrid: placement YAML (empty: defaults)
   // hybrid: the placement as the planner made it (prepare_device), handed to the engine as it is
@@ -63,6 +66,7 @@ struct SequenceSnapshot {
   const Runner* owner = nullptr;  // the runner that made it (restore refuses the others')
   int64_t position = 0;           // tokens the sequence held
   uint64_t bytes = 0;             // memory the snapshot takes
+  const char* where = "host memory";  // or "device memory" (a VRAM tier), "page-locked host memory"
 };
 
 class Runner {

@@ -55,6 +55,7 @@ Plan prepare_hybrid(RunnerOptions& o, const ModelConfig& model, const PlacementC
   if (o.batch > 0) cfg.batch = o.batch;
   o.batch = cfg.batch;
   if (!o.draft_set) o.draft = cfg.draft;  // speculative.draft unless --draft was given
+  cfg.gpu_reserve += o.cache_vram;        // the prefix cache's VRAM tier: set aside before experts are placed
   // --context, else the config's (at least what the command needs), else the planner's choice
   const int64_t context = o.context_set ? o.context : cfg.context ? std::max(cfg.context, o.min_context) : 0;
   Plan plan = make_plan(model, cfg, request_for(probe, cfg, o.gpu_mem, context, false));

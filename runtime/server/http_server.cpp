@@ -308,7 +308,8 @@ int serve(Session& session, const ServeOptions& opts) {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the last replies' bytes leave
     svr.stop();
   });
-  const std::string cache = service.scheduler().cache() ? str_cat("up to ", opts.scheduler.cache_bytes >> 20, " MiB") : service.scheduler().cache_note();
+  const std::string cache = service.scheduler().cache() ? str_cat("up to ", opts.scheduler.cache_bytes >> 20, " MiB",
+                                                                  opts.scheduler.cache_vram ? str_cat(", ", opts.scheduler.cache_vram >> 20, " MiB of it in VRAM") : std::string()) : service.scheduler().cache_note();
   std::fprintf(stderr, "tandem serve: listening on http://%s:%d (model %s, %d slots, context %lld, prefix cache %s)\n", opts.host.c_str(), port,
                opts.model_id.c_str(), session.runner->slots(), static_cast<long long>(session.runner->max_context()), cache.c_str());
   const bool ok = svr.listen_after_bind();

@@ -56,6 +56,7 @@ struct SchedulerOptions {
   size_t max_queue = 64;        // requests waiting for a slot (beyond one a slot) before new ones are refused
   double timeout_s = 600;       // a request's wall-clock limit (0: none)
   uint64_t cache_bytes = uint64_t{2} << 30;  // the prefix cache's budget (0: off; off too where the runner saves no sequences)
+  uint64_t cache_vram = 0;                    // of it, the runner's VRAM tier (RunnerOptions::cache_vram; for the log line)
   int64_t cache_every = 4096;   // besides the last message boundary, a prompt is saved every this many tokens
 };
 

@@ -57,6 +57,40 @@ TEST_P(GpuBatch, ASavedSequenceRestoresExactly) {
   test::saved_sequence_restores(factory(*model_, std::get<1>(GetParam())), fixture_.ids, fixture_.vocab);
 }
 
+// Snapshots fill the VRAM tier, then the page-locked host pool, then take plain host memory (two
+// 4 MiB pages each pool: one snapshot a page here); each one restores bit for bit, and a freed
+// snapshot's pages go back to its pool.
+TEST_P(GpuBatch, SavedSequencesRestoreFromEveryTier) {
+  RunnerOptions o;
+  o.device = Device::Gpu;
+  o.context = 256;
+  o.batch = 2;
+  o.cache_vram = o.cache_host = 2 * SnapshotPool::kPage;
+  if (std::get<1>(GetParam())) GTEST_SKIP() << "the tiers are the GPU model's, the same for hybrid";
+  auto r = make_runner(*model_, o);
+  const int64_t V = fixture_.vocab;
+  const std::vector<int32_t> prompt(fixture_.ids.begin(), fixture_.ids.begin() + 5), then(fixture_.ids.begin() + 5, fixture_.ids.begin() + 8);
+  std::vector<float> scratch(prompt.size() * V), want(then.size() * V), got(then.size() * V);
+  const Runner::Feed p{0, prompt, scratch.data(), Qwen35Moe::LogitRows::All, false};
+  r->step(std::span(&p, 1));
+  std::vector<std::shared_ptr<const SequenceSnapshot>> saved;
+  for (int i = 0; i < 5; ++i) saved.push_back(r->save(0));
+  const Runner::Feed a{0, then, want.data(), Qwen35Moe::LogitRows::All, false};
+  r->step(std::span(&a, 1));
+  const char* where[] = {"device memory", "device memory", "page-locked host memory", "page-locked host memory", "host memory"};
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_STREQ(saved[i]->where, where[i]) << "snapshot " << i;
+    r->restore(1, *saved[i]);
+    const Runner::Feed b{1, then, got.data(), Qwen35Moe::LogitRows::All, false};
+    r->step(std::span(&b, 1));
+    EXPECT_EQ(got, want) << "restored from " << saved[i]->where;
+  }
+  saved[0].reset();
+  EXPECT_STREQ(r->save(0)->where, "device memory") << "a freed snapshot's page is taken again";
+  o.cache_vram = uint64_t(1) << 50;
+  test::expect_error([&] { make_runner(*model_, o); }, {"VRAM tier", "does not fit beside the model", "--cache-vram"});
+}
+
 TEST_P(GpuBatch, KeptStatesRollBack) {
   test::keep_states_and_rollback(factory(*model_, std::get<1>(GetParam())), fixture_.ids, fixture_.vocab, kTol);
 }

@@ -479,39 +479,45 @@ void Qwen35MoeGpu::for_slot_pieces(int slot, int64_t position, F&& f) const {
   CK(cudaStreamSynchronize(m.stream));
 }
 
+namespace {
+
+uint64_t slot_bytes(const SlotShape& sh) { return sh.kv * sizeof(uint16_t) + sh.states * sizeof(float); }
+
+// Copies a slot piece (n elements at `dev`) to or from the snapshot's stream at *offset, page by page.
+void copy_piece(const SnapshotMemory& mem, uint64_t* offset, void* dev, int64_t n, bool kv, bool save, cudaStream_t stream) {
+  uint64_t left = static_cast<uint64_t>(n) * (kv ? sizeof(uint16_t) : sizeof(float));
+  auto* d = static_cast<uint8_t*>(dev);
+  while (left > 0) {
+    uint64_t room = 0;
+    uint8_t* at = mem.at(*offset, &room);
+    const uint64_t len = std::min(room, left);
+    CK(cudaMemcpyAsync(save ? at : d, save ? d : at, len, cudaMemcpyDefault, stream));
+    d += len, *offset += len, left -= len;
+  }
+}
+
+}  // namespace
+
 Qwen35MoeGpu::SlotCopy Qwen35MoeGpu::save_slot(int slot) const {
+  const Impl& m = *impl_;
   SlotCopy out;
   out.position = position(slot);
-  const SlotShape sh(impl_->model.config(), out.position);
-  out.kv.resize(static_cast<size_t>(sh.kv));
-  out.states.resize(static_cast<size_t>(sh.states));
-  uint16_t* k = out.kv.data();
-  float* s = out.states.data();
-  for_slot_pieces(slot, out.position, [&](void* dev, int64_t n, bool kv) {
-    void* host = kv ? static_cast<void*>(k) : static_cast<void*>(s);
-    CK(cudaMemcpyAsync(host, dev, n * (kv ? sizeof(uint16_t) : sizeof(float)), cudaMemcpyDeviceToHost, impl_->stream));
-    if (kv) k += n;
-    else s += n;
-  });
+  auto mem = std::make_shared<SnapshotMemory>(slot_bytes(SlotShape(m.model.config(), out.position)), m.snapshot_pools);
+  uint64_t offset = 0;
+  for_slot_pieces(slot, out.position, [&](void* dev, int64_t n, bool kv) { copy_piece(*mem, &offset, dev, n, kv, true, m.stream); });
+  out.memory = std::move(mem);
   return out;
 }
 
 void Qwen35MoeGpu::load_slot(int slot, const SlotCopy& copy) {
   Impl& m = *impl_;
   if (copy.position > m.opts.max_context) fail("load_slot: a sequence of ", copy.position, " tokens for a context of ", m.opts.max_context);
-  const SlotShape sh(m.model.config(), copy.position);
-  if (static_cast<int64_t>(copy.kv.size()) != sh.kv || static_cast<int64_t>(copy.states.size()) != sh.states)
-    fail("load_slot: the copy does not have this model's shapes (", copy.kv.size(), " KV values for ", sh.kv, ", ", copy.states.size(), " state values for ",
-         sh.states, ")");
+  const uint64_t want = slot_bytes(SlotShape(m.model.config(), copy.position));
+  if (!copy.memory || copy.memory->bytes() != want)
+    fail("load_slot: the copy does not have this model's shapes (", copy.memory ? copy.memory->bytes() : 0, " bytes for ", want, ")");
   reset_slot(slot);  // the expert counts, the kept states and the host's deferral start afresh
-  const uint16_t* k = copy.kv.data();
-  const float* s = copy.states.data();
-  for_slot_pieces(slot, copy.position, [&](void* dev, int64_t n, bool kv) {
-    const void* host = kv ? static_cast<const void*>(k) : static_cast<const void*>(s);
-    CK(cudaMemcpyAsync(dev, host, n * (kv ? sizeof(uint16_t) : sizeof(float)), cudaMemcpyHostToDevice, m.stream));
-    if (kv) k += n;
-    else s += n;
-  });
+  uint64_t offset = 0;
+  for_slot_pieces(slot, copy.position, [&](void* dev, int64_t n, bool kv) { copy_piece(*copy.memory, &offset, dev, n, kv, false, m.stream); });
   (slot == m.cur ? m.pos : m.slot_pos[slot]) = copy.position;
 }
 

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "gpu_core/sampling.cuh"
+#include "runtime/models/qwen3_5_moe/gpu_snapshot.h"
 #include "runtime/models/qwen3_5_moe/hybrid_dispatch.h"
 #include "runtime/models/qwen3_5_moe/model.h"
 
@@ -65,6 +66,10 @@ struct GpuOptions {
   // only in rounding. Needs int4 host experts in the tile layout, page-locked; link_note() says why it
   // is off otherwise. 0: off (placement `experts.link`).
   int link_experts = 0;
+  // Memory reserved at start for saved sequences (save_slot: the server's prefix cache): device memory
+  // (its VRAM tier; counted against the budget) and page-locked host memory. 0: none (saves then take
+  // plain host memory).
+  uint64_t snapshot_vram = 0, snapshot_host = 0;
   // Hybrid expert deferral (placement `experts.deferral`): of each token's N lowest-weight routed
   // experts, the host-resident ones join the residual one layer later, so the host runs them while the
   // GPU computes the next layer (Qwen35State::defer_experts with deferrable = the CPU side; changes the
@@ -136,13 +141,13 @@ class Qwen35MoeGpu {
   void select(int slot);
   int64_t position(int slot) const;
   void reset_slot(int slot);
-  // A slot's sequence copied to host memory and back (the server's prefix cache): the KV rows of its
-  // position and every DeltaNet layer's conv and recurrent state, in layer order. load_slot makes the
-  // slot that sequence (position included).
+  // A slot's sequence saved and restored (the server's prefix cache): the KV rows of its position and
+  // every DeltaNet layer's conv and recurrent state, in layer order, as one byte stream in the snapshot
+  // pools' memory (GpuOptions::snapshot_vram, snapshot_host; gpu_snapshot.h). load_slot makes the slot
+  // that sequence (position included).
   struct SlotCopy {
     int64_t position = 0;
-    std::vector<uint16_t> kv;    // per attention layer: K rows [position][nkv][hd], then V rows
-    std::vector<float> states;   // per DeltaNet layer: the conv window, then the recurrent state
+    std::shared_ptr<const SnapshotMemory> memory;
   };
   SlotCopy save_slot(int slot) const;
   void load_slot(int slot, const SlotCopy& copy);

@@ -63,6 +63,7 @@ struct DevLayer {
 };
 
 struct Qwen35MoeGpu::Impl {
+  std::vector<std::shared_ptr<SnapshotPool>> snapshot_pools;  // save_slot's memory, VRAM tier first (GpuOptions::snapshot_*)
   const Qwen35Moe& model;
   GpuOptions opts;
   GpuMemoryPlan plan;

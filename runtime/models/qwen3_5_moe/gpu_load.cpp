@@ -397,7 +397,13 @@ std::unique_ptr<Qwen35MoeGpu> Qwen35MoeGpu::create(const Qwen35Moe& model, const
          opts.budget_bytes ? opts.budget_name : std::string("--gpu-mem"), ", lower --context",
          opts.host_experts ? "" : ", or use --device hybrid");
   if (impl->plan.total() > free_b) fail("the model needs ", format_gib(impl->plan.total()), " of GPU memory but only ", format_gib(free_b), " is free");
+  if (opts.snapshot_vram > 0 && impl->plan.total() + opts.snapshot_vram > std::min<uint64_t>(budget, free_b))
+    fail("the prefix cache's VRAM tier (", format_gib(opts.snapshot_vram), ") does not fit beside the model (",
+         format_gib(impl->plan.total()), ") in ", format_gib(std::min<uint64_t>(budget, free_b)),
+         opts.budget_bytes ? " (" + opts.budget_name + ")" : std::string(" (free device memory)"), "; lower --cache-vram / server.cache_vram");
   CK(cudaMalloc(&impl->arena, impl->plan.total()));
+  if (opts.snapshot_vram > 0) impl->snapshot_pools.push_back(std::make_shared<SnapshotPool>(true, opts.snapshot_vram));
+  if (opts.snapshot_host > 0) impl->snapshot_pools.push_back(std::make_shared<SnapshotPool>(false, opts.snapshot_host));
   CK(cudaStreamCreate(&impl->stream));
   CK(cudaStreamCreateWithFlags(&impl->side, cudaStreamNonBlocking));
   CK(cudaEventCreateWithFlags(&impl->fork_ev, cudaEventDisableTiming));
