@@ -64,7 +64,7 @@ double percentile(std::vector<double> v, double p) {
   return i + 1 < v.size() ? v[i] + (pos - i) * (v[i + 1] - v[i]) : v.back();
 }
 
-std::vector<int64_t> parse_lengths(const std::string& s) {
+std::vector<int64_t> parse_lengths(const std::string& s, const char* flag = "--prompt-len") {
   std::vector<int64_t> out;
   std::stringstream ss(s);
   std::string item;
@@ -75,7 +75,7 @@ std::vector<int64_t> parse_lengths(const std::string& s) {
       if (used != item.size() || v < 1) throw std::invalid_argument(item);
       out.push_back(v);
     } catch (const std::exception&) {
-      throw UsageError(str_cat("tandem bench: --prompt-len: '", item, "' is not a positive length"));
+      throw UsageError(str_cat("tandem bench: ", flag, ": '", item, "' is not a positive number"));
     }
   }
   if (out.empty()) throw UsageError("tandem bench: --prompt-len needs at least one length");
@@ -196,10 +196,88 @@ Run run_once(Runner& runner, int64_t V, int64_t prompt_len, int64_t gen, uint64_
   return r;
 }
 
-std::vector<int> parse_batches(const std::string& s) {
+// With --draft: the same run through generate() (greedy, no eos), whose Batcher drafts with the MTP
+// head and verifies; the inter-token latency is a verification step's time over the tokens it gave.
+Run run_drafted(Runner& runner, int64_t V, const Tokenizer& tok, int64_t prompt_len, int64_t gen, uint64_t seed, int draft,
+                GenerateResult* out) {
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int32_t> id(0, static_cast<int32_t>(V - 1));
+  GenerateRequest q;
+  q.prompt.resize(static_cast<size_t>(prompt_len));
+  for (auto& t : q.prompt) t = id(rng);
+  q.max_new_tokens = gen;
+  q.sampling.temperature = 0;
+  q.draft = draft;
+  *out = generate(runner, V, tok, q);
+  Run r{};
+  r.prefill_tok_s = out->prefill_tok_s();
+  r.ttft_ms = out->prefill_s * 1e3;
+  r.decode_tok_s = out->decode_tok_s();
+  r.decode_s = out->decode_s;
+  const size_t n = out->tokens.size() > 1 ? out->tokens.size() - 1 : 0;  // tokens come a step at a time: the mean gap
+  r.itl_ms.assign(n, n ? out->decode_s / static_cast<double>(n) * 1e3 : 0);
+  return r;
+}
+
+// --verify-cost: what speculative decoding pays. After a random prompt, each repeat times one decode
+// step (one token) and, for each k, the runner's k drafts (where it drafts) and the step that verifies
+// them (k + 1 tokens that keep their states, every row's logits to the host, as the Batcher feeds it),
+// rolled back to one token. Medians in ms.
+struct VerifyCost {
+  double decode_ms = 0;
+  std::vector<double> verify_ms, draft_ms;  // per k; draft_ms -1 where the runner does not draft
+};
+
+VerifyCost measure_verify(Runner& r, int64_t V, int64_t prompt_len, const std::vector<int>& ks, int64_t repeat, uint64_t seed) {
+  using clock = std::chrono::steady_clock;
+  auto ms_since = [](clock::time_point t0) { return std::chrono::duration<double>(clock::now() - t0).count() * 1e3; };
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int32_t> id(0, static_cast<int32_t>(V - 1));
+  std::vector<int32_t> prompt(static_cast<size_t>(prompt_len));
+  for (auto& t : prompt) t = id(rng);
+  const int kmax = *std::max_element(ks.begin(), ks.end());
+  std::vector<float> rows(static_cast<size_t>(kmax + 1) * V);
+  r.reset();
+  r.forward(prompt, rows.data(), Qwen35Moe::LogitRows::Last);
+  std::vector<double> dec;
+  std::vector<std::vector<double>> ver(ks.size()), dra(ks.size());
+  for (int64_t rep = -1; rep < repeat; ++rep) {  // rep -1: warm-up (graphs, caches)
+    int32_t tok = id(rng);
+    auto t0 = clock::now();
+    r.forward(std::span(&tok, 1), rows.data(), Qwen35Moe::LogitRows::Last);
+    if (rep >= 0) dec.push_back(ms_since(t0));
+    for (size_t i = 0; i < ks.size(); ++i) {
+      std::vector<int32_t> feed(static_cast<size_t>(ks[i]) + 1);
+      for (auto& t : feed) t = id(rng);
+      if (r.max_draft() >= ks[i]) {
+        t0 = clock::now();
+        r.draft(0, feed[0], std::span(feed).subspan(1), nullptr);
+        if (rep >= 0) dra[i].push_back(ms_since(t0));
+      }
+      const Runner::Feed f{0, feed, rows.data(), Qwen35Moe::LogitRows::All, true};
+      t0 = clock::now();
+      r.step(std::span(&f, 1));
+      if (rep >= 0) ver[i].push_back(ms_since(t0));
+      r.rollback(0, 1);
+    }
+  }
+  VerifyCost c;
+  c.decode_ms = percentile(dec, 0.5);
+  for (size_t i = 0; i < ks.size(); ++i) {
+    c.verify_ms.push_back(percentile(ver[i], 0.5));
+    c.draft_ms.push_back(dra[i].empty() ? -1 : percentile(dra[i], 0.5));
+  }
+  return c;
+}
+
+// Tokens a verification of k drafts gives when each draft is accepted with probability a given the
+// earlier ones: 1 + a + ... + a^k.
+double tokens_per_step(double a, int k) { return (1 - std::pow(a, k + 1)) / (1 - a); }
+
+std::vector<int> parse_counts(const std::string& s, const char* flag, int64_t max, const char* what) {
   std::vector<int> out;
-  for (int64_t b : parse_lengths(s)) {
-    if (b > kMaxBatch) throw UsageError(str_cat("tandem bench: --batch ", b, " exceeds ", kMaxBatch, " sequences"));
+  for (int64_t b : parse_lengths(s, flag)) {
+    if (b > max) throw UsageError(str_cat("tandem bench: ", flag, " ", b, " exceeds ", max, " ", what));
     out.push_back(static_cast<int>(b));
   }
   return out;
@@ -251,6 +329,7 @@ int cmd_bench(int argc, char** argv) {
                              {"follow-text", false, "with --prompts: feed each decode step the text's next token instead of the one picked"},
                              {"warmup", true, "prompt tokens of the warm-up run (default: each measured length)"},
                              {"batch", true, "comma-separated batch sizes: batched decode of that many sequences at once (the first --prompt-len each)"},
+                             {"verify-cost", true, "comma-separated draft counts k: the cost of verifying k drafts (a step of k + 1 tokens) against a decode step, and the speed-up it implies"},
                              {"json", false, "print one JSON object instead of the table"}};
   for (auto& f : device_flags()) flags.push_back(f);
   flags.push_back({"help", false, "show this help"});
@@ -270,8 +349,12 @@ int cmd_bench(int argc, char** argv) {
 
   int64_t longest = 0;
   for (int64_t L : lengths) longest = std::max(longest, L);
-  const std::vector<int> batches = a.has("batch") ? parse_batches(a.get("batch")) : std::vector<int>{};
-  RunnerOptions ro = runner_options(a, longest + gen);
+  const std::vector<int> batches = a.has("batch") ? parse_counts(a.get("batch"), "--batch", kMaxBatch, "sequences") : std::vector<int>{};
+  const std::vector<int> verify_ks = a.has("verify-cost") ? parse_counts(a.get("verify-cost"), "--verify-cost", kMaxDraft, "drafts") : std::vector<int>{};
+  const int verify_max = verify_ks.empty() ? 0 : *std::max_element(verify_ks.begin(), verify_ks.end());
+  if (!verify_ks.empty() && !batches.empty()) throw UsageError("tandem bench: --verify-cost and --batch are separate runs");
+  RunnerOptions ro = runner_options(a, longest + std::max<int64_t>(gen, (repeat + 1) * (1 + static_cast<int64_t>(verify_ks.size()))));
+  if (verify_max > 0) ro.verify_tokens = verify_max + 1;
   for (int b : batches) ro.batch = std::max(ro.batch, b);  // the runner holds the largest batch's sequences
   Session session = Session::open(a.get("model"), false);
   const ModelConfig& cfg = session.model->config();
@@ -285,6 +368,10 @@ int cmd_bench(int argc, char** argv) {
     if (text.empty()) fail("tandem bench: ", path, " has no text to make prompts from");
     check_token_ids(text, cfg.vocab_size, a.get("model"), "tandem bench --prompts");
   }
+  const int draft = ro.draft;
+  if (draft && !batches.empty()) throw UsageError("tandem bench: --draft measures one sequence; leave out --batch");
+  if (draft && follow) throw UsageError("tandem bench: --draft decodes the tokens it picks; leave out --follow-text");
+  if (draft && !session.tokenizer) fail("tandem bench --draft: ", a.get("model"), " has no tokenizer.json (the generation loop decodes text)");
   start_session(session, ro);
   Runner* runner = session.runner.get();
   const std::string device = device_name(session.options.device);  // as chosen (--device auto)
@@ -310,6 +397,43 @@ int cmd_bench(int argc, char** argv) {
   double bound = bound_for(runner->gpu_expert_share_planned());
   // The probe's buffer is freed; restart the peak-RSS mark so it reports the model runs alone.
   if (FILE* f = std::fopen("/proc/self/clear_refs", "w")) std::fputs("5", f), std::fclose(f);
+
+  if (!verify_ks.empty()) {
+    const int64_t L = lengths[0];
+    if (!json_out) std::fprintf(stderr, "verification steps: warm-up + %lld runs...\r", (long long)repeat);
+    const VerifyCost c = measure_verify(*runner, cfg.vocab_size, L, verify_ks, repeat, seed);
+    const double acc[] = {0.6, 0.8, 0.9};
+    nlohmann::json rows = nlohmann::json::array();
+    if (!json_out) {
+      std::printf("tandem bench: %s\n%s\n", a.get("model").c_str(), runner->describe().c_str());
+      std::printf("verification cost after a %lld-token prompt (medians of %lld): decode step %.3f ms (%.1f tok/s)\n", (long long)L, (long long)repeat,
+                  c.decode_ms, 1e3 / c.decode_ms);
+      std::printf("%6s  %16s  %12s  %10s  %34s\n", "drafts", "verify step ms", "/decode", "draft ms", "speed-up at acceptance 0.6 / 0.8 / 0.9");
+    }
+    for (size_t i = 0; i < verify_ks.size(); ++i) {
+      const int k = verify_ks[i];
+      const double step = c.verify_ms[i] + std::max(c.draft_ms[i], 0.0);
+      nlohmann::json sp = nlohmann::json::object();
+      double up[3];
+      for (int j = 0; j < 3; ++j) {
+        up[j] = tokens_per_step(acc[j], k) * c.decode_ms / step;
+        sp[str_cat(acc[j])] = up[j];
+      }
+      rows.push_back({{"drafts", k}, {"verify_ms", c.verify_ms[i]}, {"decode_ms", c.decode_ms}, {"verify_over_decode", c.verify_ms[i] / c.decode_ms},
+                      {"draft_ms", c.draft_ms[i] < 0 ? nlohmann::json(nullptr) : nlohmann::json(c.draft_ms[i])}, {"speedup_at_acceptance", sp}});
+      if (!json_out)
+        std::printf("%6d  %16.3f  %11.2fx  %10s  %14.2fx / %5.2fx / %5.2fx\n", k, c.verify_ms[i], c.verify_ms[i] / c.decode_ms,
+                    c.draft_ms[i] < 0 ? "n/a" : str_cat(static_cast<int>(c.draft_ms[i] * 1000 + 0.5) / 1000.0).c_str(), up[0], up[1], up[2]);
+    }
+    if (!json_out && std::any_of(c.draft_ms.begin(), c.draft_ms.end(), [](double d) { return d < 0; }))
+      std::printf("(n/a: this runner does not draft (--draft); its speed-ups count the verification step alone)\n");
+    if (json_out) {
+      const nlohmann::json j = {{"model", a.get("model")}, {"device", device}, {"prompt_len", L}, {"repeat", repeat},
+                                {"description", runner->describe()}, {"decode_ms", c.decode_ms}, {"verify", rows}};
+      std::printf("%s\n", j.dump(2).c_str());
+    }
+    return 0;
+  }
 
   if (!batches.empty()) {
     // Batched decode: the bound's bytes per step at batch B (see the file comment).
@@ -394,8 +518,15 @@ int cmd_bench(int argc, char** argv) {
     std::vector<double> pf, ttft, dec, itl;
     uint64_t streamed = 0;
     Run last{};
+    GenerateResult drafts;  // --draft: the verification statistics over the runs
     for (int64_t r = 0; r < repeat; ++r) {
-      Run x = run_once(*runner, cfg.vocab_size, L, gen, seed + 1 + r, text, follow);
+      GenerateResult g;
+      Run x = draft ? run_drafted(*runner, cfg.vocab_size, *session.tokenizer, L, gen, seed + 1 + r, draft, &g)
+                    : run_once(*runner, cfg.vocab_size, L, gen, seed + 1 + r, text, follow);
+      drafts.verify_steps += g.verify_steps;
+      drafts.drafted.resize(std::max(drafts.drafted.size(), g.drafted.size()), 0);
+      drafts.accepted.resize(drafts.drafted.size(), 0);
+      for (size_t i = 0; i < g.drafted.size(); ++i) drafts.drafted[i] += g.drafted[i], drafts.accepted[i] += g.accepted[i];
       last = x;
       token_on_device = x.on_device;
       streamed = x.streamed_layers;
@@ -423,6 +554,18 @@ int cmd_bench(int argc, char** argv) {
                        {"gpu_expert_fraction", runner->gpu_expert_share()},
                        {"bound_decode_tok_s", bound},
                        {"decode_ratio_to_bound", d.median / bound}});
+    if (draft) {
+      nlohmann::json by_position = nlohmann::json::array();
+      int64_t committed = drafts.verify_steps;
+      for (size_t i = 0; i < drafts.drafted.size(); ++i) {
+        by_position.push_back(drafts.drafted[i] ? static_cast<double>(drafts.accepted[i]) / drafts.drafted[i] : 0.0);
+        committed += drafts.accepted[i];
+      }
+      results.back()["speculative"] = {{"draft", draft}, {"verify_steps", drafts.verify_steps},
+                                       {"tokens_per_step", drafts.verify_steps ? static_cast<double>(committed) / drafts.verify_steps : 0},
+                                       {"drafted", drafts.drafted}, {"accepted", drafts.accepted}, {"acceptance_by_position", by_position}};
+      if (!json_out) split_lines += str_cat("\n  prompt ", L, ": ", draft_summary(drafts));
+    }
     // Hybrid: where the last run's decode steps went on the host's side, a token's worth.
     const Runner::HostSplit& hs = last.split;
     const double steps = static_cast<double>(std::max<int64_t>(gen - 1, 1));
@@ -462,6 +605,7 @@ int cmd_bench(int argc, char** argv) {
                         {"prompts", a.has("prompts") ? a.get("prompts") : std::string("random token ids")},
                         {"decode_tokens", follow ? "the text's next tokens (--follow-text)" : "the tokens picked (greedy)"},
                         {"next_token", token_on_device ? "argmax on the device (one id crosses)" : "argmax on the host (the logits row crosses)"},
+                        {"draft", draft},
                         {"prefill_tok_s", first["prefill_tok_s"]},
                         {"decode_tok_s", first["decode_tok_s"]},
                         {"ttft_ms", first["ttft_ms"]},
@@ -483,7 +627,8 @@ int cmd_bench(int argc, char** argv) {
     std::printf("\npeak host memory %.2f GB (mapped weights count when touched); GPU memory %.2f GB; routed activations served on the GPU: %.1f%%\n",
                 peak_host / 1e9, runner->peak_device_bytes() / 1e9, 100 * runner->gpu_expert_share());
     if (hybrid) std::printf("CPU read bandwidth %.1f GB/s; PCIe host-to-device %.1f GB/s\n", cpu_bw / 1e9, pcie_bw / 1e9);
-    if (!split_lines.empty()) std::printf("a decode token on the host's side (last run):%s\n", split_lines.c_str());
+    if (!split_lines.empty())
+      std::printf("%s:%s\n", draft ? "speculative decoding (all runs)" : "a decode token on the host's side (last run)", split_lines.c_str());
   }
   return 0;
 }
