@@ -93,7 +93,7 @@ SamplingParams sampling_of(const GenerationDefaults& defaults, const py::dict& k
 class Engine {
  public:
   Engine(const std::string& model_dir, const py::object& config, const std::string& device, const py::object& gpu_mem,
-         const py::object& threads, const py::object& context, bool eager, const py::object& batch)
+         const py::object& threads, const py::object& context, bool eager, const py::object& batch, const py::object& draft)
       : dir_(model_dir), pcfg_(config_of(config)) {
     RunnerOptions& o = ro_;
     o.device = requested_device(device, !config.is_none(), "device", "config");
@@ -111,6 +111,11 @@ class Engine {
     if (!batch.is_none()) {
       o.batch = batch.cast<int>();
       if (o.batch < 1 || o.batch > kMaxBatch) fail("batch must be between 1 and ", kMaxBatch, " (got ", o.batch, ")");
+    }
+    if (!draft.is_none()) {
+      o.draft = draft.cast<int>();
+      o.draft_set = true;
+      if (o.draft < 0 || o.draft > kMaxDraft) fail("draft must be between 0 (off) and ", kMaxDraft, " (got ", o.draft, ")");
     }
     py::gil_scoped_release nogil;
     s_ = Session::open(dir_, false);  // the CLI's opener: logits need no tokenizer
@@ -296,6 +301,20 @@ class Engine {
     d["prefill_tok_s"] = last_.prefill_tok_s();
     d["decode_tok_s"] = last_.decode_tok_s();
     d["stop"] = last_.tokens.empty() ? "" : stop_reason_name(last_.stop);
+    d["draft"] = s_.runner->max_draft();
+    if (last_.verify_steps > 0) {  // speculative decoding: the last generation's verification statistics
+      int64_t committed = last_.verify_steps;
+      py::list by_position;
+      for (size_t i = 0; i < last_.drafted.size(); ++i) {
+        committed += last_.accepted[i];
+        by_position.append(last_.drafted[i] ? static_cast<double>(last_.accepted[i]) / last_.drafted[i] : 0.0);
+      }
+      d["verify_steps"] = last_.verify_steps;
+      d["tokens_per_step"] = static_cast<double>(committed) / last_.verify_steps;
+      d["drafted"] = last_.drafted;
+      d["accepted"] = last_.accepted;
+      d["acceptance_by_position"] = by_position;
+    }
     return d;
   }
 
@@ -321,6 +340,7 @@ class Engine {
     req.eos_ids = s_.eos;
     req.stop = stop;
     req.cancel = &cancel_;
+    req.draft = s_.runner->max_draft();
     return req;
   }
   void encode_prompt(GenerateRequest& req, const std::string& text, const char* what) const {
@@ -444,9 +464,9 @@ PYBIND11_MODULE(_tandem, m) {
   py::register_exception<tandem::Error>(m, "Error", PyExc_RuntimeError);
   py::class_<Engine>(m, "Engine")
       .def(py::init<const std::string&, const py::object&, const std::string&, const py::object&, const py::object&, const py::object&,
-                    bool, const py::object&>(),
+                    bool, const py::object&, const py::object&>(),
            py::arg("model_dir"), py::arg("config"), py::arg("device"), py::arg("gpu_mem"), py::arg("threads"), py::arg("context"),
-           py::arg("eager"), py::arg("batch"))
+           py::arg("eager"), py::arg("batch"), py::arg("draft"))
       .def("close", &Engine::close)
       .def_property_readonly("closed", &Engine::closed)
       .def("generate", &Engine::generate, py::arg("text"), py::arg("max_new_tokens"), py::arg("sampling"), py::arg("stop"),

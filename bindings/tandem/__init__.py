@@ -42,7 +42,7 @@ def _text(b: bytes) -> str:
     return b.decode("utf-8", errors="replace")
 
 
-_INT64_MAX, _UINT64_MAX, _MAX_THREADS, _MAX_BATCH = 2**63 - 1, 2**64 - 1, 4096, 256  # core/limits.h: kMaxThreads, kMaxBatch
+_INT64_MAX, _UINT64_MAX, _MAX_THREADS, _MAX_BATCH, _MAX_DRAFT = 2**63 - 1, 2**64 - 1, 4096, 256, 16  # core/limits.h: kMaxThreads, kMaxBatch, kMaxDraft
 
 
 def _int(value: Any, name: str, lo: int, hi: int = _INT64_MAX) -> int:
@@ -115,13 +115,17 @@ class Engine:
     eager:     GPU placements: launch every kernel eagerly, no CUDA graphs (debugging).
     batch:     sequences decoded at once (slots; GPU placements hold a KV cache and state for each;
                default: the config's batch, else 1).
+    draft:     speculative decoding: tokens the model's MTP head drafts a step (0 = off; device "ref" or
+               "cpu" so far; default: the config's speculative.draft, else 0). Greedy output is the
+               same as without drafts; stats() gives the acceptance.
     """
 
     def __init__(self, model_dir: str, config: Union[None, str, Dict[str, Any]] = None, device: str = "auto",
                  gpu_mem: Union[None, int, str] = None, threads: Optional[int] = None, context: Optional[int] = None,
-                 eager: bool = False, batch: Optional[int] = None):
+                 eager: bool = False, batch: Optional[int] = None, draft: Optional[int] = None):
         self._core = _tandem.Engine(str(model_dir), config, device, _gpu_mem(gpu_mem), _opt_int(threads, "threads", 1, _MAX_THREADS),
-                                    _opt_int(context, "context", 1), eager, _opt_int(batch, "batch", 1, _MAX_BATCH))
+                                    _opt_int(context, "context", 1), eager, _opt_int(batch, "batch", 1, _MAX_BATCH),
+                                    _opt_int(draft, "draft", 0, _MAX_DRAFT))
         self.model_dir = str(model_dir)
         self.tokenizer = Tokenizer(self._core)
 
@@ -243,7 +247,8 @@ class Engine:
         return _json.loads(self._core.plan_json())
 
     def stats(self) -> Dict[str, Any]:
-        """The device, memory and the last generation's figures (tokens, tok/s, stop reason)."""
+        """The device, memory and the last generation's figures (tokens, tok/s, stop reason; with drafts,
+        verify_steps, tokens_per_step, drafted / accepted and acceptance_by_position)."""
         return self._core.stats()
 
 

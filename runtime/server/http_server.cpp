@@ -117,9 +117,10 @@ class Service {
 
   void log_reply(const std::string& id, const std::string& path, const Ticket& t, const std::string& finish) {
     const GenerateResult& r = t.result();
-    std::fprintf(stderr, "tandem serve: %s %s prompt %lld (cached %lld), %zu tokens, TTFT %.0f ms, %.1f tok/s, %s%s\n", id.c_str(), path.c_str(),
+    const std::string drafts = draft_summary(r);
+    std::fprintf(stderr, "tandem serve: %s %s prompt %lld (cached %lld), %zu tokens, TTFT %.0f ms, %.1f tok/s, %s%s%s%s\n", id.c_str(), path.c_str(),
                  static_cast<long long>(r.prompt_tokens), static_cast<long long>(r.cached_tokens), r.tokens.size(), t.ttft_s() * 1e3, r.decode_tok_s(), finish.c_str(),
-                 t.timed_out() ? " (timed out)" : r.stop == StopReason::Cancelled ? " (cancelled)" : "");
+                 t.timed_out() ? " (timed out)" : r.stop == StopReason::Cancelled ? " (cancelled)" : "", drafts.empty() ? "" : ", ", drafts.c_str());
   }
 
   void generate(const httplib::Request& q, httplib::Response& r, Api api) {
@@ -140,6 +141,7 @@ class Service {
     if (n >= ctx) return fail(q, r, api, 400, str_cat("the prompt is ", n, " tokens; the context holds ", ctx, " (tandem serve --context)"), prompt_field);
     g.max_new_tokens = job->max_tokens < 0 ? ctx - n : std::min(job->max_tokens, ctx - n);  // what fits the context
     g.sampling = job->sampling;
+    g.draft = s_.runner->max_draft();  // speculative decoding when the server was started with --draft
     if (!job->ignore_eos) g.eos_ids = d_.eos;
     g.stop = job->stop;
     Scheduler::Refusal why;
@@ -235,6 +237,16 @@ class Service {
       metric("tandem_prefix_cache_reused_tokens_total", "counter", "Prompt tokens served from saved prefixes.", static_cast<double>(cs.reused_tokens));
       metric("tandem_prefix_cache_entries", "gauge", "Saved sequences.", static_cast<double>(cs.entries));
       metric("tandem_prefix_cache_bytes", "gauge", "Bytes the saved sequences take.", static_cast<double>(cs.bytes));
+    }
+    if (s_.runner->max_draft() > 0) {  // speculative decoding: per draft position, by label
+      metric("tandem_verify_steps_total", "counter", "Steps that verified drafts of the MTP head.", static_cast<double>(st.verify_steps));
+      auto by_position = [&](const char* name, const char* help, const std::vector<uint64_t>& v) {
+        m << "# HELP " << name << ' ' << help << "\n# TYPE " << name << " counter\n";
+        for (size_t i = 0; i < static_cast<size_t>(s_.runner->max_draft()); ++i)
+          m << name << "{position=\"" << i + 1 << "\"} " << (i < v.size() ? v[i] : 0) << '\n';
+      };
+      by_position("tandem_drafts_total", "Drafts verified at each draft position (reached when the earlier ones were accepted).", st.drafted);
+      by_position("tandem_drafts_accepted_total", "Drafts accepted at each draft position.", st.accepted);
     }
     r.set_content(m.str(), "text/plain; version=0.0.4");
   }

@@ -293,6 +293,19 @@ def test_batched_generate_equals_each_prompt_alone(tiny):
             eng.logits_batch([[1, 2], [10**6]])
 
 
+def test_drafts_keep_greedy_output_and_report_acceptance(tiny):
+    with tandem.Engine(tiny, device="cpu", threads=2) as plain, tandem.Engine(tiny, device="cpu", threads=2, draft=3) as spec:
+        for p in ["Once upon a time", "Numbers: 1 2 3"]:
+            assert spec.generate(p, max_new_tokens=16, temperature=0) == plain.generate(p, max_new_tokens=16, temperature=0)
+        st = spec.stats()
+        assert st["draft"] == 3 and st["verify_steps"] > 0
+        assert len(st["acceptance_by_position"]) == 3 and len(st["drafted"]) == 3
+        assert 1.0 <= st["tokens_per_step"] <= 4.0
+        assert "verify_steps" not in plain.stats() and plain.stats()["draft"] == 0
+    with pytest.raises(tandem.Error, match="draft"):
+        tandem.Engine(tiny, device="cpu", draft=17)
+
+
 def test_parse_reply_splits_reasoning_and_typed_tool_calls():
     tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {
         "a": {"type": "integer"}, "b": {"type": "number"}, "why": {"type": "string"}}}}}]

@@ -62,7 +62,7 @@ class Server:
     def metric(self, name):
         key = self.proc.args[self.proc.args.index("--api-key") + 1] if "--api-key" in self.proc.args else None
         _, _, text = self.raw("GET", "/metrics", headers={"Authorization": "Bearer " + key} if key else None)
-        m = re.search(r"^" + name + r" (\S+)$", text, re.M)
+        m = re.search(r"^" + re.escape(name) + r" (\S+)$", text, re.M)
         assert m, name + " not in /metrics:\n" + text
         return float(m.group(1))
 
@@ -325,3 +325,28 @@ def test_second_turn_hits_the_prefix_cache_and_gives_the_same_reply(server, mode
         {"role": "user", "content": "And a third?"}], extra_body={"temperature": 0})
     assert a.usage.cache_read_input_tokens > 0
     assert a.usage.input_tokens + a.usage.cache_read_input_tokens > 20
+
+
+def test_drafts_give_the_same_greedy_replies_and_their_statistics(server, model):
+    """A server with --draft 2 (the MTP head drafts, every step verifies): greedy replies equal the
+    plain server's, a second turn still resumes from the prefix cache (the head's side is saved too), and
+    /metrics counts verification steps and drafts by position."""
+    spec = Server(model, "--draft", "2", "--slots", "2")
+    try:
+        for content in ("Name a colour.", "Count to five."):
+            want = chat(server, content, max_tokens=20, temperature=0, extra_body=NO_THINK)
+            got = chat(spec, content, max_tokens=20, temperature=0, extra_body=NO_THINK)
+            assert got.choices[0].message.content == want.choices[0].message.content
+            assert got.usage.completion_tokens == want.usage.completion_tokens
+        assert spec.metric("tandem_verify_steps_total") > 0
+        assert spec.metric('tandem_drafts_total{position="1"}') > 0
+        assert spec.metric('tandem_drafts_accepted_total{position="2"}') >= 0
+        turn = [{"role": "user", "content": "Name a colour."}]
+        r1 = oai(spec).chat.completions.create(model="tiny", messages=turn, max_tokens=8, temperature=0, extra_body=NO_THINK)
+        turn += [{"role": "assistant", "content": r1.choices[0].message.content}, {"role": "user", "content": "Another?"}]
+        r2 = oai(spec).chat.completions.create(model="tiny", messages=turn, max_tokens=8, temperature=0, extra_body=NO_THINK)
+        plain = oai(server).chat.completions.create(model="tiny", messages=turn, max_tokens=8, temperature=0, extra_body=NO_THINK)
+        assert r2.usage.prompt_tokens_details.cached_tokens > 0
+        assert r2.choices[0].message.content == plain.choices[0].message.content
+    finally:
+        assert spec.stop() == 0
