@@ -20,22 +20,24 @@ namespace {
 constexpr double kTol = 5e-3;
 
 // device "gpu" or "hybrid" (half of each layer's experts on the host).
+RunnerOptions options(const Qwen35Moe& model, bool hybrid, int batch, int64_t verify) {
+  RunnerOptions o;
+  o.device = hybrid ? Device::Hybrid : Device::Gpu;
+  o.context = 256;
+  o.threads = 4;
+  o.batch = batch;
+  o.verify_tokens = verify;
+  if (hybrid) {
+    const std::string yaml = "gpu:\n  memory: 4GiB\ncontext: 256\ngpu_experts_per_layer: " + std::to_string(model.config().num_experts / 2) +
+                             "\nbatch: " + std::to_string(batch) + "\n";
+    const auto cfg = placement::parse_placement_config(yaml, "half");
+    o.plan = std::make_shared<const placement::Plan>(placement::make_plan(model.config(), cfg));
+  }
+  return o;
+}
+
 test::RunnerFactory factory(const Qwen35Moe& model, bool hybrid) {
-  return [&model, hybrid](int batch, int64_t verify) {
-    RunnerOptions o;
-    o.device = hybrid ? Device::Hybrid : Device::Gpu;
-    o.context = 256;
-    o.threads = 4;
-    o.batch = batch;
-    o.verify_tokens = verify;
-    if (hybrid) {
-      const std::string yaml = "gpu:\n  memory: 4GiB\ncontext: 256\ngpu_experts_per_layer: " + std::to_string(model.config().num_experts / 2) +
-                               "\nbatch: " + std::to_string(batch) + "\n";
-      const auto cfg = placement::parse_placement_config(yaml, "half");
-      o.plan = std::make_shared<const placement::Plan>(placement::make_plan(model.config(), cfg));
-    }
-    return make_runner(model, o);
-  };
+  return [&model, hybrid](int batch, int64_t verify) { return make_runner(model, options(model, hybrid, batch, verify)); };
 }
 
 class GpuBatch : public ::testing::TestWithParam<std::tuple<std::string, bool>> {
@@ -61,12 +63,8 @@ TEST_P(GpuBatch, ASavedSequenceRestoresExactly) {
 // 4 MiB pages each pool: one snapshot a page here); each one restores bit for bit, and a freed
 // snapshot's pages go back to its pool.
 TEST_P(GpuBatch, SavedSequencesRestoreFromEveryTier) {
-  RunnerOptions o;
-  o.device = Device::Gpu;
-  o.context = 256;
-  o.batch = 2;
+  RunnerOptions o = options(*model_, std::get<1>(GetParam()), 2, 0);
   o.cache_vram = o.cache_host = 2 * SnapshotPool::kPage;
-  if (std::get<1>(GetParam())) GTEST_SKIP() << "the tiers are the GPU model's, the same for hybrid";
   auto r = make_runner(*model_, o);
   const int64_t V = fixture_.vocab;
   const std::vector<int32_t> prompt(fixture_.ids.begin(), fixture_.ids.begin() + 5), then(fixture_.ids.begin() + 5, fixture_.ids.begin() + 8);
