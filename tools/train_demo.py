@@ -218,7 +218,7 @@ def main():
         logits, _, mlogits = forward_all(ref, ref_head, xs, full)
         vm = F.cross_entropy(logits[:, :-1].reshape(-1, vocab), xs[:, 1:].reshape(-1)).item()
         vt = F.cross_entropy(mlogits[:, :-1].reshape(-1, vocab), xs[:, 2:].reshape(-1)).item()
-        agree = (mlogits[:, :-1].argmax(-1) == logits[:, 1:].argmax(-1)).float().mean().item()
+        agree = (mlogits.argmax(-1) == logits[:, 1:].argmax(-1)).float().mean().item()  # both predict x[t + 2]
         print(f"held out: main loss {vm:.3f} (ppl {math.exp(vm):.1f}), MTP loss {vt:.3f}; the head's argmax = the main model's next argmax "
               f"at {100 * agree:.1f}% of positions (greedy acceptance of a first draft)", flush=True)
 

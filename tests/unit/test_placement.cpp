@@ -126,6 +126,16 @@ TEST(PlacementConfigs, ServerSection) {
   EXPECT_EQ(d.cache_bytes, uint64_t{2} << 30);
   EXPECT_EQ(yaml("server:\n  cache: 0\n").server.cache_bytes, 0u);
   EXPECT_EQ(yaml("server:\n  cache: 8GiB\n").server.cache_bytes, uint64_t{8} << 30);
+  EXPECT_EQ(d.cache_vram, 0u);
+  EXPECT_EQ(yaml("server:\n  cache_vram: 4GiB\n").server.cache_vram, uint64_t{4} << 30);
+}
+
+// speculative: the MTP head's drafts a step.
+TEST(PlacementConfigs, SpeculativeSection) {
+  EXPECT_EQ(yaml("context: 4096\n").draft, 0);
+  EXPECT_EQ(yaml("speculative:\n  draft: 3\n").draft, 3);
+  test::expect_error([] { yaml("speculative:\n  draft: 17\n"); }, {"test.yaml:2", "key 'speculative.draft'", "outside"});
+  test::expect_error([] { yaml("speculative:\n  drafts: 2\n"); }, {"test.yaml:2", "'speculative.drafts'", "did you mean 'draft'"});
 }
 
 // prefill.strategy gpu_stream streams from the first prompt token, with the buffers counted; where it
