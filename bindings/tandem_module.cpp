@@ -302,18 +302,12 @@ class Engine {
     d["decode_tok_s"] = last_.decode_tok_s();
     d["stop"] = last_.tokens.empty() ? "" : stop_reason_name(last_.stop);
     d["draft"] = s_.runner->max_draft();
-    if (last_.verify_steps > 0) {  // speculative decoding: the last generation's verification statistics
-      int64_t committed = last_.verify_steps;
-      py::list by_position;
-      for (size_t i = 0; i < last_.drafted.size(); ++i) {
-        committed += last_.accepted[i];
-        by_position.append(last_.drafted[i] ? static_cast<double>(last_.accepted[i]) / last_.drafted[i] : 0.0);
-      }
-      d["verify_steps"] = last_.verify_steps;
-      d["tokens_per_step"] = static_cast<double>(committed) / last_.verify_steps;
-      d["drafted"] = last_.drafted;
-      d["accepted"] = last_.accepted;
-      d["acceptance_by_position"] = by_position;
+    if (const DraftStats& ds = last_.drafts; ds.verify_steps > 0) {  // speculative decoding: the last generation's
+      d["verify_steps"] = ds.verify_steps;
+      d["tokens_per_step"] = ds.tokens_per_step();
+      d["drafted"] = ds.drafted;
+      d["accepted"] = ds.accepted;
+      d["acceptance_by_position"] = ds.acceptance();
     }
     return d;
   }

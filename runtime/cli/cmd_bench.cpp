@@ -518,15 +518,12 @@ int cmd_bench(int argc, char** argv) {
     std::vector<double> pf, ttft, dec, itl;
     uint64_t streamed = 0;
     Run last{};
-    GenerateResult drafts;  // --draft: the verification statistics over the runs
+    DraftStats drafts;  // --draft: the verification statistics over the runs
     for (int64_t r = 0; r < repeat; ++r) {
       GenerateResult g;
       Run x = draft ? run_drafted(*runner, cfg.vocab_size, *session.tokenizer, L, gen, seed + 1 + r, draft, &g)
                     : run_once(*runner, cfg.vocab_size, L, gen, seed + 1 + r, text, follow);
-      drafts.verify_steps += g.verify_steps;
-      drafts.drafted.resize(std::max(drafts.drafted.size(), g.drafted.size()), 0);
-      drafts.accepted.resize(drafts.drafted.size(), 0);
-      for (size_t i = 0; i < g.drafted.size(); ++i) drafts.drafted[i] += g.drafted[i], drafts.accepted[i] += g.accepted[i];
+      drafts.add(g.drafts);
       last = x;
       token_on_device = x.on_device;
       streamed = x.streamed_layers;
@@ -555,16 +552,9 @@ int cmd_bench(int argc, char** argv) {
                        {"bound_decode_tok_s", bound},
                        {"decode_ratio_to_bound", d.median / bound}});
     if (draft) {
-      nlohmann::json by_position = nlohmann::json::array();
-      int64_t committed = drafts.verify_steps;
-      for (size_t i = 0; i < drafts.drafted.size(); ++i) {
-        by_position.push_back(drafts.drafted[i] ? static_cast<double>(drafts.accepted[i]) / drafts.drafted[i] : 0.0);
-        committed += drafts.accepted[i];
-      }
-      results.back()["speculative"] = {{"draft", draft}, {"verify_steps", drafts.verify_steps},
-                                       {"tokens_per_step", drafts.verify_steps ? static_cast<double>(committed) / drafts.verify_steps : 0},
-                                       {"drafted", drafts.drafted}, {"accepted", drafts.accepted}, {"acceptance_by_position", by_position}};
-      if (!json_out) split_lines += str_cat("\n  prompt ", L, ": ", draft_summary(drafts));
+      results.back()["speculative"] = {{"draft", draft}, {"verify_steps", drafts.verify_steps}, {"tokens_per_step", drafts.tokens_per_step()},
+                                       {"drafted", drafts.drafted}, {"accepted", drafts.accepted}, {"acceptance_by_position", drafts.acceptance()}};
+      if (!json_out) split_lines += str_cat("\n  prompt ", L, ": ", drafts.summary());
     }
     // Hybrid: where the last run's decode steps went on the host's side, a token's worth.
     const Runner::HostSplit& hs = last.split;

@@ -88,7 +88,7 @@ Opened open_for_text(const Args& a) {
 }
 
 void print_stats(const GenerateResult& r) {
-  const std::string drafts = draft_summary(r);
+  const std::string drafts = r.drafts.summary();
   std::fprintf(stderr, "\n[prompt %lld tokens, prefill %.1f tok/s | generated %zu tokens, decode %.1f tok/s | stop: %s%s%s]\n",
                (long long)r.prompt_tokens, r.prefill_tok_s(), r.tokens.size(), r.decode_tok_s(), stop_reason_name(r.stop),
                drafts.empty() ? "" : " | ", drafts.c_str());

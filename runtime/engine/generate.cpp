@@ -122,8 +122,9 @@ class Batcher::Live {
   // how many of the fed tokens the sequence keeps (every committed token but the last is fed).
   int64_t verify() {
     const size_t k = drafts_.size();
-    ++res_.verify_steps;
-    if (res_.drafted.size() < k) res_.drafted.resize(k, 0), res_.accepted.resize(k, 0);
+    DraftStats& st = res_.drafts;
+    ++st.verify_steps;
+    if (st.drafted.size() < k) st.drafted.resize(k, 0), st.accepted.resize(k, 0);
     int64_t committed = 0;
     for (size_t i = 0; i <= k && !done_; ++i) {
       if (cancelled()) {
@@ -140,8 +141,8 @@ class Batcher::Live {
         } else {
           std::tie(accepted, id) = sampler_.verify_draft(sampler_.distribution(row, context_, res_.tokens), q_[i], drafts_[i]);
         }
-        ++res_.drafted[i];
-        res_.accepted[i] += accepted;
+        ++st.drafted[i];
+        st.accepted[i] += accepted;
       } else {
         id = sampler_.sample(row, context_, res_.tokens);
       }
@@ -374,18 +375,35 @@ GenerateResult generate(Runner& runner, int64_t vocab, const Tokenizer& tokenize
   return std::move(generate_batch(runner, vocab, tokenizer, std::span(&req, 1))[0]);
 }
 
-std::string draft_summary(const GenerateResult& r) {
-  if (r.verify_steps == 0) return {};
+void DraftStats::add(const DraftStats& o) {
+  verify_steps += o.verify_steps;
+  if (drafted.size() < o.drafted.size()) drafted.resize(o.drafted.size(), 0), accepted.resize(o.drafted.size(), 0);
+  for (size_t i = 0; i < o.drafted.size(); ++i) drafted[i] += o.drafted[i], accepted[i] += o.accepted[i];
+}
+
+double DraftStats::tokens_per_step() const {
+  if (verify_steps == 0) return 0;
+  int64_t tokens = verify_steps;
+  for (int64_t a : accepted) tokens += a;
+  return static_cast<double>(tokens) / static_cast<double>(verify_steps);
+}
+
+std::vector<double> DraftStats::acceptance() const {
+  std::vector<double> out;
+  for (size_t i = 0; i < drafted.size(); ++i) out.push_back(drafted[i] ? static_cast<double>(accepted[i]) / static_cast<double>(drafted[i]) : 0.0);
+  return out;
+}
+
+std::string DraftStats::summary() const {
+  if (verify_steps == 0) return {};
   auto two = [](double v) {
     char b[32];
     std::snprintf(b, sizeof b, "%.2f", v);
     return std::string(b);
   };
-  int64_t tokens = r.verify_steps;  // each verification step commits one token plus its accepted drafts
-  for (int64_t a : r.accepted) tokens += a;
-  std::string s = "drafts: " + two(static_cast<double>(tokens) / r.verify_steps) + " tokens a step, accepted";
-  for (size_t i = 0; i < r.drafted.size(); ++i)
-    s += std::string(i ? " /" : "") + " " + (r.drafted[i] ? two(static_cast<double>(r.accepted[i]) / r.drafted[i]) : "-");
+  std::string s = "drafts: " + two(tokens_per_step()) + " tokens a step, accepted";
+  const std::vector<double> acc = acceptance();
+  for (size_t i = 0; i < acc.size(); ++i) s += std::string(i ? " /" : "") + " " + (drafted[i] ? two(acc[i]) : "-");
   return s + " by position";
 }
 

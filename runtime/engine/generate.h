@@ -46,6 +46,19 @@ struct GenerateRequest {
 };
 
 enum class StopReason { Eos, StopString, MaxTokens, Cancelled };
+
+// Speculative decoding's counts (GenerateRequest::draft): steps that verified drafts, and for each
+// draft position the drafts verified there and how many were accepted (a position is reached only when
+// every earlier draft of its step was accepted). One request's, or summed (add) over several.
+struct DraftStats {
+  int64_t verify_steps = 0;
+  std::vector<int64_t> drafted, accepted;
+  void add(const DraftStats& o);
+  double tokens_per_step() const;                // each step commits one token plus its accepted drafts
+  std::vector<double> acceptance() const;        // accepted / drafted by position (0 where none reached)
+  // "drafts: 2.41 tokens a step, accepted 0.80 / 0.62 / 0.41 by position"; empty without verifications.
+  std::string summary() const;
+};
 const char* stop_reason_name(StopReason r);
 
 struct GenerateResult {
@@ -56,11 +69,7 @@ struct GenerateResult {
   double prefill_s = 0, decode_s = 0;
   StopReason stop = StopReason::MaxTokens;
   std::string stop_string;        // the stop string that ended it (StopReason::StopString)
-  // Speculative decoding (GenerateRequest::draft): steps that verified drafts, and for each draft
-  // position the drafts verified there and how many were accepted (a position is reached only when
-  // every earlier draft of its step was accepted).
-  int64_t verify_steps = 0;
-  std::vector<int64_t> drafted, accepted;
+  DraftStats drafts;              // speculative decoding (GenerateRequest::draft)
 
   double prefill_tok_s() const { return prefill_s > 0 ? prompt_tokens / prefill_s : 0; }
   // Decode speed counts the tokens sampled after the first (the first comes from the prefill).
@@ -108,10 +117,6 @@ class Batcher {
   std::vector<std::unique_ptr<Live>> active_;
   std::vector<int> free_slots_;  // the lowest last: taken first
 };
-
-// "drafts: 2.41 tokens a step, accepted 0.80 / 0.62 / 0.41 by position" for a result that verified
-// drafts (GenerateRequest::draft), else empty.
-std::string draft_summary(const GenerateResult& r);
 
 // Several requests on one runner (a Batcher with whole prompts): each takes a free slot (the rest wait for one), its prompt is fed on
 // its own, then one step feeds every sequence in flight its next token together. Every sequence has

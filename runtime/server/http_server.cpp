@@ -117,7 +117,7 @@ class Service {
 
   void log_reply(const std::string& id, const std::string& path, const Ticket& t, const std::string& finish) {
     const GenerateResult& r = t.result();
-    const std::string drafts = draft_summary(r);
+    const std::string drafts = r.drafts.summary();
     std::fprintf(stderr, "tandem serve: %s %s prompt %lld (cached %lld), %zu tokens, TTFT %.0f ms, %.1f tok/s, %s%s%s%s\n", id.c_str(), path.c_str(),
                  static_cast<long long>(r.prompt_tokens), static_cast<long long>(r.cached_tokens), r.tokens.size(), t.ttft_s() * 1e3, r.decode_tok_s(), finish.c_str(),
                  t.timed_out() ? " (timed out)" : r.stop == StopReason::Cancelled ? " (cancelled)" : "", drafts.empty() ? "" : ", ", drafts.c_str());
@@ -239,14 +239,14 @@ class Service {
       metric("tandem_prefix_cache_bytes", "gauge", "Bytes the saved sequences take.", static_cast<double>(cs.bytes));
     }
     if (s_.runner->max_draft() > 0) {  // speculative decoding: per draft position, by label
-      metric("tandem_verify_steps_total", "counter", "Steps that verified drafts of the MTP head.", static_cast<double>(st.verify_steps));
-      auto by_position = [&](const char* name, const char* help, const std::vector<uint64_t>& v) {
+      metric("tandem_verify_steps_total", "counter", "Steps that verified drafts of the MTP head.", static_cast<double>(st.drafts.verify_steps));
+      auto by_position = [&](const char* name, const char* help, const std::vector<int64_t>& v) {
         m << "# HELP " << name << ' ' << help << "\n# TYPE " << name << " counter\n";
         for (size_t i = 0; i < static_cast<size_t>(s_.runner->max_draft()); ++i)
           m << name << "{position=\"" << i + 1 << "\"} " << (i < v.size() ? v[i] : 0) << '\n';
       };
-      by_position("tandem_drafts_total", "Drafts verified at each draft position (reached when the earlier ones were accepted).", st.drafted);
-      by_position("tandem_drafts_accepted_total", "Drafts accepted at each draft position.", st.accepted);
+      by_position("tandem_drafts_total", "Drafts verified at each draft position (reached when the earlier ones were accepted).", st.drafts.drafted);
+      by_position("tandem_drafts_accepted_total", "Drafts accepted at each draft position.", st.drafts.accepted);
     }
     r.set_content(m.str(), "text/plain; version=0.0.4");
   }

@@ -157,9 +157,7 @@ void Scheduler::loop() {
           totals_.generated_tokens += r.tokens.size();
           totals_.timed_out += raw->timed_out_;
           totals_.cancelled += r.stop == StopReason::Cancelled && !raw->timed_out_;
-          totals_.verify_steps += static_cast<uint64_t>(r.verify_steps);
-          if (totals_.drafted.size() < r.drafted.size()) totals_.drafted.resize(r.drafted.size(), 0), totals_.accepted.resize(r.drafted.size(), 0);
-          for (size_t i = 0; i < r.drafted.size(); ++i) totals_.drafted[i] += r.drafted[i], totals_.accepted[i] += r.accepted[i];
+          totals_.drafts.add(r.drafts);
         }
         raw->end();
       };

@@ -75,9 +75,7 @@ class Scheduler {
   struct Stats {
     uint64_t requests = 0, prompt_tokens = 0, generated_tokens = 0, failed = 0, timed_out = 0, cancelled = 0;
     double busy_s = 0;  // time the engine spent in steps
-    // speculative decoding (--draft): verification steps, and per draft position drafts verified / accepted
-    uint64_t verify_steps = 0;
-    std::vector<uint64_t> drafted, accepted;
+    DraftStats drafts;  // speculative decoding (--draft), over the ended requests
     size_t queued = 0, running = 0;
     int slots = 0;
   };

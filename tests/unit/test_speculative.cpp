@@ -128,9 +128,9 @@ TEST_P(Speculative, GreedyTokensAreTheTokensWithoutDrafts) {
       const GenerateResult got = generate(*spec, m.vocab, m.tok, greedy_request(p, 24, k));
       EXPECT_EQ(got.tokens, want.tokens) << "draft " << k << ", prompt '" << p << "'";
       EXPECT_EQ(got.text, want.text);
-      EXPECT_GT(got.verify_steps, 0);
-      ASSERT_EQ(got.drafted.size(), static_cast<size_t>(k));
-      EXPECT_GT(got.drafted[0], 0);
+      EXPECT_GT(got.drafts.verify_steps, 0);
+      ASSERT_EQ(got.drafts.drafted.size(), static_cast<size_t>(k));
+      EXPECT_GT(got.drafts.drafted[0], 0);
     }
   }
 }
@@ -148,7 +148,7 @@ TEST_P(Speculative, BatchedRequestsWithDraftsGetTheirTokensAlone) {
     GenerateRequest alone = reqs[i];
     alone.draft = 0;
     EXPECT_EQ(got[i].tokens, generate(*plain, m.vocab, m.tok, alone).tokens) << "request " << i;
-    EXPECT_EQ(got[i].verify_steps > 0, i > 0) << "request " << i;
+    EXPECT_EQ(got[i].drafts.verify_steps > 0, i > 0) << "request " << i;
   }
 }
 
@@ -199,12 +199,12 @@ TEST_P(Speculative, AcceptedDraftsAreKeptAndTheRestRolledBack) {
     q.draft = 3;
     const GenerateResult got = generate(oracle, m.vocab, m.tok, q);
     EXPECT_EQ(got.tokens, want.tokens) << "spoiled position " << wrong;
-    ASSERT_EQ(got.drafted.size(), 3u);
+    ASSERT_EQ(got.drafts.drafted.size(), 3u);
     // Calls alternate all right / spoiled at `wrong`: position 0 is accepted in every good call.
-    EXPECT_GE(got.accepted[0], got.drafted[0] / 2 - 1);
-    if (wrong == 0) EXPECT_LE(got.accepted[0], (got.drafted[0] + 1) / 2);
-    if (wrong == 2) EXPECT_EQ(got.accepted[1], got.drafted[1]);
-    EXPECT_LT(got.verify_steps, static_cast<int64_t>(want.tokens.size()) - 1) << "accepted drafts save steps";
+    EXPECT_GE(got.drafts.accepted[0], got.drafts.drafted[0] / 2 - 1);
+    if (wrong == 0) EXPECT_LE(got.drafts.accepted[0], (got.drafts.drafted[0] + 1) / 2);
+    if (wrong == 2) EXPECT_EQ(got.drafts.accepted[1], got.drafts.drafted[1]);
+    EXPECT_LT(got.drafts.verify_steps, static_cast<int64_t>(want.tokens.size()) - 1) << "accepted drafts save steps";
   }
 }
 
@@ -232,7 +232,7 @@ TEST_P(Speculative, SampledTokensKeepTheTargetDistribution) {
     ASSERT_GE(y.tokens.size(), 2u);
     ++a[{x.tokens[0], x.tokens[1]}];
     ++b[{y.tokens[0], y.tokens[1]}];
-    verified += y.verify_steps;
+    verified += y.drafts.verify_steps;
   }
   EXPECT_GE(verified, n);
   std::map<std::pair<int32_t, int32_t>, int> all = a;

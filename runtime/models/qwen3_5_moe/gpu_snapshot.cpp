@@ -22,10 +22,9 @@ SnapshotPool::SnapshotPool(bool device, uint64_t bytes) : device_(device) {
            cudaGetErrorString(e), " after ", format_gib(done * kPage), "); lower ", device ? "--cache-vram / server.cache_vram" : "--cache-bytes / server.cache");
     }
     chunks_.push_back(static_cast<uint8_t*>(p));
-    for (uint64_t i = 0; i < n; ++i) all_.push_back(static_cast<uint8_t*>(p) + i * kPage);
+    for (uint64_t i = 0; i < n; ++i) free_.push_back(static_cast<uint8_t*>(p) + i * kPage);
     done += n;
   }
-  free_ = all_;
 }
 
 SnapshotPool::~SnapshotPool() {

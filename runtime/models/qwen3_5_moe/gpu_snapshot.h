@@ -22,14 +22,13 @@ class SnapshotPool {
   SnapshotPool(const SnapshotPool&) = delete;
   SnapshotPool& operator=(const SnapshotPool&) = delete;
   bool device() const { return device_; }
-  uint64_t bytes() const { return static_cast<uint64_t>(all_.size()) * kPage; }
   // n pages, or none when fewer are free.
   std::vector<uint8_t*> take(size_t n);
   void give(const std::vector<uint8_t*>& pages);
 
  private:
   bool device_;
-  std::vector<uint8_t*> chunks_, all_;
+  std::vector<uint8_t*> chunks_;
   std::mutex m_;
   std::vector<uint8_t*> free_;
 };
@@ -43,7 +42,6 @@ class SnapshotMemory {
   SnapshotMemory(const SnapshotMemory&) = delete;
   SnapshotMemory& operator=(const SnapshotMemory&) = delete;
   uint64_t bytes() const { return bytes_; }
-  bool in_device() const { return pool_ && pool_->device(); }
   const char* where() const { return !pool_ ? "host memory" : pool_->device() ? "device memory" : "page-locked host memory"; }
   // The address of byte `offset` and how many bytes follow it contiguously.
   uint8_t* at(uint64_t offset, uint64_t* contiguous) const;
