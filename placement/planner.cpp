@@ -84,7 +84,7 @@ int64_t auto_prefill_chunk(bool cpu_experts_all, uint64_t budget, uint64_t all_e
 
 // Everything but routed experts, as Qwen35MoeGpu allocates it (header comment, point 1).
 VramBytes fixed_vram(const ModelConfig& c, const Sizer& s, int64_t context, int batch, bool embed_on_gpu, bool tied_shared,
-                     int64_t prefill_chunk, bool int4_experts, int deferral, uint64_t reserve) {
+                     int64_t prefill_chunk, bool int4_experts, int deferral, uint64_t reserve, int draft) {
   const int64_t H = c.hidden_size, V = c.vocab_size, Is = c.shared_expert_intermediate_size;
   const int64_t conv_dim = c.linear_conv_dim(), Vd = c.linear_value_dim(), Hv = c.linear_num_value_heads;
   const int E = c.num_experts, L = c.num_layers;
@@ -114,7 +114,27 @@ VramBytes fixed_vram(const ModelConfig& c, const Sizer& s, int64_t context, int 
                        s.linear(m + "shared_expert.up_proj", Is, H) + s.linear(m + "shared_expert.down_proj", H, Is) +
                        s.linear(m + "shared_expert_gate", 1, H, false);
   }
-  v.workspace += gpu_workspace(c, {context, prefill_chunk, int4_experts, deferral > 0, decode_rows_for(c, prefill_chunk, batch, 0), 0}).total();  // as the GPU model allocates it
+  // speculative.draft: the MTP head on the GPU (GpuOptions::mtp): fc as two [H, H] halves, its norms,
+  // one attention layer with its MoE, every routed expert of it resident (and their table), a KV cache
+  // per sequence; the verification step keeps draft + 1 DeltaNet states.
+  const bool mtp = draft > 0 && c.mtp_layers > 0;
+  if (mtp) {
+    const Sizer ms{c, "mtp."};
+    const std::string a = "layers.0.self_attn.", m = "layers.0.mlp.";
+    v.dense_weights += 2 * ms.linear("fc", H, H, false) + 5 * floats(H) + 2 * floats(hd);
+    v.dense_weights += ms.linear(a + "q_proj", int64_t(nh) * hd * 2, H) + ms.linear(a + "k_proj", int64_t(nkv) * hd, H) +
+                       ms.linear(a + "v_proj", int64_t(nkv) * hd, H) + ms.linear(a + "o_proj", H, int64_t(nh) * hd);
+    v.dense_weights += ms.linear(m + "gate", E, H, false) + ms.linear(m + "shared_expert.gate_proj", Is, H) +
+                       ms.linear(m + "shared_expert.up_proj", Is, H) + ms.linear(m + "shared_expert.down_proj", H, Is) +
+                       ms.linear(m + "shared_expert_gate", 1, H, false);
+    const bool q = ms.quant(m + "experts.0.gate_proj").quantized;
+    const int64_t I = c.moe_intermediate_size;
+    v.expert_weights += static_cast<uint64_t>(E) * (2 * ms.linear(m + "experts.0.gate_proj", I, H) + ms.linear(m + "experts.0.down_proj", H, I)) +
+                        align256(static_cast<uint64_t>(E) * (q ? kInt4ExpertTableEntry : kBf16ExpertTableEntry));
+    v.kv_cache += kv_cache_bytes(c, context) * batch;
+  }
+  const int64_t kept = mtp ? draft + 1 : 0, rows = decode_rows_for(c, prefill_chunk, batch, kept);
+  v.workspace += gpu_workspace(c, {context, prefill_chunk, int4_experts, deferral > 0, rows, rows > 1 ? kept : 0}).total();  // as the GPU model allocates it
   v.reserve = reserve;
   return v;
 }
@@ -278,7 +298,7 @@ Plan make_plan(const ModelConfig& c, const PlacementConfig& cfg, const PlanReque
   if (p.context == 0) {
     const int64_t chunk = cfg.prefill_chunk < 0 ? 256 : cfg.prefill_chunk, floor = std::min<int64_t>(4096, c.max_position_embeddings);
     auto fixed_at = [&](int64_t ctx) {
-      return fixed_vram(c, s, ctx, p.batch, p.embed_on_gpu, tied_shared, chunk, eq.quantized, cfg.deferral, cfg.gpu_reserve).total();
+      return fixed_vram(c, s, ctx, p.batch, p.embed_on_gpu, tied_shared, chunk, eq.quantized, cfg.deferral, cfg.gpu_reserve, cfg.draft).total();
     };
     const uint64_t base = fixed_at(floor);
     const uint64_t share = p.budget_bytes > base ? (p.budget_bytes - base) / 4 : 0;
@@ -299,7 +319,7 @@ Plan make_plan(const ModelConfig& c, const PlacementConfig& cfg, const PlanReque
 
   // ---- fixed VRAM ----
   auto fixed_for = [&](int64_t chunk) {
-    return fixed_vram(c, s, p.context, p.batch, p.embed_on_gpu, tied_shared, chunk, eq.quantized, cfg.deferral, cfg.gpu_reserve);
+    return fixed_vram(c, s, p.context, p.batch, p.embed_on_gpu, tied_shared, chunk, eq.quantized, cfg.deferral, cfg.gpu_reserve, cfg.draft);
   };
   p.prefill_chunk_auto = cfg.prefill_chunk < 0;
   if (p.prefill_chunk_auto) {

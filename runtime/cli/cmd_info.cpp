@@ -35,7 +35,7 @@ int cmd_info(int argc, char** argv) {
   std::printf("experts  %d routed (top-%d, %lld wide) + 1 shared (%lld wide)\n", c.num_experts, c.num_experts_per_tok,
               (long long)c.moe_intermediate_size, (long long)c.shared_expert_intermediate_size);
   std::printf("layout   %s\n", model->layout_description().c_str());
-  std::printf("mtp      %s\n", model->mtp() ? "the multi-token-prediction head (1 attention layer with its MoE; loaded, not yet used for drafting)"
+  std::printf("mtp      %s\n", model->mtp() ? "the multi-token-prediction head (1 attention layer with its MoE): speculative decoding with --draft N"
                                             : "none");
   const auto& ck = model->checkpoint();
   std::printf("tensors  %zu in %zu file(s), %.3f GiB\n", ck.names().size(), ck.num_files(),

@@ -153,14 +153,21 @@ class HostRunner final : public Runner {
 #ifdef TANDEM_HAVE_CUDA
 // A GPU slot's sequence in host memory (Qwen35MoeGpu::save_slot).
 struct GpuSnapshot final : SequenceSnapshot {
-  Qwen35MoeGpu::SlotCopy copy;
+  Qwen35MoeGpu::SlotCopy copy;     // the MTP head's cache included, when the runner drafts
+  std::optional<MtpSequence> mtp;  // the head's host side (pending hidden rows), when the runner drafts
 };
 
 // --device gpu (everything on the GPU) and --device hybrid (o.hybrid: some routed experts on the CPU
 // side) are the same GPU model with and without host experts.
-class GpuRunner final : public Runner {
+//
+// Drafting (RunnerOptions::draft): the MTP head runs on the GPU model (GpuOptions::mtp), its cache in
+// each slot; every step hands back the fed rows' hidden states, so every feed goes through step_rows
+// (prompts longer than a step through the prompt-chunk path), and each slot's MtpSequence keeps the
+// rows the head has not consumed.
+class GpuRunner final : public Runner, private MtpDevice {
  public:
-  GpuRunner(const Qwen35Moe& model, const RunnerOptions& o) : placement_(o.plan), context_(o.context), vocab_(model.config().vocab_size) {
+  GpuRunner(const Qwen35Moe& model, const RunnerOptions& o)
+      : placement_(o.plan), context_(o.context), vocab_(model.config().vocab_size), hidden_size_(model.config().hidden_size), draft_(o.draft) {
     GpuOptions g;
     g.budget_bytes = o.gpu_mem;
     g.max_context = o.context;
@@ -168,6 +175,12 @@ class GpuRunner final : public Runner {
     g.eager = o.eager;
     g.batch = std::max(o.batch, 1);
     g.verify_tokens = o.verify_tokens;
+    if (draft_ > 0) {
+      if (draft_ + 1 > gpu::kMaxGemvTokens)
+        fail("--draft ", draft_, ": the GPU verifies at most ", gpu::kMaxGemvTokens - 1, " drafts a step (", gpu::kMaxGemvTokens, " tokens)");
+      g.mtp = true;
+      g.verify_tokens = std::max<int64_t>(g.verify_tokens, draft_ + 1);
+    }
     g.snapshot_vram = o.cache_vram;
     g.snapshot_host = o.cache_host;
     if (placement_) {
@@ -185,11 +198,28 @@ class GpuRunner final : public Runner {
       g.stream_pass_tokens = placement_->stream_pass;
     }
     gpu_ = Qwen35MoeGpu::create(model, g);
+    if (draft_ > 0)
+      for (int s = 0; s < gpu_->slots(); ++s) mtp_.emplace_back(model, static_cast<MtpDevice*>(this), s);
   }
   int slots() const override { return gpu_->slots(); }
-  void reset_slot(int slot) override { gpu_->reset_slot(slot); }
+  void reset_slot(int slot) override {
+    gpu_->reset_slot(slot);
+    if (draft_ > 0) mtp_[slot].reset();
+  }
   int64_t position(int slot) const override { return gpu_->position(slot); }
-  void rollback(int slot, int64_t keep) override { gpu_->rollback(slot, keep); }
+  void rollback(int slot, int64_t keep) override {
+    gpu_->rollback(slot, keep);
+    if (draft_ > 0) mtp_[slot].rolled_back(keep);
+  }
+  int max_draft() const override { return draft_; }
+  void draft(int slot, int32_t next, std::span<int32_t> drafts, const DraftPick& pick) override {
+    if (draft_ == 0) return Runner::draft(slot, next, drafts, pick);
+    if (slot < 0 || slot >= slots()) fail("slot ", slot, " is outside 0..", slots() - 1);
+    if (drafts.empty() || static_cast<int>(drafts.size()) > draft_)
+      fail("draft: ", drafts.size(), " tokens asked for; this runner drafts 1..", draft_, " (--draft)");
+    TraceSpan span("MTP head (draft)", "host");
+    mtp_[slot].draft(next, drafts, pick);
+  }
   bool saves_sequences() const override { return true; }
   std::shared_ptr<const SequenceSnapshot> save(int slot) const override {
     auto s = std::make_shared<GpuSnapshot>();
@@ -198,11 +228,20 @@ class GpuRunner final : public Runner {
     s->position = s->copy.position;
     s->bytes = s->copy.memory->bytes();
     s->where = s->copy.memory->where();
+    if (draft_ > 0) {
+      s->mtp = mtp_[slot];
+      s->bytes += s->mtp->bytes();
+    }
     return s;
   }
   void restore(int slot, const SequenceSnapshot& saved) override {
     if (saved.owner != this) fail("restore: the snapshot was made by another runner");
-    gpu_->load_slot(slot, static_cast<const GpuSnapshot&>(saved).copy);
+    const auto& g = static_cast<const GpuSnapshot&>(saved);
+    gpu_->load_slot(slot, g.copy);
+    if (draft_ > 0) {
+      mtp_[slot] = *g.mtp;
+      mtp_[slot].move_to(slot);
+    }
   }
   // A feed of one sequence runs on the GPU model's one-sequence paths (the decode step's graph, the
   // prompt in chunks), unless it keeps its states; the others go together through step_rows as long as
@@ -210,6 +249,7 @@ class GpuRunner final : public Runner {
   void step(std::span<const Feed> feeds) override {
     check_feeds(feeds, *this, vocab_);
     const int64_t R = gpu_->step_rows_max();
+    const bool drafting = draft_ > 0;
     std::vector<Qwen35MoeGpu::RowFeed> group;
     std::vector<const Feed*> members;
     int64_t tokens = 0;
@@ -217,7 +257,8 @@ class GpuRunner final : public Runner {
       if (group.empty()) return;
       TraceSpan span("forward (batch)", "host");
       rows_.resize(static_cast<size_t>(tokens * vocab_));
-      gpu_->step_rows(group, rows_.data());
+      if (drafting) hidden_.resize(static_cast<size_t>(tokens * hidden_size_));
+      gpu_->step_rows(group, rows_.data(), drafting ? hidden_.data() : nullptr);
       int64_t r = 0;
       for (const Feed* f : members) {
         const int64_t n = static_cast<int64_t>(f->ids.size());
@@ -225,9 +266,33 @@ class GpuRunner final : public Runner {
           const bool all = f->rows == Qwen35Moe::LogitRows::All;
           std::copy_n(rows_.data() + (r + (all ? 0 : n - 1)) * vocab_, (all ? n : 1) * vocab_, f->logits);
         }
+        if (drafting) mtp_[f->slot].fed(f->ids, hidden_.data() + r * hidden_size_, f->keep_states);
         r += n;
       }
       group.clear(), members.clear(), tokens = 0;
+    };
+    // Drafting, a feed longer than a step: the prompt-chunk path with its hidden rows when it can,
+    // else steps of R tokens (every row's logits, or the last's).
+    auto long_feed = [&](const Feed& f) {
+      const int64_t n = static_cast<int64_t>(f.ids.size());
+      if (f.rows == Qwen35Moe::LogitRows::Last && gpu_->batched_prefill_active() && !Trace::active()) {
+        TraceSpan span("forward (prefill)", "host");
+        hidden_.resize(static_cast<size_t>(n * hidden_size_));
+        gpu_->select(f.slot);
+        gpu_->forward(f.ids, f.logits, f.rows, hidden_.data());
+        mtp_[f.slot].fed(f.ids, hidden_.data(), false);
+        return;
+      }
+      for (int64_t t = 0; t < n; t += R) {
+        const int64_t len = std::min(R, n - t);
+        const bool all = f.rows == Qwen35Moe::LogitRows::All;
+        float* out = !f.logits ? nullptr : all ? f.logits + t * vocab_ : t + len == n ? f.logits : nullptr;
+        const Feed piece{f.slot, f.ids.subspan(static_cast<size_t>(t), static_cast<size_t>(len)), out, all ? f.rows : Qwen35Moe::LogitRows::Last, false};
+        group.push_back({piece.slot, piece.ids, false});
+        members.push_back(&piece);
+        tokens = len;
+        flush();
+      }
     };
     for (const Feed& f : feeds) {
       const int64_t n = static_cast<int64_t>(f.ids.size());
@@ -239,11 +304,14 @@ class GpuRunner final : public Runner {
         members.push_back(&f);
         tokens = n;
         flush();
-      } else if (feeds.size() > 1 && R > 1 && n <= R) {
+      } else if ((feeds.size() > 1 || drafting) && R > 1 && n <= R) {
         if (tokens + n > R) flush();
         group.push_back({f.slot, f.ids, false});
         members.push_back(&f);
         tokens += n;
+      } else if (drafting) {
+        flush();
+        long_feed(f);
       } else {
         TraceSpan span(n > 1 ? "forward (prefill)" : "forward (decode)", "host");
         gpu_->select(f.slot);
@@ -261,6 +329,7 @@ class GpuRunner final : public Runner {
                   offsetof(LogitPenalty, sub) == offsetof(gpu::Penalty, sub));
     auto pen = [](std::span<const LogitPenalty> p) { return std::span<const gpu::Penalty>(reinterpret_cast<const gpu::Penalty*>(p.data()), p.size()); };
     check_feeds(feeds, *this, vocab_);
+    if (draft_ > 0) return false;  // drafting: every step hands back its hidden rows (step)
     for (const TopWant& w : want)
       if (w.k < 1 || w.k > gpu::kMaxTopK || static_cast<int64_t>(w.penalties.size()) > context_) return false;
     if (feeds.size() == 1 && !feeds[0].keep_states) {
@@ -328,11 +397,18 @@ class GpuRunner final : public Runner {
 
  private:
   std::shared_ptr<const placement::Plan> placement_;  // null: everything on the GPU
+  void mtp_rows(int slot, int64_t at, std::span<const int32_t> ids, const float* hidden, float* logits, int32_t* argmax,
+                float* hidden_out) override {
+    gpu_->mtp_rows(slot, at, ids, hidden, logits, argmax, hidden_out);
+  }
+
   int64_t context_ = 0;                               // the KV cache's length
-  int64_t vocab_ = 0;
-  std::vector<float> rows_;                           // a batched step's logits rows
+  int64_t vocab_ = 0, hidden_size_ = 0;
+  int draft_ = 0;
+  std::vector<float> rows_, hidden_;                  // a batched step's logits rows and hidden rows (drafting)
   std::unique_ptr<HostExperts> cpu_;                // declared before gpu_: the GPU model calls into it
   std::unique_ptr<Qwen35MoeGpu> gpu_;
+  std::vector<MtpSequence> mtp_;                      // per slot, when drafting
 };
 #endif
 
@@ -381,8 +457,8 @@ std::unique_ptr<Runner> make_runner(const Qwen35Moe& model, const RunnerOptions&
   if (o.draft < 0 || o.draft > kMaxDraft) fail("--draft ", o.draft, " must be between 0 (off) and ", kMaxDraft, " tokens");
   if (o.draft > 0 && !model.mtp())
     fail("--draft ", o.draft, ": ", model.checkpoint().dir(), " has no MTP head (mtp.* tensors), which speculative decoding drafts with");
-  if (o.draft > 0 && o.device != Device::Ref && o.device != Device::Cpu)
-    fail("--draft: speculative decoding runs on --device ref and cpu so far; the GPU placements do not run the MTP head yet");
+  if (o.draft > 0 && o.device == Device::Hybrid && o.plan && o.plan->deferral > 0)
+    fail("--draft: the verification step keeps exact states; a placement with experts.deferral defers some experts a layer (set it to 0)");
   if (o.device == Device::Ref) return std::make_unique<HostRunner>(model, nullptr, o.defer_experts, batch, o.draft);
   if (o.device == Device::Cpu) {
     CpuBackendOptions co;

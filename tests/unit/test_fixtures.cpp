@@ -23,7 +23,7 @@ std::vector<float> run_logits(const Qwen35Moe& m, const std::vector<int32_t>& id
 
 TEST(Fixtures, AllExpectedFixturesArePresent) {
   const auto names = test::fixture_names();
-  for (const char* want : {"bf16_fused", "bf16_text_only", "gptq_sym_v1", "gptq_asym_actorder", "gptq_asym_v1"})
+  for (const char* want : {"bf16_fused", "bf16_text_only", "gptq_sym_v1", "gptq_asym_actorder", "gptq_asym_v1", "demo"})
     EXPECT_NE(std::find(names.begin(), names.end(), want), names.end()) << "missing fixture " << want;
 }
 

@@ -13,6 +13,7 @@
 #include "runtime/engine/logits_compare.h"
 #include "runtime/format/npy.h"
 #include "runtime/models/qwen3_5_moe/cpu_backend.h"
+#include "runtime/tokenizer/chat_template.h"
 #include "tests/unit/batch_cases.h"
 #include "tests/unit/fixture_util.h"
 #include "tests/unit/test_util.h"
@@ -82,14 +83,17 @@ TEST_P(MtpHead, MatchesTheFloatReference) {
   for (int64_t t = 0; t + 1 < n; ++t)
     EXPECT_LT(test::row_rel_l2(logits.data() + t * V, want.data.data() + t * V, V), tol) << "MTP logits, position " << t;
 
-  // The head's cache: the same rows one at a time, bit for bit.
+  // The head's cache: the same rows one at a time (bit for bit on the reference).
   Qwen35State step = model->new_mtp_state();
   step.backend = cpu.get();
   std::vector<float> row(static_cast<size_t>(V));
   for (int64_t t = 0; t + 1 < n; ++t) {
     model->mtp_forward(step, std::span(fx.ids).subspan(static_cast<size_t>(t) + 1, 1), want_h.data.data() + t * H, row.data(),
                        Qwen35Moe::LogitRows::Last);
-    EXPECT_TRUE(std::equal(row.begin(), row.end(), logits.begin() + t * V)) << "position " << t << " fed alone";
+    if (GetParam().device == Device::Ref)
+      EXPECT_TRUE(std::equal(row.begin(), row.end(), logits.begin() + t * V)) << "position " << t << " fed alone";
+    else  // the CPU kernels take one row and several by different paths (AMX tiles for several where the CPU has them)
+      EXPECT_LT(test::row_rel_l2(row.data(), logits.data() + t * V, V), 1e-2) << "position " << t << " fed alone";
   }
 }
 
@@ -97,7 +101,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, MtpHead, ::testing::ValuesIn(head_cases()),
                          [](const auto& info) { return info.param.fixture + "_" + device_name(info.param.device); });
 GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(MtpHead);
 
-TEST(MtpHead, FixturesCarryOne) { EXPECT_GE(head_cases().size(), 4u) << "gptq_sym_v1 and bf16_text_only carry a head (tools/make_reference.py)"; }
+TEST(MtpHead, FixturesCarryOne) { EXPECT_GE(head_cases().size(), 6u) << "gptq_sym_v1 and bf16_text_only (tools/make_reference.py) and the demo model (tools/train_demo.py) carry a head"; }
 
 // ---------------------------------------------------------------- decoding with drafts
 
@@ -278,6 +282,40 @@ TEST_P(Speculative, ASavedSequenceDraftsAsItsOriginal) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Host, Speculative, ::testing::Values(Device::Ref, Device::Cpu), [](const auto& info) { return std::string(device_name(info.param)); });
+
+// The demo model (models/demo, tools/train_demo.py: a small model trained with its head on Python
+// sources): a chat turn asking for Python, greedy, with 2 drafts a step. The head was trained, so its
+// drafts are accepted often (held-out agreement 61.5% at training time; 0.71 / 0.50 by position on
+// this prompt when it was committed), the reply is the reply without drafts, and it reads as Python.
+TEST(DemoModel, DraftsOfItsTrainedHeadAreAccepted) {
+  const std::string dir = std::string(TANDEM_TEST_DATA) + "/demo";
+  auto model = Qwen35Moe::load(dir);
+  const Tokenizer tok = Tokenizer::from_model_dir(dir);
+  ChatOptions co;
+  co.enable_thinking = false;
+  const std::vector<ChatMessage> chat = {{"user", "Write some Python."}};
+  GenerateRequest q;
+  q.prompt = tok.encode(render_chat(chat, co));
+  q.max_new_tokens = 96;
+  q.sampling.temperature = 0;
+  for (Device d : {Device::Ref, Device::Cpu}) {
+    auto plain = host_runner(*model, d, 0);
+    auto spec = host_runner(*model, d, 2);
+    const GenerateResult want = generate(*plain, model->config().vocab_size, tok, q);
+    GenerateRequest qd = q;
+    qd.draft = 2;
+    const GenerateResult got = generate(*spec, model->config().vocab_size, tok, qd);
+    EXPECT_EQ(got.tokens, want.tokens) << device_name(d);
+    const std::vector<double> acc = got.drafts.acceptance();
+    ASSERT_EQ(acc.size(), 2u);
+    EXPECT_GT(acc[0], 0.5) << device_name(d) << ": " << got.drafts.summary();
+    EXPECT_GT(acc[1], 0.3) << device_name(d) << ": " << got.drafts.summary();
+    EXPECT_GT(got.drafts.tokens_per_step(), 1.6) << device_name(d) << ": " << got.drafts.summary();
+    bool python = false;  // it writes the standard library's kind of text: code, docstrings, comments
+    for (const char* mark : {"def ", "import ", "class ", "self.", "\"\"\"", "__all__"}) python = python || got.text.find(mark) != std::string::npos;
+    EXPECT_TRUE(python) << "the reply does not read as Python:\n" << got.text;
+  }
+}
 
 TEST(Speculative, RefusesWhatItCannotDo) {
   auto no_head = Qwen35Moe::load(std::string(TANDEM_TEST_DATA) + "/bf16_fused");  // a few mtp.* tensors, no whole head

@@ -448,13 +448,14 @@ namespace {
 // recurrent state, and the totals over the layers.
 struct SlotShape {
   int64_t row = 0, conv = 0, state = 0, kv = 0, states = 0;
-  SlotShape(const ModelConfig& c, int64_t position) {
+  SlotShape(const ModelConfig& c, int64_t position, bool mtp) {
     row = int64_t(c.num_kv_heads) * c.head_dim, conv = (c.linear_conv_kernel - 1) * c.linear_conv_dim();
     state = int64_t(c.linear_num_value_heads) * c.linear_key_head_dim * c.linear_value_head_dim;
     for (LayerKind k : c.layer_types) {
       if (k == LayerKind::LinearAttention) states += conv + state;
       else kv += 2 * position * row;
     }
+    if (mtp) kv += 2 * position * row;  // the MTP head's cache (rows past the head's own count are overwritten later)
   }
 };
 
@@ -466,8 +467,9 @@ struct SlotShape {
 template <typename F>
 void Qwen35MoeGpu::for_slot_pieces(int slot, int64_t position, F&& f) const {
   const Impl& m = *impl_;
-  const SlotShape sh(m.model.config(), position);
-  for (const DevLayer& L : m.layers) {
+  const SlotShape sh(m.model.config(), position, m.mtp.on);
+  for (size_t li = 0; li < m.layers.size() + m.mtp.on; ++li) {
+    const DevLayer& L = m.layer_at(li);
     if (L.kind == LayerKind::LinearAttention) {
       f(static_cast<void*>(L.conv_state + slot * m.conv_stride), sh.conv, false);
       f(static_cast<void*>(L.ssm_state + slot * m.ssm_stride), sh.state, false);
@@ -502,7 +504,7 @@ Qwen35MoeGpu::SlotCopy Qwen35MoeGpu::save_slot(int slot) const {
   const Impl& m = *impl_;
   SlotCopy out;
   out.position = position(slot);
-  auto mem = std::make_shared<SnapshotMemory>(slot_bytes(SlotShape(m.model.config(), out.position)), m.snapshot_pools);
+  auto mem = std::make_shared<SnapshotMemory>(slot_bytes(SlotShape(m.model.config(), out.position, m.mtp.on)), m.snapshot_pools);
   uint64_t offset = 0;
   for_slot_pieces(slot, out.position, [&](void* dev, int64_t n, bool kv) { copy_piece(*mem, &offset, dev, n, kv, true, m.stream); });
   out.memory = std::move(mem);
@@ -512,7 +514,7 @@ Qwen35MoeGpu::SlotCopy Qwen35MoeGpu::save_slot(int slot) const {
 void Qwen35MoeGpu::load_slot(int slot, const SlotCopy& copy) {
   Impl& m = *impl_;
   if (copy.position > m.opts.max_context) fail("load_slot: a sequence of ", copy.position, " tokens for a context of ", m.opts.max_context);
-  const uint64_t want = slot_bytes(SlotShape(m.model.config(), copy.position));
+  const uint64_t want = slot_bytes(SlotShape(m.model.config(), copy.position, m.mtp.on));
   if (!copy.memory || copy.memory->bytes() != want)
     fail("load_slot: the copy does not have this model's shapes (", copy.memory ? copy.memory->bytes() : 0, " bytes for ", want, ")");
   reset_slot(slot);  // the expert counts, the kept states and the host's deferral start afresh
@@ -521,18 +523,20 @@ void Qwen35MoeGpu::load_slot(int slot, const SlotCopy& copy) {
   (slot == m.cur ? m.pos : m.slot_pos[slot]) = copy.position;
 }
 
-void Qwen35MoeGpu::forward(std::span<const int32_t> ids, float* logits, Qwen35Moe::LogitRows rows) {
+void Qwen35MoeGpu::forward(std::span<const int32_t> ids, float* logits, Qwen35Moe::LogitRows rows, float* hidden) {
   Impl& m = *impl_;
-  const int64_t V = m.model.config().vocab_size, T = static_cast<int64_t>(ids.size());
+  const int64_t V = m.model.config().vocab_size, T = static_cast<int64_t>(ids.size()), H = m.model.config().hidden_size;
   for (int64_t t = 0; t < T; ++t)  // checked before any work, so a bad call leaves the sequence as it was
     if (ids[t] < 0 || ids[t] >= V) fail("token id ", ids[t], " at position ", t, " is outside the vocabulary (0..", V - 1, ")");
   if (m.pos + T > m.opts.max_context) fail("the sequence reached the context limit of ", m.opts.max_context, " tokens (--context)");
-  if (m.batched && T > 1 && rows == Qwen35Moe::LogitRows::Last && !Trace::active()) {
+  const bool chunks = m.batched && T > 1 && rows == Qwen35Moe::LogitRows::Last && !Trace::active();
+  if (hidden && !chunks) fail("internal: hidden rows come from the prompt-chunk path (rows Last, batched prefill) or step_rows");
+  if (chunks) {
     for (int64_t t = 0, n = 0; t < T; t += n) {
-      const bool streamed = m.st.on && T - t >= m.opts.stream_prefill_min_tokens;
+      const bool streamed = m.st.on && !hidden && T - t >= m.opts.stream_prefill_min_tokens;
       n = std::min(streamed ? m.st.pass : m.chunk, T - t);
       if (streamed) m.prefill_streamed(ids.data() + t, n, t + n == T ? logits : nullptr);
-      else m.prefill_chunk(ids.data() + t, n, t + n == T ? logits : nullptr);
+      else m.prefill_chunk(ids.data() + t, n, t + n == T ? logits : nullptr, hidden ? hidden + t * H : nullptr);
     }
     return;
   }

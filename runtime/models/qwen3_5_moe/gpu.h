@@ -91,6 +91,11 @@ struct GpuOptions {
   // Positions a verification step keeps the DeltaNet state of (step_rows with keep; rollback): that
   // many + 1 copies of every DeltaNet layer's state in the workspace. 0: none.
   int64_t verify_tokens = 0;
+  // The MTP head on the GPU (speculative decoding; the checkpoint must have one): its fc, norms and
+  // decoder layer uploaded whole (its routed experts on the GPU in the checkpoint's format), a KV cache
+  // per slot beside the model's (part of a slot's saved sequence), and the forwards' `hidden` rows. The
+  // workspace needs step_rows' buffers: verify_tokens >= 2.
+  bool mtp = false;
 };
 
 class Qwen35MoeGpu {
@@ -133,7 +138,9 @@ class Qwen35MoeGpu {
   int64_t stream_prefill_min_tokens() const;
   const std::string& stream_prefill_note() const;
   // Like Qwen35Moe::forward: ids at the current position; logits to host memory, all rows or the last.
-  void forward(std::span<const int32_t> ids, float* logits, Qwen35Moe::LogitRows rows = Qwen35Moe::LogitRows::All);
+  // hidden (the MTP head's input): every fed row's final hidden state after the final norm [n, H], in
+  // host memory; only on the prompt-chunk path (rows Last, batched prefill active; else use step_rows).
+  void forward(std::span<const int32_t> ids, float* logits, Qwen35Moe::LogitRows rows = Qwen35Moe::LogitRows::All, float* hidden = nullptr);
 
   // ---- several sequences (GpuOptions::batch slots) ----
   // forward(), forward_top() and reset() work on the selected slot (0 at first).
@@ -163,7 +170,8 @@ class Qwen35MoeGpu {
   // its tokens on the host side), the conv, recurrence and attention on each sequence's own state. The
   // logits of every fed row, in feed order, to `logits` [rows, vocab] (nullptr: none). All on the GPU:
   // one CUDA graph per step shape (tokens, sequences).
-  void step_rows(std::span<const RowFeed> feeds, float* logits);
+  // hidden: every fed row's final hidden state after the final norm [rows, H] (nullptr: none).
+  void step_rows(std::span<const RowFeed> feeds, float* logits, float* hidden = nullptr);
   // The same with each row's logits left on the device: penalties[r] applied to row r there and the
   // k[r] best (id, penalised logit) pairs of it to tops[r] (best first). false (nothing run) when a k
   // is outside 1..gpu::kMaxTopK or a list is longer than the context.
@@ -171,6 +179,15 @@ class Qwen35MoeGpu {
                      std::span<std::vector<std::pair<int32_t, float>>* const> tops);
   // After a keep step that fed n tokens to `slot`: its state after the first `keep` (0..n) of them.
   void rollback(int slot, int64_t keep);
+
+  // ---- the MTP head (GpuOptions::mtp) ----
+  bool mtp_active() const;
+  // Head rows at positions at.. of `slot`'s head cache: row t from hidden [n, H] (the main model's
+  // final hidden states, host memory) and ids[t] (the token that followed), as Qwen35Moe::mtp_forward.
+  // The last row's outputs: logits [vocab] to host memory (nullptr: none), its argmax (lowest id on
+  // ties) to *argmax (nullptr: none), its state after mtp.norm [H] (the chain's next hidden) to
+  // hidden_out (nullptr: none). Rows beyond at + n in the cache are left as they are (overwritten later).
+  void mtp_rows(int slot, int64_t at, std::span<const int32_t> ids, const float* hidden, float* logits, int32_t* argmax, float* hidden_out);
 
   struct Impl;
 

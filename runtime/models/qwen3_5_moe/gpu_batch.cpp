@@ -13,39 +13,45 @@ namespace {
 
 // One graph per (tokens, sequences, keep, logits destination): the kernels' grids depend on them,
 // everything else (ids, positions, slots) is read from the table on the device.
-int row_graph_key(int64_t n, int groups, bool keep, int w) { return ((static_cast<int>(n) * 64 + groups) * 2 + keep) * 3 + w; }
+int row_graph_key(int64_t n, int groups, bool keep, int w, bool hidden) {
+  return (((static_cast<int>(n) * 64 + groups) * 2 + keep) * 3 + w) * 2 + hidden;
+}
 
 }  // namespace
 
-void Qwen35MoeGpu::Impl::enqueue_rows(int64_t n, const Batch& b, float* logits_dst) {
+void Qwen35MoeGpu::Impl::enqueue_rows(int64_t n, const Batch& b, float* logits_dst, float* hidden_dst) {
   const ModelConfig& c = model.config();
   const int64_t H = c.hidden_size, V = c.vocab_size, R = rows;
   CK(cudaMemcpyAsync(bio, hio, (5 * R + 1) * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
   if (embed) CK(gpu::embed_bf16(embed, H, bio, static_cast<int>(n), ph, stream));
   else host_embedding_rows(hio, n, ph);
   for (size_t li = 0; li < layers.size(); ++li) prefill_layer(li, ph, n, bio + R, nullptr, &b);
-  if (!logits_dst) return;
+  if (!logits_dst && !hidden_dst) return;
   CK(gpu::rmsnorm_zc(ph, final_norm, H, static_cast<int>(n), static_cast<float>(c.rms_norm_eps), px, stream));
+  if (hidden_dst) CK(cudaMemcpyAsync(hidden_dst, px, n * H * sizeof(float), cudaMemcpyDeviceToHost, stream));
+  if (!logits_dst) return;
   linear_rows(lm_head, px, n, blogits, true);
   if (logits_dst != &logits_sink) CK(cudaMemcpyAsync(logits_dst, blogits, n * V * sizeof(float), cudaMemcpyDeviceToHost, stream));
 }
 
-void Qwen35MoeGpu::Impl::run_rows(int64_t n, const Batch& b, float* logits_dst) {
+void Qwen35MoeGpu::Impl::run_rows(int64_t n, const Batch& b, float* logits_dst, float* hidden) {
   const ModelConfig& c = model.config();
   const int64_t V = c.vocab_size;
+  if (hidden && !mtp.hhid) fail("internal: hidden rows asked for without the MTP head's staging (GpuOptions::mtp)");
+  float* hid = hidden ? mtp.hhid : nullptr;
   const int w = !logits_dst ? 0 : logits_dst == &logits_sink ? 2 : 1;
   float* dst = w == 0 ? nullptr : w == 2 ? &logits_sink : hrows;
   // All on the GPU: the step as a graph. With host experts the layers hand over eagerly (post_copy /
   // serve_copy wait on the host).
   if (graph_ok && gpu_only_layers == layers.size() && !Trace::active()) {
-    const int key = row_graph_key(n, b.groups, b.keep, w);
+    const int key = row_graph_key(n, b.groups, b.keep, w, hid != nullptr);
     auto it = std::find_if(row_graphs.begin(), row_graphs.end(), [&](const auto& g) { return g.first == key; });
     if (it == row_graphs.end()) {
       const ExpertCounts saved = counts;  // replays count below
       CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
       cudaGraph_t g = nullptr;
       try {
-        enqueue_rows(n, b, dst);
+        enqueue_rows(n, b, dst, hid);
         CK(cudaStreamEndCapture(stream, &g));
       } catch (...) {
         abandon_capture();
@@ -62,10 +68,11 @@ void Qwen35MoeGpu::Impl::run_rows(int64_t n, const Batch& b, float* logits_dst) 
     CK(cudaGraphLaunch(it->second, stream));
     counts.gpu += static_cast<uint64_t>(n) * c.num_experts_per_tok * gpu_only_layers;
   } else {
-    enqueue_rows(n, b, dst);
+    enqueue_rows(n, b, dst, hid);
   }
   CK(cudaStreamSynchronize(stream));
   if (w == 1) std::memcpy(logits_dst, hrows, n * V * sizeof(float));
+  if (hid) std::memcpy(hidden, hid, n * c.hidden_size * sizeof(float));
 }
 
 // Checks the feeds and fills the step's table (hio); returns its tokens and groups.
@@ -115,11 +122,11 @@ static void advance(Qwen35MoeGpu::Impl& m, std::span<const Qwen35MoeGpu::RowFeed
   }
 }
 
-void Qwen35MoeGpu::step_rows(std::span<const RowFeed> feeds, float* logits) {
+void Qwen35MoeGpu::step_rows(std::span<const RowFeed> feeds, float* logits, float* hidden) {
   Impl& m = *impl_;
   Impl::Batch b;
   const int64_t n = fill_rows(m, feeds, b);
-  m.run_rows(n, b, logits);
+  m.run_rows(n, b, logits, hidden);
   advance(m, feeds, b.keep);
 }
 

@@ -184,6 +184,19 @@ struct Qwen35MoeGpu::Impl {
     void* mem = nullptr;    // in the arena (workspace): the tables, then the kernel's scratch
     void* scratch = nullptr;
   } link;
+  // GpuOptions::mtp: the head's weights (fc split into its embedding and hidden halves, each [H, H]),
+  // its decoder layer (an attention layer, experts all on the GPU, a KV cache per slot) and pinned
+  // staging for the hidden rows that cross (step_rows' hidden, mtp_rows' input) [rows, H] and the
+  // head's output state after them [H].
+  struct Mtp {
+    bool on = false;
+    DevLayer layer{};
+    DevLinear fc_e, fc_h;
+    const float *norm_e = nullptr, *norm_h = nullptr, *norm = nullptr;
+    float* hhid = nullptr;
+  } mtp;
+  // Layer li of the walk: the model's, or the MTP head's at num_layers.
+  const DevLayer& layer_at(size_t li) const { return li < layers.size() ? layers[li] : mtp.layer; }
   void link_setup();                 // before the plan
   gpu::LinkBuffers link_buffers() const;  // what build() allocates for it
   void link_upload();                // after the commit
@@ -211,6 +224,7 @@ struct Qwen35MoeGpu::Impl {
     if (st.ready) cudaEventDestroy(st.ready);
     if (st.free) cudaEventDestroy(st.free);
     if (hembed) cudaFreeHost(hembed);
+    if (mtp.hhid) cudaFreeHost(mtp.hhid);
   }
 
   // Whether prompts go through in batches: a chunk is set and the attention prefill kernel takes the
@@ -222,11 +236,12 @@ struct Qwen35MoeGpu::Impl {
 
   // Whether expert e of layer `layer` lives on the GPU (the plan's; every expert without a hybrid placement).
   bool on_gpu(int layer, int64_t e) const {
-    return !opts.expert_on_gpu || opts.expert_on_gpu->empty() || (*opts.expert_on_gpu)[layer][e];
+    return !opts.expert_on_gpu || static_cast<size_t>(layer) >= opts.expert_on_gpu->size() || (*opts.expert_on_gpu)[layer][e];  // the MTP head's: all
   }
 
   // uploaded(bytes): called after each layer while committing, with the bytes placed so far.
   void build(Uploader& up, const std::function<void(uint64_t)>& uploaded = {});
+  DevLayer upload_layer(Uploader& up, const LayerWeights& L, int li);  // build's, per decoder layer
 
   // The layer's weights and state in the kernels' argument blocks; callers add the activations.
   // slot >= 0: that slot's state; -1: slot 0's with the strides (the step's slots come from the device).
@@ -247,7 +262,7 @@ struct Qwen35MoeGpu::Impl {
   // n prompt tokens at positions pos.. through every layer at once (GpuOptions::prefill_chunk);
   // logits of the last token to logits_last when given. Same math as n decode steps, except that
   // bf16 projections run on cuBLAS with split-bf16 activations (~1e-5) instead of the GEMV.
-  void prefill_chunk(const int32_t* ids_host, int64_t n, float* logits_last);
+  void prefill_chunk(const int32_t* ids_host, int64_t n, float* logits_last, float* hidden = nullptr);
   // One layer of it for n tokens with hidden states h [n, H] (in place) at positions pos_dev; with
   // `streamed` the layer's host experts run on the GPU from that table.
   // `batch`: a step_rows step of `groups` sequences (the decode kernels on each token's slot, bio's
@@ -259,8 +274,15 @@ struct Qwen35MoeGpu::Impl {
   void prefill_layer(size_t li, float* h, int64_t n, const int32_t* pos_dev, const gpu::Int4Expert* streamed, const Batch* batch = nullptr);
   // step_rows' work on the stream for n tokens in `groups` (hio filled): logits of every row to
   // logits_dst (hrows, logits_sink: left in blogits, nullptr: none).
-  void enqueue_rows(int64_t n, const Batch& b, float* logits_dst);
-  void run_rows(int64_t n, const Batch& b, float* logits_dst);  // as a graph where it can be, else eagerly
+  // hidden_dst: the rows after the final norm to the pinned mtp.hhid (nullptr: none).
+  void enqueue_rows(int64_t n, const Batch& b, float* logits_dst, float* hidden_dst = nullptr);
+  // As a graph where it can be, else eagerly; hidden rows to `hidden` (host memory) when given.
+  void run_rows(int64_t n, const Batch& b, float* logits_dst, float* hidden = nullptr);
+  // The MTP head over n rows of one slot (hio filled as step_rows' table of one group; the hidden rows
+  // copied to po, the ids to bio or, for a chunk, pids and ppos; ids_host: the same ids in host memory
+  // for the embedding table in host memory): fc, its layer, mtp.norm of the last row into x; the batch
+  // kernels (n <= rows) or the prompt-chunk ones on the selected slot.
+  void enqueue_mtp(int64_t n, bool chunk, const int32_t* ids_host);
   void prefill_logits(const float* h_last, float* logits_last);
   // A prompt piece's positions into pos_dev and embedding rows into h_dev (on the GPU, or from the
   // host table via hembed).
@@ -276,7 +298,7 @@ struct Qwen35MoeGpu::Impl {
   // Layer li's streamed expert table and conversion jobs into st.tables / st.jobs (commit pass of build).
   void stream_table(int li, const std::vector<gpu::Int4Expert>& i4);
   // Whether streamed prefill copies layer l's host experts.
-  bool streams(size_t l) const { return st.on && !st.layout[l].experts.empty(); }
+  bool streams(size_t l) const { return st.on && l < st.layout.size() && !st.layout[l].experts.empty(); }
 
   void linear(const DevLinear& L, const float* in, float* out);
 

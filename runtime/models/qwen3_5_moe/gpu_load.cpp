@@ -151,6 +151,26 @@ DevLinear upload_linear(Uploader& up, const LinearWeight& L, Kind kind) {
   return d;
 }
 
+// Columns col0 .. col0 + n of a dense L as a matrix of its own [out, n] (the MTP head's fc halves).
+DevLinear upload_columns(Uploader& up, const LinearWeight& L, int64_t col0, int64_t n, Kind kind) {
+  if (L.kind != LinearWeight::Kind::Dense) fail(L.name, ": the GPU MTP head needs this tensor dense (BF16, F16 or F32), not GPTQ");
+  DevLinear d;
+  d.out = L.out;
+  d.in = n;
+  if (!up.committing()) {
+    up.alloc(placement::gpu_linear_pieces(L.out, n, false, 0, false).w, kind);
+    return d;
+  }
+  std::vector<uint16_t> bf(static_cast<size_t>(L.out * n));
+  for (int64_t r = 0; r < L.out; ++r)
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t at = r * L.in + col0 + i;
+      bf[r * n + i] = L.dense_dtype == DType::BF16 ? static_cast<const uint16_t*>(L.dense)[at] : f32_to_bf16(load_as_f32(L.dense, L.dense_dtype, at));
+    }
+  d.w = up.upload(bf.data(), bf.size(), kind);
+  return d;
+}
+
 }  // namespace
 
 DevLinear stack_rows(std::initializer_list<const DevLinear*> parts) {
@@ -171,6 +191,80 @@ DevLinear stack_rows(std::initializer_list<const DevLinear*> parts) {
 std::string GpuMemoryPlan::describe() const {
   return str_cat("dense weights ", format_gib(dense_weights), ", routed experts ", format_gib(expert_weights), ", KV cache ", format_gib(kv_cache),
                  ", DeltaNet state ", format_gib(deltanet_state), ", workspace ", format_gib(workspace), "; total ", format_gib(total()));
+}
+
+// One decoder layer's weights and state (the model's layer li, or the MTP head's at li = num_layers:
+// every expert on the GPU, never streamed).
+DevLayer Qwen35MoeGpu::Impl::upload_layer(Uploader& up, const LayerWeights& L, int li) {
+  const ModelConfig& c = model.config();
+  const int64_t E = c.num_experts;
+  auto vec = [&](const std::vector<float>& v, Kind kind) { return up.upload(v.data(), v.size(), kind); };
+  DevLayer d{};
+  d.kind = L.kind;
+  d.in_norm = vec(L.input_norm, Kind::Dense);
+  d.post_norm = vec(L.post_attention_norm, Kind::Dense);
+  if (L.kind == LayerKind::LinearAttention) {
+    const DeltaNetWeights& w = L.deltanet;
+    d.qkv = upload_linear(up, w.in_proj_qkv, Kind::Dense);
+    d.z = upload_linear(up, w.in_proj_z, Kind::Dense);
+    d.b = upload_linear(up, w.in_proj_b, Kind::Dense);
+    d.a = upload_linear(up, w.in_proj_a, Kind::Dense);
+    d.out_proj = upload_linear(up, w.out_proj, Kind::Dense);
+    d.in_proj = stack_rows({&d.qkv, &d.z, &d.b, &d.a});
+    d.conv_w = vec(w.conv, Kind::Dense);
+    d.A_log = vec(w.A_log, Kind::Dense);
+    d.dt_bias = vec(w.dt_bias, Kind::Dense);
+    d.dn_norm = vec(w.norm, Kind::Dense);
+    d.conv_state = static_cast<float*>(up.zeroed(placement::conv_state_bytes(c) * slots, Kind::State));  // slot after slot
+    d.ssm_state = static_cast<float*>(up.zeroed(placement::ssm_state_bytes(c) * slots, Kind::State));
+  } else {
+    const AttentionWeights& w = L.attn;
+    d.q = upload_linear(up, w.q_proj, Kind::Dense);
+    d.k = upload_linear(up, w.k_proj, Kind::Dense);
+    d.v = upload_linear(up, w.v_proj, Kind::Dense);
+    d.o = upload_linear(up, w.o_proj, Kind::Dense);
+    d.in_proj = stack_rows({&d.q, &d.k, &d.v});
+    d.q_norm = vec(w.q_norm, Kind::Dense);
+    d.k_norm = vec(w.k_norm, Kind::Dense);
+    d.k_cache = static_cast<uint16_t*>(up.zeroed(placement::kv_cache_bytes(c, opts.max_context) / 2 * slots, Kind::Kv));  // K, then V
+    d.v_cache = static_cast<uint16_t*>(up.zeroed(placement::kv_cache_bytes(c, opts.max_context) / 2 * slots, Kind::Kv));
+  }
+  const MoeWeights& m = L.moe;
+  d.router = upload_linear(up, m.router, Kind::Dense);
+  d.sh_gate = upload_linear(up, m.shared_gate, Kind::Dense);
+  d.sh_up = upload_linear(up, m.shared_up, Kind::Dense);
+  d.sh_expert_gate = upload_linear(up, m.shared_expert_gate, Kind::Dense);  // before sh_down: stacked with the three above
+  d.sh_down = upload_linear(up, m.shared_down, Kind::Dense);
+  d.x_proj = stack_rows({&d.router, &d.sh_gate, &d.sh_up, &d.sh_expert_gate});
+  d.int4_experts = m.gate[0].kind == LinearWeight::Kind::Gptq;
+  d.expert_group = d.int4_experts ? m.gate[0].gptq.group_size : 0;
+  std::vector<gpu::Int4Expert> i4(E);
+  std::vector<gpu::Bf16Expert> b16(E);
+  std::vector<std::pair<const LinearWeight*, DevLinear>> repack;  // int4 experts: filled in parallel below
+  for (int64_t e = 0; e < E; ++e) {
+    if (!on_gpu(li, e)) {  // null pointers: the kernels skip it, the host computes it
+      d.cpu_experts = true;
+      continue;
+    }
+    for (const LinearWeight* w : {&m.gate[e], &m.up[e], &m.down[e]})
+      if ((w->kind == LinearWeight::Kind::Gptq) != d.int4_experts || (d.int4_experts && w->gptq.group_size != d.expert_group))
+        fail(w->name, ": the GPU MoE kernels need every expert of a layer in one format and group size");
+    if (d.int4_experts) {  // the same pieces in the same order as upload_linear, the repacking deferred
+      const DevLinear g = alloc_int4(up, m.gate[e], Kind::Experts), u = alloc_int4(up, m.up[e], Kind::Experts),
+                      dn = alloc_int4(up, m.down[e], Kind::Experts);
+      if (up.committing()) repack.insert(repack.end(), {{&m.gate[e], g}, {&m.up[e], u}, {&m.down[e], dn}});
+      i4[e] = {g.q, u.q, dn.q};
+      continue;
+    }
+    const DevLinear g = upload_linear(up, m.gate[e], Kind::Experts), u = upload_linear(up, m.up[e], Kind::Experts),
+                    dn = upload_linear(up, m.down[e], Kind::Experts);
+    b16[e] = {g.w, u.w, dn.w};
+  }
+  fill_int4_parallel(repack);
+  if (d.int4_experts) d.experts_i4 = up.upload(i4.data(), i4.size(), Kind::Experts);
+  else d.experts_bf16 = up.upload(b16.data(), b16.size(), Kind::Experts);
+  if (streams(li) && up.committing()) stream_table(li, i4);
+  return d;
 }
 
 void Qwen35MoeGpu::Impl::build(Uploader& up, const std::function<void(uint64_t)>& uploaded) {
@@ -216,73 +310,17 @@ void Qwen35MoeGpu::Impl::build(Uploader& up, const std::function<void(uint64_t)>
   }
   for (const LayerWeights& L : model.layers()) {
     const int li = static_cast<int>(layers.size());
-    DevLayer d{};
-    d.kind = L.kind;
-    d.in_norm = vec(L.input_norm, Kind::Dense);
-    d.post_norm = vec(L.post_attention_norm, Kind::Dense);
-    if (L.kind == LayerKind::LinearAttention) {
-      const DeltaNetWeights& w = L.deltanet;
-      d.qkv = upload_linear(up, w.in_proj_qkv, Kind::Dense);
-      d.z = upload_linear(up, w.in_proj_z, Kind::Dense);
-      d.b = upload_linear(up, w.in_proj_b, Kind::Dense);
-      d.a = upload_linear(up, w.in_proj_a, Kind::Dense);
-      d.out_proj = upload_linear(up, w.out_proj, Kind::Dense);
-      d.in_proj = stack_rows({&d.qkv, &d.z, &d.b, &d.a});
-      d.conv_w = vec(w.conv, Kind::Dense);
-      d.A_log = vec(w.A_log, Kind::Dense);
-      d.dt_bias = vec(w.dt_bias, Kind::Dense);
-      d.dn_norm = vec(w.norm, Kind::Dense);
-      d.conv_state = static_cast<float*>(up.zeroed(placement::conv_state_bytes(c) * slots, Kind::State));  // slot after slot
-      d.ssm_state = static_cast<float*>(up.zeroed(placement::ssm_state_bytes(c) * slots, Kind::State));
-    } else {
-      const AttentionWeights& w = L.attn;
-      d.q = upload_linear(up, w.q_proj, Kind::Dense);
-      d.k = upload_linear(up, w.k_proj, Kind::Dense);
-      d.v = upload_linear(up, w.v_proj, Kind::Dense);
-      d.o = upload_linear(up, w.o_proj, Kind::Dense);
-      d.in_proj = stack_rows({&d.q, &d.k, &d.v});
-      d.q_norm = vec(w.q_norm, Kind::Dense);
-      d.k_norm = vec(w.k_norm, Kind::Dense);
-      d.k_cache = static_cast<uint16_t*>(up.zeroed(placement::kv_cache_bytes(c, opts.max_context) / 2 * slots, Kind::Kv));  // K, then V
-      d.v_cache = static_cast<uint16_t*>(up.zeroed(placement::kv_cache_bytes(c, opts.max_context) / 2 * slots, Kind::Kv));
-    }
-    const MoeWeights& m = L.moe;
-    d.router = upload_linear(up, m.router, Kind::Dense);
-    d.sh_gate = upload_linear(up, m.shared_gate, Kind::Dense);
-    d.sh_up = upload_linear(up, m.shared_up, Kind::Dense);
-    d.sh_expert_gate = upload_linear(up, m.shared_expert_gate, Kind::Dense);  // before sh_down: stacked with the three above
-    d.sh_down = upload_linear(up, m.shared_down, Kind::Dense);
-    d.x_proj = stack_rows({&d.router, &d.sh_gate, &d.sh_up, &d.sh_expert_gate});
-    d.int4_experts = m.gate[0].kind == LinearWeight::Kind::Gptq;
-    d.expert_group = d.int4_experts ? m.gate[0].gptq.group_size : 0;
-    std::vector<gpu::Int4Expert> i4(E);
-    std::vector<gpu::Bf16Expert> b16(E);
-    std::vector<std::pair<const LinearWeight*, DevLinear>> repack;  // int4 experts: filled in parallel below
-    for (int64_t e = 0; e < E; ++e) {
-      if (!on_gpu(li, e)) {  // null pointers: the kernels skip it, the host computes it
-        d.cpu_experts = true;
-        continue;
-      }
-      for (const LinearWeight* w : {&m.gate[e], &m.up[e], &m.down[e]})
-        if ((w->kind == LinearWeight::Kind::Gptq) != d.int4_experts || (d.int4_experts && w->gptq.group_size != d.expert_group))
-          fail(w->name, ": the GPU MoE kernels need every expert of a layer in one format and group size");
-      if (d.int4_experts) {  // the same pieces in the same order as upload_linear, the repacking deferred
-        const DevLinear g = alloc_int4(up, m.gate[e], Kind::Experts), u = alloc_int4(up, m.up[e], Kind::Experts),
-                        dn = alloc_int4(up, m.down[e], Kind::Experts);
-        if (up.committing()) repack.insert(repack.end(), {{&m.gate[e], g}, {&m.up[e], u}, {&m.down[e], dn}});
-        i4[e] = {g.q, u.q, dn.q};
-        continue;
-      }
-      const DevLinear g = upload_linear(up, m.gate[e], Kind::Experts), u = upload_linear(up, m.up[e], Kind::Experts),
-                      dn = upload_linear(up, m.down[e], Kind::Experts);
-      b16[e] = {g.w, u.w, dn.w};
-    }
-    fill_int4_parallel(repack);
-    if (d.int4_experts) d.experts_i4 = up.upload(i4.data(), i4.size(), Kind::Experts);
-    else d.experts_bf16 = up.upload(b16.data(), b16.size(), Kind::Experts);
-    if (streams(li) && up.committing()) stream_table(li, i4);
-    layers.push_back(d);
+    layers.push_back(upload_layer(up, L, li));
     if (uploaded && up.committing()) uploaded(up.placed());
+  }
+  if (mtp.on) {  // the head: fc as its two halves, the norms, its layer (an attention layer)
+    const MtpWeights& w = *model.mtp();
+    mtp.fc_e = upload_columns(up, w.fc, 0, H, Kind::Dense);
+    mtp.fc_h = upload_columns(up, w.fc, H, H, Kind::Dense);
+    mtp.norm_e = vec(w.pre_fc_norm_embedding, Kind::Dense);
+    mtp.norm_h = vec(w.pre_fc_norm_hidden, Kind::Dense);
+    mtp.norm = vec(w.norm, Kind::Dense);
+    mtp.layer = upload_layer(up, w.layer, static_cast<int>(c.num_layers));
   }
 
   // The workspace as placement::gpu_workspace lays it out (the planner counts the same pieces). The
@@ -359,7 +397,10 @@ std::unique_ptr<Qwen35MoeGpu> Qwen35MoeGpu::create(const Qwen35Moe& model, const
     fail("experts.deferral holds one sequence's deferred experts between layers: it needs batch 1 (got batch ", opts.batch, ")");
   if (opts.verify_tokens < 0 || opts.verify_tokens > gpu::kMaxGemvTokens)
     fail("verify_tokens ", opts.verify_tokens, " must be between 0 and ", gpu::kMaxGemvTokens);
+  if (opts.mtp && !model.mtp()) fail(model.checkpoint().dir(), ": the checkpoint has no MTP head (mtp.* tensors), which drafting needs");
+  if (opts.mtp && opts.verify_tokens < 2) fail("the GPU MTP head needs verification buffers (verify_tokens >= 2; got ", opts.verify_tokens, ")");
   auto impl = std::make_unique<Impl>(model, opts);
+  impl->mtp.on = opts.mtp;
   impl->slots = opts.batch;
   impl->slot_pos.assign(opts.batch, 0);
   impl->conv_stride = static_cast<int64_t>(placement::conv_state_bytes(model.config()) / 4);
@@ -477,8 +518,15 @@ std::unique_ptr<Qwen35MoeGpu> Qwen35MoeGpu::create(const Qwen35Moe& model, const
   const int32_t first[2] = {0, 1};  // a one-token step's group table (enqueue: pos_dev[2..3])
   CK(cudaMemcpy(impl->pos_dev + 2, first, sizeof(first), cudaMemcpyHostToDevice));
   if (impl->rows > 1) {  // step_rows' table and logits rows, pinned
-    CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hio), (5 * impl->rows + 1) * sizeof(int32_t), cudaHostAllocDefault));
+    // + 1: the MTP head's argmax (mtp_rows)
+    CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hio), (5 * impl->rows + 2) * sizeof(int32_t), cudaHostAllocDefault));
     CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hrows), impl->rows * model.config().vocab_size * sizeof(float), cudaHostAllocDefault));
+  }
+  if (impl->mtp.on) {
+    if (impl->rows < 2 || !impl->batched)
+      fail("the GPU MTP head runs on the batched buffers, which this model shape or prefill chunk does not have (prefill chunk ",
+           impl->opts.prefill_chunk, ", head size ", model.config().head_dim, ")");
+    CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->mtp.hhid), (impl->rows + 1) * H * sizeof(float), cudaHostAllocDefault));
   }
   return std::unique_ptr<Qwen35MoeGpu>(new Qwen35MoeGpu(std::move(impl)));
 }

@@ -68,7 +68,7 @@ void Qwen35MoeGpu::Impl::prefill_layer(size_t li, float* hbuf, int64_t n, const 
   const int64_t H = c.hidden_size, Is = c.shared_expert_intermediate_size;
   const int k = c.num_experts_per_tok;
   const float eps = static_cast<float>(c.rms_norm_eps);
-  const DevLayer& L = layers[li];
+  const DevLayer& L = layer_at(li);  // li = num_layers: the MTP head's layer
   const bool gemv = batch != nullptr;
   const int64_t R = rows;
   CK(gpu::rmsnorm_zc(hbuf, L.in_norm, H, static_cast<int>(n), eps, px, stream));
@@ -118,7 +118,7 @@ void Qwen35MoeGpu::Impl::prefill_layer(size_t li, float* hbuf, int64_t n, const 
   CK(gpu::gated_add(pmoe, psd, psgate, H, static_cast<int>(n), stream));
   hy.run_deferred(def_dev, stream);
   if (split) hy.serve_copy(li, n, pcpu, pmoe, stream, batch ? HybridDispatch::Pass::batch : HybridDispatch::Pass::prefill);
-  else if (batch) counts.gpu += static_cast<uint64_t>(n) * k;
+  else if (batch && li < layers.size()) counts.gpu += static_cast<uint64_t>(n) * k;
   CK(gpu::add_inplace(hbuf, pmoe, n * H, stream));
   hy.add_deferred(hbuf, def_dev, stream);
 }
@@ -164,13 +164,18 @@ void Qwen35MoeGpu::Impl::host_embedding_rows(const int32_t* ids_host, int64_t n,
 // n prompt tokens at positions pos.. through every layer at once (GpuOptions::prefill_chunk);
 // logits of the last token to logits_last when given. Same math as n decode steps, except that
 // bf16 projections run on cuBLAS with split-bf16 activations (~1e-5) instead of the GEMV.
-void Qwen35MoeGpu::Impl::prefill_chunk(const int32_t* ids_host, int64_t n, float* logits_last) {
-  const int64_t H = model.config().hidden_size;
+void Qwen35MoeGpu::Impl::prefill_chunk(const int32_t* ids_host, int64_t n, float* logits_last, float* hidden) {
+  const ModelConfig& c = model.config();
+  const int64_t H = c.hidden_size;
   prefill_inputs(ids_host, n, pids, ppos, ph);
   for (size_t li = 0; li < layers.size(); ++li) prefill_layer(li, ph, n, ppos, nullptr);
   hy.run_deferred(def_dev, stream);
   hy.add_deferred(ph, def_dev, stream);
   pos += n;
+  if (hidden) {  // every row after the final norm (the MTP head's input), copied out
+    CK(gpu::rmsnorm_zc(ph, final_norm, H, static_cast<int>(n), static_cast<float>(c.rms_norm_eps), px, stream));
+    CK(cudaMemcpyAsync(hidden, px, n * H * sizeof(float), cudaMemcpyDeviceToHost, stream));
+  }
   prefill_logits(ph + (n - 1) * H, logits_last);
   CK(cudaStreamSynchronize(stream));  // the host buffers (ids, positions) are free again
 }

@@ -16,10 +16,19 @@ MtpSequence::MtpSequence(const Qwen35Moe& model, MatmulBackend* backend) : model
   st_.backend = backend;
 }
 
+MtpSequence::MtpSequence(const Qwen35Moe& model, MtpDevice* device, int slot) : model_(&model), device_(device), slot_(slot) {
+  if (!model.mtp()) fail(model.checkpoint().dir(), ": the checkpoint has no MTP head (mtp.* tensors); drafting needs one");
+}
+
+void MtpSequence::move_to(int slot) { slot_ = slot; }
+
 void MtpSequence::reset() {
-  MatmulBackend* b = st_.backend;
-  st_ = model_->new_mtp_state();
-  st_.backend = b;
+  if (!device_) {
+    MatmulBackend* b = st_.backend;
+    st_ = model_->new_mtp_state();
+    st_.backend = b;
+  }
+  rows_ = 0;
   committed_ = 0;
   hidden_.clear();
   ids_.clear();
@@ -27,11 +36,23 @@ void MtpSequence::reset() {
 }
 
 void MtpSequence::drop_provisional() {
+  rows_ = committed_;
+  if (device_) return;  // the device's later rows are overwritten as the cache grows again
   const int L = model_->config().num_layers;
   const size_t row = static_cast<size_t>(model_->config().num_kv_heads) * model_->config().head_dim;
   st_.k_cache[L].resize(static_cast<size_t>(committed_) * row);
   st_.v_cache[L].resize(static_cast<size_t>(committed_) * row);
   st_.pos = committed_;
+}
+
+void MtpSequence::head(std::span<const int32_t> ids, const float* hidden, float* logits, int32_t* argmax, float* hidden_out) {
+  if (device_) {
+    device_->mtp_rows(slot_, rows_, ids, hidden, logits, argmax, hidden_out);
+  } else {
+    model_->mtp_forward(st_, ids, hidden, logits, Qwen35Moe::LogitRows::Last, hidden_out);
+    if (argmax) *argmax = argmax_lowest(std::span<const float>(logits, static_cast<size_t>(model_->config().vocab_size)));
+  }
+  rows_ += static_cast<int64_t>(ids.size());
 }
 
 void MtpSequence::fed(std::span<const int32_t> ids, const float* hidden, bool kept) {
@@ -46,8 +67,7 @@ void MtpSequence::fed(std::span<const int32_t> ids, const float* hidden, bool ke
   kept_rows_ = 0;
   const int64_t ready = static_cast<int64_t>(ids_.size()) - 1;  // every row but the last has its following token
   if (ready <= 0) return;
-  model_->mtp_forward(st_, std::span(ids_).subspan(1, static_cast<size_t>(ready)), hidden_.data(), nullptr,
-                      Qwen35Moe::LogitRows::Last);
+  head(std::span(ids_).subspan(1, static_cast<size_t>(ready)), hidden_.data(), nullptr, nullptr, nullptr);
   committed_ += ready;
   hidden_.erase(hidden_.begin(), hidden_.begin() + ready * H);
   ids_.erase(ids_.begin(), ids_.begin() + ready);
@@ -69,25 +89,31 @@ void MtpSequence::draft(int32_t next, std::span<int32_t> out, const DraftPick& p
   drop_provisional();
   std::vector<int32_t> following(ids_.begin() + 1, ids_.end());
   following.push_back(next);
-  std::vector<float> logits(static_cast<size_t>(V)), h(static_cast<size_t>(H)), h_next(static_cast<size_t>(H));
-  model_->mtp_forward(st_, following, hidden_.data(), logits.data(), Qwen35Moe::LogitRows::Last, h.data());
+  // Greedy drafts on a device: only the argmax comes back (the host's head computes the logits anyway).
+  const bool logits_wanted = pick || !device_;
+  std::vector<float> logits(logits_wanted ? static_cast<size_t>(V) : 0), h(static_cast<size_t>(H)), h_next(static_cast<size_t>(H));
+  int32_t best = 0;
+  const bool more = out.size() > 1;  // the chain needs the head's output state
+  head(following, hidden_.data(), logits_wanted ? logits.data() : nullptr, pick ? nullptr : &best, more ? h.data() : nullptr);
   committed_ += rows;  // every pending row now has its token: built from the main model's states
   hidden_.clear();
   ids_.clear();
   kept_rows_ = 0;
   for (size_t i = 0; i < out.size(); ++i) {
-    out[i] = pick ? pick(static_cast<int>(i), logits) : argmax_lowest(logits);
+    out[i] = pick ? pick(static_cast<int>(i), logits) : best;
     if (out[i] < 0 || out[i] >= V) fail("MTP head: draft ", i, " picked id ", out[i], " outside the vocabulary");
     if (i + 1 == out.size()) break;
     const int32_t id = out[i];  // the chain: the head's own output state with its draft
-    model_->mtp_forward(st_, std::span(&id, 1), h.data(), logits.data(), Qwen35Moe::LogitRows::Last, h_next.data());
+    const bool again = i + 2 < out.size();
+    head(std::span(&id, 1), h.data(), logits_wanted ? logits.data() : nullptr, pick ? nullptr : &best, again ? h_next.data() : nullptr);
     h.swap(h_next);
   }
 }
 
-uint64_t MtpSequence::bytes() const {
+uint64_t MtpSequence::bytes() const {  // a device's cache is counted in its slot's saved sequence
   const int L = model_->config().num_layers;
-  return (st_.k_cache[L].size() + st_.v_cache[L].size() + hidden_.size()) * sizeof(float) + ids_.size() * sizeof(int32_t);
+  const uint64_t cache = device_ ? 0 : (st_.k_cache[L].size() + st_.v_cache[L].size()) * sizeof(float);
+  return cache + hidden_.size() * sizeof(float) + ids_.size() * sizeof(int32_t);
 }
 
 }  // namespace tandem

@@ -7,7 +7,8 @@
 // (a verification) it waits for the rollback to say which rows stand. draft() completes the last pair
 // with the token about to be fed, then chains the head on its own output for the later drafts. Only
 // rows built from the main model's states are kept: a chain's rows are provisional, dropped at the
-// next call. The head's own KV cache is attention only, so dropping rows is a truncation.
+// next call. The head's own KV cache is attention only, so dropping rows is a truncation. The cache
+// is in host memory (Qwen35Moe::mtp_forward) or in a GPU model's slot (MtpDevice).
 #pragma once
 
 #include <cstdint>
@@ -25,9 +26,21 @@ using DraftPick = std::function<int32_t(int i, std::span<const float> logits)>;
 // Index of the largest value, the lowest on ties.
 int32_t argmax_lowest(std::span<const float> v);
 
+// A head whose cache lives elsewhere (the GPU model's slots): rows at positions at.. of a slot's cache
+// from the main model's hidden states [n, H] (host memory) and the tokens that followed; the last
+// row's logits, argmax and state after mtp.norm where asked for (nullptr: not wanted).
+class MtpDevice {
+ public:
+  virtual ~MtpDevice() = default;
+  virtual void mtp_rows(int slot, int64_t at, std::span<const int32_t> ids, const float* hidden, float* logits, int32_t* argmax,
+                        float* hidden_out) = 0;
+};
+
 class MtpSequence {
  public:
-  MtpSequence(const Qwen35Moe& model, MatmulBackend* backend);
+  MtpSequence(const Qwen35Moe& model, MatmulBackend* backend);  // the cache in host memory
+  MtpSequence(const Qwen35Moe& model, MtpDevice* device, int slot);  // the cache is the device's slot
+  void move_to(int slot);  // a device sequence restored into another slot (its cache copied there)
   void reset();
   // The main model fed `ids` (their final hidden states: hidden [n, H]); kept: its step kept states.
   void fed(std::span<const int32_t> ids, const float* hidden, bool kept);
@@ -39,9 +52,14 @@ class MtpSequence {
 
  private:
   void drop_provisional();
+  // The head over rows at the cache's end (host or device); the last row's outputs where asked for.
+  void head(std::span<const int32_t> ids, const float* hidden, float* logits, int32_t* argmax, float* hidden_out);
   const Qwen35Moe* model_;
-  Qwen35State st_;
-  int64_t committed_ = 0;       // head rows built from the main model's states (st_ may hold a chain's beyond)
+  Qwen35State st_;              // host: the head's cache
+  MtpDevice* device_ = nullptr;  // device: the slot's cache
+  int slot_ = 0;
+  int64_t rows_ = 0;            // rows in the cache
+  int64_t committed_ = 0;       // head rows built from the main model's states (the cache may hold a chain's beyond)
   std::vector<float> hidden_;   // [rows, H]: the main model's hidden states at positions committed_ ..
   std::vector<int32_t> ids_;    // the tokens fed at those positions
   int64_t kept_rows_ = 0;       // of them, the last kept step's (held until rolled_back)

@@ -1,0 +1,208 @@
+// Speculative decoding on the GPU placements (gpu; hybrid with half of each layer's experts on the
+// host): the MTP head on the device (GpuOptions::mtp) against its float reference on the fixtures
+// that carry one (the hidden rows it gets from the main model too, by step_rows and by the prompt
+// path), row by row, through the batch kernels and through the prompt kernels; greedy tokens with
+// drafts are the tokens of the same runner without them (every step there goes through the same
+// batched walk); a saved sequence drafts as its original; the demo model's trained head is accepted
+// as on the host, its tokens those of the plain GPU runner.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "placement/planner.h"
+#include "runtime/engine/generate.h"
+#include "runtime/format/npy.h"
+#include "runtime/models/qwen3_5_moe/gpu.h"
+#include "runtime/models/qwen3_5_moe/mtp.h"
+#include "runtime/tokenizer/chat_template.h"
+#include "tests/gpu/gpu_test_util.h"
+#include "tests/unit/batch_cases.h"
+#include "tests/unit/fixture_util.h"
+#include "tests/unit/test_util.h"
+
+namespace tandem {
+namespace {
+
+RunnerOptions spec_options(const Qwen35Moe& model, bool hybrid, int draft, int batch = 1) {
+  RunnerOptions o;
+  o.device = hybrid ? Device::Hybrid : Device::Gpu;
+  o.context = 256;
+  o.threads = 4;
+  o.batch = batch;
+  o.draft = draft;
+  if (hybrid) {
+    const std::string yaml = "gpu:\n  memory: 4GiB\ncontext: 256\ngpu_experts_per_layer: " + std::to_string(model.config().num_experts / 2) +
+                             "\nbatch: " + std::to_string(batch) + "\nspeculative:\n  draft: " + std::to_string(draft) + "\n";
+    const auto cfg = placement::parse_placement_config(yaml, "half");
+    o.plan = std::make_shared<const placement::Plan>(placement::make_plan(model.config(), cfg));
+  }
+  return o;
+}
+
+std::vector<std::string> head_fixtures() {
+  std::vector<std::string> out;
+  for (const std::string& f : test::fixture_names())
+    if (std::filesystem::exists(std::string(TANDEM_TEST_DATA) + "/" + f + "/mtp_logits.npy")) out.push_back(f);
+  return out;
+}
+
+class GpuMtpHead : public ::testing::TestWithParam<std::string> {};
+
+// 2e-2 relative L2: the GPU's bf16 weights and activations against HF's float32 (the main model's
+// logits are held to the same on the GPU).
+TEST_P(GpuMtpHead, MatchesTheFloatReference) {
+  TANDEM_REQUIRE_GPU();
+  constexpr double kTol = 2e-2;
+  const test::Fixture fx = test::load_fixture(GetParam());
+  auto model = Qwen35Moe::load(fx.dir);
+  ASSERT_NE(model->mtp(), nullptr);
+  const int64_t H = model->config().hidden_size, V = fx.vocab, n = static_cast<int64_t>(fx.ids.size());
+  const NpyArray want_h = read_npy_f32(fx.dir + "/mtp_hidden.npy"), want = read_npy_f32(fx.dir + "/mtp_logits.npy");
+  GpuOptions g;
+  g.max_context = 256;
+  g.verify_tokens = 4;
+  g.mtp = true;
+  auto gpu = Qwen35MoeGpu::create(*model, g);
+  ASSERT_TRUE(gpu->mtp_active());
+  const int64_t R = gpu->step_rows_max();
+  ASSERT_GE(R, 4);
+
+  // The main model's hidden rows: by step_rows in steps of R tokens, then by the prompt path at once.
+  std::vector<float> h(static_cast<size_t>(n * H)), hp(h.size());
+  for (int64_t t = 0; t < n; t += R) {
+    const int64_t len = std::min(R, n - t);
+    const Qwen35MoeGpu::RowFeed f{0, std::span(fx.ids).subspan(static_cast<size_t>(t), static_cast<size_t>(len)), false};
+    gpu->step_rows(std::span(&f, 1), nullptr, h.data() + t * H);
+  }
+  gpu->reset_slot(0);
+  std::vector<float> last(static_cast<size_t>(V));
+  gpu->forward(fx.ids, last.data(), Qwen35Moe::LogitRows::Last, hp.data());
+  for (int64_t t = 0; t < n; ++t) {
+    EXPECT_LT(test::row_rel_l2(h.data() + t * H, want_h.data.data() + t * H, H), kTol) << "step_rows' hidden row " << t;
+    EXPECT_LT(test::row_rel_l2(hp.data() + t * H, want_h.data.data() + t * H, H), kTol) << "the prompt path's hidden row " << t;
+  }
+
+  // The head from HF's hidden states, one row at a time: every position's logits and argmax.
+  std::vector<float> row(static_cast<size_t>(V)), state(static_cast<size_t>(H));
+  for (int64_t t = 0; t + 1 < n; ++t) {
+    int32_t arg = -1;
+    gpu->mtp_rows(0, t, std::span(fx.ids).subspan(static_cast<size_t>(t) + 1, 1), want_h.data.data() + t * H, row.data(), &arg, state.data());
+    EXPECT_LT(test::row_rel_l2(row.data(), want.data.data() + t * V, V), kTol) << "MTP logits, position " << t;
+    EXPECT_EQ(arg, argmax_lowest(row)) << "position " << t;
+  }
+  // R rows at once (the batch kernels) and all rows at once (longer than a step: the prompt kernels).
+  for (const int64_t rows : {R, n - 1}) {
+    ASSERT_LE(rows, n - 1);
+    gpu->mtp_rows(0, 0, std::span(fx.ids).subspan(1, static_cast<size_t>(rows)), want_h.data.data(), row.data(), nullptr, nullptr);
+    EXPECT_LT(test::row_rel_l2(row.data(), want.data.data() + (rows - 1) * V, V), kTol) << rows << " rows at once: the last";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, GpuMtpHead, ::testing::ValuesIn(head_fixtures()), [](const auto& info) { return info.param; });
+
+class GpuSpeculative : public ::testing::TestWithParam<bool> {};  // hybrid?
+
+GenerateRequest greedy(const Tokenizer& tok, const std::string& prompt, int64_t n, int draft) {
+  GenerateRequest q;
+  q.prompt = tok.encode(prompt);
+  q.max_new_tokens = n;
+  q.sampling.temperature = 0;
+  q.draft = draft;
+  return q;
+}
+
+TEST_P(GpuSpeculative, GreedyTokensAreTheTokensWithoutDrafts) {
+  TANDEM_REQUIRE_GPU();
+  for (const std::string& name : head_fixtures()) {
+    const test::Fixture fx = test::load_fixture(name);
+    auto model = Qwen35Moe::load(fx.dir);
+    // the demo model's tokenizer (the tiny preset's) writes the replies' text: the fixtures' vocabularies are no larger
+    const Tokenizer tok = Tokenizer::from_model_dir(std::string(TANDEM_TEST_DATA) + "/demo");
+    for (int k : {1, 2, 3}) {
+      auto r = make_runner(*model, spec_options(*model, GetParam(), k));
+      ASSERT_EQ(r->max_draft(), k);
+      for (const std::vector<int32_t>& prompt : {std::vector<int32_t>(fx.ids.begin(), fx.ids.begin() + 3), fx.ids}) {
+        GenerateRequest q;
+        q.prompt = prompt;
+        q.max_new_tokens = 20;
+        q.sampling.temperature = 0;
+        const GenerateResult want = generate(*r, fx.vocab, tok, q);
+        q.draft = k;
+        const GenerateResult got = generate(*r, fx.vocab, tok, q);
+        EXPECT_EQ(got.tokens, want.tokens) << name << ", draft " << k << ", prompt of " << prompt.size();
+        EXPECT_GT(got.drafts.verify_steps, 0) << name;
+      }
+    }
+  }
+}
+
+// A saved sequence takes its head's cache (in the slot's copy) and host side along.
+TEST_P(GpuSpeculative, ASavedSequenceDraftsAsItsOriginal) {
+  TANDEM_REQUIRE_GPU();
+  const test::Fixture fx = test::load_fixture("gptq_sym_v1");
+  auto model = Qwen35Moe::load(fx.dir);
+  auto r = make_runner(*model, spec_options(*model, GetParam(), 3, 2));
+  std::vector<float> logits(static_cast<size_t>(fx.vocab));
+  r->step(std::vector<Runner::Feed>{{0, fx.ids, logits.data(), Qwen35Moe::LogitRows::Last, false}});
+  const int32_t next = argmax_lowest(logits);
+  const auto saved = r->save(0);
+  std::vector<int32_t> a(3), b(3);
+  r->draft(0, next, a, nullptr);
+  r->restore(1, *saved);
+  r->draft(1, next, b, nullptr);
+  EXPECT_EQ(a, b);
+  std::vector<std::vector<float>> rows(2);
+  for (int s : {0, 1}) {
+    std::vector<int32_t> feed = {next};
+    feed.insert(feed.end(), a.begin(), a.end());
+    rows[s].resize(feed.size() * static_cast<size_t>(fx.vocab));
+    r->step(std::vector<Runner::Feed>{{s, feed, rows[s].data(), Qwen35Moe::LogitRows::All, true}});
+    r->rollback(s, 1);
+  }
+  EXPECT_EQ(rows[0], rows[1]);
+  std::vector<int32_t> a2(2), b2(2);
+  r->draft(0, 5, a2, nullptr);
+  r->draft(1, 5, b2, nullptr);
+  EXPECT_EQ(a2, b2);
+}
+
+// The demo model (models/demo): the tokens of the plain GPU runner (its one-token graph and prompt
+// path), and its trained head accepted as on the host (test_speculative.cpp: DemoModel).
+TEST_P(GpuSpeculative, TheDemoModelsDraftsAreAccepted) {
+  TANDEM_REQUIRE_GPU();
+  const std::string dir = std::string(TANDEM_TEST_DATA) + "/demo";
+  auto model = Qwen35Moe::load(dir);
+  const Tokenizer tok = Tokenizer::from_model_dir(dir);
+  ChatOptions co;
+  co.enable_thinking = false;
+  GenerateRequest q;
+  q.prompt = tok.encode(render_chat(std::vector<ChatMessage>{{"user", "Write some Python."}}, co));
+  q.max_new_tokens = 96;
+  q.sampling.temperature = 0;
+  const int64_t V = model->config().vocab_size;
+  const GenerateResult want = generate(*make_runner(*model, spec_options(*model, GetParam(), 0)), V, tok, q);
+  q.draft = 2;
+  const GenerateResult got = generate(*make_runner(*model, spec_options(*model, GetParam(), 2)), V, tok, q);
+  EXPECT_EQ(got.tokens, want.tokens);
+  const std::vector<double> acc = got.drafts.acceptance();
+  ASSERT_EQ(acc.size(), 2u);
+  EXPECT_GT(acc[0], 0.5) << got.drafts.summary();
+  EXPECT_GT(got.drafts.tokens_per_step(), 1.6) << got.drafts.summary();
+}
+
+TEST(GpuSpeculative, RefusesWhatItCannotDo) {
+  TANDEM_REQUIRE_GPU();
+  auto no_head = Qwen35Moe::load(std::string(TANDEM_TEST_DATA) + "/bf16_fused");
+  test::expect_error([&] { make_runner(*no_head, spec_options(*no_head, false, 2)); }, {"--draft 2", "no MTP head"});
+  auto model = Qwen35Moe::load(std::string(TANDEM_TEST_DATA) + "/gptq_sym_v1");
+  test::expect_error([&] { make_runner(*model, spec_options(*model, false, 8)); }, {"--draft 8", "at most 7 drafts"});
+  GpuOptions g;
+  g.mtp = true;
+  g.verify_tokens = 1;
+  test::expect_error([&] { Qwen35MoeGpu::create(*model, g); }, {"verify_tokens >= 2"});
+}
+
+INSTANTIATE_TEST_SUITE_P(Placements, GpuSpeculative, ::testing::Bool(), [](const auto& info) { return info.param ? "hybrid" : "gpu"; });
+
+}  // namespace
+}  // namespace tandem
