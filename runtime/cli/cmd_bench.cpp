@@ -198,13 +198,19 @@ Run run_once(Runner& runner, int64_t V, int64_t prompt_len, int64_t gen, uint64_
 
 // With --draft: the same run through generate() (greedy, no eos), whose Batcher drafts with the MTP
 // head and verifies; the inter-token latency is a verification step's time over the tokens it gave.
+// The prompt as run_once takes it (random ids, or a window of the --prompts text).
 Run run_drafted(Runner& runner, int64_t V, const Tokenizer& tok, int64_t prompt_len, int64_t gen, uint64_t seed, int draft,
-                GenerateResult* out) {
+                const std::vector<int32_t>& text, GenerateResult* out) {
   std::mt19937_64 rng(seed);
   std::uniform_int_distribution<int32_t> id(0, static_cast<int32_t>(V - 1));
   GenerateRequest q;
   q.prompt.resize(static_cast<size_t>(prompt_len));
-  for (auto& t : q.prompt) t = id(rng);
+  if (text.empty()) {
+    for (auto& t : q.prompt) t = id(rng);
+  } else {
+    const size_t start = static_cast<size_t>(seed * static_cast<uint64_t>(prompt_len) % text.size());
+    for (int64_t i = 0; i < prompt_len; ++i) q.prompt[i] = text[(start + static_cast<size_t>(i)) % text.size()];
+  }
   q.max_new_tokens = gen;
   q.sampling.temperature = 0;
   q.draft = draft;
@@ -521,7 +527,7 @@ int cmd_bench(int argc, char** argv) {
     DraftStats drafts;  // --draft: the verification statistics over the runs
     for (int64_t r = 0; r < repeat; ++r) {
       GenerateResult g;
-      Run x = draft ? run_drafted(*runner, cfg.vocab_size, *session.tokenizer, L, gen, seed + 1 + r, draft, &g)
+      Run x = draft ? run_drafted(*runner, cfg.vocab_size, *session.tokenizer, L, gen, seed + 1 + r, draft, text, &g)
                     : run_once(*runner, cfg.vocab_size, L, gen, seed + 1 + r, text, follow);
       drafts.add(g.drafts);
       last = x;

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Speculative decoding on the GPU machine in one call that always brings its results back
+# ($OUT/results.tgz, packed after every step, and $OUT/summary.txt):
+#   build      tandem + tandem_gpu_tests into ../build-gpu-mtp (outside the carried tree: it survives
+#              between calls while the machine stays warm)
+#   tests      tandem_gpu_tests --gtest_filter=$TESTS (default: the MTP, speculative, batch and model suites)
+#   demo       the demo model (models/demo): decode with and without drafts on gpu and cpu, prompts from
+#              Python sources (json/decoder.py + textwrap.py of the machine's Python)
+#   verify     the 35B synthetic GPTQ-Int4: tandem bench --verify-cost 1,2,3,4 --draft 4 for each of
+#              $PLACEMENTS (gpu, or a budget such as 24GiB / 12GiB; 8GiB runs every routed expert on the CPU)
+# usage (device tool, carry .deps and .snap): cd .snap && DEADLINE=560 STEPS="build tests demo verify" bash scripts/gpu_mtp.sh
+set -uo pipefail
+OUT="${OUT:-$PWD/gpu-out}"
+DEADLINE="${DEADLINE:-560}"
+STEPS="${STEPS:-build tests demo verify}"
+TESTS="${TESTS:-*Mtp*:*Speculative*:GpuBatch*:GpuModel*}"
+PLACEMENTS="${PLACEMENTS:-gpu 24GiB 12GiB 8GiB}"
+build=../build-gpu-mtp
+res=/tmp/gpu-mtp/results
+rm -rf "$res"; mkdir -p "$res" "$OUT"
+t0=$(date +%s)
+left() { echo $(( DEADLINE - ($(date +%s) - t0) )); }
+pack() { tar czf "$OUT/results.tgz" -C /tmp/gpu-mtp results; cp "$res/summary.txt" "$OUT/" 2>/dev/null; }
+step() {  # name seconds command...
+  local name="$1" secs="$2"; shift 2
+  local budget; budget=$(( $(left) - 5 ))
+  [ "$secs" -gt "$budget" ] && secs=$budget
+  if [ "$secs" -le 5 ]; then echo "$name: skipped (no time left)" >> "$res/summary.txt"; pack; return; fi
+  local s0; s0=$(date +%s)
+  timeout "$secs" "$@" > "$res/$name.log" 2>&1
+  echo "$name: rc=$? in $(( $(date +%s) - s0 ))s" >> "$res/summary.txt"
+  pack
+}
+for f in ../.deps/*.deb .deps/*.deb; do [ -f "$f" ] && dpkg -x "$f" /opt/deps; done
+export CMAKE_PREFIX_PATH=/opt/deps/usr LD_LIBRARY_PATH=/opt/deps/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+{ date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; } > "$res/machine.txt" 2>&1
+tandem="$build/tandem"
+py=$(python3 -c 'import json, textwrap; print(json.decoder.__file__, textwrap.__file__)')
+cat $py > "$res/pytext.txt"
+
+for s in $STEPS; do
+  case "$s" in
+    build)
+      step build 300 bash -c "cmake -S . -B $build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 >/dev/null \
+        && cmake --build $build -j $(nproc) --target tandem tandem_gpu_tests" ;;
+    tests)
+      step gpu-tests 240 "$build/tests/tandem_gpu_tests" --gtest_filter="$TESTS" ;;
+    demo)
+      for dev in gpu cpu; do
+        for d in 0 2 3; do
+          step "demo-$dev-draft$d" 60 "$tandem" bench --model models/demo --device "$dev" --prompts "$res/pytext.txt" --prompt-len 64 \
+            --gen 256 --repeat 5 --draft "$d" --json
+        done
+      done ;;
+    verify)
+      [ -f /tmp/q35/config.json ] || step synth 150 "$tandem" synth --preset qwen3.5-35b-a3b --quant gptq-int4 --routing-skew 1 --out /tmp/q35
+      for p in $PLACEMENTS; do
+        if [ "$p" = gpu ]; then
+          step "verify-gpu" 150 "$tandem" bench --model /tmp/q35 --device gpu --gpu-mem 1000GiB --context 1280 --prompt-len 1024 --gen 16 \
+            --repeat 5 --verify-cost 1,2,3,4 --draft 4 --json
+        else
+          extra=""
+          [ "$p" = 8GiB ] && extra="cpu_experts: all"
+          printf 'gpu:\n  memory: %s\n  reserve: 512MiB\ncontext: 1280\nspeculative:\n  draft: 4\n%s\n' "$p" "$extra" > "$res/$p.yaml"
+          step "verify-$p" 150 "$tandem" bench --model /tmp/q35 --device hybrid --config "$res/$p.yaml" --prompt-len 1024 --gen 16 \
+            --repeat 5 --verify-cost 1,2,3,4 --draft 4 --json
+        fi
+      done ;;
+  esac
+done
+cat "$res/summary.txt"
+pack
