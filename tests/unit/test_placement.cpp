@@ -13,6 +13,7 @@
 #include "placement/heat.h"
 #include "runtime/engine/session.h"
 #include "placement/placement_config.h"
+#include "placement/gpu_layout.h"
 #include "placement/planner.h"
 #include "core/bytes.h"
 #include "runtime/format/config.h"
@@ -292,6 +293,24 @@ TEST(Planner, EveryExpertOnTheGpuWhenAllFit) {
   EXPECT_LT(short1.total_gpu_experts(), 40 * 256 - 1);
   EXPECT_GE(short1.stream_experts, 1);
   EXPECT_LE(short1.vram.total(), need - 1);
+}
+
+// speculative.draft: the MTP head goes on the GPU whole (GpuOptions::mtp), so the plan counts it: its
+// KV cache, its dense weights (fc as two [H, H] halves among them), its 256 BF16 experts (the GPTQ
+// release leaves mtp.* unquantized), and the routed experts of the model make room for it.
+TEST(Planner, SpeculativeDraftCountsTheMtpHead) {
+  const ModelConfig m = model35();
+  ASSERT_EQ(m.mtp_layers, 1);
+  const std::string base = "prefill: {chunk: 256}\ncontext: 4096\n";
+  const Plan off = make_plan(m, yaml(base), {.gpu_mem = 16ull << 30});  // 24 GiB holds every expert and the head
+  const Plan on = make_plan(m, yaml(base + "speculative: {draft: 3}\n"), {.gpu_mem = 16ull << 30});
+  EXPECT_EQ(on.vram.kv_cache - off.vram.kv_cache, kv_cache_bytes(m, 4096));
+  EXPECT_GE(on.vram.dense_weights - off.vram.dense_weights, 2ull * 2048 * 2048 * 2);
+  const uint64_t head_experts = 256ull * 3 * 2048 * 512 * 2;
+  const int fewer = off.total_gpu_experts() - on.total_gpu_experts();
+  EXPECT_GE(static_cast<uint64_t>(fewer) * on.gpu_expert_bytes, head_experts) << fewer << " fewer GPU experts";
+  EXPECT_LE(on.vram.total(), 16ull << 30);
+  EXPECT_GT(on.vram.workspace, off.vram.workspace);  // the verification step's rows and kept DeltaNet states
 }
 
 TEST(Planner, StreamedPrefillBuffersAreCountedForTheLayerWithTheMostCpuExperts) {
