@@ -256,13 +256,15 @@ class GpuRunner final : public Runner, private MtpDevice {
     auto flush = [&] {
       if (group.empty()) return;
       TraceSpan span("forward (batch)", "host");
-      rows_.resize(static_cast<size_t>(tokens * vocab_));
       if (drafting) hidden_.resize(static_cast<size_t>(tokens * hidden_size_));
-      gpu_->step_rows(group, rows_.data(), drafting ? hidden_.data() : nullptr);
+      // one feed that wants every row (a verification): its rows straight to its logits
+      const bool direct = members.size() == 1 && members[0]->logits && members[0]->rows == Qwen35Moe::LogitRows::All;
+      if (!direct) rows_.resize(static_cast<size_t>(tokens * vocab_));
+      gpu_->step_rows(group, direct ? members[0]->logits : rows_.data(), drafting ? hidden_.data() : nullptr);
       int64_t r = 0;
       for (const Feed* f : members) {
         const int64_t n = static_cast<int64_t>(f->ids.size());
-        if (f->logits) {
+        if (f->logits && !direct) {
           const bool all = f->rows == Qwen35Moe::LogitRows::All;
           std::copy_n(rows_.data() + (r + (all ? 0 : n - 1)) * vocab_, (all ? n : 1) * vocab_, f->logits);
         }
@@ -400,6 +402,9 @@ class GpuRunner final : public Runner, private MtpDevice {
   void mtp_rows(int slot, int64_t at, std::span<const int32_t> ids, const float* hidden, float* logits, int32_t* argmax,
                 float* hidden_out) override {
     gpu_->mtp_rows(slot, at, ids, hidden, logits, argmax, hidden_out);
+  }
+  void mtp_chain(int slot, int64_t at, std::span<const int32_t> ids, const float* hidden, std::span<int32_t> drafts) override {
+    gpu_->mtp_chain(slot, at, ids, hidden, drafts);
   }
 
   int64_t context_ = 0;                               // the KV cache's length

@@ -98,6 +98,33 @@ TEST_P(GpuMtpHead, MatchesTheFloatReference) {
   }
 }
 
+// Greedy drafts as one graph (mtp_chain) are the head's call by call (mtp_rows with the argmax and
+// the output state fed back), after one row and after a step's worth.
+TEST_P(GpuMtpHead, TheChainInOneGraphDraftsAsCallByCall) {
+  TANDEM_REQUIRE_GPU();
+  const test::Fixture fx = test::load_fixture(GetParam());
+  auto model = Qwen35Moe::load(fx.dir);
+  const int64_t H = model->config().hidden_size;
+  const NpyArray want_h = read_npy_f32(fx.dir + "/mtp_hidden.npy");
+  GpuOptions g;
+  g.max_context = 256;
+  g.verify_tokens = 4;
+  g.mtp = true;
+  auto gpu = Qwen35MoeGpu::create(*model, g);
+  for (const int64_t rows : {int64_t{1}, gpu->step_rows_max()}) {
+    const std::span<const int32_t> ids = std::span(fx.ids).subspan(1, static_cast<size_t>(rows));
+    std::vector<int32_t> chain(3), calls(3);
+    gpu->mtp_chain(0, 0, ids, want_h.data.data(), chain);
+    std::vector<float> h(static_cast<size_t>(H)), h_next(h.size());
+    gpu->mtp_rows(0, 0, ids, want_h.data.data(), nullptr, &calls[0], h.data());
+    for (int64_t i = 1; i < 3; ++i) {
+      gpu->mtp_rows(0, rows + i - 1, std::span(calls).subspan(static_cast<size_t>(i) - 1, 1), h.data(), nullptr, &calls[i], h_next.data());
+      h.swap(h_next);
+    }
+    EXPECT_EQ(chain, calls) << rows << " rows first";
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, GpuMtpHead, ::testing::ValuesIn(head_fixtures()), [](const auto& info) { return info.param; });
 
 class GpuSpeculative : public ::testing::TestWithParam<bool> {};  // hybrid?

@@ -174,12 +174,14 @@ void Qwen35MoeGpu::rollback(int slot, int64_t keep) {
   const ModelConfig& c = m.model.config();
   const size_t conv = (c.linear_conv_kernel - 1) * c.linear_conv_dim() * sizeof(float);
   const size_t state = int64_t(c.linear_num_value_heads) * c.linear_key_head_dim * c.linear_value_head_dim * sizeof(float);
-  for (DevLayer& L : m.layers) {
-    if (L.kind != LayerKind::LinearAttention) continue;
-    CK(cudaMemcpyAsync(L.conv_state + slot * m.conv_stride, L.kept_conv + keep * m.conv_stride, conv, cudaMemcpyDeviceToDevice, m.stream));
-    CK(cudaMemcpyAsync(L.ssm_state + slot * m.ssm_stride, L.kept_state + keep * m.ssm_stride, state, cudaMemcpyDeviceToDevice, m.stream));
+  if (keep < m.kept.n) {  // every token kept: the live state is already the last one's
+    for (DevLayer& L : m.layers) {
+      if (L.kind != LayerKind::LinearAttention) continue;
+      CK(cudaMemcpyAsync(L.conv_state + slot * m.conv_stride, L.kept_conv + keep * m.conv_stride, conv, cudaMemcpyDeviceToDevice, m.stream));
+      CK(cudaMemcpyAsync(L.ssm_state + slot * m.ssm_stride, L.kept_state + keep * m.ssm_stride, state, cudaMemcpyDeviceToDevice, m.stream));
+    }
+    CK(cudaStreamSynchronize(m.stream));
   }
-  CK(cudaStreamSynchronize(m.stream));
   (slot == m.cur ? m.pos : m.slot_pos[slot]) = m.kept.from + keep;  // later keys and values are overwritten as it goes on
   m.kept = {};
 }

@@ -195,6 +195,10 @@ struct Qwen35MoeGpu::Impl {
     const float *norm_e = nullptr, *norm_h = nullptr, *norm = nullptr;
     float* hhid = nullptr;
   } mtp;
+  // mtp_chain's pinned table after hio's: the drafts [kMaxGemvTokens], the chain steps' positions
+  // [kMaxGemvTokens], and a 1 (a one-token group's end).
+  static constexpr int kChainIo = 2 * gpu::kMaxGemvTokens + 1;
+  int32_t* chain_io() const { return hio + 5 * rows + 2; }
   // Layer li of the walk: the model's, or the MTP head's at num_layers.
   const DevLayer& layer_at(size_t li) const { return li < layers.size() ? layers[li] : mtp.layer; }
   void link_setup();                 // before the plan

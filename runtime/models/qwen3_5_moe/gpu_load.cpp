@@ -518,8 +518,8 @@ std::unique_ptr<Qwen35MoeGpu> Qwen35MoeGpu::create(const Qwen35Moe& model, const
   const int32_t first[2] = {0, 1};  // a one-token step's group table (enqueue: pos_dev[2..3])
   CK(cudaMemcpy(impl->pos_dev + 2, first, sizeof(first), cudaMemcpyHostToDevice));
   if (impl->rows > 1) {  // step_rows' table and logits rows, pinned
-    // + 1: the MTP head's argmax (mtp_rows)
-    CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hio), (5 * impl->rows + 2) * sizeof(int32_t), cudaHostAllocDefault));
+    // + the MTP head's argmax (mtp_rows) and its chain's table (Impl::chain_io)
+    CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hio), (5 * impl->rows + 2 + Impl::kChainIo) * sizeof(int32_t), cudaHostAllocDefault));
     CK(cudaHostAlloc(reinterpret_cast<void**>(&impl->hrows), impl->rows * model.config().vocab_size * sizeof(float), cudaHostAllocDefault));
   }
   if (impl->mtp.on) {

@@ -127,4 +127,74 @@ void Qwen35MoeGpu::mtp_rows(int slot, int64_t at, std::span<const int32_t> ids, 
   if (want & kArgmax) *argmax = m.hio[5 * R];
 }
 
+void Qwen35MoeGpu::mtp_chain(int slot, int64_t at, std::span<const int32_t> ids, const float* hidden, std::span<int32_t> drafts) {
+  Impl& m = *impl_;
+  const ModelConfig& c = m.model.config();
+  const int64_t H = c.hidden_size, V = c.vocab_size, R = m.rows, n = static_cast<int64_t>(ids.size()), k = static_cast<int64_t>(drafts.size());
+  if (k == 0) fail("mtp_chain: no drafts asked for");
+  if (!m.mtp.on || !m.embed || !m.graph_ok || Trace::active() || n > R || k > gpu::kMaxGemvTokens) {  // call by call
+    std::vector<float> h(static_cast<size_t>(H)), h_next(h.size());
+    mtp_rows(slot, at, ids, hidden, nullptr, &drafts[0], k > 1 ? h.data() : nullptr);
+    for (int64_t i = 1; i < k; ++i) {
+      mtp_rows(slot, at + n + i - 1, drafts.subspan(static_cast<size_t>(i) - 1, 1), h.data(), nullptr, &drafts[i], i + 1 < k ? h_next.data() : nullptr);
+      h.swap(h_next);
+    }
+    return;
+  }
+  if (slot < 0 || slot >= m.slots) fail("slot ", slot, " is outside 0..", m.slots - 1);
+  if (n == 0) fail("mtp_chain: no rows");
+  if (at < 0 || at + n + k - 1 > m.opts.max_context)
+    fail("the MTP head's cache of slot ", slot, " reached the context limit of ", m.opts.max_context, " tokens (--context)");
+  for (int64_t t = 0; t < n; ++t)
+    if (ids[t] < 0 || ids[t] >= V) fail("token id ", ids[t], " at position ", t, " is outside the vocabulary (0..", V - 1, ")");
+  for (int64_t i = 0; i < n; ++i) {  // the first call's table, as mtp_rows fills it
+    m.hio[i] = ids[i];
+    m.hio[R + i] = static_cast<int32_t>(at + i);
+    m.hio[2 * R + i] = slot;
+  }
+  m.hio[3 * R] = slot, m.hio[4 * R] = 0, m.hio[4 * R + 1] = static_cast<int32_t>(n);
+  int32_t* io = m.chain_io();  // [drafts][positions][1]
+  for (int64_t i = 1; i < k; ++i) io[gpu::kMaxGemvTokens + i] = static_cast<int32_t>(at + n + i - 1);
+  io[2 * gpu::kMaxGemvTokens] = 1;
+  std::copy_n(hidden, n * H, m.mtp.hhid);
+  auto enqueue = [&] {
+    CK(cudaMemcpyAsync(m.bio, m.hio, (5 * R + 1) * sizeof(int32_t), cudaMemcpyHostToDevice, m.stream));
+    CK(cudaMemcpyAsync(m.po, m.mtp.hhid, n * H * sizeof(float), cudaMemcpyHostToDevice, m.stream));
+    for (int64_t i = 0; i < k; ++i) {
+      if (i > 0) {  // the chain: the last draft (on the device) at the next position, the head's output state as its hidden row
+        CK(cudaMemcpyAsync(m.bio, m.top_ids, sizeof(int32_t), cudaMemcpyDeviceToDevice, m.stream));
+        CK(cudaMemcpyAsync(m.bio + R, io + gpu::kMaxGemvTokens + i, sizeof(int32_t), cudaMemcpyHostToDevice, m.stream));
+        CK(cudaMemcpyAsync(m.bio + 4 * R + 1, io + 2 * gpu::kMaxGemvTokens, sizeof(int32_t), cudaMemcpyHostToDevice, m.stream));
+        CK(cudaMemcpyAsync(m.po, m.x, H * sizeof(float), cudaMemcpyDeviceToDevice, m.stream));
+      }
+      m.enqueue_mtp(i == 0 ? n : 1, false, nullptr);
+      m.linear(m.lm_head, m.x, m.logits);
+      CK(gpu::top_k_row(m.logits, V, 1, m.topk_ws, m.top_ids, m.top_vals, m.stream));
+      CK(cudaMemcpyAsync(io + i, m.top_ids, sizeof(int32_t), cudaMemcpyDeviceToHost, m.stream));
+    }
+  };
+  const int key = -100000 - static_cast<int>(n * 16 + k);  // beside mtp_rows' keys
+  auto it = std::find_if(m.row_graphs.begin(), m.row_graphs.end(), [&](const auto& g) { return g.first == key; });
+  if (it == m.row_graphs.end()) {
+    CK(cudaStreamBeginCapture(m.stream, cudaStreamCaptureModeThreadLocal));
+    cudaGraph_t g = nullptr;
+    try {
+      enqueue();
+      CK(cudaStreamEndCapture(m.stream, &g));
+    } catch (...) {
+      m.abandon_capture();
+      throw;
+    }
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t made = cudaGraphInstantiate(&exec, g, 0);
+    cudaGraphDestroy(g);
+    CK(made);
+    m.row_graphs.emplace_back(key, exec);
+    it = m.row_graphs.end() - 1;
+  }
+  CK(cudaGraphLaunch(it->second, m.stream));
+  CK(cudaStreamSynchronize(m.stream));
+  std::copy_n(io, k, drafts.data());
+}
+
 }  // namespace tandem

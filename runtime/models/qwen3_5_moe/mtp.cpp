@@ -89,6 +89,17 @@ void MtpSequence::draft(int32_t next, std::span<int32_t> out, const DraftPick& p
   drop_provisional();
   std::vector<int32_t> following(ids_.begin() + 1, ids_.end());
   following.push_back(next);
+  if (device_ && !pick) {  // greedy on a device: the whole chain there
+    device_->mtp_chain(slot_, rows_, following, hidden_.data(), out);
+    rows_ += rows + static_cast<int64_t>(out.size()) - 1;
+    committed_ += rows;
+    hidden_.clear();
+    ids_.clear();
+    kept_rows_ = 0;
+    for (size_t i = 0; i < out.size(); ++i)
+      if (out[i] < 0 || out[i] >= V) fail("MTP head: draft ", i, " picked id ", out[i], " outside the vocabulary");
+    return;
+  }
   // Greedy drafts on a device: only the argmax comes back (the host's head computes the logits anyway).
   const bool logits_wanted = pick || !device_;
   std::vector<float> logits(logits_wanted ? static_cast<size_t>(V) : 0), h(static_cast<size_t>(H)), h_next(static_cast<size_t>(H));

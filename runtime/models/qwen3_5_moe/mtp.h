@@ -34,6 +34,8 @@ class MtpDevice {
   virtual ~MtpDevice() = default;
   virtual void mtp_rows(int slot, int64_t at, std::span<const int32_t> ids, const float* hidden, float* logits, int32_t* argmax,
                         float* hidden_out) = 0;
+  // Greedy drafts: the rows as mtp_rows, then the chain on the head's own output (drafts.size() in all).
+  virtual void mtp_chain(int slot, int64_t at, std::span<const int32_t> ids, const float* hidden, std::span<int32_t> drafts) = 0;
 };
 
 class MtpSequence {
