@@ -113,9 +113,14 @@ class Engine {
       if (o.batch < 1 || o.batch > kMaxBatch) fail("batch must be between 1 and ", kMaxBatch, " (got ", o.batch, ")");
     }
     if (!draft.is_none()) {
-      o.draft = draft.cast<int>();
       o.draft_set = true;
-      if (o.draft < 0 || o.draft > kMaxDraft) fail("draft must be between 0 (off) and ", kMaxDraft, " (got ", o.draft, ")");
+      if (py::isinstance<py::str>(draft)) {
+        if (draft.cast<std::string>() != "auto") fail("draft must be \"auto\" or a count between 0 (off) and ", kMaxDraft, " (got '", draft.cast<std::string>(), "')");
+        o.draft = kDraftAuto;
+      } else {
+        o.draft = draft.cast<int>();
+        if (o.draft < 0 || o.draft > kMaxDraft) fail("draft must be \"auto\" or between 0 (off) and ", kMaxDraft, " (got ", o.draft, ")");
+      }
     }
     py::gil_scoped_release nogil;
     s_ = Session::open(dir_, false);  // the CLI's opener: logits need no tokenizer
@@ -334,7 +339,7 @@ class Engine {
     req.eos_ids = s_.eos;
     req.stop = stop;
     req.cancel = &cancel_;
-    req.draft = s_.runner->max_draft();
+    req.draft = s_.runner->request_draft();
     return req;
   }
   void encode_prompt(GenerateRequest& req, const std::string& text, const char* what) const {

@@ -196,7 +196,8 @@ PlacementConfig parse_placement_config(const std::string& text, const std::strin
                             "bandwidth", "cost", "rules", "server", "speculative"});
     if (const YAML::Node sp = root["speculative"]) {
       r.check_keys(sp, "speculative", {"draft"});
-      if (sp["draft"]) c.draft = static_cast<int>(r.integer(sp["draft"], "speculative.draft", 0, kMaxDraft));
+      if (const YAML::Node d = sp["draft"]; d && d.IsScalar() && d.Scalar() == "auto") c.draft = kDraftAuto;  // the tuner picks
+      else if (d) c.draft = static_cast<int>(r.integer(d, "speculative.draft", 0, kMaxDraft));
     }
     if (const YAML::Node sv = root["server"]) {
       r.check_keys(sv, "server", {"host", "port", "max_queue", "prefill_chunk", "timeout", "max_body", "cache", "cache_vram"});

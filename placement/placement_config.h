@@ -55,7 +55,7 @@ struct PlacementConfig {
   // sequence
   int64_t context = 4096;  // KV cache length; 0 (`context: auto`, and without a YAML): the planner's choice
   int batch = 1;           // sequences decoded together (KV and state scale with it)
-  int draft = 0;           // `speculative: {draft: N}`: tokens the MTP head drafts a step (0: off; --draft overrides)
+  int draft = 0;           // `speculative: {draft: N | auto}`: tokens the MTP head drafts a step (0: off; kDraftAuto; --draft overrides)
   // cpu
   int cpu_threads = 0;          // 0: physical cores
   std::string numa = "auto";    // auto | off

@@ -12,6 +12,7 @@
 #include "placement/gpu_layout.h"
 #include "core/bytes.h"
 #include "core/error.h"
+#include "core/limits.h"
 
 namespace tandem::placement {
 
@@ -298,7 +299,7 @@ Plan make_plan(const ModelConfig& c, const PlacementConfig& cfg, const PlanReque
   if (p.context == 0) {
     const int64_t chunk = cfg.prefill_chunk < 0 ? 256 : cfg.prefill_chunk, floor = std::min<int64_t>(4096, c.max_position_embeddings);
     auto fixed_at = [&](int64_t ctx) {
-      return fixed_vram(c, s, ctx, p.batch, p.embed_on_gpu, tied_shared, chunk, eq.quantized, cfg.deferral, cfg.gpu_reserve, cfg.draft).total();
+      return fixed_vram(c, s, ctx, p.batch, p.embed_on_gpu, tied_shared, chunk, eq.quantized, cfg.deferral, cfg.gpu_reserve, drafts_held(cfg.draft)).total();
     };
     const uint64_t base = fixed_at(floor);
     const uint64_t share = p.budget_bytes > base ? (p.budget_bytes - base) / 4 : 0;
@@ -319,7 +320,7 @@ Plan make_plan(const ModelConfig& c, const PlacementConfig& cfg, const PlanReque
 
   // ---- fixed VRAM ----
   auto fixed_for = [&](int64_t chunk) {
-    return fixed_vram(c, s, p.context, p.batch, p.embed_on_gpu, tied_shared, chunk, eq.quantized, cfg.deferral, cfg.gpu_reserve, cfg.draft);
+    return fixed_vram(c, s, p.context, p.batch, p.embed_on_gpu, tied_shared, chunk, eq.quantized, cfg.deferral, cfg.gpu_reserve, drafts_held(cfg.draft));
   };
   p.prefill_chunk_auto = cfg.prefill_chunk < 0;
   if (p.prefill_chunk_auto) {

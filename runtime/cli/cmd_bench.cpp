@@ -601,7 +601,8 @@ int cmd_bench(int argc, char** argv) {
                         {"prompts", a.has("prompts") ? a.get("prompts") : std::string("random token ids")},
                         {"decode_tokens", follow ? "the text's next tokens (--follow-text)" : "the tokens picked (greedy)"},
                         {"next_token", token_on_device ? "argmax on the device (one id crosses)" : "argmax on the host (the logits row crosses)"},
-                        {"draft", draft},
+                        {"draft", draft == kDraftAuto ? nlohmann::json("auto") : nlohmann::json(draft)},
+                        {"draft_auto", runner->draft_tuner() ? nlohmann::json(runner->draft_tuner()->summary()) : nlohmann::json(nullptr)},
                         {"prefill_tok_s", first["prefill_tok_s"]},
                         {"decode_tok_s", first["decode_tok_s"]},
                         {"ttft_ms", first["ttft_ms"]},
@@ -625,6 +626,7 @@ int cmd_bench(int argc, char** argv) {
     if (hybrid) std::printf("CPU read bandwidth %.1f GB/s; PCIe host-to-device %.1f GB/s\n", cpu_bw / 1e9, pcie_bw / 1e9);
     if (!split_lines.empty())
       std::printf("%s:%s\n", draft ? "speculative decoding (all runs)" : "a decode token on the host's side (last run)", split_lines.c_str());
+    if (const DraftTuner* t = runner->draft_tuner()) std::printf("drafts %s\n", t->summary().c_str());
   }
   return 0;
 }

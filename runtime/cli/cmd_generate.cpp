@@ -87,8 +87,9 @@ Opened open_for_text(const Args& a) {
   return o;
 }
 
-void print_stats(const GenerateResult& r) {
-  const std::string drafts = r.drafts.summary();
+void print_stats(const GenerateResult& r, const Runner& runner) {
+  std::string drafts = r.drafts.summary();
+  if (const DraftTuner* t = runner.draft_tuner(); t && !drafts.empty()) drafts += "; " + t->summary();
   std::fprintf(stderr, "\n[prompt %lld tokens, prefill %.1f tok/s | generated %zu tokens, decode %.1f tok/s | stop: %s%s%s]\n",
                (long long)r.prompt_tokens, r.prefill_tok_s(), r.tokens.size(), r.decode_tok_s(), stop_reason_name(r.stop),
                drafts.empty() ? "" : " | ", drafts.c_str());
@@ -100,7 +101,7 @@ GenerateResult run(Session& s, const Args& a, std::vector<int32_t> prompt, const
   req.max_new_tokens = a.get_int("max-new-tokens", 512);
   if (req.max_new_tokens < 1) throw UsageError("tandem: --max-new-tokens must be at least 1");
   req.sampling = sp;
-  req.draft = s.runner->max_draft();
+  req.draft = s.runner->request_draft();
   req.eos_ids = s.eos;
   req.stop = a.get_all("stop");
   req.cancel = &g_cancel;
@@ -161,7 +162,7 @@ int cmd_generate(int argc, char** argv) {
   }
   install_sigint();
   const GenerateResult r = run(s, a, s.tokenizer->encode(text), sp);
-  print_stats(r);
+  print_stats(r, *s.runner);
   return r.stop == StopReason::Cancelled ? 130 : 0;  // 128 + SIGINT: a script can tell a cut-short reply
 }
 
@@ -223,7 +224,7 @@ int cmd_chat(int argc, char** argv) {
     }
     // The reply joins the conversation even when cut short by Ctrl-C.
     history.push_back({"assistant", (opts.enable_thinking ? "<think>\n" : "<think>\n\n</think>\n\n") + r.text, {}, {}});
-    print_stats(r);
+    print_stats(r, *s.runner);
   }
   std::fputs("\n", stdout);
   return 0;

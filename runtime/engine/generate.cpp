@@ -88,16 +88,21 @@ class Batcher::Live {
   }
 
   // Speculative decoding. How many drafts this step should verify (0: an ordinary step): what the
-  // request asks, within what the runner drafts, the tokens still allowed and the context.
+  // request asks (kDraftAuto: what the runner's tuner picks), within what the runner drafts, the
+  // tokens still allowed and the context.
   int drafts_wanted(const Runner& r) const {
-    if (req_.draft <= 0 || prefilling() || done_) return 0;
-    int64_t k = std::min<int64_t>(req_.draft, r.max_draft());
+    if (req_.draft == 0 || prefilling() || done_) return 0;
+    const int asked = req_.draft != kDraftAuto ? req_.draft : r.draft_tuner() ? r.draft_tuner()->choose() : r.max_draft();
+    if (asked <= 0) return 0;
+    int64_t k = std::min<int64_t>(asked, r.max_draft());
     k = std::min(k, req_.max_new_tokens - static_cast<int64_t>(res_.tokens.size()) - 1);
     k = std::min(k, r.max_context() - r.position(slot_) - 1);
     return static_cast<int>(std::max<int64_t>(k, 0));
   }
   // The runner's k drafts to follow next() (sampled ones drawn from the head's distribution with this
   // request's sampler, which is kept for the acceptance test); returns what the step feeds: next() and them.
+  bool drafts_auto() const { return req_.draft == kDraftAuto; }
+  int last_drafts() const { return static_cast<int>(drafts_.size()); }
   std::span<const int32_t> propose(Runner& r, int k) {
     drafts_.assign(static_cast<size_t>(k), 0);
     q_.clear();
@@ -327,7 +332,11 @@ void Batcher::step() {
         checkpoint(*active_[i]);
       }
   }
-  // Every other sequence: its prompt's last chunk or its next token, together.
+  // Every other sequence: its prompt's last chunk or its next token, together. --draft auto: a step
+  // of one decoding sequence is timed for the runner's tuner (its drafts, verification and rollback).
+  using clock = std::chrono::steady_clock;
+  const clock::time_point t0 = clock::now();
+  const bool timed = runner_.draft_tuner() && partial.empty() && active_.size() == 1 && !active_[0]->prefilling() && active_[0]->drafts_auto();
   std::vector<Live*> who;
   std::vector<std::span<const int32_t>> ids;
   std::vector<uint8_t> verify;
@@ -355,8 +364,14 @@ void Batcher::step() {
         who[i]->prefilled();
         if (who[i]->done()) continue;
       }
-      if (verify[i]) runner_.rollback(who[i]->slot(), who[i]->verify());
+      int64_t kept = 1;
+      if (verify[i]) runner_.rollback(who[i]->slot(), kept = who[i]->verify());
       else who[i]->take_next(top);
+      if (timed) {
+        const int k = verify[i] ? who[i]->last_drafts() : 0;
+        runner_.draft_tuner()->record(k, static_cast<int>(std::clamp<int64_t>(kept - 1, 0, k)),
+                                      std::chrono::duration<double>(clock::now() - t0).count());
+      }
       checkpoint(*who[i]);
     }
   }

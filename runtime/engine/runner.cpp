@@ -452,14 +452,16 @@ void check_context(const Runner& runner, int64_t prompt_tokens, int64_t new_toke
   fail("the prompt (", prompt_tokens, " tokens) plus ", new_tokens_name, " ", new_tokens, " exceeds the context of ", limit, " tokens", planned);
 }
 
-std::unique_ptr<Runner> make_runner(const Qwen35Moe& model, const RunnerOptions& o) {
+namespace {
+
+std::unique_ptr<Runner> make_placement_runner(const Qwen35Moe& model, const RunnerOptions& o) {
   if (o.batch < 0 || o.batch > kMaxBatch) fail("batch ", o.batch, " must be between 1 and ", kMaxBatch, " sequences");
   const int batch = std::max(o.batch, 1);
   if (o.defer_experts < 0 || o.defer_experts > model.config().num_experts_per_tok)
     fail("--defer-experts ", o.defer_experts, " must be between 0 and the model's ", model.config().num_experts_per_tok, " experts per token");
   if (o.defer_experts > 0 && o.device != Device::Ref && o.device != Device::Cpu)
     fail("--defer-experts is for --device ref or cpu; a hybrid run defers through experts.deferral in its placement YAML");
-  if (o.draft < 0 || o.draft > kMaxDraft) fail("--draft ", o.draft, " must be between 0 (off) and ", kMaxDraft, " tokens");
+  if (o.draft < 0 || o.draft > kMaxDraft) fail("--draft ", o.draft, " must be auto or between 0 (off) and ", kMaxDraft, " tokens");
   if (o.draft > 0 && !model.mtp())
     fail("--draft ", o.draft, ": ", model.checkpoint().dir(), " has no MTP head (mtp.* tensors), which speculative decoding drafts with");
   if (o.draft > 0 && o.device == Device::Hybrid && o.plan && o.plan->deferral > 0)
@@ -492,6 +494,17 @@ std::unique_ptr<Runner> make_runner(const Qwen35Moe& model, const RunnerOptions&
 #endif
   }
   fail("--device auto is resolved by prepare_device before a runner is made");
+}
+
+}  // namespace
+
+std::unique_ptr<Runner> make_runner(const Qwen35Moe& model, const RunnerOptions& o) {
+  if (o.draft != kDraftAuto) return make_placement_runner(model, o);
+  RunnerOptions held = o;  // --draft auto: room for kAutoDraftMax, the tuner picks each step's
+  held.draft = kAutoDraftMax;
+  std::unique_ptr<Runner> r = make_placement_runner(model, held);
+  r->tune_drafts();
+  return r;
 }
 
 }  // namespace tandem

@@ -23,6 +23,7 @@
 
 #include "core/limits.h"
 #include "placement/planner.h"
+#include "runtime/engine/draft_tuner.h"
 #include "runtime/engine/sampling.h"
 #include "runtime/models/qwen3_5_moe/model.h"
 #include "runtime/models/qwen3_5_moe/mtp.h"
@@ -47,7 +48,7 @@ struct RunnerOptions {
   bool context_set = false;              // --context given (else a hybrid config's context applies)
   int64_t min_context = 0;               // what the command needs at least (prompt + generation)
   int64_t verify_tokens = 0;             // gpu / hybrid: tokens a step that keeps its states (Feed::keep_states) may feed (0: none)
-  int draft = 0;                         // ref / cpu: tokens the MTP head may draft a step (speculative decoding; 0: off)
+  int draft = 0;                         // tokens the MTP head may draft a step (speculative decoding; 0: off; kDraftAuto: auto)
   bool draft_set = false;                // --draft given (else a hybrid config's speculative.draft applies)
   // gpu / hybrid: memory reserved at start for saved sequences (the server's prefix cache): device
   // memory (its VRAM tier, inside the budget) and page-locked host memory; 0: none
@@ -113,6 +114,12 @@ class Runner {
   // step() and rollback(), whichever placement runs it.
   virtual int max_draft() const { return 0; }
   virtual void draft(int slot, int32_t next, std::span<int32_t> drafts, const DraftPick& pick);
+  // --draft auto (RunnerOptions::draft kDraftAuto): the tuner that picks each step's drafts, kept for
+  // the runner's life so that its measurements carry over from request to request; nullptr otherwise.
+  DraftTuner* draft_tuner() const { return tuner_.get(); }
+  void tune_drafts() { tuner_ = std::make_unique<DraftTuner>(max_draft()); }
+  // What a request asks for to draft as this runner was configured: kDraftAuto, or max_draft().
+  int request_draft() const { return tuner_ ? kDraftAuto : max_draft(); }
 
   // Sequence snapshots (the prefix cache): whether this runner makes them; a copy of the slot's
   // sequence; the slot becomes a saved sequence (tandem::Error for another runner's snapshot). Every
@@ -164,6 +171,9 @@ class Runner {
   // Measured bandwidth of the memory the weights stream from (host DRAM read, or GPU copy), and
   // what it is called: the denominator of the decode bound.
   virtual double weight_bandwidth(std::string* what) = 0;
+
+ private:
+  std::unique_ptr<DraftTuner> tuner_;
 };
 
 std::unique_ptr<Runner> make_runner(const Qwen35Moe& model, const RunnerOptions& opts);

@@ -141,7 +141,7 @@ class Service {
     if (n >= ctx) return fail(q, r, api, 400, str_cat("the prompt is ", n, " tokens; the context holds ", ctx, " (tandem serve --context)"), prompt_field);
     g.max_new_tokens = job->max_tokens < 0 ? ctx - n : std::min(job->max_tokens, ctx - n);  // what fits the context
     g.sampling = job->sampling;
-    g.draft = s_.runner->max_draft();  // speculative decoding when the server was started with --draft
+    g.draft = s_.runner->request_draft();  // speculative decoding when the server was started with --draft
     if (!job->ignore_eos) g.eos_ids = d_.eos;
     g.stop = job->stop;
     Scheduler::Refusal why;

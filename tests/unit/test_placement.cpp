@@ -135,6 +135,7 @@ TEST(PlacementConfigs, ServerSection) {
 TEST(PlacementConfigs, SpeculativeSection) {
   EXPECT_EQ(yaml("context: 4096\n").draft, 0);
   EXPECT_EQ(yaml("speculative:\n  draft: 3\n").draft, 3);
+  EXPECT_EQ(yaml("speculative:\n  draft: auto\n").draft, kDraftAuto);
   test::expect_error([] { yaml("speculative:\n  draft: 17\n"); }, {"test.yaml:2", "key 'speculative.draft'", "outside"});
   test::expect_error([] { yaml("speculative:\n  drafts: 2\n"); }, {"test.yaml:2", "'speculative.drafts'", "did you mean 'draft'"});
 }

@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <map>
+#include <random>
 
 #include "runtime/engine/generate.h"
 #include "runtime/engine/logits_compare.h"
@@ -315,6 +316,53 @@ TEST(DemoModel, DraftsOfItsTrainedHeadAreAccepted) {
     for (const char* mark : {"def ", "import ", "class ", "self.", "\"\"\"", "__all__"}) python = python || got.text.find(mark) != std::string::npos;
     EXPECT_TRUE(python) << "the reply does not read as Python:\n" << got.text;
   }
+}
+
+// --draft auto: the tuner times every k first, then takes the k with the most tokens per second from
+// the acceptance and the step times it measured; a cheap verification with accepted drafts draws it
+// to the maximum, an expensive one to plain steps; steps that accept nothing draw it down.
+TEST(DraftTuner, PicksTheFastestDraftCount) {
+  auto run = [](double per_draft_s, double accept, int steps) {
+    DraftTuner t(4);
+    std::mt19937_64 rng(1);
+    std::bernoulli_distribution ok(accept);
+    std::vector<int> seen(5, 0);
+    for (int i = 0; i < steps; ++i) {
+      const int k = t.choose();
+      ++seen[k];
+      int a = 0;
+      while (a < k && ok(rng)) ++a;
+      t.record(k, a, 1e-3 * (1 + per_draft_s * k));
+    }
+    for (int k = 0; k <= 4; ++k) EXPECT_GE(seen[k], DraftTuner::kWarm + 1) << "k " << k << " timed in the warm-up";
+    return t;
+  };
+  const DraftTuner cheap = run(0.1, 0.9, 200);
+  EXPECT_EQ(cheap.best(), 4);
+  EXPECT_NEAR(cheap.acceptance(0), 0.9, 0.08);
+  EXPECT_NEAR(cheap.step_seconds(2), 1.2e-3, 1e-9);
+  EXPECT_EQ(run(2.0, 0.9, 200).best(), 0);   // verification costs more than the drafts bring
+  EXPECT_EQ(run(0.1, 0.0, 200).best(), 0);   // nothing accepted
+  EXPECT_NE(cheap.summary().find("4 drafts"), std::string::npos) << cheap.summary();
+  // E(k) from the acceptance by position: 1 + a1 + a1 a2 + ...
+  DraftTuner t(2);
+  EXPECT_NEAR(t.expected_tokens(2), 1 + 0.6 + 0.36, 1e-12);  // the prior alone
+}
+
+// Greedy tokens with --draft auto are the tokens without drafts, and the runner keeps its tuner.
+TEST(DraftTuner, AutoDraftsKeepTheGreedyTokens) {
+  const test::TinyModel& m = tiny();
+  auto plain = host_runner(*m.model, Device::Cpu, 0);
+  auto aut = host_runner(*m.model, Device::Cpu, kDraftAuto);
+  ASSERT_NE(aut->draft_tuner(), nullptr);
+  EXPECT_EQ(aut->max_draft(), kAutoDraftMax);
+  EXPECT_EQ(aut->request_draft(), kDraftAuto);
+  EXPECT_EQ(plain->draft_tuner(), nullptr);
+  EXPECT_EQ(plain->request_draft(), 0);
+  const GenerateResult want = generate(*plain, m.vocab, m.tok, greedy_request("the model routes every token", 60, 0));
+  const GenerateResult got = generate(*aut, m.vocab, m.tok, greedy_request("the model routes every token", 60, kDraftAuto));
+  EXPECT_EQ(got.tokens, want.tokens);
+  EXPECT_GT(got.drafts.verify_steps, 0);  // the warm-up verifies drafts whatever it then picks
 }
 
 TEST(Speculative, RefusesWhatItCannotDo) {

@@ -65,8 +65,10 @@ void MtpSequence::fed(std::span<const int32_t> ids, const float* hidden, bool ke
     return;
   }
   kept_rows_ = 0;
-  const int64_t ready = static_cast<int64_t>(ids_.size()) - 1;  // every row but the last has its following token
-  if (ready <= 0) return;
+  // Every row but the last has its following token. They wait for the next draft (one head call for
+  // them all, nothing spent on steps that do not draft) unless kCatchUp or more have gathered.
+  const int64_t ready = static_cast<int64_t>(ids_.size()) - 1;
+  if (ready < kCatchUp) return;
   head(std::span(ids_).subspan(1, static_cast<size_t>(ready)), hidden_.data(), nullptr, nullptr, nullptr);
   committed_ += ready;
   hidden_.erase(hidden_.begin(), hidden_.begin() + ready * H);

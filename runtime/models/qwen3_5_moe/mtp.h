@@ -2,8 +2,8 @@
 // the head's KV cache and the main model's hidden states it has not consumed yet.
 //
 // Head row p pairs the main model's final hidden state at position p with the token fed at p + 1, so
-// a row can be built once that token is known. After an ordinary step the head catches up on all the
-// step's rows but the last (whose following token is not fed yet); after a step that kept its states
+// a row can be built once that token is known. After ordinary steps the head catches up on their rows
+// at the next draft, or once kCatchUp rows wait (a prompt: at once); after a step that kept its states
 // (a verification) it waits for the rollback to say which rows stand. draft() completes the last pair
 // with the token about to be fed, then chains the head on its own output for the later drafts. Only
 // rows built from the main model's states are kept: a chain's rows are provisional, dropped at the
@@ -45,6 +45,8 @@ class MtpSequence {
   void move_to(int slot);  // a device sequence restored into another slot (its cache copied there)
   void reset();
   // The main model fed `ids` (their final hidden states: hidden [n, H]); kept: its step kept states.
+  // Rows wait for the next draft() until kCatchUp of them have their following token.
+  static constexpr int64_t kCatchUp = 32;
   void fed(std::span<const int32_t> ids, const float* hidden, bool kept);
   // The main model went back to the first `keep` tokens of its last kept step.
   void rolled_back(int64_t keep);
