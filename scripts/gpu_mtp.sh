@@ -47,7 +47,7 @@ for s in $STEPS; do
       step gpu-tests 240 "$build/tests/tandem_gpu_tests" --gtest_filter="$TESTS" ;;
     demo)
       for dev in gpu cpu; do
-        for d in 0 2 3; do
+        for d in 0 2 3 auto; do
           step "demo-$dev-draft$d" 60 "$tandem" bench --model models/demo --device "$dev" --prompts "$res/pytext.txt" --prompt-len 64 \
             --gen 256 --repeat 5 --draft "$d" --json
         done
@@ -57,13 +57,13 @@ for s in $STEPS; do
       for p in $PLACEMENTS; do
         if [ "$p" = gpu ]; then
           step "verify-gpu" 150 "$tandem" bench --model /tmp/q35 --device gpu --gpu-mem 1000GiB --context 1280 --prompt-len 1024 --gen 16 \
-            --repeat 5 --verify-cost 1,2,3,4 --draft 4 --json
+            --repeat 3 --verify-cost 1,2,3,4 --draft 4 --json
         else
           extra=""
           [ "$p" = 8GiB ] && extra="cpu_experts: all"
           printf 'gpu:\n  memory: %s\n  reserve: 512MiB\ncontext: 1280\nspeculative:\n  draft: 4\n%s\n' "$p" "$extra" > "$res/$p.yaml"
           step "verify-$p" 150 "$tandem" bench --model /tmp/q35 --device hybrid --config "$res/$p.yaml" --prompt-len 1024 --gen 16 \
-            --repeat 5 --verify-cost 1,2,3,4 --draft 4 --json
+            --repeat 3 --verify-cost 1,2,3,4 --draft 4 --json
         fi
       done ;;
   esac
