@@ -306,7 +306,12 @@ class Engine {
     d["prefill_tok_s"] = last_.prefill_tok_s();
     d["decode_tok_s"] = last_.decode_tok_s();
     d["stop"] = last_.tokens.empty() ? "" : stop_reason_name(last_.stop);
-    d["draft"] = s_.runner->max_draft();
+    if (const DraftTuner* t = s_.runner->draft_tuner()) {  // --draft auto: what it chose, from what it measured
+      d["draft"] = "auto";
+      d["draft_auto"] = t->summary();
+    } else {
+      d["draft"] = s_.runner->max_draft();
+    }
     if (const DraftStats& ds = last_.drafts; ds.verify_steps > 0) {  // speculative decoding: the last generation's
       d["verify_steps"] = ds.verify_steps;
       d["tokens_per_step"] = ds.tokens_per_step();

@@ -115,17 +115,17 @@ class Engine:
     eager:     GPU placements: launch every kernel eagerly, no CUDA graphs (debugging).
     batch:     sequences decoded at once (slots; GPU placements hold a KV cache and state for each;
                default: the config's batch, else 1).
-    draft:     speculative decoding: tokens the model's MTP head drafts a step (0 = off; device "ref" or
-               "cpu" so far; default: the config's speculative.draft, else 0). Greedy output is the
-               same as without drafts; stats() gives the acceptance.
+    draft:     speculative decoding: tokens the model's MTP head drafts a step (0 = off; "auto": as many
+               as pay, up to 4, chosen as it runs; default: the config's speculative.draft, else 0).
+               Greedy output is the same as without drafts; stats() gives the acceptance.
     """
 
     def __init__(self, model_dir: str, config: Union[None, str, Dict[str, Any]] = None, device: str = "auto",
                  gpu_mem: Union[None, int, str] = None, threads: Optional[int] = None, context: Optional[int] = None,
-                 eager: bool = False, batch: Optional[int] = None, draft: Optional[int] = None):
+                 eager: bool = False, batch: Optional[int] = None, draft: Union[None, int, str] = None):
         self._core = _tandem.Engine(str(model_dir), config, device, _gpu_mem(gpu_mem), _opt_int(threads, "threads", 1, _MAX_THREADS),
                                     _opt_int(context, "context", 1), eager, _opt_int(batch, "batch", 1, _MAX_BATCH),
-                                    _opt_int(draft, "draft", 0, _MAX_DRAFT))
+                                    draft if isinstance(draft, str) else _opt_int(draft, "draft", 0, _MAX_DRAFT))
         self.model_dir = str(model_dir)
         self.tokenizer = Tokenizer(self._core)
 

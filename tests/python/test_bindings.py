@@ -313,6 +313,14 @@ def test_drafts_keep_greedy_output_and_report_acceptance(tiny):
         assert "verify_steps" not in plain.stats() and plain.stats()["draft"] == 0
     with pytest.raises(tandem.Error, match="draft"):
         tandem.Engine(tiny, device="cpu", draft=17)
+    with pytest.raises(tandem.Error, match="auto"):
+        tandem.Engine(tiny, device="cpu", draft="sometimes")
+    with tandem.Engine(tiny, device="cpu", threads=2, draft="auto") as auto:  # the tuner picks; greedy output as ever
+        p = "Once upon a time"
+        with tandem.Engine(tiny, device="cpu", threads=2) as plain:
+            assert auto.generate(p, max_new_tokens=40, temperature=0) == plain.generate(p, max_new_tokens=40, temperature=0)
+        st = auto.stats()
+        assert st["draft"] == "auto" and st["verify_steps"] > 0 and st["draft_auto"].startswith("auto: ")
 
 
 def test_parse_reply_splits_reasoning_and_typed_tool_calls():
