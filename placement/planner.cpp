@@ -217,6 +217,25 @@ void predict(const ModelConfig& c, const PlacementConfig& cfg, const PlanRequest
   pr.decode_ms = t * 1e3;
   pr.decode_tok_s = 1.0 / t;
   pr.bound_tok_s = 1.0 / std::max(pr.gpu_bytes_per_token / pr.gpu_bw, t_cpu_total);
+  // Speculative decoding: a verification step of T = k + 1 tokens reads the dense weights once and,
+  // per layer, the union of the experts its tokens route to, each where it lives (uniform routing: E
+  // (1 - (1 - k/E)^T), an upper bound: text repeats experts); one draft reads the MTP head's fc, its
+  // attention layer, router, shared expert and 8 of its BF16 experts, and the whole lm_head, on the GPU.
+  if (cfg.draft != 0 && c.mtp_layers > 0) {
+    const int E = c.num_experts, nh = c.num_heads;
+    for (int d = 1; d <= drafts_held(cfg.draft); ++d) {
+      const double T = d + 1.0, extra = E * (1 - std::pow(1 - static_cast<double>(k) / E, T)) - k;  // experts beyond one token's
+      double gpu_b = kv_read * (T - 1), cpu_b = 0;
+      for (int l = 0; l < L; ++l) {
+        gpu_b += extra * p.layer_gpu_fraction[l] * expert_read;
+        cpu_b += extra * (1 - p.layer_gpu_fraction[l]) * static_cast<double>(p.cpu_expert_bytes);
+      }
+      pr.verify_ms.push_back(pr.decode_ms + (gpu_b / pr.gpu_bw + cpu_b / pr.cpu_bw) * 1e3);
+    }
+    const double attn = (2.0 * nh * hd * H + 2.0 * nkv * hd * H + static_cast<double>(nh) * hd * H) * 2;
+    const double head = 2.0 * H * H * 2 + attn + static_cast<double>(E) * H * 2 + shared_bytes + k * 3.0 * I * H * 2 + static_cast<double>(V) * H * 2;
+    pr.draft_ms = (head / pr.gpu_bw + 14 * launch_us * 1e-6) * 1e3;
+  }
   // Prefill: streaming every CPU expert over PCIe vs computing the CPU share on the CPU: the switch
   // point in prompt tokens. The CPU's rate, ~1.7 T int ops/s effective, is fitted to the H200 machine's
   // 16 cores (all experts on the CPU, 512-token prompt in chunks of 2048: 654 ms, GPU part included).
@@ -237,6 +256,12 @@ void predict(const ModelConfig& c, const PlacementConfig& cfg, const PlanRequest
 }  // namespace
 
 std::string expert_name(int layer, int expert) { return str_cat("layers.", layer, ".mlp.experts.", expert); }
+
+double Prediction::speedup(int k, double a) const {
+  if (k < 1 || k > static_cast<int>(verify_ms.size())) return 0;
+  const double tokens = a >= 1 ? k + 1.0 : (1 - std::pow(a, k + 1)) / (1 - a);
+  return tokens * decode_ms / (verify_ms[k - 1] + k * draft_ms);
+}
 
 int Plan::total_gpu_experts() const { return std::accumulate(experts_on_gpu.begin(), experts_on_gpu.end(), 0); }
 bool Plan::any_cpu_experts() const {
@@ -571,6 +596,15 @@ nlohmann::json plan_to_json(const Plan& p) {
   j["predicted_decode_ms"] = pr.decode_ms;
   j["bound_decode_tok_s"] = pr.bound_tok_s;
   j["prefill_gpu_min_tokens"] = pr.prefill_gpu_min_tokens;
+  if (!pr.verify_ms.empty()) {
+    nlohmann::json sp = {{"verify_ms", pr.verify_ms}, {"draft_ms", pr.draft_ms}};
+    for (const double a : {0.6, 0.8, 0.9}) {
+      std::vector<double> up;
+      for (int k = 1; k <= static_cast<int>(pr.verify_ms.size()); ++k) up.push_back(pr.speedup(k, a));
+      sp["speedup_at_acceptance"][str_cat(a)] = up;
+    }
+    j["speculative"] = sp;
+  }
   j["cost_model"] = {{"gpu_bytes_per_token", pr.gpu_bytes_per_token},
                      {"cpu_bytes_per_token", pr.cpu_bytes_per_token},
                      {"gpu_bw", pr.gpu_bw}, {"gpu_bw_from", pr.gpu_bw_from},
@@ -641,6 +675,18 @@ std::string plan_table(const Plan& p) {
   line("bytes per token", buf);
   std::snprintf(buf, sizeof buf, "%.1f tok/s (%.2f ms/token; bandwidth bound %.1f tok/s)", pr.decode_tok_s, pr.decode_ms, pr.bound_tok_s);
   line("predicted decode", buf);
+  if (!pr.verify_ms.empty()) {
+    std::string v = "verify k = 1..", up;
+    v += str_cat(pr.verify_ms.size(), ":");
+    for (size_t i = 0; i < pr.verify_ms.size(); ++i) {
+      std::snprintf(buf, sizeof buf, "%s %.2f", i ? " /" : "", pr.verify_ms[i] / pr.decode_ms);
+      v += buf;
+      std::snprintf(buf, sizeof buf, "%s %.2f", i ? " /" : "", pr.speedup(static_cast<int>(i) + 1, 0.8));
+      up += buf;
+    }
+    std::snprintf(buf, sizeof buf, "x a decode step, a draft %.2f ms; speed-up at acceptance 0.8:", pr.draft_ms);
+    line("speculative", v + " " + buf + up);
+  }
   if (p.link_in_place > 0)
     line("link experts", str_cat("the GPU computes the first ", p.link_in_place, " of each token's CPU experts reading them over PCIe"));
   line("prefill on GPU from",

@@ -51,6 +51,13 @@ struct Prediction {
   double decode_tok_s = 0;
   double bound_tok_s = 0;           // bandwidth only (no latency terms)
   int64_t prefill_gpu_min_tokens = 0;  // prompts at least this long stream CPU experts to the GPU
+  // Speculative decoding (speculative.draft, the MTP head on the GPU): the verification step of k + 1
+  // tokens for k = 1 .. the drafts held (verify_ms[k - 1]), one draft's time, and the speed-up over
+  // plain decode at acceptance a (the same at every position): (1 - a^(k+1)) / (1 - a) tokens a step
+  // over verify_ms + k draft_ms. Empty without drafts.
+  std::vector<double> verify_ms;
+  double draft_ms = 0;
+  double speedup(int k, double acceptance) const;
 };
 
 struct Plan {

@@ -314,6 +314,29 @@ TEST(Planner, SpeculativeDraftCountsTheMtpHead) {
   EXPECT_GT(on.vram.workspace, off.vram.workspace);  // the verification step's rows and kept DeltaNet states
 }
 
+// The cost model's speculative side: verification of k + 1 tokens costs more with k (the union of the
+// tokens' experts), much more where the experts are read from host memory; the speed-up formula.
+TEST(Planner, PredictsTheVerificationCostAndSpeedUp) {
+  const ModelConfig m = model35();
+  const PlacementConfig cfg = fixed_bw(yaml("context: 4096\nspeculative: {draft: 4}\n"));
+  const Plan gpu = make_plan(m, cfg, {.gpu_mem = 40ull << 30}), hy = make_plan(m, cfg, {.gpu_mem = 12ull << 30});
+  EXPECT_TRUE(make_plan(m, fixed_bw(yaml("context: 4096\n")), {.gpu_mem = 40ull << 30}).predicted.verify_ms.empty());
+  for (const Plan* p : {&gpu, &hy}) {
+    const Prediction& pr = p->predicted;
+    ASSERT_EQ(pr.verify_ms.size(), 4u);
+    EXPECT_GT(pr.verify_ms[0], pr.decode_ms);
+    for (int k = 1; k < 4; ++k) EXPECT_GT(pr.verify_ms[k], pr.verify_ms[k - 1]);
+    EXPECT_GT(pr.draft_ms, 248320.0 * 2048 * 2 / 1000e9 * 1e3);  // at least the lm_head's read
+    const double tokens = 1 + 0.8 + 0.64;  // k = 2 at acceptance 0.8
+    EXPECT_NEAR(pr.speedup(2, 0.8), tokens * pr.decode_ms / (pr.verify_ms[1] + 2 * pr.draft_ms), 1e-9);
+    EXPECT_EQ(pr.speedup(5, 0.8), 0);
+  }
+  EXPECT_GT(hy.predicted.verify_ms[0] / hy.predicted.decode_ms, gpu.predicted.verify_ms[0] / gpu.predicted.decode_ms);
+  EXPECT_GT(gpu.predicted.speedup(2, 0.8), 1.2);
+  EXPECT_NE(plan_table(gpu).find("speculative"), std::string::npos);
+  EXPECT_TRUE(plan_to_json(gpu).contains("speculative"));
+}
+
 TEST(Planner, StreamedPrefillBuffersAreCountedForTheLayerWithTheMostCpuExperts) {
   const ModelConfig m = model35();
   const int64_t H = 2048, I = 512;
