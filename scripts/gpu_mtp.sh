@@ -6,8 +6,10 @@
 #   tests      tandem_gpu_tests --gtest_filter=$TESTS (default: the MTP, speculative, batch and model suites)
 #   demo       the demo model (models/demo): decode with and without drafts on gpu and cpu, prompts from
 #              Python sources (json/decoder.py + textwrap.py of the machine's Python)
-#   verify     the 35B synthetic GPTQ-Int4: tandem bench --verify-cost 1,2,3,4 --draft 4 for each of
-#              $PLACEMENTS (gpu, or a budget such as 24GiB / 12GiB; 8GiB runs every routed expert on the CPU)
+#   verify     the 35B synthetic GPTQ-Int4: tandem bench --verify-cost 1,2,3,4 for each of $PLACEMENTS
+#              (gpu, or a budget such as 24GiB / 12GiB; 8GiB runs every routed expert on the CPU), with
+#              --draft 4 (the drafts' cost) and without (a plain runner: its decode step is the decode
+#              graph), then decode with --draft auto and without (random weights: auto should settle on 0)
 # usage (device tool, carry .deps and .snap): cd .snap && DEADLINE=560 STEPS="build tests demo verify" bash scripts/gpu_mtp.sh
 set -uo pipefail
 OUT="${OUT:-$PWD/gpu-out}"
@@ -56,14 +58,21 @@ for s in $STEPS; do
       [ -f /tmp/q35/config.json ] || step synth 150 "$tandem" synth --preset qwen3.5-35b-a3b --quant gptq-int4 --routing-skew 1 --out /tmp/q35
       for p in $PLACEMENTS; do
         if [ "$p" = gpu ]; then
-          step "verify-gpu" 150 "$tandem" bench --model /tmp/q35 --device gpu --gpu-mem 1000GiB --context 1280 --prompt-len 1024 --gen 16 \
-            --repeat 3 --verify-cost 1,2,3,4 --draft 4 --json
+          place="--device gpu --gpu-mem 1000GiB --context 1280"
         else
           extra=""
           [ "$p" = 8GiB ] && extra="cpu_experts: all"
           printf 'gpu:\n  memory: %s\n  reserve: 512MiB\ncontext: 1280\nspeculative:\n  draft: 4\n%s\n' "$p" "$extra" > "$res/$p.yaml"
-          step "verify-$p" 150 "$tandem" bench --model /tmp/q35 --device hybrid --config "$res/$p.yaml" --prompt-len 1024 --gen 16 \
-            --repeat 3 --verify-cost 1,2,3,4 --draft 4 --json
+          printf 'gpu:\n  memory: %s\n  reserve: 512MiB\ncontext: 1280\n%s\n' "$p" "$extra" > "$res/$p-plain.yaml"
+          place="--device hybrid --config $res/$p.yaml"
+        fi
+        plain="$place"
+        [ "$p" != gpu ] && plain="--device hybrid --config $res/$p-plain.yaml"
+        step "verify-$p" 120 "$tandem" bench --model /tmp/q35 $place --prompt-len 1024 --gen 16 --repeat 3 --verify-cost 1,2,3,4 --draft 4 --json
+        step "verify-$p-plain" 120 "$tandem" bench --model /tmp/q35 $plain --prompt-len 1024 --gen 16 --repeat 3 --verify-cost 1,2,3,4 --json
+        if [ "$p" = gpu ] || [ "$p" = 12GiB ]; then
+          step "auto-$p" 120 "$tandem" bench --model /tmp/q35 $place --prompt-len 1024 --gen 96 --repeat 3 --draft auto --json
+          step "plain-$p" 120 "$tandem" bench --model /tmp/q35 $plain --prompt-len 1024 --gen 96 --repeat 3 --json
         fi
       done ;;
   esac

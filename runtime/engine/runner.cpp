@@ -46,6 +46,15 @@ void check_feeds(std::span<const Runner::Feed> feeds, const Runner& r, int64_t v
   }
 }
 
+// Runner::draft for a runner with an MtpSequence per slot that drafts up to `most`.
+void draft_checked(std::vector<MtpSequence>& mtp, int slot, int most, int32_t next, std::span<int32_t> drafts, const DraftPick& pick) {
+  if (slot < 0 || slot >= static_cast<int>(mtp.size())) fail("slot ", slot, " is outside 0..", mtp.size() - 1);
+  if (drafts.empty() || static_cast<int>(drafts.size()) > most)
+    fail("draft: ", drafts.size(), " tokens asked for; this runner drafts 1..", most, " (--draft)");
+  TraceSpan span("MTP head (draft)", "host");
+  mtp[slot].draft(next, drafts, pick);
+}
+
 // A host sequence's copy: the state's vectors as they are (KV rows up to its position).
 struct HostSnapshot final : SequenceSnapshot {
   std::vector<std::vector<float>> k_cache, v_cache, conv_window, recurrent;
@@ -101,11 +110,7 @@ class HostRunner final : public Runner {
   int max_draft() const override { return draft_; }
   void draft(int slot, int32_t next, std::span<int32_t> drafts, const DraftPick& pick) override {
     if (draft_ == 0) return Runner::draft(slot, next, drafts, pick);
-    if (slot < 0 || slot >= slots()) fail("slot ", slot, " is outside 0..", slots() - 1);
-    if (drafts.empty() || static_cast<int>(drafts.size()) > draft_)
-      fail("draft: ", drafts.size(), " tokens asked for; this runner drafts 1..", draft_, " (--draft)");
-    TraceSpan span("MTP head (draft)", "host");
-    mtp_[slot].draft(next, drafts, pick);
+    draft_checked(mtp_, slot, draft_, next, drafts, pick);
   }
   bool saves_sequences() const override { return true; }
   std::shared_ptr<const SequenceSnapshot> save(int slot) const override {
@@ -161,9 +166,9 @@ struct GpuSnapshot final : SequenceSnapshot {
 // side) are the same GPU model with and without host experts.
 //
 // Drafting (RunnerOptions::draft): the MTP head runs on the GPU model (GpuOptions::mtp), its cache in
-// each slot; every step hands back the fed rows' hidden states, so every feed goes through step_rows
-// (prompts longer than a step through the prompt-chunk path), and each slot's MtpSequence keeps the
-// rows the head has not consumed.
+// each slot; every step hands back the fed rows' hidden states (a lone token from the decode graph, a
+// lone prompt from its chunks, the rest from step_rows), and each slot's MtpSequence keeps the rows the
+// head has not consumed.
 class GpuRunner final : public Runner, private MtpDevice {
  public:
   GpuRunner(const Qwen35Moe& model, const RunnerOptions& o)
@@ -214,11 +219,7 @@ class GpuRunner final : public Runner, private MtpDevice {
   int max_draft() const override { return draft_; }
   void draft(int slot, int32_t next, std::span<int32_t> drafts, const DraftPick& pick) override {
     if (draft_ == 0) return Runner::draft(slot, next, drafts, pick);
-    if (slot < 0 || slot >= slots()) fail("slot ", slot, " is outside 0..", slots() - 1);
-    if (drafts.empty() || static_cast<int>(drafts.size()) > draft_)
-      fail("draft: ", drafts.size(), " tokens asked for; this runner drafts 1..", draft_, " (--draft)");
-    TraceSpan span("MTP head (draft)", "host");
-    mtp_[slot].draft(next, drafts, pick);
+    draft_checked(mtp_, slot, draft_, next, drafts, pick);
   }
   bool saves_sequences() const override { return true; }
   std::shared_ptr<const SequenceSnapshot> save(int slot) const override {
@@ -273,28 +274,15 @@ class GpuRunner final : public Runner, private MtpDevice {
       }
       group.clear(), members.clear(), tokens = 0;
     };
-    // Drafting, a feed longer than a step: the prompt-chunk path with its hidden rows when it can,
-    // else steps of R tokens (every row's logits, or the last's).
-    auto long_feed = [&](const Feed& f) {
+    // Drafting, a feed on the one-sequence paths (one token: the decode graph; a prompt: its chunks)
+    // with every row's hidden state copied out.
+    auto alone_with_hidden = [&](const Feed& f) {
       const int64_t n = static_cast<int64_t>(f.ids.size());
-      if (f.rows == Qwen35Moe::LogitRows::Last && gpu_->batched_prefill_active() && !Trace::active()) {
-        TraceSpan span("forward (prefill)", "host");
-        hidden_.resize(static_cast<size_t>(n * hidden_size_));
-        gpu_->select(f.slot);
-        gpu_->forward(f.ids, f.logits, f.rows, hidden_.data());
-        mtp_[f.slot].fed(f.ids, hidden_.data(), false);
-        return;
-      }
-      for (int64_t t = 0; t < n; t += R) {
-        const int64_t len = std::min(R, n - t);
-        const bool all = f.rows == Qwen35Moe::LogitRows::All;
-        float* out = !f.logits ? nullptr : all ? f.logits + t * vocab_ : t + len == n ? f.logits : nullptr;
-        const Feed piece{f.slot, f.ids.subspan(static_cast<size_t>(t), static_cast<size_t>(len)), out, all ? f.rows : Qwen35Moe::LogitRows::Last, false};
-        group.push_back({piece.slot, piece.ids, false});
-        members.push_back(&piece);
-        tokens = len;
-        flush();
-      }
+      TraceSpan span(n > 1 ? "forward (prefill)" : "forward (decode)", "host");
+      hidden_.resize(static_cast<size_t>(n * hidden_size_));
+      gpu_->select(f.slot);
+      gpu_->forward(f.ids, f.logits, f.rows, hidden_.data());
+      mtp_[f.slot].fed(f.ids, hidden_.data(), false);
     };
     for (const Feed& f : feeds) {
       const int64_t n = static_cast<int64_t>(f.ids.size());
@@ -306,14 +294,14 @@ class GpuRunner final : public Runner, private MtpDevice {
         members.push_back(&f);
         tokens = n;
         flush();
-      } else if ((feeds.size() > 1 || drafting) && R > 1 && n <= R) {
+      } else if ((feeds.size() > 1 || (drafting && n > 1)) && R > 1 && n <= R) {
         if (tokens + n > R) flush();
         group.push_back({f.slot, f.ids, false});
         members.push_back(&f);
         tokens += n;
       } else if (drafting) {
         flush();
-        long_feed(f);
+        alone_with_hidden(f);
       } else {
         TraceSpan span(n > 1 ? "forward (prefill)" : "forward (decode)", "host");
         gpu_->select(f.slot);

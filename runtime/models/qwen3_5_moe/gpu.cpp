@@ -79,12 +79,13 @@ void Qwen35MoeGpu::Impl::trace_end(Trace* tr) {
 
 // One decode step: eagerly (GpuOptions::eager, --trace, and the cases create() leaves graph_ok off
 // for) or as the captured CUDA graph: the same enqueue() either way.
-void Qwen35MoeGpu::Impl::step(int32_t id, float* logits_host) {
+void Qwen35MoeGpu::Impl::step(int32_t id, float* logits_host, float* hidden_host) {
   Trace* tr = Trace::active();
   const ModelConfig& c = model.config();
+  if (hidden_host && !mtp.hhid) fail("internal: a hidden state asked for without the MTP head's staging (GpuOptions::mtp)");
   if (graph_ok && !tr) {
     hidpos[0] = id, hidpos[1] = static_cast<int32_t>(pos), hidpos[2] = cur;  // the previous launch has finished (synchronized)
-    const int w = !logits_host ? 0 : logits_host == &logits_sink ? 2 : 1;
+    const int w = (!logits_host ? 0 : logits_host == &logits_sink ? 2 : 1) + (hidden_host ? 3 : 0);
     if (!graphs[w]) capture(w);
     if (one_graph) {
       hy.serve_graph(graphs[w], stream, handoff_layers);
@@ -92,21 +93,23 @@ void Qwen35MoeGpu::Impl::step(int32_t id, float* logits_host) {
       CK(cudaGraphLaunch(graphs[w], stream));
       CK(cudaStreamSynchronize(stream));
     }
-    if (w == 1) std::memcpy(logits_host, hlogits, c.vocab_size * sizeof(float));
+    if (w % 3 == 1) std::memcpy(logits_host, hlogits, c.vocab_size * sizeof(float));
+    if (hidden_host) std::memcpy(hidden_host, mtp.hhid, c.hidden_size * sizeof(float));
     counts.gpu += static_cast<uint64_t>(c.num_experts_per_tok) * gpu_only_layers;
     ++pos;
     return;
   }
   trace_begin(tr);
   const int32_t p32[2] = {static_cast<int32_t>(pos), cur};
-  enqueue(id, &id, p32, logits_host, tr);
+  enqueue(id, &id, p32, logits_host, tr, hidden_host);
   ++pos;
   trace_end(tr);
-  if (logits_host) CK(cudaStreamSynchronize(stream));
+  if (logits_host || hidden_host) CK(cudaStreamSynchronize(stream));
 }
 
 // Captures graphs[w] (0 without logits, 1 with logits copied to hlogits, 2 with logits left on the
-// device): the step as one CUDA graph, with the host handoffs inside it when there are host experts.
+// device; + 3: the hidden state copied to mtp.hhid as well): the step as one CUDA graph, with the host
+// handoffs inside it when there are host experts.
 void Qwen35MoeGpu::Impl::capture(int w) {
   const ExpertCounts saved = counts;  // enqueue() counts on the host; replays count in step()
   handoff_layers.clear();
@@ -114,7 +117,8 @@ void Qwen35MoeGpu::Impl::capture(int w) {
   CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
   cudaGraph_t g = nullptr;
   try {
-    enqueue(0, hidpos, hidpos + 1, w == 0 ? nullptr : w == 1 ? hlogits : &logits_sink, nullptr);
+    const int l = w % 3;
+    enqueue(0, hidpos, hidpos + 1, l == 0 ? nullptr : l == 1 ? hlogits : &logits_sink, nullptr, w >= 3 ? mtp.hhid : nullptr);
     CK(cudaStreamEndCapture(stream, &g));
   } catch (...) {  // leave the stream usable: end the capture, drop the partial graph
     abandon_capture();
@@ -139,7 +143,7 @@ void Qwen35MoeGpu::Impl::abandon_capture() {
 // Queues one token's work on the stream: id / position and slot copied from id_src / pos_src[0..1] (host memory),
 // logits (when logits_dst) copied to logits_dst. Host-side waits only for eager hybrid handoffs and
 // the host embedding (a graph step has neither: its handoffs run inside the graph).
-void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_t* pos_src, float* logits_dst, Trace* tr) {
+void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_t* pos_src, float* logits_dst, Trace* tr, float* hidden_dst) {
   const ModelConfig& c = model.config();
   const int64_t H = c.hidden_size;
   const int k = c.num_experts_per_tok;
@@ -306,13 +310,15 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
     hy.run_deferred(def_dev, stream);
     hy.add_deferred(h, def_dev, stream);
   }
-  if (!logits_dst) {  // no norm follows: the last residual on its own
+  if (!logits_dst && !hidden_dst) {  // no norm follows: the last residual on its own
     settle_host();
     if (pending.shared) CK(gpu::gated_add(moe_out, pending.shared, pending.gate, H, 1, stream));
     if (pending.a) CK(gpu::add_inplace(h, pending.a, H, stream));
     return;
   }
   norm_x(final_norm);
+  if (hidden_dst) CK(cudaMemcpyAsync(hidden_dst, x, H * sizeof(float), cudaMemcpyDeviceToHost, stream));
+  if (!logits_dst) return;
   linear(lm_head, x, logits);
   if (logits_dst != &logits_sink)
     CK(cudaMemcpyAsync(logits_dst, logits, c.vocab_size * sizeof(float), cudaMemcpyDeviceToHost, stream));
@@ -530,7 +536,6 @@ void Qwen35MoeGpu::forward(std::span<const int32_t> ids, float* logits, Qwen35Mo
     if (ids[t] < 0 || ids[t] >= V) fail("token id ", ids[t], " at position ", t, " is outside the vocabulary (0..", V - 1, ")");
   if (m.pos + T > m.opts.max_context) fail("the sequence reached the context limit of ", m.opts.max_context, " tokens (--context)");
   const bool chunks = m.batched && T > 1 && rows == Qwen35Moe::LogitRows::Last && !Trace::active();
-  if (hidden && !chunks) fail("internal: hidden rows come from the prompt-chunk path (rows Last, batched prefill) or step_rows");
   if (chunks) {
     for (int64_t t = 0, n = 0; t < T; t += n) {
       const bool streamed = m.st.on && !hidden && T - t >= m.opts.stream_prefill_min_tokens;
@@ -542,7 +547,7 @@ void Qwen35MoeGpu::forward(std::span<const int32_t> ids, float* logits, Qwen35Mo
   }
   for (int64_t t = 0; t < T; ++t) {
     const bool want = rows == Qwen35Moe::LogitRows::All || t == T - 1;
-    m.step(ids[t], want ? logits + (rows == Qwen35Moe::LogitRows::All ? t * V : 0) : nullptr);
+    m.step(ids[t], want ? logits + (rows == Qwen35Moe::LogitRows::All ? t * V : 0) : nullptr, hidden ? hidden + t * H : nullptr);
   }
 }
 

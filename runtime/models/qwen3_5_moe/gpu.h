@@ -138,8 +138,8 @@ class Qwen35MoeGpu {
   int64_t stream_prefill_min_tokens() const;
   const std::string& stream_prefill_note() const;
   // Like Qwen35Moe::forward: ids at the current position; logits to host memory, all rows or the last.
-  // hidden (the MTP head's input): every fed row's final hidden state after the final norm [n, H], in
-  // host memory; only on the prompt-chunk path (rows Last, batched prefill active; else use step_rows).
+  // hidden (the MTP head's input; GpuOptions::mtp): every fed row's final hidden state after the final
+  // norm [n, H], in host memory (the decode graph and the prompt chunks copy it out too).
   void forward(std::span<const int32_t> ids, float* logits, Qwen35Moe::LogitRows rows = Qwen35Moe::LogitRows::All, float* hidden = nullptr);
 
   // ---- several sequences (GpuOptions::batch slots) ----

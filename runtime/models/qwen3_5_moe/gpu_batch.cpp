@@ -34,6 +34,26 @@ void Qwen35MoeGpu::Impl::enqueue_rows(int64_t n, const Batch& b, float* logits_d
   if (logits_dst != &logits_sink) CK(cudaMemcpyAsync(logits_dst, blogits, n * V * sizeof(float), cudaMemcpyDeviceToHost, stream));
 }
 
+cudaGraphExec_t Qwen35MoeGpu::Impl::cached_graph(int key, const std::function<void()>& enqueue) {
+  for (const auto& g : row_graphs)
+    if (g.first == key) return g.second;
+  CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  cudaGraph_t g = nullptr;
+  try {
+    enqueue();
+    CK(cudaStreamEndCapture(stream, &g));
+  } catch (...) {
+    abandon_capture();
+    throw;
+  }
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t made = cudaGraphInstantiate(&exec, g, 0);
+  cudaGraphDestroy(g);
+  CK(made);
+  row_graphs.emplace_back(key, exec);
+  return exec;
+}
+
 void Qwen35MoeGpu::Impl::run_rows(int64_t n, const Batch& b, float* logits_dst, float* hidden) {
   const ModelConfig& c = model.config();
   const int64_t V = c.vocab_size;
@@ -44,28 +64,12 @@ void Qwen35MoeGpu::Impl::run_rows(int64_t n, const Batch& b, float* logits_dst, 
   // All on the GPU: the step as a graph. With host experts the layers hand over eagerly (post_copy /
   // serve_copy wait on the host).
   if (graph_ok && gpu_only_layers == layers.size() && !Trace::active()) {
-    const int key = row_graph_key(n, b.groups, b.keep, w, hid != nullptr);
-    auto it = std::find_if(row_graphs.begin(), row_graphs.end(), [&](const auto& g) { return g.first == key; });
-    if (it == row_graphs.end()) {
-      const ExpertCounts saved = counts;  // replays count below
-      CK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-      cudaGraph_t g = nullptr;
-      try {
-        enqueue_rows(n, b, dst, hid);
-        CK(cudaStreamEndCapture(stream, &g));
-      } catch (...) {
-        abandon_capture();
-        throw;
-      }
-      cudaGraphExec_t exec = nullptr;
-      const cudaError_t made = cudaGraphInstantiate(&exec, g, 0);
-      cudaGraphDestroy(g);
-      CK(made);
-      counts = saved;
-      row_graphs.emplace_back(key, exec);
-      it = row_graphs.end() - 1;
-    }
-    CK(cudaGraphLaunch(it->second, stream));
+    const ExpertCounts saved = counts;  // replays count below
+    CK(cudaGraphLaunch(cached_graph(row_graph_key(n, b.groups, b.keep, w, hid != nullptr), [&] {
+                         enqueue_rows(n, b, dst, hid);
+                         counts = saved;
+                       }),
+                       stream));
     counts.gpu += static_cast<uint64_t>(n) * c.num_experts_per_tok * gpu_only_layers;
   } else {
     enqueue_rows(n, b, dst, hid);

@@ -120,7 +120,7 @@ struct Qwen35MoeGpu::Impl {
   // host experts the host handoffs run inside it (one_graph, hy.serve_graph): handoff_layers are the
   // layers whose host experts run while it waits.
   bool graph_ok = false;
-  cudaGraphExec_t graphs[3] = {};
+  cudaGraphExec_t graphs[6] = {};  // [3 + w]: the same with the hidden state after the final norm copied to mtp.hhid
   std::vector<int> handoff_layers;
   uint64_t gpu_only_layers = 0;  // layers with no host experts (counted as GPU-served per step)
   bool one_graph = false;
@@ -282,6 +282,9 @@ struct Qwen35MoeGpu::Impl {
   void enqueue_rows(int64_t n, const Batch& b, float* logits_dst, float* hidden_dst = nullptr);
   // As a graph where it can be, else eagerly; hidden rows to `hidden` (host memory) when given.
   void run_rows(int64_t n, const Batch& b, float* logits_dst, float* hidden = nullptr);
+  // The graph row_graphs holds under `key`, else `enqueue` captured as it (step_rows' and the MTP
+  // head's steps: keys by step shape).
+  cudaGraphExec_t cached_graph(int key, const std::function<void()>& enqueue);
   // The MTP head over n rows of one slot (hio filled as step_rows' table of one group; the hidden rows
   // copied to po, the ids to bio or, for a chunk, pids and ppos; ids_host: the same ids in host memory
   // for the embedding table in host memory): fc, its layer, mtp.norm of the last row into x; the batch
@@ -315,7 +318,8 @@ struct Qwen35MoeGpu::Impl {
 
   // One decode step: eagerly (GpuOptions::eager, --trace, and the cases graph_ok excludes) or as the
   // captured CUDA graph: the same enqueue() either way.
-  void step(int32_t id, float* logits_host);
+  // hidden_host: the token's hidden state after the final norm [H] (the MTP head's input), when given.
+  void step(int32_t id, float* logits_host, float* hidden_host = nullptr);
 
   // Captures graphs[w]; abandon_capture ends a capture after a failure so the stream stays usable.
   void capture(int w);
@@ -324,7 +328,8 @@ struct Qwen35MoeGpu::Impl {
   // Queues one token's work on the stream: id / position copied from id_src / pos_src (host memory),
   // logits (when logits_dst) copied to logits_dst. Host-side waits only for hybrid handoffs and the
   // host embedding (neither is captured in a graph).
-  void enqueue(int32_t id, const int32_t* id_src, const int32_t* pos_src, float* logits_dst, Trace* tr);
+  // hidden_dst: the hidden state after the final norm [H] copied there too (nullptr: none).
+  void enqueue(int32_t id, const int32_t* id_src, const int32_t* pos_src, float* logits_dst, Trace* tr, float* hidden_dst = nullptr);
 };
 
 }  // namespace tandem

@@ -97,26 +97,7 @@ void Qwen35MoeGpu::mtp_rows(int slot, int64_t at, std::span<const int32_t> ids, 
       outputs(last);
     };
     if (m.graph_ok && !Trace::active()) {
-      const int key = mtp_graph_key(len, last ? want : 0);
-      auto it = std::find_if(m.row_graphs.begin(), m.row_graphs.end(), [&](const auto& g) { return g.first == key; });
-      if (it == m.row_graphs.end()) {
-        CK(cudaStreamBeginCapture(m.stream, cudaStreamCaptureModeThreadLocal));
-        cudaGraph_t g = nullptr;
-        try {
-          enqueue();
-          CK(cudaStreamEndCapture(m.stream, &g));
-        } catch (...) {
-          m.abandon_capture();
-          throw;
-        }
-        cudaGraphExec_t exec = nullptr;
-        const cudaError_t made = cudaGraphInstantiate(&exec, g, 0);
-        cudaGraphDestroy(g);
-        CK(made);
-        m.row_graphs.emplace_back(key, exec);
-        it = m.row_graphs.end() - 1;
-      }
-      CK(cudaGraphLaunch(it->second, m.stream));
+      CK(cudaGraphLaunch(m.cached_graph(mtp_graph_key(len, last ? want : 0), enqueue), m.stream));
     } else {
       enqueue();
     }
@@ -173,26 +154,7 @@ void Qwen35MoeGpu::mtp_chain(int slot, int64_t at, std::span<const int32_t> ids,
       CK(cudaMemcpyAsync(io + i, m.top_ids, sizeof(int32_t), cudaMemcpyDeviceToHost, m.stream));
     }
   };
-  const int key = -100000 - static_cast<int>(n * 16 + k);  // beside mtp_rows' keys
-  auto it = std::find_if(m.row_graphs.begin(), m.row_graphs.end(), [&](const auto& g) { return g.first == key; });
-  if (it == m.row_graphs.end()) {
-    CK(cudaStreamBeginCapture(m.stream, cudaStreamCaptureModeThreadLocal));
-    cudaGraph_t g = nullptr;
-    try {
-      enqueue();
-      CK(cudaStreamEndCapture(m.stream, &g));
-    } catch (...) {
-      m.abandon_capture();
-      throw;
-    }
-    cudaGraphExec_t exec = nullptr;
-    const cudaError_t made = cudaGraphInstantiate(&exec, g, 0);
-    cudaGraphDestroy(g);
-    CK(made);
-    m.row_graphs.emplace_back(key, exec);
-    it = m.row_graphs.end() - 1;
-  }
-  CK(cudaGraphLaunch(it->second, m.stream));
+  CK(cudaGraphLaunch(m.cached_graph(-100000 - static_cast<int>(n * 16 + k), enqueue), m.stream));  // keys beside mtp_rows'
   CK(cudaStreamSynchronize(m.stream));
   std::copy_n(io, k, drafts.data());
 }
