@@ -85,7 +85,7 @@ int64_t auto_prefill_chunk(bool cpu_experts_all, uint64_t budget, uint64_t all_e
 
 // Everything but routed experts, as Qwen35MoeGpu allocates it (header comment, point 1).
 VramBytes fixed_vram(const ModelConfig& c, const Sizer& s, int64_t context, int batch, bool embed_on_gpu, bool tied_shared,
-                     int64_t prefill_chunk, bool int4_experts, int deferral, uint64_t reserve, int draft) {
+                     int64_t prefill_chunk, bool int4_experts, int deferral, uint64_t reserve, int draft, int64_t verify_tokens) {
   const int64_t H = c.hidden_size, V = c.vocab_size, Is = c.shared_expert_intermediate_size;
   const int64_t conv_dim = c.linear_conv_dim(), Vd = c.linear_value_dim(), Hv = c.linear_num_value_heads;
   const int E = c.num_experts, L = c.num_layers;
@@ -134,7 +134,7 @@ VramBytes fixed_vram(const ModelConfig& c, const Sizer& s, int64_t context, int 
                         align256(static_cast<uint64_t>(E) * (q ? kInt4ExpertTableEntry : kBf16ExpertTableEntry));
     v.kv_cache += kv_cache_bytes(c, context) * batch;
   }
-  const int64_t kept = mtp ? draft + 1 : 0, rows = decode_rows_for(c, prefill_chunk, batch, kept);
+  const int64_t kept = std::max<int64_t>(mtp ? draft + 1 : 0, verify_tokens), rows = decode_rows_for(c, prefill_chunk, batch, kept);
   v.workspace += gpu_workspace(c, {context, prefill_chunk, int4_experts, deferral > 0, rows, rows > 1 ? kept : 0}).total();  // as the GPU model allocates it
   v.reserve = reserve;
   return v;
@@ -324,7 +324,7 @@ Plan make_plan(const ModelConfig& c, const PlacementConfig& cfg, const PlanReque
   if (p.context == 0) {
     const int64_t chunk = cfg.prefill_chunk < 0 ? 256 : cfg.prefill_chunk, floor = std::min<int64_t>(4096, c.max_position_embeddings);
     auto fixed_at = [&](int64_t ctx) {
-      return fixed_vram(c, s, ctx, p.batch, p.embed_on_gpu, tied_shared, chunk, eq.quantized, cfg.deferral, cfg.gpu_reserve, drafts_held(cfg.draft)).total();
+      return fixed_vram(c, s, ctx, p.batch, p.embed_on_gpu, tied_shared, chunk, eq.quantized, cfg.deferral, cfg.gpu_reserve, drafts_held(cfg.draft), req.verify_tokens).total();
     };
     const uint64_t base = fixed_at(floor);
     const uint64_t share = p.budget_bytes > base ? (p.budget_bytes - base) / 4 : 0;
@@ -345,7 +345,7 @@ Plan make_plan(const ModelConfig& c, const PlacementConfig& cfg, const PlanReque
 
   // ---- fixed VRAM ----
   auto fixed_for = [&](int64_t chunk) {
-    return fixed_vram(c, s, p.context, p.batch, p.embed_on_gpu, tied_shared, chunk, eq.quantized, cfg.deferral, cfg.gpu_reserve, drafts_held(cfg.draft));
+    return fixed_vram(c, s, p.context, p.batch, p.embed_on_gpu, tied_shared, chunk, eq.quantized, cfg.deferral, cfg.gpu_reserve, drafts_held(cfg.draft), req.verify_tokens);
   };
   p.prefill_chunk_auto = cfg.prefill_chunk < 0;
   if (p.prefill_chunk_auto) {

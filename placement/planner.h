@@ -107,6 +107,9 @@ struct PlanRequest {
   double measured_gpu_bw = 0;      // bytes/s, when known
   double measured_cpu_bw = 0;
   uint64_t host_available_bytes = 0;  // host RAM free for the CPU experts (0: unknown)
+  // Tokens a step that keeps its states may feed (RunnerOptions::verify_tokens: tandem bench
+  // --verify-cost), counted in the workspace beside speculative.draft's; 0: what the drafts need.
+  int64_t verify_tokens = 0;
 };
 
 // Throws tandem::Error: budget below the minimum (with the minimum), rules that cannot be honoured

@@ -1,6 +1,7 @@
 #include "runtime/engine/draft_tuner.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 
 #include "core/error.h"
@@ -33,15 +34,29 @@ int DraftTuner::best() const {
   return b;
 }
 
+bool DraftTuner::hopeless() const {
+  // Even with every later position accepting as often as the first, no count beats plain steps: the
+  // most tokens any k could bring, (1 - a^(K+1)) / (1 - a), over the cheapest verifying step timed.
+  if (drafted_[0] < kHopelessDrafts || step_seconds(0) <= 0) return false;
+  double cheapest = 0;
+  for (int k = 1; k <= max_; ++k)
+    if (const double t = step_seconds(k); t > 0 && (cheapest == 0 || t < cheapest)) cheapest = t;
+  if (cheapest == 0) return false;
+  const double a = acceptance(0), most = a >= 1 ? max_ + 1.0 : (1 - std::pow(a, max_ + 1)) / (1 - a);
+  return most / cheapest < 1 / step_seconds(0);
+}
+
 int DraftTuner::choose() {
   ++steps_;
-  int least = 0;  // warm-up: the k timed the fewest times
+  const bool no_hope = hopeless();
+  int least = 0;  // warm-up: the k timed the fewest times (k = 0 and 1 first: they may settle it)
   for (int k = 1; k <= max_; ++k)
     if (samples_[k] < samples_[least]) least = k;
-  if (samples_[least] < kWarm + 1) return least;
+  if (samples_[least] < kWarm + 1 && !no_hope) return least;
   const int b = best();
-  if (steps_ % kExplore == 0) return b == max_ ? b - 1 : b == 0 ? 1 : (steps_ / kExplore) % 2 ? b + 1 : b - 1;
-  return b;
+  const int64_t every = no_hope ? kExplore * 8 : kExplore;  // drafting does not pay: re-timed rarely
+  if (steps_ % every == 0) return b == max_ ? b - 1 : b == 0 ? 1 : (steps_ / kExplore) % 2 ? b + 1 : b - 1;
+  return no_hope ? 0 : b;
 }
 
 void DraftTuner::record(int k, int accepted, double seconds) {

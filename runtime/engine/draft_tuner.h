@@ -6,8 +6,11 @@
 // verification, the rollback: the median of the last kWindow such steps, the first step of each k
 // left out as it captures graphs). The tuner picks the k with the most tokens per second E(k) / t(k): every k from 0
 // (plain decode) to the runner's maximum is timed kWarm times first; afterwards the best, with a
-// neighbour re-timed every kExplore steps so that the choice follows the text. Steps of several
-// sequences are not timed (their time is shared); they take the current choice.
+// neighbour re-timed every kExplore steps so that the choice follows the text. Once the first draft's
+// acceptance (kHopelessDrafts of them) says no count can beat plain steps even if every later draft
+// were accepted as often (random weights, or a verification too costly for the text), the warm-up
+// stops and drafts are re-tried only every 8 kExplore steps. Steps of several sequences are not timed
+// (their time is shared); they take the current choice.
 #pragma once
 
 #include <cstdint>
@@ -18,7 +21,7 @@ namespace tandem {
 
 class DraftTuner {
  public:
-  static constexpr int kWarm = 3, kExplore = 32;
+  static constexpr int kWarm = 3, kExplore = 32, kHopelessDrafts = 8;
   static constexpr int kWindow = 9;
   static constexpr double kPrior = 0.6, kPriorWeight = 8;
 
@@ -32,6 +35,7 @@ class DraftTuner {
   double expected_tokens(int k) const;    // E(k)
   double step_seconds(int k) const;       // t(k); 0 while not timed
   int best() const;                       // argmax E(k) / t(k) over the timed k (0 when none is)
+  bool hopeless() const;                  // no k can beat plain steps (see the header comment)
   // "auto: step ms by drafts 2.80 / 3.10 / 3.30 / 3.60 / 3.90; 3 drafts (2.41 tokens a step, 1.83x plain)"
   std::string summary() const;
 

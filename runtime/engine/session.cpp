@@ -59,8 +59,13 @@ Plan prepare_hybrid(RunnerOptions& o, const ModelConfig& model, const PlacementC
   cfg.gpu_reserve += o.cache_vram;        // the prefix cache's VRAM tier: set aside before experts are placed
   // --context, else the config's (at least what the command needs), else the planner's choice
   const int64_t context = o.context_set ? o.context : cfg.context ? std::max(cfg.context, o.min_context) : 0;
-  Plan plan = make_plan(model, cfg, request_for(probe, cfg, o.gpu_mem, context, false));
-  if (plan.context < o.min_context) plan = make_plan(model, cfg, request_for(probe, cfg, o.gpu_mem, o.min_context, false));
+  PlanRequest req = request_for(probe, cfg, o.gpu_mem, context, false);
+  req.verify_tokens = o.verify_tokens;  // tandem bench --verify-cost: its steps' kept states
+  Plan plan = make_plan(model, cfg, req);
+  if (plan.context < o.min_context) {
+    req.context = o.min_context;
+    plan = make_plan(model, cfg, req);
+  }
 
   if (!plan.host_fits())
     fail("the CPU experts of this placement need ", format_gib(plan.host_expert_bytes), " of host RAM but only ",

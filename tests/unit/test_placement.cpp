@@ -312,6 +312,10 @@ TEST(Planner, SpeculativeDraftCountsTheMtpHead) {
   EXPECT_GE(static_cast<uint64_t>(fewer) * on.gpu_expert_bytes, head_experts) << fewer << " fewer GPU experts";
   EXPECT_LE(on.vram.total(), 16ull << 30);
   EXPECT_GT(on.vram.workspace, off.vram.workspace);  // the verification step's rows and kept DeltaNet states
+  // tandem bench --verify-cost without drafts: its kept states are counted too (PlanRequest::verify_tokens)
+  const Plan verify = make_plan(m, yaml(base), {.gpu_mem = 16ull << 30, .verify_tokens = 5});
+  EXPECT_GT(verify.vram.workspace, off.vram.workspace);
+  EXPECT_LE(verify.vram.total(), 16ull << 30);
 }
 
 // The cost model's speculative side: verification of k + 1 tokens costs more with k (the union of the

@@ -344,6 +344,20 @@ TEST(DraftTuner, PicksTheFastestDraftCount) {
   EXPECT_EQ(run(2.0, 0.9, 200).best(), 0);   // verification costs more than the drafts bring
   EXPECT_EQ(run(0.1, 0.0, 200).best(), 0);   // nothing accepted
   EXPECT_NE(cheap.summary().find("4 drafts"), std::string::npos) << cheap.summary();
+  // Drafts that are never accepted with a verification that costs twice a plain step: the warm-up
+  // stops once the first position's acceptance says so, and drafts are re-tried only rarely.
+  {
+    DraftTuner t(4);
+    int drafted_steps = 0;
+    for (int i = 0; i < 400; ++i) {
+      const int k = t.choose();
+      drafted_steps += k > 0;
+      t.record(k, 0, 1e-3 * (k ? 2.0 + 0.1 * k : 1.0));
+    }
+    EXPECT_TRUE(t.hopeless());
+    EXPECT_EQ(t.best(), 0);
+    EXPECT_LT(drafted_steps, 24) << "drafting steps spent finding out";
+  }
   // E(k) from the acceptance by position: 1 + a1 + a1 a2 + ...
   DraftTuner t(2);
   EXPECT_NEAR(t.expected_tokens(2), 1 + 0.6 + 0.36, 1e-12);  // the prior alone
