@@ -538,9 +538,9 @@ void Qwen35MoeGpu::forward(std::span<const int32_t> ids, float* logits, Qwen35Mo
   const bool chunks = m.batched && T > 1 && rows == Qwen35Moe::LogitRows::Last && !Trace::active();
   if (chunks) {
     for (int64_t t = 0, n = 0; t < T; t += n) {
-      const bool streamed = m.st.on && !hidden && T - t >= m.opts.stream_prefill_min_tokens;
+      const bool streamed = m.st.on && T - t >= m.opts.stream_prefill_min_tokens;
       n = std::min(streamed ? m.st.pass : m.chunk, T - t);
-      if (streamed) m.prefill_streamed(ids.data() + t, n, t + n == T ? logits : nullptr);
+      if (streamed) m.prefill_streamed(ids.data() + t, n, t + n == T ? logits : nullptr, hidden ? hidden + t * H : nullptr);
       else m.prefill_chunk(ids.data() + t, n, t + n == T ? logits : nullptr, hidden ? hidden + t * H : nullptr);
     }
     return;

@@ -298,7 +298,7 @@ struct Qwen35MoeGpu::Impl {
   void host_embedding_rows(const int32_t* ids_host, int64_t n, float* h_dev);
   // Streamed prefill (GpuOptions::stream_prefill_min_tokens): n <= st.pass tokens layer by layer,
   // each layer's host experts copied over PCIe one layer ahead (see the .cpp).
-  void prefill_streamed(const int32_t* ids_host, int64_t n, float* logits_last);
+  void prefill_streamed(const int32_t* ids_host, int64_t n, float* logits_last, float* hidden = nullptr);
   // Asks the host experts for their layouts (setting st.on / st.note); before build().
   void stream_setup();
   bool host_layout(int l, int64_t gs, uint64_t align, HostExperts::StreamLayer& sl, std::string& note) const;  // stream_setup, link_setup

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "gpu_core/int4_layout.h"
+#include "gpu_core/ops.cuh"
 #include "runtime/models/qwen3_5_moe/gpu_impl.h"
 
 namespace tandem {
@@ -133,7 +134,7 @@ void Qwen35MoeGpu::Impl::stream_table(int li, const std::vector<gpu::Int4Expert>
 // experts from st.tables[l] (its own and the streamed ones). One raw and one converted buffer: the
 // copy of the next streamed layer waits for this layer's conversion (st.free), the conversion for
 // its copy (st.ready); stream order keeps the converted rows until the layer's last chunk is done.
-void Qwen35MoeGpu::Impl::prefill_streamed(const int32_t* ids_host, int64_t n, float* logits_last) {
+void Qwen35MoeGpu::Impl::prefill_streamed(const int32_t* ids_host, int64_t n, float* logits_last, float* hidden) {
   const ModelConfig& c = model.config();
   const int64_t H = c.hidden_size, E = c.num_experts;
   prefill_inputs(ids_host, n, st.ids, st.pos, st.h);
@@ -164,6 +165,11 @@ void Qwen35MoeGpu::Impl::prefill_streamed(const int32_t* ids_host, int64_t n, fl
   }
   pos += n;
   prefill_logits(st.h + (n - 1) * H, logits_last);
+  for (int64_t t = 0; hidden && t < n; t += chunk) {  // every row after the final norm (the MTP head's input), a chunk at a time
+    const int64_t m = std::min(chunk, n - t);
+    CK(gpu::rmsnorm_zc(st.h + t * H, final_norm, H, static_cast<int>(m), static_cast<float>(c.rms_norm_eps), px, stream));
+    CK(cudaMemcpyAsync(hidden + t * H, px, m * H * sizeof(float), cudaMemcpyDeviceToHost, stream));
+  }
   CK(cudaStreamSynchronize(stream));
 }
 
