@@ -685,7 +685,7 @@ std::string plan_table(const Plan& p) {
       up += buf;
     }
     std::snprintf(buf, sizeof buf, "x a decode step, a draft %.2f ms; speed-up at acceptance 0.8:", pr.draft_ms);
-    line("speculative", v + " " + buf + up);
+    line("speculative (bytes)", v + " " + buf + up);
   }
   if (p.link_in_place > 0)
     line("link experts", str_cat("the GPU computes the first ", p.link_in_place, " of each token's CPU experts reading them over PCIe"));
