@@ -44,6 +44,7 @@ class Batcher::Live {
     res_.prompt_tokens = static_cast<int64_t>(req.prompt.size());
     fed_ = req.resume ? req.resume->position : 0;  // the slot holds the saved sequence
     res_.cached_tokens = fed_;
+    if (req.force_after.empty()) force(req.force_ids);
   }
   const GenerateRequest& request() const { return req_; }
   // The prompt's next checkpoint still ahead (-1: none).
@@ -84,6 +85,11 @@ class Batcher::Live {
   // token, streams its text, and ends the sequence on eos, a stop string, max_new_tokens or cancel.
   void take_next(bool have_top) {
     if (cancelled()) return finish(StopReason::Cancelled);
+    if (!forcing_.empty()) {  // forced text: its token, not the logits'
+      const int32_t id = forcing_.front();
+      forcing_.pop_front();
+      return commit(id);
+    }
     commit(have_top ? sampler_.sample_top(top_) : sampler_.sample(std::span(logits_).first(vocab_), context_, res_.tokens));
   }
 
@@ -91,7 +97,7 @@ class Batcher::Live {
   // request asks (kDraftAuto: what the runner's tuner picks), within what the runner drafts, the
   // tokens still allowed and the context.
   int drafts_wanted(const Runner& r) const {
-    if (req_.draft == 0 || prefilling() || done_) return 0;
+    if (req_.draft == 0 || prefilling() || done_ || !forcing_.empty()) return 0;
     const int asked = req_.draft != kDraftAuto ? req_.draft : r.draft_tuner() ? r.draft_tuner()->choose() : r.max_draft();
     if (asked <= 0) return 0;
     int64_t k = std::min<int64_t>(asked, r.max_draft());
@@ -154,6 +160,7 @@ class Batcher::Live {
       commit(id);
       ++committed;
       if (i < k && !accepted) break;
+      if (!forcing_.empty()) break;  // the forced text's trigger: the tokens after it are the forced ones
     }
     return std::max<int64_t>(committed, 1);
   }
@@ -180,7 +187,8 @@ class Batcher::Live {
       emit(pending_);
       pending_.clear();
     }
-    if (static_cast<int64_t>(res_.tokens.size()) == req_.max_new_tokens) finish(StopReason::MaxTokens);  // no forward for a token never sampled from
+    if (static_cast<int64_t>(res_.tokens.size()) == req_.max_new_tokens) return finish(StopReason::MaxTokens);  // no forward for a token never sampled from
+    if (!forced_ && !req_.force_after.empty() && ends_with_trigger()) force(req_.force_ids);
   }
   void finish(StopReason why) {
     res_.stop = why;
@@ -195,6 +203,19 @@ class Batcher::Live {
   }
 
  private:
+  void force(const std::vector<int32_t>& ids) {
+    forced_ = true;
+    forcing_.assign(ids.begin(), ids.end());
+  }
+  // Whether the reply's text so far (emitted, then held back) ends with force_after.
+  bool ends_with_trigger() const {
+    const std::string& t = req_.force_after;
+    if (res_.text.size() + pending_.size() < t.size()) return false;
+    const size_t from_pending = std::min(t.size(), pending_.size());
+    const size_t from_text = t.size() - from_pending;
+    return std::string_view(pending_).substr(pending_.size() - from_pending) == std::string_view(t).substr(from_text) &&
+           std::string_view(res_.text).substr(res_.text.size() - from_text) == std::string_view(t).substr(0, from_text);
+  }
   void emit(std::string_view s) {
     if (s.empty()) return;
     res_.text.append(s);
@@ -213,6 +234,8 @@ class Batcher::Live {
   std::vector<std::pair<int32_t, float>> top_;
   std::vector<int32_t> drafts_, feed_;  // the step's drafts, and what it feeds: next() and the drafts
   std::vector<Sampler::Dist> q_;        // the drafts' distributions (sampling)
+  std::deque<int32_t> forcing_;         // forced tokens still to commit (GenerateRequest::force_ids)
+  bool forced_ = false;                 // the forced text has been triggered
   int64_t fed_ = 0;      // prompt tokens fed (or resumed)
   Clock::time_point t_start_ = Clock::now(), t_decode_ = Clock::now();
   bool done_ = false;

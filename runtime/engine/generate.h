@@ -43,6 +43,10 @@ struct GenerateRequest {
   // the runner's max_draft(), and fewer near max_new_tokens or the context's end). Greedy requests
   // get exactly the tokens they get without drafts; sampled ones the same distribution.
   int draft = 0;
+  // Forced text (the server's tool_choice): once the reply's text ends with force_after (empty: from
+  // its first token), its next tokens are force_ids whatever the model's logits say; once a reply.
+  std::string force_after;
+  std::vector<int32_t> force_ids;
 };
 
 enum class StopReason { Eos, StopString, MaxTokens, Cancelled };

@@ -255,6 +255,20 @@ std::string render(const Json& messages, const std::vector<std::string>& tools, 
   }
 }
 
+// tool_choice that makes the reply call a tool (name "": any of them): the reply opens with Qwen3.5's
+// call syntax, after its reasoning when it reasons first (the template's prompt then ends in <think>).
+void force_call(Job& j, const std::string& name, const char* field_name) {
+  if (j.tools.is_null() || j.tools.empty()) bad(field_name, "asks for a tool call but the request has no tools");
+  if (!name.empty()) {
+    bool known = false;
+    for (const Json& t : j.tools) known = known || (t.contains("function") && t["function"].value("name", "") == name);
+    if (!known) bad(field_name, "names the function \"" + name + "\", which is not among the request's tools");
+  }
+  const std::string call = "<tool_call>\n" + (name.empty() ? std::string() : "<function=" + name + ">\n");
+  j.force_after = j.thinking ? "</think>" : "";
+  j.force_text = j.thinking ? "\n\n" + call : call;
+}
+
 }  // namespace
 
 Json error_body(Api api, int status, const std::string& message, const std::string& param) {
@@ -276,12 +290,19 @@ Job parse_chat(const Json& body, const Defaults& d) {
   }
   std::vector<std::string> tools;
   bool use_tools = true;
+  std::optional<std::string> forced;  // tool_choice that makes the reply call: "" (any tool) or the function's name
   if (const Json* tc = field(body, "tool_choice")) {
     if (tc->is_string()) {
       const std::string c = tc->get<std::string>();
       if (c != "none" && c != "auto" && c != "required") bad("tool_choice", "must be \"none\", \"auto\", \"required\" or a function, got " + shown(*tc));
       use_tools = c != "none";
-    } else if (!tc->is_object()) {
+      if (c == "required") forced = "";
+    } else if (tc->is_object()) {
+      const Json* fn = field(*tc, "function");
+      const auto name = fn && fn->is_object() ? string(*fn, "name") : std::nullopt;
+      if (!name || name->empty()) bad("tool_choice.function.name", "is required (tool_choice {\"type\": \"function\", \"function\": {\"name\": ...}})");
+      forced = *name;
+    } else {
       bad("tool_choice", "must be a string or an object, got " + shown(*tc));
     }
   }
@@ -301,6 +322,7 @@ Job parse_chat(const Json& body, const Defaults& d) {
   }
   j.thinking = o.enable_thinking;
   j.prompt = render(*messages, tools, o);
+  if (forced) force_call(j, *forced, "tool_choice");
   return j;
 }
 
@@ -354,7 +376,19 @@ Job parse_messages(const Json& body, const Defaults& d) {
   }
   std::vector<std::string> tools;
   bool use_tools = true;
-  if (const Json* tc = object(body, "tool_choice")) use_tools = string(*tc, "type").value_or("auto") != "none";
+  std::optional<std::string> forced;
+  if (const Json* tc = object(body, "tool_choice")) {
+    const std::string type = string(*tc, "type").value_or("auto");
+    if (type != "auto" && type != "none" && type != "any" && type != "tool")
+      bad("tool_choice.type", "must be \"auto\", \"any\", \"tool\" or \"none\", got \"" + type + "\"");
+    use_tools = type != "none";
+    if (type == "any") forced = "";
+    if (type == "tool") {
+      const auto name = string(*tc, "name");
+      if (!name || name->empty()) bad("tool_choice.name", "is required with {\"type\": \"tool\"}");
+      forced = *name;
+    }
+  }
   if (const Json* t = field(body, "tools"); t && use_tools) {
     if (!t->is_array()) bad("tools", "must be a list of tools, got " + shown(*t));
     Json openai = Json::array();
@@ -375,6 +409,7 @@ Job parse_messages(const Json& body, const Defaults& d) {
   }
   j.thinking = o.enable_thinking;
   j.prompt = render(msgs, tools, o);
+  if (forced) force_call(j, *forced, "tool_choice");
   j.stop = stops(body, "stop_sequences");
   j.sampling = sampling(body, d, 1);
   return j;

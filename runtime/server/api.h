@@ -58,6 +58,10 @@ struct Job {
   bool thinking = false;           // the prompt opens a think block: the reply starts with reasoning
   bool ignore_eos = false;         // ignore_eos (vLLM's and llama-server's extension): run to max_tokens or a stop string
   nlohmann::json tools;            // OpenAI-shaped tool list for the parser (null: none)
+  // tool_choice "required" / a named function (Anthropic: "any" / "tool"): the reply is made to open a
+  // call (GenerateRequest::force_after / force_ids): force_text, right after force_after ("</think>"
+  // when the reply reasons first; empty: from its first token).
+  std::string force_after, force_text;
 };
 
 Job parse_chat(const Json& body, const Defaults& d);        // POST /v1/chat/completions

@@ -144,6 +144,10 @@ class Service {
     g.draft = s_.runner->request_draft();  // speculative decoding when the server was started with --draft
     if (!job->ignore_eos) g.eos_ids = d_.eos;
     g.stop = job->stop;
+    if (!job->force_text.empty()) {  // tool_choice: the reply opens a call
+      g.force_after = job->force_after;
+      g.force_ids = s_.tokenizer->encode(job->force_text);
+    }
     Scheduler::Refusal why;
     std::shared_ptr<Ticket> t = sched_.submit(std::move(g), why);
     if (!t) {

@@ -225,6 +225,26 @@ def test_anthropic_tool_history_renders(server):
     assert m.usage.input_tokens > 100  # the tools block, the call and its result are in the prompt
 
 
+def test_tool_choice_makes_the_reply_call(server):
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+    forced = {"type": "function", "function": {"name": "get_weather"}}
+    for choice, opening in ((forced, "<tool_call>\n<function=get_weather>\n"), ("required", "<tool_call>")):
+        r = chat(server, "Weather in Paris?", max_tokens=24, temperature=0, tools=tools, tool_choice=choice, extra_body=NO_THINK)
+        msg = r.choices[0].message
+        # the random model's call stays malformed, so it comes back as content (never as an error); a whole one as tool_calls
+        if msg.tool_calls:
+            assert r.choices[0].finish_reason == "tool_calls"
+            assert choice == "required" or msg.tool_calls[0].function.name == "get_weather"
+        else:
+            assert (msg.content or "").startswith(opening), msg.content
+    client = anthropic.Anthropic(base_url=server.url, api_key="none", max_retries=0)
+    atools = [{"name": "get_weather", "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}]
+    m = client.messages.create(model="tiny", max_tokens=24, tools=atools, tool_choice={"type": "tool", "name": "get_weather"},
+                               extra_body={"temperature": 0}, messages=[{"role": "user", "content": "Weather in Paris?"}])
+    text = "".join(b.text for b in m.content if b.type == "text")
+    assert any(b.type == "tool_use" and b.name == "get_weather" for b in m.content) or text.startswith("<tool_call>\n<function=get_weather>\n"), m.content
+
+
 def test_bad_requests(server):
     client = oai(server)
     with pytest.raises(openai.BadRequestError) as e:

@@ -181,6 +181,32 @@ TEST(ServerApi, AnthropicAndOpenAiFormsOfOneConversationRenderTheSamePrompt) {
   EXPECT_FALSE(a.thinking);
 }
 
+// tool_choice "required" / a named function (Anthropic: "any" / "tool"): the reply is made to open a
+// call, after its reasoning when it reasons first; "auto" and "none" force nothing.
+TEST(ServerApi, ToolChoiceForcesACall) {
+  const Json msgs = Json::array({{{"role", "user"}, {"content", "weather?"}}});
+  const Json tools = Json::parse(kTools);
+  const Json off = {{"enable_thinking", false}};
+  Job j = parse_chat({{"messages", msgs}, {"tools", tools}, {"tool_choice", "required"}, {"chat_template_kwargs", off}}, defaults());
+  EXPECT_EQ(j.force_after, "");
+  EXPECT_EQ(j.force_text, "<tool_call>\n");
+  j = parse_chat({{"messages", msgs}, {"tools", tools}, {"tool_choice", {{"type", "function"}, {"function", {{"name", "get_weather"}}}}}}, defaults());
+  EXPECT_EQ(j.force_after, "</think>");  // thinking on (the default): after the reasoning
+  EXPECT_EQ(j.force_text, "\n\n<tool_call>\n<function=get_weather>\n");
+  for (const char* c : {"auto", "none"}) EXPECT_EQ(parse_chat({{"messages", msgs}, {"tools", tools}, {"tool_choice", c}}, defaults()).force_text, "");
+  const Json atools = Json::array({{{"name", "get_weather"}, {"input_schema", {{"type", "object"}}}}});
+  Job a = parse_messages({{"messages", msgs}, {"max_tokens", 8}, {"tools", atools}, {"tool_choice", {{"type", "tool"}, {"name", "get_weather"}}}}, defaults());
+  EXPECT_EQ(a.force_text, "<tool_call>\n<function=get_weather>\n");  // Anthropic: thinking off unless asked
+  a = parse_messages({{"messages", msgs}, {"max_tokens", 8}, {"tools", atools}, {"tool_choice", {{"type", "any"}}}}, defaults());
+  EXPECT_EQ(a.force_text, "<tool_call>\n");
+  try {
+    parse_messages({{"messages", msgs}, {"max_tokens", 8}, {"tools", atools}, {"tool_choice", {{"type", "tool"}, {"name", "other"}}}}, defaults());
+    ADD_FAILURE() << "a tool that is not there was accepted";
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.param, "tool_choice");
+  }
+}
+
 TEST(ServerApi, BadFieldsAreNamed) {
   const Json msgs = Json::array({{{"role", "user"}, {"content", "x"}}});
   struct Case {
@@ -203,6 +229,9 @@ TEST(ServerApi, BadFieldsAreNamed) {
       {{{"messages", msgs}, {"tools", "all"}}, "tools"},
       {{{"messages", msgs}, {"tools", Json::array({{{"type", "function"}}})}}, "tools[0]"},
       {{{"messages", msgs}, {"tool_choice", "sometimes"}}, "tool_choice"},
+      {{{"messages", msgs}, {"tool_choice", "required"}}, "tool_choice"},  // no tools to call
+      {{{"messages", msgs}, {"tools", Json::parse(kTools)}, {"tool_choice", {{"type", "function"}, {"function", {{"name", "nope"}}}}}}, "tool_choice"},
+      {{{"messages", msgs}, {"tools", Json::parse(kTools)}, {"tool_choice", {{"type", "function"}}}}, "tool_choice.function.name"},
       {{{"messages", msgs}, {"seed", "x"}}, "seed"},
       {{{"messages", Json::array()}}, "messages"},
       {{{"messages", Json::array({{{"role", "user"}, {"content", 5}}})}}, "messages"},

@@ -379,6 +379,40 @@ TEST(DraftTuner, AutoDraftsKeepTheGreedyTokens) {
   EXPECT_GT(got.drafts.verify_steps, 0);  // the warm-up verifies drafts whatever it then picks
 }
 
+// Forced text (GenerateRequest::force_after / force_ids, the server's tool_choice): from the first
+// token, or right after a trigger in the reply's text, the reply's next tokens are the forced ones;
+// the rest is the model's own continuation, with drafts the same as without.
+TEST(ForcedText, ComesFirstOrRightAfterItsTrigger) {
+  const test::TinyModel& m = tiny();
+  auto r = host_runner(*m.model, Device::Cpu, 0);
+  auto spec = host_runner(*m.model, Device::Cpu, 3);
+  const GenerateResult plain = generate(*r, m.vocab, m.tok, greedy_request("the model routes every token", 24, 0));
+  const std::vector<int32_t> forced = m.tok.encode(" forced words");
+  ASSERT_FALSE(forced.empty());
+  GenerateRequest first = greedy_request("the model routes every token", 24, 0);
+  first.force_ids = forced;
+  const GenerateResult a = generate(*r, m.vocab, m.tok, first);
+  ASSERT_GE(a.tokens.size(), forced.size());
+  EXPECT_TRUE(std::equal(forced.begin(), forced.end(), a.tokens.begin()));
+  EXPECT_EQ(a.text.rfind(m.tok.decode(forced), 0), 0u) << a.text;
+  // after a trigger: the plain reply's text up to its 6th token
+  const std::string trigger = m.tok.decode(std::vector<int32_t>(plain.tokens.begin(), plain.tokens.begin() + 6));
+  ASSERT_FALSE(trigger.empty());
+  for (auto* runner : {r.get(), spec.get()}) {
+    GenerateRequest after = greedy_request("the model routes every token", 24, runner == spec.get() ? 3 : 0);
+    after.force_after = trigger;
+    after.force_ids = forced;
+    const GenerateResult b = generate(*runner, m.vocab, m.tok, after);
+    ASSERT_GE(b.tokens.size(), 6 + forced.size());
+    EXPECT_TRUE(std::equal(plain.tokens.begin(), plain.tokens.begin() + 6, b.tokens.begin())) << "the model's own tokens up to the trigger";
+    EXPECT_TRUE(std::equal(forced.begin(), forced.end(), b.tokens.begin() + 6)) << "then the forced ones";
+    if (runner == spec.get()) {
+      after.draft = 0;
+      EXPECT_EQ(b.tokens, generate(*r, m.vocab, m.tok, after).tokens) << "drafts change nothing";
+    }
+  }
+}
+
 TEST(Speculative, RefusesWhatItCannotDo) {
   auto no_head = Qwen35Moe::load(std::string(TANDEM_TEST_DATA) + "/bf16_fused");  // a few mtp.* tensors, no whole head
   ASSERT_EQ(no_head->mtp(), nullptr);
