@@ -27,6 +27,8 @@
 #   e2e-text:LENS:REPEAT:SCENARIOS     prompts from the profiling text instead of random ids (the heat map applies)
 #   ncu[:PLEN]   Nsight Compute per-kernel durations (kernels serialised) of an all-GPU bench with a PLEN-token
 #                prompt (default 1024) and 2 decode steps: ncu.txt
+#   profile-batch:B  the same for step_rows' walk (B sequences a step: the batched decode, and the walk a
+#                verification step of B - 1 drafts runs): profile-batchB.*
 #   profile[:PLEN]  decode-step kernel times as they run (warm caches, graph nodes in place): Nsight Systems
 #                when the machine has it (cuda_gpu_kern_sum of an all-GPU bench, PLEN-token prompt, 16
 #                decode steps), else Nsight Compute with --cache-control none --clock-control none: profile-PLEN.txt
@@ -113,10 +115,15 @@ for step in "$@"; do
       run_step "ncu-$plen" 240 bash -c "$ncu_bin --metrics gpu__time_duration.sum --print-summary per-kernel \
           build-gpu/tandem bench --model /tmp/q35 --device gpu --context $((plen + 64)) --prompt-len $plen --gen 2 --repeat 1 --warmup 1 \
           > $res/ncu-$plen.txt 2>&1; grep -c 'gpu__time_duration' $res/ncu-$plen.txt" ;;
-    profile|profile:*)
-      plen="${step#profile}"; plen="${plen#:}"; plen="${plen:-16}"
+    profile|profile:*|profile-batch:*)
+      if [ "${step%%:*}" = profile-batch ]; then  # step_rows' walk (the batched decode and the verification step): B short prompts, then B at a time
+        b="${step#profile-batch:}"; plen="batch$b"
+        bench="build-gpu/tandem bench --model /tmp/q35 --device gpu --context 256 --prompt-len 32 --gen 48 --repeat 1 --batch $b"
+      else
+        plen="${step#profile}"; plen="${plen#:}"; plen="${plen:-16}"
+        bench="build-gpu/tandem bench --model /tmp/q35 --device gpu --context $((plen + 64)) --prompt-len $plen --gen 16 --repeat 1 --warmup 1"
+      fi
       [ -f /tmp/q35/config.json ] || build-gpu/tandem synth --preset qwen3.5-35b-a3b --quant gptq-int4 --routing-skew 1 --out /tmp/q35 > /dev/null 2>&1
-      bench="build-gpu/tandem bench --model /tmp/q35 --device gpu --context $((plen + 64)) --prompt-len $plen --gen 16 --repeat 1 --warmup 1"
       nsys_bin=$(command -v nsys || ls /usr/local/cuda*/bin/nsys /opt/nvidia/nsight-systems*/bin/nsys /usr/local/cuda*/nsight-systems*/bin/nsys 2>/dev/null | head -1)
       ncu_bin=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
       if [ -n "$nsys_bin" ]; then
