@@ -111,6 +111,32 @@ void BM_gemv_bf16(benchmark::State& state) {
   cudaFree(y);
 }
 
+// The same with int8 weights and a scale per row (W8A16, gemv_int8): half gemv_bf16's bytes.
+void BM_gemv_int8(benchmark::State& state) {
+  if (!gpu_present()) return state.SkipWithError("no CUDA device");
+  const int64_t N = state.range(0), K = state.range(1), copies = state.range(3);
+  const int T = static_cast<int>(state.range(2));
+  int8_t* W;
+  float *s, *x, *y;
+  cudaMalloc(&W, copies * N * K);
+  cudaMalloc(&s, copies * N * 4);
+  cudaMalloc(&x, T * K * 4);
+  cudaMalloc(&y, T * N * 4);
+  cudaMemset(W, 0x11, copies * N * K);
+  cudaMemset(s, 0, copies * N * 4);
+  cudaMemset(x, 0, T * K * 4);
+  int64_t launch = 0;
+  time_kernel(state, double(N * K + N * 4), [&] {
+    const int64_t c = launch++ % copies;
+    tandem::gpu::gemv_int8({W + c * N * K, s + c * N, N, K}, x, T, y, nullptr);
+  });
+  state.SetLabel(copies > 1 ? "from HBM" : "same matrix");
+  cudaFree(W);
+  cudaFree(s);
+  cudaFree(x);
+  cudaFree(y);
+}
+
 // Attention decode of one token at the 35B shape (16 query / 2 KV heads x 256) after `ctx` cached rows,
 // the grid sized for a cache of ctx + 144 rows (the e2e runs' 4096 + 144): bytes = the K and V rows
 // read (2 KV heads x 256 x bf16 each, once; a scoring block per KV head takes its group's 8 query heads).
@@ -400,6 +426,9 @@ BENCHMARK(BM_gemv_bf16)
     ->Args({8192, 2048, 1, 1})->Args({8192, 2048, 1, 8})->Args({8192, 2048, 2, 8})->Args({8192, 2048, 4, 8})->Args({8192, 2048, 8, 8})->Args({12352, 2048, 1, 8})->Args({4096, 2048, 1, 1})
     ->Args({2048, 4096, 1, 1})->Args({2048, 4096, 1, 8})->Args({2048, 4096, 8, 8})->Args({248320, 2048, 1, 1})->Args({248320, 2048, 8, 1})
     ->Args({8192, 2048, 4, 1})
+    ->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_gemv_int8)
+    ->Args({8192, 2048, 1, 8})->Args({8192, 2048, 2, 8})->Args({8192, 2048, 8, 8})->Args({2048, 4096, 1, 8})->Args({248320, 2048, 1, 1})
     ->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_attention_decode)->Arg(512)->Arg(4096)->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
 // A 4096-token prompt's two chunks of 2048 (the second attends to the first's 2048 cache rows too).

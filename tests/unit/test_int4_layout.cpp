@@ -3,6 +3,7 @@
 #include <numeric>
 
 #include "gpu_core/int4_layout.h"
+#include "gpu_core/int8_layout.h"
 #include "core/weights.h"
 #include "tests/unit/test_util.h"
 
@@ -53,6 +54,37 @@ TEST(Int4Layout, RejectsUnevenGroups) {
   std::vector<int32_t> q(8, 0), z(2, 0), g(64, 0);  // every input in group 0 of 2
   std::vector<uint16_t> s(16, 0x3c00);
   EXPECT_THROW(gpu::repack_gptq_int4({q.data(), z.data(), s.data(), g.data(), 8, 64, 32, 1}), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace tandem
+
+namespace tandem {
+namespace {
+
+// int8_layout.h: every row's scale is its max |w| / 127 (1 for a zero row), every weight within half
+// a step of q s, the extremes at +-127.
+TEST(Int8Layout, RowsQuantizeWithinHalfAStep) {
+  std::mt19937 rng(test::test_seed());
+  const int64_t N = 33, K = 96;
+  std::vector<uint16_t> w(N * K);
+  for (auto& v : w) v = f32_to_bf16(std::normal_distribution<float>(0, 0.05f)(rng));
+  for (int64_t k = 0; k < K; ++k) w[5 * K + k] = 0;  // a zero row
+  const gpu::Int8Host h = gpu::quantize_int8_rows(w.data(), N, K);
+  ASSERT_EQ(h.q.size(), static_cast<size_t>(N * K));
+  ASSERT_EQ(h.scales.size(), static_cast<size_t>(N));
+  for (int64_t n = 0; n < N; ++n) {
+    float m = 0;
+    int top = 0;
+    for (int64_t k = 0; k < K; ++k) m = std::max(m, std::fabs(bf16_to_f32(w[n * K + k])));
+    EXPECT_FLOAT_EQ(h.scales[n], m > 0 ? m / 127.0f : 1.0f) << "row " << n;
+    for (int64_t k = 0; k < K; ++k) {
+      EXPECT_LE(std::fabs(bf16_to_f32(w[n * K + k]) - h.q[n * K + k] * h.scales[n]), h.scales[n] * 0.5f * (1 + 1e-6f)) << n << ", " << k;
+      top = std::max(top, std::abs(static_cast<int>(h.q[n * K + k])));
+    }
+    EXPECT_EQ(top, m > 0 ? 127 : 0) << "row " << n;
+  }
+  EXPECT_EQ(gpu::int8_matrix_bytes(N, K), 3328u + 256u);  // weights 3168 -> 3328, scales 132 -> 256 (each 256-byte aligned)
 }
 
 }  // namespace
