@@ -44,6 +44,8 @@ void Qwen35MoeGpu::Impl::linear(const DevLinear& L, const float* in, float* out)
   if (L.int4) {
     CK(gpu::gather_x_half(in, L.q.perm, L.in, 1, xh, stream));
     CK(gpu::gemv_int4(L.q, xh, 1, out, stream));
+  } else if (L.int8) {
+    CK(gpu::gemv_int8(L.q8, in, 1, out, stream));
   } else {
     CK(gpu::gemv_bf16(L.w, L.out, L.in, in, 1, out, stream));
   }
@@ -218,8 +220,8 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
     const DevLinear& R = L.x_proj.out ? L.x_proj : L.router;
     const bool split = L.cpu_experts && opts.host_experts;
     // one graph: the router's last block posts its result to the host (an int4 router: host_post below)
-    const bool post_in_router = split && posting && !R.int4;
-    if (!R.int4) {
+    const bool post_in_router = split && posting && R.bf16();
+    if (R.bf16()) {
       const gpu::HostPost post = hy.post(static_cast<int>(li));
       CK(gpu::gemv_bf16_router_topk_norm(R.w, R.out, R.in, h, pending.a, pending.shared, pending.gate, L.post_norm, eps, x, router,
                                          static_cast<int>(c.num_experts), k, route_ticket, topk_ids, topk_w, stream,
@@ -245,7 +247,7 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
     // The shared expert's down GEMV (its gate / up came with the router) beside the routed experts, on
     // the side stream; both only read x, sg, su and write their own rows. With the link the shared
     // expert goes beside it too (the link's kernels leave most SMs idle).
-    const bool beside = L.x_proj.out && !L.sh_down.int4 && (!split || linked) && !deferring();
+    const bool beside = L.x_proj.out && L.sh_down.bf16() && (!split || linked) && !deferring();
     if (beside) {
       CK(cudaEventRecord(fork_ev, stream));
       CK(cudaStreamWaitEvent(side, fork_ev, 0));
@@ -254,7 +256,7 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
     }
     // One graph: the next layer's input projection (its tail) into L2 beside the experts
     const DevLinear* next_in = li + 1 < layers.size() ? &layers[li + 1].in_proj : nullptr;
-    const bool prefetching = split && posting && l2_prefetch > 0 && next_in && next_in->out && !next_in->int4;
+    const bool prefetching = split && posting && l2_prefetch > 0 && next_in && next_in->out && next_in->bf16();
     if (prefetching) {
       const int64_t bytes = next_in->out * next_in->in * 2, take = std::min(bytes, l2_prefetch);
       CK(cudaEventRecord(pf_fork_ev, stream));
@@ -273,7 +275,7 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
     }
     if (beside) {
       CK(cudaStreamWaitEvent(stream, join_ev, 0));
-    } else if (L.sh_down.int4) {
+    } else if (!L.sh_down.bf16()) {
       CK(gpu::silu_mul(sg, su, c.shared_expert_intermediate_size, stream));
       linear(L.sh_down, sg, sd);
     } else {  // silu(gate) * up formed as sh_down reads it: one launch fewer

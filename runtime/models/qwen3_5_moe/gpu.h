@@ -96,6 +96,10 @@ struct GpuOptions {
   // per slot beside the model's (part of a slot's saved sequence), and the forwards' `hidden` rows. The
   // workspace needs step_rows' buffers: verify_tokens >= 2.
   bool mtp = false;
+  // Dense projections (attention, DeltaNet, shared expert; not the router, embedding, lm_head or MTP
+  // head) quantized on load to int8 rows with a scale each (W8A16: gemv_int8): half their bytes.
+  // Accuracy: bench/results/2026-12-03-dense-quant-accuracy-devbox.md.
+  bool dense_int8 = false;
 };
 
 class Qwen35MoeGpu {

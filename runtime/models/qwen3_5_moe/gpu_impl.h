@@ -35,6 +35,9 @@ struct DevLinear {
   const uint16_t* w = nullptr;  // bf16 [out, in]
   gpu::Int4View q;
   int64_t out = 0, in = 0;
+  bool int8 = false;            // quantized on load (GpuOptions::dense_int8): q8
+  gpu::Int8View q8;
+  bool bf16() const { return !int4 && !int8; }
 };
 
 // Projections that read the same input, stored back to back in one bf16 block, as one matrix of

@@ -9,6 +9,7 @@
 
 #include "gpu_core/device.cuh"
 #include "gpu_core/int4_layout.h"
+#include "gpu_core/int8_layout.h"
 #include "core/bytes.h"
 #include "core/dtype.h"
 #include "placement/gpu_layout.h"
@@ -127,7 +128,30 @@ void fill_int4_parallel(const std::vector<std::pair<const LinearWeight*, DevLine
   if (failed) fail("uploading int4 experts: could not select CUDA device ", dev, " on a loader thread");
 }
 
-DevLinear upload_linear(Uploader& up, const LinearWeight& L, Kind kind) {
+// A dense L quantized on load to int8 rows with their scales (int8_layout.h).
+DevLinear upload_int8(Uploader& up, const LinearWeight& L, Kind kind) {
+  DevLinear d;
+  d.out = L.out, d.in = L.in, d.int8 = true;
+  auto* q = static_cast<int8_t*>(up.alloc(static_cast<uint64_t>(L.out * L.in), kind));
+  auto* s = static_cast<float*>(up.alloc(static_cast<uint64_t>(L.out) * 4, kind));
+  d.q8 = {q, s, L.out, L.in};
+  if (!up.committing()) return d;
+  std::vector<uint16_t> bf;
+  const uint16_t* w = static_cast<const uint16_t*>(L.dense);
+  if (L.dense_dtype != DType::BF16) {
+    bf.resize(static_cast<size_t>(L.out * L.in));
+    for (size_t i = 0; i < bf.size(); ++i) bf[i] = f32_to_bf16(load_as_f32(L.dense, L.dense_dtype, static_cast<int64_t>(i)));
+    w = bf.data();
+  }
+  const gpu::Int8Host h = gpu::quantize_int8_rows(w, L.out, L.in);
+  CK(cudaMemcpy(q, h.q.data(), h.q.size(), cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(s, h.scales.data(), h.scales.size() * 4, cudaMemcpyHostToDevice));
+  return d;
+}
+
+// int8: a dense projection quantized on load (GpuOptions::dense_int8; inputs a multiple of 16).
+DevLinear upload_linear(Uploader& up, const LinearWeight& L, Kind kind, bool int8 = false) {
+  if (int8 && L.kind == LinearWeight::Kind::Dense && L.in % 16 == 0) return upload_int8(up, L, kind);
   DevLinear d;
   d.out = L.out;
   d.in = L.in;
@@ -199,17 +223,18 @@ DevLayer Qwen35MoeGpu::Impl::upload_layer(Uploader& up, const LayerWeights& L, i
   const ModelConfig& c = model.config();
   const int64_t E = c.num_experts;
   auto vec = [&](const std::vector<float>& v, Kind kind) { return up.upload(v.data(), v.size(), kind); };
+  const bool q8 = opts.dense_int8 && li < c.num_layers;  // the MTP head stays as stored
   DevLayer d{};
   d.kind = L.kind;
   d.in_norm = vec(L.input_norm, Kind::Dense);
   d.post_norm = vec(L.post_attention_norm, Kind::Dense);
   if (L.kind == LayerKind::LinearAttention) {
     const DeltaNetWeights& w = L.deltanet;
-    d.qkv = upload_linear(up, w.in_proj_qkv, Kind::Dense);
-    d.z = upload_linear(up, w.in_proj_z, Kind::Dense);
-    d.b = upload_linear(up, w.in_proj_b, Kind::Dense);
-    d.a = upload_linear(up, w.in_proj_a, Kind::Dense);
-    d.out_proj = upload_linear(up, w.out_proj, Kind::Dense);
+    d.qkv = upload_linear(up, w.in_proj_qkv, Kind::Dense, q8);
+    d.z = upload_linear(up, w.in_proj_z, Kind::Dense, q8);
+    d.b = upload_linear(up, w.in_proj_b, Kind::Dense, q8);
+    d.a = upload_linear(up, w.in_proj_a, Kind::Dense, q8);
+    d.out_proj = upload_linear(up, w.out_proj, Kind::Dense, q8);
     d.in_proj = stack_rows({&d.qkv, &d.z, &d.b, &d.a});
     d.conv_w = vec(w.conv, Kind::Dense);
     d.A_log = vec(w.A_log, Kind::Dense);
@@ -219,10 +244,10 @@ DevLayer Qwen35MoeGpu::Impl::upload_layer(Uploader& up, const LayerWeights& L, i
     d.ssm_state = static_cast<float*>(up.zeroed(placement::ssm_state_bytes(c) * slots, Kind::State));
   } else {
     const AttentionWeights& w = L.attn;
-    d.q = upload_linear(up, w.q_proj, Kind::Dense);
-    d.k = upload_linear(up, w.k_proj, Kind::Dense);
-    d.v = upload_linear(up, w.v_proj, Kind::Dense);
-    d.o = upload_linear(up, w.o_proj, Kind::Dense);
+    d.q = upload_linear(up, w.q_proj, Kind::Dense, q8);
+    d.k = upload_linear(up, w.k_proj, Kind::Dense, q8);
+    d.v = upload_linear(up, w.v_proj, Kind::Dense, q8);
+    d.o = upload_linear(up, w.o_proj, Kind::Dense, q8);
     d.in_proj = stack_rows({&d.q, &d.k, &d.v});
     d.q_norm = vec(w.q_norm, Kind::Dense);
     d.k_norm = vec(w.k_norm, Kind::Dense);
@@ -231,10 +256,10 @@ DevLayer Qwen35MoeGpu::Impl::upload_layer(Uploader& up, const LayerWeights& L, i
   }
   const MoeWeights& m = L.moe;
   d.router = upload_linear(up, m.router, Kind::Dense);
-  d.sh_gate = upload_linear(up, m.shared_gate, Kind::Dense);
-  d.sh_up = upload_linear(up, m.shared_up, Kind::Dense);
+  d.sh_gate = upload_linear(up, m.shared_gate, Kind::Dense, q8);
+  d.sh_up = upload_linear(up, m.shared_up, Kind::Dense, q8);
   d.sh_expert_gate = upload_linear(up, m.shared_expert_gate, Kind::Dense);  // before sh_down: stacked with the three above
-  d.sh_down = upload_linear(up, m.shared_down, Kind::Dense);
+  d.sh_down = upload_linear(up, m.shared_down, Kind::Dense, q8);
   d.x_proj = stack_rows({&d.router, &d.sh_gate, &d.sh_up, &d.sh_expert_gate});
   d.int4_experts = m.gate[0].kind == LinearWeight::Kind::Gptq;
   d.expert_group = d.int4_experts ? m.gate[0].gptq.group_size : 0;
