@@ -193,7 +193,14 @@ PlacementConfig parse_placement_config(const std::string& text, const std::strin
   if (!root || root.IsNull()) return c;  // an empty file: every default
   try {
     r.check_keys(root, "", {"gpu", "context", "batch", "cpu", "experts", "cpu_experts", "gpu_experts_per_layer", "prefill",
-                            "bandwidth", "cost", "rules", "server", "speculative"});
+                            "bandwidth", "cost", "rules", "server", "speculative", "dense"});
+    if (const YAML::Node dn = root["dense"]) {
+      r.check_keys(dn, "dense", {"format"});
+      if (const YAML::Node f = dn["format"]) {
+        c.dense_format = r.scalar(f, "dense.format");
+        if (c.dense_format != "bf16" && c.dense_format != "int8") r.fail_at(f, "dense.format", "'", c.dense_format, "' must be 'bf16' or 'int8'");
+      }
+    }
     if (const YAML::Node sp = root["speculative"]) {
       r.check_keys(sp, "speculative", {"draft"});
       if (const YAML::Node d = sp["draft"]; d && d.IsScalar() && d.Scalar() == "auto") c.draft = kDraftAuto;  // the tuner picks

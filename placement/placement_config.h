@@ -56,6 +56,9 @@ struct PlacementConfig {
   int64_t context = 4096;  // KV cache length; 0 (`context: auto`, and without a YAML): the planner's choice
   int batch = 1;           // sequences decoded together (KV and state scale with it)
   int draft = 0;           // `speculative: {draft: N | auto}`: tokens the MTP head drafts a step (0: off; kDraftAuto; --draft overrides)
+  // `dense: {format: bf16 | int8}`: the dense projections (attention, DeltaNet, shared experts) as
+  // stored or quantized on load to int8 rows (GpuOptions::dense_int8; --dense-format overrides).
+  std::string dense_format = "bf16";
   // cpu
   int cpu_threads = 0;          // 0: physical cores
   std::string numa = "auto";    // auto | off

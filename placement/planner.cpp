@@ -9,6 +9,7 @@
 #include "gpu_core/attention_sizes.h"
 #include "gpu_core/deltanet_sizes.h"
 #include "gpu_core/int4_layout.h"
+#include "gpu_core/int8_layout.h"
 #include "placement/gpu_layout.h"
 #include "core/bytes.h"
 #include "core/error.h"
@@ -34,11 +35,14 @@ constexpr double kLinkCpuShare = 0.78, kLinkRate = 0.8;
 struct Sizer {
   const ModelConfig& c;
   std::string prefix;  // module name prefix, as the loader sees it
+  bool dense_int8 = false;  // dense.format: int8: the projections that are not GPTQ as int8 rows
 
   QuantConfig::ModuleQuant quant(const std::string& module) const { return c.quant.for_module(prefix + module); }
-  // One nn.Linear as Qwen35MoeGpu stores it.
+  // One nn.Linear as Qwen35MoeGpu stores it (quantizable: a projection, not a router, gate or table).
   uint64_t linear(const std::string& module, int64_t out, int64_t in, bool quantizable = true) const {
     const auto q = quantizable ? quant(module) : QuantConfig::ModuleQuant{};
+    if (quantizable && dense_int8 && !q.quantized && in % 16 == 0 && module.find(".experts.") == std::string::npos)
+      return gpu::int8_matrix_bytes(out, in);
     return gpu_linear_pieces(out, in, q.quantized, in / (q.group_size > 0 ? q.group_size : in), q.desc_act).total();
   }
   // Host bytes of one expert matrix as cpu_experts/packed_weight.h streams it: nibbles / bytes / bf16
@@ -277,13 +281,14 @@ Plan make_plan(const ModelConfig& c, const PlacementConfig& cfg, const PlanReque
   p.batch = cfg.batch;
   p.deferral = cfg.deferral;
   p.prefill = cfg.prefill;
+  p.dense_format = cfg.dense_format;
   if (p.context < 0 || p.context > c.max_position_embeddings)
     fail("context ", p.context, " must be between 1 and the model's max_position_embeddings (", c.max_position_embeddings, ")");
   p.budget_bytes = req.gpu_mem ? req.gpu_mem : cfg.gpu_memory ? cfg.gpu_memory : req.device_free_bytes;
   if (!p.budget_bytes)
     fail(cfg.source, ": no GPU memory budget: set gpu.memory in the config or pass --gpu-mem (no CUDA device to ask)");
 
-  const Sizer s{c, c.composite ? "model.language_model." : "model."};
+  const Sizer s{c, c.composite ? "model.language_model." : "model.", cfg.dense_format == "int8"};
   const int64_t H = c.hidden_size, I = c.moe_intermediate_size;
   const int E = c.num_experts, L = c.num_layers;
 
@@ -563,6 +568,7 @@ nlohmann::json plan_to_json(const Plan& p) {
   j["vram_total_bytes"] = p.vram.total();
   j["vram_allocated_bytes"] = p.vram.allocated();
   j["min_budget_bytes"] = p.min_budget_bytes;
+  j["dense_format"] = p.dense_format;
   j["vram_bytes"] = {{"dense_weights", p.vram.dense_weights}, {"expert_weights", p.vram.expert_weights},
                      {"kv_cache", p.vram.kv_cache},           {"deltanet_state", p.vram.deltanet_state},
                      {"workspace", p.vram.workspace},         {"reserve", p.vram.reserve}};
@@ -632,7 +638,8 @@ std::string plan_table(const Plan& p) {
                              ", batch ", p.batch));
   if (!p.context_note.empty()) line("context", p.context_note);
   o += "\n  GPU memory             bytes\n";
-  line("dense weights", format_gib(v.dense_weights) + (p.embed_on_gpu ? "" : " (embed_tokens on the CPU)"));
+  line("dense weights", format_gib(v.dense_weights) + (p.embed_on_gpu ? "" : " (embed_tokens on the CPU)") +
+                            (p.dense_format == "int8" ? " (projections as int8 rows: dense.format)" : ""));
   line("routed experts", str_cat(format_gib(v.expert_weights), " (", p.total_gpu_experts(), " experts, ", p.expert_checkpoint_format, ")"));
   line("KV cache", format_gib(v.kv_cache));
   line("DeltaNet state", format_gib(v.deltanet_state));

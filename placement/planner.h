@@ -71,6 +71,7 @@ struct Plan {
   uint64_t min_budget_bytes = 0;  // everything but routed experts
   bool embed_on_gpu = true;
   std::string expert_checkpoint_format;  // int4 (GPTQ) or bf16
+  std::string dense_format = "bf16";     // dense.format: the projections as stored (bf16) or int8 rows
   std::string cpu_expert_format;         // int4 | int8 | bf16
   uint64_t gpu_expert_bytes = 0;         // one routed expert on the GPU
   uint64_t cpu_expert_bytes = 0;         // one routed expert in host RAM (streamed per activation)

@@ -180,7 +180,8 @@ class GpuRunner final : public Runner, private MtpDevice {
     g.eager = o.eager;
     g.batch = std::max(o.batch, 1);
     g.verify_tokens = o.verify_tokens;
-    if (o.dense_format != "bf16" && o.dense_format != "int8") fail("--dense-format must be bf16 or int8 (got '", o.dense_format, "')");
+    if (!o.dense_format.empty() && o.dense_format != "bf16" && o.dense_format != "int8")
+      fail("--dense-format must be bf16 or int8 (got '", o.dense_format, "')");
     g.dense_int8 = o.dense_format == "int8";
     if (draft_ > 0) {
       if (draft_ + 1 > gpu::kMaxGemvTokens)

@@ -341,6 +341,26 @@ TEST(Planner, PredictsTheVerificationCostAndSpeedUp) {
   EXPECT_TRUE(plan_to_json(gpu).contains("speculative"));
 }
 
+// dense.format: int8: the projections (not the router, embedding or lm_head) at a byte a weight plus a
+// scale a row, so more routed experts fit the same budget and the cost model reads fewer bytes.
+TEST(Planner, Int8DenseProjectionsLeaveRoomForExperts) {
+  const ModelConfig m = model35();
+  const std::string base = "context: 4096\nprefill: {chunk: 256}\n";
+  const Plan bf = make_plan(m, fixed_bw(yaml(base)), {.gpu_mem = 12ull << 30});
+  const Plan q8 = make_plan(m, fixed_bw(yaml(base + "dense: {format: int8}\n")), {.gpu_mem = 12ull << 30});
+  EXPECT_EQ(q8.dense_format, "int8");
+  // the projections: 30 DeltaNet layers (qkv 8192, z 4096, b/a 32, out 2048 x 4096 in) and 10 attention
+  // layers (q 8192, k/v 512, o), 40 shared experts (3 x 512 x 2048): ~1.4 GB at 2 bytes, half at 1
+  const double saved = static_cast<double>(bf.vram.dense_weights - q8.vram.dense_weights);
+  EXPECT_GT(saved, 1.2e9);
+  EXPECT_LT(saved, 1.6e9);
+  EXPECT_GT(q8.total_gpu_experts(), bf.total_gpu_experts());
+  EXPECT_LE(q8.vram.total(), 12ull << 30);
+  EXPECT_GT(q8.predicted.decode_tok_s, bf.predicted.decode_tok_s);
+  EXPECT_NE(plan_table(q8).find("int8 rows"), std::string::npos);
+  test::expect_error([] { yaml("dense: {format: int4}\n"); }, {"test.yaml:1", "dense.format", "'int4'"});
+}
+
 TEST(Planner, StreamedPrefillBuffersAreCountedForTheLayerWithTheMostCpuExperts) {
   const ModelConfig m = model35();
   const int64_t H = 2048, I = 512;
