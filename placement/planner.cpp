@@ -704,4 +704,37 @@ std::string plan_table(const Plan& p) {
   return o;
 }
 
+std::vector<FormatRow> plan_formats(const ModelConfig& model, const PlacementConfig& config, const PlanRequest& request) {
+  std::vector<FormatRow> rows;
+  for (const char* f : {"bf16", "int8"}) {
+    PlacementConfig c = config;
+    c.dense_format = f;
+    rows.push_back({f, make_plan(model, c, request)});
+  }
+  return rows;
+}
+
+std::string formats_table(const std::vector<FormatRow>& rows) {
+  std::string o = "dense format  dense weights  context  routed experts on GPU  GPU bytes/token  predicted decode\n";
+  char buf[200];
+  for (const FormatRow& r : rows) {
+    const Plan& p = r.plan;
+    std::snprintf(buf, sizeof buf, "%-12s  %13s  %7lld  %12d of %5zu  %12.2f GB  %10.1f tok/s\n", r.format.c_str(),
+                  format_gib(p.vram.dense_weights).c_str(), static_cast<long long>(p.context), p.total_gpu_experts(),
+                  p.expert_on_gpu.size() * (p.expert_on_gpu.empty() ? 0 : p.expert_on_gpu[0].size()), p.predicted.gpu_bytes_per_token / 1e9,
+                  p.predicted.decode_tok_s);
+    o += buf;
+  }
+  return o;
+}
+
+nlohmann::json formats_to_json(const std::vector<FormatRow>& rows) {
+  nlohmann::json j = nlohmann::json::array();
+  for (const FormatRow& r : rows)
+    j.push_back({{"dense_format", r.format}, {"dense_weights", r.plan.vram.dense_weights}, {"context", r.plan.context},
+                 {"gpu_experts", r.plan.total_gpu_experts()}, {"gpu_bytes_per_token", r.plan.predicted.gpu_bytes_per_token},
+                 {"predicted_decode_tok_s", r.plan.predicted.decode_tok_s}});
+  return j;
+}
+
 }  // namespace tandem::placement

@@ -125,6 +125,16 @@ std::string plan_summary(const Plan& plan);
 // The readable form: components, experts per layer, prediction.
 std::string plan_table(const Plan& plan);
 
+// The same budget planned with each dense format (dense.format: bf16, int8), side by side: dense
+// bytes, context, routed experts on the GPU, bytes a token reads, predicted decode (tandem plan).
+struct FormatRow {
+  std::string format;
+  Plan plan;
+};
+std::vector<FormatRow> plan_formats(const ModelConfig& model, const PlacementConfig& config, const PlanRequest& request);
+std::string formats_table(const std::vector<FormatRow>& rows);
+nlohmann::json formats_to_json(const std::vector<FormatRow>& rows);
+
 // Canonical names of the units the planner places (for rules): "layers.3.mlp.experts.17", "embed_tokens", ...
 std::string expert_name(int layer, int expert);
 

@@ -41,12 +41,16 @@ int cmd_plan(int argc, char** argv) {
   }
   const int64_t context = a.get_int("context", 0);
   if (a.has("context") && context < 1) throw UsageError("--context must be at least 1");
-  const placement::Plan plan =
-      placement::make_plan(model, cfg, plan_request(cfg, gpu_mem, context, !a.has("no-measure")));
+  const placement::PlanRequest req = plan_request(cfg, gpu_mem, context, !a.has("no-measure"));
+  const placement::Plan plan = placement::make_plan(model, cfg, req);
+  const std::vector<placement::FormatRow> formats = placement::plan_formats(model, cfg, req);  // the same budget per dense format
   if (a.has("json")) {
-    std::printf("%s\n", placement::plan_to_json(plan).dump().c_str());
+    nlohmann::json j = placement::plan_to_json(plan);
+    j["formats"] = placement::formats_to_json(formats);
+    std::printf("%s\n", j.dump().c_str());
   } else {
     std::fputs(placement::plan_table(plan).c_str(), stdout);
+    std::printf("\nthe same budget by dense format (dense.format):\n%s", placement::formats_table(formats).c_str());
   }
   return 0;
 }

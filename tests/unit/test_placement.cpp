@@ -359,6 +359,13 @@ TEST(Planner, Int8DenseProjectionsLeaveRoomForExperts) {
   EXPECT_GT(q8.predicted.decode_tok_s, bf.predicted.decode_tok_s);
   EXPECT_NE(plan_table(q8).find("int8 rows"), std::string::npos);
   test::expect_error([] { yaml("dense: {format: int4}\n"); }, {"test.yaml:1", "dense.format", "'int4'"});
+  // tandem plan's side-by-side rows: the same budget, one plan a format
+  const std::vector<FormatRow> rows = plan_formats(m, fixed_bw(yaml(base)), {.gpu_mem = 12ull << 30});
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(rows[0].plan.vram.dense_weights, bf.vram.dense_weights);
+  EXPECT_EQ(rows[1].plan.total_gpu_experts(), q8.total_gpu_experts());
+  EXPECT_NE(formats_table(rows).find("int8"), std::string::npos);
+  EXPECT_EQ(formats_to_json(rows).size(), 2u);
 }
 
 TEST(Planner, StreamedPrefillBuffersAreCountedForTheLayerWithTheMostCpuExperts) {
