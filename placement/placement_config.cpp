@@ -195,10 +195,14 @@ PlacementConfig parse_placement_config(const std::string& text, const std::strin
     r.check_keys(root, "", {"gpu", "context", "batch", "cpu", "experts", "cpu_experts", "gpu_experts_per_layer", "prefill",
                             "bandwidth", "cost", "rules", "server", "speculative", "dense"});
     if (const YAML::Node dn = root["dense"]) {
-      r.check_keys(dn, "dense", {"format"});
+      r.check_keys(dn, "dense", {"format", "lm_head"});
       if (const YAML::Node f = dn["format"]) {
         c.dense_format = r.scalar(f, "dense.format");
         if (c.dense_format != "bf16" && c.dense_format != "int8") r.fail_at(f, "dense.format", "'", c.dense_format, "' must be 'bf16' or 'int8'");
+      }
+      if (const YAML::Node f = dn["lm_head"]) {
+        c.lm_head_format = r.scalar(f, "dense.lm_head");
+        if (c.lm_head_format != "bf16" && c.lm_head_format != "int8") r.fail_at(f, "dense.lm_head", "'", c.lm_head_format, "' must be 'bf16' or 'int8'");
       }
     }
     if (const YAML::Node sp = root["speculative"]) {

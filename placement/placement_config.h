@@ -59,6 +59,7 @@ struct PlacementConfig {
   // `dense: {format: bf16 | int8}`: the dense projections (attention, DeltaNet, shared experts) as
   // stored or quantized on load to int8 rows (GpuOptions::dense_int8; --dense-format overrides).
   std::string dense_format = "bf16";
+  std::string lm_head_format = "bf16";  // `dense: {lm_head: int8}`: the lm_head as int8 rows too (--lm-head-format)
   // cpu
   int cpu_threads = 0;          // 0: physical cores
   std::string numa = "auto";    // auto | off

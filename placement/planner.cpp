@@ -36,11 +36,13 @@ struct Sizer {
   const ModelConfig& c;
   std::string prefix;  // module name prefix, as the loader sees it
   bool dense_int8 = false;  // dense.format: int8: the projections that are not GPTQ as int8 rows
+  bool lm_head_int8 = false;  // dense.lm_head: int8
 
   QuantConfig::ModuleQuant quant(const std::string& module) const { return c.quant.for_module(prefix + module); }
   // One nn.Linear as Qwen35MoeGpu stores it (quantizable: a projection, not a router, gate or table).
   uint64_t linear(const std::string& module, int64_t out, int64_t in, bool quantizable = true) const {
     const auto q = quantizable ? quant(module) : QuantConfig::ModuleQuant{};
+    if (module == "lm_head" && lm_head_int8 && in % 16 == 0) return gpu::int8_matrix_bytes(out, in);
     if (quantizable && dense_int8 && !q.quantized && in % 16 == 0 && module.find(".experts.") == std::string::npos)
       return gpu::int8_matrix_bytes(out, in);
     return gpu_linear_pieces(out, in, q.quantized, in / (q.group_size > 0 ? q.group_size : in), q.desc_act).total();
@@ -237,7 +239,8 @@ void predict(const ModelConfig& c, const PlacementConfig& cfg, const PlanRequest
       pr.verify_ms.push_back(pr.decode_ms + (gpu_b / pr.gpu_bw + cpu_b / pr.cpu_bw) * 1e3);
     }
     const double attn = (2.0 * nh * hd * H + 2.0 * nkv * hd * H + static_cast<double>(nh) * hd * H) * 2;
-    const double head = 2.0 * H * H * 2 + attn + static_cast<double>(E) * H * 2 + shared_bytes + k * 3.0 * I * H * 2 + static_cast<double>(V) * H * 2;
+    const double lm = cfg.lm_head_format == "int8" ? static_cast<double>(V) * (H + 4) : static_cast<double>(V) * H * 2;
+    const double head = 2.0 * H * H * 2 + attn + static_cast<double>(E) * H * 2 + shared_bytes + k * 3.0 * I * H * 2 + lm;
     pr.draft_ms = (head / pr.gpu_bw + 14 * launch_us * 1e-6) * 1e3;
   }
   // Prefill: streaming every CPU expert over PCIe vs computing the CPU share on the CPU: the switch
@@ -282,13 +285,14 @@ Plan make_plan(const ModelConfig& c, const PlacementConfig& cfg, const PlanReque
   p.deferral = cfg.deferral;
   p.prefill = cfg.prefill;
   p.dense_format = cfg.dense_format;
+  p.lm_head_format = cfg.lm_head_format;
   if (p.context < 0 || p.context > c.max_position_embeddings)
     fail("context ", p.context, " must be between 1 and the model's max_position_embeddings (", c.max_position_embeddings, ")");
   p.budget_bytes = req.gpu_mem ? req.gpu_mem : cfg.gpu_memory ? cfg.gpu_memory : req.device_free_bytes;
   if (!p.budget_bytes)
     fail(cfg.source, ": no GPU memory budget: set gpu.memory in the config or pass --gpu-mem (no CUDA device to ask)");
 
-  const Sizer s{c, c.composite ? "model.language_model." : "model.", cfg.dense_format == "int8"};
+  const Sizer s{c, c.composite ? "model.language_model." : "model.", cfg.dense_format == "int8", cfg.lm_head_format == "int8"};
   const int64_t H = c.hidden_size, I = c.moe_intermediate_size;
   const int E = c.num_experts, L = c.num_layers;
 
@@ -569,6 +573,7 @@ nlohmann::json plan_to_json(const Plan& p) {
   j["vram_allocated_bytes"] = p.vram.allocated();
   j["min_budget_bytes"] = p.min_budget_bytes;
   j["dense_format"] = p.dense_format;
+  j["lm_head_format"] = p.lm_head_format;
   j["vram_bytes"] = {{"dense_weights", p.vram.dense_weights}, {"expert_weights", p.vram.expert_weights},
                      {"kv_cache", p.vram.kv_cache},           {"deltanet_state", p.vram.deltanet_state},
                      {"workspace", p.vram.workspace},         {"reserve", p.vram.reserve}};
@@ -639,7 +644,8 @@ std::string plan_table(const Plan& p) {
   if (!p.context_note.empty()) line("context", p.context_note);
   o += "\n  GPU memory             bytes\n";
   line("dense weights", format_gib(v.dense_weights) + (p.embed_on_gpu ? "" : " (embed_tokens on the CPU)") +
-                            (p.dense_format == "int8" ? " (projections as int8 rows: dense.format)" : ""));
+                            (p.dense_format == "int8" ? " (projections as int8 rows: dense.format)" : "") +
+                            (p.lm_head_format == "int8" ? " (lm_head as int8 rows: dense.lm_head)" : ""));
   line("routed experts", str_cat(format_gib(v.expert_weights), " (", p.total_gpu_experts(), " experts, ", p.expert_checkpoint_format, ")"));
   line("KV cache", format_gib(v.kv_cache));
   line("DeltaNet state", format_gib(v.deltanet_state));
@@ -706,20 +712,21 @@ std::string plan_table(const Plan& p) {
 
 std::vector<FormatRow> plan_formats(const ModelConfig& model, const PlacementConfig& config, const PlanRequest& request) {
   std::vector<FormatRow> rows;
-  for (const char* f : {"bf16", "int8"}) {
+  for (const char* f : {"bf16", "int8", "int8 + lm_head"}) {
     PlacementConfig c = config;
-    c.dense_format = f;
+    c.dense_format = std::string(f) == "bf16" ? "bf16" : "int8";
+    c.lm_head_format = std::string(f) == "int8 + lm_head" ? "int8" : "bf16";
     rows.push_back({f, make_plan(model, c, request)});
   }
   return rows;
 }
 
 std::string formats_table(const std::vector<FormatRow>& rows) {
-  std::string o = "dense format  dense weights  context  routed experts on GPU  GPU bytes/token  predicted decode\n";
+  std::string o = "dense format    dense bytes  context  routed experts on GPU  GPU bytes/token  predicted decode\n";
   char buf[200];
   for (const FormatRow& r : rows) {
     const Plan& p = r.plan;
-    std::snprintf(buf, sizeof buf, "%-12s  %13s  %7lld  %12d of %5zu  %12.2f GB  %10.1f tok/s\n", r.format.c_str(),
+    std::snprintf(buf, sizeof buf, "%-14s  %11s  %7lld  %12d of %5zu  %12.2f GB  %10.1f tok/s\n", r.format.c_str(),
                   format_gib(p.vram.dense_weights).c_str(), static_cast<long long>(p.context), p.total_gpu_experts(),
                   p.expert_on_gpu.size() * (p.expert_on_gpu.empty() ? 0 : p.expert_on_gpu[0].size()), p.predicted.gpu_bytes_per_token / 1e9,
                   p.predicted.decode_tok_s);

@@ -72,6 +72,7 @@ struct Plan {
   bool embed_on_gpu = true;
   std::string expert_checkpoint_format;  // int4 (GPTQ) or bf16
   std::string dense_format = "bf16";     // dense.format: the projections as stored (bf16) or int8 rows
+  std::string lm_head_format = "bf16";   // dense.lm_head
   std::string cpu_expert_format;         // int4 | int8 | bf16
   uint64_t gpu_expert_bytes = 0;         // one routed expert on the GPU
   uint64_t cpu_expert_bytes = 0;         // one routed expert in host RAM (streamed per activation)
@@ -125,7 +126,8 @@ std::string plan_summary(const Plan& plan);
 // The readable form: components, experts per layer, prediction.
 std::string plan_table(const Plan& plan);
 
-// The same budget planned with each dense format (dense.format: bf16, int8), side by side: dense
+// The same budget planned with each dense format (bf16; int8 projections; int8 projections and
+// lm_head: dense.format, dense.lm_head), side by side: dense
 // bytes, context, routed experts on the GPU, bytes a token reads, predicted decode (tandem plan).
 struct FormatRow {
   std::string format;

@@ -23,6 +23,7 @@ std::vector<Flag> device_flags() {
       {"gpu-mem", true, "--device gpu|hybrid: memory budget, e.g. 24GiB (default: the config's, else free device memory)"},
       {"context", true, "--device gpu|hybrid: longest sequence the KV cache holds (hybrid: the config's, else the longest whose KV cache takes at most a quarter of the free budget; gpu: 4096)"},
       {"dense-format", true, "--device gpu|hybrid: the dense projections as stored (bf16, default) or quantized on load to int8 rows (half their bytes; hybrid: the config's dense.format)"},
+      {"lm-head-format", true, "--device gpu|hybrid: the lm_head as stored (bf16, default) or as int8 rows (hybrid: the config's dense.lm_head)"},
       {"draft", true, "speculative decoding: tokens the model's MTP head drafts a step, 0 = off (default), auto = as many as pay (up to 4, measured as it goes)"},
       {"defer-experts", true, "--device ref|cpu: apply each token's N lowest-weight experts one layer late (measures expert deferral)"},
       {"trace", true, "write a Perfetto / chrome://tracing timeline (GPU work, CPU expert jobs, copies) to this .json"},
@@ -57,6 +58,7 @@ RunnerOptions runner_options(const Args& a, int64_t min_context) {
   if (o.context < 1) throw UsageError("--context must be at least 1");
   o.config = a.get("config", "");
   o.dense_format = a.get("dense-format", "");
+  o.lm_head_format = a.get("lm-head-format", "");
   o.draft = a.get("draft", "") == "auto" ? kDraftAuto : a.get_int<int>("draft", 0, 0, kMaxDraft);
   o.draft_set = a.has("draft");
   o.defer_experts = a.get_int<int>("defer-experts", 0, 0, INT_MAX);  // make_runner checks it against the model

@@ -183,6 +183,9 @@ class GpuRunner final : public Runner, private MtpDevice {
     if (!o.dense_format.empty() && o.dense_format != "bf16" && o.dense_format != "int8")
       fail("--dense-format must be bf16 or int8 (got '", o.dense_format, "')");
     g.dense_int8 = o.dense_format == "int8";
+    if (!o.lm_head_format.empty() && o.lm_head_format != "bf16" && o.lm_head_format != "int8")
+      fail("--lm-head-format must be bf16 or int8 (got '", o.lm_head_format, "')");
+    g.lm_head_int8 = o.lm_head_format == "int8";
     if (draft_ > 0) {
       if (draft_ + 1 > gpu::kMaxGemvTokens)
         fail("--draft ", draft_, ": the GPU verifies at most ", gpu::kMaxGemvTokens - 1, " drafts a step (", gpu::kMaxGemvTokens, " tokens)");

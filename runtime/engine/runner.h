@@ -42,6 +42,7 @@ struct RunnerOptions {
   int threads = 0;                       // cpu: worker threads (0: physical cores)
   std::string cpu_expert_format = "bf16";  // cpu: bf16 | int8 for BF16 checkpoints' experts
   std::string dense_format;              // gpu / hybrid: bf16 | int8 (the projections quantized on load: GpuOptions::dense_int8); "": a hybrid config's dense.format, else bf16
+  std::string lm_head_format;            // gpu / hybrid: bf16 | int8 (GpuOptions::lm_head_int8); "": a hybrid config's dense.lm_head, else bf16
   int defer_experts = 0;                 // ref/cpu: Qwen35State::defer_experts (measures deferral)
   uint64_t gpu_mem = 0;                  // gpu: budget in bytes (0: free device memory)
   int64_t context = 4096;                // gpu: KV cache length

@@ -58,6 +58,8 @@ Plan prepare_hybrid(RunnerOptions& o, const ModelConfig& model, const PlacementC
   cfg.draft = o.draft;                     // the plan counts the MTP head on the GPU
   if (o.dense_format.empty()) o.dense_format = cfg.dense_format;  // --dense-format over the config's dense.format
   cfg.dense_format = o.dense_format;
+  if (o.lm_head_format.empty()) o.lm_head_format = cfg.lm_head_format;
+  cfg.lm_head_format = o.lm_head_format;
   cfg.gpu_reserve += o.cache_vram;        // the prefix cache's VRAM tier: set aside before experts are placed
   // --context, else the config's (at least what the command needs), else the planner's choice
   const int64_t context = o.context_set ? o.context : cfg.context ? std::max(cfg.context, o.min_context) : 0;

@@ -361,11 +361,17 @@ TEST(Planner, Int8DenseProjectionsLeaveRoomForExperts) {
   test::expect_error([] { yaml("dense: {format: int4}\n"); }, {"test.yaml:1", "dense.format", "'int4'"});
   // tandem plan's side-by-side rows: the same budget, one plan a format
   const std::vector<FormatRow> rows = plan_formats(m, fixed_bw(yaml(base)), {.gpu_mem = 12ull << 30});
-  ASSERT_EQ(rows.size(), 2u);
+  ASSERT_EQ(rows.size(), 3u);
   EXPECT_EQ(rows[0].plan.vram.dense_weights, bf.vram.dense_weights);
   EXPECT_EQ(rows[1].plan.total_gpu_experts(), q8.total_gpu_experts());
   EXPECT_NE(formats_table(rows).find("int8"), std::string::npos);
-  EXPECT_EQ(formats_to_json(rows).size(), 2u);
+  EXPECT_EQ(formats_to_json(rows).size(), 3u);
+  // dense.lm_head: int8 as well: the 248320 x 2048 table at a byte a weight, half a GB fewer
+  const Plan lm = make_plan(m, fixed_bw(yaml(base + "dense: {format: int8, lm_head: int8}\n")), {.gpu_mem = 12ull << 30});
+  EXPECT_NEAR(static_cast<double>(q8.vram.dense_weights - lm.vram.dense_weights), 248320.0 * 2048, 2e6);
+  EXPECT_EQ(rows[2].plan.vram.dense_weights, lm.vram.dense_weights);
+  EXPECT_GT(lm.predicted.decode_tok_s, q8.predicted.decode_tok_s);
+  test::expect_error([] { yaml("dense: {lm_head: fp4}\n"); }, {"dense.lm_head", "'fp4'"});
 }
 
 TEST(Planner, StreamedPrefillBuffersAreCountedForTheLayerWithTheMostCpuExperts) {

@@ -100,6 +100,8 @@ struct GpuOptions {
   // head) quantized on load to int8 rows with a scale each (W8A16: gemv_int8): half their bytes.
   // Accuracy: bench/results/2026-12-03-dense-quant-accuracy-devbox.md.
   bool dense_int8 = false;
+  // The lm_head as int8 rows too (not a tied one: that is the embedding table). Accuracy: the same file.
+  bool lm_head_int8 = false;
 };
 
 class Qwen35MoeGpu {

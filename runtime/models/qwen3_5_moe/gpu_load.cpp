@@ -309,7 +309,7 @@ void Qwen35MoeGpu::Impl::build(Uploader& up, const std::function<void(uint64_t)>
   }
   // A tied lm_head reads the embedding table when that is on the GPU (stored as bf16 either way).
   lm_head = model.lm_head().dense == model.embed().dense && opts.embed_on_gpu ? DevLinear{false, embed, {}, V, H}
-                                                                            : upload_linear(up, model.lm_head(), Kind::Dense);
+                                                                            : upload_linear(up, model.lm_head(), Kind::Dense, opts.lm_head_int8);
   final_norm = vec(model.final_norm(), Kind::Dense);
   inv_freq = vec(model.rope_inv_freq(), Kind::Dense);
 
