@@ -397,8 +397,8 @@ class GpuRunner final : public Runner, private MtpDevice {
                 float* hidden_out) override {
     gpu_->mtp_rows(slot, at, ids, hidden, logits, argmax, hidden_out);
   }
-  void mtp_chain(int slot, int64_t at, std::span<const int32_t> ids, const float* hidden, std::span<int32_t> drafts) override {
-    gpu_->mtp_chain(slot, at, ids, hidden, drafts);
+  bool mtp_chain(int slot, int64_t at, std::span<const int32_t> ids, const float* hidden, std::span<int32_t> drafts) override {
+    return gpu_->mtp_chain(slot, at, ids, hidden, drafts);
   }
 
   int64_t context_ = 0;                               // the KV cache's length

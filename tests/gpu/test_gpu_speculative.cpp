@@ -114,7 +114,7 @@ TEST_P(GpuMtpHead, TheChainInOneGraphDraftsAsCallByCall) {
   for (const int64_t rows : {int64_t{1}, gpu->step_rows_max()}) {
     const std::span<const int32_t> ids = std::span(fx.ids).subspan(1, static_cast<size_t>(rows));
     std::vector<int32_t> chain(3), calls(3);
-    gpu->mtp_chain(0, 0, ids, want_h.data.data(), chain);
+    ASSERT_TRUE(gpu->mtp_chain(0, 0, ids, want_h.data.data(), chain));
     std::vector<float> h(static_cast<size_t>(H)), h_next(h.size());
     gpu->mtp_rows(0, 0, ids, want_h.data.data(), nullptr, &calls[0], h.data());
     for (int64_t i = 1; i < 3; ++i) {

@@ -195,10 +195,10 @@ class Qwen35MoeGpu {
   // hidden_out (nullptr: none). Rows beyond at + n in the cache are left as they are (overwritten later).
   void mtp_rows(int slot, int64_t at, std::span<const int32_t> ids, const float* hidden, float* logits, int32_t* argmax, float* hidden_out);
   // Greedy drafts in one go: mtp_rows over (ids, hidden) at `at`, its argmax drafts[0], then the head
-  // chained on its own output state and draft for drafts[1..] (cache rows at + n ..). One CUDA graph
-  // per (rows, drafts) where the embedding table is on the GPU and the rows fit a step; else mtp_rows
-  // call by call (the same kernels).
-  void mtp_chain(int slot, int64_t at, std::span<const int32_t> ids, const float* hidden, std::span<int32_t> drafts);
+  // chained on its own output state and draft for drafts[1..] (cache rows at + n ..), as one CUDA graph
+  // per (rows, drafts). false (nothing run) where it cannot be one graph (the embedding table in host
+  // memory, eager steps, more rows than a step, more than 8 drafts): the caller chains mtp_rows.
+  bool mtp_chain(int slot, int64_t at, std::span<const int32_t> ids, const float* hidden, std::span<int32_t> drafts);
 
   struct Impl;
 

@@ -18,6 +18,30 @@ enum Want : int { kLogits = 1, kArgmax = 2, kHidden = 4 };
 // One graph per (rows, outputs): the kernels' grids depend on the rows, the copies on the outputs.
 int mtp_graph_key(int64_t n, int want) { return -1 - (static_cast<int>(n) * 8 + want); }  // negative: beside row_graphs' keys
 
+// What mtp_rows and mtp_chain check before any work: the slot, rows to run, the ids, room in the
+// head's cache for `rows` rows from `at`.
+void check_head_rows(const Qwen35MoeGpu::Impl& m, int slot, int64_t at, std::span<const int32_t> ids, int64_t rows) {
+  const int64_t V = m.model.config().vocab_size;
+  if (!m.mtp.on) fail("internal: the MTP head's rows without the head on the GPU (GpuOptions::mtp)");
+  if (slot < 0 || slot >= m.slots) fail("slot ", slot, " is outside 0..", m.slots - 1);
+  if (ids.empty()) fail("the MTP head: no rows");
+  if (at < 0 || at + rows > m.opts.max_context)
+    fail("the MTP head's cache of slot ", slot, " reached the context limit of ", m.opts.max_context, " tokens (--context)");
+  for (size_t t = 0; t < ids.size(); ++t)
+    if (ids[t] < 0 || ids[t] >= V) fail("token id ", ids[t], " at position ", t, " is outside the vocabulary (0..", V - 1, ")");
+}
+
+// step_rows' table (hio) for one group: ids at positions at.. of `slot`.
+void one_group_table(Qwen35MoeGpu::Impl& m, int slot, int64_t at, std::span<const int32_t> ids) {
+  const int64_t R = m.rows, n = static_cast<int64_t>(ids.size());
+  for (int64_t i = 0; i < n; ++i) {
+    m.hio[i] = ids[i];
+    m.hio[R + i] = static_cast<int32_t>(at + i);
+    m.hio[2 * R + i] = slot;
+  }
+  m.hio[3 * R] = slot, m.hio[4 * R] = 0, m.hio[4 * R + 1] = static_cast<int32_t>(n);
+}
+
 }  // namespace
 
 void Qwen35MoeGpu::Impl::enqueue_mtp(int64_t n, bool chunk, const int32_t* ids_host) {
@@ -45,12 +69,7 @@ void Qwen35MoeGpu::mtp_rows(int slot, int64_t at, std::span<const int32_t> ids, 
   Impl& m = *impl_;
   const ModelConfig& c = m.model.config();
   const int64_t H = c.hidden_size, V = c.vocab_size, R = m.rows, n = static_cast<int64_t>(ids.size());
-  if (!m.mtp.on) fail("internal: mtp_rows without the MTP head on the GPU (GpuOptions::mtp)");
-  if (slot < 0 || slot >= m.slots) fail("slot ", slot, " is outside 0..", m.slots - 1);
-  if (n == 0) fail("mtp_rows: no rows");
-  if (at < 0 || at + n > m.opts.max_context) fail("the MTP head's cache of slot ", slot, " reached the context limit of ", m.opts.max_context, " tokens (--context)");
-  for (int64_t t = 0; t < n; ++t)
-    if (ids[t] < 0 || ids[t] >= V) fail("token id ", ids[t], " at position ", t, " is outside the vocabulary (0..", V - 1, ")");
+  check_head_rows(m, slot, at, ids, n);
   const int want = (logits_out ? kLogits : 0) | (argmax ? kArgmax : 0) | (hidden_out ? kHidden : 0);
   // The last piece's outputs on the stream: the logits row (to hrows), its argmax (top_ids), the state.
   auto outputs = [&](bool last) {
@@ -83,12 +102,7 @@ void Qwen35MoeGpu::mtp_rows(int slot, int64_t at, std::span<const int32_t> ids, 
       continue;
     }
     // The step's table as step_rows fills it (one group), the hidden rows in pinned staging.
-    for (int64_t i = 0; i < len; ++i) {
-      m.hio[i] = ids[t + i];
-      m.hio[R + i] = static_cast<int32_t>(at + t + i);
-      m.hio[2 * R + i] = slot;
-    }
-    m.hio[3 * R] = slot, m.hio[4 * R] = 0, m.hio[4 * R + 1] = static_cast<int32_t>(len);
+    one_group_table(m, slot, at + t, ids.subspan(static_cast<size_t>(t), static_cast<size_t>(len)));
     std::copy_n(hidden + t * H, len * H, m.mtp.hhid);
     auto enqueue = [&] {
       CK(cudaMemcpyAsync(m.bio, m.hio, (5 * R + 1) * sizeof(int32_t), cudaMemcpyHostToDevice, m.stream));
@@ -108,32 +122,14 @@ void Qwen35MoeGpu::mtp_rows(int slot, int64_t at, std::span<const int32_t> ids, 
   if (want & kArgmax) *argmax = m.hio[5 * R];
 }
 
-void Qwen35MoeGpu::mtp_chain(int slot, int64_t at, std::span<const int32_t> ids, const float* hidden, std::span<int32_t> drafts) {
+bool Qwen35MoeGpu::mtp_chain(int slot, int64_t at, std::span<const int32_t> ids, const float* hidden, std::span<int32_t> drafts) {
   Impl& m = *impl_;
   const ModelConfig& c = m.model.config();
   const int64_t H = c.hidden_size, V = c.vocab_size, R = m.rows, n = static_cast<int64_t>(ids.size()), k = static_cast<int64_t>(drafts.size());
   if (k == 0) fail("mtp_chain: no drafts asked for");
-  if (!m.mtp.on || !m.embed || !m.graph_ok || Trace::active() || n > R || k > gpu::kMaxGemvTokens) {  // call by call
-    std::vector<float> h(static_cast<size_t>(H)), h_next(h.size());
-    mtp_rows(slot, at, ids, hidden, nullptr, &drafts[0], k > 1 ? h.data() : nullptr);
-    for (int64_t i = 1; i < k; ++i) {
-      mtp_rows(slot, at + n + i - 1, drafts.subspan(static_cast<size_t>(i) - 1, 1), h.data(), nullptr, &drafts[i], i + 1 < k ? h_next.data() : nullptr);
-      h.swap(h_next);
-    }
-    return;
-  }
-  if (slot < 0 || slot >= m.slots) fail("slot ", slot, " is outside 0..", m.slots - 1);
-  if (n == 0) fail("mtp_chain: no rows");
-  if (at < 0 || at + n + k - 1 > m.opts.max_context)
-    fail("the MTP head's cache of slot ", slot, " reached the context limit of ", m.opts.max_context, " tokens (--context)");
-  for (int64_t t = 0; t < n; ++t)
-    if (ids[t] < 0 || ids[t] >= V) fail("token id ", ids[t], " at position ", t, " is outside the vocabulary (0..", V - 1, ")");
-  for (int64_t i = 0; i < n; ++i) {  // the first call's table, as mtp_rows fills it
-    m.hio[i] = ids[i];
-    m.hio[R + i] = static_cast<int32_t>(at + i);
-    m.hio[2 * R + i] = slot;
-  }
-  m.hio[3 * R] = slot, m.hio[4 * R] = 0, m.hio[4 * R + 1] = static_cast<int32_t>(n);
+  if (!m.embed || !m.graph_ok || Trace::active() || n > R || k > gpu::kMaxGemvTokens) return false;  // the caller goes call by call
+  check_head_rows(m, slot, at, ids, n + k - 1);
+  one_group_table(m, slot, at, ids);  // the first call's, as mtp_rows fills it
   int32_t* io = m.chain_io();  // [drafts][positions][1]
   for (int64_t i = 1; i < k; ++i) io[gpu::kMaxGemvTokens + i] = static_cast<int32_t>(at + n + i - 1);
   io[2 * gpu::kMaxGemvTokens] = 1;
@@ -157,6 +153,7 @@ void Qwen35MoeGpu::mtp_chain(int slot, int64_t at, std::span<const int32_t> ids,
   CK(cudaGraphLaunch(m.cached_graph(-100000 - static_cast<int>(n * 16 + k), enqueue), m.stream));  // keys beside mtp_rows'
   CK(cudaStreamSynchronize(m.stream));
   std::copy_n(io, k, drafts.data());
+  return true;
 }
 
 }  // namespace tandem

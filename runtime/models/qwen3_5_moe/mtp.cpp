@@ -45,6 +45,13 @@ void MtpSequence::drop_provisional() {
   st_.pos = committed_;
 }
 
+void MtpSequence::consumed(int64_t rows) {
+  committed_ += rows;  // every pending row now has its token: built from the main model's states
+  hidden_.clear();
+  ids_.clear();
+  kept_rows_ = 0;
+}
+
 void MtpSequence::head(std::span<const int32_t> ids, const float* hidden, float* logits, int32_t* argmax, float* hidden_out) {
   if (device_) {
     device_->mtp_rows(slot_, rows_, ids, hidden, logits, argmax, hidden_out);
@@ -91,13 +98,9 @@ void MtpSequence::draft(int32_t next, std::span<int32_t> out, const DraftPick& p
   drop_provisional();
   std::vector<int32_t> following(ids_.begin() + 1, ids_.end());
   following.push_back(next);
-  if (device_ && !pick) {  // greedy on a device: the whole chain there
-    device_->mtp_chain(slot_, rows_, following, hidden_.data(), out);
+  if (device_ && !pick && device_->mtp_chain(slot_, rows_, following, hidden_.data(), out)) {  // greedy: the whole chain there
     rows_ += rows + static_cast<int64_t>(out.size()) - 1;
-    committed_ += rows;
-    hidden_.clear();
-    ids_.clear();
-    kept_rows_ = 0;
+    consumed(rows);
     for (size_t i = 0; i < out.size(); ++i)
       if (out[i] < 0 || out[i] >= V) fail("MTP head: draft ", i, " picked id ", out[i], " outside the vocabulary");
     return;
@@ -108,10 +111,7 @@ void MtpSequence::draft(int32_t next, std::span<int32_t> out, const DraftPick& p
   int32_t best = 0;
   const bool more = out.size() > 1;  // the chain needs the head's output state
   head(following, hidden_.data(), logits_wanted ? logits.data() : nullptr, pick ? nullptr : &best, more ? h.data() : nullptr);
-  committed_ += rows;  // every pending row now has its token: built from the main model's states
-  hidden_.clear();
-  ids_.clear();
-  kept_rows_ = 0;
+  consumed(rows);
   for (size_t i = 0; i < out.size(); ++i) {
     out[i] = pick ? pick(static_cast<int>(i), logits) : best;
     if (out[i] < 0 || out[i] >= V) fail("MTP head: draft ", i, " picked id ", out[i], " outside the vocabulary");

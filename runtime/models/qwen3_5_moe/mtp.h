@@ -34,8 +34,9 @@ class MtpDevice {
   virtual ~MtpDevice() = default;
   virtual void mtp_rows(int slot, int64_t at, std::span<const int32_t> ids, const float* hidden, float* logits, int32_t* argmax,
                         float* hidden_out) = 0;
-  // Greedy drafts: the rows as mtp_rows, then the chain on the head's own output (drafts.size() in all).
-  virtual void mtp_chain(int slot, int64_t at, std::span<const int32_t> ids, const float* hidden, std::span<int32_t> drafts) = 0;
+  // Greedy drafts: the rows as mtp_rows, then the chain on the head's own output (drafts.size() in all),
+  // in one go; false (nothing run) where the device cannot, and the caller chains mtp_rows.
+  virtual bool mtp_chain(int slot, int64_t at, std::span<const int32_t> ids, const float* hidden, std::span<int32_t> drafts) = 0;
 };
 
 class MtpSequence {
@@ -56,6 +57,7 @@ class MtpSequence {
 
  private:
   void drop_provisional();
+  void consumed(int64_t rows);  // the pending rows went into the head's cache (a draft's first call)
   // The head over rows at the cache's end (host or device); the last row's outputs where asked for.
   void head(std::span<const int32_t> ids, const float* hidden, float* logits, int32_t* argmax, float* hidden_out);
   const Qwen35Moe* model_;
