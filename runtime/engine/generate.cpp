@@ -357,8 +357,7 @@ void Batcher::step() {
   }
   // Every other sequence: its prompt's last chunk or its next token, together. --draft auto: a step
   // of one decoding sequence is timed for the runner's tuner (its drafts, verification and rollback).
-  using clock = std::chrono::steady_clock;
-  const clock::time_point t0 = clock::now();
+  const Clock::time_point t0 = Clock::now();
   const bool timed = runner_.draft_tuner() && partial.empty() && active_.size() == 1 && !active_[0]->prefilling() && active_[0]->drafts_auto();
   std::vector<Live*> who;
   std::vector<std::span<const int32_t>> ids;
@@ -393,7 +392,7 @@ void Batcher::step() {
       if (timed) {
         const int k = verify[i] ? who[i]->last_drafts() : 0;
         runner_.draft_tuner()->record(k, static_cast<int>(std::clamp<int64_t>(kept - 1, 0, k)),
-                                      std::chrono::duration<double>(clock::now() - t0).count());
+                                      std::chrono::duration<double>(Clock::now() - t0).count());
       }
       checkpoint(*who[i]);
     }

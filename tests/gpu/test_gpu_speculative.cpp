@@ -169,28 +169,7 @@ TEST_P(GpuSpeculative, ASavedSequenceDraftsAsItsOriginal) {
   const test::Fixture fx = test::load_fixture("gptq_sym_v1");
   auto model = Qwen35Moe::load(fx.dir);
   auto r = make_runner(*model, spec_options(*model, GetParam(), 3, 2));
-  std::vector<float> logits(static_cast<size_t>(fx.vocab));
-  r->step(std::vector<Runner::Feed>{{0, fx.ids, logits.data(), Qwen35Moe::LogitRows::Last, false}});
-  const int32_t next = argmax_lowest(logits);
-  const auto saved = r->save(0);
-  std::vector<int32_t> a(3), b(3);
-  r->draft(0, next, a, nullptr);
-  r->restore(1, *saved);
-  r->draft(1, next, b, nullptr);
-  EXPECT_EQ(a, b);
-  std::vector<std::vector<float>> rows(2);
-  for (int s : {0, 1}) {
-    std::vector<int32_t> feed = {next};
-    feed.insert(feed.end(), a.begin(), a.end());
-    rows[s].resize(feed.size() * static_cast<size_t>(fx.vocab));
-    r->step(std::vector<Runner::Feed>{{s, feed, rows[s].data(), Qwen35Moe::LogitRows::All, true}});
-    r->rollback(s, 1);
-  }
-  EXPECT_EQ(rows[0], rows[1]);
-  std::vector<int32_t> a2(2), b2(2);
-  r->draft(0, 5, a2, nullptr);
-  r->draft(1, 5, b2, nullptr);
-  EXPECT_EQ(a2, b2);
+  test::saved_sequence_drafts_alike(*r, fx.ids, fx.vocab);
 }
 
 // The demo model (models/demo): the tokens of the plain GPU runner (its one-token graph and prompt

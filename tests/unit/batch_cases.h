@@ -217,4 +217,32 @@ inline void saved_sequence_restores(const RunnerFactory& make, const std::vector
   }
 }
 
+// A saved sequence takes its MTP head's side along (Runner::save / restore with drafts): `r` holds two
+// slots and drafts 3; slot 0 is fed `prompt`, saved, restored into slot 1, and both draft alike, give
+// the same rows for a verification step rolled back to one token, and draft alike after it.
+inline void saved_sequence_drafts_alike(Runner& r, std::span<const int32_t> prompt, int64_t V) {
+  std::vector<float> logits(static_cast<size_t>(V));
+  r.step(std::vector<Runner::Feed>{{0, prompt, logits.data(), Qwen35Moe::LogitRows::Last, false}});
+  const int32_t next = argmax_lowest(logits);
+  const auto saved = r.save(0);
+  std::vector<int32_t> a(3), b(3);
+  r.draft(0, next, a, nullptr);
+  r.restore(1, *saved);
+  r.draft(1, next, b, nullptr);
+  EXPECT_EQ(a, b);
+  std::vector<std::vector<float>> rows(2);
+  for (int s : {0, 1}) {
+    std::vector<int32_t> feed = {next};
+    feed.insert(feed.end(), a.begin(), a.end());
+    rows[s].resize(feed.size() * static_cast<size_t>(V));
+    r.step(std::vector<Runner::Feed>{{s, feed, rows[s].data(), Qwen35Moe::LogitRows::All, true}});
+    r.rollback(s, 1);
+  }
+  EXPECT_EQ(rows[0], rows[1]);
+  std::vector<int32_t> a2(2), b2(2);
+  r.draft(0, 5, a2, nullptr);
+  r.draft(1, 5, b2, nullptr);
+  EXPECT_EQ(a2, b2);
+}
+
 }  // namespace tandem::test

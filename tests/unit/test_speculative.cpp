@@ -258,28 +258,7 @@ TEST_P(Speculative, SampledTokensKeepTheTargetDistribution) {
 TEST_P(Speculative, ASavedSequenceDraftsAsItsOriginal) {
   const test::TinyModel& m = tiny();
   auto r = host_runner(*m.model, GetParam(), 3, 2);
-  const std::vector<int32_t> prompt = m.tok.encode("the model routes every token");
-  std::vector<float> logits(static_cast<size_t>(m.vocab));
-  r->step(std::vector<Runner::Feed>{{0, prompt, logits.data(), Qwen35Moe::LogitRows::Last, false}});
-  const int32_t next = argmax_lowest(logits);
-  const auto saved = r->save(0);
-  std::vector<int32_t> a(3), b(3);
-  r->draft(0, next, a, nullptr);
-  r->restore(1, *saved);
-  r->draft(1, next, b, nullptr);
-  EXPECT_EQ(a, b);
-  // and after a verification step rolled back to one token, both go on alike
-  for (int s : {0, 1}) {
-    std::vector<int32_t> feed = {next};
-    feed.insert(feed.end(), a.begin(), a.end());
-    std::vector<float> rows(feed.size() * static_cast<size_t>(m.vocab));
-    r->step(std::vector<Runner::Feed>{{s, feed, rows.data(), Qwen35Moe::LogitRows::All, true}});
-    r->rollback(s, 1);
-  }
-  std::vector<int32_t> a2(2), b2(2);
-  r->draft(0, 5, a2, nullptr);
-  r->draft(1, 5, b2, nullptr);
-  EXPECT_EQ(a2, b2);
+  test::saved_sequence_drafts_alike(*r, m.tok.encode("the model routes every token"), m.vocab);
 }
 
 INSTANTIATE_TEST_SUITE_P(Host, Speculative, ::testing::Values(Device::Ref, Device::Cpu), [](const auto& info) { return std::string(device_name(info.param)); });

@@ -64,8 +64,8 @@ void Qwen35MoeGpu::Impl::run_rows(int64_t n, const Batch& b, float* logits_dst, 
   // All on the GPU: the step as a graph. With host experts the layers hand over eagerly (post_copy /
   // serve_copy wait on the host).
   if (graph_ok && gpu_only_layers == layers.size() && !Trace::active()) {
-    const ExpertCounts saved = counts;  // replays count below
     CK(cudaGraphLaunch(cached_graph(row_graph_key(n, b.groups, b.keep, w, hid != nullptr), [&] {
+                         const ExpertCounts saved = counts;  // the capture counts nothing: replays count below
                          enqueue_rows(n, b, dst, hid);
                          counts = saved;
                        }),
