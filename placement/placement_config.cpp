@@ -29,6 +29,15 @@ const char* prefill_name(PrefillStrategy s) {
   return s == PrefillStrategy::Auto ? "auto" : s == PrefillStrategy::Cpu ? "cpu" : "gpu_stream";
 }
 
+bool PlacementConfig::experts_int4_on_load(bool checkpoint_int4) const {
+  if (gpu_format == "int4") return true;
+  if (checkpoint_int4) return false;
+  if (cpu_format == "int4") return true;
+  for (const PlacementRule& r : rules)
+    if (r.format == "int4") return true;  // formats in rules are the experts' (the planner refuses them elsewhere)
+  return false;
+}
+
 bool glob_match(const std::string& p, const std::string& s) {
   size_t i = 0, j = 0, star = std::string::npos, mark = 0;
   while (j < s.size()) {
@@ -242,8 +251,9 @@ PlacementConfig parse_placement_config(const std::string& text, const std::strin
       if (e["cpu_format"]) c.cpu_format = format_value(r, e["cpu_format"], "experts.cpu_format", true);
       if (e["gpu_format"]) {
         c.gpu_format = format_value(r, e["gpu_format"], "experts.gpu_format", true);
-        if (c.gpu_format != "auto")
-          r.fail_at(e["gpu_format"], "experts.gpu_format", "GPU experts run in the checkpoint's format; only 'auto' is supported");
+        if (c.gpu_format != "auto" && c.gpu_format != "int4")
+          r.fail_at(e["gpu_format"], "experts.gpu_format",
+                    "GPU experts run as stored ('auto') or as int4 ('int4': floating-point experts quantized on load); not " + c.gpu_format);
       }
       if (e["deferral"]) c.deferral = static_cast<int>(r.integer(e["deferral"], "experts.deferral", 0, 64));
       if (const YAML::Node lk = e["link"]) {

@@ -70,7 +70,13 @@ struct PlacementConfig {
   int gpu_experts_per_layer = -1;         // preset; -1: unset
   bool cpu_experts_all = false;           // preset
   std::string cpu_format = "auto";        // auto | int4 | int8 | bf16
-  std::string gpu_format = "auto";        // auto (the checkpoint's)
+  // auto (as stored) | int4: every routed expert stored in a floating-point format (a BF16
+  // checkpoint's, the MTP head's) quantized on load (Qwen35Moe::quantize_experts_int4), on both sides.
+  // cpu_format: int4 (or a rule's format: int4) on a BF16 checkpoint asks for the same.
+  std::string gpu_format = "auto";
+  // Whether this config asks for experts quantized on load to int4 on a checkpoint whose routed
+  // experts are `checkpoint_int4` or not (see gpu_format).
+  bool experts_int4_on_load(bool checkpoint_int4) const;
   int deferral = 0;                       // lowest-weight CPU experts of layer L applied at L+1
   // experts.link: of each token's CPU experts, the first link_in_place the GPU computes itself reading
   // them in place over PCIe (GpuOptions::link_experts). 0: off, the CPU computes all of them.

@@ -14,6 +14,7 @@
 #include "core/bytes.h"
 #include "core/error.h"
 #include "core/limits.h"
+#include "core/quantize_int4.h"
 
 namespace tandem::placement {
 
@@ -38,10 +39,18 @@ struct Sizer {
   bool dense_int8 = false;  // dense.format: int8: the projections that are not GPTQ as int8 rows
   bool lm_head_int8 = false;  // dense.lm_head: int8
 
-  QuantConfig::ModuleQuant quant(const std::string& module) const { return c.quant.for_module(prefix + module); }
+  bool experts_int4 = false;  // floating-point routed experts quantized on load (PlacementConfig::experts_int4_on_load)
+
+  // How `module` (`in` inputs) is stored once loaded: as the checkpoint says, or int4 on load for an expert.
+  QuantConfig::ModuleQuant quant(const std::string& module, int64_t in) const {
+    QuantConfig::ModuleQuant q = c.quant.for_module(prefix + module);
+    if (experts_int4 && !q.quantized && module.find(".experts.") != std::string::npos)
+      q = {.quantized = true, .bits = 4, .group_size = static_cast<int>(int4_group_for(in)), .sym = false, .desc_act = false};
+    return q;
+  }
   // One nn.Linear as Qwen35MoeGpu stores it (quantizable: a projection, not a router, gate or table).
   uint64_t linear(const std::string& module, int64_t out, int64_t in, bool quantizable = true) const {
-    const auto q = quantizable ? quant(module) : QuantConfig::ModuleQuant{};
+    const auto q = quantizable ? quant(module, in) : QuantConfig::ModuleQuant{};
     if (module == "lm_head" && lm_head_int8 && in % 16 == 0) return gpu::int8_matrix_bytes(out, in);
     if (quantizable && dense_int8 && !q.quantized && in % 16 == 0 && module.find(".experts.") == std::string::npos)
       return gpu::int8_matrix_bytes(out, in);
@@ -126,7 +135,7 @@ VramBytes fixed_vram(const ModelConfig& c, const Sizer& s, int64_t context, int 
   // per sequence; the verification step keeps draft + 1 DeltaNet states.
   const bool mtp = draft > 0 && c.mtp_layers > 0;
   if (mtp) {
-    const Sizer ms{c, "mtp."};
+    const Sizer ms{c, "mtp.", false, false, s.experts_int4};
     const std::string a = "layers.0.self_attn.", m = "layers.0.mlp.";
     v.dense_weights += 2 * ms.linear("fc", H, H, false) + 5 * floats(H) + 2 * floats(hd);
     v.dense_weights += ms.linear(a + "q_proj", int64_t(nh) * hd * 2, H) + ms.linear(a + "k_proj", int64_t(nkv) * hd, H) +
@@ -134,7 +143,7 @@ VramBytes fixed_vram(const ModelConfig& c, const Sizer& s, int64_t context, int 
     v.dense_weights += ms.linear(m + "gate", E, H, false) + ms.linear(m + "shared_expert.gate_proj", Is, H) +
                        ms.linear(m + "shared_expert.up_proj", Is, H) + ms.linear(m + "shared_expert.down_proj", H, Is) +
                        ms.linear(m + "shared_expert_gate", 1, H, false);
-    const bool q = ms.quant(m + "experts.0.gate_proj").quantized;
+    const bool q = ms.quant(m + "experts.0.gate_proj", H).quantized;
     const int64_t I = c.moe_intermediate_size;
     v.expert_weights += static_cast<uint64_t>(E) * (2 * ms.linear(m + "experts.0.gate_proj", I, H) + ms.linear(m + "experts.0.down_proj", H, I)) +
                         align256(static_cast<uint64_t>(E) * (q ? kInt4ExpertTableEntry : kBf16ExpertTableEntry));
@@ -226,7 +235,7 @@ void predict(const ModelConfig& c, const PlacementConfig& cfg, const PlanRequest
   // Speculative decoding: a verification step of T = k + 1 tokens reads the dense weights once and,
   // per layer, the union of the experts its tokens route to, each where it lives (uniform routing: E
   // (1 - (1 - k/E)^T), an upper bound: text repeats experts); one draft reads the MTP head's fc, its
-  // attention layer, router, shared expert and 8 of its BF16 experts, and the whole lm_head, on the GPU.
+  // attention layer, router, shared expert and 8 of its experts (BF16, or int4 on load), and the whole lm_head, on the GPU.
   if (cfg.draft != 0 && c.mtp_layers > 0) {
     const int E = c.num_experts, nh = c.num_heads;
     for (int d = 1; d <= drafts_held(cfg.draft); ++d) {
@@ -240,7 +249,8 @@ void predict(const ModelConfig& c, const PlacementConfig& cfg, const PlanRequest
     }
     const double attn = (2.0 * nh * hd * H + 2.0 * nkv * hd * H + static_cast<double>(nh) * hd * H) * 2;
     const double lm = cfg.lm_head_format == "int8" ? static_cast<double>(V) * (H + 4) : static_cast<double>(V) * H * 2;
-    const double head = 2.0 * H * H * 2 + attn + static_cast<double>(E) * H * 2 + shared_bytes + k * 3.0 * I * H * 2 + lm;
+    const double head_expert = p.experts_int4_on_load ? 3.0 * I * H * (0.5 + 2.5 / static_cast<double>(int4_group_for(H))) : 3.0 * I * H * 2;
+    const double head = 2.0 * H * H * 2 + attn + static_cast<double>(E) * H * 2 + shared_bytes + k * head_expert + lm;
     pr.draft_ms = (head / pr.gpu_bw + 14 * launch_us * 1e-6) * 1e3;
   }
   // Prefill: streaming every CPU expert over PCIe vs computing the CPU share on the CPU: the switch
@@ -292,7 +302,9 @@ Plan make_plan(const ModelConfig& c, const PlacementConfig& cfg, const PlanReque
   if (!p.budget_bytes)
     fail(cfg.source, ": no GPU memory budget: set gpu.memory in the config or pass --gpu-mem (no CUDA device to ask)");
 
-  const Sizer s{c, c.composite ? "model.language_model." : "model.", cfg.dense_format == "int8", cfg.lm_head_format == "int8"};
+  const std::string prefix = c.composite ? "model.language_model." : "model.";
+  p.experts_int4_on_load = cfg.experts_int4_on_load(c.quant.for_module(prefix + "layers.0.mlp.experts.0.gate_proj").quantized);
+  const Sizer s{c, prefix, cfg.dense_format == "int8", cfg.lm_head_format == "int8", p.experts_int4_on_load};
   const int64_t H = c.hidden_size, I = c.moe_intermediate_size;
   const int E = c.num_experts, L = c.num_layers;
 
@@ -320,7 +332,7 @@ Plan make_plan(const ModelConfig& c, const PlacementConfig& cfg, const PlanReque
 
   // ---- experts: formats and sizes ----
   const bool tied_shared = c.tie_word_embeddings && p.embed_on_gpu;
-  const auto eq = s.quant("layers.0.mlp.experts.0.gate_proj");
+  const auto eq = s.quant("layers.0.mlp.experts.0.gate_proj", H);
   p.expert_checkpoint_format = eq.quantized ? "int4" : "bf16";
   const int64_t group = eq.quantized ? (eq.group_size > 0 ? eq.group_size : H) : 128;
   p.gpu_expert_bytes = 2 * s.linear("layers.0.mlp.experts.0.gate_proj", I, H) + s.linear("layers.0.mlp.experts.0.down_proj", H, I);
@@ -398,9 +410,10 @@ Plan make_plan(const ModelConfig& c, const PlacementConfig& cfg, const PlanReque
          ": int4 CPU experts need a GPTQ checkpoint; this one has bf16 experts (use int8 or bf16)");
   if (fmt == "bf16" && eq.quantized)
     fail(format_rule ? rule_where(cfg, *format_rule) : cfg.source + ": experts.cpu_format",
-         ": this checkpoint's experts are GPTQ int4; run them as int4 (lossless) or int8 on the CPU, not bf16");
+         p.experts_int4_on_load ? ": the experts are quantized on load to int4 (experts.gpu_format: int4); run them as int4 or int8 on the CPU, not bf16"
+                                : ": this checkpoint's experts are GPTQ int4; run them as int4 (lossless) or int8 on the CPU, not bf16");
   p.cpu_expert_format = fmt;
-  const int64_t down_group = eq.quantized ? group : 128, int8_group = 128;
+  const int64_t down_group = !eq.quantized ? 128 : p.experts_int4_on_load ? int4_group_for(I) : group, int8_group = 128;
   const bool sym = !eq.quantized || eq.sym;
   p.cpu_expert_bytes = 2 * Sizer::host_matrix(fmt, I, H, fmt == "int8" ? int8_group : group, sym) +
                        Sizer::host_matrix(fmt, H, I, fmt == "int8" ? int8_group : down_group, sym);
@@ -584,6 +597,7 @@ nlohmann::json plan_to_json(const Plan& p) {
   j["selection"] = p.selection;
   j["heat_used"] = p.heat_used;
   j["expert_checkpoint_format"] = p.expert_checkpoint_format;
+  j["experts_int4_on_load"] = p.experts_int4_on_load;
   j["cpu_expert_format"] = p.cpu_expert_format;
   j["gpu_expert_bytes"] = p.gpu_expert_bytes;
   j["cpu_expert_bytes"] = p.cpu_expert_bytes;
@@ -646,7 +660,8 @@ std::string plan_table(const Plan& p) {
   line("dense weights", format_gib(v.dense_weights) + (p.embed_on_gpu ? "" : " (embed_tokens on the CPU)") +
                             (p.dense_format == "int8" ? " (projections as int8 rows: dense.format)" : "") +
                             (p.lm_head_format == "int8" ? " (lm_head as int8 rows: dense.lm_head)" : ""));
-  line("routed experts", str_cat(format_gib(v.expert_weights), " (", p.total_gpu_experts(), " experts, ", p.expert_checkpoint_format, ")"));
+  line("routed experts", str_cat(format_gib(v.expert_weights), " (", p.total_gpu_experts(), " experts, ", p.expert_checkpoint_format,
+                                       p.experts_int4_on_load ? ", quantized on load" : "", ")"));
   line("KV cache", format_gib(v.kv_cache));
   line("DeltaNet state", format_gib(v.deltanet_state));
   {  // the batch's trade: each sequence's KV cache and state is room routed experts could have had

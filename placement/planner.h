@@ -70,7 +70,8 @@ struct Plan {
   VramBytes vram;
   uint64_t min_budget_bytes = 0;  // everything but routed experts
   bool embed_on_gpu = true;
-  std::string expert_checkpoint_format;  // int4 (GPTQ) or bf16
+  std::string expert_checkpoint_format;  // int4 (GPTQ, or quantized on load) or bf16
+  bool experts_int4_on_load = false;     // floating-point experts quantized on load (experts.gpu_format: int4, ...)
   std::string dense_format = "bf16";     // dense.format: the projections as stored (bf16) or int8 rows
   std::string lm_head_format = "bf16";   // dense.lm_head
   std::string cpu_expert_format;         // int4 | int8 | bf16

@@ -23,6 +23,8 @@ std::vector<Flag> device_flags() {
       {"gpu-mem", true, "--device gpu|hybrid: memory budget, e.g. 24GiB (default: the config's, else free device memory)"},
       {"context", true, "--device gpu|hybrid: longest sequence the KV cache holds (hybrid: the config's, else the longest whose KV cache takes at most a quarter of the free budget; gpu: 4096)"},
       {"dense-format", true, "--device gpu|hybrid: the dense projections as stored (bf16, default) or quantized on load to int8 rows (half their bytes; hybrid: the config's dense.format)"},
+      {"experts-format", true, "routed experts as stored (auto, default) or int4: a BF16 checkpoint's experts and the MTP head's quantized on load (a quarter of their bytes; cached on disk; hybrid: the config's experts.gpu_format)"},
+      {"quant-cache", true, "--experts-format int4: the folder its cache goes in (default: MODEL/.tandem-cache when writable, else ~/.cache/tandem)"},
       {"lm-head-format", true, "--device gpu|hybrid: the lm_head as stored (bf16, default) or as int8 rows (hybrid: the config's dense.lm_head)"},
       {"draft", true, "speculative decoding: tokens the model's MTP head drafts a step, 0 = off (default), auto = as many as pay (up to 4, measured as it goes)"},
       {"defer-experts", true, "--device ref|cpu: apply each token's N lowest-weight experts one layer late (measures expert deferral)"},
@@ -59,6 +61,10 @@ RunnerOptions runner_options(const Args& a, int64_t min_context) {
   o.config = a.get("config", "");
   o.dense_format = a.get("dense-format", "");
   o.lm_head_format = a.get("lm-head-format", "");
+  o.experts_format = a.get("experts-format", "");
+  if (!o.experts_format.empty() && o.experts_format != "auto" && o.experts_format != "int4")
+    throw UsageError(str_cat("--experts-format must be auto or int4 (got '", o.experts_format, "')"));
+  o.quant_cache = a.get("quant-cache", "");
   o.draft = a.get("draft", "") == "auto" ? kDraftAuto : a.get_int<int>("draft", 0, 0, kMaxDraft);
   o.draft_set = a.has("draft");
   o.defer_experts = a.get_int<int>("defer-experts", 0, 0, INT_MAX);  // make_runner checks it against the model

@@ -60,6 +60,7 @@ Plan prepare_hybrid(RunnerOptions& o, const ModelConfig& model, const PlacementC
   cfg.dense_format = o.dense_format;
   if (o.lm_head_format.empty()) o.lm_head_format = cfg.lm_head_format;
   cfg.lm_head_format = o.lm_head_format;
+  if (!o.experts_format.empty()) cfg.gpu_format = o.experts_format;  // --experts-format over experts.gpu_format
   cfg.gpu_reserve += o.cache_vram;        // the prefix cache's VRAM tier: set aside before experts are placed
   // --context, else the config's (at least what the command needs), else the planner's choice
   const int64_t context = o.context_set ? o.context : cfg.context ? std::max(cfg.context, o.min_context) : 0;
@@ -75,6 +76,7 @@ Plan prepare_hybrid(RunnerOptions& o, const ModelConfig& model, const PlacementC
     fail("the CPU experts of this placement need ", format_gib(plan.host_expert_bytes), " of host RAM but only ",
          format_gib(plan.host_available_bytes), " is available (MemAvailable); raise the GPU budget (more experts on the GPU), ",
          "use int4 CPU experts, or free memory");
+  if (plan.experts_int4_on_load) o.experts_format = "int4";  // the plan counted them so: Session::start quantizes them
   o.plan = std::make_shared<const Plan>(plan);
   o.context = plan.context;
   if (o.threads == 0) o.threads = cfg.cpu_threads;
@@ -124,6 +126,12 @@ Session Session::open(const std::string& model_dir, bool need_tokenizer) {
 void Session::start(RunnerOptions opts, const placement::PlacementConfig* config) {
   runner.reset();  // a hybrid runner's host and device memory before the next plan counts what is free
   device_line = config ? prepare_device(opts, model->config(), *config) : prepare_device(opts, model->config());
+  if (!opts.experts_format.empty() && opts.experts_format != "auto" && opts.experts_format != "int4")
+    fail("--experts-format must be auto or int4 (got '", opts.experts_format, "')");
+  if (opts.experts_format == "int4") {
+    const std::string q = model->quantize_experts_int4(opts.quant_cache, stderr);
+    if (!q.empty()) device_line += (device_line.empty() ? "" : "; ") + q;
+  }
   runner = make_runner(*model, opts);
   options = std::move(opts);
 }

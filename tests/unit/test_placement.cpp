@@ -318,6 +318,46 @@ TEST(Planner, SpeculativeDraftCountsTheMtpHead) {
   EXPECT_LE(verify.vram.total(), 16ull << 30);
 }
 
+// experts.gpu_format: int4 (or cpu_format: int4 / a rule's format: int4 on a BF16 checkpoint): the
+// floating-point experts are quantized on load (Qwen35Moe::quantize_experts_int4, asymmetric group 128),
+// so the plan counts them as GPTQ int4 with zero points on both sides: a quarter of the BF16 bytes and
+// about four times the GPU experts; on the GPTQ release only the MTP head's BF16 experts change.
+TEST(Planner, ExpertsQuantizedOnLoad) {
+  const uint64_t int4_asym = 3u * (524288 + 16384 + 8192);  // nibbles, f16 scales, u8 zeros per 512x2048 matrix
+  const Plan bf16 = make_plan(model35_bf16(), {}, {.gpu_mem = 24ull << 30});
+  EXPECT_FALSE(bf16.experts_int4_on_load);
+  for (const char* text : {"experts: {gpu_format: int4}", "experts: {cpu_format: int4}",
+                           "rules:\n  - {match: 'layers.*.mlp.experts.*', format: int4}\n"}) {
+    SCOPED_TRACE(text);
+    const Plan q = make_plan(model35_bf16(), yaml(text), {.gpu_mem = 24ull << 30});
+    EXPECT_TRUE(q.experts_int4_on_load);
+    EXPECT_EQ(q.expert_checkpoint_format, "int4");
+    EXPECT_EQ(q.cpu_expert_format, "int4");
+    EXPECT_EQ(q.gpu_expert_bytes, int4_asym);
+    EXPECT_EQ(q.cpu_expert_bytes, int4_asym);
+    EXPECT_GT(q.total_gpu_experts(), 3 * bf16.total_gpu_experts());
+    EXPECT_LE(q.vram.total(), 24ull << 30);
+    EXPECT_NE(plan_table(q).find("int4, quantized on load"), std::string::npos);
+  }
+  test::expect_error([] { make_plan(model35_bf16(), yaml("experts: {gpu_format: int4, cpu_format: bf16}"), {.gpu_mem = 24ull << 30}); },
+                     {"experts.cpu_format", "quantized on load to int4", "not bf16"});
+  test::expect_error([] { yaml("experts: {gpu_format: int8}"); }, {"test.yaml:1", "experts.gpu_format", "'int4'"});
+
+  // The GPTQ release: cpu_format: int4 is its experts as stored; gpu_format: int4 quantizes the MTP
+  // head's 256 BF16 experts, which a drafting plan then counts at int4's size.
+  const ModelConfig m = model35();
+  EXPECT_FALSE(make_plan(m, yaml("experts: {cpu_format: int4}"), {.gpu_mem = 16ull << 30}).experts_int4_on_load);
+  const std::string base = "prefill: {chunk: 256}\ncontext: 4096\nspeculative: {draft: 3}\n";
+  const Plan head_bf16 = make_plan(m, yaml(base), {.gpu_mem = 16ull << 30});
+  const Plan head_int4 = make_plan(m, yaml(base + "experts: {gpu_format: int4}\n"), {.gpu_mem = 16ull << 30});
+  EXPECT_TRUE(head_int4.experts_int4_on_load);
+  EXPECT_EQ(head_int4.gpu_expert_bytes, head_bf16.gpu_expert_bytes);  // the model's experts: as stored
+  const uint64_t saved = 256ull * (3 * 2048 * 512 * 2 - int4_asym);
+  const int more = head_int4.total_gpu_experts() - head_bf16.total_gpu_experts();
+  EXPECT_GE(static_cast<uint64_t>(more + 1) * head_bf16.gpu_expert_bytes, saved) << more << " more GPU experts";
+  EXPECT_LT(head_int4.predicted.draft_ms, head_bf16.predicted.draft_ms);
+}
+
 // The cost model's speculative side: verification of k + 1 tokens costs more with k (the union of the
 // tokens' experts), much more where the experts are read from host memory; the speed-up formula.
 TEST(Planner, PredictsTheVerificationCostAndSpeedUp) {

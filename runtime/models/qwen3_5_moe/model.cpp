@@ -7,7 +7,9 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/bytes.h"
 #include "core/error.h"
+#include "core/quantize_int4.h"
 #include "runtime/models/qwen3_5_moe/ops_ref.h"
 
 namespace tandem {
@@ -262,6 +264,34 @@ void Qwen35Moe::load_weights() {
 
 std::string Qwen35Moe::layout_description() const {
   return str_cat(prefix_ == "model." ? "text-only names" : "composite names", ", experts ", expert_layout_);
+}
+
+std::string Qwen35Moe::quantize_experts_int4(const std::string& cache_root, std::FILE* log) {
+  if (expert_cache_) return {};
+  std::vector<LayerWeights*> all;
+  for (auto& L : layers_) all.push_back(&L);
+  if (mtp_) all.push_back(&mtp_->layer);
+  std::vector<LinearWeight*> todo;
+  bool model_experts = false, head_experts = false;
+  for (LayerWeights* L : all)
+    for (auto* v : {&L->moe.gate, &L->moe.up, &L->moe.down})
+      for (LinearWeight& w : *v)
+        if (w.kind == LinearWeight::Kind::Dense) {
+          todo.push_back(&w);
+          (L == (mtp_ ? &mtp_->layer : nullptr) ? head_experts : model_experts) = true;
+        }
+  if (todo.empty()) return {};
+  std::vector<const LinearWeight*> src(todo.begin(), todo.end());
+  auto cache = std::make_unique<Int4Cache>(open_int4_cache(ckpt_.dir(), cache_root, src, log));
+  for (LinearWeight* w : todo) *w = cache->view(w->name, w->out, w->in);
+  expert_cache_ = std::move(cache);
+  const std::string what = model_experts && head_experts ? "routed experts and the MTP head's" : model_experts ? "routed experts" : "MTP head's experts";
+  const std::string from = expert_layout_;
+  const int64_t g_in = int4_group_for(cfg_.hidden_size), g_mid = int4_group_for(cfg_.moe_intermediate_size);
+  expert_layout_ = str_cat(from, ", ", what, " quantized on load to int4 (asym, group ", g_in,
+                           g_mid != g_in ? str_cat(" / ", g_mid, " for down_proj") : std::string(), ")");
+  return str_cat(what, " as int4: ", todo.size(), " matrices, ", format_gib(expert_cache_->bytes), expert_cache_->built ? " quantized in " : " read from the cache in ",
+                 static_cast<int>(expert_cache_->seconds + 0.5), " s (", expert_cache_->dir, ")");
 }
 
 bool Qwen35Moe::gptq_experts() const {

@@ -25,6 +25,7 @@
 
 #include "runtime/format/config.h"
 #include "core/weights.h"
+#include "runtime/format/int4_cache.h"
 #include "runtime/format/safetensors.h"
 
 namespace tandem {
@@ -137,6 +138,16 @@ class Qwen35Moe {
   const std::vector<float>& rope_inv_freq() const { return inv_freq_; }
   // The MTP head, nullptr when the checkpoint has none (or the config says mtp_num_hidden_layers 0).
   const MtpWeights* mtp() const { return mtp_ ? &*mtp_ : nullptr; }
+
+  // Every routed expert the checkpoint stores in a floating-point format (a BF16 checkpoint's, and
+  // the MTP head's in both official releases) quantized to int4 (core/quantize_int4.h) and run from
+  // then on as a GPTQ checkpoint's experts are, on every placement. The quantized tensors come from
+  // the disk cache under `cache_root` ("": default_int4_cache_root), built on the first load
+  // (progress on `log`). Returns the line a person reads (what, how long, where); empty when there was
+  // nothing to quantize. Call before making a runner.
+  std::string quantize_experts_int4(const std::string& cache_root, std::FILE* log);
+  // Whether the routed experts were quantized on load (quantize_experts_int4).
+  bool experts_quantized_on_load() const { return expert_cache_ != nullptr; }
   // Feeds ids (each < vocab) at state.pos. With LogitRows::All writes logits [ids.size(), vocab];
   // with LogitRows::Last only the last position's [vocab] (what generation needs: a 4096-token
   // prompt would otherwise need 4 GB of logits).
@@ -194,6 +205,7 @@ class Qwen35Moe {
   std::vector<float> final_norm_;
   std::vector<LayerWeights> layers_;
   std::optional<MtpWeights> mtp_;
+  std::unique_ptr<Int4Cache> expert_cache_;  // quantize_experts_int4's tensors (the views point into it)
   std::vector<float> inv_freq_;
 };
 

@@ -1,0 +1,191 @@
+#include "runtime/format/int4_cache.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <system_error>
+
+#include "core/error.h"
+#include "core/progress.h"
+#include "core/quantize_int4.h"
+#include "runtime/format/safetensors_stream.h"
+
+namespace tandem {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kStamp = "tandem-int4.json";
+constexpr uint64_t kShardBytes = 4ull << 30;
+
+struct Fnv {
+  uint64_t h = 0xcbf29ce484222325ull;
+  void bytes(const void* p, size_t n) {
+    for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<const uint8_t*>(p)[i]) * 0x100000001b3ull;
+  }
+  void str(const std::string& s) {
+    bytes(s.data(), s.size());
+    num(0xff);  // separator: "ab","c" differs from "a","bc"
+  }
+  void num(int64_t v) { bytes(&v, sizeof v); }
+};
+
+// The source files that enter the key: every safetensors file of the checkpoint's folder.
+std::vector<fs::path> source_files(const std::string& model_dir) {
+  std::vector<fs::path> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(model_dir, ec))
+    if (e.is_regular_file() && e.path().extension() == ".safetensors") out.push_back(e.path());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+std::string cache_key(const std::string& model_dir, const std::vector<const LinearWeight*>& matrices) {
+  Fnv f;
+  f.num(kInt4QuantizerVersion);
+  for (const LinearWeight* w : matrices) {
+    f.str(w->name);
+    f.num(w->out), f.num(w->in), f.num(static_cast<int64_t>(w->dense_dtype)), f.num(int4_group_for(w->in));
+  }
+  for (const fs::path& p : source_files(model_dir)) {
+    std::error_code ec;
+    f.str(p.filename().string());
+    f.num(static_cast<int64_t>(fs::file_size(p, ec)));
+    f.num(static_cast<int64_t>(fs::last_write_time(p, ec).time_since_epoch().count()));
+  }
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(f.h));
+  return hex;
+}
+
+struct Shapes {
+  int64_t out, in, group;
+};
+Shapes shapes_of(const LinearWeight& w) { return {w.out, w.in, int4_group_for(w.in)}; }
+
+// Whether `dir` holds a finished cache for `key`.
+bool finished(const fs::path& dir, const std::string& key) {
+  std::ifstream in(dir / kStamp);
+  if (!in) return false;
+  try {
+    const nlohmann::json j = nlohmann::json::parse(in);
+    return j.value("key", "") == key && j.value("quantizer", 0) == kInt4QuantizerVersion;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
+void build(const fs::path& dir, const std::string& key, const std::string& model_dir, const std::vector<const LinearWeight*>& matrices,
+           std::FILE* log) {
+  std::vector<TensorSpec> specs;
+  for (const LinearWeight* w : matrices) {
+    const Shapes s = shapes_of(*w);
+    specs.push_back({w->name + ".qweight", DType::I32, {s.in / 8, s.out}});
+    specs.push_back({w->name + ".qzeros", DType::I32, {s.in / s.group, s.out / 8}});
+    specs.push_back({w->name + ".scales", DType::F16, {s.in / s.group, s.out}});
+  }
+  SafetensorsStreamWriter writer(dir.string(), specs, kShardBytes);
+  writer.open();
+  Progress progress(log, writer.tensor_bytes(), "int4 experts");
+  const auto t0 = std::chrono::steady_clock::now();
+  auto secs = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+  uint64_t done = 0;
+  std::vector<int32_t> qweight, qzeros;
+  std::vector<uint16_t> scales;
+  for (size_t i = 0; i < matrices.size(); ++i) {
+    const LinearWeight& w = *matrices[i];
+    const Shapes s = shapes_of(w);
+    qweight.resize(static_cast<size_t>(s.in / 8 * s.out));
+    qzeros.resize(static_cast<size_t>(s.in / s.group * s.out / 8));
+    scales.resize(static_cast<size_t>(s.in / s.group * s.out));
+    quantize_int4_gptq(w, s.group, qweight.data(), qzeros.data(), scales.data());
+    const void* data[3] = {qweight.data(), qzeros.data(), scales.data()};
+    for (size_t t = 0; t < 3; ++t) {
+      const size_t ti = 3 * i + t;
+      const auto& loc = writer.location(ti);
+      writer.write(loc.shard, loc.file_offset, data[t], specs[ti].nbytes());
+      done += specs[ti].nbytes();
+    }
+    progress.show(done, secs(), false);
+  }
+  writer.finish();
+  progress.show(done, secs(), true);
+  nlohmann::json stamp = {{"key", key},
+                          {"quantizer", kInt4QuantizerVersion},
+                          {"source", fs::absolute(model_dir).string()},
+                          {"matrices", matrices.size()},
+                          {"format", "GPTQ int4, v2 zeros (asymmetric), f16 scales, group 128 (64 / 32 where 128 does not divide)"}};
+  std::ofstream out(dir / kStamp);
+  out << stamp.dump(2) << "\n";
+  if (!out.flush()) fail(dir.string(), ": cannot write ", kStamp);
+}
+
+}  // namespace
+
+LinearWeight Int4Cache::view(const std::string& module, int64_t out, int64_t in) const {
+  const int64_t g = int4_group_for(in);
+  const Checkpoint& c = *tensors;
+  return int4_gptq_view(module, out, in, g, c.get(module + ".qweight", {in / 8, out}, {DType::I32}).as<int32_t>(),
+                        c.get(module + ".qzeros", {in / g, out / 8}, {DType::I32}).as<int32_t>(),
+                        c.get(module + ".scales", {in / g, out}, {DType::F16}).as<uint16_t>());
+}
+
+std::string default_int4_cache_root(const std::string& model_dir) {
+  if (::access(model_dir.c_str(), W_OK) == 0) return (fs::path(model_dir) / ".tandem-cache").string();
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return (fs::path(x) / "tandem").string();
+  if (const char* h = std::getenv("HOME"); h && *h) return (fs::path(h) / ".cache" / "tandem").string();
+  fail(model_dir, ": the folder cannot be written and neither XDG_CACHE_HOME nor HOME is set: give --quant-cache DIR for the int4 cache");
+}
+
+Int4Cache open_int4_cache(const std::string& model_dir, const std::string& root_in, const std::vector<const LinearWeight*>& matrices,
+                          std::FILE* log) {
+  for (const LinearWeight* w : matrices) {
+    const Shapes s = shapes_of(*w);
+    if (w->kind != LinearWeight::Kind::Dense || s.group == 0 || s.out % 8 != 0)
+      fail("int4 on load: '", w->name, "' (", w->out, "x", w->in, ") cannot be quantized: it needs a floating-point matrix with rows ",
+           "in multiples of 8 and inputs in multiples of 32");
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string root = root_in.empty() ? default_int4_cache_root(model_dir) : root_in;
+  const std::string key = cache_key(model_dir, matrices);
+  const fs::path dir = fs::path(root) / ("int4-" + key);
+  Int4Cache c;
+  c.dir = dir.string();
+  if (!finished(dir, key)) {
+    std::error_code ec;
+    fs::create_directories(root, ec);
+    if (ec) fail(root, ": cannot create the int4 cache folder (", ec.message(), "); give --quant-cache DIR, a folder that can be written");
+    const fs::path tmp = fs::path(root) / ("int4-" + key + ".partial-" + std::to_string(::getpid()));
+    fs::remove_all(tmp, ec);
+    fs::create_directories(tmp, ec);
+    if (ec) fail(tmp.string(), ": cannot create (", ec.message(), "); give --quant-cache DIR, a folder that can be written");
+    if (log) std::fprintf(log, "tandem: quantizing %zu expert matrices to int4 (once; cached in %s)\n", matrices.size(), c.dir.c_str());
+    try {
+      build(tmp, key, model_dir, matrices, log);
+    } catch (...) {
+      fs::remove_all(tmp, ec);
+      throw;
+    }
+    fs::remove_all(dir, ec);  // an unfinished folder of the same key (a crash between rename and stamp cannot make one; a hand edit can)
+    fs::rename(tmp, dir, ec);
+    if (ec) {  // another process renamed its copy first: keep that one
+      std::error_code ec2;
+      fs::remove_all(tmp, ec2);
+      if (!finished(dir, key)) fail(dir.string(), ": cannot move the new int4 cache into place (", ec.message(), ")");
+    } else {
+      c.built = true;
+    }
+  }
+  c.tensors = std::make_unique<Checkpoint>(Checkpoint::open(c.dir));
+  c.bytes = c.tensors->total_bytes();
+  c.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return c;
+}
+
+}  // namespace tandem

@@ -1,0 +1,45 @@
+// runtime/format/int4_cache.h: matrices quantized to int4 when a model is loaded (core/quantize_int4.h),
+// kept on disk so that a later start maps them instead of quantizing them again.
+//
+// A cache is a folder `int4-<key>` under a root, holding a safetensors checkpoint with the GPTQ
+// tensors `<module>.qweight / .qzeros / .scales` of every matrix asked for, and `tandem-int4.json`
+// (written last: a folder without it is incomplete). The key hashes the quantizer's version, each
+// matrix's name, shape, dtype and group, and the source checkpoint's safetensors files (names, sizes,
+// modification times): a changed checkpoint or quantizer makes a new folder, never a stale read.
+// A cache is built under a temporary name and renamed into place, so an interrupted build leaves
+// nothing that loads; two processes building the same one both succeed (the second keeps the first's).
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/weights.h"
+#include "runtime/format/safetensors.h"
+
+namespace tandem {
+
+struct Int4Cache {
+  std::unique_ptr<Checkpoint> tensors;  // the cached GPTQ tensors, mapped
+  std::string dir;                      // the cache's folder
+  bool built = false;                   // quantized now (false: found on disk)
+  double seconds = 0;                   // to build or to open
+  uint64_t bytes = 0;                   // the tensors' bytes
+  // The view of the matrix cached under `module` (src->name when it was asked for), as the loader
+  // makes one of a GPTQ checkpoint's.
+  LinearWeight view(const std::string& module, int64_t out, int64_t in) const;
+};
+
+// Where caches go without --quant-cache: `<model_dir>/.tandem-cache` when that folder can be written,
+// else $XDG_CACHE_HOME/tandem (~/.cache/tandem).
+std::string default_int4_cache_root(const std::string& model_dir);
+
+// The cache of `matrices` (dense, named, each quantizable: core/quantize_int4.h) for the checkpoint
+// in `model_dir`, under `root` ("": the default): opened when it exists, else built, showing progress
+// on `log` (nullptr: silent). tandem::Error naming the folder when it cannot be written.
+Int4Cache open_int4_cache(const std::string& model_dir, const std::string& root, const std::vector<const LinearWeight*>& matrices,
+                          std::FILE* log);
+
+}  // namespace tandem
