@@ -12,13 +12,20 @@ namespace {
 
 constexpr int kShrinkSteps = 9;  // r = 1, 0.975, ..., 0.8
 
+// Round to nearest, ties to even, for |x| < 2^22: adding and taking away 1.5 * 2^23 leaves no
+// fraction bits (the default rounding mode's rule). nearbyint without SSE4.1 is a library call.
+inline float round_even(float x) {
+  constexpr float kMagic = 12582912.0f;  // (x + C) - C is not x in IEEE arithmetic: compilers keep both
+  return (x + kMagic) - kMagic;
+}
+
 struct GroupCode {
   uint16_t scale = 0;  // f16
   int zero = 8;
 };
 
-// One group's scale and zero (header comment); its codes into `q` (`cand`: scratch of n).
-GroupCode quantize_group(const float* w, int64_t n, uint8_t* q, uint8_t* cand) {
+// One group's scale and zero (header comment); its codes into `q` (`cand`, `sq`: scratch of n).
+GroupCode quantize_group(const float* __restrict w, int64_t n, uint8_t* q, uint8_t* __restrict cand, float* __restrict sq) {
   float mn = 0, mx = 0;
   for (int64_t k = 0; k < n; ++k) mn = std::min(mn, w[k]), mx = std::max(mx, w[k]);
   GroupCode best;
@@ -26,7 +33,7 @@ GroupCode quantize_group(const float* w, int64_t n, uint8_t* q, uint8_t* cand) {
     std::fill_n(q, n, uint8_t{8});
     return best;
   }
-  double best_err = INFINITY;
+  float best_err = INFINITY;
   for (int i = 0; i < kShrinkSteps; ++i) {
     const float r = 1.0f - 0.025f * static_cast<float>(i);
     const float lo = std::min(0.0f, r * mn), hi = std::max(0.0f, r * mx);
@@ -36,17 +43,23 @@ GroupCode quantize_group(const float* w, int64_t n, uint8_t* q, uint8_t* cand) {
       s16 = s > 0 ? uint16_t{0x7bff} : uint16_t{0x0001};
       s = f16_to_f32(s16);
     }
-    const int z = static_cast<int>(std::clamp(std::nearbyint(-lo / s), 0.0f, 15.0f));
-    double err = 0;
+    const int zi = static_cast<int>(std::clamp(std::nearbyint(-lo / s), 0.0f, 15.0f));
+    // Two plain loops (the codes and squared errors, then eight partial sums: n is a multiple of 8)
+    // vectorize at the baseline ISA, and the sum is the same on every machine.
     for (int64_t k = 0; k < n; ++k) {
-      const int c = static_cast<int>(std::clamp(std::nearbyint(w[k] / s) + static_cast<float>(z), 0.0f, 15.0f));
+      // |w / s| <= 15 / 0.8 (s spans at least r of every weight), well inside round_even's range
+      const int c = std::min(std::max(static_cast<int>(round_even(w[k] / s)) + zi, 0), 15);
       cand[k] = static_cast<uint8_t>(c);
-      const double d = static_cast<double>(w[k]) - static_cast<double>(s) * (c - z);
-      err += d * d;
+      const float d = w[k] - s * static_cast<float>(c - zi);
+      sq[k] = d * d;
     }
+    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int64_t k = 0; k < n; k += 8)
+      for (int j = 0; j < 8; ++j) acc[j] += sq[k + j];
+    const float err = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
     if (err < best_err) {
       best_err = err;
-      best = {s16, z};
+      best = {s16, zi};
       std::copy_n(cand, n, q);
     }
   }
@@ -54,12 +67,6 @@ GroupCode quantize_group(const float* w, int64_t n, uint8_t* q, uint8_t* cand) {
 }
 
 }  // namespace
-
-int64_t int4_group_for(int64_t in) {
-  for (const int64_t g : {128, 64, 32})
-    if (in % g == 0) return g;
-  return 0;
-}
 
 void quantize_int4_gptq(const LinearWeight& src, int64_t group, int32_t* qweight, int32_t* qzeros, uint16_t* scales) {
   const int64_t N = src.out, K = src.in;
@@ -72,6 +79,7 @@ void quantize_int4_gptq(const LinearWeight& src, int64_t group, int32_t* qweight
   {
     std::vector<float> row(static_cast<size_t>(K));
     std::vector<uint8_t> q(static_cast<size_t>(K)), cand(static_cast<size_t>(K));
+    std::vector<float> sq(static_cast<size_t>(K));
     std::vector<uint32_t> zwords(static_cast<size_t>(G));
 #pragma omp for schedule(static)
     for (int64_t b = 0; b < N / 8; ++b) {  // 8 rows: their zero points share one qzeros word per group
@@ -80,7 +88,7 @@ void quantize_int4_gptq(const LinearWeight& src, int64_t group, int32_t* qweight
         const int64_t n = 8 * b + j;
         src.dequant_row(n, row.data());
         for (int64_t g = 0; g < G; ++g) {
-          const GroupCode c = quantize_group(row.data() + g * group, group, q.data() + g * group, cand.data());
+          const GroupCode c = quantize_group(row.data() + g * group, group, q.data() + g * group, cand.data(), sq.data());
           scales[g * N + n] = c.scale;
           zwords[g] |= static_cast<uint32_t>(c.zero) << (4 * j);
         }

@@ -5,7 +5,7 @@
 // Per output row n and group g of `group` consecutive inputs: asymmetric, as GPTQ's asymmetric mode,
 // with the range clipped where that lowers the error. For each shrink r in 1, 0.975, ..., 0.8:
 //   lo = min(0, r min w), hi = max(0, r max w), s = f16(( hi - lo) / 15), z = clamp(round(-lo / s), 0, 15),
-//   q(k) = clamp(round(w(k) / s) + z, 0, 15), err = sum (w(k) - s (q(k) - z))^2
+//   q(k) = clamp(round(w(k) / s) + z, 0, 15), err = sum (w(k) - s (q(k) - z))^2 (fp32 sums)
 // and the r with the least err is kept (the first on ties, so r = 1 unless clipping helps). The error
 // is measured with the scale as stored (f16). A group of zeros gets s = 0, z = 8.
 // W[n, k] = s(g, n) * (q(k, n) - z(g, n)): GPTQ "v2" zeros (stored as they are, zero_offset 0), no
@@ -19,10 +19,12 @@
 namespace tandem {
 
 // Bumped whenever the arithmetic above changes: caches made by another version are rebuilt.
-inline constexpr int kInt4QuantizerVersion = 1;
+inline constexpr int kInt4QuantizerVersion = 2;
 
 // The group for `in` inputs: 128 where it divides, else 64 or 32; 0 when none does (not quantizable).
-int64_t int4_group_for(int64_t in);
+inline int64_t int4_group_for(int64_t in) {
+  return in % 128 == 0 ? 128 : in % 64 == 0 ? 64 : in % 32 == 0 ? 32 : 0;
+}
 
 // Quantizes `src` (Dense, any float dtype; out a multiple of 8, in of `group`, group of 8) into
 // GPTQ tensors: qweight int32 [in / 8, out], qzeros int32 [in / group, out / 8], scales f16

@@ -119,8 +119,9 @@ TEST(QuantizeInt4, NoGroupIsWorseThanMinMax) {
           const double d = std::fabs(static_cast<double>(w[k]) - row[g * group + k]);
           err += d * d, worst = std::max(worst, d - m.bound(w[k]));
         }
-        ASSERT_LE(err, m.err * (1 + 1e-12) + 1e-30) << "group " << group << " row " << n << " group " << g;
-        if (err < m.err) {
+        // the search sums its errors in fp32: a choice within its rounding of min/max's counts as that
+        ASSERT_LE(err, m.err * (1 + 1e-5) + 1e-30) << "group " << group << " row " << n << " group " << g;
+        if (err < m.err * (1 - 1e-5)) {
           ++clipped;
         } else {
           EXPECT_LE(worst, 0.0) << "group " << group << " row " << n << " group " << g;

@@ -290,8 +290,13 @@ std::string Qwen35Moe::quantize_experts_int4(const std::string& cache_root, std:
   const int64_t g_in = int4_group_for(cfg_.hidden_size), g_mid = int4_group_for(cfg_.moe_intermediate_size);
   expert_layout_ = str_cat(from, ", ", what, " quantized on load to int4 (asym, group ", g_in,
                            g_mid != g_in ? str_cat(" / ", g_mid, " for down_proj") : std::string(), ")");
-  return str_cat(what, " as int4: ", todo.size(), " matrices, ", format_gib(expert_cache_->bytes), expert_cache_->built ? " quantized in " : " read from the cache in ",
-                 static_cast<int>(expert_cache_->seconds + 0.5), " s (", expert_cache_->dir, ")");
+  const double mib = static_cast<double>(expert_cache_->bytes) / (1 << 20);
+  char size[32];
+  std::snprintf(size, sizeof size, mib >= 1024 ? "%.2f GiB" : "%.1f MiB", mib >= 1024 ? mib / 1024 : mib);
+  char secs[32];
+  std::snprintf(secs, sizeof secs, "%.1f s", expert_cache_->seconds);
+  return str_cat(what, " as int4: ", todo.size(), " matrices, ", size, expert_cache_->built ? ", quantized in " : ", from the cache in ", secs,
+                 " (", expert_cache_->dir, ")");
 }
 
 bool Qwen35Moe::gptq_experts() const {
