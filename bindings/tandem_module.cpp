@@ -93,7 +93,8 @@ SamplingParams sampling_of(const GenerationDefaults& defaults, const py::dict& k
 class Engine {
  public:
   Engine(const std::string& model_dir, const py::object& config, const std::string& device, const py::object& gpu_mem,
-         const py::object& threads, const py::object& context, bool eager, const py::object& batch, const py::object& draft)
+         const py::object& threads, const py::object& context, bool eager, const py::object& batch, const py::object& draft,
+         const py::object& experts_format, const py::object& quant_cache)
       : dir_(model_dir), pcfg_(config_of(config)) {
     RunnerOptions& o = ro_;
     o.device = requested_device(device, !config.is_none(), "device", "config");
@@ -122,6 +123,12 @@ class Engine {
         if (o.draft < 0 || o.draft > kMaxDraft) fail("draft must be \"auto\" or between 0 (off) and ", kMaxDraft, " (got ", o.draft, ")");
       }
     }
+    if (!experts_format.is_none()) {
+      o.experts_format = experts_format.cast<std::string>();
+      if (o.experts_format != "auto" && o.experts_format != "int4")
+        fail("experts_format must be \"auto\" or \"int4\" (got '", o.experts_format, "')");
+    }
+    if (!quant_cache.is_none()) o.quant_cache = quant_cache.cast<std::string>();
     py::gil_scoped_release nogil;
     s_ = Session::open(dir_, false);  // the CLI's opener: logits need no tokenizer
     s_.start(o, &pcfg_);
@@ -468,9 +475,9 @@ PYBIND11_MODULE(_tandem, m) {
   py::register_exception<tandem::Error>(m, "Error", PyExc_RuntimeError);
   py::class_<Engine>(m, "Engine")
       .def(py::init<const std::string&, const py::object&, const std::string&, const py::object&, const py::object&, const py::object&,
-                    bool, const py::object&, const py::object&>(),
+                    bool, const py::object&, const py::object&, const py::object&, const py::object&>(),
            py::arg("model_dir"), py::arg("config"), py::arg("device"), py::arg("gpu_mem"), py::arg("threads"), py::arg("context"),
-           py::arg("eager"), py::arg("batch"), py::arg("draft"))
+           py::arg("eager"), py::arg("batch"), py::arg("draft"), py::arg("experts_format"), py::arg("quant_cache"))
       .def("close", &Engine::close)
       .def_property_readonly("closed", &Engine::closed)
       .def("generate", &Engine::generate, py::arg("text"), py::arg("max_new_tokens"), py::arg("sampling"), py::arg("stop"),

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <numeric>
 
 #include "core/weights.h"
 
@@ -24,6 +25,11 @@ inline constexpr int kInt4QuantizerVersion = 2;
 // The group for `in` inputs: 128 where it divides, else 64 or 32; 0 when none does (not quantizable).
 inline int64_t int4_group_for(int64_t in) {
   return in % 128 == 0 ? 128 : in % 64 == 0 ? 64 : in % 32 == 0 ? 32 : 0;
+}
+// An MoE's experts take one group (the GPU kernels need gate, up and down alike): the largest that
+// divides both the hidden size and the experts' intermediate size.
+inline int64_t int4_expert_group(int64_t hidden, int64_t intermediate) {
+  return int4_group_for(std::gcd(hidden, intermediate));
 }
 
 // Quantizes `src` (Dense, any float dtype; out a multiple of 8, in of `group`, group of 8) into

@@ -41,16 +41,17 @@ struct Sizer {
 
   bool experts_int4 = false;  // floating-point routed experts quantized on load (PlacementConfig::experts_int4_on_load)
 
-  // How `module` (`in` inputs) is stored once loaded: as the checkpoint says, or int4 on load for an expert.
-  QuantConfig::ModuleQuant quant(const std::string& module, int64_t in) const {
+  // How `module` is stored once loaded: as the checkpoint says, or int4 on load for an expert.
+  QuantConfig::ModuleQuant quant(const std::string& module) const {
     QuantConfig::ModuleQuant q = c.quant.for_module(prefix + module);
     if (experts_int4 && !q.quantized && module.find(".experts.") != std::string::npos)
-      q = {.quantized = true, .bits = 4, .group_size = static_cast<int>(int4_group_for(in)), .sym = false, .desc_act = false};
+      q = {.quantized = true, .bits = 4, .group_size = static_cast<int>(int4_expert_group(c.hidden_size, c.moe_intermediate_size)),
+           .sym = false, .desc_act = false};
     return q;
   }
   // One nn.Linear as Qwen35MoeGpu stores it (quantizable: a projection, not a router, gate or table).
   uint64_t linear(const std::string& module, int64_t out, int64_t in, bool quantizable = true) const {
-    const auto q = quantizable ? quant(module, in) : QuantConfig::ModuleQuant{};
+    const auto q = quantizable ? quant(module) : QuantConfig::ModuleQuant{};
     if (module == "lm_head" && lm_head_int8 && in % 16 == 0) return gpu::int8_matrix_bytes(out, in);
     if (quantizable && dense_int8 && !q.quantized && in % 16 == 0 && module.find(".experts.") == std::string::npos)
       return gpu::int8_matrix_bytes(out, in);
@@ -143,7 +144,7 @@ VramBytes fixed_vram(const ModelConfig& c, const Sizer& s, int64_t context, int 
     v.dense_weights += ms.linear(m + "gate", E, H, false) + ms.linear(m + "shared_expert.gate_proj", Is, H) +
                        ms.linear(m + "shared_expert.up_proj", Is, H) + ms.linear(m + "shared_expert.down_proj", H, Is) +
                        ms.linear(m + "shared_expert_gate", 1, H, false);
-    const bool q = ms.quant(m + "experts.0.gate_proj", H).quantized;
+    const bool q = ms.quant(m + "experts.0.gate_proj").quantized;
     const int64_t I = c.moe_intermediate_size;
     v.expert_weights += static_cast<uint64_t>(E) * (2 * ms.linear(m + "experts.0.gate_proj", I, H) + ms.linear(m + "experts.0.down_proj", H, I)) +
                         align256(static_cast<uint64_t>(E) * (q ? kInt4ExpertTableEntry : kBf16ExpertTableEntry));
@@ -249,7 +250,7 @@ void predict(const ModelConfig& c, const PlacementConfig& cfg, const PlanRequest
     }
     const double attn = (2.0 * nh * hd * H + 2.0 * nkv * hd * H + static_cast<double>(nh) * hd * H) * 2;
     const double lm = cfg.lm_head_format == "int8" ? static_cast<double>(V) * (H + 4) : static_cast<double>(V) * H * 2;
-    const double head_expert = p.experts_int4_on_load ? 3.0 * I * H * (0.5 + 2.5 / static_cast<double>(int4_group_for(H))) : 3.0 * I * H * 2;
+    const double head_expert = p.experts_int4_on_load ? 3.0 * I * H * (0.5 + 2.5 / static_cast<double>(int4_expert_group(H, I))) : 3.0 * I * H * 2;
     const double head = 2.0 * H * H * 2 + attn + static_cast<double>(E) * H * 2 + shared_bytes + k * head_expert + lm;
     pr.draft_ms = (head / pr.gpu_bw + 14 * launch_us * 1e-6) * 1e3;
   }
@@ -304,6 +305,9 @@ Plan make_plan(const ModelConfig& c, const PlacementConfig& cfg, const PlanReque
 
   const std::string prefix = c.composite ? "model.language_model." : "model.";
   p.experts_int4_on_load = cfg.experts_int4_on_load(c.quant.for_module(prefix + "layers.0.mlp.experts.0.gate_proj").quantized);
+  if (p.experts_int4_on_load && int4_expert_group(c.hidden_size, c.moe_intermediate_size) == 0)
+    fail(cfg.source, ": experts.gpu_format / cpu_format int4: this model's experts (hidden ", c.hidden_size, ", intermediate ",
+         c.moe_intermediate_size, ") have no int4 group (both sizes must be multiples of 32); keep them as stored");
   const Sizer s{c, prefix, cfg.dense_format == "int8", cfg.lm_head_format == "int8", p.experts_int4_on_load};
   const int64_t H = c.hidden_size, I = c.moe_intermediate_size;
   const int E = c.num_experts, L = c.num_layers;
@@ -332,7 +336,7 @@ Plan make_plan(const ModelConfig& c, const PlacementConfig& cfg, const PlanReque
 
   // ---- experts: formats and sizes ----
   const bool tied_shared = c.tie_word_embeddings && p.embed_on_gpu;
-  const auto eq = s.quant("layers.0.mlp.experts.0.gate_proj", H);
+  const auto eq = s.quant("layers.0.mlp.experts.0.gate_proj");
   p.expert_checkpoint_format = eq.quantized ? "int4" : "bf16";
   const int64_t group = eq.quantized ? (eq.group_size > 0 ? eq.group_size : H) : 128;
   p.gpu_expert_bytes = 2 * s.linear("layers.0.mlp.experts.0.gate_proj", I, H) + s.linear("layers.0.mlp.experts.0.down_proj", H, I);
@@ -413,7 +417,7 @@ Plan make_plan(const ModelConfig& c, const PlacementConfig& cfg, const PlanReque
          p.experts_int4_on_load ? ": the experts are quantized on load to int4 (experts.gpu_format: int4); run them as int4 or int8 on the CPU, not bf16"
                                 : ": this checkpoint's experts are GPTQ int4; run them as int4 (lossless) or int8 on the CPU, not bf16");
   p.cpu_expert_format = fmt;
-  const int64_t down_group = !eq.quantized ? 128 : p.experts_int4_on_load ? int4_group_for(I) : group, int8_group = 128;
+  const int64_t down_group = !eq.quantized ? 128 : p.experts_int4_on_load ? int4_expert_group(H, I) : group, int8_group = 128;
   const bool sym = !eq.quantized || eq.sym;
   p.cpu_expert_bytes = 2 * Sizer::host_matrix(fmt, I, H, fmt == "int8" ? int8_group : group, sym) +
                        Sizer::host_matrix(fmt, H, I, fmt == "int8" ? int8_group : down_group, sym);
@@ -726,22 +730,38 @@ std::string plan_table(const Plan& p) {
 }
 
 std::vector<FormatRow> plan_formats(const ModelConfig& model, const PlacementConfig& config, const PlanRequest& request) {
-  std::vector<FormatRow> rows;
-  for (const char* f : {"bf16", "int8", "int8 + lm_head"}) {
-    PlacementConfig c = config;
-    c.dense_format = std::string(f) == "bf16" ? "bf16" : "int8";
-    c.lm_head_format = std::string(f) == "int8 + lm_head" ? "int8" : "bf16";
-    rows.push_back({f, make_plan(model, c, request)});
+  // Experts: as the config has them and, where floating-point experts would be counted (a BF16
+  // checkpoint's, or the MTP head's with drafts) and have an int4 group, quantized on load.
+  const bool gptq = model.quant.for_module((model.composite ? "model.language_model." : "model.") + std::string("layers.0.mlp.experts.0.gate_proj")).quantized;
+  const bool float_experts = !gptq || (config.draft != 0 && model.mtp_layers > 0);
+  std::vector<std::pair<std::string, PlacementConfig>> experts;
+  if (config.experts_int4_on_load(gptq)) {
+    experts.push_back({"int4", config});
+  } else {
+    experts.push_back({"as stored", config});
+    if (float_experts && int4_expert_group(model.hidden_size, model.moe_intermediate_size) > 0) {
+      PlacementConfig q = config;
+      q.gpu_format = "int4";
+      experts.push_back({"int4", q});
+    }
   }
+  std::vector<FormatRow> rows;
+  for (const auto& [ex, base] : experts)
+    for (const char* f : {"bf16", "int8", "int8 + lm_head"}) {
+      PlacementConfig c = base;
+      c.dense_format = std::string(f) == "bf16" ? "bf16" : "int8";
+      c.lm_head_format = std::string(f) == "int8 + lm_head" ? "int8" : "bf16";
+      rows.push_back({f, ex, make_plan(model, c, request)});
+    }
   return rows;
 }
 
 std::string formats_table(const std::vector<FormatRow>& rows) {
-  std::string o = "dense format    dense bytes  context  routed experts on GPU  GPU bytes/token  predicted decode\n";
-  char buf[200];
+  std::string o = "dense format    experts    dense bytes  context  routed experts on GPU  GPU bytes/token  predicted decode\n";
+  char buf[220];
   for (const FormatRow& r : rows) {
     const Plan& p = r.plan;
-    std::snprintf(buf, sizeof buf, "%-14s  %11s  %7lld  %12d of %5zu  %12.2f GB  %10.1f tok/s\n", r.format.c_str(),
+    std::snprintf(buf, sizeof buf, "%-14s  %-9s  %11s  %7lld  %12d of %5zu  %12.2f GB  %10.1f tok/s\n", r.format.c_str(), r.experts.c_str(),
                   format_gib(p.vram.dense_weights).c_str(), static_cast<long long>(p.context), p.total_gpu_experts(),
                   p.expert_on_gpu.size() * (p.expert_on_gpu.empty() ? 0 : p.expert_on_gpu[0].size()), p.predicted.gpu_bytes_per_token / 1e9,
                   p.predicted.decode_tok_s);
@@ -753,7 +773,7 @@ std::string formats_table(const std::vector<FormatRow>& rows) {
 nlohmann::json formats_to_json(const std::vector<FormatRow>& rows) {
   nlohmann::json j = nlohmann::json::array();
   for (const FormatRow& r : rows)
-    j.push_back({{"dense_format", r.format}, {"dense_weights", r.plan.vram.dense_weights}, {"context", r.plan.context},
+    j.push_back({{"dense_format", r.format}, {"experts", r.experts}, {"dense_weights", r.plan.vram.dense_weights}, {"context", r.plan.context},
                  {"gpu_experts", r.plan.total_gpu_experts()}, {"gpu_bytes_per_token", r.plan.predicted.gpu_bytes_per_token},
                  {"predicted_decode_tok_s", r.plan.predicted.decode_tok_s}});
   return j;

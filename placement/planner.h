@@ -130,8 +130,11 @@ std::string plan_table(const Plan& plan);
 // The same budget planned with each dense format (bf16; int8 projections; int8 projections and
 // lm_head: dense.format, dense.lm_head), side by side: dense
 // bytes, context, routed experts on the GPU, bytes a token reads, predicted decode (tandem plan).
+// tandem plan's side-by-side table: the same budget per dense format and per expert format ("as
+// stored", or "int4" where floating-point experts would be quantized on load).
 struct FormatRow {
-  std::string format;
+  std::string format;   // dense: bf16 | int8 | int8 + lm_head
+  std::string experts;  // as stored | int4
   Plan plan;
 };
 std::vector<FormatRow> plan_formats(const ModelConfig& model, const PlacementConfig& config, const PlanRequest& request);

@@ -50,7 +50,8 @@ int cmd_plan(int argc, char** argv) {
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::fputs(placement::plan_table(plan).c_str(), stdout);
-    std::printf("\nthe same budget by dense format (dense.format):\n%s", placement::formats_table(formats).c_str());
+    std::printf("\nthe same budget by format (dense.format; experts.gpu_format: int4 quantizes floating-point experts on load):\n%s",
+                placement::formats_table(formats).c_str());
   }
   return 0;
 }

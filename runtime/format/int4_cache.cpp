@@ -46,12 +46,13 @@ std::vector<fs::path> source_files(const std::string& model_dir) {
   return out;
 }
 
-std::string cache_key(const std::string& model_dir, const std::vector<const LinearWeight*>& matrices) {
+std::string cache_key(const std::string& model_dir, const std::vector<const LinearWeight*>& matrices, int64_t group) {
   Fnv f;
   f.num(kInt4QuantizerVersion);
+  f.num(group);
   for (const LinearWeight* w : matrices) {
     f.str(w->name);
-    f.num(w->out), f.num(w->in), f.num(static_cast<int64_t>(w->dense_dtype)), f.num(int4_group_for(w->in));
+    f.num(w->out), f.num(w->in), f.num(static_cast<int64_t>(w->dense_dtype));
   }
   for (const fs::path& p : source_files(model_dir)) {
     std::error_code ec;
@@ -67,7 +68,7 @@ std::string cache_key(const std::string& model_dir, const std::vector<const Line
 struct Shapes {
   int64_t out, in, group;
 };
-Shapes shapes_of(const LinearWeight& w) { return {w.out, w.in, int4_group_for(w.in)}; }
+Shapes shapes_of(const LinearWeight& w, int64_t group) { return {w.out, w.in, group}; }
 
 // Whether `dir` holds a finished cache for `key`.
 bool finished(const fs::path& dir, const std::string& key) {
@@ -82,10 +83,10 @@ bool finished(const fs::path& dir, const std::string& key) {
 }
 
 void build(const fs::path& dir, const std::string& key, const std::string& model_dir, const std::vector<const LinearWeight*>& matrices,
-           std::FILE* log) {
+           int64_t group, std::FILE* log) {
   std::vector<TensorSpec> specs;
   for (const LinearWeight* w : matrices) {
-    const Shapes s = shapes_of(*w);
+    const Shapes s = shapes_of(*w, group);
     specs.push_back({w->name + ".qweight", DType::I32, {s.in / 8, s.out}});
     specs.push_back({w->name + ".qzeros", DType::I32, {s.in / s.group, s.out / 8}});
     specs.push_back({w->name + ".scales", DType::F16, {s.in / s.group, s.out}});
@@ -102,7 +103,7 @@ void build(const fs::path& dir, const std::string& key, const std::string& model
   std::vector<uint16_t> scales;
   for (size_t i = 0; i < matrices.size(); ++i) {
     const LinearWeight& w = *matrices[i];
-    const Shapes s = shapes_of(w);
+    const Shapes s = shapes_of(w, group);
     qweight.resize(static_cast<size_t>(s.in / 8 * s.out));
     qzeros.resize(static_cast<size_t>(s.in / s.group * s.out / 8));
     scales.resize(static_cast<size_t>(s.in / s.group * s.out));
@@ -122,7 +123,8 @@ void build(const fs::path& dir, const std::string& key, const std::string& model
                           {"quantizer", kInt4QuantizerVersion},
                           {"source", fs::absolute(model_dir).string()},
                           {"matrices", matrices.size()},
-                          {"format", "GPTQ int4, v2 zeros (asymmetric), f16 scales, group 128 (64 / 32 where 128 does not divide)"}};
+                          {"group_size", group},
+                          {"format", "GPTQ int4, v2 zeros (asymmetric), f16 scales"}};
   std::ofstream out(dir / kStamp);
   out << stamp.dump(2) << "\n";
   if (!out.flush()) fail(dir.string(), ": cannot write ", kStamp);
@@ -131,7 +133,7 @@ void build(const fs::path& dir, const std::string& key, const std::string& model
 }  // namespace
 
 LinearWeight Int4Cache::view(const std::string& module, int64_t out, int64_t in) const {
-  const int64_t g = int4_group_for(in);
+  const int64_t g = group;
   const Checkpoint& c = *tensors;
   return int4_gptq_view(module, out, in, g, c.get(module + ".qweight", {in / 8, out}, {DType::I32}).as<int32_t>(),
                         c.get(module + ".qzeros", {in / g, out / 8}, {DType::I32}).as<int32_t>(),
@@ -146,19 +148,18 @@ std::string default_int4_cache_root(const std::string& model_dir) {
 }
 
 Int4Cache open_int4_cache(const std::string& model_dir, const std::string& root_in, const std::vector<const LinearWeight*>& matrices,
-                          std::FILE* log) {
-  for (const LinearWeight* w : matrices) {
-    const Shapes s = shapes_of(*w);
-    if (w->kind != LinearWeight::Kind::Dense || s.group == 0 || s.out % 8 != 0)
-      fail("int4 on load: '", w->name, "' (", w->out, "x", w->in, ") cannot be quantized: it needs a floating-point matrix with rows ",
-           "in multiples of 8 and inputs in multiples of 32");
-  }
+                          int64_t group, std::FILE* log) {
+  for (const LinearWeight* w : matrices)
+    if (w->kind != LinearWeight::Kind::Dense || group <= 0 || group % 8 != 0 || w->in % group != 0 || w->out % 8 != 0)
+      fail("int4 on load: '", w->name, "' (", w->out, "x", w->in, ") cannot be quantized in groups of ", group,
+           ": it needs a floating-point matrix with rows in multiples of 8 and inputs in multiples of the group (32 at least)");
   const auto t0 = std::chrono::steady_clock::now();
   const std::string root = root_in.empty() ? default_int4_cache_root(model_dir) : root_in;
-  const std::string key = cache_key(model_dir, matrices);
+  const std::string key = cache_key(model_dir, matrices, group);
   const fs::path dir = fs::path(root) / ("int4-" + key);
   Int4Cache c;
   c.dir = dir.string();
+  c.group = group;
   if (!finished(dir, key)) {
     std::error_code ec;
     fs::create_directories(root, ec);
@@ -168,7 +169,7 @@ Int4Cache open_int4_cache(const std::string& model_dir, const std::string& root_
     fs::create_directories(tmp, ec);
     if (ec) fail(tmp.string(), ": cannot create (", ec.message(), "); give --quant-cache DIR, a folder that can be written");
     try {
-      build(tmp, key, model_dir, matrices, log);
+      build(tmp, key, model_dir, matrices, group, log);
     } catch (...) {
       fs::remove_all(tmp, ec);
       throw;

@@ -3,8 +3,8 @@
 //
 // A cache is a folder `int4-<key>` under a root, holding a safetensors checkpoint with the GPTQ
 // tensors `<module>.qweight / .qzeros / .scales` of every matrix asked for, and `tandem-int4.json`
-// (written last: a folder without it is incomplete). The key hashes the quantizer's version, each
-// matrix's name, shape, dtype and group, and the source checkpoint's safetensors files (names, sizes,
+// (written last: a folder without it is incomplete). The key hashes the quantizer's version, the
+// group, each matrix's name, shape and dtype, and the source checkpoint's safetensors files (names, sizes,
 // modification times): a changed checkpoint or quantizer makes a new folder, never a stale read.
 // A cache is built under a temporary name and renamed into place, so an interrupted build leaves
 // nothing that loads; two processes building the same one both succeed (the second keeps the first's).
@@ -27,6 +27,7 @@ struct Int4Cache {
   bool built = false;                   // quantized now (false: found on disk)
   double seconds = 0;                   // to build or to open
   uint64_t bytes = 0;                   // the tensors' bytes
+  int64_t group = 0;                    // inputs per scale and zero point, every matrix
   // The view of the matrix cached under `module` (src->name when it was asked for), as the loader
   // makes one of a GPTQ checkpoint's.
   LinearWeight view(const std::string& module, int64_t out, int64_t in) const;
@@ -36,10 +37,11 @@ struct Int4Cache {
 // else $XDG_CACHE_HOME/tandem (~/.cache/tandem).
 std::string default_int4_cache_root(const std::string& model_dir);
 
-// The cache of `matrices` (dense, named, each quantizable: core/quantize_int4.h) for the checkpoint
-// in `model_dir`, under `root` ("": the default): opened when it exists, else built, showing progress
-// on `log` (nullptr: silent). tandem::Error naming the folder when it cannot be written.
+// The cache of `matrices` (dense, named, each quantizable in groups of `group`: core/quantize_int4.h)
+// for the checkpoint in `model_dir`, under `root` ("": the default): opened when it exists, else
+// built, showing progress on `log` (nullptr: silent). tandem::Error naming the matrix that cannot be
+// quantized, or the folder that cannot be written.
 Int4Cache open_int4_cache(const std::string& model_dir, const std::string& root, const std::vector<const LinearWeight*>& matrices,
-                          std::FILE* log);
+                          int64_t group, std::FILE* log);
 
 }  // namespace tandem

@@ -323,6 +323,26 @@ def test_drafts_keep_greedy_output_and_report_acceptance(tiny):
         assert st["draft"] == "auto" and st["verify_steps"] > 0 and st["draft_auto"].startswith("auto: ")
 
 
+def test_experts_format_int4_quantizes_once_and_equals_the_cli(tmp_path):
+    d, ids, prefill = fixture("demo")
+    cache = str(tmp_path / "cache")
+    npy = str(tmp_path / "cli.npy")
+    subprocess.run([CLI, "logits", "--model", d, "--ids", ",".join(map(str, ids)), "--prefill", str(prefill), "--out", npy,
+                    "--device", "cpu", "--threads", "2", "--experts-format", "int4", "--quant-cache", cache], check=True, capture_output=True)
+    built = os.listdir(cache)
+    assert len(built) == 1 and built[0].startswith("int4-")
+    with tandem.Engine(d, device="cpu", threads=2, experts_format="int4", quant_cache=cache) as eng:
+        got = eng.logits(ids, prefill=prefill)
+    assert os.listdir(cache) == built  # read, not built again
+    np.testing.assert_array_equal(got, np.load(npy))
+    with tandem.Engine(d, device="cpu", threads=2) as plain:
+        exact = plain.logits(ids, prefill=prefill)
+    assert not np.array_equal(got, exact)  # int4 experts are not the bf16 ones
+    assert (got.argmax(1) == exact.argmax(1)).mean() > 0.75
+    with pytest.raises(tandem.Error, match="experts_format"):
+        tandem.Engine(d, device="cpu", experts_format="int3")
+
+
 def test_parse_reply_splits_reasoning_and_typed_tool_calls():
     tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {
         "a": {"type": "integer"}, "b": {"type": "number"}, "why": {"type": "string"}}}}}]

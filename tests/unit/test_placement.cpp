@@ -342,6 +342,10 @@ TEST(Planner, ExpertsQuantizedOnLoad) {
   test::expect_error([] { make_plan(model35_bf16(), yaml("experts: {gpu_format: int4, cpu_format: bf16}"), {.gpu_mem = 24ull << 30}); },
                      {"experts.cpu_format", "quantized on load to int4", "not bf16"});
   test::expect_error([] { yaml("experts: {gpu_format: int8}"); }, {"test.yaml:1", "experts.gpu_format", "'int4'"});
+  ModelConfig odd = model35_bf16();
+  odd.hidden_size = 48;
+  test::expect_error([&] { make_plan(odd, yaml("experts: {gpu_format: int4}"), {.gpu_mem = 24ull << 30}); },
+                     {"test.yaml", "no int4 group", "hidden 48"});
 
   // The GPTQ release: cpu_format: int4 is its experts as stored; gpu_format: int4 quantizes the MTP
   // head's 256 BF16 experts, which a drafting plan then counts at int4's size.
@@ -356,6 +360,20 @@ TEST(Planner, ExpertsQuantizedOnLoad) {
   const int more = head_int4.total_gpu_experts() - head_bf16.total_gpu_experts();
   EXPECT_GE(static_cast<uint64_t>(more + 1) * head_bf16.gpu_expert_bytes, saved) << more << " more GPU experts";
   EXPECT_LT(head_int4.predicted.draft_ms, head_bf16.predicted.draft_ms);
+
+  // tandem plan's side by side: a BF16 checkpoint gets its experts as stored and as int4, each with the
+  // three dense formats; the GPTQ release without drafts only the three (its experts are int4 already).
+  const std::vector<FormatRow> rows = plan_formats(model35_bf16(), fixed_bw({}), {.gpu_mem = 24ull << 30});
+  ASSERT_EQ(rows.size(), 6u);
+  EXPECT_EQ(rows[0].experts, "as stored");
+  EXPECT_EQ(rows[3].experts, "int4");
+  EXPECT_EQ(rows[0].plan.total_gpu_experts(), bf16.total_gpu_experts());
+  EXPECT_GT(rows[3].plan.total_gpu_experts(), 3 * rows[0].plan.total_gpu_experts());
+  EXPECT_GT(rows[3].plan.predicted.decode_tok_s, rows[0].plan.predicted.decode_tok_s);
+  EXPECT_NE(formats_table(rows).find("int4"), std::string::npos);
+  EXPECT_EQ(formats_to_json(rows)[3]["experts"], "int4");
+  EXPECT_EQ(plan_formats(m, fixed_bw({}), {.gpu_mem = 24ull << 30}).size(), 3u);
+  EXPECT_EQ(plan_formats(m, fixed_bw(yaml(base)), {.gpu_mem = 24ull << 30}).size(), 6u);  // drafting: the head's experts
 }
 
 // The cost model's speculative side: verification of k + 1 tokens costs more with k (the union of the

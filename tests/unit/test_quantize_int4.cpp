@@ -161,9 +161,9 @@ TEST(Int4Cache, BuildsOnceAndRebuildsWhenTheCheckpointChanges) {
   const LinearWeight a = dense("layers.0.mlp.experts.0.gate_proj", N, K, b.data(), DType::BF16);
   const LinearWeight c = dense("layers.0.mlp.experts.0.down_proj", N, K / 2, b.data(), DType::BF16);
 
-  const Int4Cache first = open_int4_cache(model.str(), root.str(), {&a, &c}, nullptr);
+  const Int4Cache first = open_int4_cache(model.str(), root.str(), {&a, &c}, 128, nullptr);
   EXPECT_TRUE(first.built);
-  const Int4Cache again = open_int4_cache(model.str(), root.str(), {&a, &c}, nullptr);
+  const Int4Cache again = open_int4_cache(model.str(), root.str(), {&a, &c}, 128, nullptr);
   EXPECT_FALSE(again.built);
   EXPECT_EQ(again.dir, first.dir);
   EXPECT_EQ(again.bytes, first.bytes);
@@ -180,21 +180,25 @@ TEST(Int4Cache, BuildsOnceAndRebuildsWhenTheCheckpointChanges) {
 
   // An unfinished folder of the same key (no stamp) is rebuilt, not read.
   fs::remove(fs::path(first.dir) / "tandem-int4.json");
-  EXPECT_TRUE(open_int4_cache(model.str(), root.str(), {&a, &c}, nullptr).built);
+  EXPECT_TRUE(open_int4_cache(model.str(), root.str(), {&a, &c}, 128, nullptr).built);
   // A changed checkpoint file is a new key.
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
   wr.add("y", DType::BF16, {1, 8}, b.data(), 16);
   wr.write(model.file("model.safetensors"));
-  const Int4Cache changed = open_int4_cache(model.str(), root.str(), {&a, &c}, nullptr);
+  const Int4Cache changed = open_int4_cache(model.str(), root.str(), {&a, &c}, 128, nullptr);
   EXPECT_TRUE(changed.built);
   EXPECT_NE(changed.dir, first.dir);
   // Nothing left half-made under the root.
   for (const auto& e : fs::directory_iterator(root.str())) EXPECT_EQ(e.path().string().find(".partial"), std::string::npos) << e.path();
 
-  test::expect_error([&] { open_int4_cache(model.str(), model.file("model.safetensors") + "/cache", {&a}, nullptr); },
+  test::expect_error([&] { open_int4_cache(model.str(), model.file("model.safetensors") + "/cache", {&a}, 128, nullptr); },
                      {"model.safetensors/cache", "--quant-cache"});
   const LinearWeight odd = dense("layers.1.mlp.experts.3.up_proj", N, 48, b.data(), DType::BF16);
-  test::expect_error([&] { open_int4_cache(model.str(), root.str(), {&odd}, nullptr); }, {"layers.1.mlp.experts.3.up_proj", "32x48"});
+  test::expect_error([&] { open_int4_cache(model.str(), root.str(), {&odd}, 32, nullptr); },
+                     {"layers.1.mlp.experts.3.up_proj", "32x48", "groups of 32"});
+  EXPECT_EQ(int4_expert_group(2048, 512), 128);
+  EXPECT_EQ(int4_expert_group(128, 64), 64);  // the demo model: gate, up and down alike
+  EXPECT_EQ(int4_expert_group(48, 32), 0);
 }
 
 // The trained demo model (BF16, with its MTP head) with every expert quantized on load: the GPTQ
@@ -211,7 +215,7 @@ TEST(QuantizeOnLoad, TheDemoModelRunsItsExpertsAsInt4) {
   EXPECT_TRUE(q->gptq_experts());
   EXPECT_TRUE(q->experts_quantized_on_load());
   EXPECT_EQ(q->mtp()->layer.moe.gate[0].kind, LinearWeight::Kind::Gptq);
-  EXPECT_NE(q->layout_description().find("quantized on load to int4 (asym, group 128 / 64 for down_proj)"), std::string::npos)
+  EXPECT_NE(q->layout_description().find("quantized on load to int4 (asym, group 64)"), std::string::npos)
       << q->layout_description();
   EXPECT_EQ(q->quantize_experts_int4(root.str(), nullptr), "");  // once
   EXPECT_LT(q->weight_bytes().routed_experts * 3, bf16->weight_bytes().routed_experts);

@@ -282,14 +282,13 @@ std::string Qwen35Moe::quantize_experts_int4(const std::string& cache_root, std:
         }
   if (todo.empty()) return {};
   std::vector<const LinearWeight*> src(todo.begin(), todo.end());
-  auto cache = std::make_unique<Int4Cache>(open_int4_cache(ckpt_.dir(), cache_root, src, log));
+  const int64_t group = int4_expert_group(cfg_.hidden_size, cfg_.moe_intermediate_size);
+  auto cache = std::make_unique<Int4Cache>(open_int4_cache(ckpt_.dir(), cache_root, src, group, log));
   for (LinearWeight* w : todo) *w = cache->view(w->name, w->out, w->in);
   expert_cache_ = std::move(cache);
   const std::string what = model_experts && head_experts ? "routed experts and the MTP head's" : model_experts ? "routed experts" : "MTP head's experts";
   const std::string from = expert_layout_;
-  const int64_t g_in = int4_group_for(cfg_.hidden_size), g_mid = int4_group_for(cfg_.moe_intermediate_size);
-  expert_layout_ = str_cat(from, ", ", what, " quantized on load to int4 (asym, group ", g_in,
-                           g_mid != g_in ? str_cat(" / ", g_mid, " for down_proj") : std::string(), ")");
+  expert_layout_ = str_cat(from, ", ", what, " quantized on load to int4 (asym, group ", group, ")");
   const double mib = static_cast<double>(expert_cache_->bytes) / (1 << 20);
   char size[32];
   std::snprintf(size, sizeof size, mib >= 1024 ? "%.2f GiB" : "%.1f MiB", mib >= 1024 ? mib / 1024 : mib);
