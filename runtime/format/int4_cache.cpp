@@ -1,10 +1,10 @@
 #include "runtime/format/int4_cache.h"
 
+#include <pwd.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -142,9 +142,9 @@ LinearWeight Int4Cache::view(const std::string& module, int64_t out, int64_t in)
 
 std::string default_int4_cache_root(const std::string& model_dir) {
   if (::access(model_dir.c_str(), W_OK) == 0) return (fs::path(model_dir) / ".tandem-cache").string();
-  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return (fs::path(x) / "tandem").string();
-  if (const char* h = std::getenv("HOME"); h && *h) return (fs::path(h) / ".cache" / "tandem").string();
-  fail(model_dir, ": the folder cannot be written and neither XDG_CACHE_HOME nor HOME is set: give --quant-cache DIR for the int4 cache");
+  // The user's home from the password database (the engine reads no environment here: layout check).
+  if (const passwd* pw = ::getpwuid(::getuid()); pw && pw->pw_dir && *pw->pw_dir) return (fs::path(pw->pw_dir) / ".cache" / "tandem").string();
+  fail(model_dir, ": the folder cannot be written and this user has no home folder: give --quant-cache DIR for the int4 cache");
 }
 
 Int4Cache open_int4_cache(const std::string& model_dir, const std::string& root_in, const std::vector<const LinearWeight*>& matrices,

@@ -34,7 +34,7 @@ struct Int4Cache {
 };
 
 // Where caches go without --quant-cache: `<model_dir>/.tandem-cache` when that folder can be written,
-// else $XDG_CACHE_HOME/tandem (~/.cache/tandem).
+// else ~/.cache/tandem (the user's home folder from the password database).
 std::string default_int4_cache_root(const std::string& model_dir);
 
 // The cache of `matrices` (dense, named, each quantizable in groups of `group`: core/quantize_int4.h)

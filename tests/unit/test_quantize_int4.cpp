@@ -161,6 +161,7 @@ TEST(Int4Cache, BuildsOnceAndRebuildsWhenTheCheckpointChanges) {
   const LinearWeight a = dense("layers.0.mlp.experts.0.gate_proj", N, K, b.data(), DType::BF16);
   const LinearWeight c = dense("layers.0.mlp.experts.0.down_proj", N, K / 2, b.data(), DType::BF16);
 
+  EXPECT_EQ(default_int4_cache_root(model.str()), model.str() + "/.tandem-cache");  // beside the checkpoint where it can be written
   const Int4Cache first = open_int4_cache(model.str(), root.str(), {&a, &c}, 128, nullptr);
   EXPECT_TRUE(first.built);
   const Int4Cache again = open_int4_cache(model.str(), root.str(), {&a, &c}, 128, nullptr);
