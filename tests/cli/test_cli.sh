@@ -36,6 +36,10 @@ check "prefill beyond ids" "2" "--prefill 5" -- "$tandem" logits --model "$fx" -
 check "bad id text" "2" "'x7' is not a token id" -- "$tandem" logits --model "$fx" --ids 1,x7 --out "$tmp/x.npy"
 check "unknown flag" "2" "did you mean '--prefill'" -- "$tandem" logits --model "$fx" --ids 1 --prefil 1 --out "$tmp/x.npy"
 check "unknown device" "2" "--device must be one of" -- "$tandem" logits --model "$fx" --ids 1 --device tpu --out "$tmp/x.npy"
+check "bad --experts-format" "2" "--experts-format must be auto or int4" -- "$tandem" logits --model "$fx" --ids 1 --experts-format int3 --out "$tmp/x.npy"
+check "--experts-format int4 on a model without an int4 group" "1" "experts (hidden 48, intermediate 16) have no int4 group" -- "$tandem" logits --model "$fx" --device cpu --ids 1 --experts-format int4 --quant-cache "$tmp/qc" --out "$tmp/x.npy"
+check "--experts-format int4 with a cache folder that cannot be made" "1" "cannot create the int4 cache folder.*--quant-cache" -- "$tandem" logits --model "$data/demo" --device cpu --ids 1 --experts-format int4 --quant-cache "$data/demo/config.json/cache" --out "$tmp/y.npy"
+check "--experts-format int4 on the demo model" "0" "routed experts and the MTP head's as int4" -- "$tandem" logits --model "$data/demo" --device cpu --ids 1,2,3 --experts-format int4 --quant-cache "$tmp/qc" --out "$tmp/y.npy"
 if "$tandem" info | grep -q "no CUDA device"; then
   check "gpu without a device" "1" "no CUDA device" -- "$tandem" logits --model "$fx" --ids 1 --device gpu --out "$tmp/x.npy"
 else

@@ -283,6 +283,9 @@ std::string Qwen35Moe::quantize_experts_int4(const std::string& cache_root, std:
   if (todo.empty()) return {};
   std::vector<const LinearWeight*> src(todo.begin(), todo.end());
   const int64_t group = int4_expert_group(cfg_.hidden_size, cfg_.moe_intermediate_size);
+  if (group == 0)
+    fail(ckpt_.dir(), ": --experts-format int4: this model's experts (hidden ", cfg_.hidden_size, ", intermediate ", cfg_.moe_intermediate_size,
+         ") have no int4 group (both sizes must be multiples of 32); run them as stored");
   auto cache = std::make_unique<Int4Cache>(open_int4_cache(ckpt_.dir(), cache_root, src, group, log));
   for (LinearWeight* w : todo) *w = cache->view(w->name, w->out, w->in);
   expert_cache_ = std::move(cache);
