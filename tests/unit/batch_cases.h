@@ -18,6 +18,7 @@
 #include "core/error.h"
 #include "runtime/engine/generate.h"
 #include "runtime/engine/runner.h"
+#include "runtime/tokenizer/chat_template.h"
 #include "tests/unit/test_util.h"
 #include "tools/synth/synth.h"
 
@@ -243,6 +244,28 @@ inline void saved_sequence_drafts_alike(Runner& r, std::span<const int32_t> prom
   r.draft(0, 5, a2, nullptr);
   r.draft(1, 5, b2, nullptr);
   EXPECT_EQ(a2, b2);
+}
+
+// The demo model (models/demo) asked to write Python, greedy, 96 tokens: the plain runner's reply and
+// the drafting one's (draft 2), from runners `make(draft)` makes. The GPU suites check that the tokens
+// agree and that the trained head's drafts are accepted.
+struct DemoDrafting {
+  GenerateResult plain, drafted;
+};
+inline DemoDrafting demo_drafting(const Qwen35Moe& model, const std::string& dir, const std::function<RunnerOptions(int draft)>& make) {
+  const Tokenizer tok = Tokenizer::from_model_dir(dir);
+  ChatOptions co;
+  co.enable_thinking = false;
+  GenerateRequest q;
+  q.prompt = tok.encode(render_chat(std::vector<ChatMessage>{{"user", "Write some Python."}}, co));
+  q.max_new_tokens = 96;
+  q.sampling.temperature = 0;
+  const int64_t V = model.config().vocab_size;
+  DemoDrafting d;
+  d.plain = generate(*make_runner(model, make(0)), V, tok, q);
+  q.draft = 2;
+  d.drafted = generate(*make_runner(model, make(2)), V, tok, q);
+  return d;
 }
 
 }  // namespace tandem::test
