@@ -304,7 +304,9 @@ Plan make_plan(const ModelConfig& c, const PlacementConfig& cfg, const PlanReque
     fail(cfg.source, ": no GPU memory budget: set gpu.memory in the config or pass --gpu-mem (no CUDA device to ask)");
 
   const std::string prefix = c.composite ? "model.language_model." : "model.";
-  p.experts_int4_on_load = cfg.experts_int4_on_load(c.quant.for_module(prefix + "layers.0.mlp.experts.0.gate_proj").quantized);
+  const bool gptq_experts = c.quant.for_module(prefix + "layers.0.mlp.experts.0.gate_proj").quantized;
+  p.experts_int4_on_load = cfg.experts_int4_on_load(gptq_experts);
+  if (p.experts_int4_on_load) p.on_load_note = gptq_experts ? "the MTP head's quantized on load" : "quantized on load";
   if (p.experts_int4_on_load && int4_expert_group(c.hidden_size, c.moe_intermediate_size) == 0)
     fail(cfg.source, ": experts.gpu_format / cpu_format int4: this model's experts (hidden ", c.hidden_size, ", intermediate ",
          c.moe_intermediate_size, ") have no int4 group (both sizes must be multiples of 32); keep them as stored");
@@ -665,7 +667,7 @@ std::string plan_table(const Plan& p) {
                             (p.dense_format == "int8" ? " (projections as int8 rows: dense.format)" : "") +
                             (p.lm_head_format == "int8" ? " (lm_head as int8 rows: dense.lm_head)" : ""));
   line("routed experts", str_cat(format_gib(v.expert_weights), " (", p.total_gpu_experts(), " experts, ", p.expert_checkpoint_format,
-                                       p.experts_int4_on_load ? ", quantized on load" : "", ")"));
+                                       p.on_load_note.empty() ? "" : ", " + p.on_load_note, ")"));
   line("KV cache", format_gib(v.kv_cache));
   line("DeltaNet state", format_gib(v.deltanet_state));
   {  // the batch's trade: each sequence's KV cache and state is room routed experts could have had

@@ -72,6 +72,7 @@ struct Plan {
   bool embed_on_gpu = true;
   std::string expert_checkpoint_format;  // int4 (GPTQ, or quantized on load) or bf16
   bool experts_int4_on_load = false;     // floating-point experts quantized on load (experts.gpu_format: int4, ...)
+  std::string on_load_note;              // what that quantizes, for the table ("quantized on load", "the MTP head's ...")
   std::string dense_format = "bf16";     // dense.format: the projections as stored (bf16) or int8 rows
   std::string lm_head_format = "bf16";   // dense.lm_head
   std::string cpu_expert_format;         // int4 | int8 | bf16

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# The consumer card's bytes (dense weights and experts quantized on load) on the GPU machine, in one call
+# that always brings its results back ($OUT/results.tgz, packed after every step, and $OUT/summary.txt):
+#   build      tandem + tandem_gpu_tests into ../build-gpu-quant (outside the carried tree)
+#   tests      tandem_gpu_tests --gtest_filter=$TESTS (default: the int8 GEMV and dense model, experts
+#              quantized on load, the whole model and the MTP head suites)
+#   dense      the 35B synthetic GPTQ-Int4: decode at a 4096-token context with the dense projections as
+#              stored, as int8 rows, and int8 with the lm_head too, for each of $PLACEMENTS (a budget:
+#              24GiB holds every routed expert; 8GiB runs them all on the CPU), each run's plan beside it;
+#              then `tandem plan` at 24 GiB for a 131072-token context with int8 dense weights
+#   head       the same model drafting at 12 GiB with its MTP head's 256 BF16 experts as stored and as
+#              int4 on load (experts.gpu_format: int4): the plan's GPU experts, --verify-cost 1,2,3,4
+# usage (device tool, carry .deps): DEADLINE=560 STEPS="build tests dense head" bash scripts/gpu_quant.sh
+#   (TANDEM_MAX_SM=89 in front: the RTX 4090 code path)
+set -uo pipefail
+OUT="${OUT:-$PWD/gpu-out}"
+DEADLINE="${DEADLINE:-560}"
+STEPS="${STEPS:-build tests dense head}"
+TESTS="${TESTS:-*GemvInt8*:*DenseInt8*:*Int4OnLoad*:GpuModel*:GpuMtpHead*}"
+PLACEMENTS="${PLACEMENTS:-24GiB 12GiB 8GiB}"
+build=../build-gpu-quant
+res=/tmp/gpu-quant/results
+rm -rf "$res"; mkdir -p "$res" "$OUT"
+t0=$(date +%s)
+left() { echo $(( DEADLINE - ($(date +%s) - t0) )); }
+pack() { tar czf "$OUT/results.tgz" -C /tmp/gpu-quant results; cp "$res/summary.txt" "$OUT/" 2>/dev/null; }
+step() {  # name seconds command...
+  local name="$1" secs="$2"; shift 2
+  local budget; budget=$(( $(left) - 5 ))
+  [ "$secs" -gt "$budget" ] && secs=$budget
+  if [ "$secs" -le 5 ]; then echo "$name: skipped (no time left)" >> "$res/summary.txt"; pack; return; fi
+  local s0; s0=$(date +%s)
+  timeout "$secs" "$@" > "$res/$name.log" 2>&1
+  echo "$name: rc=$? in $(( $(date +%s) - s0 ))s" >> "$res/summary.txt"
+  pack
+}
+for f in ../.deps/*.deb .deps/*.deb; do [ -f "$f" ] && dpkg -x "$f" /opt/deps; done
+export CMAKE_PREFIX_PATH=/opt/deps/usr LD_LIBRARY_PATH=/opt/deps/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+{ date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; echo "TANDEM_MAX_SM=${TANDEM_MAX_SM:-}"; } > "$res/machine.txt" 2>&1
+tandem="$build/tandem"
+model=/tmp/q35
+
+yaml() {  # file budget extra-lines
+  printf 'gpu:\n  memory: %s\n  reserve: 512MiB\ncontext: 4224\n%s\n' "$2" "$3" > "$1"
+}
+
+for s in $STEPS; do
+  case "$s" in
+    build)
+      step build 300 bash -c "cmake -S . -B $build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 >/dev/null \
+        && cmake --build $build -j $(nproc) --target tandem tandem_gpu_tests" ;;
+    tests)
+      step gpu-tests 240 "$build/tests/tandem_gpu_tests" --gtest_filter="$TESTS" ;;
+    dense)
+      [ -f $model/config.json ] || step synth 150 "$tandem" synth --preset qwen3.5-35b-a3b --quant gptq-int4 --routing-skew 1 --out $model
+      for p in $PLACEMENTS; do
+        extra=""
+        [ "$p" = 8GiB ] && extra="cpu_experts: all"
+        for f in bf16 int8 int8-lm_head; do
+          dense="dense: {format: ${f%%-*}$([ "$f" = int8-lm_head ] && echo ', lm_head: int8')}"
+          yaml "$res/$p-$f.yaml" "$p" "$extra
+$dense"
+          "$tandem" plan --model $model --config "$res/$p-$f.yaml" --no-measure > "$res/plan-$p-$f.txt" 2>&1
+          step "dense-$p-$f" 100 "$tandem" bench --model $model --device hybrid --config "$res/$p-$f.yaml" --prompt-len 4096 --gen 64 --repeat 3 --json
+        done
+      done
+      yaml "$res/24GiB-128k.yaml" 24GiB "dense: {format: int8, lm_head: int8}"
+      step plan-128k 30 "$tandem" plan --model $model --config "$res/24GiB-128k.yaml" --context 131072 --no-measure ;;
+    head)
+      [ -f $model/config.json ] || step synth 150 "$tandem" synth --preset qwen3.5-35b-a3b --quant gptq-int4 --routing-skew 1 --out $model
+      for e in auto int4; do
+        yaml "$res/head-$e.yaml" 12GiB "speculative: {draft: 4}
+experts: {gpu_format: $e}"
+        "$tandem" plan --model $model --config "$res/head-$e.yaml" --no-measure > "$res/plan-head-$e.txt" 2>&1
+        step "head-$e" 150 "$tandem" bench --model $model --device hybrid --config "$res/head-$e.yaml" --quant-cache /tmp/qcache \
+          --prompt-len 1024 --gen 16 --repeat 3 --verify-cost 1,2,3,4 --draft 4 --json
+      done ;;
+  esac
+done
+cat "$res/summary.txt"
+pack
