@@ -130,6 +130,27 @@ void build(const fs::path& dir, const std::string& key, const std::string& model
   if (!out.flush()) fail(dir.string(), ": cannot write ", kStamp);
 }
 
+// Other caches of the same checkpoint folder under `root` (made before it or the quantizer changed):
+// each would hold a model's worth of experts on disk for nothing once the new one is in place.
+void remove_stale(const std::string& root, const fs::path& keep, const std::string& model_dir, std::FILE* log) {
+  const std::string source = fs::absolute(model_dir).string();
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    const std::string name = e.path().filename().string();
+    if (e.path() == keep || name.rfind("int4-", 0) != 0 || name.find(".partial-") != std::string::npos) continue;
+    std::ifstream in(e.path() / kStamp);
+    if (!in) continue;
+    try {
+      if (nlohmann::json::parse(in).value("source", "") != source) continue;
+    } catch (const std::exception&) {
+      continue;
+    }
+    std::error_code rm;
+    fs::remove_all(e.path(), rm);
+    if (log && !rm) std::fprintf(log, "tandem: removed %s, an int4 cache of an earlier state of this checkpoint\n", e.path().c_str());
+  }
+}
+
 }  // namespace
 
 LinearWeight Int4Cache::view(const std::string& module, int64_t out, int64_t in) const {
@@ -160,7 +181,7 @@ Int4Cache open_int4_cache(const std::string& model_dir, const std::string& root_
   Int4Cache c;
   c.dir = dir.string();
   c.group = group;
-  if (!finished(dir, key)) {
+  auto make = [&] {
     std::error_code ec;
     fs::create_directories(root, ec);
     if (ec) fail(root, ": cannot create the int4 cache folder (", ec.message(), "); give --quant-cache DIR, a folder that can be written");
@@ -174,7 +195,7 @@ Int4Cache open_int4_cache(const std::string& model_dir, const std::string& root_
       fs::remove_all(tmp, ec);
       throw;
     }
-    fs::remove_all(dir, ec);  // an unfinished folder of the same key (a crash between rename and stamp cannot make one; a hand edit can)
+    fs::remove_all(dir, ec);  // an unfinished or damaged folder of the same key
     fs::rename(tmp, dir, ec);
     if (ec) {  // another process renamed its copy first: keep that one
       std::error_code ec2;
@@ -182,9 +203,25 @@ Int4Cache open_int4_cache(const std::string& model_dir, const std::string& root_
       if (!finished(dir, key)) fail(dir.string(), ": cannot move the new int4 cache into place (", ec.message(), ")");
     } else {
       c.built = true;
+      remove_stale(root, dir, model_dir, log);
     }
+  };
+  // The cache's tensors, every one checked against what it must hold (a damaged file is an error here,
+  // not a wrong weight later).
+  auto open = [&] {
+    c.tensors = std::make_unique<Checkpoint>(Checkpoint::open(c.dir));
+    for (const LinearWeight* w : matrices) (void)c.view(w->name, w->out, w->in);
+  };
+  if (!finished(dir, key)) make();
+  try {
+    open();
+  } catch (const Error& e) {
+    if (c.built) throw;
+    if (log) std::fprintf(log, "tandem: the int4 cache in %s is damaged (%s); quantizing again\n", c.dir.c_str(), e.what());
+    c.tensors.reset();
+    make();
+    open();
   }
-  c.tensors = std::make_unique<Checkpoint>(Checkpoint::open(c.dir));
   c.bytes = c.tensors->total_bytes();
   c.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return c;

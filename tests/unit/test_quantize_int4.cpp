@@ -182,6 +182,13 @@ TEST(Int4Cache, BuildsOnceAndRebuildsWhenTheCheckpointChanges) {
   // An unfinished folder of the same key (no stamp) is rebuilt, not read.
   fs::remove(fs::path(first.dir) / "tandem-int4.json");
   EXPECT_TRUE(open_int4_cache(model.str(), root.str(), {&a, &c}, 128, nullptr).built);
+  // A damaged cache (a file cut short, a tensor missing) is quantized again, not read.
+  const std::string st = (fs::path(first.dir) / "model.safetensors").string();
+  fs::resize_file(st, fs::file_size(st) / 2);
+  const Int4Cache repaired = open_int4_cache(model.str(), root.str(), {&a, &c}, 128, nullptr);
+  EXPECT_TRUE(repaired.built);
+  EXPECT_EQ(repaired.bytes, first.bytes);
+  EXPECT_TRUE(open_int4_cache(model.str(), root.str(), {&a}, 128, nullptr).built);  // another set of matrices: another key
   // A changed checkpoint file is a new key.
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
   wr.add("y", DType::BF16, {1, 8}, b.data(), 16);
@@ -189,6 +196,8 @@ TEST(Int4Cache, BuildsOnceAndRebuildsWhenTheCheckpointChanges) {
   const Int4Cache changed = open_int4_cache(model.str(), root.str(), {&a, &c}, 128, nullptr);
   EXPECT_TRUE(changed.built);
   EXPECT_NE(changed.dir, first.dir);
+  EXPECT_FALSE(fs::exists(first.dir)) << "the cache of the checkpoint as it was is removed";
+  EXPECT_TRUE(fs::exists(changed.dir));
   // Nothing left half-made under the root.
   for (const auto& e : fs::directory_iterator(root.str())) EXPECT_EQ(e.path().string().find(".partial"), std::string::npos) << e.path();
 
