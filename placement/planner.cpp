@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <set>
 
 #include "gpu_core/attention_sizes.h"
 #include "gpu_core/deltanet_sizes.h"
@@ -36,8 +37,9 @@ constexpr double kLinkCpuShare = 0.78, kLinkRate = 0.8;
 struct Sizer {
   const ModelConfig& c;
   std::string prefix;  // module name prefix, as the loader sees it
-  bool dense_int8 = false;  // dense.format: int8: the projections that are not GPTQ as int8 rows
-  bool lm_head_int8 = false;  // dense.lm_head: int8
+  // Dense units whose projections are int8 rows (dense.format, dense.lm_head, rules' format: int8):
+  // "lm_head", "layers.3.linear_attn", "layers.3.mlp.shared_expert", ...; nullptr: none.
+  const std::set<std::string>* int8_units = nullptr;
 
   bool experts_int4 = false;  // floating-point routed experts quantized on load (PlacementConfig::experts_int4_on_load)
 
@@ -52,9 +54,11 @@ struct Sizer {
   // One nn.Linear as Qwen35MoeGpu stores it (quantizable: a projection, not a router, gate or table).
   uint64_t linear(const std::string& module, int64_t out, int64_t in, bool quantizable = true) const {
     const auto q = quantizable ? quant(module) : QuantConfig::ModuleQuant{};
-    if (module == "lm_head" && lm_head_int8 && in % 16 == 0) return gpu::int8_matrix_bytes(out, in);
-    if (quantizable && dense_int8 && !q.quantized && in % 16 == 0 && module.find(".experts.") == std::string::npos)
-      return gpu::int8_matrix_bytes(out, in);
+    const bool int8 = int8_units && in % 16 == 0 &&
+                      (module == "lm_head" ? int8_units->count(module) > 0
+                                           : quantizable && !q.quantized && module.find(".experts.") == std::string::npos &&
+                                                 int8_units->count(module.substr(0, module.rfind('.'))) > 0);  // its unit
+    if (int8) return gpu::int8_matrix_bytes(out, in);
     return gpu_linear_pieces(out, in, q.quantized, in / (q.group_size > 0 ? q.group_size : in), q.desc_act).total();
   }
   // Host bytes of one expert matrix as cpu_experts/packed_weight.h streams it: nibbles / bytes / bf16
@@ -136,7 +140,7 @@ VramBytes fixed_vram(const ModelConfig& c, const Sizer& s, int64_t context, int 
   // per sequence; the verification step keeps draft + 1 DeltaNet states.
   const bool mtp = draft > 0 && c.mtp_layers > 0;
   if (mtp) {
-    const Sizer ms{c, "mtp.", false, false, s.experts_int4};
+    const Sizer ms{c, "mtp.", nullptr, s.experts_int4};  // the head's projections stay as stored
     const std::string a = "layers.0.self_attn.", m = "layers.0.mlp.";
     v.dense_weights += 2 * ms.linear("fc", H, H, false) + 5 * floats(H) + 2 * floats(hd);
     v.dense_weights += ms.linear(a + "q_proj", int64_t(nh) * hd * 2, H) + ms.linear(a + "k_proj", int64_t(nkv) * hd, H) +
@@ -249,7 +253,7 @@ void predict(const ModelConfig& c, const PlacementConfig& cfg, const PlanRequest
       pr.verify_ms.push_back(pr.decode_ms + (gpu_b / pr.gpu_bw + cpu_b / pr.cpu_bw) * 1e3);
     }
     const double attn = (2.0 * nh * hd * H + 2.0 * nkv * hd * H + static_cast<double>(nh) * hd * H) * 2;
-    const double lm = cfg.lm_head_format == "int8" ? static_cast<double>(V) * (H + 4) : static_cast<double>(V) * H * 2;
+    const double lm = p.dense_int8("lm_head") ? static_cast<double>(V) * (H + 4) : static_cast<double>(V) * H * 2;
     const double head_expert = p.experts_int4_on_load ? 3.0 * I * H * (0.5 + 2.5 / static_cast<double>(int4_expert_group(H, I))) : 3.0 * I * H * 2;
     const double head = 2.0 * H * H * 2 + attn + static_cast<double>(E) * H * 2 + shared_bytes + k * head_expert + lm;
     pr.draft_ms = (head / pr.gpu_bw + 14 * launch_us * 1e-6) * 1e3;
@@ -310,31 +314,39 @@ Plan make_plan(const ModelConfig& c, const PlacementConfig& cfg, const PlanReque
   if (p.experts_int4_on_load && int4_expert_group(c.hidden_size, c.moe_intermediate_size) == 0)
     fail(cfg.source, ": experts.gpu_format / cpu_format int4: this model's experts (hidden ", c.hidden_size, ", intermediate ",
          c.moe_intermediate_size, ") have no int4 group (both sizes must be multiples of 32); keep them as stored");
-  const Sizer s{c, prefix, cfg.dense_format == "int8", cfg.lm_head_format == "int8", p.experts_int4_on_load};
   const int64_t H = c.hidden_size, I = c.moe_intermediate_size;
   const int E = c.num_experts, L = c.num_layers;
 
   // ---- rules over the non-expert units ----
+  // Where each lives and, for the projection units (a layer's mixer and shared expert, lm_head), its
+  // format: a rule's `format: bf16 | int8`, else dense.format (dense.lm_head for lm_head).
   std::vector<uint8_t> used(cfg.rules.size(), 0);
-  auto check_fixed = [&](const std::string& unit, bool may_be_cpu) -> Side {
+  std::set<std::string> int8_units;
+  auto check_fixed = [&](const std::string& unit, bool may_be_cpu, const std::string* default_format = nullptr) -> Side {
     const PlacementRule* r = first_rule(cfg.rules, unit, used);
+    const std::string fmt = r && !r->format.empty() ? r->format : default_format ? *default_format : "bf16";
+    if (r && !r->format.empty() && r->format != "bf16" && !(default_format && r->format == "int8"))
+      fail(rule_where(cfg, *r), " asks for format ", r->format, " for '", unit, "'; ",
+           default_format ? "projections are bf16 (as stored) or int8 (rows quantized on load)" : "it is kept as stored (bf16)");
+    if (default_format && fmt == "int8") int8_units.insert(unit);
     if (!r) return Side::Gpu;
     if (r->place == Side::Cpu && !may_be_cpu)
       fail(rule_where(cfg, *r), " puts '", unit, "' on the cpu; in a hybrid placement only routed experts and embed_tokens ",
            "live in host memory (attention, DeltaNet, routers, shared experts, norms and lm_head stay on the GPU; ",
            "--device cpu runs everything on the CPU)");
-    if (!r->format.empty() && r->format != "bf16")
-      fail(rule_where(cfg, *r), " asks for format ", r->format, " for '", unit, "'; dense tensors are kept in bf16");
     return r->place.value_or(Side::Gpu);
   };
   p.embed_on_gpu = check_fixed("embed_tokens", true) == Side::Gpu;
-  check_fixed("lm_head", false);
+  check_fixed("lm_head", false, &cfg.lm_head_format);
   check_fixed("norm", false);
   for (int l = 0; l < L; ++l) {
-    for (const char* u : {"input_layernorm", "post_attention_layernorm", "mlp.gate", "mlp.shared_expert", "mlp.shared_expert_gate"})
+    for (const char* u : {"input_layernorm", "post_attention_layernorm", "mlp.gate", "mlp.shared_expert_gate"})
       check_fixed(layer_unit(l, u), false);
-    check_fixed(layer_unit(l, c.layer_types[l] == LayerKind::FullAttention ? "self_attn" : "linear_attn"), false);
+    check_fixed(layer_unit(l, "mlp.shared_expert"), false, &cfg.dense_format);
+    check_fixed(layer_unit(l, c.layer_types[l] == LayerKind::FullAttention ? "self_attn" : "linear_attn"), false, &cfg.dense_format);
   }
+  p.dense_int8_units.assign(int8_units.begin(), int8_units.end());
+  const Sizer s{c, prefix, &int8_units, p.experts_int4_on_load};
 
   // ---- experts: formats and sizes ----
   const bool tied_shared = c.tie_word_embeddings && p.embed_on_gpu;
@@ -593,6 +605,7 @@ nlohmann::json plan_to_json(const Plan& p) {
   j["min_budget_bytes"] = p.min_budget_bytes;
   j["dense_format"] = p.dense_format;
   j["lm_head_format"] = p.lm_head_format;
+  j["dense_int8_units"] = p.dense_int8_units;
   j["vram_bytes"] = {{"dense_weights", p.vram.dense_weights}, {"expert_weights", p.vram.expert_weights},
                      {"kv_cache", p.vram.kv_cache},           {"deltanet_state", p.vram.deltanet_state},
                      {"workspace", p.vram.workspace},         {"reserve", p.vram.reserve}};
@@ -664,8 +677,12 @@ std::string plan_table(const Plan& p) {
   if (!p.context_note.empty()) line("context", p.context_note);
   o += "\n  GPU memory             bytes\n";
   line("dense weights", format_gib(v.dense_weights) + (p.embed_on_gpu ? "" : " (embed_tokens on the CPU)") +
-                            (p.dense_format == "int8" ? " (projections as int8 rows: dense.format)" : "") +
-                            (p.lm_head_format == "int8" ? " (lm_head as int8 rows: dense.lm_head)" : ""));
+                            [&]() -> std::string {  // which projections are int8 rows
+                              const size_t layers = p.dense_int8_units.size() - (p.dense_int8("lm_head") ? 1 : 0);
+                              if (layers == 0) return p.dense_int8("lm_head") ? " (lm_head as int8 rows)" : "";
+                              return str_cat(" (int8 rows: ", layers, " of ", 2 * p.expert_on_gpu.size(), " mixers and shared experts",
+                                             p.dense_int8("lm_head") ? ", lm_head" : "", ")");
+                            }());
   line("routed experts", str_cat(format_gib(v.expert_weights), " (", p.total_gpu_experts(), " experts, ", p.expert_checkpoint_format,
                                        p.on_load_note.empty() ? "" : ", " + p.on_load_note, ")"));
   line("KV cache", format_gib(v.kv_cache));

@@ -19,6 +19,7 @@
 // repacked: nibbles + fp16 scales + uint8 zeros (+ int32 permutation for act-order)).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -75,6 +76,12 @@ struct Plan {
   std::string on_load_note;              // what that quantizes, for the table ("quantized on load", "the MTP head's ...")
   std::string dense_format = "bf16";     // dense.format: the projections as stored (bf16) or int8 rows
   std::string lm_head_format = "bf16";   // dense.lm_head
+  // The projection units held as int8 rows (dense.format / dense.lm_head, and rules' format: int8 over
+  // "layers.L.self_attn", "layers.L.linear_attn", "layers.L.mlp.shared_expert", "lm_head"), sorted.
+  std::vector<std::string> dense_int8_units;
+  bool dense_int8(const std::string& unit) const {
+    return std::binary_search(dense_int8_units.begin(), dense_int8_units.end(), unit);
+  }
   std::string cpu_expert_format;         // int4 | int8 | bf16
   uint64_t gpu_expert_bytes = 0;         // one routed expert on the GPU
   uint64_t cpu_expert_bytes = 0;         // one routed expert in host RAM (streamed per activation)

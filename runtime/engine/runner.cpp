@@ -194,6 +194,17 @@ class GpuRunner final : public Runner, private MtpDevice {
     }
     g.snapshot_vram = o.cache_vram;
     g.snapshot_host = o.cache_host;
+    if (placement_) {  // the plan's projections unit by unit (dense.format, dense.lm_head and the rules' formats)
+      const ModelConfig& c = model.config();
+      g.mixer_int8.resize(static_cast<size_t>(c.num_layers));
+      g.shared_int8.resize(static_cast<size_t>(c.num_layers));
+      for (int l = 0; l < c.num_layers; ++l) {
+        const std::string p = str_cat("layers.", l, ".");
+        g.mixer_int8[l] = placement_->dense_int8(p + (c.layer_types[l] == LayerKind::FullAttention ? "self_attn" : "linear_attn"));
+        g.shared_int8[l] = placement_->dense_int8(p + "mlp.shared_expert");
+      }
+      g.lm_head_int8 = placement_->dense_int8("lm_head");
+    }
     if (placement_) {
       cpu_ = make_cpu_experts(model, placement_->expert_on_gpu, placement_->cpu_expert_format, o.threads);
       g.budget_bytes = placement_->budget_bytes - placement_->vram.reserve + o.cache_vram;  // the reserve holds the cache's VRAM tier

@@ -261,7 +261,7 @@ void force_call(Job& j, const std::string& name, const char* field_name) {
   if (j.tools.is_null() || j.tools.empty()) bad(field_name, "asks for a tool call but the request has no tools");
   if (!name.empty()) {
     bool known = false;
-    for (const Json& t : j.tools) known = known || (t.contains("function") && t["function"].value("name", "") == name);
+    for (const auto& t : j.tools) known = known || (t.contains("function") && t["function"].value("name", "") == name);
     if (!known) bad(field_name, "names the function \"" + name + "\", which is not among the request's tools");
   }
   const std::string call = "<tool_call>\n" + (name.empty() ? std::string() : "<function=" + name + ">\n");

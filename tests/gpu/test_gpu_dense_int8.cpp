@@ -4,6 +4,7 @@
 // margin; and half the projections' bytes on the device.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "runtime/format/npy.h"
@@ -58,6 +59,32 @@ TEST(GpuDenseInt8, TheDemoModelStaysCloseToItsReference) {
   }
   EXPECT_LT(dense[1], dense[0]);  // the projections at 1 byte a weight (+ a scale a row) instead of 2
   EXPECT_LT(dense[2], dense[1]);
+}
+
+// Unit by unit (GpuOptions::mixer_int8 / shared_int8, from a plan's rules): only the DeltaNet layers'
+// projections as int8 rows: fewer dense bytes than bf16, more than int8 everywhere.
+TEST(GpuDenseInt8, LayersChosenOneByOne) {
+  TANDEM_REQUIRE_GPU();
+  const test::Fixture fx = test::load_fixture("demo");
+  auto model = Qwen35Moe::load(fx.dir);
+  const ModelConfig& c = model->config();
+  auto dense_bytes = [&](int mode) {  // 0 bf16, 1 int8 everywhere, 2 the DeltaNet mixers only
+    GpuOptions g;
+    g.max_context = 256;
+    g.dense_int8 = mode == 1;
+    if (mode == 2) {
+      for (int l = 0; l < c.num_layers; ++l) g.mixer_int8.push_back(c.layer_types[l] == LayerKind::LinearAttention);
+      g.shared_int8.assign(static_cast<size_t>(c.num_layers), 0);
+    }
+    auto gpu = Qwen35MoeGpu::create(*model, g);
+    std::vector<float> last(static_cast<size_t>(fx.vocab));
+    gpu->forward(fx.ids, last.data(), Qwen35Moe::LogitRows::Last);
+    EXPECT_TRUE(std::all_of(last.begin(), last.end(), [](float x) { return std::isfinite(x); })) << "mode " << mode;
+    return gpu->memory().dense_weights;
+  };
+  const uint64_t bf16 = dense_bytes(0), all = dense_bytes(1), deltanet = dense_bytes(2);
+  EXPECT_LT(deltanet, bf16);
+  EXPECT_GT(deltanet, all);
 }
 
 }  // namespace

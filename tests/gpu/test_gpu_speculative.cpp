@@ -129,15 +129,6 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, GpuMtpHead, ::testing::ValuesIn(head_fixtures
 
 class GpuSpeculative : public ::testing::TestWithParam<bool> {};  // hybrid?
 
-GenerateRequest greedy(const Tokenizer& tok, const std::string& prompt, int64_t n, int draft) {
-  GenerateRequest q;
-  q.prompt = tok.encode(prompt);
-  q.max_new_tokens = n;
-  q.sampling.temperature = 0;
-  q.draft = draft;
-  return q;
-}
-
 TEST_P(GpuSpeculative, GreedyTokensAreTheTokensWithoutDrafts) {
   TANDEM_REQUIRE_GPU();
   for (const std::string& name : head_fixtures()) {

@@ -164,8 +164,10 @@ TEST(PlacementYamlErrors, RulesTheModelCannotHonour) {
                      {"test.yaml:4", "rule (match 'layers.3.self_attn')", "stay on the GPU"});
   test::expect_error([&] { make_plan(m, yaml("gpu:\n  memory: 24GiB\nrules:\n  - match: layers.*.mlp.expert.*\n    place: cpu\n")); },
                      {"test.yaml:4", "matches nothing"});
-  test::expect_error([&] { make_plan(m, yaml("gpu:\n  memory: 24GiB\nrules:\n  - match: lm_head\n    format: int8\n")); },
-                     {"test.yaml:4", "kept in bf16"});
+  test::expect_error([&] { make_plan(m, yaml("gpu:\n  memory: 24GiB\nrules:\n  - match: norm\n    format: int8\n")); },
+                     {"test.yaml:4", "'norm'", "kept as stored"});
+  test::expect_error([&] { make_plan(m, yaml("gpu:\n  memory: 24GiB\nrules:\n  - match: lm_head\n    format: int4\n")); },
+                     {"test.yaml:4", "'lm_head'", "bf16 (as stored) or int8"});
   test::expect_error([&] { make_plan(m, yaml("gpu:\n  memory: 24GiB\nexperts:\n  cpu_format: bf16\n")); },
                      {"GPTQ int4", "not bf16"});
   test::expect_error([&] { make_plan(m, yaml("gpu:\n  memory: 24GiB\nexperts:\n  select: layers 30-45\n")); },
@@ -316,6 +318,37 @@ TEST(Planner, SpeculativeDraftCountsTheMtpHead) {
   const Plan verify = make_plan(m, yaml(base), {.gpu_mem = 16ull << 30, .verify_tokens = 5});
   EXPECT_GT(verify.vram.workspace, off.vram.workspace);
   EXPECT_LE(verify.vram.total(), 16ull << 30);
+}
+
+// Projections as int8 rows unit by unit: a rule's `format: int8 | bf16` over a layer's mixer
+// (self_attn / linear_attn), its shared expert or lm_head, before dense.format / dense.lm_head. The
+// plan counts each unit's bytes and lists the int8 ones for the GPU loader.
+TEST(Planner, DenseFormatPerUnitByRules) {
+  const ModelConfig m = model35();
+  const std::string base = "gpu:\n  memory: 12GiB\ncontext: 4096\nprefill: {chunk: 256}\n";
+  const Plan bf = make_plan(m, fixed_bw(yaml(base)), {});
+  const Plan all = make_plan(m, fixed_bw(yaml(base + "dense: {format: int8}\n")), {});
+  EXPECT_TRUE(bf.dense_int8_units.empty());
+  EXPECT_EQ(all.dense_int8_units.size(), 80u);  // 40 mixers and 40 shared experts
+  EXPECT_TRUE(all.dense_int8("layers.0.linear_attn") && all.dense_int8("layers.3.self_attn") && all.dense_int8("layers.7.mlp.shared_expert"));
+  EXPECT_FALSE(all.dense_int8("lm_head"));
+  // DeltaNet only: between none and all, by its share of the bytes
+  const Plan dn = make_plan(m, fixed_bw(yaml(base + "rules:\n  - {match: 'layers.*.linear_attn', format: int8}\n")), {});
+  EXPECT_EQ(dn.dense_int8_units.size(), 30u);
+  EXPECT_TRUE(dn.dense_int8("layers.0.linear_attn"));
+  EXPECT_FALSE(dn.dense_int8("layers.3.self_attn"));
+  EXPECT_LT(dn.vram.dense_weights, bf.vram.dense_weights);
+  EXPECT_GT(dn.vram.dense_weights, all.vram.dense_weights);
+  EXPECT_NE(plan_table(dn).find("int8 rows: 30 of 80 mixers and shared experts"), std::string::npos) << plan_table(dn);
+  // everything int8 but the attention layers, which a first rule keeps as stored; lm_head by a rule
+  const Plan mixed = make_plan(m, fixed_bw(yaml(base + "dense: {format: int8}\nrules:\n  - {match: 'layers.*.self_attn', format: bf16}\n"
+                                                       "  - {match: lm_head, format: int8}\n")), {});
+  EXPECT_EQ(mixed.dense_int8_units.size(), 71u);  // 30 DeltaNet + 40 shared experts + lm_head
+  EXPECT_TRUE(mixed.dense_int8("lm_head"));
+  EXPECT_FALSE(mixed.dense_int8("layers.3.self_attn"));
+  const Plan lm = make_plan(m, fixed_bw(yaml(base + "dense: {lm_head: int8}\n")), {});
+  EXPECT_EQ(lm.dense_int8_units, std::vector<std::string>{"lm_head"});
+  EXPECT_NEAR(static_cast<double>(bf.vram.dense_weights - lm.vram.dense_weights), 248320.0 * 2048, 2e6);
 }
 
 // experts.gpu_format: int4 (or cpu_format: int4 / a rule's format: int4 on a BF16 checkpoint): the

@@ -207,8 +207,12 @@ TEST_P(Speculative, AcceptedDraftsAreKeptAndTheRestRolledBack) {
     ASSERT_EQ(got.drafts.drafted.size(), 3u);
     // Calls alternate all right / spoiled at `wrong`: position 0 is accepted in every good call.
     EXPECT_GE(got.drafts.accepted[0], got.drafts.drafted[0] / 2 - 1);
-    if (wrong == 0) EXPECT_LE(got.drafts.accepted[0], (got.drafts.drafted[0] + 1) / 2);
-    if (wrong == 2) EXPECT_EQ(got.drafts.accepted[1], got.drafts.drafted[1]);
+    if (wrong == 0) {
+      EXPECT_LE(got.drafts.accepted[0], (got.drafts.drafted[0] + 1) / 2);
+    }
+    if (wrong == 2) {
+      EXPECT_EQ(got.drafts.accepted[1], got.drafts.drafted[1]);
+    }
     EXPECT_LT(got.drafts.verify_steps, static_cast<int64_t>(want.tokens.size()) - 1) << "accepted drafts save steps";
   }
 }

@@ -100,6 +100,9 @@ struct GpuOptions {
   // head) quantized on load to int8 rows with a scale each (W8A16: gemv_int8): half their bytes.
   // Accuracy: bench/results/2026-12-03-dense-quant-accuracy-devbox.md.
   bool dense_int8 = false;
+  // Per layer, overriding dense_int8 where set (a placement's rules, Plan::dense_int8_units): whether
+  // the layer's mixer (attention or DeltaNet) / its shared expert is int8 rows.
+  std::vector<uint8_t> mixer_int8, shared_int8;
   // The lm_head as int8 rows too (not a tied one: that is the embedding table). Accuracy: the same file.
   bool lm_head_int8 = false;
 };

@@ -38,6 +38,12 @@ struct DevLinear {
   bool int8 = false;            // quantized on load (GpuOptions::dense_int8): q8
   gpu::Int8View q8;
   bool bf16() const { return !int4 && !int8; }
+  // A bf16 matrix already on the device (a stack of rows, the tied lm_head).
+  static DevLinear bf16_rows(const uint16_t* w, int64_t out, int64_t in) {
+    DevLinear d;
+    d.w = w, d.out = out, d.in = in;
+    return d;
+  }
 };
 
 // Projections that read the same input, stored back to back in one bf16 block, as one matrix of

@@ -149,7 +149,7 @@ DevLinear upload_int8(Uploader& up, const LinearWeight& L, Kind kind) {
   return d;
 }
 
-// int8: a dense projection quantized on load (GpuOptions::dense_int8; inputs a multiple of 16).
+// int8: a dense projection quantized on load (GpuOptions::dense_int8 / mixer_int8 / shared_int8; inputs a multiple of 16).
 DevLinear upload_linear(Uploader& up, const LinearWeight& L, Kind kind, bool int8 = false) {
   if (int8 && L.kind == LinearWeight::Kind::Dense && L.in % 16 == 0) return upload_int8(up, L, kind);
   DevLinear d;
@@ -199,7 +199,7 @@ DevLinear upload_columns(Uploader& up, const LinearWeight& L, int64_t col0, int6
 
 DevLinear stack_rows(std::initializer_list<const DevLinear*> parts) {
   const DevLinear* first = *parts.begin();
-  DevLinear s{false, first->w, {}, 0, first->in};
+  DevLinear s = DevLinear::bf16_rows(first->w, 0, first->in);
   const DevLinear* prev = nullptr;
   for (const DevLinear* p : parts) {
     if (p->int4 || p->in != first->in || !p->w) return {};
@@ -223,7 +223,10 @@ DevLayer Qwen35MoeGpu::Impl::upload_layer(Uploader& up, const LayerWeights& L, i
   const ModelConfig& c = model.config();
   const int64_t E = c.num_experts;
   auto vec = [&](const std::vector<float>& v, Kind kind) { return up.upload(v.data(), v.size(), kind); };
-  const bool q8 = opts.dense_int8 && li < c.num_layers;  // the MTP head stays as stored
+  auto int8_in = [&](const std::vector<uint8_t>& per_layer) {  // the MTP head (li = num_layers) stays as stored
+    return li < c.num_layers && (per_layer.empty() ? opts.dense_int8 : per_layer[static_cast<size_t>(li)] != 0);
+  };
+  const bool q8 = int8_in(opts.mixer_int8), q8_shared = int8_in(opts.shared_int8);
   DevLayer d{};
   d.kind = L.kind;
   d.in_norm = vec(L.input_norm, Kind::Dense);
@@ -256,10 +259,10 @@ DevLayer Qwen35MoeGpu::Impl::upload_layer(Uploader& up, const LayerWeights& L, i
   }
   const MoeWeights& m = L.moe;
   d.router = upload_linear(up, m.router, Kind::Dense);
-  d.sh_gate = upload_linear(up, m.shared_gate, Kind::Dense, q8);
-  d.sh_up = upload_linear(up, m.shared_up, Kind::Dense, q8);
+  d.sh_gate = upload_linear(up, m.shared_gate, Kind::Dense, q8_shared);
+  d.sh_up = upload_linear(up, m.shared_up, Kind::Dense, q8_shared);
   d.sh_expert_gate = upload_linear(up, m.shared_expert_gate, Kind::Dense);  // before sh_down: stacked with the three above
-  d.sh_down = upload_linear(up, m.shared_down, Kind::Dense, q8);
+  d.sh_down = upload_linear(up, m.shared_down, Kind::Dense, q8_shared);
   d.x_proj = stack_rows({&d.router, &d.sh_gate, &d.sh_up, &d.sh_expert_gate});
   d.int4_experts = m.gate[0].kind == LinearWeight::Kind::Gptq;
   d.expert_group = d.int4_experts ? m.gate[0].gptq.group_size : 0;
@@ -308,7 +311,7 @@ void Qwen35MoeGpu::Impl::build(Uploader& up, const std::function<void(uint64_t)>
     embed = up.upload(static_cast<const uint16_t*>(model.embed().dense), static_cast<size_t>(V * H), Kind::Dense);
   }
   // A tied lm_head reads the embedding table when that is on the GPU (stored as bf16 either way).
-  lm_head = model.lm_head().dense == model.embed().dense && opts.embed_on_gpu ? DevLinear{false, embed, {}, V, H}
+  lm_head = model.lm_head().dense == model.embed().dense && opts.embed_on_gpu ? DevLinear::bf16_rows(embed, V, H)
                                                                             : upload_linear(up, model.lm_head(), Kind::Dense, opts.lm_head_int8);
   final_norm = vec(model.final_norm(), Kind::Dense);
   inv_freq = vec(model.rope_inv_freq(), Kind::Dense);
