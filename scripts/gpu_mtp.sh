@@ -12,29 +12,13 @@
 #              graph), then decode with --draft auto and without (random weights: auto should settle on 0)
 # usage (device tool, carry .deps and .snap): cd .snap && DEADLINE=560 STEPS="build tests demo verify" bash scripts/gpu_mtp.sh
 set -uo pipefail
-OUT="${OUT:-$PWD/gpu-out}"
 DEADLINE="${DEADLINE:-560}"
 STEPS="${STEPS:-build tests demo verify}"
 TESTS="${TESTS:-*Mtp*:*Speculative*:GpuBatch*:GpuModel*}"
 PLACEMENTS="${PLACEMENTS:-gpu 24GiB 12GiB 8GiB}"
 build=../build-gpu-mtp
-res=/tmp/gpu-mtp/results
-rm -rf "$res"; mkdir -p "$res" "$OUT"
-t0=$(date +%s)
-left() { echo $(( DEADLINE - ($(date +%s) - t0) )); }
-pack() { tar czf "$OUT/results.tgz" -C /tmp/gpu-mtp results; cp "$res/summary.txt" "$OUT/" 2>/dev/null; }
-step() {  # name seconds command...
-  local name="$1" secs="$2"; shift 2
-  local budget; budget=$(( $(left) - 5 ))
-  [ "$secs" -gt "$budget" ] && secs=$budget
-  if [ "$secs" -le 5 ]; then echo "$name: skipped (no time left)" >> "$res/summary.txt"; pack; return; fi
-  local s0; s0=$(date +%s)
-  timeout "$secs" "$@" > "$res/$name.log" 2>&1
-  echo "$name: rc=$? in $(( $(date +%s) - s0 ))s" >> "$res/summary.txt"
-  pack
-}
-for f in ../.deps/*.deb .deps/*.deb; do [ -f "$f" ] && dpkg -x "$f" /opt/deps; done
-export CMAKE_PREFIX_PATH=/opt/deps/usr LD_LIBRARY_PATH=/opt/deps/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+name=gpu-mtp
+source "$(dirname "$0")/gpu_steps.sh"
 { date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; } > "$res/machine.txt" 2>&1
 tandem="$build/tandem"
 py=$(python3 -c 'import json, textwrap; print(json.decoder.__file__, textwrap.__file__)')

@@ -13,29 +13,13 @@
 # usage (device tool, carry .deps): DEADLINE=560 STEPS="build tests dense head" bash scripts/gpu_quant.sh
 #   (TANDEM_MAX_SM=89 in front: the RTX 4090 code path)
 set -uo pipefail
-OUT="${OUT:-$PWD/gpu-out}"
 DEADLINE="${DEADLINE:-560}"
 STEPS="${STEPS:-build tests dense head}"
 TESTS="${TESTS:-*GemvInt8*:*DenseInt8*:*Int4OnLoad*:GpuModel*:GpuMtpHead*}"
 PLACEMENTS="${PLACEMENTS:-24GiB 12GiB 8GiB}"
 build=../build-gpu-quant
-res=/tmp/gpu-quant/results
-rm -rf "$res"; mkdir -p "$res" "$OUT"
-t0=$(date +%s)
-left() { echo $(( DEADLINE - ($(date +%s) - t0) )); }
-pack() { tar czf "$OUT/results.tgz" -C /tmp/gpu-quant results; cp "$res/summary.txt" "$OUT/" 2>/dev/null; }
-step() {  # name seconds command...
-  local name="$1" secs="$2"; shift 2
-  local budget; budget=$(( $(left) - 5 ))
-  [ "$secs" -gt "$budget" ] && secs=$budget
-  if [ "$secs" -le 5 ]; then echo "$name: skipped (no time left)" >> "$res/summary.txt"; pack; return; fi
-  local s0; s0=$(date +%s)
-  timeout "$secs" "$@" > "$res/$name.log" 2>&1
-  echo "$name: rc=$? in $(( $(date +%s) - s0 ))s" >> "$res/summary.txt"
-  pack
-}
-for f in ../.deps/*.deb .deps/*.deb; do [ -f "$f" ] && dpkg -x "$f" /opt/deps; done
-export CMAKE_PREFIX_PATH=/opt/deps/usr LD_LIBRARY_PATH=/opt/deps/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+name=gpu-quant
+source "$(dirname "$0")/gpu_steps.sh"
 { date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; echo "TANDEM_MAX_SM=${TANDEM_MAX_SM:-}"; } > "$res/machine.txt" 2>&1
 tandem="$build/tandem"
 model=/tmp/q35
