@@ -1,10 +1,13 @@
 #include "runtime/format/int4_cache.h"
 
+#include <fcntl.h>
 #include <pwd.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -65,10 +68,14 @@ std::string cache_key(const std::string& model_dir, const std::vector<const Line
   return hex;
 }
 
-struct Shapes {
-  int64_t out, in, group;
-};
-Shapes shapes_of(const LinearWeight& w, int64_t group) { return {w.out, w.in, group}; }
+// Flushes a written file (or folder) to the disk: a stamp must never name data a crash could lose.
+void sync_path(const fs::path& p) {
+  const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) fail(p.string(), ": cannot open to flush it (", std::strerror(errno), ")");
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  if (rc != 0) fail(p.string(), ": flushing it to the disk failed (", std::strerror(errno), ")");
+}
 
 // Whether `dir` holds a finished cache for `key`.
 bool finished(const fs::path& dir, const std::string& key) {
@@ -86,14 +93,13 @@ void build(const fs::path& dir, const std::string& key, const std::string& model
            int64_t group, std::FILE* log) {
   std::vector<TensorSpec> specs;
   for (const LinearWeight* w : matrices) {
-    const Shapes s = shapes_of(*w, group);
-    specs.push_back({w->name + ".qweight", DType::I32, {s.in / 8, s.out}});
-    specs.push_back({w->name + ".qzeros", DType::I32, {s.in / s.group, s.out / 8}});
-    specs.push_back({w->name + ".scales", DType::F16, {s.in / s.group, s.out}});
+    specs.push_back({w->name + ".qweight", DType::I32, {w->in / 8, w->out}});
+    specs.push_back({w->name + ".qzeros", DType::I32, {w->in / group, w->out / 8}});
+    specs.push_back({w->name + ".scales", DType::F16, {w->in / group, w->out}});
   }
   SafetensorsStreamWriter writer(dir.string(), specs, kShardBytes);
   writer.open();
-  if (writer.tensor_bytes() < (1ull << 30)) log = nullptr;  // a test model's second: no progress to show
+  if (writer.tensor_bytes() < (1ull << 30)) log = nullptr;  // a small model's second or so: nothing to follow
   if (log) std::fprintf(log, "tandem: quantizing %zu expert matrices to int4 (once: cached for later starts)\n", matrices.size());
   Progress progress(log, writer.tensor_bytes(), "int4 experts");
   const auto t0 = std::chrono::steady_clock::now();
@@ -103,11 +109,10 @@ void build(const fs::path& dir, const std::string& key, const std::string& model
   std::vector<uint16_t> scales;
   for (size_t i = 0; i < matrices.size(); ++i) {
     const LinearWeight& w = *matrices[i];
-    const Shapes s = shapes_of(w, group);
-    qweight.resize(static_cast<size_t>(s.in / 8 * s.out));
-    qzeros.resize(static_cast<size_t>(s.in / s.group * s.out / 8));
-    scales.resize(static_cast<size_t>(s.in / s.group * s.out));
-    quantize_int4_gptq(w, s.group, qweight.data(), qzeros.data(), scales.data());
+    qweight.resize(static_cast<size_t>(w.in / 8 * w.out));
+    qzeros.resize(static_cast<size_t>(w.in / group * w.out / 8));
+    scales.resize(static_cast<size_t>(w.in / group * w.out));
+    quantize_int4_gptq(w, group, qweight.data(), qzeros.data(), scales.data());
     const void* data[3] = {qweight.data(), qzeros.data(), scales.data()};
     for (size_t t = 0; t < 3; ++t) {
       const size_t ti = 3 * i + t;
@@ -118,6 +123,7 @@ void build(const fs::path& dir, const std::string& key, const std::string& model
     progress.show(done, secs(), false);
   }
   writer.finish();
+  for (const std::string& f : writer.written_files()) sync_path(f);
   progress.show(done, secs(), true);
   nlohmann::json stamp = {{"key", key},
                           {"quantizer", kInt4QuantizerVersion},
@@ -128,6 +134,9 @@ void build(const fs::path& dir, const std::string& key, const std::string& model
   std::ofstream out(dir / kStamp);
   out << stamp.dump(2) << "\n";
   if (!out.flush()) fail(dir.string(), ": cannot write ", kStamp);
+  out.close();
+  sync_path(dir / kStamp);
+  sync_path(dir);
 }
 
 // Other caches of the same checkpoint folder under `root` (made before it or the quantizer changed):
@@ -203,6 +212,7 @@ Int4Cache open_int4_cache(const std::string& model_dir, const std::string& root_
       if (!finished(dir, key)) fail(dir.string(), ": cannot move the new int4 cache into place (", ec.message(), ")");
     } else {
       c.built = true;
+      sync_path(root);  // the rename itself
       remove_stale(root, dir, model_dir, log);
     }
   };

@@ -6,8 +6,8 @@
 // (written last: a folder without it is incomplete). The key hashes the quantizer's version, the
 // group, each matrix's name, shape and dtype, and the source checkpoint's safetensors files (names, sizes,
 // modification times): a changed checkpoint or quantizer makes a new folder, never a stale read.
-// A cache is built under a temporary name and renamed into place, so an interrupted build leaves
-// nothing that loads; two processes building the same one both succeed (the second keeps the first's).
+// A cache is built under a temporary name, flushed to the disk, stamped and renamed into place, so an
+// interrupted build (or a crash) leaves nothing that loads; two processes building the same one both succeed (the second keeps the first's).
 // Opening checks every tensor it must hold; a damaged cache is built again. Once a new cache is in
 // place, the folder's caches of the same checkpoint made earlier (another state of its files, another
 // quantizer version) are removed.
