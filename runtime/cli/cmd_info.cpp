@@ -9,7 +9,9 @@
 namespace tandem::cli {
 
 int cmd_info(int argc, char** argv) {
-  Args args("info", {{"model", true, "model folder (optional)"}, {"help", false, "show this help"}});
+  Args args("info", {{"model", true, "model folder (optional)"},
+                     {"quant-cache", true, "where --experts-format int4's cache is looked for (default: MODEL/.tandem-cache when writable, else ~/.cache/tandem)"},
+                     {"help", false, "show this help"}});
   args.parse(argc, argv, 2);
   if (args.has("help")) {
     std::fputs(args.usage().c_str(), stdout);
@@ -40,6 +42,18 @@ int cmd_info(int argc, char** argv) {
   const auto& ck = model->checkpoint();
   std::printf("tensors  %zu in %zu file(s), %.3f GiB\n", ck.names().size(), ck.num_files(),
               ck.total_bytes() / double(1ull << 30));
+  // --experts-format int4: what it would quantize, and whether a start would find it cached
+  const std::vector<const LinearWeight*> fl = model->float_experts();
+  const int64_t group = model->int4_expert_group_size();
+  if (fl.empty()) {
+    std::printf("int4     the routed experts are int4 as stored\n");
+  } else if (group == 0) {
+    std::printf("int4     --experts-format int4 does not apply: hidden and intermediate sizes have no common group of 32 or more\n");
+  } else {
+    const Int4CacheStatus st = int4_cache_status(ck.dir(), args.get("quant-cache", ""), fl, group);
+    std::printf("int4     --experts-format int4: %s%zu expert matrices in groups of %lld, %s in %s\n", model->gptq_experts() ? "the MTP head's " : "",
+                fl.size(), static_cast<long long>(group), st.finished ? "cached" : "not cached yet (the first start quantizes them)", st.dir.c_str());
+  }
   return 0;
 }
 

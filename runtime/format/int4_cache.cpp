@@ -177,6 +177,13 @@ std::string default_int4_cache_root(const std::string& model_dir) {
   fail(model_dir, ": the folder cannot be written and this user has no home folder: give --quant-cache DIR for the int4 cache");
 }
 
+Int4CacheStatus int4_cache_status(const std::string& model_dir, const std::string& root, const std::vector<const LinearWeight*>& matrices,
+                                  int64_t group) {
+  const std::string key = cache_key(model_dir, matrices, group);
+  const fs::path dir = fs::path(root.empty() ? default_int4_cache_root(model_dir) : root) / ("int4-" + key);
+  return {dir.string(), finished(dir, key)};
+}
+
 Int4Cache open_int4_cache(const std::string& model_dir, const std::string& root_in, const std::vector<const LinearWeight*>& matrices,
                           int64_t group, std::FILE* log) {
   for (const LinearWeight* w : matrices)

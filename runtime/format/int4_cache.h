@@ -46,5 +46,13 @@ std::string default_int4_cache_root(const std::string& model_dir);
 // quantized, or the folder that cannot be written.
 Int4Cache open_int4_cache(const std::string& model_dir, const std::string& root, const std::vector<const LinearWeight*>& matrices,
                           int64_t group, std::FILE* log);
+// Where that cache is, and whether it is there finished (tandem info: will the next start quantize?).
+// Reads the stamp only: no quantizing, no writing.
+struct Int4CacheStatus {
+  std::string dir;
+  bool finished = false;
+};
+Int4CacheStatus int4_cache_status(const std::string& model_dir, const std::string& root, const std::vector<const LinearWeight*>& matrices,
+                                  int64_t group);
 
 }  // namespace tandem

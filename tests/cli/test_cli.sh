@@ -39,7 +39,9 @@ check "unknown device" "2" "--device must be one of" -- "$tandem" logits --model
 check "bad --experts-format" "2" "--experts-format must be auto or int4" -- "$tandem" logits --model "$fx" --ids 1 --experts-format int3 --out "$tmp/x.npy"
 check "--experts-format int4 on a model without an int4 group" "1" "experts (hidden 48, intermediate 16) have no int4 group" -- "$tandem" logits --model "$fx" --device cpu --ids 1 --experts-format int4 --quant-cache "$tmp/qc" --out "$tmp/x.npy"
 check "--experts-format int4 with a cache folder that cannot be made" "1" "cannot create the int4 cache folder.*--quant-cache" -- "$tandem" logits --model "$data/demo" --device cpu --ids 1 --experts-format int4 --quant-cache "$data/demo/config.json/cache" --out "$tmp/y.npy"
+check "info before the int4 cache is made" "0" "int4 .*120 expert matrices in groups of 64, not cached yet" -- bash -c "'$tandem' info --model '$data/demo' --quant-cache '$tmp/qc' 1>&2"
 check "--experts-format int4 on the demo model" "0" "routed experts and the MTP head's as int4" -- "$tandem" logits --model "$data/demo" --device cpu --ids 1,2,3 --experts-format int4 --quant-cache "$tmp/qc" --out "$tmp/y.npy"
+check "info after" "0" "int4 .*120 expert matrices in groups of 64, cached in $tmp/qc/int4-" -- bash -c "'$tandem' info --model '$data/demo' --quant-cache '$tmp/qc' 1>&2"
 if "$tandem" info | grep -q "no CUDA device"; then
   check "gpu without a device" "1" "no CUDA device" -- "$tandem" logits --model "$fx" --ids 1 --device gpu --out "$tmp/x.npy"
 else

@@ -266,26 +266,40 @@ std::string Qwen35Moe::layout_description() const {
   return str_cat(prefix_ == "model." ? "text-only names" : "composite names", ", experts ", expert_layout_);
 }
 
+namespace {
+
+// The routed experts of `layers` and of the head's layer (when there is one) stored in a floating-point
+// format: pointers to const for a const model, to change for one being quantized.
+template <typename Layers, typename Head>
+auto float_experts_of(Layers& layers, Head* head) {
+  std::vector<decltype(&layers[0].moe.gate[0])> out;
+  auto add = [&](auto& L) {
+    for (auto* v : {&L.moe.gate, &L.moe.up, &L.moe.down})
+      for (auto& w : *v)
+        if (w.kind == LinearWeight::Kind::Dense) out.push_back(&w);
+  };
+  for (auto& L : layers) add(L);
+  if (head) add(*head);
+  return out;
+}
+
+}  // namespace
+
+std::vector<const LinearWeight*> Qwen35Moe::float_experts() const { return float_experts_of(layers_, mtp_ ? &mtp_->layer : nullptr); }
+
+int64_t Qwen35Moe::int4_expert_group_size() const { return int4_expert_group(cfg_.hidden_size, cfg_.moe_intermediate_size); }
+
 std::string Qwen35Moe::quantize_experts_int4(const std::string& cache_root, std::FILE* log) {
   if (expert_cache_) return {};
-  std::vector<LayerWeights*> all;
-  for (auto& L : layers_) all.push_back(&L);
-  if (mtp_) all.push_back(&mtp_->layer);
-  std::vector<LinearWeight*> todo;
-  bool model_experts = false, head_experts = false;
-  for (LayerWeights* L : all)
-    for (auto* v : {&L->moe.gate, &L->moe.up, &L->moe.down})
-      for (LinearWeight& w : *v)
-        if (w.kind == LinearWeight::Kind::Dense) {
-          todo.push_back(&w);
-          (L == (mtp_ ? &mtp_->layer : nullptr) ? head_experts : model_experts) = true;
-        }
+  const std::vector<LinearWeight*> todo = float_experts_of(layers_, mtp_ ? &mtp_->layer : nullptr);
   if (todo.empty()) return {};
-  std::vector<const LinearWeight*> src(todo.begin(), todo.end());
-  const int64_t group = int4_expert_group(cfg_.hidden_size, cfg_.moe_intermediate_size);
+  const std::vector<const LinearWeight*> src(todo.begin(), todo.end());
+  const int64_t group = int4_expert_group_size();
   if (group == 0)
     fail(ckpt_.dir(), ": --experts-format int4: this model's experts (hidden ", cfg_.hidden_size, ", intermediate ", cfg_.moe_intermediate_size,
          ") have no int4 group (both sizes must be multiples of 32); run them as stored");
+  bool model_experts = false, head_experts = false;
+  for (const LinearWeight* w : src) (mtp_ && w->name.rfind("mtp.", 0) == 0 ? head_experts : model_experts) = true;
   auto cache = std::make_unique<Int4Cache>(open_int4_cache(ckpt_.dir(), cache_root, src, group, log));
   for (LinearWeight* w : todo) *w = cache->view(w->name, w->out, w->in);
   expert_cache_ = std::move(cache);
@@ -297,7 +311,7 @@ std::string Qwen35Moe::quantize_experts_int4(const std::string& cache_root, std:
   std::snprintf(size, sizeof size, mib >= 1024 ? "%.2f GiB" : "%.1f MiB", mib >= 1024 ? mib / 1024 : mib);
   char secs[32];
   std::snprintf(secs, sizeof secs, "%.1f s", expert_cache_->seconds);
-  return str_cat(what, " as int4: ", todo.size(), " matrices, ", size, expert_cache_->built ? ", quantized in " : ", from the cache in ", secs,
+  return str_cat(what, " as int4: ", src.size(), " matrices, ", size, expert_cache_->built ? ", quantized in " : ", from the cache in ", secs,
                  " (", expert_cache_->dir, ")");
 }
 

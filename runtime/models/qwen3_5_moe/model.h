@@ -148,6 +148,10 @@ class Qwen35Moe {
   std::string quantize_experts_int4(const std::string& cache_root, std::FILE* log);
   // Whether the routed experts were quantized on load (quantize_experts_int4).
   bool experts_quantized_on_load() const { return expert_cache_ != nullptr; }
+  // What quantize_experts_int4 would quantize (the routed experts stored in a floating-point format,
+  // the MTP head's included) and in groups of how many inputs (0: this model's sizes have none).
+  std::vector<const LinearWeight*> float_experts() const;
+  int64_t int4_expert_group_size() const;
   // Feeds ids (each < vocab) at state.pos. With LogitRows::All writes logits [ids.size(), vocab];
   // with LogitRows::Last only the last position's [vocab] (what generation needs: a 4096-token
   // prompt would otherwise need 4 GB of logits).
