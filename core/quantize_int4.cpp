@@ -11,6 +11,8 @@ namespace tandem {
 namespace {
 
 constexpr int kShrinkSteps = 9;  // r = 1, 0.975, ..., 0.8
+// The largest |w| a group can hold: 15 steps of f16's largest scale, at the smallest shrink.
+constexpr float kMaxWeight = 65504.0f * 15.0f * 0.8f;
 
 // Round to nearest, ties to even, for |x| < 2^22: adding and taking away 1.5 * 2^23 leaves no
 // fraction bits (the default rounding mode's rule). nearbyint without SSE4.1 is a library call.
@@ -75,6 +77,9 @@ void quantize_int4_gptq(const LinearWeight& src, int64_t group, int32_t* qweight
     fail("quantize to int4: '", src.name, "' is ", N, "x", K, "; it needs rows in multiples of 8 and inputs in groups of ", group,
          " (a multiple of 8)");
   const int64_t G = K / group;
+  // A weight no code can mean: found inside the parallel loop (no exception may leave it), reported after.
+  int64_t bad_row = -1, bad_input = -1;
+  float bad_value = 0;
 #pragma omp parallel
   {
     std::vector<float> row(static_cast<size_t>(K));
@@ -87,6 +92,12 @@ void quantize_int4_gptq(const LinearWeight& src, int64_t group, int32_t* qweight
       for (int64_t j = 0; j < 8; ++j) {
         const int64_t n = 8 * b + j;
         src.dequant_row(n, row.data());
+        const auto bad = std::find_if(row.begin(), row.end(), [](float v) { return !(std::fabs(v) < kMaxWeight); });
+        if (bad != row.end()) {  // NaN, inf or beyond any f16 scale: no code means it; the row is left unquantized
+#pragma omp critical(tandem_quantize_int4_bad)
+          if (bad_row < 0 || n < bad_row) bad_row = n, bad_input = bad - row.begin(), bad_value = *bad;
+          continue;
+        }
         for (int64_t g = 0; g < G; ++g) {
           const GroupCode c = quantize_group(row.data() + g * group, group, q.data() + g * group, cand.data(), sq.data());
           scales[g * N + n] = c.scale;
@@ -101,6 +112,9 @@ void quantize_int4_gptq(const LinearWeight& src, int64_t group, int32_t* qweight
       for (int64_t g = 0; g < G; ++g) qzeros[g * (N / 8) + b] = static_cast<int32_t>(zwords[g]);
     }
   }
+  if (bad_row >= 0)
+    fail("quantize to int4: '", src.name, "' row ", bad_row, " input ", bad_input, " holds ", bad_value,
+         ", which int4 with an f16 scale cannot represent");
 }
 
 LinearWeight int4_gptq_view(const std::string& name, int64_t out, int64_t in, int64_t group, const int32_t* qweight,

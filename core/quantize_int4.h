@@ -34,7 +34,8 @@ inline int64_t int4_expert_group(int64_t hidden, int64_t intermediate) {
 
 // Quantizes `src` (Dense, any float dtype; out a multiple of 8, in of `group`, group of 8) into
 // GPTQ tensors: qweight int32 [in / 8, out], qzeros int32 [in / group, out / 8], scales f16
-// [in / group, out]. Rows run in parallel (OpenMP). tandem::Error naming the module otherwise.
+// [in / group, out]. Rows run in parallel (OpenMP). tandem::Error naming the module otherwise, and
+// naming the row and input of a weight no int4 code can mean (NaN, inf, |w| beyond 15 f16 scales).
 void quantize_int4_gptq(const LinearWeight& src, int64_t group, int32_t* qweight, int32_t* qzeros, uint16_t* scales);
 
 // The same matrix's view over those tensors (what the loader makes of a GPTQ checkpoint's).

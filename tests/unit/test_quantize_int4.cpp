@@ -141,9 +141,17 @@ TEST(QuantizeInt4, GroupsAndRefusals) {
   EXPECT_EQ(int4_group_for(96), 32);
   EXPECT_EQ(int4_group_for(48), 0);
   std::vector<uint16_t> b(12 * 128);
-  std::vector<int32_t> qw(16 * 12), qz(12), sc(12);
+  std::vector<int32_t> qw(16 * 12), qz(12);
   test::expect_error([&] { quantize_int4_gptq(dense("layers.0.x", 12, 128, b.data(), DType::BF16), 128, qw.data(), qz.data(), nullptr); },
                      {"layers.0.x", "12x128", "multiples of 8"});
+  // A hostile checkpoint: NaN, inf or a weight beyond any f16 scale is an error naming where it is.
+  std::vector<float> f(8 * 128, 0.01f);
+  std::vector<uint16_t> sc(8);
+  for (const float bad : {NAN, INFINITY, 1e30f}) {
+    f[3 * 128 + 77] = bad;
+    test::expect_error([&] { quantize_int4_gptq(dense("layers.1.y", 8, 128, f.data(), DType::F32), 128, qw.data(), qz.data(), sc.data()); },
+                       {"layers.1.y", "row 3 input 77", "cannot represent"});
+  }
 }
 
 // The cache: built once, then read; a changed checkpoint or an unfinished folder builds anew; a root
