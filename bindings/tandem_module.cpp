@@ -125,8 +125,7 @@ class Engine {
     }
     if (!experts_format.is_none()) {
       o.experts_format = experts_format.cast<std::string>();
-      if (o.experts_format != "auto" && o.experts_format != "int4")
-        fail("experts_format must be \"auto\" or \"int4\" (got '", o.experts_format, "')");
+      check_experts_format(o.experts_format, "experts_format");
     }
     if (!quant_cache.is_none()) o.quant_cache = quant_cache.cast<std::string>();
     py::gil_scoped_release nogil;

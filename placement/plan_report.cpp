@@ -166,7 +166,7 @@ std::string plan_table(const Plan& p) {
 std::vector<FormatRow> plan_formats(const ModelConfig& model, const PlacementConfig& config, const PlanRequest& request) {
   // Experts: as the config has them and, where floating-point experts would be counted (a BF16
   // checkpoint's, or the MTP head's with drafts) and have an int4 group, quantized on load.
-  const bool gptq = model.quant.for_module((model.composite ? "model.language_model." : "model.") + std::string("layers.0.mlp.experts.0.gate_proj")).quantized;
+  const bool gptq = checkpoint_int4_experts(model);
   const bool float_experts = !gptq || (config.draft != 0 && model.mtp_layers > 0);
   std::vector<std::pair<std::string, PlacementConfig>> experts;
   if (config.experts_int4_on_load(gptq)) {

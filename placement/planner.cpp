@@ -254,7 +254,9 @@ void predict(const ModelConfig& c, const PlacementConfig& cfg, const PlanRequest
     }
     const double attn = (2.0 * nh * hd * H + 2.0 * nkv * hd * H + static_cast<double>(nh) * hd * H) * 2;
     const double lm = p.dense_int8("lm_head") ? static_cast<double>(V) * (H + 4) : static_cast<double>(V) * H * 2;
-    const double head_expert = p.experts_int4_on_load ? 3.0 * I * H * (0.5 + 2.5 / static_cast<double>(int4_expert_group(H, I))) : 3.0 * I * H * 2;
+    const std::string hf = p.experts_int4_on_load ? "int4" : "bf16";  // the head's experts (asymmetric when quantized on load)
+    const int64_t hg = int4_expert_group(H, I);
+    const double head_expert = static_cast<double>(2 * Sizer::host_matrix(hf, I, H, hg, false) + Sizer::host_matrix(hf, H, I, hg, false));
     const double head = 2.0 * H * H * 2 + attn + static_cast<double>(E) * H * 2 + shared_bytes + k * head_expert + lm;
     pr.draft_ms = (head / pr.gpu_bw + 14 * launch_us * 1e-6) * 1e3;
   }
@@ -276,6 +278,10 @@ void predict(const ModelConfig& c, const PlacementConfig& cfg, const PlanRequest
 }
 
 }  // namespace
+
+bool checkpoint_int4_experts(const ModelConfig& c) {
+  return c.quant.for_module((c.composite ? "model.language_model." : "model.") + std::string("layers.0.mlp.experts.0.gate_proj")).quantized;
+}
 
 std::string expert_name(int layer, int expert) { return str_cat("layers.", layer, ".mlp.experts.", expert); }
 
@@ -308,7 +314,7 @@ Plan make_plan(const ModelConfig& c, const PlacementConfig& cfg, const PlanReque
     fail(cfg.source, ": no GPU memory budget: set gpu.memory in the config or pass --gpu-mem (no CUDA device to ask)");
 
   const std::string prefix = c.composite ? "model.language_model." : "model.";
-  const bool gptq_experts = c.quant.for_module(prefix + "layers.0.mlp.experts.0.gate_proj").quantized;
+  const bool gptq_experts = checkpoint_int4_experts(c);
   p.experts_int4_on_load = cfg.experts_int4_on_load(gptq_experts);
   if (p.experts_int4_on_load) p.on_load_note = gptq_experts ? "the MTP head's quantized on load" : "quantized on load";
   if (p.experts_int4_on_load && int4_expert_group(c.hidden_size, c.moe_intermediate_size) == 0)

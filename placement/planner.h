@@ -149,6 +149,9 @@ std::vector<FormatRow> plan_formats(const ModelConfig& model, const PlacementCon
 std::string formats_table(const std::vector<FormatRow>& rows);
 nlohmann::json formats_to_json(const std::vector<FormatRow>& rows);
 
+// Whether the checkpoint's routed experts are GPTQ int4 (its quantization_config), as the planner reads it.
+bool checkpoint_int4_experts(const ModelConfig& c);
+
 // Canonical names of the units the planner places (for rules): "layers.3.mlp.experts.17", "embed_tokens", ...
 std::string expert_name(int layer, int expert);
 

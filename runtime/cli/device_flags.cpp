@@ -62,8 +62,11 @@ RunnerOptions runner_options(const Args& a, int64_t min_context) {
   o.dense_format = a.get("dense-format", "");
   o.lm_head_format = a.get("lm-head-format", "");
   o.experts_format = a.get("experts-format", "");
-  if (!o.experts_format.empty() && o.experts_format != "auto" && o.experts_format != "int4")
-    throw UsageError(str_cat("--experts-format must be auto or int4 (got '", o.experts_format, "')"));
+  try {
+    check_experts_format(o.experts_format, "--experts-format");
+  } catch (const Error& e) {
+    throw UsageError(e.what());
+  }
   o.quant_cache = a.get("quant-cache", "");
   o.draft = a.get("draft", "") == "auto" ? kDraftAuto : a.get_int<int>("draft", 0, 0, kMaxDraft);
   o.draft_set = a.has("draft");

@@ -204,8 +204,6 @@ class GpuRunner final : public Runner, private MtpDevice {
         g.shared_int8[l] = placement_->dense_int8(p + "mlp.shared_expert");
       }
       g.lm_head_int8 = placement_->dense_int8("lm_head");
-    }
-    if (placement_) {
       cpu_ = make_cpu_experts(model, placement_->expert_on_gpu, placement_->cpu_expert_format, o.threads);
       g.budget_bytes = placement_->budget_bytes - placement_->vram.reserve + o.cache_vram;  // the reserve holds the cache's VRAM tier
       g.budget_name = "gpu.memory / --gpu-mem, minus gpu.reserve";
@@ -441,6 +439,10 @@ Device parse_device(const std::string& name, const char* what) {
     if (name == names[i]) return static_cast<Device>(i);
   const std::string near = nearest(name, names);
   fail(what, " must be one of auto, ref, cpu, gpu, hybrid (got '", name, "')", near.empty() ? std::string() : str_cat("; did you mean '", near, "'?"));
+}
+
+void check_experts_format(const std::string& value, const char* what) {
+  if (!value.empty() && value != "auto" && value != "int4") fail(what, " must be auto or int4 (got '", value, "')");
 }
 
 void check_token_ids(std::span<const int32_t> ids, int64_t vocab_size, const std::string& model_dir, const char* what) {

@@ -36,6 +36,9 @@ const char* device_name(Device d);  // "auto", "ref", ...
 // The one parse of a device name: tandem::Error "<what> must be one of auto, ref, cpu, gpu, hybrid (got
 // 'x'); did you mean 'y'?" otherwise.
 Device parse_device(const std::string& name, const char* what);
+// The one check of RunnerOptions::experts_format: "", auto or int4, else tandem::Error "<what> must be
+// auto or int4 (got 'x')".
+void check_experts_format(const std::string& value, const char* what);
 
 struct RunnerOptions {
   Device device = Device::Auto;          // prepare_device resolves Auto

@@ -126,8 +126,7 @@ Session Session::open(const std::string& model_dir, bool need_tokenizer) {
 void Session::start(RunnerOptions opts, const placement::PlacementConfig* config) {
   runner.reset();  // a hybrid runner's host and device memory before the next plan counts what is free
   device_line = config ? prepare_device(opts, model->config(), *config) : prepare_device(opts, model->config());
-  if (!opts.experts_format.empty() && opts.experts_format != "auto" && opts.experts_format != "int4")
-    fail("--experts-format must be auto or int4 (got '", opts.experts_format, "')");
+  check_experts_format(opts.experts_format, "--experts-format");
   if (opts.experts_format == "int4") {
     const std::string q = model->quantize_experts_int4(opts.quant_cache, stderr);
     if (!q.empty()) device_line += (device_line.empty() ? "" : "; ") + q;

@@ -77,16 +77,28 @@ void sync_path(const fs::path& p) {
   if (rc != 0) fail(p.string(), ": flushing it to the disk failed (", std::strerror(errno), ")");
 }
 
+// The stamp of the cache in `dir`; an empty object when it has none or an unreadable one.
+nlohmann::json read_stamp(const fs::path& dir) {
+  std::ifstream in(dir / kStamp);
+  nlohmann::json j = in ? nlohmann::json::parse(in, nullptr, false) : nlohmann::json::object();
+  return j.is_object() ? j : nlohmann::json::object();
+}
+
 // Whether `dir` holds a finished cache for `key`.
 bool finished(const fs::path& dir, const std::string& key) {
-  std::ifstream in(dir / kStamp);
-  if (!in) return false;
-  try {
-    const nlohmann::json j = nlohmann::json::parse(in);
-    return j.value("key", "") == key && j.value("quantizer", 0) == kInt4QuantizerVersion;
-  } catch (const std::exception&) {
-    return false;
-  }
+  const nlohmann::json j = read_stamp(dir);
+  return j.value("key", "") == key && j.value("quantizer", 0) == kInt4QuantizerVersion;
+}
+
+// Where the cache of these matrices lives: its root (the default without one), key and folder.
+struct Place {
+  std::string root, key;
+  fs::path dir;
+};
+Place place_of(const std::string& model_dir, const std::string& root, const std::vector<const LinearWeight*>& matrices, int64_t group) {
+  Place p{root.empty() ? default_int4_cache_root(model_dir) : root, cache_key(model_dir, matrices, group), {}};
+  p.dir = fs::path(p.root) / ("int4-" + p.key);
+  return p;
 }
 
 void build(const fs::path& dir, const std::string& key, const std::string& model_dir, const std::vector<const LinearWeight*>& matrices,
@@ -147,13 +159,7 @@ void remove_stale(const std::string& root, const fs::path& keep, const std::stri
   for (const auto& e : fs::directory_iterator(root, ec)) {
     const std::string name = e.path().filename().string();
     if (e.path() == keep || name.rfind("int4-", 0) != 0 || name.find(".partial-") != std::string::npos) continue;
-    std::ifstream in(e.path() / kStamp);
-    if (!in) continue;
-    try {
-      if (nlohmann::json::parse(in).value("source", "") != source) continue;
-    } catch (const std::exception&) {
-      continue;
-    }
+    if (read_stamp(e.path()).value("source", "") != source) continue;
     std::error_code rm;
     fs::remove_all(e.path(), rm);
     if (log && !rm) std::fprintf(log, "tandem: removed %s, an int4 cache of an earlier state of this checkpoint\n", e.path().c_str());
@@ -179,9 +185,8 @@ std::string default_int4_cache_root(const std::string& model_dir) {
 
 Int4CacheStatus int4_cache_status(const std::string& model_dir, const std::string& root, const std::vector<const LinearWeight*>& matrices,
                                   int64_t group) {
-  const std::string key = cache_key(model_dir, matrices, group);
-  const fs::path dir = fs::path(root.empty() ? default_int4_cache_root(model_dir) : root) / ("int4-" + key);
-  return {dir.string(), finished(dir, key)};
+  const Place p = place_of(model_dir, root, matrices, group);
+  return {p.dir.string(), finished(p.dir, p.key)};
 }
 
 Int4Cache open_int4_cache(const std::string& model_dir, const std::string& root_in, const std::vector<const LinearWeight*>& matrices,
@@ -191,9 +196,10 @@ Int4Cache open_int4_cache(const std::string& model_dir, const std::string& root_
       fail("int4 on load: '", w->name, "' (", w->out, "x", w->in, ") cannot be quantized in groups of ", group,
            ": it needs a floating-point matrix with rows in multiples of 8 and inputs in multiples of the group (32 at least)");
   const auto t0 = std::chrono::steady_clock::now();
-  const std::string root = root_in.empty() ? default_int4_cache_root(model_dir) : root_in;
-  const std::string key = cache_key(model_dir, matrices, group);
-  const fs::path dir = fs::path(root) / ("int4-" + key);
+  const Place where = place_of(model_dir, root_in, matrices, group);
+  const std::string& root = where.root;
+  const std::string& key = where.key;
+  const fs::path& dir = where.dir;
   Int4Cache c;
   c.dir = dir.string();
   c.group = group;

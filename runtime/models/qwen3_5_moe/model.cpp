@@ -298,8 +298,7 @@ std::string Qwen35Moe::quantize_experts_int4(const std::string& cache_root, std:
   if (group == 0)
     fail(ckpt_.dir(), ": --experts-format int4: this model's experts (hidden ", cfg_.hidden_size, ", intermediate ", cfg_.moe_intermediate_size,
          ") have no int4 group (both sizes must be multiples of 32); run them as stored");
-  bool model_experts = false, head_experts = false;
-  for (const LinearWeight* w : src) (mtp_ && w->name.rfind("mtp.", 0) == 0 ? head_experts : model_experts) = true;
+  const bool model_experts = !gptq_experts(), head_experts = mtp_ && mtp_->layer.moe.gate[0].kind == LinearWeight::Kind::Dense;
   auto cache = std::make_unique<Int4Cache>(open_int4_cache(ckpt_.dir(), cache_root, src, group, log));
   for (LinearWeight* w : todo) *w = cache->view(w->name, w->out, w->in);
   expert_cache_ = std::move(cache);
