@@ -138,34 +138,38 @@ void BM_gemv_int8(benchmark::State& state) {
 }
 
 // Attention decode of one token at the 35B shape (16 query / 2 KV heads x 256) after `ctx` cached rows,
-// the grid sized for a cache of ctx + 144 rows (the e2e runs' 4096 + 144): bytes = the K and V rows
-// read (2 KV heads x 256 x bf16 each, once; a scoring block per KV head takes its group's 8 query heads).
+// the grid sized for a cache of ctx + 144 rows (the e2e runs' 4096 + 144), the cache in format
+// range(1) (0 bf16, 1 int8, 2 fp8): bytes = the K and V rows read (gpu::kv_row_bytes each, once; a
+// scoring block per KV head takes its group's 8 query heads).
 void BM_attention_decode(benchmark::State& state) {
   if (!gpu_present()) return state.SkipWithError("no CUDA device");
   const int ctx = static_cast<int>(state.range(0)), max_ctx = ctx + 144, nh = 16, nkv = 2, hd = 256, rot = 64;
+  const auto f = static_cast<tandem::KvFormat>(state.range(1));
+  const int64_t rb = tandem::gpu::kv_row_bytes(f, nkv, hd);
   const int splits = static_cast<int>(tandem::gpu::attention_decode_splits(max_ctx));
   tandem::gpu::AttentionDecodeArgs p;
   p.nh = nh, p.nkv = nkv, p.hd = hd, p.rotary_dim = rot, p.max_ctx = max_ctx, p.max_splits = splits, p.scale = 1.0f / 16.0f;
   float *buf, *part;
-  uint16_t *kc, *vc;
+  uint8_t *kc, *vc;
   int32_t* pos;
   const int64_t floats = int64_t(nh) * 2 * hd + 2 * nkv * hd + 2 * hd + rot / 2 + 2 * nh * hd;
   cudaMalloc(&buf, floats * 4);
   cudaMalloc(&part, int64_t(nh) * splits * (hd + 2) * 4);
-  cudaMalloc(&kc, int64_t(max_ctx) * nkv * hd * 2);
-  cudaMalloc(&vc, int64_t(max_ctx) * nkv * hd * 2);
+  cudaMalloc(&kc, max_ctx * rb);
+  cudaMalloc(&vc, max_ctx * rb);
   cudaMalloc(&pos, 4);
   cudaMemset(buf, 0, floats * 4);
-  cudaMemset(kc, 0, int64_t(max_ctx) * nkv * hd * 2);
-  cudaMemset(vc, 0, int64_t(max_ctx) * nkv * hd * 2);
+  cudaMemset(kc, 0, max_ctx * rb);
+  cudaMemset(vc, 0, max_ctx * rb);
   cudaMemcpy(pos, &ctx, 4, cudaMemcpyHostToDevice);
   float* q = buf;
   auto take = [&](int64_t count) { float* r = q; q += count; return r; };
   p.qg = take(int64_t(nh) * 2 * hd), p.k = take(nkv * hd), p.v = take(nkv * hd), p.q_norm = take(hd), p.k_norm = take(hd);
   p.inv_freq = take(rot / 2), p.q_rot = take(nh * hd), p.out = take(nh * hd);
-  p.k_cache = kc, p.v_cache = vc, p.partial = part, p.pos = pos;
-  time_kernel(state, double(ctx + 1) * nkv * hd * 2 * 2, [&] { tandem::gpu::attention_decode(p, nullptr); });
-  state.SetLabel(std::to_string(splits) + " splits of " + std::to_string(tandem::gpu::kAttnDecodeSplitRows) + " rows");
+  p.k_cache = kc, p.v_cache = vc, p.kv = f, p.partial = part, p.pos = pos;
+  time_kernel(state, double(ctx + 1) * rb * 2, [&] { tandem::gpu::attention_decode(p, nullptr); });
+  state.SetLabel(std::string(tandem::kv_format_name(f)) + ", " + std::to_string(splits) + " splits of " +
+                 std::to_string(tandem::gpu::kAttnDecodeSplitRows) + " rows");
   for (void* ptr : {static_cast<void*>(buf), static_cast<void*>(part), static_cast<void*>(kc), static_cast<void*>(vc), static_cast<void*>(pos)})
     cudaFree(ptr);
 }
@@ -181,7 +185,7 @@ void BM_attention_prefill(benchmark::State& state) {
   tandem::gpu::AttentionDecodeArgs p;
   p.nh = nh, p.nkv = nkv, p.hd = hd, p.rotary_dim = rot, p.max_ctx = ctx, p.scale = 1.0f / 16.0f;
   float *qg, *k, *v, *norms, *out;
-  uint16_t *kc, *vc;
+  uint8_t *kc, *vc;
   int32_t* pos;
   cudaMalloc(&qg, int64_t(T) * nh * 2 * hd * 4);
   cudaMalloc(&k, int64_t(T) * nkv * hd * 4);
@@ -430,7 +434,7 @@ BENCHMARK(BM_gemv_bf16)
 BENCHMARK(BM_gemv_int8)
     ->Args({8192, 2048, 1, 8})->Args({8192, 2048, 2, 8})->Args({8192, 2048, 8, 8})->Args({2048, 4096, 1, 8})->Args({248320, 2048, 1, 1})
     ->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_attention_decode)->Arg(512)->Arg(4096)->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_attention_decode)->ArgsProduct({{512, 4096, 32768}, {0, 1, 2}})->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
 // A 4096-token prompt's two chunks of 2048 (the second attends to the first's 2048 cache rows too).
 BENCHMARK(BM_attention_prefill)->Args({2048, 0})->Args({2048, 2048})->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_gemm_bf16)  // N, K, T

@@ -94,7 +94,7 @@ class Engine {
  public:
   Engine(const std::string& model_dir, const py::object& config, const std::string& device, const py::object& gpu_mem,
          const py::object& threads, const py::object& context, bool eager, const py::object& batch, const py::object& draft,
-         const py::object& experts_format, const py::object& quant_cache)
+         const py::object& experts_format, const py::object& quant_cache, const py::object& kv_format)
       : dir_(model_dir), pcfg_(config_of(config)) {
     RunnerOptions& o = ro_;
     o.device = requested_device(device, !config.is_none(), "device", "config");
@@ -128,6 +128,10 @@ class Engine {
       check_experts_format(o.experts_format, "experts_format");
     }
     if (!quant_cache.is_none()) o.quant_cache = quant_cache.cast<std::string>();
+    if (!kv_format.is_none()) {
+      o.kv_format = kv_format.cast<std::string>();
+      parse_kv_format(o.kv_format, "kv_format");
+    }
     py::gil_scoped_release nogil;
     s_ = Session::open(dir_, false);  // the CLI's opener: logits need no tokenizer
     s_.start(o, &pcfg_);
@@ -474,9 +478,9 @@ PYBIND11_MODULE(_tandem, m) {
   py::register_exception<tandem::Error>(m, "Error", PyExc_RuntimeError);
   py::class_<Engine>(m, "Engine")
       .def(py::init<const std::string&, const py::object&, const std::string&, const py::object&, const py::object&, const py::object&,
-                    bool, const py::object&, const py::object&, const py::object&, const py::object&>(),
+                    bool, const py::object&, const py::object&, const py::object&, const py::object&, const py::object&>(),
            py::arg("model_dir"), py::arg("config"), py::arg("device"), py::arg("gpu_mem"), py::arg("threads"), py::arg("context"),
-           py::arg("eager"), py::arg("batch"), py::arg("draft"), py::arg("experts_format"), py::arg("quant_cache"))
+           py::arg("eager"), py::arg("batch"), py::arg("draft"), py::arg("experts_format"), py::arg("quant_cache"), py::arg("kv_format"))
       .def("close", &Engine::close)
       .def_property_readonly("closed", &Engine::closed)
       .def("generate", &Engine::generate, py::arg("text"), py::arg("max_new_tokens"), py::arg("sampling"), py::arg("stop"),

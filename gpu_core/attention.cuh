@@ -9,7 +9,10 @@
 //   rule, then multiplied by sigmoid(gate): out [nh * hd] fp32. The scoring blocks: one per (KV head,
 //   split) for the group's query heads together, each K / V row read once a block, for hd 128 / 256
 //   in groups of 4 / 8 (Qwen3.5's shapes); one per (query head, split) for every other shape.
-// Caches: bf16 [max_ctx][nkv][hd]. Limits: hd <= 256 and even rotary_dim <= hd.
+// Caches: rows of kv_row_bytes(kv, nkv, hd) bytes a position (attention_sizes.h): bf16 [nkv][hd], or
+// int8 / fp8 codes [nkv][hd] and an fp32 scale per KV head (core/kv_format.h: each appended row is
+// rounded per head, its largest magnitude the format's largest code; scores and values take the
+// scale once a row). Limits: hd <= 256 and even rotary_dim <= hd.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -28,8 +31,9 @@ struct AttentionDecodeArgs {
   const float* k_norm = nullptr;   // [hd]
   const float* inv_freq = nullptr; // [rotary_dim/2]
   const int32_t* pos = nullptr;    // device scalar: position of this token
-  uint16_t* k_cache = nullptr;     // bf16 [max_ctx][nkv][hd]
-  uint16_t* v_cache = nullptr;
+  uint8_t* k_cache = nullptr;      // [max_ctx] rows of kv_row_bytes(kv, nkv, hd) bytes
+  uint8_t* v_cache = nullptr;
+  KvFormat kv = KvFormat::Bf16;
   float* q_rot = nullptr;          // scratch [nh][hd]
   float* partial = nullptr;        // scratch [nh][max_splits][hd + 2]
   float* out = nullptr;            // [nh][hd]
@@ -37,7 +41,7 @@ struct AttentionDecodeArgs {
   float eps = 1e-6f, scale = 0.0f;
   // Decode of several tokens at once (attention_decode): token t (qg, k, v, q_rot, out rows t; partial
   // [tokens][nh][max_splits][hd + 2]) at position pos[t] of the sequence whose caches start slot[t] *
-  // cache_stride elements after k_cache / v_cache (slot nullptr: every token in that one cache). All
+  // cache_stride bytes after k_cache / v_cache (slot nullptr: every token in that one cache). All
   // the tokens' keys and values are appended before any attends, so consecutive positions of one
   // sequence attend causally (a verification step).
   int tokens = 1;
@@ -53,8 +57,9 @@ cudaError_t attention_decode(const AttentionDecodeArgs& args, cudaStream_t strea
 // max_splits unused. Keys and values of all n tokens are appended first, then token t attends to cache
 // rows 0..pos[t] (causal, the chunk's earlier tokens included) in flash-attention form: key tiles in
 // shared memory, a running max / sum per query.
-// The products on tensor cores with the queries and the softmax weights rounded to bf16 (the cache is
-// bf16 already), fp32 accumulation: equal to n attention_decode calls to ~3e-3 relative L2. Needs
+// The products on tensor cores with the queries and the softmax weights rounded to bf16 (a bf16 cache
+// as it is; an int8 / fp8 one's values times their scale, rounded to bf16 as a tile is loaded), fp32
+// accumulation: equal to n attention_decode calls to ~3e-3 relative L2. Needs
 // attention_prefill_fits(hd) (attention_sizes.h: hd 16, 32, 64, 128 or 256); cudaErrorInvalidValue
 // otherwise.
 cudaError_t attention_prefill(const AttentionDecodeArgs& args, int n, cudaStream_t stream);

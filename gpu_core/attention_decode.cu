@@ -1,5 +1,6 @@
 // gpu_core/attention_decode.cu: gated attention decode (see attention.cuh).
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include "gpu_core/attention.cuh"
@@ -18,11 +19,52 @@ constexpr int kChunk = kAttnDecodeSplitRows;  // context rows per split
 using detail::block_max;
 using detail::block_sum;
 
-// Blocks x = 0..nh-1 prepare query heads, nh..nh+nkv-1 key heads (and copy v), of token y (decode:
+// Cache rows (attention.cuh): value i of a KV head's part of a row, before the row's scale, and the
+// scale. An E4M3 code read as the top bits of an fp16 is its value times 2^-8, subnormals included
+// (fp8_e4m3_decode's value for every finite code; one conversion instead of ldexpf).
+__device__ __forceinline__ float fp8_value(uint32_t c) {
+  return __half2float(__ushort_as_half(static_cast<uint16_t>(((c & 0x80u) << 8) | ((c & 0x7fu) << 7)))) * 256.0f;
+}
+template <KvFormat F>
+__device__ __forceinline__ float code_value(uint32_t c) {
+  if constexpr (F == KvFormat::Int8) return static_cast<float>(static_cast<int8_t>(c));
+  else return fp8_value(c);
+}
+__device__ __forceinline__ float cache_value(const uint8_t* head, int i, KvFormat f) {
+  if (f == KvFormat::Bf16) return __bfloat162float(__ushort_as_bfloat16(reinterpret_cast<const uint16_t*>(head)[i]));
+  return f == KvFormat::Int8 ? code_value<KvFormat::Int8>(head[i]) : code_value<KvFormat::Fp8>(head[i]);
+}
+// Where KV head kvh's values start in the row at `row`, and its scale (1 for bf16).
+__device__ __forceinline__ const uint8_t* cache_head(const uint8_t* row, int kvh, int hd, KvFormat f) {
+  return row + static_cast<int64_t>(kvh) * hd * kv_value_bytes(f);
+}
+__device__ __forceinline__ float cache_scale(const uint8_t* row, int kvh, int nkv, int hd, KvFormat f) {
+  return f == KvFormat::Bf16 ? 1.0f : reinterpret_cast<const float*>(row + kv_codes_bytes(nkv, hd))[kvh];
+}
+
+// Stores a KV head's values x[0..hd) (shared memory) into its part of a cache row: bf16, or the codes
+// and the scale of the head's largest magnitude (the block reduces it through `red`).
+__device__ void store_cache_head(const float* x, uint8_t* row, int kvh, int nkv, int hd, KvFormat f, float* red) {
+  uint8_t* head = row + static_cast<int64_t>(kvh) * hd * kv_value_bytes(f);
+  if (f == KvFormat::Bf16) {
+    for (int i = threadIdx.x; i < hd; i += blockDim.x)
+      reinterpret_cast<uint16_t*>(head)[i] = __bfloat16_as_ushort(__float2bfloat16_rn(x[i]));
+    return;
+  }
+  float amax = 0.0f;
+  for (int i = threadIdx.x; i < hd; i += blockDim.x) amax = fmaxf(amax, fabsf(x[i]));
+  amax = block_max(amax, red);
+  float scale, inv;
+  kv_row_scale(amax, f, &scale, &inv);
+  for (int i = threadIdx.x; i < hd; i += blockDim.x) head[i] = kv_encode(x[i], inv, f);
+  if (threadIdx.x == 0) reinterpret_cast<float*>(row + kv_codes_bytes(nkv, hd))[kvh] = scale;
+}
+
+// Blocks x = 0..nh-1 prepare query heads, nh..nh+nkv-1 key heads (and store v), of token y (decode:
 // the one token; prefill: token y of the chunk, at position pos[y]).
 __global__ void prepare_kernel(AttentionDecodeArgs p) {
   __shared__ float red[kThreads / 32];
-  __shared__ float buf[256];
+  __shared__ float buf[256], key[256];
   const int b = blockIdx.x, t = blockIdx.y, hd = p.hd, half = p.rotary_dim / 2;
   detail::pdl_enter();
   const bool is_q = b < p.nh;
@@ -44,14 +86,16 @@ __global__ void prepare_kernel(AttentionDecodeArgs p) {
       sincosf(static_cast<float>(pos) * p.inv_freq[f], &sn, &cs);
       y = i < half ? buf[i] * cs - buf[i + half] * sn : buf[i] * cs + buf[i - half] * sn;
     }
-    if (is_q) {
-      p.q_rot[(static_cast<int64_t>(t) * p.nh + head) * hd + i] = y;
-    } else {
-      const int64_t row = cache0 + (static_cast<int64_t>(pos) * p.nkv + head) * hd + i;
-      p.k_cache[row] = __bfloat16_as_ushort(__float2bfloat16_rn(y));
-      p.v_cache[row] = __bfloat16_as_ushort(__float2bfloat16_rn(p.v[(static_cast<int64_t>(t) * p.nkv + head) * hd + i]));
-    }
+    if (is_q) p.q_rot[(static_cast<int64_t>(t) * p.nh + head) * hd + i] = y;
+    else key[i] = y;
   }
+  if (is_q) return;  // the same for the whole block
+  const int64_t row = cache0 + static_cast<int64_t>(pos) * kv_row_bytes(p.kv, p.nkv, hd);
+  __syncthreads();  // key[] is written
+  store_cache_head(key, p.k_cache + row, head, p.nkv, hd, p.kv, red);
+  for (int i = threadIdx.x; i < hd; i += blockDim.x) buf[i] = p.v[(static_cast<int64_t>(t) * p.nkv + head) * hd + i];
+  __syncthreads();  // buf[] is rewritten (its last readers were before key[]'s barrier)
+  store_cache_head(buf, p.v_cache + row, head, p.nkv, hd, p.kv, red);
 }
 
 // grid (nh, splits): scores for one chunk of context, its max and sum, and the unnormalised output.
@@ -70,6 +114,7 @@ __global__ void __launch_bounds__(kThreads) attend_kernel(AttentionDecodeArgs p)
   const int n_ctx = p.pos[t] + 1, begin = split * kChunk, end = min(n_ctx, begin + kChunk);
   const int64_t th = static_cast<int64_t>(t) * p.nh + h;  // the token's query head
   const int64_t cache0 = p.slot ? static_cast<int64_t>(p.slot[t]) * p.cache_stride : 0;
+  const int64_t rb = kv_row_bytes(p.kv, p.nkv, hd);
   float* part = p.partial + (th * p.max_splits + split) * (hd + 2);
   if (begin >= n_ctx) {
     if (threadIdx.x == 0) part[hd] = -INFINITY, part[hd + 1] = 0.0f;
@@ -79,11 +124,12 @@ __global__ void __launch_bounds__(kThreads) attend_kernel(AttentionDecodeArgs p)
   __syncthreads();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   for (int s = begin + warp; s < end; s += kWarps) {
-    const uint16_t* kr = p.k_cache + cache0 + (static_cast<int64_t>(s) * p.nkv + kvh) * hd;
+    const uint8_t* row = p.k_cache + cache0 + s * rb;
+    const uint8_t* kr = cache_head(row, kvh, hd, p.kv);
     float d = 0.0f;
-    for (int i = lane; i < hd; i += 32) d += q[i] * __bfloat162float(__ushort_as_bfloat16(kr[i]));
+    for (int i = lane; i < hd; i += 32) d += q[i] * cache_value(kr, i, p.kv);
     for (int o = 16; o > 0; o >>= 1) d += __shfl_xor_sync(0xffffffffu, d, o);
-    if (lane == 0) score[s - begin] = d * p.scale;
+    if (lane == 0) score[s - begin] = d * cache_scale(row, kvh, p.nkv, hd, p.kv) * p.scale;
   }
   __syncthreads();
   float m = -INFINITY;
@@ -97,12 +143,13 @@ __global__ void __launch_bounds__(kThreads) attend_kernel(AttentionDecodeArgs p)
   l = block_sum(l, red);  // its leading barrier also publishes score[]
   float o[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
   for (int s = begin + warp; s < end; s += kWarps) {
-    const float w = score[s - begin];
-    const uint16_t* vr = p.v_cache + cache0 + (static_cast<int64_t>(s) * p.nkv + kvh) * hd;
+    const uint8_t* row = p.v_cache + cache0 + s * rb;
+    const float w = score[s - begin] * cache_scale(row, kvh, p.nkv, hd, p.kv);
+    const uint8_t* vr = cache_head(row, kvh, hd, p.kv);
 #pragma unroll
     for (int d = 0; d < 8; ++d) {
       const int i = lane + 32 * d;
-      if (i < hd) o[d] += w * __bfloat162float(__ushort_as_bfloat16(vr[i]));
+      if (i < hd) o[d] += w * cache_value(vr, i, p.kv);
     }
   }
   detail::pdl_launch_next();  // past its loads (a grid of many blocks: pdl.cuh)
@@ -129,22 +176,26 @@ __global__ void __launch_bounds__(kThreads) attend_kernel(AttentionDecodeArgs p)
 // shared memory, G / 2 heads at a time.
 constexpr int kGroupWarps = 8, kGroupRows = kChunk / kGroupWarps;
 
-// The E bf16s of a row a lane holds, as (E + 1) / 2 words.
-template <int E>
+// The E values of a KV head's row a lane holds (bf16s or codes, before the row's scale), as words.
+template <int E, KvFormat F>
 struct RowBits {
-  uint32_t w[(E + 1) / 2];
-  __device__ __forceinline__ void load(const uint16_t* row, int lane) {
-    if constexpr (E == 8) {
-      const uint4 u = reinterpret_cast<const uint4*>(row)[lane];
+  static_assert(E == 4 || E == 8, "hd 128 or 256");
+  static constexpr int kWords = F == KvFormat::Bf16 ? E / 2 : E / 4;
+  uint32_t w[kWords];
+  __device__ __forceinline__ void load(const uint8_t* head, int lane) {
+    if constexpr (kWords == 4) {
+      const uint4 u = reinterpret_cast<const uint4*>(head)[lane];
       w[0] = u.x, w[1] = u.y, w[2] = u.z, w[3] = u.w;
-    } else {
-      static_assert(E == 4, "hd 128 or 256");
-      const uint2 u = reinterpret_cast<const uint2*>(row)[lane];
+    } else if constexpr (kWords == 2) {
+      const uint2 u = reinterpret_cast<const uint2*>(head)[lane];
       w[0] = u.x, w[1] = u.y;
+    } else {
+      w[0] = reinterpret_cast<const uint32_t*>(head)[lane];
     }
   }
   __device__ __forceinline__ float at(int e) const {
-    return __uint_as_float(e % 2 ? w[e / 2] & 0xffff0000u : w[e / 2] << 16);
+    if constexpr (F == KvFormat::Bf16) return __uint_as_float(e % 2 ? w[e / 2] & 0xffff0000u : w[e / 2] << 16);
+    else return code_value<F>((w[e / 4] >> (8 * (e % 4))) & 0xffu);
   }
 };
 
@@ -170,7 +221,7 @@ __device__ __forceinline__ float transpose_sum(float (&v)[G], int lane, int* hea
   return r;
 }
 
-template <int HD, int G>
+template <int HD, int G, KvFormat F>
 __global__ void __launch_bounds__(kGroupWarps * 32) attend_group_kernel(AttentionDecodeArgs p) {
   constexpr int E = HD / 32, GH = G / 2;  // dims a lane holds; heads a round of the output sum
   __shared__ float sc[G][kChunk];
@@ -179,20 +230,24 @@ __global__ void __launch_bounds__(kGroupWarps * 32) attend_group_kernel(Attentio
   detail::pdl_wait();
   const int n_ctx = p.pos[t] + 1, begin = split * kChunk, end = min(n_ctx, begin + kChunk);
   const int64_t th0 = static_cast<int64_t>(t) * p.nh + kvh * G;  // the token's first query head of the group
-  const uint16_t* kc = p.k_cache + (p.slot ? static_cast<int64_t>(p.slot[t]) * p.cache_stride : 0);
-  const uint16_t* vc = p.v_cache + (p.slot ? static_cast<int64_t>(p.slot[t]) * p.cache_stride : 0);
+  const uint8_t* kc = p.k_cache + (p.slot ? static_cast<int64_t>(p.slot[t]) * p.cache_stride : 0);
+  const uint8_t* vc = p.v_cache + (p.slot ? static_cast<int64_t>(p.slot[t]) * p.cache_stride : 0);
   float* part0 = p.partial + (th0 * p.max_splits + split) * (HD + 2);
   const int64_t head_stride = static_cast<int64_t>(p.max_splits) * (HD + 2);
   if (begin >= n_ctx) {
     if (threadIdx.x < G) part0[threadIdx.x * head_stride + HD] = -INFINITY, part0[threadIdx.x * head_stride + HD + 1] = 0.0f;
     return;
   }
-  const int64_t stride = static_cast<int64_t>(p.nkv) * HD;  // elements between cache rows
+  const int64_t stride = kv_row_bytes(F, p.nkv, HD);  // bytes between cache rows
   const int r0 = begin + warp * kGroupRows;
-  RowBits<E> k[kGroupRows];
+  RowBits<E, F> k[kGroupRows];
+  float ks[kGroupRows], vs[kGroupRows];  // the rows' scales (coded formats)
 #pragma unroll
   for (int j = 0; j < kGroupRows; ++j)
-    if (r0 + j < end) k[j].load(kc + (r0 + j) * stride + kvh * HD, lane);
+    if (r0 + j < end) {
+      k[j].load(cache_head(kc + (r0 + j) * stride, kvh, HD, F), lane);
+      ks[j] = cache_scale(kc + (r0 + j) * stride, kvh, p.nkv, HD, F);
+    }
   float q[G][E];
 #pragma unroll
   for (int g = 0; g < G; ++g)
@@ -214,12 +269,15 @@ __global__ void __launch_bounds__(kGroupWarps * 32) attend_group_kernel(Attentio
     }
     int head;
     const float s = transpose_sum<G>(d, lane, &head);
-    if ((lane & (32 / G - 1)) == 0) sc[head][row] = s * p.scale;
+    if ((lane & (32 / G - 1)) == 0) sc[head][row] = s * ks[j] * p.scale;
   }
-  RowBits<E> v[kGroupRows];  // in flight during the softmax
+  RowBits<E, F> v[kGroupRows];  // in flight during the softmax
 #pragma unroll
   for (int j = 0; j < kGroupRows; ++j)
-    if (r0 + j < end) v[j].load(vc + (r0 + j) * stride + kvh * HD, lane);
+    if (r0 + j < end) {
+      v[j].load(cache_head(vc + (r0 + j) * stride, kvh, HD, F), lane);
+      vs[j] = cache_scale(vc + (r0 + j) * stride, kvh, p.nkv, HD, F);
+    }
   __syncthreads();
   if (warp < G) {
     const float a = sc[warp][lane], b = sc[warp][lane + 32];  // -inf past the context
@@ -244,7 +302,7 @@ __global__ void __launch_bounds__(kGroupWarps * 32) attend_group_kernel(Attentio
     if (r0 + j >= end) break;
 #pragma unroll
     for (int g = 0; g < G; ++g) {
-      const float w = sc[g][warp * kGroupRows + j];
+      const float w = sc[g][warp * kGroupRows + j] * vs[j];
 #pragma unroll
       for (int e = 0; e < E; ++e) acc[g][e] += w * v[j].at(e);
     }
@@ -326,6 +384,24 @@ constexpr int kTcQ = 64, kTcKV = 32, kTcWarps = 4;
 using detail::mma_bf16;
 using detail::pack_bf16;
 
+// Values c..c+7 of KV head kvh in the cache row at `row` as 8 bf16s (a coded row's values times its
+// scale, rounded to bf16).
+__device__ __forceinline__ uint4 bf16_piece(const uint8_t* row, int kvh, int c, const AttentionDecodeArgs& p) {
+  const uint8_t* head = cache_head(row, kvh, p.hd, p.kv);
+  if (p.kv == KvFormat::Bf16) return *reinterpret_cast<const uint4*>(head + 2 * c);
+  const uint2 codes = *reinterpret_cast<const uint2*>(head + c);
+  const float sc = cache_scale(row, kvh, p.nkv, p.hd, p.kv);
+  uint32_t w[4];
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    const uint32_t word = e < 2 ? codes.x : codes.y, sh = 16 * (e % 2);
+    const uint32_t lo = (word >> sh) & 0xffu, hi = (word >> (sh + 8)) & 0xffu;
+    w[e] = p.kv == KvFormat::Int8 ? pack_bf16(code_value<KvFormat::Int8>(lo) * sc, code_value<KvFormat::Int8>(hi) * sc)
+                                  : pack_bf16(code_value<KvFormat::Fp8>(lo) * sc, code_value<KvFormat::Fp8>(hi) * sc);
+  }
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
 template <int HD>
 constexpr size_t tc_prefill_smem() {
   return (static_cast<size_t>(kTcQ) * (HD + 8) + static_cast<size_t>(kTcKV) * (HD + 8) + static_cast<size_t>(HD) * (kTcKV + 8)) * 2;
@@ -342,6 +418,7 @@ __global__ void __launch_bounds__(kTcWarps * 32) flash_prefill_tc_kernel(Attenti
   auto* vt16 = reinterpret_cast<uint16_t*>(vt);
   const int h = blockIdx.x, q0 = blockIdx.y * kTcQ, kvh = h / (p.nh / p.nkv);
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tq = lane & 3;
+  const int64_t row_bytes = kv_row_bytes(p.kv, p.nkv, HD);
   for (int i = threadIdx.x; i < kTcQ * HD / 2; i += blockDim.x) {
     const int r = i / (HD / 2), c = i % (HD / 2), t = q0 + r;
     float2 v = make_float2(0.0f, 0.0f);
@@ -364,9 +441,8 @@ __global__ void __launch_bounds__(kTcWarps * 32) flash_prefill_tc_kernel(Attenti
       const int rest = i / 32, rr = (rest / (HD / 16)) * 16 + i % 16, c = ((rest % (HD / 16)) * 2 + (i / 16) % 2) * 8, r = r0 + rr;
       uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
       if (r <= max_pos) {
-        const int64_t at = (static_cast<int64_t>(r) * p.nkv + kvh) * HD + c;
-        kv = *reinterpret_cast<const uint4*>(p.k_cache + at);
-        vv = *reinterpret_cast<const uint4*>(p.v_cache + at);
+        kv = bf16_piece(p.k_cache + r * row_bytes, kvh, c, p);
+        vv = bf16_piece(p.v_cache + r * row_bytes, kvh, c, p);
       }
       *reinterpret_cast<uint4*>(ks + rr * QW + c / 2) = kv;
       const uint16_t* v16 = reinterpret_cast<const uint16_t*>(&vv);
@@ -461,6 +537,18 @@ cudaError_t launch_prefill_tc(const AttentionDecodeArgs& p, int n, cudaStream_t 
   return cudaGetLastError();
 }
 
+// The scoring blocks for cache format F: grouped for Qwen3.5's shapes, one per query head otherwise.
+template <KvFormat F>
+cudaError_t launch_attend(const AttentionDecodeArgs& p, int splits, cudaStream_t stream) {
+  const int group = p.nh / p.nkv;
+  auto grouped = [&](auto kernel) { return detail::launch(kernel, dim3(p.nkv, splits, p.tokens), dim3(kGroupWarps * 32), 0, stream, p); };
+  if (p.hd == 256 && group == 8) return grouped(attend_group_kernel<256, 8, F>);
+  if (p.hd == 256 && group == 4) return grouped(attend_group_kernel<256, 4, F>);
+  if (p.hd == 128 && group == 8) return grouped(attend_group_kernel<128, 8, F>);
+  if (p.hd == 128 && group == 4) return grouped(attend_group_kernel<128, 4, F>);
+  return detail::launch(attend_kernel, dim3(p.nh, splits, p.tokens), dim3(kThreads), 0, stream, p);
+}
+
 }  // namespace
 
 cudaError_t attention_prefill(const AttentionDecodeArgs& p, int n, cudaStream_t stream) {
@@ -486,14 +574,12 @@ cudaError_t attention_decode(const AttentionDecodeArgs& p, cudaStream_t stream) 
   const int splits = (p.max_ctx + kChunk - 1) / kChunk;
   if (splits > p.max_splits) return cudaErrorInvalidValue;
   cudaError_t err = detail::launch(prepare_kernel, dim3(p.nh + p.nkv, p.tokens), dim3(kThreads), 0, stream, p);
-  const int group = p.nh / p.nkv;
-  auto grouped = [&](auto kernel) { return detail::launch(kernel, dim3(p.nkv, splits, p.tokens), dim3(kGroupWarps * 32), 0, stream, p); };
   if (err == cudaSuccess) {
-    if (p.hd == 256 && group == 8) err = grouped(attend_group_kernel<256, 8>);
-    else if (p.hd == 256 && group == 4) err = grouped(attend_group_kernel<256, 4>);
-    else if (p.hd == 128 && group == 8) err = grouped(attend_group_kernel<128, 8>);
-    else if (p.hd == 128 && group == 4) err = grouped(attend_group_kernel<128, 4>);
-    else err = detail::launch(attend_kernel, dim3(p.nh, splits, p.tokens), dim3(kThreads), 0, stream, p);
+    switch (p.kv) {
+      case KvFormat::Bf16: err = launch_attend<KvFormat::Bf16>(p, splits, stream); break;
+      case KvFormat::Int8: err = launch_attend<KvFormat::Int8>(p, splits, stream); break;
+      case KvFormat::Fp8: err = launch_attend<KvFormat::Fp8>(p, splits, stream); break;
+    }
   }
   if (err == cudaSuccess) err = detail::launch(combine_kernel, dim3(p.nh, p.tokens), dim3(kCombineParts * 256), 0, stream, p, splits);
   return err;

@@ -202,7 +202,15 @@ PlacementConfig parse_placement_config(const std::string& text, const std::strin
   if (!root || root.IsNull()) return c;  // an empty file: every default
   try {
     r.check_keys(root, "", {"gpu", "context", "batch", "cpu", "experts", "cpu_experts", "gpu_experts_per_layer", "prefill",
-                            "bandwidth", "cost", "rules", "server", "speculative", "dense"});
+                            "bandwidth", "cost", "rules", "server", "speculative", "dense", "kv_cache"});
+    if (const YAML::Node kv = root["kv_cache"]) {
+      r.check_keys(kv, "kv_cache", {"format"});
+      if (const YAML::Node f = kv["format"]) {
+        c.kv_format = r.scalar(f, "kv_cache.format");
+        if (c.kv_format != "bf16" && c.kv_format != "int8" && c.kv_format != "fp8")
+          r.fail_at(f, "kv_cache.format", "'", c.kv_format, "' must be 'bf16', 'int8' or 'fp8'");
+      }
+    }
     if (const YAML::Node dn = root["dense"]) {
       r.check_keys(dn, "dense", {"format", "lm_head"});
       if (const YAML::Node f = dn["format"]) {

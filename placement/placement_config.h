@@ -60,6 +60,8 @@ struct PlacementConfig {
   // stored or quantized on load to int8 rows (GpuOptions::dense_int8; --dense-format overrides).
   std::string dense_format = "bf16";
   std::string lm_head_format = "bf16";  // `dense: {lm_head: int8}`: the lm_head as int8 rows too (--lm-head-format)
+  // `kv_cache: {format: bf16 | int8 | fp8}`: the KV cache's rows (core/kv_format.h; --kv-format overrides)
+  std::string kv_format = "bf16";
   // cpu
   int cpu_threads = 0;          // 0: physical cores
   std::string numa = "auto";    // auto | off

@@ -20,6 +20,7 @@ nlohmann::json plan_to_json(const Plan& p) {
   j["min_budget_bytes"] = p.min_budget_bytes;
   j["dense_format"] = p.dense_format;
   j["lm_head_format"] = p.lm_head_format;
+  j["kv_format"] = kv_format_name(p.kv_format);
   j["dense_int8_units"] = p.dense_int8_units;
   j["vram_bytes"] = {{"dense_weights", p.vram.dense_weights}, {"expert_weights", p.vram.expert_weights},
                      {"kv_cache", p.vram.kv_cache},           {"deltanet_state", p.vram.deltanet_state},
@@ -100,7 +101,8 @@ std::string plan_table(const Plan& p) {
                             }());
   line("routed experts", str_cat(format_gib(v.expert_weights), " (", p.total_gpu_experts(), " experts, ", p.expert_checkpoint_format,
                                        p.on_load_note.empty() ? "" : ", " + p.on_load_note, ")"));
-  line("KV cache", format_gib(v.kv_cache));
+  line("KV cache", str_cat(format_gib(v.kv_cache), " (", kv_format_name(p.kv_format), p.kv_format == KvFormat::Bf16 ? "" : ", a scale per token and KV head",
+                           "; kv_cache.format sets it)"));
   line("DeltaNet state", format_gib(v.deltanet_state));
   {  // the batch's trade: each sequence's KV cache and state is room routed experts could have had
     const uint64_t per_seq = (v.kv_cache + v.deltanet_state) / static_cast<uint64_t>(std::max(p.batch, 1));
@@ -179,24 +181,33 @@ std::vector<FormatRow> plan_formats(const ModelConfig& model, const PlacementCon
       experts.push_back({"int4", q});
     }
   }
+  // Dense formats for each choice of experts at the config's KV cache format, then the other KV
+  // formats with the config's dense and experts.
   std::vector<FormatRow> rows;
+  auto dense_name = [](const PlacementConfig& c) { return c.dense_format == "bf16" ? "bf16" : c.lm_head_format == "int8" ? "int8 + lm_head" : "int8"; };
   for (const auto& [ex, base] : experts)
     for (const char* f : {"bf16", "int8", "int8 + lm_head"}) {
       PlacementConfig c = base;
       c.dense_format = std::string(f) == "bf16" ? "bf16" : "int8";
       c.lm_head_format = std::string(f) == "int8 + lm_head" ? "int8" : "bf16";
-      rows.push_back({f, ex, make_plan(model, c, request)});
+      rows.push_back({f, ex, config.kv_format, make_plan(model, c, request)});
     }
+  for (const char* kv : {"bf16", "int8", "fp8"}) {
+    if (kv == config.kv_format) continue;
+    PlacementConfig c = experts[0].second;
+    c.kv_format = kv;
+    rows.push_back({dense_name(c), experts[0].first, kv, make_plan(model, c, request)});
+  }
   return rows;
 }
 
 std::string formats_table(const std::vector<FormatRow>& rows) {
-  std::string o = "dense format    experts    dense bytes  context  routed experts on GPU  GPU bytes/token  predicted decode\n";
-  char buf[220];
+  std::string o = "dense format    experts    KV cache  dense bytes  KV bytes    context  routed experts on GPU  GPU bytes/token  predicted decode\n";
+  char buf[260];
   for (const FormatRow& r : rows) {
     const Plan& p = r.plan;
-    std::snprintf(buf, sizeof buf, "%-14s  %-9s  %11s  %7lld  %12d of %5zu  %12.2f GB  %10.1f tok/s\n", r.format.c_str(), r.experts.c_str(),
-                  format_gib(p.vram.dense_weights).c_str(), static_cast<long long>(p.context), p.total_gpu_experts(),
+    std::snprintf(buf, sizeof buf, "%-14s  %-9s  %-8s  %11s  %10s  %7lld  %12d of %5zu  %12.2f GB  %10.1f tok/s\n", r.format.c_str(), r.experts.c_str(),
+                  r.kv.c_str(), format_gib(p.vram.dense_weights).c_str(), format_gib(p.vram.kv_cache).c_str(), static_cast<long long>(p.context), p.total_gpu_experts(),
                   p.expert_on_gpu.size() * (p.expert_on_gpu.empty() ? 0 : p.expert_on_gpu[0].size()), p.predicted.gpu_bytes_per_token / 1e9,
                   p.predicted.decode_tok_s);
     o += buf;
@@ -207,7 +218,8 @@ std::string formats_table(const std::vector<FormatRow>& rows) {
 nlohmann::json formats_to_json(const std::vector<FormatRow>& rows) {
   nlohmann::json j = nlohmann::json::array();
   for (const FormatRow& r : rows)
-    j.push_back({{"dense_format", r.format}, {"experts", r.experts}, {"dense_weights", r.plan.vram.dense_weights}, {"context", r.plan.context},
+    j.push_back({{"dense_format", r.format}, {"experts", r.experts}, {"kv_format", r.kv}, {"dense_weights", r.plan.vram.dense_weights},
+                 {"kv_cache", r.plan.vram.kv_cache}, {"context", r.plan.context},
                  {"gpu_experts", r.plan.total_gpu_experts()}, {"gpu_bytes_per_token", r.plan.predicted.gpu_bytes_per_token},
                  {"predicted_decode_tok_s", r.plan.predicted.decode_tok_s}});
   return j;

@@ -104,7 +104,7 @@ int64_t auto_prefill_chunk(bool cpu_experts_all, uint64_t budget, uint64_t all_e
 }
 
 // Everything but routed experts, as Qwen35MoeGpu allocates it (header comment, point 1).
-VramBytes fixed_vram(const ModelConfig& c, const Sizer& s, int64_t context, int batch, bool embed_on_gpu, bool tied_shared,
+VramBytes fixed_vram(const ModelConfig& c, const Sizer& s, int64_t context, KvFormat kv, int batch, bool embed_on_gpu, bool tied_shared,
                      int64_t prefill_chunk, bool int4_experts, int deferral, uint64_t reserve, int draft, int64_t verify_tokens) {
   const int64_t H = c.hidden_size, V = c.vocab_size, Is = c.shared_expert_intermediate_size;
   const int64_t conv_dim = c.linear_conv_dim(), Vd = c.linear_value_dim(), Hv = c.linear_num_value_heads;
@@ -128,7 +128,7 @@ VramBytes fixed_vram(const ModelConfig& c, const Sizer& s, int64_t context, int 
       v.dense_weights += s.linear(a + "q_proj", int64_t(nh) * hd * 2, H) + s.linear(a + "k_proj", int64_t(nkv) * hd, H) +
                          s.linear(a + "v_proj", int64_t(nkv) * hd, H) + s.linear(a + "o_proj", H, int64_t(nh) * hd);
       v.dense_weights += 2 * floats(hd);
-      v.kv_cache += kv_cache_bytes(c, context) * batch;
+      v.kv_cache += kv_cache_bytes(c, context, kv) * batch;
     }
     const std::string m = pre + "mlp.";
     v.dense_weights += s.linear(m + "gate", E, H, false) + s.linear(m + "shared_expert.gate_proj", Is, H) +
@@ -152,7 +152,7 @@ VramBytes fixed_vram(const ModelConfig& c, const Sizer& s, int64_t context, int 
     const int64_t I = c.moe_intermediate_size;
     v.expert_weights += static_cast<uint64_t>(E) * (2 * ms.linear(m + "experts.0.gate_proj", I, H) + ms.linear(m + "experts.0.down_proj", H, I)) +
                         align256(static_cast<uint64_t>(E) * (q ? kInt4ExpertTableEntry : kBf16ExpertTableEntry));
-    v.kv_cache += kv_cache_bytes(c, context) * batch;
+    v.kv_cache += kv_cache_bytes(c, context, kv) * batch;
   }
   const int64_t kept = std::max<int64_t>(mtp ? draft + 1 : 0, verify_tokens), rows = decode_rows_for(c, prefill_chunk, batch, kept);
   v.workspace += gpu_workspace(c, {context, prefill_chunk, int4_experts, deferral > 0, rows, rows > 1 ? kept : 0}).total();  // as the GPU model allocates it
@@ -181,7 +181,7 @@ void predict(const ModelConfig& c, const PlacementConfig& cfg, const PlanRequest
   double dense_read = static_cast<double>(v.dense_weights);
   if (p.embed_on_gpu) dense_read -= static_cast<double>(align256(static_cast<uint64_t>(V * H) * 2)) - static_cast<double>(H * 2);
   if (tied_shared) dense_read += static_cast<double>(V * H * 2);  // the tied table is read once as lm_head
-  const double kv_read = static_cast<double>(c.num_full_attention_layers()) * 2 * typical_pos * nkv * hd * 2;
+  const double kv_read = static_cast<double>(c.num_full_attention_layers()) * 2 * typical_pos * static_cast<double>(gpu::kv_row_bytes(p.kv_format, nkv, hd));
   pr.gpu_bytes_per_token = dense_read + 2.0 * static_cast<double>(v.deltanet_state) / p.batch + kv_read;
   double t = 0, t_cpu_total = 0;
   // Decode kernels a layer (gpu.cpp): norm (fused with the residual add), stacked input
@@ -307,6 +307,7 @@ Plan make_plan(const ModelConfig& c, const PlacementConfig& cfg, const PlanReque
   p.prefill = cfg.prefill;
   p.dense_format = cfg.dense_format;
   p.lm_head_format = cfg.lm_head_format;
+  p.kv_format = parse_kv_format(cfg.kv_format, str_cat(cfg.source, ": kv_cache.format"));
   if (p.context < 0 || p.context > c.max_position_embeddings)
     fail("context ", p.context, " must be between 1 and the model's max_position_embeddings (", c.max_position_embeddings, ")");
   p.budget_bytes = req.gpu_mem ? req.gpu_mem : cfg.gpu_memory ? cfg.gpu_memory : req.device_free_bytes;
@@ -369,7 +370,7 @@ Plan make_plan(const ModelConfig& c, const PlacementConfig& cfg, const PlanReque
   if (p.context == 0) {
     const int64_t chunk = cfg.prefill_chunk < 0 ? 256 : cfg.prefill_chunk, floor = std::min<int64_t>(4096, c.max_position_embeddings);
     auto fixed_at = [&](int64_t ctx) {
-      return fixed_vram(c, s, ctx, p.batch, p.embed_on_gpu, tied_shared, chunk, eq.quantized, cfg.deferral, cfg.gpu_reserve, drafts_held(cfg.draft), req.verify_tokens).total();
+      return fixed_vram(c, s, ctx, p.kv_format, p.batch, p.embed_on_gpu, tied_shared, chunk, eq.quantized, cfg.deferral, cfg.gpu_reserve, drafts_held(cfg.draft), req.verify_tokens).total();
     };
     const uint64_t base = fixed_at(floor);
     const uint64_t share = p.budget_bytes > base ? (p.budget_bytes - base) / 4 : 0;
@@ -390,7 +391,7 @@ Plan make_plan(const ModelConfig& c, const PlacementConfig& cfg, const PlanReque
 
   // ---- fixed VRAM ----
   auto fixed_for = [&](int64_t chunk) {
-    return fixed_vram(c, s, p.context, p.batch, p.embed_on_gpu, tied_shared, chunk, eq.quantized, cfg.deferral, cfg.gpu_reserve, drafts_held(cfg.draft), req.verify_tokens);
+    return fixed_vram(c, s, p.context, p.kv_format, p.batch, p.embed_on_gpu, tied_shared, chunk, eq.quantized, cfg.deferral, cfg.gpu_reserve, drafts_held(cfg.draft), req.verify_tokens);
   };
   p.prefill_chunk_auto = cfg.prefill_chunk < 0;
   if (p.prefill_chunk_auto) {

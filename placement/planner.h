@@ -24,6 +24,8 @@
 #include <string>
 #include <vector>
 
+#include "core/kv_format.h"
+
 #include <nlohmann/json_fwd.hpp>
 
 #include "placement/heat.h"
@@ -76,6 +78,7 @@ struct Plan {
   std::string on_load_note;              // what that quantizes, for the table ("quantized on load", "the MTP head's ...")
   std::string dense_format = "bf16";     // dense.format: the projections as stored (bf16) or int8 rows
   std::string lm_head_format = "bf16";   // dense.lm_head
+  KvFormat kv_format = KvFormat::Bf16;   // kv_cache.format
   // The projection units held as int8 rows (dense.format / dense.lm_head, and rules' format: int8 over
   // "layers.L.self_attn", "layers.L.linear_attn", "layers.L.mlp.shared_expert", "lm_head"), sorted.
   std::vector<std::string> dense_int8_units;
@@ -143,6 +146,7 @@ std::string plan_table(const Plan& plan);
 struct FormatRow {
   std::string format;   // dense: bf16 | int8 | int8 + lm_head
   std::string experts;  // as stored | int4
+  std::string kv;       // the KV cache: bf16 | int8 | fp8
   Plan plan;
 };
 std::vector<FormatRow> plan_formats(const ModelConfig& model, const PlacementConfig& config, const PlanRequest& request);

@@ -122,16 +122,19 @@ class Engine:
                quantized on load (a quarter of their bytes; default: the config's experts.gpu_format).
     quant_cache: the folder for experts_format="int4"'s cache (default: MODEL/.tandem-cache when it can be
                written, else ~/.cache/tandem); the first load quantizes, later ones read it.
+    kv_format: the KV cache: "bf16" (default: the config's kv_cache.format), "int8" or "fp8" (codes
+               with a scale per token and KV head: half the bytes, twice the context; docs/usage.md
+               gives the accuracy).
     """
 
     def __init__(self, model_dir: str, config: Union[None, str, Dict[str, Any]] = None, device: str = "auto",
                  gpu_mem: Union[None, int, str] = None, threads: Optional[int] = None, context: Optional[int] = None,
                  eager: bool = False, batch: Optional[int] = None, draft: Union[None, int, str] = None,
-                 experts_format: Optional[str] = None, quant_cache: Optional[str] = None):
+                 experts_format: Optional[str] = None, quant_cache: Optional[str] = None, kv_format: Optional[str] = None):
         self._core = _tandem.Engine(str(model_dir), config, device, _gpu_mem(gpu_mem), _opt_int(threads, "threads", 1, _MAX_THREADS),
                                     _opt_int(context, "context", 1), eager, _opt_int(batch, "batch", 1, _MAX_BATCH),
                                     draft if isinstance(draft, str) else _opt_int(draft, "draft", 0, _MAX_DRAFT),
-                                    experts_format, None if quant_cache is None else str(quant_cache))
+                                    experts_format, None if quant_cache is None else str(quant_cache), kv_format)
         self.model_dir = str(model_dir)
         self.tokenizer = Tokenizer(self._core)
 

@@ -50,7 +50,7 @@ int cmd_plan(int argc, char** argv) {
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::fputs(placement::plan_table(plan).c_str(), stdout);
-    std::printf("\nthe same budget by format (dense.format; experts.gpu_format: int4 quantizes floating-point experts on load):\n%s",
+    std::printf("\nthe same budget by format (dense.format; experts.gpu_format: int4 quantizes floating-point experts on load; kv_cache.format):\n%s",
                 placement::formats_table(formats).c_str());
   }
   return 0;

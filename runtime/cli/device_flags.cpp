@@ -22,6 +22,7 @@ std::vector<Flag> device_flags() {
       {"cpu-expert-format", true, "--device cpu: experts of BF16 checkpoints as bf16 (default, exact) or int8 (half the bytes)"},
       {"gpu-mem", true, "--device gpu|hybrid: memory budget, e.g. 24GiB (default: the config's, else free device memory)"},
       {"context", true, "--device gpu|hybrid: longest sequence the KV cache holds (hybrid: the config's, else the longest whose KV cache takes at most a quarter of the free budget; gpu: 4096)"},
+      {"kv-format", true, "every device: the KV cache as bf16 (default), int8 or fp8 codes with a scale per token and KV head (half the bytes: twice the context; hybrid: the config's kv_cache.format)"},
       {"dense-format", true, "--device gpu|hybrid: the dense projections as stored (bf16, default) or quantized on load to int8 rows (half their bytes; hybrid: the config's dense.format)"},
       {"experts-format", true, "routed experts as stored (auto, default) or int4: a BF16 checkpoint's experts and the MTP head's quantized on load (a quarter of their bytes; cached on disk; hybrid: the config's experts.gpu_format)"},
       {"quant-cache", true, "--experts-format int4: the folder its cache goes in (default: MODEL/.tandem-cache when writable, else ~/.cache/tandem)"},
@@ -60,6 +61,14 @@ RunnerOptions runner_options(const Args& a, int64_t min_context) {
   if (o.context < 1) throw UsageError("--context must be at least 1");
   o.config = a.get("config", "");
   o.dense_format = a.get("dense-format", "");
+  o.kv_format = a.get("kv-format", "");
+  if (!o.kv_format.empty()) {
+    try {
+      parse_kv_format(o.kv_format, "--kv-format");
+    } catch (const Error& e) {
+      throw UsageError(e.what());
+    }
+  }
   o.lm_head_format = a.get("lm-head-format", "");
   o.experts_format = a.get("experts-format", "");
   try {

@@ -63,10 +63,10 @@ struct HostSnapshot final : SequenceSnapshot {
 
 class HostRunner final : public Runner {
  public:
-  HostRunner(const Qwen35Moe& m, std::unique_ptr<CpuBackend> backend, int defer, int batch, int draft)
-      : model_(m), backend_(std::move(backend)), defer_(defer), draft_(draft), states_(static_cast<size_t>(std::max(batch, 1))) {
+  HostRunner(const Qwen35Moe& m, std::unique_ptr<CpuBackend> backend, int defer, int batch, int draft, KvFormat kv)
+      : model_(m), backend_(std::move(backend)), defer_(defer), draft_(draft), kv_(kv), states_(static_cast<size_t>(std::max(batch, 1))) {
     if (draft_ > 0)
-      for (int s = 0; s < slots(); ++s) mtp_.emplace_back(m, backend_.get());
+      for (int s = 0; s < slots(); ++s) mtp_.emplace_back(m, backend_.get(), kv_);
     for (int s = 0; s < slots(); ++s) reset_slot(s);
   }
   int slots() const override { return static_cast<int>(states_.size()); }
@@ -76,6 +76,7 @@ class HostRunner final : public Runner {
     st = model_.new_state();
     st.backend = backend_.get();
     st.defer_experts = defer_;
+    st.kv_format = kv_;
     if (draft_ > 0) mtp_[slot].reset();
   }
   int64_t position(int slot) const override { return states_.at(slot).pos; }
@@ -138,7 +139,8 @@ class HostRunner final : public Runner {
     if (draft_ > 0) mtp_[slot] = *s->mtp;
   }
   std::string describe() const override {
-    return backend_ ? "cpu: " + backend_->describe() : "ref: exact fp32 reference";
+    const std::string kv = kv_ == KvFormat::Bf16 ? "" : str_cat(", KV cache ", kv_format_name(kv_), " (rows rounded as the GPU's)");
+    return (backend_ ? "cpu: " + backend_->describe() : "ref: exact fp32 reference") + kv;
   }
   int64_t max_context() const override { return model_.config().max_position_embeddings; }
   double weight_bandwidth(std::string* what) override {
@@ -151,6 +153,7 @@ class HostRunner final : public Runner {
   std::unique_ptr<CpuBackend> backend_;
   int defer_ = 0;
   int draft_ = 0;
+  KvFormat kv_ = KvFormat::Bf16;
   std::vector<Qwen35State> states_;
   std::vector<MtpSequence> mtp_;  // per slot, when drafting
 };
@@ -186,6 +189,7 @@ class GpuRunner final : public Runner, private MtpDevice {
     if (!o.lm_head_format.empty() && o.lm_head_format != "bf16" && o.lm_head_format != "int8")
       fail("--lm-head-format must be bf16 or int8 (got '", o.lm_head_format, "')");
     g.lm_head_int8 = o.lm_head_format == "int8";
+    g.kv_format = parse_kv_format(o.kv_format.empty() ? "bf16" : o.kv_format, "--kv-format");
     if (draft_ > 0) {
       if (draft_ + 1 > gpu::kMaxGemvTokens)
         fail("--draft ", draft_, ": the GPU verifies at most ", gpu::kMaxGemvTokens - 1, " drafts a step (", gpu::kMaxGemvTokens, " tokens)");
@@ -473,7 +477,8 @@ std::unique_ptr<Runner> make_placement_runner(const Qwen35Moe& model, const Runn
     fail("--draft ", o.draft, ": ", model.checkpoint().dir(), " has no MTP head (mtp.* tensors), which speculative decoding drafts with");
   if (o.draft > 0 && o.device == Device::Hybrid && o.plan && o.plan->deferral > 0)
     fail("--draft: the verification step keeps exact states; a placement with experts.deferral defers some experts a layer (set it to 0)");
-  if (o.device == Device::Ref) return std::make_unique<HostRunner>(model, nullptr, o.defer_experts, batch, o.draft);
+  const KvFormat kv = parse_kv_format(o.kv_format.empty() ? "bf16" : o.kv_format, "--kv-format");
+  if (o.device == Device::Ref) return std::make_unique<HostRunner>(model, nullptr, o.defer_experts, batch, o.draft, kv);
   if (o.device == Device::Cpu) {
     CpuBackendOptions co;
     co.threads = o.threads;
@@ -481,7 +486,7 @@ std::unique_ptr<Runner> make_placement_runner(const Qwen35Moe& model, const Runn
     else if (o.cpu_expert_format == "bf16") co.dense_expert_format = cpu::WeightFormat::BF16;
     else fail("--cpu-expert-format must be int8 or bf16 (got '", o.cpu_expert_format, "')");
     co.mtp = o.draft > 0;
-    return std::make_unique<HostRunner>(model, std::make_unique<CpuBackend>(model, co), o.defer_experts, batch, o.draft);
+    return std::make_unique<HostRunner>(model, std::make_unique<CpuBackend>(model, co), o.defer_experts, batch, o.draft, kv);
   }
   if (o.device == Device::Gpu) {
 #ifdef TANDEM_HAVE_CUDA

@@ -51,6 +51,9 @@ struct RunnerOptions {
   // MTP head's) quantized on load (Qwen35Moe::quantize_experts_int4), cached under quant_cache
   std::string experts_format;
   std::string quant_cache;               // the int4 cache's root ("": default_int4_cache_root)
+  // every device: bf16 | int8 | fp8, the KV cache's format (core/kv_format.h; --kv-format); "": a hybrid
+  // config's kv_cache.format, else bf16
+  std::string kv_format;
   int defer_experts = 0;                 // ref/cpu: Qwen35State::defer_experts (measures deferral)
   uint64_t gpu_mem = 0;                  // gpu: budget in bytes (0: free device memory)
   int64_t context = 4096;                // gpu: KV cache length

@@ -61,6 +61,8 @@ Plan prepare_hybrid(RunnerOptions& o, const ModelConfig& model, const PlacementC
   if (o.lm_head_format.empty()) o.lm_head_format = cfg.lm_head_format;
   cfg.lm_head_format = o.lm_head_format;
   if (!o.experts_format.empty()) cfg.gpu_format = o.experts_format;  // --experts-format over experts.gpu_format
+  if (o.kv_format.empty()) o.kv_format = cfg.kv_format;  // --kv-format over kv_cache.format
+  cfg.kv_format = o.kv_format;
   cfg.gpu_reserve += o.cache_vram;        // the prefix cache's VRAM tier: set aside before experts are placed
   // --context, else the config's (at least what the command needs), else the planner's choice
   const int64_t context = o.context_set ? o.context : cfg.context ? std::max(cfg.context, o.min_context) : 0;

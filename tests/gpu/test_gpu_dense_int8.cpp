@@ -11,22 +11,10 @@
 #include "runtime/models/qwen3_5_moe/gpu.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/unit/fixture_util.h"
+#include "tests/unit/test_util.h"
 
 namespace tandem {
 namespace {
-
-double kl(const float* want, const float* got, int64_t V) {  // KL(softmax(want) || softmax(got)), nats
-  double mw = want[0], mg = got[0];
-  for (int64_t i = 1; i < V; ++i) mw = std::max<double>(mw, want[i]), mg = std::max<double>(mg, got[i]);
-  double zw = 0, zg = 0;
-  for (int64_t i = 0; i < V; ++i) zw += std::exp(want[i] - mw), zg += std::exp(got[i] - mg);
-  double k = 0;
-  for (int64_t i = 0; i < V; ++i) {
-    const double lp = want[i] - mw - std::log(zw), lq = got[i] - mg - std::log(zg);
-    k += std::exp(lp) * (lp - lq);
-  }
-  return k;
-}
 
 TEST(GpuDenseInt8, TheDemoModelStaysCloseToItsReference) {
   TANDEM_REQUIRE_GPU();
@@ -51,7 +39,7 @@ TEST(GpuDenseInt8, TheDemoModelStaysCloseToItsReference) {
     for (int64_t t = 0; t < n; ++t) {
       const float* w = want.data.data() + t * V;
       const float* q = got.data() + t * V;
-      mean_kl += kl(w, q, V) / static_cast<double>(n);
+      mean_kl += test::kl_nats(w, q, V) / static_cast<double>(n);
       agree += std::max_element(w, w + V) - w == std::max_element(q, q + V) - q;
     }
     EXPECT_LT(mean_kl, mode == 2 ? 4e-3 : q8 ? 2e-3 : 1e-4) << "mode " << mode << " (0 bf16, 1 int8 projections, 2 and lm_head)";

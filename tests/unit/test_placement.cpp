@@ -307,7 +307,7 @@ TEST(Planner, SpeculativeDraftCountsTheMtpHead) {
   const std::string base = "prefill: {chunk: 256}\ncontext: 4096\n";
   const Plan off = make_plan(m, yaml(base), {.gpu_mem = 16ull << 30});  // 24 GiB holds every expert and the head
   const Plan on = make_plan(m, yaml(base + "speculative: {draft: 3}\n"), {.gpu_mem = 16ull << 30});
-  EXPECT_EQ(on.vram.kv_cache - off.vram.kv_cache, kv_cache_bytes(m, 4096));
+  EXPECT_EQ(on.vram.kv_cache - off.vram.kv_cache, kv_cache_bytes(m, 4096, KvFormat::Bf16));
   EXPECT_GE(on.vram.dense_weights - off.vram.dense_weights, 2ull * 2048 * 2048 * 2);
   const uint64_t head_experts = 256ull * 3 * 2048 * 512 * 2;
   const int fewer = off.total_gpu_experts() - on.total_gpu_experts();
@@ -395,9 +395,14 @@ TEST(Planner, ExpertsQuantizedOnLoad) {
   EXPECT_LT(head_int4.predicted.draft_ms, head_bf16.predicted.draft_ms);
 
   // tandem plan's side by side: a BF16 checkpoint gets its experts as stored and as int4, each with the
-  // three dense formats; the GPTQ release without drafts only the three (its experts are int4 already).
+  // three dense formats, then the two other KV cache formats; the GPTQ release without drafts only the
+  // three (its experts are int4 already) and the two.
   const std::vector<FormatRow> rows = plan_formats(model35_bf16(), fixed_bw({}), {.gpu_mem = 24ull << 30});
-  ASSERT_EQ(rows.size(), 6u);
+  ASSERT_EQ(rows.size(), 8u);
+  EXPECT_EQ(rows[0].kv, "bf16");
+  EXPECT_EQ(rows[6].kv, "int8");
+  EXPECT_EQ(rows[7].kv, "fp8");
+  EXPECT_LT(rows[6].plan.vram.kv_cache, rows[0].plan.vram.kv_cache);
   EXPECT_EQ(rows[0].experts, "as stored");
   EXPECT_EQ(rows[3].experts, "int4");
   EXPECT_EQ(rows[0].plan.total_gpu_experts(), bf16.total_gpu_experts());
@@ -405,8 +410,38 @@ TEST(Planner, ExpertsQuantizedOnLoad) {
   EXPECT_GT(rows[3].plan.predicted.decode_tok_s, rows[0].plan.predicted.decode_tok_s);
   EXPECT_NE(formats_table(rows).find("int4"), std::string::npos);
   EXPECT_EQ(formats_to_json(rows)[3]["experts"], "int4");
-  EXPECT_EQ(plan_formats(m, fixed_bw({}), {.gpu_mem = 24ull << 30}).size(), 3u);
-  EXPECT_EQ(plan_formats(m, fixed_bw(yaml(base)), {.gpu_mem = 24ull << 30}).size(), 6u);  // drafting: the head's experts
+  EXPECT_EQ(plan_formats(m, fixed_bw({}), {.gpu_mem = 24ull << 30}).size(), 5u);
+  EXPECT_EQ(plan_formats(m, fixed_bw(yaml(base)), {.gpu_mem = 24ull << 30}).size(), 8u);  // drafting: the head's experts
+}
+
+// kv_cache.format: int8 / fp8 rows (codes and an fp32 scale per token and KV head, each part padded to
+// 16 bytes: gpu::kv_row_bytes) at the 35B shape, 2 KV heads x 256: 512 + 16 bytes a row instead of
+// 1,024, so 10,560 B a token over the 10 attention layers' K and V instead of 20,480. The same context
+// leaves room for more experts and reads fewer bytes a token; context: auto holds ~1.9x the tokens.
+TEST(Planner, CodedKvCacheHalvesItsBytes) {
+  const ModelConfig m = model35();
+  auto plan = [&](const std::string& text, uint64_t gib) { return make_plan(m, fixed_bw(yaml(text)), {.gpu_mem = gib << 30}); };
+  const Plan bf = plan("context: 131072\n", 12), q8 = plan("context: 131072\nkv_cache: {format: int8}\n", 12),
+             f8 = plan("context: 131072\nkv_cache: {format: fp8}\n", 12);
+  EXPECT_EQ(bf.vram.kv_cache, 20480ull * 131072);
+  EXPECT_EQ(q8.vram.kv_cache, 10560ull * 131072);
+  EXPECT_EQ(f8.vram.kv_cache, q8.vram.kv_cache);
+  EXPECT_EQ(q8.kv_format, KvFormat::Int8);
+  EXPECT_EQ(f8.kv_format, KvFormat::Fp8);
+  EXPECT_GT(q8.total_gpu_experts(), bf.total_gpu_experts());
+  EXPECT_GT(q8.predicted.decode_tok_s, bf.predicted.decode_tok_s);
+  // every expert on the GPU either way at 24 GiB: the same bytes but the cache's rows (at the cost
+  // model's typical position, 1,024)
+  const Plan bf24 = plan("context: 131072\n", 24), q824 = plan("context: 131072\nkv_cache: {format: int8}\n", 24);
+  ASSERT_EQ(bf24.total_gpu_experts(), q824.total_gpu_experts());
+  EXPECT_NEAR(bf24.predicted.gpu_bytes_per_token - q824.predicted.gpu_bytes_per_token, (20480.0 - 10560.0) * 1024, 1.0);
+  EXPECT_NE(plan_table(q8).find("(int8, a scale per token and KV head"), std::string::npos) << plan_table(q8);
+  EXPECT_EQ(plan_to_json(f8)["kv_format"], "fp8");
+  const Plan auto_bf = plan("context: auto\nprefill: {chunk: 256}\n", 8), auto_q8 = plan("context: auto\nprefill: {chunk: 256}\nkv_cache: {format: int8}\n", 8);
+  EXPECT_LT(auto_q8.context, m.max_position_embeddings);
+  EXPECT_GE(static_cast<double>(auto_q8.context), 1.8 * static_cast<double>(auto_bf.context)) << auto_bf.context << " -> " << auto_q8.context;
+  test::expect_error([] { yaml("kv_cache: {format: int4}\n"); }, {"test.yaml:1", "kv_cache.format", "'int4'", "'bf16', 'int8' or 'fp8'"});
+  test::expect_error([] { yaml("kv_cache: {fromat: int8}\n"); }, {"test.yaml:1", "fromat", "format"});
 }
 
 // The cost model's speculative side: verification of k + 1 tokens costs more with k (the union of the
@@ -452,11 +487,11 @@ TEST(Planner, Int8DenseProjectionsLeaveRoomForExperts) {
   test::expect_error([] { yaml("dense: {format: int4}\n"); }, {"test.yaml:1", "dense.format", "'int4'"});
   // tandem plan's side-by-side rows: the same budget, one plan a format
   const std::vector<FormatRow> rows = plan_formats(m, fixed_bw(yaml(base)), {.gpu_mem = 12ull << 30});
-  ASSERT_EQ(rows.size(), 3u);
+  ASSERT_EQ(rows.size(), 5u);  // three dense formats, then the KV cache as int8 and fp8
   EXPECT_EQ(rows[0].plan.vram.dense_weights, bf.vram.dense_weights);
   EXPECT_EQ(rows[1].plan.total_gpu_experts(), q8.total_gpu_experts());
   EXPECT_NE(formats_table(rows).find("int8"), std::string::npos);
-  EXPECT_EQ(formats_to_json(rows).size(), 3u);
+  EXPECT_EQ(formats_to_json(rows).size(), 5u);
   // dense.lm_head: int8 as well: the 248320 x 2048 table at a byte a weight, half a GB fewer
   const Plan lm = make_plan(m, fixed_bw(yaml(base + "dense: {format: int8, lm_head: int8}\n")), {.gpu_mem = 12ull << 30});
   EXPECT_NEAR(static_cast<double>(q8.vram.dense_weights - lm.vram.dense_weights), 248320.0 * 2048, 2e6);

@@ -58,6 +58,20 @@ inline double rel_l2(const std::vector<double>& got, const std::vector<double>& 
   return std::sqrt(num / std::max(den, 1e-300));
 }
 
+// KL(softmax(want) || softmax(got)) of two logits rows [V], nats.
+inline double kl_nats(const float* want, const float* got, int64_t V) {
+  double mw = want[0], mg = got[0];
+  for (int64_t i = 1; i < V; ++i) mw = std::max<double>(mw, want[i]), mg = std::max<double>(mg, got[i]);
+  double zw = 0, zg = 0;
+  for (int64_t i = 0; i < V; ++i) zw += std::exp(want[i] - mw), zg += std::exp(got[i] - mg);
+  double k = 0;
+  for (int64_t i = 0; i < V; ++i) {
+    const double lp = want[i] - mw - std::log(zw), lq = got[i] - mg - std::log(zg);
+    k += std::exp(lp) * (lp - lq);
+  }
+  return k;
+}
+
 // Expects `fn` to throw tandem::Error whose message contains every one of `parts`.
 template <typename Fn>
 void expect_error(Fn&& fn, std::initializer_list<std::string> parts) {

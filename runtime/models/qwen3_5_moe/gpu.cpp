@@ -34,6 +34,7 @@ gpu::AttentionDecodeArgs Qwen35MoeGpu::Impl::attention_args(const DevLayer& L, i
   const int64_t s = std::max(slot, 0);
   p.q_norm = L.q_norm, p.k_norm = L.k_norm, p.inv_freq = inv_freq, p.k_cache = L.k_cache + s * cache_stride, p.v_cache = L.v_cache + s * cache_stride;
   p.cache_stride = cache_stride;
+  p.kv = opts.kv_format;
   p.nh = c.num_heads, p.nkv = c.num_kv_heads, p.hd = c.head_dim, p.rotary_dim = c.rotary_dim;
   p.max_ctx = static_cast<int>(opts.max_context), p.max_splits = static_cast<int>(gpu::attention_decode_splits(opts.max_context));
   p.eps = static_cast<float>(c.rms_norm_eps), p.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
@@ -452,38 +453,35 @@ void Qwen35MoeGpu::reset_slot(int slot) {
 
 namespace {
 
-// One slot's sequence of `position` tokens: a KV row's values, a DeltaNet layer's conv window and
-// recurrent state, and the totals over the layers.
+// One slot's sequence of `position` tokens in bytes: a KV cache row (gpu::kv_row_bytes), a DeltaNet
+// layer's conv window and recurrent state (fp32), and the total over the layers.
 struct SlotShape {
-  int64_t row = 0, conv = 0, state = 0, kv = 0, states = 0;
-  SlotShape(const ModelConfig& c, int64_t position, bool mtp) {
-    row = int64_t(c.num_kv_heads) * c.head_dim, conv = (c.linear_conv_kernel - 1) * c.linear_conv_dim();
-    state = int64_t(c.linear_num_value_heads) * c.linear_key_head_dim * c.linear_value_head_dim;
-    for (LayerKind k : c.layer_types) {
-      if (k == LayerKind::LinearAttention) states += conv + state;
-      else kv += 2 * position * row;
-    }
-    if (mtp) kv += 2 * position * row;  // the MTP head's cache (rows past the head's own count are overwritten later)
+  int64_t row = 0, conv = 0, state = 0, total = 0;
+  SlotShape(const ModelConfig& c, KvFormat kv, int64_t position, bool mtp) {
+    row = gpu::kv_row_bytes(kv, c.num_kv_heads, c.head_dim), conv = (c.linear_conv_kernel - 1) * c.linear_conv_dim() * 4;
+    state = int64_t(c.linear_num_value_heads) * c.linear_key_head_dim * c.linear_value_head_dim * 4;
+    for (LayerKind k : c.layer_types) total += k == LayerKind::LinearAttention ? conv + state : 2 * position * row;
+    if (mtp) total += 2 * position * row;  // the MTP head's cache (rows past the head's own count are overwritten later)
   }
 };
 
 }  // namespace
 
 // The device pieces of a slot's sequence of `position` tokens in SlotCopy's order: f(device pointer,
-// values, is_kv) for each attention layer's K and V rows (bf16) and each DeltaNet layer's conv window
-// and recurrent state (fp32).
+// bytes) for each attention layer's K and V rows and each DeltaNet layer's conv window and recurrent
+// state.
 template <typename F>
 void Qwen35MoeGpu::for_slot_pieces(int slot, int64_t position, F&& f) const {
   const Impl& m = *impl_;
-  const SlotShape sh(m.model.config(), position, m.mtp.on);
+  const SlotShape sh(m.model.config(), m.opts.kv_format, position, m.mtp.on);
   for (size_t li = 0; li < m.layers.size() + m.mtp.on; ++li) {
     const DevLayer& L = m.layer_at(li);
     if (L.kind == LayerKind::LinearAttention) {
-      f(static_cast<void*>(L.conv_state + slot * m.conv_stride), sh.conv, false);
-      f(static_cast<void*>(L.ssm_state + slot * m.ssm_stride), sh.state, false);
+      f(static_cast<void*>(L.conv_state + slot * m.conv_stride), sh.conv);
+      f(static_cast<void*>(L.ssm_state + slot * m.ssm_stride), sh.state);
     } else if (position > 0) {
-      f(static_cast<void*>(L.k_cache + slot * m.cache_stride), position * sh.row, true);
-      f(static_cast<void*>(L.v_cache + slot * m.cache_stride), position * sh.row, true);
+      f(static_cast<void*>(L.k_cache + slot * m.cache_stride), position * sh.row);
+      f(static_cast<void*>(L.v_cache + slot * m.cache_stride), position * sh.row);
     }
   }
   CK(cudaStreamSynchronize(m.stream));
@@ -491,11 +489,9 @@ void Qwen35MoeGpu::for_slot_pieces(int slot, int64_t position, F&& f) const {
 
 namespace {
 
-uint64_t slot_bytes(const SlotShape& sh) { return sh.kv * sizeof(uint16_t) + sh.states * sizeof(float); }
-
-// Copies a slot piece (n elements at `dev`) to or from the snapshot's stream at *offset, page by page.
-void copy_piece(const SnapshotMemory& mem, uint64_t* offset, void* dev, int64_t n, bool kv, bool save, cudaStream_t stream) {
-  uint64_t left = static_cast<uint64_t>(n) * (kv ? sizeof(uint16_t) : sizeof(float));
+// Copies a slot piece (`bytes` at `dev`) to or from the snapshot's stream at *offset, page by page.
+void copy_piece(const SnapshotMemory& mem, uint64_t* offset, void* dev, int64_t bytes, bool save, cudaStream_t stream) {
+  uint64_t left = static_cast<uint64_t>(bytes);
   auto* d = static_cast<uint8_t*>(dev);
   while (left > 0) {
     uint64_t room = 0;
@@ -512,9 +508,9 @@ Qwen35MoeGpu::SlotCopy Qwen35MoeGpu::save_slot(int slot) const {
   const Impl& m = *impl_;
   SlotCopy out;
   out.position = position(slot);
-  auto mem = std::make_shared<SnapshotMemory>(slot_bytes(SlotShape(m.model.config(), out.position, m.mtp.on)), m.snapshot_pools);
+  auto mem = std::make_shared<SnapshotMemory>(SlotShape(m.model.config(), m.opts.kv_format, out.position, m.mtp.on).total, m.snapshot_pools);
   uint64_t offset = 0;
-  for_slot_pieces(slot, out.position, [&](void* dev, int64_t n, bool kv) { copy_piece(*mem, &offset, dev, n, kv, true, m.stream); });
+  for_slot_pieces(slot, out.position, [&](void* dev, int64_t bytes) { copy_piece(*mem, &offset, dev, bytes, true, m.stream); });
   out.memory = std::move(mem);
   return out;
 }
@@ -522,12 +518,12 @@ Qwen35MoeGpu::SlotCopy Qwen35MoeGpu::save_slot(int slot) const {
 void Qwen35MoeGpu::load_slot(int slot, const SlotCopy& copy) {
   Impl& m = *impl_;
   if (copy.position > m.opts.max_context) fail("load_slot: a sequence of ", copy.position, " tokens for a context of ", m.opts.max_context);
-  const uint64_t want = slot_bytes(SlotShape(m.model.config(), copy.position, m.mtp.on));
+  const uint64_t want = SlotShape(m.model.config(), m.opts.kv_format, copy.position, m.mtp.on).total;
   if (!copy.memory || copy.memory->bytes() != want)
     fail("load_slot: the copy does not have this model's shapes (", copy.memory ? copy.memory->bytes() : 0, " bytes for ", want, ")");
   reset_slot(slot);  // the expert counts, the kept states and the host's deferral start afresh
   uint64_t offset = 0;
-  for_slot_pieces(slot, copy.position, [&](void* dev, int64_t n, bool kv) { copy_piece(*copy.memory, &offset, dev, n, kv, false, m.stream); });
+  for_slot_pieces(slot, copy.position, [&](void* dev, int64_t bytes) { copy_piece(*copy.memory, &offset, dev, bytes, false, m.stream); });
   (slot == m.cur ? m.pos : m.slot_pos[slot]) = copy.position;
 }
 

@@ -105,6 +105,10 @@ struct GpuOptions {
   std::vector<uint8_t> mixer_int8, shared_int8;
   // The lm_head as int8 rows too (not a tied one: that is the embedding table). Accuracy: the same file.
   bool lm_head_int8 = false;
+  // The KV cache's format (core/kv_format.h): bf16, or int8 / fp8 codes with an fp32 scale per token
+  // and KV head (gpu_core/attention.cuh), about half the bytes: twice the context in the same memory.
+  // The host placements round their cached rows alike (Qwen35State::kv_format).
+  KvFormat kv_format = KvFormat::Bf16;
 };
 
 class Qwen35MoeGpu {

@@ -62,7 +62,7 @@ struct DevLayer {
   float *kept_conv = nullptr, *kept_state = nullptr;  // verification steps: the state before and after each position
   DevLinear q, k, v, o;
   const float *q_norm, *k_norm;
-  uint16_t *k_cache, *v_cache;  // slot 0's; slot s at + s * cache_stride
+  uint8_t *k_cache, *v_cache;  // slot 0's; slot s at + s * cache_stride bytes
   DevLinear router, sh_gate, sh_up, sh_down, sh_expert_gate;
   bool int4_experts = false;
   bool cpu_experts = false;  // some routed experts live in host memory (hybrid)

@@ -254,8 +254,9 @@ DevLayer Qwen35MoeGpu::Impl::upload_layer(Uploader& up, const LayerWeights& L, i
     d.in_proj = stack_rows({&d.q, &d.k, &d.v});
     d.q_norm = vec(w.q_norm, Kind::Dense);
     d.k_norm = vec(w.k_norm, Kind::Dense);
-    d.k_cache = static_cast<uint16_t*>(up.zeroed(placement::kv_cache_bytes(c, opts.max_context) / 2 * slots, Kind::Kv));  // K, then V
-    d.v_cache = static_cast<uint16_t*>(up.zeroed(placement::kv_cache_bytes(c, opts.max_context) / 2 * slots, Kind::Kv));
+    const uint64_t kv = placement::kv_cache_bytes(c, opts.max_context, opts.kv_format) / 2 * slots;  // K, then V
+    d.k_cache = static_cast<uint8_t*>(up.zeroed(kv, Kind::Kv));
+    d.v_cache = static_cast<uint8_t*>(up.zeroed(kv, Kind::Kv));
   }
   const MoeWeights& m = L.moe;
   d.router = upload_linear(up, m.router, Kind::Dense);
@@ -433,7 +434,7 @@ std::unique_ptr<Qwen35MoeGpu> Qwen35MoeGpu::create(const Qwen35Moe& model, const
   impl->slot_pos.assign(opts.batch, 0);
   impl->conv_stride = static_cast<int64_t>(placement::conv_state_bytes(model.config()) / 4);
   impl->ssm_stride = static_cast<int64_t>(placement::ssm_state_bytes(model.config()) / 4);
-  impl->cache_stride = static_cast<int64_t>(placement::kv_cache_bytes(model.config(), opts.max_context) / 4);  // bf16 elements of K (or V)
+  impl->cache_stride = static_cast<int64_t>(placement::kv_cache_bytes(model.config(), opts.max_context, opts.kv_format) / 2);  // bytes of a slot's K (or V)
   impl->stream_setup();
   impl->link_setup();
   auto plan_with_chunk = [&](int64_t chunk) {
