@@ -63,8 +63,12 @@ def main():
         import json as _json, numpy as _np
         texts = {"json/decoder.py (standard library)": open(_json.decoder.__file__).read()[:20000],
                  "numpy/lib/_function_base_impl.py": open(os.path.join(os.path.dirname(_np.__file__), "lib", "_function_base_impl.py")).read()}
-        tok = {k: [int(t) for t in subprocess.run([a.tandem, "tokenize", "--model", d, "--text", v], check=True, capture_output=True,
-                                                   text=True).stdout.split()] for k, v in texts.items()}
+        tok = {}
+        for k, v in texts.items():
+            with open(os.path.join(tmp, "text.in"), "w") as fh:
+                fh.write(v)
+            tok[k] = [int(t) for t in subprocess.run([a.tandem, "tokenize", "--model", d, "--file", os.path.join(tmp, "text.in")], check=True,
+                                                     capture_output=True, text=True).stdout.split()]
         print("\n| demo model: perplexity (first tokens of a file) | tokens | " + " | ".join(f"KV {f}" for f in FORMATS) + " |")
         print("|---|---|" + "---|" * len(FORMATS))
         for what, ids in tok.items():

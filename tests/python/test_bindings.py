@@ -343,6 +343,22 @@ def test_experts_format_int4_quantizes_once_and_equals_the_cli(tmp_path):
         tandem.Engine(d, device="cpu", experts_format="int3")
 
 
+def test_kv_format_rounds_the_cache_as_the_cli_does(tmp_path):
+    d, ids, prefill = fixture("demo")
+    npy = str(tmp_path / "cli.npy")
+    subprocess.run([CLI, "logits", "--model", d, "--ids", ",".join(map(str, ids)), "--prefill", str(prefill), "--out", npy,
+                    "--device", "cpu", "--threads", "2", "--kv-format", "int8"], check=True, capture_output=True)
+    with tandem.Engine(d, device="cpu", threads=2, kv_format="int8") as eng:
+        got = eng.logits(ids, prefill=prefill)
+    np.testing.assert_array_equal(got, np.load(npy))
+    with tandem.Engine(d, device="cpu", threads=2) as plain:
+        exact = plain.logits(ids, prefill=prefill)
+    assert not np.array_equal(got, exact)  # the rows were rounded
+    assert (got.argmax(1) == exact.argmax(1)).mean() > 0.9
+    with pytest.raises(tandem.Error, match="kv_format: 'fp16' is not a KV cache format"):
+        tandem.Engine(d, device="cpu", kv_format="fp16")
+
+
 def test_parse_reply_splits_reasoning_and_typed_tool_calls():
     tools = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {
         "a": {"type": "integer"}, "b": {"type": "number"}, "why": {"type": "string"}}}}}]
