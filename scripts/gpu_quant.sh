@@ -10,12 +10,15 @@
 #              then `tandem plan` at 24 GiB for a 131072-token context with int8 dense weights
 #   head       the same model drafting at 12 GiB with its MTP head's 256 BF16 experts as stored and as
 #              int4 on load (experts.gpu_format: int4): the plan's GPU experts, --verify-cost 1,2,3,4
-# usage (device tool, carry .deps): DEADLINE=560 STEPS="build tests dense head" bash scripts/gpu_quant.sh
+#   kv         the same model at 24 GiB decoding after a 32768-token prompt with the KV cache as bf16,
+#              int8 and fp8 (kv_cache.format), and the attention decode kernel alone per format
+#              (bench_gpu_gemv BM_attention_decode: 512 / 4096 / 32768 cached rows)
+# usage (device tool, carry .deps): DEADLINE=560 STEPS="build tests dense head kv" bash scripts/gpu_quant.sh
 #   (TANDEM_MAX_SM=89 in front: the RTX 4090 code path)
 set -uo pipefail
 DEADLINE="${DEADLINE:-560}"
 STEPS="${STEPS:-build tests dense head}"
-TESTS="${TESTS:-*GemvInt8*:*DenseInt8*:*Int4OnLoad*:GpuModel*:GpuMtpHead*}"
+TESTS="${TESTS:-*GemvInt8*:*DenseInt8*:*Int4OnLoad*:GpuModel*:GpuMtpHead*:*GpuAttention*:*GpuKvCache*}"
 PLACEMENTS="${PLACEMENTS:-24GiB 12GiB 8GiB}"
 build=../build-gpu-quant
 name=gpu-quant
@@ -32,7 +35,7 @@ for s in $STEPS; do
   case "$s" in
     build)
       step build 300 bash -c "cmake -S . -B $build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 >/dev/null \
-        && cmake --build $build -j $(nproc) --target tandem tandem_gpu_tests" ;;
+        && cmake --build $build -j $(nproc) --target tandem tandem_gpu_tests bench_gpu_gemv" ;;
     tests)
       step gpu-tests 240 "$build/tests/tandem_gpu_tests" --gtest_filter="$TESTS" ;;
     dense)
@@ -59,6 +62,14 @@ experts: {gpu_format: $e}"
         step "head-$e" 150 "$tandem" bench --model $model --device hybrid --config "$res/head-$e.yaml" --quant-cache /tmp/qcache \
           --prompt-len 1024 --gen 16 --repeat 3 --verify-cost 1,2,3,4 --draft 4 --json
       done ;;
+    kv)
+      [ -f $model/config.json ] || step synth 150 "$tandem" synth --preset qwen3.5-35b-a3b --quant gptq-int4 --routing-skew 1 --out $model
+      for f in bf16 int8 fp8; do
+        printf 'gpu:\n  memory: 24GiB\n  reserve: 512MiB\ncontext: 33024\nkv_cache: {format: %s}\n' "$f" > "$res/kv-$f.yaml"
+        "$tandem" plan --model $model --config "$res/kv-$f.yaml" --no-measure > "$res/plan-kv-$f.txt" 2>&1
+        step "kv-$f" 120 "$tandem" bench --model $model --device hybrid --config "$res/kv-$f.yaml" --prompt-len 32768 --gen 64 --repeat 3 --json
+      done
+      step kv-kernel 90 "$build/bench/bench_gpu_gemv" --benchmark_filter=BM_attention_decode ;;
   esac
 done
 cat "$res/summary.txt"
