@@ -37,6 +37,18 @@ void send_json(httplib::Response& res, int status, const Json& body) {
   res.set_content(body.dump(), "application/json");
 }
 
+// Non-streaming replies (Service::generate): how long one may take and still go out as one body, and
+// the interval of the whitespace that keeps a longer one's connection probed.
+constexpr std::chrono::milliseconds kWholeWait{1000}, kHeartbeat{1000};
+
+// Waits on a request until `until` or its end (its text is not wanted: the reply is built from the
+// result); whether it ended.
+bool wait_end(Ticket& t, Clock::time_point until) {
+  for (std::string ignored; Clock::now() < until; ignored.clear())
+    if (t.take(ignored, std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now()) + std::chrono::milliseconds(1))) return true;
+  return false;
+}
+
 class Service {
  public:
   Service(Session& s, const ServeOptions& o)
@@ -157,11 +169,41 @@ class Service {
     const std::string id = id_prefix(api) + stamp_ + std::to_string(++serial_);
     auto reply = std::make_shared<Reply>(*job, id, unix_now());
     if (!job->stream) {
-      std::string ignored;
-      while (!t->take(ignored, std::chrono::milliseconds(500))) ignored.clear();
-      if (!t->error().empty()) return fail(q, r, api, 500, t->error(), "");
-      send_json(r, 200, reply->whole(t->result(), t->result().cached_tokens));
-      log_reply(id, q.path, *t, reply->finish_reason(t->result()));
+      // A reply ready within kWholeWait goes out as one JSON body with its status. A longer one is sent
+      // chunked: whitespace (which JSON allows before a value) every kHeartbeat while it runs, so a
+      // client that went away fails a write and its slot frees at the next step as a stream's does; then
+      // the body. An engine error after the heartbeats began can no longer change the status: the
+      // connection is dropped without the body's end (the client sees a broken reply), and logged.
+      if (wait_end(*t, Clock::now() + kWholeWait)) {
+        if (!t->error().empty()) return fail(q, r, api, 500, t->error(), "");
+        send_json(r, 200, reply->whole(t->result(), t->result().cached_tokens));
+        log_reply(id, q.path, *t, reply->finish_reason(t->result()));
+        return;
+      }
+      const std::string path = q.path;
+      r.set_chunked_content_provider(
+          "application/json",
+          [this, t, reply, id, path](size_t, httplib::DataSink& sink) {
+            if (!wait_end(*t, Clock::now() + kHeartbeat)) {
+              if (!sink.is_writable() || !sink.write(" ", 1)) {
+                t->cancel = true;  // the client went away: the slot frees at the next step
+                return false;
+              }
+              return true;
+            }
+            if (!t->error().empty()) {
+              std::fprintf(stderr, "tandem serve: %s %s -> error after the reply began: %s\n", id.c_str(), path.c_str(), t->error().c_str());
+              return false;
+            }
+            const std::string body = reply->whole(t->result(), t->result().cached_tokens).dump();
+            log_reply(id, path, *t, reply->finish_reason(t->result()));
+            if (!sink.write(body.data(), body.size())) return false;
+            sink.done();
+            return true;
+          },
+          [t](bool success) {
+            if (!success) t->cancel = true;
+          });
       return;
     }
     r.set_header("Cache-Control", "no-cache");

@@ -180,6 +180,36 @@ def test_disconnect_frees_the_slot(server):
     assert chat(server, "still there?", max_tokens=4, temperature=0).choices[0].message
 
 
+def test_a_non_streaming_client_that_leaves_frees_its_slot_too(server):
+    # Past a second the reply is sent chunked with whitespace every second; the write after the client
+    # went away fails and the request is cancelled like a stream's.
+    cancelled = server.metric("tandem_requests_cancelled_total")
+    with pytest.raises(openai.APITimeoutError):
+        oai(server, timeout=2.5).chat.completions.create(model="tiny", messages=[{"role": "user", "content": "go on forever"}],
+                                                         max_tokens=200000, temperature=0, extra_body={"ignore_eos": True})
+    deadline = time.time() + 20
+    while time.time() < deadline and (server.metric("tandem_slots_in_use") > 0 or server.metric("tandem_requests_cancelled_total") <= cancelled):
+        time.sleep(0.1)
+    assert server.metric("tandem_slots_in_use") == 0
+    assert server.metric("tandem_requests_cancelled_total") == cancelled + 1
+
+
+def test_a_long_non_streaming_reply_is_whole_json(server):
+    # Longer than the one-body wait: whitespace first, then the same reply as the stream's pieces.
+    kw = dict(max_tokens=12000, temperature=0, extra_body={"ignore_eos": True})  # ~6 s on the 2-core dev box
+    t0 = time.time()
+    status, headers, body = server.raw("POST", "/v1/chat/completions", {"model": "tiny", "messages": [{"role": "user", "content": "long"}], **{
+        "max_tokens": 12000, "temperature": 0, "ignore_eos": True}})
+    took = time.time() - t0
+    assert status == 200, body
+    reply = json.loads(body)
+    assert reply["usage"]["completion_tokens"] == 12000 and reply["choices"][0]["finish_reason"] == "length"
+    if took > 2.5:  # the heartbeats only come after the first second
+        assert body.startswith(" ") and headers.get("Transfer-Encoding") == "chunked"
+    streamed = "".join(c.choices[0].delta.content or "" for c in chat(server, "long", stream=True, **kw) if c.choices)
+    assert reply["choices"][0]["message"]["content"] == streamed
+
+
 def test_completions(server):
     c = oai(server).completions.create(model="tiny", prompt="Once upon a time", max_tokens=10, temperature=0)
     assert c.object == "text_completion" and c.usage.completion_tokens <= 10
