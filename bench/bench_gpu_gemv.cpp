@@ -111,12 +111,14 @@ void BM_gemv_bf16(benchmark::State& state) {
   cudaFree(y);
 }
 
-// The same with int8 weights and a scale per row (W8A16, gemv_int8): half gemv_bf16's bytes.
+// The same with 8-bit weights and a scale per row (W8A16, gemv_rows8), int8 (range(4) 1) or fp8 (2):
+// half gemv_bf16's bytes.
 void BM_gemv_int8(benchmark::State& state) {
   if (!gpu_present()) return state.SkipWithError("no CUDA device");
   const int64_t N = state.range(0), K = state.range(1), copies = state.range(3);
   const int T = static_cast<int>(state.range(2));
-  int8_t* W;
+  const auto f = static_cast<tandem::RowFormat>(state.range(4));
+  uint8_t* W;
   float *s, *x, *y;
   cudaMalloc(&W, copies * N * K);
   cudaMalloc(&s, copies * N * 4);
@@ -128,9 +130,9 @@ void BM_gemv_int8(benchmark::State& state) {
   int64_t launch = 0;
   time_kernel(state, double(N * K + N * 4), [&] {
     const int64_t c = launch++ % copies;
-    tandem::gpu::gemv_int8({W + c * N * K, s + c * N, N, K}, x, T, y, nullptr);
+    tandem::gpu::gemv_rows8({W + c * N * K, s + c * N, N, K, f}, x, T, y, nullptr);
   });
-  state.SetLabel(copies > 1 ? "from HBM" : "same matrix");
+  state.SetLabel(std::string(tandem::row_format_name(f)) + (copies > 1 ? ", from HBM" : ", same matrix"));
   cudaFree(W);
   cudaFree(s);
   cudaFree(x);
@@ -144,7 +146,7 @@ void BM_gemv_int8(benchmark::State& state) {
 void BM_attention_decode(benchmark::State& state) {
   if (!gpu_present()) return state.SkipWithError("no CUDA device");
   const int ctx = static_cast<int>(state.range(0)), max_ctx = ctx + 144, nh = 16, nkv = 2, hd = 256, rot = 64;
-  const auto f = static_cast<tandem::KvFormat>(state.range(1));
+  const auto f = static_cast<tandem::RowFormat>(state.range(1));
   const int64_t rb = tandem::gpu::kv_row_bytes(f, nkv, hd);
   const int splits = static_cast<int>(tandem::gpu::attention_decode_splits(max_ctx));
   tandem::gpu::AttentionDecodeArgs p;
@@ -168,7 +170,7 @@ void BM_attention_decode(benchmark::State& state) {
   p.inv_freq = take(rot / 2), p.q_rot = take(nh * hd), p.out = take(nh * hd);
   p.k_cache = kc, p.v_cache = vc, p.kv = f, p.partial = part, p.pos = pos;
   time_kernel(state, double(ctx + 1) * rb * 2, [&] { tandem::gpu::attention_decode(p, nullptr); });
-  state.SetLabel(std::string(tandem::kv_format_name(f)) + ", " + std::to_string(splits) + " splits of " +
+  state.SetLabel(std::string(tandem::row_format_name(f)) + ", " + std::to_string(splits) + " splits of " +
                  std::to_string(tandem::gpu::kAttnDecodeSplitRows) + " rows");
   for (void* ptr : {static_cast<void*>(buf), static_cast<void*>(part), static_cast<void*>(kc), static_cast<void*>(vc), static_cast<void*>(pos)})
     cudaFree(ptr);
@@ -432,7 +434,8 @@ BENCHMARK(BM_gemv_bf16)
     ->Args({8192, 2048, 4, 1})
     ->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_gemv_int8)
-    ->Args({8192, 2048, 1, 8})->Args({8192, 2048, 2, 8})->Args({8192, 2048, 8, 8})->Args({2048, 4096, 1, 8})->Args({248320, 2048, 1, 1})
+    ->Args({8192, 2048, 1, 8, 1})->Args({8192, 2048, 2, 8, 1})->Args({8192, 2048, 8, 8, 1})->Args({2048, 4096, 1, 8, 1})->Args({248320, 2048, 1, 1, 1})
+    ->Args({8192, 2048, 1, 8, 2})->Args({8192, 2048, 8, 8, 2})->Args({2048, 4096, 1, 8, 2})
     ->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_attention_decode)->ArgsProduct({{512, 4096, 32768}, {0, 1, 2}})->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
 // A 4096-token prompt's two chunks of 2048 (the second attends to the first's 2048 cache rows too).

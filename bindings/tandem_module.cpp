@@ -130,7 +130,7 @@ class Engine {
     if (!quant_cache.is_none()) o.quant_cache = quant_cache.cast<std::string>();
     if (!kv_format.is_none()) {
       o.kv_format = kv_format.cast<std::string>();
-      parse_kv_format(o.kv_format, "kv_format");
+      parse_row_format(o.kv_format, "kv_format");
     }
     py::gil_scoped_release nogil;
     s_ = Session::open(dir_, false);  // the CLI's opener: logits need no tokenizer

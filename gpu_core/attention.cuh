@@ -10,7 +10,7 @@
 //   split) for the group's query heads together, each K / V row read once a block, for hd 128 / 256
 //   in groups of 4 / 8 (Qwen3.5's shapes); one per (query head, split) for every other shape.
 // Caches: rows of kv_row_bytes(kv, nkv, hd) bytes a position (attention_sizes.h): bf16 [nkv][hd], or
-// int8 / fp8 codes [nkv][hd] and an fp32 scale per KV head (core/kv_format.h: each appended row is
+// int8 / fp8 codes [nkv][hd] and an fp32 scale per KV head (core/row_format.h: each appended row is
 // rounded per head, its largest magnitude the format's largest code; scores and values take the
 // scale once a row). Limits: hd <= 256 and even rotary_dim <= hd.
 #pragma once
@@ -33,7 +33,7 @@ struct AttentionDecodeArgs {
   const int32_t* pos = nullptr;    // device scalar: position of this token
   uint8_t* k_cache = nullptr;      // [max_ctx] rows of kv_row_bytes(kv, nkv, hd) bytes
   uint8_t* v_cache = nullptr;
-  KvFormat kv = KvFormat::Bf16;
+  RowFormat kv = RowFormat::Bf16;
   float* q_rot = nullptr;          // scratch [nh][hd]
   float* partial = nullptr;        // scratch [nh][max_splits][hd + 2]
   float* out = nullptr;            // [nh][hd]

@@ -25,28 +25,28 @@ using detail::block_sum;
 __device__ __forceinline__ float fp8_value(uint32_t c) {
   return __half2float(__ushort_as_half(static_cast<uint16_t>(((c & 0x80u) << 8) | ((c & 0x7fu) << 7)))) * 256.0f;
 }
-template <KvFormat F>
+template <RowFormat F>
 __device__ __forceinline__ float code_value(uint32_t c) {
-  if constexpr (F == KvFormat::Int8) return static_cast<float>(static_cast<int8_t>(c));
+  if constexpr (F == RowFormat::Int8) return static_cast<float>(static_cast<int8_t>(c));
   else return fp8_value(c);
 }
-__device__ __forceinline__ float cache_value(const uint8_t* head, int i, KvFormat f) {
-  if (f == KvFormat::Bf16) return __bfloat162float(__ushort_as_bfloat16(reinterpret_cast<const uint16_t*>(head)[i]));
-  return f == KvFormat::Int8 ? code_value<KvFormat::Int8>(head[i]) : code_value<KvFormat::Fp8>(head[i]);
+__device__ __forceinline__ float cache_value(const uint8_t* head, int i, RowFormat f) {
+  if (f == RowFormat::Bf16) return __bfloat162float(__ushort_as_bfloat16(reinterpret_cast<const uint16_t*>(head)[i]));
+  return f == RowFormat::Int8 ? code_value<RowFormat::Int8>(head[i]) : code_value<RowFormat::Fp8>(head[i]);
 }
 // Where KV head kvh's values start in the row at `row`, and its scale (1 for bf16).
-__device__ __forceinline__ const uint8_t* cache_head(const uint8_t* row, int kvh, int hd, KvFormat f) {
-  return row + static_cast<int64_t>(kvh) * hd * kv_value_bytes(f);
+__device__ __forceinline__ const uint8_t* cache_head(const uint8_t* row, int kvh, int hd, RowFormat f) {
+  return row + static_cast<int64_t>(kvh) * hd * row_value_bytes(f);
 }
-__device__ __forceinline__ float cache_scale(const uint8_t* row, int kvh, int nkv, int hd, KvFormat f) {
-  return f == KvFormat::Bf16 ? 1.0f : reinterpret_cast<const float*>(row + kv_codes_bytes(nkv, hd))[kvh];
+__device__ __forceinline__ float cache_scale(const uint8_t* row, int kvh, int nkv, int hd, RowFormat f) {
+  return f == RowFormat::Bf16 ? 1.0f : reinterpret_cast<const float*>(row + kv_codes_bytes(nkv, hd))[kvh];
 }
 
 // Stores a KV head's values x[0..hd) (shared memory) into its part of a cache row: bf16, or the codes
 // and the scale of the head's largest magnitude (the block reduces it through `red`).
-__device__ void store_cache_head(const float* x, uint8_t* row, int kvh, int nkv, int hd, KvFormat f, float* red) {
-  uint8_t* head = row + static_cast<int64_t>(kvh) * hd * kv_value_bytes(f);
-  if (f == KvFormat::Bf16) {
+__device__ void store_cache_head(const float* x, uint8_t* row, int kvh, int nkv, int hd, RowFormat f, float* red) {
+  uint8_t* head = row + static_cast<int64_t>(kvh) * hd * row_value_bytes(f);
+  if (f == RowFormat::Bf16) {
     for (int i = threadIdx.x; i < hd; i += blockDim.x)
       reinterpret_cast<uint16_t*>(head)[i] = __bfloat16_as_ushort(__float2bfloat16_rn(x[i]));
     return;
@@ -55,8 +55,8 @@ __device__ void store_cache_head(const float* x, uint8_t* row, int kvh, int nkv,
   for (int i = threadIdx.x; i < hd; i += blockDim.x) amax = fmaxf(amax, fabsf(x[i]));
   amax = block_max(amax, red);
   float scale, inv;
-  kv_row_scale(amax, f, &scale, &inv);
-  for (int i = threadIdx.x; i < hd; i += blockDim.x) head[i] = kv_encode(x[i], inv, f);
+  row_scale(amax, f, &scale, &inv);
+  for (int i = threadIdx.x; i < hd; i += blockDim.x) head[i] = row_encode(x[i], inv, f);
   if (threadIdx.x == 0) reinterpret_cast<float*>(row + kv_codes_bytes(nkv, hd))[kvh] = scale;
 }
 
@@ -177,10 +177,10 @@ __global__ void __launch_bounds__(kThreads) attend_kernel(AttentionDecodeArgs p)
 constexpr int kGroupWarps = 8, kGroupRows = kChunk / kGroupWarps;
 
 // The E values of a KV head's row a lane holds (bf16s or codes, before the row's scale), as words.
-template <int E, KvFormat F>
+template <int E, RowFormat F>
 struct RowBits {
   static_assert(E == 4 || E == 8, "hd 128 or 256");
-  static constexpr int kWords = F == KvFormat::Bf16 ? E / 2 : E / 4;
+  static constexpr int kWords = F == RowFormat::Bf16 ? E / 2 : E / 4;
   uint32_t w[kWords];
   __device__ __forceinline__ void load(const uint8_t* head, int lane) {
     if constexpr (kWords == 4) {
@@ -194,7 +194,7 @@ struct RowBits {
     }
   }
   __device__ __forceinline__ float at(int e) const {
-    if constexpr (F == KvFormat::Bf16) return __uint_as_float(e % 2 ? w[e / 2] & 0xffff0000u : w[e / 2] << 16);
+    if constexpr (F == RowFormat::Bf16) return __uint_as_float(e % 2 ? w[e / 2] & 0xffff0000u : w[e / 2] << 16);
     else return code_value<F>((w[e / 4] >> (8 * (e % 4))) & 0xffu);
   }
 };
@@ -221,7 +221,7 @@ __device__ __forceinline__ float transpose_sum(float (&v)[G], int lane, int* hea
   return r;
 }
 
-template <int HD, int G, KvFormat F>
+template <int HD, int G, RowFormat F>
 __global__ void __launch_bounds__(kGroupWarps * 32) attend_group_kernel(AttentionDecodeArgs p) {
   constexpr int E = HD / 32, GH = G / 2;  // dims a lane holds; heads a round of the output sum
   __shared__ float sc[G][kChunk];
@@ -388,7 +388,7 @@ using detail::pack_bf16;
 // scale, rounded to bf16).
 __device__ __forceinline__ uint4 bf16_piece(const uint8_t* row, int kvh, int c, const AttentionDecodeArgs& p) {
   const uint8_t* head = cache_head(row, kvh, p.hd, p.kv);
-  if (p.kv == KvFormat::Bf16) return *reinterpret_cast<const uint4*>(head + 2 * c);
+  if (p.kv == RowFormat::Bf16) return *reinterpret_cast<const uint4*>(head + 2 * c);
   const uint2 codes = *reinterpret_cast<const uint2*>(head + c);
   const float sc = cache_scale(row, kvh, p.nkv, p.hd, p.kv);
   uint32_t w[4];
@@ -396,8 +396,8 @@ __device__ __forceinline__ uint4 bf16_piece(const uint8_t* row, int kvh, int c, 
   for (int e = 0; e < 4; ++e) {
     const uint32_t word = e < 2 ? codes.x : codes.y, sh = 16 * (e % 2);
     const uint32_t lo = (word >> sh) & 0xffu, hi = (word >> (sh + 8)) & 0xffu;
-    w[e] = p.kv == KvFormat::Int8 ? pack_bf16(code_value<KvFormat::Int8>(lo) * sc, code_value<KvFormat::Int8>(hi) * sc)
-                                  : pack_bf16(code_value<KvFormat::Fp8>(lo) * sc, code_value<KvFormat::Fp8>(hi) * sc);
+    w[e] = p.kv == RowFormat::Int8 ? pack_bf16(code_value<RowFormat::Int8>(lo) * sc, code_value<RowFormat::Int8>(hi) * sc)
+                                  : pack_bf16(code_value<RowFormat::Fp8>(lo) * sc, code_value<RowFormat::Fp8>(hi) * sc);
   }
   return make_uint4(w[0], w[1], w[2], w[3]);
 }
@@ -538,7 +538,7 @@ cudaError_t launch_prefill_tc(const AttentionDecodeArgs& p, int n, cudaStream_t 
 }
 
 // The scoring blocks for cache format F: grouped for Qwen3.5's shapes, one per query head otherwise.
-template <KvFormat F>
+template <RowFormat F>
 cudaError_t launch_attend(const AttentionDecodeArgs& p, int splits, cudaStream_t stream) {
   const int group = p.nh / p.nkv;
   auto grouped = [&](auto kernel) { return detail::launch(kernel, dim3(p.nkv, splits, p.tokens), dim3(kGroupWarps * 32), 0, stream, p); };
@@ -576,9 +576,9 @@ cudaError_t attention_decode(const AttentionDecodeArgs& p, cudaStream_t stream) 
   cudaError_t err = detail::launch(prepare_kernel, dim3(p.nh + p.nkv, p.tokens), dim3(kThreads), 0, stream, p);
   if (err == cudaSuccess) {
     switch (p.kv) {
-      case KvFormat::Bf16: err = launch_attend<KvFormat::Bf16>(p, splits, stream); break;
-      case KvFormat::Int8: err = launch_attend<KvFormat::Int8>(p, splits, stream); break;
-      case KvFormat::Fp8: err = launch_attend<KvFormat::Fp8>(p, splits, stream); break;
+      case RowFormat::Bf16: err = launch_attend<RowFormat::Bf16>(p, splits, stream); break;
+      case RowFormat::Int8: err = launch_attend<RowFormat::Int8>(p, splits, stream); break;
+      case RowFormat::Fp8: err = launch_attend<RowFormat::Fp8>(p, splits, stream); break;
     }
   }
   if (err == cudaSuccess) err = detail::launch(combine_kernel, dim3(p.nh, p.tokens), dim3(kCombineParts * 256), 0, stream, p, splits);

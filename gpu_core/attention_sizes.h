@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-#include "core/kv_format.h"
+#include "core/row_format.h"
 
 namespace tandem::gpu {
 
@@ -21,11 +21,11 @@ inline int64_t attention_decode_splits(int64_t max_ctx) { return (max_ctx + kAtt
 inline bool attention_prefill_fits(int64_t hd) { return hd == 16 || hd == 32 || hd == 64 || hd == 128 || hd == 256; }
 
 // One position's row of a layer's K (or V) cache, nkv heads of hd values: bf16 [nkv][hd]; int8 / fp8
-// codes [nkv][hd] then fp32 scales [nkv] (core/kv_format.h), each part padded to 16 bytes so that rows
+// codes [nkv][hd] then fp32 scales [nkv] (core/row_format.h), each part padded to 16 bytes so that rows
 // stay aligned for 16-byte loads.
 TANDEM_HD int64_t kv_codes_bytes(int64_t nkv, int64_t hd) { return (nkv * hd + 15) / 16 * 16; }
-TANDEM_HD int64_t kv_row_bytes(KvFormat f, int64_t nkv, int64_t hd) {
-  return f == KvFormat::Bf16 ? nkv * hd * 2 : kv_codes_bytes(nkv, hd) + (nkv * 4 + 15) / 16 * 16;
+TANDEM_HD int64_t kv_row_bytes(RowFormat f, int64_t nkv, int64_t hd) {
+  return f == RowFormat::Bf16 ? nkv * hd * 2 : kv_codes_bytes(nkv, hd) + (nkv * 4 + 15) / 16 * 16;
 }
 
 }  // namespace tandem::gpu

@@ -21,6 +21,7 @@
 
 #include <cstdint>
 
+#include "core/row_format.h"
 #include "gpu_core/workspace_sizes.h"
 
 namespace tandem::gpu {
@@ -29,16 +30,18 @@ struct HostPost;  // handoff.cuh
 
 cudaError_t gemv_bf16(const uint16_t* W, int64_t N, int64_t K, const float* x, int T, float* y, cudaStream_t stream);
 
-// gemv_int8 (W8A16, int8_layout.h): y [T, N] = x [T, K] W^T for W int8 [N, K] with a scale per row,
-// T <= kMaxGemvTokens, K % 16 == 0, rows 16-byte aligned: each weight converted exactly to fp32,
-// products and sums in fp32, the row's scale applied once to each sum: ~1e-6 relative to the
-// dequantized weights' fp64 product. One warp per row, the weights read once for all T tokens.
-struct Int8View {
-  const int8_t* q = nullptr;       // [N][K]
-  const float* scales = nullptr;  // [N]
+// gemv_rows8 (W8A16, rows8_layout.h): y [T, N] = x [T, K] W^T for W 8-bit codes [N, K] (int8 or FP8
+// E4M3) with a scale per row, T <= kMaxGemvTokens, K % 16 == 0, rows 16-byte aligned: each code
+// converted exactly to fp32, products and sums in fp32, the row's scale applied once to each sum: ~1e-6
+// relative to the dequantized weights' fp64 product. One warp per row, the weights read once for all T
+// tokens.
+struct Rows8View {
+  const uint8_t* codes = nullptr;  // [N][K]
+  const float* scales = nullptr;   // [N]
   int64_t N = 0, K = 0;
+  RowFormat format = RowFormat::Int8;  // Int8 or Fp8
 };
-cudaError_t gemv_int8(const Int8View& W, const float* x, int T, float* y, cudaStream_t stream);
+cudaError_t gemv_rows8(const Rows8View& W, const float* x, int T, float* y, cudaStream_t stream);
 // The decode router of one token in one launch: the norm before it, h += a (+ sigmoid(gate[0]) *
 // shared) when a is given, as add_rmsnorm_zc (else h is only read, as rmsnorm_zc), x = the normalised
 // row (norm_w, eps), written for the kernels after it; y = W x as gemv_bf16 computes it, whose first E

@@ -22,7 +22,7 @@ LinearPieces gpu_linear_pieces(int64_t out, int64_t in, bool int4, int64_t group
   return p;
 }
 
-uint64_t kv_cache_bytes(const ModelConfig& c, int64_t context, KvFormat kv) {
+uint64_t kv_cache_bytes(const ModelConfig& c, int64_t context, RowFormat kv) {
   return 2 * align256(static_cast<uint64_t>(context * gpu::kv_row_bytes(kv, c.num_kv_heads, c.head_dim)));
 }
 uint64_t conv_state_bytes(const ModelConfig& c) { return align256(static_cast<uint64_t>((c.linear_conv_kernel - 1) * c.linear_conv_dim()) * 4); }

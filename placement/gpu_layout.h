@@ -9,7 +9,7 @@
 #include <array>
 #include <cstdint>
 
-#include "core/kv_format.h"
+#include "core/row_format.h"
 #include "runtime/format/config.h"
 
 namespace tandem::placement {
@@ -29,7 +29,7 @@ LinearPieces gpu_linear_pieces(int64_t out, int64_t in, bool int4, int64_t group
 // Per layer: an attention layer's K and V caches (`context` rows of gpu::kv_row_bytes each: bf16 [kv
 // heads, head dim], or int8 / fp8 codes and a scale per KV head), a DeltaNet layer's convolution and
 // recurrent state (fp32).
-uint64_t kv_cache_bytes(const ModelConfig& c, int64_t context, KvFormat kv);  // K and V of one attention layer
+uint64_t kv_cache_bytes(const ModelConfig& c, int64_t context, RowFormat kv);  // K and V of one attention layer
 uint64_t conv_state_bytes(const ModelConfig& c);
 uint64_t ssm_state_bytes(const ModelConfig& c);
 

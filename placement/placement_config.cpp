@@ -180,11 +180,13 @@ void read_select(const Reader& r, const YAML::Node& n, PlacementConfig& c) {
   c.layer_first = a, c.layer_last = b;
 }
 
-std::string format_value(const Reader& r, const YAML::Node& n, const std::string& key, bool allow_auto) {
+// An experts format (allow_auto: also 'auto'), or a rule's (allow_fp8: also 'fp8', for dense units).
+std::string format_value(const Reader& r, const YAML::Node& n, const std::string& key, bool allow_auto, bool allow_fp8 = false) {
   std::vector<std::pair<std::string, int>> opts = {{"int4", 0}, {"int8", 1}, {"bf16", 2}};
   if (allow_auto) opts.insert(opts.begin(), {"auto", 3});
+  if (allow_fp8) opts.push_back({"fp8", 4});
   const int v = r.choice(n, key, opts);
-  return v == 3 ? "auto" : v == 0 ? "int4" : v == 1 ? "int8" : "bf16";
+  return v == 4 ? "fp8" : v == 3 ? "auto" : v == 0 ? "int4" : v == 1 ? "int8" : "bf16";
 }
 
 }  // namespace
@@ -215,11 +217,13 @@ PlacementConfig parse_placement_config(const std::string& text, const std::strin
       r.check_keys(dn, "dense", {"format", "lm_head"});
       if (const YAML::Node f = dn["format"]) {
         c.dense_format = r.scalar(f, "dense.format");
-        if (c.dense_format != "bf16" && c.dense_format != "int8") r.fail_at(f, "dense.format", "'", c.dense_format, "' must be 'bf16' or 'int8'");
+        if (c.dense_format != "bf16" && c.dense_format != "int8" && c.dense_format != "fp8")
+          r.fail_at(f, "dense.format", "'", c.dense_format, "' must be 'bf16', 'int8' or 'fp8'");
       }
       if (const YAML::Node f = dn["lm_head"]) {
         c.lm_head_format = r.scalar(f, "dense.lm_head");
-        if (c.lm_head_format != "bf16" && c.lm_head_format != "int8") r.fail_at(f, "dense.lm_head", "'", c.lm_head_format, "' must be 'bf16' or 'int8'");
+        if (c.lm_head_format != "bf16" && c.lm_head_format != "int8" && c.lm_head_format != "fp8")
+          r.fail_at(f, "dense.lm_head", "'", c.lm_head_format, "' must be 'bf16', 'int8' or 'fp8'");
       }
     }
     if (const YAML::Node sp = root["speculative"]) {
@@ -323,7 +327,7 @@ PlacementConfig parse_placement_config(const std::string& text, const std::strin
         rule.match = r.scalar(n["match"], key + ".match");
         if (rule.match.empty()) r.fail_at(n["match"], key + ".match", "the pattern is empty");
         if (n["place"]) rule.place = r.choice<Side>(n["place"], key + ".place", {{"gpu", Side::Gpu}, {"cpu", Side::Cpu}});
-        if (n["format"]) rule.format = format_value(r, n["format"], key + ".format", false);
+        if (n["format"]) rule.format = format_value(r, n["format"], key + ".format", false, true);
         if (!rule.place && rule.format.empty()) r.fail_at(n, key, "a rule needs 'place' or 'format' (or both)");
         c.rules.push_back(rule);
       }

@@ -30,7 +30,7 @@ const char* prefill_name(PrefillStrategy s);
 struct PlacementRule {
   std::string match;           // glob over canonical names
   std::optional<Side> place;   // unset: placement left to the planner
-  std::string format;          // "" (default), "int4", "int8", "bf16"
+  std::string format;          // "" (default), "int4", "int8", "fp8" (dense units only), "bf16"
   int line = 0;                // 1-based line in the source, for messages
 };
 
@@ -56,11 +56,12 @@ struct PlacementConfig {
   int64_t context = 4096;  // KV cache length; 0 (`context: auto`, and without a YAML): the planner's choice
   int batch = 1;           // sequences decoded together (KV and state scale with it)
   int draft = 0;           // `speculative: {draft: N | auto}`: tokens the MTP head drafts a step (0: off; kDraftAuto; --draft overrides)
-  // `dense: {format: bf16 | int8}`: the dense projections (attention, DeltaNet, shared experts) as
-  // stored or quantized on load to int8 rows (GpuOptions::dense_int8; --dense-format overrides).
+  // `dense: {format: bf16 | int8 | fp8}`: the dense projections (attention, DeltaNet, shared experts) as
+  // stored or quantized on load to 8-bit rows, int8 or FP8 E4M3 with a scale each (GpuOptions::dense;
+  // --dense-format overrides).
   std::string dense_format = "bf16";
-  std::string lm_head_format = "bf16";  // `dense: {lm_head: int8}`: the lm_head as int8 rows too (--lm-head-format)
-  // `kv_cache: {format: bf16 | int8 | fp8}`: the KV cache's rows (core/kv_format.h; --kv-format overrides)
+  std::string lm_head_format = "bf16";  // `dense: {lm_head: int8 | fp8}`: the lm_head as 8-bit rows too (--lm-head-format)
+  // `kv_cache: {format: bf16 | int8 | fp8}`: the KV cache's rows (core/row_format.h; --kv-format overrides)
   std::string kv_format = "bf16";
   // cpu
   int cpu_threads = 0;          // 0: physical cores

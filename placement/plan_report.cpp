@@ -20,8 +20,9 @@ nlohmann::json plan_to_json(const Plan& p) {
   j["min_budget_bytes"] = p.min_budget_bytes;
   j["dense_format"] = p.dense_format;
   j["lm_head_format"] = p.lm_head_format;
-  j["kv_format"] = kv_format_name(p.kv_format);
-  j["dense_int8_units"] = p.dense_int8_units;
+  j["kv_format"] = row_format_name(p.kv_format);
+  j["dense_units"] = nlohmann::json::object();
+  for (const auto& [unit, f] : p.dense_units) j["dense_units"][unit] = row_format_name(f);
   j["vram_bytes"] = {{"dense_weights", p.vram.dense_weights}, {"expert_weights", p.vram.expert_weights},
                      {"kv_cache", p.vram.kv_cache},           {"deltanet_state", p.vram.deltanet_state},
                      {"workspace", p.vram.workspace},         {"reserve", p.vram.reserve}};
@@ -93,15 +94,20 @@ std::string plan_table(const Plan& p) {
   if (!p.context_note.empty()) line("context", p.context_note);
   o += "\n  GPU memory             bytes\n";
   line("dense weights", format_gib(v.dense_weights) + (p.embed_on_gpu ? "" : " (embed_tokens on the CPU)") +
-                            [&]() -> std::string {  // which projections are int8 rows
-                              const size_t layers = p.dense_int8_units.size() - (p.dense_int8("lm_head") ? 1 : 0);
-                              if (layers == 0) return p.dense_int8("lm_head") ? " (lm_head as int8 rows)" : "";
-                              return str_cat(" (int8 rows: ", layers, " of ", 2 * p.expert_on_gpu.size(), " mixers and shared experts",
-                                             p.dense_int8("lm_head") ? ", lm_head" : "", ")");
+                            [&]() -> std::string {  // which projections are 8-bit rows
+                              const RowFormat lm = p.dense_format_of("lm_head");
+                              size_t int8 = 0, fp8 = 0;
+                              for (const auto& [unit, f] : p.dense_units)
+                                if (unit != "lm_head") ++(f == RowFormat::Int8 ? int8 : fp8);
+                              const std::string head = lm == RowFormat::Bf16 ? "" : str_cat("lm_head as ", row_format_name(lm), " rows");
+                              if (int8 + fp8 == 0) return head.empty() ? "" : " (" + head + ")";
+                              const std::string kinds = int8 && fp8 ? str_cat("int8 ", int8, ", fp8 ", fp8) : str_cat(int8 ? "int8 " : "fp8 ", int8 + fp8);
+                              return str_cat(" (8-bit rows: ", kinds, " of ", 2 * p.expert_on_gpu.size(), " mixers and shared experts",
+                                             head.empty() ? "" : "; " + head, ")");
                             }());
   line("routed experts", str_cat(format_gib(v.expert_weights), " (", p.total_gpu_experts(), " experts, ", p.expert_checkpoint_format,
                                        p.on_load_note.empty() ? "" : ", " + p.on_load_note, ")"));
-  line("KV cache", str_cat(format_gib(v.kv_cache), " (", kv_format_name(p.kv_format), p.kv_format == KvFormat::Bf16 ? "" : ", a scale per token and KV head",
+  line("KV cache", str_cat(format_gib(v.kv_cache), " (", row_format_name(p.kv_format), p.kv_format == RowFormat::Bf16 ? "" : ", a scale per token and KV head",
                            "; kv_cache.format sets it)"));
   line("DeltaNet state", format_gib(v.deltanet_state));
   {  // the batch's trade: each sequence's KV cache and state is room routed experts could have had
@@ -184,11 +190,13 @@ std::vector<FormatRow> plan_formats(const ModelConfig& model, const PlacementCon
   // Dense formats for each choice of experts at the config's KV cache format, then the other KV
   // formats with the config's dense and experts.
   std::vector<FormatRow> rows;
-  auto dense_name = [](const PlacementConfig& c) { return c.dense_format == "bf16" ? "bf16" : c.lm_head_format == "int8" ? "int8 + lm_head" : "int8"; };
+  auto dense_name = [](const PlacementConfig& c) {
+    return c.lm_head_format != "bf16" ? c.dense_format + " + lm_head " + c.lm_head_format : c.dense_format;
+  };
   for (const auto& [ex, base] : experts)
-    for (const char* f : {"bf16", "int8", "int8 + lm_head"}) {
+    for (const char* f : {"bf16", "int8", "int8 + lm_head", "fp8"}) {
       PlacementConfig c = base;
-      c.dense_format = std::string(f) == "bf16" ? "bf16" : "int8";
+      c.dense_format = std::string(f) == "bf16" ? "bf16" : std::string(f) == "fp8" ? "fp8" : "int8";
       c.lm_head_format = std::string(f) == "int8 + lm_head" ? "int8" : "bf16";
       rows.push_back({f, ex, config.kv_format, make_plan(model, c, request)});
     }

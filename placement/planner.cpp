@@ -4,13 +4,14 @@
 #include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <map>
 #include <numeric>
 #include <set>
 
 #include "gpu_core/attention_sizes.h"
 #include "gpu_core/deltanet_sizes.h"
 #include "gpu_core/int4_layout.h"
-#include "gpu_core/int8_layout.h"
+#include "gpu_core/rows8_layout.h"
 #include "placement/gpu_layout.h"
 #include "core/bytes.h"
 #include "core/error.h"
@@ -37,9 +38,9 @@ constexpr double kLinkCpuShare = 0.78, kLinkRate = 0.8;
 struct Sizer {
   const ModelConfig& c;
   std::string prefix;  // module name prefix, as the loader sees it
-  // Dense units whose projections are int8 rows (dense.format, dense.lm_head, rules' format: int8):
-  // "lm_head", "layers.3.linear_attn", "layers.3.mlp.shared_expert", ...; nullptr: none.
-  const std::set<std::string>* int8_units = nullptr;
+  // Dense units whose projections are 8-bit rows (dense.format, dense.lm_head, rules' format: int8 |
+  // fp8): "lm_head", "layers.3.linear_attn", "layers.3.mlp.shared_expert", ...; nullptr: none.
+  const std::map<std::string, RowFormat>* rows8_units = nullptr;
 
   bool experts_int4 = false;  // floating-point routed experts quantized on load (PlacementConfig::experts_int4_on_load)
 
@@ -54,11 +55,11 @@ struct Sizer {
   // One nn.Linear as Qwen35MoeGpu stores it (quantizable: a projection, not a router, gate or table).
   uint64_t linear(const std::string& module, int64_t out, int64_t in, bool quantizable = true) const {
     const auto q = quantizable ? quant(module) : QuantConfig::ModuleQuant{};
-    const bool int8 = int8_units && in % 16 == 0 &&
-                      (module == "lm_head" ? int8_units->count(module) > 0
-                                           : quantizable && !q.quantized && module.find(".experts.") == std::string::npos &&
-                                                 int8_units->count(module.substr(0, module.rfind('.'))) > 0);  // its unit
-    if (int8) return gpu::int8_matrix_bytes(out, in);
+    const bool rows8 = rows8_units && in % 16 == 0 &&
+                       (module == "lm_head" ? rows8_units->count(module) > 0
+                                            : quantizable && !q.quantized && module.find(".experts.") == std::string::npos &&
+                                                  rows8_units->count(module.substr(0, module.rfind('.'))) > 0);  // its unit
+    if (rows8) return gpu::rows8_matrix_bytes(out, in);
     return gpu_linear_pieces(out, in, q.quantized, in / (q.group_size > 0 ? q.group_size : in), q.desc_act).total();
   }
   // Host bytes of one expert matrix as cpu_experts/packed_weight.h streams it: nibbles / bytes / bf16
@@ -104,7 +105,7 @@ int64_t auto_prefill_chunk(bool cpu_experts_all, uint64_t budget, uint64_t all_e
 }
 
 // Everything but routed experts, as Qwen35MoeGpu allocates it (header comment, point 1).
-VramBytes fixed_vram(const ModelConfig& c, const Sizer& s, int64_t context, KvFormat kv, int batch, bool embed_on_gpu, bool tied_shared,
+VramBytes fixed_vram(const ModelConfig& c, const Sizer& s, int64_t context, RowFormat kv, int batch, bool embed_on_gpu, bool tied_shared,
                      int64_t prefill_chunk, bool int4_experts, int deferral, uint64_t reserve, int draft, int64_t verify_tokens) {
   const int64_t H = c.hidden_size, V = c.vocab_size, Is = c.shared_expert_intermediate_size;
   const int64_t conv_dim = c.linear_conv_dim(), Vd = c.linear_value_dim(), Hv = c.linear_num_value_heads;
@@ -253,7 +254,7 @@ void predict(const ModelConfig& c, const PlacementConfig& cfg, const PlanRequest
       pr.verify_ms.push_back(pr.decode_ms + (gpu_b / pr.gpu_bw + cpu_b / pr.cpu_bw) * 1e3);
     }
     const double attn = (2.0 * nh * hd * H + 2.0 * nkv * hd * H + static_cast<double>(nh) * hd * H) * 2;
-    const double lm = p.dense_int8("lm_head") ? static_cast<double>(V) * (H + 4) : static_cast<double>(V) * H * 2;
+    const double lm = p.dense_format_of("lm_head") != RowFormat::Bf16 ? static_cast<double>(V) * (H + 4) : static_cast<double>(V) * H * 2;
     const std::string hf = p.experts_int4_on_load ? "int4" : "bf16";  // the head's experts (asymmetric when quantized on load)
     const int64_t hg = int4_expert_group(H, I);
     const double head_expert = static_cast<double>(2 * Sizer::host_matrix(hf, I, H, hg, false) + Sizer::host_matrix(hf, H, I, hg, false));
@@ -307,7 +308,7 @@ Plan make_plan(const ModelConfig& c, const PlacementConfig& cfg, const PlanReque
   p.prefill = cfg.prefill;
   p.dense_format = cfg.dense_format;
   p.lm_head_format = cfg.lm_head_format;
-  p.kv_format = parse_kv_format(cfg.kv_format, str_cat(cfg.source, ": kv_cache.format"));
+  p.kv_format = parse_row_format(cfg.kv_format, str_cat(cfg.source, ": kv_cache.format"));
   if (p.context < 0 || p.context > c.max_position_embeddings)
     fail("context ", p.context, " must be between 1 and the model's max_position_embeddings (", c.max_position_embeddings, ")");
   p.budget_bytes = req.gpu_mem ? req.gpu_mem : cfg.gpu_memory ? cfg.gpu_memory : req.device_free_bytes;
@@ -326,16 +327,16 @@ Plan make_plan(const ModelConfig& c, const PlacementConfig& cfg, const PlanReque
 
   // ---- rules over the non-expert units ----
   // Where each lives and, for the projection units (a layer's mixer and shared expert, lm_head), its
-  // format: a rule's `format: bf16 | int8`, else dense.format (dense.lm_head for lm_head).
+  // format: a rule's `format: bf16 | int8 | fp8`, else dense.format (dense.lm_head for lm_head).
   std::vector<uint8_t> used(cfg.rules.size(), 0);
-  std::set<std::string> int8_units;
+  std::map<std::string, RowFormat> rows8_units;
   auto check_fixed = [&](const std::string& unit, bool may_be_cpu, const std::string* default_format = nullptr) -> Side {
     const PlacementRule* r = first_rule(cfg.rules, unit, used);
     const std::string fmt = r && !r->format.empty() ? r->format : default_format ? *default_format : "bf16";
-    if (r && !r->format.empty() && r->format != "bf16" && !(default_format && r->format == "int8"))
+    if (r && !r->format.empty() && r->format != "bf16" && !(default_format && (r->format == "int8" || r->format == "fp8")))
       fail(rule_where(cfg, *r), " asks for format ", r->format, " for '", unit, "'; ",
-           default_format ? "projections are bf16 (as stored) or int8 (rows quantized on load)" : "it is kept as stored (bf16)");
-    if (default_format && fmt == "int8") int8_units.insert(unit);
+           default_format ? "projections are bf16 (as stored), int8 or fp8 (rows quantized on load)" : "it is kept as stored (bf16)");
+    if (default_format && fmt != "bf16") rows8_units[unit] = parse_row_format(fmt, unit);
     if (!r) return Side::Gpu;
     if (r->place == Side::Cpu && !may_be_cpu)
       fail(rule_where(cfg, *r), " puts '", unit, "' on the cpu; in a hybrid placement only routed experts and embed_tokens ",
@@ -352,8 +353,8 @@ Plan make_plan(const ModelConfig& c, const PlacementConfig& cfg, const PlanReque
     check_fixed(layer_unit(l, "mlp.shared_expert"), false, &cfg.dense_format);
     check_fixed(layer_unit(l, c.layer_types[l] == LayerKind::FullAttention ? "self_attn" : "linear_attn"), false, &cfg.dense_format);
   }
-  p.dense_int8_units.assign(int8_units.begin(), int8_units.end());
-  const Sizer s{c, prefix, &int8_units, p.experts_int4_on_load};
+  p.dense_units.assign(rows8_units.begin(), rows8_units.end());
+  const Sizer s{c, prefix, &rows8_units, p.experts_int4_on_load};
 
   // ---- experts: formats and sizes ----
   const bool tied_shared = c.tie_word_embeddings && p.embed_on_gpu;
@@ -430,6 +431,9 @@ Plan make_plan(const ModelConfig& c, const PlacementConfig& cfg, const PlanReque
            ", layers.0.self_attn, embed_tokens, lm_head)");
   std::string fmt = !rule_format.empty() ? rule_format : cfg.cpu_format;
   if (fmt == "auto") fmt = p.expert_checkpoint_format;
+  if (fmt == "fp8")
+    fail(rule_where(cfg, *format_rule), " gives routed experts format fp8; CPU experts are int4, int8 or bf16 (fp8 is for dense units: ",
+         "layers.L.self_attn, linear_attn, mlp.shared_expert, lm_head)");
   if (fmt == "int4" && !eq.quantized)
     fail(format_rule ? rule_where(cfg, *format_rule) : cfg.source + ": experts.cpu_format",
          ": int4 CPU experts need a GPTQ checkpoint; this one has bf16 experts (use int8 or bf16)");

@@ -24,7 +24,7 @@
 #include <string>
 #include <vector>
 
-#include "core/kv_format.h"
+#include "core/row_format.h"
 
 #include <nlohmann/json_fwd.hpp>
 
@@ -76,14 +76,16 @@ struct Plan {
   std::string expert_checkpoint_format;  // int4 (GPTQ, or quantized on load) or bf16
   bool experts_int4_on_load = false;     // floating-point experts quantized on load (experts.gpu_format: int4, ...)
   std::string on_load_note;              // what that quantizes, for the table ("quantized on load", "the MTP head's ...")
-  std::string dense_format = "bf16";     // dense.format: the projections as stored (bf16) or int8 rows
+  std::string dense_format = "bf16";     // dense.format: the projections as stored (bf16) or 8-bit rows (int8, fp8)
   std::string lm_head_format = "bf16";   // dense.lm_head
-  KvFormat kv_format = KvFormat::Bf16;   // kv_cache.format
-  // The projection units held as int8 rows (dense.format / dense.lm_head, and rules' format: int8 over
-  // "layers.L.self_attn", "layers.L.linear_attn", "layers.L.mlp.shared_expert", "lm_head"), sorted.
-  std::vector<std::string> dense_int8_units;
-  bool dense_int8(const std::string& unit) const {
-    return std::binary_search(dense_int8_units.begin(), dense_int8_units.end(), unit);
+  RowFormat kv_format = RowFormat::Bf16;   // kv_cache.format
+  // The projection units held as 8-bit rows, int8 or fp8 (dense.format / dense.lm_head, and rules'
+  // format: int8 | fp8 over "layers.L.self_attn", "layers.L.linear_attn", "layers.L.mlp.shared_expert",
+  // "lm_head"), sorted by unit.
+  std::vector<std::pair<std::string, RowFormat>> dense_units;
+  RowFormat dense_format_of(const std::string& unit) const {  // Bf16 (as stored) when not listed
+    const auto it = std::lower_bound(dense_units.begin(), dense_units.end(), unit, [](const auto& e, const std::string& u) { return e.first < u; });
+    return it != dense_units.end() && it->first == unit ? it->second : RowFormat::Bf16;
   }
   std::string cpu_expert_format;         // int4 | int8 | bf16
   uint64_t gpu_expert_bytes = 0;         // one routed expert on the GPU
@@ -144,7 +146,7 @@ std::string plan_table(const Plan& plan);
 // tandem plan's side-by-side table: the same budget per dense format and per expert format ("as
 // stored", or "int4" where floating-point experts would be quantized on load).
 struct FormatRow {
-  std::string format;   // dense: bf16 | int8 | int8 + lm_head
+  std::string format;   // dense: bf16 | int8 | int8 + lm_head | fp8 (and the config's own)
   std::string experts;  // as stored | int4
   std::string kv;       // the KV cache: bf16 | int8 | fp8
   Plan plan;

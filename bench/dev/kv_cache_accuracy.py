@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The accuracy price of an int8 / FP8 KV cache (`--kv-format`, `kv_cache.format`; issue: the consumer
 card's bytes), measured through the engine itself: `tandem logits --device ref` with each cached key and
-value row rounded per KV head as the GPU's coded cache holds it (core/kv_format.h), fp32 arithmetic
+value row rounded per KV head as the GPU's coded cache holds it (core/row_format.h), fp32 arithmetic
 otherwise, so the difference from the bf16 column is the cache's rounding alone.
 
 For every HF fixture, against HF's logits: the largest and the median relative L2 over positions, the

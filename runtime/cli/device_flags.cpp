@@ -23,10 +23,10 @@ std::vector<Flag> device_flags() {
       {"gpu-mem", true, "--device gpu|hybrid: memory budget, e.g. 24GiB (default: the config's, else free device memory)"},
       {"context", true, "--device gpu|hybrid: longest sequence the KV cache holds (hybrid: the config's, else the longest whose KV cache takes at most a quarter of the free budget; gpu: 4096)"},
       {"kv-format", true, "every device: the KV cache as bf16 (default), int8 or fp8 codes with a scale per token and KV head (half the bytes: twice the context; hybrid: the config's kv_cache.format)"},
-      {"dense-format", true, "--device gpu|hybrid: the dense projections as stored (bf16, default) or quantized on load to int8 rows (half their bytes; hybrid: the config's dense.format)"},
+      {"dense-format", true, "--device gpu|hybrid: the dense projections as stored (bf16, default) or quantized on load to int8 or fp8 rows (half their bytes; hybrid: the config's dense.format)"},
       {"experts-format", true, "routed experts as stored (auto, default) or int4: a BF16 checkpoint's experts and the MTP head's quantized on load (a quarter of their bytes; cached on disk; hybrid: the config's experts.gpu_format)"},
       {"quant-cache", true, "--experts-format int4: the folder its cache goes in (default: MODEL/.tandem-cache when writable, else ~/.cache/tandem)"},
-      {"lm-head-format", true, "--device gpu|hybrid: the lm_head as stored (bf16, default) or as int8 rows (hybrid: the config's dense.lm_head)"},
+      {"lm-head-format", true, "--device gpu|hybrid: the lm_head as stored (bf16, default) or as int8 or fp8 rows (hybrid: the config's dense.lm_head)"},
       {"draft", true, "speculative decoding: tokens the model's MTP head drafts a step, 0 = off (default), auto = as many as pay (up to 4, measured as it goes)"},
       {"defer-experts", true, "--device ref|cpu: apply each token's N lowest-weight experts one layer late (measures expert deferral)"},
       {"trace", true, "write a Perfetto / chrome://tracing timeline (GPU work, CPU expert jobs, copies) to this .json"},
@@ -64,7 +64,7 @@ RunnerOptions runner_options(const Args& a, int64_t min_context) {
   o.kv_format = a.get("kv-format", "");
   if (!o.kv_format.empty()) {
     try {
-      parse_kv_format(o.kv_format, "--kv-format");
+      parse_row_format(o.kv_format, "--kv-format");
     } catch (const Error& e) {
       throw UsageError(e.what());
     }

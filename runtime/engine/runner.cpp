@@ -63,7 +63,7 @@ struct HostSnapshot final : SequenceSnapshot {
 
 class HostRunner final : public Runner {
  public:
-  HostRunner(const Qwen35Moe& m, std::unique_ptr<CpuBackend> backend, int defer, int batch, int draft, KvFormat kv)
+  HostRunner(const Qwen35Moe& m, std::unique_ptr<CpuBackend> backend, int defer, int batch, int draft, RowFormat kv)
       : model_(m), backend_(std::move(backend)), defer_(defer), draft_(draft), kv_(kv), states_(static_cast<size_t>(std::max(batch, 1))) {
     if (draft_ > 0)
       for (int s = 0; s < slots(); ++s) mtp_.emplace_back(m, backend_.get(), kv_);
@@ -139,7 +139,7 @@ class HostRunner final : public Runner {
     if (draft_ > 0) mtp_[slot] = *s->mtp;
   }
   std::string describe() const override {
-    const std::string kv = kv_ == KvFormat::Bf16 ? "" : str_cat(", KV cache ", kv_format_name(kv_), " (rows rounded as the GPU's)");
+    const std::string kv = kv_ == RowFormat::Bf16 ? "" : str_cat(", KV cache ", row_format_name(kv_), " (rows rounded as the GPU's)");
     return (backend_ ? "cpu: " + backend_->describe() : "ref: exact fp32 reference") + kv;
   }
   int64_t max_context() const override { return model_.config().max_position_embeddings; }
@@ -153,7 +153,7 @@ class HostRunner final : public Runner {
   std::unique_ptr<CpuBackend> backend_;
   int defer_ = 0;
   int draft_ = 0;
-  KvFormat kv_ = KvFormat::Bf16;
+  RowFormat kv_ = RowFormat::Bf16;
   std::vector<Qwen35State> states_;
   std::vector<MtpSequence> mtp_;  // per slot, when drafting
 };
@@ -183,13 +183,9 @@ class GpuRunner final : public Runner, private MtpDevice {
     g.eager = o.eager;
     g.batch = std::max(o.batch, 1);
     g.verify_tokens = o.verify_tokens;
-    if (!o.dense_format.empty() && o.dense_format != "bf16" && o.dense_format != "int8")
-      fail("--dense-format must be bf16 or int8 (got '", o.dense_format, "')");
-    g.dense_int8 = o.dense_format == "int8";
-    if (!o.lm_head_format.empty() && o.lm_head_format != "bf16" && o.lm_head_format != "int8")
-      fail("--lm-head-format must be bf16 or int8 (got '", o.lm_head_format, "')");
-    g.lm_head_int8 = o.lm_head_format == "int8";
-    g.kv_format = parse_kv_format(o.kv_format.empty() ? "bf16" : o.kv_format, "--kv-format");
+    g.dense = parse_row_format(o.dense_format.empty() ? "bf16" : o.dense_format, "--dense-format");
+    g.lm_head = parse_row_format(o.lm_head_format.empty() ? "bf16" : o.lm_head_format, "--lm-head-format");
+    g.kv_format = parse_row_format(o.kv_format.empty() ? "bf16" : o.kv_format, "--kv-format");
     if (draft_ > 0) {
       if (draft_ + 1 > gpu::kMaxGemvTokens)
         fail("--draft ", draft_, ": the GPU verifies at most ", gpu::kMaxGemvTokens - 1, " drafts a step (", gpu::kMaxGemvTokens, " tokens)");
@@ -200,14 +196,14 @@ class GpuRunner final : public Runner, private MtpDevice {
     g.snapshot_host = o.cache_host;
     if (placement_) {  // the plan's projections unit by unit (dense.format, dense.lm_head and the rules' formats)
       const ModelConfig& c = model.config();
-      g.mixer_int8.resize(static_cast<size_t>(c.num_layers));
-      g.shared_int8.resize(static_cast<size_t>(c.num_layers));
+      g.mixer.resize(static_cast<size_t>(c.num_layers));
+      g.shared.resize(static_cast<size_t>(c.num_layers));
       for (int l = 0; l < c.num_layers; ++l) {
         const std::string p = str_cat("layers.", l, ".");
-        g.mixer_int8[l] = placement_->dense_int8(p + (c.layer_types[l] == LayerKind::FullAttention ? "self_attn" : "linear_attn"));
-        g.shared_int8[l] = placement_->dense_int8(p + "mlp.shared_expert");
+        g.mixer[l] = placement_->dense_format_of(p + (c.layer_types[l] == LayerKind::FullAttention ? "self_attn" : "linear_attn"));
+        g.shared[l] = placement_->dense_format_of(p + "mlp.shared_expert");
       }
-      g.lm_head_int8 = placement_->dense_int8("lm_head");
+      g.lm_head = placement_->dense_format_of("lm_head");
       cpu_ = make_cpu_experts(model, placement_->expert_on_gpu, placement_->cpu_expert_format, o.threads);
       g.budget_bytes = placement_->budget_bytes - placement_->vram.reserve + o.cache_vram;  // the reserve holds the cache's VRAM tier
       g.budget_name = "gpu.memory / --gpu-mem, minus gpu.reserve";
@@ -477,7 +473,7 @@ std::unique_ptr<Runner> make_placement_runner(const Qwen35Moe& model, const Runn
     fail("--draft ", o.draft, ": ", model.checkpoint().dir(), " has no MTP head (mtp.* tensors), which speculative decoding drafts with");
   if (o.draft > 0 && o.device == Device::Hybrid && o.plan && o.plan->deferral > 0)
     fail("--draft: the verification step keeps exact states; a placement with experts.deferral defers some experts a layer (set it to 0)");
-  const KvFormat kv = parse_kv_format(o.kv_format.empty() ? "bf16" : o.kv_format, "--kv-format");
+  const RowFormat kv = parse_row_format(o.kv_format.empty() ? "bf16" : o.kv_format, "--kv-format");
   if (o.device == Device::Ref) return std::make_unique<HostRunner>(model, nullptr, o.defer_experts, batch, o.draft, kv);
   if (o.device == Device::Cpu) {
     CpuBackendOptions co;

@@ -44,14 +44,14 @@ struct RunnerOptions {
   Device device = Device::Auto;          // prepare_device resolves Auto
   int threads = 0;                       // cpu: worker threads (0: physical cores)
   std::string cpu_expert_format = "bf16";  // cpu: bf16 | int8 for BF16 checkpoints' experts
-  std::string dense_format;              // gpu / hybrid: bf16 | int8 (the projections quantized on load: GpuOptions::dense_int8); "": a hybrid config's dense.format, else bf16
-  std::string lm_head_format;            // gpu / hybrid: bf16 | int8 (GpuOptions::lm_head_int8); "": a hybrid config's dense.lm_head, else bf16
+  std::string dense_format;              // gpu / hybrid: bf16 | int8 | fp8 (the projections quantized on load: GpuOptions::dense); "": a hybrid config's dense.format, else bf16
+  std::string lm_head_format;            // gpu / hybrid: bf16 | int8 | fp8 (GpuOptions::lm_head); "": a hybrid config's dense.lm_head, else bf16
   // every device: "" (a hybrid config's experts.gpu_format / cpu_format, else as stored) | auto (as
   // stored) | int4: every routed expert stored in a floating-point format (a BF16 checkpoint's, the
   // MTP head's) quantized on load (Qwen35Moe::quantize_experts_int4), cached under quant_cache
   std::string experts_format;
   std::string quant_cache;               // the int4 cache's root ("": default_int4_cache_root)
-  // every device: bf16 | int8 | fp8, the KV cache's format (core/kv_format.h; --kv-format); "": a hybrid
+  // every device: bf16 | int8 | fp8, the KV cache's format (core/row_format.h; --kv-format); "": a hybrid
   // config's kv_cache.format, else bf16
   std::string kv_format;
   int defer_experts = 0;                 // ref/cpu: Qwen35State::defer_experts (measures deferral)

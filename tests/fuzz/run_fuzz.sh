@@ -34,7 +34,7 @@ build_target fuzz_tokenizer "$root/tests/fuzz/fuzz_tokenizer.cpp" "$root/runtime
   "$root/runtime/tokenizer/unicode.cpp" -- -DTANDEM_TOKENIZER_DIR="\"$root/tests/data/tokenizers\"" -licuuc
 
 build_target fuzz_placement "$root/tests/fuzz/fuzz_placement.cpp" "$root/placement/placement_config.cpp" "$root/placement/heat.cpp" \
-  "$root/placement/planner.cpp" "$root/placement/gpu_layout.cpp" "$root/gpu_core/int4_layout.cpp" "$root/gpu_core/int8_layout.cpp" "$root/runtime/format/config.cpp" "$root/core/bytes.cpp" "$root/core/nearest.cpp" "$root/core/kv_format.cpp" \
+  "$root/placement/planner.cpp" "$root/placement/gpu_layout.cpp" "$root/gpu_core/int4_layout.cpp" "$root/gpu_core/rows8_layout.cpp" "$root/runtime/format/config.cpp" "$root/core/bytes.cpp" "$root/core/nearest.cpp" "$root/core/row_format.cpp" \
   "${common[@]}" \
   -- -DTANDEM_FUZZ_MODEL_CONFIG="\"$root/tests/data/gptq_sym_v1/config.json\"" -lyaml-cpp
 build_target fuzz_reply "$root/tests/fuzz/fuzz_reply.cpp" "$root/runtime/engine/reply_parser.cpp"

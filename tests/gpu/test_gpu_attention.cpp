@@ -8,7 +8,7 @@
 #include "gpu_core/attention.cuh"
 #include "gpu_core/attention_sizes.h"
 #include "core/dtype.h"
-#include "core/kv_format.h"
+#include "core/row_format.h"
 #include "runtime/models/qwen3_5_moe/ops_ref.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/unit/test_util.h"
@@ -20,31 +20,31 @@ struct AttnCase {
   int nh, nkv, hd, rot, start_pos, steps;
 };
 
-class GpuAttention : public ::testing::TestWithParam<std::tuple<AttnCase, KvFormat>> {};
+class GpuAttention : public ::testing::TestWithParam<std::tuple<AttnCase, RowFormat>> {};
 
 float bf16_round(float x) { return bf16_to_f32(f32_to_bf16(x)); }
 
 // A cache in the GPU's layout (attention.cuh) on the host: rows written from floats as the prepare
 // kernel writes them, values read back as the kernels read them (times the row's scale).
 struct HostCache {
-  KvFormat f;
+  RowFormat f;
   int nkv, hd;
   int64_t rb;
   std::vector<uint8_t> bytes;
-  HostCache(KvFormat f_, int nkv_, int hd_, int64_t rows, int64_t extra = 0)
+  HostCache(RowFormat f_, int nkv_, int hd_, int64_t rows, int64_t extra = 0)
       : f(f_), nkv(nkv_), hd(hd_), rb(gpu::kv_row_bytes(f_, nkv_, hd_)), bytes(static_cast<size_t>(rows * rb + extra), 0) {}
   void set(int64_t at, int64_t pos, int kvh, const float* x) {
     uint8_t* row = bytes.data() + at + pos * rb;
-    if (f == KvFormat::Bf16) {
+    if (f == RowFormat::Bf16) {
       for (int i = 0; i < hd; ++i) reinterpret_cast<uint16_t*>(row)[kvh * hd + i] = f32_to_bf16(x[i]);
       return;
     }
-    reinterpret_cast<float*>(row + gpu::kv_codes_bytes(nkv, hd))[kvh] = kv_quantize_row(x, hd, f, row + int64_t(kvh) * hd);
+    reinterpret_cast<float*>(row + gpu::kv_codes_bytes(nkv, hd))[kvh] = quantize_row(x, hd, f, row + int64_t(kvh) * hd);
   }
-  static float value_in(const std::vector<uint8_t>& b, KvFormat f, int nkv, int hd, int64_t rb, int64_t at, int64_t pos, int kvh, int i) {
+  static float value_in(const std::vector<uint8_t>& b, RowFormat f, int nkv, int hd, int64_t rb, int64_t at, int64_t pos, int kvh, int i) {
     const uint8_t* row = b.data() + at + pos * rb;
-    if (f == KvFormat::Bf16) return bf16_to_f32(reinterpret_cast<const uint16_t*>(row)[kvh * hd + i]);
-    return kv_decode(row[int64_t(kvh) * hd + i], f) * reinterpret_cast<const float*>(row + gpu::kv_codes_bytes(nkv, hd))[kvh];
+    if (f == RowFormat::Bf16) return bf16_to_f32(reinterpret_cast<const uint16_t*>(row)[kvh * hd + i]);
+    return row_decode(row[int64_t(kvh) * hd + i], f) * reinterpret_cast<const float*>(row + gpu::kv_codes_bytes(nkv, hd))[kvh];
   }
   float value(const std::vector<uint8_t>& b, int64_t at, int64_t pos, int kvh, int i) const { return value_in(b, f, nkv, hd, rb, at, pos, kvh, i); }
   // Random N(0, 1) rows 0..rows-1 of the cache at byte `at`.
@@ -60,7 +60,7 @@ struct HostCache {
 
 // The scoring blocks are one per KV head for hd 128 / 256 in groups of 4 / 8, one per query head
 // otherwise (the cases below have both).
-void decode_vs_reference(const AttnCase& c, KvFormat f) {
+void decode_vs_reference(const AttnCase& c, RowFormat f) {
   std::mt19937 rng(test::test_seed());
   const int max_ctx = c.start_pos + c.steps + 3, row = c.nkv * c.hd;
   auto q_norm = test::random_floats(rng, c.hd, 0.3f), k_norm = test::random_floats(rng, c.hd, 0.3f);
@@ -105,15 +105,15 @@ void decode_vs_reference(const AttnCase& c, KvFormat f) {
       float amax = 0.0f;
       for (float x : kh) amax = std::max(amax, std::abs(x));
       std::vector<float> kr = kh;
-      kv_round_row(kr.data(), c.hd, f);
-      kv_round_row(vr.data(), c.hd, f);
+      round_row(kr.data(), c.hd, f);
+      round_row(vr.data(), c.hd, f);
       for (int i = 0; i < c.hd; ++i) {
         const float got_k = kh0.value(gk, 0, pos, j, i), got_v = vh0.value(gv, 0, pos, j, i);
-        const float step_k = f == KvFormat::Bf16 ? std::abs(kh[i]) * 0.008f + 1e-6f
-                             : f == KvFormat::Int8 ? amax / 127 * 1.01f + 1e-6f
+        const float step_k = f == RowFormat::Bf16 ? std::abs(kh[i]) * 0.008f + 1e-6f
+                             : f == RowFormat::Int8 ? amax / 127 * 1.01f + 1e-6f
                                                    : std::max(std::abs(kr[i]), std::abs(got_k)) / 8 + amax / 448 / 512 + 1e-6f;
-        ASSERT_NEAR(got_k, kr[i], step_k) << "k of head " << j << " at " << i << " (" << kv_format_name(f) << ")";
-        ASSERT_EQ(got_v, vr[i]) << "v of head " << j << " at " << i << " (" << kv_format_name(f) << ")";
+        ASSERT_NEAR(got_k, kr[i], step_k) << "k of head " << j << " at " << i << " (" << row_format_name(f) << ")";
+        ASSERT_EQ(got_v, vr[i]) << "v of head " << j << " at " << i << " (" << row_format_name(f) << ")";
         kc[int64_t(pos) * row + j * c.hd + i] = got_k;
         vc[int64_t(pos) * row + j * c.hd + i] = got_v;
       }
@@ -130,7 +130,7 @@ void decode_vs_reference(const AttnCase& c, KvFormat f) {
     CUDA_OK(cudaDeviceSynchronize());
     const auto got = dout.to_host();
     EXPECT_LT(test::rel_l2(std::vector<double>(got.begin(), got.end()), std::vector<double>(want.begin(), want.end())), 2e-5)
-        << "pos " << pos << " " << kv_format_name(f) << " seed " << test::test_seed();
+        << "pos " << pos << " " << row_format_name(f) << " seed " << test::test_seed();
   }
 }
 
@@ -142,7 +142,7 @@ TEST_P(GpuAttention, DecodeMatchesReference) {
 // attention_prefill (a chunk of tokens in one call) against attention_decode run token by token on the
 // same inputs: the caches end up bit-identical (the same prepare kernel) and the outputs agree within
 // tol. start_pos rows of random context come first.
-void prefill_vs_decode_steps(const AttnCase& c, KvFormat f, int n, double tol) {
+void prefill_vs_decode_steps(const AttnCase& c, RowFormat f, int n, double tol) {
   std::mt19937 rng(test::test_seed() + 3);
   const int max_ctx = c.start_pos + n + 3, row = c.nkv * c.hd;
   auto q_norm = test::random_floats(rng, c.hd, 0.3f), k_norm = test::random_floats(rng, c.hd, 0.3f);
@@ -178,7 +178,7 @@ void prefill_vs_decode_steps(const AttnCase& c, KvFormat f, int n, double tol) {
   EXPECT_EQ(vc_a.to_host(), vc_b.to_host());
   const auto a = dstep.to_host(), b = dchunk.to_host();
   EXPECT_LT(test::rel_l2(std::vector<double>(b.begin(), b.end()), std::vector<double>(a.begin(), a.end())), tol)
-      << n << " tokens from " << c.start_pos << " (" << kv_format_name(f) << "), seed " << test::test_seed();
+      << n << " tokens from " << c.start_pos << " (" << row_format_name(f) << "), seed " << test::test_seed();
 }
 
 // Tensor cores: queries and softmax weights rounded to bf16 (relative 2^-9 each; a coded cache's
@@ -205,7 +205,7 @@ TEST(GpuAttentionPrefill, RefusesOtherHeadSizes) {
 TEST_P(GpuAttention, BatchedDecodeEqualsTokenByToken) {
   TANDEM_REQUIRE_GPU();
   const AttnCase c = std::get<0>(GetParam());
-  const KvFormat f = std::get<1>(GetParam());
+  const RowFormat f = std::get<1>(GetParam());
   std::mt19937 rng(test::test_seed() + 5);
   const int row = c.nkv * c.hd, slots = 3, n = 4;
   const std::vector<int32_t> slot = {0, 1, 2, 2}, pos = {c.start_pos, c.start_pos + 70, c.start_pos + 130, c.start_pos + 131};
@@ -253,7 +253,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GpuAttention,
                                            AttnCase{4, 1, 64, 64, 63, 2},      // hd 64: the per-query-head blocks
                                            AttnCase{8, 2, 32, 8, 0, 5},        // fixture bf16_fused
                                            AttnCase{4, 4, 16, 4, 300, 2}),    // GQA 1, odd sizes
-                                            ::testing::Values(KvFormat::Bf16, KvFormat::Int8, KvFormat::Fp8)));
+                                            ::testing::Values(RowFormat::Bf16, RowFormat::Int8, RowFormat::Fp8)));
 
 }  // namespace
 }  // namespace tandem

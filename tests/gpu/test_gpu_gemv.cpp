@@ -2,11 +2,12 @@
 // random inputs at the 35B model's shapes and odd ones. Bounds follow the arithmetic: bf16 weights
 // with fp32 math ~1e-6; int4 with fp16 activations and fp16 partial sums over 32 inputs: 3e-3.
 #include <cmath>
+#include <tuple>
 
 #include "gpu_core/gemm.cuh"
 #include "gpu_core/gemv.cuh"
 #include "gpu_core/int4_layout.h"
-#include "gpu_core/int8_layout.h"
+#include "gpu_core/rows8_layout.h"
 #include "gpu_core/ops.cuh"
 #include "core/weights.h"
 #include "tests/gpu/gpu_test_util.h"
@@ -184,56 +185,59 @@ TEST_P(GpuGemvInt4, MatchesDequantizedReference) {
   EXPECT_LT(test::rel_l2(std::vector<double>(y.begin(), y.end()), reference(lw, x, c.T)), 3e-3) << "seed " << test::test_seed();
 }
 
-// W8A16: the int8 rows with their scales against the dequantized weights' fp64 product (fp32 sums:
-// 1e-5), every token count, the 35B's dense shapes and small odd ones; a token's outputs do not
-// depend on the others.
+// W8A16: the 8-bit rows (int8 and fp8) with their scales against the dequantized weights' fp64 product
+// (fp32 sums: 1e-5), every token count, the 35B's dense shapes and small odd ones; a token's outputs do
+// not depend on the others.
 struct Int8Case {
   int64_t N, K;
 };
 
-class GpuGemvInt8 : public ::testing::TestWithParam<Int8Case> {};
+class GpuGemvInt8 : public ::testing::TestWithParam<std::tuple<Int8Case, RowFormat>> {};
 
 TEST_P(GpuGemvInt8, MatchesDequantizedReference) {
   TANDEM_REQUIRE_GPU();
-  const Int8Case c = GetParam();
+  const Int8Case c = std::get<0>(GetParam());
+  const RowFormat f = std::get<1>(GetParam());
   std::mt19937 rng(test::test_seed());
   std::vector<uint16_t> W;
   random_bf16_linear(c.N, c.K, rng, W);
-  const gpu::Int8Host h = gpu::quantize_int8_rows(W.data(), c.N, c.K);
-  test::DeviceBuffer<int8_t> dq(h.q);
+  const gpu::Rows8Host h = gpu::quantize_rows8(W.data(), c.N, c.K, f);
+  test::DeviceBuffer<uint8_t> dq(h.codes);
   test::DeviceBuffer<float> ds(h.scales);
-  const gpu::Int8View v{dq.ptr, ds.ptr, c.N, c.K};
+  const gpu::Rows8View v{dq.ptr, ds.ptr, c.N, c.K, f};
   std::vector<float> alone;
   for (int T : {1, 2, 3, 8}) {
     const auto x = test::random_floats(rng, T * c.K);
     test::DeviceBuffer<float> dx(x), dy(T * c.N);
-    CUDA_OK(gpu::gemv_int8(v, dx.ptr, T, dy.ptr, nullptr));
+    CUDA_OK(gpu::gemv_rows8(v, dx.ptr, T, dy.ptr, nullptr));
     CUDA_OK(cudaDeviceSynchronize());
     const auto y = dy.to_host();
     std::vector<double> want(T * c.N, 0.0);
     for (int64_t n = 0; n < c.N; ++n)
       for (int t = 0; t < T; ++t)
-        for (int64_t k = 0; k < c.K; ++k) want[t * c.N + n] += double(h.q[n * c.K + k]) * h.scales[n] * x[t * c.K + k];
-    EXPECT_LT(test::rel_l2(std::vector<double>(y.begin(), y.end()), want), 1e-5) << "T " << T << ", seed " << test::test_seed();
+        for (int64_t k = 0; k < c.K; ++k) want[t * c.N + n] += double(row_decode(h.codes[n * c.K + k], f)) * h.scales[n] * x[t * c.K + k];
+    EXPECT_LT(test::rel_l2(std::vector<double>(y.begin(), y.end()), want), 1e-5) << row_format_name(f) << " T " << T << ", seed " << test::test_seed();
     if (T == 1) {
       alone.assign(y.begin(), y.end());
       // the same token among others: the same outputs, bit for bit
       std::vector<float> x8(8 * c.K);
       for (int t = 0; t < 8; ++t) std::copy(x.begin(), x.end(), x8.begin() + t * c.K);
       test::DeviceBuffer<float> dx8(x8), dy8(8 * c.N);
-      CUDA_OK(gpu::gemv_int8(v, dx8.ptr, 8, dy8.ptr, nullptr));
+      CUDA_OK(gpu::gemv_rows8(v, dx8.ptr, 8, dy8.ptr, nullptr));
       CUDA_OK(cudaDeviceSynchronize());
       const auto y8 = dy8.to_host();
       for (int t = 0; t < 8; ++t) EXPECT_TRUE(std::equal(alone.begin(), alone.end(), y8.begin() + t * c.N)) << "token " << t << " of 8";
     }
   }
   test::DeviceBuffer<float> dx(c.K), dy(c.N);
-  EXPECT_EQ(gpu::gemv_int8(v, dx.ptr, gpu::kMaxGemvTokens + 1, dy.ptr, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(gpu::gemv_rows8(v, dx.ptr, gpu::kMaxGemvTokens + 1, dy.ptr, nullptr), cudaErrorInvalidValue);
   cudaGetLastError();
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuGemvInt8,
-                         ::testing::Values(Int8Case{8192, 2048}, Int8Case{2048, 4096}, Int8Case{256, 2048}, Int8Case{37, 64}, Int8Case{1, 16}));
+                         ::testing::Combine(::testing::Values(Int8Case{8192, 2048}, Int8Case{2048, 4096}, Int8Case{256, 2048}, Int8Case{37, 64},
+                                                              Int8Case{1, 16}),
+                                            ::testing::Values(RowFormat::Int8, RowFormat::Fp8)));
 
 INSTANTIATE_TEST_SUITE_P(Formats, GpuGemvInt4,
                          ::testing::Values(Int4Case{512, 2048, 128, 1, true, false, true},   // 35B gate/up, official format

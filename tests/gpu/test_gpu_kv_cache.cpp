@@ -19,9 +19,9 @@
 namespace tandem {
 namespace {
 
-class GpuKvCache : public ::testing::TestWithParam<std::tuple<std::string, KvFormat>> {};
+class GpuKvCache : public ::testing::TestWithParam<std::tuple<std::string, RowFormat>> {};
 
-std::vector<float> ref_logits(const Qwen35Moe& m, const test::Fixture& f, KvFormat kv) {
+std::vector<float> ref_logits(const Qwen35Moe& m, const test::Fixture& f, RowFormat kv) {
   const int64_t n = static_cast<int64_t>(f.ids.size()), V = f.vocab;
   std::vector<float> out(n * V);
   Qwen35State st = m.new_state();
@@ -49,8 +49,8 @@ TEST_P(GpuKvCache, MatchesTheReferenceWithTheSameCache) {
   const LogitsComparison cmp = compare_logits(got.data(), want.data(), n, V);
   std::vector<double> r = cmp.rel_l2;
   std::nth_element(r.begin(), r.begin() + n / 2, r.end());
-  EXPECT_LT(r[n / 2], 2e-2) << name << " " << kv_format_name(kv) << ": median relative L2";
-  EXPECT_TRUE(cmp.argmax_misses.empty()) << name << " " << kv_format_name(kv) << ": argmax differs at " << cmp.argmax_misses.size() << " of "
+  EXPECT_LT(r[n / 2], 2e-2) << name << " " << row_format_name(kv) << ": median relative L2";
+  EXPECT_TRUE(cmp.argmax_misses.empty()) << name << " " << row_format_name(kv) << ": argmax differs at " << cmp.argmax_misses.size() << " of "
                                          << cmp.decisive << " decisive positions";
 }
 
@@ -85,14 +85,14 @@ TEST_P(GpuKvCache, SavedSequencesAndChunkedPrefillKeepTheRows) {
     gpu->select(1);
     gpu->forward(std::span(f.ids.data() + i, 1), b.data());
     steps->forward(std::span(f.ids.data() + i, 1), c.data());
-    ASSERT_EQ(a, b) << name << " " << kv_format_name(kv) << " position " << i << ": the restored sequence";
-    EXPECT_LT(compare_logits(a.data(), c.data(), 1, V).rel_l2[0], 5e-3) << name << " " << kv_format_name(kv) << " position " << i;
+    ASSERT_EQ(a, b) << name << " " << row_format_name(kv) << " position " << i << ": the restored sequence";
+    EXPECT_LT(compare_logits(a.data(), c.data(), 1, V).rel_l2[0], 5e-3) << name << " " << row_format_name(kv) << " position " << i;
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GpuKvCache,
-                         ::testing::Combine(::testing::ValuesIn(test::fixture_names()), ::testing::Values(KvFormat::Int8, KvFormat::Fp8)),
-                         [](const auto& info) { return std::get<0>(info.param) + "_" + kv_format_name(std::get<1>(info.param)); });
+                         ::testing::Combine(::testing::ValuesIn(test::fixture_names()), ::testing::Values(RowFormat::Int8, RowFormat::Fp8)),
+                         [](const auto& info) { return std::get<0>(info.param) + "_" + row_format_name(std::get<1>(info.param)); });
 
 }  // namespace
 }  // namespace tandem

@@ -343,7 +343,7 @@ def test_experts_format_int4_quantizes_once_and_equals_the_cli(tmp_path):
         tandem.Engine(d, device="cpu", experts_format="int3")
 
 
-def test_kv_format_rounds_the_cache_as_the_cli_does(tmp_path):
+def test_row_format_rounds_the_cache_as_the_cli_does(tmp_path):
     d, ids, prefill = fixture("demo")
     npy = str(tmp_path / "cli.npy")
     subprocess.run([CLI, "logits", "--model", d, "--ids", ",".join(map(str, ids)), "--prefill", str(prefill), "--out", npy,

@@ -12,7 +12,7 @@
 namespace tandem {
 namespace {
 
-std::vector<float> run_logits(const Qwen35Moe& m, const std::vector<int32_t>& ids, int64_t prefill, KvFormat kv = KvFormat::Bf16) {
+std::vector<float> run_logits(const Qwen35Moe& m, const std::vector<int32_t>& ids, int64_t prefill, RowFormat kv = RowFormat::Bf16) {
   const int64_t n = static_cast<int64_t>(ids.size()), V = m.config().vocab_size;
   std::vector<float> out(n * V);
   Qwen35State st = m.new_state();
@@ -71,18 +71,18 @@ TEST_P(HfReference, CodedKvCacheStaysClose) {
   const int64_t n = static_cast<int64_t>(f.ids.size()), V = f.vocab;
   const NpyArray ref = read_npy_f32(f.dir + "/logits.npy");
   const auto exact = run_logits(*model, f.ids, f.prefill);
-  for (const KvFormat kv : {KvFormat::Int8, KvFormat::Fp8}) {
+  for (const RowFormat kv : {RowFormat::Int8, RowFormat::Fp8}) {
     const auto got = run_logits(*model, f.ids, f.prefill, kv);
     const LogitsComparison cmp = compare_logits(got.data(), ref.data.data(), n, V);
     std::vector<double> r = cmp.rel_l2;
     std::nth_element(r.begin(), r.begin() + n / 2, r.end());
-    EXPECT_LT(r[n / 2], kv == KvFormat::Int8 ? 1e-2 : 4e-2) << f.name << " " << kv_format_name(kv) << ": median relative L2";
+    EXPECT_LT(r[n / 2], kv == RowFormat::Int8 ? 1e-2 : 4e-2) << f.name << " " << row_format_name(kv) << ": median relative L2";
     double kl = 0;
     for (int64_t t = 0; t < n; ++t) kl += test::kl_nats(ref.data.data() + t * V, got.data() + t * V, V) / static_cast<double>(n);
-    EXPECT_LT(kl, kv == KvFormat::Int8 ? 6e-3 : 4e-3) << f.name << " " << kv_format_name(kv) << ": mean KL (nats)";
-    EXPECT_TRUE(cmp.argmax_misses.empty()) << f.name << " " << kv_format_name(kv) << ": argmax moved at " << cmp.argmax_misses.size() << " of "
+    EXPECT_LT(kl, kv == RowFormat::Int8 ? 6e-3 : 4e-3) << f.name << " " << row_format_name(kv) << ": mean KL (nats)";
+    EXPECT_TRUE(cmp.argmax_misses.empty()) << f.name << " " << row_format_name(kv) << ": argmax moved at " << cmp.argmax_misses.size() << " of "
                                            << cmp.decisive << " decisive positions";
-    EXPECT_GT(compare_logits(got.data(), exact.data(), n, V).rel_l2.back(), 1e-6) << f.name << " " << kv_format_name(kv) << ": nothing rounded";
+    EXPECT_GT(compare_logits(got.data(), exact.data(), n, V).rel_l2.back(), 1e-6) << f.name << " " << row_format_name(kv) << ": nothing rounded";
   }
 }
 

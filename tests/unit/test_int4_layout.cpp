@@ -3,7 +3,7 @@
 #include <numeric>
 
 #include "gpu_core/int4_layout.h"
-#include "gpu_core/int8_layout.h"
+#include "gpu_core/rows8_layout.h"
 #include "core/weights.h"
 #include "tests/unit/test_util.h"
 
@@ -62,29 +62,35 @@ TEST(Int4Layout, RejectsUnevenGroups) {
 namespace tandem {
 namespace {
 
-// int8_layout.h: every row's scale is its max |w| / 127 (1 for a zero row), every weight within half
-// a step of q s, the extremes at +-127.
-TEST(Int8Layout, RowsQuantizeWithinHalfAStep) {
+// rows8_layout.h, int8: every row's scale is its max |w| / 127 (0 for a zero row), every weight within
+// half a step of code * s, the extremes at +-127. fp8: scale max |w| / 448, every weight within half a
+// mantissa step (1/16 relative, s * 2^-10 near zero), the extreme at 448.
+TEST(Rows8Layout, RowsQuantizeWithinHalfAStep) {
   std::mt19937 rng(test::test_seed());
   const int64_t N = 33, K = 96;
   std::vector<uint16_t> w(N * K);
   for (auto& v : w) v = f32_to_bf16(std::normal_distribution<float>(0, 0.05f)(rng));
   for (int64_t k = 0; k < K; ++k) w[5 * K + k] = 0;  // a zero row
-  const gpu::Int8Host h = gpu::quantize_int8_rows(w.data(), N, K);
-  ASSERT_EQ(h.q.size(), static_cast<size_t>(N * K));
-  ASSERT_EQ(h.scales.size(), static_cast<size_t>(N));
-  for (int64_t n = 0; n < N; ++n) {
-    float m = 0;
-    int top = 0;
-    for (int64_t k = 0; k < K; ++k) m = std::max(m, std::fabs(bf16_to_f32(w[n * K + k])));
-    EXPECT_FLOAT_EQ(h.scales[n], m > 0 ? m / 127.0f : 1.0f) << "row " << n;
-    for (int64_t k = 0; k < K; ++k) {
-      EXPECT_LE(std::fabs(bf16_to_f32(w[n * K + k]) - h.q[n * K + k] * h.scales[n]), h.scales[n] * (0.5f + 1e-5f)) << n << ", " << k;
-      top = std::max(top, std::abs(static_cast<int>(h.q[n * K + k])));
+  for (const RowFormat f : {RowFormat::Int8, RowFormat::Fp8}) {
+    const gpu::Rows8Host h = gpu::quantize_rows8(w.data(), N, K, f);
+    ASSERT_EQ(h.codes.size(), static_cast<size_t>(N * K));
+    ASSERT_EQ(h.scales.size(), static_cast<size_t>(N));
+    const float top_code = f == RowFormat::Int8 ? 127.0f : 448.0f;
+    for (int64_t n = 0; n < N; ++n) {
+      float m = 0, top = 0;
+      for (int64_t k = 0; k < K; ++k) m = std::max(m, std::fabs(bf16_to_f32(w[n * K + k])));
+      EXPECT_FLOAT_EQ(h.scales[n], m / top_code) << row_format_name(f) << " row " << n;
+      for (int64_t k = 0; k < K; ++k) {
+        const float x = bf16_to_f32(w[n * K + k]), v = row_decode(h.codes[n * K + k], f);
+        const float bound = f == RowFormat::Int8 ? h.scales[n] * (0.5f + 1e-5f) : std::fabs(x) / 16 * 1.0001f + h.scales[n] * std::ldexp(1.0f, -10);
+        EXPECT_LE(std::fabs(x - v * h.scales[n]), bound) << row_format_name(f) << " " << n << ", " << k;
+        top = std::max(top, std::fabs(v));
+      }
+      EXPECT_EQ(top, m > 0 ? top_code : 0.0f) << row_format_name(f) << " row " << n;
     }
-    EXPECT_EQ(top, m > 0 ? 127 : 0) << "row " << n;
   }
-  EXPECT_EQ(gpu::int8_matrix_bytes(N, K), 3328u + 256u);  // weights 3168 -> 3328, scales 132 -> 256 (each 256-byte aligned)
+  EXPECT_EQ(gpu::rows8_matrix_bytes(N, K), 3328u + 256u);  // codes 3168 -> 3328, scales 132 -> 256 (each 256-byte aligned)
+  test::expect_error([&] { gpu::quantize_rows8(w.data(), N, K, RowFormat::Bf16); }, {"bf16 is not an 8-bit format"});
 }
 
 }  // namespace

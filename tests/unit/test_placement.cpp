@@ -167,7 +167,7 @@ TEST(PlacementYamlErrors, RulesTheModelCannotHonour) {
   test::expect_error([&] { make_plan(m, yaml("gpu:\n  memory: 24GiB\nrules:\n  - match: norm\n    format: int8\n")); },
                      {"test.yaml:4", "'norm'", "kept as stored"});
   test::expect_error([&] { make_plan(m, yaml("gpu:\n  memory: 24GiB\nrules:\n  - match: lm_head\n    format: int4\n")); },
-                     {"test.yaml:4", "'lm_head'", "bf16 (as stored) or int8"});
+                     {"test.yaml:4", "'lm_head'", "bf16 (as stored), int8 or fp8"});
   test::expect_error([&] { make_plan(m, yaml("gpu:\n  memory: 24GiB\nexperts:\n  cpu_format: bf16\n")); },
                      {"GPTQ int4", "not bf16"});
   test::expect_error([&] { make_plan(m, yaml("gpu:\n  memory: 24GiB\nexperts:\n  select: layers 30-45\n")); },
@@ -307,7 +307,7 @@ TEST(Planner, SpeculativeDraftCountsTheMtpHead) {
   const std::string base = "prefill: {chunk: 256}\ncontext: 4096\n";
   const Plan off = make_plan(m, yaml(base), {.gpu_mem = 16ull << 30});  // 24 GiB holds every expert and the head
   const Plan on = make_plan(m, yaml(base + "speculative: {draft: 3}\n"), {.gpu_mem = 16ull << 30});
-  EXPECT_EQ(on.vram.kv_cache - off.vram.kv_cache, kv_cache_bytes(m, 4096, KvFormat::Bf16));
+  EXPECT_EQ(on.vram.kv_cache - off.vram.kv_cache, kv_cache_bytes(m, 4096, RowFormat::Bf16));
   EXPECT_GE(on.vram.dense_weights - off.vram.dense_weights, 2ull * 2048 * 2048 * 2);
   const uint64_t head_experts = 256ull * 3 * 2048 * 512 * 2;
   const int fewer = off.total_gpu_experts() - on.total_gpu_experts();
@@ -320,35 +320,48 @@ TEST(Planner, SpeculativeDraftCountsTheMtpHead) {
   EXPECT_LE(verify.vram.total(), 16ull << 30);
 }
 
-// Projections as int8 rows unit by unit: a rule's `format: int8 | bf16` over a layer's mixer
+// Projections as 8-bit rows unit by unit: a rule's `format: int8 | fp8 | bf16` over a layer's mixer
 // (self_attn / linear_attn), its shared expert or lm_head, before dense.format / dense.lm_head. The
-// plan counts each unit's bytes and lists the int8 ones for the GPU loader.
+// plan counts each unit's bytes and lists the 8-bit ones with their format for the GPU loader.
 TEST(Planner, DenseFormatPerUnitByRules) {
   const ModelConfig m = model35();
   const std::string base = "gpu:\n  memory: 12GiB\ncontext: 4096\nprefill: {chunk: 256}\n";
   const Plan bf = make_plan(m, fixed_bw(yaml(base)), {});
   const Plan all = make_plan(m, fixed_bw(yaml(base + "dense: {format: int8}\n")), {});
-  EXPECT_TRUE(bf.dense_int8_units.empty());
-  EXPECT_EQ(all.dense_int8_units.size(), 80u);  // 40 mixers and 40 shared experts
-  EXPECT_TRUE(all.dense_int8("layers.0.linear_attn") && all.dense_int8("layers.3.self_attn") && all.dense_int8("layers.7.mlp.shared_expert"));
-  EXPECT_FALSE(all.dense_int8("lm_head"));
+  EXPECT_TRUE(bf.dense_units.empty());
+  EXPECT_EQ(all.dense_units.size(), 80u);  // 40 mixers and 40 shared experts
+  EXPECT_EQ(all.dense_format_of("layers.0.linear_attn"), RowFormat::Int8);
+  EXPECT_EQ(all.dense_format_of("layers.3.self_attn"), RowFormat::Int8);
+  EXPECT_EQ(all.dense_format_of("layers.7.mlp.shared_expert"), RowFormat::Int8);
+  EXPECT_EQ(all.dense_format_of("lm_head"), RowFormat::Bf16);
   // DeltaNet only: between none and all, by its share of the bytes
   const Plan dn = make_plan(m, fixed_bw(yaml(base + "rules:\n  - {match: 'layers.*.linear_attn', format: int8}\n")), {});
-  EXPECT_EQ(dn.dense_int8_units.size(), 30u);
-  EXPECT_TRUE(dn.dense_int8("layers.0.linear_attn"));
-  EXPECT_FALSE(dn.dense_int8("layers.3.self_attn"));
+  EXPECT_EQ(dn.dense_units.size(), 30u);
+  EXPECT_EQ(dn.dense_format_of("layers.0.linear_attn"), RowFormat::Int8);
+  EXPECT_EQ(dn.dense_format_of("layers.3.self_attn"), RowFormat::Bf16);
   EXPECT_LT(dn.vram.dense_weights, bf.vram.dense_weights);
   EXPECT_GT(dn.vram.dense_weights, all.vram.dense_weights);
-  EXPECT_NE(plan_table(dn).find("int8 rows: 30 of 80 mixers and shared experts"), std::string::npos) << plan_table(dn);
-  // everything int8 but the attention layers, which a first rule keeps as stored; lm_head by a rule
+  EXPECT_NE(plan_table(dn).find("8-bit rows: int8 30 of 80 mixers and shared experts"), std::string::npos) << plan_table(dn);
+  // everything int8 but the attention layers, which a first rule keeps as stored; lm_head fp8 by a rule
   const Plan mixed = make_plan(m, fixed_bw(yaml(base + "dense: {format: int8}\nrules:\n  - {match: 'layers.*.self_attn', format: bf16}\n"
-                                                       "  - {match: lm_head, format: int8}\n")), {});
-  EXPECT_EQ(mixed.dense_int8_units.size(), 71u);  // 30 DeltaNet + 40 shared experts + lm_head
-  EXPECT_TRUE(mixed.dense_int8("lm_head"));
-  EXPECT_FALSE(mixed.dense_int8("layers.3.self_attn"));
+                                                       "  - {match: lm_head, format: fp8}\n")), {});
+  EXPECT_EQ(mixed.dense_units.size(), 71u);  // 30 DeltaNet + 40 shared experts + lm_head
+  EXPECT_EQ(mixed.dense_format_of("lm_head"), RowFormat::Fp8);
+  EXPECT_EQ(mixed.dense_format_of("layers.3.self_attn"), RowFormat::Bf16);
+  EXPECT_NE(plan_table(mixed).find("lm_head as fp8 rows"), std::string::npos) << plan_table(mixed);
+  EXPECT_EQ(plan_to_json(mixed)["dense_units"]["lm_head"], "fp8");
   const Plan lm = make_plan(m, fixed_bw(yaml(base + "dense: {lm_head: int8}\n")), {});
-  EXPECT_EQ(lm.dense_int8_units, std::vector<std::string>{"lm_head"});
+  ASSERT_EQ(lm.dense_units.size(), 1u);
+  EXPECT_EQ(lm.dense_units[0].first, "lm_head");
   EXPECT_NEAR(static_cast<double>(bf.vram.dense_weights - lm.vram.dense_weights), 248320.0 * 2048, 2e6);
+  // fp8 rows take int8's bytes
+  const Plan f8 = make_plan(m, fixed_bw(yaml(base + "dense: {format: fp8}\n")), {});
+  EXPECT_EQ(f8.vram.dense_weights, all.vram.dense_weights);
+  EXPECT_EQ(f8.dense_format_of("layers.3.self_attn"), RowFormat::Fp8);
+  EXPECT_NE(plan_table(f8).find("8-bit rows: fp8 80 of 80"), std::string::npos) << plan_table(f8);
+  // fp8 is for dense units, not routed experts (the CPU experts' format)
+  test::expect_error([&] { make_plan(m, fixed_bw(yaml(base + "rules:\n  - {match: 'layers.*.mlp.experts.*', format: fp8}\n")), {}); },
+                     {"routed experts format fp8", "int4, int8 or bf16"});
 }
 
 // experts.gpu_format: int4 (or cpu_format: int4 / a rule's format: int4 on a BF16 checkpoint): the
@@ -395,23 +408,25 @@ TEST(Planner, ExpertsQuantizedOnLoad) {
   EXPECT_LT(head_int4.predicted.draft_ms, head_bf16.predicted.draft_ms);
 
   // tandem plan's side by side: a BF16 checkpoint gets its experts as stored and as int4, each with the
-  // three dense formats, then the two other KV cache formats; the GPTQ release without drafts only the
-  // three (its experts are int4 already) and the two.
+  // four dense formats, then the two other KV cache formats; the GPTQ release without drafts only the
+  // four (its experts are int4 already) and the two.
   const std::vector<FormatRow> rows = plan_formats(model35_bf16(), fixed_bw({}), {.gpu_mem = 24ull << 30});
-  ASSERT_EQ(rows.size(), 8u);
+  ASSERT_EQ(rows.size(), 10u);
   EXPECT_EQ(rows[0].kv, "bf16");
-  EXPECT_EQ(rows[6].kv, "int8");
-  EXPECT_EQ(rows[7].kv, "fp8");
-  EXPECT_LT(rows[6].plan.vram.kv_cache, rows[0].plan.vram.kv_cache);
+  EXPECT_EQ(rows[3].format, "fp8");
+  EXPECT_EQ(rows[3].plan.vram.dense_weights, rows[1].plan.vram.dense_weights);  // fp8 rows: int8's bytes
+  EXPECT_EQ(rows[8].kv, "int8");
+  EXPECT_EQ(rows[9].kv, "fp8");
+  EXPECT_LT(rows[8].plan.vram.kv_cache, rows[0].plan.vram.kv_cache);
   EXPECT_EQ(rows[0].experts, "as stored");
-  EXPECT_EQ(rows[3].experts, "int4");
+  EXPECT_EQ(rows[4].experts, "int4");
   EXPECT_EQ(rows[0].plan.total_gpu_experts(), bf16.total_gpu_experts());
-  EXPECT_GT(rows[3].plan.total_gpu_experts(), 3 * rows[0].plan.total_gpu_experts());
-  EXPECT_GT(rows[3].plan.predicted.decode_tok_s, rows[0].plan.predicted.decode_tok_s);
+  EXPECT_GT(rows[4].plan.total_gpu_experts(), 3 * rows[0].plan.total_gpu_experts());
+  EXPECT_GT(rows[4].plan.predicted.decode_tok_s, rows[0].plan.predicted.decode_tok_s);
   EXPECT_NE(formats_table(rows).find("int4"), std::string::npos);
-  EXPECT_EQ(formats_to_json(rows)[3]["experts"], "int4");
-  EXPECT_EQ(plan_formats(m, fixed_bw({}), {.gpu_mem = 24ull << 30}).size(), 5u);
-  EXPECT_EQ(plan_formats(m, fixed_bw(yaml(base)), {.gpu_mem = 24ull << 30}).size(), 8u);  // drafting: the head's experts
+  EXPECT_EQ(formats_to_json(rows)[4]["experts"], "int4");
+  EXPECT_EQ(plan_formats(m, fixed_bw({}), {.gpu_mem = 24ull << 30}).size(), 6u);
+  EXPECT_EQ(plan_formats(m, fixed_bw(yaml(base)), {.gpu_mem = 24ull << 30}).size(), 10u);  // drafting: the head's experts
 }
 
 // kv_cache.format: int8 / fp8 rows (codes and an fp32 scale per token and KV head, each part padded to
@@ -426,8 +441,8 @@ TEST(Planner, CodedKvCacheHalvesItsBytes) {
   EXPECT_EQ(bf.vram.kv_cache, 20480ull * 131072);
   EXPECT_EQ(q8.vram.kv_cache, 10560ull * 131072);
   EXPECT_EQ(f8.vram.kv_cache, q8.vram.kv_cache);
-  EXPECT_EQ(q8.kv_format, KvFormat::Int8);
-  EXPECT_EQ(f8.kv_format, KvFormat::Fp8);
+  EXPECT_EQ(q8.kv_format, RowFormat::Int8);
+  EXPECT_EQ(f8.kv_format, RowFormat::Fp8);
   EXPECT_GT(q8.total_gpu_experts(), bf.total_gpu_experts());
   EXPECT_GT(q8.predicted.decode_tok_s, bf.predicted.decode_tok_s);
   // every expert on the GPU either way at 24 GiB: the same bytes but the cache's rows (at the cost
@@ -483,15 +498,15 @@ TEST(Planner, Int8DenseProjectionsLeaveRoomForExperts) {
   EXPECT_GT(q8.total_gpu_experts(), bf.total_gpu_experts());
   EXPECT_LE(q8.vram.total(), 12ull << 30);
   EXPECT_GT(q8.predicted.decode_tok_s, bf.predicted.decode_tok_s);
-  EXPECT_NE(plan_table(q8).find("int8 rows"), std::string::npos);
-  test::expect_error([] { yaml("dense: {format: int4}\n"); }, {"test.yaml:1", "dense.format", "'int4'"});
+  EXPECT_NE(plan_table(q8).find("8-bit rows: int8 80 of 80"), std::string::npos) << plan_table(q8);
+  test::expect_error([] { yaml("dense: {format: int4}\n"); }, {"test.yaml:1", "dense.format", "'int4'", "'bf16', 'int8' or 'fp8'"});
   // tandem plan's side-by-side rows: the same budget, one plan a format
   const std::vector<FormatRow> rows = plan_formats(m, fixed_bw(yaml(base)), {.gpu_mem = 12ull << 30});
-  ASSERT_EQ(rows.size(), 5u);  // three dense formats, then the KV cache as int8 and fp8
+  ASSERT_EQ(rows.size(), 6u);  // four dense formats, then the KV cache as int8 and fp8
   EXPECT_EQ(rows[0].plan.vram.dense_weights, bf.vram.dense_weights);
   EXPECT_EQ(rows[1].plan.total_gpu_experts(), q8.total_gpu_experts());
   EXPECT_NE(formats_table(rows).find("int8"), std::string::npos);
-  EXPECT_EQ(formats_to_json(rows).size(), 5u);
+  EXPECT_EQ(formats_to_json(rows).size(), 6u);
   // dense.lm_head: int8 as well: the 248320 x 2048 table at a byte a weight, half a GB fewer
   const Plan lm = make_plan(m, fixed_bw(yaml(base + "dense: {format: int8, lm_head: int8}\n")), {.gpu_mem = 12ull << 30});
   EXPECT_NEAR(static_cast<double>(q8.vram.dense_weights - lm.vram.dense_weights), 248320.0 * 2048, 2e6);

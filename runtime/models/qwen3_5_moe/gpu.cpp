@@ -45,8 +45,8 @@ void Qwen35MoeGpu::Impl::linear(const DevLinear& L, const float* in, float* out)
   if (L.int4) {
     CK(gpu::gather_x_half(in, L.q.perm, L.in, 1, xh, stream));
     CK(gpu::gemv_int4(L.q, xh, 1, out, stream));
-  } else if (L.int8) {
-    CK(gpu::gemv_int8(L.q8, in, 1, out, stream));
+  } else if (L.rows8) {
+    CK(gpu::gemv_rows8(L.q8, in, 1, out, stream));
   } else {
     CK(gpu::gemv_bf16(L.w, L.out, L.in, in, 1, out, stream));
   }
@@ -457,7 +457,7 @@ namespace {
 // layer's conv window and recurrent state (fp32), and the total over the layers.
 struct SlotShape {
   int64_t row = 0, conv = 0, state = 0, total = 0;
-  SlotShape(const ModelConfig& c, KvFormat kv, int64_t position, bool mtp) {
+  SlotShape(const ModelConfig& c, RowFormat kv, int64_t position, bool mtp) {
     row = gpu::kv_row_bytes(kv, c.num_kv_heads, c.head_dim), conv = (c.linear_conv_kernel - 1) * c.linear_conv_dim() * 4;
     state = int64_t(c.linear_num_value_heads) * c.linear_key_head_dim * c.linear_value_head_dim * 4;
     for (LayerKind k : c.layer_types) total += k == LayerKind::LinearAttention ? conv + state : 2 * position * row;

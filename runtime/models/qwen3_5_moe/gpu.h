@@ -97,18 +97,18 @@ struct GpuOptions {
   // workspace needs step_rows' buffers: verify_tokens >= 2.
   bool mtp = false;
   // Dense projections (attention, DeltaNet, shared expert; not the router, embedding, lm_head or MTP
-  // head) quantized on load to int8 rows with a scale each (W8A16: gemv_int8): half their bytes.
-  // Accuracy: bench/results/2026-12-03-dense-quant-accuracy-devbox.md.
-  bool dense_int8 = false;
-  // Per layer, overriding dense_int8 where set (a placement's rules, Plan::dense_int8_units): whether
-  // the layer's mixer (attention or DeltaNet) / its shared expert is int8 rows.
-  std::vector<uint8_t> mixer_int8, shared_int8;
-  // The lm_head as int8 rows too (not a tied one: that is the embedding table). Accuracy: the same file.
-  bool lm_head_int8 = false;
-  // The KV cache's format (core/kv_format.h): bf16, or int8 / fp8 codes with an fp32 scale per token
+  // head) as stored (Bf16) or quantized on load to 8-bit rows with a scale each, int8 or FP8 E4M3
+  // (W8A16: gemv_rows8): half their bytes. Accuracy: bench/results/2026-12-03-dense-quant-accuracy-devbox.md.
+  RowFormat dense = RowFormat::Bf16;
+  // Per layer, overriding `dense` where set (a placement's rules, Plan::dense_units): the format of the
+  // layer's mixer (attention or DeltaNet) / its shared expert.
+  std::vector<RowFormat> mixer, shared;
+  // The lm_head as 8-bit rows too (not a tied one: that is the embedding table). Accuracy: the same file.
+  RowFormat lm_head = RowFormat::Bf16;
+  // The KV cache's format (core/row_format.h): bf16, or int8 / fp8 codes with an fp32 scale per token
   // and KV head (gpu_core/attention.cuh), about half the bytes: twice the context in the same memory.
   // The host placements round their cached rows alike (Qwen35State::kv_format).
-  KvFormat kv_format = KvFormat::Bf16;
+  RowFormat kv_format = RowFormat::Bf16;
 };
 
 class Qwen35MoeGpu {

@@ -35,9 +35,9 @@ struct DevLinear {
   const uint16_t* w = nullptr;  // bf16 [out, in]
   gpu::Int4View q;
   int64_t out = 0, in = 0;
-  bool int8 = false;            // quantized on load (GpuOptions::dense_int8): q8
-  gpu::Int8View q8;
-  bool bf16() const { return !int4 && !int8; }
+  bool rows8 = false;           // quantized on load to 8-bit rows (GpuOptions::dense): q8
+  gpu::Rows8View q8;
+  bool bf16() const { return !int4 && !rows8; }
   // A bf16 matrix already on the device (a stack of rows, the tied lm_head).
   static DevLinear bf16_rows(const uint16_t* w, int64_t out, int64_t in) {
     DevLinear d;

@@ -9,7 +9,7 @@
 
 #include "gpu_core/device.cuh"
 #include "gpu_core/int4_layout.h"
-#include "gpu_core/int8_layout.h"
+#include "gpu_core/rows8_layout.h"
 #include "core/bytes.h"
 #include "core/dtype.h"
 #include "placement/gpu_layout.h"
@@ -128,13 +128,13 @@ void fill_int4_parallel(const std::vector<std::pair<const LinearWeight*, DevLine
   if (failed) fail("uploading int4 experts: could not select CUDA device ", dev, " on a loader thread");
 }
 
-// A dense L quantized on load to int8 rows with their scales (int8_layout.h).
-DevLinear upload_int8(Uploader& up, const LinearWeight& L, Kind kind) {
+// A dense L quantized on load to 8-bit rows of `f` (int8 or fp8) with their scales (rows8_layout.h).
+DevLinear upload_rows8(Uploader& up, const LinearWeight& L, Kind kind, RowFormat f) {
   DevLinear d;
-  d.out = L.out, d.in = L.in, d.int8 = true;
-  auto* q = static_cast<int8_t*>(up.alloc(static_cast<uint64_t>(L.out * L.in), kind));
+  d.out = L.out, d.in = L.in, d.rows8 = true;
+  auto* q = static_cast<uint8_t*>(up.alloc(static_cast<uint64_t>(L.out * L.in), kind));
   auto* s = static_cast<float*>(up.alloc(static_cast<uint64_t>(L.out) * 4, kind));
-  d.q8 = {q, s, L.out, L.in};
+  d.q8 = {q, s, L.out, L.in, f};
   if (!up.committing()) return d;
   std::vector<uint16_t> bf;
   const uint16_t* w = static_cast<const uint16_t*>(L.dense);
@@ -143,15 +143,16 @@ DevLinear upload_int8(Uploader& up, const LinearWeight& L, Kind kind) {
     for (size_t i = 0; i < bf.size(); ++i) bf[i] = f32_to_bf16(load_as_f32(L.dense, L.dense_dtype, static_cast<int64_t>(i)));
     w = bf.data();
   }
-  const gpu::Int8Host h = gpu::quantize_int8_rows(w, L.out, L.in);
-  CK(cudaMemcpy(q, h.q.data(), h.q.size(), cudaMemcpyHostToDevice));
+  const gpu::Rows8Host h = gpu::quantize_rows8(w, L.out, L.in, f);
+  CK(cudaMemcpy(q, h.codes.data(), h.codes.size(), cudaMemcpyHostToDevice));
   CK(cudaMemcpy(s, h.scales.data(), h.scales.size() * 4, cudaMemcpyHostToDevice));
   return d;
 }
 
-// int8: a dense projection quantized on load (GpuOptions::dense_int8 / mixer_int8 / shared_int8; inputs a multiple of 16).
-DevLinear upload_linear(Uploader& up, const LinearWeight& L, Kind kind, bool int8 = false) {
-  if (int8 && L.kind == LinearWeight::Kind::Dense && L.in % 16 == 0) return upload_int8(up, L, kind);
+// f int8 / fp8: a dense projection quantized on load (GpuOptions::dense / mixer / shared / lm_head;
+// inputs a multiple of 16).
+DevLinear upload_linear(Uploader& up, const LinearWeight& L, Kind kind, RowFormat f = RowFormat::Bf16) {
+  if (f != RowFormat::Bf16 && L.kind == LinearWeight::Kind::Dense && L.in % 16 == 0) return upload_rows8(up, L, kind, f);
   DevLinear d;
   d.out = L.out;
   d.in = L.in;
@@ -223,10 +224,11 @@ DevLayer Qwen35MoeGpu::Impl::upload_layer(Uploader& up, const LayerWeights& L, i
   const ModelConfig& c = model.config();
   const int64_t E = c.num_experts;
   auto vec = [&](const std::vector<float>& v, Kind kind) { return up.upload(v.data(), v.size(), kind); };
-  auto int8_in = [&](const std::vector<uint8_t>& per_layer) {  // the MTP head (li = num_layers) stays as stored
-    return li < c.num_layers && (per_layer.empty() ? opts.dense_int8 : per_layer[static_cast<size_t>(li)] != 0);
+  auto format_in = [&](const std::vector<RowFormat>& per_layer) {  // the MTP head (li = num_layers) stays as stored
+    if (li >= c.num_layers) return RowFormat::Bf16;
+    return per_layer.empty() ? opts.dense : per_layer[static_cast<size_t>(li)];
   };
-  const bool q8 = int8_in(opts.mixer_int8), q8_shared = int8_in(opts.shared_int8);
+  const RowFormat q8 = format_in(opts.mixer), q8_shared = format_in(opts.shared);
   DevLayer d{};
   d.kind = L.kind;
   d.in_norm = vec(L.input_norm, Kind::Dense);
@@ -313,7 +315,7 @@ void Qwen35MoeGpu::Impl::build(Uploader& up, const std::function<void(uint64_t)>
   }
   // A tied lm_head reads the embedding table when that is on the GPU (stored as bf16 either way).
   lm_head = model.lm_head().dense == model.embed().dense && opts.embed_on_gpu ? DevLinear::bf16_rows(embed, V, H)
-                                                                            : upload_linear(up, model.lm_head(), Kind::Dense, opts.lm_head_int8);
+                                                                            : upload_linear(up, model.lm_head(), Kind::Dense, opts.lm_head);
   final_norm = vec(model.final_norm(), Kind::Dense);
   inv_freq = vec(model.rope_inv_freq(), Kind::Dense);
 

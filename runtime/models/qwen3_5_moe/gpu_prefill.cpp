@@ -42,9 +42,9 @@ void Qwen35MoeGpu::Impl::gpu_experts(const DevLayer& L, const float* x_dev, cons
 
 // y [n, out] = x [n, in] W^T for a chunk of tokens: cuBLAS for bf16, the int4 GEMV 8 tokens at a time.
 void Qwen35MoeGpu::Impl::linear_rows(const DevLinear& L, const float* in, int64_t n, float* out, bool gemv) {
-  if (L.int8) {  // the W8A16 GEMV 8 tokens at a time
+  if (L.rows8) {  // the W8A16 GEMV 8 tokens at a time
     for (int64_t t = 0; t < n; t += gpu::kMaxGemvTokens)
-      CK(gpu::gemv_int8(L.q8, in + t * L.in, static_cast<int>(std::min<int64_t>(gpu::kMaxGemvTokens, n - t)), out + t * L.out, stream));
+      CK(gpu::gemv_rows8(L.q8, in + t * L.in, static_cast<int>(std::min<int64_t>(gpu::kMaxGemvTokens, n - t)), out + t * L.out, stream));
     return;
   }
   if (!L.int4 && gemv) {

@@ -644,9 +644,9 @@ void Qwen35Moe::attention_forward(const LayerWeights& L, int layer, const Step& 
         float* kh = k.data() + t * kv_row + j * hd;
         ref::rmsnorm_zc(kh, w.k_norm.data(), hd, eps, kh);
         ref::rope_neox(kh, c.rotary_dim, inv_freq_.data(), pos[t]);
-        if (st.kv_format != KvFormat::Bf16) {  // what a coded cache holds of the row (the GPU's, and this one's)
-          kv_round_row(kh, hd, st.kv_format);
-          kv_round_row(v.data() + t * kv_row + j * hd, hd, st.kv_format);
+        if (st.kv_format != RowFormat::Bf16) {  // what a coded cache holds of the row (the GPU's, and this one's)
+          round_row(kh, hd, st.kv_format);
+          round_row(v.data() + t * kv_row + j * hd, hd, st.kv_format);
         }
       }
     }

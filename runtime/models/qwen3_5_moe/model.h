@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "runtime/format/config.h"
-#include "core/kv_format.h"
+#include "core/row_format.h"
 #include "core/weights.h"
 #include "runtime/format/int4_cache.h"
 #include "runtime/format/safetensors.h"
@@ -80,9 +80,9 @@ struct Qwen35State {
   int64_t pos = 0;
   MatmulBackend* backend = nullptr;  // not owned; nullptr: the reference
   std::vector<std::vector<float>> k_cache, v_cache;  // per layer: [pos][kv_heads * head_dim]
-  // The KV cache's format (core/kv_format.h): Int8 / Fp8 rows are rounded to it (per KV head) before
+  // The KV cache's format (core/row_format.h): Int8 / Fp8 rows are rounded to it (per KV head) before
   // they are cached, so the reference holds what a coded GPU cache holds; Bf16 rows stay fp32 here.
-  KvFormat kv_format = KvFormat::Bf16;
+  RowFormat kv_format = RowFormat::Bf16;
   std::vector<std::vector<float>> conv_window;       // per layer: [kernel-1][conv_dim]
   std::vector<std::vector<float>> recurrent;         // per layer: [Hv][dk][dv]
   // Expert deferral (what a pipelined hybrid gains by letting the CPU finish an expert while the GPU

@@ -10,7 +10,7 @@ int32_t argmax_lowest(std::span<const float> v) {
   return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());  // the first of equal maxima
 }
 
-MtpSequence::MtpSequence(const Qwen35Moe& model, MatmulBackend* backend, KvFormat kv) : model_(&model) {
+MtpSequence::MtpSequence(const Qwen35Moe& model, MatmulBackend* backend, RowFormat kv) : model_(&model) {
   if (!model.mtp()) fail(model.checkpoint().dir(), ": the checkpoint has no MTP head (mtp.* tensors); drafting needs one");
   st_ = model.new_mtp_state();
   st_.backend = backend;
@@ -26,7 +26,7 @@ void MtpSequence::move_to(int slot) { slot_ = slot; }
 void MtpSequence::reset() {
   if (!device_) {
     MatmulBackend* b = st_.backend;
-    const KvFormat kv = st_.kv_format;
+    const RowFormat kv = st_.kv_format;
     st_ = model_->new_mtp_state();
     st_.backend = b, st_.kv_format = kv;
   }

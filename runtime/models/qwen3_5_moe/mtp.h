@@ -41,7 +41,7 @@ class MtpDevice {
 
 class MtpSequence {
  public:
-  MtpSequence(const Qwen35Moe& model, MatmulBackend* backend, KvFormat kv = KvFormat::Bf16);  // the cache in host memory, rows in `kv`
+  MtpSequence(const Qwen35Moe& model, MatmulBackend* backend, RowFormat kv = RowFormat::Bf16);  // the cache in host memory, rows in `kv`
   MtpSequence(const Qwen35Moe& model, MtpDevice* device, int slot);  // the cache is the device's slot
   void move_to(int slot);  // a device sequence restored into another slot (its cache copied there)
   void reset();

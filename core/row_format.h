@@ -1,10 +1,12 @@
-// core/kv_format.h: the formats a KV cache row can be stored in, and the one definition of their
-// rounding, shared by the reference forward (which stores the rounded values in fp32) and the GPU
-// kernels (which store the codes): both include this header, so host and device round alike.
+// core/row_format.h: how a row of values is stored -- bf16, or 8-bit codes with one fp32 scale for the
+// row -- and the one definition of the rounding, shared by host code and the GPU kernels (both include
+// this header, so host and device round alike). Two users: the KV cache (a row is one KV head of one
+// token: the reference forward stores the rounded values in fp32, the GPU the codes) and dense weights
+// quantized on load (a row is one output channel of a projection).
 //
-// A row is one KV head of one token (head_dim values). bf16 stores each value rounded to bf16. int8 and
-// fp8 store a code per value and one fp32 scale per row, the row's largest magnitude mapped to the
-// format's largest code (dynamic per token and head: no calibration, outliers cost only their own row):
+// bf16 stores each value rounded to bf16. int8 and fp8 store a code per value and the row's scale, the
+// row's largest magnitude mapped to the format's largest code (no calibration; an outlier costs only
+// its own row):
 //   int8: scale = amax / 127, code = round_half_even(x * (127 / amax)) in -127..127, value = code * scale
 //   fp8:  scale = amax / 448, code = E4M3(x * (448 / amax)) rounded to nearest even (OCP E4M3: bias 7,
 //         no infinities, 448 the largest finite), value = E4M3 value * scale
@@ -24,16 +26,16 @@
 
 namespace tandem {
 
-enum class KvFormat : uint8_t { Bf16, Int8, Fp8 };
+enum class RowFormat : uint8_t { Bf16, Int8, Fp8 };
 
-const char* kv_format_name(KvFormat f);  // "bf16", "int8", "fp8"
+const char* row_format_name(RowFormat f);  // "bf16", "int8", "fp8"
 // Parses "bf16" / "int8" / "fp8"; tandem::Error naming `what` (a flag or a YAML key) and the choices.
-KvFormat parse_kv_format(const std::string& s, const std::string& what);
+RowFormat parse_row_format(const std::string& s, const std::string& what);
 // Bytes a cached value takes, its row's scale aside (2 or 1).
-TANDEM_HD int kv_value_bytes(KvFormat f) { return f == KvFormat::Bf16 ? 2 : 1; }
+TANDEM_HD int row_value_bytes(RowFormat f) { return f == RowFormat::Bf16 ? 2 : 1; }
 
 // The largest code's magnitude: 127 (int8) or 448 (fp8).
-TANDEM_HD float kv_code_max(KvFormat f) { return f == KvFormat::Int8 ? 127.0f : 448.0f; }
+TANDEM_HD float row_code_max(RowFormat f) { return f == RowFormat::Int8 ? 127.0f : 448.0f; }
 
 // E4M3 with saturation to +-448 (a value beyond it, after rounding, is 448), ties to even.
 TANDEM_HD uint8_t fp8_e4m3_encode(float x) {
@@ -56,29 +58,29 @@ TANDEM_HD float fp8_e4m3_decode(uint8_t c) {
   return c & 0x80 ? -v : v;
 }
 
-// The code of x for a row whose largest magnitude makes `inv` (kv_code_max / amax; 0 for a zero row).
-TANDEM_HD uint8_t kv_encode(float x, float inv, KvFormat f) {
-  if (f == KvFormat::Int8) {
+// The code of x for a row whose largest magnitude makes `inv` (row_code_max / amax; 0 for a zero row).
+TANDEM_HD uint8_t row_encode(float x, float inv, RowFormat f) {
+  if (f == RowFormat::Int8) {
     const float q = fminf(fmaxf(rintf(x * inv), -127.0f), 127.0f);
     return static_cast<uint8_t>(static_cast<int8_t>(q));
   }
   return fp8_e4m3_encode(x * inv);
 }
 // A code's value before the row's scale.
-TANDEM_HD float kv_decode(uint8_t c, KvFormat f) {
-  return f == KvFormat::Int8 ? static_cast<float>(static_cast<int8_t>(c)) : fp8_e4m3_decode(c);
+TANDEM_HD float row_decode(uint8_t c, RowFormat f) {
+  return f == RowFormat::Int8 ? static_cast<float>(static_cast<int8_t>(c)) : fp8_e4m3_decode(c);
 }
 // The row's scale and the factor its values are multiplied by before rounding.
-TANDEM_HD void kv_row_scale(float amax, KvFormat f, float* scale, float* inv) {
-  const float top = kv_code_max(f);
+TANDEM_HD void row_scale(float amax, RowFormat f, float* scale, float* inv) {
+  const float top = row_code_max(f);
   *scale = amax / top;
   *inv = amax > 0.0f ? top / amax : 0.0f;
 }
 
 // Host: the row x[0..n) quantized into codes[0..n); returns its scale. Bf16 is not a coded format.
-float kv_quantize_row(const float* x, int64_t n, KvFormat f, uint8_t* codes);
+float quantize_row(const float* x, int64_t n, RowFormat f, uint8_t* codes);
 // Host: x[0..n) replaced by what the format stores of it (bf16: rounded to bf16; int8 / fp8: codes
 // times the row's scale) -- the reference forward's cache.
-void kv_round_row(float* x, int64_t n, KvFormat f);
+void round_row(float* x, int64_t n, RowFormat f);
 
 }  // namespace tandem

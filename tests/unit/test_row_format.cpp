@@ -1,4 +1,4 @@
-// The KV cache formats' rounding (core/kv_format.h), the definition the GPU kernels share: E4M3 codes
+// The KV cache formats' rounding (core/row_format.h), the definition the GPU kernels share: E4M3 codes
 // against the format's value table (every code, and the nearest-value rule on random and boundary
 // inputs), int8 codes, and the row quantizer's error bound per format.
 #include <gtest/gtest.h>
@@ -10,7 +10,7 @@
 
 #include "core/dtype.h"
 #include "core/error.h"
-#include "core/kv_format.h"
+#include "core/row_format.h"
 #include "tests/unit/test_util.h"
 
 namespace tandem {
@@ -24,7 +24,7 @@ double e4m3_value(int c) {
   return c & 0x80 ? -v : v;
 }
 
-TEST(KvFormat, Fp8DecodesEveryCode) {
+TEST(RowFormat, Fp8DecodesEveryCode) {
   for (int c = 0; c < 256; ++c) {
     const float v = fp8_e4m3_decode(static_cast<uint8_t>(c));
     if ((c & 0x7f) == 0x7f) {
@@ -50,7 +50,7 @@ uint8_t nearest_e4m3(float x) {
   return static_cast<uint8_t>(best);
 }
 
-TEST(KvFormat, Fp8EncodesToTheNearestValue) {
+TEST(RowFormat, Fp8EncodesToTheNearestValue) {
   std::mt19937 rng(test::test_seed());
   std::vector<float> xs;
   for (int i = 0; i < 20000; ++i) xs.push_back(std::ldexp(std::uniform_real_distribution<float>(-1, 1)(rng), std::uniform_int_distribution<int>(-12, 9)(rng)));
@@ -70,23 +70,23 @@ TEST(KvFormat, Fp8EncodesToTheNearestValue) {
   EXPECT_EQ(fp8_e4m3_encode(std::ldexp(1.0f, -11)), 0x00);  // a quarter of the smallest step: zero
 }
 
-TEST(KvFormat, Int8CodesRoundHalfToEven) {
+TEST(RowFormat, Int8CodesRoundHalfToEven) {
   float scale, inv;
-  kv_row_scale(127.0f, KvFormat::Int8, &scale, &inv);
+  row_scale(127.0f, RowFormat::Int8, &scale, &inv);
   EXPECT_EQ(scale, 1.0f);
-  EXPECT_EQ(static_cast<int8_t>(kv_encode(2.5f, inv, KvFormat::Int8)), 2);
-  EXPECT_EQ(static_cast<int8_t>(kv_encode(-3.5f, inv, KvFormat::Int8)), -4);
-  EXPECT_EQ(static_cast<int8_t>(kv_encode(127.0f, inv, KvFormat::Int8)), 127);
-  EXPECT_EQ(static_cast<int8_t>(kv_encode(-200.0f, inv, KvFormat::Int8)), -127);  // beyond the row's amax: clamped
-  EXPECT_EQ(kv_decode(kv_encode(-57.0f, inv, KvFormat::Int8), KvFormat::Int8), -57.0f);
+  EXPECT_EQ(static_cast<int8_t>(row_encode(2.5f, inv, RowFormat::Int8)), 2);
+  EXPECT_EQ(static_cast<int8_t>(row_encode(-3.5f, inv, RowFormat::Int8)), -4);
+  EXPECT_EQ(static_cast<int8_t>(row_encode(127.0f, inv, RowFormat::Int8)), 127);
+  EXPECT_EQ(static_cast<int8_t>(row_encode(-200.0f, inv, RowFormat::Int8)), -127);  // beyond the row's amax: clamped
+  EXPECT_EQ(row_decode(row_encode(-57.0f, inv, RowFormat::Int8), RowFormat::Int8), -57.0f);
 }
 
-// A row's error after kv_round_row: int8 at most half a step (amax / 254) a value; fp8 at most 1/16 of
+// A row's error after round_row: int8 at most half a step (amax / 254) a value; fp8 at most 1/16 of
 // the value relative (half a mantissa step) plus half the smallest step; bf16 2^-8 relative. The
 // largest magnitude is kept exactly by both coded formats (it is the top code).
-TEST(KvFormat, RoundedRowsStayWithinHalfAStep) {
+TEST(RowFormat, RoundedRowsStayWithinHalfAStep) {
   std::mt19937 rng(test::test_seed() + 1);
-  for (const KvFormat f : {KvFormat::Bf16, KvFormat::Int8, KvFormat::Fp8}) {
+  for (const RowFormat f : {RowFormat::Bf16, RowFormat::Int8, RowFormat::Fp8}) {
     for (int trial = 0; trial < 50; ++trial) {
       const int n = 256;
       std::vector<float> x(n);
@@ -94,31 +94,31 @@ TEST(KvFormat, RoundedRowsStayWithinHalfAStep) {
       for (float& e : x) e = std::normal_distribution<float>(0, spread)(rng);
       x[trial % n] *= 20;  // an outlier
       std::vector<float> r = x;
-      kv_round_row(r.data(), n, f);
+      round_row(r.data(), n, f);
       float amax = 0;
       for (float e : x) amax = std::max(amax, std::abs(e));
       for (int i = 0; i < n; ++i) {
         const double err = std::abs(double(r[i]) - x[i]);
-        const double bound = f == KvFormat::Int8  ? amax / 254.0 * 1.0001
-                             : f == KvFormat::Fp8 ? std::abs(x[i]) / 16.0 * 1.0001 + amax / 448 * std::ldexp(1.0, -10) * 1.0001
+        const double bound = f == RowFormat::Int8  ? amax / 254.0 * 1.0001
+                             : f == RowFormat::Fp8 ? std::abs(x[i]) / 16.0 * 1.0001 + amax / 448 * std::ldexp(1.0, -10) * 1.0001
                                                   : std::abs(x[i]) * std::ldexp(1.0, -8);
-        ASSERT_LE(err, bound) << kv_format_name(f) << " value " << x[i] << " -> " << r[i] << " (amax " << amax << ")";
-        if (f != KvFormat::Bf16 && std::abs(x[i]) == amax) EXPECT_NEAR(r[i], x[i], amax * 1e-6) << kv_format_name(f);
+        ASSERT_LE(err, bound) << row_format_name(f) << " value " << x[i] << " -> " << r[i] << " (amax " << amax << ")";
+        if (f != RowFormat::Bf16 && std::abs(x[i]) == amax) EXPECT_NEAR(r[i], x[i], amax * 1e-6) << row_format_name(f);
       }
     }
   }
 }
 
-TEST(KvFormat, ZeroRowsAndNames) {
+TEST(RowFormat, ZeroRowsAndNames) {
   std::vector<float> z(64, 0.0f);
   std::vector<uint8_t> codes(64, 0xaa);
-  EXPECT_EQ(kv_quantize_row(z.data(), 64, KvFormat::Int8, codes.data()), 0.0f);
+  EXPECT_EQ(quantize_row(z.data(), 64, RowFormat::Int8, codes.data()), 0.0f);
   for (uint8_t c : codes) EXPECT_EQ(c, 0);
-  kv_round_row(z.data(), 64, KvFormat::Fp8);
+  round_row(z.data(), 64, RowFormat::Fp8);
   for (float v : z) EXPECT_EQ(v, 0.0f);
-  for (const KvFormat f : {KvFormat::Bf16, KvFormat::Int8, KvFormat::Fp8}) EXPECT_EQ(parse_kv_format(kv_format_name(f), "x"), f);
+  for (const RowFormat f : {RowFormat::Bf16, RowFormat::Int8, RowFormat::Fp8}) EXPECT_EQ(parse_row_format(row_format_name(f), "x"), f);
   try {
-    parse_kv_format("fp16", "--kv-format");
+    parse_row_format("fp16", "--kv-format");
     FAIL() << "fp16 accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("--kv-format: 'fp16' is not a KV cache format (bf16, int8 or fp8)"), std::string::npos) << e.what();

@@ -1,0 +1,90 @@
+// gpu_core/gemv_rows8.cu: 8-bit weights (int8 or FP8 E4M3 codes, a scale per row) x fp32 activations,
+// one warp per output row (see gemv.cuh).
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include "gpu_core/gemv.cuh"
+
+namespace tandem::gpu {
+
+namespace {
+
+constexpr int kRowsPerBlock = 8;  // one warp a row
+
+__device__ __forceinline__ int4 load_stream(const int4* p) {  // weights are read once: not into L1
+  int4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+
+// The 4 codes of w as floats (exact): signed bytes, or E4M3 values converted two at a time (one
+// instruction on sm_89 and later, which have FP8; emulated before).
+template <RowFormat F>
+__device__ __forceinline__ void codes4(int w, float* f) {
+  if constexpr (F == RowFormat::Int8) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) f[i] = static_cast<float>(static_cast<int8_t>((w >> (8 * i)) & 0xff));
+  } else {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>((w >> (16 * i)) & 0xffff), __NV_E4M3);
+      const float2 v = __half22float2(*reinterpret_cast<const __half2*>(&h));
+      f[2 * i] = v.x, f[2 * i + 1] = v.y;
+    }
+  }
+}
+
+template <RowFormat F, int TMAX>
+__global__ void gemv_rows8_kernel(const uint8_t* __restrict__ q, const float* __restrict__ scales, int64_t N, int64_t K,
+                                  const float* __restrict__ x, int T, float* __restrict__ y) {
+  const int lane = threadIdx.x & 31;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
+  if (row >= N) return;
+  float acc[TMAX];
+#pragma unroll
+  for (int t = 0; t < TMAX; ++t) acc[t] = 0.0f;
+  const int4* w = reinterpret_cast<const int4*>(q + row * K);
+  for (int64_t c = lane; c < K / 16; c += 32) {  // 16 weights a load
+    const int4 v = load_stream(w + c);
+    float wf[16];
+    codes4<F>(v.x, wf), codes4<F>(v.y, wf + 4), codes4<F>(v.z, wf + 8), codes4<F>(v.w, wf + 12);
+#pragma unroll
+    for (int t = 0; t < TMAX; ++t) {
+      if (t >= T) break;
+      const float4* xp = reinterpret_cast<const float4*>(x + t * K + c * 16);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float4 a = __ldg(xp + i);
+        acc[t] += wf[4 * i] * a.x + wf[4 * i + 1] * a.y + wf[4 * i + 2] * a.z + wf[4 * i + 3] * a.w;
+      }
+    }
+  }
+  const float s = scales[row];
+#pragma unroll
+  for (int t = 0; t < TMAX; ++t) {
+    if (t >= T) break;
+    float v = acc[t];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (lane == 0) y[t * N + row] = v * s;
+  }
+}
+
+template <RowFormat F>
+void launch_rows8(const Rows8View& W, const float* x, int T, float* y, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>((W.N + kRowsPerBlock - 1) / kRowsPerBlock)), block(32 * kRowsPerBlock);
+  if (T == 1) gemv_rows8_kernel<F, 1><<<grid, block, 0, stream>>>(W.codes, W.scales, W.N, W.K, x, T, y);
+  else gemv_rows8_kernel<F, kMaxGemvTokens><<<grid, block, 0, stream>>>(W.codes, W.scales, W.N, W.K, x, T, y);
+}
+
+}  // namespace
+
+cudaError_t gemv_rows8(const Rows8View& W, const float* x, int T, float* y, cudaStream_t stream) {
+  if (T < 1 || T > kMaxGemvTokens || W.K % 16 != 0 || W.N < 1 || !W.codes || !W.scales || W.format == RowFormat::Bf16)
+    return cudaErrorInvalidValue;
+  if (W.format == RowFormat::Int8) launch_rows8<RowFormat::Int8>(W, x, T, y, stream);
+  else launch_rows8<RowFormat::Fp8>(W, x, T, y, stream);
+  return cudaGetLastError();
+}
+
+}  // namespace tandem::gpu
