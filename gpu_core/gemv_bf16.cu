@@ -3,6 +3,7 @@
 
 #include <type_traits>
 
+#include "gpu_core/block_reduce.cuh"
 #include "gpu_core/gemv.cuh"
 #include "gpu_core/handoff.cuh"
 #include "gpu_core/mma.cuh"
@@ -112,14 +113,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   float acc[TMAX];
   row_dot<TMAX, SWIGLU, PRE>(W, N, K, x, u, T, row, lane, acc);
   if (row >= N) return;  // whole warps exit together: shuffles below stay full-warp
-#pragma unroll
-  for (int t = 0; t < TMAX; ++t) {
-    if (t >= T) break;
-    float v = acc[t];
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    if (lane == 0) y[t * N + row] = v;
-  }
+  detail::warp_store_row<TMAX>(acc, T, 1.0f, y, N, row, lane);
 }
 
 // Several tokens (T = 2..8) on tensor cores (mma.cuh): W's rows are A (16 a tile), the tokens B (8

@@ -3,6 +3,7 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
+#include "gpu_core/block_reduce.cuh"
 #include "gpu_core/gemv.cuh"
 
 namespace tandem::gpu {
@@ -59,15 +60,7 @@ __global__ void gemv_rows8_kernel(const uint8_t* __restrict__ q, const float* __
       }
     }
   }
-  const float s = scales[row];
-#pragma unroll
-  for (int t = 0; t < TMAX; ++t) {
-    if (t >= T) break;
-    float v = acc[t];
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    if (lane == 0) y[t * N + row] = v * s;
-  }
+  detail::warp_store_row<TMAX>(acc, T, scales[row], y, N, row, lane);
 }
 
 template <RowFormat F>
