@@ -113,7 +113,7 @@ void BM_gemv_bf16(benchmark::State& state) {
 
 // The same with 8-bit weights and a scale per row (W8A16, gemv_rows8), int8 (range(4) 1) or fp8 (2):
 // half gemv_bf16's bytes.
-void BM_gemv_int8(benchmark::State& state) {
+void BM_gemv_rows8(benchmark::State& state) {
   if (!gpu_present()) return state.SkipWithError("no CUDA device");
   const int64_t N = state.range(0), K = state.range(1), copies = state.range(3);
   const int T = static_cast<int>(state.range(2));
@@ -433,7 +433,7 @@ BENCHMARK(BM_gemv_bf16)
     ->Args({2048, 4096, 1, 1})->Args({2048, 4096, 1, 8})->Args({2048, 4096, 8, 8})->Args({248320, 2048, 1, 1})->Args({248320, 2048, 8, 1})
     ->Args({8192, 2048, 4, 1})
     ->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_gemv_int8)
+BENCHMARK(BM_gemv_rows8)
     ->Args({8192, 2048, 1, 8, 1})->Args({8192, 2048, 2, 8, 1})->Args({8192, 2048, 8, 8, 1})->Args({2048, 4096, 1, 8, 1})->Args({248320, 2048, 1, 1, 1})
     ->Args({8192, 2048, 1, 8, 2})->Args({8192, 2048, 8, 8, 2})->Args({2048, 4096, 1, 8, 2})
     ->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);

@@ -18,7 +18,7 @@
 set -uo pipefail
 DEADLINE="${DEADLINE:-560}"
 STEPS="${STEPS:-build tests dense head}"
-TESTS="${TESTS:-*GemvInt8*:*DenseInt8*:*Int4OnLoad*:GpuModel*:GpuMtpHead*:*GpuAttention*:*GpuKvCache*}"
+TESTS="${TESTS:-*GemvRows8*:*DenseRows8*:*Int4OnLoad*:GpuModel*:GpuMtpHead*:*GpuAttention*:*GpuKvCache*}"
 PLACEMENTS="${PLACEMENTS:-24GiB 12GiB 8GiB}"
 build=../build-gpu-quant
 name=gpu-quant

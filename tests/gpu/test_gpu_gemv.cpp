@@ -188,15 +188,15 @@ TEST_P(GpuGemvInt4, MatchesDequantizedReference) {
 // W8A16: the 8-bit rows (int8 and fp8) with their scales against the dequantized weights' fp64 product
 // (fp32 sums: 1e-5), every token count, the 35B's dense shapes and small odd ones; a token's outputs do
 // not depend on the others.
-struct Int8Case {
+struct Rows8Case {
   int64_t N, K;
 };
 
-class GpuGemvInt8 : public ::testing::TestWithParam<std::tuple<Int8Case, RowFormat>> {};
+class GpuGemvRows8 : public ::testing::TestWithParam<std::tuple<Rows8Case, RowFormat>> {};
 
-TEST_P(GpuGemvInt8, MatchesDequantizedReference) {
+TEST_P(GpuGemvRows8, MatchesDequantizedReference) {
   TANDEM_REQUIRE_GPU();
-  const Int8Case c = std::get<0>(GetParam());
+  const Rows8Case c = std::get<0>(GetParam());
   const RowFormat f = std::get<1>(GetParam());
   std::mt19937 rng(test::test_seed());
   std::vector<uint16_t> W;
@@ -234,9 +234,9 @@ TEST_P(GpuGemvInt8, MatchesDequantizedReference) {
   cudaGetLastError();
 }
 
-INSTANTIATE_TEST_SUITE_P(Shapes, GpuGemvInt8,
-                         ::testing::Combine(::testing::Values(Int8Case{8192, 2048}, Int8Case{2048, 4096}, Int8Case{256, 2048}, Int8Case{37, 64},
-                                                              Int8Case{1, 16}),
+INSTANTIATE_TEST_SUITE_P(Shapes, GpuGemvRows8,
+                         ::testing::Combine(::testing::Values(Rows8Case{8192, 2048}, Rows8Case{2048, 4096}, Rows8Case{256, 2048}, Rows8Case{37, 64},
+                                                              Rows8Case{1, 16}),
                                             ::testing::Values(RowFormat::Int8, RowFormat::Fp8)));
 
 INSTANTIATE_TEST_SUITE_P(Formats, GpuGemvInt4,

@@ -16,7 +16,7 @@
 namespace tandem {
 namespace {
 
-TEST(GpuDenseInt8, TheDemoModelStaysCloseToItsReference) {
+TEST(GpuDenseRows8, TheDemoModelStaysCloseToItsReference) {
   TANDEM_REQUIRE_GPU();
   const test::Fixture fx = test::load_fixture("demo");
   auto model = Qwen35Moe::load(fx.dir);
@@ -53,7 +53,7 @@ TEST(GpuDenseInt8, TheDemoModelStaysCloseToItsReference) {
 // Unit by unit (GpuOptions::mixer / shared, from a plan's rules): only the DeltaNet layers' projections
 // as 8-bit rows (int8, and fp8 for the shared experts of the attention layers): fewer dense bytes than
 // bf16, more than int8 everywhere.
-TEST(GpuDenseInt8, LayersChosenOneByOne) {
+TEST(GpuDenseRows8, LayersChosenOneByOne) {
   TANDEM_REQUIRE_GPU();
   const test::Fixture fx = test::load_fixture("demo");
   auto model = Qwen35Moe::load(fx.dir);
