@@ -57,7 +57,8 @@ void draft_checked(std::vector<MtpSequence>& mtp, int slot, int most, int32_t ne
 
 // A host sequence's copy: the state's vectors as they are (KV rows up to its position).
 struct HostSnapshot final : SequenceSnapshot {
-  std::vector<std::vector<float>> k_cache, v_cache, conv_window, recurrent;
+  std::vector<KvRows> k_cache, v_cache;
+  std::vector<std::vector<float>> conv_window, recurrent;
   std::optional<MtpSequence> mtp;  // the head's side, when the runner drafts
 };
 
@@ -121,7 +122,9 @@ class HostRunner final : public Runner {
     s->owner = this;
     s->position = st.pos;
     s->k_cache = st.k_cache, s->v_cache = st.v_cache, s->conv_window = st.conv_window, s->recurrent = st.recurrent;
-    for (const auto* part : {&s->k_cache, &s->v_cache, &s->conv_window, &s->recurrent})
+    for (const auto* part : {&s->k_cache, &s->v_cache})
+      for (const KvRows& r : *part) s->bytes += r.bytes();
+    for (const auto* part : {&s->conv_window, &s->recurrent})
       for (const auto& v : *part) s->bytes += v.size() * sizeof(float);
     if (draft_ > 0) {
       s->mtp = mtp_[slot];
@@ -139,7 +142,7 @@ class HostRunner final : public Runner {
     if (draft_ > 0) mtp_[slot] = *s->mtp;
   }
   std::string describe() const override {
-    const std::string kv = kv_ == RowFormat::Bf16 ? "" : str_cat(", KV cache ", row_format_name(kv_), " (rows rounded as the GPU's)");
+    const std::string kv = kv_ == RowFormat::Bf16 ? "" : str_cat(", KV cache ", row_format_name(kv_), " (codes and a scale per position and KV head, as the GPU's)");
     return (backend_ ? "cpu: " + backend_->describe() : "ref: exact fp32 reference") + kv;
   }
   int64_t max_context() const override { return model_.config().max_position_embeddings; }

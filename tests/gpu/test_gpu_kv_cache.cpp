@@ -1,5 +1,5 @@
 // An int8 / fp8 KV cache on the GPU (GpuOptions::kv_format): every fixture against the reference with
-// the same format (Qwen35State::kv_format rounds its rows as the GPU stores them), so what differs is
+// the same format (Qwen35State::kv_format: its rows stored as the same codes), so what differs is
 // the GPU's arithmetic, within the bf16 cache's bound against HF (2e-2 relative L2 at the median
 // position; a coded row may differ by one code where the GPU's key rounds the other way, and a router at
 // a near-tie then routes one expert differently, a discrete jump); the same argmax at decisive

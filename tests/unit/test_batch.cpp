@@ -99,6 +99,68 @@ TEST_P(Batch, BadStepsAreRefusedBeforeAnythingRuns) {
   EXPECT_THROW(r->rollback(0, 0), Error);  // nothing was kept
 }
 
+// A coded KV cache (RunnerOptions::kv_format int8 / fp8: codes and a scale per position and KV head,
+// KvRows) keeps the same guarantees: every sequence of a batch bit for bit as alone, a kept step rolled
+// back exactly (the codes cut at the position), a saved sequence restored exactly.
+struct CodedCase {
+  std::string fixture;
+  Device device;
+  RowFormat kv;
+};
+
+class BatchCodedKv : public ::testing::TestWithParam<CodedCase> {
+ protected:
+  void SetUp() override {
+    fixture_ = test::load_fixture(GetParam().fixture);
+    model_ = Qwen35Moe::load(fixture_.dir);
+  }
+  test::RunnerFactory factory() const {
+    return [this](int batch, int64_t verify) {
+      RunnerOptions o;
+      o.device = GetParam().device;
+      o.threads = 2;
+      o.batch = batch;
+      o.verify_tokens = verify;
+      o.kv_format = row_format_name(GetParam().kv);
+      return make_runner(*model_, o);
+    };
+  }
+  test::Fixture fixture_;
+  std::unique_ptr<Qwen35Moe> model_;
+};
+
+TEST_P(BatchCodedKv, EverySequenceGetsItsLogitsAlone) {
+  const bool amx = GetParam().device == Device::Cpu && cpu::default_isa().isa == cpu::Isa::Amx;
+  test::batch_equals_alone(factory(), fixture_.ids, fixture_.vocab, amx ? 1e-2 : 0);
+}
+TEST_P(BatchCodedKv, KeptStatesRollBackExactly) { test::keep_states_and_rollback(factory(), fixture_.ids, fixture_.vocab, 0); }
+TEST_P(BatchCodedKv, ASavedSequenceRestoresExactly) { test::saved_sequence_restores(factory(), fixture_.ids, fixture_.vocab); }
+
+// The coded cache's bytes: a quarter of the fp32 rows (plus a scale a row), in what a saved sequence takes.
+TEST(CodedKvBytes, SavedSequencesTakeAQuarterOfTheKvBytes) {
+  const test::Fixture f = test::load_fixture("demo");
+  auto model = Qwen35Moe::load(f.dir);
+  uint64_t saved[2] = {};
+  for (const RowFormat kv : {RowFormat::Bf16, RowFormat::Int8}) {
+    RunnerOptions o;
+    o.device = Device::Ref;
+    o.kv_format = row_format_name(kv);
+    auto r = make_runner(*model, o);
+    std::vector<float> logits(static_cast<size_t>(f.vocab));
+    const Runner::Feed feed{0, f.ids, logits.data(), Qwen35Moe::LogitRows::Last, false};
+    r->step(std::span(&feed, 1));
+    saved[kv == RowFormat::Int8] = r->save(0)->bytes;
+  }
+  const ModelConfig& c = model->config();
+  const uint64_t n = f.ids.size(), layers = static_cast<uint64_t>(c.num_full_attention_layers()), row = static_cast<uint64_t>(c.num_kv_heads) * c.head_dim;
+  EXPECT_EQ(saved[0] - saved[1], layers * 2 * n * (row * 4 - row - static_cast<uint64_t>(c.num_kv_heads) * 4));
+}
+
+INSTANTIATE_TEST_SUITE_P(Tandem, BatchCodedKv,
+                         ::testing::Values(CodedCase{"demo", Device::Ref, RowFormat::Int8}, CodedCase{"demo", Device::Cpu, RowFormat::Fp8},
+                                           CodedCase{"bf16_fused", Device::Cpu, RowFormat::Int8}, CodedCase{"gptq_sym_v1", Device::Ref, RowFormat::Fp8}),
+                         [](const auto& info) { return info.param.fixture + "_" + device_name(info.param.device) + "_" + row_format_name(info.param.kv); });
+
 INSTANTIATE_TEST_SUITE_P(Tandem, Batch, ::testing::ValuesIn(cases()), case_name);
 
 // cpu runner options of the generation tests (batch 1: each request alone).

@@ -107,7 +107,7 @@ struct GpuOptions {
   RowFormat lm_head = RowFormat::Bf16;
   // The KV cache's format (core/row_format.h): bf16, or int8 / fp8 codes with an fp32 scale per token
   // and KV head (gpu_core/attention.cuh), about half the bytes: twice the context in the same memory.
-  // The host placements round their cached rows alike (Qwen35State::kv_format).
+  // The host placements store the same codes (Qwen35State::kv_format, KvRows).
   RowFormat kv_format = RowFormat::Bf16;
 };
 

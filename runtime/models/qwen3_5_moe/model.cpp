@@ -344,6 +344,25 @@ WeightBytes Qwen35Moe::weight_bytes() const {
   return b;
 }
 
+void KvRows::append(const float* rows, int64_t n, int w, int h, RowFormat f) {
+  if (width == 0) width = w, heads = h;
+  if (w != width || h != heads) fail("KvRows::append: rows of ", w, " values in ", h, " heads after ", width, " in ", heads);
+  if (f == RowFormat::Bf16) {
+    values.insert(values.end(), rows, rows + n * w);
+    return;
+  }
+  const int64_t hd = w / h, at = static_cast<int64_t>(codes.size());
+  codes.resize(static_cast<size_t>(at + n * w));
+  for (int64_t t = 0; t < n; ++t)
+    for (int j = 0; j < h; ++j) scales.push_back(quantize_row(rows + t * w + j * hd, hd, f, codes.data() + at + t * w + j * hd));
+}
+
+void KvRows::truncate(int64_t p) {
+  if (p >= positions()) return;
+  (values.empty() ? codes.resize(static_cast<size_t>(p * width)) : values.resize(static_cast<size_t>(p * width)));
+  scales.resize(codes.empty() ? 0 : static_cast<size_t>(p * heads));
+}
+
 Qwen35State Qwen35Moe::new_state() const {
   Qwen35State s;
   const int n = cfg_.num_layers;
@@ -385,10 +404,8 @@ void Qwen35State::rollback(int64_t keep) {
   }
   pos = kept_from + keep;
   for (size_t l = 0; l < k_cache.size(); ++l) {
-    if (k_cache[l].empty()) continue;
-    const size_t row = k_cache[l].size() / static_cast<size_t>(kept_from + n);
-    k_cache[l].resize(static_cast<size_t>(pos) * row);
-    v_cache[l].resize(static_cast<size_t>(pos) * row);
+    k_cache[l].truncate(pos);
+    v_cache[l].truncate(pos);
   }
   kept.clear();
   kept_from = -1;
@@ -644,16 +661,11 @@ void Qwen35Moe::attention_forward(const LayerWeights& L, int layer, const Step& 
         float* kh = k.data() + t * kv_row + j * hd;
         ref::rmsnorm_zc(kh, w.k_norm.data(), hd, eps, kh);
         ref::rope_neox(kh, c.rotary_dim, inv_freq_.data(), pos[t]);
-        if (st.kv_format != RowFormat::Bf16) {  // what a coded cache holds of the row (the GPU's, and this one's)
-          round_row(kh, hd, st.kv_format);
-          round_row(v.data() + t * kv_row + j * hd, hd, st.kv_format);
-        }
       }
     }
-    std::vector<float>& kc = st.k_cache[layer];
-    std::vector<float>& vc = st.v_cache[layer];
-    kc.insert(kc.end(), k.begin() + step.first[i] * kv_row, k.begin() + step.first[i + 1] * kv_row);
-    vc.insert(vc.end(), v.begin() + step.first[i] * kv_row, v.begin() + step.first[i + 1] * kv_row);
+    const int64_t rows = step.first[i + 1] - step.first[i];
+    st.k_cache[layer].append(k.data() + step.first[i] * kv_row, rows, static_cast<int>(kv_row), nkv, st.kv_format);
+    st.v_cache[layer].append(v.data() + step.first[i] * kv_row, rows, static_cast<int>(kv_row), nkv, st.kv_format);
   }
   int64_t longest = 0;
   for (int64_t t = 0; t < T; ++t) longest = std::max(longest, pos[t] + 1);
@@ -672,8 +684,12 @@ void Qwen35Moe::attention_forward(const LayerWeights& L, int layer, const Step& 
         ref::rope_neox(q.data(), c.rotary_dim, inv_freq_.data(), pos[t]);
         float* oh = o.data() + (t * nh + h) * hd;
         const int64_t kvh = h / group;
-        ref::attend(q.data(), st.k_cache[layer].data() + kvh * hd, st.v_cache[layer].data() + kvh * hd, pos[t] + 1, kv_row, hd,
-                    scale, scores.data(), oh);
+        const KvRows &kc = st.k_cache[layer], &vc = st.v_cache[layer];
+        if (st.kv_format == RowFormat::Bf16)
+          ref::attend(q.data(), kc.values.data() + kvh * hd, vc.values.data() + kvh * hd, pos[t] + 1, kv_row, hd, scale, scores.data(), oh);
+        else
+          ref::attend_coded(q.data(), {kc.codes.data() + kvh * hd, kc.scales.data() + kvh}, {vc.codes.data() + kvh * hd, vc.scales.data() + kvh},
+                            pos[t] + 1, kv_row, nkv, hd, st.kv_format, scale, scores.data(), oh);
         for (int i = 0; i < hd; ++i) oh[i] *= ref::sigmoid(gate[i]);
       }
   }

@@ -75,13 +75,29 @@ class MatmulBackend {
                               float* out) = 0;
 };
 
-// Per-sequence state. KV rows are post-norm, post-RoPE keys and raw values, fp32 in the reference.
+// One attention layer's cached keys (or values) of a sequence, `width` (kv_heads * head_dim) values a
+// position, each KV head's `head_dim` of them a row (core/row_format.h): fp32 values [pos][width] in
+// format Bf16 (the reference keeps them exact), else codes [pos][width] and a scale per position and
+// KV head [pos][kv_heads] -- what a coded GPU cache holds, a quarter of the fp32 bytes.
+struct KvRows {
+  int width = 0, heads = 0;  // set by the first append
+  std::vector<float> values;
+  std::vector<uint8_t> codes;
+  std::vector<float> scales;
+  int64_t positions() const { return width ? static_cast<int64_t>((values.size() + codes.size()) / static_cast<size_t>(width)) : 0; }
+  // Appends n positions of rows [n][width] (coded formats: each head's row quantized).
+  void append(const float* rows, int64_t n, int width, int heads, RowFormat f);
+  void truncate(int64_t positions);  // the first `positions` kept
+  uint64_t bytes() const { return values.size() * sizeof(float) + codes.size() + scales.size() * sizeof(float); }
+};
+
+// Per-sequence state. KV rows are post-norm, post-RoPE keys and raw values.
 struct Qwen35State {
   int64_t pos = 0;
   MatmulBackend* backend = nullptr;  // not owned; nullptr: the reference
-  std::vector<std::vector<float>> k_cache, v_cache;  // per layer: [pos][kv_heads * head_dim]
-  // The KV cache's format (core/row_format.h): Int8 / Fp8 rows are rounded to it (per KV head) before
-  // they are cached, so the reference holds what a coded GPU cache holds; Bf16 rows stay fp32 here.
+  std::vector<KvRows> k_cache, v_cache;  // per layer
+  // The KV cache's format (core/row_format.h): Int8 / Fp8 rows are cached as codes with a scale per
+  // KV head, as a coded GPU cache holds them (and read as such); Bf16 rows stay fp32 here.
   RowFormat kv_format = RowFormat::Bf16;
   std::vector<std::vector<float>> conv_window;       // per layer: [kernel-1][conv_dim]
   std::vector<std::vector<float>> recurrent;         // per layer: [Hv][dk][dv]

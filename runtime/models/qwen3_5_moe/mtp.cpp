@@ -41,9 +41,8 @@ void MtpSequence::drop_provisional() {
   rows_ = committed_;
   if (device_) return;  // the device's later rows are overwritten as the cache grows again
   const int L = model_->config().num_layers;
-  const size_t row = static_cast<size_t>(model_->config().num_kv_heads) * model_->config().head_dim;
-  st_.k_cache[L].resize(static_cast<size_t>(committed_) * row);
-  st_.v_cache[L].resize(static_cast<size_t>(committed_) * row);
+  st_.k_cache[L].truncate(committed_);
+  st_.v_cache[L].truncate(committed_);
   st_.pos = committed_;
 }
 
@@ -127,7 +126,7 @@ void MtpSequence::draft(int32_t next, std::span<int32_t> out, const DraftPick& p
 
 uint64_t MtpSequence::bytes() const {  // a device's cache is counted in its slot's saved sequence
   const int L = model_->config().num_layers;
-  const uint64_t cache = device_ ? 0 : (st_.k_cache[L].size() + st_.v_cache[L].size()) * sizeof(float);
+  const uint64_t cache = device_ ? 0 : st_.k_cache[L].bytes() + st_.v_cache[L].bytes();
   return cache + hidden_.size() * sizeof(float) + ids_.size() * sizeof(int32_t);
 }
 

@@ -144,6 +144,31 @@ void attend(const float* q, const float* k_cache, const float* v_cache, int64_t 
   }
 }
 
+void attend_coded(const float* q, CodedRows k, CodedRows v, int64_t n_ctx, int64_t row_stride, int64_t scale_stride, int head_dim,
+                  RowFormat f, float scale, float* scores, float* out) {
+  float lut[256];  // a code's value before its row's scale
+  for (int c = 0; c < 256; ++c) lut[c] = row_decode(static_cast<uint8_t>(c), f);
+  float mx = -INFINITY;
+  for (int64_t s = 0; s < n_ctx; ++s) {
+    float d = 0.0f;
+    const uint8_t* kr = k.codes + s * row_stride;
+    for (int i = 0; i < head_dim; ++i) d += q[i] * lut[kr[i]];
+    scores[s] = d * k.scales[s * scale_stride] * scale;
+    mx = std::max(mx, scores[s]);
+  }
+  double denom = 0.0;
+  for (int64_t s = 0; s < n_ctx; ++s) {
+    scores[s] = std::exp(scores[s] - mx);
+    denom += scores[s];
+  }
+  std::fill_n(out, head_dim, 0.0f);
+  for (int64_t s = 0; s < n_ctx; ++s) {
+    const float p = static_cast<float>(scores[s] / denom) * v.scales[s * scale_stride];
+    const uint8_t* vr = v.codes + s * row_stride;
+    for (int i = 0; i < head_dim; ++i) out[i] += p * lut[vr[i]];
+  }
+}
+
 void route_topk(const float* logits, int num_experts, int k, int* idx, float* weight) {
   float mx = -INFINITY;
   for (int e = 0; e < num_experts; ++e) mx = std::max(mx, logits[e]);

@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "core/row_format.h"
+
 namespace tandem::ref {
 
 float silu(float x);
@@ -51,6 +53,14 @@ void delta_rule_chunk(float* S, const float* q, const float* k, const float* v, 
 // `row_stride` floats apart); softmax in fp32 with scale.
 void attend(const float* q, const float* k_cache, const float* v_cache, int64_t n_ctx, int64_t row_stride,
             int head_dim, float scale, float* scores_scratch, float* out);
+// The same over a coded cache (core/row_format.h): a KV head's codes `row_stride` bytes apart and its
+// scales `scale_stride` floats apart; each row's scale taken once, on the score and on the value weight.
+struct CodedRows {
+  const uint8_t* codes;
+  const float* scales;
+};
+void attend_coded(const float* q, CodedRows k, CodedRows v, int64_t n_ctx, int64_t row_stride, int64_t scale_stride, int head_dim,
+                  RowFormat f, float scale, float* scores_scratch, float* out);
 
 // MoE routing: softmax over all experts, top-k (ties to the lower index, as torch.topk on CPU),
 // weights renormalised to sum to 1.
