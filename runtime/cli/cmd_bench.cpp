@@ -36,6 +36,7 @@
 #include "core/file_io.h"
 #include "core/limits.h"
 #include "core/membw.h"
+#include "gpu_core/attention_sizes.h"
 #include "placement/gpu_layout.h"
 #include "runtime/cli/device_flags.h"
 #include "runtime/models/qwen3_5_moe/model.h"
@@ -451,9 +452,14 @@ int cmd_bench(int argc, char** argv) {
     }
     const double act_bytes = moe_layers ? static_cast<double>(wb.routed_active) / static_cast<double>(k * moe_layers) : 0;
     const double dense = static_cast<double>(wb.per_token_active - wb.routed_active);
-    const double kv_elem = hybrid || device == "gpu" ? 2 : 4;  // bf16 cache on the GPU, fp32 on the host
+    // A cached position's K (or V) row of one layer: gpu::kv_row_bytes on the GPU (bf16, or codes and
+    // scales padded to 16 bytes); on the host fp32 values (bf16 mode) or codes and a scale a KV head (KvRows).
+    const RowFormat kv = parse_row_format(session.options.kv_format.empty() ? "bf16" : session.options.kv_format, "--kv-format");
+    const double kv_row = hybrid || device == "gpu" ? static_cast<double>(gpu::kv_row_bytes(kv, cfg.num_kv_heads, cfg.head_dim))
+                          : kv == RowFormat::Bf16   ? 4.0 * cfg.num_kv_heads * cfg.head_dim
+                                                    : static_cast<double>(cfg.num_kv_heads) * (cfg.head_dim + 4);
     const double per_seq = dn_layers * 2.0 * static_cast<double>(placement::ssm_state_bytes(cfg) + placement::conv_state_bytes(cfg)) +
-                           attn_layers * (L + gen / 2.0) * cfg.num_kv_heads * cfg.head_dim * 2.0 * kv_elem;
+                           attn_layers * (L + gen / 2.0) * 2.0 * kv_row;
     auto union_of = [&](int B) { return static_cast<double>(E) * (1.0 - std::pow(1.0 - static_cast<double>(k) / E, B)); };
     auto batch_bound = [&](int B) {
       const double experts = union_of(B) * moe_layers * act_bytes;
