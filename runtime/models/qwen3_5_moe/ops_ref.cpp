@@ -144,15 +144,20 @@ void attend(const float* q, const float* k_cache, const float* v_cache, int64_t 
   }
 }
 
-void attend_coded(const float* q, CodedRows k, CodedRows v, int64_t n_ctx, int64_t row_stride, int64_t scale_stride, int head_dim,
-                  RowFormat f, float scale, float* scores, float* out) {
+namespace {
+
+// Int8 codes convert to their values directly (the loops vectorise); E4M3 codes through a table.
+template <RowFormat F>
+void attend_codes(const float* q, CodedRows k, CodedRows v, int64_t n_ctx, int64_t row_stride, int64_t scale_stride, int head_dim,
+                  float scale, float* scores, float* out) {
   float lut[256];  // a code's value before its row's scale
-  for (int c = 0; c < 256; ++c) lut[c] = row_decode(static_cast<uint8_t>(c), f);
+  for (int c = 0; c < 256; ++c) lut[c] = row_decode(static_cast<uint8_t>(c), F);
+  auto value = [&](uint8_t c) { return F == RowFormat::Int8 ? static_cast<float>(static_cast<int8_t>(c)) : lut[c]; };
   float mx = -INFINITY;
   for (int64_t s = 0; s < n_ctx; ++s) {
     float d = 0.0f;
     const uint8_t* kr = k.codes + s * row_stride;
-    for (int i = 0; i < head_dim; ++i) d += q[i] * lut[kr[i]];
+    for (int i = 0; i < head_dim; ++i) d += q[i] * value(kr[i]);
     scores[s] = d * k.scales[s * scale_stride] * scale;
     mx = std::max(mx, scores[s]);
   }
@@ -165,8 +170,16 @@ void attend_coded(const float* q, CodedRows k, CodedRows v, int64_t n_ctx, int64
   for (int64_t s = 0; s < n_ctx; ++s) {
     const float p = static_cast<float>(scores[s] / denom) * v.scales[s * scale_stride];
     const uint8_t* vr = v.codes + s * row_stride;
-    for (int i = 0; i < head_dim; ++i) out[i] += p * lut[vr[i]];
+    for (int i = 0; i < head_dim; ++i) out[i] += p * value(vr[i]);
   }
+}
+
+}  // namespace
+
+void attend_coded(const float* q, CodedRows k, CodedRows v, int64_t n_ctx, int64_t row_stride, int64_t scale_stride, int head_dim,
+                  RowFormat f, float scale, float* scores, float* out) {
+  if (f == RowFormat::Int8) attend_codes<RowFormat::Int8>(q, k, v, n_ctx, row_stride, scale_stride, head_dim, scale, scores, out);
+  else attend_codes<RowFormat::Fp8>(q, k, v, n_ctx, row_stride, scale_stride, head_dim, scale, scores, out);
 }
 
 void route_topk(const float* logits, int num_experts, int k, int* idx, float* weight) {
