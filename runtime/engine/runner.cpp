@@ -477,6 +477,11 @@ std::unique_ptr<Runner> make_placement_runner(const Qwen35Moe& model, const Runn
   if (o.draft > 0 && o.device == Device::Hybrid && o.plan && o.plan->deferral > 0)
     fail("--draft: the verification step keeps exact states; a placement with experts.deferral defers some experts a layer (set it to 0)");
   const RowFormat kv = parse_row_format(o.kv_format.empty() ? "bf16" : o.kv_format, "--kv-format");
+  if (o.device == Device::Ref || o.device == Device::Cpu)  // the host placements run the projections as stored
+    for (const auto& [value, flag] : {std::pair{o.dense_format, "--dense-format"}, std::pair{o.lm_head_format, "--lm-head-format"}})
+      if (!value.empty() && value != "bf16")
+        fail(flag, " ", value, " quantizes projections for the GPU (--device gpu or hybrid); --device ", device_name(o.device),
+             " runs them as stored");
   if (o.device == Device::Ref) return std::make_unique<HostRunner>(model, nullptr, o.defer_experts, batch, o.draft, kv);
   if (o.device == Device::Cpu) {
     CpuBackendOptions co;

@@ -38,6 +38,7 @@ check "unknown flag" "2" "did you mean '--prefill'" -- "$tandem" logits --model 
 check "unknown device" "2" "--device must be one of" -- "$tandem" logits --model "$fx" --ids 1 --device tpu --out "$tmp/x.npy"
 check "bad --experts-format" "2" "--experts-format must be auto or int4" -- "$tandem" logits --model "$fx" --ids 1 --experts-format int3 --out "$tmp/x.npy"
 check "bad --kv-format" "2" "--kv-format: 'int4' is not a KV cache format (bf16, int8 or fp8)" -- "$tandem" logits --model "$fx" --ids 1 --kv-format int4 --out "$tmp/x.npy"
+check "--dense-format int8 on the CPU" "1" "--dense-format int8 quantizes projections for the GPU (--device gpu or hybrid); --device cpu runs them as stored" -- "$tandem" logits --model "$fx" --device cpu --ids 1 --dense-format int8 --out "$tmp/x.npy"
 check "--kv-format fp8 on the CPU" "0" "KV cache fp8 (codes and a scale per position and KV head" -- "$tandem" logits --model "$fx" --device cpu --ids 1,2,3 --kv-format fp8 --out "$tmp/x.npy"
 check "--experts-format int4 on a model without an int4 group" "1" "experts (hidden 48, intermediate 16) have no int4 group" -- "$tandem" logits --model "$fx" --device cpu --ids 1 --experts-format int4 --quant-cache "$tmp/qc" --out "$tmp/x.npy"
 check "--experts-format int4 with a cache folder that cannot be made" "1" "cannot create the int4 cache folder.*--quant-cache" -- "$tandem" logits --model "$data/demo" --device cpu --ids 1 --experts-format int4 --quant-cache "$data/demo/config.json/cache" --out "$tmp/y.npy"
