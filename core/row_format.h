@@ -1,8 +1,8 @@
 // core/row_format.h: how a row of values is stored -- bf16, or 8-bit codes with one fp32 scale for the
 // row -- and the one definition of the rounding, shared by host code and the GPU kernels (both include
 // this header, so host and device round alike). Two users: the KV cache (a row is one KV head of one
-// token: the reference forward stores the rounded values in fp32, the GPU the codes) and dense weights
-// quantized on load (a row is one output channel of a projection).
+// token: the host placements and the GPU store the codes) and dense weights quantized on load (a row is
+// one output channel of a projection).
 //
 // bf16 stores each value rounded to bf16. int8 and fp8 store a code per value and the row's scale, the
 // row's largest magnitude mapped to the format's largest code (no calibration; an outlier costs only
@@ -29,7 +29,8 @@ namespace tandem {
 enum class RowFormat : uint8_t { Bf16, Int8, Fp8 };
 
 const char* row_format_name(RowFormat f);  // "bf16", "int8", "fp8"
-// Parses "bf16" / "int8" / "fp8"; tandem::Error naming `what` (a flag or a YAML key) and the choices.
+// Parses "bf16" / "int8" / "fp8" ("": bf16, the default of every option that takes one); tandem::Error
+// naming `what` (a flag or a YAML key) and the choices.
 RowFormat parse_row_format(const std::string& s, const std::string& what);
 // Bytes a cached value takes, its row's scale aside (2 or 1).
 TANDEM_HD int row_value_bytes(RowFormat f) { return f == RowFormat::Bf16 ? 2 : 1; }
@@ -79,8 +80,5 @@ TANDEM_HD void row_scale(float amax, RowFormat f, float* scale, float* inv) {
 
 // Host: the row x[0..n) quantized into codes[0..n); returns its scale. Bf16 is not a coded format.
 float quantize_row(const float* x, int64_t n, RowFormat f, uint8_t* codes);
-// Host: x[0..n) replaced by what the format stores of it (bf16: rounded to bf16; int8 / fp8: codes
-// times the row's scale) -- the reference forward's cache.
-void round_row(float* x, int64_t n, RowFormat f);
 
 }  // namespace tandem

@@ -189,6 +189,13 @@ std::string format_value(const Reader& r, const YAML::Node& n, const std::string
   return v == 4 ? "fp8" : v == 3 ? "auto" : v == 0 ? "int4" : v == 1 ? "int8" : "bf16";
 }
 
+// A row format (core/row_format.h) key: kv_cache.format, dense.format, dense.lm_head.
+std::string row_format_value(const Reader& r, const YAML::Node& n, const std::string& key) {
+  const std::string v = r.scalar(n, key);
+  if (v != "bf16" && v != "int8" && v != "fp8") r.fail_at(n, key, "'", v, "' must be 'bf16', 'int8' or 'fp8'");
+  return v;
+}
+
 }  // namespace
 
 PlacementConfig parse_placement_config(const std::string& text, const std::string& source, const std::string& base_dir) {
@@ -207,24 +214,12 @@ PlacementConfig parse_placement_config(const std::string& text, const std::strin
                             "bandwidth", "cost", "rules", "server", "speculative", "dense", "kv_cache"});
     if (const YAML::Node kv = root["kv_cache"]) {
       r.check_keys(kv, "kv_cache", {"format"});
-      if (const YAML::Node f = kv["format"]) {
-        c.kv_format = r.scalar(f, "kv_cache.format");
-        if (c.kv_format != "bf16" && c.kv_format != "int8" && c.kv_format != "fp8")
-          r.fail_at(f, "kv_cache.format", "'", c.kv_format, "' must be 'bf16', 'int8' or 'fp8'");
-      }
+      if (const YAML::Node f = kv["format"]) c.kv_format = row_format_value(r, f, "kv_cache.format");
     }
     if (const YAML::Node dn = root["dense"]) {
       r.check_keys(dn, "dense", {"format", "lm_head"});
-      if (const YAML::Node f = dn["format"]) {
-        c.dense_format = r.scalar(f, "dense.format");
-        if (c.dense_format != "bf16" && c.dense_format != "int8" && c.dense_format != "fp8")
-          r.fail_at(f, "dense.format", "'", c.dense_format, "' must be 'bf16', 'int8' or 'fp8'");
-      }
-      if (const YAML::Node f = dn["lm_head"]) {
-        c.lm_head_format = r.scalar(f, "dense.lm_head");
-        if (c.lm_head_format != "bf16" && c.lm_head_format != "int8" && c.lm_head_format != "fp8")
-          r.fail_at(f, "dense.lm_head", "'", c.lm_head_format, "' must be 'bf16', 'int8' or 'fp8'");
-      }
+      if (const YAML::Node f = dn["format"]) c.dense_format = row_format_value(r, f, "dense.format");
+      if (const YAML::Node f = dn["lm_head"]) c.lm_head_format = row_format_value(r, f, "dense.lm_head");
     }
     if (const YAML::Node sp = root["speculative"]) {
       r.check_keys(sp, "speculative", {"draft"});

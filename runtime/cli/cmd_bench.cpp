@@ -452,12 +452,10 @@ int cmd_bench(int argc, char** argv) {
     }
     const double act_bytes = moe_layers ? static_cast<double>(wb.routed_active) / static_cast<double>(k * moe_layers) : 0;
     const double dense = static_cast<double>(wb.per_token_active - wb.routed_active);
-    // A cached position's K (or V) row of one layer: gpu::kv_row_bytes on the GPU (bf16, or codes and
-    // scales padded to 16 bytes); on the host fp32 values (bf16 mode) or codes and a scale a KV head (KvRows).
-    const RowFormat kv = parse_row_format(session.options.kv_format.empty() ? "bf16" : session.options.kv_format, "--kv-format");
-    const double kv_row = hybrid || device == "gpu" ? static_cast<double>(gpu::kv_row_bytes(kv, cfg.num_kv_heads, cfg.head_dim))
-                          : kv == RowFormat::Bf16   ? 4.0 * cfg.num_kv_heads * cfg.head_dim
-                                                    : static_cast<double>(cfg.num_kv_heads) * (cfg.head_dim + 4);
+    // A cached position's K (or V) row of one layer, as the GPU's cache or the host's KvRows holds it.
+    const RowFormat kv = parse_row_format(session.options.kv_format, "--kv-format");
+    const double kv_row = static_cast<double>(hybrid || device == "gpu" ? gpu::kv_row_bytes(kv, cfg.num_kv_heads, cfg.head_dim)
+                                                                       : KvRows::position_bytes(cfg.num_kv_heads * cfg.head_dim, cfg.num_kv_heads, kv));
     const double per_seq = dn_layers * 2.0 * static_cast<double>(placement::ssm_state_bytes(cfg) + placement::conv_state_bytes(cfg)) +
                            attn_layers * (L + gen / 2.0) * 2.0 * kv_row;
     auto union_of = [&](int B) { return static_cast<double>(E) * (1.0 - std::pow(1.0 - static_cast<double>(k) / E, B)); };

@@ -186,9 +186,9 @@ class GpuRunner final : public Runner, private MtpDevice {
     g.eager = o.eager;
     g.batch = std::max(o.batch, 1);
     g.verify_tokens = o.verify_tokens;
-    g.dense = parse_row_format(o.dense_format.empty() ? "bf16" : o.dense_format, "--dense-format");
-    g.lm_head = parse_row_format(o.lm_head_format.empty() ? "bf16" : o.lm_head_format, "--lm-head-format");
-    g.kv_format = parse_row_format(o.kv_format.empty() ? "bf16" : o.kv_format, "--kv-format");
+    g.dense = parse_row_format(o.dense_format, "--dense-format");
+    g.lm_head = parse_row_format(o.lm_head_format, "--lm-head-format");
+    g.kv_format = parse_row_format(o.kv_format, "--kv-format");
     if (draft_ > 0) {
       if (draft_ + 1 > gpu::kMaxGemvTokens)
         fail("--draft ", draft_, ": the GPU verifies at most ", gpu::kMaxGemvTokens - 1, " drafts a step (", gpu::kMaxGemvTokens, " tokens)");
@@ -476,7 +476,7 @@ std::unique_ptr<Runner> make_placement_runner(const Qwen35Moe& model, const Runn
     fail("--draft ", o.draft, ": ", model.checkpoint().dir(), " has no MTP head (mtp.* tensors), which speculative decoding drafts with");
   if (o.draft > 0 && o.device == Device::Hybrid && o.plan && o.plan->deferral > 0)
     fail("--draft: the verification step keeps exact states; a placement with experts.deferral defers some experts a layer (set it to 0)");
-  const RowFormat kv = parse_row_format(o.kv_format.empty() ? "bf16" : o.kv_format, "--kv-format");
+  const RowFormat kv = parse_row_format(o.kv_format, "--kv-format");
   if (o.device == Device::Ref || o.device == Device::Cpu)  // the host placements run the projections as stored
     for (const auto& [value, flag] : {std::pair{o.dense_format, "--dense-format"}, std::pair{o.lm_head_format, "--lm-head-format"}})
       if (!value.empty() && value != "bf16")

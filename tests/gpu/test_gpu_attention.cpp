@@ -105,8 +105,8 @@ void decode_vs_reference(const AttnCase& c, RowFormat f) {
       float amax = 0.0f;
       for (float x : kh) amax = std::max(amax, std::abs(x));
       std::vector<float> kr = kh;
-      round_row(kr.data(), c.hd, f);
-      round_row(vr.data(), c.hd, f);
+      test::round_row(kr.data(), c.hd, f);
+      test::round_row(vr.data(), c.hd, f);
       for (int i = 0; i < c.hd; ++i) {
         const float got_k = kh0.value(gk, 0, pos, j, i), got_v = vh0.value(gv, 0, pos, j, i);
         const float step_k = f == RowFormat::Bf16 ? std::abs(kh[i]) * 0.008f + 1e-6f

@@ -19,9 +19,13 @@ namespace {
 struct Case {
   std::string fixture;
   Device device;
+  RowFormat kv = RowFormat::Bf16;  // the KV cache's format (RunnerOptions::kv_format)
 };
 
-std::string case_name(const ::testing::TestParamInfo<Case>& info) { return info.param.fixture + "_" + device_name(info.param.device); }
+std::string case_name(const ::testing::TestParamInfo<Case>& info) {
+  const std::string kv = info.param.kv == RowFormat::Bf16 ? "" : std::string("_") + row_format_name(info.param.kv);
+  return info.param.fixture + "_" + device_name(info.param.device) + kv;
+}
 
 std::vector<Case> cases() {
   std::vector<Case> out;
@@ -43,6 +47,7 @@ class Batch : public ::testing::TestWithParam<Case> {
       o.threads = 2;
       o.batch = batch;
       o.verify_tokens = verify;
+      o.kv_format = row_format_name(GetParam().kv);
       return make_runner(*model_, o);
     };
   }
@@ -102,32 +107,7 @@ TEST_P(Batch, BadStepsAreRefusedBeforeAnythingRuns) {
 // A coded KV cache (RunnerOptions::kv_format int8 / fp8: codes and a scale per position and KV head,
 // KvRows) keeps the same guarantees: every sequence of a batch bit for bit as alone, a kept step rolled
 // back exactly (the codes cut at the position), a saved sequence restored exactly.
-struct CodedCase {
-  std::string fixture;
-  Device device;
-  RowFormat kv;
-};
-
-class BatchCodedKv : public ::testing::TestWithParam<CodedCase> {
- protected:
-  void SetUp() override {
-    fixture_ = test::load_fixture(GetParam().fixture);
-    model_ = Qwen35Moe::load(fixture_.dir);
-  }
-  test::RunnerFactory factory() const {
-    return [this](int batch, int64_t verify) {
-      RunnerOptions o;
-      o.device = GetParam().device;
-      o.threads = 2;
-      o.batch = batch;
-      o.verify_tokens = verify;
-      o.kv_format = row_format_name(GetParam().kv);
-      return make_runner(*model_, o);
-    };
-  }
-  test::Fixture fixture_;
-  std::unique_ptr<Qwen35Moe> model_;
-};
+class BatchCodedKv : public Batch {};
 
 TEST_P(BatchCodedKv, EverySequenceGetsItsLogitsAlone) {
   const bool amx = GetParam().device == Device::Cpu && cpu::default_isa().isa == cpu::Isa::Amx;
@@ -157,9 +137,9 @@ TEST(CodedKvBytes, SavedSequencesTakeAQuarterOfTheKvBytes) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Tandem, BatchCodedKv,
-                         ::testing::Values(CodedCase{"demo", Device::Ref, RowFormat::Int8}, CodedCase{"demo", Device::Cpu, RowFormat::Fp8},
-                                           CodedCase{"bf16_fused", Device::Cpu, RowFormat::Int8}, CodedCase{"gptq_sym_v1", Device::Ref, RowFormat::Fp8}),
-                         [](const auto& info) { return info.param.fixture + "_" + device_name(info.param.device) + "_" + row_format_name(info.param.kv); });
+                         ::testing::Values(Case{"demo", Device::Ref, RowFormat::Int8}, Case{"demo", Device::Cpu, RowFormat::Fp8},
+                                           Case{"bf16_fused", Device::Cpu, RowFormat::Int8}, Case{"gptq_sym_v1", Device::Ref, RowFormat::Fp8}),
+                         case_name);
 
 INSTANTIATE_TEST_SUITE_P(Tandem, Batch, ::testing::ValuesIn(cases()), case_name);
 

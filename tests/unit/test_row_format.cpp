@@ -81,9 +81,10 @@ TEST(RowFormat, Int8CodesRoundHalfToEven) {
   EXPECT_EQ(row_decode(row_encode(-57.0f, inv, RowFormat::Int8), RowFormat::Int8), -57.0f);
 }
 
-// A row's error after round_row: int8 at most half a step (amax / 254) a value; fp8 at most 1/16 of
-// the value relative (half a mantissa step) plus half the smallest step; bf16 2^-8 relative. The
-// largest magnitude is kept exactly by both coded formats (it is the top code).
+// A row's error after test::round_row (quantize_row, then the codes times the scale): int8 at most
+// half a step (amax / 254) a value; fp8 at most 1/16 of the value relative (half a mantissa step) plus
+// half the smallest step; bf16 2^-8 relative. The largest magnitude is kept exactly by both coded
+// formats (it is the top code).
 TEST(RowFormat, RoundedRowsStayWithinHalfAStep) {
   std::mt19937 rng(test::test_seed() + 1);
   for (const RowFormat f : {RowFormat::Bf16, RowFormat::Int8, RowFormat::Fp8}) {
@@ -94,7 +95,7 @@ TEST(RowFormat, RoundedRowsStayWithinHalfAStep) {
       for (float& e : x) e = std::normal_distribution<float>(0, spread)(rng);
       x[trial % n] *= 20;  // an outlier
       std::vector<float> r = x;
-      round_row(r.data(), n, f);
+      test::round_row(r.data(), n, f);
       float amax = 0;
       for (float e : x) amax = std::max(amax, std::abs(e));
       for (int i = 0; i < n; ++i) {
@@ -114,7 +115,7 @@ TEST(RowFormat, ZeroRowsAndNames) {
   std::vector<uint8_t> codes(64, 0xaa);
   EXPECT_EQ(quantize_row(z.data(), 64, RowFormat::Int8, codes.data()), 0.0f);
   for (uint8_t c : codes) EXPECT_EQ(c, 0);
-  round_row(z.data(), 64, RowFormat::Fp8);
+  test::round_row(z.data(), 64, RowFormat::Fp8);
   for (float v : z) EXPECT_EQ(v, 0.0f);
   for (const RowFormat f : {RowFormat::Bf16, RowFormat::Int8, RowFormat::Fp8}) EXPECT_EQ(parse_row_format(row_format_name(f), "x"), f);
   try {

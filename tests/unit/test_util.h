@@ -10,6 +10,9 @@
 #include <string>
 #include <vector>
 
+#include "core/dtype.h"
+#include "core/row_format.h"
+
 namespace tandem::test {
 
 // A fresh folder under the system temp dir, removed when the test ends.
@@ -56,6 +59,18 @@ inline double rel_l2(const std::vector<double>& got, const std::vector<double>& 
     den += want[i] * want[i];
   }
   return std::sqrt(num / std::max(den, 1e-300));
+}
+
+// x[0..n) replaced by what a row format stores of it (core/row_format.h; bf16: rounded to bf16; int8 /
+// fp8: the codes times the row's scale), for expected values.
+inline void round_row(float* x, int64_t n, RowFormat f) {
+  if (f == RowFormat::Bf16) {
+    for (int64_t i = 0; i < n; ++i) x[i] = bf16_to_f32(f32_to_bf16(x[i]));
+    return;
+  }
+  std::vector<uint8_t> codes(static_cast<size_t>(n));
+  const float scale = quantize_row(x, n, f, codes.data());
+  for (int64_t i = 0; i < n; ++i) x[i] = row_decode(codes[i], f) * scale;
 }
 
 // KL(softmax(want) || softmax(got)) of two logits rows [V], nats.

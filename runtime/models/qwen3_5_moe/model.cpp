@@ -359,8 +359,12 @@ void KvRows::append(const float* rows, int64_t n, int w, int h, RowFormat f) {
 
 void KvRows::truncate(int64_t p) {
   if (p >= positions()) return;
-  (values.empty() ? codes.resize(static_cast<size_t>(p * width)) : values.resize(static_cast<size_t>(p * width)));
-  scales.resize(codes.empty() ? 0 : static_cast<size_t>(p * heads));
+  if (!values.empty()) {
+    values.resize(static_cast<size_t>(p * width));
+  } else {
+    codes.resize(static_cast<size_t>(p * width));
+    scales.resize(static_cast<size_t>(p * heads));
+  }
 }
 
 Qwen35State Qwen35Moe::new_state() const {

@@ -89,6 +89,10 @@ struct KvRows {
   void append(const float* rows, int64_t n, int width, int heads, RowFormat f);
   void truncate(int64_t positions);  // the first `positions` kept
   uint64_t bytes() const { return values.size() * sizeof(float) + codes.size() + scales.size() * sizeof(float); }
+  // What one position takes in format f: fp32 values, or codes and a scale a head.
+  static uint64_t position_bytes(int width, int heads, RowFormat f) {
+    return f == RowFormat::Bf16 ? uint64_t(width) * sizeof(float) : uint64_t(width) + uint64_t(heads) * sizeof(float);
+  }
 };
 
 // Per-sequence state. KV rows are post-norm, post-RoPE keys and raw values.

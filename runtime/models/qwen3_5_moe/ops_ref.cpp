@@ -121,14 +121,18 @@ void delta_rule_chunk(float* S, const float* q, const float* k, const float* v, 
     }
 }
 
-void attend(const float* q, const float* k_cache, const float* v_cache, int64_t n_ctx, int64_t row_stride,
-            int head_dim, float scale, float* scores, float* out) {
+namespace {
+
+// Causal attention of one query head over rows read through `Rows`: row(s) its values (or codes),
+// value(x) a value before the row's scale, scale(s) the row's scale (1 for fp32 rows, a no-op).
+template <typename Rows>
+void attend_rows(const float* q, const Rows& k, const Rows& v, int64_t n_ctx, int head_dim, float scale, float* scores, float* out) {
   float mx = -INFINITY;
   for (int64_t s = 0; s < n_ctx; ++s) {
     float d = 0.0f;
-    const float* k = k_cache + s * row_stride;
-    for (int i = 0; i < head_dim; ++i) d += q[i] * k[i];
-    scores[s] = d * scale;
+    const auto* kr = k.row(s);
+    for (int i = 0; i < head_dim; ++i) d += q[i] * k.value(kr[i]);
+    scores[s] = d * k.scale(s) * scale;
     mx = std::max(mx, scores[s]);
   }
   double denom = 0.0;
@@ -138,43 +142,46 @@ void attend(const float* q, const float* k_cache, const float* v_cache, int64_t 
   }
   std::fill_n(out, head_dim, 0.0f);
   for (int64_t s = 0; s < n_ctx; ++s) {
-    const float p = static_cast<float>(scores[s] / denom);
-    const float* v = v_cache + s * row_stride;
-    for (int i = 0; i < head_dim; ++i) out[i] += p * v[i];
+    const float p = static_cast<float>(scores[s] / denom) * v.scale(s);
+    const auto* vr = v.row(s);
+    for (int i = 0; i < head_dim; ++i) out[i] += p * v.value(vr[i]);
   }
 }
 
-namespace {
+struct FloatRows {
+  const float* base;
+  int64_t stride;
+  const float* row(int64_t s) const { return base + s * stride; }
+  static float value(float x) { return x; }
+  static float scale(int64_t) { return 1.0f; }
+};
 
 // Int8 codes convert to their values directly (the loops vectorise); E4M3 codes through a table.
 template <RowFormat F>
+struct CodeRows {
+  CodedRows r;
+  int64_t stride, scale_stride;
+  float lut[256];
+  CodeRows(CodedRows rows, int64_t st, int64_t sst) : r(rows), stride(st), scale_stride(sst) {
+    for (int c = 0; c < 256; ++c) lut[c] = row_decode(static_cast<uint8_t>(c), F);
+  }
+  const uint8_t* row(int64_t s) const { return r.codes + s * stride; }
+  float value(uint8_t c) const { return F == RowFormat::Int8 ? static_cast<float>(static_cast<int8_t>(c)) : lut[c]; }
+  float scale(int64_t s) const { return r.scales[s * scale_stride]; }
+};
+
+template <RowFormat F>
 void attend_codes(const float* q, CodedRows k, CodedRows v, int64_t n_ctx, int64_t row_stride, int64_t scale_stride, int head_dim,
                   float scale, float* scores, float* out) {
-  float lut[256];  // a code's value before its row's scale
-  for (int c = 0; c < 256; ++c) lut[c] = row_decode(static_cast<uint8_t>(c), F);
-  auto value = [&](uint8_t c) { return F == RowFormat::Int8 ? static_cast<float>(static_cast<int8_t>(c)) : lut[c]; };
-  float mx = -INFINITY;
-  for (int64_t s = 0; s < n_ctx; ++s) {
-    float d = 0.0f;
-    const uint8_t* kr = k.codes + s * row_stride;
-    for (int i = 0; i < head_dim; ++i) d += q[i] * value(kr[i]);
-    scores[s] = d * k.scales[s * scale_stride] * scale;
-    mx = std::max(mx, scores[s]);
-  }
-  double denom = 0.0;
-  for (int64_t s = 0; s < n_ctx; ++s) {
-    scores[s] = std::exp(scores[s] - mx);
-    denom += scores[s];
-  }
-  std::fill_n(out, head_dim, 0.0f);
-  for (int64_t s = 0; s < n_ctx; ++s) {
-    const float p = static_cast<float>(scores[s] / denom) * v.scales[s * scale_stride];
-    const uint8_t* vr = v.codes + s * row_stride;
-    for (int i = 0; i < head_dim; ++i) out[i] += p * value(vr[i]);
-  }
+  attend_rows(q, CodeRows<F>(k, row_stride, scale_stride), CodeRows<F>(v, row_stride, scale_stride), n_ctx, head_dim, scale, scores, out);
 }
 
 }  // namespace
+
+void attend(const float* q, const float* k_cache, const float* v_cache, int64_t n_ctx, int64_t row_stride,
+            int head_dim, float scale, float* scores, float* out) {
+  attend_rows(q, FloatRows{k_cache, row_stride}, FloatRows{v_cache, row_stride}, n_ctx, head_dim, scale, scores, out);
+}
 
 void attend_coded(const float* q, CodedRows k, CodedRows v, int64_t n_ctx, int64_t row_stride, int64_t scale_stride, int head_dim,
                   RowFormat f, float scale, float* scores, float* out) {
