@@ -19,7 +19,7 @@ RowFormat parse_row_format(const std::string& s, const std::string& what) {
   if (s.empty()) return RowFormat::Bf16;
   for (RowFormat f : {RowFormat::Bf16, RowFormat::Int8, RowFormat::Fp8})
     if (s == row_format_name(f)) return f;
-  fail(what, ": '", s, "' is not a KV cache format (bf16, int8 or fp8)");
+  fail(what, ": '", s, "' must be bf16, int8 or fp8");
 }
 
 float quantize_row(const float* x, int64_t n, RowFormat f, uint8_t* codes) {

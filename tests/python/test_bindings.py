@@ -355,7 +355,7 @@ def test_row_format_rounds_the_cache_as_the_cli_does(tmp_path):
         exact = plain.logits(ids, prefill=prefill)
     assert not np.array_equal(got, exact)  # the rows were rounded
     assert (got.argmax(1) == exact.argmax(1)).mean() > 0.9
-    with pytest.raises(tandem.Error, match="kv_format: 'fp16' is not a KV cache format"):
+    with pytest.raises(tandem.Error, match="kv_format: 'fp16' must be bf16, int8 or fp8"):
         tandem.Engine(d, device="cpu", kv_format="fp16")
 
 
