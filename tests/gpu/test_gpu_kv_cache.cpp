@@ -21,15 +21,6 @@ namespace {
 
 class GpuKvCache : public ::testing::TestWithParam<std::tuple<std::string, RowFormat>> {};
 
-std::vector<float> ref_logits(const Qwen35Moe& m, const test::Fixture& f, RowFormat kv) {
-  const int64_t n = static_cast<int64_t>(f.ids.size()), V = f.vocab;
-  std::vector<float> out(n * V);
-  Qwen35State st = m.new_state();
-  st.kv_format = kv;
-  m.forward(st, std::span(f.ids.data(), f.prefill), out.data());
-  for (int64_t i = f.prefill; i < n; ++i) m.forward(st, std::span(f.ids.data() + i, 1), out.data() + i * V);
-  return out;
-}
 
 TEST_P(GpuKvCache, MatchesTheReferenceWithTheSameCache) {
   TANDEM_REQUIRE_GPU();
@@ -45,7 +36,7 @@ TEST_P(GpuKvCache, MatchesTheReferenceWithTheSameCache) {
   std::vector<float> got(n * V);
   gpu->forward(std::span(f.ids.data(), f.prefill), got.data());
   for (int64_t i = f.prefill; i < n; ++i) gpu->forward(std::span(f.ids.data() + i, 1), got.data() + i * V);
-  const auto want = ref_logits(*model, f, kv);
+  const auto want = test::reference_logits(*model, f.ids, f.prefill, kv);
   const LogitsComparison cmp = compare_logits(got.data(), want.data(), n, V);
   std::vector<double> r = cmp.rel_l2;
   std::nth_element(r.begin(), r.begin() + n / 2, r.end());

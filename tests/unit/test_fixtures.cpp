@@ -12,17 +12,6 @@
 namespace tandem {
 namespace {
 
-std::vector<float> run_logits(const Qwen35Moe& m, const std::vector<int32_t>& ids, int64_t prefill, RowFormat kv = RowFormat::Bf16) {
-  const int64_t n = static_cast<int64_t>(ids.size()), V = m.config().vocab_size;
-  std::vector<float> out(n * V);
-  Qwen35State st = m.new_state();
-  st.kv_format = kv;
-  if (prefill > 0) m.forward(st, std::span(ids.data(), prefill), out.data());
-  for (int64_t i = prefill; i < n; ++i) m.forward(st, std::span(ids.data() + i, 1), out.data() + i * V);
-  return out;
-}
-
-
 TEST(Fixtures, AllExpectedFixturesArePresent) {
   const auto names = test::fixture_names();
   for (const char* want : {"bf16_fused", "bf16_text_only", "gptq_sym_v1", "gptq_asym_actorder", "gptq_asym_v1", "demo"})
@@ -39,7 +28,7 @@ TEST_P(HfReference, RefDeviceMatchesTransformers) {
   const NpyArray ref = read_npy_f32(f.dir + "/logits.npy");
   const int64_t n = static_cast<int64_t>(f.ids.size());
   ASSERT_EQ(ref.shape, (std::vector<int64_t>{n, f.vocab}));
-  const auto got = run_logits(*model, f.ids, f.prefill);
+  const auto got = test::reference_logits(*model, f.ids, f.prefill);
   const LogitsComparison cmp = compare_logits(got.data(), ref.data.data(), n, f.vocab);
   for (int64_t t = 0; t < n; ++t) {
     const double err = cmp.rel_l2[t];
@@ -53,7 +42,7 @@ TEST_P(HfReference, PrefillEqualsStepByStep) {
   auto model = Qwen35Moe::load(f.dir);
   const int64_t n = std::min<int64_t>(static_cast<int64_t>(f.ids.size()), 12);
   std::vector<int32_t> ids(f.ids.begin(), f.ids.begin() + n);
-  const auto all = run_logits(*model, ids, n), steps = run_logits(*model, ids, 0);
+  const auto all = test::reference_logits(*model, ids, n), steps = test::reference_logits(*model, ids, 0);
   const LogitsComparison cmp = compare_logits(steps.data(), all.data(), n, f.vocab);
   for (int64_t t = 0; t < n; ++t) EXPECT_LT(cmp.rel_l2[t], 1e-5) << "position " << t;
 }
@@ -70,9 +59,9 @@ TEST_P(HfReference, CodedKvCacheStaysClose) {
   auto model = Qwen35Moe::load(f.dir);
   const int64_t n = static_cast<int64_t>(f.ids.size()), V = f.vocab;
   const NpyArray ref = read_npy_f32(f.dir + "/logits.npy");
-  const auto exact = run_logits(*model, f.ids, f.prefill);
+  const auto exact = test::reference_logits(*model, f.ids, f.prefill);
   for (const RowFormat kv : {RowFormat::Int8, RowFormat::Fp8}) {
-    const auto got = run_logits(*model, f.ids, f.prefill, kv);
+    const auto got = test::reference_logits(*model, f.ids, f.prefill, kv);
     const LogitsComparison cmp = compare_logits(got.data(), ref.data.data(), n, V);
     std::vector<double> r = cmp.rel_l2;
     std::nth_element(r.begin(), r.begin() + n / 2, r.end());
