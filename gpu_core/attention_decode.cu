@@ -1,10 +1,12 @@
 // gpu_core/attention_decode.cu: gated attention decode (see attention.cuh).
 #include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
+
+#include <type_traits>
 
 #include "gpu_core/attention.cuh"
 #include "gpu_core/block_reduce.cuh"
+#include "gpu_core/fp8.cuh"
 #include "gpu_core/mma.cuh"
 #include "gpu_core/pdl.cuh"
 #include "gpu_core/smem.cuh"
@@ -20,32 +22,35 @@ using detail::block_max;
 using detail::block_sum;
 
 // Cache rows (attention.cuh): value i of a KV head's part of a row, before the row's scale, and the
-// scale. An E4M3 code read as the top bits of an fp16 is its value times 2^-8, subnormals included
-// (fp8_e4m3_decode's value for every finite code; one conversion instead of ldexpf).
-__device__ __forceinline__ float fp8_value(uint32_t c) {
-  return __half2float(__ushort_as_half(static_cast<uint16_t>(((c & 0x80u) << 8) | ((c & 0x7fu) << 7)))) * 256.0f;
-}
+// scale.
 template <RowFormat F>
 __device__ __forceinline__ float code_value(uint32_t c) {
   if constexpr (F == RowFormat::Int8) return static_cast<float>(static_cast<int8_t>(c));
-  else return fp8_value(c);
+  else return detail::fp8_to_float(c);
 }
 __device__ __forceinline__ float cache_value(const uint8_t* head, int i, RowFormat f) {
   if (f == RowFormat::Bf16) return __bfloat162float(__ushort_as_bfloat16(reinterpret_cast<const uint16_t*>(head)[i]));
   return f == RowFormat::Int8 ? code_value<RowFormat::Int8>(head[i]) : code_value<RowFormat::Fp8>(head[i]);
 }
-// Where KV head kvh's values start in the row at `row`, and its scale (1 for bf16).
-__device__ __forceinline__ const uint8_t* cache_head(const uint8_t* row, int kvh, int hd, RowFormat f) {
+// Where KV head kvh's values start in the row at `row`, and where a coded row's scales start.
+template <typename Byte>
+__device__ __forceinline__ Byte* cache_head(Byte* row, int kvh, int hd, RowFormat f) {
   return row + static_cast<int64_t>(kvh) * hd * row_value_bytes(f);
 }
+template <typename Byte>
+__device__ __forceinline__ auto cache_scales(Byte* row, int nkv, int hd) {
+  using Float = std::conditional_t<std::is_const_v<Byte>, const float, float>;
+  return reinterpret_cast<Float*>(row + kv_codes_bytes(nkv, hd));
+}
+// KV head kvh's scale in the row at `row` (1 for bf16).
 __device__ __forceinline__ float cache_scale(const uint8_t* row, int kvh, int nkv, int hd, RowFormat f) {
-  return f == RowFormat::Bf16 ? 1.0f : reinterpret_cast<const float*>(row + kv_codes_bytes(nkv, hd))[kvh];
+  return f == RowFormat::Bf16 ? 1.0f : cache_scales(row, nkv, hd)[kvh];
 }
 
 // Stores a KV head's values x[0..hd) (shared memory) into its part of a cache row: bf16, or the codes
 // and the scale of the head's largest magnitude (the block reduces it through `red`).
 __device__ void store_cache_head(const float* x, uint8_t* row, int kvh, int nkv, int hd, RowFormat f, float* red) {
-  uint8_t* head = row + static_cast<int64_t>(kvh) * hd * row_value_bytes(f);
+  uint8_t* head = cache_head(row, kvh, hd, f);
   if (f == RowFormat::Bf16) {
     for (int i = threadIdx.x; i < hd; i += blockDim.x)
       reinterpret_cast<uint16_t*>(head)[i] = __bfloat16_as_ushort(__float2bfloat16_rn(x[i]));
@@ -57,7 +62,7 @@ __device__ void store_cache_head(const float* x, uint8_t* row, int kvh, int nkv,
   float scale, inv;
   row_scale(amax, f, &scale, &inv);
   for (int i = threadIdx.x; i < hd; i += blockDim.x) head[i] = row_encode(x[i], inv, f);
-  if (threadIdx.x == 0) reinterpret_cast<float*>(row + kv_codes_bytes(nkv, hd))[kvh] = scale;
+  if (threadIdx.x == 0) cache_scales(row, nkv, hd)[kvh] = scale;
 }
 
 // Blocks x = 0..nh-1 prepare query heads, nh..nh+nkv-1 key heads (and store v), of token y (decode:
@@ -394,10 +399,10 @@ __device__ __forceinline__ uint4 bf16_piece(const uint8_t* row, int kvh, int c, 
   uint32_t w[4];
 #pragma unroll
   for (int e = 0; e < 4; ++e) {
-    const uint32_t word = e < 2 ? codes.x : codes.y, sh = 16 * (e % 2);
-    const uint32_t lo = (word >> sh) & 0xffu, hi = (word >> (sh + 8)) & 0xffu;
-    w[e] = p.kv == RowFormat::Int8 ? pack_bf16(code_value<RowFormat::Int8>(lo) * sc, code_value<RowFormat::Int8>(hi) * sc)
-                                  : pack_bf16(code_value<RowFormat::Fp8>(lo) * sc, code_value<RowFormat::Fp8>(hi) * sc);
+    const uint32_t pair = (e < 2 ? codes.x : codes.y) >> (16 * (e % 2));  // codes 2e, 2e + 1 in the low 16 bits
+    const float2 v = p.kv == RowFormat::Int8 ? make_float2(code_value<RowFormat::Int8>(pair & 0xffu), code_value<RowFormat::Int8>((pair >> 8) & 0xffu))
+                                            : detail::fp8x2_to_float2(pair);
+    w[e] = pack_bf16(v.x * sc, v.y * sc);
   }
   return make_uint4(w[0], w[1], w[2], w[3]);
 }

@@ -1,9 +1,9 @@
 // gpu_core/gemv_rows8.cu: 8-bit weights (int8 or FP8 E4M3 codes, a scale per row) x fp32 activations,
 // one warp per output row (see gemv.cuh).
-#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include "gpu_core/block_reduce.cuh"
+#include "gpu_core/fp8.cuh"
 #include "gpu_core/gemv.cuh"
 
 namespace tandem::gpu {
@@ -18,8 +18,7 @@ __device__ __forceinline__ int4 load_stream(const int4* p) {  // weights are rea
   return v;
 }
 
-// The 4 codes of w as floats (exact): signed bytes, or E4M3 values converted two at a time (one
-// instruction on sm_89 and later, which have FP8; emulated before).
+// The 4 codes of w as floats (exact): signed bytes, or E4M3 values converted two at a time (fp8.cuh).
 template <RowFormat F>
 __device__ __forceinline__ void codes4(int w, float* f) {
   if constexpr (F == RowFormat::Int8) {
@@ -28,8 +27,7 @@ __device__ __forceinline__ void codes4(int w, float* f) {
   } else {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>((w >> (16 * i)) & 0xffff), __NV_E4M3);
-      const float2 v = __half22float2(*reinterpret_cast<const __half2*>(&h));
+      const float2 v = detail::fp8x2_to_float2(static_cast<uint32_t>(w) >> (16 * i));
       f[2 * i] = v.x, f[2 * i + 1] = v.y;
     }
   }
