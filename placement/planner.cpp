@@ -305,6 +305,7 @@ Plan make_plan(const ModelConfig& c, const PlacementConfig& cfg, const PlanReque
   p.context = req.context ? req.context : cfg.context;
   p.batch = cfg.batch;
   p.deferral = cfg.deferral;
+  p.micro_batches = cfg.micro_batches;
   p.prefill = cfg.prefill;
   p.dense_format = cfg.dense_format;
   p.lm_head_format = cfg.lm_head_format;

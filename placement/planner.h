@@ -100,6 +100,7 @@ struct Plan {
   bool heat_used = false;
   std::string selection;                            // the policy, as the config named it
   int deferral = 0;
+  int micro_batches = 2;  // experts.micro_batches (GpuOptions::micro_batches)
   // experts.link (GpuOptions::link_experts): its device buffers are in vram.workspace, counted for
   // every layer (gpu::link_buffer_bytes with all layers holding CPU experts).
   int link_in_place = 0;
