@@ -57,6 +57,8 @@ nlohmann::json plan_to_json(const Plan& p) {
   j["predicted_decode_tok_s"] = pr.decode_tok_s;
   j["predicted_decode_ms"] = pr.decode_ms;
   j["bound_decode_tok_s"] = pr.bound_tok_s;
+  j["predicted_decode_tok_s_full_context"] = pr.decode_tok_s_full_context;
+  j["gpu_bytes_per_token_full_context"] = pr.gpu_bytes_full_context;
   j["prefill_gpu_min_tokens"] = pr.prefill_gpu_min_tokens;
   if (!pr.verify_ms.empty()) {
     nlohmann::json sp = {{"verify_ms", pr.verify_ms}, {"draft_ms", pr.draft_ms}};
@@ -150,6 +152,11 @@ std::string plan_table(const Plan& p) {
   line("bytes per token", buf);
   std::snprintf(buf, sizeof buf, "%.1f tok/s (%.2f ms/token; bandwidth bound %.1f tok/s)", pr.decode_tok_s, pr.decode_ms, pr.bound_tok_s);
   line("predicted decode", buf);
+  if (p.context > 1024) {  // the prediction above reads the cache at 1,024 tokens
+    std::snprintf(buf, sizeof buf, "%.1f tok/s with the cache full at %lld tokens (%.2f GB a token on the GPU)", pr.decode_tok_s_full_context,
+                  static_cast<long long>(p.context), pr.gpu_bytes_full_context / 1e9);
+    line("", buf);
+  }
   if (!pr.verify_ms.empty()) {
     std::string v = "verify k = 1..", up;
     v += str_cat(pr.verify_ms.size(), ":");
@@ -199,7 +206,10 @@ std::vector<FormatRow> plan_formats(const ModelConfig& model, const PlacementCon
       PlacementConfig c = base;
       c.dense_format = std::string(f) == "bf16" ? "bf16" : std::string(f) == "fp8" ? "fp8" : "int8";
       c.lm_head_format = std::string(f) == "int8 + lm_head" ? "int8" : "bf16";
-      rows.push_back({f, ex, config.kv_format, make_plan(model, c, request)});
+      Plan plan = make_plan(model, c, request);
+      // a rule that keeps lm_head's format (`match: lm_head` + `format:`) makes that row the int8 row again
+      if (c.lm_head_format == "int8" && plan.dense_format_of("lm_head") != RowFormat::Int8) continue;
+      rows.push_back({f, ex, config.kv_format, std::move(plan)});
     }
   for (const char* kv : {"bf16", "int8", "fp8"}) {
     if (kv == config.kv_format) continue;
@@ -211,14 +221,15 @@ std::vector<FormatRow> plan_formats(const ModelConfig& model, const PlacementCon
 }
 
 std::string formats_table(const std::vector<FormatRow>& rows) {
-  std::string o = "dense format    experts    KV cache  dense bytes  KV bytes    context  routed experts on GPU  GPU bytes/token  predicted decode\n";
+  std::string o =
+      "dense format    experts    KV cache  dense bytes  KV bytes    context  routed experts on GPU  GPU bytes/token  predicted decode  cache full\n";
   char buf[260];
   for (const FormatRow& r : rows) {
     const Plan& p = r.plan;
-    std::snprintf(buf, sizeof buf, "%-14s  %-9s  %-8s  %11s  %10s  %7lld  %12d of %5zu  %12.2f GB  %10.1f tok/s\n", r.format.c_str(), r.experts.c_str(),
+    std::snprintf(buf, sizeof buf, "%-14s  %-9s  %-8s  %11s  %10s  %7lld  %12d of %5zu  %12.2f GB  %10.1f tok/s  %6.1f tok/s\n", r.format.c_str(), r.experts.c_str(),
                   r.kv.c_str(), format_gib(p.vram.dense_weights).c_str(), format_gib(p.vram.kv_cache).c_str(), static_cast<long long>(p.context), p.total_gpu_experts(),
                   p.expert_on_gpu.size() * (p.expert_on_gpu.empty() ? 0 : p.expert_on_gpu[0].size()), p.predicted.gpu_bytes_per_token / 1e9,
-                  p.predicted.decode_tok_s);
+                  p.predicted.decode_tok_s, p.predicted.decode_tok_s_full_context);
     o += buf;
   }
   return o;
@@ -230,7 +241,8 @@ nlohmann::json formats_to_json(const std::vector<FormatRow>& rows) {
     j.push_back({{"dense_format", r.format}, {"experts", r.experts}, {"kv_format", r.kv}, {"dense_weights", r.plan.vram.dense_weights},
                  {"kv_cache", r.plan.vram.kv_cache}, {"context", r.plan.context},
                  {"gpu_experts", r.plan.total_gpu_experts()}, {"gpu_bytes_per_token", r.plan.predicted.gpu_bytes_per_token},
-                 {"predicted_decode_tok_s", r.plan.predicted.decode_tok_s}});
+                 {"predicted_decode_tok_s", r.plan.predicted.decode_tok_s},
+                 {"predicted_decode_tok_s_full_context", r.plan.predicted.decode_tok_s_full_context}});
   return j;
 }
 

@@ -177,14 +177,14 @@ void predict(const ModelConfig& c, const PlacementConfig& cfg, const PlanRequest
   pr.gpu_bw = pick(cfg.bw_gpu, req.measured_gpu_bw, 1008e9, pr.gpu_bw_from);  // RTX 4090 spec
   pr.pcie_bw = pick(cfg.bw_pcie, 0, 25e9, pr.pcie_bw_from);                  // PCIe 4.0 x16, pinned
   pr.cpu_bw = pick(cfg.bw_cpu, req.measured_cpu_bw, 60e9, pr.cpu_bw_from);   // dual-channel DDR5
+  // A decode token at cache position `pos` reads every attention layer's K and V rows up to it.
   const double typical_pos = std::min<double>(static_cast<double>(p.context), 1024.0);
+  const double kv_row_read = static_cast<double>(c.num_full_attention_layers()) * 2 * static_cast<double>(gpu::kv_row_bytes(p.kv_format, nkv, hd));
+  const double kv_read = kv_row_read * typical_pos;
   const double expert_read = static_cast<double>(p.gpu_expert_bytes);
   double dense_read = static_cast<double>(v.dense_weights);
   if (p.embed_on_gpu) dense_read -= static_cast<double>(align256(static_cast<uint64_t>(V * H) * 2)) - static_cast<double>(H * 2);
   if (tied_shared) dense_read += static_cast<double>(V * H * 2);  // the tied table is read once as lm_head
-  const double kv_read = static_cast<double>(c.num_full_attention_layers()) * 2 * typical_pos * static_cast<double>(gpu::kv_row_bytes(p.kv_format, nkv, hd));
-  pr.gpu_bytes_per_token = dense_read + 2.0 * static_cast<double>(v.deltanet_state) / p.batch + kv_read;
-  double t = 0, t_cpu_total = 0;
   // Decode kernels a layer (gpu.cpp): norm (fused with the residual add), stacked input
   // projections, the mixer (DeltaNet 2, attention 3), output projection, stacked router / shared
   // projections with the add + norm before them and the top-k in the last block, 2 MoE kernels (fp32
@@ -194,50 +194,63 @@ void predict(const ModelConfig& c, const PlacementConfig& cfg, const PlanRequest
   // Hybrid steps run as one CUDA graph with the handoffs inside, like the all-GPU step (expert deferral
   // included).
   const double launch_us = cfg.launch_us;
-  for (int l = 0; l < L; ++l) pr.gpu_bytes_per_token += k * p.layer_gpu_fraction[l] * expert_read;
-  // The GPU's own time a layer: what a deferred expert's host time hides behind.
-  const double gpu_layer = (pr.gpu_bytes_per_token / pr.gpu_bw + launches * launch_us * 1e-6) / L;
   // experts.link: host memory's rate for the cores and PCIe together (unset: the CPU figure)
   const double memory = cfg.bw_host_memory > 0 ? std::max(cfg.bw_host_memory, pr.cpu_bw) : pr.cpu_bw;
-  for (int l = 0; l < L; ++l) {
-    const double gpu_acts = k * p.layer_gpu_fraction[l], cpu_acts = k - gpu_acts;
-    const double cpu_b = cpu_acts * static_cast<double>(p.cpu_expert_bytes);
-    pr.cpu_bytes_per_token += cpu_b;
-    double t_cpu = cpu_b / pr.cpu_bw;
-    const bool linked = cpu_acts > 1e-9 && p.link_in_place > 0;
-    // the bound: host memory read at the best rate the CPU (and with the link, PCIe beside it) can take
-    t_cpu_total += linked ? cpu_b / std::max(pr.cpu_bw, std::min(memory, pr.cpu_bw * kLinkCpuShare + pr.pcie_bw * kLinkRate)) : t_cpu;
-    if (linked) {
-      // experts.link: the GPU reads some of the layer's CPU experts over PCIe while the host computes
-      // the rest: up to link_in_place read in place. The two reads share host memory: the cores' rate
-      // falls (kLinkCpuShare), the kernel reads at kLinkRate of the PCIe figure, and both together at
-      // most at bandwidth.host_memory (default: the CPU figure).
-      const double in_place = std::min(cpu_acts, static_cast<double>(p.link_in_place));
-      const double bytes = static_cast<double>(p.cpu_expert_bytes);
-      t_cpu = std::max({(cpu_acts - in_place) * bytes / (pr.cpu_bw * kLinkCpuShare), in_place * bytes / (pr.pcie_bw * kLinkRate),
-                        cpu_acts * bytes / memory});
+  struct Step {
+    double s = 0, gpu_bytes = 0, cpu_bytes = 0, cpu_s = 0;  // time, bytes read on each side, the host's bound time
+  };
+  auto step_at = [&](double pos) {
+    Step st;
+    st.gpu_bytes = dense_read + 2.0 * static_cast<double>(v.deltanet_state) / p.batch + kv_row_read * pos;
+    for (int l = 0; l < L; ++l) st.gpu_bytes += k * p.layer_gpu_fraction[l] * expert_read;
+    // The GPU's own time a layer: what a deferred expert's host time hides behind.
+    const double gpu_layer = (st.gpu_bytes / pr.gpu_bw + launches * launch_us * 1e-6) / L;
+    for (int l = 0; l < L; ++l) {
+      const double gpu_acts = k * p.layer_gpu_fraction[l], cpu_acts = k - gpu_acts;
+      const double cpu_b = cpu_acts * static_cast<double>(p.cpu_expert_bytes);
+      st.cpu_bytes += cpu_b;
+      double t_cpu = cpu_b / pr.cpu_bw;
+      const bool linked = cpu_acts > 1e-9 && p.link_in_place > 0;
+      // the bound: host memory read at the best rate the CPU (and with the link, PCIe beside it) can take
+      st.cpu_s += linked ? cpu_b / std::max(pr.cpu_bw, std::min(memory, pr.cpu_bw * kLinkCpuShare + pr.pcie_bw * kLinkRate)) : t_cpu;
+      if (linked) {
+        // experts.link: the GPU reads some of the layer's CPU experts over PCIe while the host computes
+        // the rest: up to link_in_place read in place. The two reads share host memory: the cores' rate
+        // falls (kLinkCpuShare), the kernel reads at kLinkRate of the PCIe figure, and both together at
+        // most at bandwidth.host_memory (default: the CPU figure).
+        const double in_place = std::min(cpu_acts, static_cast<double>(p.link_in_place));
+        const double bytes = static_cast<double>(p.cpu_expert_bytes);
+        t_cpu = std::max({(cpu_acts - in_place) * bytes / (pr.cpu_bw * kLinkCpuShare), in_place * bytes / (pr.pcie_bw * kLinkRate),
+                          cpu_acts * bytes / memory});
+      }
+      if (cpu_acts > 1e-9) {
+        // The host's experts run while the GPU computes its own routed experts (2 launches) and the shared
+        // down GEMV (`overlap`); the layer waits for what is left of them. With deferral the host-resident
+        // ones among each token's N lowest-weight experts run after the host has released the others,
+        // while the GPU goes on to the next layer's mixer and router (`gpu_rest`, the rest of its layer);
+        // the host starts the next layer's experts once both are done. So a layer takes
+        //   handoff + max(GPU's layer, max(gpu_rest, host's deferred part) + host's other part),
+        // which without deferral is handoff + the GPU's layer + what of the host's time the overlap does
+        // not cover. Where an expert lives does not depend on its rank in a token's top-k, so about
+        // N * cpu_acts / k of the host's experts are deferred: a share N / k of its time.
+        const double deferred = std::min(static_cast<double>(cfg.deferral) / k, 1.0);
+        const double overlap = (gpu_acts * expert_read + shared_bytes) / pr.gpu_bw + 3 * launch_us * 1e-6;
+        const double gpu_rest = std::max(0.0, gpu_layer - overlap);
+        const double host_path = std::max(gpu_rest, t_cpu * deferred) + t_cpu * (1 - deferred);
+        st.s += cfg.handoff_us * 1e-6 + std::max(gpu_layer, host_path) - gpu_layer;
+      }
     }
-    if (cpu_acts > 1e-9) {
-      // The host's experts run while the GPU computes its own routed experts (2 launches) and the shared
-      // down GEMV (`overlap`); the layer waits for what is left of them. With deferral the host-resident
-      // ones among each token's N lowest-weight experts run after the host has released the others,
-      // while the GPU goes on to the next layer's mixer and router (`gpu_rest`, the rest of its layer);
-      // the host starts the next layer's experts once both are done. So a layer takes
-      //   handoff + max(GPU's layer, max(gpu_rest, host's deferred part) + host's other part),
-      // which without deferral is handoff + the GPU's layer + what of the host's time the overlap does
-      // not cover. Where an expert lives does not depend on its rank in a token's top-k, so about
-      // N * cpu_acts / k of the host's experts are deferred: a share N / k of its time.
-      const double deferred = std::min(static_cast<double>(cfg.deferral) / k, 1.0);
-      const double overlap = (gpu_acts * expert_read + shared_bytes) / pr.gpu_bw + 3 * launch_us * 1e-6;
-      const double gpu_rest = std::max(0.0, gpu_layer - overlap);
-      const double host_path = std::max(gpu_rest, t_cpu * deferred) + t_cpu * (1 - deferred);
-      t += cfg.handoff_us * 1e-6 + std::max(gpu_layer, host_path) - gpu_layer;
-    }
-  }
-  t += pr.gpu_bytes_per_token / pr.gpu_bw + launches * launch_us * 1e-6;
-  pr.decode_ms = t * 1e3;
-  pr.decode_tok_s = 1.0 / t;
-  pr.bound_tok_s = 1.0 / std::max(pr.gpu_bytes_per_token / pr.gpu_bw, t_cpu_total);
+    st.s += st.gpu_bytes / pr.gpu_bw + launches * launch_us * 1e-6;
+    return st;
+  };
+  const Step typical = step_at(typical_pos), full = step_at(static_cast<double>(p.context));
+  pr.gpu_bytes_per_token = typical.gpu_bytes;
+  pr.cpu_bytes_per_token = typical.cpu_bytes;
+  pr.decode_ms = typical.s * 1e3;
+  pr.decode_tok_s = 1.0 / typical.s;
+  pr.bound_tok_s = 1.0 / std::max(pr.gpu_bytes_per_token / pr.gpu_bw, typical.cpu_s);
+  pr.gpu_bytes_full_context = full.gpu_bytes;
+  pr.decode_tok_s_full_context = 1.0 / full.s;
   // Speculative decoding: a verification step of T = k + 1 tokens reads the dense weights once and,
   // per layer, the union of the experts its tokens route to, each where it lives (uniform routing: E
   // (1 - (1 - k/E)^T), an upper bound: text repeats experts); one draft reads the MTP head's fc, its

@@ -48,11 +48,15 @@ struct VramBytes {
 struct Prediction {
   double gpu_bw = 0, pcie_bw = 0, cpu_bw = 0;  // bytes/s used
   std::string gpu_bw_from, pcie_bw_from, cpu_bw_from;  // "config", "measured", "default"
-  double gpu_bytes_per_token = 0;   // decode, batch 1: weights + state + KV at the typical position
+  double gpu_bytes_per_token = 0;   // decode, batch 1: weights + state + KV at the typical position (1,024 tokens or the context)
   double cpu_bytes_per_token = 0;   // routed experts read from host RAM per token
   double decode_ms = 0;             // predicted time per token
   double decode_tok_s = 0;
   double bound_tok_s = 0;           // bandwidth only (no latency terms)
+  // The same decode with the KV cache full (a token at position `context` reads every cached row):
+  // where a long context costs speed, and what a coded cache (kv_cache.format) wins back.
+  double gpu_bytes_full_context = 0;
+  double decode_tok_s_full_context = 0;
   int64_t prefill_gpu_min_tokens = 0;  // prompts at least this long stream CPU experts to the GPU
   // Speculative decoding (speculative.draft, the MTP head on the GPU): the verification step of k + 1
   // tokens for k = 1 .. the drafts held (verify_ms[k - 1]), one draft's time, and the speed-up over

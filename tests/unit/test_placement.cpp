@@ -9,6 +9,8 @@
 #include <numeric>
 #include <random>
 
+#include "core/row_format.h"
+#include "gpu_core/attention_sizes.h"
 #include "gpu_core/int4_layout.h"
 #include "placement/heat.h"
 #include "runtime/engine/session.h"
@@ -526,6 +528,37 @@ TEST(Planner, Int8DenseProjectionsLeaveRoomForExperts) {
   EXPECT_EQ(rows[2].plan.vram.dense_weights, lm.vram.dense_weights);
   EXPECT_GT(lm.predicted.decode_tok_s, q8.predicted.decode_tok_s);
   test::expect_error([] { yaml("dense: {lm_head: fp4}\n"); }, {"dense.lm_head", "'fp4'"});
+  // a rule that keeps lm_head in bf16 makes "int8 + lm_head" the int8 row: it is left out
+  const std::vector<FormatRow> kept = plan_formats(m, fixed_bw(yaml(base + "rules:\n  - {match: lm_head, format: bf16}\n")), {.gpu_mem = 12ull << 30});
+  ASSERT_EQ(kept.size(), 5u);
+  for (const FormatRow& r : kept) EXPECT_NE(r.format, "int8 + lm_head");
+}
+
+// The decode prediction reads the KV cache at 1,024 tokens; the same step with the cache full reads
+// every attention layer's K and V rows up to the context: the extra bytes are exactly those rows, in
+// the cache's format, so a coded cache loses about half as much speed at a long context.
+TEST(Planner, DecodeWithTheCacheFull) {
+  const ModelConfig m = model35();
+  const std::string base = "cpu_experts: none\nprefill: {chunk: 256}\n";
+  auto plan = [&](int64_t ctx, const std::string& kv) {
+    return make_plan(m, fixed_bw(yaml(base + "context: " + std::to_string(ctx) + "\nkv_cache: {format: " + kv + "}\n")), {.gpu_mem = 80ull << 30});
+  };
+  const Plan short_ctx = plan(1024, "bf16");
+  EXPECT_DOUBLE_EQ(short_ctx.predicted.decode_tok_s_full_context, short_ctx.predicted.decode_tok_s);
+  EXPECT_DOUBLE_EQ(short_ctx.predicted.gpu_bytes_full_context, short_ctx.predicted.gpu_bytes_per_token);
+  for (const char* kv : {"bf16", "int8", "fp8"}) {
+    SCOPED_TRACE(kv);
+    const Plan p = plan(131072, kv);
+    const double row = 10 * 2.0 * static_cast<double>(gpu::kv_row_bytes(parse_row_format(kv, "kv"), 2, 256));  // 10 attention layers, K and V
+    EXPECT_NEAR(p.predicted.gpu_bytes_full_context - p.predicted.gpu_bytes_per_token, row * (131072 - 1024), 1.0);
+    EXPECT_LT(p.predicted.decode_tok_s_full_context, p.predicted.decode_tok_s);
+  }
+  const Plan bf = plan(131072, "bf16"), i8 = plan(131072, "int8");
+  EXPECT_GT(i8.predicted.decode_tok_s_full_context, bf.predicted.decode_tok_s_full_context * 1.1);
+  EXPECT_NE(plan_table(bf).find("with the cache full at 131072 tokens"), std::string::npos) << plan_table(bf);
+  EXPECT_EQ(plan_table(short_ctx).find("with the cache full"), std::string::npos);
+  EXPECT_DOUBLE_EQ(plan_to_json(bf)["predicted_decode_tok_s_full_context"].get<double>(), bf.predicted.decode_tok_s_full_context);
+  EXPECT_NE(formats_table(plan_formats(m, fixed_bw(yaml(base + "context: 131072\n")), {.gpu_mem = 80ull << 30})).find("cache full"), std::string::npos);
 }
 
 TEST(Planner, StreamedPrefillBuffersAreCountedForTheLayerWithTheMostCpuExperts) {
