@@ -139,6 +139,36 @@ void BM_gemv_rows8(benchmark::State& state) {
   cudaFree(y);
 }
 
+// A prompt chunk's 8-bit projection (gemm_rows8: codes to bf16, the split-bf16 cuBLAS GEMM, the row
+// scales), against BM_gemm_bf16 at the same N, K, T: what reading codes instead of bf16 costs in prefill.
+void BM_gemm_rows8(benchmark::State& state) {
+  if (!gpu_present()) return state.SkipWithError("no CUDA device");
+  const int64_t N = state.range(0), K = state.range(1), T = state.range(2);
+  const auto f = static_cast<tandem::RowFormat>(state.range(3));
+  uint8_t* W;
+  uint16_t *split, *codes;
+  float *s, *x, *y;
+  cudaMalloc(&W, N * K);
+  cudaMalloc(&s, N * 4);
+  cudaMalloc(&codes, N * K * 2);
+  cudaMalloc(&split, 2 * T * K * 2);
+  cudaMalloc(&x, T * K * 4);
+  cudaMalloc(&y, T * N * 4);
+  cudaMemset(W, 0x11, N * K);
+  cudaMemset(s, 0, N * 4);
+  cudaMemset(x, 0, T * K * 4);
+  tandem::gpu::BlasHandle h = nullptr;
+  tandem::gpu::blas_create(&h);
+  time_kernel(state, double(N * K + N * 4), [&] { tandem::gpu::gemm_rows8(h, {W, s, N, K, f}, x, T, split, codes, y, nullptr); });
+  state.counters["TFLOPS"] = benchmark::Counter(2.0 * N * K * T * 50 * state.iterations() / 1e12, benchmark::Counter::kIsRate);
+  state.counters["tokens/s_this_matrix"] = benchmark::Counter(double(T) * 50 * state.iterations(), benchmark::Counter::kIsRate);
+  state.SetLabel(tandem::row_format_name(f));
+  tandem::gpu::blas_destroy(h);
+  for (void* p : {static_cast<void*>(W), static_cast<void*>(s), static_cast<void*>(codes), static_cast<void*>(split), static_cast<void*>(x),
+                  static_cast<void*>(y)})
+    cudaFree(p);
+}
+
 // Attention decode of one token at the 35B shape (16 query / 2 KV heads x 256) after `ctx` cached rows,
 // the grid sized for a cache of ctx + 144 rows (the e2e runs' 4096 + 144), the cache in format
 // range(1) (0 bf16, 1 int8, 2 fp8): bytes = the K and V rows read (gpu::kv_row_bytes each, once; a
@@ -442,6 +472,9 @@ BENCHMARK(BM_attention_decode)->ArgsProduct({{512, 4096, 32768}, {0, 1, 2}})->Us
 BENCHMARK(BM_attention_prefill)->Args({2048, 0})->Args({2048, 2048})->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_gemm_bf16)  // N, K, T
     ->Args({8192, 2048, 512})->Args({8192, 2048, 4096})->Args({2048, 4096, 4096})
+    ->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_gemm_rows8)  // N, K, T, format (1 int8, 2 fp8)
+    ->Args({8192, 2048, 512, 1})->Args({8192, 2048, 4096, 1})->Args({2048, 4096, 4096, 1})->Args({8192, 2048, 4096, 2})
     ->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_gemv_int4)
     ->Args({8192, 2048, 1})->Args({16384, 512, 1})->Args({512, 2048, 1})->Args({8192, 2048, 4})

@@ -80,6 +80,8 @@ GpuWorkspace gpu_workspace(const ModelConfig& c, const WorkShape& s) {
     set(Work::p_blas, gpu::kBlasWorkspaceBytes);
     if (Hv > 0) f32(Work::p_terms, gpu::deltanet_chunk_terms_floats(n, static_cast<int>(Hv)));
     if (s.int4_experts) set(Work::p_grouped, gpu::moe_int4_grouped_workspace(n, static_cast<int>(k), H, I, static_cast<int>(E)));
+    // the largest decoder projection's codes as bf16: DeltaNet qkv / z / out, attention q / k / v / o, shared expert
+    if (s.rows8_prefill) set(Work::p_rows8, static_cast<uint64_t>(H * std::max({conv, Vd, nh2, kvd, nh * hd, Is})) * 2);
   }
   if (s.decode_rows > 1 && chunk >= s.decode_rows) {
     const int64_t n = s.decode_rows;

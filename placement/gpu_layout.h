@@ -41,7 +41,7 @@ enum class Work : int {
   h, x, o, qkv, core, conv_out, qg, q_rot, attn_part, attn_out, router, moe_out, hscratch, sd, logits,  // fp32 decode activations
   xh, ids, topk_ids, topk_w, route_ticket, pos, cpu_out, deferred, penalties, topk_ws, top_ids, top_vals,
   p_h, p_x, p_o, p_qkv, p_z, p_b, p_a, p_core, p_conv, p_qg, p_k, p_v, p_attn, p_router, p_moe, p_sg, p_su, p_sd, p_sgate,
-  p_topk_w, p_cpu, p_hs, p_split, p_xh, p_ids, p_pos, p_topk_ids, p_blas, p_terms, p_grouped,  // batched prefill
+  p_topk_w, p_cpu, p_hs, p_split, p_xh, p_ids, p_pos, p_topk_ids, p_blas, p_terms, p_grouped, p_rows8,  // batched prefill
   b_part, b_logits, b_groups, b_top, kept,  // steps of several tokens of several sequences (decode_rows > 1)
   count
 };
@@ -50,6 +50,9 @@ struct WorkShape {
   int64_t prefill_chunk = 0;  // batched prefill's chunk (0: prompts token by token)
   bool int4_experts = false;  // GPTQ routed experts (the grouped kernel's scratch)
   bool deferral = false;      // experts.deferral: the deferred sum
+  // Some decoder projection is 8-bit rows (dense.format, rules): a prompt chunk's GEMM reads its codes
+  // as bf16 from scratch the size of the largest projection (gpu::gemm_rows8).
+  bool rows8_prefill = false;
   // Tokens a batched decode / verification step takes at once (min(batch, gpu::kMaxGemvTokens) or the
   // verification length); above 1 it runs on the batched prefill's buffers (prefill_chunk > 0) plus
   // the attention splits, logits rows and group tables of that many tokens.

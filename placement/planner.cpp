@@ -156,7 +156,16 @@ VramBytes fixed_vram(const ModelConfig& c, const Sizer& s, int64_t context, RowF
     v.kv_cache += kv_cache_bytes(c, context, kv) * batch;
   }
   const int64_t kept = std::max<int64_t>(mtp ? draft + 1 : 0, verify_tokens), rows = decode_rows_for(c, prefill_chunk, batch, kept);
-  v.workspace += gpu_workspace(c, {context, prefill_chunk, int4_experts, deferral > 0, rows, rows > 1 ? kept : 0}).total();  // as the GPU model allocates it
+  // a decoder projection as 8-bit rows (any unit but lm_head, which prompts never run as a GEMM)
+  const bool rows8 = s.rows8_units && std::any_of(s.rows8_units->begin(), s.rows8_units->end(), [](const auto& u) { return u.first != "lm_head"; });
+  v.workspace += gpu_workspace(c, {.context = context,
+                                   .prefill_chunk = prefill_chunk,
+                                   .int4_experts = int4_experts,
+                                   .deferral = deferral > 0,
+                                   .rows8_prefill = rows8,
+                                   .decode_rows = rows,
+                                   .kept_positions = rows > 1 ? kept : 0})
+                     .total();  // as the GPU model allocates it
   v.reserve = reserve;
   return v;
 }

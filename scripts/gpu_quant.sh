@@ -7,7 +7,8 @@
 #   dense      the 35B synthetic GPTQ-Int4: decode at a 4096-token context with the dense projections as
 #              stored, as int8 rows, int8 with the lm_head too, and fp8 rows, for each of $PLACEMENTS (a budget:
 #              24GiB holds every routed expert; 8GiB runs them all on the CPU), each run's plan beside it;
-#              then `tandem plan` at 24 GiB for a 131072-token context with int8 dense weights
+#              then `tandem plan` at 24 GiB for a 131072-token context with int8 dense weights, and the prompt
+#              GEMM of 8-bit rows against bf16 alone (bench_gpu_gemv BM_gemm_bf16 / BM_gemm_rows8)
 #   head       the same model drafting at 12 GiB with its MTP head's 256 BF16 experts as stored and as
 #              int4 on load (experts.gpu_format: int4): the plan's GPU experts, --verify-cost 1,2,3,4
 #   kv         the same model at 24 GiB decoding after a 32768-token prompt with the KV cache as bf16,
@@ -18,7 +19,7 @@
 set -uo pipefail
 DEADLINE="${DEADLINE:-560}"
 STEPS="${STEPS:-build tests dense head}"
-TESTS="${TESTS:-*GemvRows8*:*DenseRows8*:*Int4OnLoad*:GpuModel*:GpuMtpHead*:*GpuAttention*:*GpuKvCache*}"
+TESTS="${TESTS:-*GemvRows8*:*GemmRows8*:*DenseRows8*:*Int4OnLoad*:GpuModel*:GpuMtpHead*:*GpuAttention*:*GpuKvCache*}"
 PLACEMENTS="${PLACEMENTS:-24GiB 12GiB 8GiB}"
 build=../build-gpu-quant
 name=gpu-quant
@@ -52,7 +53,8 @@ $dense"
         done
       done
       yaml "$res/24GiB-128k.yaml" 24GiB "dense: {format: int8, lm_head: int8}"
-      step plan-128k 30 "$tandem" plan --model $model --config "$res/24GiB-128k.yaml" --context 131072 --no-measure ;;
+      step plan-128k 30 "$tandem" plan --model $model --config "$res/24GiB-128k.yaml" --context 131072 --no-measure
+      step dense-gemm 90 "$build/bench/bench_gpu_gemv" --benchmark_filter='BM_gemm_(bf16|rows8)' ;;
     head)
       [ -f $model/config.json ] || step synth 150 "$tandem" synth --preset qwen3.5-35b-a3b --quant gptq-int4 --routing-skew 1 --out $model
       for e in auto int4; do

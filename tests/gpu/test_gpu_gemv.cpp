@@ -239,6 +239,48 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GpuGemvRows8,
                                                               Rows8Case{1, 16}),
                                             ::testing::Values(RowFormat::Int8, RowFormat::Fp8)));
 
+// A prompt chunk's 8-bit projection (gemm_rows8: the codes as bf16, exactly, on cuBLAS with split-bf16
+// activations, each output times its row's scale): the GEMV's definition and gemm_bf16's 1e-5 bound,
+// and within 2e-5 of the GEMV itself 8 tokens at a time; a K the GEMM cannot take is refused.
+class GpuGemmRows8 : public ::testing::TestWithParam<std::tuple<Shape, RowFormat>> {};
+
+TEST_P(GpuGemmRows8, MatchesDequantizedReferenceAndTheGemv) {
+  TANDEM_REQUIRE_GPU();
+  const auto [N, K, T] = std::get<0>(GetParam());
+  const RowFormat f = std::get<1>(GetParam());
+  std::mt19937 rng(test::test_seed());
+  std::vector<uint16_t> W;
+  random_bf16_linear(N, K, rng, W);
+  const gpu::Rows8Host h = gpu::quantize_rows8(W.data(), N, K, f);
+  test::DeviceBuffer<uint8_t> dq(h.codes);
+  test::DeviceBuffer<float> ds(h.scales);
+  const gpu::Rows8View v{dq.ptr, ds.ptr, N, K, f};
+  const auto x = test::random_floats(rng, T * K);
+  test::DeviceBuffer<float> dx(x), dy(T * N), dg(T * N);
+  test::DeviceBuffer<uint16_t> split(2 * T * K), codes(N * K);
+  gpu::BlasHandle blas = nullptr;
+  CUDA_OK(gpu::blas_create(&blas));
+  CUDA_OK(gpu::gemm_rows8(blas, v, dx.ptr, T, split.ptr, codes.ptr, dy.ptr, nullptr));
+  for (int64_t t = 0; t < T; t += gpu::kMaxGemvTokens)
+    CUDA_OK(gpu::gemv_rows8(v, dx.ptr + t * K, static_cast<int>(std::min<int64_t>(gpu::kMaxGemvTokens, T - t)), dg.ptr + t * N, nullptr));
+  CUDA_OK(cudaDeviceSynchronize());
+  const auto y = dy.to_host(), g = dg.to_host();
+  std::vector<double> want(T * N, 0.0);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t k = 0; k < K; ++k) want[t * N + n] += double(row_decode(h.codes[n * K + k], f)) * h.scales[n] * x[t * K + k];
+  EXPECT_LT(test::rel_l2(std::vector<double>(y.begin(), y.end()), want), 1e-5) << row_format_name(f) << ", seed " << test::test_seed();
+  EXPECT_LT(test::rel_l2(std::vector<double>(y.begin(), y.end()), std::vector<double>(g.begin(), g.end())), 2e-5) << "against the GEMV";
+  const gpu::Rows8View odd{dq.ptr, ds.ptr, 1, 12, f};
+  EXPECT_EQ(gpu::gemm_rows8(blas, odd, dx.ptr, 1, split.ptr, codes.ptr, dy.ptr, nullptr), cudaErrorInvalidValue);
+  cudaGetLastError();
+  gpu::blas_destroy(blas);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, GpuGemmRows8,
+                         ::testing::Combine(::testing::Values(Shape{8192, 2048, 64}, Shape{2048, 4096, 33}, Shape{256, 2048, 300}, Shape{37, 64, 5}),
+                                            ::testing::Values(RowFormat::Int8, RowFormat::Fp8)));
+
 INSTANTIATE_TEST_SUITE_P(Formats, GpuGemvInt4,
                          ::testing::Values(Int4Case{512, 2048, 128, 1, true, false, true},   // 35B gate/up, official format
                                            Int4Case{2048, 512, 128, 1, true, false, true},   // 35B down

@@ -514,6 +514,14 @@ TEST(Planner, Int8DenseProjectionsLeaveRoomForExperts) {
   EXPECT_LE(q8.vram.total(), 12ull << 30);
   EXPECT_GT(q8.predicted.decode_tok_s, bf.predicted.decode_tok_s);
   EXPECT_NE(plan_table(q8).find("8-bit rows: int8 80 of 80"), std::string::npos) << plan_table(q8);
+  // a prompt chunk's GEMM reads the codes as bf16 from scratch the size of the largest projection
+  // (DeltaNet qkv and attention q|gate: 8192 x 2048), counted in the workspace
+  // (prefill.strategy: cpu: no streamed-prefill buffers, which follow the experts left on the host)
+  auto workspace = [&](const std::string& extra) {
+    return make_plan(m, fixed_bw(yaml("context: 4096\nprefill: {chunk: 256, strategy: cpu}\n" + extra)), {.gpu_mem = 12ull << 30}).vram.workspace;
+  };
+  EXPECT_EQ(workspace("dense: {format: int8}\n") - workspace(""), align256(8192ull * 2048 * 2));
+  EXPECT_EQ(workspace("dense: {lm_head: int8}\n"), workspace("")) << "lm_head never runs as a prompt GEMM: no scratch";
   test::expect_error([] { yaml("dense: {format: int4}\n"); }, {"test.yaml:1", "dense.format", "'int4'", "'bf16', 'int8' or 'fp8'"});
   // tandem plan's side-by-side rows: the same budget, one plan a format
   const std::vector<FormatRow> rows = plan_formats(m, fixed_bw(yaml(base)), {.gpu_mem = 12ull << 30});

@@ -153,6 +153,7 @@ struct Qwen35MoeGpu::Impl {
         *pconv = nullptr, *pqg = nullptr, *pk = nullptr, *pv = nullptr, *pattn = nullptr, *prouter = nullptr, *pmoe = nullptr,
         *psg = nullptr, *psu = nullptr, *psd = nullptr, *psgate = nullptr, *ptopk_w = nullptr, *pcpu = nullptr;
   uint16_t *phs = nullptr, *psplit = nullptr, *pxh = nullptr;
+  uint16_t* prows8 = nullptr;  // an 8-bit projection's codes as bf16, for a prompt chunk's GEMM (gpu::gemm_rows8)
   int32_t *pids = nullptr, *ppos = nullptr, *ptopk_ids = nullptr;
   std::vector<int32_t> host_pos;
   float* hlogits = nullptr;   // pinned: the logits the graph copies out
@@ -268,8 +269,9 @@ struct Qwen35MoeGpu::Impl {
   void gpu_experts(const DevLayer& L, const float* x_dev, const int32_t* ids_dev, const float* w_dev, int64_t n, uint16_t* xh_buf, void* hs, float* out,
                    const gpu::Int4Expert* table = nullptr);
 
-  // y [n, out] = x [n, in] W^T for a chunk of tokens: cuBLAS for bf16 (the GEMV with `gemv`, n <=
-  // gpu::kMaxGemvTokens), the int4 GEMV 8 tokens at a time.
+  // y [n, out] = x [n, in] W^T for a chunk of tokens: cuBLAS for bf16 and 8-bit rows (their codes as
+  // bf16, gpu::gemm_rows8; with `gemv` the GEMVs instead, n <= gpu::kMaxGemvTokens), the int4 GEMV 8
+  // tokens at a time.
   void linear_rows(const DevLinear& L, const float* in, int64_t n, float* out, bool gemv = false);
 
   // n prompt tokens at positions pos.. through every layer at once (GpuOptions::prefill_chunk);

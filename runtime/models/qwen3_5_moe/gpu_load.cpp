@@ -361,6 +361,11 @@ void Qwen35MoeGpu::Impl::build(Uploader& up, const std::function<void(uint64_t)>
   shape.prefill_chunk = wants_batched() ? opts.prefill_chunk : 0;
   shape.int4_experts = model.gptq_experts();
   shape.deferral = deferring();
+  auto any_rows8 = [&](const std::vector<RowFormat>& per_layer) {  // as upload_layer's format_in reads them
+    return per_layer.empty() ? opts.dense != RowFormat::Bf16
+                             : std::any_of(per_layer.begin(), per_layer.end(), [](RowFormat f) { return f != RowFormat::Bf16; });
+  };
+  shape.rows8_prefill = any_rows8(opts.mixer) || any_rows8(opts.shared);
   shape.decode_rows = placement::decode_rows_for(c, shape.prefill_chunk, slots, opts.verify_tokens);
   shape.kept_positions = shape.decode_rows > 1 ? opts.verify_tokens : 0;
   const placement::GpuWorkspace work = placement::gpu_workspace(c, shape);
@@ -402,6 +407,7 @@ void Qwen35MoeGpu::Impl::build(Uploader& up, const std::function<void(uint64_t)>
     blas_ws = ws(W::p_blas);
     pterms = ws(W::p_terms);
     pgroup = ws(W::p_grouped);
+    prows8 = ws16(W::p_rows8);
   }
   rows = work[W::b_logits] ? shape.decode_rows : 1;  // step_rows' tokens (1: none)
   bpart = ws(W::b_part), blogits = ws(W::b_logits), bio = ws32(W::b_groups);

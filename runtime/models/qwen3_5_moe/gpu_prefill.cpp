@@ -40,11 +40,17 @@ void Qwen35MoeGpu::Impl::gpu_experts(const DevLayer& L, const float* x_dev, cons
   }
 }
 
-// y [n, out] = x [n, in] W^T for a chunk of tokens: cuBLAS for bf16, the int4 GEMV 8 tokens at a time.
+// y [n, out] = x [n, in] W^T for a chunk of tokens: cuBLAS for bf16 and 8-bit rows, the int4 GEMV 8
+// tokens at a time; with `gemv` (a batched step's few rows) the GEMVs for bf16 and 8-bit rows too.
 void Qwen35MoeGpu::Impl::linear_rows(const DevLinear& L, const float* in, int64_t n, float* out, bool gemv) {
-  if (L.rows8) {  // the W8A16 GEMV 8 tokens at a time
+  if (L.rows8 && gemv) {  // the W8A16 GEMV 8 tokens at a time
     for (int64_t t = 0; t < n; t += gpu::kMaxGemvTokens)
       CK(gpu::gemv_rows8(L.q8, in + t * L.in, static_cast<int>(std::min<int64_t>(gpu::kMaxGemvTokens, n - t)), out + t * L.out, stream));
+    return;
+  }
+  if (L.rows8) {  // a prompt chunk: the codes as bf16 on cuBLAS, each output scaled by its row's
+    if (!prows8) fail("internal: an 8-bit projection in a prompt chunk without the codes' scratch (WorkShape::rows8_prefill)");
+    CK(gpu::gemm_rows8(blas, L.q8, in, n, psplit, prows8, out, stream));
     return;
   }
   if (!L.int4 && gemv) {
