@@ -222,7 +222,8 @@ PlacementConfig parse_placement_config(const std::string& text, const std::strin
       if (const YAML::Node f = dn["lm_head"]) c.lm_head_format = row_format_value(r, f, "dense.lm_head");
     }
     if (const YAML::Node sp = root["speculative"]) {
-      r.check_keys(sp, "speculative", {"draft"});
+      r.check_keys(sp, "speculative", {"draft", "head_experts"});
+      if (sp["head_experts"]) c.head_experts_cpu = r.choice<bool>(sp["head_experts"], "speculative.head_experts", {{"gpu", false}, {"cpu", true}});
       if (const YAML::Node d = sp["draft"]; d && d.IsScalar() && d.Scalar() == "auto") c.draft = kDraftAuto;  // the tuner picks
       else if (d) c.draft = static_cast<int>(r.integer(d, "speculative.draft", 0, kMaxDraft));
     }

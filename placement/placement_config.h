@@ -56,6 +56,9 @@ struct PlacementConfig {
   int64_t context = 4096;  // KV cache length; 0 (`context: auto`, and without a YAML): the planner's choice
   int batch = 1;           // sequences decoded together (KV and state scale with it)
   int draft = 0;           // `speculative: {draft: N | auto}`: tokens the MTP head drafts a step (0: off; kDraftAuto; --draft overrides)
+  // `speculative: {head_experts: gpu | cpu}`: the MTP head's 256 routed experts in VRAM (default) or in
+  // host memory beside the CPU experts (a hybrid plan; their VRAM goes to the main model's experts).
+  bool head_experts_cpu = false;
   // `dense: {format: bf16 | int8 | fp8}`: the dense projections (attention, DeltaNet, shared experts) as
   // stored or quantized on load to 8-bit rows, int8 or FP8 E4M3 with a scale each (GpuOptions::dense;
   // --dense-format overrides).

@@ -61,7 +61,8 @@ nlohmann::json plan_to_json(const Plan& p) {
   j["gpu_bytes_per_token_full_context"] = pr.gpu_bytes_full_context;
   j["prefill_gpu_min_tokens"] = pr.prefill_gpu_min_tokens;
   if (!pr.verify_ms.empty()) {
-    nlohmann::json sp = {{"verify_ms", pr.verify_ms}, {"draft_ms", pr.draft_ms}};
+    nlohmann::json sp = {{"verify_ms", pr.verify_ms}, {"draft_ms", pr.draft_ms}, {"head_experts", p.head_experts_cpu ? "cpu" : "gpu"},
+                         {"head_host_expert_bytes", p.head_host_expert_bytes}};
     for (const double a : {0.6, 0.8, 0.9}) {
       std::vector<double> up;
       for (int k = 1; k <= static_cast<int>(pr.verify_ms.size()); ++k) up.push_back(pr.speedup(k, a));
@@ -108,8 +109,9 @@ std::string plan_table(const Plan& p) {
                               return str_cat(" (8-bit rows: ", kinds, " of ", 2 * p.expert_on_gpu.size(), " mixers and shared experts",
                                              head.empty() ? "" : "; " + head, ")");
                             }());
-  line("routed experts", str_cat(format_gib(v.expert_weights), " (", p.total_gpu_experts(), " experts, ", p.expert_checkpoint_format,
-                                       p.on_load_note.empty() ? "" : ", " + p.on_load_note, ")"));
+  const bool head_on_gpu = !p.predicted.verify_ms.empty() && !p.head_experts_cpu;
+  line("routed experts", str_cat(format_gib(v.expert_weights), " (", p.total_gpu_experts(), " experts", head_on_gpu ? " and the MTP head's" : "", ", ",
+                                 p.expert_checkpoint_format, p.on_load_note.empty() ? "" : ", " + p.on_load_note, ")"));
   line("KV cache", str_cat(format_gib(v.kv_cache), " (", row_format_name(p.kv_format), p.kv_format == RowFormat::Bf16 ? "" : ", a scale per token and KV head",
                            "; kv_cache.format sets it)"));
   line("DeltaNet state", format_gib(v.deltanet_state));
@@ -168,6 +170,8 @@ std::string plan_table(const Plan& p) {
     }
     std::snprintf(buf, sizeof buf, "x a decode step, a draft %.2f ms; speed-up at acceptance 0.8:", pr.draft_ms);
     line("speculative (bytes)", v + " " + buf + up);
+    if (p.head_experts_cpu)
+      line("", str_cat("the MTP head's routed experts in host memory (", format_gib(p.head_host_expert_bytes), ", in the CPU experts' figure)"));
   }
   if (p.link_in_place > 0)
     line("link experts", str_cat("the GPU computes the first ", p.link_in_place, " of each token's CPU experts reading them over PCIe"));

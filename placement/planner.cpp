@@ -106,7 +106,7 @@ int64_t auto_prefill_chunk(bool cpu_experts_all, uint64_t budget, uint64_t all_e
 
 // Everything but routed experts, as Qwen35MoeGpu allocates it (header comment, point 1).
 VramBytes fixed_vram(const ModelConfig& c, const Sizer& s, int64_t context, RowFormat kv, int batch, bool embed_on_gpu, bool tied_shared,
-                     int64_t prefill_chunk, bool int4_experts, int deferral, uint64_t reserve, int draft, int64_t verify_tokens) {
+                     int64_t prefill_chunk, bool int4_experts, int deferral, uint64_t reserve, int draft, bool head_cpu, int64_t verify_tokens) {
   const int64_t H = c.hidden_size, V = c.vocab_size, Is = c.shared_expert_intermediate_size;
   const int64_t conv_dim = c.linear_conv_dim(), Vd = c.linear_value_dim(), Hv = c.linear_num_value_heads;
   const int E = c.num_experts, L = c.num_layers;
@@ -137,8 +137,9 @@ VramBytes fixed_vram(const ModelConfig& c, const Sizer& s, int64_t context, RowF
                        s.linear(m + "shared_expert_gate", 1, H, false);
   }
   // speculative.draft: the MTP head on the GPU (GpuOptions::mtp): fc as two [H, H] halves, its norms,
-  // one attention layer with its MoE, every routed expert of it resident (and their table), a KV cache
-  // per sequence; the verification step keeps draft + 1 DeltaNet states.
+  // one attention layer with its MoE, every routed expert of it resident (head_cpu: none, they are in
+  // host memory) and their table, a KV cache per sequence; the verification step keeps draft + 1
+  // DeltaNet states.
   const bool mtp = draft > 0 && c.mtp_layers > 0;
   if (mtp) {
     const Sizer ms{c, "mtp.", nullptr, s.experts_int4};  // the head's projections stay as stored
@@ -151,8 +152,9 @@ VramBytes fixed_vram(const ModelConfig& c, const Sizer& s, int64_t context, RowF
                        ms.linear(m + "shared_expert_gate", 1, H, false);
     const bool q = ms.quant(m + "experts.0.gate_proj").quantized;
     const int64_t I = c.moe_intermediate_size;
-    v.expert_weights += static_cast<uint64_t>(E) * (2 * ms.linear(m + "experts.0.gate_proj", I, H) + ms.linear(m + "experts.0.down_proj", H, I)) +
-                        align256(static_cast<uint64_t>(E) * (q ? kInt4ExpertTableEntry : kBf16ExpertTableEntry));
+    if (!head_cpu)
+      v.expert_weights += static_cast<uint64_t>(E) * (2 * ms.linear(m + "experts.0.gate_proj", I, H) + ms.linear(m + "experts.0.down_proj", H, I));
+    v.expert_weights += align256(static_cast<uint64_t>(E) * (q ? kInt4ExpertTableEntry : kBf16ExpertTableEntry));
     v.kv_cache += kv_cache_bytes(c, context, kv) * batch;
   }
   const int64_t kept = std::max<int64_t>(mtp ? draft + 1 : 0, verify_tokens), rows = decode_rows_for(c, prefill_chunk, batch, kept);
@@ -280,8 +282,10 @@ void predict(const ModelConfig& c, const PlacementConfig& cfg, const PlanRequest
     const std::string hf = p.experts_int4_on_load ? "int4" : "bf16";  // the head's experts (asymmetric when quantized on load)
     const int64_t hg = int4_expert_group(H, I);
     const double head_expert = static_cast<double>(2 * Sizer::host_matrix(hf, I, H, hg, false) + Sizer::host_matrix(hf, H, I, hg, false));
-    const double head = 2.0 * H * H * 2 + attn + static_cast<double>(E) * H * 2 + shared_bytes + k * head_expert + lm;
-    pr.draft_ms = (head / pr.gpu_bw + 14 * launch_us * 1e-6) * 1e3;
+    // head_experts: cpu: its experts read from host memory instead, behind one more handoff
+    const double head = 2.0 * H * H * 2 + attn + static_cast<double>(E) * H * 2 + shared_bytes + (p.head_experts_cpu ? 0 : k * head_expert) + lm;
+    const double host = p.head_experts_cpu ? cfg.handoff_us * 1e-6 + k * static_cast<double>(p.head_host_expert_bytes) / E / pr.cpu_bw : 0;
+    pr.draft_ms = (head / pr.gpu_bw + 14 * launch_us * 1e-6 + host) * 1e3;
   }
   // Prefill: streaming every CPU expert over PCIe vs computing the CPU share on the CPU: the switch
   // point in prompt tokens. The CPU's rate, ~1.7 T int ops/s effective, is fitted to the H200 machine's
@@ -328,6 +332,7 @@ Plan make_plan(const ModelConfig& c, const PlacementConfig& cfg, const PlanReque
   p.batch = cfg.batch;
   p.deferral = cfg.deferral;
   p.micro_batches = cfg.micro_batches;
+  p.head_experts_cpu = cfg.head_experts_cpu && cfg.draft != 0 && c.mtp_layers > 0;
   p.prefill = cfg.prefill;
   p.dense_format = cfg.dense_format;
   p.lm_head_format = cfg.lm_head_format;
@@ -394,7 +399,7 @@ Plan make_plan(const ModelConfig& c, const PlacementConfig& cfg, const PlanReque
   if (p.context == 0) {
     const int64_t chunk = cfg.prefill_chunk < 0 ? 256 : cfg.prefill_chunk, floor = std::min<int64_t>(4096, c.max_position_embeddings);
     auto fixed_at = [&](int64_t ctx) {
-      return fixed_vram(c, s, ctx, p.kv_format, p.batch, p.embed_on_gpu, tied_shared, chunk, eq.quantized, cfg.deferral, cfg.gpu_reserve, drafts_held(cfg.draft), req.verify_tokens).total();
+      return fixed_vram(c, s, ctx, p.kv_format, p.batch, p.embed_on_gpu, tied_shared, chunk, eq.quantized, cfg.deferral, cfg.gpu_reserve, drafts_held(cfg.draft), p.head_experts_cpu, req.verify_tokens).total();
     };
     const uint64_t base = fixed_at(floor);
     const uint64_t share = p.budget_bytes > base ? (p.budget_bytes - base) / 4 : 0;
@@ -415,7 +420,7 @@ Plan make_plan(const ModelConfig& c, const PlacementConfig& cfg, const PlanReque
 
   // ---- fixed VRAM ----
   auto fixed_for = [&](int64_t chunk) {
-    return fixed_vram(c, s, p.context, p.kv_format, p.batch, p.embed_on_gpu, tied_shared, chunk, eq.quantized, cfg.deferral, cfg.gpu_reserve, drafts_held(cfg.draft), req.verify_tokens);
+    return fixed_vram(c, s, p.context, p.kv_format, p.batch, p.embed_on_gpu, tied_shared, chunk, eq.quantized, cfg.deferral, cfg.gpu_reserve, drafts_held(cfg.draft), p.head_experts_cpu, req.verify_tokens);
   };
   p.prefill_chunk_auto = cfg.prefill_chunk < 0;
   if (p.prefill_chunk_auto) {
@@ -601,7 +606,8 @@ Plan make_plan(const ModelConfig& c, const PlacementConfig& cfg, const PlanReque
   p.experts_on_gpu = count;
   if (cfg.prefill == PrefillStrategy::GpuStream && !p.stream_experts && p.any_cpu_experts())
     fail(cfg.source, ": prefill.strategy: gpu_stream cannot be honoured: ", p.stream_note, "; use prefill.strategy: auto or cpu");
-  v.expert_weights = static_cast<uint64_t>(L) * table + static_cast<uint64_t>(p.total_gpu_experts()) * p.gpu_expert_bytes;
+  // beside the MTP head's (fixed_vram's, with drafts), as the GPU model allocates them
+  v.expert_weights += static_cast<uint64_t>(L) * table + static_cast<uint64_t>(p.total_gpu_experts()) * p.gpu_expert_bytes;
   p.layer_gpu_fraction.assign(L, 0);
   double frac_sum = 0;
   for (int l = 0; l < L; ++l) {
@@ -612,6 +618,14 @@ Plan make_plan(const ModelConfig& c, const PlacementConfig& cfg, const PlanReque
   }
   p.expected_gpu_expert_fraction = L ? frac_sum / L : 1.0;
   p.host_expert_bytes = static_cast<uint64_t>(L * E - p.total_gpu_experts()) * p.cpu_expert_bytes;
+  if (p.head_experts_cpu) {  // the MTP head's experts as the host store keeps them (hybrid_cpu.cpp)
+    const QuantConfig::ModuleQuant hq = Sizer{c, "mtp.", nullptr, p.experts_int4_on_load}.quant("layers.0.mlp.experts.0.gate_proj");
+    // GPTQ (or int4 on load) in the CPU format; floating-point weights asked as int4 are kept as int8
+    const std::string hf = hq.quantized ? fmt : fmt == "int4" ? "int8" : fmt;
+    const int64_t hg = hf == "int8" ? int8_group : hq.group_size > 0 ? hq.group_size : 128;
+    p.head_host_expert_bytes = static_cast<uint64_t>(E) * (2 * Sizer::host_matrix(hf, I, H, hg, hq.sym) + Sizer::host_matrix(hf, H, I, hg, hq.sym));
+    p.host_expert_bytes += p.head_host_expert_bytes;
+  }
   p.host_available_bytes = req.host_available_bytes;
 
   predict(c, cfg, req, tied_shared, p);

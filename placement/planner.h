@@ -105,6 +105,10 @@ struct Plan {
   std::string selection;                            // the policy, as the config named it
   int deferral = 0;
   int micro_batches = 2;  // experts.micro_batches (GpuOptions::micro_batches)
+  // speculative.head_experts: cpu (with drafts): the MTP head's routed experts in host memory, these
+  // bytes of them (in host_expert_bytes too), none in VRAM.
+  bool head_experts_cpu = false;
+  uint64_t head_host_expert_bytes = 0;
   // experts.link (GpuOptions::link_experts): its device buffers are in vram.workspace, counted for
   // every layer (gpu::link_buffer_bytes with all layers holding CPU experts).
   int link_in_place = 0;
