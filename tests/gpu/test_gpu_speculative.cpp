@@ -13,6 +13,7 @@
 #include "runtime/engine/generate.h"
 #include "runtime/format/npy.h"
 #include "runtime/models/qwen3_5_moe/gpu.h"
+#include "runtime/models/qwen3_5_moe/hybrid_dispatch.h"
 #include "runtime/models/qwen3_5_moe/mtp.h"
 #include "runtime/tokenizer/chat_template.h"
 #include "tests/gpu/gpu_test_util.h"
@@ -23,16 +24,21 @@
 namespace tandem {
 namespace {
 
-RunnerOptions spec_options(const Qwen35Moe& model, bool hybrid, int draft, int batch = 1) {
+// all on the GPU; hybrid with half of each layer's experts on the host; the same with the MTP head's
+// experts on the host too (speculative.head_experts: cpu)
+enum class Placement { Gpu, Hybrid, HeadOnHost };
+
+RunnerOptions spec_options(const Qwen35Moe& model, Placement where, int draft, int batch = 1) {
   RunnerOptions o;
-  o.device = hybrid ? Device::Hybrid : Device::Gpu;
+  o.device = where == Placement::Gpu ? Device::Gpu : Device::Hybrid;
   o.context = 256;
   o.threads = 4;
   o.batch = batch;
   o.draft = draft;
-  if (hybrid) {
+  if (where != Placement::Gpu) {
     const std::string yaml = "gpu:\n  memory: 4GiB\ncontext: 256\ngpu_experts_per_layer: " + std::to_string(model.config().num_experts / 2) +
-                             "\nbatch: " + std::to_string(batch) + "\nspeculative:\n  draft: " + std::to_string(draft) + "\n";
+                             "\nbatch: " + std::to_string(batch) + "\nspeculative:\n  draft: " + std::to_string(draft) +
+                             (where == Placement::HeadOnHost ? "\n  head_experts: cpu\n" : "\n");
     const auto cfg = placement::parse_placement_config(yaml, "half");
     o.plan = std::make_shared<const placement::Plan>(placement::make_plan(model.config(), cfg));
   }
@@ -49,11 +55,11 @@ std::vector<std::string> head_fixtures() {
 class GpuMtpHead : public ::testing::TestWithParam<std::string> {};
 
 // 2e-2 relative L2: the GPU's bf16 weights and activations against HF's float32 (the main model's
-// logits are held to the same on the GPU).
-TEST_P(GpuMtpHead, MatchesTheFloatReference) {
-  TANDEM_REQUIRE_GPU();
+// logits are held to the same on the GPU). head_on_host: the head's experts on the host's kernels
+// (GpuOptions::mtp_host_experts; the model's all on the GPU), its layer handing over as a hybrid one.
+void head_matches_reference(const std::string& fixture, bool head_on_host) {
   constexpr double kTol = 2e-2;
-  const test::Fixture fx = test::load_fixture(GetParam());
+  const test::Fixture fx = test::load_fixture(fixture);
   auto model = Qwen35Moe::load(fx.dir);
   ASSERT_NE(model->mtp(), nullptr);
   const int64_t H = model->config().hidden_size, V = fx.vocab, n = static_cast<int64_t>(fx.ids.size());
@@ -62,6 +68,15 @@ TEST_P(GpuMtpHead, MatchesTheFloatReference) {
   g.max_context = 256;
   g.verify_tokens = 4;
   g.mtp = true;
+  const std::vector<std::vector<uint8_t>> on_gpu(static_cast<size_t>(model->config().num_layers),
+                                                 std::vector<uint8_t>(static_cast<size_t>(model->config().num_experts), 1));
+  std::unique_ptr<HostExperts> host;
+  if (head_on_host) {
+    host = make_cpu_experts(*model, on_gpu, "bf16", 4, true);
+    g.host_experts = host.get();
+    g.expert_on_gpu = &on_gpu;
+    g.mtp_host_experts = true;
+  }
   auto gpu = Qwen35MoeGpu::create(*model, g);
   ASSERT_TRUE(gpu->mtp_active());
   const int64_t R = gpu->step_rows_max();
@@ -96,6 +111,20 @@ TEST_P(GpuMtpHead, MatchesTheFloatReference) {
     gpu->mtp_rows(0, 0, std::span(fx.ids).subspan(1, static_cast<size_t>(rows)), want_h.data.data(), row.data(), nullptr, nullptr);
     EXPECT_LT(test::row_rel_l2(row.data(), want.data.data() + (rows - 1) * V, V), kTol) << rows << " rows at once: the last";
   }
+  if (head_on_host) {  // the chain in one graph cannot wait for the host: the caller goes call by call
+    std::vector<int32_t> drafts(2);
+    EXPECT_FALSE(gpu->mtp_chain(0, 0, std::span(fx.ids).subspan(1, 1), want_h.data.data(), drafts));
+  }
+}
+
+TEST_P(GpuMtpHead, MatchesTheFloatReference) {
+  TANDEM_REQUIRE_GPU();
+  head_matches_reference(GetParam(), false);
+}
+
+TEST_P(GpuMtpHead, MatchesTheFloatReferenceWithItsExpertsOnTheHost) {
+  TANDEM_REQUIRE_GPU();
+  head_matches_reference(GetParam(), true);
 }
 
 // Greedy drafts as one graph (mtp_chain) are the head's call by call (mtp_rows with the argmax and
@@ -127,7 +156,7 @@ TEST_P(GpuMtpHead, TheChainInOneGraphDraftsAsCallByCall) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, GpuMtpHead, ::testing::ValuesIn(head_fixtures()), [](const auto& info) { return info.param; });
 
-class GpuSpeculative : public ::testing::TestWithParam<bool> {};  // hybrid?
+class GpuSpeculative : public ::testing::TestWithParam<Placement> {};
 
 TEST_P(GpuSpeculative, GreedyTokensAreTheTokensWithoutDrafts) {
   TANDEM_REQUIRE_GPU();
@@ -181,16 +210,21 @@ TEST_P(GpuSpeculative, TheDemoModelsDraftsAreAccepted) {
 TEST(GpuSpeculative, RefusesWhatItCannotDo) {
   TANDEM_REQUIRE_GPU();
   auto no_head = Qwen35Moe::load(std::string(TANDEM_TEST_DATA) + "/bf16_fused");
-  test::expect_error([&] { make_runner(*no_head, spec_options(*no_head, false, 2)); }, {"--draft 2", "no MTP head"});
+  test::expect_error([&] { make_runner(*no_head, spec_options(*no_head, Placement::Gpu, 2)); }, {"--draft 2", "no MTP head"});
   auto model = Qwen35Moe::load(std::string(TANDEM_TEST_DATA) + "/gptq_sym_v1");
-  test::expect_error([&] { make_runner(*model, spec_options(*model, false, 8)); }, {"--draft 8", "at most 7 drafts"});
+  test::expect_error([&] { make_runner(*model, spec_options(*model, Placement::Gpu, 8)); }, {"--draft 8", "at most 7 drafts"});
   GpuOptions g;
   g.mtp = true;
   g.verify_tokens = 1;
   test::expect_error([&] { Qwen35MoeGpu::create(*model, g); }, {"verify_tokens >= 2"});
+  g.verify_tokens = 4;
+  g.mtp_host_experts = true;  // without a host side
+  test::expect_error([&] { Qwen35MoeGpu::create(*model, g); }, {"MTP head's experts in host memory", "hybrid placement"});
 }
 
-INSTANTIATE_TEST_SUITE_P(Placements, GpuSpeculative, ::testing::Bool(), [](const auto& info) { return info.param ? "hybrid" : "gpu"; });
+INSTANTIATE_TEST_SUITE_P(Placements, GpuSpeculative, ::testing::Values(Placement::Gpu, Placement::Hybrid, Placement::HeadOnHost), [](const auto& info) {
+  return info.param == Placement::Gpu ? "gpu" : info.param == Placement::Hybrid ? "hybrid" : "hybrid_head_on_host";
+});
 
 }  // namespace
 }  // namespace tandem

@@ -140,6 +140,9 @@ TEST(PlacementConfigs, SpeculativeSection) {
   EXPECT_EQ(yaml("speculative:\n  draft: auto\n").draft, kDraftAuto);
   test::expect_error([] { yaml("speculative:\n  draft: 17\n"); }, {"test.yaml:2", "key 'speculative.draft'", "outside"});
   test::expect_error([] { yaml("speculative:\n  drafts: 2\n"); }, {"test.yaml:2", "'speculative.drafts'", "did you mean 'draft'"});
+  EXPECT_FALSE(yaml("speculative:\n  draft: 2\n").head_experts_cpu);
+  EXPECT_TRUE(yaml("speculative:\n  draft: 2\n  head_experts: cpu\n").head_experts_cpu);
+  test::expect_error([] { yaml("speculative:\n  head_experts: host\n"); }, {"test.yaml:2", "speculative.head_experts", "'host'"});
 }
 
 // prefill.strategy gpu_stream streams from the first prompt token, with the buffers counted; where it
@@ -333,6 +336,24 @@ TEST(Planner, SpeculativeDraftCountsTheMtpHead) {
   const Plan verify = make_plan(m, yaml(base), {.gpu_mem = 16ull << 30, .verify_tokens = 5});
   EXPECT_GT(verify.vram.workspace, off.vram.workspace);
   EXPECT_LE(verify.vram.total(), 16ull << 30);
+  // the plan's expert bytes are the model's and the head's, as the GPU allocates them
+  EXPECT_EQ(on.vram.expert_weights - static_cast<uint64_t>(on.total_gpu_experts()) * on.gpu_expert_bytes - 40 * align256(256ull * 3 * 56),
+            head_experts + align256(256ull * 3 * 8));
+  EXPECT_NE(plan_table(on).find("and the MTP head's"), std::string::npos) << plan_table(on);
+
+  // speculative.head_experts: cpu: the head's experts in host memory (BF16 head, CPU format int4: kept
+  // as int8, 1 byte a weight and an f16 scale per 128): none in VRAM, their room to the model's experts
+  const Plan host = make_plan(m, yaml(base + "speculative: {draft: 3, head_experts: cpu}\n"), {.gpu_mem = 16ull << 30});
+  EXPECT_TRUE(host.head_experts_cpu);
+  EXPECT_EQ(host.head_host_expert_bytes, 256ull * 3 * (2048 * 512 + 2048 * 512 / 128 * 2));
+  EXPECT_EQ(host.host_expert_bytes, static_cast<uint64_t>(40 * 256 - host.total_gpu_experts()) * host.cpu_expert_bytes + host.head_host_expert_bytes);
+  EXPECT_GE(static_cast<uint64_t>(host.total_gpu_experts() - on.total_gpu_experts() + 1) * on.gpu_expert_bytes, head_experts);
+  EXPECT_GT(host.total_gpu_experts(), on.total_gpu_experts());
+  EXPECT_LE(host.vram.total(), 16ull << 30);
+  EXPECT_GT(host.predicted.draft_ms, on.predicted.draft_ms);  // host memory and a handoff instead of HBM
+  EXPECT_NE(plan_table(host).find("the MTP head's routed experts in host memory"), std::string::npos) << plan_table(host);
+  EXPECT_EQ(plan_to_json(host)["speculative"]["head_experts"], "cpu");
+  EXPECT_FALSE(make_plan(m, yaml(base + "speculative: {head_experts: cpu}\n"), {.gpu_mem = 16ull << 30}).head_experts_cpu) << "no drafts, no head";
 }
 
 // Projections as 8-bit rows unit by unit: a rule's `format: int8 | fp8 | bf16` over a layer's mixer

@@ -102,6 +102,10 @@ struct GpuOptions {
   // per slot beside the model's (part of a slot's saved sequence), and the forwards' `hidden` rows. The
   // workspace needs step_rows' buffers: verify_tokens >= 2.
   bool mtp = false;
+  // ... with its routed experts in host memory instead: host_experts holds them as layer num_layers
+  // (make_cpu_experts with the head), and the head's layer hands its tokens over as a hybrid layer does
+  // (placement `speculative.head_experts: cpu`). Its steps then run eagerly, not as CUDA graphs.
+  bool mtp_host_experts = false;
   // Dense projections (attention, DeltaNet, shared expert; not the router, embedding, lm_head or MTP
   // head) as stored (Bf16) or quantized on load to 8-bit rows with a scale each, int8 or FP8 E4M3
   // (W8A16: gemv_rows8): half their bytes. Accuracy: bench/results/2026-12-03-dense-quant-accuracy-devbox.md.

@@ -250,7 +250,8 @@ struct Qwen35MoeGpu::Impl {
 
   // Whether expert e of layer `layer` lives on the GPU (the plan's; every expert without a hybrid placement).
   bool on_gpu(int layer, int64_t e) const {
-    return !opts.expert_on_gpu || static_cast<size_t>(layer) >= opts.expert_on_gpu->size() || (*opts.expert_on_gpu)[layer][e];  // the MTP head's: all
+    if (layer >= model.config().num_layers) return !opts.mtp_host_experts;  // the MTP head's: all on one side
+    return !opts.expert_on_gpu || static_cast<size_t>(layer) >= opts.expert_on_gpu->size() || (*opts.expert_on_gpu)[layer][e];
   }
 
   // uploaded(bytes): called after each layer while committing, with the bytes placed so far.

@@ -437,6 +437,8 @@ std::unique_ptr<Qwen35MoeGpu> Qwen35MoeGpu::create(const Qwen35Moe& model, const
   if (opts.verify_tokens < 0 || opts.verify_tokens > gpu::kMaxGemvTokens)
     fail("verify_tokens ", opts.verify_tokens, " must be between 0 and ", gpu::kMaxGemvTokens);
   if (opts.mtp && !model.mtp()) fail(model.checkpoint().dir(), ": the checkpoint has no MTP head (mtp.* tensors), which drafting needs");
+  if (opts.mtp_host_experts && (!opts.mtp || !opts.host_experts))
+    fail("the MTP head's experts in host memory need the head (GpuOptions::mtp) and a host side (a hybrid placement)");
   if (opts.mtp && opts.verify_tokens < 2) fail("the GPU MTP head needs verification buffers (verify_tokens >= 2; got ", opts.verify_tokens, ")");
   auto impl = std::make_unique<Impl>(model, opts);
   impl->mtp.on = opts.mtp;
@@ -537,6 +539,7 @@ std::unique_ptr<Qwen35MoeGpu> Qwen35MoeGpu::create(const Qwen35Moe& model, const
   if (opts.host_experts) {  // the host's part of each step (hybrid_dispatch.h)
     HybridDispatch::Setup s;
     s.hidden = H;
+    s.layers = model.config().num_layers;
     s.k = model.config().num_experts_per_tok;
     s.rows = impl->host_rows();  // tokens handed to the host at once
     s.defer = opts.defer_experts;

@@ -2,8 +2,9 @@
 // x = fc_e(RMSNorm_e(embed(id))) + fc_h(RMSNorm_h(h)) (fc split into its halves at upload), the head's
 // decoder layer through the model's own layer walk (prefill_layer at li = num_layers, its KV cache per
 // slot), mtp.norm and the shared lm_head on the last row. Rows that fit step_rows' buffers run the
-// batch kernels as one CUDA graph per row count and output; longer catch-ups (a prompt's rows) run
-// the prompt-chunk kernels on the slot.
+// batch kernels as one CUDA graph per row count and output (eagerly when the head's experts are in host
+// memory, GpuOptions::mtp_host_experts: the layer hands over to the host as a hybrid layer does); longer
+// catch-ups (a prompt's rows) run the prompt-chunk kernels on the slot.
 #include <algorithm>
 
 #include "gpu_core/ops.cuh"
@@ -110,7 +111,7 @@ void Qwen35MoeGpu::mtp_rows(int slot, int64_t at, std::span<const int32_t> ids, 
       m.enqueue_mtp(len, false, m.hio);
       outputs(last);
     };
-    if (m.graph_ok && !Trace::active()) {
+    if (m.graph_ok && !Trace::active() && !m.mtp.layer.cpu_experts) {  // host experts: their handoff waits on the host
       CK(cudaGraphLaunch(m.cached_graph(mtp_graph_key(len, last ? want : 0), enqueue), m.stream));
     } else {
       enqueue();
@@ -127,7 +128,8 @@ bool Qwen35MoeGpu::mtp_chain(int slot, int64_t at, std::span<const int32_t> ids,
   const ModelConfig& c = m.model.config();
   const int64_t H = c.hidden_size, V = c.vocab_size, R = m.rows, n = static_cast<int64_t>(ids.size()), k = static_cast<int64_t>(drafts.size());
   if (k == 0) fail("mtp_chain: no drafts asked for");
-  if (!m.embed || !m.graph_ok || Trace::active() || n > R || k > gpu::kMaxGemvTokens) return false;  // the caller goes call by call
+  if (!m.embed || !m.graph_ok || Trace::active() || m.mtp.layer.cpu_experts || n > R || k > gpu::kMaxGemvTokens)
+    return false;  // the caller goes call by call
   check_head_rows(m, slot, at, ids, n + k - 1);
   one_group_table(m, slot, at, ids);  // the first call's, as mtp_rows fills it
   int32_t* io = m.chain_io();  // [drafts][positions][1]

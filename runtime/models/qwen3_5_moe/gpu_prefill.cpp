@@ -148,7 +148,7 @@ void Qwen35MoeGpu::Impl::layer_back(size_t li, float* hbuf, int64_t n, const Bat
   hy.run_deferred(def_dev, stream);
   if (split)
     hy.serve_copy(li, {n, r0, batch ? batch->part : 0}, pcpu + r0 * H, moe, stream,
-                  batch ? HybridDispatch::Pass::batch : HybridDispatch::Pass::prefill);
+                  batch && li < layers.size() ? HybridDispatch::Pass::batch : HybridDispatch::Pass::prefill);  // the head's drafts: not decode's counts
   else if (batch && li < layers.size()) counts.gpu += static_cast<uint64_t>(n) * model.config().num_experts_per_tok;
   CK(gpu::add_inplace(hbuf, moe, n * H, stream));
   hy.add_deferred(hbuf, def_dev, stream);

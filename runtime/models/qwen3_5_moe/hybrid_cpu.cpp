@@ -24,7 +24,7 @@ class CpuExperts final : public HostExperts {
   static constexpr int kPoolSpinUs = 2000;
 
  public:
-  CpuExperts(const Qwen35Moe& model, const std::vector<std::vector<uint8_t>>& expert_on_gpu, const std::string& format, int threads)
+  CpuExperts(const Qwen35Moe& model, const std::vector<std::vector<uint8_t>>& expert_on_gpu, const std::string& format, int threads, bool mtp_head)
       : pool_(cpu::ThreadPool::Options{threads, true, false, kPoolSpinUs}), store_(store_options(format)) {
     const auto& layers = model.layers();
     for (size_t l = 0; l < layers.size(); ++l) {
@@ -32,6 +32,14 @@ class CpuExperts final : public HostExperts {
       for (size_t e = 0; e < expert_on_gpu[l].size(); ++e)
         if (!expert_on_gpu[l][e]) ids.push_back(static_cast<int>(e));
       if (!ids.empty()) store_.add_layer(static_cast<int>(l), layers[l].moe, ids, &pool_);
+      host_ids_.push_back(std::move(ids));
+    }
+    if (mtp_head) {  // every expert of the head, as the layer after the model's
+      if (!model.mtp()) fail("the MTP head's experts in host memory: ", model.checkpoint().dir(), " has no MTP head");
+      const MoeWeights& head = model.mtp()->layer.moe;
+      std::vector<int> ids(head.gate.size());
+      for (size_t e = 0; e < ids.size(); ++e) ids[e] = static_cast<int>(e);
+      store_.add_layer(static_cast<int>(layers.size()), head, ids, &pool_);
       host_ids_.push_back(std::move(ids));
     }
     // After packing and NUMA binding: locked pages cannot migrate.
@@ -130,8 +138,8 @@ class CpuExperts final : public HostExperts {
 }  // namespace
 
 std::unique_ptr<HostExperts> make_cpu_experts(const Qwen35Moe& model, const std::vector<std::vector<uint8_t>>& expert_on_gpu,
-                                              const std::string& format, int threads) {
-  return std::make_unique<CpuExperts>(model, expert_on_gpu, format, threads);
+                                              const std::string& format, int threads, bool mtp_head) {
+  return std::make_unique<CpuExperts>(model, expert_on_gpu, format, threads, mtp_head);
 }
 
 }  // namespace tandem

@@ -81,10 +81,11 @@ class HostExperts {
 };
 
 // The host experts of a plan on the cpu_experts kernels: every routed expert expert_on_gpu leaves off
-// the GPU, repacked into `format` (int4 | int8 | bf16), placed on its NUMA node, page-locked for DMA
-// (hybrid_cpu.cpp).
+// the GPU, repacked into `format` (int4 | int8 | bf16; floating-point weights asked as int4 become
+// int8), placed on its NUMA node, page-locked for DMA (hybrid_cpu.cpp). mtp_head: the MTP head's
+// experts too, all of them, as layer num_layers (GpuOptions::mtp_host_experts).
 std::unique_ptr<HostExperts> make_cpu_experts(const Qwen35Moe& model, const std::vector<std::vector<uint8_t>>& expert_on_gpu,
-                                              const std::string& format, int threads);
+                                              const std::string& format, int threads, bool mtp_head = false);
 
 // Since the last reset(): decode's routed-expert activations served by each side (prompts are not
 // counted: gpu / cpu say where the placement serves decode); streamed_layers / streamed_bytes count
@@ -113,6 +114,7 @@ class HybridDispatch {
   enum class Pass { decode, prefill, batch };
   struct Setup {
     int64_t hidden = 0;
+    int layers = 0;             // the model's (layer `layers`: the MTP head's, its experts all on the host when it hands over)
     int k = 0;                  // experts per token
     int64_t rows = 1;           // tokens handed over at once (a prefill chunk, else 1)
     int defer = 0;              // experts.deferral: each token's N lowest-weight host experts a layer late
@@ -169,7 +171,11 @@ class HybridDispatch {
   // any ran (hout_ left alone when none did, unless `always`: then zeros, as the graph adds it either way).
   bool host_part(size_t li, int64_t n, bool always, Pass pass, int64_t r0 = 0);
   void deferred_sum(float* out, int64_t rows);  // the pending deferred experts' sum (zeros when none)
-  bool on_gpu(size_t layer, int64_t e) const { return !s_.expert_on_gpu || s_.expert_on_gpu->empty() || (*s_.expert_on_gpu)[layer][e]; }
+  // past the model's layers: the MTP head's, which hands over only when its experts are all on the host
+  bool on_gpu(size_t layer, int64_t e) const {
+    if (layer >= static_cast<size_t>(s_.layers)) return false;
+    return !s_.expert_on_gpu || s_.expert_on_gpu->empty() || (*s_.expert_on_gpu)[layer][e];
+  }
 
   Setup s_;
   float *hx_ = nullptr, *hw_ = nullptr, *hout_ = nullptr;
