@@ -9,7 +9,9 @@
 #   verify     the 35B synthetic GPTQ-Int4: tandem bench --verify-cost 1,2,3,4 for each of $PLACEMENTS
 #              (gpu, or a budget such as 24GiB / 12GiB; 8GiB runs every routed expert on the CPU), with
 #              --draft 4 (the drafts' cost) and without (a plain runner: its decode step is the decode
-#              graph), then decode with --draft auto and without (random weights: auto should settle on 0)
+#              graph), then decode with --draft auto and without (random weights: auto should settle on 0);
+#              a budget with the suffix -headcpu (e.g. 12GiB-headcpu) puts the head's experts in host
+#              memory (speculative.head_experts: cpu)
 # usage (device tool, carry .deps and .snap): cd .snap && DEADLINE=560 STEPS="build tests demo verify" bash scripts/gpu_mtp.sh
 set -uo pipefail
 DEADLINE="${DEADLINE:-560}"
@@ -44,10 +46,11 @@ for s in $STEPS; do
         if [ "$p" = gpu ]; then
           place="--device gpu --gpu-mem 1000GiB --context 1280"
         else
-          extra=""
-          [ "$p" = 8GiB ] && extra="cpu_experts: all"
-          printf 'gpu:\n  memory: %s\n  reserve: 512MiB\ncontext: 1280\nspeculative:\n  draft: 4\n%s\n' "$p" "$extra" > "$res/$p.yaml"
-          printf 'gpu:\n  memory: %s\n  reserve: 512MiB\ncontext: 1280\n%s\n' "$p" "$extra" > "$res/$p-plain.yaml"
+          extra="" head="" budget="${p%-headcpu}"
+          [ "$budget" = 8GiB ] && extra="cpu_experts: all"
+          [ "$p" != "$budget" ] && head="  head_experts: cpu"
+          printf 'gpu:\n  memory: %s\n  reserve: 512MiB\ncontext: 1280\nspeculative:\n  draft: 4\n%s\n%s\n' "$budget" "$head" "$extra" > "$res/$p.yaml"
+          printf 'gpu:\n  memory: %s\n  reserve: 512MiB\ncontext: 1280\n%s\n' "$budget" "$extra" > "$res/$p-plain.yaml"
           place="--device hybrid --config $res/$p.yaml"
         fi
         plain="$place"
