@@ -8,6 +8,7 @@
 #include "core/bytes.h"
 #include "runtime/cli/args.h"
 #include "runtime/cli/commands.h"
+#include "runtime/cli/output.h"
 #include "runtime/format/config.h"
 #include "core/error.h"
 
@@ -47,11 +48,11 @@ int cmd_plan(int argc, char** argv) {
   if (a.has("json")) {
     nlohmann::json j = placement::plan_to_json(plan);
     j["formats"] = placement::formats_to_json(formats);
-    std::printf("%s\n", j.dump().c_str());
+    write_stdout(j.dump() + "\n");  // a failed write says why (errno), as printf's later flush cannot
   } else {
-    std::fputs(placement::plan_table(plan).c_str(), stdout);
-    std::printf("\nthe same budget by format (dense.format; experts.gpu_format: int4 quantizes floating-point experts on load; kv_cache.format):\n%s",
-                placement::formats_table(formats).c_str());
+    write_stdout(placement::plan_table(plan) +
+                 "\nthe same budget by format (dense.format; experts.gpu_format: int4 quantizes floating-point experts on load; kv_cache.format):\n" +
+                 placement::formats_table(formats));
   }
   return 0;
 }
