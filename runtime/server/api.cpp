@@ -417,8 +417,9 @@ Job parse_messages(const Json& body, const Defaults& d) {
 
 // ---- replies ----
 
-std::string sse(const Json& data) { return "data: " + data.dump() + "\n\n"; }
-std::string sse_event(const std::string& name, const Json& data) { return "event: " + name + "\ndata: " + data.dump() + "\n\n"; }
+std::string wire(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
+std::string sse(const Json& data) { return "data: " + wire(data) + "\n\n"; }
+std::string sse_event(const std::string& name, const Json& data) { return "event: " + name + "\ndata: " + wire(data) + "\n\n"; }
 
 Reply::Reply(const Job& job, std::string id, int64_t created)
     : job_(job), id_(std::move(id)), created_(created), parser_(job.thinking, job.tools) {}

@@ -106,6 +106,9 @@ class Reply {
   int call_block_ = -1;  // the parser's call index the open tool_use block holds
 };
 
+// JSON text for the wire. A byte that is not UTF-8 becomes U+FFFD instead of an exception in the middle
+// of a reply (the detokenizer already emits only whole, valid characters; this is the last guard).
+std::string wire(const Json& j);
 // SSE framing: "data: <json>\n\n"; Anthropic's named events "event: <name>\ndata: <json>\n\n".
 std::string sse(const Json& data);
 std::string sse_event(const std::string& name, const Json& data);

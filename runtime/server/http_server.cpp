@@ -34,7 +34,7 @@ Api api_of_path(const std::string& path) { return path.rfind("/v1/messages", 0) 
 
 void send_json(httplib::Response& res, int status, const Json& body) {
   res.status = status;
-  res.set_content(body.dump(), "application/json");
+  res.set_content(wire(body), "application/json");
 }
 
 // Non-streaming replies (Service::generate): how long one may take and still go out as one body, and
@@ -195,7 +195,7 @@ class Service {
               std::fprintf(stderr, "tandem serve: %s %s -> error after the reply began: %s\n", id.c_str(), path.c_str(), t->error().c_str());
               return false;
             }
-            const std::string body = reply->whole(t->result(), t->result().cached_tokens).dump();
+            const std::string body = wire(reply->whole(t->result(), t->result().cached_tokens));
             log_reply(id, path, *t, reply->finish_reason(t->result()));
             if (!sink.write(body.data(), body.size())) return false;
             sink.done();

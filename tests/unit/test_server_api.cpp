@@ -267,6 +267,28 @@ TEST(ServerApi, BadFieldsAreNamed) {
   EXPECT_EQ(error_body(Api::chat, 503, "busy", "")["error"]["param"], nullptr);
 }
 
+// A piece that is not valid UTF-8 (cut inside a character, or a stray byte) goes out as U+FFFD in a
+// well-formed frame, streamed and whole, on each API, instead of an exception in the middle of a reply
+// (found by fuzz_server_api; the detokenizer itself emits only whole characters).
+TEST(ServerApi, TextThatIsNotUtf8GoesOutAsReplacementCharacters) {
+  const std::string cut = std::string("caf\xc3", 4), stray = "a\xff" "b";
+  for (const Api api : {Api::chat, Api::completion, Api::messages}) {
+    Json body = api == Api::completion ? Json{{"prompt", "hi"}} : Json{{"messages", Json::array({{{"role", "user"}, {"content", "hi"}}})}};
+    if (api == Api::messages) body["max_tokens"] = 16;
+    const Job job = api == Api::chat ? parse_chat(body, defaults()) : api == Api::completion ? parse_completion(body, defaults()) : parse_messages(body, defaults());
+    Reply streamed(job, "id-1", 0), whole(job, "id-1", 0);
+    std::string sse = streamed.start(5, 0);
+    sse += streamed.piece(cut);
+    sse += streamed.piece(stray);
+    sse += streamed.end(result(cut + stray), 0);
+    const std::string replacement = "\xef\xbf\xbd";  // U+FFFD
+    std::string text;
+    for (const Json& f : frames(sse)) text += wire(f);  // every frame parses back
+    EXPECT_NE(text.find(replacement), std::string::npos) << "api " << static_cast<int>(api) << ": " << sse;
+    EXPECT_NE(wire(whole.whole(result(cut + stray), 0)).find(replacement), std::string::npos) << "api " << static_cast<int>(api);
+  }
+}
+
 TEST(ServerApi, FinishReasonsInEachApisWords) {
   const Job chat = chat_job(false, false);
   const Job completion = parse_completion({{"prompt", "Once"}}, defaults());
