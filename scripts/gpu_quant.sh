@@ -42,7 +42,7 @@ for s in $STEPS; do
       step build 300 bash -c "cmake -S . -B $build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 >/dev/null \
         && cmake --build $build -j $(nproc) --target tandem tandem_gpu_tests bench_gpu_gemv" ;;
     tests)
-      step gpu-tests 240 "$build/tests/tandem_gpu_tests" --gtest_filter="$TESTS" ;;
+      step gpu-tests "${TESTS_SECS:-240}" "$build/tests/tandem_gpu_tests" --gtest_filter="$TESTS" ;;
     dense)
       [ -f $model/config.json ] || step synth 150 "$tandem" synth --preset qwen3.5-35b-a3b --quant gptq-int4 --routing-skew 1 --out $model
       for p in $PLACEMENTS; do
