@@ -113,9 +113,12 @@ TEST_P(GpuBatch, ASequencesRowsDoNotDependOnItsNeighbours) {
 }
 
 // A hybrid step of several sequences as two micro-batches (the host's experts of one part while the
-// GPU computes the other's layer) gives every row bit for bit what one micro-batch gives: a step of
-// uneven sequences (2, 1 and 1 tokens: parts of 2 + 2 rows), steps of four and of three sequences (2 + 2
-// and 1 + 2 rows). All on the GPU nothing overlaps: one part, and the setting is refused.
+// GPU computes the other's layer) gives every row what one micro-batch gives: a step of uneven
+// sequences (2, 1 and 1 tokens: parts of 2 + 2 rows), steps of four and of three sequences (2 + 2 and
+// 1 + 2 rows). Within 1e-3 relative L2, bit for bit in fact where every part has two rows or more: a
+// part of one row takes the kernels' one-token forms, whose sums run in another order (the H200:
+// 5e-6 .. 2.8e-4 on that row). All on the GPU nothing overlaps: one part (bit for bit), and the
+// setting is refused.
 TEST_P(GpuBatch, TwoMicroBatchesGiveOnesRows) {
   const bool hybrid = std::get<1>(GetParam());
   const int64_t V = fixture_.vocab;
@@ -139,7 +142,7 @@ TEST_P(GpuBatch, TwoMicroBatchesGiveOnesRows) {
     EXPECT_EQ(r->host_split().two_part_steps, hybrid && parts == 2 ? 3u : 0u) << "steps run as two micro-batches";
     return rows;
   };
-  test::expect_rows(run(2), run(1), V, 0, "two micro-batches against one");
+  test::expect_rows(run(2), run(1), V, hybrid ? 1e-3 : 0, "two micro-batches against one");
 }
 
 INSTANTIATE_TEST_SUITE_P(Tandem, GpuBatch, ::testing::Combine(::testing::ValuesIn(test::fixture_names()), ::testing::Bool()),

@@ -66,8 +66,8 @@ TEST_P(GpuKvCache, SavedSequencesAndChunkedPrefillKeepTheRows) {
   auto steps = Qwen35MoeGpu::create(*model, t);
   std::vector<float> a(V), b(V), c(V);
   gpu->select(0);
-  gpu->forward(std::span(f.ids.data(), f.prefill), a.data());
-  steps->forward(std::span(f.ids.data(), f.prefill), c.data());
+  gpu->forward(std::span(f.ids.data(), f.prefill), a.data(), Qwen35Moe::LogitRows::Last);  // the last row: in chunks
+  steps->forward(std::span(f.ids.data(), f.prefill), c.data(), Qwen35Moe::LogitRows::Last);
   const Qwen35MoeGpu::SlotCopy saved = gpu->save_slot(0);
   gpu->load_slot(1, saved);
   for (int64_t i = f.prefill; i < n; ++i) {
