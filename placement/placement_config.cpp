@@ -253,7 +253,7 @@ PlacementConfig parse_placement_config(const std::string& text, const std::strin
     }
     if (const YAML::Node e = root["experts"]) {
       if (e.IsMap() && e["replace"]) r.fail_at(e["replace"], "experts.replace", "online re-placement was removed (it never paid); delete the key");
-      r.check_keys(e, "experts", {"select", "heat", "cpu_format", "gpu_format", "deferral", "link", "micro_batches"});
+      r.check_keys(e, "experts", {"select", "heat", "cpu_format", "gpu_format", "deferral", "link"});
       if (e["select"]) read_select(r, e["select"], c);
       if (e["heat"]) c.heat = r.resolve(r.scalar(e["heat"], "experts.heat"));
       if (e["cpu_format"]) c.cpu_format = format_value(r, e["cpu_format"], "experts.cpu_format", true);
@@ -264,7 +264,6 @@ PlacementConfig parse_placement_config(const std::string& text, const std::strin
                     "GPU experts run as stored ('auto') or as int4 ('int4': floating-point experts quantized on load); not " + c.gpu_format);
       }
       if (e["deferral"]) c.deferral = static_cast<int>(r.integer(e["deferral"], "experts.deferral", 0, 64));
-      if (e["micro_batches"]) c.micro_batches = static_cast<int>(r.integer(e["micro_batches"], "experts.micro_batches", 1, 2));
       if (const YAML::Node lk = e["link"]) {
         if (lk.IsScalar() && r.scalar(lk, "experts.link") == "off") {  // `link: off`
           c.link_in_place = 0;

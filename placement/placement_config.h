@@ -84,9 +84,6 @@ struct PlacementConfig {
   // experts are `checkpoint_int4` or not (see gpu_format).
   bool experts_int4_on_load(bool checkpoint_int4) const;
   int deferral = 0;                       // lowest-weight CPU experts of layer L applied at L+1
-  // experts.micro_batches: a hybrid step of several sequences as 2 micro-batches (the host's experts of
-  // one overlapping the GPU's part of the other) or 1 (GpuOptions::micro_batches).
-  int micro_batches = 2;
   // experts.link: of each token's CPU experts, the first link_in_place the GPU computes itself reading
   // them in place over PCIe (GpuOptions::link_experts). 0: off, the CPU computes all of them.
   int link_in_place = 0;

@@ -45,7 +45,6 @@ nlohmann::json plan_to_json(const Plan& p) {
   j["layer_gpu_fraction"] = p.layer_gpu_fraction;
   j["expected_gpu_expert_fraction"] = p.expected_gpu_expert_fraction;
   j["deferral"] = p.deferral;
-  j["micro_batches"] = p.micro_batches;
   j["link"] = {{"in_place", p.link_in_place}};
   j["prefill_strategy"] = prefill_name(p.prefill);
   j["prefill_chunk"] = p.prefill_chunk;

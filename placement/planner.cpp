@@ -331,7 +331,6 @@ Plan make_plan(const ModelConfig& c, const PlacementConfig& cfg, const PlanReque
   p.context = req.context ? req.context : cfg.context;
   p.batch = cfg.batch;
   p.deferral = cfg.deferral;
-  p.micro_batches = cfg.micro_batches;
   p.head_experts_cpu = cfg.head_experts_cpu && cfg.draft != 0 && c.mtp_layers > 0;
   p.prefill = cfg.prefill;
   p.dense_format = cfg.dense_format;

@@ -104,7 +104,6 @@ struct Plan {
   bool heat_used = false;
   std::string selection;                            // the policy, as the config named it
   int deferral = 0;
-  int micro_batches = 2;  // experts.micro_batches (GpuOptions::micro_batches)
   // speculative.head_experts: cpu (with drafts): the MTP head's routed experts in host memory, these
   // bytes of them (in host_expert_bytes too), none in VRAM.
   bool head_experts_cpu = false;

@@ -11,8 +11,7 @@
 #            tokens, $REPEAT repeats) for each of $SCENARIOS, old then new
 #            (gpu-all, hybrid-24gib, hybrid-12gib, hybrid-8gib, hybrid-8gib-link3)
 #   batch    the new tree's `tandem bench --batch $BATCHES` on the synthetic 35B for each of $BSCENARIOS
-#            (default gpu-all hybrid-24gib hybrid-8gib): aggregate decode at each batch size, ITL, bound;
-#            hybrid scenarios each batch size as 1 and as 2 micro-batches ($MICRO, default 1,2)
+#            (default gpu-all hybrid-24gib hybrid-8gib): aggregate decode at each batch size, ITL, bound
 #   kbench   the new tree's kernel benchmarks (bench_gpu_gemv) matching $KFILTER
 #   profile  nsys's kernel summary of the new tree's `tandem bench --batch $PBATCH` ($PSCENARIO, default
 #            gpu-all), when nsys is there: the kernels' total time, calls and share, largest first
@@ -90,12 +89,11 @@ if [[ "$steps" == *" batch "* ]]; then
   prepare_35b
   batches="${BATCHES:-1,2,4,8}"
   echo "## Batched decode: prompt $plen, $gen tokens a sequence, $repeat repeats, batch $batches (synthetic 35B GPTQ-Int4, new tree)" >> "$summary"
-  echo "| scenario | batch | micro-batches | aggregate tok/s [min-max] | per sequence | ITL p50 / p99 ms | vs B=1 | bound tok/s | of bound |" >> "$summary"
-  echo "|---|---|---|---|---|---|---|---|---|" >> "$summary"
+  echo "| scenario | batch | aggregate tok/s [min-max] | per sequence | ITL p50 / p99 ms | vs B=1 | bound tok/s | of bound |" >> "$summary"
+  echo "|---|---|---|---|---|---|---|---|" >> "$summary"
   for s in ${BSCENARIOS:-gpu-all hybrid-24gib hybrid-8gib}; do
     [ "$(left)" -gt 40 ] || { echo "batch $s: no time left" >> "$OUT/e2e.log"; continue; }
     timeout "$(left)" "$NEW_T" bench --model $m --prompt-len "$plen" --gen "$gen" --repeat "$repeat" --batch "$batches" --warmup "${WARMUP:-64}" --json $(scenario_args "$s") \
-      $([ "$s" = gpu-all ] || echo --micro-batches "${MICRO:-1,2}") \
       > "$OUT/e2e/$s.batch.json" 2> "$OUT/e2e/$s.batch.log"
     echo "batch $s rc $?" >> "$OUT/e2e.log"
     python3 - "$OUT/e2e/$s.batch.json" "$s" >> "$summary" <<'PY'
@@ -103,7 +101,7 @@ import json, sys
 try: rows = json.load(open(sys.argv[1]))["batches"]
 except Exception as e: print("| %s | failed: %s |" % (sys.argv[2], e)); sys.exit()
 for r in rows:
-    print("| %s | %d | %d | %.1f [%.1f-%.1f] | %.1f | %.2f / %.2f | %.2fx | %.1f | %.0f%% |" % (sys.argv[2], r["batch"], r["micro_batches"], r["decode_tok_s"], r["decode_tok_s_min"],
+    print("| %s | %d | %.1f [%.1f-%.1f] | %.1f | %.2f / %.2f | %.2fx | %.1f | %.0f%% |" % (sys.argv[2], r["batch"], r["decode_tok_s"], r["decode_tok_s_min"],
           r["decode_tok_s_max"], r["per_sequence_tok_s"], r["itl_p50_ms"], r["itl_p99_ms"], r["vs_batch_1"], r["bound_decode_tok_s"], 100 * r["decode_ratio_to_bound"]))
 PY
   done

@@ -15,9 +15,7 @@
 #              int8 and fp8 (kv_cache.format), and the attention decode kernel alone per format
 #              (bench_gpu_gemv BM_attention_decode: 512 / 4096 / 32768 cached rows)
 #   batch      the same model decoding $BATCHES sequences at once (prompts of 4096) for each of $BPLACEMENTS
-#              (default 12GiB 8GiB, the latter every routed expert on the CPU), each batch size as one
-#              micro-batch and as two (experts.micro_batches: the host's experts of one part beside the GPU's
-#              part of the other): tandem bench --batch --micro-batches 1,2
+#              (default 12GiB 8GiB, the latter every routed expert on the CPU): tandem bench --batch
 # usage (device tool, carry .deps): DEADLINE=560 STEPS="build tests dense head kv" bash scripts/gpu_quant.sh
 #   (TANDEM_MAX_SM=89 in front: the RTX 4090 code path)
 set -uo pipefail
@@ -75,7 +73,7 @@ experts: {gpu_format: $e}"
         [ "$p" = 8GiB ] && extra="cpu_experts: all"
         printf 'gpu:\n  memory: %s\n  reserve: 512MiB\ncontext: 4224\n%s\n' "$p" "$extra" > "$res/batch-$p.yaml"
         step "batch-$p" 200 "$tandem" bench --model $model --device hybrid --config "$res/batch-$p.yaml" --prompt-len 4096 --gen 32 --repeat 2 \
-          --warmup 64 --batch "${BATCHES:-1,2,4,8}" --micro-batches 1,2 --json
+          --warmup 64 --batch "${BATCHES:-1,2,4,8}" --json
       done ;;
     kv)
       [ -f $model/config.json ] || step synth 150 "$tandem" synth --preset qwen3.5-35b-a3b --quant gptq-int4 --routing-skew 1 --out $model

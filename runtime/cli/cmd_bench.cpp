@@ -14,8 +14,6 @@
 // routed experts B tokens pick (uniform routing: E (1 - (1 - k/E)^B) a layer), and each sequence's
 // DeltaNet state (read and written) and KV rows, over the measured bandwidths (hybrid: the GPU's and
 // the host's parts overlapped perfectly, the host's share of the experts as measured).
-// --micro-batches 1,2 (hybrid): each batch size as one micro-batch and as two (experts.micro_batches:
-// the host's experts of one part overlapping the GPU's part of the other), a row each.
 #include <omp.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -338,7 +336,6 @@ int cmd_bench(int argc, char** argv) {
                              {"follow-text", false, "with --prompts: feed each decode step the text's next token instead of the one picked"},
                              {"warmup", true, "prompt tokens of the warm-up run (default: each measured length)"},
                              {"batch", true, "comma-separated batch sizes: batched decode of that many sequences at once (the first --prompt-len each)"},
-                             {"micro-batches", true, "with --batch on --device hybrid: comma-separated micro-batch counts (1, 2) to run each batch size as (default: the config's experts.micro_batches)"},
                              {"verify-cost", true, "comma-separated draft counts k: the cost of verifying k drafts (a step of k + 1 tokens) against a decode step, and the speed-up it implies"},
                              {"json", false, "print one JSON object instead of the table"}};
   for (auto& f : device_flags()) flags.push_back(f);
@@ -363,8 +360,6 @@ int cmd_bench(int argc, char** argv) {
   const std::vector<int> verify_ks = a.has("verify-cost") ? parse_counts(a.get("verify-cost"), "--verify-cost", kMaxDraft, "drafts") : std::vector<int>{};
   const int verify_max = verify_ks.empty() ? 0 : *std::max_element(verify_ks.begin(), verify_ks.end());
   if (!verify_ks.empty() && !batches.empty()) throw UsageError("tandem bench: --verify-cost and --batch are separate runs");
-  const std::vector<int> parts = a.has("micro-batches") ? parse_counts(a.get("micro-batches"), "--micro-batches", 2, "micro-batches") : std::vector<int>{};
-  if (!parts.empty() && batches.empty()) throw UsageError("tandem bench: --micro-batches splits batched steps; give --batch too");
   RunnerOptions ro = runner_options(a, longest + std::max<int64_t>(gen, (repeat + 1) * (1 + static_cast<int64_t>(verify_ks.size()))));
   if (verify_max > 0) ro.verify_tokens = verify_max + 1;
   for (int b : batches) ro.batch = std::max(ro.batch, b);  // the runner holds the largest batch's sequences
@@ -387,8 +382,6 @@ int cmd_bench(int argc, char** argv) {
   start_session(session, ro);
   Runner* runner = session.runner.get();
   const std::string device = device_name(session.options.device);  // as chosen (--device auto)
-  if (!parts.empty() && device != "hybrid")
-    throw UsageError("tandem bench: --micro-batches overlaps the host's experts with the GPU's part: --device hybrid only (this run is " + device + ")");
   for (int64_t L : lengths)
     if (L + gen > cfg.max_position_embeddings)
       fail("--prompt-len ", L, " + --gen ", gen, " exceeds the model's context of ", cfg.max_position_embeddings);
@@ -478,19 +471,13 @@ int cmd_bench(int argc, char** argv) {
                   "(uniform routing) + %.1f MB state and KV per sequence; %s %.1f GB/s%s\n\n",
                   (long long)L, (long long)gen, dense / 1e9, act_bytes * moe_layers / 1e6, per_seq / 1e6, bw_what.c_str(), bw_bytes / 1e9,
                   hybrid ? str_cat(", CPU read ", static_cast<int>(cpu_bw / 1e9 + 0.5), " GB/s").c_str() : "");
-      std::printf("%6s  %5s  %26s  %14s  %16s  %7s  %12s  %7s\n", "batch", "parts", "aggregate tok/s [min-max]", "per sequence", "ITL p50/p99 ms",
-                  "vs B=1", "bound tok/s", "/bound");
+      std::printf("%6s  %26s  %14s  %16s  %7s  %12s  %7s\n", "batch", "aggregate tok/s [min-max]", "per sequence", "ITL p50/p99 ms", "vs B=1",
+                  "bound tok/s", "/bound");
     }
     nlohmann::json rows = nlohmann::json::array();
     double base = 0;
-    // (batch, micro-batches) in order; 0 micro-batches: as configured
-    std::vector<std::pair<int, int>> runs;
-    for (int B : batches)
-      for (int m : parts.empty() ? std::vector<int>{0} : parts) runs.emplace_back(B, m);
-    for (const auto& [B, m] : runs) {
-      if (m) runner->set_micro_batches(m);
-      const uint64_t two_before = runner->host_split().two_part_steps;
-      if (!json_out) std::fprintf(stderr, "batch %d%s: warm-up + %lld runs...\r", B, m ? str_cat(" in ", m, " parts").c_str() : "", (long long)repeat);
+    for (int B : batches) {
+      if (!json_out) std::fprintf(stderr, "batch %d: warm-up + %lld runs...\r", B, (long long)repeat);
       run_batch(*runner, cfg.vocab_size, B, std::min<int64_t>(L, warmup ? warmup : L), std::min<int64_t>(gen, 4), seed);
       std::vector<double> tok, itl;
       for (int64_t r = 0; r < repeat; ++r) {
@@ -500,18 +487,16 @@ int cmd_bench(int argc, char** argv) {
       }
       const Stat t = stat_of(tok);
       if (base == 0) base = B == 1 ? t.median : 0;
-      // what the steps ran as (a step of one sequence is one part whatever was asked)
-      const int ran = runner->host_split().two_part_steps > two_before ? 2 : 1;
       const double p50 = itl.empty() ? 0 : percentile(itl, 0.5), p99 = itl.empty() ? 0 : percentile(itl, 0.99), bnd = batch_bound(B);
-      rows.push_back({{"batch", B}, {"micro_batches", ran}, {"decode_tok_s", t.median}, {"decode_tok_s_min", t.min}, {"decode_tok_s_max", t.max},
+      rows.push_back({{"batch", B}, {"decode_tok_s", t.median}, {"decode_tok_s_min", t.min}, {"decode_tok_s_max", t.max},
                       {"per_sequence_tok_s", t.median / B}, {"itl_p50_ms", p50}, {"itl_p99_ms", p99}, {"vs_batch_1", base > 0 ? t.median / base : 0},
                       {"expected_union_experts_per_layer", union_of(B)}, {"bound_decode_tok_s", bnd}, {"decode_ratio_to_bound", t.median / bnd},
                       {"gpu_expert_fraction", runner->gpu_expert_share()}});
       char ratio[16] = "-";
       if (base > 0) std::snprintf(ratio, sizeof ratio, "%.2fx", t.median / base);
       if (!json_out)
-        std::printf("%6d  %5d  %10.1f [%6.1f-%6.1f]  %14.1f  %7.2f / %6.2f  %7s  %12.1f  %6.1f%%\n", B, ran, t.median, t.min, t.max, t.median / B, p50,
-                    p99, ratio, bnd, 100 * t.median / bnd);
+        std::printf("%6d  %10.1f [%6.1f-%6.1f]  %14.1f  %7.2f / %6.2f  %7s  %12.1f  %6.1f%%\n", B, t.median, t.min, t.max, t.median / B, p50, p99,
+                    ratio, bnd, 100 * t.median / bnd);
     }
     if (json_out) {
       const nlohmann::json j = {{"model", a.get("model")}, {"device", device}, {"prompt_len", L}, {"gen", gen}, {"repeat", repeat},

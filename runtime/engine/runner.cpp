@@ -218,7 +218,6 @@ class GpuRunner final : public Runner, private MtpDevice {
       g.prefill_chunk = placement_->prefill_chunk;
       g.prefill_chunk_max = 0;  // the planner counted this chunk's workspace
       g.defer_experts = placement_->deferral;
-      g.micro_batches = placement_->micro_batches;
       g.link_experts = placement_->link_in_place;
       g.stream_prefill_min_tokens = placement_->stream_experts ? placement_->predicted.prefill_gpu_min_tokens : 0;
       g.stream_pass_tokens = placement_->stream_pass;
@@ -398,11 +397,7 @@ class GpuRunner final : public Runner, private MtpDevice {
   uint64_t streamed_layers() const override { return gpu_->expert_counts().streamed_layers; }
   HostSplit host_split() const override {
     const ExpertCounts& c = gpu_->expert_counts();
-    return {c.host_wait_ns * 1e-9, c.host_run_ns * 1e-9, c.host_layers, c.cpu, c.two_part_steps};
-  }
-  void set_micro_batches(int m) override {
-    if (!placement_) Runner::set_micro_batches(m);
-    gpu_->set_micro_batches(m);
+    return {c.host_wait_ns * 1e-9, c.host_run_ns * 1e-9, c.host_layers, c.cpu};
   }
   double pcie_bandwidth() override { return gpu_->pcie_bandwidth(); }
   double weight_bandwidth(std::string* what) override {

@@ -21,7 +21,6 @@
 #include <string>
 #include <vector>
 
-#include "core/error.h"
 #include "core/limits.h"
 #include "placement/planner.h"
 #include "runtime/engine/draft_tuner.h"
@@ -174,16 +173,12 @@ class Runner {
   virtual uint64_t streamed_layers() const { return 0; }
   // Hybrid decode since reset(), the host's side: time spent waiting for the GPU's router results and
   // running the host-resident experts, over `layers` layer handoffs; host_activations routed experts
-  // served there; two_part_steps: batched steps run as two micro-batches (GpuOptions::micro_batches).
-  // Zeros for other runners.
+  // served there. Zeros for other runners.
   struct HostSplit {
     double wait_s = 0, run_s = 0;
-    uint64_t layers = 0, host_activations = 0, two_part_steps = 0;
+    uint64_t layers = 0, host_activations = 0;
   };
   virtual HostSplit host_split() const { return {}; }
-  // Hybrid: batched steps as 1 or 2 micro-batches from the next step on (experts.micro_batches; tandem
-  // bench compares them). Other runners have no host handoffs to overlap.
-  virtual void set_micro_batches(int /*m*/) { fail("micro-batches overlap the host's experts with the GPU's part: --device hybrid only"); }
   // Pinned host-to-device copy bandwidth in bytes/s, measured now (0 without a GPU).
   virtual double pcie_bandwidth() { return 0; }
   // Measured bandwidth of the memory the weights stream from (host DRAM read, or GPU copy), and

@@ -115,9 +115,6 @@ check "bench --prompts empty" "1" "has no text" -- "$tandem" bench --model "$tmp
 check "bench --follow-text" "0" "" -- "$tandem" bench --model "$tmp/tiny" --device cpu --prompt-len 8 --gen 4 --repeat 1 --prompts "$tmp/prompts.txt" --follow-text --json
 grep -q '"decode_tokens": "the text.s next tokens' "$tmp/out" || { echo "FAIL bench --follow-text: the JSON does not say what decode was fed"; failures=$((failures + 1)); }
 check "bench --follow-text without --prompts" "2" "needs --prompts" -- "$tandem" bench --model "$tmp/tiny" --device cpu --follow-text
-check "bench --micro-batches without --batch" "2" "give --batch too" -- "$tandem" bench --model "$tmp/tiny" --device cpu --micro-batches 1,2
-check "bench --micro-batches on cpu" "2" "device hybrid only (this run is cpu)" -- "$tandem" bench --model "$tmp/tiny" --device cpu --batch 2 --micro-batches 1,2
-check "bench --micro-batches 3" "2" "micro-batches" -- "$tandem" bench --model "$tmp/tiny" --device cpu --batch 2 --micro-batches 3
 check "generate without prompt" "2" "missing required option '--prompt'" -- "$tandem" generate --model "$tmp/tiny"
 check "bad temperature" "2" "temperature" -- "$tandem" generate --model "$tmp/tiny" --prompt x --temperature -1
 check "unknown preset" "2" "unknown sampling preset" -- "$tandem" generate --model "$tmp/tiny" --prompt x --preset wild

@@ -112,39 +112,6 @@ TEST_P(GpuBatch, ASequencesRowsDoNotDependOnItsNeighbours) {
   test::expect_rows(run(ids[1]), run(ids[2] + 7), V, 0, "sequence A beside B and beside C");
 }
 
-// A hybrid step of several sequences as two micro-batches (the host's experts of one part while the
-// GPU computes the other's layer) gives every row what one micro-batch gives: a step of uneven
-// sequences (2, 1 and 1 tokens: parts of 2 + 2 rows), steps of four and of three sequences (2 + 2 and
-// 1 + 2 rows). Within 1e-3 relative L2, bit for bit in fact where every part has two rows or more: a
-// part of one row takes the kernels' one-token forms, whose sums run in another order (the H200:
-// 5e-6 .. 2.8e-4 on that row). All on the GPU nothing overlaps: one part (bit for bit), and the
-// setting is refused.
-TEST_P(GpuBatch, TwoMicroBatchesGiveOnesRows) {
-  const bool hybrid = std::get<1>(GetParam());
-  const int64_t V = fixture_.vocab;
-  const std::vector<int32_t>& ids = fixture_.ids;
-  ASSERT_GE(ids.size(), 8u);
-  auto run = [&](int parts) {
-    auto r = make_runner(*model_, options(*model_, hybrid, 4, 0));
-    if (hybrid) r->set_micro_batches(parts);
-    else test::expect_error([&] { r->set_micro_batches(parts); }, {"--device hybrid only"});
-    std::vector<float> rows;
-    auto step = [&](std::vector<std::pair<int, std::vector<int32_t>>> seqs) {
-      std::vector<std::vector<float>> out(seqs.size(), std::vector<float>(V));
-      std::vector<Runner::Feed> feeds;
-      for (size_t i = 0; i < seqs.size(); ++i) feeds.push_back({seqs[i].first, seqs[i].second, out[i].data()});
-      r->step(feeds);
-      for (const auto& o : out) rows.insert(rows.end(), o.begin(), o.end());
-    };
-    step({{0, {ids[0], ids[1]}}, {1, {ids[2]}}, {2, {ids[3]}}});
-    step({{0, {ids[4]}}, {1, {ids[5]}}, {2, {ids[6]}}, {3, {ids[7]}}});
-    step({{1, {ids[1]}}, {2, {ids[0]}}, {3, {ids[2]}}});
-    EXPECT_EQ(r->host_split().two_part_steps, hybrid && parts == 2 ? 3u : 0u) << "steps run as two micro-batches";
-    return rows;
-  };
-  test::expect_rows(run(2), run(1), V, hybrid ? 1e-3 : 0, "two micro-batches against one");
-}
-
 INSTANTIATE_TEST_SUITE_P(Tandem, GpuBatch, ::testing::Combine(::testing::ValuesIn(test::fixture_names()), ::testing::Bool()),
                          [](const auto& info) { return std::get<0>(info.param) + (std::get<1>(info.param) ? "_hybrid" : "_gpu"); });
 

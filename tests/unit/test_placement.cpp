@@ -198,19 +198,6 @@ TEST(Planner, NeverOverBudgetAndMonotoneInBudget) {
   }
 }
 
-// experts.micro_batches (a hybrid step of several sequences in two parts): 2 by default, 1 or 2, into
-// the plan (the runner hands it to the GPU model) and its JSON; anything else named with its line.
-TEST(Planner, MicroBatches) {
-  const ModelConfig m = model35();
-  EXPECT_EQ(yaml("batch: 4\n").micro_batches, 2);
-  EXPECT_EQ(yaml("experts:\n  micro_batches: 1\n").micro_batches, 1);
-  const Plan p = make_plan(m, yaml("cpu_experts: all\nbatch: 4\nexperts:\n  micro_batches: 1\n"), {.gpu_mem = 8ull << 30});
-  EXPECT_EQ(p.micro_batches, 1);
-  EXPECT_EQ(plan_to_json(p)["micro_batches"], 1);
-  test::expect_error([] { yaml("experts:\n  micro_batches: 3\n"); }, {"test.yaml:2", "experts.micro_batches", "3"});
-  test::expect_error([] { yaml("experts:\n  micro_batches: two\n"); }, {"test.yaml:2", "experts.micro_batches", "not an integer"});
-}
-
 // experts.link (the GPU computes some of each token's CPU experts reading them over PCIe): the YAML
 // forms and their errors; the plan counts the link's buffers (gpu::link_buffer_bytes for every layer)
 // and never goes over budget with them; the cost model credits the link where host memory outruns its

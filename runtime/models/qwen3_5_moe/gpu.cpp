@@ -242,7 +242,7 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
         CK(gpu::host_post(x, H, topk_ids, topk_w, k, p.x, p.ids, p.weights, p.flag, p.value, stream));
       }
     } else if (split) {
-      hy.post_copy(x, topk_ids, topk_w, {}, stream);
+      hy.post_copy(x, topk_ids, topk_w, 1, stream);
     }
     mark(tr, li, 2);
     // The shared expert's down GEMV (its gate / up came with the router) beside the routed experts, on
@@ -293,7 +293,7 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
       if (!deferring()) host_sum = sum;  // waited for by the next norm's launch (norm_x)
       else CK(gpu::host_wait_add(sum.flag, sum.value, sum.src, moe_out, H, sum.error, sum.timeout_ns, stream));
     } else if (split) {
-      hy.serve_copy(li, {}, cpu_out, moe_out, stream, HybridDispatch::Pass::decode);
+      hy.serve_copy(li, 1, cpu_out, moe_out, stream, HybridDispatch::Pass::decode);
     } else {
       counts.gpu += k;
     }

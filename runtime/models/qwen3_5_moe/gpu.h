@@ -88,12 +88,6 @@ struct GpuOptions {
   // Sequences held at once (slots): each its own KV cache and DeltaNet state. Steps of several
   // sequences' tokens (step_rows) take up to min(batch, gpu::kMaxGemvTokens) tokens at once.
   int batch = 1;
-  // Hybrid steps of several sequences (step_rows) as this many micro-batches, 1 or 2: with 2 the
-  // sequences split into two parts of about half the rows, and while the host runs one part's experts
-  // of a layer the GPU computes the other part's (placement `experts.micro_batches`). The same
-  // arithmetic per row either way; steps with no host experts, of one sequence or keeping their states
-  // run as one.
-  int micro_batches = 2;
   // Positions a verification step keeps the DeltaNet state of (step_rows with keep; rollback): that
   // many + 1 copies of every DeltaNet layer's state in the workspace. 0: none.
   int64_t verify_tokens = 0;
@@ -202,8 +196,6 @@ class Qwen35MoeGpu {
                      std::span<std::vector<std::pair<int32_t, float>>* const> tops);
   // After a keep step that fed n tokens to `slot`: its state after the first `keep` (0..n) of them.
   void rollback(int slot, int64_t keep);
-  // GpuOptions::micro_batches from the next step on (1 or 2; tandem bench compares them in one run).
-  void set_micro_batches(int m);
 
   // ---- the MTP head (GpuOptions::mtp) ----
   bool mtp_active() const;

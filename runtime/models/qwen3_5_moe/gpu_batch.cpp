@@ -1,9 +1,7 @@
 // runtime/models/qwen3_5_moe/gpu_batch.cpp: steps over several sequences' tokens at once (step_rows,
 // see gpu.h): the step's table, its walk (prefill_layer over the rows with the decode kernels on each
-// token's slot; hybrid: in two micro-batches that overlap the host's experts with the GPU's part), a CUDA
-// graph per step shape, the logits rows and their top-k, and rollback.
+// token's slot), a CUDA graph per step shape, the logits rows and their top-k, and rollback.
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 
 #include "gpu_core/ops.cuh"
@@ -27,83 +25,13 @@ void Qwen35MoeGpu::Impl::enqueue_rows(int64_t n, const Batch& b, float* logits_d
   CK(cudaMemcpyAsync(bio, hio, (5 * R + 1) * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
   if (embed) CK(gpu::embed_bf16(embed, H, bio, static_cast<int>(n), ph, stream));
   else host_embedding_rows(hio, n, ph);
-  walk_rows(n, b);
+  for (size_t li = 0; li < layers.size(); ++li) prefill_layer(li, ph, n, bio + R, nullptr, &b);
   if (!logits_dst && !hidden_dst) return;
   CK(gpu::rmsnorm_zc(ph, final_norm, H, static_cast<int>(n), static_cast<float>(c.rms_norm_eps), px, stream));
   if (hidden_dst) CK(cudaMemcpyAsync(hidden_dst, px, n * H * sizeof(float), cudaMemcpyDeviceToHost, stream));
   if (!logits_dst) return;
   linear_rows(lm_head, px, n, blogits, true);
   if (logits_dst != &logits_sink) CK(cudaMemcpyAsync(logits_dst, blogits, n * V * sizeof(float), cudaMemcpyDeviceToHost, stream));
-}
-
-// Two micro-batches only where they can overlap: some layer hands over to the host (all on the GPU
-// there is one stream, nothing to overlap), two sequences or more, no kept states, and the option asks
-// for them. The second part starts at the sequence whose first row is nearest half the step's rows.
-int Qwen35MoeGpu::Impl::micro_batch_split(int64_t n, const Batch& b) const {
-  if (opts.micro_batches < 2 || b.groups < 2 || b.keep || gpu_only_layers == layers.size()) return 0;
-  const int32_t* first = hio + 4 * rows;
-  auto off = [&](int g) { return std::llabs(2 * static_cast<long long>(first[g]) - n); };
-  int best = 1;
-  for (int g = 2; g < b.groups; ++g)
-    if (off(g) < off(best)) best = g;
-  return best;
-}
-
-// The step's layer walk. As one micro-batch: prefill_layer layer after layer over all rows. As two
-// (hybrid): parts A and B, each its sequences' rows, queued so that the host's experts of one part run
-// while the GPU computes the other's layer. Each part is queued up to its first handoff to the host;
-// then, taking the parts in turn, the host serves the part's handoff (waits for its router result, runs
-// its host experts: meanwhile the GPU works through the other part's queued layer), queues the rest of
-// that layer (its sum added) and the part's next layers up to its next handoff. One stream carries
-// both parts, so the GPU's order is A's layer, B's layer, A's next, ...; the per-row arithmetic is the
-// same as in one part (the kernels compute each row alone).
-void Qwen35MoeGpu::Impl::walk_rows(int64_t n, const Batch& b) {
-  const int64_t H = model.config().hidden_size, R = rows;
-  struct Part {
-    Batch b;
-    int64_t n = 0;
-    size_t next = 0;    // the layer to queue next
-    bool held = false;  // `next` is queued up to its handoff, waiting for the host
-  };
-  Part parts[HybridDispatch::kParts];
-  int count = 1;
-  if (const int split = micro_batch_split(n, b)) {
-    const int64_t mid = hio[4 * R + split];
-    parts[0] = {Batch{.groups = split}, mid};
-    parts[1] = {Batch{.groups = b.groups - split, .g0 = split, .r0 = mid, .part = 1}, n - mid};
-    count = 2;
-    ++counts.two_part_steps;
-  } else {
-    parts[0] = {b, n};
-  }
-  auto h_of = [&](const Part& p) { return ph + p.b.r0 * H; };
-  auto advance = [&](Part& p) {
-    for (; p.next < layers.size(); ++p.next) {
-      if (layer_front(p.next, h_of(p), p.n, bio + R + p.b.r0, nullptr, &p.b)) {
-        p.held = true;
-        return;
-      }
-      layer_back(p.next, h_of(p), p.n, &p.b, false);
-    }
-  };
-  for (int i = 0; i < count; ++i) advance(parts[i]);
-  for (bool held = true; held;) {
-    held = false;
-    for (int i = 0; i < count; ++i) {
-      Part& p = parts[i];
-      if (!p.held) continue;
-      layer_back(p.next, h_of(p), p.n, &p.b, true);
-      p.held = false;
-      ++p.next;
-      advance(p);
-      held = true;
-    }
-  }
-}
-
-void Qwen35MoeGpu::set_micro_batches(int m) {
-  if (m != 1 && m != 2) fail("micro-batches: ", m, " is not 1 or 2");
-  impl_->opts.micro_batches = m;
 }
 
 cudaGraphExec_t Qwen35MoeGpu::Impl::cached_graph(int key, const std::function<void()>& enqueue) {

@@ -283,25 +283,11 @@ struct Qwen35MoeGpu::Impl {
   // `streamed` the layer's host experts run on the GPU from that table.
   // `batch`: a step_rows step of `groups` sequences (the decode kernels on each token's slot, bio's
   // tables; keep: its state kept position by position) instead of a prompt chunk of the selected slot.
-  // A micro-batch of a step (walk_rows) is its sequences g0 .. g0 + groups - 1, rows r0 .. r0 + n - 1
-  // (h and pos_dev passed at its rows), handing over to the host as HybridDispatch part `part`.
   struct Batch {
     int groups = 0;
     bool keep = false;
-    int g0 = 0;
-    int64_t r0 = 0;
-    int part = 0;
   };
   void prefill_layer(size_t li, float* h, int64_t n, const int32_t* pos_dev, const gpu::Int4Expert* streamed, const Batch* batch = nullptr);
-  // prefill_layer in two: the layer up to and including the host's handoff (returns whether there is
-  // one: the layer has host experts and none is streamed), then the rest (the host's sum added).
-  bool layer_front(size_t li, float* h, int64_t n, const int32_t* pos_dev, const gpu::Int4Expert* streamed, const Batch* batch);
-  void layer_back(size_t li, float* h, int64_t n, const Batch* batch, bool split);
-  // step_rows' layer walk over n rows in b.groups sequences (hio filled, bio copied): one micro-batch,
-  // or two when the layers hand over to the host (GpuOptions::micro_batches; see the .cpp).
-  void walk_rows(int64_t n, const Batch& b);
-  // How many micro-batches walk_rows splits this step into (1 or 2) and, for 2, the first sequence of the second.
-  int micro_batch_split(int64_t n, const Batch& b) const;
   // step_rows' work on the stream for n tokens in `groups` (hio filled): logits of every row to
   // logits_dst (hrows, logits_sink: left in blogits, nullptr: none).
   // hidden_dst: the rows after the final norm to the pinned mtp.hhid (nullptr: none).

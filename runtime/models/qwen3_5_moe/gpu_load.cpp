@@ -430,8 +430,6 @@ std::unique_ptr<Qwen35MoeGpu> Qwen35MoeGpu::create(const Qwen35Moe& model, const
   if (opts.max_context < 1 || opts.max_context > model.config().max_position_embeddings)
     fail("--context ", opts.max_context, " must be between 1 and the model's ", model.config().max_position_embeddings);
   if (opts.batch < 1) fail("batch ", opts.batch, " must be at least 1");
-  if (opts.micro_batches != 1 && opts.micro_batches != 2)
-    fail("experts.micro_batches: a hybrid step runs as 1 or 2 micro-batches, not ", opts.micro_batches);
   if (opts.batch > 1 && opts.defer_experts > 0)
     fail("experts.deferral holds one sequence's deferred experts between layers: it needs batch 1 (got batch ", opts.batch, ")");
   if (opts.verify_tokens < 0 || opts.verify_tokens > gpu::kMaxGemvTokens)

@@ -71,86 +71,68 @@ void Qwen35MoeGpu::Impl::linear_rows(const DevLinear& L, const float* in, int64_
 // One layer of batched prefill for n tokens whose hidden states are h [n, H] (updated in place) at
 // positions pos_dev; `streamed`: the layer's expert table with its host experts streamed to the GPU
 // (prefill_streamed), nullptr: host experts on the host. With `batch` the n tokens are a step_rows
-// step's (several sequences, each token on its own slot), or the micro-batch of it that `batch` names
-// (h and pos_dev then its rows'): the GEMVs and the decode kernels instead of cuBLAS and the prompt
-// kernels, the same walk otherwise. layer_front queues the layer up to the host's handoff, layer_back
-// the rest: a two-part step (walk_rows) queues the other part's layer in between.
+// step's (several sequences, each token on its own slot): the GEMVs and the decode kernels instead
+// of cuBLAS and the prompt kernels, the same walk otherwise.
 void Qwen35MoeGpu::Impl::prefill_layer(size_t li, float* hbuf, int64_t n, const int32_t* pos_dev, const gpu::Int4Expert* streamed,
                                        const Batch* batch) {
-  layer_back(li, hbuf, n, batch, layer_front(li, hbuf, n, pos_dev, streamed, batch));
-}
-
-bool Qwen35MoeGpu::Impl::layer_front(size_t li, float* hbuf, int64_t n, const int32_t* pos_dev, const gpu::Int4Expert* streamed,
-                                     const Batch* batch) {
   const ModelConfig& c = model.config();
   const int64_t H = c.hidden_size, Is = c.shared_expert_intermediate_size;
   const int k = c.num_experts_per_tok;
   const float eps = static_cast<float>(c.rms_norm_eps);
   const DevLayer& L = layer_at(li);  // li = num_layers: the MTP head's layer
   const bool gemv = batch != nullptr;
-  const int64_t R = rows, r0 = batch ? batch->r0 : 0;
-  auto at = [r0](auto* buf, int64_t width) { return buf + r0 * width; };  // a workspace's rows of this micro-batch
-  float* x = at(px, H);
-  CK(gpu::rmsnorm_zc(hbuf, L.in_norm, H, static_cast<int>(n), eps, x, stream));
+  const int64_t R = rows;
+  CK(gpu::rmsnorm_zc(hbuf, L.in_norm, H, static_cast<int>(n), eps, px, stream));
   if (L.kind == LayerKind::LinearAttention) {
-    linear_rows(L.qkv, x, n, at(pqkv, L.qkv.out), gemv);
-    linear_rows(L.z, x, n, at(pz, L.z.out), gemv);
-    linear_rows(L.b, x, n, at(pb, L.b.out), gemv);
-    linear_rows(L.a, x, n, at(pa, L.a.out), gemv);
+    linear_rows(L.qkv, px, n, pqkv, gemv);
+    linear_rows(L.z, px, n, pz, gemv);
+    linear_rows(L.b, px, n, pb, gemv);
+    linear_rows(L.a, px, n, pa, gemv);
     gpu::DeltaNetDecodeArgs p = deltanet_args(L, batch ? -1 : cur);
     p.qkv = pqkv, p.z = pz, p.b = pb, p.a = pa, p.conv_out = pconv, p.out = pcore;
-    if (batch) {  // each sequence's tokens in order on its own state (bio: each group's slot and first row, from the step's row 0)
-      p.tokens = static_cast<int>(n), p.groups = batch->groups, p.slot = bio + 3 * R + batch->g0, p.first = bio + 4 * R + batch->g0;
+    if (batch) {  // each sequence's tokens in order on its own state (bio: each group's slot and first token)
+      p.tokens = static_cast<int>(n), p.groups = batch->groups, p.slot = bio + 3 * R, p.first = bio + 4 * R;
       if (batch->keep) p.kept_conv = L.kept_conv, p.kept_state = L.kept_state;
       CK(gpu::deltanet_decode(p, stream));
     } else {
       p.chunk_terms = pterms;
       CK(gpu::deltanet_prefill_chunked(p, static_cast<int>(n), stream));
     }
-    linear_rows(L.out_proj, at(pcore, L.out_proj.in), n, at(po, H), gemv);
+    linear_rows(L.out_proj, pcore, n, po, gemv);
   } else {
-    linear_rows(L.q, x, n, at(pqg, L.q.out), gemv);
-    linear_rows(L.k, x, n, at(pk, L.k.out), gemv);
-    linear_rows(L.v, x, n, at(pv, L.v.out), gemv);
+    linear_rows(L.q, px, n, pqg, gemv);
+    linear_rows(L.k, px, n, pk, gemv);
+    linear_rows(L.v, px, n, pv, gemv);
     gpu::AttentionDecodeArgs p = attention_args(L, batch ? -1 : cur);
-    p.qg = at(pqg, L.q.out), p.k = at(pk, L.k.out), p.v = at(pv, L.v.out), p.pos = pos_dev;
-    p.q_rot = p.out = at(pattn, L.o.in);  // q_rot may alias out
+    p.qg = pqg, p.k = pk, p.v = pv, p.pos = pos_dev, p.q_rot = pattn, p.out = pattn;  // q_rot may alias out
     if (batch) {  // each token on its own sequence's cache (bio: its slot), all keys in before any attends
-      p.tokens = static_cast<int>(n), p.slot = bio + 2 * R + r0, p.partial = at(bpart, int64_t(p.nh) * p.max_splits * (p.hd + 2));
+      p.tokens = static_cast<int>(n), p.slot = bio + 2 * R, p.partial = bpart;
       CK(gpu::attention_decode(p, stream));
     } else {  // the whole chunk at once, causal inside it
       CK(gpu::attention_prefill(p, static_cast<int>(n), stream));
     }
-    linear_rows(L.o, p.out, n, at(po, H), gemv);
+    linear_rows(L.o, pattn, n, po, gemv);
   }
-  CK(gpu::add_inplace(hbuf, at(po, H), n * H, stream));
-  CK(gpu::rmsnorm_zc(hbuf, L.post_norm, H, static_cast<int>(n), eps, x, stream));
-  float *ids_w = at(ptopk_w, k), *moe = at(pmoe, H), *sg = at(psg, Is), *sgate = at(psgate, L.sh_expert_gate.out);
-  int32_t* ids = at(ptopk_ids, k);
-  linear_rows(L.router, x, n, at(prouter, L.router.out), gemv);
-  CK(gpu::router_topk(at(prouter, L.router.out), c.num_experts, k, static_cast<int>(n), ids, ids_w, stream));
+  CK(gpu::add_inplace(hbuf, po, n * H, stream));
+  CK(gpu::rmsnorm_zc(hbuf, L.post_norm, H, static_cast<int>(n), eps, px, stream));
+  linear_rows(L.router, px, n, prouter, gemv);
+  CK(gpu::router_topk(prouter, c.num_experts, k, static_cast<int>(n), ptopk_ids, ptopk_w, stream));
   // Streamed: the layer's host experts run on the GPU from `streamed`, the host computes none.
   const bool split = L.cpu_experts && opts.host_experts && !streamed;
-  if (split) hy.post_copy(x, ids, ids_w, {n, r0, batch ? batch->part : 0}, stream);
-  gpu_experts(L, x, ids, ids_w, n, pxh, phs, moe, streamed);
-  linear_rows(L.sh_gate, x, n, sg, gemv);
-  linear_rows(L.sh_up, x, n, at(psu, Is), gemv);
-  CK(gpu::silu_mul(sg, at(psu, Is), n * Is, stream));
-  linear_rows(L.sh_down, sg, n, at(psd, H), gemv);
-  linear_rows(L.sh_expert_gate, x, n, sgate, gemv);
-  CK(gpu::gated_add(moe, at(psd, H), sgate, H, static_cast<int>(n), stream));
-  return split;
-}
-
-void Qwen35MoeGpu::Impl::layer_back(size_t li, float* hbuf, int64_t n, const Batch* batch, bool split) {
-  const int64_t H = model.config().hidden_size, r0 = batch ? batch->r0 : 0;
-  float* moe = pmoe + r0 * H;
+  if (split) hy.post_copy(px, ptopk_ids, ptopk_w, n, stream);
+  gpu_experts(L, px, ptopk_ids, ptopk_w, n, pxh, phs, pmoe, streamed);
+  linear_rows(L.sh_gate, px, n, psg, gemv);
+  linear_rows(L.sh_up, px, n, psu, gemv);
+  CK(gpu::silu_mul(psg, psu, n * Is, stream));
+  linear_rows(L.sh_down, psg, n, psd, gemv);
+  linear_rows(L.sh_expert_gate, px, n, psgate, gemv);
+  CK(gpu::gated_add(pmoe, psd, psgate, H, static_cast<int>(n), stream));
   hy.run_deferred(def_dev, stream);
   if (split)
-    hy.serve_copy(li, {n, r0, batch ? batch->part : 0}, pcpu + r0 * H, moe, stream,
+    hy.serve_copy(li, n, pcpu, pmoe, stream,
                   batch && li < layers.size() ? HybridDispatch::Pass::batch : HybridDispatch::Pass::prefill);  // the head's drafts: not decode's counts
-  else if (batch && li < layers.size()) counts.gpu += static_cast<uint64_t>(n) * model.config().num_experts_per_tok;
-  CK(gpu::add_inplace(hbuf, moe, n * H, stream));
+  else if (batch && li < layers.size()) counts.gpu += static_cast<uint64_t>(n) * k;
+  CK(gpu::add_inplace(hbuf, pmoe, n * H, stream));
   hy.add_deferred(hbuf, def_dev, stream);
 }
 

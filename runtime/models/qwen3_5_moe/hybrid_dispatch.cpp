@@ -32,8 +32,7 @@ T* host_alloc(size_t count, unsigned flags) {
 }  // namespace
 
 HybridDispatch::~HybridDispatch() {
-  for (cudaEvent_t e : routed_)
-    if (e) cudaEventDestroy(e);
+  if (routed_) cudaEventDestroy(routed_);
   if (def_copied_) cudaEventDestroy(def_copied_);
   for (void* p : {static_cast<void*>(hx_), static_cast<void*>(hw_), static_cast<void*>(hout_), static_cast<void*>(hids_),
                   static_cast<void*>(flags_), static_cast<void*>(deferred_rows_), static_cast<void*>(hdef_)})
@@ -49,7 +48,7 @@ void HybridDispatch::init(const Setup& s, bool graph) {
   hw_ = host_alloc<float>(rows * k, cudaHostAllocMapped);
   hids_ = host_alloc<int32_t>(rows * k, cudaHostAllocMapped);
   masked_.assign(rows * k, -1);
-  for (cudaEvent_t& e : routed_) CK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  CK(cudaEventCreateWithFlags(&routed_, cudaEventDisableTiming));
   if (deferring()) {
     hdef_ = host_alloc<float>(rows * H, cudaHostAllocDefault);
     CK(cudaEventCreateWithFlags(&def_copied_, cudaEventDisableTiming));
@@ -123,52 +122,45 @@ void HybridDispatch::serve_graph(cudaGraphExec_t graph, cudaStream_t stream, con
   if (const unsigned bad = f[kGaveUp]) fail("hybrid decode step: the GPU gave up waiting for layer ", bad - 1, "'s host experts");
 }
 
-void HybridDispatch::post_copy(const float* x_dev, const int32_t* ids_dev, const float* w_dev, Rows rows, cudaStream_t stream) {
-  const int64_t H = s_.hidden, k = s_.k, n = rows.n, r0 = rows.r0;
-  if (rows.part < 0 || rows.part >= kParts || r0 < 0 || r0 + n > s_.rows)
-    fail("internal: a handoff of rows ", r0, "..", r0 + n - 1, " (part ", rows.part, ") for host buffers of ", s_.rows, " rows");
-  CK(cudaMemcpyAsync(hx_ + r0 * H, x_dev, n * H * sizeof(float), cudaMemcpyDeviceToHost, stream));
-  CK(cudaMemcpyAsync(hids_ + r0 * k, ids_dev, n * k * sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
-  CK(cudaMemcpyAsync(hw_ + r0 * k, w_dev, n * k * sizeof(float), cudaMemcpyDeviceToHost, stream));
-  CK(cudaEventRecord(routed_[rows.part], stream));
+void HybridDispatch::post_copy(const float* x_dev, const int32_t* ids_dev, const float* w_dev, int64_t n, cudaStream_t stream) {
+  const int64_t k = s_.k;
+  CK(cudaMemcpyAsync(hx_, x_dev, n * s_.hidden * sizeof(float), cudaMemcpyDeviceToHost, stream));
+  CK(cudaMemcpyAsync(hids_, ids_dev, n * k * sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
+  CK(cudaMemcpyAsync(hw_, w_dev, n * k * sizeof(float), cudaMemcpyDeviceToHost, stream));
+  CK(cudaEventRecord(routed_, stream));
 }
 
-void HybridDispatch::serve_copy(size_t li, Rows rows, float* cpu_dev, float* moe_dev, cudaStream_t stream, Pass pass) {
+void HybridDispatch::serve_copy(size_t li, int64_t n, float* cpu_dev, float* moe_dev, cudaStream_t stream, Pass pass) {
   {  // spinning: a blocking sync adds a wake-up
     TraceSpan wait("wait for router, layer", "handoff", static_cast<int>(li));
     const auto t0 = std::chrono::steady_clock::now();
     cudaError_t q;
-    while ((q = cudaEventQuery(routed_[rows.part])) == cudaErrorNotReady) {
+    while ((q = cudaEventQuery(routed_)) == cudaErrorNotReady) {
     }
     CK(q);
     if (pass != Pass::prefill) s_.counts->host_wait_ns += ns_since(t0);
   }
-  if (!host_part(li, rows.n, false, pass, rows.r0)) return;
+  if (!host_part(li, n, false, pass)) return;
   const int64_t H = s_.hidden;
-  CK(cudaMemcpyAsync(cpu_dev, hout_ + rows.r0 * H, rows.n * H * sizeof(float), cudaMemcpyHostToDevice, stream));
-  CK(gpu::add_inplace(moe_dev, cpu_dev, rows.n * H, stream));
+  CK(cudaMemcpyAsync(cpu_dev, hout_, n * H * sizeof(float), cudaMemcpyHostToDevice, stream));
+  CK(gpu::add_inplace(moe_dev, cpu_dev, n * H, stream));
 }
 
-bool HybridDispatch::host_part(size_t li, int64_t n, bool always, Pass pass, int64_t r0) {
+bool HybridDispatch::host_part(size_t li, int64_t n, bool always, Pass pass) {
   const int64_t H = s_.hidden;
   const int k = s_.k;
-  // this handoff's rows
-  const float *x = hx_ + r0 * H, *w = hw_ + r0 * k;
-  const int32_t* ids = hids_ + r0 * k;
-  int32_t* masked = masked_.data() + r0 * k;
-  float* out = hout_ + r0 * H;
   ExpertCounts& counts = *s_.counts;
   bool any = false, any_deferred = false;
   for (int64_t j = 0; j < n * k; ++j) {
-    const bool gpu_side = on_gpu(li, ids[j]);
-    masked[j] = gpu_side ? -1 : ids[j];
+    const bool gpu_side = on_gpu(li, hids_[j]);
+    masked_[j] = gpu_side ? -1 : hids_[j];
     if (pass != Pass::prefill) ++(gpu_side ? counts.gpu : counts.cpu);
   }
   if (pass == Pass::decode && li < link_layers_.size() && link_layers_[li]) {  // the GPU's share (its kernel picks the same slots)
     for (int64_t t = 0; t < n; ++t)
       for (int j = 0, taken = 0; j < k && taken < link_m_; ++j)
-        if (masked[t * k + j] >= 0) {
-          masked[t * k + j] = -1;
+        if (masked_[t * k + j] >= 0) {
+          masked_[t * k + j] = -1;
           --counts.cpu, ++counts.link, ++taken;
         }
   }
@@ -177,30 +169,30 @@ bool HybridDispatch::host_part(size_t li, int64_t n, bool always, Pass pass, int
     order_.resize(static_cast<size_t>(k));
     for (int64_t t = 0; t < n; ++t) {  // as Qwen35Moe::moe_forward: stable, ascending weight
       for (int j = 0; j < k; ++j) order_[j] = j;
-      std::stable_sort(order_.begin(), order_.end(), [&](int a, int b) { return w[t * k + a] < w[t * k + b]; });
+      std::stable_sort(order_.begin(), order_.end(), [&](int a, int b) { return hw_[t * k + a] < hw_[t * k + b]; });
       for (int d = 0; d < std::min(s_.defer, k); ++d) {
         const int64_t j = t * k + order_[d];
-        if (masked[j] < 0) continue;  // GPU-resident: never deferred
-        def_.ids[j] = masked[j];
-        masked[j] = -1;
+        if (masked_[j] < 0) continue;  // GPU-resident: never deferred
+        def_.ids[j] = masked_[j];
+        masked_[j] = -1;
         any_deferred = true;
       }
     }
     if (any_deferred) {
-      def_.x.assign(x, x + n * H);  // hx and hw are overwritten by the next layer's handoff
-      def_.w.assign(w, w + n * k);
+      def_.x.assign(hx_, hx_ + n * H);  // hx and hw are overwritten by the next layer's handoff
+      def_.w.assign(hw_, hw_ + n * k);
       def_.layer = static_cast<int>(li);
       def_.n = n;
       def_.decode = pass != Pass::prefill;
       def_.pending = true;
     }
   }
-  for (int64_t j = 0; j < n * k; ++j) any |= masked[j] >= 0;
+  for (int64_t j = 0; j < n * k; ++j) any |= masked_[j] >= 0;
   if (!any && !always) return false;
-  std::fill(out, out + n * H, 0.0f);
+  std::fill(hout_, hout_ + n * H, 0.0f);
   if (any) {
     const auto t0 = std::chrono::steady_clock::now();
-    s_.host->run(static_cast<int>(li), x, n, masked, w, k, out);
+    s_.host->run(static_cast<int>(li), hx_, n, masked_.data(), hw_, k, hout_);
     if (pass != Pass::prefill) counts.host_run_ns += ns_since(t0), ++counts.host_layers;
   }
   return true;

@@ -99,8 +99,6 @@ struct ExpertCounts {
   uint64_t host_wait_ns = 0, host_run_ns = 0, host_layers = 0;
   // experts.link: host-resident experts the GPU computed, reading them over PCIe (not in cpu).
   uint64_t link = 0;
-  // Batched steps (step_rows) that ran as two micro-batches (GpuOptions::micro_batches).
-  uint64_t two_part_steps = 0;
 };
 
 // How long a kernel waiting inside a hybrid step's graph waits for the host before giving up.
@@ -147,29 +145,21 @@ class HybridDispatch {
   void serve_graph(cudaGraphExec_t graph, cudaStream_t stream, const std::vector<int>& layers);
 
   // ---- eager steps and prefill chunks ----
-  // A handoff's tokens: rows r0 .. r0 + n - 1 of the host buffers, of micro-batch `part` (a batched
-  // hybrid step may run as two micro-batches, GpuOptions::micro_batches: each part has its own rows and
-  // event, so the GPU queues one part's layer while the host serves the other's).
-  static constexpr int kParts = 2;
-  struct Rows {
-    int64_t n = 1, r0 = 0;
-    int part = 0;
-  };
-  // x [n, H], ids / w [n, k] to the host buffers' rows, then the part's event.
-  void post_copy(const float* x_dev, const int32_t* ids_dev, const float* w_dev, Rows rows, cudaStream_t stream);
-  // Waits for the part's event, runs the host's part of layer li for its rows and queues their sum into
-  // moe_dev (through cpu_dev; both the part's rows); nothing is queued when no host expert was picked.
-  void serve_copy(size_t li, Rows rows, float* cpu_dev, float* moe_dev, cudaStream_t stream, Pass pass);
+  // x [n, H], ids / w [n, k] to the host buffers, then the event.
+  void post_copy(const float* x_dev, const int32_t* ids_dev, const float* w_dev, int64_t n, cudaStream_t stream);
+  // Waits for the event, runs the host's part of layer li and queues its sum into moe_dev (through
+  // cpu_dev); nothing is queued when no host expert was picked.
+  void serve_copy(size_t li, int64_t n, float* cpu_dev, float* moe_dev, cudaStream_t stream, Pass pass);
   // Deferral outside the graph: the previous layer's deferred experts run now (their sum queued into
   // def_dev), and added to h_dev with this layer's MoE output.
   void run_deferred(float* def_dev, cudaStream_t stream);
   void add_deferred(float* h_dev, const float* def_dev, cudaStream_t stream);
 
  private:
-  // The host's part of layer li for n tokens once its inputs are in hx_ / hids_ / hw_ (from row r0):
-  // who serves which expert, the deferred ones set aside, the rest run into hout_'s rows. Returns whether
-  // any ran (hout_ left alone when none did, unless `always`: then zeros, as the graph adds it either way).
-  bool host_part(size_t li, int64_t n, bool always, Pass pass, int64_t r0 = 0);
+  // The host's part of layer li for n tokens once its inputs are in hx_ / hids_ / hw_: who serves which
+  // expert, the deferred ones set aside, the rest run into hout_. Returns whether any ran (hout_ left
+  // alone when none did, unless `always`: then zeros, as the graph adds it either way).
+  bool host_part(size_t li, int64_t n, bool always, Pass pass);
   void deferred_sum(float* out, int64_t rows);  // the pending deferred experts' sum (zeros when none)
   // past the model's layers: the MTP head's, which hands over only when its experts are all on the host
   bool on_gpu(size_t layer, int64_t e) const {
@@ -183,7 +173,7 @@ class HybridDispatch {
   unsigned* flags_ = nullptr;      // mapped, kFlags (graph steps)
   float* deferred_rows_ = nullptr;  // mapped, [2][H] (graph steps with deferral)
   std::vector<int32_t> masked_;    // the host's experts of the tokens handed over, -1 elsewhere
-  cudaEvent_t routed_[kParts] = {};  // post_copy's, one a micro-batch
+  cudaEvent_t routed_ = nullptr;   // post_copy's
   std::vector<uint8_t> link_layers_;
   int link_m_ = 0;
   struct Deferred {
