@@ -270,8 +270,12 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
       CK(gpu::moe_int4_tiles_decode(link.tables[li], static_cast<int>(c.num_experts), H, c.moe_intermediate_size, link.group_size,
                                     topk_ids, topk_w, k, link.m, link.act_order, x, link.scratch, moe_out, stream, !link_only));
     if (!L.x_proj.out) {
-      linear(L.sh_gate, x, sg);
-      linear(L.sh_up, x, su);
+      if (L.sh_gate_up.out) {
+        linear(L.sh_gate_up, x, sg);  // sg|su, as laid out in the workspace
+      } else {
+        linear(L.sh_gate, x, sg);
+        linear(L.sh_up, x, su);
+      }
       linear(L.sh_expert_gate, x, sgate);
     }
     if (beside) {

@@ -64,6 +64,7 @@ struct DevLayer {
   const float *q_norm, *k_norm;
   uint8_t *k_cache, *v_cache;  // slot 0's; slot s at + s * cache_stride bytes
   DevLinear router, sh_gate, sh_up, sh_down, sh_expert_gate;
+  DevLinear sh_gate_up;  // 8-bit shared gate|up stacked, for decode (out 0: none)
   bool int4_experts = false;
   bool cpu_experts = false;  // some routed experts live in host memory (hybrid)
   int64_t expert_group = 0;

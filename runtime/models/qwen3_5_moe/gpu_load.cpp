@@ -128,31 +128,69 @@ void fill_int4_parallel(const std::vector<std::pair<const LinearWeight*, DevLine
   if (failed) fail("uploading int4 experts: could not select CUDA device ", dev, " on a loader thread");
 }
 
-// A dense L quantized on load to 8-bit rows of `f` (int8 or fp8) with their scales (rows8_layout.h).
+// Dense linears that read the same input quantized on load to 8-bit rows of `f` (int8 or fp8) as one
+// matrix of their rows stacked: every member's codes, then every member's scales (rows8_layout.h; a
+// row's scale is its own, so the stack quantizes to the members' codes). One GEMV for the stack in
+// decode, each member a view of its rows for the prompt's GEMMs. The block takes what the members'
+// matrices would take apart (rows8_matrix_bytes each: the plan's figure), the rest left as padding.
+// Returns the stack (out 0 for one member); fills `views`.
+DevLinear upload_rows8(Uploader& up, std::initializer_list<const LinearWeight*> parts, Kind kind, RowFormat f,
+                       std::initializer_list<DevLinear*> views) {
+  const int64_t K = (*parts.begin())->in;
+  int64_t N = 0;
+  uint64_t bytes = 0;
+  for (const LinearWeight* L : parts) N += L->out, bytes += gpu::rows8_matrix_bytes(L->out, L->in);
+  auto* q = static_cast<uint8_t*>(up.alloc(bytes, kind));
+  float* s = reinterpret_cast<float*>(q + (N * K + 255) / 256 * 256);  // within `bytes`: see above
+  DevLinear stack;
+  stack.out = parts.size() > 1 ? N : 0, stack.in = K, stack.rows8 = true, stack.q8 = {q, s, N, K, f};
+  int64_t row = 0;
+  auto view = views.begin();
+  for (const LinearWeight* L : parts) {
+    DevLinear& d = **view++;
+    d = DevLinear{};
+    d.out = L->out, d.in = K, d.rows8 = true, d.q8 = {q + row * K, s + row, L->out, K, f};
+    if (up.committing()) {
+      std::vector<uint16_t> bf;
+      const uint16_t* w = static_cast<const uint16_t*>(L->dense);
+      if (L->dense_dtype != DType::BF16) {
+        bf.resize(static_cast<size_t>(L->out * K));
+        for (size_t i = 0; i < bf.size(); ++i) bf[i] = f32_to_bf16(load_as_f32(L->dense, L->dense_dtype, static_cast<int64_t>(i)));
+        w = bf.data();
+      }
+      const gpu::Rows8Host h = gpu::quantize_rows8(w, L->out, K, f);
+      CK(cudaMemcpy(q + row * K, h.codes.data(), h.codes.size(), cudaMemcpyHostToDevice));
+      CK(cudaMemcpy(s + row, h.scales.data(), h.scales.size() * 4, cudaMemcpyHostToDevice));
+    }
+    row += L->out;
+  }
+  return stack;
+}
 DevLinear upload_rows8(Uploader& up, const LinearWeight& L, Kind kind, RowFormat f) {
   DevLinear d;
-  d.out = L.out, d.in = L.in, d.rows8 = true;
-  auto* q = static_cast<uint8_t*>(up.alloc(static_cast<uint64_t>(L.out * L.in), kind));
-  auto* s = static_cast<float*>(up.alloc(static_cast<uint64_t>(L.out) * 4, kind));
-  d.q8 = {q, s, L.out, L.in, f};
-  if (!up.committing()) return d;
-  std::vector<uint16_t> bf;
-  const uint16_t* w = static_cast<const uint16_t*>(L.dense);
-  if (L.dense_dtype != DType::BF16) {
-    bf.resize(static_cast<size_t>(L.out * L.in));
-    for (size_t i = 0; i < bf.size(); ++i) bf[i] = f32_to_bf16(load_as_f32(L.dense, L.dense_dtype, static_cast<int64_t>(i)));
-    w = bf.data();
-  }
-  const gpu::Rows8Host h = gpu::quantize_rows8(w, L.out, L.in, f);
-  CK(cudaMemcpy(q, h.codes.data(), h.codes.size(), cudaMemcpyHostToDevice));
-  CK(cudaMemcpy(s, h.scales.data(), h.scales.size() * 4, cudaMemcpyHostToDevice));
+  upload_rows8(up, {&L}, kind, f, {&d});
   return d;
+}
+
+// Whether upload_linear quantizes L to 8-bit rows of f.
+bool as_rows8(const LinearWeight& L, RowFormat f) { return f != RowFormat::Bf16 && L.kind == LinearWeight::Kind::Dense && L.in % 16 == 0; }
+
+// Whether `parts` go up as one stack of 8-bit rows: each is quantized, they read one input, and every
+// member but the last has a multiple of 4 rows (the workspace carves the stack's output at multiples
+// of 4 floats, as stack_rows wants of bf16 stacks).
+bool stacks_rows8(std::initializer_list<const LinearWeight*> parts, RowFormat f) {
+  const LinearWeight* first = *parts.begin();
+  size_t i = 0;
+  for (const LinearWeight* L : parts) {
+    if (!as_rows8(*L, f) || L->in != first->in || (++i < parts.size() && L->out % 4)) return false;
+  }
+  return true;
 }
 
 // f int8 / fp8: a dense projection quantized on load (GpuOptions::dense / mixer / shared / lm_head;
 // inputs a multiple of 16).
 DevLinear upload_linear(Uploader& up, const LinearWeight& L, Kind kind, RowFormat f = RowFormat::Bf16) {
-  if (f != RowFormat::Bf16 && L.kind == LinearWeight::Kind::Dense && L.in % 16 == 0) return upload_rows8(up, L, kind, f);
+  if (as_rows8(L, f)) return upload_rows8(up, L, kind, f);
   DevLinear d;
   d.out = L.out;
   d.in = L.in;
@@ -235,12 +273,16 @@ DevLayer Qwen35MoeGpu::Impl::upload_layer(Uploader& up, const LayerWeights& L, i
   d.post_norm = vec(L.post_attention_norm, Kind::Dense);
   if (L.kind == LayerKind::LinearAttention) {
     const DeltaNetWeights& w = L.deltanet;
-    d.qkv = upload_linear(up, w.in_proj_qkv, Kind::Dense, q8);
-    d.z = upload_linear(up, w.in_proj_z, Kind::Dense, q8);
-    d.b = upload_linear(up, w.in_proj_b, Kind::Dense, q8);
-    d.a = upload_linear(up, w.in_proj_a, Kind::Dense, q8);
+    if (stacks_rows8({&w.in_proj_qkv, &w.in_proj_z, &w.in_proj_b, &w.in_proj_a}, q8)) {
+      d.in_proj = upload_rows8(up, {&w.in_proj_qkv, &w.in_proj_z, &w.in_proj_b, &w.in_proj_a}, Kind::Dense, q8, {&d.qkv, &d.z, &d.b, &d.a});
+    } else {
+      d.qkv = upload_linear(up, w.in_proj_qkv, Kind::Dense, q8);
+      d.z = upload_linear(up, w.in_proj_z, Kind::Dense, q8);
+      d.b = upload_linear(up, w.in_proj_b, Kind::Dense, q8);
+      d.a = upload_linear(up, w.in_proj_a, Kind::Dense, q8);
+      d.in_proj = stack_rows({&d.qkv, &d.z, &d.b, &d.a});
+    }
     d.out_proj = upload_linear(up, w.out_proj, Kind::Dense, q8);
-    d.in_proj = stack_rows({&d.qkv, &d.z, &d.b, &d.a});
     d.conv_w = vec(w.conv, Kind::Dense);
     d.A_log = vec(w.A_log, Kind::Dense);
     d.dt_bias = vec(w.dt_bias, Kind::Dense);
@@ -249,11 +291,15 @@ DevLayer Qwen35MoeGpu::Impl::upload_layer(Uploader& up, const LayerWeights& L, i
     d.ssm_state = static_cast<float*>(up.zeroed(placement::ssm_state_bytes(c) * slots, Kind::State));
   } else {
     const AttentionWeights& w = L.attn;
-    d.q = upload_linear(up, w.q_proj, Kind::Dense, q8);
-    d.k = upload_linear(up, w.k_proj, Kind::Dense, q8);
-    d.v = upload_linear(up, w.v_proj, Kind::Dense, q8);
+    if (stacks_rows8({&w.q_proj, &w.k_proj, &w.v_proj}, q8)) {
+      d.in_proj = upload_rows8(up, {&w.q_proj, &w.k_proj, &w.v_proj}, Kind::Dense, q8, {&d.q, &d.k, &d.v});
+    } else {
+      d.q = upload_linear(up, w.q_proj, Kind::Dense, q8);
+      d.k = upload_linear(up, w.k_proj, Kind::Dense, q8);
+      d.v = upload_linear(up, w.v_proj, Kind::Dense, q8);
+      d.in_proj = stack_rows({&d.q, &d.k, &d.v});
+    }
     d.o = upload_linear(up, w.o_proj, Kind::Dense, q8);
-    d.in_proj = stack_rows({&d.q, &d.k, &d.v});
     d.q_norm = vec(w.q_norm, Kind::Dense);
     d.k_norm = vec(w.k_norm, Kind::Dense);
     const uint64_t kv = placement::kv_cache_bytes(c, opts.max_context, opts.kv_format) / 2 * slots;  // K, then V
@@ -262,8 +308,12 @@ DevLayer Qwen35MoeGpu::Impl::upload_layer(Uploader& up, const LayerWeights& L, i
   }
   const MoeWeights& m = L.moe;
   d.router = upload_linear(up, m.router, Kind::Dense);
-  d.sh_gate = upload_linear(up, m.shared_gate, Kind::Dense, q8_shared);
-  d.sh_up = upload_linear(up, m.shared_up, Kind::Dense, q8_shared);
+  if (stacks_rows8({&m.shared_gate, &m.shared_up}, q8_shared)) {  // gate|up: one decode GEMV into sg|su
+    d.sh_gate_up = upload_rows8(up, {&m.shared_gate, &m.shared_up}, Kind::Dense, q8_shared, {&d.sh_gate, &d.sh_up});
+  } else {
+    d.sh_gate = upload_linear(up, m.shared_gate, Kind::Dense, q8_shared);
+    d.sh_up = upload_linear(up, m.shared_up, Kind::Dense, q8_shared);
+  }
   d.sh_expert_gate = upload_linear(up, m.shared_expert_gate, Kind::Dense);  // before sh_down: stacked with the three above
   d.sh_down = upload_linear(up, m.shared_down, Kind::Dense, q8_shared);
   d.x_proj = stack_rows({&d.router, &d.sh_gate, &d.sh_up, &d.sh_expert_gate});
