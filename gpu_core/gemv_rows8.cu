@@ -1,13 +1,10 @@
 // gpu_core/gemv_rows8.cu: 8-bit weights (int8 or FP8 E4M3 codes, a scale per row) x fp32 activations,
-// one warp per output row (see gemv.cuh). Launched with programmatic dependent launch where the
-// decode step uses it (pdl.cuh): it waits before reading x, and lets the next kernel launch once its
-// weights are read.
+// one warp per output row (see gemv.cuh).
 #include <cuda_runtime.h>
 
 #include "gpu_core/block_reduce.cuh"
 #include "gpu_core/fp8.cuh"
 #include "gpu_core/gemv.cuh"
-#include "gpu_core/pdl.cuh"
 
 namespace tandem::gpu {
 
@@ -41,7 +38,6 @@ __global__ void gemv_rows8_kernel(const uint8_t* __restrict__ q, const float* __
                                   const float* __restrict__ x, int T, float* __restrict__ y) {
   const int lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
-  detail::pdl_wait();  // x is the kernel before's output
   if (row >= N) return;
   float acc[TMAX];
 #pragma unroll
@@ -62,15 +58,14 @@ __global__ void gemv_rows8_kernel(const uint8_t* __restrict__ q, const float* __
       }
     }
   }
-  detail::pdl_launch_next();  // past its weights
   detail::warp_store_row<TMAX>(acc, T, scales[row], y, N, row, lane);
 }
 
 template <RowFormat F>
-cudaError_t launch_rows8(const Rows8View& W, const float* x, int T, float* y, cudaStream_t stream) {
+void launch_rows8(const Rows8View& W, const float* x, int T, float* y, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>((W.N + kRowsPerBlock - 1) / kRowsPerBlock)), block(32 * kRowsPerBlock);
-  if (T == 1) return detail::launch(gemv_rows8_kernel<F, 1>, grid, block, 0, stream, W.codes, W.scales, W.N, W.K, x, T, y);
-  return detail::launch(gemv_rows8_kernel<F, kMaxGemvTokens>, grid, block, 0, stream, W.codes, W.scales, W.N, W.K, x, T, y);
+  if (T == 1) gemv_rows8_kernel<F, 1><<<grid, block, 0, stream>>>(W.codes, W.scales, W.N, W.K, x, T, y);
+  else gemv_rows8_kernel<F, kMaxGemvTokens><<<grid, block, 0, stream>>>(W.codes, W.scales, W.N, W.K, x, T, y);
 }
 
 }  // namespace
@@ -78,7 +73,9 @@ cudaError_t launch_rows8(const Rows8View& W, const float* x, int T, float* y, cu
 cudaError_t gemv_rows8(const Rows8View& W, const float* x, int T, float* y, cudaStream_t stream) {
   if (T < 1 || T > kMaxGemvTokens || W.K % 16 != 0 || W.N < 1 || !W.codes || !W.scales || W.format == RowFormat::Bf16)
     return cudaErrorInvalidValue;
-  return W.format == RowFormat::Int8 ? launch_rows8<RowFormat::Int8>(W, x, T, y, stream) : launch_rows8<RowFormat::Fp8>(W, x, T, y, stream);
+  if (W.format == RowFormat::Int8) launch_rows8<RowFormat::Int8>(W, x, T, y, stream);
+  else launch_rows8<RowFormat::Fp8>(W, x, T, y, stream);
+  return cudaGetLastError();
 }
 
 }  // namespace tandem::gpu
