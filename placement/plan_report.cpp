@@ -153,7 +153,7 @@ std::string plan_table(const Plan& p) {
   line("bytes per token", buf);
   std::snprintf(buf, sizeof buf, "%.1f tok/s (%.2f ms/token; bandwidth bound %.1f tok/s)", pr.decode_tok_s, pr.decode_ms, pr.bound_tok_s);
   line("predicted decode", buf);
-  if (p.context > 1024) {  // the prediction above reads the cache at 1,024 tokens
+  if (p.context > kTypicalCachePosition) {  // the prediction above reads the cache at kTypicalCachePosition
     std::snprintf(buf, sizeof buf, "%.1f tok/s with the cache full at %lld tokens (%.2f GB a token on the GPU)", pr.decode_tok_s_full_context,
                   static_cast<long long>(p.context), pr.gpu_bytes_full_context / 1e9);
     line("", buf);

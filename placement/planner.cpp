@@ -189,7 +189,7 @@ void predict(const ModelConfig& c, const PlacementConfig& cfg, const PlanRequest
   pr.pcie_bw = pick(cfg.bw_pcie, 0, 25e9, pr.pcie_bw_from);                  // PCIe 4.0 x16, pinned
   pr.cpu_bw = pick(cfg.bw_cpu, req.measured_cpu_bw, 60e9, pr.cpu_bw_from);   // dual-channel DDR5
   // A decode token at cache position `pos` reads every attention layer's K and V rows up to it.
-  const double typical_pos = std::min<double>(static_cast<double>(p.context), 1024.0);
+  const double typical_pos = static_cast<double>(std::min(p.context, kTypicalCachePosition));
   const double kv_row_read = static_cast<double>(c.num_full_attention_layers()) * 2 * static_cast<double>(gpu::kv_row_bytes(p.kv_format, nkv, hd));
   const double kv_read = kv_row_read * typical_pos;
   const double expert_read = static_cast<double>(p.gpu_expert_bytes);

@@ -45,10 +45,13 @@ struct VramBytes {
   uint64_t total() const { return allocated() + reserve; }
 };
 
+// The cache position the decode prediction reads the KV cache at (or the context, if shorter).
+constexpr int64_t kTypicalCachePosition = 1024;
+
 struct Prediction {
   double gpu_bw = 0, pcie_bw = 0, cpu_bw = 0;  // bytes/s used
   std::string gpu_bw_from, pcie_bw_from, cpu_bw_from;  // "config", "measured", "default"
-  double gpu_bytes_per_token = 0;   // decode, batch 1: weights + state + KV at the typical position (1,024 tokens or the context)
+  double gpu_bytes_per_token = 0;   // decode, batch 1: weights + state + KV at kTypicalCachePosition
   double cpu_bytes_per_token = 0;   // routed experts read from host RAM per token
   double decode_ms = 0;             // predicted time per token
   double decode_tok_s = 0;

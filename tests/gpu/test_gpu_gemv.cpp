@@ -192,6 +192,15 @@ struct Rows8Case {
   int64_t N, K;
 };
 
+// y [T, N] of 8-bit rows in double: each code's value times its row's scale, times x.
+std::vector<double> rows8_reference(const gpu::Rows8Host& h, const std::vector<float>& x, int64_t N, int64_t K, int64_t T) {
+  std::vector<double> y(T * N, 0.0);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t k = 0; k < K; ++k) y[t * N + n] += double(row_decode(h.codes[n * K + k], h.format)) * h.scales[n] * x[t * K + k];
+  return y;
+}
+
 class GpuGemvRows8 : public ::testing::TestWithParam<std::tuple<Rows8Case, RowFormat>> {};
 
 TEST_P(GpuGemvRows8, MatchesDequantizedReference) {
@@ -212,10 +221,7 @@ TEST_P(GpuGemvRows8, MatchesDequantizedReference) {
     CUDA_OK(gpu::gemv_rows8(v, dx.ptr, T, dy.ptr, nullptr));
     CUDA_OK(cudaDeviceSynchronize());
     const auto y = dy.to_host();
-    std::vector<double> want(T * c.N, 0.0);
-    for (int64_t n = 0; n < c.N; ++n)
-      for (int t = 0; t < T; ++t)
-        for (int64_t k = 0; k < c.K; ++k) want[t * c.N + n] += double(row_decode(h.codes[n * c.K + k], f)) * h.scales[n] * x[t * c.K + k];
+    const std::vector<double> want = rows8_reference(h, x, c.N, c.K, T);
     EXPECT_LT(test::rel_l2(std::vector<double>(y.begin(), y.end()), want), 1e-5) << row_format_name(f) << " T " << T << ", seed " << test::test_seed();
     if (T == 1) {
       alone.assign(y.begin(), y.end());
@@ -265,10 +271,7 @@ TEST_P(GpuGemmRows8, MatchesDequantizedReferenceAndTheGemv) {
     CUDA_OK(gpu::gemv_rows8(v, dx.ptr + t * K, static_cast<int>(std::min<int64_t>(gpu::kMaxGemvTokens, T - t)), dg.ptr + t * N, nullptr));
   CUDA_OK(cudaDeviceSynchronize());
   const auto y = dy.to_host(), g = dg.to_host();
-  std::vector<double> want(T * N, 0.0);
-  for (int64_t n = 0; n < N; ++n)
-    for (int64_t t = 0; t < T; ++t)
-      for (int64_t k = 0; k < K; ++k) want[t * N + n] += double(row_decode(h.codes[n * K + k], f)) * h.scales[n] * x[t * K + k];
+  const std::vector<double> want = rows8_reference(h, x, N, K, T);
   EXPECT_LT(test::rel_l2(std::vector<double>(y.begin(), y.end()), want), 1e-5) << row_format_name(f) << ", seed " << test::test_seed();
   EXPECT_LT(test::rel_l2(std::vector<double>(y.begin(), y.end()), std::vector<double>(g.begin(), g.end())), 2e-5) << "against the GEMV";
   const gpu::Rows8View odd{dq.ptr, ds.ptr, 1, 12, f};

@@ -221,7 +221,7 @@ TEST(Planner, DecodeWithTheCacheFull) {
     SCOPED_TRACE(kv);
     const Plan p = plan(131072, kv);
     const double row = 10 * 2.0 * static_cast<double>(gpu::kv_row_bytes(parse_row_format(kv, "kv"), 2, 256));  // 10 attention layers, K and V
-    EXPECT_NEAR(p.predicted.gpu_bytes_full_context - p.predicted.gpu_bytes_per_token, row * (131072 - 1024), 1.0);
+    EXPECT_NEAR(p.predicted.gpu_bytes_full_context - p.predicted.gpu_bytes_per_token, row * (131072 - kTypicalCachePosition), 1.0);
     EXPECT_LT(p.predicted.decode_tok_s_full_context, p.predicted.decode_tok_s);
   }
   const Plan bf = plan(131072, "bf16"), i8 = plan(131072, "int8");

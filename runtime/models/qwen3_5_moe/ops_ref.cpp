@@ -1,6 +1,7 @@
 #include "runtime/models/qwen3_5_moe/ops_ref.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <numeric>
 #include <vector>
@@ -156,15 +157,22 @@ struct FloatRows {
   static float scale(int64_t) { return 1.0f; }
 };
 
-// Int8 codes convert to their values directly (the loops vectorise); E4M3 codes through a table.
+// Every E4M3 code's value, made once.
+const std::array<float, 256>& e4m3_values() {
+  static const std::array<float, 256> table = [] {
+    std::array<float, 256> t{};
+    for (int c = 0; c < 256; ++c) t[c] = row_decode(static_cast<uint8_t>(c), RowFormat::Fp8);
+    return t;
+  }();
+  return table;
+}
+
+// Int8 codes convert to their values directly (the loops vectorise); E4M3 codes through the table.
 template <RowFormat F>
 struct CodeRows {
   CodedRows r;
   int64_t stride, scale_stride;
-  float lut[256];
-  CodeRows(CodedRows rows, int64_t st, int64_t sst) : r(rows), stride(st), scale_stride(sst) {
-    for (int c = 0; c < 256; ++c) lut[c] = row_decode(static_cast<uint8_t>(c), F);
-  }
+  const float* lut = e4m3_values().data();
   const uint8_t* row(int64_t s) const { return r.codes + s * stride; }
   float value(uint8_t c) const { return F == RowFormat::Int8 ? static_cast<float>(static_cast<int8_t>(c)) : lut[c]; }
   float scale(int64_t s) const { return r.scales[s * scale_stride]; }
@@ -173,7 +181,7 @@ struct CodeRows {
 template <RowFormat F>
 void attend_codes(const float* q, CodedRows k, CodedRows v, int64_t n_ctx, int64_t row_stride, int64_t scale_stride, int head_dim,
                   float scale, float* scores, float* out) {
-  attend_rows(q, CodeRows<F>(k, row_stride, scale_stride), CodeRows<F>(v, row_stride, scale_stride), n_ctx, head_dim, scale, scores, out);
+  attend_rows(q, CodeRows<F>{k, row_stride, scale_stride}, CodeRows<F>{v, row_stride, scale_stride}, n_ctx, head_dim, scale, scores, out);
 }
 
 }  // namespace
