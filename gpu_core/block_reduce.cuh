@@ -30,16 +30,16 @@ __device__ __forceinline__ float block_max(float v, float* red) {
 }
 
 // A warp's partial dot products of one output row for T tokens: each acc[t] summed over the warp, and
-// lane 0 stores the sum times `scale` at y[t * N + row] (the GEMVs' one-warp-a-row epilogue).
-template <int TMAX>
-__device__ __forceinline__ void warp_store_row(const float (&acc)[TMAX], int T, float scale, float* y, int64_t N, int64_t row, int lane) {
+// lane 0 stores the sum times `scale` at at(t) (the GEMVs' one-warp-a-row epilogue).
+template <int TMAX, typename At>
+__device__ __forceinline__ void warp_store_row(const float (&acc)[TMAX], int T, float scale, int lane, At&& at) {
 #pragma unroll
   for (int t = 0; t < TMAX; ++t) {
     if (t >= T) break;
     float v = acc[t];
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    if (lane == 0) y[t * N + row] = v * scale;
+    if (lane == 0) *at(t) = v * scale;
   }
 }
 

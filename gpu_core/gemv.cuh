@@ -28,7 +28,34 @@ namespace tandem::gpu {
 
 struct HostPost;  // handoff.cuh
 
+// Where a GEMV's T x N outputs go. One part: y [T, N]. A stacked matrix (the rows of several
+// projections that read one input, back to back) has up to kMaxParts: rows [end[s - 1], end[s]) (end[-1]
+// = 0) go to dst[s] as [T, end[s] - end[s - 1]], so one launch over T tokens writes what a launch per
+// member would. The last part's end is N.
+struct RowsOut {
+  static constexpr int kMaxParts = 4;
+  float* dst[kMaxParts] = {};
+  int64_t end[kMaxParts] = {};
+  int parts = 0;
+  static RowsOut one(float* y, int64_t N) {
+    RowsOut o;
+    o.dst[0] = y, o.end[0] = N, o.parts = 1;
+    return o;
+  }
+#if defined(__CUDACC__)
+  __device__ __forceinline__ float* at(int t, int64_t row) const {
+    int s = 0;
+    int64_t begin = 0;
+    for (; s + 1 < parts && row >= end[s]; ++s) begin = end[s];
+    return dst[s] + t * (end[s] - begin) + (row - begin);
+  }
+#endif
+};
+// Whether out is a valid layout of N rows (1..kMaxParts parts, increasing ends, the last N, no null dst).
+bool rows_out_fits(const RowsOut& out, int64_t N);
+
 cudaError_t gemv_bf16(const uint16_t* W, int64_t N, int64_t K, const float* x, int T, float* y, cudaStream_t stream);
+cudaError_t gemv_bf16(const uint16_t* W, int64_t N, int64_t K, const float* x, int T, const RowsOut& y, cudaStream_t stream);
 
 // gemv_rows8 (W8A16, rows8_layout.h): y [T, N] = x [T, K] W^T for W 8-bit codes [N, K] (int8 or FP8
 // E4M3) with a scale per row, T <= kMaxGemvTokens, K % 16 == 0, rows 16-byte aligned: each code
@@ -42,6 +69,7 @@ struct Rows8View {
   RowFormat format = RowFormat::Int8;  // Int8 or Fp8
 };
 cudaError_t gemv_rows8(const Rows8View& W, const float* x, int T, float* y, cudaStream_t stream);
+cudaError_t gemv_rows8(const Rows8View& W, const float* x, int T, const RowsOut& y, cudaStream_t stream);
 // The decode router of one token in one launch: the norm before it, h += a (+ sigmoid(gate[0]) *
 // shared) when a is given, as add_rmsnorm_zc (else h is only read, as rmsnorm_zc), x = the normalised
 // row (norm_w, eps), written for the kernels after it; y = W x as gemv_bf16 computes it, whose first E

@@ -106,14 +106,14 @@ __device__ __forceinline__ void row_dot(const uint16_t* __restrict__ W, int64_t 
 
 template <int TMAX, bool SWIGLU = false, int PRE = 4>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
-    gemv_bf16_kernel(const uint16_t* __restrict__ W, int64_t N, int64_t K, const float* __restrict__ x, int T,
-                     float* __restrict__ y, const float* __restrict__ u = nullptr) {
+    gemv_bf16_kernel(const uint16_t* __restrict__ W, int64_t N, int64_t K, const float* __restrict__ x, int T, RowsOut y,
+                     const float* __restrict__ u = nullptr) {
   const int lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   float acc[TMAX];
   row_dot<TMAX, SWIGLU, PRE>(W, N, K, x, u, T, row, lane, acc);
   if (row >= N) return;  // whole warps exit together: shuffles below stay full-warp
-  detail::warp_store_row<TMAX>(acc, T, 1.0f, y, N, row, lane);
+  detail::warp_store_row<TMAX>(acc, T, 1.0f, lane, [&](int t) { return y.at(t, row); });
 }
 
 // Several tokens (T = 2..8) on tensor cores (mma.cuh): W's rows are A (16 a tile), the tokens B (8
@@ -130,7 +130,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 template <int MT, bool SWIGLU>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     gemv_bf16_mma_kernel(const uint16_t* __restrict__ W, int64_t N, int64_t K, const float* __restrict__ x, const float* __restrict__ u,
-                         int T, float* __restrict__ y) {
+                         int T, RowsOut y) {
   __shared__ float part[kWarpsPerBlock][MT][4][32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
   const int64_t row0 = static_cast<int64_t>(blockIdx.x) * (16 * MT), chunks = (K + 63) / 64;
@@ -213,14 +213,14 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     for (int w2 = 1; w2 < kWarpsPerBlock; ++w2) sum += part[w2][warp][i][lane];
     const int64_t row = row0 + 16 * warp + g + (i >= 2 ? 8 : 0);
     const int t = 2 * q + (i & 1);
-    if (row < N && t < T) y[t * N + row] = sum;
+    if (row < N && t < T) *y.at(t, row) = sum;
   }
 }
 
 // gemv_bf16_mma_kernel's launch: two tiles a block on the tallest matrices (256 blocks at 8192 rows),
 // else one.
 template <bool SWIGLU>
-cudaError_t launch_mma(const uint16_t* W, int64_t N, int64_t K, const float* x, const float* u, int T, float* y, cudaStream_t stream) {
+cudaError_t launch_mma(const uint16_t* W, int64_t N, int64_t K, const float* x, const float* u, int T, const RowsOut& y, cudaStream_t stream) {
   const int mt = N >= 8192 ? 2 : 1;
   const dim3 grid(static_cast<unsigned>((N + 16 * mt - 1) / (16 * mt))), block(kWarpsPerBlock * 32);
   if (mt == 2) return detail::launch(gemv_bf16_mma_kernel<2, SWIGLU>, grid, block, 0, stream, W, N, K, x, u, T, y);
@@ -340,8 +340,19 @@ cudaError_t gemv_bf16_router_topk_norm(const uint16_t* W, int64_t N, int64_t K, 
   return launch_norm_gemv(W, N, K, h, a, shared, gate, norm_w, eps, x, y, E, k, counter, ids, weights, post ? *post : HostPost{}, stream);
 }
 
+bool rows_out_fits(const RowsOut& out, int64_t N) {
+  if (out.parts < 1 || out.parts > RowsOut::kMaxParts || out.end[out.parts - 1] != N) return false;
+  for (int s = 0; s < out.parts; ++s)
+    if (!out.dst[s] || out.end[s] <= (s ? out.end[s - 1] : 0)) return false;
+  return true;
+}
+
 cudaError_t gemv_bf16(const uint16_t* W, int64_t N, int64_t K, const float* x, int T, float* y, cudaStream_t stream) {
-  if (T < 1 || T > kMaxGemvTokens || K % 8 != 0 || N < 1) return cudaErrorInvalidValue;
+  return gemv_bf16(W, N, K, x, T, RowsOut::one(y, N), stream);
+}
+
+cudaError_t gemv_bf16(const uint16_t* W, int64_t N, int64_t K, const float* x, int T, const RowsOut& y, cudaStream_t stream) {
+  if (T < 1 || T > kMaxGemvTokens || K % 8 != 0 || N < 1 || !rows_out_fits(y, N)) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>((N + kWarpsPerBlock - 1) / kWarpsPerBlock)), block(kWarpsPerBlock * 32);
   const float* none = nullptr;
   if (T > 1) return launch_mma<false>(W, N, K, x, nullptr, T, y, stream);
@@ -354,9 +365,10 @@ cudaError_t gemv_bf16_swiglu(const uint16_t* W, int64_t N, int64_t K, const floa
                              cudaStream_t stream) {
   if (T < 1 || T > kMaxGemvTokens || K % 8 != 0 || N < 1) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>((N + kWarpsPerBlock - 1) / kWarpsPerBlock)), block(kWarpsPerBlock * 32);
-  if (T > 1) return launch_mma<true>(W, N, K, g, u, T, y, stream);
+  const RowsOut out = RowsOut::one(y, N);
+  if (T > 1) return launch_mma<true>(W, N, K, g, u, T, out, stream);
   return with_pre(K, [&](auto pre) {
-    return detail::launch(gemv_bf16_kernel<1, true, pre.value>, grid, block, 0, stream, W, N, K, g, T, y, u);
+    return detail::launch(gemv_bf16_kernel<1, true, pre.value>, grid, block, 0, stream, W, N, K, g, T, out, u);
   });
 }
 

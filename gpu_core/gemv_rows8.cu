@@ -35,7 +35,7 @@ __device__ __forceinline__ void codes4(int w, float* f) {
 
 template <RowFormat F, int TMAX>
 __global__ void gemv_rows8_kernel(const uint8_t* __restrict__ q, const float* __restrict__ scales, int64_t N, int64_t K,
-                                  const float* __restrict__ x, int T, float* __restrict__ y) {
+                                  const float* __restrict__ x, int T, RowsOut y) {
   const int lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
   if (row >= N) return;
@@ -58,11 +58,11 @@ __global__ void gemv_rows8_kernel(const uint8_t* __restrict__ q, const float* __
       }
     }
   }
-  detail::warp_store_row<TMAX>(acc, T, scales[row], y, N, row, lane);
+  detail::warp_store_row<TMAX>(acc, T, scales[row], lane, [&](int t) { return y.at(t, row); });
 }
 
 template <RowFormat F>
-void launch_rows8(const Rows8View& W, const float* x, int T, float* y, cudaStream_t stream) {
+void launch_rows8(const Rows8View& W, const float* x, int T, const RowsOut& y, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>((W.N + kRowsPerBlock - 1) / kRowsPerBlock)), block(32 * kRowsPerBlock);
   if (T == 1) gemv_rows8_kernel<F, 1><<<grid, block, 0, stream>>>(W.codes, W.scales, W.N, W.K, x, T, y);
   else gemv_rows8_kernel<F, kMaxGemvTokens><<<grid, block, 0, stream>>>(W.codes, W.scales, W.N, W.K, x, T, y);
@@ -71,7 +71,12 @@ void launch_rows8(const Rows8View& W, const float* x, int T, float* y, cudaStrea
 }  // namespace
 
 cudaError_t gemv_rows8(const Rows8View& W, const float* x, int T, float* y, cudaStream_t stream) {
-  if (T < 1 || T > kMaxGemvTokens || W.K % 16 != 0 || W.N < 1 || !W.codes || !W.scales || W.format == RowFormat::Bf16)
+  return gemv_rows8(W, x, T, RowsOut::one(y, W.N), stream);
+}
+
+cudaError_t gemv_rows8(const Rows8View& W, const float* x, int T, const RowsOut& y, cudaStream_t stream) {
+  if (T < 1 || T > kMaxGemvTokens || W.K % 16 != 0 || W.N < 1 || !W.codes || !W.scales || W.format == RowFormat::Bf16 ||
+      !rows_out_fits(y, W.N))
     return cudaErrorInvalidValue;
   if (W.format == RowFormat::Int8) launch_rows8<RowFormat::Int8>(W, x, T, y, stream);
   else launch_rows8<RowFormat::Fp8>(W, x, T, y, stream);

@@ -245,6 +245,60 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GpuGemvRows8,
                                                               Rows8Case{1, 16}),
                                             ::testing::Values(RowFormat::Int8, RowFormat::Fp8)));
 
+// A stacked matrix's outputs split by member (gpu::RowsOut: a step's stacked projections, qkv|z|b|a,
+// router|shared gate|up|gate logit) are bit for bit what each member's own launch writes, at one token
+// (the one-warp-a-row kernels) and several (bf16 on tensor cores, 8-bit rows); layouts that do not cover
+// the matrix are refused.
+TEST(GpuGemvStacked, PartsEqualTheMembersAlone) {
+  TANDEM_REQUIRE_GPU();
+  std::mt19937 rng(test::test_seed());
+  const int64_t K = 512;
+  const std::vector<int64_t> members = {384, 96, 32, 1};  // rows; the last as the shared expert's gate logit
+  int64_t N = 0;
+  for (int64_t m : members) N += m;
+  std::vector<uint16_t> W;
+  random_bf16_linear(N, K, rng, W);
+  const gpu::Rows8Host h8 = gpu::quantize_rows8(W.data(), N, K, RowFormat::Int8);
+  test::DeviceBuffer<uint16_t> dW(W);
+  test::DeviceBuffer<uint8_t> dq(h8.codes);
+  test::DeviceBuffer<float> ds(h8.scales);
+  for (bool rows8 : {false, true}) {
+    for (int T : {1, 3, 8}) {
+      const auto x = test::random_floats(rng, T * K);
+      test::DeviceBuffer<float> dx(x), dparts(T * N), dalone(T * N);
+      gpu::RowsOut out;
+      int64_t row = 0, at = 0;
+      for (int64_t m : members) {  // member s's rows [T, m] at dparts + at, and alone at dalone + at
+        out.dst[out.parts] = dparts.ptr + at;
+        out.end[out.parts++] = row + m;
+        if (rows8) {
+          const gpu::Rows8View part{dq.ptr + row * K, ds.ptr + row, m, K, RowFormat::Int8};
+          CUDA_OK(gpu::gemv_rows8(part, dx.ptr, T, dalone.ptr + at, nullptr));
+        } else {
+          CUDA_OK(gpu::gemv_bf16(dW.ptr + row * K, m, K, dx.ptr, T, dalone.ptr + at, nullptr));
+        }
+        row += m, at += T * m;
+      }
+      if (rows8) CUDA_OK(gpu::gemv_rows8(gpu::Rows8View{dq.ptr, ds.ptr, N, K, RowFormat::Int8}, dx.ptr, T, out, nullptr));
+      else CUDA_OK(gpu::gemv_bf16(dW.ptr, N, K, dx.ptr, T, out, nullptr));
+      CUDA_OK(cudaDeviceSynchronize());
+      const auto got = dparts.to_host(), want = dalone.to_host();
+      EXPECT_EQ(got, want) << (rows8 ? "8-bit rows" : "bf16") << ", T " << T << ", seed " << test::test_seed();
+      if (rows8 || T != 3) continue;
+      gpu::RowsOut short_of = out;  // the parts end before the matrix does
+      short_of.end[short_of.parts - 1] = N - 1;
+      EXPECT_EQ(gpu::gemv_bf16(dW.ptr, N, K, dx.ptr, T, short_of, nullptr), cudaErrorInvalidValue);
+      gpu::RowsOut no_dst = out;
+      no_dst.dst[1] = nullptr;
+      EXPECT_EQ(gpu::gemv_bf16(dW.ptr, N, K, dx.ptr, T, no_dst, nullptr), cudaErrorInvalidValue);
+      gpu::RowsOut backwards = out;
+      backwards.end[1] = backwards.end[0];
+      EXPECT_EQ(gpu::gemv_rows8(gpu::Rows8View{dq.ptr, ds.ptr, N, K, RowFormat::Int8}, dx.ptr, T, backwards, nullptr), cudaErrorInvalidValue);
+      cudaGetLastError();
+    }
+  }
+}
+
 // A prompt chunk's 8-bit projection (gemm_rows8: the codes as bf16, exactly, on cuBLAS with split-bf16
 // activations, each output times its row's scale): the GEMV's definition and gemm_bf16's 1e-5 bound,
 // and within 2e-5 of the GEMV itself 8 tokens at a time; a K the GEMM cannot take is refused.

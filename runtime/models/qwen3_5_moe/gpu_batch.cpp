@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "gpu_core/device.cuh"
 #include "gpu_core/ops.cuh"
 #include "runtime/models/qwen3_5_moe/gpu_impl.h"
 
@@ -22,10 +23,12 @@ int row_graph_key(int64_t n, int groups, bool keep, int w, bool hidden) {
 void Qwen35MoeGpu::Impl::enqueue_rows(int64_t n, const Batch& b, float* logits_dst, float* hidden_dst) {
   const ModelConfig& c = model.config();
   const int64_t H = c.hidden_size, V = c.vocab_size, R = rows;
+  const gpu::ProgrammaticLaunchScope programmatic(pdl);  // as the decode step's kernels (pdl.cuh)
   CK(cudaMemcpyAsync(bio, hio, (5 * R + 1) * sizeof(int32_t), cudaMemcpyHostToDevice, stream));
   if (embed) CK(gpu::embed_bf16(embed, H, bio, static_cast<int>(n), ph, stream));
   else host_embedding_rows(hio, n, ph);
-  for (size_t li = 0; li < layers.size(); ++li) prefill_layer(li, ph, n, bio + R, nullptr, &b);
+  bool normed = false;
+  for (size_t li = 0; li < layers.size(); ++li) normed = prefill_layer(li, ph, n, bio + R, nullptr, &b, normed);
   if (!logits_dst && !hidden_dst) return;
   CK(gpu::rmsnorm_zc(ph, final_norm, H, static_cast<int>(n), static_cast<float>(c.rms_norm_eps), px, stream));
   if (hidden_dst) CK(cudaMemcpyAsync(hidden_dst, px, n * H * sizeof(float), cudaMemcpyDeviceToHost, stream));

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <vector>
 
 #include "gpu_core/attention.cuh"
@@ -275,6 +276,13 @@ struct Qwen35MoeGpu::Impl {
   // bf16, gpu::gemm_rows8; with `gemv` the GEMVs instead, n <= gpu::kMaxGemvTokens), the int4 GEMV 8
   // tokens at a time.
   void linear_rows(const DevLinear& L, const float* in, int64_t n, float* out, bool gemv = false);
+  // A stacked projection's members (stack: DevLayer::in_proj, x_proj, sh_gate_up; out 0: not stacked)
+  // each into its own rows: with `gemv` one GEMV launch for the stack, else linear_rows member by member.
+  struct StackMember {
+    const DevLinear* part;
+    float* out;
+  };
+  void linear_stack(const DevLinear& stack, std::initializer_list<StackMember> members, const float* in, int64_t n, bool gemv);
 
   // n prompt tokens at positions pos.. through every layer at once (GpuOptions::prefill_chunk);
   // logits of the last token to logits_last when given. Same math as n decode steps, except that
@@ -288,7 +296,10 @@ struct Qwen35MoeGpu::Impl {
     int groups = 0;
     bool keep = false;
   };
-  void prefill_layer(size_t li, float* h, int64_t n, const int32_t* pos_dev, const gpu::Int4Expert* streamed, const Batch* batch = nullptr);
+  // normed: px holds the layer's input norm already (the previous call returned true); returns whether
+  // it leaves the next layer's there.
+  bool prefill_layer(size_t li, float* h, int64_t n, const int32_t* pos_dev, const gpu::Int4Expert* streamed, const Batch* batch = nullptr,
+                     bool normed = false);
   // step_rows' work on the stream for n tokens in `groups` (hio filled): logits of every row to
   // logits_dst (hrows, logits_sink: left in blogits, nullptr: none).
   // hidden_dst: the rows after the final norm to the pinned mtp.hhid (nullptr: none).

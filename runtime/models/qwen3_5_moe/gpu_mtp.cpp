@@ -7,6 +7,7 @@
 // catch-ups (a prompt's rows) run the prompt-chunk kernels on the slot.
 #include <algorithm>
 
+#include "gpu_core/device.cuh"
 #include "gpu_core/ops.cuh"
 #include "runtime/models/qwen3_5_moe/gpu_impl.h"
 
@@ -51,6 +52,7 @@ void Qwen35MoeGpu::Impl::enqueue_mtp(int64_t n, bool chunk, const int32_t* ids_h
   const float eps = static_cast<float>(c.rms_norm_eps);
   const int N = static_cast<int>(n);
   const int32_t* ids_dev = chunk ? pids : bio;
+  const gpu::ProgrammaticLaunchScope programmatic(pdl);  // as the decode step's kernels (pdl.cuh)
   if (embed) CK(gpu::embed_bf16(embed, H, ids_dev, N, ph, stream));
   else host_embedding_rows(ids_host, n, ph);
   CK(gpu::rmsnorm_zc(ph, mtp.norm_e, H, N, eps, px, stream));

@@ -54,7 +54,8 @@ void Qwen35MoeGpu::Impl::linear_rows(const DevLinear& L, const float* in, int64_
     return;
   }
   if (!L.int4 && gemv) {
-    CK(gpu::gemv_bf16(L.w, L.out, L.in, in, static_cast<int>(n), out, stream));
+    for (int64_t t = 0; t < n; t += gpu::kMaxGemvTokens)
+      CK(gpu::gemv_bf16(L.w, L.out, L.in, in + t * L.in, static_cast<int>(std::min<int64_t>(gpu::kMaxGemvTokens, n - t)), out + t * L.out, stream));
     return;
   }
   if (!L.int4) {
@@ -68,72 +69,113 @@ void Qwen35MoeGpu::Impl::linear_rows(const DevLinear& L, const float* in, int64_
   }
 }
 
+// The members of a stacked projection (DevLayer::in_proj, x_proj, sh_gate_up) for n tokens, each into
+// its own rows [n, member.out]: with `gemv` (a step's few rows) one launch of the stack for every 8
+// tokens, its outputs split by member (gpu::RowsOut); else, or with no stack, member by member.
+void Qwen35MoeGpu::Impl::linear_stack(const DevLinear& stack, std::initializer_list<StackMember> members, const float* in, int64_t n,
+                                      bool gemv) {
+  if (!gemv || !stack.out || stack.int4 || members.size() > static_cast<size_t>(gpu::RowsOut::kMaxParts)) {
+    for (const StackMember& m : members) linear_rows(*m.part, in, n, m.out, gemv);
+    return;
+  }
+  gpu::RowsOut o;
+  for (const StackMember& m : members) {
+    o.dst[o.parts] = m.out;
+    o.end[o.parts] = (o.parts ? o.end[o.parts - 1] : 0) + m.part->out;
+    ++o.parts;
+  }
+  if (o.end[o.parts - 1] != stack.out) fail("internal: a stack of ", stack.out, " rows read as members of ", o.end[o.parts - 1]);
+  for (int64_t t = 0; t < n; t += gpu::kMaxGemvTokens) {
+    const int T = static_cast<int>(std::min<int64_t>(gpu::kMaxGemvTokens, n - t));
+    gpu::RowsOut ot = o;  // the rows of tokens t..: each member's [t, 0]
+    for (int s = 0; s < o.parts; ++s) ot.dst[s] += t * (o.end[s] - (s ? o.end[s - 1] : 0));
+    if (stack.rows8) CK(gpu::gemv_rows8(stack.q8, in + t * stack.in, T, ot, stream));
+    else CK(gpu::gemv_bf16(stack.w, stack.out, stack.in, in + t * stack.in, T, ot, stream));
+  }
+}
+
 // One layer of batched prefill for n tokens whose hidden states are h [n, H] (updated in place) at
 // positions pos_dev; `streamed`: the layer's expert table with its host experts streamed to the GPU
 // (prefill_streamed), nullptr: host experts on the host. With `batch` the n tokens are a step_rows
 // step's (several sequences, each token on its own slot): the GEMVs and the decode kernels instead
-// of cuBLAS and the prompt kernels, the same walk otherwise.
-void Qwen35MoeGpu::Impl::prefill_layer(size_t li, float* hbuf, int64_t n, const int32_t* pos_dev, const gpu::Int4Expert* streamed,
-                                       const Batch* batch) {
+// of cuBLAS and the prompt kernels, stacked projections in one launch, the same walk otherwise.
+// `normed`: px already holds this layer's input norm of h (the layer before returned true). Returns
+// whether px holds the next layer's: the layer's last residual add and that norm in one launch, where a
+// next layer follows and no deferred host sum joins after the add (h is then updated all the same).
+bool Qwen35MoeGpu::Impl::prefill_layer(size_t li, float* hbuf, int64_t n, const int32_t* pos_dev, const gpu::Int4Expert* streamed,
+                                       const Batch* batch, bool normed) {
   const ModelConfig& c = model.config();
   const int64_t H = c.hidden_size, Is = c.shared_expert_intermediate_size;
-  const int k = c.num_experts_per_tok;
+  const int k = c.num_experts_per_tok, rows_n = static_cast<int>(n);
   const float eps = static_cast<float>(c.rms_norm_eps);
   const DevLayer& L = layer_at(li);  // li = num_layers: the MTP head's layer
   const bool gemv = batch != nullptr;
   const int64_t R = rows;
-  CK(gpu::rmsnorm_zc(hbuf, L.in_norm, H, static_cast<int>(n), eps, px, stream));
+  if (!normed) CK(gpu::rmsnorm_zc(hbuf, L.in_norm, H, rows_n, eps, px, stream));
   if (L.kind == LayerKind::LinearAttention) {
-    linear_rows(L.qkv, px, n, pqkv, gemv);
-    linear_rows(L.z, px, n, pz, gemv);
-    linear_rows(L.b, px, n, pb, gemv);
-    linear_rows(L.a, px, n, pa, gemv);
+    linear_stack(L.in_proj, {{&L.qkv, pqkv}, {&L.z, pz}, {&L.b, pb}, {&L.a, pa}}, px, n, gemv);
     gpu::DeltaNetDecodeArgs p = deltanet_args(L, batch ? -1 : cur);
     p.qkv = pqkv, p.z = pz, p.b = pb, p.a = pa, p.conv_out = pconv, p.out = pcore;
     if (batch) {  // each sequence's tokens in order on its own state (bio: each group's slot and first token)
-      p.tokens = static_cast<int>(n), p.groups = batch->groups, p.slot = bio + 3 * R, p.first = bio + 4 * R;
+      p.tokens = rows_n, p.groups = batch->groups, p.slot = bio + 3 * R, p.first = bio + 4 * R;
       if (batch->keep) p.kept_conv = L.kept_conv, p.kept_state = L.kept_state;
       CK(gpu::deltanet_decode(p, stream));
     } else {
       p.chunk_terms = pterms;
-      CK(gpu::deltanet_prefill_chunked(p, static_cast<int>(n), stream));
+      CK(gpu::deltanet_prefill_chunked(p, rows_n, stream));
     }
     linear_rows(L.out_proj, pcore, n, po, gemv);
   } else {
-    linear_rows(L.q, px, n, pqg, gemv);
-    linear_rows(L.k, px, n, pk, gemv);
-    linear_rows(L.v, px, n, pv, gemv);
+    linear_stack(L.in_proj, {{&L.q, pqg}, {&L.k, pk}, {&L.v, pv}}, px, n, gemv);
     gpu::AttentionDecodeArgs p = attention_args(L, batch ? -1 : cur);
     p.qg = pqg, p.k = pk, p.v = pv, p.pos = pos_dev, p.q_rot = pattn, p.out = pattn;  // q_rot may alias out
     if (batch) {  // each token on its own sequence's cache (bio: its slot), all keys in before any attends
-      p.tokens = static_cast<int>(n), p.slot = bio + 2 * R, p.partial = bpart;
+      p.tokens = rows_n, p.slot = bio + 2 * R, p.partial = bpart;
       CK(gpu::attention_decode(p, stream));
     } else {  // the whole chunk at once, causal inside it
-      CK(gpu::attention_prefill(p, static_cast<int>(n), stream));
+      CK(gpu::attention_prefill(p, rows_n, stream));
     }
     linear_rows(L.o, pattn, n, po, gemv);
   }
-  CK(gpu::add_inplace(hbuf, po, n * H, stream));
-  CK(gpu::rmsnorm_zc(hbuf, L.post_norm, H, static_cast<int>(n), eps, px, stream));
-  linear_rows(L.router, px, n, prouter, gemv);
-  CK(gpu::router_topk(prouter, c.num_experts, k, static_cast<int>(n), ptopk_ids, ptopk_w, stream));
+  CK(gpu::add_rmsnorm_zc(hbuf, po, nullptr, nullptr, L.post_norm, H, rows_n, eps, px, stream));  // h += o, then the norm
+  // A step's rows: the router with the shared expert's gate, up and gate logit in one launch (x_proj)
+  const bool x_stacked = gemv && L.x_proj.out;
+  if (x_stacked) linear_stack(L.x_proj, {{&L.router, prouter}, {&L.sh_gate, psg}, {&L.sh_up, psu}, {&L.sh_expert_gate, psgate}}, px, n, gemv);
+  else linear_rows(L.router, px, n, prouter, gemv);
+  CK(gpu::router_topk(prouter, c.num_experts, k, rows_n, ptopk_ids, ptopk_w, stream));
   // Streamed: the layer's host experts run on the GPU from `streamed`, the host computes none.
   const bool split = L.cpu_experts && opts.host_experts && !streamed;
   if (split) hy.post_copy(px, ptopk_ids, ptopk_w, n, stream);
   gpu_experts(L, px, ptopk_ids, ptopk_w, n, pxh, phs, pmoe, streamed);
-  linear_rows(L.sh_gate, px, n, psg, gemv);
-  linear_rows(L.sh_up, px, n, psu, gemv);
-  CK(gpu::silu_mul(psg, psu, n * Is, stream));
-  linear_rows(L.sh_down, psg, n, psd, gemv);
-  linear_rows(L.sh_expert_gate, px, n, psgate, gemv);
-  CK(gpu::gated_add(pmoe, psd, psgate, H, static_cast<int>(n), stream));
+  if (!x_stacked) {
+    linear_stack(L.sh_gate_up, {{&L.sh_gate, psg}, {&L.sh_up, psu}}, px, n, gemv);
+    linear_rows(L.sh_expert_gate, px, n, psgate, gemv);
+  }
+  if (gemv && L.sh_down.bf16()) {  // silu(gate) * up formed as the down GEMV reads it
+    for (int64_t t = 0; t < n; t += gpu::kMaxGemvTokens)
+      CK(gpu::gemv_bf16_swiglu(L.sh_down.w, L.sh_down.out, L.sh_down.in, psg + t * Is, psu + t * Is,
+                               static_cast<int>(std::min<int64_t>(gpu::kMaxGemvTokens, n - t)), psd + t * H, stream));
+  } else {
+    CK(gpu::silu_mul(psg, psu, n * Is, stream));
+    linear_rows(L.sh_down, psg, n, psd, gemv);
+  }
+  if (split) CK(gpu::gated_add(pmoe, psd, psgate, H, rows_n, stream));  // before the host's sum joins
   hy.run_deferred(def_dev, stream);
   if (split)
     hy.serve_copy(li, n, pcpu, pmoe, stream,
                   batch && li < layers.size() ? HybridDispatch::Pass::batch : HybridDispatch::Pass::prefill);  // the head's drafts: not decode's counts
   else if (batch && li < layers.size()) counts.gpu += static_cast<uint64_t>(n) * k;
+  // h += the routed experts' sum + the gated shared expert (unless added above)
+  const float* shared = split ? nullptr : psd;
+  const float* gate = split ? nullptr : psgate;
+  if (li + 1 < layers.size() && !deferring()) {
+    CK(gpu::add_rmsnorm_zc(hbuf, pmoe, shared, gate, layers[li + 1].in_norm, H, rows_n, eps, px, stream));
+    return true;
+  }
+  if (shared) CK(gpu::gated_add(pmoe, shared, gate, H, rows_n, stream));
   CK(gpu::add_inplace(hbuf, pmoe, n * H, stream));
   hy.add_deferred(hbuf, def_dev, stream);
+  return false;
 }
 
 // The last token's logits after a prefill (h_last: its hidden state) to logits_last, when given.
@@ -181,7 +223,8 @@ void Qwen35MoeGpu::Impl::prefill_chunk(const int32_t* ids_host, int64_t n, float
   const ModelConfig& c = model.config();
   const int64_t H = c.hidden_size;
   prefill_inputs(ids_host, n, pids, ppos, ph);
-  for (size_t li = 0; li < layers.size(); ++li) prefill_layer(li, ph, n, ppos, nullptr);
+  bool normed = false;
+  for (size_t li = 0; li < layers.size(); ++li) normed = prefill_layer(li, ph, n, ppos, nullptr, nullptr, normed);
   hy.run_deferred(def_dev, stream);
   hy.add_deferred(ph, def_dev, stream);
   pos += n;
