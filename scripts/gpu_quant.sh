@@ -15,7 +15,7 @@
 #              int8 and fp8 (kv_cache.format), and the attention decode kernel alone per format
 #              (bench_gpu_gemv BM_attention_decode: 512 / 4096 / 32768 cached rows)
 #   batch      the same model decoding $BATCHES sequences at once (prompts of 4096) for each of $BPLACEMENTS
-#              (default 12GiB 8GiB, the latter every routed expert on the CPU): tandem bench --batch
+#              (default 12GiB 8GiB, the latter every routed expert on the CPU; gpu: all on the GPU): tandem bench --batch
 # usage (device tool, carry .deps): DEADLINE=560 STEPS="build tests dense head kv" bash scripts/gpu_quant.sh
 #   (TANDEM_MAX_SM=89 in front: the RTX 4090 code path)
 set -uo pipefail
@@ -72,7 +72,9 @@ experts: {gpu_format: $e}"
         extra=""
         [ "$p" = 8GiB ] && extra="cpu_experts: all"
         printf 'gpu:\n  memory: %s\n  reserve: 512MiB\ncontext: 4224\n%s\n' "$p" "$extra" > "$res/batch-$p.yaml"
-        step "batch-$p" 200 "$tandem" bench --model $model --device hybrid --config "$res/batch-$p.yaml" --prompt-len 4096 --gen 32 --repeat 2 \
+        place="--device hybrid --config $res/batch-$p.yaml"
+        [ "$p" = gpu ] && place="--device gpu --gpu-mem 1000GiB --context 4224"
+        step "batch-$p" 200 "$tandem" bench --model $model $place --prompt-len 4096 --gen 32 --repeat 2 \
           --warmup 64 --batch "${BATCHES:-1,2,4,8}" --json
       done ;;
     kv)

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
+#include <span>
 #include <vector>
 
 #include "gpu_core/attention.cuh"
@@ -51,6 +52,7 @@ struct DevLinear {
 // their rows stacked (one decode launch instead of one per projection); out = 0 when they can't be
 // (an int4 member, a different input width, rows not a multiple of 4, or not adjacent in the arena).
 DevLinear stack_rows(std::initializer_list<const DevLinear*> parts);
+DevLinear stack_rows(std::span<const DevLinear* const> parts);
 
 struct DevLayer {
   LayerKind kind;
@@ -65,7 +67,7 @@ struct DevLayer {
   const float *q_norm, *k_norm;
   uint8_t *k_cache, *v_cache;  // slot 0's; slot s at + s * cache_stride bytes
   DevLinear router, sh_gate, sh_up, sh_down, sh_expert_gate;
-  DevLinear sh_gate_up;  // 8-bit shared gate|up stacked, for decode (out 0: none)
+  DevLinear sh_gate_up;  // shared gate|up stacked (8-bit rows, or bf16 where adjacent; out 0: none), when x_proj is not
   bool int4_experts = false;
   bool cpu_experts = false;  // some routed experts live in host memory (hybrid)
   int64_t expert_group = 0;

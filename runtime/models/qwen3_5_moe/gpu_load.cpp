@@ -128,6 +128,15 @@ void fill_int4_parallel(const std::vector<std::pair<const LinearWeight*, DevLine
   if (failed) fail("uploading int4 experts: could not select CUDA device ", dev, " on a loader thread");
 }
 
+// A dense L's weights as bf16: in place when stored so, else converted into `store` (F16 / F32
+// checkpoint tensors are kept as bf16 on the GPU).
+const uint16_t* dense_bf16(const LinearWeight& L, std::vector<uint16_t>& store) {
+  if (L.dense_dtype == DType::BF16) return static_cast<const uint16_t*>(L.dense);
+  store.resize(static_cast<size_t>(L.out * L.in));
+  for (size_t i = 0; i < store.size(); ++i) store[i] = f32_to_bf16(load_as_f32(L.dense, L.dense_dtype, static_cast<int64_t>(i)));
+  return store.data();
+}
+
 // Dense linears that read the same input quantized on load to 8-bit rows of `f` (int8 or fp8) as one
 // matrix of their rows stacked: every member's codes, then every member's scales (rows8_layout.h; a
 // row's scale is its own, so the stack quantizes to the members' codes). One GEMV for the stack in
@@ -152,13 +161,7 @@ DevLinear upload_rows8(Uploader& up, std::initializer_list<const LinearWeight*> 
     d.out = L->out, d.in = K, d.rows8 = true, d.q8 = {q + row * K, s + row, L->out, K, f};
     if (up.committing()) {
       std::vector<uint16_t> bf;
-      const uint16_t* w = static_cast<const uint16_t*>(L->dense);
-      if (L->dense_dtype != DType::BF16) {
-        bf.resize(static_cast<size_t>(L->out * K));
-        for (size_t i = 0; i < bf.size(); ++i) bf[i] = f32_to_bf16(load_as_f32(L->dense, L->dense_dtype, static_cast<int64_t>(i)));
-        w = bf.data();
-      }
-      const gpu::Rows8Host h = gpu::quantize_rows8(w, L->out, K, f);
+      const gpu::Rows8Host h = gpu::quantize_rows8(dense_bf16(*L, bf), L->out, K, f);
       CK(cudaMemcpy(q + row * K, h.codes.data(), h.codes.size(), cudaMemcpyHostToDevice));
       CK(cudaMemcpy(s + row, h.scales.data(), h.scales.size() * 4, cudaMemcpyHostToDevice));
     }
@@ -199,19 +202,27 @@ DevLinear upload_linear(Uploader& up, const LinearWeight& L, Kind kind, RowForma
     if (up.committing()) fill_int4(L, d);  // sizes only otherwise: repacking is the expensive part
     return d;
   }
-  const size_t n = static_cast<size_t>(L.out * L.in);
   if (!up.committing()) {
     up.alloc(placement::gpu_linear_pieces(L.out, L.in, false, 0, false).w, kind);
     return d;
   }
-  if (L.dense_dtype == DType::BF16) {
-    d.w = up.upload(static_cast<const uint16_t*>(L.dense), n, kind);
-    return d;
-  }
-  std::vector<uint16_t> bf(n);  // F16 / F32 checkpoint tensors are kept as bf16 on the GPU
-  for (size_t i = 0; i < n; ++i) bf[i] = f32_to_bf16(load_as_f32(L.dense, L.dense_dtype, static_cast<int64_t>(i)));
-  d.w = up.upload(bf.data(), n, kind);
+  std::vector<uint16_t> bf;
+  d.w = up.upload(dense_bf16(L, bf), static_cast<size_t>(L.out * L.in), kind);
   return d;
+}
+
+// Projections that read one input (`parts`, each into its view): as one stack of 8-bit rows when they
+// are quantized to f and can be stacked (stacks_rows8), else each on its own, stacked as bf16 rows where
+// the arena lets them (stack_rows). Returns the stack (out 0: none).
+DevLinear upload_stacked(Uploader& up, std::initializer_list<const LinearWeight*> parts, RowFormat f, std::initializer_list<DevLinear*> views) {
+  if (stacks_rows8(parts, f)) return upload_rows8(up, parts, Kind::Dense, f, views);
+  std::vector<const DevLinear*> members;
+  auto view = views.begin();
+  for (const LinearWeight* L : parts) {
+    **view = upload_linear(up, *L, Kind::Dense, f);
+    members.push_back(*view++);
+  }
+  return stack_rows(members);
 }
 
 // Columns col0 .. col0 + n of a dense L as a matrix of its own [out, n] (the MTP head's fc halves).
@@ -236,8 +247,10 @@ DevLinear upload_columns(Uploader& up, const LinearWeight& L, int64_t col0, int6
 
 }  // namespace
 
-DevLinear stack_rows(std::initializer_list<const DevLinear*> parts) {
-  const DevLinear* first = *parts.begin();
+DevLinear stack_rows(std::initializer_list<const DevLinear*> parts) { return stack_rows(std::span<const DevLinear* const>(parts.begin(), parts.size())); }
+
+DevLinear stack_rows(std::span<const DevLinear* const> parts) {
+  const DevLinear* first = parts.front();
   DevLinear s = DevLinear::bf16_rows(first->w, 0, first->in);
   const DevLinear* prev = nullptr;
   for (const DevLinear* p : parts) {
@@ -273,15 +286,7 @@ DevLayer Qwen35MoeGpu::Impl::upload_layer(Uploader& up, const LayerWeights& L, i
   d.post_norm = vec(L.post_attention_norm, Kind::Dense);
   if (L.kind == LayerKind::LinearAttention) {
     const DeltaNetWeights& w = L.deltanet;
-    if (stacks_rows8({&w.in_proj_qkv, &w.in_proj_z, &w.in_proj_b, &w.in_proj_a}, q8)) {
-      d.in_proj = upload_rows8(up, {&w.in_proj_qkv, &w.in_proj_z, &w.in_proj_b, &w.in_proj_a}, Kind::Dense, q8, {&d.qkv, &d.z, &d.b, &d.a});
-    } else {
-      d.qkv = upload_linear(up, w.in_proj_qkv, Kind::Dense, q8);
-      d.z = upload_linear(up, w.in_proj_z, Kind::Dense, q8);
-      d.b = upload_linear(up, w.in_proj_b, Kind::Dense, q8);
-      d.a = upload_linear(up, w.in_proj_a, Kind::Dense, q8);
-      d.in_proj = stack_rows({&d.qkv, &d.z, &d.b, &d.a});
-    }
+    d.in_proj = upload_stacked(up, {&w.in_proj_qkv, &w.in_proj_z, &w.in_proj_b, &w.in_proj_a}, q8, {&d.qkv, &d.z, &d.b, &d.a});
     d.out_proj = upload_linear(up, w.out_proj, Kind::Dense, q8);
     d.conv_w = vec(w.conv, Kind::Dense);
     d.A_log = vec(w.A_log, Kind::Dense);
@@ -291,14 +296,7 @@ DevLayer Qwen35MoeGpu::Impl::upload_layer(Uploader& up, const LayerWeights& L, i
     d.ssm_state = static_cast<float*>(up.zeroed(placement::ssm_state_bytes(c) * slots, Kind::State));
   } else {
     const AttentionWeights& w = L.attn;
-    if (stacks_rows8({&w.q_proj, &w.k_proj, &w.v_proj}, q8)) {
-      d.in_proj = upload_rows8(up, {&w.q_proj, &w.k_proj, &w.v_proj}, Kind::Dense, q8, {&d.q, &d.k, &d.v});
-    } else {
-      d.q = upload_linear(up, w.q_proj, Kind::Dense, q8);
-      d.k = upload_linear(up, w.k_proj, Kind::Dense, q8);
-      d.v = upload_linear(up, w.v_proj, Kind::Dense, q8);
-      d.in_proj = stack_rows({&d.q, &d.k, &d.v});
-    }
+    d.in_proj = upload_stacked(up, {&w.q_proj, &w.k_proj, &w.v_proj}, q8, {&d.q, &d.k, &d.v});
     d.o = upload_linear(up, w.o_proj, Kind::Dense, q8);
     d.q_norm = vec(w.q_norm, Kind::Dense);
     d.k_norm = vec(w.k_norm, Kind::Dense);
@@ -308,12 +306,7 @@ DevLayer Qwen35MoeGpu::Impl::upload_layer(Uploader& up, const LayerWeights& L, i
   }
   const MoeWeights& m = L.moe;
   d.router = upload_linear(up, m.router, Kind::Dense);
-  if (stacks_rows8({&m.shared_gate, &m.shared_up}, q8_shared)) {  // gate|up: one decode GEMV into sg|su
-    d.sh_gate_up = upload_rows8(up, {&m.shared_gate, &m.shared_up}, Kind::Dense, q8_shared, {&d.sh_gate, &d.sh_up});
-  } else {
-    d.sh_gate = upload_linear(up, m.shared_gate, Kind::Dense, q8_shared);
-    d.sh_up = upload_linear(up, m.shared_up, Kind::Dense, q8_shared);
-  }
+  d.sh_gate_up = upload_stacked(up, {&m.shared_gate, &m.shared_up}, q8_shared, {&d.sh_gate, &d.sh_up});  // one GEMV into sg|su
   d.sh_expert_gate = upload_linear(up, m.shared_expert_gate, Kind::Dense);  // before sh_down: stacked with the three above
   d.sh_down = upload_linear(up, m.shared_down, Kind::Dense, q8_shared);
   d.x_proj = stack_rows({&d.router, &d.sh_gate, &d.sh_up, &d.sh_expert_gate});
