@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <deque>
 #include <cstdio>
 #include <tuple>
 
@@ -74,8 +75,24 @@ class Batcher::Live {
   float* logits() { return logits_.data(); }
   // What the runner needs to pick this sequence's candidates on its side (k 0: it needs the row).
   int candidates() const { return sampler_.candidates_needed(); }
-  std::vector<LogitPenalty> penalties() const { return sampler_.penalties(context_, res_.tokens); }
-  std::vector<std::pair<int32_t, float>>& top() { return top_; }
+  // What this step wants picked for it on the runner's side (Runner::step_top): its next token's row, or
+  // with `verifying` every row of propose()'s feed, row i with the penalties of the context as it
+  // will be when drafts 0..i-1 are accepted. The lists go to `pens` (kept alive by the caller).
+  void wants(bool verifying, std::deque<std::vector<LogitPenalty>>& pens, std::vector<Runner::TopWant>& want) {
+    const size_t rows = verifying ? feed_.size() : 1;
+    tops_.resize(rows);
+    for (size_t i = 0; i < rows; ++i) {
+      if (i == 0) {
+        pens.push_back(sampler_.penalties(context_, res_.tokens));
+      } else {
+        std::vector<int32_t> ctx(context_), gen(res_.tokens);
+        ctx.insert(ctx.end(), drafts_.begin(), drafts_.begin() + static_cast<std::ptrdiff_t>(i));
+        gen.insert(gen.end(), drafts_.begin(), drafts_.begin() + static_cast<std::ptrdiff_t>(i));
+        pens.push_back(sampler_.penalties(ctx, gen));
+      }
+      want.push_back({pens.back(), candidates(), &tops_[i]});
+    }
+  }
   void prefilled() {
     res_.prefill_s = std::chrono::duration<double>(Clock::now() - t_start_).count();
     t_decode_ = Clock::now();
@@ -90,7 +107,7 @@ class Batcher::Live {
       forcing_.pop_front();
       return commit(id);
     }
-    commit(have_top ? sampler_.sample_top(top_) : sampler_.sample(std::span(logits_).first(vocab_), context_, res_.tokens));
+    commit(have_top ? sampler_.sample_top(tops_[0]) : sampler_.sample(std::span(logits_).first(vocab_), context_, res_.tokens));
   }
 
   // Speculative decoding. How many drafts this step should verify (0: an ordinary step): what the
@@ -127,11 +144,12 @@ class Batcher::Live {
     logits_.resize(feed_.size() * static_cast<size_t>(vocab_));
     return feed_;
   }
-  // After the step that fed propose()'s tokens (a logits row each): row i decides the token after
-  // feed_[i]: the draft when the model agrees (greedy: the same token; sampling: the acceptance rule),
-  // else the model's own token, which ends the step; all drafts agreed: row k's token as well. Returns
-  // how many of the fed tokens the sequence keeps (every committed token but the last is fed).
-  int64_t verify() {
+  // After the step that fed propose()'s tokens (a logits row each, or with have_top each row's
+  // candidates, wants()): row i decides the token after feed_[i]: the draft when the model agrees
+  // (greedy: the same token; sampling: the acceptance rule), else the model's own token, which ends the
+  // step; all drafts agreed: row k's token as well. Returns how many of the fed tokens the sequence
+  // keeps (every committed token but the last is fed).
+  int64_t verify(bool have_top) {
     const size_t k = drafts_.size();
     DraftStats& st = res_.drafts;
     ++st.verify_steps;
@@ -143,19 +161,21 @@ class Batcher::Live {
         break;
       }
       const std::span<const float> row(logits_.data() + i * static_cast<size_t>(vocab_), static_cast<size_t>(vocab_));
+      auto sample = [&] { return have_top ? sampler_.sample_top(tops_[i]) : sampler_.sample(row, context_, res_.tokens); };
       bool accepted = false;
       int32_t id = 0;
       if (i < k) {
         if (sampler_.greedy()) {
-          id = sampler_.sample(row, context_, res_.tokens);
+          id = sample();
           accepted = id == drafts_[i];
         } else {
-          std::tie(accepted, id) = sampler_.verify_draft(sampler_.distribution(row, context_, res_.tokens), q_[i], drafts_[i]);
+          const Sampler::Dist p = have_top ? sampler_.distribution_top(tops_[i]) : sampler_.distribution(row, context_, res_.tokens);
+          std::tie(accepted, id) = sampler_.verify_draft(p, q_[i], drafts_[i]);
         }
         ++st.drafted[i];
         st.accepted[i] += accepted;
       } else {
-        id = sampler_.sample(row, context_, res_.tokens);
+        id = sample();
       }
       commit(id);
       ++committed;
@@ -231,7 +251,7 @@ class Batcher::Live {
   std::vector<int32_t> context_;
   std::string pending_;  // decoded text not yet emitted
   std::vector<float> logits_;  // [vocab], or a row for each token a verification step feeds
-  std::vector<std::pair<int32_t, float>> top_;
+  std::vector<std::vector<std::pair<int32_t, float>>> tops_;  // candidates per wanted row (wants())
   std::vector<int32_t> drafts_, feed_;  // the step's drafts, and what it feeds: next() and the drafts
   std::vector<Sampler::Dist> q_;        // the drafts' distributions (sampling)
   std::deque<int32_t> forcing_;         // forced tokens still to commit (GenerateRequest::force_ids)
@@ -276,23 +296,19 @@ void Batcher::add(const GenerateRequest& req, GenerateResult* out) {
 size_t Batcher::running() const { return active_.size(); }
 
 // One step feeding ids[i] to who[i] with logits; returns whether their candidates (not rows) came back.
-// A verifying feed (verify[i]) keeps its states and gets every row's logits.
+// A verifying feed (verify[i]) keeps its states and gets every row's logits, or every row's candidates
+// when the runner picks them (step_top; returns whether it did).
 bool Batcher::run(const std::vector<Live*>& who, const std::vector<std::span<const int32_t>>& ids, const std::vector<uint8_t>& verify) {
   std::vector<Runner::Feed> feeds(who.size());
-  bool any_verify = false;
   for (size_t i = 0; i < who.size(); ++i) {
     feeds[i] = {who[i]->slot(), ids[i], who[i]->logits(), verify[i] ? Qwen35Moe::LogitRows::All : Qwen35Moe::LogitRows::Last, verify[i] != 0};
-    any_verify = any_verify || verify[i];
   }
-  bool all_k = try_top_ && !any_verify;
+  bool all_k = try_top_;
   for (Live* l : who) all_k = all_k && l->candidates() > 0;
   if (all_k) {
-    std::vector<std::vector<LogitPenalty>> pens(who.size());
-    std::vector<Runner::TopWant> want(who.size());
-    for (size_t i = 0; i < who.size(); ++i) {
-      pens[i] = who[i]->penalties();
-      want[i] = {pens[i], who[i]->candidates(), &who[i]->top()};
-    }
+    std::deque<std::vector<LogitPenalty>> pens;  // the wants' lists, where they stay put
+    std::vector<Runner::TopWant> want;
+    for (size_t i = 0; i < who.size(); ++i) who[i]->wants(verify[i] != 0, pens, want);
     if (runner_.step_top(feeds, want)) return true;
     try_top_ = false;  // a runner that declines once is not asked again (penalty lists not built for nothing)
   }
@@ -387,7 +403,7 @@ void Batcher::step() {
         if (who[i]->done()) continue;
       }
       int64_t kept = 1;
-      if (verify[i]) runner_.rollback(who[i]->slot(), kept = who[i]->verify());
+      if (verify[i]) runner_.rollback(who[i]->slot(), kept = who[i]->verify(top));
       else who[i]->take_next(top);
       if (timed) {
         const int k = verify[i] ? who[i]->last_drafts() : 0;

@@ -331,42 +331,72 @@ class GpuRunner final : public Runner, private MtpDevice {
     flush();
   }
   // Sampling on the GPU: the samplers' candidates are picked on the device, so a step copies k pairs
-  // per sequence back instead of the logits rows. One feed: the one-sequence path; several: step_rows
-  // steps of as many as fit (false, nothing run, when a feed is too long for one: a prompt among
-  // others; the caller then samples from the rows).
+  // per wanted row back instead of the logits rows (a verification: every row's). One feed: the
+  // one-sequence path; several, or one that keeps its states: step_rows steps of as many as fit (false,
+  // nothing run, when a feed is too long for one: a prompt among others; the caller then samples from
+  // the rows). Drafting: every row's hidden state goes to the head's side, as in step().
   bool step_top(std::span<const Feed> feeds, std::span<const TopWant> want) override {
     static_assert(sizeof(LogitPenalty) == sizeof(gpu::Penalty) && offsetof(LogitPenalty, rep) == offsetof(gpu::Penalty, rep) &&
                   offsetof(LogitPenalty, sub) == offsetof(gpu::Penalty, sub));
     auto pen = [](std::span<const LogitPenalty> p) { return std::span<const gpu::Penalty>(reinterpret_cast<const gpu::Penalty*>(p.data()), p.size()); };
     check_feeds(feeds, *this, vocab_);
-    if (draft_ > 0) return false;  // drafting: every step hands back its hidden rows (step)
+    size_t wanted = 0;
+    for (const Feed& f : feeds) wanted += f.rows == Qwen35Moe::LogitRows::All ? f.ids.size() : 1;
+    if (want.size() != wanted) fail("internal: step_top takes one want per wanted row (", wanted, "), got ", want.size());
     for (const TopWant& w : want)
       if (w.k < 1 || w.k > gpu::kMaxTopK || static_cast<int64_t>(w.penalties.size()) > context_) return false;
-    if (feeds.size() == 1 && !feeds[0].keep_states) {
-      TraceSpan span(feeds[0].ids.size() > 1 ? "forward (prefill)" : "forward (decode)", "host");
-      gpu_->select(feeds[0].slot);
-      return gpu_->forward_top(feeds[0].ids, pen(want[0].penalties), want[0].k, *want[0].top);
+    const bool drafting = draft_ > 0;
+    if (feeds.size() == 1 && !feeds[0].keep_states && feeds[0].rows == Qwen35Moe::LogitRows::Last) {
+      const Feed& f = feeds[0];
+      TraceSpan span(f.ids.size() > 1 ? "forward (prefill)" : "forward (decode)", "host");
+      if (drafting) hidden_.resize(f.ids.size() * static_cast<size_t>(hidden_size_));
+      gpu_->select(f.slot);
+      if (!gpu_->forward_top(f.ids, pen(want[0].penalties), want[0].k, *want[0].top, drafting ? hidden_.data() : nullptr)) return false;
+      if (drafting) mtp_[f.slot].fed(f.ids, hidden_.data(), false);
+      return true;
     }
     const int64_t R = gpu_->step_rows_max();
     for (const Feed& f : feeds)
-      if (R < 2 || static_cast<int64_t>(f.ids.size()) > R || f.keep_states) return false;
+      if (R < 2 || static_cast<int64_t>(f.ids.size()) > R) return false;
     std::vector<Qwen35MoeGpu::RowFeed> group;
+    std::vector<const Feed*> members;
     std::vector<std::span<const gpu::Penalty>> pens;
     std::vector<int> ks;
     std::vector<std::vector<std::pair<int32_t, float>>*> tops;
+    bool ran = false;
     auto flush = [&] {
       if (group.empty()) return true;
       TraceSpan span("forward (batch)", "host");
-      const bool ok = gpu_->step_rows_top(group, pens, ks, tops);
-      group.clear(), pens.clear(), ks.clear(), tops.clear();
-      return ok;
+      if (drafting) hidden_.resize(ks.size() * static_cast<size_t>(hidden_size_));
+      if (!gpu_->step_rows_top(group, pens, ks, tops, drafting ? hidden_.data() : nullptr)) {
+        if (ran) fail("internal: step_rows_top declined a step after running the ones before it");
+        return false;  // only the first can decline (the logits' size), before anything ran
+      }
+      ran = true;
+      int64_t r = 0;
+      for (const Feed* f : members) {
+        if (drafting) mtp_[f->slot].fed(f->ids, hidden_.data() + r * hidden_size_, f->keep_states);
+        r += static_cast<int64_t>(f->ids.size());
+      }
+      group.clear(), members.clear(), pens.clear(), ks.clear(), tops.clear();
+      return true;
     };
-    for (size_t i = 0; i < feeds.size(); ++i) {
-      const int64_t n = static_cast<int64_t>(feeds[i].ids.size());
-      if (static_cast<int64_t>(ks.size()) + n > R && !flush()) return false;  // only the first step can decline (the logits' size)
-      group.push_back({feeds[i].slot, feeds[i].ids, false});
-      for (int64_t t = 0; t + 1 < n; ++t) pens.emplace_back(), ks.push_back(0), tops.push_back(nullptr);  // rows before the feed's last
-      pens.push_back(pen(want[i].penalties)), ks.push_back(want[i].k), tops.push_back(want[i].top);
+    size_t w = 0;
+    for (const Feed& f : feeds) {
+      const int64_t n = static_cast<int64_t>(f.ids.size());
+      if ((f.keep_states || static_cast<int64_t>(ks.size()) + n > R) && !flush()) return false;  // a step that keeps its states: alone
+      group.push_back({f.slot, f.ids, f.keep_states});
+      members.push_back(&f);
+      const bool all = f.rows == Qwen35Moe::LogitRows::All;
+      for (int64_t t = 0; t < n; ++t) {
+        if (all || t == n - 1) {
+          pens.push_back(pen(want[w].penalties)), ks.push_back(want[w].k), tops.push_back(want[w].top);
+          ++w;
+        } else {
+          pens.emplace_back(), ks.push_back(0), tops.push_back(nullptr);  // rows before a Last feed's last
+        }
+      }
+      if (f.keep_states && !flush()) return false;
     }
     return flush();
   }

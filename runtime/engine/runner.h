@@ -108,9 +108,11 @@ class Runner {
   // Feeds every feed's ids (distinct slots) in one step. tandem::Error (nothing run) for a bad slot,
   // a slot twice, an id outside the vocabulary or a sequence past max_context().
   virtual void step(std::span<const Feed> feeds) = 0;
-  // Like step() for feeds whose last rows are sampled from their k best penalised logits (want[i] for
-  // feeds[i]; logits unused): runners that select them where the logits are (the GPU) fill the tops
-  // and return true; the others return false and run nothing.
+  // Like step() for feeds whose rows are sampled from their k best penalised logits (logits unused):
+  // `want` has one entry per wanted row in feed order, the last row of a Last feed and every row of an
+  // All feed (a verification, keep_states: row i with the penalties of the context up to its token).
+  // Runners that select them where the logits are (the GPU) fill the tops and return true; the others
+  // return false and run nothing.
   virtual bool step_top(std::span<const Feed> feeds, std::span<const TopWant> want) {
     (void)feeds, (void)want;
     return false;

@@ -72,6 +72,8 @@ class Sampler {
   // sample() from the best candidates_needed() penalised logits, given as (id, logit) in decreasing
   // logit order (ties: lower id first): the same draw as sample() on the whole row.
   int32_t sample_top(std::span<const std::pair<int32_t, float>> top);
+  // distribution() from the same candidates (sampling only: greedy needs no distribution).
+  std::vector<std::pair<int32_t, double>> distribution_top(std::span<const std::pair<int32_t, float>> top) const;
 
   // Speculative decoding. A distribution as distribution() gives it: (id, probability), decreasing.
   using Dist = std::vector<std::pair<int32_t, double>>;

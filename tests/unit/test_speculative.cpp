@@ -16,6 +16,7 @@
 #include "runtime/models/qwen3_5_moe/cpu_backend.h"
 #include "runtime/tokenizer/chat_template.h"
 #include "tests/unit/batch_cases.h"
+#include "tests/unit/candidate_runner.h"
 #include "tests/unit/fixture_util.h"
 #include "tests/unit/test_util.h"
 
@@ -217,13 +218,57 @@ TEST_P(Speculative, AcceptedDraftsAreKeptAndTheRestRolledBack) {
   }
 }
 
+// Verification from each row's candidates (Runner::step_top: the GPU runner's path, here the host's
+// CandidateRunner): greedy tokens with drafts, with repetition and presence penalties that differ row by
+// row (row i sees drafts 0..i-1 in its context), are the tokens without drafts, on the oracle's drafts
+// (the accepting side) and on the head's in a batch; every step goes through the candidates.
+TEST_P(Speculative, VerificationFromCandidatesKeepsTheTokens) {
+  const test::TinyModel& m = tiny();
+  auto plain = host_runner(*m.model, GetParam(), 0);
+  GenerateRequest base = greedy_request("the model routes every token", 30, 0);
+  base.sampling.repetition_penalty = 1.5f;
+  base.sampling.presence_penalty = 4.0f;
+  const GenerateResult want = generate(*plain, m.vocab, m.tok, base);
+  std::vector<int32_t> truth = base.prompt;
+  truth.insert(truth.end(), want.tokens.begin(), want.tokens.end());
+  for (int wrong : {0, 2}) {
+    test::CandidateRunner cand(std::make_unique<OracleRunner>(host_runner(*m.model, GetParam(), 0), truth, 3, wrong, m.vocab), m.vocab);
+    GenerateRequest q = base;
+    q.draft = 3;
+    const GenerateResult got = generate(cand, m.vocab, m.tok, q);
+    EXPECT_EQ(got.tokens, want.tokens) << "spoiled position " << wrong;
+    EXPECT_GT(got.drafts.accepted[0], 0) << "spoiled position " << wrong;
+    EXPECT_LT(got.drafts.verify_steps, static_cast<int64_t>(want.tokens.size()) - 1) << "accepted drafts save steps";
+    EXPECT_GT(cand.calls, got.drafts.verify_steps);
+    EXPECT_EQ(cand.row_steps, 0) << "every step through the candidates";
+    EXPECT_EQ(cand.rows_missing_context, 0) << "a verification row's penalties count the drafts before it";
+  }
+  test::CandidateRunner cand(host_runner(*m.model, GetParam(), 3, 4), m.vocab);
+  const char* prompts[] = {"experts", "a longer prompt than the others, with commas", "five", "x y z"};
+  std::vector<GenerateRequest> reqs;
+  for (int i = 0; i < 4; ++i) {
+    reqs.push_back(greedy_request(prompts[i], 9 + 3 * i, i % 4));  // drafts 0, 1, 2, 3
+    reqs.back().sampling.presence_penalty = 4.0f;
+  }
+  const std::vector<GenerateResult> got = generate_batch(cand, m.vocab, m.tok, reqs);
+  for (int i = 0; i < 4; ++i) {
+    GenerateRequest alone = reqs[i];
+    alone.draft = 0;
+    EXPECT_EQ(got[i].tokens, generate(*plain, m.vocab, m.tok, alone).tokens) << "request " << i;
+    EXPECT_EQ(got[i].drafts.verify_steps > 0, i > 0) << "request " << i;
+  }
+  EXPECT_GT(cand.calls, 0);
+  EXPECT_EQ(cand.row_steps, 0) << "every step through the candidates";
+  EXPECT_EQ(cand.rows_missing_context, 0) << "a verification row's penalties count the drafts before it";
+}
+
 // Seeded sampling with drafts draws from the target distribution: the joint distribution of the
 // first two sampled tokens (top-3 sampling: 9 outcomes; the second goes through a verification with
 // the head's draft) against the sampler without drafts, by a two-sample chi-square test.
-TEST_P(Speculative, SampledTokensKeepTheTargetDistribution) {
+// The first two sampled tokens (top-3 at temperature 1.5, the second through a verification of the
+// head's draft) from `spec` against `plain` without drafts: a two-sample chi-square test.
+void expect_target_distribution(Runner& plain, Runner& spec) {
   const test::TinyModel& m = tiny();
-  auto plain = host_runner(*m.model, GetParam(), 0);
-  auto spec = host_runner(*m.model, GetParam(), 1);
   const int n = 1500;
   std::map<std::pair<int32_t, int32_t>, int> a, b;
   int64_t verified = 0;
@@ -233,10 +278,10 @@ TEST_P(Speculative, SampledTokensKeepTheTargetDistribution) {
     q.sampling.top_k = 3;
     q.sampling.seeded = true;
     q.sampling.seed = test::test_seed() + static_cast<uint64_t>(i);
-    const GenerateResult x = generate(*plain, m.vocab, m.tok, q);
+    const GenerateResult x = generate(plain, m.vocab, m.tok, q);
     q.draft = 1;
     q.sampling.seed += 1000003;  // independent of the first run
-    const GenerateResult y = generate(*spec, m.vocab, m.tok, q);
+    const GenerateResult y = generate(spec, m.vocab, m.tok, q);
     ASSERT_GE(x.tokens.size(), 2u);
     ASSERT_GE(y.tokens.size(), 2u);
     ++a[{x.tokens[0], x.tokens[1]}];
@@ -256,6 +301,22 @@ TEST_P(Speculative, SampledTokensKeepTheTargetDistribution) {
   // chi-square critical values at significance 1e-6, df 1..8
   static const double crit[] = {0, 23.93, 27.63, 30.66, 33.38, 35.89, 38.26, 40.52, 42.70};
   EXPECT_LT(chi2, crit[std::max(df, 1)]) << "seed " << test::test_seed();
+}
+
+TEST_P(Speculative, SampledTokensKeepTheTargetDistribution) {
+  const test::TinyModel& m = tiny();
+  auto plain = host_runner(*m.model, GetParam(), 0);
+  auto spec = host_runner(*m.model, GetParam(), 1);
+  expect_target_distribution(*plain, *spec);
+}
+
+// The same with the acceptance rule applied to each row's candidates (the GPU runner's path, Runner::step_top).
+TEST(SpeculativeCandidates, SampledTokensKeepTheTargetDistribution) {
+  const test::TinyModel& m = tiny();
+  auto plain = host_runner(*m.model, Device::Cpu, 0);
+  test::CandidateRunner spec(host_runner(*m.model, Device::Cpu, 1), m.vocab);
+  expect_target_distribution(*plain, spec);
+  EXPECT_EQ(spec.row_steps, 0) << "every step through the candidates";
 }
 
 // A saved sequence takes its head's side along: the restored slot drafts what the saved one did.

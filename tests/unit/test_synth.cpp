@@ -17,6 +17,7 @@
 #include "runtime/format/safetensors_stream.h"
 #include "runtime/format/config.h"
 #include "tools/synth/synth.h"
+#include "tests/unit/candidate_runner.h"
 #include "tests/unit/test_util.h"
 
 namespace tandem {
@@ -230,37 +231,6 @@ TEST(Synth, GenerateDrawsTheSameFromCandidatesAsFromTheRow) {
   auto model = Qwen35Moe::load(dir.str());
   const Tokenizer tok = Tokenizer::from_model_dir(dir.str());
   const int64_t V = model->config().vocab_size;
-  struct TopRunner final : Runner {
-    std::unique_ptr<Runner> inner;
-    int64_t V = 0;
-    int calls = 0;
-    std::vector<float> row;
-    int slots() const override { return 1; }
-    void reset_slot(int slot) override { inner->reset_slot(slot); }
-    int64_t position(int slot) const override { return inner->position(slot); }
-    void rollback(int slot, int64_t keep) override { inner->rollback(slot, keep); }
-    void step(std::span<const Feed> feeds) override { inner->step(feeds); }
-    bool step_top(std::span<const Feed> feeds, std::span<const TopWant> want) override {
-      if (feeds.size() != 1) return false;
-      const std::span<const LogitPenalty> pen = want[0].penalties;
-      const int k = want[0].k;
-      std::vector<std::pair<int32_t, float>>& top = *want[0].top;
-      row.resize(V);
-      inner->forward(feeds[0].ids, row.data(), Qwen35Moe::LogitRows::Last);
-      for (const auto& p : pen) row[p.id] = p.apply(row[p.id]);
-      std::vector<int32_t> order(V);
-      for (int64_t i = 0; i < V; ++i) order[i] = static_cast<int32_t>(i);
-      std::partial_sort(order.begin(), order.begin() + k, order.end(),
-                        [&](int32_t a, int32_t b) { return row[a] != row[b] ? row[a] > row[b] : a < b; });
-      top.clear();
-      for (int i = 0; i < k; ++i) top.push_back({order[i], row[order[i]]});
-      ++calls;
-      return true;
-    }
-    std::string describe() const override { return "top"; }
-    int64_t max_context() const override { return inner->max_context(); }
-    double weight_bandwidth(std::string*) override { return 1; }
-  };
   RunnerOptions ro;
   ro.device = Device::Ref;
   for (const char* preset : {"instruct", "thinking"}) {
@@ -271,9 +241,7 @@ TEST(Synth, GenerateDrawsTheSameFromCandidatesAsFromTheRow) {
     req.sampling.seeded = true;
     req.sampling.seed = 5;
     auto plain = make_runner(*model, ro);
-    TopRunner top;
-    top.inner = make_runner(*model, ro);
-    top.V = V;
+    test::CandidateRunner top(make_runner(*model, ro), V);
     const GenerateResult a = generate(*plain, V, tok, req), b = generate(top, V, tok, req);
     EXPECT_EQ(a.tokens, b.tokens) << preset;
     EXPECT_EQ(top.calls, static_cast<int>(b.tokens.size())) << preset;  // the prompt + every step but the last

@@ -340,13 +340,13 @@ bool Qwen35MoeGpu::batched_prefill_active() const { return impl_->batched; }
 int64_t Qwen35MoeGpu::prefill_chunk() const { return impl_->chunk; }
 
 bool Qwen35MoeGpu::forward_top(std::span<const int32_t> ids, std::span<const gpu::Penalty> penalties, int k,
-                               std::vector<std::pair<int32_t, float>>& top) {
+                               std::vector<std::pair<int32_t, float>>& top, float* hidden) {
   Impl& m = *impl_;
   const int64_t V = m.model.config().vocab_size;
   if (k < 1 || k > gpu::kMaxTopK || static_cast<int64_t>(penalties.size()) > m.opts.max_context ||
       (V + gpu::kTopKBlocks - 1) / gpu::kTopKBlocks * 8 > 48 * 1024)
     return false;
-  forward(ids, &m.logits_sink, Qwen35Moe::LogitRows::Last);
+  forward(ids, &m.logits_sink, Qwen35Moe::LogitRows::Last, hidden);
   if (!penalties.empty())
     CK(cudaMemcpyAsync(m.pen_dev, penalties.data(), penalties.size() * sizeof(gpu::Penalty), cudaMemcpyHostToDevice, m.stream));
   CK(gpu::penalise(m.logits, V, m.pen_dev, static_cast<int>(penalties.size()), m.stream));

@@ -135,9 +135,9 @@ class Qwen35MoeGpu {
   // Like forward(ids, ..., Last), but the logits row stays on the device: `penalties` are applied
   // there and only the k best (id, penalised logit) pairs come back, best first (ties: lower id), as
   // Sampler::sample_top() takes them. false (nothing run) when k > gpu::kMaxTopK or the list is
-  // longer than the context.
+  // longer than the context. hidden: as forward()'s.
   bool forward_top(std::span<const int32_t> ids, std::span<const gpu::Penalty> penalties, int k,
-                   std::vector<std::pair<int32_t, float>>& top);
+                   std::vector<std::pair<int32_t, float>>& top, float* hidden = nullptr);
   bool cuda_graph_active() const;  // decode steps run as captured CUDA graphs (not eager, not --trace)
   // Decode kernels launched with programmatic dependent launch (gpu_core/pdl.cuh: each may start while
   // the one before it finishes; the same kernels and bits): where the device takes it (cc >= 9.0).
@@ -192,8 +192,9 @@ class Qwen35MoeGpu {
   // The same with each row's logits left on the device: penalties[r] applied to row r there and the
   // k[r] best (id, penalised logit) pairs of it to tops[r] (best first). false (nothing run) when a k
   // is outside 1..gpu::kMaxTopK or a list is longer than the context.
+  // k[r] 0: no candidates for row r. hidden: as step_rows'.
   bool step_rows_top(std::span<const RowFeed> feeds, std::span<const std::span<const gpu::Penalty>> penalties, std::span<const int> k,
-                     std::span<std::vector<std::pair<int32_t, float>>* const> tops);
+                     std::span<std::vector<std::pair<int32_t, float>>* const> tops, float* hidden = nullptr);
   // After a keep step that fed n tokens to `slot`: its state after the first `keep` (0..n) of them.
   void rollback(int slot, int64_t keep);
 

@@ -138,7 +138,7 @@ void Qwen35MoeGpu::step_rows(std::span<const RowFeed> feeds, float* logits, floa
 }
 
 bool Qwen35MoeGpu::step_rows_top(std::span<const RowFeed> feeds, std::span<const std::span<const gpu::Penalty>> penalties, std::span<const int> k,
-                                 std::span<std::vector<std::pair<int32_t, float>>* const> tops) {
+                                 std::span<std::vector<std::pair<int32_t, float>>* const> tops, float* hidden) {
   Impl& m = *impl_;
   const int64_t V = m.model.config().vocab_size;
   if ((V + gpu::kTopKBlocks - 1) / gpu::kTopKBlocks * 8 > 48 * 1024) return false;
@@ -150,7 +150,7 @@ bool Qwen35MoeGpu::step_rows_top(std::span<const RowFeed> feeds, std::span<const
     if (k[r] < 0 || k[r] > gpu::kMaxTopK || static_cast<int64_t>(penalties[r].size()) > m.opts.max_context) return false;
   Impl::Batch b;
   const int64_t n = fill_rows(m, feeds, b);
-  m.run_rows(n, b, &m.logits_sink);
+  m.run_rows(n, b, &m.logits_sink, hidden);
   for (int64_t r = 0; r < n; ++r) {
     if (k[r] == 0) continue;
     float* row = m.blogits + r * V;

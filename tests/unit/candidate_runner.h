@@ -1,0 +1,83 @@
+// tests/unit/candidate_runner.h: a runner that picks the samplers' candidates itself (Runner::step_top)
+// from the rows of the runner it wraps, on the host with the plain definition (penalties applied, the k
+// best, ties to the lower id): what the GPU runner does on the device, so that the engine's candidate
+// paths (a draw from candidates, a verification from every row's candidates) run on any placement.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <memory>
+#include <numeric>
+#include <vector>
+
+#include "runtime/engine/runner.h"
+
+namespace tandem::test {
+
+class CandidateRunner final : public Runner {
+ public:
+  CandidateRunner(std::unique_ptr<Runner> inner, int64_t vocab) : in_(std::move(inner)), vocab_(vocab) {}
+  int slots() const override { return in_->slots(); }
+  void reset_slot(int slot) override { in_->reset_slot(slot); }
+  int64_t position(int slot) const override { return in_->position(slot); }
+  void step(std::span<const Feed> feeds) override {
+    in_->step(feeds);
+    ++row_steps;
+  }
+  void rollback(int slot, int64_t keep) override { in_->rollback(slot, keep); }
+  int max_draft() const override { return in_->max_draft(); }
+  void draft(int slot, int32_t next, std::span<int32_t> drafts, const DraftPick& pick) override { in_->draft(slot, next, drafts, pick); }
+  std::string describe() const override { return "candidates on the host over " + in_->describe(); }
+  int64_t max_context() const override { return in_->max_context(); }
+  double weight_bandwidth(std::string* what) override { return in_->weight_bandwidth(what); }
+
+  bool step_top(std::span<const Feed> feeds, std::span<const TopWant> want) override {
+    std::vector<std::vector<float>> rows(feeds.size());
+    std::vector<Feed> with_rows(feeds.begin(), feeds.end());
+    for (size_t i = 0; i < feeds.size(); ++i) {
+      const bool all = feeds[i].rows == Qwen35Moe::LogitRows::All;
+      rows[i].resize((all ? feeds[i].ids.size() : 1) * static_cast<size_t>(vocab_));
+      with_rows[i].logits = rows[i].data();
+    }
+    in_->step(with_rows);
+    size_t w = 0;
+    for (size_t i = 0; i < rows.size(); ++i)
+      for (size_t at = 0, t = 0; at < rows[i].size(); at += static_cast<size_t>(vocab_), ++w, ++t) {
+        pick(std::span(rows[i]).subspan(at, static_cast<size_t>(vocab_)), want[w]);
+        if (feeds[i].rows == Qwen35Moe::LogitRows::All) check_context(feeds[i].ids, t, want[w].penalties);
+      }
+    if (w != want.size()) ADD_FAILURE() << "step_top: " << want.size() << " wants for " << w << " wanted rows";
+    ++calls;
+    return true;
+  }
+  // Rows of a verification (an All feed) whose penalties miss a token fed before theirs in the same
+  // step (row t sees ids 1..t: the drafts before it), counted where the penalties name any id at all.
+  int rows_missing_context = 0;
+  int calls = 0;      // step_top steps run
+  int row_steps = 0;  // step() calls: steps that wanted the logits rows instead
+
+ private:
+  void pick(std::span<const float> logits, const TopWant& w) const {
+    std::vector<float> row(logits.begin(), logits.end());
+    for (const LogitPenalty& p : w.penalties) row[p.id] = p.apply(row[p.id]);
+    std::vector<int32_t> order(row.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + w.k, order.end(),
+                      [&](int32_t a, int32_t b) { return row[a] != row[b] ? row[a] > row[b] : a < b; });
+    w.top->clear();
+    for (int i = 0; i < w.k; ++i) w.top->push_back({order[i], row[order[i]]});
+  }
+  void check_context(std::span<const int32_t> ids, size_t t, std::span<const LogitPenalty> pen) {
+    if (pen.empty()) return;
+    for (size_t j = 1; j <= t; ++j)
+      if (std::none_of(pen.begin(), pen.end(), [&](const LogitPenalty& p) { return p.id == ids[j]; })) {
+        ++rows_missing_context;
+        return;
+      }
+  }
+  std::unique_ptr<Runner> in_;
+  int64_t vocab_;
+};
+
+}  // namespace tandem::test
