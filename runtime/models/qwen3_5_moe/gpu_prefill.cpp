@@ -146,15 +146,28 @@ bool Qwen35MoeGpu::Impl::prefill_layer(size_t li, float* hbuf, int64_t n, const 
   // Streamed: the layer's host experts run on the GPU from `streamed`, the host computes none.
   const bool split = L.cpu_experts && opts.host_experts && !streamed;
   if (split) hy.post_copy(px, ptopk_ids, ptopk_w, n, stream);
+  auto shared_down = [&](cudaStream_t on) {  // silu(gate) * up formed as the down GEMV reads it
+    for (int64_t t = 0; t < n; t += gpu::kMaxGemvTokens)
+      CK(gpu::gemv_bf16_swiglu(L.sh_down.w, L.sh_down.out, L.sh_down.in, psg + t * Is, psu + t * Is,
+                               static_cast<int>(std::min<int64_t>(gpu::kMaxGemvTokens, n - t)), psd + t * H, on));
+  };
+  // As in decode: the shared expert's down GEMV on the side stream, beside the routed experts
+  const bool beside = x_stacked && L.sh_down.bf16() && !split && !deferring();
+  if (beside) {
+    CK(cudaEventRecord(fork_ev, stream));
+    CK(cudaStreamWaitEvent(side, fork_ev, 0));
+    shared_down(side);
+    CK(cudaEventRecord(join_ev, side));
+  }
   gpu_experts(L, px, ptopk_ids, ptopk_w, n, pxh, phs, pmoe, streamed);
   if (!x_stacked) {
     linear_stack(L.sh_gate_up, {{&L.sh_gate, psg}, {&L.sh_up, psu}}, px, n, gemv);
     linear_rows(L.sh_expert_gate, px, n, psgate, gemv);
   }
-  if (gemv && L.sh_down.bf16()) {  // silu(gate) * up formed as the down GEMV reads it
-    for (int64_t t = 0; t < n; t += gpu::kMaxGemvTokens)
-      CK(gpu::gemv_bf16_swiglu(L.sh_down.w, L.sh_down.out, L.sh_down.in, psg + t * Is, psu + t * Is,
-                               static_cast<int>(std::min<int64_t>(gpu::kMaxGemvTokens, n - t)), psd + t * H, stream));
+  if (beside) {
+    CK(cudaStreamWaitEvent(stream, join_ev, 0));
+  } else if (gemv && L.sh_down.bf16()) {
+    shared_down(stream);
   } else {
     CK(gpu::silu_mul(psg, psu, n * Is, stream));
     linear_rows(L.sh_down, psg, n, psd, gemv);
