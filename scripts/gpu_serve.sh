@@ -50,6 +50,10 @@ for p in $placements; do
   echo; echo "## $p: tandem bench (prompt 512, 64 tokens, 2 repeats)" >> "$summary"
   timeout "$(left)" $T bench --model $m $flags --context $ctx --prompt-len 512 --gen 64 --repeat 2 > "$OUT/bench-$p.txt" 2>&1
   grep -A1 -E "^ +prompt +prefill" "$OUT/bench-$p.txt" >> "$summary"  # the table's header and its row
+  # the same placement with the server's slots (their KV caches and states come out of the experts' budget): B = 1 and B = slots
+  echo; echo "## $p: tandem bench --batch 1,$slots (the server's slots)" >> "$summary"
+  timeout "$(left)" $T bench --model $m $flags --context $ctx --prompt-len 512 --gen 64 --repeat 2 --batch "1,$slots" > "$OUT/bench-batch-$p.txt" 2>&1
+  tail -8 "$OUT/bench-batch-$p.txt" >> "$summary"
   $T serve --model $m $flags --context $ctx --slots "$slots" --port 0 2> "$OUT/serve-$p.log" &
   pid=$!
   url=""
