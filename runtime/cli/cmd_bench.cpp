@@ -228,11 +228,13 @@ Run run_drafted(Runner& runner, int64_t V, const Tokenizer& tok, int64_t prompt_
 
 // --verify-cost: what speculative decoding pays. After a random prompt, each repeat times one decode
 // step (one token) and, for each k, the runner's k drafts (where it drafts) and the step that verifies
-// them (k + 1 tokens that keep their states, every row's logits to the host, as the Batcher feeds it),
-// rolled back to one token. Medians in ms.
+// them (k + 1 tokens that keep their states), rolled back to one token; each step as the Batcher runs
+// a greedy request's: every wanted row's best id picked where the logits are when the runner can
+// (step_top), else the logits rows to the host. Medians in ms.
 struct VerifyCost {
   double decode_ms = 0;
   std::vector<double> verify_ms, draft_ms;  // per k; draft_ms -1 where the runner does not draft
+  bool on_device = false;                   // the steps' ids picked on the runner's side
 };
 
 VerifyCost measure_verify(Runner& r, int64_t V, int64_t prompt_len, const std::vector<int>& ks, int64_t repeat, uint64_t seed) {
@@ -244,14 +246,23 @@ VerifyCost measure_verify(Runner& r, int64_t V, int64_t prompt_len, const std::v
   for (auto& t : prompt) t = id(rng);
   const int kmax = *std::max_element(ks.begin(), ks.end());
   std::vector<float> rows(static_cast<size_t>(kmax + 1) * V);
+  std::vector<std::vector<std::pair<int32_t, float>>> tops(static_cast<size_t>(kmax + 1));
+  bool try_top = true;
+  auto run = [&](const Runner::Feed& f) {  // as the Batcher: candidates on the runner's side, else rows
+    std::vector<Runner::TopWant> want;
+    for (size_t i = 0; i < (f.rows == Qwen35Moe::LogitRows::All ? f.ids.size() : 1); ++i) want.push_back({{}, 1, &tops[i]});
+    if (try_top && r.step_top(std::span(&f, 1), want)) return;
+    try_top = false;
+    r.step(std::span(&f, 1));
+  };
   r.reset();
-  r.forward(prompt, rows.data(), Qwen35Moe::LogitRows::Last);
+  run({0, prompt, rows.data(), Qwen35Moe::LogitRows::Last, false});
   std::vector<double> dec;
   std::vector<std::vector<double>> ver(ks.size()), dra(ks.size());
   for (int64_t rep = -1; rep < repeat; ++rep) {  // rep -1: warm-up (graphs, caches)
     int32_t tok = id(rng);
     auto t0 = clock::now();
-    r.forward(std::span(&tok, 1), rows.data(), Qwen35Moe::LogitRows::Last);
+    run({0, std::span(&tok, 1), rows.data(), Qwen35Moe::LogitRows::Last, false});
     if (rep >= 0) dec.push_back(ms_since(t0));
     for (size_t i = 0; i < ks.size(); ++i) {
       std::vector<int32_t> feed(static_cast<size_t>(ks[i]) + 1);
@@ -261,14 +272,14 @@ VerifyCost measure_verify(Runner& r, int64_t V, int64_t prompt_len, const std::v
         r.draft(0, feed[0], std::span(feed).subspan(1), nullptr);
         if (rep >= 0) dra[i].push_back(ms_since(t0));
       }
-      const Runner::Feed f{0, feed, rows.data(), Qwen35Moe::LogitRows::All, true};
       t0 = clock::now();
-      r.step(std::span(&f, 1));
+      run({0, feed, rows.data(), Qwen35Moe::LogitRows::All, true});
       if (rep >= 0) ver[i].push_back(ms_since(t0));
       r.rollback(0, 1);
     }
   }
   VerifyCost c;
+  c.on_device = try_top;
   c.decode_ms = percentile(dec, 0.5);
   for (size_t i = 0; i < ks.size(); ++i) {
     c.verify_ms.push_back(percentile(ver[i], 0.5));
@@ -413,8 +424,8 @@ int cmd_bench(int argc, char** argv) {
     nlohmann::json rows = nlohmann::json::array();
     if (!json_out) {
       std::printf("tandem bench: %s\n%s\n", a.get("model").c_str(), runner->describe().c_str());
-      std::printf("verification cost after a %lld-token prompt (medians of %lld): decode step %.3f ms (%.1f tok/s)\n", (long long)L, (long long)repeat,
-                  c.decode_ms, 1e3 / c.decode_ms);
+      std::printf("verification cost after a %lld-token prompt (medians of %lld; greedy ids picked %s): decode step %.3f ms (%.1f tok/s)\n",
+                  (long long)L, (long long)repeat, c.on_device ? "on the device" : "from logits rows on the host", c.decode_ms, 1e3 / c.decode_ms);
       std::printf("%6s  %16s  %12s  %10s  %34s\n", "drafts", "verify step ms", "/decode", "draft ms", "speed-up at acceptance 0.6 / 0.8 / 0.9");
     }
     for (size_t i = 0; i < verify_ks.size(); ++i) {
@@ -436,7 +447,7 @@ int cmd_bench(int argc, char** argv) {
       std::printf("(n/a: this runner does not draft (--draft); its speed-ups count the verification step alone)\n");
     if (json_out) {
       const nlohmann::json j = {{"model", a.get("model")}, {"device", device}, {"prompt_len", L}, {"repeat", repeat},
-                                {"description", runner->describe()}, {"decode_ms", c.decode_ms}, {"verify", rows}};
+                                {"description", runner->describe()}, {"decode_ms", c.decode_ms}, {"ids_on_device", c.on_device}, {"verify", rows}};
       std::printf("%s\n", j.dump(2).c_str());
     }
     return 0;
