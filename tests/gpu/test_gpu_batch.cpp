@@ -11,6 +11,7 @@
 #include "runtime/models/qwen3_5_moe/gpu.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/unit/batch_cases.h"
+#include "tests/unit/candidate_runner.h"
 #include "tests/unit/fixture_util.h"
 #include "tests/unit/test_util.h"
 
@@ -121,21 +122,9 @@ TEST(GpuGenerateBatch, DeviceSamplingEqualsHostSampling) {
   TANDEM_REQUIRE_GPU();
   const test::TinyModel tiny;
   const std::vector<GenerateRequest> reqs = test::mixed_requests(tiny.tok, 5, 3);
-  struct RowsOnly final : Runner {  // declines step_top: the host samples from the rows
-    std::unique_ptr<Runner> inner;
-    int slots() const override { return inner->slots(); }
-    void reset_slot(int s) override { inner->reset_slot(s); }
-    int64_t position(int s) const override { return inner->position(s); }
-    void rollback(int s, int64_t k) override { inner->rollback(s, k); }
-    void step(std::span<const Feed> f) override { inner->step(f); }
-    std::string describe() const override { return inner->describe(); }
-    int64_t max_context() const override { return inner->max_context(); }
-    double weight_bandwidth(std::string* w) override { return inner->weight_bandwidth(w); }
-  };
   const auto make = factory(*tiny.model, false);
   auto device = make(4, 0);
-  RowsOnly host;
-  host.inner = make(4, 0);
+  test::RowsOnlyRunner host(make(4, 0));
   const auto a = generate_batch(*device, tiny.vocab, tiny.tok, reqs), b = generate_batch(host, tiny.vocab, tiny.tok, reqs);
   for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(a[i].tokens, b[i].tokens) << "request " << i;
 }

@@ -18,6 +18,7 @@
 #include "runtime/tokenizer/chat_template.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/unit/batch_cases.h"
+#include "tests/unit/candidate_runner.h"
 #include "tests/unit/fixture_util.h"
 #include "tests/unit/test_util.h"
 
@@ -180,6 +181,37 @@ TEST_P(GpuSpeculative, GreedyTokensAreTheTokensWithoutDrafts) {
         EXPECT_GT(got.drafts.verify_steps, 0) << name;
       }
     }
+  }
+}
+
+// Verification from each row's candidates picked on the device (step_top) against the same steps with
+// every row's logits on the host: the same tokens, request by request, in a batch of greedy and seeded
+// sampled requests with penalties (a verification row's penalties count the drafts before it).
+TEST_P(GpuSpeculative, DeviceCandidatesVerifyAsHostRows) {
+  TANDEM_REQUIRE_GPU();
+  const test::Fixture fx = test::load_fixture("gptq_sym_v1");
+  auto model = Qwen35Moe::load(fx.dir);
+  const Tokenizer tok = Tokenizer::from_model_dir(std::string(TANDEM_TEST_DATA) + "/demo");
+  std::vector<GenerateRequest> reqs;
+  for (int i = 0; i < 4; ++i) {
+    GenerateRequest q;
+    q.prompt.assign(fx.ids.begin(), fx.ids.begin() + 3 + i);
+    q.max_new_tokens = 16;
+    q.draft = 1 + i % 3;
+    q.sampling.temperature = i % 2 ? 0.8f : 0.0f;
+    q.sampling.top_k = 5;
+    q.sampling.presence_penalty = 1.5f;
+    q.sampling.repetition_penalty = 1.1f;
+    q.sampling.seeded = true;
+    q.sampling.seed = 11 + static_cast<uint64_t>(i);
+    reqs.push_back(q);
+  }
+  auto device = make_runner(*model, spec_options(*model, GetParam(), 3, 4));
+  test::RowsOnlyRunner host(make_runner(*model, spec_options(*model, GetParam(), 3, 4)));
+  const auto a = generate_batch(*device, fx.vocab, tok, reqs), b = generate_batch(host, fx.vocab, tok, reqs);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ(a[i].tokens, b[i].tokens) << "request " << i;
+    EXPECT_GT(a[i].drafts.verify_steps, 0) << "request " << i;
   }
 }
 

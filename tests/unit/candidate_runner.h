@@ -80,4 +80,24 @@ class CandidateRunner final : public Runner {
   int64_t vocab_;
 };
 
+// The other way round: a runner that declines step_top (its caller samples from the logits rows on the
+// host), over a runner that would pick candidates itself; drafting passes through.
+class RowsOnlyRunner final : public Runner {
+ public:
+  explicit RowsOnlyRunner(std::unique_ptr<Runner> inner) : in_(std::move(inner)) {}
+  int slots() const override { return in_->slots(); }
+  void reset_slot(int slot) override { in_->reset_slot(slot); }
+  int64_t position(int slot) const override { return in_->position(slot); }
+  void step(std::span<const Feed> feeds) override { in_->step(feeds); }
+  void rollback(int slot, int64_t keep) override { in_->rollback(slot, keep); }
+  int max_draft() const override { return in_->max_draft(); }
+  void draft(int slot, int32_t next, std::span<int32_t> drafts, const DraftPick& pick) override { in_->draft(slot, next, drafts, pick); }
+  std::string describe() const override { return "logits rows to the host from " + in_->describe(); }
+  int64_t max_context() const override { return in_->max_context(); }
+  double weight_bandwidth(std::string* what) override { return in_->weight_bandwidth(what); }
+
+ private:
+  std::unique_ptr<Runner> in_;
+};
+
 }  // namespace tandem::test
