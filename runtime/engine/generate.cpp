@@ -82,7 +82,7 @@ class Batcher::Live {
     const size_t rows = verifying ? feed_.size() : 1;
     tops_.resize(rows);
     for (size_t i = 0; i < rows; ++i) {
-      if (i == 0) {
+      if (i == 0 || !sampler_.penalised()) {  // no penalties: no context to copy
         pens.push_back(sampler_.penalties(context_, res_.tokens));
       } else {
         std::vector<int32_t> ctx(context_), gen(res_.tokens);

@@ -69,6 +69,8 @@ class Sampler {
   // (1 when greedy, top_k when set; 0: the whole row).
   std::vector<LogitPenalty> penalties(std::span<const int32_t> context, std::span<const int32_t> generated) const;
   int candidates_needed() const;
+  // Whether penalties() can name any id (a repetition, presence or frequency penalty is set).
+  bool penalised() const { return p_.repetition_penalty != 1.0f || p_.presence_penalty != 0.0f || p_.frequency_penalty != 0.0f; }
   // sample() from the best candidates_needed() penalised logits, given as (id, logit) in decreasing
   // logit order (ties: lower id first): the same draw as sample() on the whole row.
   int32_t sample_top(std::span<const std::pair<int32_t, float>> top);
