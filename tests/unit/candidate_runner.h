@@ -15,22 +15,34 @@
 
 namespace tandem::test {
 
-class CandidateRunner final : public Runner {
+// Everything passed through to the runner it wraps (the wrappers below change one thing each).
+class ForwardingRunner : public Runner {
  public:
-  CandidateRunner(std::unique_ptr<Runner> inner, int64_t vocab) : in_(std::move(inner)), vocab_(vocab) {}
+  explicit ForwardingRunner(std::unique_ptr<Runner> inner) : in_(std::move(inner)) {}
   int slots() const override { return in_->slots(); }
   void reset_slot(int slot) override { in_->reset_slot(slot); }
   int64_t position(int slot) const override { return in_->position(slot); }
+  void step(std::span<const Feed> feeds) override { in_->step(feeds); }
+  void rollback(int slot, int64_t keep) override { in_->rollback(slot, keep); }
+  int max_draft() const override { return in_->max_draft(); }
+  void draft(int slot, int32_t next, std::span<int32_t> drafts, const DraftPick& pick) override { in_->draft(slot, next, drafts, pick); }
+  std::string describe() const override { return in_->describe(); }
+  int64_t max_context() const override { return in_->max_context(); }
+  double weight_bandwidth(std::string* what) override { return in_->weight_bandwidth(what); }
+
+ protected:
+  std::unique_ptr<Runner> in_;
+};
+
+// The candidates picked on the host from the wrapped runner's rows (see the top of the file).
+class CandidateRunner final : public ForwardingRunner {
+ public:
+  CandidateRunner(std::unique_ptr<Runner> inner, int64_t vocab) : ForwardingRunner(std::move(inner)), vocab_(vocab) {}
   void step(std::span<const Feed> feeds) override {
     in_->step(feeds);
     ++row_steps;
   }
-  void rollback(int slot, int64_t keep) override { in_->rollback(slot, keep); }
-  int max_draft() const override { return in_->max_draft(); }
-  void draft(int slot, int32_t next, std::span<int32_t> drafts, const DraftPick& pick) override { in_->draft(slot, next, drafts, pick); }
   std::string describe() const override { return "candidates on the host over " + in_->describe(); }
-  int64_t max_context() const override { return in_->max_context(); }
-  double weight_bandwidth(std::string* what) override { return in_->weight_bandwidth(what); }
 
   bool step_top(std::span<const Feed> feeds, std::span<const TopWant> want) override {
     std::vector<std::vector<float>> rows(feeds.size());
@@ -76,28 +88,15 @@ class CandidateRunner final : public Runner {
         return;
       }
   }
-  std::unique_ptr<Runner> in_;
   int64_t vocab_;
 };
 
 // The other way round: a runner that declines step_top (its caller samples from the logits rows on the
 // host), over a runner that would pick candidates itself; drafting passes through.
-class RowsOnlyRunner final : public Runner {
+class RowsOnlyRunner final : public ForwardingRunner {
  public:
-  explicit RowsOnlyRunner(std::unique_ptr<Runner> inner) : in_(std::move(inner)) {}
-  int slots() const override { return in_->slots(); }
-  void reset_slot(int slot) override { in_->reset_slot(slot); }
-  int64_t position(int slot) const override { return in_->position(slot); }
-  void step(std::span<const Feed> feeds) override { in_->step(feeds); }
-  void rollback(int slot, int64_t keep) override { in_->rollback(slot, keep); }
-  int max_draft() const override { return in_->max_draft(); }
-  void draft(int slot, int32_t next, std::span<int32_t> drafts, const DraftPick& pick) override { in_->draft(slot, next, drafts, pick); }
+  using ForwardingRunner::ForwardingRunner;
   std::string describe() const override { return "logits rows to the host from " + in_->describe(); }
-  int64_t max_context() const override { return in_->max_context(); }
-  double weight_bandwidth(std::string* what) override { return in_->weight_bandwidth(what); }
-
- private:
-  std::unique_ptr<Runner> in_;
 };
 
 }  // namespace tandem::test

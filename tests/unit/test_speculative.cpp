@@ -160,15 +160,10 @@ TEST_P(Speculative, BatchedRequestsWithDraftsGetTheirTokensAlone) {
 
 // A drafter that knows the greedy answer (`truth`: prompt and reply) and spoils the draft at
 // position `wrong` of every other call: the accepting side of verification and rollback.
-class OracleRunner final : public Runner {
+class OracleRunner final : public test::ForwardingRunner {
  public:
   OracleRunner(std::unique_ptr<Runner> inner, std::vector<int32_t> truth, int draft, int wrong, int64_t vocab)
-      : in_(std::move(inner)), truth_(std::move(truth)), draft_(draft), wrong_(wrong), vocab_(vocab) {}
-  int slots() const override { return in_->slots(); }
-  void reset_slot(int slot) override { in_->reset_slot(slot); }
-  int64_t position(int slot) const override { return in_->position(slot); }
-  void step(std::span<const Feed> feeds) override { in_->step(feeds); }
-  void rollback(int slot, int64_t keep) override { in_->rollback(slot, keep); }
+      : ForwardingRunner(std::move(inner)), truth_(std::move(truth)), draft_(draft), wrong_(wrong), vocab_(vocab) {}
   int max_draft() const override { return draft_; }
   void draft(int slot, int32_t next, std::span<int32_t> drafts, const DraftPick&) override {
     const int64_t at = in_->position(slot);  // next sits at truth_[at]
@@ -181,12 +176,9 @@ class OracleRunner final : public Runner {
     ++calls_;
   }
   std::string describe() const override { return "oracle drafts over " + in_->describe(); }
-  int64_t max_context() const override { return in_->max_context(); }
-  double weight_bandwidth(std::string* what) override { return in_->weight_bandwidth(what); }
   int calls_ = 0;
 
  private:
-  std::unique_ptr<Runner> in_;
   std::vector<int32_t> truth_;
   int draft_, wrong_;
   int64_t vocab_;
