@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <array>
 #include <initializer_list>
 #include <span>
 #include <vector>
@@ -51,7 +52,6 @@ struct DevLinear {
 // Projections that read the same input, stored back to back in one bf16 block, as one matrix of
 // their rows stacked (one decode launch instead of one per projection); out = 0 when they can't be
 // (an int4 member, a different input width, rows not a multiple of 4, or not adjacent in the arena).
-DevLinear stack_rows(std::initializer_list<const DevLinear*> parts);
 DevLinear stack_rows(std::span<const DevLinear* const> parts);
 
 struct DevLayer {
@@ -275,9 +275,10 @@ struct Qwen35MoeGpu::Impl {
                    const gpu::Int4Expert* table = nullptr);
 
   // y [n, out] = x [n, in] W^T for a chunk of tokens: cuBLAS for bf16 and 8-bit rows (their codes as
-  // bf16, gpu::gemm_rows8; with `gemv` the GEMVs instead, n <= gpu::kMaxGemvTokens), the int4 GEMV 8
-  // tokens at a time.
+  // bf16, gpu::gemm_rows8; with `gemv` the GEMVs instead), the int4 GEMV 8 tokens at a time.
   void linear_rows(const DevLinear& L, const float* in, int64_t n, float* out, bool gemv = false);
+  // The GEMV of a bf16 or 8-bit matrix (a stack too) over n tokens, 8 a launch, its outputs laid out by `out`.
+  void gemv_rows(const DevLinear& L, const float* in, int64_t n, const gpu::RowsOut& out);
   // A stacked projection's members (stack: DevLayer::in_proj, x_proj, sh_gate_up; out 0: not stacked)
   // each into its own rows: with `gemv` one GEMV launch for the stack, else linear_rows member by member.
   struct StackMember {

@@ -8,6 +8,16 @@
 
 namespace tandem {
 
+namespace {
+
+// f(t, T) for the tokens t .. t + T - 1 of n, T at most what one decode-kernel launch takes.
+template <typename F>
+void each_launch(int64_t n, F&& f) {
+  for (int64_t t = 0; t < n; t += gpu::kMaxGemvTokens) f(t, static_cast<int>(std::min<int64_t>(gpu::kMaxGemvTokens, n - t)));
+}
+
+}  // namespace
+
 // GPU-resident experts into `out` (the kernels skip the host-resident ones); xh / hs are scratch.
 void Qwen35MoeGpu::Impl::gpu_experts(const DevLayer& L, const float* x_dev, const int32_t* ids_dev, const float* w_dev, int64_t n, uint16_t* xh_buf, void* hs, float* out,
                                      const gpu::Int4Expert* table) {
@@ -22,8 +32,7 @@ void Qwen35MoeGpu::Impl::gpu_experts(const DevLayer& L, const float* x_dev, cons
     return;
   }
   // The decode kernels take up to kMaxGemvTokens tokens per launch (bf16 experts of a prompt chunk go in blocks).
-  for (int64_t t = 0; t < n; t += gpu::kMaxGemvTokens) {
-    const int T = static_cast<int>(std::min<int64_t>(gpu::kMaxGemvTokens, n - t));
+  each_launch(n, [&](int64_t t, int T) {
     const float* x = x_dev + t * H;
     const int32_t* ids = ids_dev + t * k;
     const float* w = w_dev + t * k;
@@ -37,15 +46,14 @@ void Qwen35MoeGpu::Impl::gpu_experts(const DevLayer& L, const float* x_dev, cons
     } else {
       CK(gpu::moe_bf16_decode(L.experts_bf16, H, I, ids, w, T, k, x, static_cast<float*>(hs), out + t * H, stream));
     }
-  }
+  });
 }
 
 // y [n, out] = x [n, in] W^T for a chunk of tokens: cuBLAS for bf16 and 8-bit rows, the int4 GEMV 8
 // tokens at a time; with `gemv` (a batched step's few rows) the GEMVs for bf16 and 8-bit rows too.
 void Qwen35MoeGpu::Impl::linear_rows(const DevLinear& L, const float* in, int64_t n, float* out, bool gemv) {
-  if (L.rows8 && gemv) {  // the W8A16 GEMV 8 tokens at a time
-    for (int64_t t = 0; t < n; t += gpu::kMaxGemvTokens)
-      CK(gpu::gemv_rows8(L.q8, in + t * L.in, static_cast<int>(std::min<int64_t>(gpu::kMaxGemvTokens, n - t)), out + t * L.out, stream));
+  if (!L.int4 && gemv) {
+    gemv_rows(L, in, n, gpu::RowsOut::one(out, L.out));
     return;
   }
   if (L.rows8) {  // a prompt chunk: the codes as bf16 on cuBLAS, each output scaled by its row's
@@ -53,20 +61,24 @@ void Qwen35MoeGpu::Impl::linear_rows(const DevLinear& L, const float* in, int64_
     CK(gpu::gemm_rows8(blas, L.q8, in, n, psplit, prows8, out, stream));
     return;
   }
-  if (!L.int4 && gemv) {
-    for (int64_t t = 0; t < n; t += gpu::kMaxGemvTokens)
-      CK(gpu::gemv_bf16(L.w, L.out, L.in, in + t * L.in, static_cast<int>(std::min<int64_t>(gpu::kMaxGemvTokens, n - t)), out + t * L.out, stream));
-    return;
-  }
   if (!L.int4) {
     CK(gpu::gemm_bf16(blas, L.w, L.out, L.in, in, n, psplit, out, stream));
     return;
   }
-  for (int64_t t = 0; t < n; t += gpu::kMaxGemvTokens) {
-    const int m = static_cast<int>(std::min<int64_t>(gpu::kMaxGemvTokens, n - t));
-    CK(gpu::gather_x_half(in + t * L.in, L.q.perm, L.in, m, pxh, stream));
-    CK(gpu::gemv_int4(L.q, pxh, m, out + t * L.out, stream));
-  }
+  each_launch(n, [&](int64_t t, int T) {
+    CK(gpu::gather_x_half(in + t * L.in, L.q.perm, L.in, T, pxh, stream));
+    CK(gpu::gemv_int4(L.q, pxh, T, out + t * L.out, stream));
+  });
+}
+
+// A bf16 or 8-bit matrix's GEMV over n tokens, 8 a launch, into `out` (its parts' rows [n, part rows]).
+void Qwen35MoeGpu::Impl::gemv_rows(const DevLinear& L, const float* in, int64_t n, const gpu::RowsOut& out) {
+  each_launch(n, [&](int64_t t, int T) {
+    gpu::RowsOut o = out;  // each part's rows from token t
+    for (int s = 0; s < o.parts; ++s) o.dst[s] += t * (out.end[s] - (s ? out.end[s - 1] : 0));
+    if (L.rows8) CK(gpu::gemv_rows8(L.q8, in + t * L.in, T, o, stream));
+    else CK(gpu::gemv_bf16(L.w, L.out, L.in, in + t * L.in, T, o, stream));
+  });
 }
 
 // The members of a stacked projection (DevLayer::in_proj, x_proj, sh_gate_up) for n tokens, each into
@@ -74,10 +86,11 @@ void Qwen35MoeGpu::Impl::linear_rows(const DevLinear& L, const float* in, int64_
 // tokens, its outputs split by member (gpu::RowsOut); else, or with no stack, member by member.
 void Qwen35MoeGpu::Impl::linear_stack(const DevLinear& stack, std::initializer_list<StackMember> members, const float* in, int64_t n,
                                       bool gemv) {
-  if (!gemv || !stack.out || stack.int4 || members.size() > static_cast<size_t>(gpu::RowsOut::kMaxParts)) {
+  if (!gemv || !stack.out) {
     for (const StackMember& m : members) linear_rows(*m.part, in, n, m.out, gemv);
     return;
   }
+  if (members.size() > static_cast<size_t>(gpu::RowsOut::kMaxParts)) fail("internal: a stack of ", members.size(), " members");
   gpu::RowsOut o;
   for (const StackMember& m : members) {
     o.dst[o.parts] = m.out;
@@ -85,13 +98,7 @@ void Qwen35MoeGpu::Impl::linear_stack(const DevLinear& stack, std::initializer_l
     ++o.parts;
   }
   if (o.end[o.parts - 1] != stack.out) fail("internal: a stack of ", stack.out, " rows read as members of ", o.end[o.parts - 1]);
-  for (int64_t t = 0; t < n; t += gpu::kMaxGemvTokens) {
-    const int T = static_cast<int>(std::min<int64_t>(gpu::kMaxGemvTokens, n - t));
-    gpu::RowsOut ot = o;  // the rows of tokens t..: each member's [t, 0]
-    for (int s = 0; s < o.parts; ++s) ot.dst[s] += t * (o.end[s] - (s ? o.end[s - 1] : 0));
-    if (stack.rows8) CK(gpu::gemv_rows8(stack.q8, in + t * stack.in, T, ot, stream));
-    else CK(gpu::gemv_bf16(stack.w, stack.out, stack.in, in + t * stack.in, T, ot, stream));
-  }
+  gemv_rows(stack, in, n, o);
 }
 
 // One layer of batched prefill for n tokens whose hidden states are h [n, H] (updated in place) at
@@ -147,9 +154,9 @@ bool Qwen35MoeGpu::Impl::prefill_layer(size_t li, float* hbuf, int64_t n, const 
   const bool split = L.cpu_experts && opts.host_experts && !streamed;
   if (split) hy.post_copy(px, ptopk_ids, ptopk_w, n, stream);
   auto shared_down = [&](cudaStream_t on) {  // silu(gate) * up formed as the down GEMV reads it
-    for (int64_t t = 0; t < n; t += gpu::kMaxGemvTokens)
-      CK(gpu::gemv_bf16_swiglu(L.sh_down.w, L.sh_down.out, L.sh_down.in, psg + t * Is, psu + t * Is,
-                               static_cast<int>(std::min<int64_t>(gpu::kMaxGemvTokens, n - t)), psd + t * H, on));
+    each_launch(n, [&](int64_t t, int T) {
+      CK(gpu::gemv_bf16_swiglu(L.sh_down.w, L.sh_down.out, L.sh_down.in, psg + t * Is, psu + t * Is, T, psd + t * H, on));
+    });
   };
   // As in decode: the shared expert's down GEMV on the side stream, beside the routed experts
   const bool beside = x_stacked && L.sh_down.bf16() && !split && !deferring();
