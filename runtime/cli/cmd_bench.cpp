@@ -110,20 +110,25 @@ class Greedy {
   void step(std::span<const Seq> seqs, std::vector<int32_t>& next) {
     const size_t n = seqs.size();
     rows_.resize(n * static_cast<size_t>(vocab_));
-    tops_.resize(n);
     std::vector<Runner::Feed> feeds;
+    for (size_t i = 0; i < n; ++i) feeds.push_back({seqs[i].first, seqs[i].second, rows_.data() + i * vocab_, Qwen35Moe::LogitRows::Last, false});
+    run(feeds);
+    for (size_t i = 0; i < n; ++i)
+      next[seqs[i].first] = on_device_ ? tops_[i][0].first : sampler_.sample(std::span(rows_.data() + i * vocab_, vocab_), {}, {});
+  }
+  // Any feeds (a verification's All rows too), as the Batcher runs a greedy request's: every wanted
+  // row's best id picked where the logits are, else the rows to the feeds' logits.
+  void run(std::span<const Runner::Feed> feeds) {
+    size_t wanted = 0;
+    for (const Runner::Feed& f : feeds) wanted += f.rows == Qwen35Moe::LogitRows::All ? f.ids.size() : 1;
+    tops_.resize(wanted);
     std::vector<Runner::TopWant> want;
-    for (size_t i = 0; i < n; ++i) {
-      feeds.push_back({seqs[i].first, seqs[i].second, rows_.data() + i * vocab_, Qwen35Moe::LogitRows::Last, false});
-      want.push_back({{}, 1, &tops_[i]});
-    }
+    for (size_t i = 0; i < wanted; ++i) want.push_back({{}, 1, &tops_[i]});
     on_device_ = try_top_ && runner_.step_top(feeds, want);
     if (!on_device_) {
       try_top_ = false;
       runner_.step(feeds);
     }
-    for (size_t i = 0; i < n; ++i)
-      next[seqs[i].first] = on_device_ ? tops_[i][0].first : sampler_.sample(std::span(rows_.data() + i * vocab_, vocab_), {}, {});
   }
   bool on_device() const { return on_device_; }
 
@@ -246,15 +251,8 @@ VerifyCost measure_verify(Runner& r, int64_t V, int64_t prompt_len, const std::v
   for (auto& t : prompt) t = id(rng);
   const int kmax = *std::max_element(ks.begin(), ks.end());
   std::vector<float> rows(static_cast<size_t>(kmax + 1) * V);
-  std::vector<std::vector<std::pair<int32_t, float>>> tops(static_cast<size_t>(kmax + 1));
-  bool try_top = true;
-  auto run = [&](const Runner::Feed& f) {  // as the Batcher: candidates on the runner's side, else rows
-    std::vector<Runner::TopWant> want;
-    for (size_t i = 0; i < (f.rows == Qwen35Moe::LogitRows::All ? f.ids.size() : 1); ++i) want.push_back({{}, 1, &tops[i]});
-    if (try_top && r.step_top(std::span(&f, 1), want)) return;
-    try_top = false;
-    r.step(std::span(&f, 1));
-  };
+  Greedy greedy(r, V);
+  auto run = [&](const Runner::Feed& f) { greedy.run(std::span(&f, 1)); };
   r.reset();
   run({0, prompt, rows.data(), Qwen35Moe::LogitRows::Last, false});
   std::vector<double> dec;
@@ -279,7 +277,7 @@ VerifyCost measure_verify(Runner& r, int64_t V, int64_t prompt_len, const std::v
     }
   }
   VerifyCost c;
-  c.on_device = try_top;
+  c.on_device = greedy.on_device();
   c.decode_ms = percentile(dec, 0.5);
   for (size_t i = 0; i < ks.size(); ++i) {
     c.verify_ms.push_back(percentile(ver[i], 0.5));

@@ -81,14 +81,17 @@ class Batcher::Live {
   void wants(bool verifying, std::deque<std::vector<LogitPenalty>>& pens, std::vector<Runner::TopWant>& want) {
     const size_t rows = verifying ? feed_.size() : 1;
     tops_.resize(rows);
-    for (size_t i = 0; i < rows; ++i) {
-      if (i == 0 || !sampler_.penalised()) {  // no penalties: no context to copy
-        pens.push_back(sampler_.penalties(context_, res_.tokens));
-      } else {
-        std::vector<int32_t> ctx(context_), gen(res_.tokens);
-        ctx.insert(ctx.end(), drafts_.begin(), drafts_.begin() + static_cast<std::ptrdiff_t>(i));
-        gen.insert(gen.end(), drafts_.begin(), drafts_.begin() + static_cast<std::ptrdiff_t>(i));
+    pens.push_back(sampler_.penalties(context_, res_.tokens));
+    want.push_back({pens.back(), candidates(), &tops_[0]});
+    if (rows == 1) return;
+    std::vector<int32_t> ctx, gen;  // the context as it is when the drafts before the row are accepted (penalties only)
+    if (sampler_.penalised()) ctx = context_, gen = res_.tokens;
+    for (size_t i = 1; i < rows; ++i) {
+      if (sampler_.penalised()) {
+        ctx.push_back(drafts_[i - 1]), gen.push_back(drafts_[i - 1]);
         pens.push_back(sampler_.penalties(ctx, gen));
+      } else {
+        pens.emplace_back();  // no penalties: none to name
       }
       want.push_back({pens.back(), candidates(), &tops_[i]});
     }

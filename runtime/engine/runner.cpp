@@ -289,9 +289,9 @@ class GpuRunner final : public Runner, private MtpDevice {
           const bool all = f->rows == Qwen35Moe::LogitRows::All;
           std::copy_n(rows_.data() + (r + (all ? 0 : n - 1)) * vocab_, (all ? n : 1) * vocab_, f->logits);
         }
-        if (drafting) mtp_[f->slot].fed(f->ids, hidden_.data() + r * hidden_size_, f->keep_states);
         r += n;
       }
+      if (drafting) hand_hidden(members);
       group.clear(), members.clear(), tokens = 0;
     };
     // Drafting, a feed on the one-sequence paths (one token: the decode graph; a prompt: its chunks)
@@ -373,11 +373,7 @@ class GpuRunner final : public Runner, private MtpDevice {
         return false;  // only the first can decline (the logits' size), before anything ran
       }
       ran = true;
-      int64_t r = 0;
-      for (const Feed* f : members) {
-        if (drafting) mtp_[f->slot].fed(f->ids, hidden_.data() + r * hidden_size_, f->keep_states);
-        r += static_cast<int64_t>(f->ids.size());
-      }
+      if (drafting) hand_hidden(members);
       group.clear(), members.clear(), pens.clear(), ks.clear(), tops.clear();
       return true;
     };
@@ -436,6 +432,14 @@ class GpuRunner final : public Runner, private MtpDevice {
   }
 
  private:
+  // Drafting: a step's hidden rows (hidden_, in member order) to each member's head.
+  void hand_hidden(std::span<const Feed* const> members) {
+    int64_t r = 0;
+    for (const Feed* f : members) {
+      mtp_[f->slot].fed(f->ids, hidden_.data() + r * hidden_size_, f->keep_states);
+      r += static_cast<int64_t>(f->ids.size());
+    }
+  }
   std::shared_ptr<const placement::Plan> placement_;  // null: everything on the GPU
   void mtp_rows(int slot, int64_t at, std::span<const int32_t> ids, const float* hidden, float* logits, int32_t* argmax,
                 float* hidden_out) override {

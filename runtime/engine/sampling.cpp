@@ -227,20 +227,19 @@ int32_t Sampler::sample(std::span<const float> logits, std::span<const int32_t> 
   return draw(distribution(logits, context, generated));
 }
 
-int32_t Sampler::sample_top(std::span<const std::pair<int32_t, float>> top) {
-  if (p_.temperature == 0.0f) {
-    if (top.empty()) fail("sampling: no candidates given, the draw needs the best 1");
-    return top[0].first;
-  }
-  return draw(distribution_top(top));
-}
-
-std::vector<std::pair<int32_t, double>> Sampler::distribution_top(std::span<const std::pair<int32_t, float>> top) const {
+std::span<const std::pair<int32_t, float>> Sampler::needed(std::span<const std::pair<int32_t, float>> top) const {
   const int need = candidates_needed();
   if (need < 1 || static_cast<int>(top.size()) < need)
     fail("sampling: ", top.size(), " candidates given, the draw needs the best ", need);
-  return filtered(top.first(static_cast<size_t>(need)));
+  return top.first(static_cast<size_t>(need));
 }
+
+int32_t Sampler::sample_top(std::span<const std::pair<int32_t, float>> top) {
+  const auto best = needed(top);
+  return p_.temperature == 0.0f ? best[0].first : draw(filtered(best));
+}
+
+std::vector<std::pair<int32_t, double>> Sampler::distribution_top(std::span<const std::pair<int32_t, float>> top) const { return filtered(needed(top)); }
 
 std::pair<bool, int32_t> Sampler::verify_draft(const Dist& p, const Dist& q, int32_t d) {
   auto prob = [](const Dist& dist, int32_t id) {

@@ -91,6 +91,8 @@ class Sampler {
  private:
   // The k best (id, penalised logit) pairs of a whole row, decreasing (ties: lower id first); one pass.
   static std::vector<std::pair<int32_t, float>> best(std::span<const float> logits, const std::vector<LogitPenalty>& pen, int64_t k);
+  // The first candidates_needed() of `top` (tandem::Error when it has fewer).
+  std::span<const std::pair<int32_t, float>> needed(std::span<const std::pair<int32_t, float>> top) const;
   // Temperature softmax over sorted candidates (already cut to top-k), then top-p and min-p.
   std::vector<std::pair<int32_t, double>> filtered(std::span<const std::pair<int32_t, float>> top) const;
   int32_t draw(const std::vector<std::pair<int32_t, double>>& dist);
