@@ -68,5 +68,7 @@ for p in $placements; do
   echo; echo "$p through the server (bench/serve_load.py: ~500-token prompts, 64 tokens, ignore_eos, greedy)" >> "$summary"
   timeout "$(left)" python3 bench/serve_load.py --url "$url" --streams "$streams" --requests 2 --max-tokens 64 --prompt-words 450 >> "$summary" 2> "$OUT/load-$p.err"
   kill -TERM $pid; wait $pid; echo "server exit: $?" >> "$summary"
+  echo "the server's own clock, its first requests (the one-stream level when STREAMS starts with 1):" >> "$summary"
+  grep "tandem serve: " "$OUT/serve-$p.log" | head -2 >> "$summary"
 done
 echo "total $(( $(date +%s) - t0 )) s" >> "$summary"
