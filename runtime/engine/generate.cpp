@@ -84,10 +84,11 @@ class Batcher::Live {
     pens.push_back(sampler_.penalties(context_, res_.tokens));
     want.push_back({pens.back(), candidates(), &tops_[0]});
     if (rows == 1) return;
+    const bool penalised = sampler_.penalised();
     std::vector<int32_t> ctx, gen;  // the context as it is when the drafts before the row are accepted (penalties only)
-    if (sampler_.penalised()) ctx = context_, gen = res_.tokens;
+    if (penalised) ctx = context_, gen = res_.tokens;
     for (size_t i = 1; i < rows; ++i) {
-      if (sampler_.penalised()) {
+      if (penalised) {
         ctx.push_back(drafts_[i - 1]), gen.push_back(drafts_[i - 1]);
         pens.push_back(sampler_.penalties(ctx, gen));
       } else {

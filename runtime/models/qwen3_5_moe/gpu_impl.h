@@ -8,7 +8,6 @@
 
 #include <cstdint>
 #include <functional>
-#include <array>
 #include <initializer_list>
 #include <span>
 #include <vector>

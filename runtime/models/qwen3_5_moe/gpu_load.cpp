@@ -307,7 +307,8 @@ DevLayer Qwen35MoeGpu::Impl::upload_layer(Uploader& up, const LayerWeights& L, i
   d.sh_gate_up = upload_stacked(up, {&m.shared_gate, &m.shared_up}, q8_shared, {&d.sh_gate, &d.sh_up});  // one GEMV into sg|su
   d.sh_expert_gate = upload_linear(up, m.shared_expert_gate, Kind::Dense);  // before sh_down: stacked with the three above
   d.sh_down = upload_linear(up, m.shared_down, Kind::Dense, q8_shared);
-  d.x_proj = stack_rows(std::array<const DevLinear*, 4>{&d.router, &d.sh_gate, &d.sh_up, &d.sh_expert_gate});
+  const DevLinear* x_parts[] = {&d.router, &d.sh_gate, &d.sh_up, &d.sh_expert_gate};
+  d.x_proj = stack_rows(x_parts);
   d.int4_experts = m.gate[0].kind == LinearWeight::Kind::Gptq;
   d.expert_group = d.int4_experts ? m.gate[0].gptq.group_size : 0;
   std::vector<gpu::Int4Expert> i4(E);
