@@ -398,24 +398,36 @@ void Batcher::step() {
     }
     who.push_back(l);
   }
-  if (!who.empty()) {
-    const bool top = run(who, ids, verify);
-    for (size_t i = 0; i < who.size(); ++i) {
-      if (who[i]->prefilling()) {  // its prompt's last chunk went in this step
-        who[i]->fed(static_cast<int64_t>(ids[i].size()));
-        who[i]->prefilled();
-        if (who[i]->done()) continue;
+  // A runner that keeps one step's states at a time: the second and later verifications in steps of
+  // their own, each rolled back before the next (a kept step goes alone there anyway).
+  size_t from = 0;
+  while (from < who.size()) {
+    size_t to = who.size();
+    if (!runner_.keeps_several()) {
+      bool one = false;
+      for (to = from; to < who.size() && !(verify[to] && one); ++to) one = one || verify[to];
+    }
+    const std::vector<Live*> w(who.begin() + from, who.begin() + to);
+    const std::vector<std::span<const int32_t>> d(ids.begin() + from, ids.begin() + to);
+    const std::vector<uint8_t> v(verify.begin() + from, verify.begin() + to);
+    const bool top = run(w, d, v);
+    for (size_t i = 0; i < w.size(); ++i) {
+      if (w[i]->prefilling()) {  // its prompt's last chunk went in this step
+        w[i]->fed(static_cast<int64_t>(d[i].size()));
+        w[i]->prefilled();
+        if (w[i]->done()) continue;
       }
       int64_t kept = 1;
-      if (verify[i]) runner_.rollback(who[i]->slot(), kept = who[i]->verify(top));
-      else who[i]->take_next(top);
+      if (v[i]) runner_.rollback(w[i]->slot(), kept = w[i]->verify(top));
+      else w[i]->take_next(top);
       if (timed) {
-        const int k = verify[i] ? who[i]->last_drafts() : 0;
+        const int k = v[i] ? w[i]->last_drafts() : 0;
         runner_.draft_tuner()->record(k, static_cast<int>(std::clamp<int64_t>(kept - 1, 0, k)),
                                       std::chrono::duration<double>(Clock::now() - t0).count());
       }
-      checkpoint(*who[i]);
+      checkpoint(*w[i]);
     }
+    from = to;
   }
   retire();
 }

@@ -236,6 +236,7 @@ class GpuRunner final : public Runner, private MtpDevice {
     gpu_->rollback(slot, keep);
     if (draft_ > 0) mtp_[slot].rolled_back(keep);
   }
+  bool keeps_several() const override { return false; }  // Qwen35MoeGpu::rollback: the last kept step only
   int max_draft() const override { return draft_; }
   void draft(int slot, int32_t next, std::span<int32_t> drafts, const DraftPick& pick) override {
     if (draft_ == 0) return Runner::draft(slot, next, drafts, pick);

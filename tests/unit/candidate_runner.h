@@ -24,6 +24,7 @@ class ForwardingRunner : public Runner {
   int64_t position(int slot) const override { return in_->position(slot); }
   void step(std::span<const Feed> feeds) override { in_->step(feeds); }
   void rollback(int slot, int64_t keep) override { in_->rollback(slot, keep); }
+  bool keeps_several() const override { return in_->keeps_several(); }
   int max_draft() const override { return in_->max_draft(); }
   void draft(int slot, int32_t next, std::span<int32_t> drafts, const DraftPick& pick) override { in_->draft(slot, next, drafts, pick); }
   std::string describe() const override { return in_->describe(); }
@@ -97,6 +98,33 @@ class RowsOnlyRunner final : public ForwardingRunner {
  public:
   using ForwardingRunner::ForwardingRunner;
   std::string describe() const override { return "logits rows to the host from " + in_->describe(); }
+};
+
+// A runner that remembers one kept step at a time, as the GPU model does (keeps_several() false): a
+// failure for a step with two feeds that keep their states, or a rollback of any but the last step.
+class OneKeptStepRunner final : public ForwardingRunner {
+ public:
+  using ForwardingRunner::ForwardingRunner;
+  bool keeps_several() const override { return false; }
+  void step(std::span<const Feed> feeds) override {
+    kept_ = -1;
+    for (const Feed& f : feeds)
+      if (f.keep_states) {
+        if (kept_ >= 0) ADD_FAILURE() << "slots " << kept_ << " and " << f.slot << " keep their states in one step";
+        kept_ = f.slot;
+        ++kept_steps;
+      }
+    in_->step(feeds);
+  }
+  void rollback(int slot, int64_t keep) override {
+    if (slot != kept_) ADD_FAILURE() << "rollback of slot " << slot << " after a step that kept " << (kept_ < 0 ? "nothing" : "another slot's states");
+    kept_ = -1;
+    in_->rollback(slot, keep);
+  }
+  int kept_steps = 0;
+
+ private:
+  int kept_ = -1;  // the slot the last step kept, -1: none
 };
 
 }  // namespace tandem::test

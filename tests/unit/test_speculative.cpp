@@ -141,20 +141,29 @@ TEST_P(Speculative, GreedyTokensAreTheTokensWithoutDrafts) {
   }
 }
 
-// Greedy requests with different drafts in one batch: each gets its tokens alone without drafts.
+// Greedy requests with different drafts in one batch: each gets its tokens alone without drafts, on a
+// runner that keeps several steps' states and on one that keeps one at a time (the GPU's way: each
+// verification in a step of its own, rolled back before the next).
 TEST_P(Speculative, BatchedRequestsWithDraftsGetTheirTokensAlone) {
   const test::TinyModel& m = tiny();
   auto plain = host_runner(*m.model, GetParam(), 0);
-  auto spec = host_runner(*m.model, GetParam(), 3, 4);
   const char* prompts[] = {"experts", "a longer prompt than the others, with commas", "five", "x y z"};
   std::vector<GenerateRequest> reqs;
   for (int i = 0; i < 4; ++i) reqs.push_back(greedy_request(prompts[i], 9 + 3 * i, i % 4));  // drafts 0, 1, 2, 3
-  const std::vector<GenerateResult> got = generate_batch(*spec, m.vocab, m.tok, reqs);
-  for (int i = 0; i < 4; ++i) {
-    GenerateRequest alone = reqs[i];
-    alone.draft = 0;
-    EXPECT_EQ(got[i].tokens, generate(*plain, m.vocab, m.tok, alone).tokens) << "request " << i;
-    EXPECT_EQ(got[i].drafts.verify_steps > 0, i > 0) << "request " << i;
+  for (bool one_kept : {false, true}) {
+    auto spec = host_runner(*m.model, GetParam(), 3, 4);
+    test::OneKeptStepRunner one(host_runner(*m.model, GetParam(), 3, 4));
+    Runner& r = one_kept ? one : *spec;
+    const std::vector<GenerateResult> got = generate_batch(r, m.vocab, m.tok, reqs);
+    int64_t verifications = 0;
+    for (int i = 0; i < 4; ++i) {
+      GenerateRequest alone = reqs[i];
+      alone.draft = 0;
+      EXPECT_EQ(got[i].tokens, generate(*plain, m.vocab, m.tok, alone).tokens) << "request " << i << (one_kept ? ", one kept step at a time" : "");
+      EXPECT_EQ(got[i].drafts.verify_steps > 0, i > 0) << "request " << i;
+      verifications += got[i].drafts.verify_steps;
+    }
+    if (one_kept) EXPECT_EQ(one.kept_steps, verifications);
   }
 }
 
