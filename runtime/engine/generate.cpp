@@ -117,8 +117,10 @@ class Batcher::Live {
   // Speculative decoding. How many drafts this step should verify (0: an ordinary step): what the
   // request asks (kDraftAuto: what the runner's tuner picks), within what the runner drafts, the
   // tokens still allowed and the context.
-  int drafts_wanted(const Runner& r) const {
-    if (req_.draft == 0 || prefilling() || done_ || !forcing_.empty()) return 0;
+  // alone: no other sequence in flight. --draft auto drafts only then: its tuner times one sequence's
+  // steps, and beside others a plain token joins their batched step where a verification goes alone.
+  int drafts_wanted(const Runner& r, bool alone) const {
+    if (req_.draft == 0 || prefilling() || done_ || !forcing_.empty() || (req_.draft == kDraftAuto && !alone)) return 0;
     const int asked = req_.draft != kDraftAuto ? req_.draft : r.draft_tuner() ? r.draft_tuner()->choose() : r.max_draft();
     if (asked <= 0) return 0;
     int64_t k = std::min<int64_t>(asked, r.max_draft());
@@ -389,7 +391,7 @@ void Batcher::step() {
     verify.push_back(0);
     if (l->prefilling()) {
       ids.push_back(l->next_chunk(chunk_));
-    } else if (const int k = l->drafts_wanted(runner_); k > 0) {
+    } else if (const int k = l->drafts_wanted(runner_, active_.size() == 1); k > 0) {
       ids.push_back(l->propose(runner_, k));
       verify.back() = 1;
     } else {

@@ -424,6 +424,23 @@ TEST(DraftTuner, AutoDraftsKeepTheGreedyTokens) {
   EXPECT_GT(got.drafts.verify_steps, 0);  // the warm-up verifies drafts whatever it then picks
 }
 
+// --draft auto drafts for a sequence alone only: two requests in flight together (the same prompt and
+// length: they end together) decode plain, with the tokens of each alone.
+TEST(DraftTuner, AutoDraftsOnlyForASequenceAlone) {
+  const test::TinyModel& m = tiny();
+  auto plain = host_runner(*m.model, Device::Cpu, 0);
+  auto aut = host_runner(*m.model, Device::Cpu, kDraftAuto, 2);
+  const GenerateRequest q = greedy_request("the model routes every token", 30, kDraftAuto);
+  const std::vector<GenerateRequest> reqs{q, q};
+  const std::vector<GenerateResult> got = generate_batch(*aut, m.vocab, m.tok, reqs);
+  const GenerateResult want = generate(*plain, m.vocab, m.tok, q);
+  for (const GenerateResult& g : got) {
+    EXPECT_EQ(g.tokens, want.tokens);
+    EXPECT_EQ(g.drafts.verify_steps, 0);
+  }
+  EXPECT_GT(generate(*aut, m.vocab, m.tok, q).drafts.verify_steps, 0);
+}
+
 // Forced text (GenerateRequest::force_after / force_ids, the server's tool_choice): from the first
 // token, or right after a trigger in the reply's text, the reply's next tokens are the forced ones;
 // the rest is the model's own continuation, with drafts the same as without.
