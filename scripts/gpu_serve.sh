@@ -6,13 +6,14 @@
 # conversation of that many tokens with and without the prefix cache (bench/serve_cache_ttft.py).
 # Summary: $OUT/summary.md.
 # usage (device tool, carry [".deps"]):
-#   DEADLINE=540 [SLOTS=8] [PLACEMENTS="gpu 24GiB 8GiB"] [STREAMS=1,2,4,8] [HISTORY=16000] [CACHE_VRAM=4GiB]
+#   DEADLINE=540 [SLOTS=8] [REQUESTS=2 (each stream's)] [PLEN=512 (the bench's prompt; the server's
+#   ~450-word prompts are ~830 tokens in the chat template)] [PLACEMENTS="gpu 24GiB 8GiB"] [STREAMS=1,2,4,8] [HISTORY=16000] [CACHE_VRAM=4GiB]
 #   [TESTS='*GpuBatch*'] bash scripts/gpu_serve.sh
 # A placement is `gpu` (--device gpu) or a budget (--device hybrid --gpu-mem BUDGET).
 set -uo pipefail
 OUT="${OUT:-$PWD/gpu-serve-out}"
 mkdir -p "$OUT"
-deadline="${DEADLINE:-540}" slots="${SLOTS:-8}" placements="${PLACEMENTS-gpu}" streams="${STREAMS:-1,2,4,8}"
+deadline="${DEADLINE:-540}" slots="${SLOTS:-8}" requests="${REQUESTS:-2}" plen="${PLEN:-512}" placements="${PLACEMENTS-gpu}" streams="${STREAMS:-1,2,4,8}"
 t0=$(date +%s)
 left() { echo $((deadline - ($(date +%s) - t0))); }
 for f in .deps/*.deb; do dpkg -x "$f" /opt/deps; done
@@ -47,12 +48,12 @@ ctx=4608
 for p in $placements; do
   [ "$(left)" -gt 60 ] || { echo "out of time before $p" >> "$summary"; break; }
   flags=$(placement_flags "$p")
-  echo; echo "## $p: tandem bench (prompt 512, 64 tokens, 2 repeats)" >> "$summary"
-  timeout "$(left)" $T bench --model $m $flags --context $ctx --prompt-len 512 --gen 64 --repeat 2 > "$OUT/bench-$p.txt" 2>&1
+  echo; echo "## $p: tandem bench (prompt $plen, 64 tokens, 2 repeats)" >> "$summary"
+  timeout "$(left)" $T bench --model $m $flags --context $ctx --prompt-len $plen --gen 64 --repeat 2 > "$OUT/bench-$p.txt" 2>&1
   grep -A1 -E "^ +prompt +prefill" "$OUT/bench-$p.txt" >> "$summary"  # the table's header and its row
   # the same placement with the server's slots (their KV caches and states come out of the experts' budget): B = 1 and B = slots
   echo; echo "## $p: tandem bench --batch 1,$slots (the server's slots)" >> "$summary"
-  timeout "$(left)" $T bench --model $m $flags --context $ctx --prompt-len 512 --gen 64 --repeat 2 --batch "1,$slots" > "$OUT/bench-batch-$p.txt" 2>&1
+  timeout "$(left)" $T bench --model $m $flags --context $ctx --prompt-len $plen --gen 64 --repeat 2 --batch "1,$slots" > "$OUT/bench-batch-$p.txt" 2>&1
   tail -8 "$OUT/bench-batch-$p.txt" >> "$summary"
   $T serve --model $m $flags --context $ctx --slots "$slots" --port 0 2> "$OUT/serve-$p.log" &
   pid=$!
@@ -66,7 +67,7 @@ for p in $placements; do
   [ -n "$url" ] || { echo "the server did not start:" >> "$summary"; tail -20 "$OUT/serve-$p.log" >> "$summary"; continue; }
   grep "listening on" "$OUT/serve-$p.log" >> "$summary"
   echo; echo "$p through the server (bench/serve_load.py: ~500-token prompts, 64 tokens, ignore_eos, greedy)" >> "$summary"
-  timeout "$(left)" python3 bench/serve_load.py --url "$url" --streams "$streams" --requests 2 --max-tokens 64 --prompt-words 450 >> "$summary" 2> "$OUT/load-$p.err"
+  timeout "$(left)" python3 bench/serve_load.py --url "$url" --streams "$streams" --requests "$requests" --max-tokens 64 --prompt-words 450 >> "$summary" 2> "$OUT/load-$p.err"
   kill -TERM $pid; wait $pid; echo "server exit: $?" >> "$summary"
   echo "the server's own clock, its first requests (the one-stream level when STREAMS starts with 1):" >> "$summary"
   grep "tandem serve: " "$OUT/serve-$p.log" | head -2 >> "$summary"
