@@ -361,19 +361,24 @@ void Batcher::step() {
     if (l->prefilling() && l->cancelled()) l->finish(StopReason::Cancelled);
   retire();
   if (active_.empty()) return;
+  // Prompts go in chunks only while another sequence decodes (the chunks keep its steps coming); with
+  // none decoding, a prompt goes whole up to its next checkpoint (a long prompt's fastest path: the
+  // GPU's streamed prefill of the host's experts needs hundreds of tokens in one forward).
+  const bool decoding = std::any_of(active_.begin(), active_.end(), [](const auto& l) { return !l->prefilling(); });
+  const int64_t chunk = decoding ? chunk_ : 0;
   // Prompts not at their last chunk: fed first, no logits.
   std::vector<Runner::Feed> partial;
   std::vector<uint8_t> in_partial(active_.size(), 0);
   for (size_t i = 0; i < active_.size(); ++i)
-    if (Live* l = active_[i].get(); l->prefilling() && !l->last_chunk(chunk_)) {
-      partial.push_back({l->slot(), l->next_chunk(chunk_), nullptr, Qwen35Moe::LogitRows::Last, false});
+    if (Live* l = active_[i].get(); l->prefilling() && !l->last_chunk(chunk)) {
+      partial.push_back({l->slot(), l->next_chunk(chunk), nullptr, Qwen35Moe::LogitRows::Last, false});
       in_partial[i] = 1;
     }
   if (!partial.empty()) {
     runner_.step(partial);
     for (size_t i = 0; i < active_.size(); ++i)
       if (in_partial[i]) {
-        active_[i]->fed(static_cast<int64_t>(active_[i]->next_chunk(chunk_).size()));
+        active_[i]->fed(static_cast<int64_t>(active_[i]->next_chunk(chunk).size()));
         checkpoint(*active_[i]);
       }
   }
@@ -390,7 +395,7 @@ void Batcher::step() {
     if (in_partial[i]) continue;  // fed its chunk above: one piece a step
     verify.push_back(0);
     if (l->prefilling()) {
-      ids.push_back(l->next_chunk(chunk_));
+      ids.push_back(l->next_chunk(chunk));
     } else if (const int k = l->drafts_wanted(runner_, active_.size() == 1); k > 0) {
       ids.push_back(l->propose(runner_, k));
       verify.back() = 1;

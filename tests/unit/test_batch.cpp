@@ -4,12 +4,14 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <map>
 
 #include "cpu_experts/isa.h"
 #include "runtime/engine/generate.h"
 #include "runtime/engine/logits_compare.h"
 #include "runtime/format/npy.h"
 #include "tests/unit/batch_cases.h"
+#include "tests/unit/candidate_runner.h"
 #include "tests/unit/fixture_util.h"
 #include "tests/unit/test_util.h"
 
@@ -216,6 +218,51 @@ TEST(Batcher, RequestsJoinAndLeaveBetweenSteps) {
   while (!b.idle()) b.step();
   expect_same_results(got, alone, 4, "joined between steps");
   EXPECT_THROW(b.add(GenerateRequest{}, &got[0]), Error);  // an empty prompt
+}
+
+// The largest piece of a prompt each step fed (slot -> its feeds' sizes, prompt pieces only: more than
+// one token, or a slot's first feed).
+class FeedLog final : public test::ForwardingRunner {
+ public:
+  using ForwardingRunner::ForwardingRunner;
+  void step(std::span<const Feed> feeds) override {
+    for (const Feed& f : feeds) sizes[f.slot].push_back(static_cast<int64_t>(f.ids.size()));
+    in_->step(feeds);
+  }
+  void reset_slot(int slot) override {
+    sizes[slot].clear();
+    in_->reset_slot(slot);
+  }
+  std::map<int, std::vector<int64_t>> sizes;
+};
+
+// A prompt goes whole while no other sequence decodes, in prefill_chunk pieces while one does; either
+// way each request gets what it gets alone.
+TEST(Batcher, PromptsGoInChunksOnlyBesideDecoding) {
+  const test::TinyModel tiny;
+  GenerateRequest first = test::mixed_requests(tiny.tok, 1, 5)[0], second = first;
+  first.max_new_tokens = 30;
+  second.prompt = tiny.tok.encode("a longer prompt than the others, with commas");
+  second.max_new_tokens = 4;
+  ASSERT_GT(first.prompt.size(), 3u);
+  ASSERT_GT(second.prompt.size(), 6u);
+  RunnerOptions o = cpu_options();
+  o.batch = 2;
+  FeedLog log(make_runner(*tiny.model, o));
+  std::vector<GenerateResult> got(2);
+  Batcher b(log, tiny.vocab, tiny.tok, 3);
+  b.add(first, &got[0]);
+  b.step();  // alone: the whole prompt in one step
+  ASSERT_EQ(log.sizes[0].size(), 1u);
+  EXPECT_EQ(log.sizes[0][0], static_cast<int64_t>(first.prompt.size()));
+  b.add(second, &got[1]);
+  while (!b.idle()) b.step();
+  const std::vector<int64_t>& pieces = log.sizes[1];  // beside the first's decoding: 3 tokens a step, then tokens
+  const int64_t n = static_cast<int64_t>(second.prompt.size());
+  ASSERT_GE(pieces.size(), static_cast<size_t>((n + 2) / 3));
+  for (int64_t i = 0; i < (n + 2) / 3; ++i) EXPECT_EQ(pieces[i], std::min<int64_t>(3, n - 3 * i)) << "piece " << i;
+  EXPECT_EQ(got[0].tokens, generate(*make_runner(*tiny.model, cpu_options()), tiny.vocab, tiny.tok, first).tokens);
+  EXPECT_EQ(got[1].tokens, generate(*make_runner(*tiny.model, cpu_options()), tiny.vocab, tiny.tok, second).tokens);
 }
 
 }  // namespace
