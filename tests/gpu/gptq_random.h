@@ -2,6 +2,7 @@
 // (the definition) and as the source of the GPU repack.
 #pragma once
 
+#include <algorithm>
 #include <numeric>
 #include <random>
 #include <vector>
