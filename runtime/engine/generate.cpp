@@ -361,11 +361,12 @@ void Batcher::step() {
     if (l->prefilling() && l->cancelled()) l->finish(StopReason::Cancelled);
   retire();
   if (active_.empty()) return;
-  // Prompts go in chunks only while another sequence decodes (the chunks keep its steps coming); with
-  // none decoding, a prompt goes whole up to its next checkpoint (a long prompt's fastest path: the
-  // GPU's streamed prefill of the host's experts needs hundreds of tokens in one forward).
+  // Prompts go in chunks of chunk_ while another sequence decodes (the chunks keep its steps coming);
+  // with none decoding, in pieces kAloneChunks times larger (a long prompt's faster path: the GPU's
+  // streamed prefill of the host's experts pays from a few hundred tokens in one forward; a cancel or
+  // a new request still waits one piece at most).
   const bool decoding = std::any_of(active_.begin(), active_.end(), [](const auto& l) { return !l->prefilling(); });
-  const int64_t chunk = decoding ? chunk_ : 0;
+  const int64_t chunk = decoding ? chunk_ : chunk_ * kAloneChunks;
   // Prompts not at their last chunk: fed first, no logits.
   std::vector<Runner::Feed> partial;
   std::vector<uint8_t> in_partial(active_.size(), 0);

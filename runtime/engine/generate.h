@@ -83,8 +83,8 @@ struct GenerateResult {
 // Continuous batching over a runner's slots: requests join (add) at any time and leave when they end
 // (eos, a stop string, max_new_tokens, cancel: a cancelled one frees its slot at the next step).
 // Each step() first gives waiting requests the free slots, then feeds every sequence still reading
-// its prompt the next chunk of at most prefill_chunk tokens while another sequence decodes (else, and
-// with 0, the whole prompt at once up to its next checkpoint) and every other sequence its next token,
+// its prompt the next chunk of at most prefill_chunk tokens while another sequence decodes (else
+// kAloneChunks times that; 0: the whole prompt at once), up to its next checkpoint, and every other sequence its next token,
 // in one runner step (prompt chunks before their last go in a step of their own, without logits), so a
 // long prompt does not stall the others' decoding. Each sequence
 // has its own sampler and stop rules: a request gets what generate() gives it alone wherever the
@@ -94,6 +94,7 @@ struct GenerateResult {
 // (plus the model's own next token), and rolls the rest back.
 class Batcher {
  public:
+  static constexpr int64_t kAloneChunks = 8;  // a prompt's pieces while no other sequence decodes, in prefill_chunks
   Batcher(Runner& runner, int64_t vocab, const Tokenizer& tokenizer, int64_t prefill_chunk = 0);
   ~Batcher();
   // Queues a copy of `req` (tandem::Error for an empty prompt or stop string); `out` (which must

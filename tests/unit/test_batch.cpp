@@ -236,31 +236,36 @@ class FeedLog final : public test::ForwardingRunner {
   std::map<int, std::vector<int64_t>> sizes;
 };
 
-// A prompt goes whole while no other sequence decodes, in prefill_chunk pieces while one does; either
-// way each request gets what it gets alone.
+// A prompt goes in pieces of kAloneChunks prefill chunks while no other sequence decodes, in
+// prefill_chunk pieces while one does; either way each request gets what it gets alone.
 TEST(Batcher, PromptsGoInChunksOnlyBesideDecoding) {
   const test::TinyModel tiny;
   GenerateRequest first = test::mixed_requests(tiny.tok, 1, 5)[0], second = first;
+  first.prompt = tiny.tok.encode("the model routes every token, then every token routes the model; once more: the model routes every token");
   first.max_new_tokens = 30;
   second.prompt = tiny.tok.encode("a longer prompt than the others, with commas");
   second.max_new_tokens = 4;
-  ASSERT_GT(first.prompt.size(), 3u);
-  ASSERT_GT(second.prompt.size(), 6u);
+  const int64_t alone = 2 * Batcher::kAloneChunks, n1 = static_cast<int64_t>(first.prompt.size());
+  ASSERT_GT(n1, alone);
+  ASSERT_LE(n1, 2 * alone);
+  ASSERT_GT(second.prompt.size(), 4u);
   RunnerOptions o = cpu_options();
   o.batch = 2;
   FeedLog log(make_runner(*tiny.model, o));
   std::vector<GenerateResult> got(2);
-  Batcher b(log, tiny.vocab, tiny.tok, 3);
+  Batcher b(log, tiny.vocab, tiny.tok, 2);
   b.add(first, &got[0]);
-  b.step();  // alone: the whole prompt in one step
-  ASSERT_EQ(log.sizes[0].size(), 1u);
-  EXPECT_EQ(log.sizes[0][0], static_cast<int64_t>(first.prompt.size()));
+  b.step();  // alone: pieces of kAloneChunks chunks at most, one a step
+  b.step();
+  ASSERT_EQ(log.sizes[0].size(), 2u);
+  EXPECT_EQ(log.sizes[0][0], alone);
+  EXPECT_EQ(log.sizes[0][1], n1 - alone);
   b.add(second, &got[1]);
   while (!b.idle()) b.step();
-  const std::vector<int64_t>& pieces = log.sizes[1];  // beside the first's decoding: 3 tokens a step, then tokens
+  const std::vector<int64_t>& pieces = log.sizes[1];  // beside the first's decoding: 2 tokens a step, then tokens
   const int64_t n = static_cast<int64_t>(second.prompt.size());
-  ASSERT_GE(pieces.size(), static_cast<size_t>((n + 2) / 3));
-  for (int64_t i = 0; i < (n + 2) / 3; ++i) EXPECT_EQ(pieces[i], std::min<int64_t>(3, n - 3 * i)) << "piece " << i;
+  ASSERT_GE(pieces.size(), static_cast<size_t>((n + 1) / 2));
+  for (int64_t i = 0; i < (n + 1) / 2; ++i) EXPECT_EQ(pieces[i], std::min<int64_t>(2, n - 2 * i)) << "piece " << i;
   EXPECT_EQ(got[0].tokens, generate(*make_runner(*tiny.model, cpu_options()), tiny.vocab, tiny.tok, first).tokens);
   EXPECT_EQ(got[1].tokens, generate(*make_runner(*tiny.model, cpu_options()), tiny.vocab, tiny.tok, second).tokens);
 }
