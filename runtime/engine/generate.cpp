@@ -117,10 +117,13 @@ class Batcher::Live {
   // Speculative decoding. How many drafts this step should verify (0: an ordinary step): what the
   // request asks (kDraftAuto: what the runner's tuner picks), within what the runner drafts, the
   // tokens still allowed and the context.
-  // alone: no other sequence in flight. --draft auto drafts only then: its tuner times one sequence's
-  // steps, and beside others a plain token joins their batched step where a verification goes alone.
+  // alone: no other sequence in flight. Beside others a sequence drafts only with --draft N on a runner
+  // that verifies several sequences in one step (Runner::keeps_several; elsewhere a verification is a
+  // step of its own and a plain token joins the others' batched step, which pays more); --draft auto
+  // only alone (its tuner times one sequence's steps).
   int drafts_wanted(const Runner& r, bool alone) const {
-    if (req_.draft == 0 || prefilling() || done_ || !forcing_.empty() || (req_.draft == kDraftAuto && !alone)) return 0;
+    if (req_.draft == 0 || prefilling() || done_ || !forcing_.empty()) return 0;
+    if (!alone && (req_.draft == kDraftAuto || !r.keeps_several())) return 0;
     const int asked = req_.draft != kDraftAuto ? req_.draft : r.draft_tuner() ? r.draft_tuner()->choose() : r.max_draft();
     if (asked <= 0) return 0;
     int64_t k = std::min<int64_t>(asked, r.max_draft());
@@ -406,36 +409,24 @@ void Batcher::step() {
     }
     who.push_back(l);
   }
-  // A runner that keeps one step's states at a time: the second and later verifications in steps of
-  // their own, each rolled back before the next (a kept step goes alone there anyway).
-  size_t from = 0;
-  while (from < who.size()) {
-    size_t to = who.size();
-    if (!runner_.keeps_several()) {
-      bool one = false;
-      for (to = from; to < who.size() && !(verify[to] && one); ++to) one = one || verify[to];
-    }
-    const std::vector<Live*> w(who.begin() + from, who.begin() + to);
-    const std::vector<std::span<const int32_t>> d(ids.begin() + from, ids.begin() + to);
-    const std::vector<uint8_t> v(verify.begin() + from, verify.begin() + to);
-    const bool top = run(w, d, v);
-    for (size_t i = 0; i < w.size(); ++i) {
-      if (w[i]->prefilling()) {  // its prompt's last chunk went in this step
-        w[i]->fed(static_cast<int64_t>(d[i].size()));
-        w[i]->prefilled();
-        if (w[i]->done()) continue;
+  if (!who.empty()) {
+    const bool top = run(who, ids, verify);
+    for (size_t i = 0; i < who.size(); ++i) {
+      if (who[i]->prefilling()) {  // its prompt's last chunk went in this step
+        who[i]->fed(static_cast<int64_t>(ids[i].size()));
+        who[i]->prefilled();
+        if (who[i]->done()) continue;
       }
       int64_t kept = 1;
-      if (v[i]) runner_.rollback(w[i]->slot(), kept = w[i]->verify(top));
-      else w[i]->take_next(top);
+      if (verify[i]) runner_.rollback(who[i]->slot(), kept = who[i]->verify(top));
+      else who[i]->take_next(top);
       if (timed) {
-        const int k = v[i] ? w[i]->last_drafts() : 0;
+        const int k = verify[i] ? who[i]->last_drafts() : 0;
         runner_.draft_tuner()->record(k, static_cast<int>(std::clamp<int64_t>(kept - 1, 0, k)),
                                       std::chrono::duration<double>(Clock::now() - t0).count());
       }
-      checkpoint(*w[i]);
+      checkpoint(*who[i]);
     }
-    from = to;
   }
   retire();
 }

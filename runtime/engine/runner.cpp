@@ -44,6 +44,8 @@ void check_feeds(std::span<const Runner::Feed> feeds, const Runner& r, int64_t v
     if (r.position(f.slot) + static_cast<int64_t>(f.ids.size()) > r.max_context())
       fail("the sequence in slot ", f.slot, " reached the context limit of ", r.max_context(), " tokens (--context)");
   }
+  if (!r.keeps_several() && std::count_if(feeds.begin(), feeds.end(), [](const Runner::Feed& f) { return f.keep_states; }) > 1)
+    fail("a step of this runner keeps the states of one sequence (Runner::keeps_several): verify each in a step of its own");
 }
 
 // Runner::draft for a runner with an MtpSequence per slot that drafts up to `most`.

@@ -120,9 +120,10 @@ class Runner {
   // After a keep_states step that fed n tokens to `slot`: back to its state after the first `keep`
   // (0..n) of them, as if the rest had never been fed (no recompute).
   virtual void rollback(int slot, int64_t keep) = 0;
-  // Whether one step may hold several feeds that keep their states (each rolled back after it). False:
-  // the runner remembers one kept step at a time (the GPU model, whose kept states fill one buffer), so
-  // a caller feeds each verification in a step of its own and rolls it back before the next.
+  // Whether one step may hold several feeds that keep their states (each rolled back after it), and
+  // verify them together. False: one such feed a step (tandem::Error for more; the GPU model keeps one
+  // sequence's states, and verifies a step's rows as a step of their own); the Batcher then drafts for
+  // a sequence only while it is the only one in flight.
   virtual bool keeps_several() const { return true; }
 
   // Speculative decoding with the model's MTP head (RunnerOptions::draft): the most tokens draft()

@@ -185,8 +185,9 @@ TEST_P(GpuSpeculative, GreedyTokensAreTheTokensWithoutDrafts) {
 }
 
 // Verification from each row's candidates picked on the device (step_top) against the same steps with
-// every row's logits on the host: the same tokens, request by request, in a batch of greedy and seeded
-// sampled requests with penalties (a verification row's penalties count the drafts before it).
+// every row's logits on the host: the same tokens for greedy and seeded sampled requests with
+// penalties (a verification row's penalties count the drafts before it), each alone and in a batch
+// (where a sequence drafts only once it is alone in flight: here the longest).
 TEST_P(GpuSpeculative, DeviceCandidatesVerifyAsHostRows) {
   TANDEM_REQUIRE_GPU();
   const test::Fixture fx = test::load_fixture("gptq_sym_v1");
@@ -196,7 +197,7 @@ TEST_P(GpuSpeculative, DeviceCandidatesVerifyAsHostRows) {
   for (int i = 0; i < 4; ++i) {
     GenerateRequest q;
     q.prompt.assign(fx.ids.begin(), fx.ids.begin() + 3 + i);
-    q.max_new_tokens = 16;
+    q.max_new_tokens = 12 + 4 * i;
     q.draft = 1 + i % 3;
     q.sampling.temperature = i % 2 ? 0.8f : 0.0f;
     q.sampling.top_k = 5;
@@ -208,11 +209,14 @@ TEST_P(GpuSpeculative, DeviceCandidatesVerifyAsHostRows) {
   }
   auto device = make_runner(*model, spec_options(*model, GetParam(), 3, 4));
   test::RowsOnlyRunner host(make_runner(*model, spec_options(*model, GetParam(), 3, 4)));
-  const auto a = generate_batch(*device, fx.vocab, tok, reqs), b = generate_batch(host, fx.vocab, tok, reqs);
   for (size_t i = 0; i < reqs.size(); ++i) {
-    EXPECT_EQ(a[i].tokens, b[i].tokens) << "request " << i;
-    EXPECT_GT(a[i].drafts.verify_steps, 0) << "request " << i;
+    const GenerateResult a = generate(*device, fx.vocab, tok, reqs[i]), b = generate(host, fx.vocab, tok, reqs[i]);
+    EXPECT_EQ(a.tokens, b.tokens) << "request " << i << " alone";
+    EXPECT_GT(a.drafts.verify_steps, 0) << "request " << i << " alone";
   }
+  const auto a = generate_batch(*device, fx.vocab, tok, reqs), b = generate_batch(host, fx.vocab, tok, reqs);
+  for (size_t i = 0; i < reqs.size(); ++i) EXPECT_EQ(a[i].tokens, b[i].tokens) << "request " << i << " in the batch";
+  EXPECT_GT(a.back().drafts.verify_steps, 0);
 }
 
 // A saved sequence takes its head's cache (in the slot's copy) and host side along.
