@@ -233,13 +233,13 @@ Run run_drafted(Runner& runner, int64_t V, const Tokenizer& tok, int64_t prompt_
 
 // --verify-cost: what speculative decoding pays. After a random prompt, each repeat times one decode
 // step (one token) and, for each k, the runner's k drafts (where it drafts) and the step that verifies
-// them (k + 1 tokens that keep their states), rolled back to one token; each step as the Batcher runs
-// a greedy request's: every wanted row's best id picked where the logits are when the runner can
-// (step_top), else the logits rows to the host. Medians in ms.
+// them (k + 1 tokens that keep their states), and the rollback to one token (what a step pays after a
+// rejection); each step as the Batcher runs a greedy request's: every wanted row's best id picked where
+// the logits are when the runner can (step_top), else the logits rows to the host. Medians in ms.
 struct VerifyCost {
   double decode_ms = 0;
-  std::vector<double> verify_ms, draft_ms;  // per k; draft_ms -1 where the runner does not draft
-  bool on_device = false;                   // the steps' ids picked on the runner's side
+  std::vector<double> verify_ms, draft_ms, rollback_ms;  // per k; draft_ms -1 where the runner does not draft
+  bool on_device = false;                                // the steps' ids picked on the runner's side
 };
 
 VerifyCost measure_verify(Runner& r, int64_t V, int64_t prompt_len, const std::vector<int>& ks, int64_t repeat, uint64_t seed) {
@@ -256,7 +256,7 @@ VerifyCost measure_verify(Runner& r, int64_t V, int64_t prompt_len, const std::v
   r.reset();
   run({0, prompt, rows.data(), Qwen35Moe::LogitRows::Last, false});
   std::vector<double> dec;
-  std::vector<std::vector<double>> ver(ks.size()), dra(ks.size());
+  std::vector<std::vector<double>> ver(ks.size()), dra(ks.size()), rol(ks.size());
   for (int64_t rep = -1; rep < repeat; ++rep) {  // rep -1: warm-up (graphs, caches)
     int32_t tok = id(rng);
     auto t0 = clock::now();
@@ -273,7 +273,9 @@ VerifyCost measure_verify(Runner& r, int64_t V, int64_t prompt_len, const std::v
       t0 = clock::now();
       run({0, feed, rows.data(), Qwen35Moe::LogitRows::All, true});
       if (rep >= 0) ver[i].push_back(ms_since(t0));
+      t0 = clock::now();
       r.rollback(0, 1);
+      if (rep >= 0) rol[i].push_back(ms_since(t0));
     }
   }
   VerifyCost c;
@@ -282,6 +284,7 @@ VerifyCost measure_verify(Runner& r, int64_t V, int64_t prompt_len, const std::v
   for (size_t i = 0; i < ks.size(); ++i) {
     c.verify_ms.push_back(percentile(ver[i], 0.5));
     c.draft_ms.push_back(dra[i].empty() ? -1 : percentile(dra[i], 0.5));
+    c.rollback_ms.push_back(percentile(rol[i], 0.5));
   }
   return c;
 }
@@ -424,22 +427,24 @@ int cmd_bench(int argc, char** argv) {
       std::printf("tandem bench: %s\n%s\n", a.get("model").c_str(), runner->describe().c_str());
       std::printf("verification cost after a %lld-token prompt (medians of %lld; greedy ids picked %s): decode step %.3f ms (%.1f tok/s)\n",
                   (long long)L, (long long)repeat, c.on_device ? "on the device" : "from logits rows on the host", c.decode_ms, 1e3 / c.decode_ms);
-      std::printf("%6s  %16s  %12s  %10s  %34s\n", "drafts", "verify step ms", "/decode", "draft ms", "speed-up at acceptance 0.6 / 0.8 / 0.9");
+      std::printf("%6s  %16s  %12s  %10s  %12s  %34s\n", "drafts", "verify step ms", "/decode", "draft ms", "rollback ms", "speed-up at acceptance 0.6 / 0.8 / 0.9");
     }
     for (size_t i = 0; i < verify_ks.size(); ++i) {
       const int k = verify_ks[i];
       const double step = c.verify_ms[i] + std::max(c.draft_ms[i], 0.0);
       nlohmann::json sp = nlohmann::json::object();
       double up[3];
-      for (int j = 0; j < 3; ++j) {
-        up[j] = tokens_per_step(acc[j], k) * c.decode_ms / step;
+      for (int j = 0; j < 3; ++j) {  // a rollback after every step that rejects a draft: 1 - a^k of them
+        up[j] = tokens_per_step(acc[j], k) * c.decode_ms / (step + (1 - std::pow(acc[j], k)) * c.rollback_ms[i]);
         sp[str_cat(acc[j])] = up[j];
       }
       rows.push_back({{"drafts", k}, {"verify_ms", c.verify_ms[i]}, {"decode_ms", c.decode_ms}, {"verify_over_decode", c.verify_ms[i] / c.decode_ms},
-                      {"draft_ms", c.draft_ms[i] < 0 ? nlohmann::json(nullptr) : nlohmann::json(c.draft_ms[i])}, {"speedup_at_acceptance", sp}});
+                      {"draft_ms", c.draft_ms[i] < 0 ? nlohmann::json(nullptr) : nlohmann::json(c.draft_ms[i])}, {"rollback_ms", c.rollback_ms[i]},
+                      {"speedup_at_acceptance", sp}});
       if (!json_out)
-        std::printf("%6d  %16.3f  %11.2fx  %10s  %14.2fx / %5.2fx / %5.2fx\n", k, c.verify_ms[i], c.verify_ms[i] / c.decode_ms,
-                    c.draft_ms[i] < 0 ? "n/a" : str_cat(static_cast<int>(c.draft_ms[i] * 1000 + 0.5) / 1000.0).c_str(), up[0], up[1], up[2]);
+        std::printf("%6d  %16.3f  %11.2fx  %10s  %12.3f  %14.2fx / %5.2fx / %5.2fx\n", k, c.verify_ms[i], c.verify_ms[i] / c.decode_ms,
+                    c.draft_ms[i] < 0 ? "n/a" : str_cat(static_cast<int>(c.draft_ms[i] * 1000 + 0.5) / 1000.0).c_str(), c.rollback_ms[i], up[0],
+                    up[1], up[2]);
     }
     if (!json_out && std::any_of(c.draft_ms.begin(), c.draft_ms.end(), [](double d) { return d < 0; }))
       std::printf("(n/a: this runner does not draft (--draft); its speed-ups count the verification step alone)\n");

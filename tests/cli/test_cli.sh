@@ -104,6 +104,22 @@ for r in j["results"]:
     assert r["itl_p50_ms"] <= r["itl_p99_ms"]
 PY
 then echo "ok   bench --json fields"; passes=$((passes + 1)); else echo "FAIL bench --json"; cat "$tmp/bench.err"; failures=$((failures + 1)); fi
+# bench --verify-cost: per draft count the verification, draft and rollback times, and the speed-ups
+# they imply (a rollback after the steps that reject a draft, 1 - a^k of them).
+"$tandem" bench --model "$tmp/tiny" --device cpu --prompt-len 16 --repeat 2 --verify-cost 1,2 --draft 2 --json >"$tmp/vc.json" 2>"$tmp/vc.err"
+if python3 - "$tmp/vc.json" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+assert [r["drafts"] for r in j["verify"]] == [1, 2]
+for r in j["verify"]:
+    k = r["drafts"]
+    assert r["verify_ms"] > 0 and r["draft_ms"] > 0 and r["rollback_ms"] >= 0, r
+    for a in (0.6, 0.8, 0.9):
+        tokens = (1 - a ** (k + 1)) / (1 - a)
+        want = tokens * j["decode_ms"] / (r["verify_ms"] + r["draft_ms"] + (1 - a ** k) * r["rollback_ms"])
+        assert abs(r["speedup_at_acceptance"][str(a)] - want) < 1e-9 * want, (a, r)
+PY
+then echo "ok   bench --verify-cost fields"; passes=$((passes + 1)); else echo "FAIL bench --verify-cost"; cat "$tmp/vc.err"; failures=$((failures + 1)); fi
 # --prompts: windows of a text file's tokens instead of random ids (shorter than the prompt: cycled).
 printf 'the model routes every token to eight experts\n' >"$tmp/prompts.txt"
 check "bench --prompts" "0" "" -- "$tandem" bench --model "$tmp/tiny" --device cpu --prompt-len 24 --gen 3 --repeat 2 --prompts "$tmp/prompts.txt" --json
