@@ -116,11 +116,10 @@ class Batcher::Live {
 
   // Speculative decoding. How many drafts this step should verify (0: an ordinary step): what the
   // request asks (kDraftAuto: what the runner's tuner picks), within what the runner drafts, the
-  // tokens still allowed and the context.
-  // alone: no other sequence in flight. Beside others a sequence drafts only with --draft N on a runner
-  // that verifies several sequences in one step (Runner::keeps_several; elsewhere a verification is a
-  // step of its own and a plain token joins the others' batched step, which pays more); --draft auto
-  // only alone (its tuner times one sequence's steps).
+  // tokens still allowed and the context. alone: no other sequence in flight; beside others a sequence
+  // drafts only with --draft N on a runner that verifies several sequences in one step
+  // (Runner::keeps_several; elsewhere a verification is a step of its own and a plain token in the
+  // others' batched step pays more), and --draft auto never (its tuner times one sequence's steps).
   int drafts_wanted(const Runner& r, bool alone) const {
     if (req_.draft == 0 || prefilling() || done_ || !forcing_.empty()) return 0;
     if (!alone && (req_.draft == kDraftAuto || !r.keeps_several())) return 0;

@@ -83,12 +83,12 @@ struct GenerateResult {
 // Continuous batching over a runner's slots: requests join (add) at any time and leave when they end
 // (eos, a stop string, max_new_tokens, cancel: a cancelled one frees its slot at the next step).
 // Each step() first gives waiting requests the free slots, then feeds every sequence still reading
-// its prompt the next chunk of at most prefill_chunk tokens while another sequence decodes (else
-// kAloneChunks times that; 0: the whole prompt at once), up to its next checkpoint, and every other sequence its next token,
-// in one runner step (prompt chunks before their last go in a step of their own, without logits), so a
-// long prompt does not stall the others' decoding. Each sequence
-// has its own sampler and stop rules: a request gets what generate() gives it alone wherever the
-// runner's batched rows equal its single ones (bit for bit on ref and cpu, chunked prompts too).
+// its prompt the next piece, up to its next checkpoint and at most prefill_chunk tokens while another
+// sequence decodes (else kAloneChunks times that; 0: the whole prompt at once), and every other
+// sequence its next token, in one runner step (pieces before a prompt's last go in a step of their
+// own, without logits), so a long prompt does not stall the others' decoding. Each sequence has its
+// own sampler and stop rules: a request gets what generate() gives it alone wherever the runner's
+// batched rows equal its single ones (bit for bit on ref and cpu, chunked prompts too).
 // A request with drafts (GenerateRequest::draft) feeds, instead of its next token, that token and the
 // runner's drafts in a step that keeps its states, takes the longest prefix the model agrees with
 // (plus the model's own next token), and rolls the rest back.
