@@ -388,7 +388,8 @@ void Batcher::step() {
   // Every other sequence: its prompt's last chunk or its next token, together. --draft auto: a step
   // of one decoding sequence is timed for the runner's tuner (its drafts, verification and rollback).
   const Clock::time_point t0 = Clock::now();
-  const bool timed = runner_.draft_tuner() && partial.empty() && active_.size() == 1 && !active_[0]->prefilling() && active_[0]->drafts_auto();
+  const bool alone = active_.size() == 1;  // no other sequence in flight (Live::drafts_wanted)
+  const bool timed = runner_.draft_tuner() && partial.empty() && alone && !active_[0]->prefilling() && active_[0]->drafts_auto();
   std::vector<Live*> who;
   std::vector<std::span<const int32_t>> ids;
   std::vector<uint8_t> verify;
@@ -399,7 +400,7 @@ void Batcher::step() {
     verify.push_back(0);
     if (l->prefilling()) {
       ids.push_back(l->next_chunk(chunk));
-    } else if (const int k = l->drafts_wanted(runner_, active_.size() == 1); k > 0) {
+    } else if (const int k = l->drafts_wanted(runner_, alone); k > 0) {
       ids.push_back(l->propose(runner_, k));
       verify.back() = 1;
     } else {

@@ -220,8 +220,7 @@ TEST(Batcher, RequestsJoinAndLeaveBetweenSteps) {
   EXPECT_THROW(b.add(GenerateRequest{}, &got[0]), Error);  // an empty prompt
 }
 
-// The largest piece of a prompt each step fed (slot -> its feeds' sizes, prompt pieces only: more than
-// one token, or a slot's first feed).
+// The tokens of every feed of every step, by slot (a slot's list starts afresh when it is reset).
 class FeedLog final : public test::ForwardingRunner {
  public:
   using ForwardingRunner::ForwardingRunner;
