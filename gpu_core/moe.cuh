@@ -43,7 +43,8 @@ cudaError_t moe_int4_decode(const Int4Expert* experts, int64_t H, int64_t I, int
 // used, and x is read as fp32 [T, H] directly (converted to fp16, and gathered in each matrix's input
 // order with act order, in registers: no gather_x_half launch). Per 8-input word the arithmetic of
 // moe_int4_decode; the words' fp32 sums are added in another order (which can flip the fp16
-// rounding of an h value), and a down row's experts in four partial sums: ~1e-5 apart. Needs
+// rounding of an h value), and a down row's experts in four partial sums: ~1e-5 apart. h_scratch holds
+// each h row chunk-major (moe_int4_wide.cu), for this kernel's own down pass only. Needs
 // moe_int4_decode_wide_fits (H and I multiples of 32, group_size 32 times a power of two, H <= 4096, I <= 2048, k <= 8);
 // returns cudaErrorInvalidValue otherwise.
 bool moe_int4_decode_wide_fits(int64_t H, int64_t I, int64_t group_size, int k);

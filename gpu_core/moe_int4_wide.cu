@@ -32,6 +32,12 @@ constexpr int kDownPer = kMaxK / kDownGroups;  // experts per half-warp
 
 __device__ __forceinline__ uint4 zero4() { return make_uint4(0u, 0u, 0u, 0u); }
 
+// Activations (x in shared memory, h in global memory) are kept chunk-major: the 8-input chunk c of
+// vector v (inputs 32 v + 8 c ... + 7) at chunk c * nvec + v. A lane takes whole vectors and the
+// lanes of a warp consecutive ones, so each of its four 16-byte chunk loads is contiguous across
+// the lanes (row-major, lanes 64 B apart: four times the shared-memory wavefronts and L1 sectors).
+__device__ __forceinline__ int64_t chunk_pos(int64_t e, int64_t nvec) { return (((e & 31) >> 3) * nvec + (e >> 5)) * 8 + (e & 7); }
+
 // sum over the vector's 32 inputs of (q - z) * x: word_dot per 8-input word, the words' sums added in
 // fp32 (the caller scales by the group's scale).
 __device__ __forceinline__ float vec_dot(const uint4& w, const __half2 (&xv)[16], __half2 z) {
@@ -91,15 +97,15 @@ __global__ void __launch_bounds__(kWarps * 32)
     return __floats2half2_rn(__ldg(xt + a), __ldg(xt + b));
   };
   for (int64_t i = threadIdx.x; i < H / 2; i += blockDim.x) {
-    xs2[i] = pair(gate.perm, i);
-    if (own_up) xs2[H / 2 + i] = pair(up.perm, i);
+    const int64_t at = chunk_pos(2 * i, nvec) / 2;
+    xs2[at] = pair(gate.perm, i);
+    if (own_up) xs2[H / 2 + at] = pair(up.perm, i);
   }
   __syncthreads();
   auto x32 = [&](int64_t base, int64_t v, __half2(&xv)[16]) {  // the 32 inputs of vector v from shared memory
-    const uint4* src = reinterpret_cast<const uint4*>(xs2 + base + 16 * v);
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
-      const uint4 qq = src[c];
+      const uint4 qq = *reinterpret_cast<const uint4*>(xs2 + base + 4 * (c * nvec + v));
       memcpy(&xv[4 * c], &qq, 16);
     }
   };
@@ -122,23 +128,24 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
   for (int r = 0; r < kRowsUp; ++r) {
     const float gs = group_sum<32>(g[r]), us = group_sum<32>(u[r]);
-    if (lane == r && r0 + r < I) h[p * I + r0 + r] = __float2half_rn(gs / (1.0f + __expf(-gs)) * us);
+    if (lane == r && r0 + r < I) h[p * I + chunk_pos(r0 + r, I / 32)] = __float2half_rn(gs / (1.0f + __expf(-gs)) * us);
   }
 }
 
-// The 32 h values [32 v, 32 v + 32) of row hr (fp16) in the input order of its expert (perm: act order).
-__device__ __forceinline__ void load_h32(const __half* __restrict__ hr, const int32_t* __restrict__ perm, int64_t v, __half2 (&hv)[16]) {
+// The 32 h values [32 v, 32 v + 32) of row hr (fp16, chunk-major, nvec vectors) in the input order of its
+// expert (perm: act order).
+__device__ __forceinline__ void load_h32(const __half* __restrict__ hr, const int32_t* __restrict__ perm, int64_t v, int64_t nvec,
+                                         __half2 (&hv)[16]) {
   if (!perm) {
-    const uint4* src = reinterpret_cast<const uint4*>(hr + 32 * v);
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
-      const uint4 qq = __ldg(src + c);
+      const uint4 qq = __ldg(reinterpret_cast<const uint4*>(hr + 8 * (c * nvec + v)));
       memcpy(&hv[4 * c], &qq, 16);
     }
   } else {
     const int32_t* q = perm + 32 * v;
 #pragma unroll
-    for (int i = 0; i < 16; ++i) hv[i] = __halves2half2(hr[__ldg(q + 2 * i)], hr[__ldg(q + 2 * i + 1)]);
+    for (int i = 0; i < 16; ++i) hv[i] = __halves2half2(hr[chunk_pos(__ldg(q + 2 * i), nvec)], hr[chunk_pos(__ldg(q + 2 * i + 1), nvec)]);
   }
 }
 
@@ -189,7 +196,7 @@ __global__ void __launch_bounds__(kDownThreads)
       const int64_t v = l + kDownLanes * i;
       if (v >= nvec) break;
       __half2 hv[16];
-      load_h32(hr, d[m]->perm, v, hv);
+      load_h32(hr, d[m]->perm, v, nvec, hv);
       a += __half2float(__ushort_as_half(sd[m][i])) * vec_dot(wd[m][i], hv, zero_1024(zd[m][i]));
     }
     acc += rw[m] * a;
