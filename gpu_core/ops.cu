@@ -122,6 +122,26 @@ __global__ void l2_prefetch_kernel(const char* p, int64_t bytes) {
 #endif
 }
 
+struct CopyBatch {
+  CopyRegion r[kCopyRegions];
+};
+
+// blockIdx.y: the region; the blocks along x stride over it, 16 bytes a thread where the region's
+// addresses and size allow it (uniform per block), else byte by byte.
+__global__ void copy_regions_kernel(CopyBatch batch) {
+  const CopyRegion& c = batch.r[blockIdx.y];
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x, stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  if (((reinterpret_cast<uintptr_t>(c.dst) | reinterpret_cast<uintptr_t>(c.src) | static_cast<uintptr_t>(c.bytes)) & 15) == 0) {
+    auto* d = static_cast<uint4*>(c.dst);
+    const auto* s = static_cast<const uint4*>(c.src);
+    for (int64_t i = first; i < c.bytes / 16; i += stride) d[i] = s[i];
+  } else {
+    auto* d = static_cast<char*>(c.dst);
+    const auto* s = static_cast<const char*>(c.src);
+    for (int64_t i = first; i < c.bytes; i += stride) d[i] = s[i];
+  }
+}
+
 unsigned blocks_for(int64_t n) { return static_cast<unsigned>((n + kThreads - 1) / kThreads); }
 
 }  // namespace
@@ -171,6 +191,27 @@ cudaError_t l2_prefetch(const void* p, int64_t bytes, cudaStream_t s) {
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(8, (n + 128 * kPrefetchChunk - 1) / (128 * kPrefetchChunk)));
   l2_prefetch_kernel<<<blocks, 128, 0, s>>>(reinterpret_cast<const char*>(begin), n);
   return cudaGetLastError();
+}
+
+cudaError_t copy_regions(const CopyRegion* regions, int n, cudaStream_t s) {
+  if (n < 0 || (n > 0 && !regions)) return cudaErrorInvalidValue;
+  for (int first = 0; first < n; first += kCopyRegions) {
+    CopyBatch batch{};
+    const int m = std::min(kCopyRegions, n - first);
+    int64_t largest = 0;
+    for (int i = 0; i < m; ++i) {
+      const CopyRegion& c = regions[first + i];
+      if (c.bytes < 0 || (c.bytes > 0 && (!c.dst || !c.src))) return cudaErrorInvalidValue;
+      batch.r[i] = c;
+      largest = std::max(largest, c.bytes);
+    }
+    if (largest == 0) continue;
+    // ~4 blocks of 256 threads a megabyte of the largest region, at most 64 a region
+    const unsigned bx = static_cast<unsigned>(std::clamp<int64_t>(largest >> 18, 1, 64));
+    copy_regions_kernel<<<dim3(bx, static_cast<unsigned>(m)), kThreads, 0, s>>>(batch);
+    if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  }
+  return cudaSuccess;
 }
 
 }  // namespace tandem::gpu

@@ -13,6 +13,8 @@
 //  l2_prefetch:    asks the L2 cache to load [p, p + bytes) of device memory (reads nothing back, writes
 //                  nothing): weights a later kernel streams, fetched while the device waits on something
 //                  else. p and bytes are trimmed inward to 16-byte bounds. A hint: the cache may drop it.
+//  copy_regions:   n device-to-device copies (non-overlapping) in one launch per kCopyRegions of them:
+//                  what n cudaMemcpyAsync calls do, without n launches (a rollback's per-layer states)
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -31,5 +33,12 @@ cudaError_t router_topk(const float* logits, int E, int k, int rows, int32_t* id
 cudaError_t gated_add(float* out, const float* shared, const float* gate, int64_t n, int rows, cudaStream_t stream);
 cudaError_t argmax_rows(const float* logits, int64_t V, int rows, int32_t* ids, cudaStream_t stream);
 cudaError_t l2_prefetch(const void* p, int64_t bytes, cudaStream_t stream);
+struct CopyRegion {
+  void* dst;
+  const void* src;
+  int64_t bytes;
+};
+inline constexpr int kCopyRegions = 64;
+cudaError_t copy_regions(const CopyRegion* regions, int n, cudaStream_t stream);  // regions: a host array
 
 }  // namespace tandem::gpu

@@ -174,5 +174,37 @@ TEST(GpuOps, L2PrefetchChangesNothing) {
   EXPECT_EQ(gpu::l2_prefetch(nullptr, 16, nullptr), cudaErrorInvalidValue);
 }
 
+// copy_regions does what one cudaMemcpy a region does: 16-byte and odd regions, empty ones, more
+// regions than one launch takes; the bytes between the regions stay as they were; bad input is refused.
+TEST(GpuOps, CopyRegionsCopiesEachRegion) {
+  TANDEM_REQUIRE_GPU();
+  std::mt19937 rng(test::test_seed() + 22);
+  constexpr int64_t kBytes = 8 << 20;
+  std::vector<uint8_t> src(kBytes), dst(kBytes);
+  for (auto& b : src) b = static_cast<uint8_t>(rng());
+  for (auto& b : dst) b = static_cast<uint8_t>(rng());
+  test::DeviceBuffer<uint8_t> dsrc(src), ddst(dst);
+  std::vector<gpu::CopyRegion> regions;
+  std::vector<uint8_t> want = dst;
+  int64_t at = 0;
+  for (int i = 0; i < gpu::kCopyRegions + 9; ++i) {  // disjoint destinations, each from a random source offset
+    const int64_t n = i % 7 == 0 ? 0 : i % 3 == 0 ? std::uniform_int_distribution<int64_t>(1, 5000)(rng) : 16 * std::uniform_int_distribution<int64_t>(1, 4096)(rng);
+    const int64_t from = i % 3 == 0 ? std::uniform_int_distribution<int64_t>(0, kBytes - n)(rng) : 16 * std::uniform_int_distribution<int64_t>(0, (kBytes - n) / 16)(rng);
+    at = i % 3 == 0 ? at + 3 : (at + 15) / 16 * 16;
+    ASSERT_LE(at + n, kBytes);
+    regions.push_back({ddst.ptr + at, dsrc.ptr + from, n});
+    std::copy(src.begin() + from, src.begin() + from + n, want.begin() + at);
+    at += n;
+  }
+  CUDA_OK(gpu::copy_regions(regions.data(), static_cast<int>(regions.size()), nullptr));
+  CUDA_OK(cudaDeviceSynchronize());
+  EXPECT_EQ(ddst.to_host(), want);
+  EXPECT_EQ(gpu::copy_regions(nullptr, 0, nullptr), cudaSuccess);
+  EXPECT_EQ(gpu::copy_regions(nullptr, 1, nullptr), cudaErrorInvalidValue);
+  const gpu::CopyRegion negative{ddst.ptr, dsrc.ptr, -1}, null_src{ddst.ptr, nullptr, 16};
+  EXPECT_EQ(gpu::copy_regions(&negative, 1, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(gpu::copy_regions(&null_src, 1, nullptr), cudaErrorInvalidValue);
+}
+
 }  // namespace
 }  // namespace tandem

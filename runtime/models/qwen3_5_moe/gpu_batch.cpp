@@ -3,6 +3,7 @@
 // token's slot), a CUDA graph per step shape, the logits rows and their top-k, and rollback.
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "gpu_core/device.cuh"
 #include "gpu_core/ops.cuh"
@@ -182,11 +183,13 @@ void Qwen35MoeGpu::rollback(int slot, int64_t keep) {
   const size_t conv = (c.linear_conv_kernel - 1) * c.linear_conv_dim() * sizeof(float);
   const size_t state = int64_t(c.linear_num_value_heads) * c.linear_key_head_dim * c.linear_value_head_dim * sizeof(float);
   if (keep < m.kept.n) {  // every token kept: the live state is already the last one's
+    std::vector<gpu::CopyRegion> copies;  // one launch, not two copies a DeltaNet layer
     for (DevLayer& L : m.layers) {
       if (L.kind != LayerKind::LinearAttention) continue;
-      CK(cudaMemcpyAsync(L.conv_state + slot * m.conv_stride, L.kept_conv + keep * m.conv_stride, conv, cudaMemcpyDeviceToDevice, m.stream));
-      CK(cudaMemcpyAsync(L.ssm_state + slot * m.ssm_stride, L.kept_state + keep * m.ssm_stride, state, cudaMemcpyDeviceToDevice, m.stream));
+      copies.push_back({L.conv_state + slot * m.conv_stride, L.kept_conv + keep * m.conv_stride, static_cast<int64_t>(conv)});
+      copies.push_back({L.ssm_state + slot * m.ssm_stride, L.kept_state + keep * m.ssm_stride, static_cast<int64_t>(state)});
     }
+    CK(gpu::copy_regions(copies.data(), static_cast<int>(copies.size()), m.stream));
     CK(cudaStreamSynchronize(m.stream));
   }
   (slot == m.cur ? m.pos : m.slot_pos[slot]) = m.kept.from + keep;  // later keys and values are overwritten as it goes on
