@@ -10,9 +10,14 @@
 #   e2e      the synthetic 35B GPTQ model (synthesized once, to /tmp/q35), `tandem bench` (prompt $PLEN, $GEN
 #            tokens, $REPEAT repeats) for each of $SCENARIOS, old then new
 #            (gpu-all, hybrid-24gib, hybrid-12gib, hybrid-8gib, hybrid-8gib-link3)
-#   batch    the new tree's `tandem bench --batch $BATCHES` on the synthetic 35B for each of $BSCENARIOS
-#            (default gpu-all hybrid-24gib hybrid-8gib): aggregate decode at each batch size, ITL, bound
+#   batch    `tandem bench --batch $BATCHES` on the synthetic 35B for each of $BSCENARIOS (default gpu-all
+#            hybrid-24gib hybrid-8gib), old then new: aggregate decode at each batch size, ITL, bound
+#   verify   `tandem bench --verify-cost 1,2,3,4` after a 1024-token prompt, all on the GPU, old then new
+#            (with --draft 4 when $VDRAFT is set): the verification step, drafts and rollback against decode
 #   kbench   the new tree's kernel benchmarks (bench_gpu_gemv) matching $KFILTER
+#   ncu      Nsight Compute on the new tree's bench_gpu_gemv ($KFILTER), kernels matching $NCU_KERNELS
+#            (a regex), $NCU_COUNT launches after 20: duration, issue slots, L1 / DRAM / SM throughput,
+#            registers and warps an SM per kernel (the raw report: $OUT/ncu.txt)
 #   profile  nsys's kernel summary of the new tree's `tandem bench --batch $PBATCH` ($PSCENARIO, default
 #            gpu-all), when nsys is there: the kernels' total time, calls and share, largest first
 set -uo pipefail
@@ -30,13 +35,13 @@ export CMAKE_PREFIX_PATH=/opt/deps/usr LD_LIBRARY_PATH=/opt/deps/usr/lib/x86_64-
 steps=" $* "
 new_targets=tandem
 [[ "$steps" == *" tests "* ]] && new_targets="$new_targets tandem_gpu_tests"
-[[ "$steps" == *" kbench "* ]] && new_targets="$new_targets bench_gpu_gemv"
+[[ "$steps" == *" kbench "* || "$steps" == *" ncu "* ]] && new_targets="$new_targets bench_gpu_gemv"
 build() {  # src dir targets...
   local src="$1" dir="$2"; shift 2
   cmake -S "$src" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 && cmake --build "$dir" -j "$(nproc)" --target "$@"
 }
 b0=$(date +%s)
-if [[ "$steps" == *" ab "* || "$steps" == *" e2e "* ]]; then  # the steps that run the old tree
+if [[ "$steps" == *" ab "* || "$steps" == *" e2e "* || "$steps" == *" batch "* || "$steps" == *" verify "* ]]; then  # the steps that run the old tree
   (build "$old" build-ab-old tandem > "$OUT/build-old.log" 2>&1; echo $? > "$OUT/build-old.rc") &
 else
   echo 0 > "$OUT/build-old.rc"
@@ -88,21 +93,49 @@ scenario_args() {  # scenario -> the bench's device flags
 if [[ "$steps" == *" batch "* ]]; then
   prepare_35b
   batches="${BATCHES:-1,2,4,8}"
-  echo "## Batched decode: prompt $plen, $gen tokens a sequence, $repeat repeats, batch $batches (synthetic 35B GPTQ-Int4, new tree)" >> "$summary"
-  echo "| scenario | batch | aggregate tok/s [min-max] | per sequence | ITL p50 / p99 ms | vs B=1 | bound tok/s | of bound |" >> "$summary"
-  echo "|---|---|---|---|---|---|---|---|" >> "$summary"
+  echo "## Batched decode: prompt $plen, $gen tokens a sequence, $repeat repeats, batch $batches (synthetic 35B GPTQ-Int4), old then new" >> "$summary"
+  echo "| scenario | tree | batch | aggregate tok/s [min-max] | per sequence | ITL p50 / p99 ms | vs B=1 | bound tok/s | of bound |" >> "$summary"
+  echo "|---|---|---|---|---|---|---|---|---|" >> "$summary"
   for s in ${BSCENARIOS:-gpu-all hybrid-24gib hybrid-8gib}; do
-    [ "$(left)" -gt 40 ] || { echo "batch $s: no time left" >> "$OUT/e2e.log"; continue; }
-    timeout "$(left)" "$NEW_T" bench --model $m --prompt-len "$plen" --gen "$gen" --repeat "$repeat" --batch "$batches" --warmup "${WARMUP:-64}" --json $(scenario_args "$s") \
-      > "$OUT/e2e/$s.batch.json" 2> "$OUT/e2e/$s.batch.log"
-    echo "batch $s rc $?" >> "$OUT/e2e.log"
-    python3 - "$OUT/e2e/$s.batch.json" "$s" >> "$summary" <<'PY'
+    for which in old new; do
+      t=$OLD_T; [ $which = new ] && t=$NEW_T
+      [ "$(left)" -gt 40 ] || { echo "batch $s $which: no time left" >> "$OUT/e2e.log"; continue; }
+      timeout "$(left)" "$t" bench --model $m --prompt-len "$plen" --gen "$gen" --repeat "$repeat" --batch "$batches" --warmup "${WARMUP:-64}" --json $(scenario_args "$s") \
+        > "$OUT/e2e/$s.batch.$which.json" 2> "$OUT/e2e/$s.batch.$which.log"
+      echo "batch $s $which rc $?" >> "$OUT/e2e.log"
+      python3 - "$OUT/e2e/$s.batch.$which.json" "$s" "$which" >> "$summary" <<'PY'
 import json, sys
 try: rows = json.load(open(sys.argv[1]))["batches"]
+except Exception as e: print("| %s | %s | failed: %s |" % (sys.argv[2], sys.argv[3], e)); sys.exit()
+for r in rows:
+    print("| %s | %s | %d | %.1f [%.1f-%.1f] | %.1f | %.2f / %.2f | %.2fx | %.1f | %.0f%% |" % (sys.argv[2], sys.argv[3], r["batch"], r["decode_tok_s"],
+          r["decode_tok_s_min"], r["decode_tok_s_max"], r["per_sequence_tok_s"], r["itl_p50_ms"], r["itl_p99_ms"], r["vs_batch_1"],
+          r["bound_decode_tok_s"], 100 * r["decode_ratio_to_bound"]))
+PY
+    done
+  done
+  echo >> "$summary"
+fi
+
+if [[ "$steps" == *" verify "* ]]; then
+  prepare_35b
+  echo "## Verification cost: prompt 1024, all on the GPU$([ -n "${VDRAFT:-}" ] && echo ', drafting with the MTP head'), old then new" >> "$summary"
+  echo "| tree | decode ms | k | verify ms | draft ms | rollback ms | speed-up at 0.6 / 0.8 / 0.9 |" >> "$summary"
+  echo "|---|---|---|---|---|---|---|" >> "$summary"
+  for which in old new; do
+    t=$OLD_T; [ $which = new ] && t=$NEW_T
+    [ "$(left)" -gt 30 ] || { echo "verify $which: no time left" >> "$OUT/e2e.log"; continue; }
+    timeout "$(left)" "$t" bench --model $m --device gpu --gpu-mem 1000GiB --context 1280 --prompt-len 1024 --gen 16 --repeat 3 \
+      --verify-cost 1,2,3,4 ${VDRAFT:+--draft 4} --json > "$OUT/e2e/verify.$which.json" 2> "$OUT/e2e/verify.$which.log"
+    python3 - "$OUT/e2e/verify.$which.json" "$which" >> "$summary" <<'PY'
+import json, sys
+try: rows = json.load(open(sys.argv[1]))["verify"]
 except Exception as e: print("| %s | failed: %s |" % (sys.argv[2], e)); sys.exit()
 for r in rows:
-    print("| %s | %d | %.1f [%.1f-%.1f] | %.1f | %.2f / %.2f | %.2fx | %.1f | %.0f%% |" % (sys.argv[2], r["batch"], r["decode_tok_s"], r["decode_tok_s_min"],
-          r["decode_tok_s_max"], r["per_sequence_tok_s"], r["itl_p50_ms"], r["itl_p99_ms"], r["vs_batch_1"], r["bound_decode_tok_s"], 100 * r["decode_ratio_to_bound"]))
+    s = r["speedup_at_acceptance"]
+    d = "n/a" if r["draft_ms"] is None else "%.3f" % r["draft_ms"]
+    print("| %s | %.3f | %d | %.3f | %s | %.3f | %.2fx / %.2fx / %.2fx |" % (sys.argv[2], r["decode_ms"], r["drafts"], r["verify_ms"], d,
+          r["rollback_ms"], s["0.6"], s["0.8"], s["0.9"]))
 PY
   done
   echo >> "$summary"
@@ -112,6 +145,31 @@ if [[ "$steps" == *" kbench "* ]]; then
   echo "## Kernel benchmarks (bench_gpu_gemv, filter ${KFILTER:-all})" >> "$summary"
   timeout "$(left)" build-ab-new/bench/bench_gpu_gemv --benchmark_filter="${KFILTER:-.}" > "$OUT/kbench.txt" 2>&1
   echo '```' >> "$summary"; grep -E '^BM_' "$OUT/kbench.txt" >> "$summary"; echo '```' >> "$summary"; echo >> "$summary"
+fi
+
+if [[ "$steps" == *" ncu "* ]]; then
+  ncu=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+  echo "## Nsight Compute: bench_gpu_gemv ${KFILTER:-.}, kernels ${NCU_KERNELS:-.} (ncu: ${ncu:-not found})" >> "$summary"
+  if [ -n "$ncu" ]; then
+    timeout "$(left)" "$ncu" --kernel-name "regex:${NCU_KERNELS:-.}" --launch-skip 20 --launch-count "${NCU_COUNT:-2}" --section SpeedOfLight \
+      --section SchedulerStats --section WarpStateStats --section Occupancy --section LaunchStats \
+      build-ab-new/bench/bench_gpu_gemv --benchmark_filter="${KFILTER:-.}" > "$OUT/ncu.txt" 2>&1
+    python3 - "$OUT/ncu.txt" >> "$summary" <<'PY'
+import re, sys
+text = open(sys.argv[1]).read()
+keys = [("Duration", "us"), ("Issued Warp Per Scheduler", "issue"), ("L1/TEX Cache Throughput", "L1 %"), ("DRAM Throughput", "DRAM %"),
+        ("Compute (SM) Throughput", "SM %"), ("Registers Per Thread", "regs"), ("Achieved Active Warps Per SM", "warps/SM")]
+print("| kernel | " + " | ".join(k[1] for k in keys) + " |"); print("|---" * (len(keys) + 1) + "|")
+for block in re.split(r"\n  (?=\S)", text)[1:]:
+    name = block.split("(")[0].split("::")[-1].strip()[:60]
+    vals = []
+    for k, _ in keys:
+        m = re.search(re.escape(k) + r"\s+\S*\s+([\d.,]+)", block)
+        vals.append(m.group(1) if m else "?")
+    if any(v != "?" for v in vals): print("| %s | %s |" % (name, " | ".join(vals)))
+PY
+  fi
+  echo >> "$summary"
 fi
 
 if [[ "$steps" == *" profile "* ]]; then
