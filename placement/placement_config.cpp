@@ -189,7 +189,7 @@ std::string format_value(const Reader& r, const YAML::Node& n, const std::string
   return v == 4 ? "fp8" : v == 3 ? "auto" : v == 0 ? "int4" : v == 1 ? "int8" : "bf16";
 }
 
-// A row format (core/row_format.h) key: kv_cache.format, dense.format, dense.lm_head.
+// A row format (core/row_format.h) key: kv_cache.format, dense.format, dense.lm_head, speculative.lm_head.
 std::string row_format_value(const Reader& r, const YAML::Node& n, const std::string& key) {
   const std::string v = r.scalar(n, key);
   if (v != "bf16" && v != "int8" && v != "fp8") r.fail_at(n, key, "'", v, "' must be 'bf16', 'int8' or 'fp8'");
@@ -222,7 +222,8 @@ PlacementConfig parse_placement_config(const std::string& text, const std::strin
       if (const YAML::Node f = dn["lm_head"]) c.lm_head_format = row_format_value(r, f, "dense.lm_head");
     }
     if (const YAML::Node sp = root["speculative"]) {
-      r.check_keys(sp, "speculative", {"draft", "head_experts"});
+      r.check_keys(sp, "speculative", {"draft", "head_experts", "lm_head"});
+      if (const YAML::Node f = sp["lm_head"]) c.draft_lm_head_format = row_format_value(r, f, "speculative.lm_head");
       if (sp["head_experts"]) c.head_experts_cpu = r.choice<bool>(sp["head_experts"], "speculative.head_experts", {{"gpu", false}, {"cpu", true}});
       if (const YAML::Node d = sp["draft"]; d && d.IsScalar() && d.Scalar() == "auto") c.draft = kDraftAuto;  // the tuner picks
       else if (d) c.draft = static_cast<int>(r.integer(d, "speculative.draft", 0, kMaxDraft));

@@ -59,6 +59,10 @@ struct PlacementConfig {
   // `speculative: {head_experts: gpu | cpu}`: the MTP head's 256 routed experts in VRAM (default) or in
   // host memory beside the CPU experts (a hybrid plan; their VRAM goes to the main model's experts).
   bool head_experts_cpu = false;
+  // `speculative: {lm_head: int8 | fp8}`: the drafts read their own copy of the lm_head as 8-bit rows,
+  // quantized on load (its VRAM counted), while the model's logits keep dense.lm_head's ("": the drafts
+  // read the model's). Drafts only propose: the output is the same whatever they read.
+  std::string draft_lm_head_format;
   // `dense: {format: bf16 | int8 | fp8}`: the dense projections (attention, DeltaNet, shared experts) as
   // stored or quantized on load to 8-bit rows, int8 or FP8 E4M3 with a scale each (GpuOptions::dense;
   // --dense-format overrides).

@@ -61,7 +61,8 @@ nlohmann::json plan_to_json(const Plan& p) {
   j["prefill_gpu_min_tokens"] = pr.prefill_gpu_min_tokens;
   if (!pr.verify_ms.empty()) {
     nlohmann::json sp = {{"verify_ms", pr.verify_ms}, {"draft_ms", pr.draft_ms}, {"head_experts", p.head_experts_cpu ? "cpu" : "gpu"},
-                         {"head_host_expert_bytes", p.head_host_expert_bytes}};
+                         {"head_host_expert_bytes", p.head_host_expert_bytes},
+                         {"lm_head", p.draft_lm_head != RowFormat::Bf16 ? row_format_name(p.draft_lm_head) : "model's"}};
     for (const double a : {0.6, 0.8, 0.9}) {
       std::vector<double> up;
       for (int k = 1; k <= static_cast<int>(pr.verify_ms.size()); ++k) up.push_back(pr.speedup(k, a));
@@ -171,6 +172,9 @@ std::string plan_table(const Plan& p) {
     line("speculative (bytes)", v + " " + buf + up);
     if (p.head_experts_cpu)
       line("", str_cat("the MTP head's routed experts in host memory (", format_gib(p.head_host_expert_bytes), ", in the CPU experts' figure)"));
+    if (p.draft_lm_head != RowFormat::Bf16)
+      line("", str_cat("the drafts read their own ", row_format_name(p.draft_lm_head), " copy of the lm_head (speculative.lm_head, ",
+                       format_gib(p.draft_lm_head_bytes), ", in the dense weights)"));
   }
   if (p.link_in_place > 0)
     line("link experts", str_cat("the GPU computes the first ", p.link_in_place, " of each token's CPU experts reading them over PCIe"));

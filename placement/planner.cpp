@@ -106,7 +106,8 @@ int64_t auto_prefill_chunk(bool cpu_experts_all, uint64_t budget, uint64_t all_e
 
 // Everything but routed experts, as Qwen35MoeGpu allocates it (header comment, point 1).
 VramBytes fixed_vram(const ModelConfig& c, const Sizer& s, int64_t context, RowFormat kv, int batch, bool embed_on_gpu, bool tied_shared,
-                     int64_t prefill_chunk, bool int4_experts, int deferral, uint64_t reserve, int draft, bool head_cpu, int64_t verify_tokens) {
+                     int64_t prefill_chunk, bool int4_experts, int deferral, uint64_t reserve, int draft, bool head_cpu, int64_t verify_tokens,
+                     RowFormat draft_lm_head) {
   const int64_t H = c.hidden_size, V = c.vocab_size, Is = c.shared_expert_intermediate_size;
   const int64_t conv_dim = c.linear_conv_dim(), Vd = c.linear_value_dim(), Hv = c.linear_num_value_heads;
   const int E = c.num_experts, L = c.num_layers;
@@ -156,6 +157,7 @@ VramBytes fixed_vram(const ModelConfig& c, const Sizer& s, int64_t context, RowF
       v.expert_weights += static_cast<uint64_t>(E) * (2 * ms.linear(m + "experts.0.gate_proj", I, H) + ms.linear(m + "experts.0.down_proj", H, I));
     v.expert_weights += align256(static_cast<uint64_t>(E) * (q ? kInt4ExpertTableEntry : kBf16ExpertTableEntry));
     v.kv_cache += kv_cache_bytes(c, context, kv) * batch;
+    if (draft_lm_head != RowFormat::Bf16) v.dense_weights += gpu::rows8_matrix_bytes(V, H);  // speculative.lm_head's copy
   }
   const int64_t kept = std::max<int64_t>(mtp ? draft + 1 : 0, verify_tokens), rows = decode_rows_for(c, prefill_chunk, batch, kept);
   // a decoder projection as 8-bit rows (any unit but lm_head, which prompts never run as a GEMM)
@@ -278,7 +280,8 @@ void predict(const ModelConfig& c, const PlacementConfig& cfg, const PlanRequest
       pr.verify_ms.push_back(pr.decode_ms + (gpu_b / pr.gpu_bw + cpu_b / pr.cpu_bw) * 1e3);
     }
     const double attn = (2.0 * nh * hd * H + 2.0 * nkv * hd * H + static_cast<double>(nh) * hd * H) * 2;
-    const double lm = p.dense_format_of("lm_head") != RowFormat::Bf16 ? static_cast<double>(V) * (H + 4) : static_cast<double>(V) * H * 2;
+    const RowFormat drafts_read = p.draft_lm_head != RowFormat::Bf16 ? p.draft_lm_head : p.dense_format_of("lm_head");  // speculative.lm_head
+    const double lm = drafts_read != RowFormat::Bf16 ? static_cast<double>(V) * (H + 4) : static_cast<double>(V) * H * 2;
     const std::string hf = p.experts_int4_on_load ? "int4" : "bf16";  // the head's experts (asymmetric when quantized on load)
     const int64_t hg = int4_expert_group(H, I);
     const double head_expert = static_cast<double>(2 * Sizer::host_matrix(hf, I, H, hg, false) + Sizer::host_matrix(hf, H, I, hg, false));
@@ -381,6 +384,10 @@ Plan make_plan(const ModelConfig& c, const PlacementConfig& cfg, const PlanReque
     check_fixed(layer_unit(l, c.layer_types[l] == LayerKind::FullAttention ? "self_attn" : "linear_attn"), false, &cfg.dense_format);
   }
   p.dense_units.assign(rows8_units.begin(), rows8_units.end());
+  if (cfg.draft != 0 && c.mtp_layers > 0 && !cfg.draft_lm_head_format.empty()) {  // speculative.lm_head: a copy unless the model's is that
+    const RowFormat f = parse_row_format(cfg.draft_lm_head_format, str_cat(cfg.source, ": speculative.lm_head"));
+    if (f != p.dense_format_of("lm_head") && c.hidden_size % 16 == 0) p.draft_lm_head = f, p.draft_lm_head_bytes = gpu::rows8_matrix_bytes(c.vocab_size, c.hidden_size);
+  }
   const Sizer s{c, prefix, &rows8_units, p.experts_int4_on_load};
 
   // ---- experts: formats and sizes ----
@@ -398,7 +405,7 @@ Plan make_plan(const ModelConfig& c, const PlacementConfig& cfg, const PlanReque
   if (p.context == 0) {
     const int64_t chunk = cfg.prefill_chunk < 0 ? 256 : cfg.prefill_chunk, floor = std::min<int64_t>(4096, c.max_position_embeddings);
     auto fixed_at = [&](int64_t ctx) {
-      return fixed_vram(c, s, ctx, p.kv_format, p.batch, p.embed_on_gpu, tied_shared, chunk, eq.quantized, cfg.deferral, cfg.gpu_reserve, drafts_held(cfg.draft), p.head_experts_cpu, req.verify_tokens).total();
+      return fixed_vram(c, s, ctx, p.kv_format, p.batch, p.embed_on_gpu, tied_shared, chunk, eq.quantized, cfg.deferral, cfg.gpu_reserve, drafts_held(cfg.draft), p.head_experts_cpu, req.verify_tokens, p.draft_lm_head).total();
     };
     const uint64_t base = fixed_at(floor);
     const uint64_t share = p.budget_bytes > base ? (p.budget_bytes - base) / 4 : 0;
@@ -419,7 +426,7 @@ Plan make_plan(const ModelConfig& c, const PlacementConfig& cfg, const PlanReque
 
   // ---- fixed VRAM ----
   auto fixed_for = [&](int64_t chunk) {
-    return fixed_vram(c, s, p.context, p.kv_format, p.batch, p.embed_on_gpu, tied_shared, chunk, eq.quantized, cfg.deferral, cfg.gpu_reserve, drafts_held(cfg.draft), p.head_experts_cpu, req.verify_tokens);
+    return fixed_vram(c, s, p.context, p.kv_format, p.batch, p.embed_on_gpu, tied_shared, chunk, eq.quantized, cfg.deferral, cfg.gpu_reserve, drafts_held(cfg.draft), p.head_experts_cpu, req.verify_tokens, p.draft_lm_head);
   };
   p.prefill_chunk_auto = cfg.prefill_chunk < 0;
   if (p.prefill_chunk_auto) {

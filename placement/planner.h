@@ -111,6 +111,10 @@ struct Plan {
   // bytes of them (in host_expert_bytes too), none in VRAM.
   bool head_experts_cpu = false;
   uint64_t head_host_expert_bytes = 0;
+  // speculative.lm_head (with drafts): the drafts' own copy of the lm_head as these 8-bit rows (in
+  // vram.dense_weights); Bf16: none, they read the model's (also when it is already in this format).
+  RowFormat draft_lm_head = RowFormat::Bf16;
+  uint64_t draft_lm_head_bytes = 0;
   // experts.link (GpuOptions::link_experts): its device buffers are in vram.workspace, counted for
   // every layer (gpu::link_buffer_bytes with all layers holding CPU experts).
   int link_in_place = 0;

@@ -209,6 +209,7 @@ class GpuRunner final : public Runner, private MtpDevice {
         g.shared[l] = placement_->dense_format_of(p + "mlp.shared_expert");
       }
       g.lm_head = placement_->dense_format_of("lm_head");
+      g.mtp_lm_head = placement_->draft_lm_head;  // speculative.lm_head
       const bool head_on_host = draft_ > 0 && placement_->head_experts_cpu;  // speculative.head_experts: cpu
       cpu_ = make_cpu_experts(model, placement_->expert_on_gpu, placement_->cpu_expert_format, o.threads, head_on_host);
       g.mtp_host_experts = head_on_host;

@@ -29,7 +29,7 @@ namespace {
 // experts on the host too (speculative.head_experts: cpu)
 enum class Placement { Gpu, Hybrid, HeadOnHost };
 
-RunnerOptions spec_options(const Qwen35Moe& model, Placement where, int draft, int batch = 1) {
+RunnerOptions spec_options(const Qwen35Moe& model, Placement where, int draft, int batch = 1, const std::string& speculative_extra = "") {
   RunnerOptions o;
   o.device = where == Placement::Gpu ? Device::Gpu : Device::Hybrid;
   o.context = 256;
@@ -39,7 +39,7 @@ RunnerOptions spec_options(const Qwen35Moe& model, Placement where, int draft, i
   if (where != Placement::Gpu) {
     const std::string yaml = "gpu:\n  memory: 4GiB\ncontext: 256\ngpu_experts_per_layer: " + std::to_string(model.config().num_experts / 2) +
                              "\nbatch: " + std::to_string(batch) + "\nspeculative:\n  draft: " + std::to_string(draft) +
-                             (where == Placement::HeadOnHost ? "\n  head_experts: cpu\n" : "\n");
+                             (where == Placement::HeadOnHost ? "\n  head_experts: cpu\n" : "\n") + speculative_extra;
     const auto cfg = placement::parse_placement_config(yaml, "half");
     o.plan = std::make_shared<const placement::Plan>(placement::make_plan(model.config(), cfg));
   }
@@ -241,6 +241,26 @@ TEST_P(GpuSpeculative, TheDemoModelsDraftsAreAccepted) {
   ASSERT_EQ(acc.size(), 2u);
   EXPECT_GT(acc[0], 0.5) << got.drafts.summary();
   EXPECT_GT(got.drafts.tokens_per_step(), 1.6) << got.drafts.summary();
+}
+
+// speculative.lm_head: int8: the drafts read their own int8 copy of the lm_head (the model's logits keep
+// the bf16 one): the tokens are the plain runner's, and the trained head is accepted about as often
+// (its argmax through 8-bit rows; within 0.1 a position of the bf16 head's acceptance).
+TEST(GpuSpeculative, DraftsThroughAnInt8LmHeadCopy) {
+  TANDEM_REQUIRE_GPU();
+  const std::string dir = std::string(TANDEM_TEST_DATA) + "/demo";
+  auto model = Qwen35Moe::load(dir);
+  const test::DemoDrafting bf16 = test::demo_drafting(*model, dir, [&](int draft) { return spec_options(*model, Placement::Hybrid, draft); });
+  const test::DemoDrafting int8 = test::demo_drafting(*model, dir, [&](int draft) {
+    RunnerOptions o = spec_options(*model, Placement::Hybrid, draft, 1, "  lm_head: int8\n");
+    EXPECT_EQ(o.plan->draft_lm_head, draft > 0 ? RowFormat::Int8 : RowFormat::Bf16);
+    return o;
+  });
+  EXPECT_EQ(int8.drafted.tokens, bf16.plain.tokens);
+  const std::vector<double> a = int8.drafted.drafts.acceptance(), b = bf16.drafted.drafts.acceptance();
+  ASSERT_EQ(a.size(), 2u);
+  ASSERT_EQ(b.size(), 2u);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 0.1) << int8.drafted.drafts.summary() << " | " << bf16.drafted.drafts.summary();
 }
 
 TEST(GpuSpeculative, RefusesWhatItCannotDo) {

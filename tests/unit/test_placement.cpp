@@ -12,6 +12,7 @@
 #include "core/row_format.h"
 #include "gpu_core/attention_sizes.h"
 #include "gpu_core/int4_layout.h"
+#include "gpu_core/rows8_layout.h"
 #include "placement/heat.h"
 #include "runtime/engine/session.h"
 #include "placement/placement_config.h"
@@ -125,6 +126,10 @@ TEST(PlacementConfigs, SpeculativeSection) {
   EXPECT_FALSE(yaml("speculative:\n  draft: 2\n").head_experts_cpu);
   EXPECT_TRUE(yaml("speculative:\n  draft: 2\n  head_experts: cpu\n").head_experts_cpu);
   test::expect_error([] { yaml("speculative:\n  head_experts: host\n"); }, {"test.yaml:2", "speculative.head_experts", "'host'"});
+  EXPECT_EQ(yaml("speculative:\n  draft: 2\n").draft_lm_head_format, "");
+  EXPECT_EQ(yaml("speculative:\n  draft: 2\n  lm_head: int8\n").draft_lm_head_format, "int8");
+  EXPECT_EQ(yaml("speculative:\n  lm_head: fp8\n").draft_lm_head_format, "fp8");
+  test::expect_error([] { yaml("speculative:\n  lm_head: int4\n"); }, {"test.yaml:2", "speculative.lm_head", "'int4'", "'bf16', 'int8' or 'fp8'"});
 }
 
 // prefill.strategy gpu_stream streams from the first prompt token, with the buffers counted; where it
@@ -323,6 +328,26 @@ TEST(Planner, SpeculativeDraftCountsTheMtpHead) {
   EXPECT_NE(plan_table(host).find("the MTP head's routed experts in host memory"), std::string::npos) << plan_table(host);
   EXPECT_EQ(plan_to_json(host)["speculative"]["head_experts"], "cpu");
   EXPECT_FALSE(make_plan(m, yaml(base + "speculative: {head_experts: cpu}\n"), {.gpu_mem = 16ull << 30}).head_experts_cpu) << "no drafts, no head";
+
+  // speculative.lm_head: int8: the drafts' own copy of the lm_head as 8-bit rows, counted with the
+  // dense weights; the drafts' predicted cost drops by about half the lm_head's read. No copy without
+  // drafts, nor when the model's lm_head is already int8 (dense.lm_head), which the drafts then read.
+  const Plan copy = make_plan(m, yaml(base + "speculative: {draft: 3, lm_head: int8}\n"), {.gpu_mem = 16ull << 30});
+  EXPECT_EQ(copy.draft_lm_head, RowFormat::Int8);
+  EXPECT_EQ(copy.draft_lm_head_bytes, gpu::rows8_matrix_bytes(248320, 2048));
+  EXPECT_EQ(copy.vram.dense_weights - on.vram.dense_weights, copy.draft_lm_head_bytes);
+  EXPECT_LE(copy.vram.total(), 16ull << 30);
+  EXPECT_LT(copy.total_gpu_experts(), on.total_gpu_experts());  // the copy's room comes from the routed experts
+  EXPECT_NEAR(on.predicted.draft_ms - copy.predicted.draft_ms, 248320.0 * (2048 * 2 - 2052) / on.predicted.gpu_bw * 1e3, 1e-9);
+  EXPECT_NE(plan_table(copy).find("the drafts read their own int8 copy of the lm_head"), std::string::npos) << plan_table(copy);
+  EXPECT_EQ(plan_to_json(copy)["speculative"]["lm_head"], "int8");
+  EXPECT_EQ(plan_to_json(on)["speculative"]["lm_head"], "model's");
+  const Plan none = make_plan(m, yaml(base + "speculative: {lm_head: int8}\n"), {.gpu_mem = 16ull << 30});
+  EXPECT_EQ(none.draft_lm_head, RowFormat::Bf16);
+  EXPECT_EQ(none.vram.dense_weights, off.vram.dense_weights);
+  const Plan shared = make_plan(m, yaml(base + "dense: {lm_head: int8}\nspeculative: {draft: 3, lm_head: int8}\n"), {.gpu_mem = 16ull << 30});
+  EXPECT_EQ(shared.draft_lm_head, RowFormat::Bf16);
+  EXPECT_EQ(shared.draft_lm_head_bytes, 0u);
 }
 
 // The cost model's speculative side: verification of k + 1 tokens costs more with k (the union of the

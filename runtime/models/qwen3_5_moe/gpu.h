@@ -109,6 +109,10 @@ struct GpuOptions {
   std::vector<RowFormat> mixer, shared;
   // The lm_head as 8-bit rows too (not a tied one: that is the embedding table). Accuracy: the same file.
   RowFormat lm_head = RowFormat::Bf16;
+  // With mtp: the drafts read their own copy of the lm_head as these 8-bit rows, quantized on load
+  // (placement `speculative.lm_head`), while the model's logits keep `lm_head`'s; Bf16, or lm_head's own
+  // format: no copy, they read the model's. Half the bytes of a draft's largest read.
+  RowFormat mtp_lm_head = RowFormat::Bf16;
   // The KV cache's format (core/row_format.h): bf16, or int8 / fp8 codes with an fp32 scale per token
   // and KV head (gpu_core/attention.cuh), about half the bytes: twice the context in the same memory.
   // The host placements store the same codes (Qwen35State::kv_format, KvRows).

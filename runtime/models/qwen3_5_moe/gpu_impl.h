@@ -207,7 +207,9 @@ struct Qwen35MoeGpu::Impl {
     DevLinear fc_e, fc_h;
     const float *norm_e = nullptr, *norm_h = nullptr, *norm = nullptr;
     float* hhid = nullptr;
+    DevLinear lm_head;  // the drafts' own 8-bit copy (GpuOptions::mtp_lm_head); out == 0: none
   } mtp;
+  const DevLinear& draft_lm_head() const { return mtp.lm_head.out ? mtp.lm_head : lm_head; }  // what the drafts read
   // mtp_chain's pinned table after hio's: the drafts [kMaxGemvTokens], the chain steps' positions
   // [kMaxGemvTokens], and a 1 (a one-token group's end).
   static constexpr int kChainIo = 2 * gpu::kMaxGemvTokens + 1;

@@ -1,7 +1,7 @@
 // runtime/models/qwen3_5_moe/gpu_mtp.cpp: the MTP head on the GPU (GpuOptions::mtp, see gpu.h):
 // x = fc_e(RMSNorm_e(embed(id))) + fc_h(RMSNorm_h(h)) (fc split into its halves at upload), the head's
 // decoder layer through the model's own layer walk (prefill_layer at li = num_layers, its KV cache per
-// slot), mtp.norm and the shared lm_head on the last row. Rows that fit step_rows' buffers run the
+// slot), mtp.norm and the shared lm_head (or the drafts' 8-bit copy of it) on the last row. Rows that fit step_rows' buffers run the
 // batch kernels as one CUDA graph per row count and output (eagerly when the head's experts are in host
 // memory, GpuOptions::mtp_host_experts: the layer hands over to the host as a hybrid layer does); longer
 // catch-ups (a prompt's rows) run the prompt-chunk kernels on the slot.
@@ -79,7 +79,7 @@ void Qwen35MoeGpu::mtp_rows(int slot, int64_t at, std::span<const int32_t> ids, 
     if (!last) return;
     if (want & kHidden) CK(cudaMemcpyAsync(m.mtp.hhid + R * H, m.x, H * sizeof(float), cudaMemcpyDeviceToHost, m.stream));
     if (!(want & (kLogits | kArgmax))) return;
-    m.linear(m.lm_head, m.x, m.logits);
+    m.linear(m.draft_lm_head(), m.x, m.logits);
     if (want & kLogits) CK(cudaMemcpyAsync(m.hrows, m.logits, V * sizeof(float), cudaMemcpyDeviceToHost, m.stream));
     if (want & kArgmax) {
       CK(gpu::top_k_row(m.logits, V, 1, m.topk_ws, m.top_ids, m.top_vals, m.stream));
@@ -149,7 +149,7 @@ bool Qwen35MoeGpu::mtp_chain(int slot, int64_t at, std::span<const int32_t> ids,
         CK(cudaMemcpyAsync(m.po, m.x, H * sizeof(float), cudaMemcpyDeviceToDevice, m.stream));
       }
       m.enqueue_mtp(i == 0 ? n : 1, false, nullptr);
-      m.linear(m.lm_head, m.x, m.logits);
+      m.linear(m.draft_lm_head(), m.x, m.logits);
       CK(gpu::top_k_row(m.logits, V, 1, m.topk_ws, m.top_ids, m.top_vals, m.stream));
       CK(cudaMemcpyAsync(io + i, m.top_ids, sizeof(int32_t), cudaMemcpyDeviceToHost, m.stream));
     }
