@@ -54,12 +54,13 @@ __device__ __forceinline__ uint32_t and_or(uint32_t a) {
 
 // sum over the word's 8 inputs of (q - z) * x (x: the 8 inputs as 4 fp16 pairs): fp16 products summed
 // in fp16 pairs, the two halves added in fp32 (the caller applies the group's scale). The pairs are
-// dequant_pair's, exactly, in fewer instructions: pairs 1 and 3 are taken in place, 16 (1024 + q) as
-// fp16 (nibble bits 4-7 under the magic), and brought to q - z by one fused multiply-add by 1/16 less
-// (64 + z), exact for codes and zero points below 16; pairs 2 and 3 come from the word shifted once.
+// dequant_pair's values in fewer instructions: pairs 2 and 3 come from the word shifted by 8 once;
+// pairs 1 and 3 are not shifted down: their nibbles sit in bits 4-7 under the magic, fp16 1024 + 16 q,
+// and one fused multiply-add (x 1/16, less 64 + z) gives q - z exactly (codes and zeros below 16).
+// z: fp16 1024 + zero in both halves (zero_1024).
 __device__ __forceinline__ float word_dot_h2(uint32_t word, const __half2* x, __half2 z) {
-  const __half2 sixteenth = __half2half2(__ushort_as_half(0x2c00));                         // 1/16
-  const __half2 hi_zero = __hneg2(__hsub2(z, __half2half2(__ushort_as_half(0x6380))));  // -(64 + z): z is 1024 + z, 0x6380 960
+  const __half2 sixteenth = __half2half2(__ushort_as_half(0x2c00));                     // fp16 1/16
+  const __half2 hi_zero = __hneg2(__hsub2(z, __half2half2(__ushort_as_half(0x6380))));  // -(64 + zero); 0x6380: fp16 960
   const uint32_t shifted = word >> 8;
   const __half2 p0 = __hsub2(as_half2(and_or<0x000f000fu, 0x64006400u>(word)), z);
   const __half2 p1 = __hfma2(as_half2(and_or<0x00f000f0u, 0x64006400u>(word)), sixteenth, hi_zero);

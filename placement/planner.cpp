@@ -386,7 +386,10 @@ Plan make_plan(const ModelConfig& c, const PlacementConfig& cfg, const PlanReque
   p.dense_units.assign(rows8_units.begin(), rows8_units.end());
   if (cfg.draft != 0 && c.mtp_layers > 0 && !cfg.draft_lm_head_format.empty()) {  // speculative.lm_head: a copy unless the model's is that
     const RowFormat f = parse_row_format(cfg.draft_lm_head_format, str_cat(cfg.source, ": speculative.lm_head"));
-    if (f != p.dense_format_of("lm_head") && c.hidden_size % 16 == 0) p.draft_lm_head = f, p.draft_lm_head_bytes = gpu::rows8_matrix_bytes(c.vocab_size, c.hidden_size);
+    if (f != p.dense_format_of("lm_head") && c.hidden_size % 16 == 0) {
+      p.draft_lm_head = f;
+      p.draft_lm_head_bytes = gpu::rows8_matrix_bytes(c.vocab_size, c.hidden_size);
+    }
   }
   const Sizer s{c, prefix, &rows8_units, p.experts_int4_on_load};
 

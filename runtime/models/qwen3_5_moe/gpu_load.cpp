@@ -394,7 +394,8 @@ void Qwen35MoeGpu::Impl::build(Uploader& up, const std::function<void(uint64_t)>
     mtp.norm_h = vec(w.pre_fc_norm_hidden, Kind::Dense);
     mtp.norm = vec(w.norm, Kind::Dense);
     mtp.layer = upload_layer(up, w.layer, static_cast<int>(c.num_layers));
-    const RowFormat lm_format = lm_head.rows8 ? lm_head.q8.format : RowFormat::Bf16;  // else the drafts read lm_head
+    // speculative.lm_head: the drafts' own 8-bit copy, unless lm_head is in that format already (they read it)
+    const RowFormat lm_format = lm_head.rows8 ? lm_head.q8.format : RowFormat::Bf16;
     mtp.lm_head = opts.mtp_lm_head != lm_format && as_rows8(model.lm_head(), opts.mtp_lm_head)
                       ? upload_linear(up, model.lm_head(), Kind::Dense, opts.mtp_lm_head)
                       : DevLinear{};
