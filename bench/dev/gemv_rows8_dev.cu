@@ -26,6 +26,7 @@
 #include <random>
 #include <vector>
 
+#include "gpu_core/block_reduce.cuh"
 #include "gpu_core/gemv.cuh"
 
 namespace {
@@ -86,14 +87,7 @@ __global__ void rows8_kernel(const uint8_t* __restrict__ q, const float* __restr
       }
     }
   }
-#pragma unroll
-  for (int t = 0; t < TMAX; ++t) {
-    if (t >= T) break;
-    float s = acc[t];
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-    if (lane == 0) y[t * N + row] = s * scales[row];
-  }
+  tandem::gpu::detail::warp_store_row<TMAX>(acc, T, scales[row], lane, [&](int t) { return y + t * N + row; });
 }
 
 template <bool kMagic, bool kPermuted>
