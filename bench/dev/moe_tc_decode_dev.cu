@@ -13,9 +13,10 @@
 // block: its pairs (row g, inputs 2t, 2t+1), (row g + 8, same), (row g, 2t + 8, 2t + 9), (row g + 8,
 // same) as the A fragment wants them, pair q's codes at nibbles q and q + 4. Scales and zero points
 // stay [N][K / 128] (groups of 128 only, the 35B's).
-// What it measures: one layer's gate/up (h = silu(gate x) * up x, fp16) for T tokens of top-8 of 256
-// experts read from HBM, µs and GB/s, next to the whole moe_int4_decode_wide (gate/up and down: its
-// gate/up is ~2/3 of its bytes and time, ncu). Checked against a double reference (relative L2 < 5e-3).
+// What it measures: one layer for T tokens of top-8 of 256 experts read from HBM, µs and GB/s: gate/up
+// (h = silu(gate x) * up x, fp16) alone, gate/up and down (a block per 16 output rows and token, a warp
+// per expert, the route's weights), and moe_int4_decode_wide on the same shapes. Checked against double
+// references: gate/up within 5e-3 (h is fp16), down over the same h within 1e-5 (fp32 accumulation).
 // Usage: bench_dev_moe_tc_decode (a CUDA device, sm_80+).
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -53,7 +54,7 @@ struct TcMatrix {
   const uint8_t* z;  // [N][K / 128], 0..16
 };
 struct TcExpert {
-  TcMatrix gate, up;
+  TcMatrix gate, up, down;
 };
 
 template <uint32_t kMask>
@@ -166,6 +167,55 @@ __global__ void __launch_bounds__(kWarps * 32) tc_gate_up_kernel(const TcExpert*
   }
 }
 
+// down: block (row block rb of 16 output rows, token t); warp j takes the token's expert j (k warps),
+// its I inputs of h (fp16 [pair, I], gate/up's output), weighted by the route; the block adds them.
+__global__ void __launch_bounds__(K * 32) tc_down_kernel(const TcExpert* __restrict__ experts, const int32_t* __restrict__ ids,
+                                                         const float* __restrict__ weights, const __half* __restrict__ h, float* __restrict__ out) {
+  constexpr int KB = I / 64, G = I / kGroup;
+  __shared__ float part[K][16];
+  const int lane = threadIdx.x & 31, j = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+  const int rb = blockIdx.x, tok = blockIdx.y, p = tok * K + j;
+  const TcMatrix& m = experts[ids[p]].down;
+  const uint4* q = m.q + static_cast<int64_t>(rb) * KB * 32 + lane;
+  uint4 w[kAhead];
+#pragma unroll
+  for (int i = 0; i < kAhead; ++i) w[i] = load_stream(q + i * 32);
+  const __half2* hp = reinterpret_cast<const __half2*>(h + static_cast<int64_t>(p) * I);
+  const int64_t r0 = 16 * rb + g, r1 = r0 + 8;
+  float acc[2] = {0, 0}, c[4] = {0, 0, 0, 0};
+  Group gr;
+  for (int b0 = 0; b0 < KB; b0 += kAhead) {
+#pragma unroll
+    for (int i = 0; i < kAhead; ++i) {
+      const int kb = b0 + i;
+      if ((kb * 64) % kGroup == 0) gr = group_of(m, r0, r1, kb * 64 / kGroup, G);
+      const uint32_t ww[4] = {w[i].x, w[i].y, w[i].z, w[i].w};
+      if (kb + kAhead < KB) w[i] = load_stream(q + (kb + kAhead) * 32);
+#pragma unroll
+      for (int jj = 0; jj < 4; ++jj) {
+        const int k0 = kb * 64 + jj * 16;
+        const uint32_t x0 = g == 0 ? h2u(hp[(k0 + 2 * t) / 2]) : 0u, x1 = g == 0 ? h2u(hp[(k0 + 2 * t + 8) / 2]) : 0u;
+        uint32_t a[4];
+        dequant(ww[jj], gr.lo, gr.hi, a);
+        mma(c, a, x0, x1);
+      }
+      if (((kb + 1) * 64) % kGroup == 0) {
+        acc[0] += c[0] * gr.s0, acc[1] += c[2] * gr.s1;
+        c[0] = c[1] = c[2] = c[3] = 0.0f;
+      }
+    }
+  }
+  const float rw = weights[p];
+  if (t == 0) part[j][g] = rw * acc[0], part[j][g + 8] = rw * acc[1];
+  __syncthreads();
+  if (threadIdx.x < 16) {
+    float sum = 0;
+#pragma unroll
+    for (int q2 = 0; q2 < K; ++q2) sum += part[q2][threadIdx.x];
+    out[static_cast<int64_t>(tok) * H + 16 * rb + threadIdx.x] = sum;
+  }
+}
+
 // A random GPTQ-like matrix [N, Kin]: codes 0..15, fp16 scales, zero points 0..16 per group of 128.
 struct HostMatrix {
   int64_t N, Kin;
@@ -221,18 +271,20 @@ int main() {
   DEV_CK(cudaGetDeviceProperties(&prop, 0));
   std::mt19937 rng(11);
   // 256 experts' gate and up (random codes: checked), 256 MB: each launch's experts come from HBM
-  std::vector<HostMatrix> gate, up;
+  std::vector<HostMatrix> gate, up, down;
   std::vector<TcExpert> table(E);
   for (int e = 0; e < E; ++e) {
     gate.emplace_back(rng, I, H);
     up.emplace_back(rng, I, H);
+    down.emplace_back(rng, H, I);
     table[e].gate = {upload(gate[e].fragments()), upload(gate[e].s), upload(gate[e].z)};
     table[e].up = {upload(up[e].fragments()), upload(up[e].s), upload(up[e].z)};
+    table[e].down = {upload(down[e].fragments()), upload(down[e].s), upload(down[e].z)};
   }
   TcExpert* dtable = upload(table);
   constexpr int kSets = 32;
-  std::printf("%s; one layer's gate/up, top-8 of 256, experts from HBM; us a call (GB/s of the distinct experts' gate/up bytes)\n", prop.name);
-  std::printf("%6s %22s %28s   %s\n", "tokens", "tensor cores (gate/up)", "moe_int4_decode_wide (all)", "check (rel L2 vs double)");
+  std::printf("%s; one MoE layer, top-8 of 256, experts from HBM; us a call (GB/s of the distinct experts' bytes)\n", prop.name);
+  std::printf("%6s %18s %24s %24s   %s\n", "tokens", "tc gate/up", "tc gate/up + down", "moe_int4_decode_wide", "checks (rel L2 vs double)");
   for (int T : {1, 2, 4, 8}) {
     std::vector<int32_t> ids(kSets * T * K);
     for (int s = 0; s < kSets; ++s)
@@ -242,10 +294,13 @@ int main() {
         std::shuffle(all.begin(), all.end(), rng);
         for (int j = 0; j < K; ++j) ids[(s * T + tt) * K + j] = all[j];
       }
-    std::vector<float> x(T * H);
+    std::vector<float> x(T * H), rw(kSets * T * K);
     for (auto& v : x) v = std::uniform_real_distribution<float>(-1.0f, 1.0f)(rng);
+    for (auto& v : rw) v = std::uniform_real_distribution<float>(0.05f, 0.5f)(rng);
     int32_t* dids = upload(ids);
-    float* dx = upload(x);
+    float *dx = upload(x), *drw = upload(rw), *dout = nullptr;
+    DEV_CK(cudaMalloc(&dout, T * H * sizeof(float)));
+    const dim3 down_grid(static_cast<unsigned>(H / 16), static_cast<unsigned>(T));
     __half* dh = nullptr;
     DEV_CK(cudaMalloc(&dh, T * K * I * sizeof(__half)));
     const dim3 grid(static_cast<unsigned>(I / 16), static_cast<unsigned>(T * K));
@@ -269,11 +324,29 @@ int main() {
       }
     }
     const double rel = std::sqrt(num / den);
+    // down over gate/up's own h (its fp16 values), against the double products of the same h
+    tc_down_kernel<<<down_grid, K * 32>>>(dtable, dids, drw, dh, dout);
+    DEV_CK(cudaDeviceSynchronize());
+    std::vector<float> y(T * H);
+    DEV_CK(cudaMemcpy(y.data(), dout, y.size() * sizeof(float), cudaMemcpyDeviceToHost));
+    double dnum = 0, dden = 0;
+    for (int tt = 0; tt < T; ++tt)
+      for (int64_t n = 0; n < H; ++n) {
+        double want = 0;
+        for (int j = 0; j < K; ++j) {
+          const int pp = tt * K + j, e = ids[pp];
+          double a = 0;
+          for (int64_t kk = 0; kk < I; ++kk) a += down[e].w(n, kk) * double(__half2float(got[pp * I + kk]));
+          want += rw[pp] * a;
+        }
+        dnum += (y[tt * H + n] - want) * (y[tt * H + n] - want), dden += want * want;
+      }
+    const double drel = std::sqrt(dnum / dden);
     // distinct experts of a set: the bytes the launch must read
     std::vector<int32_t> first(ids.begin(), ids.begin() + T * K);
     std::sort(first.begin(), first.end());
     const double distinct = double(std::unique(first.begin(), first.end()) - first.begin());
-    const double bytes = distinct * 2 * (I * H / 2 + I * (H / kGroup) * 3);
+    const double bytes = distinct * 2 * (I * H / 2 + I * (H / kGroup) * 3), all_bytes = bytes * 1.5;
     auto time = [&](auto&& launch) {
       cudaEvent_t a, b;
       DEV_CK(cudaEventCreate(&a));
@@ -288,6 +361,10 @@ int main() {
       return 1000.0 * ms / 320;
     };
     const double tc = time([&](int s) { tc_gate_up_kernel<<<grid, kWarps * 32>>>(dtable, dids + s * T * K, K, dx, dh); });
+    const double tc_all = time([&](int s) {
+      tc_gate_up_kernel<<<grid, kWarps * 32>>>(dtable, dids + s * T * K, K, dx, dh);
+      tc_down_kernel<<<down_grid, K * 32>>>(dtable, dids + s * T * K, drw + s * T * K, dh, dout);
+    });
     DEV_CK(cudaGetLastError());
     // the production kernel on the same shapes (zeroed weights of its own layout: timing only)
     static tandem::gpu::Int4Expert* pexp = nullptr;
@@ -318,8 +395,9 @@ int main() {
       tandem::gpu::moe_int4_decode_wide(pexp, H, I, kGroup, dids + s * T * K, pw + s * T * K, T, K, dx, ph, pout, nullptr);
     });
     DEV_CK(cudaGetLastError());
-    std::printf("%6d %10.1f (%7.0f) %15.1f %12s   %.1e%s\n", T, tc, bytes / tc / 1e3, wide, "", rel, rel < 5e-3 ? "" : " FAIL");
-    cudaFree(dids), cudaFree(dx), cudaFree(dh);
+    std::printf("%6d %8.1f (%6.0f) %12.1f (%7.0f) %12.1f (%7.0f)   gate/up %.1e%s, down %.1e%s\n", T, tc, bytes / tc / 1e3, tc_all,
+                all_bytes / tc_all / 1e3, wide, all_bytes / wide / 1e3, rel, rel < 5e-3 ? "" : " FAIL", drel, drel < 1e-5 ? "" : " FAIL");
+    cudaFree(dids), cudaFree(dx), cudaFree(dh), cudaFree(drw), cudaFree(dout);
   }
   return 0;
 }
