@@ -135,7 +135,7 @@ for r in rows:
     s = r["speedup_at_acceptance"]
     d = "n/a" if r["draft_ms"] is None else "%.3f" % r["draft_ms"]
     print("| %s | %.3f | %d | %.3f | %s | %.3f | %.2fx / %.2fx / %.2fx |" % (sys.argv[2], r["decode_ms"], r["drafts"], r["verify_ms"], d,
-          r["rollback_ms"], s["0.6"], s["0.8"], s["0.9"]))
+          r.get("rollback_ms", float("nan")), s["0.6"], s["0.8"], s["0.9"]))  # trees before cf84f1e: no rollback column
 PY
   done
   echo >> "$summary"
