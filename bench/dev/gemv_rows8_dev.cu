@@ -26,28 +26,17 @@
 #include <random>
 #include <vector>
 
+#include "bench/dev/dev_util.cuh"
 #include "gpu_core/block_reduce.cuh"
 #include "gpu_core/gemv.cuh"
+#include "gpu_core/int4_row.cuh"
 
 namespace {
 
 constexpr int kRowsPerBlock = 8;
 constexpr int kMaxT = 8;
 
-#define DEV_CK(x)                                                                         \
-  do {                                                                                    \
-    const cudaError_t e_ = (x);                                                           \
-    if (e_ != cudaSuccess) {                                                              \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                       \
-    }                                                                                     \
-  } while (0)
 
-__device__ __forceinline__ int4 load_stream(const int4* p) {
-  int4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-  return v;
-}
 
 template <bool kMagic>
 __device__ __forceinline__ void codes4(int w, float* f) {
@@ -70,11 +59,12 @@ __global__ void rows8_kernel(const uint8_t* __restrict__ q, const float* __restr
   float acc[TMAX];
 #pragma unroll
   for (int t = 0; t < TMAX; ++t) acc[t] = 0.0f;
-  const int4* w = reinterpret_cast<const int4*>(q + row * K);
+  const uint4* w = reinterpret_cast<const uint4*>(q + row * K);
   for (int64_t c = lane; c < K / 16; c += 32) {
-    const int4 v = load_stream(w + c);
+    const uint4 v = tandem::gpu::detail::load_stream(w + c);  // weights are read once: not into L1
     float wf[16];
-    codes4<kMagic>(v.x, wf), codes4<kMagic>(v.y, wf + 4), codes4<kMagic>(v.z, wf + 8), codes4<kMagic>(v.w, wf + 12);
+    codes4<kMagic>(static_cast<int>(v.x), wf), codes4<kMagic>(static_cast<int>(v.y), wf + 4);
+    codes4<kMagic>(static_cast<int>(v.z), wf + 8), codes4<kMagic>(static_cast<int>(v.w), wf + 12);
 #pragma unroll
     for (int t = 0; t < TMAX; ++t) {
       if (t >= T) break;
@@ -125,13 +115,8 @@ struct Shape {
 }  // namespace
 
 int main() {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::printf("bench_dev_gemv_rows8: no CUDA device\n");
-    return 0;
-  }
   cudaDeviceProp prop{};
-  DEV_CK(cudaGetDeviceProperties(&prop, 0));
+  if (!tandem::dev::find_device("bench_dev_gemv_rows8", &prop)) return 0;
   std::printf("%s; int8 rows x fp32 activations, weights from HBM; us a call (GB/s of codes and scales)\n", prop.name);
   std::printf("%-30s %2s  %18s %18s %18s %18s   checks\n", "shape", "T", "0 main", "1 magic", "2 permuted", "3 both");
   const Shape shapes[] = {{"lm_head 248320 x 2048", 248320, 2048}, {"stacked input 12352 x 2048", 12352, 2048},
@@ -187,19 +172,8 @@ int main() {
           std::strcat(checks, buf);
         }
         // time: 20 warm-up calls, then 200 cycling over the copies
-        cudaEvent_t a, b;
-        DEV_CK(cudaEventCreate(&a));
-        DEV_CK(cudaEventCreate(&b));
-        for (int i = 0; i < 20; ++i) run_variant(v, dq + (i % copies) * N * K, dqp + (i % copies) * N * K, ds, N, K, dx, T, dy);
-        DEV_CK(cudaEventRecord(a));
-        for (int i = 0; i < 200; ++i) run_variant(v, dq + (i % copies) * N * K, dqp + (i % copies) * N * K, ds, N, K, dx, T, dy);
-        DEV_CK(cudaEventRecord(b));
-        DEV_CK(cudaEventSynchronize(b));
-        float ms = 0;
-        DEV_CK(cudaEventElapsedTime(&ms, a, b));
-        us[v] = 1000.0 * ms / 200;
-        DEV_CK(cudaEventDestroy(a));
-        DEV_CK(cudaEventDestroy(b));
+        us[v] = tandem::dev::time_us(
+            [&](int i) { run_variant(v, dq + (i % copies) * N * K, dqp + (i % copies) * N * K, ds, N, K, dx, T, dy); }, 20, 200);
       }
       std::printf("%-30s %2d ", sh.name, T);
       for (double u : us) std::printf(" %8.1f (%6.0f)", u, bytes / u / 1e3);

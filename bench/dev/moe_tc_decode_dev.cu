@@ -30,18 +30,12 @@
 #include <random>
 #include <vector>
 
+#include "bench/dev/dev_util.cuh"
+#include "gpu_core/int4_row.cuh"
 #include "gpu_core/moe.cuh"
 
 namespace {
 
-#define DEV_CK(x)                                                                                  \
-  do {                                                                                             \
-    const cudaError_t e_ = (x);                                                                    \
-    if (e_ != cudaSuccess) {                                                                       \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));   \
-      std::exit(1);                                                                                \
-    }                                                                                              \
-  } while (0)
 
 constexpr int64_t H = 2048, I = 512, kGroup = 128;
 constexpr int E = 256, K = 8;
@@ -57,21 +51,13 @@ struct TcExpert {
   TcMatrix gate, up, down;
 };
 
-template <uint32_t kMask>
-__device__ __forceinline__ uint32_t and_or_magic(uint32_t a) {
-  uint32_t r;
-  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(a), "n"(kMask), "n"(0x64006400u));
-  return r;
-}
+using tandem::gpu::detail::and_or;
+using tandem::gpu::detail::as_half2;
+using tandem::gpu::detail::load_stream;
 __device__ __forceinline__ uint32_t h2u(__half2 h) {
   uint32_t u;
   memcpy(&u, &h, 4);
   return u;
-}
-__device__ __forceinline__ __half2 u2h(uint32_t u) {
-  __half2 h;
-  memcpy(&h, &u, 4);
-  return h;
 }
 
 // The A fragment of one word, (q - z) exactly: pairs 0 and 2 (row g) from the low nibbles less 1024 + z_g
@@ -79,10 +65,10 @@ __device__ __forceinline__ __half2 u2h(uint32_t u) {
 __device__ __forceinline__ void dequant(uint32_t w, __half2 lo, __half2 hi, uint32_t (&a)[4]) {
   const __half2 sixteenth = __half2half2(__ushort_as_half(0x2c00));
   const uint32_t w8 = w >> 8;
-  a[0] = h2u(__hsub2(u2h(and_or_magic<0x000f000fu>(w)), lo));
-  a[1] = h2u(__hfma2(u2h(and_or_magic<0x00f000f0u>(w)), sixteenth, hi));
-  a[2] = h2u(__hsub2(u2h(and_or_magic<0x000f000fu>(w8)), lo));
-  a[3] = h2u(__hfma2(u2h(and_or_magic<0x00f000f0u>(w8)), sixteenth, hi));
+  a[0] = h2u(__hsub2(as_half2(and_or<0x000f000fu, 0x64006400u>(w)), lo));
+  a[1] = h2u(__hfma2(as_half2(and_or<0x00f000f0u, 0x64006400u>(w)), sixteenth, hi));
+  a[2] = h2u(__hsub2(as_half2(and_or<0x000f000fu, 0x64006400u>(w8)), lo));
+  a[3] = h2u(__hfma2(as_half2(and_or<0x00f000f0u, 0x64006400u>(w8)), sixteenth, hi));
 }
 
 __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
@@ -91,11 +77,6 @@ __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], uint3
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-__device__ __forceinline__ uint4 load_stream(const uint4* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-  return v;
-}
 
 // A matrix's group: rows g and g + 8's scales and their zero points in dequant's two forms.
 struct Group {
@@ -251,24 +232,13 @@ struct HostMatrix {
   }
 };
 
-template <typename T>
-T* upload(const std::vector<T>& v) {
-  T* d = nullptr;
-  DEV_CK(cudaMalloc(&d, v.size() * sizeof(T)));
-  DEV_CK(cudaMemcpy(d, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
-  return d;
-}
+using tandem::dev::upload;
 
 }  // namespace
 
 int main() {
-  int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::printf("bench_dev_moe_tc_decode: no CUDA device\n");
-    return 0;
-  }
   cudaDeviceProp prop{};
-  DEV_CK(cudaGetDeviceProperties(&prop, 0));
+  if (!tandem::dev::find_device("bench_dev_moe_tc_decode", &prop)) return 0;
   std::mt19937 rng(11);
   // 256 experts' gate and up (random codes: checked), 256 MB: each launch's experts come from HBM
   std::vector<HostMatrix> gate, up, down;
@@ -347,19 +317,7 @@ int main() {
     std::sort(first.begin(), first.end());
     const double distinct = double(std::unique(first.begin(), first.end()) - first.begin());
     const double bytes = distinct * 2 * (I * H / 2 + I * (H / kGroup) * 3), all_bytes = bytes * 1.5;
-    auto time = [&](auto&& launch) {
-      cudaEvent_t a, b;
-      DEV_CK(cudaEventCreate(&a));
-      DEV_CK(cudaEventCreate(&b));
-      for (int i = 0; i < 20; ++i) launch(i % kSets);
-      DEV_CK(cudaEventRecord(a));
-      for (int i = 0; i < 320; ++i) launch(i % kSets);
-      DEV_CK(cudaEventRecord(b));
-      DEV_CK(cudaEventSynchronize(b));
-      float ms = 0;
-      DEV_CK(cudaEventElapsedTime(&ms, a, b));
-      return 1000.0 * ms / 320;
-    };
+    auto time = [&](auto&& launch) { return tandem::dev::time_us([&](int i) { launch(i % kSets); }, 20, 320); };
     const double tc = time([&](int s) { tc_gate_up_kernel<<<grid, kWarps * 32>>>(dtable, dids + s * T * K, K, dx, dh); });
     const double tc_all = time([&](int s) {
       tc_gate_up_kernel<<<grid, kWarps * 32>>>(dtable, dids + s * T * K, K, dx, dh);
