@@ -66,7 +66,7 @@ for p in $placements; do
   done
   [ -n "$url" ] || { echo "the server did not start:" >> "$summary"; tail -20 "$OUT/serve-$p.log" >> "$summary"; continue; }
   grep "listening on" "$OUT/serve-$p.log" >> "$summary"
-  echo; echo "$p through the server (bench/serve_load.py: ~500-token prompts, 64 tokens, ignore_eos, greedy)" >> "$summary"
+  echo; echo "$p through the server (bench/serve_load.py: 450-word prompts, ~830 tokens in the chat template, 64 tokens, ignore_eos, greedy)" >> "$summary"
   timeout "$(left)" python3 bench/serve_load.py --url "$url" --streams "$streams" --requests "$requests" --max-tokens 64 --prompt-words 450 >> "$summary" 2> "$OUT/load-$p.err"
   kill -TERM $pid; wait $pid; echo "server exit: $?" >> "$summary"
   echo "the server's own clock, its first requests (the one-stream level when STREAMS starts with 1):" >> "$summary"
