@@ -5,6 +5,7 @@
 
 #include "gpu_core/fp8.cuh"
 #include "gpu_core/gemm.cuh"
+#include "gpu_core/rows8_layout.h"
 
 namespace tandem::gpu {
 
@@ -20,16 +21,18 @@ __global__ void split_bf16_kernel(const float* __restrict__ x, int64_t n, __nv_b
   }
 }
 
-// 8-bit codes to bf16, exactly: int8 integers (|c| <= 127) and E4M3 values (3 mantissa bits, |v| <= 448)
-// are bf16 values. Four codes a thread.
+// 8-bit codes [N][K] (rows8_layout.h's order) to bf16 [N][K] in input order, exactly: int8 integers
+// (|c| <= 127) and E4M3 values (3 mantissa bits, |v| <= 448) are bf16 values. Four codes a thread: an
+// aligned word holds four consecutive inputs.
 template <bool Fp8>
-__global__ void codes_to_bf16_kernel(const uint8_t* __restrict__ codes, int64_t n4, __nv_bfloat16* __restrict__ out) {
+__global__ void codes_to_bf16_kernel(const uint8_t* __restrict__ codes, int64_t K, int64_t n4, __nv_bfloat16* __restrict__ out) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n4; i += int64_t(gridDim.x) * blockDim.x) {
     const uint32_t four = reinterpret_cast<const uint32_t*>(codes)[i];
+    const int64_t p = 4 * i % K, k = 4 * i - p + rows8_input(K, p);
     for (int j = 0; j < 4; ++j) {
       const uint32_t c = (four >> (8 * j)) & 0xffu;
       const float v = Fp8 ? detail::fp8_to_float(c) : static_cast<float>(static_cast<int8_t>(c));
-      out[4 * i + j] = __float2bfloat16_rn(v);
+      out[k + j] = __float2bfloat16_rn(v);
     }
   }
 }
@@ -78,8 +81,8 @@ cudaError_t gemm_rows8(BlasHandle handle, const Rows8View& W, const float* x, in
   if (W.K % 8 != 0 || (W.format != RowFormat::Int8 && W.format != RowFormat::Fp8)) return cudaErrorInvalidValue;
   const int64_t n4 = W.N * W.K / 4;  // K % 8 == 0: whole 4-byte words
   auto* wb = reinterpret_cast<__nv_bfloat16*>(w_codes);
-  if (W.format == RowFormat::Fp8) codes_to_bf16_kernel<true><<<grid_for(n4), 256, 0, stream>>>(W.codes, n4, wb);
-  else codes_to_bf16_kernel<false><<<grid_for(n4), 256, 0, stream>>>(W.codes, n4, wb);
+  if (W.format == RowFormat::Fp8) codes_to_bf16_kernel<true><<<grid_for(n4), 256, 0, stream>>>(W.codes, W.K, n4, wb);
+  else codes_to_bf16_kernel<false><<<grid_for(n4), 256, 0, stream>>>(W.codes, W.K, n4, wb);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   if (cudaError_t e = gemm_bf16(handle, w_codes, W.N, W.K, x, T, x_split, y, stream); e != cudaSuccess) return e;
   scale_columns_kernel<<<grid_for(T * W.N), 256, 0, stream>>>(y, W.scales, W.N, T * W.N);

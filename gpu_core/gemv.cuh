@@ -67,7 +67,7 @@ cudaError_t gemv_bf16(const uint16_t* W, int64_t N, int64_t K, const float* x, i
 // relative to the dequantized weights' fp64 product. One warp per row, the weights read once for all T
 // tokens.
 struct Rows8View {
-  const uint8_t* codes = nullptr;  // [N][K]
+  const uint8_t* codes = nullptr;  // [N][K], each row in rows8_layout.h's order (rows8_position)
   const float* scales = nullptr;   // [N]
   int64_t N = 0, K = 0;
   RowFormat format = RowFormat::Int8;  // Int8 or Fp8

@@ -1,10 +1,12 @@
 // gpu_core/gemv_rows8.cu: 8-bit weights (int8 or FP8 E4M3 codes, a scale per row) x fp32 activations,
-// one warp per output row (see gemv.cuh).
+// one warp per output row (see gemv.cuh), the codes in rows8_layout.h's order.
 #include <cuda_runtime.h>
 
 #include "gpu_core/block_reduce.cuh"
 #include "gpu_core/fp8.cuh"
 #include "gpu_core/gemv.cuh"
+#include "gpu_core/int4_row.cuh"
+#include "gpu_core/rows8_layout.h"
 
 namespace tandem::gpu {
 
@@ -12,22 +14,16 @@ namespace {
 
 constexpr int kRowsPerBlock = 8;  // one warp a row
 
-__device__ __forceinline__ int4 load_stream(const int4* p) {  // weights are read once: not into L1
-  int4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-  return v;
-}
-
 // The 4 codes of w as floats (exact): signed bytes, or E4M3 values converted two at a time (fp8.cuh).
 template <RowFormat F>
-__device__ __forceinline__ void codes4(int w, float* f) {
+__device__ __forceinline__ void codes4(uint32_t w, float* f) {
   if constexpr (F == RowFormat::Int8) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) f[i] = static_cast<float>(static_cast<int8_t>((w >> (8 * i)) & 0xff));
+    for (int i = 0; i < 4; ++i) f[i] = static_cast<float>(static_cast<int8_t>((w >> (8 * i)) & 0xffu));
   } else {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      const float2 v = detail::fp8x2_to_float2(static_cast<uint32_t>(w) >> (16 * i));
+      const float2 v = detail::fp8x2_to_float2(w >> (16 * i));
       f[2 * i] = v.x, f[2 * i + 1] = v.y;
     }
   }
@@ -42,18 +38,22 @@ __global__ void gemv_rows8_kernel(const uint8_t* __restrict__ q, const float* __
   float acc[TMAX];
 #pragma unroll
   for (int t = 0; t < TMAX; ++t) acc[t] = 0.0f;
-  const int4* w = reinterpret_cast<const int4*>(q + row * K);
+  const uint4* w = reinterpret_cast<const uint4*>(q + row * K);
+  const int64_t whole = K / 512 * 32;  // the 16-code chunks of whole 512-input blocks (rows8_position)
   for (int64_t c = lane; c < K / 16; c += 32) {  // 16 weights a load
-    const int4 v = load_stream(w + c);
+    const uint4 v = detail::load_stream(w + c);  // weights are read once: not into L1
     float wf[16];
     codes4<F>(v.x, wf), codes4<F>(v.y, wf + 4), codes4<F>(v.z, wf + 8), codes4<F>(v.w, wf + 12);
+    // word i of the chunk: inputs x0 + i * step .. + 3 (in a whole block, chunk c = 32 b + lane holds
+    // 512 b + 4 lane + 128 i; past them, in order)
+    const int64_t x0 = c < whole ? (c - lane) * 16 + 4 * lane : c * 16;
+    const int step = c < whole ? 128 : 4;
 #pragma unroll
     for (int t = 0; t < TMAX; ++t) {
       if (t >= T) break;
-      const float4* xp = reinterpret_cast<const float4*>(x + t * K + c * 16);
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const float4 a = __ldg(xp + i);
+        const float4 a = __ldg(reinterpret_cast<const float4*>(x + t * K + x0 + i * step));
         acc[t] += wf[4 * i] * a.x + wf[4 * i + 1] * a.y + wf[4 * i + 2] * a.z + wf[4 * i + 3] * a.w;
       }
     }

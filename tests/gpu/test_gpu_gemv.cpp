@@ -197,7 +197,7 @@ std::vector<double> rows8_reference(const gpu::Rows8Host& h, const std::vector<f
   std::vector<double> y(T * N, 0.0);
   for (int64_t n = 0; n < N; ++n)
     for (int64_t t = 0; t < T; ++t)
-      for (int64_t k = 0; k < K; ++k) y[t * N + n] += double(row_decode(h.codes[n * K + k], h.format)) * h.scales[n] * x[t * K + k];
+      for (int64_t k = 0; k < K; ++k) y[t * N + n] += double(row_decode(h.codes[n * K + gpu::rows8_position(K, k)], h.format)) * h.scales[n] * x[t * K + k];
   return y;
 }
 
@@ -241,7 +241,7 @@ TEST_P(GpuGemvRows8, MatchesDequantizedReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuGemvRows8,
-                         ::testing::Combine(::testing::Values(Rows8Case{8192, 2048}, Rows8Case{2048, 4096}, Rows8Case{256, 2048}, Rows8Case{37, 64},
+                         ::testing::Combine(::testing::Values(Rows8Case{8192, 2048}, Rows8Case{2048, 4096}, Rows8Case{256, 2048}, Rows8Case{40, 1552}, Rows8Case{37, 64},
                                                               Rows8Case{1, 16}),
                                             ::testing::Values(RowFormat::Int8, RowFormat::Fp8)));
 
@@ -335,7 +335,7 @@ TEST_P(GpuGemmRows8, MatchesDequantizedReferenceAndTheGemv) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuGemmRows8,
-                         ::testing::Combine(::testing::Values(Shape{8192, 2048, 64}, Shape{2048, 4096, 33}, Shape{256, 2048, 300}, Shape{37, 64, 5}),
+                         ::testing::Combine(::testing::Values(Shape{8192, 2048, 64}, Shape{2048, 4096, 33}, Shape{256, 2048, 300}, Shape{40, 1552, 17}, Shape{37, 64, 5}),
                                             ::testing::Values(RowFormat::Int8, RowFormat::Fp8)));
 
 INSTANTIATE_TEST_SUITE_P(Formats, GpuGemvInt4,

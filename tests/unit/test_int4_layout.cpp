@@ -1,6 +1,8 @@
 // The GPU int4 layout (gpu_core/int4_layout.h) is built on the host: check it reproduces every weight
 // of the runtime's GPTQ definition exactly, for each format variant (runs without a GPU).
+#include <algorithm>
 #include <numeric>
+#include <random>
 
 #include "gpu_core/int4_layout.h"
 #include "gpu_core/rows8_layout.h"
@@ -81,7 +83,7 @@ TEST(Rows8Layout, RowsQuantizeWithinHalfAStep) {
       for (int64_t k = 0; k < K; ++k) m = std::max(m, std::fabs(bf16_to_f32(w[n * K + k])));
       EXPECT_FLOAT_EQ(h.scales[n], m / top_code) << row_format_name(f) << " row " << n;
       for (int64_t k = 0; k < K; ++k) {
-        const float x = bf16_to_f32(w[n * K + k]), v = row_decode(h.codes[n * K + k], f);
+        const float x = bf16_to_f32(w[n * K + k]), v = row_decode(h.codes[n * K + gpu::rows8_position(K, k)], f);
         const float bound = f == RowFormat::Int8 ? h.scales[n] * (0.5f + 1e-5f) : std::fabs(x) / 16 * 1.0001f + h.scales[n] * std::ldexp(1.0f, -10);
         EXPECT_LE(std::fabs(x - v * h.scales[n]), bound) << row_format_name(f) << " " << n << ", " << k;
         top = std::max(top, std::fabs(v));
@@ -91,6 +93,41 @@ TEST(Rows8Layout, RowsQuantizeWithinHalfAStep) {
   }
   EXPECT_EQ(gpu::rows8_matrix_bytes(N, K), 3328u + 256u);  // codes 3168 -> 3328, scales 132 -> 256 (each 256-byte aligned)
   test::expect_error([&] { gpu::quantize_rows8(w.data(), N, K, RowFormat::Bf16); }, {"bf16 is not an 8-bit format"});
+}
+
+// rows8_position: a permutation of each row (rows8_input its inverse) that keeps 4-input words whole;
+// in a whole 512-input block lane l's 16 codes (positions 16 l ..) are inputs 4 l + 128 m + e, past the
+// whole blocks the order is kept; quantize_rows8 stores input k's code (quantize_row's) there.
+TEST(Rows8Layout, CodesInTheGemvsOrder) {
+  for (const int64_t K : {16, 96, 512, 1040, 2048}) {
+    std::vector<int> seen(K, 0);
+    for (int64_t k = 0; k < K; ++k) {
+      const int64_t p = gpu::rows8_position(K, k);
+      ASSERT_TRUE(p >= 0 && p < K) << K << ": " << k << " -> " << p;
+      ++seen[p];
+      EXPECT_EQ(gpu::rows8_input(K, p), k) << K << ": " << k;
+      EXPECT_EQ(p % 4, k % 4) << K << ": " << k;
+      if (k >= K / 512 * 512) EXPECT_EQ(p, k) << K << ": past the whole blocks";
+    }
+    EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), K) << K;
+  }
+  for (int l = 0; l < 32; ++l)
+    for (int m = 0; m < 4; ++m)
+      for (int e = 0; e < 4; ++e) EXPECT_EQ(gpu::rows8_input(1040, 512 + 16 * l + 4 * m + e), 512 + 4 * l + 128 * m + e);
+  std::mt19937 rng(test::test_seed());
+  const int64_t N = 3, K = 1040;
+  std::vector<uint16_t> w(N * K);
+  for (auto& v : w) v = f32_to_bf16(std::normal_distribution<float>(0, 0.05f)(rng));
+  for (const RowFormat f : {RowFormat::Int8, RowFormat::Fp8}) {
+    const gpu::Rows8Host h = gpu::quantize_rows8(w.data(), N, K, f);
+    for (int64_t n = 0; n < N; ++n) {
+      std::vector<float> row(K);
+      std::vector<uint8_t> codes(K);
+      for (int64_t k = 0; k < K; ++k) row[k] = bf16_to_f32(w[n * K + k]);
+      EXPECT_EQ(quantize_row(row.data(), K, f, codes.data()), h.scales[n]);
+      for (int64_t k = 0; k < K; ++k) ASSERT_EQ(h.codes[n * K + gpu::rows8_position(K, k)], codes[k]) << row_format_name(f) << " " << n << ", " << k;
+    }
+  }
 }
 
 }  // namespace
