@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# The experiments under bench/dev on the GPU machine, in one call that always brings its results back
-# ($OUT/results.tgz, packed after every step, and $OUT/summary.txt):
-#   build   bench_dev_moe_tc_decode, bench_gpu_gemv, tandem_gpu_tests into ../build-gpu-dev
+# The GPU kernels' tests and micro-benchmarks on the GPU machine, in one call that always brings its
+# results back ($OUT/results.tgz, packed after every step, and $OUT/summary.txt):
+#   build   bench_gpu_gemv, tandem_gpu_tests into ../build-gpu-dev
 #   tests   tandem_gpu_tests --gtest_filter=$TESTS (default: the speculative suite, the 8-bit rows, the ops
 #           and the int4 MoE kernels)
-#   rows8   bench_gpu_gemv: the 8-bit rows' GEMV and GEMM against bf16 (BM_gemv_(bf16|rows8), BM_gemm_...)
-#   tc      bench_dev_moe_tc_decode: the decode MoE's gate/up on tensor cores against moe_int4_decode_wide
-# usage (device tool, carry .deps): DEADLINE=400 STEPS="build tests rows8 tc" bash scripts/gpu_dev.sh
+#   rows8   bench_gpu_gemv: the 8-bit rows' GEMV against bf16 ($RFILTER, default BM_gemv_(bf16|rows8))
+#   moe     bench_gpu_gemv: one decode MoE layer, 1..8 tokens ($MFILTER, default BM_moe_int4_decode)
+# usage (device tool, carry .deps): DEADLINE=400 STEPS="build tests rows8 moe" bash scripts/gpu_dev.sh
 set -uo pipefail
 DEADLINE="${DEADLINE:-400}"
-STEPS="${STEPS:-build tests rows8 tc}"
+STEPS="${STEPS:-build tests rows8 moe}"
 TESTS="${TESTS:-*Speculative*:*Rows8*:GpuOps*:*GpuMoeInt4*}"
 build=../build-gpu-dev
 name=gpu-dev
@@ -20,16 +20,16 @@ for s in $STEPS; do
   case "$s" in
     build)
       step build 300 bash -c "cmake -S . -B $build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 >/dev/null \
-        && cmake --build $build -j $(nproc) --target bench_gpu_gemv bench_dev_moe_tc_decode tandem_gpu_tests" ;;
+        && cmake --build $build -j $(nproc) --target bench_gpu_gemv tandem_gpu_tests" ;;
     tests)
       step gpu-tests "${TESTS_SECS:-200}" "$build/tests/tandem_gpu_tests" --gtest_filter="$TESTS"
       grep -E '^\[  (PASSED|FAILED)' "$res/gpu-tests.log" >> "$res/summary.txt" ;;
     rows8)
-      step rows8 120 "$build/bench/bench_gpu_gemv" --benchmark_filter="${RFILTER:-BM_gem[mv]_(bf16|rows8)}"
-      cat "$res/rows8.log" >> "$res/summary.txt" ;;
-    tc)
-      step tc 150 "$build/bench/bench_dev_moe_tc_decode"
-      cat "$res/tc.log" >> "$res/summary.txt" ;;
+      step rows8 120 "$build/bench/bench_gpu_gemv" --benchmark_filter="${RFILTER:-BM_gemv_(bf16|rows8)}"
+      grep -E '^BM_' "$res/rows8.log" >> "$res/summary.txt" ;;
+    moe)
+      step moe 120 "$build/bench/bench_gpu_gemv" --benchmark_filter="${MFILTER:-BM_moe_int4_decode}"
+      grep -E '^BM_' "$res/moe.log" >> "$res/summary.txt" ;;
   esac
   pack
 done
