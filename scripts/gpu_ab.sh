@@ -6,7 +6,7 @@
 #
 # usage (device tool, carry [".deps", ".base"]): OLD=.base DEADLINE=560 bash scripts/gpu_ab.sh STEP...
 #   ab       scripts/ab_logits.sh on every HF fixture: --device gpu, hybrid, hybrid with every expert on the CPU
-#   tests    the new tree's GPU suite (tandem_gpu_tests) and the CLI tests
+#   tests    the new tree's GPU suite (tandem_gpu_tests, --gtest_filter=$TESTS when set) and the CLI tests
 #   e2e      the synthetic 35B GPTQ model (synthesized once, to /tmp/q35), `tandem bench` (prompt $PLEN, $GEN
 #            tokens, $REPEAT repeats) for each of $SCENARIOS, old then new
 #            (gpu-all, hybrid-24gib, hybrid-12gib, hybrid-8gib, hybrid-8gib-link3)
@@ -63,7 +63,7 @@ fi
 
 if [[ "$steps" == *" tests "* ]]; then
   echo "## New tree: GPU suite and CLI tests" >> "$summary"
-  timeout "$(left)" build-ab-new/tests/tandem_gpu_tests > "$OUT/gpu-tests.log" 2>&1
+  timeout "$(left)" build-ab-new/tests/tandem_gpu_tests --gtest_filter="${TESTS:-*}" > "$OUT/gpu-tests.log" 2>&1
   echo "gpu tests rc $?: $(grep -E '^\[  PASSED|tests ran' "$OUT/gpu-tests.log" | tr '\n' ' ')" | tee -a "$summary"
   grep '^\[  FAILED  \]' "$OUT/gpu-tests.log" | head -20 | tee -a "$summary"
   timeout "$(left)" bash tests/cli/test_cli.sh "$NEW_T" tests/data > "$OUT/cli.log" 2>&1
