@@ -6,6 +6,7 @@
 #include "gpu_core/fp8.cuh"
 #include "gpu_core/gemv.cuh"
 #include "gpu_core/int4_row.cuh"
+#include "gpu_core/pdl.cuh"
 #include "gpu_core/rows8_layout.h"
 
 namespace tandem::gpu {
@@ -29,19 +30,27 @@ __device__ __forceinline__ void codes4(uint32_t w, float* f) {
   }
 }
 
-template <RowFormat F, int TMAX>
+// One warp a row. A lane's first PRE 16-code vectors are loaded before the kernel waits for the one
+// before it (pdl.cuh: weights are never written; one token takes every vector of rows up to 4096
+// inputs, so a warp waits for memory once), the rest in the loop; the next kernel may launch once every
+// block is past its loads.
+template <RowFormat F, int TMAX, int PRE>
 __global__ void gemv_rows8_kernel(const uint8_t* __restrict__ q, const float* __restrict__ scales, int64_t N, int64_t K,
                                   const float* __restrict__ x, int T, RowsOut y) {
   const int lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
-  if (row >= N) return;
+  if (row >= N) return;  // whole warps: the shuffles of warp_store_row stay full-warp
+  const uint4* w = reinterpret_cast<const uint4*>(q + row * K);
+  const int64_t chunks = K / 16;                 // 16 weights a load
+  uint4 pre[PRE];
+#pragma unroll
+  for (int i = 0; i < PRE; ++i) pre[i] = lane + 32 * i < chunks ? detail::load_stream(w + lane + 32 * i) : make_uint4(0u, 0u, 0u, 0u);
+  detail::pdl_wait();
   float acc[TMAX];
 #pragma unroll
   for (int t = 0; t < TMAX; ++t) acc[t] = 0.0f;
-  const uint4* w = reinterpret_cast<const uint4*>(q + row * K);
   const int64_t whole = K / 512 * 32;  // the 16-code chunks of whole 512-input blocks (rows8_position)
-  for (int64_t c = lane; c < K / 16; c += 32) {  // 16 weights a load
-    const uint4 v = detail::load_stream(w + c);  // weights are read once: not into L1
+  const auto chunk = [&](int64_t c, const uint4& v) {
     float wf[16];
     codes4<F>(v.x, wf), codes4<F>(v.y, wf + 4), codes4<F>(v.z, wf + 8), codes4<F>(v.w, wf + 12);
     // word i of the chunk: inputs x0 + i * step .. + 3 (in a whole block, chunk c = 32 b + lane holds
@@ -57,15 +66,21 @@ __global__ void gemv_rows8_kernel(const uint8_t* __restrict__ q, const float* __
         acc[t] += wf[4 * i] * a.x + wf[4 * i + 1] * a.y + wf[4 * i + 2] * a.z + wf[4 * i + 3] * a.w;
       }
     }
-  }
+  };
+#pragma unroll
+  for (int i = 0; i < PRE; ++i)
+    if (lane + 32 * i < chunks) chunk(lane + 32 * i, pre[i]);
+#pragma unroll 2
+  for (int64_t c = lane + 32 * PRE; c < chunks; c += 32) chunk(c, detail::load_stream(w + c));  // weights: not into L1
+  detail::pdl_launch_next();
   detail::warp_store_row<TMAX>(acc, T, scales[row], lane, [&](int t) { return y.at(t, row); });
 }
 
 template <RowFormat F>
-void launch_rows8(const Rows8View& W, const float* x, int T, const RowsOut& y, cudaStream_t stream) {
+cudaError_t launch_rows8(const Rows8View& W, const float* x, int T, const RowsOut& y, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>((W.N + kRowsPerBlock - 1) / kRowsPerBlock)), block(32 * kRowsPerBlock);
-  if (T == 1) gemv_rows8_kernel<F, 1><<<grid, block, 0, stream>>>(W.codes, W.scales, W.N, W.K, x, T, y);
-  else gemv_rows8_kernel<F, kMaxGemvTokens><<<grid, block, 0, stream>>>(W.codes, W.scales, W.N, W.K, x, T, y);
+  if (T == 1) return detail::launch(gemv_rows8_kernel<F, 1, 8>, grid, block, 0, stream, W.codes, W.scales, W.N, W.K, x, T, y);
+  return detail::launch(gemv_rows8_kernel<F, kMaxGemvTokens, 4>, grid, block, 0, stream, W.codes, W.scales, W.N, W.K, x, T, y);
 }
 
 }  // namespace
@@ -78,9 +93,7 @@ cudaError_t gemv_rows8(const Rows8View& W, const float* x, int T, const RowsOut&
   if (T < 1 || T > kMaxGemvTokens || W.K % 16 != 0 || W.N < 1 || !W.codes || !W.scales || W.format == RowFormat::Bf16 ||
       !rows_out_fits(y, W.N))
     return cudaErrorInvalidValue;
-  if (W.format == RowFormat::Int8) launch_rows8<RowFormat::Int8>(W, x, T, y, stream);
-  else launch_rows8<RowFormat::Fp8>(W, x, T, y, stream);
-  return cudaGetLastError();
+  return W.format == RowFormat::Int8 ? launch_rows8<RowFormat::Int8>(W, x, T, y, stream) : launch_rows8<RowFormat::Fp8>(W, x, T, y, stream);
 }
 
 }  // namespace tandem::gpu
