@@ -5,6 +5,7 @@
 # interleaved, and writes a summary to $OUT/summary.md (the logs and each run's JSON: $OUT/results.tgz).
 #
 # usage (device tool, carry [".deps", ".base"]): OLD=.base DEADLINE=560 bash scripts/gpu_ab.sh STEP...
+#   (VTREES="new": the verify step runs the new tree only)
 #   ab       scripts/ab_logits.sh on every HF fixture: --device gpu, hybrid, hybrid with every expert on the CPU
 #   tests    the new tree's GPU suite (tandem_gpu_tests, --gtest_filter=$TESTS when set) and the CLI tests
 #   e2e      the synthetic 35B GPTQ model (synthesized once, to /tmp/q35), `tandem bench` (prompt $PLEN, $GEN
@@ -125,7 +126,7 @@ if [[ "$steps" == *" verify "* ]]; then
   echo "## Verification cost: prompt 1024, all on the GPU$([ -n "${VDRAFT:-}" ] && echo ', drafting with the MTP head')${VLM_HEAD:+, draft lm_head $VLM_HEAD}, old then new" >> "$summary"
   echo "| tree | decode ms | k | verify ms | draft ms | rollback ms | speed-up at 0.6 / 0.8 / 0.9 |" >> "$summary"
   echo "|---|---|---|---|---|---|---|" >> "$summary"
-  for which in old new; do
+  for which in ${VTREES:-old new}; do
     t=$OLD_T; [ $which = new ] && t=$NEW_T
     [ "$(left)" -gt 30 ] || { echo "verify $which: no time left" >> "$OUT/e2e.log"; continue; }
     timeout "$(left)" "$t" bench --model $m --device gpu --gpu-mem 1000GiB --context 1280 --prompt-len 1024 --gen 16 --repeat 3 \
