@@ -1,6 +1,7 @@
 // gpu_core/block_reduce.cuh: block-wide sum and max over blockDim.x threads (a multiple of 32, at most
 // 1024) through shared memory `red` (blockDim.x / 32 floats); every thread gets the result. Device code,
 // include from .cu only. Two barriers each; the first also orders the caller's earlier shared writes.
+// Also what the one-warp-a-row GEMVs share: their epilogue (warp_store_row) and the SwiGLU input (swiglu4).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -41,6 +42,13 @@ __device__ __forceinline__ void warp_store_row(const float (&acc)[TMAX], int T, 
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     if (lane == 0) *at(t) = v * scale;
   }
+}
+
+// silu(g) * u for 4 inputs, as silu_mul (ops.cu) computes it: the GEMVs that form their input as they
+// read it give silu_mul's numbers.
+__device__ __forceinline__ float4 swiglu4(float4 g, float4 u) {
+  return make_float4(g.x / (1.0f + expf(-g.x)) * u.x, g.y / (1.0f + expf(-g.y)) * u.y, g.z / (1.0f + expf(-g.z)) * u.z,
+                     g.w / (1.0f + expf(-g.w)) * u.w);
 }
 
 }  // namespace tandem::gpu::detail

@@ -74,6 +74,9 @@ struct Rows8View {
 };
 cudaError_t gemv_rows8(const Rows8View& W, const float* x, int T, float* y, cudaStream_t stream);
 cudaError_t gemv_rows8(const Rows8View& W, const float* x, int T, const RowsOut& y, cudaStream_t stream);
+// gemv_rows8 of silu(g) * u (g, u fp32 [T, K]), formed as the input is read: silu_mul(g, u) then
+// gemv_rows8(g), bit for bit, in one launch and without writing g (the shared expert's down projection).
+cudaError_t gemv_rows8_swiglu(const Rows8View& W, const float* g, const float* u, int T, float* y, cudaStream_t stream);
 // The decode router of one token in one launch: the norm before it, h += a (+ sigmoid(gate[0]) *
 // shared) when a is given, as add_rmsnorm_zc (else h is only read, as rmsnorm_zc), x = the normalised
 // row (norm_w, eps), written for the kernels after it; y = W x as gemv_bf16 computes it, whose first E

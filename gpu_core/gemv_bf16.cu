@@ -29,12 +29,6 @@ __device__ __forceinline__ uint4 load_stream(const uint4* p) {
 __device__ __forceinline__ float lo_bf16(uint32_t w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float hi_bf16(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
 
-// silu(g) * u for 4 inputs, as silu_mul computes it.
-__device__ __forceinline__ float4 swiglu4(float4 g, float4 u) {
-  return make_float4(g.x / (1.0f + expf(-g.x)) * u.x, g.y / (1.0f + expf(-g.y)) * u.y, g.z / (1.0f + expf(-g.z)) * u.z,
-                     g.w / (1.0f + expf(-g.w)) * u.w);
-}
-
 // The first PRE weight vectors of lane `lane` of row `row` (row_dot's first loads; zeros past N).
 // Decode takes PRE = every vector of the lane (rows up to 4096 inputs: pre_vectors), so that a warp
 // waits for memory once; several tokens (more registers each) take 4 and load the rest in the loop.
@@ -77,8 +71,8 @@ __device__ __forceinline__ void row_finish(const uint16_t* __restrict__ W, int64
       }
       if constexpr (SWIGLU) {
         const float4* up = reinterpret_cast<const float4*>(u + t * K + c * 8);
-        a = swiglu4(a, __ldg(up));
-        b = swiglu4(b, __ldg(up + 1));
+        a = detail::swiglu4(a, __ldg(up));
+        b = detail::swiglu4(b, __ldg(up + 1));
       }
       acc[t] += wf[0] * a.x + wf[1] * a.y + wf[2] * a.z + wf[3] * a.w + wf[4] * b.x + wf[5] * b.y + wf[6] * b.z +
                 wf[7] * b.w;
@@ -161,8 +155,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
         float4 a = __ldg(xp), b = __ldg(xp + 1);
         if constexpr (SWIGLU) {
           const float4* up = reinterpret_cast<const float4*>(u + g * K + k + 8 * v);
-          a = swiglu4(a, __ldg(up));
-          b = swiglu4(b, __ldg(up + 1));
+          a = detail::swiglu4(a, __ldg(up));
+          b = detail::swiglu4(b, __ldg(up + 1));
         }
         const float e[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
 #pragma unroll

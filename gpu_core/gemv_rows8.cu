@@ -33,10 +33,10 @@ __device__ __forceinline__ void codes4(uint32_t w, float* f) {
 // One warp a row. A lane's first PRE 16-code vectors are loaded before the kernel waits for the one
 // before it (pdl.cuh: weights are never written; one token takes every vector of rows up to 4096
 // inputs, so a warp waits for memory once), the rest in the loop; the next kernel may launch once every
-// block is past its loads.
-template <RowFormat F, int TMAX, int PRE>
+// block is past its loads. SWIGLU: the input is silu(x) * u, formed as it is read.
+template <RowFormat F, int TMAX, int PRE, bool SWIGLU>
 __global__ void gemv_rows8_kernel(const uint8_t* __restrict__ q, const float* __restrict__ scales, int64_t N, int64_t K,
-                                  const float* __restrict__ x, int T, RowsOut y) {
+                                  const float* __restrict__ x, const float* __restrict__ u, int T, RowsOut y) {
   const int lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
   if (row >= N) return;  // whole warps: the shuffles of warp_store_row stay full-warp
@@ -62,7 +62,8 @@ __global__ void gemv_rows8_kernel(const uint8_t* __restrict__ q, const float* __
       if (t >= T) break;
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const float4 a = __ldg(reinterpret_cast<const float4*>(x + t * K + x0 + i * step));
+        float4 a = __ldg(reinterpret_cast<const float4*>(x + t * K + x0 + i * step));
+        if constexpr (SWIGLU) a = detail::swiglu4(a, __ldg(reinterpret_cast<const float4*>(u + t * K + x0 + i * step)));
         acc[t] += wf[4 * i] * a.x + wf[4 * i + 1] * a.y + wf[4 * i + 2] * a.z + wf[4 * i + 3] * a.w;
       }
     }
@@ -76,11 +77,15 @@ __global__ void gemv_rows8_kernel(const uint8_t* __restrict__ q, const float* __
   detail::warp_store_row<TMAX>(acc, T, scales[row], lane, [&](int t) { return y.at(t, row); });
 }
 
-template <RowFormat F>
-cudaError_t launch_rows8(const Rows8View& W, const float* x, int T, const RowsOut& y, cudaStream_t stream) {
+template <RowFormat F, bool SWIGLU>
+cudaError_t launch_rows8(const Rows8View& W, const float* x, const float* u, int T, const RowsOut& y, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>((W.N + kRowsPerBlock - 1) / kRowsPerBlock)), block(32 * kRowsPerBlock);
-  if (T == 1) return detail::launch(gemv_rows8_kernel<F, 1, 8>, grid, block, 0, stream, W.codes, W.scales, W.N, W.K, x, T, y);
-  return detail::launch(gemv_rows8_kernel<F, kMaxGemvTokens, 4>, grid, block, 0, stream, W.codes, W.scales, W.N, W.K, x, T, y);
+  if (T == 1) return detail::launch(gemv_rows8_kernel<F, 1, 8, SWIGLU>, grid, block, 0, stream, W.codes, W.scales, W.N, W.K, x, u, T, y);
+  return detail::launch(gemv_rows8_kernel<F, kMaxGemvTokens, 4, SWIGLU>, grid, block, 0, stream, W.codes, W.scales, W.N, W.K, x, u, T, y);
+}
+
+bool rows8_ok(const Rows8View& W, int T) {
+  return T >= 1 && T <= kMaxGemvTokens && W.K % 16 == 0 && W.N >= 1 && W.codes && W.scales && W.format != RowFormat::Bf16;
 }
 
 }  // namespace
@@ -90,10 +95,16 @@ cudaError_t gemv_rows8(const Rows8View& W, const float* x, int T, float* y, cuda
 }
 
 cudaError_t gemv_rows8(const Rows8View& W, const float* x, int T, const RowsOut& y, cudaStream_t stream) {
-  if (T < 1 || T > kMaxGemvTokens || W.K % 16 != 0 || W.N < 1 || !W.codes || !W.scales || W.format == RowFormat::Bf16 ||
-      !rows_out_fits(y, W.N))
-    return cudaErrorInvalidValue;
-  return W.format == RowFormat::Int8 ? launch_rows8<RowFormat::Int8>(W, x, T, y, stream) : launch_rows8<RowFormat::Fp8>(W, x, T, y, stream);
+  if (!rows8_ok(W, T) || !rows_out_fits(y, W.N)) return cudaErrorInvalidValue;
+  return W.format == RowFormat::Int8 ? launch_rows8<RowFormat::Int8, false>(W, x, nullptr, T, y, stream)
+                                     : launch_rows8<RowFormat::Fp8, false>(W, x, nullptr, T, y, stream);
+}
+
+cudaError_t gemv_rows8_swiglu(const Rows8View& W, const float* g, const float* u, int T, float* y, cudaStream_t stream) {
+  if (!rows8_ok(W, T)) return cudaErrorInvalidValue;
+  const RowsOut out = RowsOut::one(y, W.N);
+  return W.format == RowFormat::Int8 ? launch_rows8<RowFormat::Int8, true>(W, g, u, T, out, stream)
+                                     : launch_rows8<RowFormat::Fp8, true>(W, g, u, T, out, stream);
 }
 
 }  // namespace tandem::gpu

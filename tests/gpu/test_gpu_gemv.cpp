@@ -240,6 +240,30 @@ TEST_P(GpuGemvRows8, MatchesDequantizedReference) {
   cudaGetLastError();
 }
 
+// gemv_rows8_swiglu (the shared expert's down projection as 8-bit rows, silu(gate) * up formed as it
+// reads): bit for bit silu_mul then gemv_rows8, at one token and several.
+TEST_P(GpuGemvRows8, SwigluEqualsSiluMulThenGemv) {
+  TANDEM_REQUIRE_GPU();
+  const Rows8Case c = std::get<0>(GetParam());
+  const RowFormat f = std::get<1>(GetParam());
+  std::mt19937 rng(test::test_seed() + 11);
+  std::vector<uint16_t> W;
+  random_bf16_linear(c.N, c.K, rng, W);
+  const gpu::Rows8Host h = gpu::quantize_rows8(W.data(), c.N, c.K, f);
+  test::DeviceBuffer<uint8_t> dq(h.codes);
+  test::DeviceBuffer<float> ds(h.scales);
+  const gpu::Rows8View v{dq.ptr, ds.ptr, c.N, c.K, f};
+  for (int T : {1, 5}) {
+    const auto g = test::random_floats(rng, T * c.K, 4.0f), u = test::random_floats(rng, T * c.K);
+    test::DeviceBuffer<float> dg(g), du(u), dfused(T * c.N), dtwo(T * c.N);
+    CUDA_OK(gpu::gemv_rows8_swiglu(v, dg.ptr, du.ptr, T, dfused.ptr, nullptr));
+    CUDA_OK(gpu::silu_mul(dg.ptr, du.ptr, T * c.K, nullptr));
+    CUDA_OK(gpu::gemv_rows8(v, dg.ptr, T, dtwo.ptr, nullptr));
+    CUDA_OK(cudaDeviceSynchronize());
+    EXPECT_EQ(dfused.to_host(), dtwo.to_host()) << row_format_name(f) << " T " << T << ", seed " << test::test_seed();
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuGemvRows8,
                          ::testing::Combine(::testing::Values(Rows8Case{8192, 2048}, Rows8Case{2048, 4096}, Rows8Case{256, 2048}, Rows8Case{40, 1552}, Rows8Case{37, 64},
                                                               Rows8Case{1, 16}),

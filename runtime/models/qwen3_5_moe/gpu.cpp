@@ -52,6 +52,11 @@ void Qwen35MoeGpu::Impl::linear(const DevLinear& L, const float* in, float* out)
   }
 }
 
+void Qwen35MoeGpu::Impl::swiglu_down(const DevLinear& L, const float* g, const float* u, int T, float* out, cudaStream_t on) {
+  if (L.rows8) CK(gpu::gemv_rows8_swiglu(L.q8, g, u, T, out, on));
+  else CK(gpu::gemv_bf16_swiglu(L.w, L.out, L.in, g, u, T, out, on));
+}
+
 void Qwen35MoeGpu::Impl::trace_begin(Trace* tr) {
   if (!tr || !tev.empty()) return;
   tev.resize(layers.size() * kMarks);
@@ -248,11 +253,11 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
     // The shared expert's down GEMV (its gate / up came with the router) beside the routed experts, on
     // the side stream; both only read x, sg, su and write their own rows. With the link the shared
     // expert goes beside it too (the link's kernels leave most SMs idle).
-    const bool beside = L.x_proj.out && L.sh_down.bf16() && (!split || linked) && !deferring();
+    const bool beside = L.x_proj.out && L.sh_down.swiglu_fused() && (!split || linked) && !deferring();
     if (beside) {
       CK(cudaEventRecord(fork_ev, stream));
       CK(cudaStreamWaitEvent(side, fork_ev, 0));
-      CK(gpu::gemv_bf16_swiglu(L.sh_down.w, L.sh_down.out, L.sh_down.in, sg, su, 1, sd, side));
+      swiglu_down(L.sh_down, sg, su, 1, sd, side);
       CK(cudaEventRecord(join_ev, side));
     }
     // One graph: the next layer's input projection (its tail) into L2 beside the experts
@@ -280,11 +285,11 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
     }
     if (beside) {
       CK(cudaStreamWaitEvent(stream, join_ev, 0));
-    } else if (!L.sh_down.bf16()) {
+    } else if (!L.sh_down.swiglu_fused()) {
       CK(gpu::silu_mul(sg, su, c.shared_expert_intermediate_size, stream));
       linear(L.sh_down, sg, sd);
     } else {  // silu(gate) * up formed as sh_down reads it: one launch fewer
-      CK(gpu::gemv_bf16_swiglu(L.sh_down.w, L.sh_down.out, L.sh_down.in, sg, su, 1, sd, stream));
+      swiglu_down(L.sh_down, sg, su, 1, sd, stream);
     }
     if (split || deferring()) CK(gpu::gated_add(moe_out, sd, sgate, H, 1, stream));
     if (prefetching) CK(cudaStreamWaitEvent(stream, pf_join_ev, 0));

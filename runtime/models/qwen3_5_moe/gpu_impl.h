@@ -40,6 +40,7 @@ struct DevLinear {
   bool rows8 = false;           // quantized on load to 8-bit rows (GpuOptions::dense): q8
   gpu::Rows8View q8;
   bool bf16() const { return !int4 && !rows8; }
+  bool swiglu_fused() const { return !int4; }  // Impl::swiglu_down takes it
   // A bf16 matrix already on the device (a stack of rows, the tied lm_head).
   static DevLinear bf16_rows(const uint16_t* w, int64_t out, int64_t in) {
     DevLinear d;
@@ -335,6 +336,9 @@ struct Qwen35MoeGpu::Impl {
   // Whether streamed prefill copies layer l's host experts.
   bool streams(size_t l) const { return st.on && l < st.layout.size() && !st.layout[l].experts.empty(); }
 
+  // The shared expert's down projection of silu(g) * u [T, in], formed as it reads (bf16 or 8-bit rows:
+  // swiglu_fused): silu_mul then the GEMV, in one launch.
+  void swiglu_down(const DevLinear& L, const float* g, const float* u, int T, float* out, cudaStream_t on);
   void linear(const DevLinear& L, const float* in, float* out);
 
   static constexpr int kMarks = 5;  // per layer: start, mixer done, routed, GPU experts done, end

@@ -155,11 +155,11 @@ bool Qwen35MoeGpu::Impl::prefill_layer(size_t li, float* hbuf, int64_t n, const 
   if (split) hy.post_copy(px, ptopk_ids, ptopk_w, n, stream);
   auto shared_down = [&](cudaStream_t on) {  // silu(gate) * up formed as the down GEMV reads it
     each_launch(n, [&](int64_t t, int T) {
-      CK(gpu::gemv_bf16_swiglu(L.sh_down.w, L.sh_down.out, L.sh_down.in, psg + t * Is, psu + t * Is, T, psd + t * H, on));
+      swiglu_down(L.sh_down, psg + t * Is, psu + t * Is, T, psd + t * H, on);
     });
   };
   // As in decode: the shared expert's down GEMV on the side stream, beside the routed experts
-  const bool beside = x_stacked && L.sh_down.bf16() && !split && !deferring();
+  const bool beside = x_stacked && L.sh_down.swiglu_fused() && !split && !deferring();
   if (beside) {
     CK(cudaEventRecord(fork_ev, stream));
     CK(cudaStreamWaitEvent(side, fork_ev, 0));
@@ -173,7 +173,7 @@ bool Qwen35MoeGpu::Impl::prefill_layer(size_t li, float* hbuf, int64_t n, const 
   }
   if (beside) {
     CK(cudaStreamWaitEvent(stream, join_ev, 0));
-  } else if (gemv && L.sh_down.bf16()) {
+  } else if (gemv && L.sh_down.swiglu_fused()) {
     shared_down(stream);
   } else {
     CK(gpu::silu_mul(psg, psu, n * Is, stream));
