@@ -30,7 +30,8 @@ namespace {
 using namespace detail;
 
 constexpr int kBundle = 128;   // inputs of one step of a lane quad: 16 code words a row, 4 a lane
-constexpr int kAhead = 4;      // bundles whose codes a warp has in flight
+constexpr int kAhead = 2;      // gate/up: bundles whose codes a warp has in flight (of each matrix)
+constexpr int kDownAhead = 4;  // down: the same
 constexpr int kMaxUpWarps = 8; // gate/up: warps a block, the bundles split between them
 constexpr int kMaxK = 8;       // experts per token (down: a warp each)
 
@@ -56,24 +57,18 @@ __device__ __forceinline__ Zero zero_of(uint8_t z) {
   return {lo, __hneg2(__hsub2(lo, __half2half2(__ushort_as_half(0x6380))))};  // 0x6380: fp16 960
 }
 
-// One bundle of one matrix: rows g (w0) and g + 8 (w1) of the lane's 4 words, their zero points; the
-// lane's 32 inputs as 16 fp16 pairs (zeros off column 0). c += the 8 steps' products.
-__device__ __forceinline__ void bundle_mma(const uint4& w0, const uint4& w1, Zero z0, Zero z1, const uint32_t (&xb)[16], float (&c)[4]) {
+// One mma step of a bundle: the A fragment from the lane's word of row g (a) and of row g + 8 (b),
+// shifted for the step (s = 1: pairs 2 and 3), dequantised with their zero points; c += A B.
+__device__ __forceinline__ void step_mma(uint32_t a, uint32_t b, Zero z0, Zero z1, uint32_t x0, uint32_t x1, float (&c)[4]) {
   const __half2 sixteenth = __half2half2(__ushort_as_half(0x2c00));
-  const uint32_t r0[4] = {w0.x, w0.y, w0.z, w0.w}, r1[4] = {w1.x, w1.y, w1.z, w1.w};
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-#pragma unroll
-    for (int s = 0; s < 2; ++s) {
-      const uint32_t a = s ? r0[j] >> 8 : r0[j], b = s ? r1[j] >> 8 : r1[j];
-      const uint32_t a0 = h2u(__hsub2(as_half2(and_or<0x000f000fu, 0x64006400u>(a)), z0.lo));
-      const uint32_t a1 = h2u(__hsub2(as_half2(and_or<0x000f000fu, 0x64006400u>(b)), z1.lo));
-      const uint32_t a2 = h2u(__hfma2(as_half2(and_or<0x00f000f0u, 0x64006400u>(a)), sixteenth, z0.hi));
-      const uint32_t a3 = h2u(__hfma2(as_half2(and_or<0x00f000f0u, 0x64006400u>(b)), sixteenth, z1.hi));
-      mma_f16(c, a0, a1, a2, a3, xb[4 * j + 2 * s], xb[4 * j + 2 * s + 1]);
-    }
-  }
+  const uint32_t a0 = h2u(__hsub2(as_half2(and_or<0x000f000fu, 0x64006400u>(a)), z0.lo));
+  const uint32_t a1 = h2u(__hsub2(as_half2(and_or<0x000f000fu, 0x64006400u>(b)), z1.lo));
+  const uint32_t a2 = h2u(__hfma2(as_half2(and_or<0x00f000f0u, 0x64006400u>(a)), sixteenth, z0.hi));
+  const uint32_t a3 = h2u(__hfma2(as_half2(and_or<0x00f000f0u, 0x64006400u>(b)), sixteenth, z1.hi));
+  mma_f16(c, a0, a1, a2, a3, x0, x1);
 }
+
+__device__ __forceinline__ uint32_t word(const uint4& v, int j) { return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w; }
 
 // What a lane loads of one bundle of one matrix: its words of rows g and g + 8, their scales and zeros.
 struct BundleCodes {
@@ -92,11 +87,14 @@ __device__ __forceinline__ BundleCodes load_bundle(const Int4View& m, int64_t r0
   return c;
 }
 
-// c's column 0 (rows g, g + 8: lanes 0..3 hold it) scaled into acc; c cleared for the next bundle.
-__device__ __forceinline__ void add_scaled(float (&c)[4], const BundleCodes& k, float (&acc)[2]) {
-  acc[0] += c[0] * __half2float(__ushort_as_half(k.s0));
-  acc[1] += c[2] * __half2float(__ushort_as_half(k.s1));
+// The bundle's sums (c's column 0, rows g and g + 8: lanes 0..3 hold it; c2 a second chain, or null)
+// scaled into acc; the chains cleared for the next bundle.
+__device__ __forceinline__ void add_scaled(float (&c)[4], float (*c2)[4], const BundleCodes& k, float (&acc)[2]) {
+  const float s0 = c2 ? c[0] + (*c2)[0] : c[0], s1 = c2 ? c[2] + (*c2)[2] : c[2];
+  acc[0] += s0 * __half2float(__ushort_as_half(k.s0));
+  acc[1] += s1 * __half2float(__ushort_as_half(k.s1));
   c[0] = c[1] = c[2] = c[3] = 0.0f;
+  if (c2) (*c2)[0] = (*c2)[1] = (*c2)[2] = (*c2)[3] = 0.0f;
 }
 
 // A lane's B fragment of one bundle: inputs 32 q .. 32 q + 31 of it as fp16 pairs from v (16-byte
@@ -140,19 +138,26 @@ __global__ void __launch_bounds__(kMaxUpWarps * 32)
   }
   __syncthreads();
   const __half* xu = own_up ? xs + H : xs;
-  float acc_g[2] = {0.0f, 0.0f}, acc_u[2] = {0.0f, 0.0f}, c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  float acc_g[2] = {0.0f, 0.0f}, acc_u[2] = {0.0f, 0.0f}, c[4] = {0.0f, 0.0f, 0.0f, 0.0f}, cv[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   for (int64_t b0 = b_first; b0 < b_end; b0 += kAhead) {
 #pragma unroll
     for (int i = 0; i < kAhead; ++i) {
       const int64_t b = b0 + i;
       if (b >= b_end) break;
-      uint32_t xb[16];
-      bundle_x(xs + b * kBundle + 32 * q, g == 0, xb);
-      bundle_mma(cg[i].w0, cg[i].w1, zero_of(cg[i].z0), zero_of(cg[i].z1), xb, c);
-      add_scaled(c, cg[i], acc_g);
-      if (own_up) bundle_x(xu + b * kBundle + 32 * q, g == 0, xb);
-      bundle_mma(cu[i].w0, cu[i].w1, zero_of(cu[i].z0), zero_of(cu[i].z1), xb, c);
-      add_scaled(c, cu[i], acc_u);
+      uint32_t xg[16], xv[16];
+      bundle_x(xs + b * kBundle + 32 * q, g == 0, xg);
+      bundle_x(xu + b * kBundle + 32 * q, g == 0, xv);  // xu == xs but with act order
+      const Zero zg0 = zero_of(cg[i].z0), zg1 = zero_of(cg[i].z1), zu0 = zero_of(cu[i].z0), zu1 = zero_of(cu[i].z1);
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+#pragma unroll
+        for (int st = 0; st < 2; ++st) {  // gate and up: two chains of products in flight
+          const int sh = 8 * st, e = 4 * j + 2 * st;
+          step_mma(word(cg[i].w0, j) >> sh, word(cg[i].w1, j) >> sh, zg0, zg1, xg[e], xg[e + 1], c);
+          step_mma(word(cu[i].w0, j) >> sh, word(cu[i].w1, j) >> sh, zu0, zu1, xv[e], xv[e + 1], cv);
+        }
+      add_scaled(c, nullptr, cg[i], acc_g);
+      add_scaled(cv, nullptr, cu[i], acc_u);
       if (b + kAhead < b_end) cg[i] = load_bundle(gate, r0, b + kAhead, q, G, gshift), cu[i] = load_bundle(up, r0, b + kAhead, q, G, gshift);
     }
   }
@@ -168,7 +173,7 @@ __global__ void __launch_bounds__(kMaxUpWarps * 32)
 }
 
 // down: block (16 output rows, token t); warp j takes the token's expert j over all I inputs of its h
-// row (in down's input order: gathered with act order), kAhead bundles at a time, times the route's
+// row (in down's input order: gathered with act order), kDownAhead bundles at a time, times the route's
 // weight; the block adds the k experts' shares in expert order.
 __global__ void __launch_bounds__(kMaxK * 32)
     tc_down_kernel(const Int4Expert* __restrict__ experts, int64_t H, int64_t I, const int32_t* __restrict__ ids,
@@ -181,16 +186,16 @@ __global__ void __launch_bounds__(kMaxK * 32)
   const Int4View d = experts[ids[p]].down;
   float acc[2] = {0.0f, 0.0f};
   if (d.qweight) {  // null: not resident (hybrid); uniform per warp
-    BundleCodes cd[kAhead];
+    BundleCodes cd[kDownAhead];
 #pragma unroll
-    for (int i = 0; i < kAhead; ++i)
+    for (int i = 0; i < kDownAhead; ++i)
       if (i < nb) cd[i] = load_bundle(d, r0, i, q, G, gshift);
     const float rw = __ldg(weights + p);
     const __half* hp = h + static_cast<int64_t>(p) * I;
-    float c[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int64_t b0 = 0; b0 < nb; b0 += kAhead) {
+    float c[4] = {0.0f, 0.0f, 0.0f, 0.0f}, c2[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int64_t b0 = 0; b0 < nb; b0 += kDownAhead) {
 #pragma unroll
-      for (int i = 0; i < kAhead; ++i) {
+      for (int i = 0; i < kDownAhead; ++i) {
         const int64_t b = b0 + i;
         if (b >= nb) break;
         uint32_t xb[16];
@@ -201,9 +206,15 @@ __global__ void __launch_bounds__(kMaxK * 32)
 #pragma unroll
           for (int e = 0; e < 16; ++e) xb[e] = g == 0 ? h2u(__halves2half2(hp[__ldg(pm + 2 * e)], hp[__ldg(pm + 2 * e + 1)])) : 0u;
         }
-        bundle_mma(cd[i].w0, cd[i].w1, zero_of(cd[i].z0), zero_of(cd[i].z1), xb, c);
-        add_scaled(c, cd[i], acc);
-        if (b + kAhead < nb) cd[i] = load_bundle(d, r0, b + kAhead, q, G, gshift);
+        const Zero z0 = zero_of(cd[i].z0), z1 = zero_of(cd[i].z1);
+#pragma unroll
+        for (int jj = 0; jj < 4; ++jj)
+#pragma unroll
+          for (int st = 0; st < 2; ++st)  // two chains of products in flight: steps of even and odd words
+            step_mma(word(cd[i].w0, jj) >> (8 * st), word(cd[i].w1, jj) >> (8 * st), z0, z1, xb[4 * jj + 2 * st], xb[4 * jj + 2 * st + 1],
+                     jj & 1 ? c2 : c);
+        add_scaled(c, &c2, cd[i], acc);
+        if (b + kDownAhead < nb) cd[i] = load_bundle(d, r0, b + kDownAhead, q, G, gshift);
       }
     }
     acc[0] *= rw, acc[1] *= rw;
