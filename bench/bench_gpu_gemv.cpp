@@ -368,23 +368,23 @@ struct MoeLayerBench {
   }
 };
 
-// Args: k, tokens, kernel (0 = moe_int4_decode, the form for other shapes; 1 = moe_int4_decode_tc, the
+// Args: k, tokens, kernel (0 = moe_int4_decode, the form for other shapes; 1 = moe_int4_decode_wide, the
 // one Qwen3.5 runs), routing sets cycled (1: the same experts every launch, L2-warm; 32: each launch
 // other experts, from HBM).
 void BM_moe_int4_decode(benchmark::State& state) {
   if (!gpu_present()) return state.SkipWithError("no CUDA device");
   const int sets = static_cast<int>(state.range(3));
   MoeLayerBench b(static_cast<int>(state.range(1)), static_cast<int>(state.range(0)), sets);
-  const bool tc = state.range(2) != 0;
+  const bool wide = state.range(2) != 0;
   int launch = 0;
   time_kernel(state, b.bytes, [&] {
     const int off = (launch++ % sets) * b.T * b.k;
-    if (tc)
-      tandem::gpu::moe_int4_decode_tc(b.dexp, b.H, b.I, b.gs, b.dids + off, b.dw + off, b.T, b.k, b.x, b.h, b.out, nullptr);
+    if (wide)
+      tandem::gpu::moe_int4_decode_wide(b.dexp, b.H, b.I, b.gs, b.dids + off, b.dw + off, b.T, b.k, b.x, b.h, b.out, nullptr);
     else
       tandem::gpu::moe_int4_decode(b.dexp, b.H, b.I, b.gs, b.dids + off, b.dw + off, b.T, b.k, b.xh, b.h, b.out, nullptr);
   });
-  state.SetLabel(std::string(tc ? "tensor cores" : "plain") + (sets > 1 ? ", experts from HBM" : ", L2-warm"));
+  state.SetLabel(std::string(wide ? "wide" : "plain") + (sets > 1 ? ", experts from HBM" : ", L2-warm"));
 }
 
 // One MoE layer of a prefill chunk (T tokens, top-8 of 256): moe_int4_grouped_tc (each expert once per

@@ -27,7 +27,7 @@ struct Int4Expert {
   Int4View down;      // [H, I]
 };
 
-// Two kernels compute it. moe_int4_decode_tc (gpu_core/moe_int4_tc.cu) where the shapes fit it
+// Two kernels compute it. moe_int4_decode_wide (gpu_core/moe_int4_wide.cu) where the shapes fit it
 // (Qwen3.5's do); moe_int4_decode (gpu_core/moe_int4.cu) for every other shape (the small test
 // fixtures': H 48, groups of 16).
 //
@@ -38,20 +38,19 @@ cudaError_t moe_int4_decode(const Int4Expert* experts, int64_t H, int64_t I, int
                             const float* weights, int T, int k, const uint16_t* x_half, uint16_t* h_scratch, float* out,
                             cudaStream_t stream);
 
-// moe_int4_decode_tc: the same products on tensor cores (mma.m16n8k16, fp16 inputs, fp32 sums) read
-// from the same int4 layout, each 16 x 16 tile of codes dequantised exactly to (q - z) in registers and
-// each group's sum scaled in fp32 (moe_int4_tc.cu). x is read as fp32 [T, H] directly (converted to
-// fp16 and, with act order, gathered in each matrix's input order in shared memory: no gather_x_half
-// launch). Products and sums in fp32 where moe_int4_decode sums 8 fp16 products in fp16: closer to the
-// exact value, ~1e-3 from it. h_scratch fp16 [T*k, I] in input order. A token's outputs do not
-// depend on the other tokens of the launch. Needs moe_int4_decode_tc_fits (H and I multiples of 128,
-// H <= kMaxTcHidden, group_size 128 times a power of two dividing both, k <= 8); returns
-// cudaErrorInvalidValue otherwise.
-constexpr int64_t kMaxTcHidden = 8192;
-bool moe_int4_decode_tc_fits(int64_t H, int64_t I, int64_t group_size, int k);
-cudaError_t moe_int4_decode_tc(const Int4Expert* experts, int64_t H, int64_t I, int64_t group_size, const int32_t* ids,
-                               const float* weights, int T, int k, const float* x, uint16_t* h_scratch, float* out,
-                               cudaStream_t stream);
+// moe_int4_decode_wide: the same products with 16-byte weight loads: each lane takes whole
+// 32-input vectors (one quantisation group), every weight load of a block is issued before any is
+// used, and x is read as fp32 [T, H] directly (converted to fp16, and gathered in each matrix's input
+// order with act order, in registers: no gather_x_half launch). Per 8-input word the arithmetic of
+// moe_int4_decode; the words' fp32 sums are added in another order (which can flip the fp16
+// rounding of an h value), and a down row's experts in four partial sums: ~1e-5 apart. h_scratch holds
+// each h row chunk-major (moe_int4_wide.cu), for this kernel's own down pass only. Needs
+// moe_int4_decode_wide_fits (H and I multiples of 32, group_size 32 times a power of two, H <= 4096, I <= 2048, k <= 8);
+// returns cudaErrorInvalidValue otherwise.
+bool moe_int4_decode_wide_fits(int64_t H, int64_t I, int64_t group_size, int k);
+cudaError_t moe_int4_decode_wide(const Int4Expert* experts, int64_t H, int64_t I, int64_t group_size, const int32_t* ids,
+                                 const float* weights, int T, int k, const float* x, uint16_t* h_scratch, float* out,
+                                 cudaStream_t stream);
 
 // Prefill: the routed experts of n tokens grouped by expert, so each resident expert's weights are
 // streamed once per 32 of its tokens instead of once per token (a 256-token chunk at top-8 of 256 reads

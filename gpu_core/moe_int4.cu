@@ -1,4 +1,4 @@
-// gpu_core/moe_int4.cu: fused routed-expert SwiGLU for decode, the form for shapes moe_int4_decode_tc does
+// gpu_core/moe_int4.cu: fused routed-expert SwiGLU for decode, the form for shapes moe_int4_decode_wide does
 // not take (see moe.cuh).
 #include "gpu_core/int4_row.cuh"
 #include "gpu_core/moe.cuh"

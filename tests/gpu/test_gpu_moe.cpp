@@ -115,37 +115,29 @@ TEST_P(GpuMoeInt4, MatchesReference) {
   CUDA_OK(cudaDeviceSynchronize());
   const auto got = dout.to_host();
   EXPECT_LT(test::rel_l2(std::vector<double>(got.begin(), got.end()), want), 5e-3) << "seed " << test::test_seed();
-  // The tensor-core kernel (fp32 x read directly): exact products summed in fp32, where moe_int4_decode
-  // sums 8 fp16 products in fp16: left are x and h rounded to fp16 (~2^-12 each), 1e-3 of the reference.
-  const bool fits = gpu::moe_int4_decode_tc_fits(c.H, c.I, c.gs, c.k);
-  EXPECT_EQ(fits, c.H % 128 == 0 && c.I % 128 == 0 && c.gs % 128 == 0) << c.H << " x " << c.I << " group " << c.gs;
-  test::DeviceBuffer<float> dtc(c.T * c.H);
-  const cudaError_t rc = gpu::moe_int4_decode_tc(dexp.ptr, c.H, c.I, c.gs, dids.ptr, dw.ptr, c.T, c.k, dx.ptr, dh.ptr, dtc.ptr, nullptr);
+  // The wide kernel (fp32 x read directly): the same per-word arithmetic, word sums in another order;
+  // the fp32 differences (~1e-7) flip the fp16 rounding of a few h values (2^-11 each): 1e-4 apart.
+  const bool fits = gpu::moe_int4_decode_wide_fits(c.H, c.I, c.gs, c.k);
+  EXPECT_EQ(fits, c.H % 32 == 0 && c.I % 32 == 0 && c.gs % 32 == 0) << c.H << " x " << c.I << " group " << c.gs;
+  test::DeviceBuffer<float> dwide(c.T * c.H);
+  const cudaError_t rc = gpu::moe_int4_decode_wide(dexp.ptr, c.H, c.I, c.gs, dids.ptr, dw.ptr, c.T, c.k, dx.ptr, dh.ptr, dwide.ptr, nullptr);
   if (!fits) {
     EXPECT_EQ(rc, cudaErrorInvalidValue);
     return;
   }
   CUDA_OK(rc);
   CUDA_OK(cudaDeviceSynchronize());
-  const auto tc = dtc.to_host();
-  const std::vector<double> td(tc.begin(), tc.end());
-  EXPECT_LT(test::rel_l2(td, want), 1e-3) << "tensor cores, seed " << test::test_seed();
-  EXPECT_LT(test::rel_l2(td, std::vector<double>(got.begin(), got.end())), 5e-3) << "tensor cores against moe_int4_decode, seed " << test::test_seed();
-  // the last token alone: the same outputs, bit for bit
-  const int last = c.T - 1;
-  test::DeviceBuffer<float> done(c.H);
-  CUDA_OK(gpu::moe_int4_decode_tc(dexp.ptr, c.H, c.I, c.gs, dids.ptr + last * c.k, dw.ptr + last * c.k, 1, c.k, dx.ptr + last * c.H, dh.ptr,
-                                  done.ptr, nullptr));
-  CUDA_OK(cudaDeviceSynchronize());
-  const auto alone = done.to_host();
-  EXPECT_TRUE(std::equal(alone.begin(), alone.end(), tc.begin() + last * c.H)) << "token " << last << " alone differs";
+  const auto wide = dwide.to_host();
+  const std::vector<double> wd(wide.begin(), wide.end());
+  EXPECT_LT(test::rel_l2(wd, want), 5e-3) << "wide variant, seed " << test::test_seed();
+  EXPECT_LT(test::rel_l2(wd, std::vector<double>(got.begin(), got.end())), 1e-4) << "wide variant, seed " << test::test_seed();
 }
 
-// The tensor-core kernel with some experts not resident (hybrid): they contribute nothing, the rest as usual.
-TEST(GpuMoeInt4Tc, SkipsNonResidentExperts) {
+// The wide kernel with some experts not resident (hybrid): they contribute nothing, the rest as usual.
+TEST(GpuMoeInt4Wide, SkipsNonResidentExperts) {
   TANDEM_REQUIRE_GPU();
   for (const MoeCase c : {MoeCase{16, 8, 1, 2048, 512, 128}, MoeCase{16, 8, 3, 2048, 512, 128, true}}) {
-    ASSERT_TRUE(gpu::moe_int4_decode_tc_fits(c.H, c.I, c.gs, c.k));
+    ASSERT_TRUE(gpu::moe_int4_decode_wide_fits(c.H, c.I, c.gs, c.k));
     std::mt19937 rng(test::test_seed() + 3);
     const ExpertSet set(rng, c);
     const auto x = test::random_floats(rng, c.T * c.H);
@@ -160,10 +152,10 @@ TEST(GpuMoeInt4Tc, SkipsNonResidentExperts) {
     test::DeviceBuffer<int32_t> dids(ids);
     test::DeviceBuffer<float> dw(w), dx(x), dout(c.T * c.H);
     test::DeviceBuffer<uint16_t> dh(c.T * c.k * c.I);
-    CUDA_OK(gpu::moe_int4_decode_tc(dexp.ptr, c.H, c.I, c.gs, dids.ptr, dw.ptr, c.T, c.k, dx.ptr, dh.ptr, dout.ptr, nullptr));
+    CUDA_OK(gpu::moe_int4_decode_wide(dexp.ptr, c.H, c.I, c.gs, dids.ptr, dw.ptr, c.T, c.k, dx.ptr, dh.ptr, dout.ptr, nullptr));
     CUDA_OK(cudaDeviceSynchronize());
     const auto got = dout.to_host();
-    EXPECT_LT(test::rel_l2(std::vector<double>(got.begin(), got.end()), want), 1e-3) << c.T << " tokens, seed " << test::test_seed();
+    EXPECT_LT(test::rel_l2(std::vector<double>(got.begin(), got.end()), want), 5e-3) << c.T << " tokens, seed " << test::test_seed();
   }
 }
 
@@ -219,9 +211,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GpuMoeInt4,
                                            MoeCase{10, 3, 2, 48, 48, 16, true},  // act-order experts (fixture)
                                            MoeCase{16, 8, 1, 2048, 512, 128, true},
                                            MoeCase{12, 8, 8, 2048, 512, 128},    // a block of 8 tokens
-                                           MoeCase{6, 2, 2, 4096, 2048, 128, true},  // 8 warps of gate/up, down in 4 rounds
-                                           MoeCase{6, 4, 3, 1024, 256, 256},         // groups of two bundles
-                                           MoeCase{6, 2, 2, 4096, 2048, 64, true},   // groups of 64: moe_int4_decode
+                                           MoeCase{6, 2, 2, 4096, 2048, 64, true},   // the widest the wide kernel takes
                                            MoeCase{10, 5, 3, 1088, 160, 32},     // odd vector counts: partial lanes
                                            MoeCase{8, 3, 1, 64, 64, 32}));       // gptq_sym_v1's shape
 

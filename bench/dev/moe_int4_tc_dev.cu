@@ -1,33 +1,54 @@
-// gpu_core/moe_int4_tc.cu: decode MoE on tensor cores straight from the int4 row layout
-// (moe_int4_decode_tc, see moe.cuh).
+// bench/dev/moe_int4_tc_dev.cu: an experiment, not on the engine's path (bench_dev_moe_int4_tc).
 //
-// Why this form: the one-FMA-path kernel it replaced (16-byte loads, fp16 pair arithmetic) was
-// issue-bound at ~2 instructions a weight (ncu on the H100: 63 µs a layer at 8 tokens against 32 µs
-// of bytes). Here a 16 x 16 tile of weights costs a lane 4 LOP3s, 4 fp16 subtractions or FMAs and one
-// mma.m16n8k16 for the tile's 256 products: bench/dev measured 45 against 63 µs at 8 tokens.
+// Question (issues 25 and 27): can the decode MoE run its products on tensor cores straight from the
+// int4 row layout the engine already keeps (int4_layout.h), and beat moe_int4_decode_wide? The wide
+// kernel is issue-bound at ~2 instructions a weight (ncu on the H100: 63 µs a layer at 8 tokens against
+// 32 µs of bytes). Stop 44's experiment (a fragment layout of its own, bench/results/
+// 2026-12-05-stop44-h100-moe-layout-rollback.md) measured 13.2 / 17.6 / 27.0 / 45.1 µs at 1 / 2 / 4 / 8
+// tokens against wide's 13.5 / 22.5 / 36.9 / 62.9.
 //
-// The fragments come from the row layout (int4_layout.h) as it is: a dot product does not care in
-// which order its inputs come, so the mma's 16 "columns" of a step are whichever inputs a lane holds.
-// A bundle is 128 inputs of a 16-row block (a quantisation group of 128, 16 code words a row). Lane
-// 4 g + q loads words 4 q .. 4 q + 3 of the bundle for rows g and g + 8 (16 B each: a row's 64 B
-// contiguous across its quad). Word j of those gives two mma steps: step s takes its input pairs 2 s
-// (fragment columns 2 q, 2 q + 1) and 2 s + 1 (columns 2 q + 8, 2 q + 9), so both the A and the B
-// fragment of lane q are inputs 8 (4 q + j) + 4 s .. + 3 of the bundle, in the matrix's input order.
-// The codes become (q - z) exactly as fp16 (one LOP3 a pair under the 0x6400 magic, then a subtraction
-// or, for the high nibbles, an FMA: int4_row.cuh's word_dot_h2), the products are exact in fp32 and
-// summed in fp32; each bundle's sum is scaled by its group's scale. The token is column 0 of B (lanes
-// 0..3); the decode pairs rarely share an expert, so the other 7 columns are zeros.
+// How the row layout feeds the mma: a dot product does not care in which order its inputs come, so the
+// 16 "columns" of an mma step are whichever inputs a lane holds. A bundle is 128 inputs of a 16-row
+// block (a quantisation group of 128, 16 code words a row). Lane 4 g + q loads words 4 q .. 4 q + 3 of
+// the bundle for rows g and g + 8 (16 B each: a row's 64 B contiguous across its quad). Word j gives two
+// steps: step s takes its input pairs 2 s (fragment columns 2 q, 2 q + 1) and 2 s + 1 (columns 2 q + 8,
+// 2 q + 9), so both the A and the B fragment of lane q are inputs 8 (4 q + j) + 4 s .. + 3 of the bundle.
+// The codes become (q - z) exactly in fp16 (one LOP3 a pair under the 0x6400 magic, a subtraction or,
+// for the high nibbles, an FMA), products are exact in fp32 and summed in fp32; a bundle's sum takes its
+// group's scale. The token is column 0 of B (lanes 0..3); the other 7 columns are zeros.
+//
+// Measured (stop 45, H100, an earlier form: one chain of mma for gate then up, 4 bundles a warp in
+// flight, 4 warps a block): 18.7 / 30.7 / 55.4 / 101.4 µs at 1 / 2 / 4 / 8 tokens against the wide
+// kernel's 14.1 / 22.6 / 37.3 / 63.4 on the same machine kind; correct (the engine's GPU suite passed
+// with it). This form (gate and up in two interleaved chains, down in two, 2 bundles a warp with 8 warps
+// a block, 123 / 128 registers) is not yet run. Why the earlier one lost to the fragment-layout
+// experiment is open: suspects are the one dependent chain of 64 mma a warp, two 16-byte loads a lane
+// per bundle touching 8 rows each (8 wavefronts a load instead of 4) and occupancy (181 registers).
+//
+// What it prints: one layer for T tokens of top-8 of 256 experts read from HBM, µs a call and GB/s, this
+// kernel pair against moe_int4_decode_wide on the same experts, and rel L2 of each against a double
+// reference of the same (fp16-rounded) x and of the kernel's own h (5e-3 for wide, 1e-3 for this one).
+// Usage: bench_dev_moe_int4_tc (a CUDA device, sm_80+).
 #include <cuda_fp16.h>
+#include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "bench/dev/dev_util.cuh"
 #include "gpu_core/int4_row.cuh"
 #include "gpu_core/moe.cuh"
 #include "gpu_core/pdl.cuh"
 
-namespace tandem::gpu {
-
 namespace {
 
-using namespace detail;
+
+using namespace tandem::gpu;
+using namespace tandem::gpu::detail;
 
 constexpr int kBundle = 128;   // inputs of one step of a lane quad: 16 code words a row, 4 a lane
 constexpr int kAhead = 2;      // gate/up: bundles whose codes a warp has in flight (of each matrix)
@@ -236,16 +257,14 @@ int group_shift(int64_t group_size) {
   return -1;
 }
 
-}  // namespace
-
-bool moe_int4_decode_tc_fits(int64_t H, int64_t I, int64_t group_size, int k) {
-  return k >= 1 && k <= kMaxK && H >= kBundle && I >= kBundle && H % kBundle == 0 && I % kBundle == 0 && H <= kMaxTcHidden &&
+bool tc_fits(int64_t H, int64_t I, int64_t group_size, int k) {
+  return k >= 1 && k <= kMaxK && H >= kBundle && I >= kBundle && H % kBundle == 0 && I % kBundle == 0 && H <= 8192 &&
          group_shift(group_size) >= 0 && H % group_size == 0 && I % group_size == 0;
 }
 
-cudaError_t moe_int4_decode_tc(const Int4Expert* experts, int64_t H, int64_t I, int64_t group_size, const int32_t* ids,
+cudaError_t tc_decode(const Int4Expert* experts, int64_t H, int64_t I, int64_t group_size, const int32_t* ids,
                                const float* weights, int T, int k, const float* x, uint16_t* h_scratch, float* out, cudaStream_t stream) {
-  if (T < 1 || T > kMaxGemvTokens || !moe_int4_decode_tc_fits(H, I, group_size, k)) return cudaErrorInvalidValue;
+  if (T < 1 || T > kMaxGemvTokens || !tc_fits(H, I, group_size, k)) return cudaErrorInvalidValue;
   auto* h = reinterpret_cast<__half*>(h_scratch);
   const int gs = group_shift(group_size);
   const int nb = static_cast<int>(H / kBundle);
@@ -259,4 +278,106 @@ cudaError_t moe_int4_decode_tc(const Int4Expert* experts, int64_t H, int64_t I, 
   return launch(tc_down_kernel, down_grid, dim3(32 * k), 0, stream, experts, H, I, ids, weights, k, h, out, gs);
 }
 
-}  // namespace tandem::gpu
+
+constexpr int64_t H = 2048, I = 512, kGroup = 128;
+constexpr int E = 256, K = 8, kSets = 32;
+
+// A random matrix in the row layout (int4_layout.h, no act order): codes, fp16 scales, zero points.
+struct HostMatrix {
+  int64_t N, Kin;
+  std::vector<uint32_t> q;
+  std::vector<uint16_t> s;
+  std::vector<uint8_t> z;
+  HostMatrix(std::mt19937& rng, int64_t n, int64_t kin) : N(n), Kin(kin), q(n * kin / 8), s(n * (kin / kGroup)), z(n * (kin / kGroup)) {
+    for (auto& v : q) v = static_cast<uint32_t>(rng());
+    for (auto& v : z) v = static_cast<uint8_t>(rng() % 17);
+    for (auto& v : s) v = __half_as_ushort(__float2half(std::uniform_real_distribution<float>(0.002f, 0.02f)(rng)));
+  }
+  double w(int64_t n, int64_t k) const {  // input k's nibble: word k / 8, bit 4 ((k % 8) / 2) + 16 (k % 2)
+    const int j = static_cast<int>(k % 8), code = (q[n * (Kin / 8) + k / 8] >> (4 * (j / 2) + 16 * (j % 2))) & 15;
+    const int64_t g = n * (Kin / kGroup) + k / kGroup;
+    return (code - double(z[g])) * double(__half2float(__ushort_as_half(s[g])));
+  }
+  Int4View view() const { return {tandem::dev::upload(q), tandem::dev::upload(s), tandem::dev::upload(z), N, Kin, kGroup, nullptr}; }
+};
+
+// rel L2 of y [T, H] against sum_j w * down(h_p) over double products, h_p = silu(gate x) * up x (x fp16).
+double check(const std::vector<float>& y, const std::vector<HostMatrix>& gate, const std::vector<HostMatrix>& up,
+             const std::vector<HostMatrix>& down, const std::vector<int32_t>& ids, const std::vector<float>& rw,
+             const std::vector<float>& x, int T) {
+  double num = 0, den = 0;
+  for (int t = 0; t < T; ++t) {
+    std::vector<double> want(H, 0.0);
+    for (int j = 0; j < K; ++j) {
+      const int e = ids[t * K + j];
+      std::vector<double> h(I);
+      for (int64_t n = 0; n < I; ++n) {
+        double a = 0, b = 0;
+        for (int64_t k = 0; k < H; ++k) {
+          const double xv = double(__half2float(__float2half_rn(x[t * H + k])));
+          a += gate[e].w(n, k) * xv, b += up[e].w(n, k) * xv;
+        }
+        h[n] = a / (1 + std::exp(-a)) * b;
+      }
+      for (int64_t n = 0; n < H; ++n) {
+        double d = 0;
+        for (int64_t k = 0; k < I; ++k) d += down[e].w(n, k) * h[k];
+        want[n] += rw[t * K + j] * d;
+      }
+    }
+    for (int64_t n = 0; n < H; ++n) num += (y[t * H + n] - want[n]) * (y[t * H + n] - want[n]), den += want[n] * want[n];
+  }
+  return std::sqrt(num / den);
+}
+
+}  // namespace
+
+int main() {
+  cudaDeviceProp prop{};
+  if (!tandem::dev::find_device("bench_dev_moe_int4_tc", &prop)) return 0;
+  std::mt19937 rng(13);
+  std::vector<HostMatrix> gate, up, down;
+  std::vector<Int4Expert> table(E);
+  for (int e = 0; e < E; ++e) {  // 1.5 MB an expert, 0.4 GB in all: past the L2
+    gate.emplace_back(rng, I, H), up.emplace_back(rng, I, H), down.emplace_back(rng, H, I);
+    table[e] = {gate[e].view(), up[e].view(), down[e].view()};
+  }
+  Int4Expert* dtable = tandem::dev::upload(table);
+  std::printf("%s; one MoE layer, top-8 of 256, experts from HBM; us a call (GB/s of the distinct experts' bytes)\n", prop.name);
+  std::printf("%6s %22s %22s   %s\n", "tokens", "tensor cores (dev)", "moe_int4_decode_wide", "rel L2 vs double: dev, wide");
+  for (int T : {1, 2, 4, 8}) {
+    std::vector<int32_t> ids(kSets * T * K);
+    for (int s = 0; s < kSets * T; ++s) {
+      std::vector<int> all(E);
+      std::iota(all.begin(), all.end(), 0);
+      std::shuffle(all.begin(), all.end(), rng);
+      for (int j = 0; j < K; ++j) ids[s * K + j] = all[j];
+    }
+    std::vector<float> x(T * H), rw(kSets * T * K);
+    for (auto& v : x) v = std::uniform_real_distribution<float>(-1.0f, 1.0f)(rng);
+    for (auto& v : rw) v = std::uniform_real_distribution<float>(0.05f, 0.5f)(rng);
+    int32_t* dids = tandem::dev::upload(ids);
+    float *dx = tandem::dev::upload(x), *drw = tandem::dev::upload(rw), *dout = nullptr;
+    uint16_t* dh = nullptr;
+    DEV_CK(cudaMalloc(&dout, T * H * sizeof(float)));
+    DEV_CK(cudaMalloc(&dh, T * K * I * sizeof(uint16_t)));
+    std::vector<float> y(T * H);
+    DEV_CK(tc_decode(dtable, H, I, kGroup, dids, drw, T, K, dx, dh, dout, nullptr));
+    DEV_CK(cudaMemcpy(y.data(), dout, y.size() * 4, cudaMemcpyDeviceToHost));
+    const double rel_tc = check(y, gate, up, down, ids, rw, x, T);
+    DEV_CK(moe_int4_decode_wide(dtable, H, I, kGroup, dids, drw, T, K, dx, dh, dout, nullptr));
+    DEV_CK(cudaMemcpy(y.data(), dout, y.size() * 4, cudaMemcpyDeviceToHost));
+    const double rel_wide = check(y, gate, up, down, ids, rw, x, T);
+    std::vector<int32_t> first(ids.begin(), ids.begin() + T * K);
+    std::sort(first.begin(), first.end());
+    const double distinct = double(std::unique(first.begin(), first.end()) - first.begin());
+    const double bytes = distinct * 3 * (I * H / 2 + I * (H / kGroup) * 3);
+    auto time = [&](auto&& launch) { return tandem::dev::time_us([&](int i) { launch((i % kSets) * T * K); }, 20, 320); };
+    const double tc = time([&](int o) { tc_decode(dtable, H, I, kGroup, dids + o, drw + o, T, K, dx, dh, dout, nullptr); });
+    const double wide = time([&](int o) { moe_int4_decode_wide(dtable, H, I, kGroup, dids + o, drw + o, T, K, dx, dh, dout, nullptr); });
+    std::printf("%6d %10.1f (%7.0f) %10.1f (%7.0f)   %.1e%s, %.1e%s\n", T, tc, bytes / tc / 1e3, wide, bytes / wide / 1e3, rel_tc,
+                rel_tc < 1e-3 ? "" : " FAIL", rel_wide, rel_wide < 5e-3 ? "" : " FAIL");
+    cudaFree(dids), cudaFree(dx), cudaFree(drw), cudaFree(dout), cudaFree(dh);
+  }
+  return 0;
+}
