@@ -14,8 +14,9 @@
 #   batch    `tandem bench --batch $BATCHES` on the synthetic 35B for each of $BSCENARIOS (default gpu-all
 #            hybrid-24gib hybrid-8gib), old then new: aggregate decode at each batch size, ITL, bound
 #   verify   `tandem bench --verify-cost 1,2,3,4` after a 1024-token prompt, all on the GPU, old then new
-#            (with --draft 4 when $VDRAFT is set; the drafts' lm_head copy speculative.lm_head = $VLM_HEAD when
-#            set): the verification step, drafts and rollback against decode
+#            (with --draft 4 when $VDRAFT is set; with $VLM_HEAD, the drafts' lm_head copy speculative.lm_head,
+#            a YAML key: --device hybrid with a $VMEM budget, default 64GiB, that holds every expert): the
+#            verification step, drafts and rollback against decode
 #   kbench   the new tree's kernel benchmarks (bench_gpu_gemv) matching $KFILTER
 #   ncu      Nsight Compute on the new tree's bench_gpu_gemv ($KFILTER), kernels matching $NCU_KERNELS
 #            (a regex), $NCU_COUNT launches after 20: duration, issue slots, L1 / DRAM / SM throughput,
@@ -121,16 +122,19 @@ fi
 
 if [[ "$steps" == *" verify "* ]]; then
   prepare_35b
-  vconf=""
-  if [ -n "${VLM_HEAD:-}" ]; then printf 'speculative:\n  lm_head: %s\n' "$VLM_HEAD" > "$OUT/e2e/verify.yaml"; vconf="--config $OUT/e2e/verify.yaml"; fi
+  vplace="--device gpu --gpu-mem 1000GiB --context 1280"
+  if [ -n "${VLM_HEAD:-}" ]; then  # a YAML key, so the hybrid device with a budget that holds every expert
+    printf 'gpu:\n  memory: %s\ncontext: 1280\nspeculative:\n  lm_head: %s\n' "${VMEM:-64GiB}" "$VLM_HEAD" > "$OUT/e2e/verify.yaml"
+    vplace="--device hybrid --config $OUT/e2e/verify.yaml"
+  fi
   echo "## Verification cost: prompt 1024, all on the GPU$([ -n "${VDRAFT:-}" ] && echo ', drafting with the MTP head')${VLM_HEAD:+, draft lm_head $VLM_HEAD}, old then new" >> "$summary"
   echo "| tree | decode ms | k | verify ms | draft ms | rollback ms | speed-up at 0.6 / 0.8 / 0.9 |" >> "$summary"
   echo "|---|---|---|---|---|---|---|" >> "$summary"
   for which in ${VTREES:-old new}; do
     t=$OLD_T; [ $which = new ] && t=$NEW_T
     [ "$(left)" -gt 30 ] || { echo "verify $which: no time left" >> "$OUT/e2e.log"; continue; }
-    timeout "$(left)" "$t" bench --model $m --device gpu --gpu-mem 1000GiB --context 1280 --prompt-len 1024 --gen 16 --repeat 3 \
-      --verify-cost 1,2,3,4 ${VDRAFT:+--draft 4} $vconf --json > "$OUT/e2e/verify.$which.json" 2> "$OUT/e2e/verify.$which.log"
+    timeout "$(left)" "$t" bench --model $m $vplace --prompt-len 1024 --gen 16 --repeat 3 \
+      --verify-cost 1,2,3,4 ${VDRAFT:+--draft 4} --json > "$OUT/e2e/verify.$which.json" 2> "$OUT/e2e/verify.$which.log"
     python3 - "$OUT/e2e/verify.$which.json" "$which" >> "$summary" <<'PY'
 import json, sys
 try: rows = json.load(open(sys.argv[1]))["verify"]
