@@ -22,8 +22,10 @@
 // kernel's 14.1 / 22.6 / 37.3 / 63.4 on the same machine kind; correct (the engine's GPU suite passed
 // with it). This form (gate and up in two interleaved chains, down in two, 2 bundles a warp with 8 warps
 // a block, 123 / 128 registers) is not yet run. Why the earlier one lost to the fragment-layout
-// experiment is open: suspects are the one dependent chain of 64 mma a warp, two 16-byte loads a lane
-// per bundle touching 8 rows each (8 wavefronts a load instead of 4) and occupancy (181 registers).
+// experiment is open: suspects are x's staging (each of a block's 128 threads converted 16 inputs one
+// dependent load at a time, against 4 in the wide kernel: ~16 L2 latencies a block; now 4 inputs a
+// load, 2 a thread), the one dependent chain of 64 mma a warp, two 16-byte loads a lane per bundle
+// touching 8 rows each (8 wavefronts a load instead of 4) and occupancy (181 registers).
 //
 // What it prints: one layer for T tokens of top-8 of 256 experts read from HBM, µs a call and GB/s, this
 // kernel pair against moe_int4_decode_wide on the same experts, and rel L2 of each against a double
@@ -153,9 +155,17 @@ __global__ void __launch_bounds__(kMaxUpWarps * 32)
   // x as fp16 in each matrix's input order, while the weights load
   const float* xt = x + static_cast<int64_t>(p / k) * H;
   const bool own_up = up.perm != gate.perm;
-  for (int64_t i = threadIdx.x; i < H; i += blockDim.x) {
-    xs[i] = __float2half_rn(__ldg(xt + (gate.perm ? gate.perm[i] : i)));
-    if (own_up) xs[H + i] = __float2half_rn(__ldg(xt + (up.perm ? up.perm[i] : i)));
+  if (!gate.perm && !up.perm) {  // 4 inputs a load (the first form took one: 16 dependent loads a thread)
+    for (int64_t i = threadIdx.x; i < H / 4; i += blockDim.x) {
+      const float4 v = __ldg(reinterpret_cast<const float4*>(xt) + i);
+      __half2* d = reinterpret_cast<__half2*>(xs) + 2 * i;
+      d[0] = __floats2half2_rn(v.x, v.y), d[1] = __floats2half2_rn(v.z, v.w);
+    }
+  } else {
+    for (int64_t i = threadIdx.x; i < H; i += blockDim.x) {
+      xs[i] = __float2half_rn(__ldg(xt + (gate.perm ? gate.perm[i] : i)));
+      if (own_up) xs[H + i] = __float2half_rn(__ldg(xt + (up.perm ? up.perm[i] : i)));
+    }
   }
   __syncthreads();
   const __half* xu = own_up ? xs + H : xs;
