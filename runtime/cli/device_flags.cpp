@@ -28,6 +28,7 @@ std::vector<Flag> device_flags() {
       {"quant-cache", true, "--experts-format int4: the folder its cache goes in (default: MODEL/.tandem-cache when writable, else ~/.cache/tandem)"},
       {"lm-head-format", true, "--device gpu|hybrid: the lm_head as stored (bf16, default) or as int8 or fp8 rows (hybrid: the config's dense.lm_head)"},
       {"draft", true, "speculative decoding: tokens the model's MTP head drafts a step, 0 = off (default), auto = as many as pay (up to 4, measured as it goes)"},
+      {"draft-lm-head", true, "--device gpu|hybrid with --draft: the drafts read their own int8 or fp8 copy of the lm_head (half its bytes a draft; the model's logits keep theirs; hybrid: the config's speculative.lm_head)"},
       {"defer-experts", true, "--device ref|cpu: apply each token's N lowest-weight experts one layer late (measures expert deferral)"},
       {"trace", true, "write a Perfetto / chrome://tracing timeline (GPU work, CPU expert jobs, copies) to this .json"},
       {"eager", false, "launch every kernel eagerly, no CUDA graphs (debugging)"},
@@ -70,6 +71,12 @@ RunnerOptions runner_options(const Args& a, int64_t min_context) {
     }
   }
   o.lm_head_format = a.get("lm-head-format", "");
+  o.draft_lm_head_format = a.get("draft-lm-head", "");
+  try {
+    parse_row_format(o.draft_lm_head_format, "--draft-lm-head");
+  } catch (const Error& e) {
+    throw UsageError(e.what());
+  }
   o.experts_format = a.get("experts-format", "");
   try {
     check_experts_format(o.experts_format, "--experts-format");

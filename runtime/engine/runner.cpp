@@ -190,6 +190,7 @@ class GpuRunner final : public Runner, private MtpDevice {
     g.verify_tokens = o.verify_tokens;
     g.dense = parse_row_format(o.dense_format, "--dense-format");
     g.lm_head = parse_row_format(o.lm_head_format, "--lm-head-format");
+    g.mtp_lm_head = parse_row_format(o.draft_lm_head_format, "--draft-lm-head");  // a copy only where it differs from lm_head's
     g.kv_format = parse_row_format(o.kv_format, "--kv-format");
     if (draft_ > 0) {
       if (draft_ + 1 > gpu::kMaxGemvTokens)
@@ -518,7 +519,8 @@ std::unique_ptr<Runner> make_placement_runner(const Qwen35Moe& model, const Runn
     fail("--draft: the verification step keeps exact states; a placement with experts.deferral defers some experts a layer (set it to 0)");
   const RowFormat kv = parse_row_format(o.kv_format, "--kv-format");
   if (o.device == Device::Ref || o.device == Device::Cpu)  // the host placements run the projections as stored
-    for (const auto& [value, flag] : {std::pair{o.dense_format, "--dense-format"}, std::pair{o.lm_head_format, "--lm-head-format"}})
+    for (const auto& [value, flag] : {std::pair{o.dense_format, "--dense-format"}, std::pair{o.lm_head_format, "--lm-head-format"},
+                                      std::pair{o.draft_lm_head_format, "--draft-lm-head"}})
       if (!value.empty() && value != "bf16")
         fail(flag, " ", value, " quantizes projections for the GPU (--device gpu or hybrid); --device ", device_name(o.device),
              " runs them as stored");

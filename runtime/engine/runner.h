@@ -46,6 +46,9 @@ struct RunnerOptions {
   std::string cpu_expert_format = "bf16";  // cpu: bf16 | int8 for BF16 checkpoints' experts
   std::string dense_format;              // gpu / hybrid: bf16 | int8 | fp8 (the projections quantized on load: GpuOptions::dense); "": a hybrid config's dense.format, else bf16
   std::string lm_head_format;            // gpu / hybrid: bf16 | int8 | fp8 (GpuOptions::lm_head); "": a hybrid config's dense.lm_head, else bf16
+  // gpu / hybrid, with drafts: the lm_head the MTP head's drafts read, int8 | fp8 (their own copy,
+  // GpuOptions::mtp_lm_head); "": a hybrid config's speculative.lm_head, else the model's lm_head
+  std::string draft_lm_head_format;
   // every device: "" (a hybrid config's experts.gpu_format / cpu_format, else as stored) | auto (as
   // stored) | int4: every routed expert stored in a floating-point format (a BF16 checkpoint's, the
   // MTP head's) quantized on load (Qwen35Moe::quantize_experts_int4), cached under quant_cache

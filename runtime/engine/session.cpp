@@ -60,6 +60,8 @@ Plan prepare_hybrid(RunnerOptions& o, const ModelConfig& model, const PlacementC
   cfg.dense_format = o.dense_format;
   if (o.lm_head_format.empty()) o.lm_head_format = cfg.lm_head_format;
   cfg.lm_head_format = o.lm_head_format;
+  if (o.draft_lm_head_format.empty()) o.draft_lm_head_format = cfg.draft_lm_head_format;  // --draft-lm-head over speculative.lm_head
+  cfg.draft_lm_head_format = o.draft_lm_head_format;
   if (!o.experts_format.empty()) cfg.gpu_format = o.experts_format;  // --experts-format over experts.gpu_format
   if (o.kv_format.empty()) o.kv_format = cfg.kv_format;  // --kv-format over kv_cache.format
   cfg.kv_format = o.kv_format;
