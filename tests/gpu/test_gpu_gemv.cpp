@@ -201,6 +201,20 @@ std::vector<double> rows8_reference(const gpu::Rows8Host& h, const std::vector<f
   return y;
 }
 
+// A random bf16 [N, K] matrix quantized to 8-bit rows of f, on the device.
+struct DeviceRows8 {
+  gpu::Rows8Host h;
+  test::DeviceBuffer<uint8_t> dq;
+  test::DeviceBuffer<float> ds;
+  gpu::Rows8View v;
+  DeviceRows8(std::mt19937& rng, int64_t N, int64_t K, RowFormat f) : h(quantized(rng, N, K, f)), dq(h.codes), ds(h.scales), v{dq.ptr, ds.ptr, N, K, f} {}
+  static gpu::Rows8Host quantized(std::mt19937& rng, int64_t N, int64_t K, RowFormat f) {
+    std::vector<uint16_t> W;
+    random_bf16_linear(N, K, rng, W);
+    return gpu::quantize_rows8(W.data(), N, K, f);
+  }
+};
+
 class GpuGemvRows8 : public ::testing::TestWithParam<std::tuple<Rows8Case, RowFormat>> {};
 
 TEST_P(GpuGemvRows8, MatchesDequantizedReference) {
@@ -208,12 +222,9 @@ TEST_P(GpuGemvRows8, MatchesDequantizedReference) {
   const Rows8Case c = std::get<0>(GetParam());
   const RowFormat f = std::get<1>(GetParam());
   std::mt19937 rng(test::test_seed());
-  std::vector<uint16_t> W;
-  random_bf16_linear(c.N, c.K, rng, W);
-  const gpu::Rows8Host h = gpu::quantize_rows8(W.data(), c.N, c.K, f);
-  test::DeviceBuffer<uint8_t> dq(h.codes);
-  test::DeviceBuffer<float> ds(h.scales);
-  const gpu::Rows8View v{dq.ptr, ds.ptr, c.N, c.K, f};
+  const DeviceRows8 m(rng, c.N, c.K, f);
+  const gpu::Rows8Host& h = m.h;
+  const gpu::Rows8View& v = m.v;
   std::vector<float> alone;
   for (int T : {1, 2, 3, 8}) {
     const auto x = test::random_floats(rng, T * c.K);
@@ -247,12 +258,8 @@ TEST_P(GpuGemvRows8, SwigluEqualsSiluMulThenGemv) {
   const Rows8Case c = std::get<0>(GetParam());
   const RowFormat f = std::get<1>(GetParam());
   std::mt19937 rng(test::test_seed() + 11);
-  std::vector<uint16_t> W;
-  random_bf16_linear(c.N, c.K, rng, W);
-  const gpu::Rows8Host h = gpu::quantize_rows8(W.data(), c.N, c.K, f);
-  test::DeviceBuffer<uint8_t> dq(h.codes);
-  test::DeviceBuffer<float> ds(h.scales);
-  const gpu::Rows8View v{dq.ptr, ds.ptr, c.N, c.K, f};
+  const DeviceRows8 m(rng, c.N, c.K, f);
+  const gpu::Rows8View& v = m.v;
   for (int T : {1, 5}) {
     const auto g = test::random_floats(rng, T * c.K, 4.0f), u = test::random_floats(rng, T * c.K);
     test::DeviceBuffer<float> dg(g), du(u), dfused(T * c.N), dtwo(T * c.N);
