@@ -169,7 +169,7 @@ std::string plan_table(const Plan& p) {
       up += buf;
     }
     std::snprintf(buf, sizeof buf, "x a decode step, a draft %.2f ms; speed-up at acceptance 0.8:", pr.draft_ms);
-    line("speculative (bytes)", v + " " + buf + up);
+    line("speculative", v + " " + buf + up);
     if (p.head_experts_cpu)
       line("", str_cat("the MTP head's routed experts in host memory (", format_gib(p.head_host_expert_bytes), ", in the CPU experts' figure)"));
     if (p.draft_lm_head != RowFormat::Bf16)

@@ -34,6 +34,15 @@ constexpr uint64_t kBf16ExpertTableEntry = 3 * 8;
 // in decode: 62-65 of 80-88), the link kernel reads 3 experts at 42 of the link's 51-55 GB/s, and a
 // layer's input foresees ~0.9 of its top-8 (tandem profile).
 constexpr double kLinkCpuShare = 0.78, kLinkRate = 0.8;
+// A verification step's cost beyond its bytes, per layer: what the batched step of T tokens lacks
+// against the fused one-token decode step (kVerifyStepUs) and, per token beyond the first, the decode
+// MoE kernel's dequantising arithmetic (issue-bound: its time grows with the (token, expert) pairs) and
+// the mixer's per-position work (kVerifyTokenUs). Fitted to the H100's `tandem bench --verify-cost`,
+// all on the GPU (bench/results/2026-12-05-stop44-h100-moe-layout-rollback.md): verify - decode =
+// 0.99 / 1.56 / 2.06 / 2.57 ms at k = 1..4, of which the bytes are 0.17-0.66 ms. Latency and issue
+// bound, so about the same on any large GPU; bytes alone predicted 1.05-1.20x a decode step against
+// the measured 1.33-1.85x.
+constexpr double kVerifyStepUs = 11.6, kVerifyTokenUs = 9.0;
 
 struct Sizer {
   const ModelConfig& c;
@@ -266,7 +275,8 @@ void predict(const ModelConfig& c, const PlacementConfig& cfg, const PlanRequest
   pr.decode_tok_s_full_context = 1.0 / full.s;
   // Speculative decoding: a verification step of T = k + 1 tokens reads the dense weights once and,
   // per layer, the union of the experts its tokens route to, each where it lives (uniform routing: E
-  // (1 - (1 - k/E)^T), an upper bound: text repeats experts); one draft reads the MTP head's fc, its
+  // (1 - (1 - k/E)^T), an upper bound: text repeats experts), plus what it costs beyond its bytes
+  // (kVerifyStepUs, kVerifyTokenUs); one draft reads the MTP head's fc, its
   // attention layer, router, shared expert and 8 of its experts (BF16, or int4 on load), and the whole lm_head, on the GPU.
   if (cfg.draft != 0 && c.mtp_layers > 0) {
     const int E = c.num_experts, nh = c.num_heads;
@@ -277,7 +287,7 @@ void predict(const ModelConfig& c, const PlacementConfig& cfg, const PlanRequest
         gpu_b += extra * p.layer_gpu_fraction[l] * expert_read;
         cpu_b += extra * (1 - p.layer_gpu_fraction[l]) * static_cast<double>(p.cpu_expert_bytes);
       }
-      pr.verify_ms.push_back(pr.decode_ms + (gpu_b / pr.gpu_bw + cpu_b / pr.cpu_bw) * 1e3);
+      pr.verify_ms.push_back(pr.decode_ms + (gpu_b / pr.gpu_bw + cpu_b / pr.cpu_bw) * 1e3 + L * (kVerifyStepUs + kVerifyTokenUs * (T - 1)) * 1e-3);
     }
     const double attn = (2.0 * nh * hd * H + 2.0 * nkv * hd * H + static_cast<double>(nh) * hd * H) * 2;
     const RowFormat drafts_read = p.draft_lm_head != RowFormat::Bf16 ? p.draft_lm_head : p.dense_format_of("lm_head");  // speculative.lm_head

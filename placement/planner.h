@@ -64,8 +64,9 @@ struct Prediction {
   // Speculative decoding (speculative.draft, the MTP head on the GPU): the verification step of k + 1
   // tokens for k = 1 .. the drafts held (verify_ms[k - 1]), one draft's time, and the speed-up over
   // plain decode at acceptance a (the same at every position): (1 - a^(k+1)) / (1 - a) tokens a step
-  // over verify_ms + k draft_ms. Empty without drafts. By bytes, at the decode step's efficiency: the
-  // K-token step measures about twice this on the H200 today (bench/results/2026-12-03-h200-mtp.md).
+  // over verify_ms + k draft_ms. Empty without drafts. The verification by its bytes plus a per-layer
+  // cost of the batched step and of each token beyond the first, fitted to the H100 (planner.cpp:
+  // kVerifyStepUs, kVerifyTokenUs).
   std::vector<double> verify_ms;
   double draft_ms = 0;
   double speedup(int k, double acceptance) const;
