@@ -36,9 +36,9 @@ cudaError_t gemm_bf16(BlasHandle handle, const uint16_t* W, int64_t N, int64_t K
 // The same for 8-bit rows (gemv.cuh's Rows8View: codes [N][K] in rows8_layout.h's order, int8 or FP8
 // E4M3, a scale per row):
 // y[t * N + n] = scales[n] * sum_k code[n, k] * x[t, k]. Every int8 code and every finite E4M3 value is
-// a bf16 value, so the codes become bf16 exactly, in input order (into w_codes, N * K bf16 scratch), gemm_bf16 runs on
-// them and each output column takes its row's scale: the precision of gemm_bf16 (~1e-5 relative to
-// the fp32 reference of the dequantized matrix) at one extra pass over the codes.
+// a bf16 value, so the codes become bf16 exactly, in input order (into w_codes, N * K bf16 scratch),
+// gemm_bf16 runs on them and each output column takes its row's scale: the precision of gemm_bf16
+// (~1e-5 relative to the fp32 reference of the dequantized matrix) at one extra pass over the codes.
 cudaError_t gemm_rows8(BlasHandle handle, const Rows8View& W, const float* x, int64_t T, uint16_t* x_split, uint16_t* w_codes, float* y,
                        cudaStream_t stream);
 
