@@ -20,12 +20,14 @@
 // Measured (stop 45, H100, an earlier form: one chain of mma for gate then up, 4 bundles a warp in
 // flight, 4 warps a block): 18.7 / 30.7 / 55.4 / 101.4 µs at 1 / 2 / 4 / 8 tokens against the wide
 // kernel's 14.1 / 22.6 / 37.3 / 63.4 on the same machine kind; correct (the engine's GPU suite passed
-// with it). This form (gate and up in two interleaved chains, down in two, 2 bundles a warp with 8 warps
-// a block, 123 / 128 registers) is not yet run. Why the earlier one lost to the fragment-layout
-// experiment is open: suspects are x's staging (each of a block's 128 threads converted 16 inputs one
-// dependent load at a time, against 4 in the wide kernel: ~16 L2 latencies a block; now 4 inputs a
-// load, 2 a thread), the one dependent chain of 64 mma a warp, two 16-byte loads a lane per bundle
-// touching 8 rows each (8 wavefronts a load instead of 4) and occupancy (181 registers).
+// with it). This form (gate and up in two interleaved chains, down in two; gate/up with 2 bundles a warp
+// in flight and 8 warps a block, or 4 and 4 warps: both are timed) is not yet run. Why the earlier one
+// lost to the fragment-layout experiment is open. The suspects:
+//   - x's staging: each of a block's 128 threads converted 16 inputs, one dependent load at a time,
+//     against 4 in the wide kernel (~16 L2 latencies a block); now 4 inputs a load, 2 a thread;
+//   - the one dependent chain of 64 mma a warp;
+//   - two 16-byte loads a lane per bundle touching 8 rows each (8 wavefronts a load instead of 4);
+//   - occupancy (181 registers).
 //
 // What it prints: one layer for T tokens of top-8 of 256 experts read from HBM, µs a call and GB/s, this
 // kernel pair against moe_int4_decode_wide on the same experts, and rel L2 of each against a double
@@ -53,7 +55,6 @@ using namespace tandem::gpu;
 using namespace tandem::gpu::detail;
 
 constexpr int kBundle = 128;   // inputs of one step of a lane quad: 16 code words a row, 4 a lane
-constexpr int kAhead = 2;      // gate/up: bundles whose codes a warp has in flight (of each matrix)
 constexpr int kDownAhead = 4;  // down: the same
 constexpr int kMaxUpWarps = 8; // gate/up: warps a block, the bundles split between them
 constexpr int kMaxK = 8;       // experts per token (down: a warp each)
@@ -131,10 +132,11 @@ __device__ __forceinline__ void bundle_x(const __half* v, bool col0, uint32_t (&
 }
 
 // gate/up: block (16-row block, pair p); warp w takes bundles [w nbw, (w + 1) nbw) of gate and of up
-// (split K: the warps of a block in flight together), kAhead at a time, every load of a round issued
+// (split K: the warps of a block in flight together), AHEAD at a time, every load of a round issued
 // before any is used; the block adds the warps' partial sums in warp order and writes
 // h = fp16(silu(gate) * up) [pair, I] in input order. x staged as fp16 in shared memory in gate's input
 // order (and up's, with act order).
+template <int AHEAD>
 __global__ void __launch_bounds__(kMaxUpWarps * 32)
     tc_gate_up_kernel(const Int4Expert* __restrict__ experts, int64_t H, int64_t I, const int32_t* __restrict__ ids, int k,
                       const float* __restrict__ x, __half* __restrict__ h, int gshift, int nbw) {
@@ -148,9 +150,9 @@ __global__ void __launch_bounds__(kMaxUpWarps * 32)
   if (!gate.qweight) return;  // not resident on the GPU (hybrid); uniform per block
   const int64_t r0 = 16 * static_cast<int64_t>(blockIdx.x) + g, nb = H / kBundle;
   const int64_t b_first = static_cast<int64_t>(warp) * nbw, b_end = b_first + nbw < nb ? b_first + nbw : nb;
-  BundleCodes cg[kAhead], cu[kAhead];
+  BundleCodes cg[AHEAD], cu[AHEAD];
 #pragma unroll
-  for (int i = 0; i < kAhead; ++i)
+  for (int i = 0; i < AHEAD; ++i)
     if (b_first + i < b_end) cg[i] = load_bundle(gate, r0, b_first + i, q, G, gshift), cu[i] = load_bundle(up, r0, b_first + i, q, G, gshift);
   // x as fp16 in each matrix's input order, while the weights load
   const float* xt = x + static_cast<int64_t>(p / k) * H;
@@ -170,9 +172,9 @@ __global__ void __launch_bounds__(kMaxUpWarps * 32)
   __syncthreads();
   const __half* xu = own_up ? xs + H : xs;
   float acc_g[2] = {0.0f, 0.0f}, acc_u[2] = {0.0f, 0.0f}, c[4] = {0.0f, 0.0f, 0.0f, 0.0f}, cv[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  for (int64_t b0 = b_first; b0 < b_end; b0 += kAhead) {
+  for (int64_t b0 = b_first; b0 < b_end; b0 += AHEAD) {
 #pragma unroll
-    for (int i = 0; i < kAhead; ++i) {
+    for (int i = 0; i < AHEAD; ++i) {
       const int64_t b = b0 + i;
       if (b >= b_end) break;
       uint32_t xg[16], xv[16];
@@ -189,7 +191,7 @@ __global__ void __launch_bounds__(kMaxUpWarps * 32)
         }
       add_scaled(c, nullptr, cg[i], acc_g);
       add_scaled(cv, nullptr, cu[i], acc_u);
-      if (b + kAhead < b_end) cg[i] = load_bundle(gate, r0, b + kAhead, q, G, gshift), cu[i] = load_bundle(up, r0, b + kAhead, q, G, gshift);
+      if (b + AHEAD < b_end) cg[i] = load_bundle(gate, r0, b + AHEAD, q, G, gshift), cu[i] = load_bundle(up, r0, b + AHEAD, q, G, gshift);
     }
   }
   pdl_launch_next();  // past its loads (pdl.cuh)
@@ -272,16 +274,18 @@ bool tc_fits(int64_t H, int64_t I, int64_t group_size, int k) {
          group_shift(group_size) >= 0 && H % group_size == 0 && I % group_size == 0;
 }
 
-cudaError_t tc_decode(const Int4Expert* experts, int64_t H, int64_t I, int64_t group_size, const int32_t* ids,
+// ahead: gate/up's bundles a warp has in flight, 2 (8 warps a block at the 35B's H) or 4 (4 warps).
+cudaError_t tc_decode(int ahead, const Int4Expert* experts, int64_t H, int64_t I, int64_t group_size, const int32_t* ids,
                                const float* weights, int T, int k, const float* x, uint16_t* h_scratch, float* out, cudaStream_t stream) {
   if (T < 1 || T > kMaxGemvTokens || !tc_fits(H, I, group_size, k)) return cudaErrorInvalidValue;
   auto* h = reinterpret_cast<__half*>(h_scratch);
   const int gs = group_shift(group_size);
   const int nb = static_cast<int>(H / kBundle);
-  const int warps = (nb + kAhead - 1) / kAhead < kMaxUpWarps ? (nb + kAhead - 1) / kAhead : kMaxUpWarps;
+  const int warps = (nb + ahead - 1) / ahead < kMaxUpWarps ? (nb + ahead - 1) / ahead : kMaxUpWarps;
   const int nbw = (nb + warps - 1) / warps;
   const dim3 up_grid(static_cast<unsigned>(I / 16), static_cast<unsigned>(T * k));
-  if (cudaError_t e = launch(tc_gate_up_kernel, up_grid, dim3(32 * warps), 2 * H * sizeof(__half), stream, experts, H, I, ids, k, x, h, gs, nbw);
+  if (cudaError_t e = launch(ahead == 4 ? tc_gate_up_kernel<4> : tc_gate_up_kernel<2>, up_grid, dim3(32 * warps), 2 * H * sizeof(__half), stream,
+                             experts, H, I, ids, k, x, h, gs, nbw);
       e != cudaSuccess)
     return e;
   const dim3 down_grid(static_cast<unsigned>(H / 16), static_cast<unsigned>(T));
@@ -354,7 +358,8 @@ int main() {
   }
   Int4Expert* dtable = tandem::dev::upload(table);
   std::printf("%s; one MoE layer, top-8 of 256, experts from HBM; us a call (GB/s of the distinct experts' bytes)\n", prop.name);
-  std::printf("%6s %22s %22s   %s\n", "tokens", "tensor cores (dev)", "moe_int4_decode_wide", "rel L2 vs double: dev, wide");
+  std::printf("%6s %22s %22s %22s   %s\n", "tokens", "tc, 2 ahead x 8 warps", "tc, 4 ahead x 4 warps", "moe_int4_decode_wide",
+              "rel L2 vs double: tc 2, tc 4, wide");
   for (int T : {1, 2, 4, 8}) {
     std::vector<int32_t> ids(kSets * T * K);
     for (int s = 0; s < kSets * T; ++s) {
@@ -372,9 +377,12 @@ int main() {
     DEV_CK(cudaMalloc(&dout, T * H * sizeof(float)));
     DEV_CK(cudaMalloc(&dh, T * K * I * sizeof(uint16_t)));
     std::vector<float> y(T * H);
-    DEV_CK(tc_decode(dtable, H, I, kGroup, dids, drw, T, K, dx, dh, dout, nullptr));
-    DEV_CK(cudaMemcpy(y.data(), dout, y.size() * 4, cudaMemcpyDeviceToHost));
-    const double rel_tc = check(y, gate, up, down, ids, rw, x, T);
+    double rel_tc[2], tc[2];
+    for (int v = 0; v < 2; ++v) {
+      DEV_CK(tc_decode(2 + 2 * v, dtable, H, I, kGroup, dids, drw, T, K, dx, dh, dout, nullptr));
+      DEV_CK(cudaMemcpy(y.data(), dout, y.size() * 4, cudaMemcpyDeviceToHost));
+      rel_tc[v] = check(y, gate, up, down, ids, rw, x, T);
+    }
     DEV_CK(moe_int4_decode_wide(dtable, H, I, kGroup, dids, drw, T, K, dx, dh, dout, nullptr));
     DEV_CK(cudaMemcpy(y.data(), dout, y.size() * 4, cudaMemcpyDeviceToHost));
     const double rel_wide = check(y, gate, up, down, ids, rw, x, T);
@@ -383,10 +391,12 @@ int main() {
     const double distinct = double(std::unique(first.begin(), first.end()) - first.begin());
     const double bytes = distinct * 3 * (I * H / 2 + I * (H / kGroup) * 3);
     auto time = [&](auto&& launch) { return tandem::dev::time_us([&](int i) { launch((i % kSets) * T * K); }, 20, 320); };
-    const double tc = time([&](int o) { tc_decode(dtable, H, I, kGroup, dids + o, drw + o, T, K, dx, dh, dout, nullptr); });
+    for (int v = 0; v < 2; ++v)
+      tc[v] = time([&](int o) { tc_decode(2 + 2 * v, dtable, H, I, kGroup, dids + o, drw + o, T, K, dx, dh, dout, nullptr); });
     const double wide = time([&](int o) { moe_int4_decode_wide(dtable, H, I, kGroup, dids + o, drw + o, T, K, dx, dh, dout, nullptr); });
-    std::printf("%6d %10.1f (%7.0f) %10.1f (%7.0f)   %.1e%s, %.1e%s\n", T, tc, bytes / tc / 1e3, wide, bytes / wide / 1e3, rel_tc,
-                rel_tc < 1e-3 ? "" : " FAIL", rel_wide, rel_wide < 5e-3 ? "" : " FAIL");
+    std::printf("%6d %12.1f (%7.0f) %12.1f (%7.0f) %12.1f (%7.0f)   %.1e%s, %.1e%s, %.1e%s\n", T, tc[0], bytes / tc[0] / 1e3, tc[1],
+                bytes / tc[1] / 1e3, wide, bytes / wide / 1e3, rel_tc[0], rel_tc[0] < 1e-3 ? "" : " FAIL", rel_tc[1],
+                rel_tc[1] < 1e-3 ? "" : " FAIL", rel_wide, rel_wide < 5e-3 ? "" : " FAIL");
     cudaFree(dids), cudaFree(dx), cudaFree(drw), cudaFree(dout), cudaFree(dh);
   }
   return 0;
