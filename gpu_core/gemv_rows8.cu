@@ -77,11 +77,15 @@ __global__ void gemv_rows8_kernel(const uint8_t* __restrict__ q, const float* __
   detail::warp_store_row<TMAX>(acc, T, scales[row], lane, [&](int t) { return y.at(t, row); });
 }
 
-template <RowFormat F, bool SWIGLU>
+// The kernel for W's format and T (one token: every vector of a row prefetched; several: 4).
+template <bool SWIGLU>
 cudaError_t launch_rows8(const Rows8View& W, const float* x, const float* u, int T, const RowsOut& y, cudaStream_t stream) {
+  const bool i8 = W.format == RowFormat::Int8;
+  const auto kernel = T == 1 ? (i8 ? gemv_rows8_kernel<RowFormat::Int8, 1, 8, SWIGLU> : gemv_rows8_kernel<RowFormat::Fp8, 1, 8, SWIGLU>)
+                             : (i8 ? gemv_rows8_kernel<RowFormat::Int8, kMaxGemvTokens, 4, SWIGLU>
+                                   : gemv_rows8_kernel<RowFormat::Fp8, kMaxGemvTokens, 4, SWIGLU>);
   const dim3 grid(static_cast<unsigned>((W.N + kRowsPerBlock - 1) / kRowsPerBlock)), block(32 * kRowsPerBlock);
-  if (T == 1) return detail::launch(gemv_rows8_kernel<F, 1, 8, SWIGLU>, grid, block, 0, stream, W.codes, W.scales, W.N, W.K, x, u, T, y);
-  return detail::launch(gemv_rows8_kernel<F, kMaxGemvTokens, 4, SWIGLU>, grid, block, 0, stream, W.codes, W.scales, W.N, W.K, x, u, T, y);
+  return detail::launch(kernel, grid, block, 0, stream, W.codes, W.scales, W.N, W.K, x, u, T, y);
 }
 
 bool rows8_ok(const Rows8View& W, int T) {
@@ -96,15 +100,12 @@ cudaError_t gemv_rows8(const Rows8View& W, const float* x, int T, float* y, cuda
 
 cudaError_t gemv_rows8(const Rows8View& W, const float* x, int T, const RowsOut& y, cudaStream_t stream) {
   if (!rows8_ok(W, T) || !rows_out_fits(y, W.N)) return cudaErrorInvalidValue;
-  return W.format == RowFormat::Int8 ? launch_rows8<RowFormat::Int8, false>(W, x, nullptr, T, y, stream)
-                                     : launch_rows8<RowFormat::Fp8, false>(W, x, nullptr, T, y, stream);
+  return launch_rows8<false>(W, x, nullptr, T, y, stream);
 }
 
 cudaError_t gemv_rows8_swiglu(const Rows8View& W, const float* g, const float* u, int T, float* y, cudaStream_t stream) {
   if (!rows8_ok(W, T)) return cudaErrorInvalidValue;
-  const RowsOut out = RowsOut::one(y, W.N);
-  return W.format == RowFormat::Int8 ? launch_rows8<RowFormat::Int8, true>(W, g, u, T, out, stream)
-                                     : launch_rows8<RowFormat::Fp8, true>(W, g, u, T, out, stream);
+  return launch_rows8<true>(W, g, u, T, RowsOut::one(y, W.N), stream);
 }
 
 }  // namespace tandem::gpu

@@ -15,13 +15,11 @@ TESTS="${TESTS:-*Speculative*:*Rows8*:GpuOps*:*GpuMoeInt4*}"
 build=../build-gpu-dev
 name=gpu-dev
 source "$(dirname "$0")/gpu_steps.sh"
-{ date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; git log --oneline -1 2>/dev/null; } > "$res/machine.txt" 2>&1
 
 for s in $STEPS; do
   case "$s" in
     build)
-      step build 300 bash -c "cmake -S . -B $build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 >/dev/null \
-        && cmake --build $build -j $(nproc) --target bench_gpu_gemv bench_dev_moe_int4_tc tandem_gpu_tests" ;;
+      build_step bench_gpu_gemv bench_dev_moe_int4_tc tandem_gpu_tests ;;
     tests)
       step gpu-tests "${TESTS_SECS:-200}" "$build/tests/tandem_gpu_tests" --gtest_filter="$TESTS"
       grep -E '^\[  (PASSED|FAILED)' "$res/gpu-tests.log" >> "$res/summary.txt" ;;

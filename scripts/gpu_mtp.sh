@@ -21,7 +21,6 @@ PLACEMENTS="${PLACEMENTS:-gpu 24GiB 12GiB 8GiB}"
 build=../build-gpu-mtp
 name=gpu-mtp
 source "$(dirname "$0")/gpu_steps.sh"
-{ date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; } > "$res/machine.txt" 2>&1
 tandem="$build/tandem"
 py=$(python3 -c 'import json, textwrap; print(json.decoder.__file__, textwrap.__file__)')
 cat $py > "$res/pytext.txt"
@@ -29,8 +28,7 @@ cat $py > "$res/pytext.txt"
 for s in $STEPS; do
   case "$s" in
     build)
-      step build 300 bash -c "cmake -S . -B $build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 >/dev/null \
-        && cmake --build $build -j $(nproc) --target tandem tandem_gpu_tests" ;;
+      build_step tandem tandem_gpu_tests ;;
     tests)
       step gpu-tests 240 "$build/tests/tandem_gpu_tests" --gtest_filter="$TESTS" ;;
     demo)

@@ -26,7 +26,6 @@ PLACEMENTS="${PLACEMENTS:-24GiB 12GiB 8GiB}"
 build=../build-gpu-quant
 name=gpu-quant
 source "$(dirname "$0")/gpu_steps.sh"
-{ date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; echo "TANDEM_MAX_SM=${TANDEM_MAX_SM:-}"; } > "$res/machine.txt" 2>&1
 tandem="$build/tandem"
 model=/tmp/q35
 
@@ -37,8 +36,7 @@ yaml() {  # file budget extra-lines
 for s in $STEPS; do
   case "$s" in
     build)
-      step build 300 bash -c "cmake -S . -B $build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 >/dev/null \
-        && cmake --build $build -j $(nproc) --target tandem tandem_gpu_tests bench_gpu_gemv" ;;
+      build_step tandem tandem_gpu_tests bench_gpu_gemv ;;
     tests)
       step gpu-tests "${TESTS_SECS:-240}" "$build/tests/tandem_gpu_tests" --gtest_filter="$TESTS" ;;
     dense)

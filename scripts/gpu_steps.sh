@@ -1,12 +1,16 @@
 # scripts/gpu_steps.sh: what a GPU-machine script that runs named steps under one deadline shares
-# (sourced by gpu_mtp.sh and gpu_quant.sh). The device tool returns at most 8 files per call and nothing
-# once the call is killed, so every step writes under $res, has its own limit inside DEADLINE, and the
-# folder is packed into $OUT/results.tgz after each step (a kill loses at most the step in flight).
-# Before sourcing: name (the folder under /tmp), DEADLINE (seconds). After: $res, left, pack, step, and
-# the .deps packages unpacked into /opt/deps (oneDNN, ICU: the machine lacks them).
+# (sourced by gpu_dev.sh, gpu_mtp.sh and gpu_quant.sh). The device tool returns at most 8 files per call
+# and nothing once the call is killed, so every step writes under $res, has its own limit inside
+# DEADLINE, and the folder is packed into $OUT/results.tgz after each step (a kill loses at most the step
+# in flight).
+# Before sourcing: name (the folder under /tmp), build (the build folder), DEADLINE (seconds). After: $res
+# (with machine.txt: the date, the GPU, the tree's commit and TANDEM_MAX_SM), left, pack, step,
+# build_step, and the .deps packages unpacked into /opt/deps (oneDNN, ICU: the machine lacks them).
 OUT="${OUT:-$PWD/gpu-out}"
 res=/tmp/$name/results
 rm -rf "$res"; mkdir -p "$res" "$OUT"
+{ date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; git log --oneline -1 2>/dev/null
+  echo "TANDEM_MAX_SM=${TANDEM_MAX_SM:-}"; } > "$res/machine.txt" 2>&1
 t0=$(date +%s)
 left() { echo $(( DEADLINE - ($(date +%s) - t0) )); }
 pack() { tar czf "$OUT/results.tgz" -C /tmp/$name results; cp "$res/summary.txt" "$OUT/" 2>/dev/null; }
@@ -19,6 +23,10 @@ step() {  # name seconds command...
   timeout "$secs" "$@" > "$res/$step_name.log" 2>&1
   echo "$step_name: rc=$? in $(( $(date +%s) - s0 ))s" >> "$res/summary.txt"
   pack
+}
+build_step() {  # targets...: configured for sm_90, Release, into $build (300 s)
+  step build 300 bash -c "cmake -S . -B $build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 >/dev/null \
+    && cmake --build $build -j $(nproc) --target $*"
 }
 for f in ../.deps/*.deb .deps/*.deb; do [ -f "$f" ] && dpkg -x "$f" /opt/deps; done
 export CMAKE_PREFIX_PATH=/opt/deps/usr LD_LIBRARY_PATH=/opt/deps/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}

@@ -35,13 +35,23 @@ std::vector<Flag> device_flags() {
   };
 }
 
-RunnerOptions runner_options(const Args& a, int64_t min_context) {
-  RunnerOptions o;
+namespace {
+
+// Runs a value's check (or parse); its error is a usage error: the command prints its flags with it.
+template <typename Check>
+auto as_usage(Check&& check) {
   try {
-    o.device = requested_device(a.get("device", "auto"), a.has("config"), "--device", "--config");
+    return check();
   } catch (const Error& e) {
     throw UsageError(e.what());
   }
+}
+
+}  // namespace
+
+RunnerOptions runner_options(const Args& a, int64_t min_context) {
+  RunnerOptions o;
+  o.device = as_usage([&] { return requested_device(a.get("device", "auto"), a.has("config"), "--device", "--config"); });
   if (a.has("threads")) {
     o.threads = a.get_int<int>("threads", 0, 1, kMaxThreads);  // the YAML's cpu.threads cap
     omp_set_num_threads(o.threads);
@@ -49,13 +59,7 @@ RunnerOptions runner_options(const Args& a, int64_t min_context) {
   o.cpu_expert_format = a.get("cpu-expert-format", "bf16");
   if (o.cpu_expert_format != "int8" && o.cpu_expert_format != "bf16")
     throw UsageError(str_cat("--cpu-expert-format must be int8 or bf16 (got '", o.cpu_expert_format, "')"));
-  if (a.has("gpu-mem")) {
-    try {
-      o.gpu_mem = parse_bytes(a.get("gpu-mem"), "--gpu-mem");
-    } catch (const Error& e) {
-      throw UsageError(e.what());
-    }
-  }
+  if (a.has("gpu-mem")) o.gpu_mem = as_usage([&] { return parse_bytes(a.get("gpu-mem"), "--gpu-mem"); });
   o.context = std::max(a.get_int("context", 4096), min_context);
   o.context_set = a.has("context");
   o.min_context = min_context;
@@ -63,26 +67,12 @@ RunnerOptions runner_options(const Args& a, int64_t min_context) {
   o.config = a.get("config", "");
   o.dense_format = a.get("dense-format", "");
   o.kv_format = a.get("kv-format", "");
-  if (!o.kv_format.empty()) {
-    try {
-      parse_row_format(o.kv_format, "--kv-format");
-    } catch (const Error& e) {
-      throw UsageError(e.what());
-    }
-  }
+  as_usage([&] { return parse_row_format(o.kv_format, "--kv-format"); });
   o.lm_head_format = a.get("lm-head-format", "");
   o.draft_lm_head_format = a.get("draft-lm-head", "");
-  try {
-    parse_row_format(o.draft_lm_head_format, "--draft-lm-head");
-  } catch (const Error& e) {
-    throw UsageError(e.what());
-  }
+  as_usage([&] { return parse_row_format(o.draft_lm_head_format, "--draft-lm-head"); });
   o.experts_format = a.get("experts-format", "");
-  try {
-    check_experts_format(o.experts_format, "--experts-format");
-  } catch (const Error& e) {
-    throw UsageError(e.what());
-  }
+  as_usage([&] { check_experts_format(o.experts_format, "--experts-format"); });
   o.quant_cache = a.get("quant-cache", "");
   o.draft = a.get("draft", "") == "auto" ? kDraftAuto : a.get_int<int>("draft", 0, 0, kMaxDraft);
   o.draft_set = a.has("draft");
