@@ -14,6 +14,8 @@
 #   kv         the same model at 24 GiB decoding after a 32768-token prompt with the KV cache as bf16,
 #              int8 and fp8 (kv_cache.format), and the attention decode kernel alone per format
 #              (bench_gpu_gemv BM_attention_decode: 512 / 4096 / 32768 cached rows)
+#   draft      the same model all on the GPU: tandem bench --verify-cost 1,2,3,4 --draft 4 with the drafts
+#              reading the lm_head as stored and their own int8 copy (--draft-lm-head int8)
 #   batch      the same model decoding $BATCHES sequences at once (prompts of 4096) for each of $BPLACEMENTS
 #              (default 12GiB 8GiB, the latter every routed expert on the CPU; gpu: all on the GPU): tandem bench --batch
 # usage (device tool, carry .deps): DEADLINE=560 STEPS="build tests dense head kv" bash scripts/gpu_quant.sh
@@ -63,6 +65,12 @@ experts: {gpu_format: $e}"
         "$tandem" plan --model $model --config "$res/head-$e.yaml" --no-measure > "$res/plan-head-$e.txt" 2>&1
         step "head-$e" 150 "$tandem" bench --model $model --device hybrid --config "$res/head-$e.yaml" --quant-cache /tmp/qcache \
           --prompt-len 1024 --gen 16 --repeat 3 --verify-cost 1,2,3,4 --draft 4 --json
+      done ;;
+    draft)
+      [ -f $model/config.json ] || step synth 150 "$tandem" synth --preset qwen3.5-35b-a3b --quant gptq-int4 --routing-skew 1 --out $model
+      for h in bf16 int8; do
+        step "draft-$h" 120 "$tandem" bench --model $model --device gpu --gpu-mem 1000GiB --context 1280 --prompt-len 1024 --gen 16 \
+          --repeat 3 --verify-cost 1,2,3,4 --draft 4 $([ $h = int8 ] && echo --draft-lm-head int8) --json
       done ;;
     batch)
       [ -f $model/config.json ] || step synth 150 "$tandem" synth --preset qwen3.5-35b-a3b --quant gptq-int4 --routing-skew 1 --out $model
