@@ -62,10 +62,12 @@ cudaError_t gemv_bf16(const uint16_t* W, int64_t N, int64_t K, const float* x, i
 cudaError_t gemv_bf16(const uint16_t* W, int64_t N, int64_t K, const float* x, int T, const RowsOut& y, cudaStream_t stream);
 
 // gemv_rows8 (W8A16, rows8_layout.h): y [T, N] = x [T, K] W^T for W 8-bit codes [N, K] (int8 or FP8
-// E4M3) with a scale per row, T <= kMaxGemvTokens, K % 16 == 0, rows 16-byte aligned: each code
-// converted exactly to fp32, products and sums in fp32, the row's scale applied once to each sum: ~1e-6
-// relative to the dequantized weights' fp64 product. One warp per row, the weights read once for all T
-// tokens.
+// E4M3) with a scale per row, T <= kMaxGemvTokens, K % 16 == 0, rows 16-byte aligned, the weights read
+// once for all T tokens: one token, one warp a row, each code converted exactly to fp32, products and sums
+// in fp32; several (T = 2..8), on tensor cores with the codes exactly as bf16 and split-bf16 activations
+// (gemv_bf16's several-token form): exact products, fp32 sums. The row's scale is applied once to each
+// sum: ~1e-6 relative to the dequantized weights' fp64 product either way, and a token's outputs do not
+// depend on the launch's other tokens.
 struct Rows8View {
   const uint8_t* codes = nullptr;  // [N][K], each row in rows8_layout.h's order (rows8_position)
   const float* scales = nullptr;   // [N]

@@ -1,11 +1,14 @@
-// gpu_core/gemv_rows8.cu: 8-bit weights (int8 or FP8 E4M3 codes, a scale per row) x fp32 activations,
-// one warp per output row (see gemv.cuh), the codes in rows8_layout.h's order.
+// gpu_core/gemv_rows8.cu: 8-bit weights (int8 or FP8 E4M3 codes, a scale per row) x fp32 activations
+// (see gemv.cuh), the codes in rows8_layout.h's order: one token one warp a row, several on tensor cores.
 #include <cuda_runtime.h>
+
+#include <type_traits>
 
 #include "gpu_core/block_reduce.cuh"
 #include "gpu_core/fp8.cuh"
 #include "gpu_core/gemv.cuh"
 #include "gpu_core/int4_row.cuh"
+#include "gpu_core/mma.cuh"
 #include "gpu_core/pdl.cuh"
 #include "gpu_core/rows8_layout.h"
 
@@ -13,7 +16,8 @@ namespace tandem::gpu {
 
 namespace {
 
-constexpr int kRowsPerBlock = 8;  // one warp a row
+constexpr int kRowsPerBlock = 8;  // one token: one warp a row
+constexpr int kMmaWarps = 8;      // several: a block's warps over the same tiles
 
 // The 4 codes of w as floats (exact): signed bytes, or E4M3 values converted two at a time (fp8.cuh).
 template <RowFormat F>
@@ -30,42 +34,51 @@ __device__ __forceinline__ void codes4(uint32_t w, float* f) {
   }
 }
 
-// One warp a row. A lane's first PRE 16-code vectors are loaded before the kernel waits for the one
-// before it (pdl.cuh: weights are never written; one token takes every vector of rows up to 4096
-// inputs, so a warp waits for memory once), the rest in the loop; the next kernel may launch once every
-// block is past its loads. SWIGLU: the input is silu(x) * u, formed as it is read.
-template <RowFormat F, int TMAX, int PRE, bool SWIGLU>
+// Codes 0, 1 and 2, 3 of w as two bf16 pairs (exact: see gemv_rows8_mma_kernel), the lower code in the low half.
+template <RowFormat F>
+__device__ __forceinline__ void codes_bf16(uint32_t w, uint32_t& c01, uint32_t& c23) {
+  float f[4];
+  codes4<F>(w, f);
+  c01 = detail::pack_bf16(f[0], f[1]), c23 = detail::pack_bf16(f[2], f[3]);
+}
+
+// Where the inputs of a row's 16-code vector c are (rows8_position): word i holds inputs x0 + i * step ..
+// + 3. In a whole 512-input block, vector c = 32 b + l holds 512 b + 4 l + 128 i; past them, in order.
+struct ChunkInputs {
+  int64_t x0;
+  int step;
+};
+__device__ __forceinline__ ChunkInputs chunk_inputs(int64_t K, int64_t c) {
+  if (c < K / 512 * 32) return {c / 32 * 512 + 4 * (c % 32), 128};
+  return {c * 16, 4};
+}
+
+// One token, one warp a row. A lane's first PRE 16-code vectors are loaded before the kernel waits for
+// the one before it (pdl.cuh: weights are never written; every vector of rows up to 4096 inputs, so a
+// warp waits for memory once), the rest in the loop; the next kernel may launch once every block is past
+// its loads. SWIGLU: the input is silu(x) * u, formed as it is read.
+template <RowFormat F, int PRE, bool SWIGLU>
 __global__ void gemv_rows8_kernel(const uint8_t* __restrict__ q, const float* __restrict__ scales, int64_t N, int64_t K,
-                                  const float* __restrict__ x, const float* __restrict__ u, int T, RowsOut y) {
+                                  const float* __restrict__ x, const float* __restrict__ u, RowsOut y) {
   const int lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
   if (row >= N) return;  // whole warps: the shuffles of warp_store_row stay full-warp
   const uint4* w = reinterpret_cast<const uint4*>(q + row * K);
-  const int64_t chunks = K / 16;                 // 16 weights a load
+  const int64_t chunks = K / 16;  // 16 weights a load
   uint4 pre[PRE];
 #pragma unroll
   for (int i = 0; i < PRE; ++i) pre[i] = lane + 32 * i < chunks ? detail::load_stream(w + lane + 32 * i) : make_uint4(0u, 0u, 0u, 0u);
   detail::pdl_wait();
-  float acc[TMAX];
-#pragma unroll
-  for (int t = 0; t < TMAX; ++t) acc[t] = 0.0f;
-  const int64_t whole = K / 512 * 32;  // the 16-code chunks of whole 512-input blocks (rows8_position)
+  float acc[1] = {0.0f};
   const auto chunk = [&](int64_t c, const uint4& v) {
     float wf[16];
     codes4<F>(v.x, wf), codes4<F>(v.y, wf + 4), codes4<F>(v.z, wf + 8), codes4<F>(v.w, wf + 12);
-    // word i of the chunk: inputs x0 + i * step .. + 3 (in a whole block, chunk c = 32 b + lane holds
-    // 512 b + 4 lane + 128 i; past them, in order)
-    const int64_t x0 = c < whole ? (c - lane) * 16 + 4 * lane : c * 16;
-    const int step = c < whole ? 128 : 4;
+    const ChunkInputs in = chunk_inputs(K, c);
 #pragma unroll
-    for (int t = 0; t < TMAX; ++t) {
-      if (t >= T) break;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        float4 a = __ldg(reinterpret_cast<const float4*>(x + t * K + x0 + i * step));
-        if constexpr (SWIGLU) a = detail::swiglu4(a, __ldg(reinterpret_cast<const float4*>(u + t * K + x0 + i * step)));
-        acc[t] += wf[4 * i] * a.x + wf[4 * i + 1] * a.y + wf[4 * i + 2] * a.z + wf[4 * i + 3] * a.w;
-      }
+    for (int i = 0; i < 4; ++i) {
+      float4 a = __ldg(reinterpret_cast<const float4*>(x + in.x0 + i * in.step));
+      if constexpr (SWIGLU) a = detail::swiglu4(a, __ldg(reinterpret_cast<const float4*>(u + in.x0 + i * in.step)));
+      acc[0] += wf[4 * i] * a.x + wf[4 * i + 1] * a.y + wf[4 * i + 2] * a.z + wf[4 * i + 3] * a.w;
     }
   };
 #pragma unroll
@@ -74,18 +87,131 @@ __global__ void gemv_rows8_kernel(const uint8_t* __restrict__ q, const float* __
 #pragma unroll 2
   for (int64_t c = lane + 32 * PRE; c < chunks; c += 32) chunk(c, detail::load_stream(w + c));  // weights: not into L1
   detail::pdl_launch_next();
-  detail::warp_store_row<TMAX>(acc, T, scales[row], lane, [&](int t) { return y.at(t, row); });
+  detail::warp_store_row<1>(acc, 1, scales[row], lane, [&](int t) { return y.at(t, row); });
 }
 
-// The kernel for W's format and T (one token: every vector of a row prefetched; several: 4).
+// Several tokens (T = 2..8) on tensor cores, as gemv_bf16_mma_kernel (gemv_bf16.cu) does for bf16
+// weights: the codes are A, converted exactly to bf16 (an int8 or E4M3 value fits bf16's 8-bit
+// significand and its exponent range), the tokens are B, each x split in two bf16 parts (hi = bf16(x), lo =
+// bf16(x - hi)) and both multiplied: exact products, fp32 sums, the row's scale applied once to each sum.
+// The weights are read once for all tokens and converted once (the one-token kernel's conversion and FMA
+// a weight a token made 8 tokens 3x one token's time, slower than bf16's GEMV). A dot product does not
+// care in which order its inputs come: in a pass over 128 inputs' worth of codes, lane 4 g + q reads the
+// 16-code vectors 8 c + 4 v + q (v < 2) of rows g and g + 8 of each tile and token g's x at those codes'
+// inputs (chunk_inputs), and feeds the vector's word i (4 codes) to step i as the fragment columns 2q,
+// 2q + 1, 2q + 8, 2q + 9. A block's warps take interleaved passes over the same MT tiles and add their
+// partial tiles in shared memory in warp order, so a token's outputs do not depend on the launch's other
+// tokens. SWIGLU: the input is silu(x) * u, formed as it is read.
+template <RowFormat F, int MT, bool SWIGLU>
+__global__ void __launch_bounds__(kMmaWarps * 32)
+    gemv_rows8_mma_kernel(const uint8_t* __restrict__ q8, const float* __restrict__ scales, int64_t N, int64_t K, const float* __restrict__ x,
+                          const float* __restrict__ u, int T, RowsOut y) {
+  __shared__ float part[kMmaWarps][MT][4][32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
+  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * (16 * MT), vecs = K / 16, passes = (vecs + 7) / 8;
+  using Tile = uint4[MT][2][2];  // [tile][row g, g + 8][vector v]
+  const auto load_w = [&](int64_t c, Tile& w) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int v = 0; v < 2; ++v) {
+          const int64_t row = row0 + 16 * mt + g + 8 * h, j = 8 * c + 4 * v + q;
+          w[mt][h][v] = row < N && j < vecs ? detail::load_stream(reinterpret_cast<const uint4*>(q8 + row * K) + j) : make_uint4(0u, 0u, 0u, 0u);
+        }
+  };
+  float acc[MT][4] = {};
+  Tile w;
+  if (warp < passes) load_w(warp, w);  // before the wait: weights are never written
+  detail::pdl_wait();
+  for (int64_t c = warp; c < passes; c += kMmaWarps) {
+    uint32_t bh[2][8], bl[2][8];  // vector v, word i: b0 = [2i], b1 = [2i + 1]
+#pragma unroll
+    for (int v = 0; v < 2; ++v) {
+      const int64_t j = 8 * c + 4 * v + q;
+      float4 a[4] = {};
+      if (g < T && j < vecs) {
+        const ChunkInputs in = chunk_inputs(K, j);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          a[i] = __ldg(reinterpret_cast<const float4*>(x + g * K + in.x0 + i * in.step));
+          if constexpr (SWIGLU) a[i] = detail::swiglu4(a[i], __ldg(reinterpret_cast<const float4*>(u + g * K + in.x0 + i * in.step)));
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float e[4] = {a[i].x, a[i].y, a[i].z, a[i].w};
+        float hi[4];
+#pragma unroll
+        for (int m = 0; m < 4; ++m) hi[m] = __bfloat162float(__float2bfloat16_rn(e[m]));
+        bh[v][2 * i] = detail::pack_bf16(hi[0], hi[1]), bh[v][2 * i + 1] = detail::pack_bf16(hi[2], hi[3]);
+        bl[v][2 * i] = detail::pack_bf16(e[0] - hi[0], e[1] - hi[1]), bl[v][2 * i + 1] = detail::pack_bf16(e[2] - hi[2], e[3] - hi[3]);
+      }
+    }
+    Tile next;
+    const bool more = c + kMmaWarps < passes;
+    if (more) load_w(c + kMmaWarps, next);
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int v = 0; v < 2; ++v) {
+        const uint32_t r0[4] = {w[mt][0][v].x, w[mt][0][v].y, w[mt][0][v].z, w[mt][0][v].w};
+        const uint32_t r8[4] = {w[mt][1][v].x, w[mt][1][v].y, w[mt][1][v].z, w[mt][1][v].w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          uint32_t a0, a2, a1, a3;  // row g: codes 0, 1 and 2, 3 of word i; row g + 8 the same
+          codes_bf16<F>(r0[i], a0, a2);
+          codes_bf16<F>(r8[i], a1, a3);
+          detail::mma_bf16(acc[mt], a0, a1, a2, a3, bh[v][2 * i], bh[v][2 * i + 1]);
+          detail::mma_bf16(acc[mt], a0, a1, a2, a3, bl[v][2 * i], bl[v][2 * i + 1]);
+        }
+      }
+    if (more) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int v = 0; v < 2; ++v) w[mt][h][v] = next[mt][h][v];
+    }
+  }
+  detail::pdl_launch_next();
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) part[warp][mt][i][lane] = acc[mt][i];
+  __syncthreads();
+  if (warp >= MT) return;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {  // c0, c1: row g, tokens 2q, 2q + 1; c2, c3: row g + 8
+    float sum = part[0][warp][i][lane];
+#pragma unroll
+    for (int w2 = 1; w2 < kMmaWarps; ++w2) sum += part[w2][warp][i][lane];
+    const int64_t row = row0 + 16 * warp + g + (i >= 2 ? 8 : 0);
+    const int t = 2 * q + (i & 1);
+    if (row < N && t < T) *y.at(t, row) = sum * scales[row];
+  }
+}
+
+// The kernel for W's format and T: one token one warp a row (every vector of rows up to 4096 inputs
+// prefetched), several on tensor cores (two tiles a block on the tallest matrices, else one).
 template <bool SWIGLU>
 cudaError_t launch_rows8(const Rows8View& W, const float* x, const float* u, int T, const RowsOut& y, cudaStream_t stream) {
   const bool i8 = W.format == RowFormat::Int8;
-  const auto kernel = T == 1 ? (i8 ? gemv_rows8_kernel<RowFormat::Int8, 1, 8, SWIGLU> : gemv_rows8_kernel<RowFormat::Fp8, 1, 8, SWIGLU>)
-                             : (i8 ? gemv_rows8_kernel<RowFormat::Int8, kMaxGemvTokens, 4, SWIGLU>
-                                   : gemv_rows8_kernel<RowFormat::Fp8, kMaxGemvTokens, 4, SWIGLU>);
-  const dim3 grid(static_cast<unsigned>((W.N + kRowsPerBlock - 1) / kRowsPerBlock)), block(32 * kRowsPerBlock);
-  return detail::launch(kernel, grid, block, 0, stream, W.codes, W.scales, W.N, W.K, x, u, T, y);
+  if (T == 1) {
+    const auto kernel = i8 ? gemv_rows8_kernel<RowFormat::Int8, 8, SWIGLU> : gemv_rows8_kernel<RowFormat::Fp8, 8, SWIGLU>;
+    const dim3 grid(static_cast<unsigned>((W.N + kRowsPerBlock - 1) / kRowsPerBlock)), block(32 * kRowsPerBlock);
+    return detail::launch(kernel, grid, block, 0, stream, W.codes, W.scales, W.N, W.K, x, u, y);
+  }
+  const auto several = [&](auto mt) {
+    const auto kernel = i8 ? gemv_rows8_mma_kernel<RowFormat::Int8, mt(), SWIGLU> : gemv_rows8_mma_kernel<RowFormat::Fp8, mt(), SWIGLU>;
+    const dim3 grid(static_cast<unsigned>((W.N + 16 * mt() - 1) / (16 * mt()))), block(kMmaWarps * 32);
+    return detail::launch(kernel, grid, block, 0, stream, W.codes, W.scales, W.N, W.K, x, u, T, y);
+  };
+  if constexpr (!SWIGLU)  // (the shared expert's down projection, SwiGLU's, has 2048 rows)
+    if (W.N >= 8192) return several(std::integral_constant<int, 2>{});
+  return several(std::integral_constant<int, 1>{});
 }
 
 bool rows8_ok(const Rows8View& W, int T) {

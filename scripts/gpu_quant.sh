@@ -4,6 +4,7 @@
 #   build      tandem + tandem_gpu_tests into ../build-gpu-quant (outside the carried tree)
 #   tests      tandem_gpu_tests --gtest_filter=$TESTS (default: the int8 GEMV and dense model, experts
 #              quantized on load, the whole model and the MTP head suites)
+#   gemv       bench_gpu_gemv: the 8-bit rows' GEMV against bf16 at 1, 2 and 8 tokens
 #   dense      the 35B synthetic GPTQ-Int4: decode at a 4096-token context with the dense projections as
 #              stored, as int8 rows, int8 with the lm_head too, and fp8 rows, for each of $PLACEMENTS (a budget:
 #              24GiB holds every routed expert; 8GiB runs them all on the CPU), each run's plan beside it;
@@ -41,6 +42,9 @@ for s in $STEPS; do
       build_step tandem tandem_gpu_tests bench_gpu_gemv ;;
     tests)
       step gpu-tests "${TESTS_SECS:-240}" "$build/tests/tandem_gpu_tests" --gtest_filter="$TESTS" ;;
+    gemv)
+      step gemv 90 "$build/bench/bench_gpu_gemv" --benchmark_filter='BM_gemv_(bf16|rows8)'
+      grep -E '^BM_' "$res/gemv.log" >> "$res/summary.txt" ;;
     dense)
       [ -f $model/config.json ] || step synth 150 "$tandem" synth --preset qwen3.5-35b-a3b --quant gptq-int4 --routing-skew 1 --out $model
       for p in $PLACEMENTS; do

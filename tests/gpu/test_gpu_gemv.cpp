@@ -186,8 +186,9 @@ TEST_P(GpuGemvInt4, MatchesDequantizedReference) {
 }
 
 // W8A16: the 8-bit rows (int8 and fp8) with their scales against the dequantized weights' fp64 product
-// (fp32 sums: 1e-5), every token count, the 35B's dense shapes and small odd ones; a token's outputs do
-// not depend on the others.
+// (fp32 sums: 1e-5), one token (fp32 products) and several (tensor cores), the 35B's dense shapes and
+// small odd ones; several tokens within 1e-5 of one-token launches, and a token's outputs do not depend
+// on the others.
 struct Rows8Case {
   int64_t N, K;
 };
@@ -225,7 +226,6 @@ TEST_P(GpuGemvRows8, MatchesDequantizedReference) {
   const DeviceRows8 m(rng, c.N, c.K, f);
   const gpu::Rows8Host& h = m.h;
   const gpu::Rows8View& v = m.v;
-  std::vector<float> alone;
   for (int T : {1, 2, 3, 8}) {
     const auto x = test::random_floats(rng, T * c.K);
     test::DeviceBuffer<float> dx(x), dy(T * c.N);
@@ -234,16 +234,26 @@ TEST_P(GpuGemvRows8, MatchesDequantizedReference) {
     const auto y = dy.to_host();
     const std::vector<double> want = rows8_reference(h, x, c.N, c.K, T);
     EXPECT_LT(test::rel_l2(std::vector<double>(y.begin(), y.end()), want), 1e-5) << row_format_name(f) << " T " << T << ", seed " << test::test_seed();
-    if (T == 1) {
-      alone.assign(y.begin(), y.end());
-      // the same token among others: the same outputs, bit for bit
-      std::vector<float> x8(8 * c.K);
-      for (int t = 0; t < 8; ++t) std::copy(x.begin(), x.end(), x8.begin() + t * c.K);
-      test::DeviceBuffer<float> dx8(x8), dy8(8 * c.N);
-      CUDA_OK(gpu::gemv_rows8(v, dx8.ptr, 8, dy8.ptr, nullptr));
+    if (T == 1) continue;
+    // several tokens (tensor cores) against one-token launches (fp32 products), and token 0 bit for bit
+    // the same whatever its company and however much of it
+    std::vector<double> alone;
+    test::DeviceBuffer<float> d1(c.N);
+    for (int t = 0; t < T; ++t) {
+      CUDA_OK(gpu::gemv_rows8(v, dx.ptr + int64_t(t) * c.K, 1, d1.ptr, nullptr));
       CUDA_OK(cudaDeviceSynchronize());
-      const auto y8 = dy8.to_host();
-      for (int t = 0; t < 8; ++t) EXPECT_TRUE(std::equal(alone.begin(), alone.end(), y8.begin() + t * c.N)) << "token " << t << " of 8";
+      const auto one = d1.to_host();
+      alone.insert(alone.end(), one.begin(), one.end());
+    }
+    EXPECT_LT(test::rel_l2(std::vector<double>(y.begin(), y.end()), alone), 1e-5) << row_format_name(f) << " T " << T << " against one-token launches";
+    auto others = test::random_floats(rng, 8 * c.K);
+    std::copy(x.begin(), x.begin() + c.K, others.begin());
+    test::DeviceBuffer<float> dothers(others), dy2(8 * c.N);
+    for (const int T2 : {T, 2, 8}) {
+      CUDA_OK(gpu::gemv_rows8(v, dothers.ptr, T2, dy2.ptr, nullptr));
+      CUDA_OK(cudaDeviceSynchronize());
+      const auto y2 = dy2.to_host();
+      EXPECT_TRUE(std::equal(y.begin(), y.begin() + c.N, y2.begin())) << row_format_name(f) << ": token 0 with other company, T " << T2;
     }
   }
   test::DeviceBuffer<float> dx(c.K), dy(c.N);
