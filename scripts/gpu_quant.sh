@@ -17,6 +17,9 @@
 #              (bench_gpu_gemv BM_attention_decode: 512 / 4096 / 32768 cached rows)
 #   draft      the same model all on the GPU: tandem bench --verify-cost 1,2,3,4 --draft 4 with the drafts
 #              reading the lm_head as stored and their own int8 copy (--draft-lm-head int8)
+#   trace      the same model all on the GPU decoding $TBATCH (default 8) sequences at once (prompts of 4096)
+#              with --trace: each layer's segments (mixer, router, experts + shared expert) as GPU spans, their
+#              mean µs a layer and share of the step (eager launches: the graph's kernels one by one)
 #   batch      the same model decoding $BATCHES sequences at once (prompts of 4096) for each of $BPLACEMENTS
 #              (default 12GiB 8GiB, the latter every routed expert on the CPU; gpu: all on the GPU): tandem bench --batch
 # usage (device tool, carry .deps): DEADLINE=560 STEPS="build tests dense head kv" bash scripts/gpu_quant.sh
@@ -76,6 +79,22 @@ experts: {gpu_format: $e}"
         step "draft-$h" 120 "$tandem" bench --model $model --device gpu --gpu-mem 1000GiB --context 1280 --prompt-len 1024 --gen 16 \
           --repeat 3 --verify-cost 1,2,3,4 --draft 4 $([ $h = int8 ] && echo --draft-lm-head int8) --json
       done ;;
+    trace)
+      [ -f $model/config.json ] || step synth 150 "$tandem" synth --preset qwen3.5-35b-a3b --quant gptq-int4 --routing-skew 1 --out $model
+      step trace 150 "$tandem" bench --model $model --device gpu --gpu-mem 1000GiB --context 4224 --prompt-len 4096 --gen 16 --repeat 1 \
+        --warmup 64 --batch "${TBATCH:-8}" --trace "$res/trace.json" --json
+      python3 - "$res/trace.json" >> "$res/summary.txt" <<'PY'
+import collections, json, re, sys
+try: ev = [e for e in json.load(open(sys.argv[1]))["traceEvents"] if e.get("pid") == 2 and e.get("ph") == "X"]
+except Exception as e: print("no trace: %s" % e); sys.exit()
+tot, cnt = collections.defaultdict(float), collections.defaultdict(int)
+for e in ev:
+    m = re.match(r"(.*\D) (\d+)$", e["name"])
+    if m: tot[m.group(1)] += e["dur"]; cnt[m.group(1)] += 1
+steps = max(cnt.get("deltanet", 0) // 30, 1)
+print("trace: %d GPU spans, ~%d steps; per step: %s" % (len(ev), steps, ", ".join("%s %.3f ms (%d a step, %.1f us each)" % (k, tot[k] / steps / 1e3, cnt[k] // steps, tot[k] / cnt[k]) for k in sorted(tot))))
+PY
+      ;;
     batch)
       [ -f $model/config.json ] || step synth 150 "$tandem" synth --preset qwen3.5-35b-a3b --quant gptq-int4 --routing-skew 1 --out $model
       for p in ${BPLACEMENTS:-12GiB 8GiB}; do

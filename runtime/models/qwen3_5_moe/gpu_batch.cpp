@@ -75,8 +75,11 @@ void Qwen35MoeGpu::Impl::run_rows(int64_t n, const Batch& b, float* logits_dst, 
                        }),
                        stream));
     counts.gpu += static_cast<uint64_t>(n) * c.num_experts_per_tok * gpu_only_layers;
-  } else {
+  } else {  // eagerly; with --trace, each layer's segments as GPU spans (prefill_layer's marks)
+    Trace* tr = Trace::active();
+    trace_begin(tr);
     enqueue_rows(n, b, dst, hid);
+    trace_end(tr);
   }
   CK(cudaStreamSynchronize(stream));
   if (w == 1) std::memcpy(logits_dst, hrows, n * V * sizeof(float));

@@ -118,6 +118,9 @@ bool Qwen35MoeGpu::Impl::prefill_layer(size_t li, float* hbuf, int64_t n, const 
   const DevLayer& L = layer_at(li);  // li = num_layers: the MTP head's layer
   const bool gemv = batch != nullptr;
   const int64_t R = rows;
+  // --trace: a step's layers (not prompt chunks, not the head's layer) marked as decode's are (trace_end)
+  Trace* tr = batch && li < layers.size() ? Trace::active() : nullptr;
+  mark(tr, li, 0);
   if (!normed) CK(gpu::rmsnorm_zc(hbuf, L.in_norm, H, rows_n, eps, px, stream));
   if (L.kind == LayerKind::LinearAttention) {
     linear_stack(L.in_proj, {{&L.qkv, pqkv}, {&L.z, pz}, {&L.b, pb}, {&L.a, pa}}, px, n, gemv);
@@ -144,6 +147,7 @@ bool Qwen35MoeGpu::Impl::prefill_layer(size_t li, float* hbuf, int64_t n, const 
     }
     linear_rows(L.o, pattn, n, po, gemv);
   }
+  mark(tr, li, 1);
   CK(gpu::add_rmsnorm_zc(hbuf, po, nullptr, nullptr, L.post_norm, H, rows_n, eps, px, stream));  // h += o, then the norm
   // A step's rows: the router with the shared expert's gate, up and gate logit in one launch (x_proj)
   const bool x_stacked = gemv && L.x_proj.out;
@@ -153,6 +157,7 @@ bool Qwen35MoeGpu::Impl::prefill_layer(size_t li, float* hbuf, int64_t n, const 
   // Streamed: the layer's host experts run on the GPU from `streamed`, the host computes none.
   const bool split = L.cpu_experts && opts.host_experts && !streamed;
   if (split) hy.post_copy(px, ptopk_ids, ptopk_w, n, stream);
+  mark(tr, li, 2);
   auto shared_down = [&](cudaStream_t on) {  // silu(gate) * up formed as the down GEMV reads it
     each_launch(n, [&](int64_t t, int T) {
       swiglu_down(L.sh_down, psg + t * Is, psu + t * Is, T, psd + t * H, on);
@@ -180,6 +185,7 @@ bool Qwen35MoeGpu::Impl::prefill_layer(size_t li, float* hbuf, int64_t n, const 
     linear_rows(L.sh_down, psg, n, psd, gemv);
   }
   if (split) CK(gpu::gated_add(pmoe, psd, psgate, H, rows_n, stream));  // before the host's sum joins
+  mark(tr, li, 3);
   hy.run_deferred(def_dev, stream);
   if (split)
     hy.serve_copy(li, n, pcpu, pmoe, stream,
@@ -190,11 +196,13 @@ bool Qwen35MoeGpu::Impl::prefill_layer(size_t li, float* hbuf, int64_t n, const 
   const float* gate = split ? nullptr : psgate;
   if (li + 1 < layers.size() && !deferring()) {
     CK(gpu::add_rmsnorm_zc(hbuf, pmoe, shared, gate, layers[li + 1].in_norm, H, rows_n, eps, px, stream));
+    mark(tr, li, 4);
     return true;
   }
   if (shared) CK(gpu::gated_add(pmoe, shared, gate, H, rows_n, stream));
   CK(gpu::add_inplace(hbuf, pmoe, n * H, stream));
   hy.add_deferred(hbuf, def_dev, stream);
+  mark(tr, li, 4);
   return false;
 }
 
