@@ -5,7 +5,7 @@
 #   tests      tandem_gpu_tests --gtest_filter=$TESTS (default: the int8 GEMV and dense model, experts
 #              quantized on load, the whole model and the MTP head suites)
 #   gemv       bench_gpu_gemv: the 8-bit rows' GEMV against bf16 at 1, 2 and 8 tokens
-#   dense      the 35B synthetic GPTQ-Int4: decode at a 4096-token context with the dense projections as
+#   dense      the 35B synthetic GPTQ-Int4: decode at a 4096-token context with the dense projections as ($FORMATS)
 #              stored, as int8 rows, int8 with the lm_head too, and fp8 rows, for each of $PLACEMENTS (a budget:
 #              24GiB holds every routed expert; 8GiB runs them all on the CPU), each run's plan beside it;
 #              then `tandem plan` at 24 GiB for a 131072-token context with int8 dense weights, and the prompt
@@ -53,7 +53,7 @@ for s in $STEPS; do
       for p in $PLACEMENTS; do
         extra=""
         [ "$p" = 8GiB ] && extra="cpu_experts: all"
-        for f in bf16 int8 int8-lm_head fp8; do
+        for f in ${FORMATS:-bf16 int8 int8-lm_head fp8}; do
           dense="dense: {format: ${f%%-*}$([ "$f" = int8-lm_head ] && echo ', lm_head: int8')}"
           yaml "$res/$p-$f.yaml" "$p" "$extra
 $dense"
