@@ -128,17 +128,12 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   __shared__ float part[kWarpsPerBlock][MT][4][32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
   const int64_t row0 = static_cast<int64_t>(blockIdx.x) * (16 * MT), chunks = (K + 63) / 64;
-  using Tile = uint4[MT][2][2];  // [tile][row g, g + 8][first, second 8 inputs]
+  using Tile = detail::TileVectors<MT>;  // [tile][row g, g + 8][first, second 8 inputs]
   const auto load_w = [&](int64_t c, Tile& w) {
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-#pragma unroll
-        for (int v = 0; v < 2; ++v) {
-          const int64_t row = row0 + 16 * mt + g + 8 * h, k = c * 64 + 16 * q + 8 * v;
-          w[mt][h][v] = row < N && k < K ? load_stream(reinterpret_cast<const uint4*>(W + row * K + k)) : make_uint4(0u, 0u, 0u, 0u);
-        }
+    w.fill([&](int mt, int h, int v) {
+      const int64_t row = row0 + 16 * mt + g + 8 * h, k = c * 64 + 16 * q + 8 * v;
+      return row < N && k < K ? load_stream(reinterpret_cast<const uint4*>(W + row * K + k)) : make_uint4(0u, 0u, 0u, 0u);
+    });
   };
   float acc[MT][4] = {};
   Tile w;
@@ -166,10 +161,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     uint32_t bh[8], bl[8];  // step s: b0 = [2s], b1 = [2s + 1]
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
-      const float x0 = xv[2 * i], x1 = xv[2 * i + 1];
-      const float h0 = __bfloat162float(__float2bfloat16_rn(x0)), h1 = __bfloat162float(__float2bfloat16_rn(x1));
-      bh[i] = detail::pack_bf16(h0, h1);
-      bl[i] = detail::pack_bf16(x0 - h0, x1 - h1);
+      detail::split_bf16(xv[2 * i], xv[2 * i + 1], bh[i], bl[i]);
     }
     Tile next;
     const bool more = c + kWarpsPerBlock < chunks;
@@ -178,37 +170,19 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
       for (int s = 0; s < 4; ++s) {
-        const uint4& r0 = w[mt][0][s >> 1];
-        const uint4& r8 = w[mt][1][s >> 1];
+        const uint4& r0 = w.v[mt][0][s >> 1];
+        const uint4& r8 = w.v[mt][1][s >> 1];
         const uint32_t a0 = s & 1 ? r0.z : r0.x, a1 = s & 1 ? r8.z : r8.x, a2 = s & 1 ? r0.w : r0.y, a3 = s & 1 ? r8.w : r8.y;
         detail::mma_bf16(acc[mt], a0, a1, a2, a3, bh[2 * s], bh[2 * s + 1]);
         detail::mma_bf16(acc[mt], a0, a1, a2, a3, bl[2 * s], bl[2 * s + 1]);
       }
-    if (more) {
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-#pragma unroll
-          for (int v = 0; v < 2; ++v) w[mt][h][v] = next[mt][h][v];
-    }
+    if (more) w = next;
   }
   detail::pdl_launch_next();
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) part[warp][mt][i][lane] = acc[mt][i];
-  __syncthreads();
-  if (warp >= MT) return;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {  // c0, c1: row g, tokens 2q, 2q + 1; c2, c3: row g + 8
-    float sum = part[0][warp][i][lane];
-#pragma unroll
-    for (int w2 = 1; w2 < kWarpsPerBlock; ++w2) sum += part[w2][warp][i][lane];
-    const int64_t row = row0 + 16 * warp + g + (i >= 2 ? 8 : 0);
-    const int t = 2 * q + (i & 1);
+  detail::sum_warp_tiles<kWarpsPerBlock, MT>(part, acc, warp, lane, [&](int r, int t, float sum) {
+    const int64_t row = row0 + r;
     if (row < N && t < T) *y.at(t, row) = sum;
-  }
+  });
 }
 
 // gemv_bf16_mma_kernel's launch: two tiles a block on the tallest matrices (256 blocks at 8192 rows),

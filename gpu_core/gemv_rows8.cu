@@ -109,17 +109,12 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
   __shared__ float part[kMmaWarps][MT][4][32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
   const int64_t row0 = static_cast<int64_t>(blockIdx.x) * (16 * MT), vecs = K / 16, passes = (vecs + 7) / 8;
-  using Tile = uint4[MT][2][2];  // [tile][row g, g + 8][vector v]
+  using Tile = detail::TileVectors<MT>;  // [tile][row g, g + 8][vector v]
   const auto load_w = [&](int64_t c, Tile& w) {
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-#pragma unroll
-        for (int v = 0; v < 2; ++v) {
-          const int64_t row = row0 + 16 * mt + g + 8 * h, j = 8 * c + 4 * v + q;
-          w[mt][h][v] = row < N && j < vecs ? detail::load_stream(reinterpret_cast<const uint4*>(q8 + row * K) + j) : make_uint4(0u, 0u, 0u, 0u);
-        }
+    w.fill([&](int mt, int h, int v) {
+      const int64_t row = row0 + 16 * mt + g + 8 * h, j = 8 * c + 4 * v + q;
+      return row < N && j < vecs ? detail::load_stream(reinterpret_cast<const uint4*>(q8 + row * K) + j) : make_uint4(0u, 0u, 0u, 0u);
+    });
   };
   float acc[MT][4] = {};
   Tile w;
@@ -141,12 +136,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
       }
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const float e[4] = {a[i].x, a[i].y, a[i].z, a[i].w};
-        float hi[4];
-#pragma unroll
-        for (int m = 0; m < 4; ++m) hi[m] = __bfloat162float(__float2bfloat16_rn(e[m]));
-        bh[v][2 * i] = detail::pack_bf16(hi[0], hi[1]), bh[v][2 * i + 1] = detail::pack_bf16(hi[2], hi[3]);
-        bl[v][2 * i] = detail::pack_bf16(e[0] - hi[0], e[1] - hi[1]), bl[v][2 * i + 1] = detail::pack_bf16(e[2] - hi[2], e[3] - hi[3]);
+        detail::split_bf16(a[i].x, a[i].y, bh[v][2 * i], bl[v][2 * i]);
+        detail::split_bf16(a[i].z, a[i].w, bh[v][2 * i + 1], bl[v][2 * i + 1]);
       }
     }
     Tile next;
@@ -156,8 +147,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
       for (int v = 0; v < 2; ++v) {
-        const uint32_t r0[4] = {w[mt][0][v].x, w[mt][0][v].y, w[mt][0][v].z, w[mt][0][v].w};
-        const uint32_t r8[4] = {w[mt][1][v].x, w[mt][1][v].y, w[mt][1][v].z, w[mt][1][v].w};
+        const uint4 &c0 = w.v[mt][0][v], &c8 = w.v[mt][1][v];
+        const uint32_t r0[4] = {c0.x, c0.y, c0.z, c0.w}, r8[4] = {c8.x, c8.y, c8.z, c8.w};
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           uint32_t a0, a2, a1, a3;  // row g: codes 0, 1 and 2, 3 of word i; row g + 8 the same
@@ -167,31 +158,13 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
           detail::mma_bf16(acc[mt], a0, a1, a2, a3, bl[v][2 * i], bl[v][2 * i + 1]);
         }
       }
-    if (more) {
-#pragma unroll
-      for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-#pragma unroll
-          for (int v = 0; v < 2; ++v) w[mt][h][v] = next[mt][h][v];
-    }
+    if (more) w = next;
   }
   detail::pdl_launch_next();
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) part[warp][mt][i][lane] = acc[mt][i];
-  __syncthreads();
-  if (warp >= MT) return;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {  // c0, c1: row g, tokens 2q, 2q + 1; c2, c3: row g + 8
-    float sum = part[0][warp][i][lane];
-#pragma unroll
-    for (int w2 = 1; w2 < kMmaWarps; ++w2) sum += part[w2][warp][i][lane];
-    const int64_t row = row0 + 16 * warp + g + (i >= 2 ? 8 : 0);
-    const int t = 2 * q + (i & 1);
+  detail::sum_warp_tiles<kMmaWarps, MT>(part, acc, warp, lane, [&](int r, int t, float sum) {
+    const int64_t row = row0 + r;
     if (row < N && t < T) *y.at(t, row) = sum * scales[row];
-  }
+  });
 }
 
 // The kernel for W's format and T: one token one warp a row (every vector of rows up to 4096 inputs

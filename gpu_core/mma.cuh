@@ -26,4 +26,50 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
+// x0, x1 as two bf16 pairs whose sum is them to ~2^-17 (the split-bf16 activations of gemm.cuh): hi =
+// bf16(x), lo = bf16(x - hi); multiplied by exact bf16 weights on the tensor cores, the products are exact.
+__device__ __forceinline__ void split_bf16(float x0, float x1, uint32_t& hi, uint32_t& lo) {
+  const float h0 = __bfloat162float(__float2bfloat16_rn(x0)), h1 = __bfloat162float(__float2bfloat16_rn(x1));
+  hi = pack_bf16(h0, h1);
+  lo = pack_bf16(x0 - h0, x1 - h1);
+}
+
+// The several-token GEMVs' weights in flight (gemv_bf16.cu, gemv_rows8.cu): per 16-row tile, rows g and
+// g + 8, two 16-byte vectors each (a struct, so the next pass's copy is one assignment).
+template <int MT>
+struct TileVectors {
+  uint4 v[MT][2][2];  // [tile][row g, g + 8][vector]
+  // v[mt][h][j] = at(mt, h, j) for every tile, row and vector
+  template <typename At>
+  __device__ __forceinline__ void fill(At&& at) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) v[mt][h][j] = at(mt, h, j);
+  }
+};
+
+// Their end: a block's WARPS warps each hold partial 16 x 8 tiles acc[MT] (C fragments) over their share of
+// the inputs; through shared memory `part`, warp mt sums tile mt's in warp order (so a token's outputs do
+// not depend on the launch's other tokens) and calls store(row in the block's rows, token, sum) for each of
+// its fragment's four values (rows g, g + 8; tokens 2q, 2q + 1). Ends with the block's barrier behind it.
+template <int WARPS, int MT, typename Store>
+__device__ __forceinline__ void sum_warp_tiles(float (&part)[WARPS][MT][4][32], const float (&acc)[MT][4], int warp, int lane, Store&& store) {
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) part[warp][mt][i][lane] = acc[mt][i];
+  __syncthreads();
+  if (warp >= MT) return;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {  // c0, c1: row g, tokens 2q, 2q + 1; c2, c3: row g + 8
+    float sum = part[0][warp][i][lane];
+#pragma unroll
+    for (int w2 = 1; w2 < WARPS; ++w2) sum += part[w2][warp][i][lane];
+    store(16 * warp + (lane >> 2) + (i >= 2 ? 8 : 0), 2 * (lane & 3) + (i & 1), sum);
+  }
+}
+
 }  // namespace tandem::gpu::detail
