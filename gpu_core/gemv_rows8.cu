@@ -19,12 +19,16 @@ namespace {
 constexpr int kRowsPerBlock = 8;  // one token: one warp a row
 constexpr int kMmaWarps = 8;      // several: a block's warps over the same tiles
 
-// The 4 codes of w as floats (exact): signed bytes, or E4M3 values converted two at a time (fp8.cuh).
+// The 4 codes of w as floats (exact). int8: each byte b + 128 (the sign bit flipped) as the low byte
+// of 2^23's float, less 2^23 + 128: a byte permute and an add a code, where a conversion instruction runs
+// at a quarter of the rate or less and was the 8-bit GEMVs' limit; fp8: E4M3 values converted two at a
+// time (fp8.cuh).
 template <RowFormat F>
 __device__ __forceinline__ void codes4(uint32_t w, float* f) {
   if constexpr (F == RowFormat::Int8) {
+    const uint32_t u = w ^ 0x80808080u;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) f[i] = static_cast<float>(static_cast<int8_t>((w >> (8 * i)) & 0xffu));
+    for (int i = 0; i < 4; ++i) f[i] = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7540u + i)) - 8388736.0f;
   } else {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
@@ -34,12 +38,15 @@ __device__ __forceinline__ void codes4(uint32_t w, float* f) {
   }
 }
 
-// Codes 0, 1 and 2, 3 of w as two bf16 pairs (exact: see gemv_rows8_mma_kernel), the lower code in the low half.
+// Codes 0, 1 and 2, 3 of w as two bf16 pairs, the lower code in the low half: every int8 and E4M3 value
+// has at most 4 significant bits (E4M3) or 7 (int8), so its float's low 16 bits are zero and
+// its bf16 is the float's high half, taken by a byte permute.
 template <RowFormat F>
 __device__ __forceinline__ void codes_bf16(uint32_t w, uint32_t& c01, uint32_t& c23) {
   float f[4];
   codes4<F>(w, f);
-  c01 = detail::pack_bf16(f[0], f[1]), c23 = detail::pack_bf16(f[2], f[3]);
+  c01 = __byte_perm(__float_as_uint(f[0]), __float_as_uint(f[1]), 0x7632u);
+  c23 = __byte_perm(__float_as_uint(f[2]), __float_as_uint(f[3]), 0x7632u);
 }
 
 // Where the inputs of a row's 16-code vector c are (rows8_position): word i holds inputs x0 + i * step ..

@@ -17,9 +17,9 @@
 #              (bench_gpu_gemv BM_attention_decode: 512 / 4096 / 32768 cached rows)
 #   draft      the same model all on the GPU: tandem bench --verify-cost 1,2,3,4 --draft 4 with the drafts
 #              reading the lm_head as stored and their own int8 copy (--draft-lm-head int8)
-#   trace      the same model all on the GPU decoding $TBATCH (default 8) sequences at once (prompts of 4096)
-#              with --trace: each layer's segments (mixer, router, experts + shared expert) as GPU spans, their
-#              mean µs a layer and share of the step (eager launches: the graph's kernels one by one)
+#   trace      the same model all on the GPU decoding $TBATCH (default 8) sequences at once (prompts of 1024)
+#              with --trace: each layer's segments (mixer, router, experts + shared expert) as GPU spans in the
+#              batched steps, per step and per layer (eager launches: the graph's kernels one by one)
 #   batch      the same model decoding $BATCHES sequences at once (prompts of 4096) for each of $BPLACEMENTS
 #              (default 12GiB 8GiB, the latter every routed expert on the CPU; gpu: all on the GPU): tandem bench --batch
 # usage (device tool, carry .deps): DEADLINE=560 STEPS="build tests dense head kv" bash scripts/gpu_quant.sh
@@ -34,6 +34,27 @@ name=gpu-quant
 source "$(dirname "$0")/gpu_steps.sh"
 tandem="$build/tandem"
 model=/tmp/q35
+
+brief() {  # step-name: the bench JSON in its log, in one line of summary.txt (in case results.tgz does not come back)
+  python3 - "$res/$1.log" "$1" >> "$res/summary.txt" <<'PY'
+import json, sys
+text = open(sys.argv[1]).read()
+try: j, _ = json.JSONDecoder().raw_decode(text[text.index("{"):])
+except Exception as e: print("%s: no JSON (%s)" % (sys.argv[2], e)); sys.exit()
+if "verify" in j:
+    print("%s: decode %.3f ms; k, verify ms, draft ms, speed-up at 0.6 / 0.8 / 0.9: %s" % (sys.argv[2], j["decode_ms"], "; ".join(
+        "%d %.3f %s %.2f/%.2f/%.2f" % (r["drafts"], r["verify_ms"], "-" if r["draft_ms"] is None else "%.3f" % r["draft_ms"], r["speedup_at_acceptance"]["0.6"],
+        r["speedup_at_acceptance"]["0.8"], r["speedup_at_acceptance"]["0.9"]) for r in j["verify"])))
+elif "batches" in j:
+    print("%s: %s" % (sys.argv[2], "; ".join("B=%d %.1f tok/s (%.2fx, %.0f%% of %.1f)" % (r["batch"], r["decode_tok_s"], r["vs_batch_1"],
+        100 * r["decode_ratio_to_bound"], r["bound_decode_tok_s"]) for r in j["batches"])))
+else:
+    r = j["results"][0]
+    print("%s: decode %.1f tok/s (p50 %.2f ms, %.0f%% of bound %.1f), prefill %.0f tok/s, active %.2f GB/token, GPU experts %.2f, peak VRAM %.2f GiB" % (
+        sys.argv[2], j["decode_tok_s"], r["itl_p50_ms"], 100 * r["decode_ratio_to_bound"], r["bound_decode_tok_s"], j["prefill_tok_s"],
+        j["active_bytes_per_token"] / 1e9, j["gpu_expert_fraction"] or 0, j["peak_vram_bytes"] / 2**30))
+PY
+}
 
 yaml() {  # file budget extra-lines
   printf 'gpu:\n  memory: %s\n  reserve: 512MiB\ncontext: 4224\n%s\n' "$2" "$3" > "$1"
@@ -59,6 +80,7 @@ for s in $STEPS; do
 $dense"
           "$tandem" plan --model $model --config "$res/$p-$f.yaml" --no-measure > "$res/plan-$p-$f.txt" 2>&1
           step "dense-$p-$f" 100 "$tandem" bench --model $model --device hybrid --config "$res/$p-$f.yaml" --prompt-len 4096 --gen 64 --repeat 3 --json
+          brief "dense-$p-$f"
         done
       done
       yaml "$res/24GiB-128k.yaml" 24GiB "dense: {format: int8, lm_head: int8}"
@@ -78,23 +100,31 @@ experts: {gpu_format: $e}"
       for h in bf16 int8; do
         step "draft-$h" 120 "$tandem" bench --model $model --device gpu --gpu-mem 1000GiB --context 1280 --prompt-len 1024 --gen 16 \
           --repeat 3 --verify-cost 1,2,3,4 --draft 4 $([ $h = int8 ] && echo --draft-lm-head int8) --json
+        brief "draft-$h"
       done ;;
     trace)
       [ -f $model/config.json ] || step synth 150 "$tandem" synth --preset qwen3.5-35b-a3b --quant gptq-int4 --routing-skew 1 --out $model
-      step trace 150 "$tandem" bench --model $model --device gpu --gpu-mem 1000GiB --context 4224 --prompt-len 4096 --gen 16 --repeat 1 \
+      # (--trace feeds a prompt token by token, so the prompts are 1024 tokens, not 4096)
+      step trace 150 "$tandem" bench --model $model --device gpu --gpu-mem 1000GiB --context 1152 --prompt-len 1024 --gen 16 --repeat 1 \
         --warmup 64 --batch "${TBATCH:-8}" --trace "$res/trace.json" --json
       python3 - "$res/trace.json" >> "$res/summary.txt" <<'PY'
-import collections, json, re, sys
-try: ev = [e for e in json.load(open(sys.argv[1]))["traceEvents"] if e.get("pid") == 2 and e.get("ph") == "X"]
+import bisect, collections, json, re, sys
+try: ev = [e for e in json.load(open(sys.argv[1]))["traceEvents"] if e.get("ph") == "X"]
 except Exception as e: print("no trace: %s" % e); sys.exit()
+steps = sorted((e["ts"], e["ts"] + e["dur"]) for e in ev if e["pid"] == 1 and e["name"] == "forward (batch)")
+starts = [a for a, _ in steps]
+def in_step(t):
+    i = bisect.bisect_right(starts, t) - 1
+    return i >= 0 and t <= steps[i][1]
 tot, cnt = collections.defaultdict(float), collections.defaultdict(int)
 for e in ev:
     m = re.match(r"(.*\D) (\d+)$", e["name"])
-    if m: tot[m.group(1)] += e["dur"]; cnt[m.group(1)] += 1
-steps = max(cnt.get("deltanet", 0) // 30, 1)
-print("trace: %d GPU spans, ~%d steps; per step: %s" % (len(ev), steps, ", ".join("%s %.3f ms (%d a step, %.1f us each)" % (k, tot[k] / steps / 1e3, cnt[k] // steps, tot[k] / cnt[k]) for k in sorted(tot))))
+    if e["pid"] == 2 and m and in_step(e["ts"] + e["dur"] / 2): tot[m.group(1)] += e["dur"]; cnt[m.group(1)] += 1
+n = max(len(steps), 1)
+print("trace, batched steps only (%d, eager): per step %.3f ms host; %s" % (len(steps), sum(b - a for a, b in steps) / n / 1e3, ", ".join(
+    "%s %.3f ms (%.1f us a layer)" % (k, tot[k] / n / 1e3, tot[k] / cnt[k]) for k in sorted(tot))))
 PY
-      ;;
+      rm -f "$res/trace.json" ;;
     batch)
       [ -f $model/config.json ] || step synth 150 "$tandem" synth --preset qwen3.5-35b-a3b --quant gptq-int4 --routing-skew 1 --out $model
       for p in ${BPLACEMENTS:-12GiB 8GiB}; do
