@@ -135,6 +135,7 @@ PY
         [ "$p" = gpu ] && place="--device gpu --gpu-mem 1000GiB --context 4224"
         step "batch-$p" 200 "$tandem" bench --model $model $place --prompt-len 4096 --gen 32 --repeat 2 \
           --warmup 64 --batch "${BATCHES:-1,2,4,8}" --json
+        brief "batch-$p"
       done ;;
     kv)
       [ -f $model/config.json ] || step synth 150 "$tandem" synth --preset qwen3.5-35b-a3b --quant gptq-int4 --routing-skew 1 --out $model
