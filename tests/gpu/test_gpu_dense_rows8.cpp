@@ -7,9 +7,11 @@
 #include <algorithm>
 #include <cmath>
 
+#include "runtime/engine/runner.h"
 #include "runtime/format/npy.h"
 #include "runtime/models/qwen3_5_moe/gpu.h"
 #include "tests/gpu/gpu_test_util.h"
+#include "tests/unit/batch_cases.h"
 #include "tests/unit/fixture_util.h"
 #include "tests/unit/test_util.h"
 
@@ -78,6 +80,26 @@ TEST(GpuDenseRows8, LayersChosenOneByOne) {
   const uint64_t bf16 = dense_bytes(0), all = dense_bytes(1), deltanet = dense_bytes(2);
   EXPECT_LT(deltanet, bf16);
   EXPECT_GT(deltanet, all);
+}
+
+// A batched step with 8-bit shared-expert projections (no x_proj stack beside the bf16 router: the shared
+// expert's gate, up and gate logit go beside the routed experts on the side stream, as its down projection
+// does): every sequence's rows as alone, within the batch tolerance (test_gpu_batch.cpp's 5e-3).
+TEST(GpuDenseRows8, ABatchGivesEachSequenceItsRowsAlone) {
+  TANDEM_REQUIRE_GPU();
+  const test::Fixture fx = test::load_fixture("demo");
+  auto model = Qwen35Moe::load(fx.dir);
+  test::batch_equals_alone(
+      [&](int batch, int64_t verify) {
+        RunnerOptions o;
+        o.device = Device::Gpu;
+        o.context = 256;
+        o.batch = batch;
+        o.verify_tokens = verify;
+        o.dense_format = "int8";
+        return make_runner(*model, o);
+      },
+      fx.ids, fx.vocab, 5e-3);
 }
 
 }  // namespace

@@ -251,12 +251,14 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
     }
     mark(tr, li, 2);
     // The shared expert's down GEMV (its gate / up came with the router) beside the routed experts, on
-    // the side stream; both only read x, sg, su and write their own rows. With the link the shared
-    // expert goes beside it too (the link's kernels leave most SMs idle).
-    const bool beside = L.x_proj.out && L.sh_down.swiglu_fused() && (!split || linked) && !deferring();
+    // the side stream; both only read x, sg, su and write their own rows. Without an x_proj stack (8-bit
+    // shared projections beside a bf16 router) its gate, up and gate logit go there too. With the link
+    // the shared expert goes beside it too (the link's kernels leave most SMs idle).
+    const bool beside = shared_beside_ok(L) && L.sh_down.swiglu_fused() && (!split || linked) && !deferring();
     if (beside) {
       CK(cudaEventRecord(fork_ev, stream));
       CK(cudaStreamWaitEvent(side, fork_ev, 0));
+      if (!L.x_proj.out) shared_inputs(L, x, 1, sg, su, sgate, side);
       swiglu_down(L.sh_down, sg, su, 1, sd, side);
       CK(cudaEventRecord(join_ev, side));
     }
@@ -274,7 +276,7 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
     if (linked)  // read in place over PCIe, added to the GPU experts' sum
       CK(gpu::moe_int4_tiles_decode(link.tables[li], static_cast<int>(c.num_experts), H, c.moe_intermediate_size, link.group_size,
                                     topk_ids, topk_w, k, link.m, link.act_order, x, link.scratch, moe_out, stream, !link_only));
-    if (!L.x_proj.out) {
+    if (!L.x_proj.out && !beside) {
       if (L.sh_gate_up.out) {
         linear(L.sh_gate_up, x, sg);  // sg|su, as laid out in the workspace
       } else {

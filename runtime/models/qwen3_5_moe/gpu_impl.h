@@ -280,7 +280,8 @@ struct Qwen35MoeGpu::Impl {
   // bf16, gpu::gemm_rows8; with `gemv` the GEMVs instead), the int4 GEMV 8 tokens at a time.
   void linear_rows(const DevLinear& L, const float* in, int64_t n, float* out, bool gemv = false);
   // The GEMV of a bf16 or 8-bit matrix (a stack too) over n tokens, 8 a launch, its outputs laid out by `out`.
-  void gemv_rows(const DevLinear& L, const float* in, int64_t n, const gpu::RowsOut& out);
+  void gemv_rows(const DevLinear& L, const float* in, int64_t n, const gpu::RowsOut& out) { gemv_rows(L, in, n, out, stream); }
+  void gemv_rows(const DevLinear& L, const float* in, int64_t n, const gpu::RowsOut& out, cudaStream_t on);
   // A stacked projection's members (stack: DevLayer::in_proj, x_proj, sh_gate_up; out 0: not stacked)
   // each into its own rows: with `gemv` one GEMV launch for the stack, else linear_rows member by member.
   struct StackMember {
@@ -339,6 +340,16 @@ struct Qwen35MoeGpu::Impl {
   // The shared expert's down projection of silu(g) * u [T, in], formed as it reads (bf16 or 8-bit rows:
   // swiglu_fused): silu_mul then the GEMV, in one launch.
   void swiglu_down(const DevLinear& L, const float* g, const float* u, int T, float* out, cudaStream_t on);
+  // The shared expert's gate, up (sg, su: [n, shared intermediate] each) and gate logit (sgate [n]) of n
+  // tokens of x on `on`, where no x_proj stack computed them with the router (8-bit shared projections
+  // beside a bf16 router): so they can go beside the routed experts too. shared_beside_ok: the layer's
+  // are GEMVs that need no workspace of the routed experts' (bf16 or 8-bit rows, not int4).
+  void shared_inputs(const DevLayer& L, const float* x, int64_t n, float* sg, float* su, float* sgate, cudaStream_t on);
+  static bool shared_beside_ok(const DevLayer& L) {
+    if (L.x_proj.out) return true;
+    const bool stacked = L.sh_gate_up.out != 0;
+    return !L.sh_expert_gate.int4 && (stacked ? !L.sh_gate_up.int4 : !L.sh_gate.int4 && !L.sh_up.int4);
+  }
   void linear(const DevLinear& L, const float* in, float* out);
 
   static constexpr int kMarks = 5;  // per layer: start, mixer done, routed, GPU experts done, end

@@ -72,13 +72,27 @@ void Qwen35MoeGpu::Impl::linear_rows(const DevLinear& L, const float* in, int64_
 }
 
 // A bf16 or 8-bit matrix's GEMV over n tokens, 8 a launch, into `out` (its parts' rows [n, part rows]).
-void Qwen35MoeGpu::Impl::gemv_rows(const DevLinear& L, const float* in, int64_t n, const gpu::RowsOut& out) {
+void Qwen35MoeGpu::Impl::gemv_rows(const DevLinear& L, const float* in, int64_t n, const gpu::RowsOut& out, cudaStream_t on) {
   each_launch(n, [&](int64_t t, int T) {
     gpu::RowsOut o = out;  // each part's rows from token t
     for (int s = 0; s < o.parts; ++s) o.dst[s] += t * (out.end[s] - (s ? out.end[s - 1] : 0));
-    if (L.rows8) CK(gpu::gemv_rows8(L.q8, in + t * L.in, T, o, stream));
-    else CK(gpu::gemv_bf16(L.w, L.out, L.in, in + t * L.in, T, o, stream));
+    if (L.rows8) CK(gpu::gemv_rows8(L.q8, in + t * L.in, T, o, on));
+    else CK(gpu::gemv_bf16(L.w, L.out, L.in, in + t * L.in, T, o, on));
   });
+}
+
+void Qwen35MoeGpu::Impl::shared_inputs(const DevLayer& L, const float* x, int64_t n, float* sg, float* su, float* sgate, cudaStream_t on) {
+  if (L.sh_gate_up.out) {  // sg | su, each token's rows split by member
+    gpu::RowsOut o;
+    o.dst[0] = sg, o.end[0] = L.sh_gate.out;
+    o.dst[1] = su, o.end[1] = L.sh_gate.out + L.sh_up.out;
+    o.parts = 2;
+    gemv_rows(L.sh_gate_up, x, n, o, on);
+  } else {
+    gemv_rows(L.sh_gate, x, n, gpu::RowsOut::one(sg, L.sh_gate.out), on);
+    gemv_rows(L.sh_up, x, n, gpu::RowsOut::one(su, L.sh_up.out), on);
+  }
+  gemv_rows(L.sh_expert_gate, x, n, gpu::RowsOut::one(sgate, L.sh_expert_gate.out), on);
 }
 
 // The members of a stacked projection (DevLayer::in_proj, x_proj, sh_gate_up) for n tokens, each into
@@ -163,16 +177,18 @@ bool Qwen35MoeGpu::Impl::prefill_layer(size_t li, float* hbuf, int64_t n, const 
       swiglu_down(L.sh_down, psg + t * Is, psu + t * Is, T, psd + t * H, on);
     });
   };
-  // As in decode: the shared expert's down GEMV on the side stream, beside the routed experts
-  const bool beside = x_stacked && L.sh_down.swiglu_fused() && !split && !deferring();
+  // As in decode: the shared expert's down GEMV on the side stream, beside the routed experts (with its
+  // gate, up and gate logit too where no x_proj stack computed them)
+  const bool beside = gemv && shared_beside_ok(L) && L.sh_down.swiglu_fused() && !split && !deferring();
   if (beside) {
     CK(cudaEventRecord(fork_ev, stream));
     CK(cudaStreamWaitEvent(side, fork_ev, 0));
+    if (!x_stacked) shared_inputs(L, px, n, psg, psu, psgate, side);
     shared_down(side);
     CK(cudaEventRecord(join_ev, side));
   }
   gpu_experts(L, px, ptopk_ids, ptopk_w, n, pxh, phs, pmoe, streamed);
-  if (!x_stacked) {
+  if (!x_stacked && !beside) {
     linear_stack(L.sh_gate_up, {{&L.sh_gate, psg}, {&L.sh_up, psu}}, px, n, gemv);
     linear_rows(L.sh_expert_gate, px, n, psgate, gemv);
   }
