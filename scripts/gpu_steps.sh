@@ -4,12 +4,15 @@
 # DEADLINE, and the folder is packed into $OUT/results.tgz after each step (a kill loses at most the step
 # in flight).
 # Before sourcing: name (the folder under /tmp), build (the build folder), DEADLINE (seconds). After: $res
-# (with machine.txt: the date, the GPU, the tree's commit and TANDEM_MAX_SM), left, pack, step,
+# (with machine.txt: the date, the GPU, the tree's hash and TANDEM_MAX_SM), left, pack, step,
 # build_step, and the .deps packages unpacked into /opt/deps (oneDNN, ICU: the machine lacks them).
 OUT="${OUT:-$PWD/gpu-out}"
 res=/tmp/$name/results
 rm -rf "$res"; mkdir -p "$res" "$OUT"
-{ date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; git log --oneline -1 2>/dev/null
+# The tree's hash, not `git log`: the device's copy of .git can lag the working tree it runs (on the
+# caller's side, `git rev-parse COMMIT^{tree}` names the commit that matches).
+tree=$(GIT_INDEX_FILE=/tmp/$name.index git add -A . 2>/dev/null && GIT_INDEX_FILE=/tmp/$name.index git write-tree 2>/dev/null)
+{ date -u; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; echo "tree ${tree:-unknown}"
   echo "TANDEM_MAX_SM=${TANDEM_MAX_SM:-}"; } > "$res/machine.txt" 2>&1
 t0=$(date +%s)
 left() { echo $(( DEADLINE - ($(date +%s) - t0) )); }
