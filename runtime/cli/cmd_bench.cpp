@@ -397,7 +397,9 @@ int cmd_bench(int argc, char** argv) {
   for (int64_t L : lengths)
     if (L + gen > cfg.max_position_embeddings)
       fail("--prompt-len ", L, " + --gen ", gen, " exceeds the model's context of ", cfg.max_position_embeddings);
-  const WeightBytes wb = session.model->weight_bytes();
+  WeightBytes wb = session.model->weight_bytes();
+  if (const uint64_t dense = runner->dense_bytes_per_token())  // as the runner stores them (8-bit rows: fewer)
+    wb.per_token_active = wb.routed_active + dense;
   if (!json_out) std::fprintf(stderr, "measuring memory bandwidth...\n");
   std::string bw_what;
   const double bw_bytes = runner->weight_bandwidth(&bw_what);

@@ -419,6 +419,7 @@ class GpuRunner final : public Runner, private MtpDevice {
   }
   int64_t max_context() const override { return context_; }
   uint64_t peak_device_bytes() const override { return gpu_->memory().total(); }
+  uint64_t dense_bytes_per_token() const override { return gpu_->dense_bytes_per_token(); }
   double gpu_expert_share() const override {
     const ExpertCounts& c = gpu_->expert_counts();
     const uint64_t all = c.gpu + c.cpu + c.link;  // link experts: computed on the GPU, resident on the host

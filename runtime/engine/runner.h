@@ -174,6 +174,9 @@ class Runner {
   // max_position_embeddings (ref, cpu: the cache grows as needed).
   virtual int64_t max_context() const = 0;
   virtual uint64_t peak_device_bytes() const { return 0; }
+  // Dense weight bytes a decode token reads as this runner stores them (gpu, hybrid: quantized on load
+  // or as stored); 0: as the checkpoint stores them (Qwen35Moe::weight_bytes).
+  virtual uint64_t dense_bytes_per_token() const { return 0; }
   // Share of decode's routed-expert activations served on the GPU since reset() (0 for host placements).
   virtual double gpu_expert_share() const { return 0; }
   // What the placement expects that share to be (the planner's figure; 1 for gpu, 0 for host paths).

@@ -10,6 +10,8 @@
 
 #include "gpu_core/device.cuh"
 #include "gpu_core/handoff.cuh"
+#include "gpu_core/int4_layout.h"
+#include "gpu_core/rows8_layout.h"
 #include "gpu_core/ops.cuh"
 #include "runtime/models/qwen3_5_moe/gpu_impl.h"
 
@@ -342,6 +344,25 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
 Qwen35MoeGpu::Qwen35MoeGpu(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Qwen35MoeGpu::~Qwen35MoeGpu() = default;
 const GpuMemoryPlan& Qwen35MoeGpu::memory() const { return impl_->plan; }
+
+uint64_t Qwen35MoeGpu::dense_bytes_per_token() const {
+  const Impl& m = *impl_;
+  const ModelConfig& c = m.model.config();
+  auto bytes = [](const DevLinear& L) -> uint64_t {
+    if (L.rows8) return gpu::rows8_matrix_bytes(L.out, L.in);
+    if (L.int4) return gpu::int4_rows_bytes(L.out, L.in, L.q.group_size);
+    return static_cast<uint64_t>(L.out * L.in) * 2;
+  };
+  const uint64_t H = static_cast<uint64_t>(c.hidden_size);
+  uint64_t b = bytes(m.lm_head) + 4 * H + 2 * H;  // the lm_head, the final norm, an embedding row
+  for (const DevLayer& L : m.layers) {  // the members, not the stacks (views of the same bytes)
+    b += 8 * H;  // input and post-attention norms (fp32)
+    if (L.kind == LayerKind::LinearAttention) b += bytes(L.qkv) + bytes(L.z) + bytes(L.b) + bytes(L.a) + bytes(L.out_proj);
+    else b += bytes(L.q) + bytes(L.k) + bytes(L.v) + bytes(L.o);
+    b += bytes(L.router) + bytes(L.sh_gate) + bytes(L.sh_up) + bytes(L.sh_expert_gate) + bytes(L.sh_down);
+  }
+  return b;
+}
 const ExpertCounts& Qwen35MoeGpu::expert_counts() const { return impl_->counts; }
 bool Qwen35MoeGpu::batched_prefill_active() const { return impl_->batched; }
 int64_t Qwen35MoeGpu::prefill_chunk() const { return impl_->chunk; }

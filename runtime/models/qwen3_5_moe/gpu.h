@@ -126,6 +126,10 @@ class Qwen35MoeGpu {
   ~Qwen35MoeGpu();
 
   const GpuMemoryPlan& memory() const;
+  // Bytes of dense weights a decode token reads here, as stored on the device (8-bit rows, bf16, int4):
+  // every layer's projections and norms, the final norm, the lm_head and one embedding row; not the
+  // routed experts, the KV cache or the MTP head.
+  uint64_t dense_bytes_per_token() const;
   // Device copy bandwidth (read + write bytes of a 256 MiB device-to-device copy), measured now.
   double copy_bandwidth() const;
   // Pinned host-to-device bandwidth (a 256 MiB copy), measured now.
