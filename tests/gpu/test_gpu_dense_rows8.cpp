@@ -24,7 +24,7 @@ TEST(GpuDenseRows8, TheDemoModelStaysCloseToItsReference) {
   auto model = Qwen35Moe::load(fx.dir);
   const NpyArray want = read_npy_f32(fx.dir + "/logits.npy");
   const int64_t V = fx.vocab, n = static_cast<int64_t>(fx.ids.size());
-  uint64_t dense[4] = {};
+  uint64_t dense[4] = {}, per_token[4] = {};
   for (const int mode : {0, 1, 2, 3}) {  // bf16; int8 projections; and the lm_head; fp8 projections
     const bool q8 = mode > 0;
     GpuOptions g;
@@ -33,6 +33,7 @@ TEST(GpuDenseRows8, TheDemoModelStaysCloseToItsReference) {
     g.lm_head = mode == 2 ? RowFormat::Int8 : RowFormat::Bf16;
     auto gpu = Qwen35MoeGpu::create(*model, g);
     dense[mode] = gpu->memory().dense_weights;
+    per_token[mode] = gpu->dense_bytes_per_token();
     std::vector<float> got(static_cast<size_t>(n * V));
     gpu->forward(std::span(fx.ids).first(static_cast<size_t>(fx.prefill)), got.data(), Qwen35Moe::LogitRows::All);
     for (int64_t t = fx.prefill; t < n; ++t) gpu->forward(std::span(fx.ids).subspan(static_cast<size_t>(t), 1), got.data() + t * V, Qwen35Moe::LogitRows::Last);
@@ -50,6 +51,13 @@ TEST(GpuDenseRows8, TheDemoModelStaysCloseToItsReference) {
   EXPECT_LT(dense[1], dense[0]);  // the projections at 1 byte a weight (+ a scale a row) instead of 2
   EXPECT_LT(dense[2], dense[1]);
   EXPECT_EQ(dense[3], dense[1]);  // fp8 rows: int8's bytes
+  // what a decode token reads (the bench's bound): bf16 as the checkpoint stores it (its norms in fp32
+  // on the device: within 1%), then fewer bytes with each 8-bit choice
+  const WeightBytes wb = model->weight_bytes();
+  EXPECT_NEAR(static_cast<double>(per_token[0]) / static_cast<double>(wb.per_token_active - wb.routed_active), 1.0, 0.01);
+  EXPECT_LT(per_token[1], per_token[0]);
+  EXPECT_LT(per_token[2], per_token[1]);
+  EXPECT_EQ(per_token[3], per_token[1]);
 }
 
 // Unit by unit (GpuOptions::mixer / shared, from a plan's rules): only the DeltaNet layers' projections
