@@ -56,6 +56,10 @@ else:
 PY
 }
 
+synth_once() {  # the synthetic 35B, written by the first step that needs it
+  [ -f $model/config.json ] || step synth 150 "$tandem" synth --preset qwen3.5-35b-a3b --quant gptq-int4 --routing-skew 1 --out $model
+}
+
 yaml() {  # file budget extra-lines
   printf 'gpu:\n  memory: %s\n  reserve: 512MiB\ncontext: 4224\n%s\n' "$2" "$3" > "$1"
 }
@@ -70,7 +74,7 @@ for s in $STEPS; do
       step gemv 90 "$build/bench/bench_gpu_gemv" --benchmark_filter='BM_gemv_(bf16|rows8)'
       grep -E '^BM_' "$res/gemv.log" >> "$res/summary.txt" ;;
     dense)
-      [ -f $model/config.json ] || step synth 150 "$tandem" synth --preset qwen3.5-35b-a3b --quant gptq-int4 --routing-skew 1 --out $model
+      synth_once
       for p in $PLACEMENTS; do
         extra=""
         [ "$p" = 8GiB ] && extra="cpu_experts: all"
@@ -87,7 +91,7 @@ $dense"
       step plan-128k 30 "$tandem" plan --model $model --config "$res/24GiB-128k.yaml" --context 131072 --no-measure
       step dense-gemm 90 "$build/bench/bench_gpu_gemv" --benchmark_filter='BM_gemm_(bf16|rows8)' ;;
     head)
-      [ -f $model/config.json ] || step synth 150 "$tandem" synth --preset qwen3.5-35b-a3b --quant gptq-int4 --routing-skew 1 --out $model
+      synth_once
       for e in auto int4; do
         yaml "$res/head-$e.yaml" 12GiB "speculative: {draft: 4}
 experts: {gpu_format: $e}"
@@ -96,14 +100,14 @@ experts: {gpu_format: $e}"
           --prompt-len 1024 --gen 16 --repeat 3 --verify-cost 1,2,3,4 --draft 4 --json
       done ;;
     draft)
-      [ -f $model/config.json ] || step synth 150 "$tandem" synth --preset qwen3.5-35b-a3b --quant gptq-int4 --routing-skew 1 --out $model
+      synth_once
       for h in bf16 int8; do
         step "draft-$h" 120 "$tandem" bench --model $model --device gpu --gpu-mem 1000GiB --context 1280 --prompt-len 1024 --gen 16 \
           --repeat 3 --verify-cost 1,2,3,4 --draft 4 $([ $h = int8 ] && echo --draft-lm-head int8) --json
         brief "draft-$h"
       done ;;
     trace)
-      [ -f $model/config.json ] || step synth 150 "$tandem" synth --preset qwen3.5-35b-a3b --quant gptq-int4 --routing-skew 1 --out $model
+      synth_once
       # (--trace feeds a prompt token by token, so the prompts are 1024 tokens, not 4096)
       step trace 150 "$tandem" bench --model $model --device gpu --gpu-mem 1000GiB --context 1152 --prompt-len 1024 --gen 16 --repeat 1 \
         --warmup 64 --batch "${TBATCH:-8}" --trace "$res/trace.json" --json
@@ -126,7 +130,7 @@ print("trace, batched steps only (%d, eager): per step %.3f ms host; %s" % (len(
 PY
       rm -f "$res/trace.json" ;;
     batch)
-      [ -f $model/config.json ] || step synth 150 "$tandem" synth --preset qwen3.5-35b-a3b --quant gptq-int4 --routing-skew 1 --out $model
+      synth_once
       for p in ${BPLACEMENTS:-12GiB 8GiB}; do
         extra=""
         [ "$p" = 8GiB ] && extra="cpu_experts: all"
@@ -138,7 +142,7 @@ PY
         brief "batch-$p"
       done ;;
     kv)
-      [ -f $model/config.json ] || step synth 150 "$tandem" synth --preset qwen3.5-35b-a3b --quant gptq-int4 --routing-skew 1 --out $model
+      synth_once
       for f in bf16 int8 fp8; do
         printf 'gpu:\n  memory: 24GiB\n  reserve: 512MiB\ncontext: 33024\nkv_cache: {format: %s}\n' "$f" > "$res/kv-$f.yaml"
         "$tandem" plan --model $model --config "$res/kv-$f.yaml" --no-measure > "$res/plan-kv-$f.txt" 2>&1

@@ -10,9 +10,9 @@
 
 #include "gpu_core/device.cuh"
 #include "gpu_core/handoff.cuh"
-#include "gpu_core/int4_layout.h"
-#include "gpu_core/rows8_layout.h"
 #include "gpu_core/ops.cuh"
+#include "gpu_core/rows8_layout.h"
+#include "placement/gpu_layout.h"
 #include "runtime/models/qwen3_5_moe/gpu_impl.h"
 
 namespace tandem {
@@ -348,10 +348,9 @@ const GpuMemoryPlan& Qwen35MoeGpu::memory() const { return impl_->plan; }
 uint64_t Qwen35MoeGpu::dense_bytes_per_token() const {
   const Impl& m = *impl_;
   const ModelConfig& c = m.model.config();
-  auto bytes = [](const DevLinear& L) -> uint64_t {
+  auto bytes = [](const DevLinear& L) -> uint64_t {  // as the loader allocated it (the plan's figures)
     if (L.rows8) return gpu::rows8_matrix_bytes(L.out, L.in);
-    if (L.int4) return gpu::int4_rows_bytes(L.out, L.in, L.q.group_size);
-    return static_cast<uint64_t>(L.out * L.in) * 2;
+    return placement::gpu_linear_pieces(L.out, L.in, L.int4, L.int4 ? L.in / L.q.group_size : 1, L.q.perm != nullptr).total();
   };
   const uint64_t H = static_cast<uint64_t>(c.hidden_size);
   uint64_t b = bytes(m.lm_head) + 4 * H + 2 * H;  // the lm_head, the final norm, an embedding row

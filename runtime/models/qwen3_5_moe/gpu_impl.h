@@ -289,6 +289,9 @@ struct Qwen35MoeGpu::Impl {
     float* out;
   };
   void linear_stack(const DevLinear& stack, std::initializer_list<StackMember> members, const float* in, int64_t n, bool gemv);
+  // The same as GEMVs on `on` (bf16 or 8-bit members): the stack in one launch for every 8 tokens, or
+  // member by member where there is no stack.
+  void gemv_stack(const DevLinear& stack, std::initializer_list<StackMember> members, const float* in, int64_t n, cudaStream_t on);
 
   // n prompt tokens at positions pos.. through every layer at once (GpuOptions::prefill_chunk);
   // logits of the last token to logits_last when given. Same math as n decode steps, except that

@@ -82,16 +82,7 @@ void Qwen35MoeGpu::Impl::gemv_rows(const DevLinear& L, const float* in, int64_t 
 }
 
 void Qwen35MoeGpu::Impl::shared_inputs(const DevLayer& L, const float* x, int64_t n, float* sg, float* su, float* sgate, cudaStream_t on) {
-  if (L.sh_gate_up.out) {  // sg | su, each token's rows split by member
-    gpu::RowsOut o;
-    o.dst[0] = sg, o.end[0] = L.sh_gate.out;
-    o.dst[1] = su, o.end[1] = L.sh_gate.out + L.sh_up.out;
-    o.parts = 2;
-    gemv_rows(L.sh_gate_up, x, n, o, on);
-  } else {
-    gemv_rows(L.sh_gate, x, n, gpu::RowsOut::one(sg, L.sh_gate.out), on);
-    gemv_rows(L.sh_up, x, n, gpu::RowsOut::one(su, L.sh_up.out), on);
-  }
+  gemv_stack(L.sh_gate_up, {{&L.sh_gate, sg}, {&L.sh_up, su}}, x, n, on);
   gemv_rows(L.sh_expert_gate, x, n, gpu::RowsOut::one(sgate, L.sh_expert_gate.out), on);
 }
 
@@ -104,6 +95,14 @@ void Qwen35MoeGpu::Impl::linear_stack(const DevLinear& stack, std::initializer_l
     for (const StackMember& m : members) linear_rows(*m.part, in, n, m.out, gemv);
     return;
   }
+  gemv_stack(stack, members, in, n, stream);
+}
+
+void Qwen35MoeGpu::Impl::gemv_stack(const DevLinear& stack, std::initializer_list<StackMember> members, const float* in, int64_t n, cudaStream_t on) {
+  if (!stack.out) {
+    for (const StackMember& m : members) gemv_rows(*m.part, in, n, gpu::RowsOut::one(m.out, m.part->out), on);
+    return;
+  }
   if (members.size() > static_cast<size_t>(gpu::RowsOut::kMaxParts)) fail("internal: a stack of ", members.size(), " members");
   gpu::RowsOut o;
   for (const StackMember& m : members) {
@@ -112,7 +111,7 @@ void Qwen35MoeGpu::Impl::linear_stack(const DevLinear& stack, std::initializer_l
     ++o.parts;
   }
   if (o.end[o.parts - 1] != stack.out) fail("internal: a stack of ", stack.out, " rows read as members of ", o.end[o.parts - 1]);
-  gemv_rows(stack, in, n, o);
+  gemv_rows(stack, in, n, o, on);
 }
 
 // One layer of batched prefill for n tokens whose hidden states are h [n, H] (updated in place) at
