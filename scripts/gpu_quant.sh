@@ -20,6 +20,8 @@
 #   trace      the same model all on the GPU decoding $TBATCH (default 8) sequences at once (prompts of 1024)
 #              with --trace: each layer's segments (mixer, router, experts + shared expert) as GPU spans in the
 #              batched steps, per step and per layer (eager launches: the graph's kernels one by one)
+#   kernels    the same model all on the GPU under ncu: each kernel's time in a decode step, the step that
+#              verifies $VK (default 3) drafts and a step of $TBATCH sequences, side by side (kernel_steps.py)
 #   batch      the same model decoding $BATCHES sequences at once (prompts of 4096) for each of $BPLACEMENTS
 #              (default 12GiB 8GiB, the latter every routed expert on the CPU; gpu: all on the GPU): tandem bench --batch
 # usage (device tool, carry .deps): DEADLINE=560 STEPS="build tests dense head kv" bash scripts/gpu_quant.sh
@@ -129,6 +131,19 @@ print("trace, batched steps only (%d, eager): per step %.3f ms host; %s" % (len(
     "%s %.3f ms (%.1f us a layer)" % (k, tot[k] / n / 1e3, tot[k] / cnt[k]) for k in sorted(tot))))
 PY
       rm -f "$res/trace.json" ;;
+    kernels)
+      synth_once
+      # ncu's time of every kernel (graph nodes one by one, caches and clocks left alone) in two short runs
+      # all on the GPU: the prompt, then (warm-up and one measured) a decode step, k drafts, the verification
+      # of k + 1 tokens, a rollback; and $TBATCH prompts, then one step of $TBATCH sequences
+      prof() { ncu --clock-control none --cache-control none --graph-profiling node --metrics gpu__time_duration.sum \
+        --csv --page raw --print-units base --log-file "$res/$1.csv" "$tandem" bench --model $model --device gpu \
+        --gpu-mem 1000GiB --context 256 --prompt-len 8 --gen 2 --repeat 1 --json "${@:2}"; }
+      step kernels-verify 240 prof kernels-verify --verify-cost "${VK:-3}" --draft 4
+      step kernels-batch 240 prof kernels-batch --batch "${TBATCH:-8}"
+      python3 scripts/kernel_steps.py "$res/kernels-verify.csv:-2:decode" "$res/kernels-verify.csv:-1:verify" \
+        "$res/kernels-batch.csv:-1:batch" > "$res/kernels.txt" 2>&1
+      head -c 6000 "$res/kernels.txt" >> "$res/summary.txt" ;;
     batch)
       synth_once
       for p in ${BPLACEMENTS:-12GiB 8GiB}; do
