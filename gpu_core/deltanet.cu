@@ -19,6 +19,7 @@ constexpr int kRowGroups = 4;  // threads per state column; each owns dk / kRowG
 constexpr int kMaxRowsPerThread = 32;
 constexpr int kMaxHeadThreads = 512;  // delta_head_kernel's block: dv * kRowGroups (dv <= 128)
 constexpr int kMaxHist = detail::kConvMaxHist;  // kernel <= 8
+constexpr int kStageTokens = 8;  // delta_head_kernel: tokens whose inputs are staged at once
 
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
 
@@ -35,23 +36,35 @@ __device__ __forceinline__ void conv_tokens(const float* __restrict__ x, const f
 
 // One thread per (channel, group): the group's conv window lives in registers across its tokens
 // (decode: DeltaNetDecodeArgs' groups), copied to kept_conv before and after each token when asked.
+// The window (written by this kernel alone) is read before the wait for the previous kernel (pdl.cuh),
+// and up to kStageTokens tokens' inputs are loaded before any is used.
 __global__ void conv_kernel(DeltaNetDecodeArgs p, int channels) {
   const int ch = blockIdx.x * blockDim.x + threadIdx.x, g = blockIdx.y;
-  detail::pdl_enter();
-  if (ch >= channels) return;
+  const bool on = ch < channels;
   const int t0 = p.slot ? p.first[g] : 0, t1 = p.slot ? p.first[g + 1] : p.tokens;
   float* window = p.conv_state + (p.slot ? static_cast<int64_t>(p.slot[g]) * p.conv_stride : 0);
   const int hist = p.kernel - 1;
   float win[kMaxHist];
-  for (int j = 0; j < hist; ++j) win[j] = window[j * channels + ch];
+  if (on)
+    for (int j = 0; j < hist; ++j) win[j] = window[j * channels + ch];
+  detail::pdl_enter();
+  if (!on) return;
   auto keep = [&](int copy) {
     if (p.kept_conv)
       for (int j = 0; j < hist; ++j) p.kept_conv[copy * p.conv_stride + j * channels + ch] = win[j];
   };
   keep(0);
-  for (int t = t0; t < t1; ++t) {
-    p.conv_out[int64_t(t) * channels + ch] = detail::conv_step(p.conv_w + ch * p.kernel, p.kernel, win, p.qkv[int64_t(t) * channels + ch]);
-    keep(t - t0 + 1);
+  for (int tb = t0; tb < t1; tb += kStageTokens) {
+    const int n = min(kStageTokens, t1 - tb);
+    float x[kStageTokens];
+#pragma unroll
+    for (int u = 0; u < kStageTokens; ++u) x[u] = u < n ? p.qkv[int64_t(tb + u) * channels + ch] : 0.0f;
+#pragma unroll
+    for (int u = 0; u < kStageTokens; ++u) {
+      if (u >= n) break;
+      p.conv_out[int64_t(tb + u) * channels + ch] = detail::conv_step(p.conv_w + ch * p.kernel, p.kernel, win, x[u]);
+      keep(tb + u - t0 + 1);
+    }
   }
   for (int j = 0; j < hist; ++j) window[j * channels + ch] = win[j];
 }
@@ -123,13 +136,13 @@ __device__ __forceinline__ void gates(float a, float dt_bias, float A, float b, 
   beta = 1.0f / (1.0f + expf(-b));
 }
 
-// q and k of key head kh from the conv output row c into shared q[dk], k[dk], L2-normalised (q also
-// scaled by dk^-0.5); red: blockDim.x / 32 floats. Every thread of the block calls it.
-__device__ __forceinline__ void load_qk_normed(const float* c, int kh, int dk, int64_t key_dim, float* q, float* k, float* red) {
+// q and k (dk each, from qsrc / ksrc) into shared q[dk], k[dk], L2-normalised (q also scaled by
+// dk^-0.5); red: blockDim.x / 32 floats. Every thread of the block calls it.
+__device__ __forceinline__ void load_qk_normed(const float* qsrc, const float* ksrc, int dk, float* q, float* k, float* red) {
   float qq = 0.0f, kk = 0.0f;
   for (int i = threadIdx.x; i < dk; i += blockDim.x) {
-    q[i] = c[kh * dk + i];
-    k[i] = c[key_dim + kh * dk + i];
+    q[i] = qsrc[i];
+    k[i] = ksrc[i];
     qq += q[i] * q[i];
     kk += k[i] * k[i];
   }
@@ -490,6 +503,9 @@ __global__ void gated_norm_kernel(float* out, const float* __restrict__ z, const
 // One block per (value head, group): the group's tokens in order on its sequence's state slice.
 // Keep: the state also copied out before and after each token (a separate instance: the copies'
 // registers would push the plain step past 128 a thread, the most a 512-thread block may have).
+// The inputs of up to kStageTokens tokens (raw q and k, v, z, a, b) are staged in shared memory
+// by one round of loads before their recurrence steps: each token's step then waits on no global
+// load (read token by token, its four dependent loads were most of a verification step's time).
 template <bool Keep>
 __global__ void __launch_bounds__(kMaxHeadThreads) delta_head_kernel(DeltaNetDecodeArgs p) {
   extern __shared__ float smem[];
@@ -498,6 +514,8 @@ __global__ void __launch_bounds__(kMaxHeadThreads) delta_head_kernel(DeltaNetDec
   float* k = q + dk;
   float* part = k + dk;
   float* red = part + kRowGroups * dv;
+  float* stage = red + blockDim.x / 32;  // [kStageTokens] of raw q [dk], raw k [dk], v [dv], z [dv], a, b
+  const int per = 2 * dk + 2 * dv + 2;
   const int tid = threadIdx.x, j = tid % dv, r = tid / dv;
   const int64_t key_dim = static_cast<int64_t>(p.Hk) * dk, conv_dim = 2 * key_dim + static_cast<int64_t>(p.Hv) * dv;
   const int64_t Vd = static_cast<int64_t>(p.Hv) * dv;
@@ -510,27 +528,41 @@ __global__ void __launch_bounds__(kMaxHeadThreads) delta_head_kernel(DeltaNetDec
   detail::pdl_enter();
   if constexpr (Keep) slice_store(s, p.kept_state + static_cast<int64_t>(h) * dk * dv, r, j, dk, dv);
   const float A = expf(p.A_log[h]);
-  for (int t = t0; t < t1; ++t) {
-    const float* c = p.conv_out + t * conv_dim;
-    __syncthreads();  // the previous token is done with q, k and part
-    load_qk_normed(c, kh, dk, key_dim, q, k, red);
-    float decay, beta;
-    gates(p.a[int64_t(t) * p.Hv + h], p.dt_bias[h], A, p.b[int64_t(t) * p.Hv + h], decay, beta);
-    __syncthreads();
-    part[r * dv + j] = slice_decay_dot(s, k, decay, r, dk);
-    __syncthreads();
-    const float delta = beta * (c[2 * key_dim + static_cast<int64_t>(h) * dv + j] - column_sum(part, j, dv));
-    const float o = slice_update_dot(s, k, q, delta, r, dk);
-    __syncthreads();
-    part[r * dv + j] = o;
-    __syncthreads();
-    const float oj = column_sum(part, j, dv);
-    const float sq = block_sum(r == 0 ? oj * oj : 0.0f, red);
-    if (r == 0) {
-      const float zj = p.z[t * Vd + static_cast<int64_t>(h) * dv + j];
-      p.out[t * Vd + static_cast<int64_t>(h) * dv + j] = gated_rms(oj, sq, dv, p.eps, p.norm_w[j], zj);
+  for (int tb = t0; tb < t1; tb += kStageTokens) {
+    const int n = min(kStageTokens, t1 - tb);
+    __syncthreads();  // the previous round is done with the stage
+    for (int e = tid; e < n * per; e += blockDim.x) {
+      const int u = e / per, i = e % per;
+      const int64_t t = tb + u;
+      const float* c = p.conv_out + t * conv_dim;
+      float v;
+      if (i < dk) v = c[kh * dk + i];
+      else if (i < 2 * dk) v = c[key_dim + kh * dk + (i - dk)];
+      else if (i < 2 * dk + dv) v = c[2 * key_dim + static_cast<int64_t>(h) * dv + (i - 2 * dk)];
+      else if (i < 2 * dk + 2 * dv) v = p.z[t * Vd + static_cast<int64_t>(h) * dv + (i - 2 * dk - dv)];
+      else v = i == per - 2 ? p.a[t * p.Hv + h] : p.b[t * p.Hv + h];
+      stage[e] = v;
     }
-    if constexpr (Keep) slice_store(s, p.kept_state + (t - t0 + 1) * p.state_stride + static_cast<int64_t>(h) * dk * dv, r, j, dk, dv);
+    for (int u = 0; u < n; ++u) {
+      const float* in = stage + u * per;
+      const int t = tb + u;
+      __syncthreads();  // the stage is in; the previous token is done with q, k and part
+      load_qk_normed(in, in + dk, dk, q, k, red);
+      float decay, beta;
+      gates(in[per - 2], p.dt_bias[h], A, in[per - 1], decay, beta);
+      __syncthreads();
+      part[r * dv + j] = slice_decay_dot(s, k, decay, r, dk);
+      __syncthreads();
+      const float delta = beta * (in[2 * dk + j] - column_sum(part, j, dv));
+      const float o = slice_update_dot(s, k, q, delta, r, dk);
+      __syncthreads();
+      part[r * dv + j] = o;
+      __syncthreads();
+      const float oj = column_sum(part, j, dv);
+      const float sq = block_sum(r == 0 ? oj * oj : 0.0f, red);
+      if (r == 0) p.out[t * Vd + static_cast<int64_t>(h) * dv + j] = gated_rms(oj, sq, dv, p.eps, p.norm_w[j], in[2 * dk + dv + j]);
+      if constexpr (Keep) slice_store(s, p.kept_state + (t - t0 + 1) * p.state_stride + static_cast<int64_t>(h) * dk * dv, r, j, dk, dv);
+    }
   }
   slice_store(s, state_of(), r, j, dk, dv);
 }
@@ -564,7 +596,7 @@ void launch_conv(const DeltaNetDecodeArgs& p, cudaStream_t stream) {
 // The recurrence of the step's tokens, one block per (value head, group) (delta_head_kernel).
 void launch_head(const DeltaNetDecodeArgs& p, cudaStream_t stream) {
   const int threads = p.dv * kRowGroups;
-  const size_t smem = (2 * p.dk + kRowGroups * p.dv + threads / 32) * sizeof(float);
+  const size_t smem = (2 * p.dk + kRowGroups * p.dv + threads / 32 + kStageTokens * (2 * p.dk + 2 * p.dv + 2)) * sizeof(float);
   if (p.kept_state) detail::launch(delta_head_kernel<true>, dim3(p.Hv, p.groups), dim3(threads), smem, stream, p);
   else detail::launch(delta_head_kernel<false>, dim3(p.Hv, p.groups), dim3(threads), smem, stream, p);
 }

@@ -136,11 +136,19 @@ PY
       # ncu's time of every kernel (graph nodes one by one, caches and clocks left alone) in two short runs
       # all on the GPU: the prompt, then (warm-up and one measured) a decode step, k drafts, the verification
       # of k + 1 tokens, a rollback; and $TBATCH prompts, then one step of $TBATCH sequences
-      prof() { ncu --clock-control none --cache-control none --graph-profiling node --metrics gpu__time_duration.sum \
-        --csv --page raw --print-units base --log-file "$res/$1.csv" "$tandem" bench --model $model --device gpu \
-        --gpu-mem 1000GiB --context 256 --prompt-len 8 --gen 2 --repeat 1 --json "${@:2}"; }
-      step kernels-verify 240 prof kernels-verify --verify-cost "${VK:-3}" --draft 4
-      step kernels-batch 240 prof kernels-batch --batch "${TBATCH:-8}"
+      # (the batched run profiles from near its last step on: each 8-token prompt launches $PROMPT_KERNELS
+      # kernels, 2 x $TBATCH prompts before it, warm-up and measured; under ncu each takes ~20 ms)
+      skip=$(( 2 * ${TBATCH:-8} * ${PROMPT_KERNELS:-1697} - 300 ))
+      prof() {  # name ncu-options... -- bench-options...
+        local what=$1 opts=(); shift
+        while [ "$1" != -- ]; do opts+=("$1"); shift; done
+        shift
+        step "kernels-$what" 240 ncu --clock-control none --cache-control none --graph-profiling node "${opts[@]}" \
+          --metrics gpu__time_duration.sum --csv --page raw --print-units base --log-file "$res/kernels-$what.csv" \
+          "$tandem" bench --model $model --device gpu --gpu-mem 1000GiB --context 256 --prompt-len 8 --gen 2 --repeat 1 --json "$@"
+      }
+      prof verify -- --verify-cost "${VK:-3}" --draft 4
+      prof batch --launch-skip "$skip" --launch-count 2000 -- --batch "${TBATCH:-8}"
       python3 scripts/kernel_steps.py "$res/kernels-verify.csv:-2:decode" "$res/kernels-verify.csv:-1:verify" \
         "$res/kernels-batch.csv:-1:batch" > "$res/kernels.txt" 2>&1
       head -c 6000 "$res/kernels.txt" >> "$res/summary.txt" ;;

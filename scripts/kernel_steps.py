@@ -24,7 +24,7 @@ def short(name):
                 name = name[:i]
                 break
     name = re.sub(r"^void ", "", name)
-    name = re.sub(r"\(anonymous namespace\)::|tandem::gpu::|detail::", "", name)
+    name = re.sub(r"\(anonymous namespace\)::|<unnamed>::|tandem::gpu::|tandem::|detail::", "", name)
     return name[:110]
 
 
@@ -35,7 +35,7 @@ def segments(path):
     except StopIteration:
         sys.exit("kernels: no ncu table in %s (%s)" % (path, " | ".join(lines[-3:])))
     rows = [r for r in csv.DictReader(lines[start:]) if r.get("ID", "").isdigit()]  # not the units row
-    ks = [(short(r["Kernel Name"]), float(r["gpu__time_duration.sum"]) / 1e3) for r in rows]
+    ks = [(short(r["Kernel Name"]), float(r["gpu__time_duration.sum"].replace(",", "")) / 1e3) for r in rows]
     cuts = [i for i, (n, _) in enumerate(ks) if n.startswith("embed_kernel")] + [len(ks)]
     segs = [ks[a:b] for a, b in zip(cuts, cuts[1:])]
     print("kernels, %s: %d launches, %d segments (kernels, µs): %s" % (
