@@ -74,6 +74,7 @@ __global__ void silu_mul_kernel(float* g, const float* u, int64_t n) {
 
 // One warp per row (gpu_core/topk_warp.cuh).
 __global__ void topk_kernel(const float* logits, int E, int k, int32_t* ids, float* weights) {
+  detail::pdl_enter();
   detail::warp_router_topk(logits + static_cast<int64_t>(blockIdx.x) * E, E, k, ids + blockIdx.x * k, weights + blockIdx.x * k);
 }
 
@@ -172,8 +173,7 @@ cudaError_t silu_mul(float* g, const float* u, int64_t n, cudaStream_t s) {
 }
 cudaError_t router_topk(const float* logits, int E, int k, int rows, int32_t* ids, float* weights, cudaStream_t s) {
   if (E > detail::kRouterMaxExperts || k > detail::kRouterMaxTopK || k < 1 || k > E) return cudaErrorInvalidValue;
-  topk_kernel<<<rows, 32, 0, s>>>(logits, E, k, ids, weights);
-  return cudaGetLastError();
+  return detail::launch(topk_kernel, dim3(rows), dim3(32), 0, s, logits, E, k, ids, weights);
 }
 cudaError_t gated_add(float* out, const float* shared, const float* gate, int64_t n, int rows, cudaStream_t s) {
   return detail::launch(gated_add_kernel, dim3(blocks_for(n), rows), dim3(kThreads), 0, s, out, shared, gate, n);
