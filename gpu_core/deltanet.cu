@@ -493,6 +493,7 @@ __global__ void __launch_bounds__(kWyThreads) delta_wy_kernel(DeltaNetDecodeArgs
 // Prefill step 4: out = gated RMSNorm(o, z) per (token, value head), in place.
 __global__ void gated_norm_kernel(float* out, const float* __restrict__ z, const float* __restrict__ norm_w, int dv, float eps) {
   __shared__ float red[32];
+  detail::pdl_enter();
   const int64_t base = static_cast<int64_t>(blockIdx.x) * dv;
   const int j = threadIdx.x;
   const float o = j < dv ? out[base + j] : 0.0f;
@@ -500,23 +501,27 @@ __global__ void gated_norm_kernel(float* out, const float* __restrict__ z, const
   if (j < dv) out[base + j] = gated_rms(o, sq, dv, eps, norm_w[j], z[base + j]);
 }
 
-// One block per (value head, group): the group's tokens in order on its sequence's state slice.
+// One block per (value head, column slice, group): the group's tokens in order on its sequence's
+// state, columns [col0, col0 + cw) of the head's. The columns' recurrences are independent (each reads
+// the head's q and k, its own v), so a head is split over head_slices(dv) blocks: four times the
+// SMs at work on one sequence's step (a head a block kept 32 of them busy). Each block writes its
+// columns' raw outputs; gated_norm_kernel normalises each (token, head) row after it.
 // Keep: the state also copied out before and after each token (a separate instance: the copies'
-// registers would push the plain step past 128 a thread, the most a 512-thread block may have).
-// The inputs of up to kStageTokens tokens (raw q and k, v, z, a, b) are staged in shared memory
-// by one round of loads before their recurrence steps: each token's step then waits on no global
-// load (read token by token, its four dependent loads were most of a verification step's time).
+// registers would push the plain step past 128 a thread).
+// The inputs of up to kStageTokens tokens (raw q and k, the slice's v and z, a, b) are staged in shared
+// memory by one round of loads before their recurrence steps: each token's step then waits on no
+// global load (read token by token, its dependent loads were most of a verification step's time).
 template <bool Keep>
-__global__ void __launch_bounds__(kMaxHeadThreads) delta_head_kernel(DeltaNetDecodeArgs p) {
+__global__ void __launch_bounds__(kMaxHeadThreads) delta_head_kernel(DeltaNetDecodeArgs p, int cw) {
   extern __shared__ float smem[];
-  const int dk = p.dk, dv = p.dv, h = blockIdx.x, g = blockIdx.y, kh = h / (p.Hv / p.Hk);
+  const int dk = p.dk, dv = p.dv, h = blockIdx.x, g = blockIdx.z, kh = h / (p.Hv / p.Hk), col0 = blockIdx.y * cw;
   float* q = smem;
   float* k = q + dk;
   float* part = k + dk;
-  float* red = part + kRowGroups * dv;
-  float* stage = red + blockDim.x / 32;  // [kStageTokens] of raw q [dk], raw k [dk], v [dv], z [dv], a, b
-  const int per = 2 * dk + 2 * dv + 2;
-  const int tid = threadIdx.x, j = tid % dv, r = tid / dv;
+  float* red = part + kRowGroups * cw;
+  float* stage = red + blockDim.x / 32;  // [kStageTokens] of raw q [dk], raw k [dk], v [cw], a, b
+  const int per = 2 * dk + cw + 2;
+  const int tid = threadIdx.x, jl = tid % cw, j = col0 + jl, r = tid / cw;
   const int64_t key_dim = static_cast<int64_t>(p.Hk) * dk, conv_dim = 2 * key_dim + static_cast<int64_t>(p.Hv) * dv;
   const int64_t Vd = static_cast<int64_t>(p.Hv) * dv;
   // slot and first were copied in before the step's first kernel: complete before this one starts
@@ -538,8 +543,7 @@ __global__ void __launch_bounds__(kMaxHeadThreads) delta_head_kernel(DeltaNetDec
       float v;
       if (i < dk) v = c[kh * dk + i];
       else if (i < 2 * dk) v = c[key_dim + kh * dk + (i - dk)];
-      else if (i < 2 * dk + dv) v = c[2 * key_dim + static_cast<int64_t>(h) * dv + (i - 2 * dk)];
-      else if (i < 2 * dk + 2 * dv) v = p.z[t * Vd + static_cast<int64_t>(h) * dv + (i - 2 * dk - dv)];
+      else if (i < 2 * dk + cw) v = c[2 * key_dim + static_cast<int64_t>(h) * dv + col0 + (i - 2 * dk)];
       else v = i == per - 2 ? p.a[t * p.Hv + h] : p.b[t * p.Hv + h];
       stage[e] = v;
     }
@@ -551,16 +555,14 @@ __global__ void __launch_bounds__(kMaxHeadThreads) delta_head_kernel(DeltaNetDec
       float decay, beta;
       gates(in[per - 2], p.dt_bias[h], A, in[per - 1], decay, beta);
       __syncthreads();
-      part[r * dv + j] = slice_decay_dot(s, k, decay, r, dk);
+      part[r * cw + jl] = slice_decay_dot(s, k, decay, r, dk);
       __syncthreads();
-      const float delta = beta * (in[2 * dk + j] - column_sum(part, j, dv));
+      const float delta = beta * (in[2 * dk + jl] - column_sum(part, jl, cw));
       const float o = slice_update_dot(s, k, q, delta, r, dk);
       __syncthreads();
-      part[r * dv + j] = o;
+      part[r * cw + jl] = o;
       __syncthreads();
-      const float oj = column_sum(part, j, dv);
-      const float sq = block_sum(r == 0 ? oj * oj : 0.0f, red);
-      if (r == 0) p.out[t * Vd + static_cast<int64_t>(h) * dv + j] = gated_rms(oj, sq, dv, p.eps, p.norm_w[j], in[2 * dk + dv + j]);
+      if (r == 0) p.out[t * Vd + static_cast<int64_t>(h) * dv + j] = column_sum(part, jl, cw);
       if constexpr (Keep) slice_store(s, p.kept_state + (t - t0 + 1) * p.state_stride + static_cast<int64_t>(h) * dk * dv, r, j, dk, dv);
     }
   }
@@ -593,12 +595,20 @@ void launch_conv(const DeltaNetDecodeArgs& p, cudaStream_t stream) {
   detail::launch(conv_kernel, dim3((conv_dim + 255) / 256, p.groups), dim3(256), 0, stream, p, conv_dim);
 }
 
-// The recurrence of the step's tokens, one block per (value head, group) (delta_head_kernel).
+// Column slices a head's recurrence is split into (delta_head_kernel): 4 where the slices keep whole
+// warps (head_kernel_fits: dv a multiple of 8).
+int head_slices(int dv) { return dv % 32 == 0 ? 4 : dv % 16 == 0 ? 2 : 1; }
+
+// The recurrence of the step's tokens, one block per (value head, column slice, group)
+// (delta_head_kernel), then each (token, head) row's gated RMSNorm (gated_norm_kernel).
 void launch_head(const DeltaNetDecodeArgs& p, cudaStream_t stream) {
-  const int threads = p.dv * kRowGroups;
-  const size_t smem = (2 * p.dk + kRowGroups * p.dv + threads / 32 + kStageTokens * (2 * p.dk + 2 * p.dv + 2)) * sizeof(float);
-  if (p.kept_state) detail::launch(delta_head_kernel<true>, dim3(p.Hv, p.groups), dim3(threads), smem, stream, p);
-  else detail::launch(delta_head_kernel<false>, dim3(p.Hv, p.groups), dim3(threads), smem, stream, p);
+  const int slices = head_slices(p.dv), cw = p.dv / slices, threads = cw * kRowGroups;
+  const size_t smem = (2 * p.dk + kRowGroups * cw + threads / 32 + kStageTokens * (2 * p.dk + cw + 2)) * sizeof(float);
+  const dim3 grid(p.Hv, slices, p.groups);
+  if (p.kept_state) detail::launch(delta_head_kernel<true>, grid, dim3(threads), smem, stream, p, cw);
+  else detail::launch(delta_head_kernel<false>, grid, dim3(threads), smem, stream, p, cw);
+  detail::launch(gated_norm_kernel, dim3(p.tokens * p.Hv), dim3((p.dv + 31) / 32 * 32), 0, stream, p.out,
+                 static_cast<const float*>(p.z), p.norm_w, p.dv, p.eps);
 }
 
 }  // namespace

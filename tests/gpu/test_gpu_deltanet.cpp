@@ -227,7 +227,8 @@ TEST_P(GpuDeltaNet, GroupsOfSequencesEqualSingleSteps) {
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuDeltaNet,
                          ::testing::Values(DnCase{16, 32, 128, 128, 4},  // Qwen3.5-35B-A3B
                                            DnCase{2, 4, 16, 24, 4},      // fixture bf16_fused
-                                           DnCase{2, 2, 32, 32, 4}, DnCase{4, 4, 64, 8, 2}));
+                                           DnCase{2, 2, 32, 32, 4}, DnCase{4, 4, 64, 8, 2},
+                                           DnCase{2, 4, 32, 48, 3}));  // a head in 2 column slices
 
 }  // namespace
 }  // namespace tandem
