@@ -15,6 +15,8 @@
 #   kv         the same model at 24 GiB decoding after a 32768-token prompt with the KV cache as bf16,
 #              int8 and fp8 (kv_cache.format), and the attention decode kernel alone per format
 #              (bench_gpu_gemv BM_attention_decode: 512 / 4096 / 32768 cached rows)
+#   hdraft     the same model drafting on each of $PLACEMENTS (8GiB: every routed expert on the CPU) with the
+#              drafts' int8 lm_head copy: --verify-cost 1,2,3,4
 #   draft      the same model all on the GPU: tandem bench --verify-cost 1,2,3,4 --draft 4 with the drafts
 #              reading the lm_head as stored and their own int8 copy (--draft-lm-head int8)
 #   trace      the same model all on the GPU decoding $TBATCH (default 8) sequences at once (prompts of 1024)
@@ -100,6 +102,18 @@ experts: {gpu_format: $e}"
         "$tandem" plan --model $model --config "$res/head-$e.yaml" --no-measure > "$res/plan-head-$e.txt" 2>&1
         step "head-$e" 150 "$tandem" bench --model $model --device hybrid --config "$res/head-$e.yaml" --quant-cache /tmp/qcache \
           --prompt-len 1024 --gen 16 --repeat 3 --verify-cost 1,2,3,4 --draft 4 --json
+      done ;;
+    hdraft)
+      synth_once
+      for p in $PLACEMENTS; do
+        extra=""
+        [ "$p" = 8GiB ] && extra="cpu_experts: all"
+        yaml "$res/hdraft-$p.yaml" "$p" "$extra
+speculative: {draft: 4, lm_head: int8}"
+        "$tandem" plan --model $model --config "$res/hdraft-$p.yaml" --no-measure > "$res/plan-hdraft-$p.txt" 2>&1
+        step "hdraft-$p" 100 "$tandem" bench --model $model --device hybrid --config "$res/hdraft-$p.yaml" \
+          --prompt-len 1024 --gen 16 --repeat 3 --verify-cost 1,2,3,4 --draft 4 --json
+        brief "hdraft-$p"
       done ;;
     draft)
       synth_once
