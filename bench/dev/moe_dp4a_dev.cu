@@ -124,35 +124,41 @@ __device__ __forceinline__ float group_sum(float v) {
   return v;
 }
 
-// gate/up: block (row block, pair p); warp w: row r of gate and up; lane l: vectors l + 32 i. The
+// gate/up: block (row block, pair p); warp w: RU rows of gate and up; lane l: vectors l + 32 i. The
 // token's x comes quantised (quantise_rows_kernel) and is read in place after the weight loads are
-// issued (L1-cached: every block of the token reads the same 4.5 KB). h fp32 [P][I].
-template <int NV>
+// issued (L1-cached: every block of the token reads the same 4.5 KB). RU = 1: h fp32 [P][I] (to be
+// quantised by quantise_rows_kernel); RU = 4: the block's 32 rows are one vector of h, quantised here
+// (hq, hs as quantise_rows_kernel writes them): one launch fewer.
+template <int NV, int RU>
 __global__ void __launch_bounds__(kWarps * 32) dp4a_gate_up_kernel(const Int4Expert* __restrict__ experts, const int32_t* __restrict__ ids,
                                                                     int k, const uint8_t* __restrict__ xq, const VecScale* __restrict__ xs,
-                                                                    float* __restrict__ h) {
+                                                                    float* __restrict__ h, uint8_t* __restrict__ hq,
+                                                                    VecScale* __restrict__ hs) {
+  static_assert(RU == 1 || RU * kWarps == 32, "RU 4: a block's rows are one 32-row vector of h");
   constexpr int nvec = H / 32, G = H / kGroup, gshift = 2;  // 4 vectors a group
+  __shared__ float hb[kWarps * RU];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, p = blockIdx.y, t = p / k;
   const Int4Expert* ex = experts + ids[p];
   const Int4View gate = ex->gate, up = ex->up;
-  const int64_t r = static_cast<int64_t>(blockIdx.x) * kWarps + warp;
-  const uint4* qg = reinterpret_cast<const uint4*>(gate.qweight) + r * nvec;
-  const uint4* qu = reinterpret_cast<const uint4*>(up.qweight) + r * nvec;
-  uint4 wg[NV], wu[NV];
-  float sg[NV], su[NV];
-  int zg[NV], zu[NV];
+  const int64_t r0 = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * RU;
+  uint4 wg[RU][NV], wu[RU][NV];
+  float sg[RU][NV], su[RU][NV];
+  int zg[RU][NV], zu[RU][NV];
 #pragma unroll
-  for (int i = 0; i < NV; ++i) {
-    const int v = lane + 32 * i, gi = static_cast<int>(r) * G + (v >> gshift);
-    wg[i] = load_stream(qg + v);
-    wu[i] = load_stream(qu + v);
-    sg[i] = __half2float(__ushort_as_half(__ldg(gate.scales + gi)));
-    su[i] = __half2float(__ushort_as_half(__ldg(up.scales + gi)));
-    zg[i] = 16 * __ldg(gate.zeros + gi);
-    zu[i] = 16 * __ldg(up.zeros + gi);
-  }
+  for (int j = 0; j < RU; ++j)
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      const int64_t r = r0 + j;
+      const int v = lane + 32 * i, gi = static_cast<int>(r) * G + (v >> gshift);
+      wg[j][i] = load_stream(reinterpret_cast<const uint4*>(gate.qweight) + r * nvec + v);
+      wu[j][i] = load_stream(reinterpret_cast<const uint4*>(up.qweight) + r * nvec + v);
+      sg[j][i] = __half2float(__ushort_as_half(__ldg(gate.scales + gi)));
+      su[j][i] = __half2float(__ushort_as_half(__ldg(up.scales + gi)));
+      zg[j][i] = 16 * __ldg(gate.zeros + gi);
+      zu[j][i] = 16 * __ldg(up.zeros + gi);
+    }
   const uint8_t* xt = xq + static_cast<int64_t>(t) * H * 2;
-  float g = 0.0f, u = 0.0f;
+  float g[RU] = {}, u[RU] = {};
 #pragma unroll
   for (int i = 0; i < NV; ++i) {
     const int v = lane + 32 * i;
@@ -160,11 +166,26 @@ __global__ void __launch_bounds__(kWarps * 32) dp4a_gate_up_kernel(const Int4Exp
 #pragma unroll
     for (int c = 0; c < 4; ++c) xv[c] = __ldg(reinterpret_cast<const uint4*>(xt + (c * nvec + v) * 16));
     const VecScale s = xs[static_cast<int64_t>(t) * nvec + v];
-    g += sg[i] * vec_dot(wg[i], xv, zg[i], s);
-    u += su[i] * vec_dot(wu[i], xv, zu[i], s);
+#pragma unroll
+    for (int j = 0; j < RU; ++j) {
+      g[j] += sg[j][i] * vec_dot(wg[j][i], xv, zg[j][i], s);
+      u[j] += su[j][i] * vec_dot(wu[j][i], xv, zu[j][i], s);
+    }
   }
-  g = group_sum<32>(g), u = group_sum<32>(u);
-  if (lane == 0) h[static_cast<int64_t>(p) * I + r] = g / (1.0f + __expf(-g)) * u;
+#pragma unroll
+  for (int j = 0; j < RU; ++j) {
+    const float gs = group_sum<32>(g[j]), us = group_sum<32>(u[j]);
+    const float hv = gs / (1.0f + __expf(-gs)) * us;
+    if constexpr (RU == 1) {
+      if (lane == 0) h[static_cast<int64_t>(p) * I + r0] = hv;
+    } else {
+      if (lane == 0) hb[warp * RU + j] = hv;
+    }
+  }
+  if constexpr (RU > 1) {
+    __syncthreads();
+    if (warp == 0) quantise_vector(hb[lane], blockIdx.x, I / 32, hq + static_cast<int64_t>(p) * I * 2, hs + static_cast<int64_t>(p) * (I / 32));
+  }
 }
 
 // rows fp32 [rows][cols] -> quantised rows (chunk-major bytes [rows][4][cols / 32][16], scales
@@ -226,13 +247,19 @@ struct Dp4aScratch {
   VecScale *xs = nullptr, *hs = nullptr;
 };
 
-enum class Part { all, products };  // products: gate/up and down alone (x and h already quantised)
+// all: quantise x, gate/up (h fp32), quantise h, down; fused: quantise x, gate/up quantising h (4 rows
+// a warp), down; products: gate/up and down alone (x and h already quantised).
+enum class Part { all, fused, products };
 
 void dp4a_moe(const Int4Expert* experts, const int32_t* ids, const float* weights, int T, const float* x, const Dp4aScratch& s, float* out,
               Part part) {
-  if (part == Part::all) quantise_rows_kernel<<<dim3(H / 32 / 8, T), 256>>>(x, H, s.xq, s.xs);
-  dp4a_gate_up_kernel<2><<<dim3(I / kWarps, T * K), kWarps * 32>>>(experts, ids, K, s.xq, s.xs, s.h);
-  if (part == Part::all) quantise_rows_kernel<<<dim3(I / 32 / 8, T * K), 256>>>(s.h, I, s.hq, s.hs);
+  if (part != Part::products) quantise_rows_kernel<<<dim3(H / 32 / 8, T), 256>>>(x, H, s.xq, s.xs);
+  if (part == Part::fused) {
+    dp4a_gate_up_kernel<2, 4><<<dim3(I / (kWarps * 4), T * K), kWarps * 32>>>(experts, ids, K, s.xq, s.xs, nullptr, s.hq, s.hs);
+  } else {
+    dp4a_gate_up_kernel<2, 1><<<dim3(I / kWarps, T * K), kWarps * 32>>>(experts, ids, K, s.xq, s.xs, s.h, nullptr, nullptr);
+    if (part == Part::all) quantise_rows_kernel<<<dim3(I / 32 / 8, T * K), 256>>>(s.h, I, s.hq, s.hs);
+  }
   dp4a_down_kernel<<<dim3(H / kDownRows, T), kDownThreads>>>(experts, ids, weights, K, s.hq, s.hs, out);
 }
 
@@ -373,13 +400,17 @@ void check(int T) {
   DEV_CK(tandem::gpu::moe_int4_decode_wide(dex, H, I, kGroup, dids, dw, T, K, dx, h16, dout, nullptr));
   DEV_CK(cudaMemcpy(got.data(), dout, got.size() * 4, cudaMemcpyDeviceToHost));
   const double e_wide = rel_l2(got, want);
-  DEV_CK(cudaMemset(dout, 0, T * H * 4));
-  dp4a_moe(dex, dids, dw, T, dx, s, dout, Part::all);
-  DEV_CK(cudaGetLastError());
-  DEV_CK(cudaMemcpy(got.data(), dout, got.size() * 4, cudaMemcpyDeviceToHost));
-  const double e_dp4a = rel_l2(got, want);
-  std::printf("check T=%d: relative L2 error against double: wide %.2e, dp4a %.2e  %s\n", T, e_wide, e_dp4a,
-              e_dp4a < 1e-3 && std::isfinite(e_dp4a) ? "ok" : "FAIL");
+  double err[2];
+  for (int f = 0; f < 2; ++f) {
+    DEV_CK(cudaMemset(dout, 0, T * H * 4));
+    dp4a_moe(dex, dids, dw, T, dx, s, dout, f ? Part::fused : Part::all);
+    DEV_CK(cudaGetLastError());
+    DEV_CK(cudaMemcpy(got.data(), dout, got.size() * 4, cudaMemcpyDeviceToHost));
+    err[f] = rel_l2(got, want);
+  }
+  const bool ok = err[0] < 1e-3 && err[1] < 1e-3 && err[0] == err[0] && err[1] == err[1];
+  std::printf("check T=%d: relative L2 error against double: wide %.2e, dp4a %.2e, dp4a fused %.2e  %s\n", T, e_wide, err[0], err[1],
+              ok ? "ok" : "FAIL");
   for (void* p : owned) cudaFree(p);
   for (void* p : {(void*)dex, (void*)dids, (void*)dw, (void*)dx, (void*)dout, (void*)h16}) cudaFree(p);
   free_scratch(s);
@@ -448,12 +479,16 @@ void timing(int T) {
     const int off = (i % sets) * T * K;
     dp4a_moe(dex, dids + off, dw + off, T, dx, s, dout, Part::all);
   });
+  const double fused = time_us([&](int i) {
+    const int off = (i % sets) * T * K;
+    dp4a_moe(dex, dids + off, dw + off, T, dx, s, dout, Part::fused);
+  });
   const double products = time_us([&](int i) {
     const int off = (i % sets) * T * K;
     dp4a_moe(dex, dids + off, dw + off, T, dx, s, dout, Part::products);
   });
-  std::printf("T=%d: wide %.1f us; dp4a %.1f us (4 launches), gate/up + down alone %.1f us; bound %.1f us at 3.03 TB/s (%.1f MB distinct)\n",
-              T, wide, full, products, bytes / 3.03e12 * 1e6, bytes / 1e6);
+  std::printf("T=%d: wide %.1f us; dp4a %.1f (4 launches), fused %.1f (3), gate/up + down alone %.1f; bound %.1f us at 3.03 TB/s "
+              "(%.1f MB distinct)\n", T, wide, full, fused, products, bytes / 3.03e12 * 1e6, bytes / 1e6);
   cudaFree(pool);
   for (void* q : {(void*)dex, (void*)dids, (void*)dw, (void*)dx, (void*)dout, (void*)h16}) cudaFree(q);
   free_scratch(s);
