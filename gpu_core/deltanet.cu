@@ -508,7 +508,7 @@ __global__ void gated_norm_kernel(float* out, const float* __restrict__ z, const
 // columns' raw outputs; gated_norm_kernel normalises each (token, head) row after it.
 // Keep: the state also copied out before and after each token (a separate instance: the copies'
 // registers would push the plain step past 128 a thread).
-// The inputs of up to kStageTokens tokens (raw q and k, the slice's v and z, a, b) are staged in shared
+// The inputs of up to kStageTokens tokens (raw q and k, the slice's v, a, b) are staged in shared
 // memory by one round of loads before their recurrence steps: each token's step then waits on no
 // global load (read token by token, its dependent loads were most of a verification step's time).
 template <bool Keep>

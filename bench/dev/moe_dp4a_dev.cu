@@ -276,6 +276,34 @@ void free_scratch(const Dp4aScratch& s) {
   for (void* p : {(void*)s.h, (void*)s.xq, (void*)s.xs, (void*)s.hq, (void*)s.hs}) cudaFree(p);
 }
 
+// One layer's device buffers: the expert table, routings, weights, x, out, wide's h and this form's scratch.
+struct Layer {
+  int T;
+  Int4Expert* ex = nullptr;
+  int32_t* ids = nullptr;
+  float *w = nullptr, *x = nullptr, *out = nullptr;
+  uint16_t* h16 = nullptr;
+  Dp4aScratch s;
+  Layer(const std::vector<Int4Expert>& experts, const std::vector<int32_t>& routing, const std::vector<float>& weights,
+        const std::vector<float>& xs, int tokens)
+      : T(tokens), s(make_scratch(tokens)) {
+    DEV_CK(cudaMalloc(&ex, experts.size() * sizeof(Int4Expert)));
+    DEV_CK(cudaMalloc(&ids, routing.size() * 4));
+    DEV_CK(cudaMalloc(&w, weights.size() * 4));
+    DEV_CK(cudaMalloc(&x, xs.size() * 4));
+    DEV_CK(cudaMalloc(&out, T * H * 4));
+    DEV_CK(cudaMalloc(&h16, T * K * I * 2));
+    DEV_CK(cudaMemcpy(ex, experts.data(), experts.size() * sizeof(Int4Expert), cudaMemcpyHostToDevice));
+    DEV_CK(cudaMemcpy(ids, routing.data(), routing.size() * 4, cudaMemcpyHostToDevice));
+    DEV_CK(cudaMemcpy(w, weights.data(), weights.size() * 4, cudaMemcpyHostToDevice));
+    DEV_CK(cudaMemcpy(x, xs.data(), xs.size() * 4, cudaMemcpyHostToDevice));
+  }
+  ~Layer() {
+    for (void* p : {(void*)ex, (void*)ids, (void*)w, (void*)x, (void*)out, (void*)h16}) cudaFree(p);
+    free_scratch(s);
+  }
+};
+
 // ---- host side: random experts in the row layout, routing, the double reference ----
 
 struct HostMatrix {  // [N][K] codes in int4_layout.h's word order, scales, zero points
@@ -381,39 +409,23 @@ void check(int T) {
         want[t * H + n] += w[t * K + j] * y;
       }
     }
-  Int4Expert* dex;
-  int32_t* dids;
-  float *dw, *dx, *dout;
-  uint16_t* h16;
-  const Dp4aScratch s = make_scratch(T);
-  DEV_CK(cudaMalloc(&dex, Ec * sizeof(Int4Expert)));
-  DEV_CK(cudaMalloc(&dids, ids.size() * 4));
-  DEV_CK(cudaMalloc(&dw, w.size() * 4));
-  DEV_CK(cudaMalloc(&dx, x.size() * 4));
-  DEV_CK(cudaMalloc(&dout, T * H * 4));
-  DEV_CK(cudaMalloc(&h16, T * K * I * 2));
-  DEV_CK(cudaMemcpy(dex, ex.data(), Ec * sizeof(Int4Expert), cudaMemcpyHostToDevice));
-  DEV_CK(cudaMemcpy(dids, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
-  DEV_CK(cudaMemcpy(dw, w.data(), w.size() * 4, cudaMemcpyHostToDevice));
-  DEV_CK(cudaMemcpy(dx, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
+  const Layer L(ex, ids, w, x, T);
   std::vector<float> got(T * H);
-  DEV_CK(tandem::gpu::moe_int4_decode_wide(dex, H, I, kGroup, dids, dw, T, K, dx, h16, dout, nullptr));
-  DEV_CK(cudaMemcpy(got.data(), dout, got.size() * 4, cudaMemcpyDeviceToHost));
+  DEV_CK(tandem::gpu::moe_int4_decode_wide(L.ex, H, I, kGroup, L.ids, L.w, T, K, L.x, L.h16, L.out, nullptr));
+  DEV_CK(cudaMemcpy(got.data(), L.out, got.size() * 4, cudaMemcpyDeviceToHost));
   const double e_wide = rel_l2(got, want);
   double err[2];
   for (int f = 0; f < 2; ++f) {
-    DEV_CK(cudaMemset(dout, 0, T * H * 4));
-    dp4a_moe(dex, dids, dw, T, dx, s, dout, f ? Part::fused : Part::all);
+    DEV_CK(cudaMemset(L.out, 0, T * H * 4));
+    dp4a_moe(L.ex, L.ids, L.w, T, L.x, L.s, L.out, f ? Part::fused : Part::all);
     DEV_CK(cudaGetLastError());
-    DEV_CK(cudaMemcpy(got.data(), dout, got.size() * 4, cudaMemcpyDeviceToHost));
+    DEV_CK(cudaMemcpy(got.data(), L.out, got.size() * 4, cudaMemcpyDeviceToHost));
     err[f] = rel_l2(got, want);
   }
   const bool ok = err[0] < 1e-3 && err[1] < 1e-3 && err[0] == err[0] && err[1] == err[1];
   std::printf("check T=%d: relative L2 error against double: wide %.2e, dp4a %.2e, dp4a fused %.2e  %s\n", T, e_wide, err[0], err[1],
               ok ? "ok" : "FAIL");
   for (void* p : owned) cudaFree(p);
-  for (void* p : {(void*)dex, (void*)dids, (void*)dw, (void*)dx, (void*)dout, (void*)h16}) cudaFree(p);
-  free_scratch(s);
 }
 
 // 256 experts (contents a fixed pattern), 32 routings cycled so the experts come from HBM.
@@ -441,22 +453,7 @@ void timing(int T) {
   std::vector<int32_t> first(ids.begin(), ids.begin() + T * K);
   std::sort(first.begin(), first.end());
   const double bytes = double(std::unique(first.begin(), first.end()) - first.begin()) * per_expert;
-  Int4Expert* dex;
-  int32_t* dids;
-  float *dw, *dx, *dout;
-  uint16_t* h16;
-  const Dp4aScratch s = make_scratch(T);
-  DEV_CK(cudaMalloc(&dex, E * sizeof(Int4Expert)));
-  DEV_CK(cudaMalloc(&dids, ids.size() * 4));
-  DEV_CK(cudaMalloc(&dw, ids.size() * 4));
-  DEV_CK(cudaMalloc(&dx, T * H * 4));
-  DEV_CK(cudaMalloc(&dout, T * H * 4));
-  DEV_CK(cudaMalloc(&h16, T * K * I * 2));
-  DEV_CK(cudaMemcpy(dex, ex.data(), E * sizeof(Int4Expert), cudaMemcpyHostToDevice));
-  DEV_CK(cudaMemcpy(dids, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice));
-  std::vector<float> w(ids.size(), 0.125f), x(T * H, 0.5f);
-  DEV_CK(cudaMemcpy(dw, w.data(), w.size() * 4, cudaMemcpyHostToDevice));
-  DEV_CK(cudaMemcpy(dx, x.data(), x.size() * 4, cudaMemcpyHostToDevice));
+  const Layer L(ex, ids, std::vector<float>(ids.size(), 0.125f), std::vector<float>(T * H, 0.5f), T);
   cudaEvent_t a, b;
   DEV_CK(cudaEventCreate(&a));
   DEV_CK(cudaEventCreate(&b));
@@ -473,25 +470,25 @@ void timing(int T) {
   };
   const double wide = time_us([&](int i) {
     const int off = (i % sets) * T * K;
-    tandem::gpu::moe_int4_decode_wide(dex, H, I, kGroup, dids + off, dw + off, T, K, dx, h16, dout, nullptr);
+    tandem::gpu::moe_int4_decode_wide(L.ex, H, I, kGroup, L.ids + off, L.w + off, T, K, L.x, L.h16, L.out, nullptr);
   });
   const double full = time_us([&](int i) {
     const int off = (i % sets) * T * K;
-    dp4a_moe(dex, dids + off, dw + off, T, dx, s, dout, Part::all);
+    dp4a_moe(L.ex, L.ids + off, L.w + off, T, L.x, L.s, L.out, Part::all);
   });
   const double fused = time_us([&](int i) {
     const int off = (i % sets) * T * K;
-    dp4a_moe(dex, dids + off, dw + off, T, dx, s, dout, Part::fused);
+    dp4a_moe(L.ex, L.ids + off, L.w + off, T, L.x, L.s, L.out, Part::fused);
   });
   const double products = time_us([&](int i) {
     const int off = (i % sets) * T * K;
-    dp4a_moe(dex, dids + off, dw + off, T, dx, s, dout, Part::products);
+    dp4a_moe(L.ex, L.ids + off, L.w + off, T, L.x, L.s, L.out, Part::products);
   });
   std::printf("T=%d: wide %.1f us; dp4a %.1f (4 launches), fused %.1f (3), gate/up + down alone %.1f; bound %.1f us at 3.03 TB/s "
               "(%.1f MB distinct)\n", T, wide, full, fused, products, bytes / 3.03e12 * 1e6, bytes / 1e6);
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
   cudaFree(pool);
-  for (void* q : {(void*)dex, (void*)dids, (void*)dw, (void*)dx, (void*)dout, (void*)h16}) cudaFree(q);
-  free_scratch(s);
 }
 
 }  // namespace
