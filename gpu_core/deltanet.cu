@@ -501,6 +501,12 @@ __global__ void gated_norm_kernel(float* out, const float* __restrict__ z, const
   if (j < dv) out[base + j] = gated_rms(o, sq, dv, eps, norm_w[j], z[base + j]);
 }
 
+// gated_norm_kernel over T tokens' raw outputs (decode after delta_head_kernel, prefill after the recurrence).
+void launch_gated_norm(const DeltaNetDecodeArgs& p, int T, cudaStream_t stream) {
+  detail::launch(gated_norm_kernel, dim3(T * p.Hv), dim3((p.dv + 31) / 32 * 32), 0, stream, p.out, static_cast<const float*>(p.z), p.norm_w,
+                 p.dv, p.eps);
+}
+
 // One block per (value head, column slice, group): the group's tokens in order on its sequence's
 // state, columns [col0, col0 + cw) of the head's. The columns' recurrences are independent (each reads
 // the head's q and k, its own v), so a head is split over head_slices(dv) blocks: four times the
@@ -579,7 +585,7 @@ cudaError_t launch_token_parallel(const DeltaNetDecodeArgs& p, int T, cudaStream
   conv_window_kernel<<<(conv_dim + 255) / 256, 256, 0, stream>>>(p.qkv, p.conv_state, conv_dim, p.kernel, T);
   qk_norm_kernel<<<T * p.Hk, (p.dk + 31) / 32 * 32, 0, stream>>>(p.conv_out, p.Hk, p.dk, conv_dim);
   recurrence();
-  gated_norm_kernel<<<T * p.Hv, (p.dv + 31) / 32 * 32, 0, stream>>>(p.out, p.z, p.norm_w, p.dv, p.eps);
+  launch_gated_norm(p, T, stream);
   return cudaGetLastError();
 }
 
@@ -607,8 +613,7 @@ void launch_head(const DeltaNetDecodeArgs& p, cudaStream_t stream) {
   const dim3 grid(p.Hv, slices, p.groups);
   if (p.kept_state) detail::launch(delta_head_kernel<true>, grid, dim3(threads), smem, stream, p, cw);
   else detail::launch(delta_head_kernel<false>, grid, dim3(threads), smem, stream, p, cw);
-  detail::launch(gated_norm_kernel, dim3(p.tokens * p.Hv), dim3((p.dv + 31) / 32 * 32), 0, stream, p.out,
-                 static_cast<const float*>(p.z), p.norm_w, p.dv, p.eps);
+  launch_gated_norm(p, p.tokens, stream);
 }
 
 }  // namespace

@@ -64,8 +64,8 @@ synth_once() {  # the synthetic 35B, written by the first step that needs it
   [ -f $model/config.json ] || step synth 150 "$tandem" synth --preset qwen3.5-35b-a3b --quant gptq-int4 --routing-skew 1 --out $model
 }
 
-yaml() {  # file budget extra-lines
-  printf 'gpu:\n  memory: %s\n  reserve: 512MiB\ncontext: 4224\n%s\n' "$2" "$3" > "$1"
+yaml() {  # file budget extra-lines (an 8GiB budget: every routed expert on the CPU)
+  printf 'gpu:\n  memory: %s\n  reserve: 512MiB\ncontext: 4224\n%s\n%s\n' "$2" "$([ "$2" = 8GiB ] && echo 'cpu_experts: all')" "${3:-}" > "$1"
 }
 
 for s in $STEPS; do
@@ -80,12 +80,8 @@ for s in $STEPS; do
     dense)
       synth_once
       for p in $PLACEMENTS; do
-        extra=""
-        [ "$p" = 8GiB ] && extra="cpu_experts: all"
         for f in ${FORMATS:-bf16 int8 int8-lm_head fp8}; do
-          dense="dense: {format: ${f%%-*}$([ "$f" = int8-lm_head ] && echo ', lm_head: int8')}"
-          yaml "$res/$p-$f.yaml" "$p" "$extra
-$dense"
+          yaml "$res/$p-$f.yaml" "$p" "dense: {format: ${f%%-*}$([ "$f" = int8-lm_head ] && echo ', lm_head: int8')}"
           "$tandem" plan --model $model --config "$res/$p-$f.yaml" --no-measure > "$res/plan-$p-$f.txt" 2>&1
           step "dense-$p-$f" 100 "$tandem" bench --model $model --device hybrid --config "$res/$p-$f.yaml" --prompt-len 4096 --gen 64 --repeat 3 --json
           brief "dense-$p-$f"
@@ -106,10 +102,7 @@ experts: {gpu_format: $e}"
     hdraft)
       synth_once
       for p in $PLACEMENTS; do
-        extra=""
-        [ "$p" = 8GiB ] && extra="cpu_experts: all"
-        yaml "$res/hdraft-$p.yaml" "$p" "$extra
-speculative: {draft: 4, lm_head: int8}"
+        yaml "$res/hdraft-$p.yaml" "$p" "speculative: {draft: 4, lm_head: int8}"
         "$tandem" plan --model $model --config "$res/hdraft-$p.yaml" --no-measure > "$res/plan-hdraft-$p.txt" 2>&1
         step "hdraft-$p" 100 "$tandem" bench --model $model --device hybrid --config "$res/hdraft-$p.yaml" \
           --prompt-len 1024 --gen 16 --repeat 3 --verify-cost 1,2,3,4 --draft 4 --json
@@ -169,9 +162,7 @@ PY
     batch)
       synth_once
       for p in ${BPLACEMENTS:-12GiB 8GiB}; do
-        extra=""
-        [ "$p" = 8GiB ] && extra="cpu_experts: all"
-        printf 'gpu:\n  memory: %s\n  reserve: 512MiB\ncontext: 4224\n%s\n' "$p" "$extra" > "$res/batch-$p.yaml"
+        yaml "$res/batch-$p.yaml" "$p"
         place="--device hybrid --config $res/batch-$p.yaml"
         [ "$p" = gpu ] && place="--device gpu --gpu-mem 1000GiB --context 4224"
         step "batch-$p" 200 "$tandem" bench --model $model $place --prompt-len 4096 --gen 32 --repeat 2 \
