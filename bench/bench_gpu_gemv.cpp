@@ -353,7 +353,7 @@ struct MoeLayerBench {
     cudaMalloc(&out, T * H * 4);
     cudaMalloc(&x, T * H * 4);
     cudaMalloc(&xh, T * H * 2);
-    cudaMalloc(&h, T * k * I * 2);
+    cudaMalloc(&h, std::max<size_t>(T * k * I * 2, tandem::gpu::moe_int4_wide_workspace(T, k, H, I)));  // plain's h or wide's workspace
     cudaMemcpy(dexp, experts.data(), E * sizeof(tandem::gpu::Int4Expert), cudaMemcpyHostToDevice);
     cudaMemcpy(dids, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice);
     cudaMemcpy(dw, w.data(), w.size() * 4, cudaMemcpyHostToDevice);

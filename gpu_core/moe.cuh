@@ -29,7 +29,7 @@ struct Int4Expert {
 
 // Two kernels compute it. moe_int4_decode_wide (gpu_core/moe_int4_wide.cu) where the shapes fit it
 // (Qwen3.5's do); moe_int4_decode (gpu_core/moe_int4.cu) for every other shape (the small test
-// fixtures': H 48, groups of 16).
+// fixtures': H 48, groups of 16) and for act-order experts.
 //
 // moe_int4_decode: one 4-byte code word a lane at a time. experts: device array [num_experts]; ids
 // int32 [T*k]; weights fp32 [T*k]; x_half fp16 [T, H] (gather_x_half); h_scratch fp16 [T*k, I]; out
@@ -38,18 +38,18 @@ cudaError_t moe_int4_decode(const Int4Expert* experts, int64_t H, int64_t I, int
                             const float* weights, int T, int k, const uint16_t* x_half, uint16_t* h_scratch, float* out,
                             cudaStream_t stream);
 
-// moe_int4_decode_wide: the same products with 16-byte weight loads: each lane takes whole
-// 32-input vectors (one quantisation group), every weight load of a block is issued before any is
-// used, and x is read as fp32 [T, H] directly (converted to fp16, and gathered in each matrix's input
-// order with act order, in registers: no gather_x_half launch). Per 8-input word the arithmetic of
-// moe_int4_decode; the words' fp32 sums are added in another order (which can flip the fp16
-// rounding of an h value), and a down row's experts in four partial sums: ~1e-5 apart. h_scratch holds
-// each h row chunk-major (moe_int4_wide.cu), for this kernel's own down pass only. Needs
-// moe_int4_decode_wide_fits (H and I multiples of 32, group_size 32 times a power of two, H <= 4096, I <= 2048, k <= 8);
-// returns cudaErrorInvalidValue otherwise.
-bool moe_int4_decode_wide_fits(int64_t H, int64_t I, int64_t group_size, int k);
+// moe_int4_decode_wide: the same sums from integer dot products, 16-byte weight loads. x fp32 [T, H]
+// and each (token, expert) pair's h are quantised per 32-input vector to two int8 parts (about 1.5e-5
+// of the vector's largest value; moe_int4_wide.cu), the codes' products with them summed exactly in
+// int32 (dp4a), scaled in fp32: within ~5e-5 of the exact layer (moe_int4_decode's fp16 activations:
+// ~7e-4). A token's arithmetic does not depend on T or on the other tokens. Three launches (x
+// quantised; gate/up with h quantised; down). workspace: moe_int4_wide_workspace(T, k, H, I) bytes
+// (workspace_sizes.h). Needs moe_int4_decode_wide_fits (no act order; H and I multiples of 32,
+// group_size 32 times a power of two, H <= 4096, I <= 2048, k <= 8); returns cudaErrorInvalidValue
+// otherwise. sm_80+ (warp reductions).
+bool moe_int4_decode_wide_fits(int64_t H, int64_t I, int64_t group_size, int k, bool act_order);
 cudaError_t moe_int4_decode_wide(const Int4Expert* experts, int64_t H, int64_t I, int64_t group_size, const int32_t* ids,
-                                 const float* weights, int T, int k, const float* x, uint16_t* h_scratch, float* out,
+                                 const float* weights, int T, int k, const float* x, void* workspace, float* out,
                                  cudaStream_t stream);
 
 // Prefill: the routed experts of n tokens grouped by expert, so each resident expert's weights are

@@ -1,5 +1,5 @@
-// gpu_core/moe_int4.cu: fused routed-expert SwiGLU for decode, the form for shapes moe_int4_decode_wide does
-// not take (see moe.cuh).
+// gpu_core/moe_int4.cu: fused routed-expert SwiGLU for decode, the form for the shapes and act-order
+// experts moe_int4_decode_wide does not take (see moe.cuh).
 #include "gpu_core/int4_row.cuh"
 #include "gpu_core/moe.cuh"
 

@@ -1,15 +1,28 @@
-// gpu_core/moe_int4_wide.cu: decode MoE with 16-byte weight loads (moe_int4_decode_wide, see moe.cuh).
+// gpu_core/moe_int4_wide.cu: decode MoE from integer dot products over 16-byte weight loads
+// (moe_int4_decode_wide, see moe.cuh).
 //
-// Why this form: moe_int4_decode gives each lane one 4-byte code word at a time and re-reads the
-// activations for every row, so a layer's ~13 MB of expert weights took
-// 11 + 15 us on the H200 (~13% of bandwidth, latency- and issue-bound). Here each lane loads whole
-// 16-byte vectors (4 words, 32 inputs, one quantisation group), every weight load of a thread is
-// issued before any is used, and the fp32 input row is read directly (no separate fp16 gather launch).
+// Why this form: the fp16 form before it (each code word's 8 inputs as magic-number fp16 codes, the
+// zero point subtracted, fp16 products converted to fp32: ~16 instructions a word) was issue-bound at
+// several tokens: 62 us a layer at 8 tokens on the H100 against 31.5 us of bytes. Here the
+// activations are quantised per 32-input vector to two int8 parts, x ~ sx (hi + lo / 254) with
+// sx = max |x| / 127 (about 1.5e-5 of the vector's largest value: finer than fp16's 4.9e-4 of each
+// value), and a word's 8 products are 4 dp4a on its nibbles masked in place (int4_layout.h's nibble
+// order makes a word's low nibbles the inputs (0, 4, 1, 5) and its high nibbles 16 x (2, 6, 3, 7)):
+// 6 instructions a word, the integer sums exact. Per vector,
+//   sum (q - z)(254 hi + lo) = 254 sum q hi + sum q lo - z S,  S = sum (254 hi + lo),
+// S stored with the vector's scale, then one conversion and the two scales. Measured against the fp16
+// form on the H100 (bench/results/2026-12-06-stop48-h100.md): 13.5 against 13.6 us at 1 token, 47.7
+// against 61.9 at 8; 4e-5 from the exact layer against 6.7e-4.
+//
+// Three launches: x quantised (a warp a vector); gate/up, each warp four rows of one (token, expert)
+// pair so that a block's 32 rows are one vector of h, quantised in the block; down, a half-warp a
+// row's share of the token's experts. Every weight load of a thread is issued before any is used.
 #include <type_traits>
 
 #include "gpu_core/int4_row.cuh"
 #include "gpu_core/moe.cuh"
 #include "gpu_core/pdl.cuh"
+#include "gpu_core/workspace_sizes.h"
 
 namespace tandem::gpu {
 
@@ -17,59 +30,105 @@ namespace {
 
 using namespace detail;
 
-// The H200 profile (ncu) put both kernels at ~14 cycles between a warp's instructions with 4-16 warps
-// an SM: issue-bound on the dequantising arithmetic, not on bytes. So the work is spread thin: a
-// gate/up warp takes one row pair (4096 warps at the 35B shape), and a down half-warp one row for two
-// of the token's experts (the row's k experts over 4 half-warps of the block, summed in shared memory).
-constexpr int kWarps = 8;       // gate/up: warps per block
-constexpr int kRowsUp = 1;      // gate/up output rows per warp (each: one gate row and one up row)
-constexpr int kDownLanes = 16;  // lanes per down row
-constexpr int kDownRows = 4;    // down rows per block
-constexpr int kDownGroups = 4;  // half-warps per down row: group g takes the experts g, g + 4, ...
+constexpr int kWarps = 8;                      // gate/up: warps per block
+constexpr int kRowsUp = 4;                     // gate/up rows per warp (each: one gate row and one up row)
+constexpr int kBlockRows = kWarps * kRowsUp;   // a gate/up block's rows: one 32-input vector of h
+constexpr int kDownLanes = 16;                 // lanes per down row
+constexpr int kDownRows = 4;                   // down rows per block
+constexpr int kDownGroups = 4;                 // half-warps per down row: group g takes the experts g, g + 4, ...
 constexpr int kDownThreads = kDownRows * kDownGroups * kDownLanes;
-constexpr int kMaxK = 8;        // experts per token
+constexpr int kMaxK = 8;                       // experts per token
 constexpr int kDownPer = kMaxK / kDownGroups;  // experts per half-warp
+constexpr int kQuantWarps = 8;                 // x quantisation: vectors per block
+constexpr float kLoSteps = 254.0f;             // lo = round((x / sx - hi) * 254), |lo| <= 127
+static_assert(kBlockRows == 32, "a gate/up block's rows are one quantisation vector of h");
+
+// A quantised vector's scale, sx / (254 * 16) (the 16: high nibbles are summed in place), and S.
+struct VecScale {
+  float scale;
+  int32_t sum;
+};
+static_assert(sizeof(VecScale) == kWideVectorBytes, "workspace_sizes.h counts 8 bytes a vector");
+
+// A quantised row of n inputs (nvec = n / 32 vectors) is chunk-major: per 8-input chunk c of vector v,
+// 16 bytes at (c * nvec + v) * 16: {hi of inputs (0, 4, 1, 5), hi of (2, 6, 3, 7), lo of (0, 4, 1, 5),
+// lo of (2, 6, 3, 7)}, so a warp's lanes (consecutive vectors) read 512 contiguous bytes. Input j of a
+// chunk sits at byte 4 ((j >> 1) & 1) + (((j & 1) << 1) | (j >> 2)) of its hi (and lo) word pair.
+__device__ __forceinline__ int chunk_byte(int j) { return ((j >> 1) & 1) * 4 + (((j & 1) << 1) | (j >> 2)); }
+
+// One warp quantises vector v of a row (lane i: input 32 v + i, value x) into q (the row's chunk-major
+// bytes, nvec vectors) and vs[v].
+__device__ __forceinline__ void quantise_vector(float x, int v, int nvec, uint8_t* q, VecScale* vs) {
+  const int lane = threadIdx.x & 31;
+  const float amax = __uint_as_float(__reduce_max_sync(0xffffffffu, __float_as_uint(fabsf(x))));
+  const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+  const float xq = x * inv;
+  const float hf = rintf(xq);
+  const int hi = static_cast<int>(hf), lo = static_cast<int>(rintf((xq - hf) * kLoSteps));
+  const int S = __reduce_add_sync(0xffffffffu, 254 * hi + lo);
+  uint8_t* chunk = q + (static_cast<int64_t>(lane >> 3) * nvec + v) * 16;
+  const int b = chunk_byte(lane & 7);
+  chunk[b] = static_cast<uint8_t>(static_cast<int8_t>(hi));
+  chunk[8 + b] = static_cast<uint8_t>(static_cast<int8_t>(lo));
+  if (lane == 0) vs[v] = {amax / (127.0f * kLoSteps * 16.0f), S};
+}
+
+__device__ __forceinline__ int dp4a_us(uint32_t a, uint32_t b, int c) {  // c + a's unsigned bytes . b's signed bytes
+  int d;
+  asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+
+// sum over a vector's 32 inputs of (q - z) x, in units of its VecScale: w its 4 code words, xq[c]
+// chunk c's 16 bytes, z16 = 16 z. Bounds: |t| < 2^29 (codes < 16, |hi|, |lo| <= 127, z <= 16).
+__device__ __forceinline__ float vec_dot(const uint4& w, const uint4 (&xq)[4], int z16, VecScale vs) {
+  const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+  int lh = 0, hh = 0, ll = 0, hl = 0;
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    const uint32_t lo_n = words[c] & 0x0F0F0F0Fu, hi_n = words[c] & 0xF0F0F0F0u;  // q (0, 4, 1, 5); 16 q (2, 6, 3, 7)
+    lh = dp4a_us(lo_n, xq[c].x, lh);
+    hh = dp4a_us(hi_n, xq[c].y, hh);
+    ll = dp4a_us(lo_n, xq[c].z, ll);
+    hl = dp4a_us(hi_n, xq[c].w, hl);
+  }
+  const int t = 254 * (16 * lh + hh) + (16 * ll + hl) - z16 * vs.sum;
+  return static_cast<float>(t) * vs.scale;
+}
+
+// Vector v's 4 chunks of a quantised row (nvec vectors), through L1 (activations are shared by blocks).
+__device__ __forceinline__ void load_vector(const uint8_t* __restrict__ row, int64_t v, int64_t nvec, uint4 (&xv)[4]) {
+#pragma unroll
+  for (int c = 0; c < 4; ++c) xv[c] = __ldg(reinterpret_cast<const uint4*>(row + (c * nvec + v) * 16));
+}
 
 __device__ __forceinline__ uint4 zero4() { return make_uint4(0u, 0u, 0u, 0u); }
 
-// Activations (x in shared memory, h in global memory) are kept chunk-major: the 8-input chunk c of
-// vector v (inputs 32 v + 8 c ... + 7) at chunk c * nvec + v. A lane takes whole vectors and the
-// lanes of a warp consecutive ones, so each of its four 16-byte chunk loads is contiguous across
-// the lanes (row-major, lanes 64 B apart: four times the shared-memory wavefronts and L1 sectors).
-__device__ __forceinline__ int64_t chunk_pos(int64_t e, int64_t nvec) { return (((e & 31) >> 3) * nvec + (e >> 5)) * 8 + (e & 7); }
-
-// sum over the vector's 32 inputs of (q - z) * x: word_dot per 8-input word, the words' sums added in
-// fp32 (the caller scales by the group's scale).
-__device__ __forceinline__ float vec_dot(const uint4& w, const __half2 (&xv)[16], __half2 z) {
-  const uint32_t words[4] = {w.x, w.y, w.z, w.w};
-  float acc = 0.0f;
-#pragma unroll
-  for (int m = 0; m < 4; ++m) acc += word_dot_h2(words[m], xv + 4 * m, z);
-  return acc;
+// x fp32 [T, H] -> quantised rows; block (vector block, token), a warp a vector.
+__global__ void __launch_bounds__(kQuantWarps * 32) quantise_x_kernel(const float* __restrict__ x, int64_t H, uint8_t* __restrict__ xq,
+                                                                      VecScale* __restrict__ xs) {
+  pdl_enter();  // x is the kernel before's output; a few blocks: let gate/up launch
+  const int64_t nvec = H / 32, t = blockIdx.y, v = static_cast<int64_t>(blockIdx.x) * kQuantWarps + (threadIdx.x >> 5);
+  if (v >= nvec) return;  // uniform per warp
+  quantise_vector(x[t * H + 32 * v + (threadIdx.x & 31)], static_cast<int>(v), static_cast<int>(nvec), xq + t * H * 2, xs + t * nvec);
 }
 
-// Both kernels issue their weight loads (codes, scales, zero points) in one phase after the one
-// dependent read of the expert table, then read the activations (gate/up: staged by the block; down:
-// h in place, L1-cached) and compute: a chain of load -> use -> load phases, each a full memory
-// latency, bounded an earlier form. Act-order experts gather x / h in their input order.
-
-// gate/up: block (row block, pair p); warp w computes row r0 of gate and of up for pair p. Lane l
-// takes vectors l + 32 i (i < NV) of each row: 16 B a lane, 512 B a warp per load. The block converts
-// the token's x to fp16 once, into shared memory in gate's input order (and up's, with act order),
-// while its weight loads are in flight: a warp each converting the whole row was most of the
-// kernel's L1 traffic and instructions.
+// gate/up: block (row block, pair p), its 32 rows r0 .. r0 + 31 of gate and up; warp w the rows
+// r0 + 4 w .. + 3; lane l the vectors l + 32 i (i < NV) of each. h = silu(gate x) * up x of the 32 rows
+// is one vector of pair p's h, quantised by the block's first warp.
 template <int NV>
 __global__ void __launch_bounds__(kWarps * 32)
     wide_gate_up_kernel(const Int4Expert* __restrict__ experts, int64_t H, int64_t I, const int32_t* __restrict__ ids, int k,
-                        const float* __restrict__ x, __half* __restrict__ h, int gshift) {
-  extern __shared__ __align__(16) __half2 xs2[];  // [H / 2] in gate's input order, then [H / 2] in up's (act order)
+                        const uint8_t* __restrict__ xq, const VecScale* __restrict__ xs, uint8_t* __restrict__ hq,
+                        VecScale* __restrict__ hs, int gshift) {
+  __shared__ float hb[kBlockRows];
   const int G = static_cast<int>(H >> 5) >> gshift;
-  const int bx = blockIdx.x, p = blockIdx.y, t = p / k, lane = threadIdx.x & 31;
+  const int p = blockIdx.y, t = p / k, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   pdl_wait();  // every weight address depends on the router's ids
   const Int4Expert* ex = experts + ids[p];
   const Int4View gate = ex->gate, up = ex->up;
   if (!gate.qweight) return;  // not resident on the GPU (hybrid); uniform per block
-  const int64_t r0 = (static_cast<int64_t>(bx) * kWarps + (threadIdx.x >> 5)) * kRowsUp, nvec = H / 32;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kBlockRows + warp * kRowsUp, nvec = H / 32;
   const uint4* qg = reinterpret_cast<const uint4*>(gate.qweight);
   const uint4* qu = reinterpret_cast<const uint4*>(up.qweight);
   uint4 wg[kRowsUp][NV], wu[kRowsUp][NV];
@@ -79,74 +138,40 @@ __global__ void __launch_bounds__(kWarps * 32)
   for (int r = 0; r < kRowsUp; ++r)
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
-      const int64_t v = lane + 32 * i;
-      const bool ok = r0 + r < I && v < nvec;
-      const int64_t gi = (r0 + r) * G + (static_cast<int>(v) >> gshift);
-      wg[r][i] = ok ? load_stream(qg + (r0 + r) * nvec + v) : zero4();
-      wu[r][i] = ok ? load_stream(qu + (r0 + r) * nvec + v) : zero4();
+      const int64_t v = lane + 32 * i, row = r0 + r;
+      const bool ok = v < nvec;
+      const int64_t gi = row * G + (static_cast<int>(v) >> gshift);
+      wg[r][i] = ok ? load_stream(qg + row * nvec + v) : zero4();
+      wu[r][i] = ok ? load_stream(qu + row * nvec + v) : zero4();
       sg[r][i] = ok ? __ldg(gate.scales + gi) : uint16_t{0};
       su[r][i] = ok ? __ldg(up.scales + gi) : uint16_t{0};
       zg[r][i] = ok ? __ldg(gate.zeros + gi) : uint8_t{0};
       zu[r][i] = ok ? __ldg(up.zeros + gi) : uint8_t{0};
     }
-  // x as fp16 pairs in each matrix's input order (rounded as pairs, __floats2half2_rn), while the weights load
-  const float* xt = x + t * H;
-  const bool own_up = up.perm != gate.perm;
-  auto pair = [&](const int32_t* perm, int64_t i) {  // inputs 2i, 2i + 1 of a matrix's input order
-    const int64_t a = perm ? perm[2 * i] : 2 * i, b = perm ? perm[2 * i + 1] : 2 * i + 1;
-    return __floats2half2_rn(__ldg(xt + a), __ldg(xt + b));
-  };
-  for (int64_t i = threadIdx.x; i < H / 2; i += blockDim.x) {
-    const int64_t at = chunk_pos(2 * i, nvec) / 2;
-    xs2[at] = pair(gate.perm, i);
-    if (own_up) xs2[H / 2 + at] = pair(up.perm, i);
-  }
-  __syncthreads();
-  auto x32 = [&](int64_t base, int64_t v, __half2(&xv)[16]) {  // the 32 inputs of vector v from shared memory
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      const uint4 qq = *reinterpret_cast<const uint4*>(xs2 + base + 4 * (c * nvec + v));
-      memcpy(&xv[4 * c], &qq, 16);
-    }
-  };
+  const uint8_t* xt = xq + static_cast<int64_t>(t) * H * 2;
   float g[kRowsUp] = {}, u[kRowsUp] = {};
 #pragma unroll
   for (int i = 0; i < NV; ++i) {
     const int64_t v = lane + 32 * i;
     if (v >= nvec) break;
-    __half2 xv[16];
-    x32(0, v, xv);
+    uint4 xv[4];
+    load_vector(xt, v, nvec, xv);
+    const VecScale s = xs[t * nvec + v];
 #pragma unroll
-    for (int r = 0; r < kRowsUp; ++r)
-      if (r0 + r < I) g[r] += __half2float(__ushort_as_half(sg[r][i])) * vec_dot(wg[r][i], xv, zero_1024(zg[r][i]));
-    if (own_up) x32(H / 2, v, xv);  // act order: up's own input order
-#pragma unroll
-    for (int r = 0; r < kRowsUp; ++r)
-      if (r0 + r < I) u[r] += __half2float(__ushort_as_half(su[r][i])) * vec_dot(wu[r][i], xv, zero_1024(zu[r][i]));
+    for (int r = 0; r < kRowsUp; ++r) {
+      g[r] += __half2float(__ushort_as_half(sg[r][i])) * vec_dot(wg[r][i], xv, 16 * zg[r][i], s);
+      u[r] += __half2float(__ushort_as_half(su[r][i])) * vec_dot(wu[r][i], xv, 16 * zu[r][i], s);
+    }
   }
   pdl_launch_next();  // past its loads (pdl.cuh; see gemv_bf16.cu's row_dot)
 #pragma unroll
   for (int r = 0; r < kRowsUp; ++r) {
     const float gs = group_sum<32>(g[r]), us = group_sum<32>(u[r]);
-    if (lane == r && r0 + r < I) h[p * I + chunk_pos(r0 + r, I / 32)] = __float2half_rn(gs / (1.0f + __expf(-gs)) * us);
+    if (lane == 0) hb[warp * kRowsUp + r] = gs / (1.0f + __expf(-gs)) * us;
   }
-}
-
-// The 32 h values [32 v, 32 v + 32) of row hr (fp16, chunk-major, nvec vectors) in the input order of its
-// expert (perm: act order).
-__device__ __forceinline__ void load_h32(const __half* __restrict__ hr, const int32_t* __restrict__ perm, int64_t v, int64_t nvec,
-                                         __half2 (&hv)[16]) {
-  if (!perm) {
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      const uint4 qq = __ldg(reinterpret_cast<const uint4*>(hr + 8 * (c * nvec + v)));
-      memcpy(&hv[4 * c], &qq, 16);
-    }
-  } else {
-    const int32_t* q = perm + 32 * v;
-#pragma unroll
-    for (int i = 0; i < 16; ++i) hv[i] = __halves2half2(hr[chunk_pos(__ldg(q + 2 * i), nvec)], hr[chunk_pos(__ldg(q + 2 * i + 1), nvec)]);
-  }
+  __syncthreads();
+  const int nh = static_cast<int>(I / 32);
+  if (warp == 0) quantise_vector(hb[lane], blockIdx.x, nh, hq + static_cast<int64_t>(p) * I * 2, hs + static_cast<int64_t>(p) * nh);
 }
 
 // down: block (row block, token t) of kDownRows rows; half-warp (r, g) computes row r's share of the
@@ -155,13 +180,13 @@ __device__ __forceinline__ void load_h32(const __half* __restrict__ hr, const in
 template <int NV>
 __global__ void __launch_bounds__(kDownThreads)
     wide_down_kernel(const Int4Expert* __restrict__ experts, int64_t H, int64_t I, const int32_t* __restrict__ ids,
-                     const float* __restrict__ weights, int k, const __half* __restrict__ h, float* __restrict__ out, int gshift) {
+                     const float* __restrict__ weights, int k, const uint8_t* __restrict__ hq, const VecScale* __restrict__ hs,
+                     float* __restrict__ out, int gshift) {
   __shared__ float share[kDownGroups][kDownRows];
   const int G = static_cast<int>(I >> 5) >> gshift;
   const int t = blockIdx.y, hw = threadIdx.x / kDownLanes, l = threadIdx.x % kDownLanes;
   const int r = hw % kDownRows, g = hw / kDownRows;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kDownRows + r, nvec = I / 32;
-  const bool valid = row < H;
   pdl_wait();
   const Int4View* d[kDownPer];
   const uint32_t* q[kDownPer];  // null: no such expert, or not resident (hybrid)
@@ -178,7 +203,7 @@ __global__ void __launch_bounds__(kDownThreads)
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
       const int64_t v = l + kDownLanes * i;
-      const bool ok = q[m] && valid && v < nvec;
+      const bool ok = q[m] && v < nvec;
       const int64_t gi = row * G + (static_cast<int>(v) >> gshift);
       wd[m][i] = ok ? load_stream(reinterpret_cast<const uint4*>(q[m]) + row * nvec + v) : zero4();
       sd[m][i] = ok ? __ldg(d[m]->scales + gi) : uint16_t{0};
@@ -188,16 +213,16 @@ __global__ void __launch_bounds__(kDownThreads)
   float acc = 0.0f;
 #pragma unroll
   for (int m = 0; m < kDownPer; ++m) {
-    if (!q[m] || !valid) continue;
-    const __half* hr = h + (static_cast<int64_t>(t) * k + g + kDownGroups * m) * I;
+    if (!q[m]) continue;
+    const int64_t p = static_cast<int64_t>(t) * k + g + kDownGroups * m;
     float a = 0.0f;
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
       const int64_t v = l + kDownLanes * i;
       if (v >= nvec) break;
-      __half2 hv[16];
-      load_h32(hr, d[m]->perm, v, nvec, hv);
-      a += __half2float(__ushort_as_half(sd[m][i])) * vec_dot(wd[m][i], hv, zero_1024(zd[m][i]));
+      uint4 hv[4];
+      load_vector(hq + p * I * 2, v, nvec, hv);
+      a += __half2float(__ushort_as_half(sd[m][i])) * vec_dot(wd[m][i], hv, 16 * zd[m][i], hs[p * nvec + v]);
     }
     acc += rw[m] * a;
   }
@@ -206,17 +231,12 @@ __global__ void __launch_bounds__(kDownThreads)
   if (l == 0) share[g][r] = acc;
   __syncthreads();
   if (threadIdx.x < kDownRows) {
-    const int64_t orow = static_cast<int64_t>(blockIdx.x) * kDownRows + threadIdx.x;
     float sum = share[0][threadIdx.x];
 #pragma unroll
     for (int q = 1; q < kDownGroups; ++q) sum += share[q][threadIdx.x];
-    if (orow < H) out[t * H + orow] = sum;
+    out[t * H + static_cast<int64_t>(blockIdx.x) * kDownRows + threadIdx.x] = sum;
   }
 }
-
-// Row blocks of one pair's gate/up rows, and of one token's down rows.
-int gate_up_blocks(int64_t I) { return static_cast<int>((I + kWarps * kRowsUp - 1) / (kWarps * kRowsUp)); }
-int down_blocks(int64_t H) { return static_cast<int>((H + kDownRows - 1) / kDownRows); }
 
 int vectors_per_lane(int64_t K, int lanes) { return static_cast<int>((K / 32 + lanes - 1) / lanes); }
 
@@ -238,26 +258,33 @@ int group_shift(int64_t group_size) {
 
 }  // namespace
 
-bool moe_int4_decode_wide_fits(int64_t H, int64_t I, int64_t group_size, int k) {
-  return k >= 1 && k <= kMaxK && H >= 32 && I >= 32 && H % 32 == 0 && I % 32 == 0 && group_shift(group_size) >= 0 &&
-         H % group_size == 0 && I % group_size == 0 && vectors_per_lane(H, 32) <= 4 &&
-         vectors_per_lane(I, kDownLanes) <= 4;
+bool moe_int4_decode_wide_fits(int64_t H, int64_t I, int64_t group_size, int k, bool act_order) {
+  return !act_order && k >= 1 && k <= kMaxK && H >= 32 && I >= 32 && H % 32 == 0 && I % 32 == 0 && group_shift(group_size) >= 0 &&
+         H % group_size == 0 && I % group_size == 0 && vectors_per_lane(H, 32) <= 4 && vectors_per_lane(I, kDownLanes) <= 4;
 }
 
 cudaError_t moe_int4_decode_wide(const Int4Expert* experts, int64_t H, int64_t I, int64_t group_size, const int32_t* ids,
-                                 const float* weights, int T, int k, const float* x, uint16_t* h_scratch, float* out,
-                                 cudaStream_t stream) {
-  if (T < 1 || T > kMaxGemvTokens || !moe_int4_decode_wide_fits(H, I, group_size, k)) return cudaErrorInvalidValue;
-  auto* h = reinterpret_cast<__half*>(h_scratch);
+                                 const float* weights, int T, int k, const float* x, void* workspace, float* out, cudaStream_t stream) {
+  if (T < 1 || T > kMaxGemvTokens || !moe_int4_decode_wide_fits(H, I, group_size, k, false)) return cudaErrorInvalidValue;
+  const WideMoeLayout lay = wide_moe_layout(T, k, H, I);
+  auto* base = static_cast<uint8_t*>(workspace);
+  auto* xq = base + lay.xq;
+  auto* xs = reinterpret_cast<VecScale*>(base + lay.xs);
+  auto* hq = base + lay.hq;
+  auto* hs = reinterpret_cast<VecScale*>(base + lay.hs);
   const int gs = group_shift(group_size);
-  const dim3 up_grid(static_cast<unsigned>(gate_up_blocks(I)), static_cast<unsigned>(T * k));
-  const cudaError_t err = with_vectors(vectors_per_lane(H, 32), [&](auto nv) {
-    return launch(wide_gate_up_kernel<nv.value>, up_grid, dim3(kWarps * 32), 2 * H * sizeof(__half), stream, experts, H, I, ids, k, x, h, gs);
+  const int nvx = static_cast<int>(H / 32);
+  cudaError_t err = launch(quantise_x_kernel, dim3(static_cast<unsigned>((nvx + kQuantWarps - 1) / kQuantWarps), static_cast<unsigned>(T)),
+                           dim3(kQuantWarps * 32), 0, stream, x, H, xq, xs);
+  if (err != cudaSuccess) return err;
+  const dim3 up_grid(static_cast<unsigned>(I / kBlockRows), static_cast<unsigned>(T * k));
+  err = with_vectors(vectors_per_lane(H, 32), [&](auto nv) {
+    return launch(wide_gate_up_kernel<nv.value>, up_grid, dim3(kWarps * 32), 0, stream, experts, H, I, ids, k, xq, xs, hq, hs, gs);
   });
   if (err != cudaSuccess) return err;
-  const dim3 down_grid(static_cast<unsigned>(down_blocks(H)), static_cast<unsigned>(T));
+  const dim3 down_grid(static_cast<unsigned>(H / kDownRows), static_cast<unsigned>(T));
   return with_vectors(vectors_per_lane(I, kDownLanes), [&](auto nv) {
-    return launch(wide_down_kernel<nv.value>, down_grid, dim3(kDownThreads), 0, stream, experts, H, I, ids, weights, k, h, out, gs);
+    return launch(wide_down_kernel<nv.value>, down_grid, dim3(kDownThreads), 0, stream, experts, H, I, ids, weights, k, hq, hs, out, gs);
   });
 }
 

@@ -20,6 +20,16 @@ inline constexpr int kTopKBlocks = 64;
 inline constexpr size_t kTopKWorkspaceBytes = size_t(kTopKBlocks) * kMaxTopK * 8;
 inline constexpr size_t kPenaltyBytes = 12;
 
+// A workspace's pieces one after another, each 256-byte aligned.
+struct Carver {
+  uint64_t off = 0;
+  uint64_t take(uint64_t bytes) {
+    const uint64_t at = off;
+    off += (bytes + 255) / 256 * 256;
+    return at;
+  }
+};
+
 // moe_int4_grouped_tc's workspace for P = n * k (token, expert) pairs, its pieces 256-byte aligned in
 // this order: the pairs' order and positions, two counts, the work items (expert, first pair, pairs;
 // at most ceil(P / kGroupedItem) + E of them, 16 bytes each), the gathered inputs for gate and up
@@ -32,25 +42,43 @@ struct GroupedMoeLayout {
 inline int64_t grouped_moe_max_items(int64_t P, int E) { return (P + kGroupedItem - 1) / kGroupedItem + E; }
 inline GroupedMoeLayout grouped_moe_layout(int64_t P, int64_t H, int64_t I, int E) {
   GroupedMoeLayout g;
-  uint64_t off = 0;
-  auto take = [&](uint64_t& at, uint64_t b) {
-    at = off;
-    off += (b + 255) / 256 * 256;
-  };
+  Carver c;
   const uint64_t p = static_cast<uint64_t>(P);
-  take(g.order, p * 4);
-  take(g.pos_of, p * 4);
-  take(g.counts, 2 * 4);
-  take(g.items, static_cast<uint64_t>(grouped_moe_max_items(P, E)) * 16);
-  take(g.xg, p * static_cast<uint64_t>(H) * 2);
-  take(g.xu, p * static_cast<uint64_t>(H) * 2);
-  take(g.h, p * static_cast<uint64_t>(I) * 2);
-  take(g.y, p * static_cast<uint64_t>(H) * 4);
-  g.bytes = off;
+  g.order = c.take(p * 4);
+  g.pos_of = c.take(p * 4);
+  g.counts = c.take(2 * 4);
+  g.items = c.take(static_cast<uint64_t>(grouped_moe_max_items(P, E)) * 16);
+  g.xg = c.take(p * static_cast<uint64_t>(H) * 2);
+  g.xu = c.take(p * static_cast<uint64_t>(H) * 2);
+  g.h = c.take(p * static_cast<uint64_t>(I) * 2);
+  g.y = c.take(p * static_cast<uint64_t>(H) * 4);
+  g.bytes = c.off;
   return g;
 }
 inline size_t moe_int4_grouped_workspace(int64_t n, int k, int64_t H, int64_t I, int E) {
   return grouped_moe_layout(n * k, H, I, E).bytes;
 }
+
+// moe_int4_decode_wide's workspace for T tokens of k experts each: the tokens' x and the (token, expert)
+// pairs' h quantised (moe_int4_wide.cu: two int8 parts an input, chunk-major, and 8 bytes of scale and
+// sum a 32-input vector), its pieces 256-byte aligned in this order: x's parts [T, 2H], x's vectors
+// [T, H / 32], h's parts [T k, 2I], h's vectors [T k, I / 32].
+inline constexpr uint64_t kWideVectorBytes = 8;
+struct WideMoeLayout {
+  uint64_t xq = 0, xs = 0, hq = 0, hs = 0;  // byte offsets
+  uint64_t bytes = 0;
+};
+inline WideMoeLayout wide_moe_layout(int64_t T, int k, int64_t H, int64_t I) {
+  WideMoeLayout w;
+  Carver c;
+  const uint64_t t = static_cast<uint64_t>(T), p = t * static_cast<uint64_t>(k);
+  w.xq = c.take(t * static_cast<uint64_t>(H) * 2);
+  w.xs = c.take(t * static_cast<uint64_t>(H / 32) * kWideVectorBytes);
+  w.hq = c.take(p * static_cast<uint64_t>(I) * 2);
+  w.hs = c.take(p * static_cast<uint64_t>(I / 32) * kWideVectorBytes);
+  w.bytes = c.off;
+  return w;
+}
+inline size_t moe_int4_wide_workspace(int64_t T, int k, int64_t H, int64_t I) { return wide_moe_layout(T, k, H, I).bytes; }
 
 }  // namespace tandem::gpu

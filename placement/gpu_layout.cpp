@@ -55,7 +55,12 @@ GpuWorkspace gpu_workspace(const ModelConfig& c, const WorkShape& s) {
   f32(Work::qg, slice4(nh2) + 2 * slice4(kvd));
   f32(Work::q_rot, nh * hd), f32(Work::attn_part, nh * gpu::attention_decode_splits(s.context) * (hd + 2)), f32(Work::attn_out, nh * hd);
   f32(Work::router, slice4(E) + 2 * slice4(Is) + slice4(1));
-  f32(Work::moe_out, H), f32(Work::hscratch, I * k), f32(Work::sd, H), f32(Work::logits, V);
+  f32(Work::moe_out, H), f32(Work::sd, H), f32(Work::logits, V);
+  // the decode MoE's scratch: fp16 or fp32 h (moe_int4_decode, moe_bf16_decode), moe_int4_decode_wide's workspace
+  auto moe_scratch = [&](int64_t n) {
+    return std::max<uint64_t>(static_cast<uint64_t>(n * k * I) * 4, gpu::moe_int4_wide_workspace(std::min<int64_t>(n, gpu::kMaxGemvTokens), static_cast<int>(k), H, I));
+  };
+  set(Work::hscratch, moe_scratch(1));
   set(Work::xh, static_cast<uint64_t>(wide) * 2);
   set(Work::ids, 4), set(Work::topk_ids, static_cast<uint64_t>(k) * 4), f32(Work::topk_w, k), set(Work::route_ticket, 4), set(Work::pos, 16);  // pos: position, slot, the group table {0, 1}
   f32(Work::cpu_out, H);  // the host experts' sum (hybrid)
@@ -72,7 +77,7 @@ GpuWorkspace gpu_workspace(const ModelConfig& c, const WorkShape& s) {
     f32(Work::p_k, n * kvd), f32(Work::p_v, n * kvd), f32(Work::p_attn, n * nh * hd), f32(Work::p_router, n * E), f32(Work::p_moe, n * H);
     f32(Work::p_sg, n * Is), f32(Work::p_su, n * Is), f32(Work::p_sd, n * H), f32(Work::p_sgate, n), f32(Work::p_topk_w, n * k);
     f32(Work::p_cpu, n * H);
-    set(Work::p_hs, static_cast<uint64_t>(n * k * I * 2) * 2);  // fp16 (int4 experts) or fp32 (bf16 experts) h
+    set(Work::p_hs, moe_scratch(n));
     set(Work::p_split, static_cast<uint64_t>(2 * n * widest_k) * 2);
     set(Work::p_xh, static_cast<uint64_t>(n * wide) * 2);
     set(Work::p_ids, static_cast<uint64_t>(n) * 4), set(Work::p_pos, static_cast<uint64_t>(n) * 4);

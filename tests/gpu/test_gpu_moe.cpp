@@ -1,6 +1,8 @@
 // The fused decode MoE (gpu_core/moe.cuh) against the runtime's definition: for each token,
 // sum over its k experts of weight * down(silu(gate x) * up x), from exactly dequantised weights in
-// double. Bound 5e-3: fp16 activations and fp16 h on top of the gemv_int4 arithmetic.
+// double. Bound 5e-3 for moe_int4_decode (fp16 activations and fp16 h on top of the gemv_int4
+// arithmetic), 2e-4 for moe_int4_decode_wide (activations quantised to two int8 parts, integer sums).
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <numeric>
@@ -115,12 +117,13 @@ TEST_P(GpuMoeInt4, MatchesReference) {
   CUDA_OK(cudaDeviceSynchronize());
   const auto got = dout.to_host();
   EXPECT_LT(test::rel_l2(std::vector<double>(got.begin(), got.end()), want), 5e-3) << "seed " << test::test_seed();
-  // The wide kernel (fp32 x read directly): the same per-word arithmetic, word sums in another order;
-  // the fp32 differences (~1e-7) flip the fp16 rounding of a few h values (2^-11 each): 1e-4 apart.
-  const bool fits = gpu::moe_int4_decode_wide_fits(c.H, c.I, c.gs, c.k);
-  EXPECT_EQ(fits, c.H % 32 == 0 && c.I % 32 == 0 && c.gs % 32 == 0) << c.H << " x " << c.I << " group " << c.gs;
+  // The wide kernel: activations quantised per 32-input vector to two int8 parts (~1.5e-5 of the
+  // vector's largest value), exact integer products: within 2e-4 of the exact layer (measured ~5e-5).
+  const bool fits = gpu::moe_int4_decode_wide_fits(c.H, c.I, c.gs, c.k, c.act_order);
+  EXPECT_EQ(fits, !c.act_order && c.H % 32 == 0 && c.I % 32 == 0 && c.gs % 32 == 0) << c.H << " x " << c.I << " group " << c.gs;
   test::DeviceBuffer<float> dwide(c.T * c.H);
-  const cudaError_t rc = gpu::moe_int4_decode_wide(dexp.ptr, c.H, c.I, c.gs, dids.ptr, dw.ptr, c.T, c.k, dx.ptr, dh.ptr, dwide.ptr, nullptr);
+  test::DeviceBuffer<uint8_t> ws(gpu::moe_int4_wide_workspace(c.T, c.k, c.H, c.I));
+  const cudaError_t rc = gpu::moe_int4_decode_wide(dexp.ptr, c.H, c.I, c.gs, dids.ptr, dw.ptr, c.T, c.k, dx.ptr, ws.ptr, dwide.ptr, nullptr);
   if (!fits) {
     EXPECT_EQ(rc, cudaErrorInvalidValue);
     return;
@@ -128,16 +131,24 @@ TEST_P(GpuMoeInt4, MatchesReference) {
   CUDA_OK(rc);
   CUDA_OK(cudaDeviceSynchronize());
   const auto wide = dwide.to_host();
-  const std::vector<double> wd(wide.begin(), wide.end());
-  EXPECT_LT(test::rel_l2(wd, want), 5e-3) << "wide variant, seed " << test::test_seed();
-  EXPECT_LT(test::rel_l2(wd, std::vector<double>(got.begin(), got.end())), 1e-4) << "wide variant, seed " << test::test_seed();
+  EXPECT_LT(test::rel_l2(std::vector<double>(wide.begin(), wide.end()), want), 2e-4) << "wide variant, seed " << test::test_seed();
+  // A token's arithmetic does not depend on the others in the launch (batched and verification steps
+  // rely on it): each token alone gives its row of the T-token launch bit for bit.
+  for (int t = 0; t < c.T; ++t) {
+    test::DeviceBuffer<float> one(c.H);
+    CUDA_OK(gpu::moe_int4_decode_wide(dexp.ptr, c.H, c.I, c.gs, dids.ptr + t * c.k, dw.ptr + t * c.k, 1, c.k, dx.ptr + t * c.H, ws.ptr,
+                                      one.ptr, nullptr));
+    CUDA_OK(cudaDeviceSynchronize());
+    const auto alone = one.to_host();
+    EXPECT_TRUE(std::equal(alone.begin(), alone.end(), wide.begin() + t * c.H)) << "token " << t << " of " << c.T;
+  }
 }
 
 // The wide kernel with some experts not resident (hybrid): they contribute nothing, the rest as usual.
 TEST(GpuMoeInt4Wide, SkipsNonResidentExperts) {
   TANDEM_REQUIRE_GPU();
-  for (const MoeCase c : {MoeCase{16, 8, 1, 2048, 512, 128}, MoeCase{16, 8, 3, 2048, 512, 128, true}}) {
-    ASSERT_TRUE(gpu::moe_int4_decode_wide_fits(c.H, c.I, c.gs, c.k));
+  for (const MoeCase c : {MoeCase{16, 8, 1, 2048, 512, 128}, MoeCase{16, 8, 3, 2048, 512, 128}}) {
+    ASSERT_TRUE(gpu::moe_int4_decode_wide_fits(c.H, c.I, c.gs, c.k, c.act_order));
     std::mt19937 rng(test::test_seed() + 3);
     const ExpertSet set(rng, c);
     const auto x = test::random_floats(rng, c.T * c.H);
@@ -151,11 +162,11 @@ TEST(GpuMoeInt4Wide, SkipsNonResidentExperts) {
     test::DeviceBuffer<gpu::Int4Expert> dexp(table);
     test::DeviceBuffer<int32_t> dids(ids);
     test::DeviceBuffer<float> dw(w), dx(x), dout(c.T * c.H);
-    test::DeviceBuffer<uint16_t> dh(c.T * c.k * c.I);
-    CUDA_OK(gpu::moe_int4_decode_wide(dexp.ptr, c.H, c.I, c.gs, dids.ptr, dw.ptr, c.T, c.k, dx.ptr, dh.ptr, dout.ptr, nullptr));
+    test::DeviceBuffer<uint8_t> ws(gpu::moe_int4_wide_workspace(c.T, c.k, c.H, c.I));
+    CUDA_OK(gpu::moe_int4_decode_wide(dexp.ptr, c.H, c.I, c.gs, dids.ptr, dw.ptr, c.T, c.k, dx.ptr, ws.ptr, dout.ptr, nullptr));
     CUDA_OK(cudaDeviceSynchronize());
     const auto got = dout.to_host();
-    EXPECT_LT(test::rel_l2(std::vector<double>(got.begin(), got.end()), want), 5e-3) << c.T << " tokens, seed " << test::test_seed();
+    EXPECT_LT(test::rel_l2(std::vector<double>(got.begin(), got.end()), want), 2e-4) << c.T << " tokens, seed " << test::test_seed();
   }
 }
 
@@ -209,9 +220,9 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GpuMoeInt4,
                                            MoeCase{10, 3, 3, 48, 48, 16},      // fixture-sized, small groups
                                            MoeCase{8, 2, 1, 256, 96, 32},
                                            MoeCase{10, 3, 2, 48, 48, 16, true},  // act-order experts (fixture)
-                                           MoeCase{16, 8, 1, 2048, 512, 128, true},
+                                           MoeCase{16, 8, 1, 2048, 512, 128, true},  // act order: the plain kernel only
                                            MoeCase{12, 8, 8, 2048, 512, 128},    // a block of 8 tokens
-                                           MoeCase{6, 2, 2, 4096, 2048, 64, true},   // the widest the wide kernel takes
+                                           MoeCase{6, 2, 2, 4096, 2048, 64},   // the widest the wide kernel takes
                                            MoeCase{10, 5, 3, 1088, 160, 32},     // odd vector counts: partial lanes
                                            MoeCase{8, 3, 1, 64, 64, 32}));       // gptq_sym_v1's shape
 

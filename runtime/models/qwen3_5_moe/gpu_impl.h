@@ -71,6 +71,7 @@ struct DevLayer {
   bool int4_experts = false;
   bool cpu_experts = false;  // some routed experts live in host memory (hybrid)
   int64_t expert_group = 0;
+  bool expert_act_order = false;  // some GPU expert carries an act-order permutation (moe_int4_decode_wide does not take it)
   gpu::Int4Expert* experts_i4 = nullptr;
   gpu::Bf16Expert* experts_bf16 = nullptr;
 };

@@ -36,10 +36,9 @@ void Qwen35MoeGpu::Impl::gpu_experts(const DevLayer& L, const float* x_dev, cons
     const float* x = x_dev + t * H;
     const int32_t* ids = ids_dev + t * k;
     const float* w = w_dev + t * k;
-    if (L.int4_experts && gpu::moe_int4_decode_wide_fits(H, I, L.expert_group, k)) {
-      auto* h16 = static_cast<uint16_t*>(hs);
-      CK(gpu::moe_int4_decode_wide(experts, H, I, L.expert_group, ids, w, T, k, x, h16, out + t * H, stream));
-    } else if (L.int4_experts) {  // shapes the wide kernel does not take
+    if (L.int4_experts && gpu::moe_int4_decode_wide_fits(H, I, L.expert_group, k, L.expert_act_order)) {
+      CK(gpu::moe_int4_decode_wide(experts, H, I, L.expert_group, ids, w, T, k, x, hs, out + t * H, stream));
+    } else if (L.int4_experts) {  // shapes and act order the wide kernel does not take
       CK(gpu::gather_x_half(x, nullptr, H, T, xh_buf, stream));
       auto* h16 = static_cast<uint16_t*>(hs);
       CK(gpu::moe_int4_decode(experts, H, I, L.expert_group, ids, w, T, k, xh_buf, h16, out + t * H, stream));
