@@ -380,7 +380,7 @@ void BM_moe_int4_decode(benchmark::State& state) {
   time_kernel(state, b.bytes, [&] {
     const int off = (launch++ % sets) * b.T * b.k;
     if (wide)
-      tandem::gpu::moe_int4_decode_wide(b.dexp, b.H, b.I, b.gs, b.dids + off, b.dw + off, b.T, b.k, b.x, b.h, b.out, nullptr);
+      tandem::gpu::moe_int4_decode_wide(b.dexp, b.H, b.I, b.gs, b.dids + off, b.dw + off, b.T, b.k, b.x, false, b.h, b.out, nullptr);
     else
       tandem::gpu::moe_int4_decode(b.dexp, b.H, b.I, b.gs, b.dids + off, b.dw + off, b.T, b.k, b.xh, b.h, b.out, nullptr);
   });

@@ -3,6 +3,7 @@
 
 #include <type_traits>
 
+#include "gpu_core/act_quant.cuh"
 #include "gpu_core/block_reduce.cuh"
 #include "gpu_core/gemv.cuh"
 #include "gpu_core/handoff.cuh"
@@ -244,7 +245,7 @@ template <int PER, int PRE>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     gemv_bf16_norm_topk_kernel(const uint16_t* __restrict__ W, int64_t N, int64_t K, float* h, const float* a, const float* s,
                                const float* gate, const float* norm_w, float eps, float* x, float* y, int E, int k, unsigned* counter,
-                               int32_t* ids, float* weights, HostPost post) {
+                               int32_t* ids, float* weights, HostPost post, QuantX qx) {
   extern __shared__ __align__(16) float sm[];  // x [K], then h' [K]
   float* xs = sm;
   float* hs = sm + K;
@@ -265,6 +266,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
       if (a) h[i] = hs[i];
       x[i] = xs[i];
     }
+    if (qx.parts) detail::quantise_row(xs, K, qx, 0);
   });
   if (last && post.flag) post_route(post, xs, K, ids, weights, k);
 }
@@ -282,8 +284,9 @@ cudaError_t with_pre(int64_t K, Launch&& launch) {
 // gemv_bf16_norm_topk_kernel's launch.
 cudaError_t launch_norm_gemv(const uint16_t* W, int64_t N, int64_t K, float* h, const float* a, const float* shared, const float* gate,
                              const float* norm_w, float eps, float* x, float* y, int E, int k, unsigned* counter, int32_t* ids,
-                             float* weights, const HostPost& post, cudaStream_t stream) {
+                             float* weights, const HostPost& post, const QuantX& qx, cudaStream_t stream) {
   if (K % 8 != 0 || K > 16 * kWarpsPerBlock * 32 || N < 1 || !counter || (shared && (!a || !gate))) return cudaErrorInvalidValue;
+  if (qx.parts && (K % 32 != 0 || !qx.vectors)) return cudaErrorInvalidValue;
   if (post.flag && (!post.x || !post.ids || !post.weights)) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>((N + kWarpsPerBlock - 1) / kWarpsPerBlock)), block(kWarpsPerBlock * 32);
   const size_t smem = 2 * static_cast<size_t>(K) * sizeof(float);
@@ -291,7 +294,7 @@ cudaError_t launch_norm_gemv(const uint16_t* W, int64_t N, int64_t K, float* h, 
     if constexpr (per.value > 0) {  // K <= 16 x threads (checked above): never the loop form
       return with_pre(K, [&](auto pre) {
         return detail::launch(gemv_bf16_norm_topk_kernel<per.value, pre.value>, grid, block, smem, stream, W, N, K, h, a, shared, gate,
-                              norm_w, eps, x, y, E, k, counter, ids, weights, post);
+                              norm_w, eps, x, y, E, k, counter, ids, weights, post, qx);
       });
     } else {
       return cudaErrorInvalidValue;
@@ -303,9 +306,11 @@ cudaError_t launch_norm_gemv(const uint16_t* W, int64_t N, int64_t K, float* h, 
 
 cudaError_t gemv_bf16_router_topk_norm(const uint16_t* W, int64_t N, int64_t K, float* h, const float* a, const float* shared,
                                        const float* gate, const float* norm_w, float eps, float* x, float* y, int E, int k,
-                                       unsigned* counter, int32_t* ids, float* weights, cudaStream_t stream, const HostPost* post) {
+                                       unsigned* counter, int32_t* ids, float* weights, cudaStream_t stream, const HostPost* post,
+                                       QuantX qx) {
   if (E < 1 || E > N || E > detail::kRouterMaxExperts || k < 1 || k > E || k > detail::kRouterMaxTopK) return cudaErrorInvalidValue;
-  return launch_norm_gemv(W, N, K, h, a, shared, gate, norm_w, eps, x, y, E, k, counter, ids, weights, post ? *post : HostPost{}, stream);
+  return launch_norm_gemv(W, N, K, h, a, shared, gate, norm_w, eps, x, y, E, k, counter, ids, weights, post ? *post : HostPost{}, qx,
+                          stream);
 }
 
 bool rows_out_fits(const RowsOut& out, int64_t N) {

@@ -43,13 +43,14 @@ cudaError_t moe_int4_decode(const Int4Expert* experts, int64_t H, int64_t I, int
 // of the vector's largest value; moe_int4_wide.cu), the codes' products with them summed exactly in
 // int32 (dp4a), scaled in fp32: within ~5e-5 of the exact layer (moe_int4_decode's fp16 activations:
 // ~7e-4). A token's arithmetic does not depend on T or on the other tokens. Three launches (x
-// quantised; gate/up with h quantised; down). workspace: moe_int4_wide_workspace(T, k, H, I) bytes
-// (workspace_sizes.h). Needs moe_int4_decode_wide_fits (no act order; H and I multiples of 32,
+// quantised; gate/up with h quantised; down); x_quantised: the kernel that wrote x also wrote it
+// quantised into the workspace (wide_moe_x), and the first launch is left out. workspace:
+// moe_int4_wide_workspace(T, k, H, I) bytes (workspace_sizes.h). Needs moe_int4_decode_wide_fits (no act order; H and I multiples of 32,
 // group_size 32 times a power of two, H <= 4096, I <= 2048, k <= 8); returns cudaErrorInvalidValue
 // otherwise. sm_80+ (warp reductions).
 bool moe_int4_decode_wide_fits(int64_t H, int64_t I, int64_t group_size, int k, bool act_order);
 cudaError_t moe_int4_decode_wide(const Int4Expert* experts, int64_t H, int64_t I, int64_t group_size, const int32_t* ids,
-                                 const float* weights, int T, int k, const float* x, void* workspace, float* out,
+                                 const float* weights, int T, int k, const float* x, bool x_quantised, void* workspace, float* out,
                                  cudaStream_t stream);
 
 // Prefill: the routed experts of n tokens grouped by expert, so each resident expert's weights are

@@ -14,11 +14,13 @@
 // form on the H100 (bench/results/2026-12-06-stop48-h100.md): 13.5 against 13.6 us at 1 token, 47.7
 // against 61.9 at 8; 4e-5 from the exact layer against 6.7e-4.
 //
-// Three launches: x quantised (a warp a vector); gate/up, each warp four rows of one (token, expert)
+// Three launches: x quantised (a warp a vector; none where the kernel that wrote x quantised it too:
+// act_quant.cuh); gate/up, each warp four rows of one (token, expert)
 // pair so that a block's 32 rows are one vector of h, quantised in the block; down, a half-warp a
 // row's share of the token's experts. Every weight load of a thread is issued before any is used.
 #include <type_traits>
 
+#include "gpu_core/act_quant.cuh"
 #include "gpu_core/int4_row.cuh"
 #include "gpu_core/moe.cuh"
 #include "gpu_core/pdl.cuh"
@@ -39,39 +41,8 @@ constexpr int kDownGroups = 4;                 // half-warps per down row: group
 constexpr int kDownThreads = kDownRows * kDownGroups * kDownLanes;
 constexpr int kMaxK = 8;                       // experts per token
 constexpr int kDownPer = kMaxK / kDownGroups;  // experts per half-warp
-constexpr int kQuantWarps = 8;                 // x quantisation: vectors per block
-constexpr float kLoSteps = 254.0f;             // lo = round((x / sx - hi) * 254), |lo| <= 127
+constexpr int kQuantWarps = 8;                 // x quantisation (when its writer did not): vectors per block
 static_assert(kBlockRows == 32, "a gate/up block's rows are one quantisation vector of h");
-
-// A quantised vector's scale, sx / (254 * 16) (the 16: high nibbles are summed in place), and S.
-struct VecScale {
-  float scale;
-  int32_t sum;
-};
-static_assert(sizeof(VecScale) == kWideVectorBytes, "workspace_sizes.h counts 8 bytes a vector");
-
-// A quantised row of n inputs (nvec = n / 32 vectors) is chunk-major: per 8-input chunk c of vector v,
-// 16 bytes at (c * nvec + v) * 16: {hi of inputs (0, 4, 1, 5), hi of (2, 6, 3, 7), lo of (0, 4, 1, 5),
-// lo of (2, 6, 3, 7)}, so a warp's lanes (consecutive vectors) read 512 contiguous bytes. Input j of a
-// chunk sits at byte 4 ((j >> 1) & 1) + (((j & 1) << 1) | (j >> 2)) of its hi (and lo) word pair.
-__device__ __forceinline__ int chunk_byte(int j) { return ((j >> 1) & 1) * 4 + (((j & 1) << 1) | (j >> 2)); }
-
-// One warp quantises vector v of a row (lane i: input 32 v + i, value x) into q (the row's chunk-major
-// bytes, nvec vectors) and vs[v].
-__device__ __forceinline__ void quantise_vector(float x, int v, int nvec, uint8_t* q, VecScale* vs) {
-  const int lane = threadIdx.x & 31;
-  const float amax = __uint_as_float(__reduce_max_sync(0xffffffffu, __float_as_uint(fabsf(x))));
-  const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-  const float xq = x * inv;
-  const float hf = rintf(xq);
-  const int hi = static_cast<int>(hf), lo = static_cast<int>(rintf((xq - hf) * kLoSteps));
-  const int S = __reduce_add_sync(0xffffffffu, 254 * hi + lo);
-  uint8_t* chunk = q + (static_cast<int64_t>(lane >> 3) * nvec + v) * 16;
-  const int b = chunk_byte(lane & 7);
-  chunk[b] = static_cast<uint8_t>(static_cast<int8_t>(hi));
-  chunk[8 + b] = static_cast<uint8_t>(static_cast<int8_t>(lo));
-  if (lane == 0) vs[v] = {amax / (127.0f * kLoSteps * 16.0f), S};
-}
 
 __device__ __forceinline__ int dp4a_us(uint32_t a, uint32_t b, int c) {  // c + a's unsigned bytes . b's signed bytes
   int d;
@@ -105,12 +76,12 @@ __device__ __forceinline__ void load_vector(const uint8_t* __restrict__ row, int
 __device__ __forceinline__ uint4 zero4() { return make_uint4(0u, 0u, 0u, 0u); }
 
 // x fp32 [T, H] -> quantised rows; block (vector block, token), a warp a vector.
-__global__ void __launch_bounds__(kQuantWarps * 32) quantise_x_kernel(const float* __restrict__ x, int64_t H, uint8_t* __restrict__ xq,
-                                                                      VecScale* __restrict__ xs) {
+__global__ void __launch_bounds__(kQuantWarps * 32) quantise_x_kernel(const float* __restrict__ x, int64_t H, QuantX q) {
   pdl_enter();  // x is the kernel before's output; a few blocks: let gate/up launch
   const int64_t nvec = H / 32, t = blockIdx.y, v = static_cast<int64_t>(blockIdx.x) * kQuantWarps + (threadIdx.x >> 5);
   if (v >= nvec) return;  // uniform per warp
-  quantise_vector(x[t * H + 32 * v + (threadIdx.x & 31)], static_cast<int>(v), static_cast<int>(nvec), xq + t * H * 2, xs + t * nvec);
+  quantise_vector(x[t * H + 32 * v + (threadIdx.x & 31)], static_cast<int>(v), static_cast<int>(nvec), q.parts + t * H * 2,
+                  static_cast<VecScale*>(q.vectors) + t * nvec);
 }
 
 // gate/up: block (row block, pair p), its 32 rows r0 .. r0 + 31 of gate and up; warp w the rows
@@ -264,22 +235,27 @@ bool moe_int4_decode_wide_fits(int64_t H, int64_t I, int64_t group_size, int k, 
 }
 
 cudaError_t moe_int4_decode_wide(const Int4Expert* experts, int64_t H, int64_t I, int64_t group_size, const int32_t* ids,
-                                 const float* weights, int T, int k, const float* x, void* workspace, float* out, cudaStream_t stream) {
+                                 const float* weights, int T, int k, const float* x, bool x_quantised, void* workspace, float* out,
+                                 cudaStream_t stream) {
   if (T < 1 || T > kMaxGemvTokens || !moe_int4_decode_wide_fits(H, I, group_size, k, false)) return cudaErrorInvalidValue;
   const WideMoeLayout lay = wide_moe_layout(T, k, H, I);
   auto* base = static_cast<uint8_t*>(workspace);
-  auto* xq = base + lay.xq;
-  auto* xs = reinterpret_cast<VecScale*>(base + lay.xs);
+  const QuantX q = wide_moe_x(workspace, T, k, H, I);
+  const auto* xs = static_cast<const VecScale*>(q.vectors);
   auto* hq = base + lay.hq;
   auto* hs = reinterpret_cast<VecScale*>(base + lay.hs);
   const int gs = group_shift(group_size);
-  const int nvx = static_cast<int>(H / 32);
-  cudaError_t err = launch(quantise_x_kernel, dim3(static_cast<unsigned>((nvx + kQuantWarps - 1) / kQuantWarps), static_cast<unsigned>(T)),
-                           dim3(kQuantWarps * 32), 0, stream, x, H, xq, xs);
-  if (err != cudaSuccess) return err;
+  cudaError_t err = cudaSuccess;
+  if (!x_quantised) {
+    const int nvx = static_cast<int>(H / 32);
+    err = launch(quantise_x_kernel, dim3(static_cast<unsigned>((nvx + kQuantWarps - 1) / kQuantWarps), static_cast<unsigned>(T)),
+                 dim3(kQuantWarps * 32), 0, stream, x, H, q);
+    if (err != cudaSuccess) return err;
+  }
   const dim3 up_grid(static_cast<unsigned>(I / kBlockRows), static_cast<unsigned>(T * k));
   err = with_vectors(vectors_per_lane(H, 32), [&](auto nv) {
-    return launch(wide_gate_up_kernel<nv.value>, up_grid, dim3(kWarps * 32), 0, stream, experts, H, I, ids, k, xq, xs, hq, hs, gs);
+    return launch(wide_gate_up_kernel<nv.value>, up_grid, dim3(kWarps * 32), 0, stream, experts, H, I, ids, k,
+                  static_cast<const uint8_t*>(q.parts), xs, hq, hs, gs);
   });
   if (err != cudaSuccess) return err;
   const dim3 down_grid(static_cast<unsigned>(H / kDownRows), static_cast<unsigned>(T));

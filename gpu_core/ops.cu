@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "gpu_core/act_quant.cuh"
 #include "gpu_core/norm_row.cuh"
 #include "gpu_core/ops.cuh"
 #include "gpu_core/pdl.cuh"
@@ -34,7 +35,8 @@ __global__ void embed_kernel(const uint16_t* table, int64_t H, const int32_t* id
 // the same operations in the same order either way.
 template <int PER>
 __global__ void norm_kernel(const float* hin, float* hout, const float* __restrict__ a, const float* __restrict__ s,
-                            const float* __restrict__ gate, const float* __restrict__ w, int64_t n, float eps, float* __restrict__ y) {
+                            const float* __restrict__ gate, const float* __restrict__ w, int64_t n, float eps, float* __restrict__ y,
+                            QuantX qx) {
   detail::pdl_enter();
   const float* hi = hin + blockIdx.x * n;
   float* ho = a ? hout + blockIdx.x * n : nullptr;
@@ -58,6 +60,10 @@ __global__ void norm_kernel(const float* hin, float* hout, const float* __restri
   } else {
     detail::norm_row<PER>(
         hi, ar, sr, sig, w, n, eps, [&](int64_t i, float v) { ho[i] = v; }, [&](int64_t i, float v) { yr[i] = v; });
+  }
+  if (qx.parts) {  // the row quantised for the decode MoE from what the block wrote
+    __syncthreads();
+    detail::quantise_row(yr, n, qx, blockIdx.x);
   }
 }
 
@@ -151,17 +157,18 @@ cudaError_t embed_bf16(const uint16_t* table, int64_t H, const int32_t* ids, int
   embed_kernel<<<T, kThreads, 0, s>>>(table, H, ids, out);
   return cudaGetLastError();
 }
-cudaError_t rmsnorm_zc(const float* x, const float* w, int64_t n, int rows, float eps, float* y, cudaStream_t s) {
+cudaError_t rmsnorm_zc(const float* x, const float* w, int64_t n, int rows, float eps, float* y, cudaStream_t s, QuantX qx) {
+  if (qx.parts && (n % 32 != 0 || !qx.vectors)) return cudaErrorInvalidValue;
   float* none = nullptr;
   return detail::with_norm_per_thread(n, kThreads, [&](auto per) {
-    return detail::launch(norm_kernel<per.value>, dim3(rows), dim3(kThreads), 0, s, x, none, none, none, none, w, n, eps, y);
+    return detail::launch(norm_kernel<per.value>, dim3(rows), dim3(kThreads), 0, s, x, none, none, none, none, w, n, eps, y, qx);
   });
 }
 cudaError_t add_rmsnorm_zc(float* h, const float* a, const float* shared, const float* gate, const float* w, int64_t n, int rows,
-                           float eps, float* y, cudaStream_t s) {
-  if (!a || (shared && !gate)) return cudaErrorInvalidValue;
+                           float eps, float* y, cudaStream_t s, QuantX qx) {
+  if (!a || (shared && !gate) || (qx.parts && (n % 32 != 0 || !qx.vectors))) return cudaErrorInvalidValue;
   return detail::with_norm_per_thread(n, kThreads, [&](auto per) {
-    return detail::launch(norm_kernel<per.value>, dim3(rows), dim3(kThreads), 0, s, h, h, a, shared, gate, w, n, eps, y);
+    return detail::launch(norm_kernel<per.value>, dim3(rows), dim3(kThreads), 0, s, h, h, a, shared, gate, w, n, eps, y, qx);
   });
 }
 cudaError_t add_inplace(float* h, const float* x, int64_t n, cudaStream_t s) {

@@ -6,6 +6,8 @@
 //  add_inplace:    h += x
 //  add_rmsnorm_zc: h += a (a + sigmoid(gate[t]) * shared when shared is given), then y = rmsnorm_zc(h):
 //                  the residual add (after gated_add) and the next norm in one launch, same numbers
+//                  (both: with qx.parts, n a multiple of 32, y also quantised per row for the decode
+//                  MoE: workspace_sizes.h's QuantX)
 //  silu_mul:       g = silu(g) * u
 //  router_topk:    softmax over E logits, top-k (ties to the lower id), renormalised, per row
 //  gated_add:      out[t, :] += sigmoid(gate[t]) * shared[t, :]
@@ -21,12 +23,14 @@
 
 #include <cstdint>
 
+#include "gpu_core/workspace_sizes.h"
+
 namespace tandem::gpu {
 
 cudaError_t embed_bf16(const uint16_t* table, int64_t H, const int32_t* ids, int T, float* out, cudaStream_t stream);
-cudaError_t rmsnorm_zc(const float* x, const float* w, int64_t n, int rows, float eps, float* y, cudaStream_t stream);
+cudaError_t rmsnorm_zc(const float* x, const float* w, int64_t n, int rows, float eps, float* y, cudaStream_t stream, QuantX qx = {});
 cudaError_t add_rmsnorm_zc(float* h, const float* a, const float* shared, const float* gate, const float* w, int64_t n, int rows,
-                           float eps, float* y, cudaStream_t stream);
+                           float eps, float* y, cudaStream_t stream, QuantX qx = {});
 cudaError_t add_inplace(float* h, const float* x, int64_t n, cudaStream_t stream);
 cudaError_t silu_mul(float* g, const float* u, int64_t n, cudaStream_t stream);
 cudaError_t router_topk(const float* logits, int E, int k, int rows, int32_t* ids, float* weights, cudaStream_t stream);

@@ -81,4 +81,16 @@ inline WideMoeLayout wide_moe_layout(int64_t T, int k, int64_t H, int64_t I) {
 }
 inline size_t moe_int4_wide_workspace(int64_t T, int k, int64_t H, int64_t I) { return wide_moe_layout(T, k, H, I).bytes; }
 
+// Where the kernel that writes x (the router GEMV with its norm, the norm kernel: gemv.cuh, ops.cuh)
+// puts it quantised for moe_int4_decode_wide (act_quant.cuh): rows of 2H bytes and of H / 32 vectors.
+// parts == nullptr: not wanted.
+struct QuantX {
+  uint8_t* parts = nullptr;
+  void* vectors = nullptr;
+};
+inline QuantX wide_moe_x(void* workspace, int64_t T, int k, int64_t H, int64_t I) {
+  const WideMoeLayout w = wide_moe_layout(T, k, H, I);
+  return {static_cast<uint8_t*>(workspace) + w.xq, static_cast<uint8_t*>(workspace) + w.xs};
+}
+
 }  // namespace tandem::gpu

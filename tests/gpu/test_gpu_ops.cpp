@@ -104,7 +104,8 @@ INSTANTIATE_TEST_SUITE_P(Shapes, GpuRouter,
 // 35B stacked shape (router rows first, then other stacked rows) and odd ones (rows per thread 1..8, a
 // partial last pass), three launches in a row (the ticket re-arms itself); the last two with a
 // HostPost (handoff.cuh): the host gets x, ids and weights as host_post after those launches gives
-// them, and the flag, with the device outputs unchanged.
+// them, and the flag, with the device outputs unchanged. Where K is whole 32-input vectors, x quantised
+// for the decode MoE (QuantX) is the same bytes as the norm kernel's.
 TEST(GpuRouterFused, WithItsNormEqualsNormThenRouter) {
   TANDEM_REQUIRE_GPU();
   struct Case {
@@ -133,10 +134,15 @@ TEST(GpuRouterFused, WithItsNormEqualsNormThenRouter) {
         const float* sv = form == 1 ? dsh.ptr : nullptr;
         const float* gv = form == 1 ? dg.ptr : nullptr;
         const gpu::HostPost post{px.ptr, pids.ptr, pw.ptr, pflag.ptr, static_cast<unsigned>(launch)};
+        // rows of whole 32-input vectors: x quantised for the decode MoE too (QuantX), the same bytes
+        const bool quant = c.K % 32 == 0;
+        test::DeviceBuffer<uint8_t> q1(quant ? c.K * 2 + c.K / 4 : 1), q2(quant ? c.K * 2 + c.K / 4 : 1);
+        const gpu::QuantX qx1 = quant ? gpu::QuantX{q1.ptr, q1.ptr + c.K * 2} : gpu::QuantX{};
+        const gpu::QuantX qx2 = quant ? gpu::QuantX{q2.ptr, q2.ptr + c.K * 2} : gpu::QuantX{};
         CUDA_OK(gpu::gemv_bf16_router_topk_norm(dW.ptr, c.N, c.K, h1.ptr, av, sv, gv, dnw.ptr, 1e-6f, x1.ptr, y1.ptr, c.E, c.k, t1.ptr,
-                                                i1.ptr, w1.ptr, nullptr, launch > 0 ? &post : nullptr));
-        if (av) CUDA_OK(gpu::add_rmsnorm_zc(h2.ptr, av, sv, gv, dnw.ptr, c.K, 1, 1e-6f, x2.ptr, nullptr));
-        else CUDA_OK(gpu::rmsnorm_zc(h2.ptr, dnw.ptr, c.K, 1, 1e-6f, x2.ptr, nullptr));
+                                                i1.ptr, w1.ptr, nullptr, launch > 0 ? &post : nullptr, qx1));
+        if (av) CUDA_OK(gpu::add_rmsnorm_zc(h2.ptr, av, sv, gv, dnw.ptr, c.K, 1, 1e-6f, x2.ptr, nullptr, qx2));
+        else CUDA_OK(gpu::rmsnorm_zc(h2.ptr, dnw.ptr, c.K, 1, 1e-6f, x2.ptr, nullptr, qx2));
         CUDA_OK(gpu::gemv_bf16(dW.ptr, c.N, c.K, x2.ptr, 1, y2.ptr, nullptr));
         CUDA_OK(gpu::router_topk(y2.ptr, c.E, c.k, 1, i2.ptr, w2.ptr, nullptr));
         CUDA_OK(gpu::host_post(x2.ptr, c.K, i2.ptr, w2.ptr, c.k, rx.ptr, rids.ptr, rw.ptr, rflag.ptr, static_cast<unsigned>(launch), nullptr));
@@ -150,6 +156,9 @@ TEST(GpuRouterFused, WithItsNormEqualsNormThenRouter) {
         }
         EXPECT_EQ(h1.to_host(), h2.to_host()) << what;
         EXPECT_EQ(x1.to_host(), x2.to_host()) << what;
+        if (quant) {
+          EXPECT_EQ(q1.to_host(), q2.to_host()) << what << " (x quantised)";
+        }
         EXPECT_EQ(y1.to_host(), y2.to_host()) << what;
         EXPECT_EQ(i1.to_host(), i2.to_host()) << what;
         EXPECT_EQ(w1.to_host(), w2.to_host()) << what;

@@ -179,15 +179,20 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
     if (w.flag) CK(gpu::host_wait_add(w.flag, w.value, w.src, moe_out, H, w.error, w.timeout_ns, stream));
     pending.host = {};
   };
-  auto norm_x = [&](const float* w) {
+  // x = the norm w of h (after the pending add); with qx.parts also x quantised for the decode MoE,
+  // returning whether it was (the host-waiting form does not).
+  auto norm_x = [&](const float* w, gpu::QuantX qx = {}) {
+    bool quantised = false;
     if (pending.host.flag && !pending.shared) {
       CK(gpu::host_wait_add_rmsnorm_zc(pending.host, h, moe_out, w, H, eps, x, stream));  // pending.a is moe_out
     } else {
       settle_host();
-      if (pending.a) CK(gpu::add_rmsnorm_zc(h, pending.a, pending.shared, pending.gate, w, H, 1, eps, x, stream));
-      else CK(gpu::rmsnorm_zc(h, w, H, 1, eps, x, stream));
+      if (pending.a) CK(gpu::add_rmsnorm_zc(h, pending.a, pending.shared, pending.gate, w, H, 1, eps, x, stream, qx));
+      else CK(gpu::rmsnorm_zc(h, w, H, 1, eps, x, stream, qx));
+      quantised = qx.parts != nullptr;
     }
     pending = {};
+    return quantised;
   };
   for (size_t li = 0; li < layers.size(); ++li) {
     const DevLayer& L = layers[li];
@@ -229,14 +234,17 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
     const bool split = L.cpu_experts && opts.host_experts;
     // one graph: the router's last block posts its result to the host (an int4 router: host_post below)
     const bool post_in_router = split && posting && R.bf16();
+    const gpu::QuantX qx = moe_x(L, 1, hscratch);  // x quantised for the decode MoE where x is written
+    bool x_quantised = false;
     if (R.bf16()) {
       const gpu::HostPost post = hy.post(static_cast<int>(li));
       CK(gpu::gemv_bf16_router_topk_norm(R.w, R.out, R.in, h, pending.a, pending.shared, pending.gate, L.post_norm, eps, x, router,
                                          static_cast<int>(c.num_experts), k, route_ticket, topk_ids, topk_w, stream,
-                                         post_in_router ? &post : nullptr));
+                                         post_in_router ? &post : nullptr, qx));
+      x_quantised = qx.parts != nullptr;
       pending = {};
     } else {
-      norm_x(L.post_norm);
+      x_quantised = norm_x(L.post_norm, qx);
       linear(R, x, router);
       CK(gpu::router_topk(router, c.num_experts, k, 1, topk_ids, topk_w, stream));
     }
@@ -274,7 +282,7 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
       CK(gpu::l2_prefetch(reinterpret_cast<const char*>(next_in->w) + (bytes - take), take, side));
       CK(cudaEventRecord(pf_join_ev, side));
     }
-    if (!link_only) gpu_experts(L, x, topk_ids, topk_w, 1, xh, hscratch, moe_out);
+    if (!link_only) gpu_experts(L, x, topk_ids, topk_w, 1, xh, hscratch, moe_out, nullptr, x_quantised);
     if (linked)  // read in place over PCIe, added to the GPU experts' sum
       CK(gpu::moe_int4_tiles_decode(link.tables[li], static_cast<int>(c.num_experts), H, c.moe_intermediate_size, link.group_size,
                                     topk_ids, topk_w, k, link.m, link.act_order, x, link.scratch, moe_out, stream, !link_only));

@@ -274,8 +274,14 @@ struct Qwen35MoeGpu::Impl {
 
   // GPU-resident experts into `out` (the kernels skip the host-resident ones); xh / hs are scratch.
   // `table`: the layer's expert table with its host experts streamed in (prefill_streamed), nullptr: L's own.
+  // x_quantised: the kernel that wrote x also wrote it into hs as moe_x(L, n, hs) asked.
   void gpu_experts(const DevLayer& L, const float* x_dev, const int32_t* ids_dev, const float* w_dev, int64_t n, uint16_t* xh_buf, void* hs, float* out,
-                   const gpu::Int4Expert* table = nullptr);
+                   const gpu::Int4Expert* table, bool x_quantised);
+
+  // Where the kernel that writes n tokens' x (before L's experts) also writes it quantised for the
+  // decode MoE (gpu::moe_int4_decode_wide, its workspace hs); none (parts null) where L's experts run
+  // on another kernel.
+  gpu::QuantX moe_x(const DevLayer& L, int64_t n, void* hs) const;
 
   // y [n, out] = x [n, in] W^T for a chunk of tokens: cuBLAS for bf16 and 8-bit rows (their codes as
   // bf16, gpu::gemm_rows8; with `gemv` the GEMVs instead), the int4 GEMV 8 tokens at a time.

@@ -18,9 +18,17 @@ void each_launch(int64_t n, F&& f) {
 
 }  // namespace
 
+gpu::QuantX Qwen35MoeGpu::Impl::moe_x(const DevLayer& L, int64_t n, void* hs) const {
+  const ModelConfig& c = model.config();
+  const int64_t H = c.hidden_size, I = c.moe_intermediate_size;
+  const int k = c.num_experts_per_tok;
+  if (!L.int4_experts || n > gpu::kMaxGemvTokens || !gpu::moe_int4_decode_wide_fits(H, I, L.expert_group, k, L.expert_act_order)) return {};
+  return gpu::wide_moe_x(hs, n, k, H, I);
+}
+
 // GPU-resident experts into `out` (the kernels skip the host-resident ones); xh / hs are scratch.
 void Qwen35MoeGpu::Impl::gpu_experts(const DevLayer& L, const float* x_dev, const int32_t* ids_dev, const float* w_dev, int64_t n, uint16_t* xh_buf, void* hs, float* out,
-                                     const gpu::Int4Expert* table) {
+                                     const gpu::Int4Expert* table, bool x_quantised) {
   const ModelConfig& c = model.config();
   const gpu::Int4Expert* experts = table ? table : L.experts_i4;
   const int64_t H = c.hidden_size, I = c.moe_intermediate_size;
@@ -37,7 +45,7 @@ void Qwen35MoeGpu::Impl::gpu_experts(const DevLayer& L, const float* x_dev, cons
     const int32_t* ids = ids_dev + t * k;
     const float* w = w_dev + t * k;
     if (L.int4_experts && gpu::moe_int4_decode_wide_fits(H, I, L.expert_group, k, L.expert_act_order)) {
-      CK(gpu::moe_int4_decode_wide(experts, H, I, L.expert_group, ids, w, T, k, x, hs, out + t * H, stream));
+      CK(gpu::moe_int4_decode_wide(experts, H, I, L.expert_group, ids, w, T, k, x, x_quantised, hs, out + t * H, stream));
     } else if (L.int4_experts) {  // shapes and act order the wide kernel does not take
       CK(gpu::gather_x_half(x, nullptr, H, T, xh_buf, stream));
       auto* h16 = static_cast<uint16_t*>(hs);
@@ -160,7 +168,8 @@ bool Qwen35MoeGpu::Impl::prefill_layer(size_t li, float* hbuf, int64_t n, const 
     linear_rows(L.o, pattn, n, po, gemv);
   }
   mark(tr, li, 1);
-  CK(gpu::add_rmsnorm_zc(hbuf, po, nullptr, nullptr, L.post_norm, H, rows_n, eps, px, stream));  // h += o, then the norm
+  const gpu::QuantX qx = moe_x(L, n, phs);  // x quantised for the decode MoE by its norm
+  CK(gpu::add_rmsnorm_zc(hbuf, po, nullptr, nullptr, L.post_norm, H, rows_n, eps, px, stream, qx));  // h += o, then the norm
   // A step's rows: the router with the shared expert's gate, up and gate logit in one launch (x_proj)
   const bool x_stacked = gemv && L.x_proj.out;
   if (x_stacked) linear_stack(L.x_proj, {{&L.router, prouter}, {&L.sh_gate, psg}, {&L.sh_up, psu}, {&L.sh_expert_gate, psgate}}, px, n, gemv);
@@ -185,7 +194,7 @@ bool Qwen35MoeGpu::Impl::prefill_layer(size_t li, float* hbuf, int64_t n, const 
     shared_down(side);
     CK(cudaEventRecord(join_ev, side));
   }
-  gpu_experts(L, px, ptopk_ids, ptopk_w, n, pxh, phs, pmoe, streamed);
+  gpu_experts(L, px, ptopk_ids, ptopk_w, n, pxh, phs, pmoe, streamed, qx.parts != nullptr);
   if (!x_stacked && !beside) {
     linear_stack(L.sh_gate_up, {{&L.sh_gate, psg}, {&L.sh_up, psu}}, px, n, gemv);
     linear_rows(L.sh_expert_gate, px, n, psgate, gemv);
