@@ -88,7 +88,7 @@ __global__ void __launch_bounds__(kQuantWarps * 32) quantise_x_kernel(const floa
 // r0 + 4 w .. + 3; lane l the vectors l + 32 i (i < NV) of each. h = silu(gate x) * up x of the 32 rows
 // is one vector of pair p's h, quantised by the block's first warp.
 template <int NV>
-__global__ void __launch_bounds__(kWarps * 32)
+__global__ void __launch_bounds__(kWarps * 32, NV <= 2 ? 2 : 1)  // up to 2048 inputs: two blocks an SM (128 registers)
     wide_gate_up_kernel(const Int4Expert* __restrict__ experts, int64_t H, int64_t I, const int32_t* __restrict__ ids, int k,
                         const uint8_t* __restrict__ xq, const VecScale* __restrict__ xs, uint8_t* __restrict__ hq,
                         VecScale* __restrict__ hs, int gshift) {
@@ -99,7 +99,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   const Int4Expert* ex = experts + ids[p];
   const Int4View gate = ex->gate, up = ex->up;
   if (!gate.qweight) return;  // not resident on the GPU (hybrid); uniform per block
-  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kBlockRows + warp * kRowsUp, nvec = H / 32;
+  const int r0 = static_cast<int>(blockIdx.x) * kBlockRows + warp * kRowsUp, nvec = static_cast<int>(H >> 5);  // 32-bit offsets: H <= 4096, I <= 2048
   const uint4* qg = reinterpret_cast<const uint4*>(gate.qweight);
   const uint4* qu = reinterpret_cast<const uint4*>(up.qweight);
   uint4 wg[kRowsUp][NV], wu[kRowsUp][NV];
@@ -109,9 +109,9 @@ __global__ void __launch_bounds__(kWarps * 32)
   for (int r = 0; r < kRowsUp; ++r)
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
-      const int64_t v = lane + 32 * i, row = r0 + r;
+      const int v = lane + 32 * i, row = r0 + r;
       const bool ok = v < nvec;
-      const int64_t gi = row * G + (static_cast<int>(v) >> gshift);
+      const int gi = row * G + (v >> gshift);
       wg[r][i] = ok ? load_stream(qg + row * nvec + v) : zero4();
       wu[r][i] = ok ? load_stream(qu + row * nvec + v) : zero4();
       sg[r][i] = ok ? __ldg(gate.scales + gi) : uint16_t{0};
@@ -123,7 +123,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   float g[kRowsUp] = {}, u[kRowsUp] = {};
 #pragma unroll
   for (int i = 0; i < NV; ++i) {
-    const int64_t v = lane + 32 * i;
+    const int v = lane + 32 * i;
     if (v >= nvec) break;
     uint4 xv[4];
     load_vector(xt, v, nvec, xv);
