@@ -49,14 +49,19 @@ __device__ __forceinline__ void quantise_vector(float x, int v, int nvec, uint8_
   if (lane == 0) vs[v] = {amax / (127.0f * kLoSteps * 16.0f), S};
 }
 
-// The block quantises a row of n (a multiple of 32) values, a warp a vector at a time, into q's row
-// (QuantX's parts and vectors for row `row`). src: shared memory, or global memory the block has
-// written (after a __syncthreads).
-__device__ __forceinline__ void quantise_row(const float* src, int64_t n, const QuantX& q, int64_t row) {
-  const int nvec = static_cast<int>(n / 32), warps = static_cast<int>(blockDim.x >> 5);
+// Vectors first, first + stride, ... of a row of n (a multiple of 32) values quantised into q's row
+// `row` (QuantX's parts and vectors), one a warp: `first` is this warp's place among the `stride` warps
+// sharing the row. src: shared memory, or global memory the block has written (after a __syncthreads).
+__device__ __forceinline__ void quantise_vectors(const float* src, int64_t n, const QuantX& q, int64_t row, int first, int stride) {
+  const int nvec = static_cast<int>(n / 32);
   uint8_t* parts = q.parts + row * n * 2;
   VecScale* vs = static_cast<VecScale*>(q.vectors) + row * nvec;
-  for (int v = static_cast<int>(threadIdx.x >> 5); v < nvec; v += warps) quantise_vector(src[32 * v + (threadIdx.x & 31)], v, nvec, parts, vs);
+  for (int v = first; v < nvec; v += stride) quantise_vector(src[32 * v + (threadIdx.x & 31)], v, nvec, parts, vs);
+}
+
+// The block quantises the whole row.
+__device__ __forceinline__ void quantise_row(const float* src, int64_t n, const QuantX& q, int64_t row) {
+  quantise_vectors(src, n, q, row, static_cast<int>(threadIdx.x >> 5), static_cast<int>(blockDim.x >> 5));
 }
 
 }  // namespace tandem::gpu::detail

@@ -241,6 +241,7 @@ __device__ __forceinline__ void post_route(const HostPost& post, const float* xs
 // (norm_row, the norm kernel's arithmetic) while its first weight vectors load, then computes its
 // rows from there; the last block writes h' and x for the kernels after it (every block has read h
 // by then: its ticket follows its reads), and with post.flag posts x, ids and weights to the host.
+// With qx.parts the blocks quantise x's vectors between them (off the last block's path).
 template <int PER, int PRE>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     gemv_bf16_norm_topk_kernel(const uint16_t* __restrict__ W, int64_t N, int64_t K, float* h, const float* a, const float* s,
@@ -261,12 +262,15 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   float dot[1];
   row_finish<1, false, true, PRE>(W, N, K, xs, nullptr, 1, row, lane, pre, dot);
   detail::pdl_launch_next();
+  if (qx.parts) {  // x quantised for the decode MoE: every block holds the same x, each quantises its share
+    const int warps = static_cast<int>(blockDim.x >> 5);
+    detail::quantise_vectors(xs, K, qx, 0, static_cast<int>(blockIdx.x) * warps + (threadIdx.x >> 5), static_cast<int>(gridDim.x) * warps);
+  }
   const bool last = route_tail(dot[0], row, lane, N, y, E, k, counter, ids, weights, [&] {
     for (int64_t i = threadIdx.x; i < K; i += blockDim.x) {
       if (a) h[i] = hs[i];
       x[i] = xs[i];
     }
-    if (qx.parts) detail::quantise_row(xs, K, qx, 0);
   });
   if (last && post.flag) post_route(post, xs, K, ids, weights, k);
 }

@@ -15,8 +15,11 @@ __global__ void penalise_kernel(float* logits, int64_t V, const Penalty* pen, in
   if (i >= n) return;
   const Penalty p = pen[i];
   if (p.id < 0 || p.id >= V) return;
+  // LogitPenalty::apply's arithmetic, each step rounded on its own as the host rounds it: a product
+  // and difference the compiler fuses into one multiply-add would differ in the last bit.
   const float l = logits[p.id];
-  logits[p.id] = (p.rep == 1.0f ? l : l > 0 ? l / p.rep : l * p.rep) - p.sub;
+  const float scaled = p.rep == 1.0f ? l : l > 0 ? __fdiv_rn(l, p.rep) : __fmul_rn(l, p.rep);
+  logits[p.id] = __fsub_rn(scaled, p.sub);
 }
 
 // (value, id) a is better than b: larger value, or the same value and a lower id. Taken entries have

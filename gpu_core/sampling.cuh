@@ -1,7 +1,8 @@
 // gpu_core/sampling.cuh: what a sampler needs from a logits row on the device, so that only k
 // (id, logit) pairs cross to the host instead of the whole row.
 //
-// penalise:  logits[id] = (rep == 1 ? l : l > 0 ? l / rep : l * rep) - sub for every listed penalty
+// penalise:  logits[id] = (rep == 1 ? l : l > 0 ? l / rep : l * rep) - sub for every listed penalty,
+//            each operation rounded on its own (LogitPenalty::apply's bits)
 //            (ids distinct, as the host sampler's penalty list; ids outside 0..V-1 are ignored).
 // top_k_row: the k largest logits of one row as (id, value) in decreasing order, ties to the lower id
 //            (the host sampler's order), 1 <= k <= kMaxTopK: a top-k per slice of the row in
