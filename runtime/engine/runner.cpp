@@ -269,6 +269,14 @@ class GpuRunner final : public Runner, private MtpDevice {
       mtp_[slot].move_to(slot);
     }
   }
+  // Whether a feed of a step of `feeds` goes through step_rows (several feeds, or a drafting prompt
+  // that fits one step: its rows' hidden states for the head) rather than the one-sequence paths.
+  // step() and step_top() route alike, so a step's numbers do not depend on where its candidates are
+  // picked.
+  static bool on_rows(const Feed& f, size_t feeds, bool drafting, int64_t R) {
+    const int64_t n = static_cast<int64_t>(f.ids.size());
+    return (feeds > 1 || (drafting && n > 1)) && R > 1 && n <= R;
+  }
   // A feed of one sequence runs on the GPU model's one-sequence paths (the decode step's graph, the
   // prompt in chunks), unless it keeps its states; the others go together through step_rows as long as
   // their tokens fit a step (longer ones alone, in turn).
@@ -319,7 +327,7 @@ class GpuRunner final : public Runner, private MtpDevice {
         members.push_back(&f);
         tokens = n;
         flush();
-      } else if ((feeds.size() > 1 || (drafting && n > 1)) && R > 1 && n <= R) {
+      } else if (on_rows(f, feeds.size(), drafting, R)) {
         if (tokens + n > R) flush();
         group.push_back({f.slot, f.ids, false});
         members.push_back(&f);
@@ -336,8 +344,9 @@ class GpuRunner final : public Runner, private MtpDevice {
     flush();
   }
   // Sampling on the GPU: the samplers' candidates are picked on the device, so a step copies k pairs
-  // per wanted row back instead of the logits rows (a verification: every row's). One feed: the
-  // one-sequence path; several, or one that keeps its states: step_rows steps of as many as fit (false,
+  // per wanted row back instead of the logits rows (a verification: every row's). The feeds take the
+  // paths step() gives them (on_rows): one feed the one-sequence path; several, one that keeps its
+  // states or a drafting prompt that fits a step: step_rows steps of as many as fit (false,
   // nothing run, when a feed is too long for one: a prompt among others; the caller then samples from
   // the rows). Drafting: every row's hidden state goes to the head's side, as in step().
   bool step_top(std::span<const Feed> feeds, std::span<const TopWant> want) override {
@@ -351,7 +360,8 @@ class GpuRunner final : public Runner, private MtpDevice {
     for (const TopWant& w : want)
       if (w.k < 1 || w.k > gpu::kMaxTopK || static_cast<int64_t>(w.penalties.size()) > context_) return false;
     const bool drafting = draft_ > 0;
-    if (feeds.size() == 1 && !feeds[0].keep_states && feeds[0].rows == Qwen35Moe::LogitRows::Last) {
+    if (feeds.size() == 1 && !feeds[0].keep_states && feeds[0].rows == Qwen35Moe::LogitRows::Last &&
+        !on_rows(feeds[0], 1, drafting, gpu_->step_rows_max())) {
       const Feed& f = feeds[0];
       TraceSpan span(f.ids.size() > 1 ? "forward (prefill)" : "forward (decode)", "host");
       if (drafting) hidden_.resize(f.ids.size() * static_cast<size_t>(hidden_size_));
