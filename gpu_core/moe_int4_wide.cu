@@ -10,14 +10,14 @@
 // order makes a word's low nibbles the inputs (0, 4, 1, 5) and its high nibbles 16 x (2, 6, 3, 7)):
 // 6 instructions a word, the integer sums exact. Per vector,
 //   sum (q - z)(254 hi + lo) = 254 sum q hi + sum q lo - z S,  S = sum (254 hi + lo),
-// S stored with the vector's scale, then one conversion and the two scales. Measured against the fp16
-// form on the H100 (bench/results/2026-12-06-stop48-h100.md): 13.5 against 13.6 us at 1 token, 47.7
-// against 61.9 at 8; 4e-5 from the exact layer against 6.7e-4.
+// S stored with the vector's scale, then one conversion and the two scales. One layer on the H100
+// (bench/results/2026-12-06-stop48-h100.md): 15.1 / 50.9 us at 1 / 8 tokens with x quantised by its own
+// launch, against the fp16 form's 13.7 / 62.4; 4e-5 from the exact layer against 7e-4.
 //
-// Three launches: x quantised (a warp a vector; none where the kernel that wrote x quantised it too:
-// act_quant.cuh); gate/up, each warp four rows of one (token, expert)
-// pair so that a block's 32 rows are one vector of h, quantised in the block; down, a half-warp a
-// row's share of the token's experts. Every weight load of a thread is issued before any is used.
+// Three launches: x quantised (a warp a vector; left out where the kernel that wrote x quantised it too:
+// act_quant.cuh); gate/up, each warp four rows of one (token, expert) pair so that a block's 32 rows are
+// one vector of h, quantised in the block; down, a half-warp a row's share of the token's experts. Every
+// weight load of a thread is issued before any is used.
 #include <type_traits>
 
 #include "gpu_core/act_quant.cuh"
