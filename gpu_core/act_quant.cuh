@@ -1,7 +1,7 @@
-// gpu_core/act_quant.cuh: activations quantised per 32-input vector to two int8 parts, the input of the
-// decode MoE's integer dot products (moe_int4_wide.cu); device code, include from .cu only. The
-// kernels that write a token's x (the router GEMV with its norm, the norm kernel) quantise it in the
-// same launch (QuantX, workspace_sizes.h).
+// gpu_core/act_quant.cuh: activations quantised per 32-input vector to two int8 parts, and their
+// integer dot products with int4 code words: the decode MoE's arithmetic (moe_int4_wide.cu); device
+// code, include from .cu only. The kernels that write a token's x (the router GEMV with its norm, the
+// norm kernel) quantise it in the same launch (QuantX, workspace_sizes.h).
 //
 // A vector's 32 values become x ~ sx (hi + lo / 254), sx = max |x| / 127, hi = round(x / sx),
 // lo = round((x / sx - hi) * 254), both in -127..127: about 1.5e-5 of the vector's largest value.
@@ -62,6 +62,37 @@ __device__ __forceinline__ void quantise_vectors(const float* src, int64_t n, co
 // The block quantises the whole row.
 __device__ __forceinline__ void quantise_row(const float* src, int64_t n, const QuantX& q, int64_t row) {
   quantise_vectors(src, n, q, row, static_cast<int>(threadIdx.x >> 5), static_cast<int>(blockDim.x >> 5));
+}
+
+// ---- the consumer side: int4 code words (int4_layout.h's order) against a quantised vector ----
+
+__device__ __forceinline__ int dp4a_us(uint32_t a, uint32_t b, int c) {  // c + a's unsigned bytes . b's signed bytes
+  int d;
+  asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+
+// sum over a vector's 32 inputs of (q - z) x, in units of its VecScale: w its 4 code words, xq[c]
+// chunk c's 16 bytes, z16 = 16 z. Bounds: |t| < 2^29 (codes < 16, |hi|, |lo| <= 127, z <= 16).
+__device__ __forceinline__ float vec_dot(const uint4& w, const uint4 (&xq)[4], int z16, VecScale vs) {
+  const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+  int lh = 0, hh = 0, ll = 0, hl = 0;
+#pragma unroll
+  for (int c = 0; c < 4; ++c) {
+    const uint32_t lo_n = words[c] & 0x0F0F0F0Fu, hi_n = words[c] & 0xF0F0F0F0u;  // q (0, 4, 1, 5); 16 q (2, 6, 3, 7)
+    lh = dp4a_us(lo_n, xq[c].x, lh);
+    hh = dp4a_us(hi_n, xq[c].y, hh);
+    ll = dp4a_us(lo_n, xq[c].z, ll);
+    hl = dp4a_us(hi_n, xq[c].w, hl);
+  }
+  const int t = 254 * (16 * lh + hh) + (16 * ll + hl) - z16 * vs.sum;
+  return static_cast<float>(t) * vs.scale;
+}
+
+// Vector v's 4 chunks of a quantised row (nvec vectors), through L1 (activations are shared by blocks).
+__device__ __forceinline__ void load_vector(const uint8_t* __restrict__ row, int64_t v, int64_t nvec, uint4 (&xv)[4]) {
+#pragma unroll
+  for (int c = 0; c < 4; ++c) xv[c] = __ldg(reinterpret_cast<const uint4*>(row + (c * nvec + v) * 16));
 }
 
 }  // namespace tandem::gpu::detail

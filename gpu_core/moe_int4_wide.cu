@@ -44,35 +44,6 @@ constexpr int kDownPer = kMaxK / kDownGroups;  // experts per half-warp
 constexpr int kQuantWarps = 8;                 // x quantisation (when its writer did not): vectors per block
 static_assert(kBlockRows == 32, "a gate/up block's rows are one quantisation vector of h");
 
-__device__ __forceinline__ int dp4a_us(uint32_t a, uint32_t b, int c) {  // c + a's unsigned bytes . b's signed bytes
-  int d;
-  asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-  return d;
-}
-
-// sum over a vector's 32 inputs of (q - z) x, in units of its VecScale: w its 4 code words, xq[c]
-// chunk c's 16 bytes, z16 = 16 z. Bounds: |t| < 2^29 (codes < 16, |hi|, |lo| <= 127, z <= 16).
-__device__ __forceinline__ float vec_dot(const uint4& w, const uint4 (&xq)[4], int z16, VecScale vs) {
-  const uint32_t words[4] = {w.x, w.y, w.z, w.w};
-  int lh = 0, hh = 0, ll = 0, hl = 0;
-#pragma unroll
-  for (int c = 0; c < 4; ++c) {
-    const uint32_t lo_n = words[c] & 0x0F0F0F0Fu, hi_n = words[c] & 0xF0F0F0F0u;  // q (0, 4, 1, 5); 16 q (2, 6, 3, 7)
-    lh = dp4a_us(lo_n, xq[c].x, lh);
-    hh = dp4a_us(hi_n, xq[c].y, hh);
-    ll = dp4a_us(lo_n, xq[c].z, ll);
-    hl = dp4a_us(hi_n, xq[c].w, hl);
-  }
-  const int t = 254 * (16 * lh + hh) + (16 * ll + hl) - z16 * vs.sum;
-  return static_cast<float>(t) * vs.scale;
-}
-
-// Vector v's 4 chunks of a quantised row (nvec vectors), through L1 (activations are shared by blocks).
-__device__ __forceinline__ void load_vector(const uint8_t* __restrict__ row, int64_t v, int64_t nvec, uint4 (&xv)[4]) {
-#pragma unroll
-  for (int c = 0; c < 4; ++c) xv[c] = __ldg(reinterpret_cast<const uint4*>(row + (c * nvec + v) * 16));
-}
-
 __device__ __forceinline__ uint4 zero4() { return make_uint4(0u, 0u, 0u, 0u); }
 
 // x fp32 [T, H] -> quantised rows; block (vector block, token), a warp a vector.
