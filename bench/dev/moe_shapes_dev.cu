@@ -9,6 +9,8 @@
 //   gate/up <W, RU>: W warps a block, RU rows of gate and up a warp (W * RU = 32: a block's rows are one
 //     vector of h, quantised by its first warp). The engine: W 8, RU 4.
 //   down <RPH>: a half-warp takes RPH rows (the engine: 1), a block 4 RPH rows of one token.
+// The engine's kernels take the shapes at run time (128 registers in gate/up); these take them at
+// compile time (80), and gate/up 8x4 also with them at run time ("rt"), which the engine is.
 // It times each alone (x and h quantised once by the engine's call), experts from HBM (32 routings
 // cycled), at 1 / 2 / 4 / 8 tokens, and the engine's whole call beside them.
 // Usage: bench_dev_moe_shapes (a CUDA device, sm_80+).
@@ -47,13 +49,16 @@ constexpr int E = 256, K = 8, kSets = 32;
 constexpr int kGshift = 2;  // group 128 = 32 << 2
 constexpr int kDownLanes = 16, kDownRows = 4, kDownGroups = 4, kDownPer = K / kDownGroups;
 
-// The engine's gate/up (moe_int4_wide.cu) with W warps of RU rows: the 35B shape, NV 2.
-template <int W, int RU>
+// The engine's gate/up (moe_int4_wide.cu) with W warps of RU rows: the 35B shape, NV 2; RT: the row
+// stride and group count as the engine has them, run-time arguments (else compile-time constants).
+template <int W, int RU, bool RT = false>
 __global__ void __launch_bounds__(W * 32) gate_up_kernel(const Int4Expert* __restrict__ experts, const int32_t* __restrict__ ids, int k,
                                                          const uint8_t* __restrict__ xq, const VecScale* __restrict__ xs,
-                                                         uint8_t* __restrict__ hq, VecScale* __restrict__ hs) {
+                                                         uint8_t* __restrict__ hq, VecScale* __restrict__ hs, int rt_nvec, int rt_groups,
+                                                         int rt_gshift) {
   static_assert(W * RU == 32, "a block's rows are one vector of h");
-  constexpr int NV = 2, nvec = H / 32, G = H / kGroup;
+  constexpr int NV = 2;
+  const int nvec = RT ? rt_nvec : H / 32, G = RT ? rt_groups : H / kGroup, gshift = RT ? rt_gshift : kGshift;
   __shared__ float hb[32];
   const int p = blockIdx.y, t = p / k, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const Int4Expert* ex = experts + ids[p];
@@ -68,7 +73,7 @@ __global__ void __launch_bounds__(W * 32) gate_up_kernel(const Int4Expert* __res
   for (int r = 0; r < RU; ++r)
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
-      const int v = lane + 32 * i, row = r0 + r, gi = row * G + (v >> kGshift);
+      const int v = lane + 32 * i, row = r0 + r, gi = row * G + (v >> gshift);
       wg[r][i] = load_stream(qg + row * nvec + v);
       wu[r][i] = load_stream(qu + row * nvec + v);
       sg[r][i] = __ldg(gate.scales + gi);
@@ -244,8 +249,8 @@ int main() {
   Int4Expert* dexp = dev_copy(ex.table);
   std::printf("one 35B MoE layer (%lld x %lld, group %lld, top-%d of %d), us a call, experts from HBM (%d routings cycled)\n",
               static_cast<long long>(H), static_cast<long long>(I), static_cast<long long>(kGroup), K, E, kSets);
-  std::printf("%6s %10s | %10s %10s %10s | %10s %10s %10s | %s\n", "tokens", "engine", "g/u 8x4", "g/u 16x2", "g/u 32x1", "down 1", "down 2",
-              "down 4", "checks (bit for bit against the engine)");
+  std::printf("%6s %10s | %10s %10s %10s %10s | %10s %10s %10s | %s\n", "tokens", "engine", "g/u 8x4", "8x4 rt", "g/u 16x2", "g/u 32x1",
+              "down 1", "down 2", "down 4", "checks (bit for bit against the engine)");
   for (int T : {1, 2, 4, 8}) {
     std::vector<int32_t> ids(static_cast<size_t>(kSets) * T * K);
     for (int s = 0; s < kSets * T; ++s) {  // k distinct experts a token
@@ -302,9 +307,11 @@ int main() {
       checks += name + std::string(buf);
     };
     const dim3 up_grid(I / 32, T * K);
-    auto gu = [&](auto wv, auto ru, int i) {
-      gate_up_kernel<decltype(wv)::value, decltype(ru)::value>
-          <<<up_grid, decltype(wv)::value * 32>>>(dexp, dids + off(i), K, xq, xs, vq, vs);
+    auto gu = [&](auto wv, auto ru, int i, bool rt = false) {
+      constexpr int Wn = decltype(wv)::value, RUn = decltype(ru)::value;
+      const int nvec = static_cast<int>(H / 32), groups = static_cast<int>(H / kGroup);
+      if (rt) gate_up_kernel<Wn, RUn, true><<<up_grid, Wn * 32>>>(dexp, dids + off(i), K, xq, xs, vq, vs, nvec, groups, kGshift);
+      else gate_up_kernel<Wn, RUn><<<up_grid, Wn * 32>>>(dexp, dids + off(i), K, xq, xs, vq, vs, nvec, groups, kGshift);
     };
     using C8 = std::integral_constant<int, 8>;
     using C4 = std::integral_constant<int, 4>;
@@ -313,6 +320,7 @@ int main() {
     using C32 = std::integral_constant<int, 32>;
     using C1 = std::integral_constant<int, 1>;
     gu(C8{}, C4{}, 0), check_h("g/u 8x4");
+    gu(C8{}, C4{}, 0, true), check_h("8x4 rt");
     gu(C16{}, C2{}, 0), check_h("16x2");
     gu(C32{}, C1{}, 0), check_h("32x1");
     auto dn = [&](auto rph, int i) {
@@ -326,14 +334,15 @@ int main() {
     const int reps = 400;
     const float t_engine = time_us(engine, reps);
     const float t_gu84 = time_us([&](int i) { gu(C8{}, C4{}, i); }, reps);
+    const float t_gu84rt = time_us([&](int i) { gu(C8{}, C4{}, i, true); }, reps);
     const float t_gu162 = time_us([&](int i) { gu(C16{}, C2{}, i); }, reps);
     const float t_gu321 = time_us([&](int i) { gu(C32{}, C1{}, i); }, reps);
     const float t_d1 = time_us([&](int i) { dn(C1{}, i); }, reps);
     const float t_d2 = time_us([&](int i) { dn(C2{}, i); }, reps);
     const float t_d4 = time_us([&](int i) { dn(C4{}, i); }, reps);
     DEV_CK(cudaGetLastError());
-    std::printf("%6d %10.1f | %10.1f %10.1f %10.1f | %10.1f %10.1f %10.1f | %s\n", T, t_engine, t_gu84, t_gu162, t_gu321, t_d1, t_d2, t_d4,
-                checks.c_str());
+    std::printf("%6d %10.1f | %10.1f %10.1f %10.1f %10.1f | %10.1f %10.1f %10.1f | %s\n", T, t_engine, t_gu84, t_gu84rt, t_gu162, t_gu321, t_d1,
+                t_d2, t_d4, checks.c_str());
     for (void* p : {(void*)dids, (void*)dw, (void*)dx, (void*)out, (void*)out2, (void*)ws, (void*)hq2}) cudaFree(p);
   }
   cudaFree(dexp);
