@@ -19,7 +19,7 @@
 
 namespace tandem::gpu::detail {
 
-constexpr float kLoSteps = 254.0f;
+constexpr int kLoSteps = 254;  // lo's steps a unit of hi
 
 // A quantised vector's scale sx / (254 * 16) (the 16: a code word's high nibbles are summed in place,
 // 16 times their value) and S = sum (254 hi + lo), which the zero point multiplies.
@@ -40,13 +40,13 @@ __device__ __forceinline__ void quantise_vector(float x, int v, int nvec, uint8_
   const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
   const float xq = x * inv;
   const float hf = rintf(xq);
-  const int hi = static_cast<int>(hf), lo = static_cast<int>(rintf((xq - hf) * kLoSteps));
-  const int S = __reduce_add_sync(0xffffffffu, 254 * hi + lo);
+  const int hi = static_cast<int>(hf), lo = static_cast<int>(rintf((xq - hf) * static_cast<float>(kLoSteps)));
+  const int S = __reduce_add_sync(0xffffffffu, kLoSteps * hi + lo);
   uint8_t* chunk = q + (static_cast<int64_t>(lane >> 3) * nvec + v) * 16;
   const int b = chunk_byte(lane & 7);
   chunk[b] = static_cast<uint8_t>(static_cast<int8_t>(hi));
   chunk[8 + b] = static_cast<uint8_t>(static_cast<int8_t>(lo));
-  if (lane == 0) vs[v] = {amax / (127.0f * kLoSteps * 16.0f), S};
+  if (lane == 0) vs[v] = {amax / (127.0f * static_cast<float>(kLoSteps) * 16.0f), S};
 }
 
 // Vectors first, first + stride, ... of a row of n (a multiple of 32) values quantised into q's row
@@ -85,7 +85,7 @@ __device__ __forceinline__ float vec_dot(const uint4& w, const uint4 (&xq)[4], i
     ll = dp4a_us(lo_n, xq[c].z, ll);
     hl = dp4a_us(hi_n, xq[c].w, hl);
   }
-  const int t = 254 * (16 * lh + hh) + (16 * ll + hl) - z16 * vs.sum;
+  const int t = kLoSteps * (16 * lh + hh) + (16 * ll + hl) - z16 * vs.sum;
   return static_cast<float>(t) * vs.scale;
 }
 

@@ -4,8 +4,9 @@
 // contiguous heads), z [Hv*dv], b [Hv], a [Hv]. Three launches:
 //  1. causal depthwise conv + SiLU over all conv_dim channels, shifting conv_state
 //     ([kernel-1][conv_dim], oldest first) and writing conv_out [conv_dim];
-//  2. one block per (value head h, quarter of its state columns) (q/k head h / (Hv/Hk)): L2-normalise q
-//     (and scale by dk^-0.5) and k, beta = sigmoid(b), g = -exp(A_log) * softplus(a + dt_bias);
+//  2. one block per (value head h, slice of its state columns: 4 slices where dv allows) (q/k head
+//     h / (Hv/Hk)): L2-normalise q (and scale by dk^-0.5) and k, beta = sigmoid(b),
+//     g = -exp(A_log) * softplus(a + dt_bias);
 //     S <- e^g S; delta = beta (v - S^T k); S += k delta^T; o = S^T q (read after the write);
 //  3. out = gated RMSNorm(o, z) with norm_w, a block per (token, value head).
 // The state S [Hv][dk][dv] is read and written once per step, each thread keeping its slice in

@@ -49,10 +49,8 @@ __device__ __forceinline__ uint4 zero4() { return make_uint4(0u, 0u, 0u, 0u); }
 // x fp32 [T, H] -> quantised rows; block (vector block, token), a warp a vector.
 __global__ void __launch_bounds__(kQuantWarps * 32) quantise_x_kernel(const float* __restrict__ x, int64_t H, QuantX q) {
   pdl_enter();  // x is the kernel before's output; a few blocks: let gate/up launch
-  const int64_t nvec = H / 32, t = blockIdx.y, v = static_cast<int64_t>(blockIdx.x) * kQuantWarps + (threadIdx.x >> 5);
-  if (v >= nvec) return;  // uniform per warp
-  quantise_vector(x[t * H + 32 * v + (threadIdx.x & 31)], static_cast<int>(v), static_cast<int>(nvec), q.parts + t * H * 2,
-                  static_cast<VecScale*>(q.vectors) + t * nvec);
+  const int t = blockIdx.y, v = static_cast<int>(blockIdx.x) * kQuantWarps + static_cast<int>(threadIdx.x >> 5);
+  quantise_vectors(x + t * H, H, q, t, v, static_cast<int>(H / 32));  // this warp's vector alone
 }
 
 // gate/up: block (row block, pair p), its 32 rows r0 .. r0 + 31 of gate and up; warp w the rows

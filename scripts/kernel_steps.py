@@ -6,7 +6,7 @@ Each CSV is one run under ncu (--csv --page raw, gpu__time_duration.sum). Every 
 embedding lookup (embed_kernel), so a run's kernels are cut there; INDEX picks one of its long segments
 (over 100 kernels: the prompt's chunks and the model's steps, not the drafts), -1 the last. Prints each
 run's segments (kernels, µs), then per kernel name the launches and time in each picked step, sorted by
-the last step's time over the first's (µs; kernels run one at a time under ncu).
+how much more time the last step spends in it than the first (µs; kernels run one at a time under ncu).
 """
 import collections
 import csv

@@ -278,6 +278,8 @@ struct Qwen35MoeGpu::Impl {
   void gpu_experts(const DevLayer& L, const float* x_dev, const int32_t* ids_dev, const float* w_dev, int64_t n, uint16_t* xh_buf, void* hs, float* out,
                    const gpu::Int4Expert* table, bool x_quantised);
 
+  // Whether L's GPU experts run on gpu::moe_int4_decode_wide (int4, shapes it takes, no act order).
+  bool wide_experts(const DevLayer& L) const;
   // Where the kernel that writes n tokens' x (before L's experts) also writes it quantised for the
   // decode MoE (gpu::moe_int4_decode_wide, its workspace hs); none (parts null) where L's experts run
   // on another kernel.

@@ -18,12 +18,16 @@ void each_launch(int64_t n, F&& f) {
 
 }  // namespace
 
+bool Qwen35MoeGpu::Impl::wide_experts(const DevLayer& L) const {
+  const ModelConfig& c = model.config();
+  return L.int4_experts &&
+         gpu::moe_int4_decode_wide_fits(c.hidden_size, c.moe_intermediate_size, L.expert_group, c.num_experts_per_tok, L.expert_act_order);
+}
+
 gpu::QuantX Qwen35MoeGpu::Impl::moe_x(const DevLayer& L, int64_t n, void* hs) const {
   const ModelConfig& c = model.config();
-  const int64_t H = c.hidden_size, I = c.moe_intermediate_size;
-  const int k = c.num_experts_per_tok;
-  if (!L.int4_experts || n > gpu::kMaxGemvTokens || !gpu::moe_int4_decode_wide_fits(H, I, L.expert_group, k, L.expert_act_order)) return {};
-  return gpu::wide_moe_x(hs, n, k, H, I);
+  if (n > gpu::kMaxGemvTokens || !wide_experts(L)) return {};
+  return gpu::wide_moe_x(hs, n, c.num_experts_per_tok, c.hidden_size, c.moe_intermediate_size);
 }
 
 // GPU-resident experts into `out` (the kernels skip the host-resident ones); xh / hs are scratch.
@@ -44,7 +48,7 @@ void Qwen35MoeGpu::Impl::gpu_experts(const DevLayer& L, const float* x_dev, cons
     const float* x = x_dev + t * H;
     const int32_t* ids = ids_dev + t * k;
     const float* w = w_dev + t * k;
-    if (L.int4_experts && gpu::moe_int4_decode_wide_fits(H, I, L.expert_group, k, L.expert_act_order)) {
+    if (wide_experts(L)) {
       CK(gpu::moe_int4_decode_wide(experts, H, I, L.expert_group, ids, w, T, k, x, x_quantised, hs, out + t * H, stream));
     } else if (L.int4_experts) {  // shapes and act order the wide kernel does not take
       CK(gpu::gather_x_half(x, nullptr, H, T, xh_buf, stream));
