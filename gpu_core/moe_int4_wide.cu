@@ -15,9 +15,9 @@
 // launch, against the fp16 form's 13.7 / 62.4; 4e-5 from the exact layer against 7e-4.
 //
 // Three launches: x quantised (a warp a vector; left out where the kernel that wrote x quantised it too:
-// act_quant.cuh); gate/up, each warp four rows of one (token, expert) pair so that a block's 32 rows are
-// one vector of h, quantised in the block; down, a half-warp a row's share of the token's experts. Every
-// weight load of a thread is issued before any is used.
+// act_quant.cuh); gate/up, a block 32 rows of one (token, expert) pair so that they are one vector of
+// h, quantised in the block; down, a half-warp two rows' shares of the token's experts. Every weight load
+// of a thread is issued before any is used.
 #include <type_traits>
 
 #include "gpu_core/act_quant.cuh"
@@ -32,17 +32,15 @@ namespace {
 
 using namespace detail;
 
-constexpr int kWarps = 8;                      // gate/up: warps per block
-constexpr int kRowsUp = 4;                     // gate/up rows per warp (each: one gate row and one up row)
-constexpr int kBlockRows = kWarps * kRowsUp;   // a gate/up block's rows: one 32-input vector of h
+constexpr int kBlockRows = 32;                 // a gate/up block's rows (gate and up each): one 32-input vector of h
 constexpr int kDownLanes = 16;                 // lanes per down row
-constexpr int kDownRows = 4;                   // down rows per block
+constexpr int kDownRowsPer = 2;                // down rows per half-warp
+constexpr int kDownRows = 4;                   // half-warps per row group: a block's rows are kDownRows x kDownRowsPer
 constexpr int kDownGroups = 4;                 // half-warps per down row: group g takes the experts g, g + 4, ...
 constexpr int kDownThreads = kDownRows * kDownGroups * kDownLanes;
 constexpr int kMaxK = 8;                       // experts per token
 constexpr int kDownPer = kMaxK / kDownGroups;  // experts per half-warp
 constexpr int kQuantWarps = 8;                 // x quantisation (when its writer did not): vectors per block
-static_assert(kBlockRows == 32, "a gate/up block's rows are one quantisation vector of h");
 
 __device__ __forceinline__ uint4 zero4() { return make_uint4(0u, 0u, 0u, 0u); }
 
@@ -53,14 +51,17 @@ __global__ void __launch_bounds__(kQuantWarps * 32) quantise_x_kernel(const floa
   quantise_vectors(x + t * H, H, q, t, v, static_cast<int>(H / 32));  // this warp's vector alone
 }
 
-// gate/up: block (row block, pair p), its 32 rows r0 .. r0 + 31 of gate and up; warp w the rows
-// r0 + 4 w .. + 3; lane l the vectors l + 32 i (i < NV) of each. h = silu(gate x) * up x of the 32 rows
-// is one vector of pair p's h, quantised by the block's first warp.
-template <int NV>
-__global__ void __launch_bounds__(kWarps * 32, NV <= 2 ? 2 : 1)  // up to 2048 inputs: two blocks an SM (128 registers)
+// gate/up: block (row block, pair p), its 32 rows r0 .. r0 + 31 of gate and up; warp w the RU = 32 / W
+// rows r0 + RU w .. + RU - 1; lane l the vectors l + 32 i (i < NV) of each. h = silu(gate x) * up x of
+// the 32 rows is one vector of pair p's h, quantised by the block's first warp. W is the launch's
+// choice (gate_up_warps): few pairs want many warps a block, many pairs fewer with more rows each.
+template <int NV, int W>
+__global__ void __launch_bounds__(W * 32, W == 8 && NV <= 2 ? 2 : 1)  // 8 warps, up to 2048 inputs: two blocks an SM
     wide_gate_up_kernel(const Int4Expert* __restrict__ experts, int64_t H, int64_t I, const int32_t* __restrict__ ids, int k,
                         const uint8_t* __restrict__ xq, const VecScale* __restrict__ xs, uint8_t* __restrict__ hq,
                         VecScale* __restrict__ hs, int gshift) {
+  constexpr int RU = kBlockRows / W;
+  static_assert(RU * W == kBlockRows, "a block's rows are one quantisation vector of h");
   __shared__ float hb[kBlockRows];
   const int G = static_cast<int>(H >> 5) >> gshift;
   const int p = blockIdx.y, t = p / k, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -68,14 +69,14 @@ __global__ void __launch_bounds__(kWarps * 32, NV <= 2 ? 2 : 1)  // up to 2048 i
   const Int4Expert* ex = experts + ids[p];
   const Int4View gate = ex->gate, up = ex->up;
   if (!gate.qweight) return;  // not resident on the GPU (hybrid); uniform per block
-  const int r0 = static_cast<int>(blockIdx.x) * kBlockRows + warp * kRowsUp, nvec = static_cast<int>(H >> 5);  // 32-bit offsets: H <= 4096, I <= 2048
+  const int r0 = static_cast<int>(blockIdx.x) * kBlockRows + warp * RU, nvec = static_cast<int>(H >> 5);  // 32-bit offsets: H <= 4096, I <= 2048
   const uint4* qg = reinterpret_cast<const uint4*>(gate.qweight);
   const uint4* qu = reinterpret_cast<const uint4*>(up.qweight);
-  uint4 wg[kRowsUp][NV], wu[kRowsUp][NV];
-  uint16_t sg[kRowsUp][NV], su[kRowsUp][NV];
-  uint8_t zg[kRowsUp][NV], zu[kRowsUp][NV];
+  uint4 wg[RU][NV], wu[RU][NV];
+  uint16_t sg[RU][NV], su[RU][NV];
+  uint8_t zg[RU][NV], zu[RU][NV];
 #pragma unroll
-  for (int r = 0; r < kRowsUp; ++r)
+  for (int r = 0; r < RU; ++r)
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
       const int v = lane + 32 * i, row = r0 + r;
@@ -89,7 +90,7 @@ __global__ void __launch_bounds__(kWarps * 32, NV <= 2 ? 2 : 1)  // up to 2048 i
       zu[r][i] = ok ? __ldg(up.zeros + gi) : uint8_t{0};
     }
   const uint8_t* xt = xq + static_cast<int64_t>(t) * H * 2;
-  float g[kRowsUp] = {}, u[kRowsUp] = {};
+  float g[RU] = {}, u[RU] = {};
 #pragma unroll
   for (int i = 0; i < NV; ++i) {
     const int v = lane + 32 * i;
@@ -98,41 +99,43 @@ __global__ void __launch_bounds__(kWarps * 32, NV <= 2 ? 2 : 1)  // up to 2048 i
     load_vector(xt, v, nvec, xv);
     const VecScale s = xs[t * nvec + v];
 #pragma unroll
-    for (int r = 0; r < kRowsUp; ++r) {
+    for (int r = 0; r < RU; ++r) {
       g[r] += __half2float(__ushort_as_half(sg[r][i])) * vec_dot(wg[r][i], xv, 16 * zg[r][i], s);
       u[r] += __half2float(__ushort_as_half(su[r][i])) * vec_dot(wu[r][i], xv, 16 * zu[r][i], s);
     }
   }
   pdl_launch_next();  // past its loads (pdl.cuh; see gemv_bf16.cu's row_dot)
 #pragma unroll
-  for (int r = 0; r < kRowsUp; ++r) {
+  for (int r = 0; r < RU; ++r) {
     const float gs = group_sum<32>(g[r]), us = group_sum<32>(u[r]);
-    if (lane == 0) hb[warp * kRowsUp + r] = gs / (1.0f + __expf(-gs)) * us;
+    if (lane == 0) hb[warp * RU + r] = gs / (1.0f + __expf(-gs)) * us;
   }
   __syncthreads();
   const int nh = static_cast<int>(I / 32);
   if (warp == 0) quantise_vector(hb[lane], blockIdx.x, nh, hq + static_cast<int64_t>(p) * I * 2, hs + static_cast<int64_t>(p) * nh);
 }
 
-// down: block (row block, token t) of kDownRows rows; half-warp (r, g) computes row r's share of the
-// experts j = g + kDownGroups m (m < kDownPer, j < k), weighted, summed over its lanes; the block adds
-// the kDownGroups shares of each row in group order. The weight loads go out before h is read.
+// down: block (row group, token t) of kDownRows x kDownRowsPer rows; half-warp (r, g) computes the
+// rows r kDownRowsPer + j (j < kDownRowsPer) of the group, each row's share of the experts
+// j = g + kDownGroups m (m < kDownPer, j < k) weighted and summed over its lanes; the block adds the
+// kDownGroups shares of each row in group order. The weight loads go out before h is read.
 template <int NV>
 __global__ void __launch_bounds__(kDownThreads)
     wide_down_kernel(const Int4Expert* __restrict__ experts, int64_t H, int64_t I, const int32_t* __restrict__ ids,
                      const float* __restrict__ weights, int k, const uint8_t* __restrict__ hq, const VecScale* __restrict__ hs,
                      float* __restrict__ out, int gshift) {
-  __shared__ float share[kDownGroups][kDownRows];
+  constexpr int RPH = kDownRowsPer, kRows = kDownRows * RPH;
+  __shared__ float share[kDownGroups][kRows];
   const int G = static_cast<int>(I >> 5) >> gshift;
   const int t = blockIdx.y, hw = threadIdx.x / kDownLanes, l = threadIdx.x % kDownLanes;
   const int r = hw % kDownRows, g = hw / kDownRows;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kDownRows + r, nvec = I / 32;
+  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kRows + r * RPH, nvec = I / 32;
   pdl_wait();
   const Int4View* d[kDownPer];
   const uint32_t* q[kDownPer];  // null: no such expert, or not resident (hybrid)
-  uint4 wd[kDownPer][NV];
-  uint16_t sd[kDownPer][NV];
-  uint8_t zd[kDownPer][NV];
+  uint4 wd[RPH][kDownPer][NV];
+  uint16_t sd[RPH][kDownPer][NV];
+  uint8_t zd[RPH][kDownPer][NV];
   float rw[kDownPer];
 #pragma unroll
   for (int m = 0; m < kDownPer; ++m) {
@@ -140,43 +143,58 @@ __global__ void __launch_bounds__(kDownThreads)
     d[m] = j < k ? &experts[ids[t * k + j]].down : nullptr;
     q[m] = d[m] ? d[m]->qweight : nullptr;
     rw[m] = j < k ? __ldg(weights + t * k + j) : 0.0f;
-#pragma unroll
-    for (int i = 0; i < NV; ++i) {
-      const int64_t v = l + kDownLanes * i;
-      const bool ok = q[m] && v < nvec;
-      const int64_t gi = row * G + (static_cast<int>(v) >> gshift);
-      wd[m][i] = ok ? load_stream(reinterpret_cast<const uint4*>(q[m]) + row * nvec + v) : zero4();
-      sd[m][i] = ok ? __ldg(d[m]->scales + gi) : uint16_t{0};
-      zd[m][i] = ok ? __ldg(d[m]->zeros + gi) : uint8_t{0};
-    }
   }
-  float acc = 0.0f;
+#pragma unroll
+  for (int o = 0; o < RPH; ++o)
+#pragma unroll
+    for (int m = 0; m < kDownPer; ++m)
+#pragma unroll
+      for (int i = 0; i < NV; ++i) {
+        const int64_t v = l + kDownLanes * i, row = row0 + o;
+        const bool ok = q[m] && v < nvec;
+        const int64_t gi = row * G + (static_cast<int>(v) >> gshift);
+        wd[o][m][i] = ok ? load_stream(reinterpret_cast<const uint4*>(q[m]) + row * nvec + v) : zero4();
+        sd[o][m][i] = ok ? __ldg(d[m]->scales + gi) : uint16_t{0};
+        zd[o][m][i] = ok ? __ldg(d[m]->zeros + gi) : uint8_t{0};
+      }
+  float acc[RPH] = {};
 #pragma unroll
   for (int m = 0; m < kDownPer; ++m) {
     if (!q[m]) continue;
     const int64_t p = static_cast<int64_t>(t) * k + g + kDownGroups * m;
-    float a = 0.0f;
+    float a[RPH] = {};
 #pragma unroll
     for (int i = 0; i < NV; ++i) {
       const int64_t v = l + kDownLanes * i;
       if (v >= nvec) break;
       uint4 hv[4];
       load_vector(hq + p * I * 2, v, nvec, hv);
-      a += __half2float(__ushort_as_half(sd[m][i])) * vec_dot(wd[m][i], hv, 16 * zd[m][i], hs[p * nvec + v]);
+      const VecScale s = hs[p * nvec + v];
+#pragma unroll
+      for (int o = 0; o < RPH; ++o) a[o] += __half2float(__ushort_as_half(sd[o][m][i])) * vec_dot(wd[o][m][i], hv, 16 * zd[o][m][i], s);
     }
-    acc += rw[m] * a;
+#pragma unroll
+    for (int o = 0; o < RPH; ++o) acc[o] += rw[m] * a[o];
   }
   pdl_launch_next();  // past its loads (pdl.cuh)
-  acc = group_sum<kDownLanes>(acc);
-  if (l == 0) share[g][r] = acc;
+#pragma unroll
+  for (int o = 0; o < RPH; ++o) {
+    const float a = group_sum<kDownLanes>(acc[o]);
+    if (l == 0) share[g][r * RPH + o] = a;
+  }
   __syncthreads();
-  if (threadIdx.x < kDownRows) {
+  if (threadIdx.x < kRows) {
     float sum = share[0][threadIdx.x];
 #pragma unroll
     for (int q = 1; q < kDownGroups; ++q) sum += share[q][threadIdx.x];
-    out[t * H + static_cast<int64_t>(blockIdx.x) * kDownRows + threadIdx.x] = sum;
+    out[t * H + static_cast<int64_t>(blockIdx.x) * kRows + threadIdx.x] = sum;
   }
 }
+
+// gate/up's warps a block for a launch of `blocks` blocks, from stop 49's experiment (8, 16 and 32 warps
+// at 1..8 tokens, bench/results/2026-12-06-stop49-h100.md): up to about one block an SM, 32 warps of one
+// row each keep more loads in flight; up to four, 16 of two rows; beyond, 8 of four (two blocks an SM).
+int gate_up_warps(int64_t blocks) { return blocks <= 128 ? 32 : blocks <= 512 ? 16 : 8; }
 
 int vectors_per_lane(int64_t K, int lanes) { return static_cast<int>((K / 32 + lanes - 1) / lanes); }
 
@@ -199,7 +217,7 @@ int group_shift(int64_t group_size) {
 }  // namespace
 
 bool moe_int4_decode_wide_fits(int64_t H, int64_t I, int64_t group_size, int k, bool act_order) {
-  return !act_order && k >= 1 && k <= kMaxK && H >= 32 && I >= 32 && H % 32 == 0 && I % 32 == 0 && group_shift(group_size) >= 0 &&
+  return !act_order && k >= 1 && k <= kMaxK && H >= 32 && I >= 32 && H % 32 == 0 && H % (kDownRows * kDownRowsPer) == 0 && I % 32 == 0 && group_shift(group_size) >= 0 &&
          H % group_size == 0 && I % group_size == 0 && vectors_per_lane(H, 32) <= 4 && vectors_per_lane(I, kDownLanes) <= 4;
 }
 
@@ -222,12 +240,20 @@ cudaError_t moe_int4_decode_wide(const Int4Expert* experts, int64_t H, int64_t I
     if (err != cudaSuccess) return err;
   }
   const dim3 up_grid(static_cast<unsigned>(I / kBlockRows), static_cast<unsigned>(T * k));
+  const int warps = gate_up_warps(int64_t{up_grid.x} * up_grid.y);
   err = with_vectors(vectors_per_lane(H, 32), [&](auto nv) {
-    return launch(wide_gate_up_kernel<nv.value>, up_grid, dim3(kWarps * 32), 0, stream, experts, H, I, ids, k,
-                  static_cast<const uint8_t*>(q.parts), xs, hq, hs, gs);
+    auto go = [&](auto kernel, int w) {
+      return launch(kernel, up_grid, dim3(w * 32), 0, stream, experts, H, I, ids, k, static_cast<const uint8_t*>(q.parts), xs, hq,
+                    hs, gs);
+    };
+    if constexpr (nv.value <= 2) {  // 4 vectors a lane would spill at 32 warps' 64 registers: 16 then
+      if (warps == 32) return go(wide_gate_up_kernel<nv.value, 32>, 32);
+    }
+    if (warps >= 16) return go(wide_gate_up_kernel<nv.value, 16>, 16);
+    return go(wide_gate_up_kernel<nv.value, 8>, 8);
   });
   if (err != cudaSuccess) return err;
-  const dim3 down_grid(static_cast<unsigned>(H / kDownRows), static_cast<unsigned>(T));
+  const dim3 down_grid(static_cast<unsigned>(H / (kDownRows * kDownRowsPer)), static_cast<unsigned>(T));
   return with_vectors(vectors_per_lane(I, kDownLanes), [&](auto nv) {
     return launch(wide_down_kernel<nv.value>, down_grid, dim3(kDownThreads), 0, stream, experts, H, I, ids, weights, k, hq, hs, out, gs);
   });
