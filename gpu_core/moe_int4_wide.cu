@@ -54,9 +54,9 @@ __global__ void __launch_bounds__(kQuantWarps * 32) quantise_x_kernel(const floa
 // gate/up: block (row block, pair p), its 32 rows r0 .. r0 + 31 of gate and up; warp w the RU = 32 / W
 // rows r0 + RU w .. + RU - 1; lane l the vectors l + 32 i (i < NV) of each. h = silu(gate x) * up x of
 // the 32 rows is one vector of pair p's h, quantised by the block's first warp. W is the launch's
-// choice (gate_up_warps): few pairs want many warps a block, many pairs fewer with more rows each.
+// choice (gate_up_warps): 32 or 8 (8 with more than 2 vectors a lane).
 template <int NV, int W>
-__global__ void __launch_bounds__(W * 32, W == 8 && NV <= 2 ? 2 : 1)  // 8 warps, up to 2048 inputs: two blocks an SM
+__global__ void __launch_bounds__(W * 32, W == 8 && NV <= 2 ? 2 : 1)  // up to 2048 inputs: 16 or 32 warps an SM (128 / 64 registers)
     wide_gate_up_kernel(const Int4Expert* __restrict__ experts, int64_t H, int64_t I, const int32_t* __restrict__ ids, int k,
                         const uint8_t* __restrict__ xq, const VecScale* __restrict__ xs, uint8_t* __restrict__ hq,
                         VecScale* __restrict__ hs, int gshift) {
@@ -191,10 +191,11 @@ __global__ void __launch_bounds__(kDownThreads)
   }
 }
 
-// gate/up's warps a block for a launch of `blocks` blocks, from stop 49's experiment (8, 16 and 32 warps
-// at 1..8 tokens, bench/results/2026-12-06-stop49-h100.md): up to about one block an SM, 32 warps of one
-// row each keep more loads in flight; up to four, 16 of two rows; beyond, 8 of four (two blocks an SM).
-int gate_up_warps(int64_t blocks) { return blocks <= 128 ? 32 : blocks <= 512 ? 16 : 8; }
+// gate/up's warps a block for a launch of `blocks` blocks (stop 49, bench/results/2026-12-06-stop49-h100.md):
+// up to about one block an SM, 32 warps of one row each keep more loads in flight; beyond, 8 of four
+// (two blocks an SM). 16 of two, faster in the experiment's compile-time form, needs 104 registers here
+// (one block an SM) and lost.
+int gate_up_warps(int64_t blocks) { return blocks <= 128 ? 32 : 8; }
 
 int vectors_per_lane(int64_t K, int lanes) { return static_cast<int>((K / 32 + lanes - 1) / lanes); }
 
@@ -246,10 +247,9 @@ cudaError_t moe_int4_decode_wide(const Int4Expert* experts, int64_t H, int64_t I
       return launch(kernel, up_grid, dim3(w * 32), 0, stream, experts, H, I, ids, k, static_cast<const uint8_t*>(q.parts), xs, hq,
                     hs, gs);
     };
-    if constexpr (nv.value <= 2) {  // 4 vectors a lane would spill at 32 warps' 64 registers: 16 then
+    if constexpr (nv.value <= 2) {  // 4 vectors a lane would spill at 32 warps' 64 registers
       if (warps == 32) return go(wide_gate_up_kernel<nv.value, 32>, 32);
     }
-    if (warps >= 16) return go(wide_gate_up_kernel<nv.value, 16>, 16);
     return go(wide_gate_up_kernel<nv.value, 8>, 8);
   });
   if (err != cudaSuccess) return err;

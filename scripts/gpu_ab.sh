@@ -17,7 +17,7 @@
 #            (with --draft 4 when $VDRAFT is set; with $VLM_HEAD, the drafts' lm_head copy speculative.lm_head,
 #            a YAML key: --device hybrid with a $VMEM budget, default 64GiB, that holds every expert): the
 #            verification step, drafts and rollback against decode
-#   kbench   the new tree's kernel benchmarks (bench_gpu_gemv) matching $KFILTER
+#   kbench   the kernel benchmarks (bench_gpu_gemv) matching $KFILTER: old, new, old, new
 #   ncu      Nsight Compute on the new tree's bench_gpu_gemv ($KFILTER), kernels matching $NCU_KERNELS
 #            (a regex), $NCU_COUNT launches after 20: duration, issue slots, L1 / DRAM / SM throughput,
 #            registers and warps an SM per kernel (the raw report: $OUT/ncu.txt)
@@ -43,9 +43,12 @@ build() {  # src dir targets...
   local src="$1" dir="$2"; shift 2
   cmake -S "$src" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 && cmake --build "$dir" -j "$(nproc)" --target "$@"
 }
+old_targets=""
+[[ "$steps" == *" ab "* || "$steps" == *" e2e "* || "$steps" == *" batch "* || "$steps" == *" verify "* ]] && old_targets=tandem  # the steps that run the old tree
+[[ "$steps" == *" kbench "* ]] && old_targets="$old_targets bench_gpu_gemv"
 b0=$(date +%s)
-if [[ "$steps" == *" ab "* || "$steps" == *" e2e "* || "$steps" == *" batch "* || "$steps" == *" verify "* ]]; then  # the steps that run the old tree
-  (build "$old" build-ab-old tandem > "$OUT/build-old.log" 2>&1; echo $? > "$OUT/build-old.rc") &
+if [ -n "$old_targets" ]; then
+  (build "$old" build-ab-old $old_targets > "$OUT/build-old.log" 2>&1; echo $? > "$OUT/build-old.rc") &
 else
   echo 0 > "$OUT/build-old.rc"
 fi
@@ -150,9 +153,13 @@ PY
 fi
 
 if [[ "$steps" == *" kbench "* ]]; then
-  echo "## Kernel benchmarks (bench_gpu_gemv, filter ${KFILTER:-all})" >> "$summary"
-  timeout "$(left)" build-ab-new/bench/bench_gpu_gemv --benchmark_filter="${KFILTER:-.}" > "$OUT/kbench.txt" 2>&1
-  echo '```' >> "$summary"; grep -E '^BM_' "$OUT/kbench.txt" >> "$summary"; echo '```' >> "$summary"; echo >> "$summary"
+  echo "## Kernel benchmarks (bench_gpu_gemv, filter ${KFILTER:-all}): old, new, old, new" >> "$summary"
+  echo '```' >> "$summary"
+  for run in old new old new; do
+    timeout "$(left)" build-ab-$run/bench/bench_gpu_gemv --benchmark_filter="${KFILTER:-.}" > "$OUT/kbench-$run.txt" 2>&1
+    grep -E '^BM_' "$OUT/kbench-$run.txt" | sed "s/^/$run /" >> "$summary"
+  done
+  echo '```' >> "$summary"; echo >> "$summary"
 fi
 
 if [[ "$steps" == *" ncu "* ]]; then
