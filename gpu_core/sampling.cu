@@ -30,15 +30,19 @@ __device__ __forceinline__ bool better(float va, int ia, float vb, int ib) {
   return va > vb || (va == vb && ia < ib);
 }
 
-// Block b takes entries [b * per, min(n, (b + 1) * per)) of (vals, ids) (ids == nullptr: the index),
-// and writes its k best, best first, to out_vals / out_ids [b * k ..); missing ones as (-inf, INT_MAX).
+// Block (b, r) takes entries [b * per, min(n, (b + 1) * per)) of row r of (vals, ids), rows `stride`
+// apart (ids == nullptr: the index in the row), and writes its k best, best first, to out_vals /
+// out_ids [(r * gridDim.x + b) * k ..); missing ones as (-inf, INT_MAX).
 __global__ void __launch_bounds__(kThreads)
-    select_kernel(const float* __restrict__ vals, const int32_t* __restrict__ ids, int64_t n, int64_t per, int k,
+    select_kernel(const float* __restrict__ vals, const int32_t* __restrict__ ids, int64_t n, int64_t stride, int64_t per, int k,
                   float* __restrict__ out_vals, int32_t* __restrict__ out_ids) {
   extern __shared__ float sv[];
   auto* si = reinterpret_cast<int32_t*>(sv + per);
   __shared__ float wv[kThreads / 32];
   __shared__ int wi[kThreads / 32], wp[kThreads / 32];
+  vals += blockIdx.y * stride;
+  if (ids) ids += blockIdx.y * stride;
+  const int64_t out = (static_cast<int64_t>(blockIdx.y) * gridDim.x + blockIdx.x) * k;
   const int64_t b0 = static_cast<int64_t>(blockIdx.x) * per;
   const int64_t cnt = n - b0 < per ? (n - b0 > 0 ? n - b0 : 0) : per;
   for (int64_t i = threadIdx.x; i < cnt; i += blockDim.x) {
@@ -61,8 +65,8 @@ __global__ void __launch_bounds__(kThreads)
     if (threadIdx.x == 0) {
       for (int w = 1; w < kThreads / 32; ++w)
         if (better(wv[w], wi[w], bv, bi)) bv = wv[w], bi = wi[w], bp = wp[w];
-      out_vals[static_cast<int64_t>(blockIdx.x) * k + r] = bv;
-      out_ids[static_cast<int64_t>(blockIdx.x) * k + r] = bi;
+      out_vals[out + r] = bv;
+      out_ids[out + r] = bi;
       if (bp >= 0) si[bp] = INT_MAX;  // taken
     }
     __syncthreads();
@@ -77,15 +81,15 @@ cudaError_t penalise(float* logits, int64_t V, const Penalty* pen, int n, cudaSt
   return cudaGetLastError();
 }
 
-cudaError_t top_k_row(const float* logits, int64_t V, int k, void* workspace, int32_t* ids, float* vals, cudaStream_t stream) {
-  if (k < 1 || k > kMaxTopK || V < k) return cudaErrorInvalidValue;
+cudaError_t top_k_rows(const float* logits, int64_t V, int rows, int k, void* workspace, int32_t* ids, float* vals, cudaStream_t stream) {
+  if (k < 1 || k > kMaxTopK || V < k || rows < 1 || rows > kMaxTopKRows) return cudaErrorInvalidValue;
   const int64_t per = (V + kTopKBlocks - 1) / kTopKBlocks;
   if (per * 8 > 48 * 1024) return cudaErrorInvalidValue;  // the slice lives in shared memory
-  auto* cand_vals = static_cast<float*>(workspace);
-  auto* cand_ids = reinterpret_cast<int32_t*>(cand_vals + kTopKBlocks * kMaxTopK);
-  select_kernel<<<kTopKBlocks, kThreads, per * 8, stream>>>(logits, nullptr, V, per, k, cand_vals, cand_ids);
+  auto* cand_vals = static_cast<float*>(workspace);  // [rows][kTopKBlocks][k]
+  auto* cand_ids = reinterpret_cast<int32_t*>(cand_vals + static_cast<int64_t>(rows) * kTopKBlocks * kMaxTopK);
+  select_kernel<<<dim3(kTopKBlocks, rows), kThreads, per * 8, stream>>>(logits, nullptr, V, V, per, k, cand_vals, cand_ids);
   const int64_t n2 = static_cast<int64_t>(kTopKBlocks) * k;
-  select_kernel<<<1, kThreads, n2 * 8, stream>>>(cand_vals, cand_ids, n2, n2, k, vals, ids);
+  select_kernel<<<dim3(1, rows), kThreads, n2 * 8, stream>>>(cand_vals, cand_ids, n2, n2, n2, k, vals, ids);
   return cudaGetLastError();
 }
 

@@ -4,9 +4,11 @@
 // penalise:  logits[id] = (rep == 1 ? l : l > 0 ? l / rep : l * rep) - sub for every listed penalty,
 //            each operation rounded on its own (LogitPenalty::apply's bits)
 //            (ids distinct, as the host sampler's penalty list; ids outside 0..V-1 are ignored).
-// top_k_row: the k largest logits of one row as (id, value) in decreasing order, ties to the lower id
-//            (the host sampler's order), 1 <= k <= kMaxTopK: a top-k per slice of the row in
-//            kTopKBlocks blocks, then one block over their candidates. Exact (no rounding).
+// top_k_rows: the k largest logits of each of `rows` rows (V apart) as (id, value) in decreasing order,
+//            ties to the lower id (the host sampler's order), ids / vals [rows][k], 1 <= k <= kMaxTopK,
+//            rows <= kMaxTopKRows: a top-k per slice of each row in kTopKBlocks blocks, then one block a
+//            row over its candidates, two launches for all the rows. Exact (no rounding): a row's first
+//            j < k results are its top j, whatever k and the other rows.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -24,9 +26,9 @@ struct Penalty {  // the layout of tandem::LogitPenalty
 };
 
 static_assert(sizeof(Penalty) == kPenaltyBytes);
-// kMaxTopK, kTopKBlocks and top_k_row's workspace kTopKWorkspaceBytes: workspace_sizes.h.
+// kMaxTopK, kTopKBlocks, kMaxTopKRows and top_k_rows's workspace per row kTopKWorkspaceBytes: workspace_sizes.h.
 
 cudaError_t penalise(float* logits, int64_t V, const Penalty* pen, int n, cudaStream_t stream);
-cudaError_t top_k_row(const float* logits, int64_t V, int k, void* workspace, int32_t* ids, float* vals, cudaStream_t stream);
+cudaError_t top_k_rows(const float* logits, int64_t V, int rows, int k, void* workspace, int32_t* ids, float* vals, cudaStream_t stream);
 
 }  // namespace tandem::gpu

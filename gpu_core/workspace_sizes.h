@@ -13,10 +13,12 @@ inline constexpr int kMaxGemvTokens = 8;
 // cuBLAS's workspace, given to the handle so its memory is inside the caller's budget (gemm.cuh).
 inline constexpr size_t kBlasWorkspaceBytes = size_t(4) << 20;
 
-// Sampling on the device (sampling.cuh): top_k_row for any k <= kMaxTopK, in kTopKBlocks slices, and
-// the penalty list's entries (id int32, repetition and subtractive float: tandem::LogitPenalty).
+// Sampling on the device (sampling.cuh): top_k_rows for any k <= kMaxTopK, in kTopKBlocks slices, up to
+// kMaxTopKRows rows a launch (its workspace: kTopKWorkspaceBytes a row), and the penalty list's entries
+// (id int32, repetition and subtractive float: tandem::LogitPenalty).
 inline constexpr int kMaxTopK = 64;
 inline constexpr int kTopKBlocks = 64;
+inline constexpr int kMaxTopKRows = 65535;  // a grid's second dimension
 inline constexpr size_t kTopKWorkspaceBytes = size_t(kTopKBlocks) * kMaxTopK * 8;
 inline constexpr size_t kPenaltyBytes = 12;
 

@@ -66,9 +66,10 @@ GpuWorkspace gpu_workspace(const ModelConfig& c, const WorkShape& s) {
   f32(Work::cpu_out, H);  // the host experts' sum (hybrid)
   const int64_t chunk = batched_chunk(c, s.prefill_chunk);
   if (s.deferral) f32(Work::deferred, (chunk > 0 ? chunk : 1) * H);
-  // sampling on the GPU: the penalty list, top_k_row's workspace, the k best ids and values
+  // sampling on the GPU: the penalty list, top_k_rows's workspace (a row, or every row of a step), the k best ids and values
   set(Work::penalties, static_cast<uint64_t>(s.context) * gpu::kPenaltyBytes);
-  set(Work::topk_ws, gpu::kTopKWorkspaceBytes);
+  const int64_t top_rows = s.decode_rows > 1 && chunk >= s.decode_rows ? s.decode_rows : 1;  // step_rows_top: every row in one launch
+  set(Work::topk_ws, gpu::kTopKWorkspaceBytes * top_rows);
   set(Work::top_ids, gpu::kMaxTopK * 4), f32(Work::top_vals, gpu::kMaxTopK);
   if (chunk > 0) {
     const int64_t n = chunk, widest_k = std::max({H, Vd, nh * hd, Is, I});

@@ -37,35 +37,46 @@ std::vector<LogitPenalty> random_penalties(std::mt19937& rng, int V, int n) {
   return Sampler(p).penalties(ctx, gen);
 }
 
+// Rows of one launch: each row's k best as the definition gives them alone (the rows differ: their own
+// values and penalties), for one row and for several.
 TEST(GpuSampling, TopKMatchesTheDefinition) {
   TANDEM_REQUIRE_GPU();
   std::mt19937 rng(test::test_seed());
   for (int V : {248320, 1000, 64}) {
-    std::vector<float> l(V);
-    for (auto& x : l) x = static_cast<float>(static_cast<int>(std::normal_distribution<float>(0, 3)(rng) * 8)) / 8;  // ties
-    const auto pen = random_penalties(rng, V, 300);
-    test::DeviceBuffer<float> dl(l), dv(gpu::kMaxTopK);
-    test::DeviceBuffer<int32_t> di(gpu::kMaxTopK);
-    test::DeviceBuffer<uint8_t> ws(gpu::kTopKWorkspaceBytes);
-    std::vector<gpu::Penalty> gp;
-    for (const auto& p : pen) gp.push_back({p.id, p.rep, p.sub});
-    test::DeviceBuffer<gpu::Penalty> dp(gp);
-    CUDA_OK(gpu::penalise(dl.ptr, V, dp.ptr, static_cast<int>(gp.size()), nullptr));
-    for (int k : {1, 20, 40, 64}) {
-      if (k > V) continue;
-      CUDA_OK(gpu::top_k_row(dl.ptr, V, k, ws.ptr, di.ptr, dv.ptr, nullptr));
-      CUDA_OK(cudaDeviceSynchronize());
-      const auto want = expected_top(l, pen, k);
-      const std::vector<int32_t> ids = di.to_host();
-      const std::vector<float> vals = dv.to_host();
-      for (int i = 0; i < k; ++i) {
-        ASSERT_EQ(ids[i], want[i].first) << "V " << V << " k " << k << " rank " << i;
-        ASSERT_EQ(vals[i], want[i].second) << "V " << V << " rank " << i;  // the host's penalty arithmetic, bit for bit
+    for (int rows : {1, 3}) {
+      std::vector<float> l(static_cast<size_t>(rows) * V);
+      for (auto& x : l) x = static_cast<float>(static_cast<int>(std::normal_distribution<float>(0, 3)(rng) * 8)) / 8;  // ties
+      std::vector<std::vector<LogitPenalty>> pen(rows);
+      test::DeviceBuffer<float> dl(l), dv(rows * gpu::kMaxTopK);
+      test::DeviceBuffer<int32_t> di(rows * gpu::kMaxTopK);
+      test::DeviceBuffer<uint8_t> ws(rows * gpu::kTopKWorkspaceBytes);
+      for (int r = 0; r < rows; ++r) {
+        pen[r] = random_penalties(rng, V, 300);
+        std::vector<gpu::Penalty> gp;
+        for (const auto& p : pen[r]) gp.push_back({p.id, p.rep, p.sub});
+        test::DeviceBuffer<gpu::Penalty> dp(gp);
+        CUDA_OK(gpu::penalise(dl.ptr + static_cast<int64_t>(r) * V, V, dp.ptr, static_cast<int>(gp.size()), nullptr));
+        CUDA_OK(cudaDeviceSynchronize());
+      }
+      for (int k : {1, 20, 40, 64}) {
+        if (k > V) continue;
+        CUDA_OK(gpu::top_k_rows(dl.ptr, V, rows, k, ws.ptr, di.ptr, dv.ptr, nullptr));
+        CUDA_OK(cudaDeviceSynchronize());
+        const std::vector<int32_t> ids = di.to_host();
+        const std::vector<float> vals = dv.to_host();
+        for (int r = 0; r < rows; ++r) {
+          const auto want = expected_top(std::vector<float>(l.begin() + static_cast<int64_t>(r) * V, l.begin() + static_cast<int64_t>(r + 1) * V), pen[r], k);
+          for (int i = 0; i < k; ++i) {
+            ASSERT_EQ(ids[r * k + i], want[i].first) << "V " << V << " rows " << rows << " row " << r << " k " << k << " rank " << i;
+            ASSERT_EQ(vals[r * k + i], want[i].second) << "V " << V << " row " << r << " rank " << i;  // the host's penalty arithmetic, bit for bit
+          }
+        }
       }
     }
   }
-  EXPECT_NE(gpu::top_k_row(nullptr, 100, 0, nullptr, nullptr, nullptr, nullptr), cudaSuccess);
-  EXPECT_NE(gpu::top_k_row(nullptr, 100, gpu::kMaxTopK + 1, nullptr, nullptr, nullptr, nullptr), cudaSuccess);
+  EXPECT_NE(gpu::top_k_rows(nullptr, 100, 1, 0, nullptr, nullptr, nullptr, nullptr), cudaSuccess);
+  EXPECT_NE(gpu::top_k_rows(nullptr, 100, 1, gpu::kMaxTopK + 1, nullptr, nullptr, nullptr, nullptr), cudaSuccess);
+  EXPECT_NE(gpu::top_k_rows(nullptr, 100, 0, 1, nullptr, nullptr, nullptr, nullptr), cudaSuccess);
 }
 
 // forward_top on the whole model: the same candidates as the host selection on the logits forward()

@@ -385,7 +385,7 @@ bool Qwen35MoeGpu::forward_top(std::span<const int32_t> ids, std::span<const gpu
   if (!penalties.empty())
     CK(cudaMemcpyAsync(m.pen_dev, penalties.data(), penalties.size() * sizeof(gpu::Penalty), cudaMemcpyHostToDevice, m.stream));
   CK(gpu::penalise(m.logits, V, m.pen_dev, static_cast<int>(penalties.size()), m.stream));
-  CK(gpu::top_k_row(m.logits, V, k, m.topk_ws, m.top_ids, m.top_vals, m.stream));
+  CK(gpu::top_k_rows(m.logits, V, 1, k, m.topk_ws, m.top_ids, m.top_vals, m.stream));
   std::vector<int32_t> hi(k);
   std::vector<float> hv(k);
   CK(cudaMemcpyAsync(hi.data(), m.top_ids, k * sizeof(int32_t), cudaMemcpyDeviceToHost, m.stream));

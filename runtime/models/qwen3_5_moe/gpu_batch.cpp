@@ -155,23 +155,36 @@ bool Qwen35MoeGpu::step_rows_top(std::span<const RowFeed> feeds, std::span<const
   Impl::Batch b;
   const int64_t n = fill_rows(m, feeds, b);
   m.run_rows(n, b, &m.logits_sink, hidden);
+  // Every row's penalties in one list over the n rows as one row of n V logits (ids moved by r V; those
+  // outside 0..V-1 dropped, as penalise drops them), uploaded and applied in pieces of the penalty
+  // buffer's max_context entries; then every row's top kmax in one top_k_rows: the first k[r] are row r's.
+  std::vector<gpu::Penalty> pen;
+  int kmax = 0;
   for (int64_t r = 0; r < n; ++r) {
     if (k[r] == 0) continue;
-    float* row = m.blogits + r * V;
-    if (!penalties[r].empty())
-      CK(cudaMemcpyAsync(m.pen_dev, penalties[r].data(), penalties[r].size() * sizeof(gpu::Penalty), cudaMemcpyHostToDevice, m.stream));
-    CK(gpu::penalise(row, V, m.pen_dev, static_cast<int>(penalties[r].size()), m.stream));
-    CK(gpu::top_k_row(row, V, k[r], m.topk_ws, m.btop_ids + r * gpu::kMaxTopK, m.btop_vals + r * gpu::kMaxTopK, m.stream));
+    kmax = std::max(kmax, k[r]);
+    for (const gpu::Penalty& p : penalties[r])
+      if (p.id >= 0 && p.id < V) pen.push_back({static_cast<int32_t>(p.id + r * V), p.rep, p.sub});
   }
-  std::vector<int32_t> hi(n * gpu::kMaxTopK);
-  std::vector<float> hv(n * gpu::kMaxTopK);
+  if (kmax == 0) {
+    advance(m, feeds, b.keep);
+    return true;
+  }
+  for (size_t at = 0; at < pen.size(); at += static_cast<size_t>(m.opts.max_context)) {
+    const size_t piece = std::min(pen.size() - at, static_cast<size_t>(m.opts.max_context));
+    CK(cudaMemcpyAsync(m.pen_dev, pen.data() + at, piece * sizeof(gpu::Penalty), cudaMemcpyHostToDevice, m.stream));
+    CK(gpu::penalise(m.blogits, n * V, m.pen_dev, static_cast<int>(piece), m.stream));
+  }
+  CK(gpu::top_k_rows(m.blogits, V, static_cast<int>(n), kmax, m.topk_ws, m.btop_ids, m.btop_vals, m.stream));
+  std::vector<int32_t> hi(n * kmax);
+  std::vector<float> hv(n * kmax);
   CK(cudaMemcpyAsync(hi.data(), m.btop_ids, hi.size() * sizeof(int32_t), cudaMemcpyDeviceToHost, m.stream));
   CK(cudaMemcpyAsync(hv.data(), m.btop_vals, hv.size() * sizeof(float), cudaMemcpyDeviceToHost, m.stream));
-  CK(cudaStreamSynchronize(m.stream));
+  CK(cudaStreamSynchronize(m.stream));  // also the end of the penalty pieces' reads of `pen`
   for (int64_t r = 0; r < n; ++r) {
     if (k[r] == 0) continue;
     tops[r]->resize(k[r]);
-    for (int i = 0; i < k[r]; ++i) (*tops[r])[i] = {hi[r * gpu::kMaxTopK + i], hv[r * gpu::kMaxTopK + i]};
+    for (int i = 0; i < k[r]; ++i) (*tops[r])[i] = {hi[r * kmax + i], hv[r * kmax + i]};
   }
   advance(m, feeds, b.keep);
   return true;

@@ -82,7 +82,7 @@ void Qwen35MoeGpu::mtp_rows(int slot, int64_t at, std::span<const int32_t> ids, 
     m.linear(m.draft_lm_head(), m.x, m.logits);
     if (want & kLogits) CK(cudaMemcpyAsync(m.hrows, m.logits, V * sizeof(float), cudaMemcpyDeviceToHost, m.stream));
     if (want & kArgmax) {
-      CK(gpu::top_k_row(m.logits, V, 1, m.topk_ws, m.top_ids, m.top_vals, m.stream));
+      CK(gpu::top_k_rows(m.logits, V, 1, 1, m.topk_ws, m.top_ids, m.top_vals, m.stream));
       CK(cudaMemcpyAsync(m.hio + 5 * R, m.top_ids, sizeof(int32_t), cudaMemcpyDeviceToHost, m.stream));
     }
   };
@@ -150,7 +150,7 @@ bool Qwen35MoeGpu::mtp_chain(int slot, int64_t at, std::span<const int32_t> ids,
       }
       m.enqueue_mtp(i == 0 ? n : 1, false, nullptr);
       m.linear(m.draft_lm_head(), m.x, m.logits);
-      CK(gpu::top_k_row(m.logits, V, 1, m.topk_ws, m.top_ids, m.top_vals, m.stream));
+      CK(gpu::top_k_rows(m.logits, V, 1, 1, m.topk_ws, m.top_ids, m.top_vals, m.stream));
       CK(cudaMemcpyAsync(io + i, m.top_ids, sizeof(int32_t), cudaMemcpyDeviceToHost, m.stream));
     }
   };
