@@ -58,21 +58,8 @@ struct RowsOut {
 // Whether out is a valid layout of N rows (1..kMaxParts parts, increasing ends, the last N, no null dst).
 bool rows_out_fits(const RowsOut& out, int64_t N);
 
-// The router's end in a rows GEMV's launch: y's first part is the T tokens' E router logits, and the
-// launch's last block runs router_topk (ops.cuh) on them into ids / weights [T, k], bit for bit as the
-// router_topk launch after the GEMV. counter: a device word, zero before the launch and left zero
-// (launches sharing one must be stream-ordered).
-struct RouteRows {
-  int E = 0, k = 0;
-  unsigned* counter = nullptr;
-  int32_t* ids = nullptr;
-  float* weights = nullptr;
-};
-
 cudaError_t gemv_bf16(const uint16_t* W, int64_t N, int64_t K, const float* x, int T, float* y, cudaStream_t stream);
 cudaError_t gemv_bf16(const uint16_t* W, int64_t N, int64_t K, const float* x, int T, const RowsOut& y, cudaStream_t stream);
-cudaError_t gemv_bf16(const uint16_t* W, int64_t N, int64_t K, const float* x, int T, const RowsOut& y, const RouteRows& route,
-                      cudaStream_t stream);
 
 // gemv_rows8 (W8A16, rows8_layout.h): y [T, N] = x [T, K] W^T for W 8-bit codes [N, K] (int8 or FP8
 // E4M3) with a scale per row, T <= kMaxGemvTokens, K % 16 == 0, rows 16-byte aligned, the weights read

@@ -99,32 +99,16 @@ __device__ __forceinline__ void row_dot(const uint16_t* __restrict__ W, int64_t 
   detail::pdl_launch_next();
 }
 
-// A rows GEMV's router end (RouteRows, gemv.cuh): every thread's stores fenced, a ticket a block; the
-// block holding the last ticket reads the T tokens' logits back from L2 (y's first part), a warp a
-// token, and runs router_topk's arithmetic on each (warp_router_topk), then zeroes the counter.
-__device__ __forceinline__ void route_rows_tail(const RowsOut& y, int T, const RouteRows& r) {
-  __threadfence();  // this thread's outputs visible device-wide before its block's ticket
-  __shared__ bool last;
-  __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(r.counter, 1u) == gridDim.x - 1;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  const int w = static_cast<int>(threadIdx.x >> 5);
-  if (w < T) detail::warp_router_topk(y.dst[0] + static_cast<int64_t>(w) * y.end[0], r.E, r.k, r.ids + w * r.k, r.weights + w * r.k);
-  if (threadIdx.x == 0) *r.counter = 0u;
-}
-
-template <int TMAX, bool SWIGLU = false, int PRE = 4, bool ROUTE = false>
+template <int TMAX, bool SWIGLU = false, int PRE = 4>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     gemv_bf16_kernel(const uint16_t* __restrict__ W, int64_t N, int64_t K, const float* __restrict__ x, int T, RowsOut y,
-                     const float* __restrict__ u = nullptr, RouteRows route = {}) {
+                     const float* __restrict__ u = nullptr) {
   const int lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   float acc[TMAX];
   row_dot<TMAX, SWIGLU, PRE>(W, N, K, x, u, T, row, lane, acc);
-  if (row < N) detail::warp_store_row<TMAX>(acc, T, 1.0f, lane, [&](int t) { return y.at(t, row); });  // whole warps: shuffles stay full-warp
-  if constexpr (ROUTE) route_rows_tail(y, T, route);
+  if (row >= N) return;  // whole warps exit together: shuffles below stay full-warp
+  detail::warp_store_row<TMAX>(acc, T, 1.0f, lane, [&](int t) { return y.at(t, row); });
 }
 
 // Several tokens (T = 2..8) on tensor cores (mma.cuh): W's rows are A (16 a tile), the tokens B (8
@@ -138,10 +122,10 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 // columns 2q, 2q + 1, 2q + 8, 2q + 9. A block's warps take interleaved chunks of the same MT tiles and
 // add their partial tiles in shared memory in warp order, so a token's outputs do not depend on the
 // other tokens of the launch. SWIGLU: the input is silu(x) * u, formed as it is read.
-template <int MT, bool SWIGLU, bool ROUTE = false>
+template <int MT, bool SWIGLU>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     gemv_bf16_mma_kernel(const uint16_t* __restrict__ W, int64_t N, int64_t K, const float* __restrict__ x, const float* __restrict__ u,
-                         int T, RowsOut y, RouteRows route = {}) {
+                         int T, RowsOut y) {
   __shared__ float part[kWarpsPerBlock][MT][4][32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
   const int64_t row0 = static_cast<int64_t>(blockIdx.x) * (16 * MT), chunks = (K + 63) / 64;
@@ -200,7 +184,6 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     const int64_t row = row0 + r;
     if (row < N && t < T) *y.at(t, row) = sum;
   });
-  if constexpr (ROUTE) route_rows_tail(y, T, route);
 }
 
 // gemv_bf16_mma_kernel's launch: two tiles a block on the tallest matrices (256 blocks at 8192 rows),
@@ -209,8 +192,8 @@ template <bool SWIGLU>
 cudaError_t launch_mma(const uint16_t* W, int64_t N, int64_t K, const float* x, const float* u, int T, const RowsOut& y, cudaStream_t stream) {
   const int mt = N >= 8192 ? 2 : 1;
   const dim3 grid(static_cast<unsigned>((N + 16 * mt - 1) / (16 * mt))), block(kWarpsPerBlock * 32);
-  if (mt == 2) return detail::launch(gemv_bf16_mma_kernel<2, SWIGLU>, grid, block, 0, stream, W, N, K, x, u, T, y, RouteRows{});
-  return detail::launch(gemv_bf16_mma_kernel<1, SWIGLU>, grid, block, 0, stream, W, N, K, x, u, T, y, RouteRows{});
+  if (mt == 2) return detail::launch(gemv_bf16_mma_kernel<2, SWIGLU>, grid, block, 0, stream, W, N, K, x, u, T, y);
+  return detail::launch(gemv_bf16_mma_kernel<1, SWIGLU>, grid, block, 0, stream, W, N, K, x, u, T, y);
 }
 
 // The router GEMV's end (T = 1): every block stores its rows and fences, takes a ticket; the block
@@ -351,25 +334,7 @@ cudaError_t gemv_bf16(const uint16_t* W, int64_t N, int64_t K, const float* x, i
   const float* none = nullptr;
   if (T > 1) return launch_mma<false>(W, N, K, x, nullptr, T, y, stream);
   return with_pre(K, [&](auto pre) {
-    return detail::launch(gemv_bf16_kernel<1, false, pre.value>, grid, block, 0, stream, W, N, K, x, T, y, none, RouteRows{});
-  });
-}
-
-cudaError_t gemv_bf16(const uint16_t* W, int64_t N, int64_t K, const float* x, int T, const RowsOut& y, const RouteRows& route,
-                      cudaStream_t stream) {
-  if (T < 1 || T > kMaxGemvTokens || K % 8 != 0 || N < 1 || !rows_out_fits(y, N)) return cudaErrorInvalidValue;
-  if (!route.counter || !route.ids || !route.weights || route.E < 1 || route.E != y.end[0] || route.E > detail::kRouterMaxExperts ||
-      route.k < 1 || route.k > route.E || route.k > detail::kRouterMaxTopK)
-    return cudaErrorInvalidValue;
-  const dim3 block(kWarpsPerBlock * 32);
-  const float* none = nullptr;
-  if (T > 1) {  // one tile a block: the router's stacks are short (launch_mma's two tiles start at 8192 rows)
-    const dim3 grid(static_cast<unsigned>((N + 15) / 16));
-    return detail::launch(gemv_bf16_mma_kernel<1, false, true>, grid, block, 0, stream, W, N, K, x, none, T, y, route);
-  }
-  const dim3 grid(static_cast<unsigned>((N + kWarpsPerBlock - 1) / kWarpsPerBlock));
-  return with_pre(K, [&](auto pre) {
-    return detail::launch(gemv_bf16_kernel<1, false, pre.value, true>, grid, block, 0, stream, W, N, K, x, T, y, none, route);
+    return detail::launch(gemv_bf16_kernel<1, false, pre.value>, grid, block, 0, stream, W, N, K, x, T, y, none);
   });
 }
 
@@ -380,7 +345,7 @@ cudaError_t gemv_bf16_swiglu(const uint16_t* W, int64_t N, int64_t K, const floa
   const RowsOut out = RowsOut::one(y, N);
   if (T > 1) return launch_mma<true>(W, N, K, g, u, T, out, stream);
   return with_pre(K, [&](auto pre) {
-    return detail::launch(gemv_bf16_kernel<1, true, pre.value>, grid, block, 0, stream, W, N, K, g, T, out, u, RouteRows{});
+    return detail::launch(gemv_bf16_kernel<1, true, pre.value>, grid, block, 0, stream, W, N, K, g, T, out, u);
   });
 }
 

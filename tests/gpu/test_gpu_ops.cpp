@@ -167,59 +167,6 @@ TEST(GpuRouterFused, WithItsNormEqualsNormThenRouter) {
     }
 }
 
-// gemv_bf16 with RouteRows (a step's rows: the router, or the router stacked with other rows, its top-k
-// in the launch's last block): y, ids and weights bit for bit what gemv_bf16 then router_topk give, for
-// one token (the one-warp form) and several (tensor cores), the outputs split over parts (RowsOut) as
-// the x_proj stack splits them, three launches in a row (the ticket re-arms itself).
-TEST(GpuRouterFused, RowsRouteEqualsGemvThenRouter) {
-  TANDEM_REQUIRE_GPU();
-  struct Case {
-    int64_t N, K;
-    int E, k;
-  };
-  for (const Case c : {Case{1281, 2048, 256, 8}, Case{256, 2048, 256, 8}, Case{40, 64, 8, 4}, Case{300, 520, 33, 2}})
-    for (int T : {1, 2, 5, 8}) {
-      std::mt19937 rng(test::test_seed() + 29 + T);
-      std::vector<uint16_t> W(c.N * c.K);
-      for (auto& v : W) v = f32_to_bf16(std::normal_distribution<float>(0, 0.2f)(rng));
-      test::DeviceBuffer<uint16_t> dW(W);
-      test::DeviceBuffer<unsigned> ticket(std::vector<unsigned>{0u});
-      const int64_t rest = c.N - c.E;  // the stack's other rows, in a second part
-      for (int launch = 0; launch < 3; ++launch) {
-        const auto x = test::random_floats(rng, T * c.K);
-        test::DeviceBuffer<float> dx(x), y1(T * c.E), r1(rest > 0 ? T * rest : 1), y2(T * c.N), w1(T * c.k), w2(T * c.k);
-        test::DeviceBuffer<int32_t> i1(T * c.k), i2(T * c.k);
-        gpu::RowsOut o;
-        o.dst[0] = y1.ptr, o.end[0] = c.E, o.parts = 1;
-        if (rest > 0) o.dst[1] = r1.ptr, o.end[1] = c.N, o.parts = 2;
-        CUDA_OK(gpu::gemv_bf16(dW.ptr, c.N, c.K, dx.ptr, T, o, gpu::RouteRows{c.E, c.k, ticket.ptr, i1.ptr, w1.ptr}, nullptr));
-        CUDA_OK(gpu::gemv_bf16(dW.ptr, c.N, c.K, dx.ptr, T, y2.ptr, nullptr));
-        CUDA_OK(cudaDeviceSynchronize());
-        const std::vector<float> all = y2.to_host();
-        std::vector<float> router(T * c.E), others(rest > 0 ? T * rest : 0);
-        for (int t = 0; t < T; ++t) {
-          std::copy(all.begin() + t * c.N, all.begin() + t * c.N + c.E, router.begin() + t * c.E);
-          std::copy(all.begin() + t * c.N + c.E, all.begin() + (t + 1) * c.N, others.begin() + t * rest);
-        }
-        test::DeviceBuffer<float> dr(router);
-        CUDA_OK(gpu::router_topk(dr.ptr, c.E, c.k, T, i2.ptr, w2.ptr, nullptr));
-        CUDA_OK(cudaDeviceSynchronize());
-        const std::string what = str_cat(c.N, " x ", c.K, " T ", T, " launch ", launch);
-        EXPECT_EQ(y1.to_host(), router) << what;
-        if (rest > 0) {
-          EXPECT_EQ(r1.to_host(), others) << what;
-        }
-        EXPECT_EQ(i1.to_host(), i2.to_host()) << what;
-        EXPECT_EQ(w1.to_host(), w2.to_host()) << what;
-        EXPECT_EQ(ticket.to_host()[0], 0u) << what;
-      }
-    }
-  test::DeviceBuffer<unsigned> ticket(std::vector<unsigned>{0u});
-  gpu::RowsOut o = gpu::RowsOut::one(nullptr, 64);
-  EXPECT_EQ(gpu::gemv_bf16(nullptr, 64, 64, nullptr, 1, o, gpu::RouteRows{32, 4, ticket.ptr, nullptr, nullptr}, nullptr),
-            cudaErrorInvalidValue);  // E is not y's first part
-}
-
 // l2_prefetch is a hint: any range (odd bounds, empty, the last bytes of a buffer) launches, completes
 // and leaves the memory as it was; a null pointer is refused.
 TEST(GpuOps, L2PrefetchChangesNothing) {

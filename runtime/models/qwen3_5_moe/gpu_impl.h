@@ -290,10 +290,7 @@ struct Qwen35MoeGpu::Impl {
   void linear_rows(const DevLinear& L, const float* in, int64_t n, float* out, bool gemv = false);
   // The GEMV of a bf16 or 8-bit matrix (a stack too) over n tokens, 8 a launch, its outputs laid out by `out`.
   void gemv_rows(const DevLinear& L, const float* in, int64_t n, const gpu::RowsOut& out) { gemv_rows(L, in, n, out, stream); }
-  // route: the router's top-k in the same launches (gpu::RouteRows: ids / weights of the n tokens, the
-  // first member of `out` the router's logits; bf16 matrices only)
-  void gemv_rows(const DevLinear& L, const float* in, int64_t n, const gpu::RowsOut& out, cudaStream_t on,
-                 const gpu::RouteRows* route = nullptr);
+  void gemv_rows(const DevLinear& L, const float* in, int64_t n, const gpu::RowsOut& out, cudaStream_t on);
   // A stacked projection's members (stack: DevLayer::in_proj, x_proj, sh_gate_up; out 0: not stacked)
   // each into its own rows: with `gemv` one GEMV launch for the stack, else linear_rows member by member.
   struct StackMember {
@@ -303,8 +300,7 @@ struct Qwen35MoeGpu::Impl {
   void linear_stack(const DevLinear& stack, std::initializer_list<StackMember> members, const float* in, int64_t n, bool gemv);
   // The same as GEMVs on `on` (bf16 or 8-bit members): the stack in one launch for every 8 tokens, or
   // member by member where there is no stack.
-  void gemv_stack(const DevLinear& stack, std::initializer_list<StackMember> members, const float* in, int64_t n, cudaStream_t on,
-                  const gpu::RouteRows* route = nullptr);
+  void gemv_stack(const DevLinear& stack, std::initializer_list<StackMember> members, const float* in, int64_t n, cudaStream_t on);
 
   // n prompt tokens at positions pos.. through every layer at once (GpuOptions::prefill_chunk);
   // logits of the last token to logits_last when given. Same math as n decode steps, except that

@@ -83,21 +83,12 @@ void Qwen35MoeGpu::Impl::linear_rows(const DevLinear& L, const float* in, int64_
 }
 
 // A bf16 or 8-bit matrix's GEMV over n tokens, 8 a launch, into `out` (its parts' rows [n, part rows]).
-void Qwen35MoeGpu::Impl::gemv_rows(const DevLinear& L, const float* in, int64_t n, const gpu::RowsOut& out, cudaStream_t on,
-                                   const gpu::RouteRows* route) {
-  if (route && (L.rows8 || L.int4)) fail("internal: the router's top-k fused into a GEMV of ", L.rows8 ? "8-bit rows" : "int4 codes");
+void Qwen35MoeGpu::Impl::gemv_rows(const DevLinear& L, const float* in, int64_t n, const gpu::RowsOut& out, cudaStream_t on) {
   each_launch(n, [&](int64_t t, int T) {
     gpu::RowsOut o = out;  // each part's rows from token t
     for (int s = 0; s < o.parts; ++s) o.dst[s] += t * (out.end[s] - (s ? out.end[s - 1] : 0));
-    if (route) {
-      gpu::RouteRows r = *route;  // token t's ids and weights on
-      r.ids += t * r.k, r.weights += t * r.k;
-      CK(gpu::gemv_bf16(L.w, L.out, L.in, in + t * L.in, T, o, r, on));
-    } else if (L.rows8) {
-      CK(gpu::gemv_rows8(L.q8, in + t * L.in, T, o, on));
-    } else {
-      CK(gpu::gemv_bf16(L.w, L.out, L.in, in + t * L.in, T, o, on));
-    }
+    if (L.rows8) CK(gpu::gemv_rows8(L.q8, in + t * L.in, T, o, on));
+    else CK(gpu::gemv_bf16(L.w, L.out, L.in, in + t * L.in, T, o, on));
   });
 }
 
@@ -118,10 +109,9 @@ void Qwen35MoeGpu::Impl::linear_stack(const DevLinear& stack, std::initializer_l
   gemv_stack(stack, members, in, n, stream);
 }
 
-void Qwen35MoeGpu::Impl::gemv_stack(const DevLinear& stack, std::initializer_list<StackMember> members, const float* in, int64_t n, cudaStream_t on,
-                                    const gpu::RouteRows* route) {
-  if (!stack.out) {  // (route: the first member's launch)
-    for (const StackMember& m : members) gemv_rows(*m.part, in, n, gpu::RowsOut::one(m.out, m.part->out), on, &m == members.begin() ? route : nullptr);
+void Qwen35MoeGpu::Impl::gemv_stack(const DevLinear& stack, std::initializer_list<StackMember> members, const float* in, int64_t n, cudaStream_t on) {
+  if (!stack.out) {
+    for (const StackMember& m : members) gemv_rows(*m.part, in, n, gpu::RowsOut::one(m.out, m.part->out), on);
     return;
   }
   if (members.size() > static_cast<size_t>(gpu::RowsOut::kMaxParts)) fail("internal: a stack of ", members.size(), " members");
@@ -132,7 +122,7 @@ void Qwen35MoeGpu::Impl::gemv_stack(const DevLinear& stack, std::initializer_lis
     ++o.parts;
   }
   if (o.end[o.parts - 1] != stack.out) fail("internal: a stack of ", stack.out, " rows read as members of ", o.end[o.parts - 1]);
-  gemv_rows(stack, in, n, o, on, route);
+  gemv_rows(stack, in, n, o, on);
 }
 
 // One layer of batched prefill for n tokens whose hidden states are h [n, H] (updated in place) at
@@ -184,16 +174,11 @@ bool Qwen35MoeGpu::Impl::prefill_layer(size_t li, float* hbuf, int64_t n, const 
   mark(tr, li, 1);
   const gpu::QuantX qx = moe_x(L, n, phs);  // x quantised for the decode MoE by its norm
   CK(gpu::add_rmsnorm_zc(hbuf, po, nullptr, nullptr, L.post_norm, H, rows_n, eps, px, stream, qx));  // h += o, then the norm
-  // A step's rows: the router with the shared expert's gate, up and gate logit in one launch (x_proj),
-  // the router's top-k in that launch's last block where the router is bf16 (a launch less a layer)
+  // A step's rows: the router with the shared expert's gate, up and gate logit in one launch (x_proj)
   const bool x_stacked = gemv && L.x_proj.out;
-  const DevLinear& rmat = x_stacked ? L.x_proj : L.router;
-  const gpu::RouteRows route{static_cast<int>(c.num_experts), k, route_ticket, ptopk_ids, ptopk_w};
-  const bool routed = gemv && !rmat.rows8 && !rmat.int4;
-  if (x_stacked) gemv_stack(L.x_proj, {{&L.router, prouter}, {&L.sh_gate, psg}, {&L.sh_up, psu}, {&L.sh_expert_gate, psgate}}, px, n, stream, routed ? &route : nullptr);
-  else if (routed) gemv_rows(L.router, px, n, gpu::RowsOut::one(prouter, L.router.out), stream, &route);
+  if (x_stacked) linear_stack(L.x_proj, {{&L.router, prouter}, {&L.sh_gate, psg}, {&L.sh_up, psu}, {&L.sh_expert_gate, psgate}}, px, n, gemv);
   else linear_rows(L.router, px, n, prouter, gemv);
-  if (!routed) CK(gpu::router_topk(prouter, c.num_experts, k, rows_n, ptopk_ids, ptopk_w, stream));
+  CK(gpu::router_topk(prouter, c.num_experts, k, rows_n, ptopk_ids, ptopk_w, stream));
   // Streamed: the layer's host experts run on the GPU from `streamed`, the host computes none.
   const bool split = L.cpu_experts && opts.host_experts && !streamed;
   if (split) hy.post_copy(px, ptopk_ids, ptopk_w, n, stream);
