@@ -122,11 +122,11 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 // columns 2q, 2q + 1, 2q + 8, 2q + 9. A block's warps take interleaved chunks of the same MT tiles and
 // add their partial tiles in shared memory in warp order, so a token's outputs do not depend on the
 // other tokens of the launch. SWIGLU: the input is silu(x) * u, formed as it is read.
-template <int MT, bool SWIGLU>
-__global__ void __launch_bounds__(kWarpsPerBlock * 32)
+template <int MT, bool SWIGLU, int WARPS>
+__global__ void __launch_bounds__(WARPS * 32)
     gemv_bf16_mma_kernel(const uint16_t* __restrict__ W, int64_t N, int64_t K, const float* __restrict__ x, const float* __restrict__ u,
                          int T, RowsOut y) {
-  __shared__ float part[kWarpsPerBlock][MT][4][32];
+  __shared__ float part[WARPS][MT][4][32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
   const int64_t row0 = static_cast<int64_t>(blockIdx.x) * (16 * MT), chunks = (K + 63) / 64;
   using Tile = detail::TileVectors<MT>;  // [tile][row g, g + 8][first, second 8 inputs]
@@ -140,7 +140,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   Tile w;
   if (warp < chunks) load_w(warp, w);  // before the wait: weights are never written
   detail::pdl_wait();
-  for (int64_t c = warp; c < chunks; c += kWarpsPerBlock) {
+  for (int64_t c = warp; c < chunks; c += WARPS) {
     float xv[16] = {};
     const int64_t k = c * 64 + 16 * q;
     if (g < T) {
@@ -165,8 +165,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
       detail::split_bf16(xv[2 * i], xv[2 * i + 1], bh[i], bl[i]);
     }
     Tile next;
-    const bool more = c + kWarpsPerBlock < chunks;
-    if (more) load_w(c + kWarpsPerBlock, next);
+    const bool more = c + WARPS < chunks;
+    if (more) load_w(c + WARPS, next);
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -180,20 +180,25 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     if (more) w = next;
   }
   detail::pdl_launch_next();
-  detail::sum_warp_tiles<kWarpsPerBlock, MT>(part, acc, warp, lane, [&](int r, int t, float sum) {
+  detail::sum_warp_tiles<WARPS, MT>(part, acc, warp, lane, [&](int r, int t, float sum) {
     const int64_t row = row0 + r;
     if (row < N && t < T) *y.at(t, row) = sum;
   });
 }
 
-// gemv_bf16_mma_kernel's launch: two tiles a block on the tallest matrices (256 blocks at 8192 rows),
-// else one.
+// gemv_bf16_mma_kernel's launch: two tiles a block of 8 warps on the tallest matrices (256 blocks at
+// 8192 rows), else one tile a block of 16 warps: the short matrices (2048 rows: the output projections,
+// 128 blocks) have one block an SM, and 8 warps kept 30% of the H100's DRAM busy
+// (bench/results/2026-12-06-stop49-h100.md). A row's sum order depends on the warps, not on T.
 template <bool SWIGLU>
 cudaError_t launch_mma(const uint16_t* W, int64_t N, int64_t K, const float* x, const float* u, int T, const RowsOut& y, cudaStream_t stream) {
-  const int mt = N >= 8192 ? 2 : 1;
-  const dim3 grid(static_cast<unsigned>((N + 16 * mt - 1) / (16 * mt))), block(kWarpsPerBlock * 32);
-  if (mt == 2) return detail::launch(gemv_bf16_mma_kernel<2, SWIGLU>, grid, block, 0, stream, W, N, K, x, u, T, y);
-  return detail::launch(gemv_bf16_mma_kernel<1, SWIGLU>, grid, block, 0, stream, W, N, K, x, u, T, y);
+  if (N >= 8192) {
+    const dim3 grid(static_cast<unsigned>((N + 31) / 32)), block(kWarpsPerBlock * 32);
+    return detail::launch(gemv_bf16_mma_kernel<2, SWIGLU, kWarpsPerBlock>, grid, block, 0, stream, W, N, K, x, u, T, y);
+  }
+  constexpr int kShortWarps = 16;
+  const dim3 grid(static_cast<unsigned>((N + 15) / 16)), block(kShortWarps * 32);
+  return detail::launch(gemv_bf16_mma_kernel<1, SWIGLU, kShortWarps>, grid, block, 0, stream, W, N, K, x, u, T, y);
 }
 
 // The router GEMV's end (T = 1): every block stores its rows and fences, takes a ticket; the block
