@@ -11,8 +11,8 @@
 // 6 instructions a word, the integer sums exact. Per vector,
 //   sum (q - z)(254 hi + lo) = 254 sum q hi + sum q lo - z S,  S = sum (254 hi + lo),
 // S stored with the vector's scale, then one conversion and the two scales. One layer on the H100
-// (bench/results/2026-12-06-stop48-h100.md): 15.1 / 50.9 us at 1 / 8 tokens with x quantised by its own
-// launch, against the fp16 form's 13.7 / 62.4; 4e-5 from the exact layer against 7e-4.
+// (bench/results/2026-12-06-stop49-h100.md): 14.5-15.2 / 49.7-49.9 us at 1 / 8 tokens with x quantised by
+// its own launch, against the fp16 form's 13.7 / 62.4; 4e-5 from the exact layer against 7e-4.
 //
 // Three launches: x quantised (a warp a vector; left out where the kernel that wrote x quantised it too:
 // act_quant.cuh); gate/up, a block 32 rows of one (token, expert) pair so that they are one vector of
