@@ -109,11 +109,11 @@ __global__ void gemv_rows8_kernel(const uint8_t* __restrict__ q, const float* __
 // 2q + 1, 2q + 8, 2q + 9. A block's warps take interleaved passes over the same MT tiles and add their
 // partial tiles in shared memory in warp order, so a token's outputs do not depend on the launch's other
 // tokens. SWIGLU: the input is silu(x) * u, formed as it is read.
-template <RowFormat F, int MT, bool SWIGLU>
-__global__ void __launch_bounds__(kMmaWarps * 32)
+template <RowFormat F, int MT, bool SWIGLU, int WARPS>
+__global__ void __launch_bounds__(WARPS * 32)
     gemv_rows8_mma_kernel(const uint8_t* __restrict__ q8, const float* __restrict__ scales, int64_t N, int64_t K, const float* __restrict__ x,
                           const float* __restrict__ u, int T, RowsOut y) {
-  __shared__ float part[kMmaWarps][MT][4][32];
+  __shared__ float part[WARPS][MT][4][32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
   const int64_t row0 = static_cast<int64_t>(blockIdx.x) * (16 * MT), vecs = K / 16, passes = (vecs + 7) / 8;
   using Tile = detail::TileVectors<MT>;  // [tile][row g, g + 8][vector v]
@@ -127,7 +127,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
   Tile w;
   if (warp < passes) load_w(warp, w);  // before the wait: weights are never written
   detail::pdl_wait();
-  for (int64_t c = warp; c < passes; c += kMmaWarps) {
+  for (int64_t c = warp; c < passes; c += WARPS) {
     uint32_t bh[2][8], bl[2][8];  // vector v, word i: b0 = [2i], b1 = [2i + 1]
 #pragma unroll
     for (int v = 0; v < 2; ++v) {
@@ -148,8 +148,8 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
       }
     }
     Tile next;
-    const bool more = c + kMmaWarps < passes;
-    if (more) load_w(c + kMmaWarps, next);
+    const bool more = c + WARPS < passes;
+    if (more) load_w(c + WARPS, next);
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -168,14 +168,16 @@ __global__ void __launch_bounds__(kMmaWarps * 32)
     if (more) w = next;
   }
   detail::pdl_launch_next();
-  detail::sum_warp_tiles<kMmaWarps, MT>(part, acc, warp, lane, [&](int r, int t, float sum) {
+  detail::sum_warp_tiles<WARPS, MT>(part, acc, warp, lane, [&](int r, int t, float sum) {
     const int64_t row = row0 + r;
     if (row < N && t < T) *y.at(t, row) = sum * scales[row];
   });
 }
 
 // The kernel for W's format and T: one token one warp a row (every vector of rows up to 4096 inputs
-// prefetched), several on tensor cores (two tiles a block on the tallest matrices, else one).
+// prefetched), several on tensor cores (two tiles a block of kMmaWarps warps on the tallest matrices,
+// else one tile a block of 16: as gemv_bf16's launch_mma, where 8 warps kept the 2048-row output
+// projections' one block an SM at 30% of the H100's DRAM, bench/results/2026-12-06-stop49-h100.md).
 template <bool SWIGLU>
 cudaError_t launch_rows8(const Rows8View& W, const float* x, const float* u, int T, const RowsOut& y, cudaStream_t stream) {
   const bool i8 = W.format == RowFormat::Int8;
@@ -185,8 +187,9 @@ cudaError_t launch_rows8(const Rows8View& W, const float* x, const float* u, int
     return detail::launch(kernel, grid, block, 0, stream, W.codes, W.scales, W.N, W.K, x, u, y);
   }
   const auto several = [&](auto mt) {
-    const auto kernel = i8 ? gemv_rows8_mma_kernel<RowFormat::Int8, mt(), SWIGLU> : gemv_rows8_mma_kernel<RowFormat::Fp8, mt(), SWIGLU>;
-    const dim3 grid(static_cast<unsigned>((W.N + 16 * mt() - 1) / (16 * mt()))), block(kMmaWarps * 32);
+    constexpr int warps = mt() == 2 ? kMmaWarps : 16;
+    const auto kernel = i8 ? gemv_rows8_mma_kernel<RowFormat::Int8, mt(), SWIGLU, warps> : gemv_rows8_mma_kernel<RowFormat::Fp8, mt(), SWIGLU, warps>;
+    const dim3 grid(static_cast<unsigned>((W.N + 16 * mt() - 1) / (16 * mt()))), block(warps * 32);
     return detail::launch(kernel, grid, block, 0, stream, W.codes, W.scales, W.N, W.K, x, u, T, y);
   };
   if constexpr (!SWIGLU)  // (the shared expert's down projection, SwiGLU's, has 2048 rows)
