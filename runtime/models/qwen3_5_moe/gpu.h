@@ -199,7 +199,7 @@ class Qwen35MoeGpu {
   void step_rows(std::span<const RowFeed> feeds, float* logits, float* hidden = nullptr);
   // The same with each row's logits left on the device: penalties[r] applied to row r there and the
   // k[r] best (id, penalised logit) pairs of it to tops[r] (best first). false (nothing run) when a k
-  // is outside 1..gpu::kMaxTopK or a list is longer than the context.
+  // is outside 1..gpu::kMaxTopK, a list is longer than the context or rows x vocab exceeds int32 ids.
   // k[r] 0: no candidates for row r. hidden: as step_rows'.
   bool step_rows_top(std::span<const RowFeed> feeds, std::span<const std::span<const gpu::Penalty>> penalties, std::span<const int> k,
                      std::span<std::vector<std::pair<int32_t, float>>* const> tops, float* hidden = nullptr);

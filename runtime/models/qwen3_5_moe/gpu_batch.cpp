@@ -2,6 +2,7 @@
 // see gpu.h): the step's table, its walk (prefill_layer over the rows with the decode kernels on each
 // token's slot), a CUDA graph per step shape, the logits rows and their top-k, and rollback.
 #include <algorithm>
+#include <climits>
 #include <cstring>
 #include <vector>
 
@@ -150,6 +151,7 @@ bool Qwen35MoeGpu::step_rows_top(std::span<const RowFeed> feeds, std::span<const
   for (const RowFeed& f : feeds) rows += static_cast<int64_t>(f.ids.size());
   if (static_cast<int64_t>(penalties.size()) != rows || static_cast<int64_t>(k.size()) != rows || static_cast<int64_t>(tops.size()) != rows)
     fail("internal: step_rows_top wants one penalty list, k and result per row");
+  if (rows * V > INT32_MAX) return false;  // the rows' penalties are one list of int32 ids over rows x V logits
   for (int64_t r = 0; r < rows; ++r)
     if (k[r] < 0 || k[r] > gpu::kMaxTopK || static_cast<int64_t>(penalties[r].size()) > m.opts.max_context) return false;
   Impl::Batch b;
