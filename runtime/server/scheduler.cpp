@@ -120,15 +120,21 @@ void Scheduler::use_cache(GenerateRequest& req) {
   req.on_checkpoint = [cache](std::span<const int32_t> tokens, std::shared_ptr<const SequenceSnapshot> saved) { cache->add(tokens, std::move(saved)); };
 }
 
-// The engine failed mid-step: every request it held ends with the error, and a fresh batcher takes
-// the next ones (each request resets its slot when it takes one).
+// The engine failed mid-step: every request it held that had not ended (on_done, earlier in the step)
+// ends with the error, and a fresh batcher takes the next ones (each request resets its slot when it
+// takes one).
 void Scheduler::fail_all(const std::string& why) {
-  for (auto& t : live_) t->end("the engine failed: " + why);
+  std::vector<std::shared_ptr<Ticket>> held;
+  held.swap(live_);
+  in_batcher_ = 0;  // before any reply goes out: a client that sends its next request at once finds room
+  size_t failed = 0;
+  for (auto& t : held) failed += !t->done_;  // done_: written on this thread (on_done)
   {
     std::lock_guard l(m_);
-    totals_.failed += live_.size();
+    totals_.failed += failed;
   }
-  live_.clear();
+  for (auto& t : held)
+    if (!t->done_) t->end("the engine failed: " + why);
   batcher_ = std::make_unique<Batcher>(runner_, vocab_, tokenizer_, opts_.prefill_chunk);
 }
 
@@ -159,6 +165,9 @@ void Scheduler::loop() {
           totals_.cancelled += r.stop == StopReason::Cancelled && !raw->timed_out_;
           totals_.drafts.add(r.drafts);
         }
+        // Its slot counts as free before the reply goes out: a client that sends its next request as soon
+        // as this one's reply arrives must not be refused for the slot it just left (one slot, no queue).
+        --in_batcher_;
         raw->end();
       };
       try {
