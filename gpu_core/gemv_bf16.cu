@@ -7,6 +7,7 @@
 #include "gpu_core/block_reduce.cuh"
 #include "gpu_core/gemv.cuh"
 #include "gpu_core/handoff.cuh"
+#include "gpu_core/load_stream.cuh"
 #include "gpu_core/mma.cuh"
 #include "gpu_core/norm_row.cuh"
 #include "gpu_core/pdl.cuh"
@@ -18,14 +19,7 @@ namespace {
 
 constexpr int kWarpsPerBlock = 8;
 
-// Weights are read once: keep them out of L1 so the activations stay there.
-__device__ __forceinline__ uint4 load_stream(const uint4* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
+using detail::load_stream;
 
 __device__ __forceinline__ float lo_bf16(uint32_t w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float hi_bf16(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }

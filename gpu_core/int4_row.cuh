@@ -11,17 +11,9 @@
 #include <cuda_runtime.h>
 
 #include "gpu_core/gemv.cuh"
+#include "gpu_core/load_stream.cuh"
 
 namespace tandem::gpu::detail {
-
-// Weights are read once: keep them out of L1 so the activations stay there.
-__device__ __forceinline__ uint4 load_stream(const uint4* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
 
 __device__ __forceinline__ __half2 as_half2(uint32_t u) {
   __half2 h;
