@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/dev/dev_util.cuh"
 #include "gpu_core/act_quant.cuh"
 #include "gpu_core/int4_row.cuh"
 #include "gpu_core/moe.cuh"
@@ -35,17 +36,9 @@
 
 namespace {
 
-#define DEV_CK(x)                                                                                \
-  do {                                                                                           \
-    const cudaError_t e_ = (x);                                                                  \
-    if (e_ != cudaSuccess) {                                                                     \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                              \
-    }                                                                                            \
-  } while (0)
-
 using namespace tandem::gpu;
 using namespace tandem::gpu::detail;
+using namespace tandem::dev;
 
 constexpr int64_t H = 2048, I = 512, kGroup = 128;
 constexpr int E = 256, K = 8, kSets = 32;
@@ -178,36 +171,6 @@ struct Experts {
   }
   ~Experts() { cudaFree(pool); }
 };
-
-template <typename F>
-float time_us(F&& f, int reps) {
-  cudaEvent_t a, b;
-  cudaEventCreate(&a), cudaEventCreate(&b);
-  for (int i = 0; i < 8; ++i) f(i);
-  cudaEventRecord(a);
-  for (int i = 0; i < reps; ++i) f(i);
-  cudaEventRecord(b);
-  DEV_CK(cudaEventSynchronize(b));
-  float ms = 0;
-  cudaEventElapsedTime(&ms, a, b);
-  cudaEventDestroy(a), cudaEventDestroy(b);
-  return 1000.0f * ms / reps;
-}
-
-template <typename T>
-T* dev_copy(const std::vector<T>& v) {
-  T* p = nullptr;
-  DEV_CK(cudaMalloc(&p, v.size() * sizeof(T)));
-  DEV_CK(cudaMemcpy(p, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice));
-  return p;
-}
-
-template <typename T>
-std::vector<T> host_copy(const T* p, size_t n) {
-  std::vector<T> v(n);
-  DEV_CK(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
-  return v;
-}
 
 }  // namespace
 

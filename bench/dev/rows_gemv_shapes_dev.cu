@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/dev/dev_util.cuh"
 #include "gpu_core/block_reduce.cuh"
 #include "gpu_core/gemv.cuh"
 #include "gpu_core/int4_row.cuh"
@@ -32,17 +33,9 @@
 
 namespace {
 
-#define DEV_CK(x)                                                                                \
-  do {                                                                                           \
-    const cudaError_t e_ = (x);                                                                  \
-    if (e_ != cudaSuccess) {                                                                     \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                              \
-    }                                                                                            \
-  } while (0)
-
 using namespace tandem::gpu;
 using namespace tandem::gpu::detail;
+using namespace tandem::dev;
 
 // gemv_bf16_mma_kernel (gemv_bf16.cu) as it is on main without SwiGLU (the same code: the same
 // registers, 120 at 2 x 8 and 64 at 1 x 16).
@@ -105,21 +98,6 @@ __global__ void __launch_bounds__(WARPS * 32)
 template <int MT, int WARPS>
 void run(const uint16_t* W, int64_t N, int64_t K, const float* x, int T, float* y) {
   mma_kernel<MT, WARPS><<<static_cast<unsigned>((N + 16 * MT - 1) / (16 * MT)), WARPS * 32>>>(W, N, K, x, T, RowsOut::one(y, N));
-}
-
-template <typename F>
-float time_us(F&& f, int reps) {
-  cudaEvent_t a, b;
-  cudaEventCreate(&a), cudaEventCreate(&b);
-  for (int i = 0; i < 8; ++i) f(i);
-  cudaEventRecord(a);
-  for (int i = 0; i < reps; ++i) f(i);
-  cudaEventRecord(b);
-  DEV_CK(cudaEventSynchronize(b));
-  float ms = 0;
-  cudaEventElapsedTime(&ms, a, b);
-  cudaEventDestroy(a), cudaEventDestroy(b);
-  return 1000.0f * ms / reps;
 }
 
 uint16_t bf16_bits(float f) {
