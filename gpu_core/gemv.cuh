@@ -87,8 +87,8 @@ cudaError_t gemv_rows8_swiglu(const Rows8View& W, const float* g, const float* u
 // itself, with the norm kernel's arithmetic, while its first weights load. One token; K <= 4096.
 // counter: a device word, zero before the first launch and left zero after each (launches sharing one
 // must be stream-ordered). With post (handoff.cuh) the last block also posts x, ids and weights to the
-// host as host_post would after the launch. With qx.parts (K a multiple of 32) the last block also
-// writes x quantised for moe_int4_decode_wide (workspace_sizes.h's QuantX).
+// host as host_post would after the launch. With qx.parts (K a multiple of 32) the blocks also write x
+// quantised for moe_int4_decode_wide between them (workspace_sizes.h's QuantX).
 cudaError_t gemv_bf16_router_topk_norm(const uint16_t* W, int64_t N, int64_t K, float* h, const float* a, const float* shared,
                                        const float* gate, const float* norm_w, float eps, float* x, float* y, int E, int k,
                                        unsigned* counter, int32_t* ids, float* weights, cudaStream_t stream,

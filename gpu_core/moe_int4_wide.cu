@@ -41,6 +41,7 @@ constexpr int kDownThreads = kDownRows * kDownGroups * kDownLanes;
 constexpr int kMaxK = 8;                       // experts per token
 constexpr int kDownPer = kMaxK / kDownGroups;  // experts per half-warp
 constexpr int kQuantWarps = 8;                 // x quantisation (when its writer did not): vectors per block
+static_assert(32 % (kDownRows * kDownRowsPer) == 0, "H a multiple of 32 is whole down blocks");
 
 __device__ __forceinline__ uint4 zero4() { return make_uint4(0u, 0u, 0u, 0u); }
 
@@ -218,7 +219,7 @@ int group_shift(int64_t group_size) {
 }  // namespace
 
 bool moe_int4_decode_wide_fits(int64_t H, int64_t I, int64_t group_size, int k, bool act_order) {
-  return !act_order && k >= 1 && k <= kMaxK && H >= 32 && I >= 32 && H % 32 == 0 && H % (kDownRows * kDownRowsPer) == 0 && I % 32 == 0 && group_shift(group_size) >= 0 &&
+  return !act_order && k >= 1 && k <= kMaxK && H >= 32 && I >= 32 && H % 32 == 0 && I % 32 == 0 && group_shift(group_size) >= 0 &&
          H % group_size == 0 && I % group_size == 0 && vectors_per_lane(H, 32) <= 4 && vectors_per_lane(I, kDownLanes) <= 4;
 }
 

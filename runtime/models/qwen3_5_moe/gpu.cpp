@@ -377,22 +377,12 @@ int64_t Qwen35MoeGpu::prefill_chunk() const { return impl_->chunk; }
 bool Qwen35MoeGpu::forward_top(std::span<const int32_t> ids, std::span<const gpu::Penalty> penalties, int k,
                                std::vector<std::pair<int32_t, float>>& top, float* hidden) {
   Impl& m = *impl_;
-  const int64_t V = m.model.config().vocab_size;
-  if (k < 1 || k > gpu::kMaxTopK || static_cast<int64_t>(penalties.size()) > m.opts.max_context ||
-      (V + gpu::kTopKBlocks - 1) / gpu::kTopKBlocks * 8 > 48 * 1024)
-    return false;
+  const std::span<const gpu::Penalty> pens[1] = {penalties};
+  const int ks[1] = {k};
+  std::vector<std::pair<int32_t, float>>* const tops[1] = {&top};
+  if (k < 1 || !m.device_tops_fit(pens, ks)) return false;
   forward(ids, &m.logits_sink, Qwen35Moe::LogitRows::Last, hidden);
-  if (!penalties.empty())
-    CK(cudaMemcpyAsync(m.pen_dev, penalties.data(), penalties.size() * sizeof(gpu::Penalty), cudaMemcpyHostToDevice, m.stream));
-  CK(gpu::penalise(m.logits, V, m.pen_dev, static_cast<int>(penalties.size()), m.stream));
-  CK(gpu::top_k_rows(m.logits, V, 1, k, m.topk_ws, m.top_ids, m.top_vals, m.stream));
-  std::vector<int32_t> hi(k);
-  std::vector<float> hv(k);
-  CK(cudaMemcpyAsync(hi.data(), m.top_ids, k * sizeof(int32_t), cudaMemcpyDeviceToHost, m.stream));
-  CK(cudaMemcpyAsync(hv.data(), m.top_vals, k * sizeof(float), cudaMemcpyDeviceToHost, m.stream));
-  CK(cudaStreamSynchronize(m.stream));
-  top.resize(k);
-  for (int i = 0; i < k; ++i) top[i] = {hi[i], hv[i]};
+  m.device_tops(m.logits, pens, ks, m.top_ids, m.top_vals, tops);
   return true;
 }
 bool Qwen35MoeGpu::cuda_graph_active() const { return impl_->graph_ok; }

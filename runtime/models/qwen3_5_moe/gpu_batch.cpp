@@ -142,52 +142,60 @@ void Qwen35MoeGpu::step_rows(std::span<const RowFeed> feeds, float* logits, floa
   advance(m, feeds, b.keep);
 }
 
-bool Qwen35MoeGpu::step_rows_top(std::span<const RowFeed> feeds, std::span<const std::span<const gpu::Penalty>> penalties, std::span<const int> k,
-                                 std::span<std::vector<std::pair<int32_t, float>>* const> tops, float* hidden) {
-  Impl& m = *impl_;
-  const int64_t V = m.model.config().vocab_size;
-  if ((V + gpu::kTopKBlocks - 1) / gpu::kTopKBlocks * 8 > 48 * 1024) return false;
-  int64_t rows = 0;
-  for (const RowFeed& f : feeds) rows += static_cast<int64_t>(f.ids.size());
-  if (static_cast<int64_t>(penalties.size()) != rows || static_cast<int64_t>(k.size()) != rows || static_cast<int64_t>(tops.size()) != rows)
-    fail("internal: step_rows_top wants one penalty list, k and result per row");
+bool Qwen35MoeGpu::Impl::device_tops_fit(std::span<const std::span<const gpu::Penalty>> penalties, std::span<const int> k) const {
+  const int64_t V = model.config().vocab_size, rows = static_cast<int64_t>(k.size());
+  if ((V + gpu::kTopKBlocks - 1) / gpu::kTopKBlocks * 8 > 48 * 1024) return false;  // top_k_rows's slice of a row
   if (rows * V > INT32_MAX) return false;  // the rows' penalties are one list of int32 ids over rows x V logits
   for (int64_t r = 0; r < rows; ++r)
-    if (k[r] < 0 || k[r] > gpu::kMaxTopK || static_cast<int64_t>(penalties[r].size()) > m.opts.max_context) return false;
-  Impl::Batch b;
-  const int64_t n = fill_rows(m, feeds, b);
-  m.run_rows(n, b, &m.logits_sink, hidden);
-  // Every row's penalties in one list over the n rows as one row of n V logits (ids moved by r V; those
-  // outside 0..V-1 dropped, as penalise drops them), uploaded and applied in pieces of the penalty
-  // buffer's max_context entries; then every row's top kmax in one top_k_rows: the first k[r] are row r's.
+    if (k[r] < 0 || k[r] > gpu::kMaxTopK || static_cast<int64_t>(penalties[r].size()) > opts.max_context) return false;
+  return true;
+}
+
+// Every row's penalties in one list over the rows as one row of rows x V logits (ids moved by r V;
+// those outside 0..V-1 dropped, as penalise drops them), uploaded and applied in pieces of the penalty
+// buffer's max_context entries; then every row's top kmax in one top_k_rows: the first k[r] are row r's.
+void Qwen35MoeGpu::Impl::device_tops(float* logits_dev, std::span<const std::span<const gpu::Penalty>> penalties, std::span<const int> k,
+                                     int32_t* ids_dev, float* vals_dev, std::span<std::vector<std::pair<int32_t, float>>* const> tops) {
+  const int64_t V = model.config().vocab_size, rows = static_cast<int64_t>(k.size());
   std::vector<gpu::Penalty> pen;
   int kmax = 0;
-  for (int64_t r = 0; r < n; ++r) {
+  for (int64_t r = 0; r < rows; ++r) {
     if (k[r] == 0) continue;
     kmax = std::max(kmax, k[r]);
     for (const gpu::Penalty& p : penalties[r])
       if (p.id >= 0 && p.id < V) pen.push_back({static_cast<int32_t>(p.id + r * V), p.rep, p.sub});
   }
-  if (kmax == 0) {
-    advance(m, feeds, b.keep);
-    return true;
+  if (kmax == 0) return;
+  for (size_t at = 0; at < pen.size(); at += static_cast<size_t>(opts.max_context)) {
+    const size_t piece = std::min(pen.size() - at, static_cast<size_t>(opts.max_context));
+    CK(cudaMemcpyAsync(pen_dev, pen.data() + at, piece * sizeof(gpu::Penalty), cudaMemcpyHostToDevice, stream));
+    CK(gpu::penalise(logits_dev, rows * V, pen_dev, static_cast<int>(piece), stream));
   }
-  for (size_t at = 0; at < pen.size(); at += static_cast<size_t>(m.opts.max_context)) {
-    const size_t piece = std::min(pen.size() - at, static_cast<size_t>(m.opts.max_context));
-    CK(cudaMemcpyAsync(m.pen_dev, pen.data() + at, piece * sizeof(gpu::Penalty), cudaMemcpyHostToDevice, m.stream));
-    CK(gpu::penalise(m.blogits, n * V, m.pen_dev, static_cast<int>(piece), m.stream));
-  }
-  CK(gpu::top_k_rows(m.blogits, V, static_cast<int>(n), kmax, m.topk_ws, m.btop_ids, m.btop_vals, m.stream));
-  std::vector<int32_t> hi(n * kmax);
-  std::vector<float> hv(n * kmax);
-  CK(cudaMemcpyAsync(hi.data(), m.btop_ids, hi.size() * sizeof(int32_t), cudaMemcpyDeviceToHost, m.stream));
-  CK(cudaMemcpyAsync(hv.data(), m.btop_vals, hv.size() * sizeof(float), cudaMemcpyDeviceToHost, m.stream));
-  CK(cudaStreamSynchronize(m.stream));  // also the end of the penalty pieces' reads of `pen`
-  for (int64_t r = 0; r < n; ++r) {
+  CK(gpu::top_k_rows(logits_dev, V, static_cast<int>(rows), kmax, topk_ws, ids_dev, vals_dev, stream));
+  std::vector<int32_t> hi(rows * kmax);
+  std::vector<float> hv(rows * kmax);
+  CK(cudaMemcpyAsync(hi.data(), ids_dev, hi.size() * sizeof(int32_t), cudaMemcpyDeviceToHost, stream));
+  CK(cudaMemcpyAsync(hv.data(), vals_dev, hv.size() * sizeof(float), cudaMemcpyDeviceToHost, stream));
+  CK(cudaStreamSynchronize(stream));  // also the end of the penalty pieces' reads of `pen`
+  for (int64_t r = 0; r < rows; ++r) {
     if (k[r] == 0) continue;
     tops[r]->resize(k[r]);
     for (int i = 0; i < k[r]; ++i) (*tops[r])[i] = {hi[r * kmax + i], hv[r * kmax + i]};
   }
+}
+
+bool Qwen35MoeGpu::step_rows_top(std::span<const RowFeed> feeds, std::span<const std::span<const gpu::Penalty>> penalties, std::span<const int> k,
+                                 std::span<std::vector<std::pair<int32_t, float>>* const> tops, float* hidden) {
+  Impl& m = *impl_;
+  int64_t rows = 0;
+  for (const RowFeed& f : feeds) rows += static_cast<int64_t>(f.ids.size());
+  if (static_cast<int64_t>(penalties.size()) != rows || static_cast<int64_t>(k.size()) != rows || static_cast<int64_t>(tops.size()) != rows)
+    fail("internal: step_rows_top wants one penalty list, k and result per row");
+  if (!m.device_tops_fit(penalties, k)) return false;
+  Impl::Batch b;
+  const int64_t n = fill_rows(m, feeds, b);
+  m.run_rows(n, b, &m.logits_sink, hidden);
+  m.device_tops(m.blogits, penalties, k, m.btop_ids, m.btop_vals, tops);
   advance(m, feeds, b.keep);
   return true;
 }

@@ -324,6 +324,12 @@ struct Qwen35MoeGpu::Impl {
   void enqueue_rows(int64_t n, const Batch& b, float* logits_dst, float* hidden_dst = nullptr);
   // As a graph where it can be, else eagerly; hidden rows to `hidden` (host memory) when given.
   void run_rows(int64_t n, const Batch& b, float* logits_dst, float* hidden = nullptr);
+  // Candidates picked on the device (forward_top, step_rows_top): whether the rows' k (0..kMaxTopK) and
+  // penalty lists fit; then penalties[r] applied to row r of logits_dev [rows, vocab] and its k[r] best
+  // (id, penalised logit) pairs to tops[r] (k[r] 0: none), through ids_dev / vals_dev [rows * max k].
+  bool device_tops_fit(std::span<const std::span<const gpu::Penalty>> penalties, std::span<const int> k) const;
+  void device_tops(float* logits_dev, std::span<const std::span<const gpu::Penalty>> penalties, std::span<const int> k, int32_t* ids_dev,
+                   float* vals_dev, std::span<std::vector<std::pair<int32_t, float>>* const> tops);
   // The graph row_graphs holds under `key`, else `enqueue` captured as it (step_rows' and the MTP
   // head's steps: keys by step shape).
   cudaGraphExec_t cached_graph(int key, const std::function<void()>& enqueue);
