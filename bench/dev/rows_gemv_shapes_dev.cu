@@ -7,7 +7,7 @@
 // tall ones (DeltaNet's in_proj 12352 rows, attention's q / k / v 9216, the lm_head 248320) keep two
 // tiles a block of 8 warps at 120 registers, two blocks an SM: 55% of DRAM at 8 tokens (ncu). Would one
 // tile a block with 16 or 32 warps (64 registers: 32 or 64 warps an SM) do better there, and 32 warps on
-// the short ones? Each variant is the engine's kernel with MT and WARPS as template arguments, every
+// the short ones? Each variant is the engine's kernel (gemv_bf16_mma.cuh) with other MT and WARPS, every
 // row's arithmetic the same but for the order in which the warps' partial sums add up, so each is checked
 // against the engine's launch (gpu::gemv_bf16) within 1e-6 relative L2, and bit for bit where its shape
 // is the engine's. Times with CUDA events, the matrix cycled through copies that exceed the L2 (from
@@ -25,11 +25,9 @@
 #include <vector>
 
 #include "bench/dev/dev_util.cuh"
-#include "gpu_core/block_reduce.cuh"
+#include "core/dtype.h"
 #include "gpu_core/gemv.cuh"
-#include "gpu_core/int4_row.cuh"
-#include "gpu_core/mma.cuh"
-#include "gpu_core/pdl.cuh"
+#include "gpu_core/gemv_bf16_mma.cuh"
 
 namespace {
 
@@ -37,73 +35,10 @@ using namespace tandem::gpu;
 using namespace tandem::gpu::detail;
 using namespace tandem::dev;
 
-// gemv_bf16_mma_kernel (gemv_bf16.cu) as it is on main without SwiGLU (the same code: the same
-// registers, 120 at 2 x 8 and 64 at 1 x 16).
-template <int MT, int WARPS>
-__global__ void __launch_bounds__(WARPS * 32)
-    mma_kernel(const uint16_t* __restrict__ W, int64_t N, int64_t K, const float* __restrict__ x, int T, RowsOut y) {
-  __shared__ float part[WARPS][MT][4][32];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
-  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * (16 * MT), chunks = (K + 63) / 64;
-  using Tile = TileVectors<MT>;
-  const auto load_w = [&](int64_t c, Tile& w) {
-    w.fill([&](int mt, int h, int v) {
-      const int64_t row = row0 + 16 * mt + g + 8 * h, k = c * 64 + 16 * q + 8 * v;
-      return row < N && k < K ? load_stream(reinterpret_cast<const uint4*>(W + row * K + k)) : make_uint4(0u, 0u, 0u, 0u);
-    });
-  };
-  float acc[MT][4] = {};
-  Tile w;
-  if (warp < chunks) load_w(warp, w);
-  pdl_wait();
-  for (int64_t c = warp; c < chunks; c += WARPS) {
-    float xv[16] = {};
-    const int64_t k = c * 64 + 16 * q;
-    if (g < T) {
-#pragma unroll
-      for (int v = 0; v < 2; ++v) {
-        if (k + 8 * v >= K) continue;
-        const float4* xp = reinterpret_cast<const float4*>(x + g * K + k + 8 * v);
-        const float4 a = __ldg(xp), b = __ldg(xp + 1);
-        const float e[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-#pragma unroll
-        for (int i = 0; i < 8; ++i) xv[8 * v + i] = e[i];
-      }
-    }
-    uint32_t bh[8], bl[8];
-#pragma unroll
-    for (int i = 0; i < 8; ++i) split_bf16(xv[2 * i], xv[2 * i + 1], bh[i], bl[i]);
-    Tile next;
-    const bool more = c + WARPS < chunks;
-    if (more) load_w(c + WARPS, next);
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int s = 0; s < 4; ++s) {
-        const uint4& r0 = w.v[mt][0][s >> 1];
-        const uint4& r8 = w.v[mt][1][s >> 1];
-        const uint32_t a0 = s & 1 ? r0.z : r0.x, a1 = s & 1 ? r8.z : r8.x, a2 = s & 1 ? r0.w : r0.y, a3 = s & 1 ? r8.w : r8.y;
-        mma_bf16(acc[mt], a0, a1, a2, a3, bh[2 * s], bh[2 * s + 1]);
-        mma_bf16(acc[mt], a0, a1, a2, a3, bl[2 * s], bl[2 * s + 1]);
-      }
-    if (more) w = next;
-  }
-  pdl_launch_next();
-  sum_warp_tiles<WARPS, MT>(part, acc, warp, lane, [&](int r, int t, float sum) {
-    const int64_t row = row0 + r;
-    if (row < N && t < T) *y.at(t, row) = sum;
-  });
-}
-
 template <int MT, int WARPS>
 void run(const uint16_t* W, int64_t N, int64_t K, const float* x, int T, float* y) {
-  mma_kernel<MT, WARPS><<<static_cast<unsigned>((N + 16 * MT - 1) / (16 * MT)), WARPS * 32>>>(W, N, K, x, T, RowsOut::one(y, N));
-}
-
-uint16_t bf16_bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+  gemv_bf16_mma_kernel<MT, false, WARPS><<<static_cast<unsigned>((N + 16 * MT - 1) / (16 * MT)), WARPS * 32>>>(W, N, K, x, nullptr, T,
+                                                                                                       RowsOut::one(y, N));
 }
 
 struct Variant {
@@ -136,7 +71,7 @@ int main() {
     {
       std::vector<uint16_t> host(static_cast<size_t>(s.N * s.K));
       std::normal_distribution<float> nd(0.0f, 0.05f);
-      for (auto& v : host) v = bf16_bits(nd(rng));
+      for (auto& v : host) v = tandem::f32_to_bf16(nd(rng));
       for (int c = 0; c < copies; ++c) DEV_CK(cudaMemcpy(W + c * s.N * s.K, host.data(), bytes, cudaMemcpyHostToDevice));
     }
     for (int T : {2, 4, 8}) {
