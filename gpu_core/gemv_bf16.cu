@@ -106,19 +106,13 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   detail::warp_store_row<TMAX>(acc, T, 1.0f, lane, [&](int t) { return y.at(t, row); });
 }
 
-// gemv_bf16_mma_kernel's launch: two tiles a block of 8 warps on the tallest matrices (256 blocks at
-// 8192 rows), else one tile a block of 16 warps: the short matrices (2048 rows: the output projections,
-// 128 blocks) have one block an SM, and 8 warps kept 30% of the H100's DRAM busy
-// (bench/results/2026-12-06-stop49-h100.md). A row's sum order depends on the warps, not on T.
+// gemv_bf16_mma_kernel's launch, in mma.cuh's with_mma_shape.
 template <bool SWIGLU>
 cudaError_t launch_mma(const uint16_t* W, int64_t N, int64_t K, const float* x, const float* u, int T, const RowsOut& y, cudaStream_t stream) {
-  if (N >= 8192) {
-    const dim3 grid(static_cast<unsigned>((N + 31) / 32)), block(kWarpsPerBlock * 32);
-    return detail::launch(detail::gemv_bf16_mma_kernel<2, SWIGLU, kWarpsPerBlock>, grid, block, 0, stream, W, N, K, x, u, T, y);
-  }
-  constexpr int kShortWarps = 16;
-  const dim3 grid(static_cast<unsigned>((N + 15) / 16)), block(kShortWarps * 32);
-  return detail::launch(detail::gemv_bf16_mma_kernel<1, SWIGLU, kShortWarps>, grid, block, 0, stream, W, N, K, x, u, T, y);
+  return detail::with_mma_shape(N, [&](auto mt, auto warps) {
+    const dim3 grid(static_cast<unsigned>((N + 16 * mt() - 1) / (16 * mt()))), block(warps() * 32);
+    return detail::launch(detail::gemv_bf16_mma_kernel<mt(), SWIGLU, warps()>, grid, block, 0, stream, W, N, K, x, u, T, y);
+  });
 }
 
 // The router GEMV's end (T = 1): every block stores its rows and fences, takes a ticket; the block

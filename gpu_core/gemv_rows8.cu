@@ -17,7 +17,6 @@ namespace tandem::gpu {
 namespace {
 
 constexpr int kRowsPerBlock = 8;  // one token: one warp a row
-constexpr int kMmaWarps = 8;      // several: a block's warps over the same tiles
 
 // The 4 codes of w as floats (exact). int8: each byte b + 128 (the sign bit flipped) as the low byte
 // of 2^23's float, less 2^23 + 128: a byte permute and an add a code, where a conversion instruction runs
@@ -175,9 +174,8 @@ __global__ void __launch_bounds__(WARPS * 32)
 }
 
 // The kernel for W's format and T: one token one warp a row (every vector of rows up to 4096 inputs
-// prefetched), several on tensor cores (two tiles a block of kMmaWarps warps on the tallest matrices,
-// else one tile a block of 16: as gemv_bf16's launch_mma, where 8 warps kept the 2048-row output
-// projections' one block an SM at 30% of the H100's DRAM, bench/results/2026-12-06-stop49-h100.md).
+// prefetched), several on tensor cores in mma.cuh's with_mma_shape (SwiGLU's too: the fused and the
+// two-launch forms sum in one order).
 template <bool SWIGLU>
 cudaError_t launch_rows8(const Rows8View& W, const float* x, const float* u, int T, const RowsOut& y, cudaStream_t stream) {
   const bool i8 = W.format == RowFormat::Int8;
@@ -186,15 +184,11 @@ cudaError_t launch_rows8(const Rows8View& W, const float* x, const float* u, int
     const dim3 grid(static_cast<unsigned>((W.N + kRowsPerBlock - 1) / kRowsPerBlock)), block(32 * kRowsPerBlock);
     return detail::launch(kernel, grid, block, 0, stream, W.codes, W.scales, W.N, W.K, x, u, y);
   }
-  const auto several = [&](auto mt) {
-    constexpr int warps = mt() == 2 ? kMmaWarps : 16;
-    const auto kernel = i8 ? gemv_rows8_mma_kernel<RowFormat::Int8, mt(), SWIGLU, warps> : gemv_rows8_mma_kernel<RowFormat::Fp8, mt(), SWIGLU, warps>;
-    const dim3 grid(static_cast<unsigned>((W.N + 16 * mt() - 1) / (16 * mt()))), block(warps * 32);
+  return detail::with_mma_shape(W.N, [&](auto mt, auto warps) {
+    const auto kernel = i8 ? gemv_rows8_mma_kernel<RowFormat::Int8, mt(), SWIGLU, warps()> : gemv_rows8_mma_kernel<RowFormat::Fp8, mt(), SWIGLU, warps()>;
+    const dim3 grid(static_cast<unsigned>((W.N + 16 * mt() - 1) / (16 * mt()))), block(warps() * 32);
     return detail::launch(kernel, grid, block, 0, stream, W.codes, W.scales, W.N, W.K, x, u, T, y);
-  };
-  if constexpr (!SWIGLU)  // (the shared expert's down projection, SwiGLU's, has 2048 rows)
-    if (W.N >= 8192) return several(std::integral_constant<int, 2>{});
-  return several(std::integral_constant<int, 1>{});
+  });
 }
 
 bool rows8_ok(const Rows8View& W, int T) {

@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 namespace tandem::gpu::detail {
 
@@ -70,6 +71,35 @@ __device__ __forceinline__ void sum_warp_tiles(float (&part)[WARPS][MT][4][32], 
     for (int w2 = 1; w2 < WARPS; ++w2) sum += part[w2][warp][i][lane];
     store(16 * warp + (lane >> 2) + (i >= 2 ? 8 : 0), 2 * (lane & 3) + (i & 1), sum);
   }
+}
+
+// Their launch shape for a matrix of N rows, the same for every T (a row's sum order depends on the
+// warps, so a token's outputs do not depend on the launch's other tokens): calls launch(tiles a block,
+// warps a block) as integral constants. Measured on the 35B's matrices at 2 / 4 / 8 tokens
+// (bench/results/2026-12-06-stop50-h100.md, H100):
+// - under 8192 rows (the output projections, 128 blocks): one tile a block of 16 warps; 8 warps kept
+//   one block an SM and 30% of the DRAM busy;
+// - two tiles a block of 8 warps (120 registers: two blocks an SM) where those blocks fit one wave of the
+//   device (8192 rows: 256 blocks on 132 SMs; 15.8 us against 16.7 for 1 x 16);
+// - else one tile a block of 8 warps, which leaves a smaller last wave: DeltaNet's in_proj (12352 rows,
+//   1.46 waves of two-tile blocks) 25.0 -> 22.5 us, attention's q/k/v (9216, 1.09 waves) 22.3 -> 20.0,
+//   lm_head 338 -> 336 us.
+inline int multiprocessors() {
+  static const int n = [] {
+    int dev = 0, count = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) return 1;
+    return count;
+  }();
+  return n;
+}
+
+template <typename Launch>
+cudaError_t with_mma_shape(int64_t N, Launch&& launch) {
+  using One = std::integral_constant<int, 1>;
+  using Two = std::integral_constant<int, 2>;
+  if (N < 8192) return launch(One{}, std::integral_constant<int, 16>{});
+  if ((N + 31) / 32 <= 2 * int64_t{multiprocessors()}) return launch(Two{}, std::integral_constant<int, 8>{});
+  return launch(One{}, std::integral_constant<int, 8>{});
 }
 
 }  // namespace tandem::gpu::detail

@@ -1,15 +1,11 @@
 #!/usr/bin/env bash
 # The GPU kernels' tests and micro-benchmarks on the GPU machine, in one call that always brings its
 # results back ($OUT/results.tgz, packed after every step, and $OUT/summary.txt):
-#   build   bench_gpu_gemv, tandem_gpu_tests and the bench/dev programs into ../build-gpu-dev
+#   build   bench_gpu_gemv and tandem_gpu_tests into ../build-gpu-dev
 #   tests   tandem_gpu_tests --gtest_filter=$TESTS (default: the speculative suite, the 8-bit rows, the ops
 #           and the int4 MoE kernels)
 #   rows8   bench_gpu_gemv: the 8-bit rows' GEMV against bf16 ($RFILTER, default BM_gemv_(bf16|rows8))
 #   moe     bench_gpu_gemv: one decode MoE layer, 1..8 tokens ($MFILTER, default BM_moe_int4_decode)
-#   rows    bench/dev/rows_gemv_shapes_dev.cu: the rows GEMV on tensor cores with other tiles a block and
-#           warps, each checked against the engine's, at the 35B's matrices and 2 / 4 / 8 tokens
-#   gateup  bench/dev/moe_gate_up_dev.cu: the decode MoE's gate/up with three blocks an SM and its scales
-#           shuffled from one load a lane, each checked bit for bit against the engine's, 1..8 tokens
 # usage (device tool, carry .deps): DEADLINE=400 STEPS="build tests rows8 moe" bash scripts/gpu_dev.sh
 set -uo pipefail
 DEADLINE="${DEADLINE:-400}"
@@ -22,7 +18,7 @@ source "$(dirname "$0")/gpu_steps.sh"
 for s in $STEPS; do
   case "$s" in
     build)
-      build_step bench_gpu_gemv tandem_gpu_tests bench_dev_rows_gemv_shapes bench_dev_moe_gate_up ;;
+      build_step bench_gpu_gemv tandem_gpu_tests ;;
     tests)
       step gpu-tests "${TESTS_SECS:-200}" "$build/tests/tandem_gpu_tests" --gtest_filter="$TESTS"
       grep -E '^\[  (PASSED|FAILED)' "$res/gpu-tests.log" >> "$res/summary.txt" ;;
@@ -32,12 +28,6 @@ for s in $STEPS; do
     moe)
       step moe 120 "$build/bench/bench_gpu_gemv" --benchmark_filter="${MFILTER:-BM_moe_int4_decode}"
       grep -E '^BM_' "$res/moe.log" >> "$res/summary.txt" ;;
-    rows)
-      step rows 150 "$build/bench/bench_dev_rows_gemv_shapes"
-      cat "$res/rows.log" >> "$res/summary.txt" ;;
-    gateup)
-      step gateup 90 "$build/bench/bench_dev_moe_gate_up"
-      cat "$res/gateup.log" >> "$res/summary.txt" ;;
   esac
   pack
 done
