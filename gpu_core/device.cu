@@ -69,16 +69,18 @@ DeviceCaps compute_caps() {
                   p.name, p.cc_major, p.cc_minor, TANDEM_CUDA_ARCHS, cudaGetErrorString(e), device_sm);
     return c;
   }
-  int dev = 0, optin = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
+  int dev = 0, optin = 0, sms = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
     cudaGetLastError();
-    std::snprintf(c.error, sizeof(c.error), "cannot query CUDA device 0's shared memory per block");
+    std::snprintf(c.error, sizeof(c.error), "cannot query CUDA device 0's shared memory per block and multiprocessors");
     return c;
   }
   c.usable = true;
   c.cc_major = p.cc_major;
   c.cc_minor = p.cc_minor;
   c.smem_per_block = optin;
+  c.multiprocessors = sms;
   if (c.max_sm && c.max_sm < device_sm) {
     c.cc_major = c.max_sm / 10;
     c.cc_minor = c.max_sm % 10;

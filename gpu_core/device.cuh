@@ -29,6 +29,7 @@ struct DeviceCaps {
   bool run_on_cpu = false;       // not usable, and nothing to rebuild: no device, or one older than sm_80
   int cc_major = 0, cc_minor = 0;  // effective: the device's own, or TANDEM_MAX_SM's when lower
   int smem_per_block = 0;        // largest shared memory one block may use (static + dynamic), bytes, effective
+  int multiprocessors = 0;       // the device's SMs (launch shapes that fill a wave)
   int max_sm = 0;                // TANDEM_MAX_SM as read; 0 when unset
   char error[512] = {0};         // when not usable: why, in one line a user can act on
   char description[256] = {0};   // e.g. "sm_90 (capped by TANDEM_MAX_SM=89: sm_89, 99 KiB shared memory a block)"

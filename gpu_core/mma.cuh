@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "gpu_core/device.cuh"
+
 namespace tandem::gpu::detail {
 
 // c += A B for one 16 x 8 tile over 16 inputs; a0..a3: A's registers (rows g / g + 8 at columns 2q.. /
@@ -84,21 +86,12 @@ __device__ __forceinline__ void sum_warp_tiles(float (&part)[WARPS][MT][4][32], 
 // - else one tile a block of 8 warps, which leaves a smaller last wave: DeltaNet's in_proj (12352 rows,
 //   1.46 waves of two-tile blocks) 25.0 -> 22.5 us, attention's q/k/v (9216, 1.09 waves) 22.3 -> 20.0,
 //   lm_head 338 -> 336 us.
-inline int multiprocessors() {
-  static const int n = [] {
-    int dev = 0, count = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) return 1;
-    return count;
-  }();
-  return n;
-}
-
 template <typename Launch>
 cudaError_t with_mma_shape(int64_t N, Launch&& launch) {
   using One = std::integral_constant<int, 1>;
   using Two = std::integral_constant<int, 2>;
   if (N < 8192) return launch(One{}, std::integral_constant<int, 16>{});
-  if ((N + 31) / 32 <= 2 * int64_t{multiprocessors()}) return launch(Two{}, std::integral_constant<int, 8>{});
+  if ((N + 31) / 32 <= 2 * int64_t{gpu_device_caps().multiprocessors}) return launch(Two{}, std::integral_constant<int, 8>{});
   return launch(One{}, std::integral_constant<int, 8>{});
 }
 
