@@ -41,10 +41,7 @@ __global__ void __launch_bounds__(WARPS * 32)
     });
   };
   float acc[MT][4] = {};
-  Tile w;
-  if (warp < chunks) load_w(warp, w);  // before the wait: weights are never written
-  pdl_wait();
-  for (int64_t c = warp; c < chunks; c += WARPS) {
+  stream_chunks<WARPS, Tile>(warp, chunks, load_w, [&](int64_t c, const Tile& w) {
     float xv[16] = {};
     const int64_t k = c * 64 + 16 * q;
     if (g < T) {
@@ -68,9 +65,6 @@ __global__ void __launch_bounds__(WARPS * 32)
     for (int i = 0; i < 8; ++i) {
       split_bf16(xv[2 * i], xv[2 * i + 1], bh[i], bl[i]);
     }
-    Tile next;
-    const bool more = c + WARPS < chunks;
-    if (more) load_w(c + WARPS, next);
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -81,8 +75,7 @@ __global__ void __launch_bounds__(WARPS * 32)
         mma_bf16(acc[mt], a0, a1, a2, a3, bh[2 * s], bh[2 * s + 1]);
         mma_bf16(acc[mt], a0, a1, a2, a3, bl[2 * s], bl[2 * s + 1]);
       }
-    if (more) w = next;
-  }
+  });
   pdl_launch_next();
   sum_warp_tiles<WARPS, MT>(part, acc, warp, lane, [&](int r, int t, float sum) {
     const int64_t row = row0 + r;

@@ -123,10 +123,7 @@ __global__ void __launch_bounds__(WARPS * 32)
     });
   };
   float acc[MT][4] = {};
-  Tile w;
-  if (warp < passes) load_w(warp, w);  // before the wait: weights are never written
-  detail::pdl_wait();
-  for (int64_t c = warp; c < passes; c += WARPS) {
+  detail::stream_chunks<WARPS, Tile>(warp, passes, load_w, [&](int64_t c, const Tile& w) {
     uint32_t bh[2][8], bl[2][8];  // vector v, word i: b0 = [2i], b1 = [2i + 1]
 #pragma unroll
     for (int v = 0; v < 2; ++v) {
@@ -146,9 +143,6 @@ __global__ void __launch_bounds__(WARPS * 32)
         detail::split_bf16(a[i].z, a[i].w, bh[v][2 * i + 1], bl[v][2 * i + 1]);
       }
     }
-    Tile next;
-    const bool more = c + WARPS < passes;
-    if (more) load_w(c + WARPS, next);
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -164,8 +158,7 @@ __global__ void __launch_bounds__(WARPS * 32)
           detail::mma_bf16(acc[mt], a0, a1, a2, a3, bl[v][2 * i], bl[v][2 * i + 1]);
         }
       }
-    if (more) w = next;
-  }
+  });
   detail::pdl_launch_next();
   detail::sum_warp_tiles<WARPS, MT>(part, acc, warp, lane, [&](int r, int t, float sum) {
     const int64_t row = row0 + r;

@@ -11,6 +11,7 @@
 #include <type_traits>
 
 #include "gpu_core/device.cuh"
+#include "gpu_core/pdl.cuh"
 
 namespace tandem::gpu::detail {
 
@@ -53,6 +54,30 @@ struct TileVectors {
         for (int j = 0; j < 2; ++j) v[mt][h][j] = at(mt, h, j);
   }
 };
+
+// Their loop: a warp's chunks c = warp, warp + WARPS, ... (< chunks) through two register buffers, the
+// first two loaded before the PDL wait (weights are never written: they stream while the kernel before
+// ends), each refilled with the chunk two on once used; use(c, tile) in chunk order. (Unrolled by two, so
+// the buffers stay registers without a copy a chunk: 2-8% on the tall matrices against the copying
+// double buffer, bench/results/2026-12-06-stop50-h100.md. Four buffers for the short matrices were 3%
+// slower alone and no faster in the step.)
+template <int WARPS, typename Tile, typename Load, typename Use>
+__device__ __forceinline__ void stream_chunks(int warp, int64_t chunks, Load&& load, Use&& use) {
+  Tile w[2];
+#pragma unroll
+  for (int j = 0; j < 2; ++j)
+    if (warp + j * WARPS < chunks) load(warp + j * WARPS, w[j]);
+  pdl_wait();
+  for (int64_t c0 = warp; c0 < chunks; c0 += 2 * WARPS) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int64_t c = c0 + j * WARPS;
+      if (c >= chunks) break;
+      use(c, w[j]);
+      if (c + 2 * WARPS < chunks) load(c + 2 * WARPS, w[j]);
+    }
+  }
+}
 
 // Their end: a block's WARPS warps each hold partial 16 x 8 tiles acc[MT] (C fragments) over their share of
 // the inputs; through shared memory `part`, warp mt sums tile mt's in warp order (so a token's outputs do
