@@ -10,6 +10,9 @@
 //   engine: a copy of the engine's wide_gate_up_kernel<2, 8> (checked like the others, so its time is the
 //           engine's);
 //   pipe S x W: S stages, W warps of 32 / W rows each; one block an SM (S >= 2 stages of 71.5 KB).
+// The same for down (the second table): the engine's wide_down_kernel<1> copied, and its items (a token's
+// 8 rows of each of its k experts, as the engine's blocks) through S stages of 26 KB, the token's h staged
+// with them; each variant's output checked bit for bit against the engine's call.
 // Each row's arithmetic is the engine's (the same lane's vectors in the same order, the same reduction),
 // so every variant's h is checked bit for bit against the engine's whole call. Times each alone at 1 / 2 /
 // 4 / 8 tokens, experts from HBM (32 routings cycled). The 35B's shape only (H 2048, I 512, group 128).
@@ -18,6 +21,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <random>
@@ -121,29 +125,37 @@ struct Stage {
 };
 static_assert(sizeof(uint16_t) * kBlockRows * kG % 16 == 0 && kBlockRows * kG % 16 == 0, "scales and zeros in 16-byte copies");
 
+// A block's items (at most kMaxItems: the launch has at least items / kMaxItems blocks) with their
+// experts' addresses, resolved once after the wait (ids -> expert -> views: two dependent loads) so that
+// a stage's fill issues its copies at once.
+constexpr int kMaxItems = 32;
+struct GateUpItem {
+  const uint4 *qg, *qu;  // null: not resident
+  const uint16_t *gs, *us;
+  const uint8_t *gz, *uz;
+};
+
 // Item w: pair w / (I / 32), row block w % (I / 32), as the engine's grid is laid out.
 template <int THREADS>
-__device__ __forceinline__ void fill(Stage& st, int w, int items, const Int4Expert* __restrict__ experts,
-                                     const int32_t* __restrict__ ids, int k, const uint8_t* __restrict__ xq,
-                                     const VecScale* __restrict__ xs) {
+__device__ __forceinline__ void fill(Stage& st, int w, int items, const GateUpItem& it, const uint8_t* __restrict__ xq,
+                                     const VecScale* __restrict__ xs, int k) {
   if (w >= items) return;
   constexpr int nb = static_cast<int>(I / kBlockRows);
   const int p = w / nb, rb = w % nb, t = p / k, tid = threadIdx.x;
-  const Int4Expert* ex = experts + ids[p];
-  const uint4* qg = reinterpret_cast<const uint4*>(ex->gate.qweight);
+  const uint4* qg = it.qg;
   if (tid == 0) st.valid = qg != nullptr;
   if (!qg) return;
-  const uint4* qu = reinterpret_cast<const uint4*>(ex->up.qweight);
+  const uint4* qu = it.qu;
   const int64_t r0 = int64_t{rb} * kBlockRows;
   for (int i = tid; i < kBlockRows * kNvec; i += THREADS) {
     cp16(&st.gate[i], qg + r0 * kNvec + i);
     cp16(&st.up[i], qu + r0 * kNvec + i);
   }
   constexpr int sc = kBlockRows * kG * 2 / 16, zc = kBlockRows * kG / 16;  // 16-byte pieces
-  const char* gsrc = reinterpret_cast<const char*>(ex->gate.scales + r0 * kG);
-  const char* usrc = reinterpret_cast<const char*>(ex->up.scales + r0 * kG);
-  const char* gzs = reinterpret_cast<const char*>(ex->gate.zeros + r0 * kG);
-  const char* uzs = reinterpret_cast<const char*>(ex->up.zeros + r0 * kG);
+  const char* gsrc = reinterpret_cast<const char*>(it.gs + r0 * kG);
+  const char* usrc = reinterpret_cast<const char*>(it.us + r0 * kG);
+  const char* gzs = reinterpret_cast<const char*>(it.gz + r0 * kG);
+  const char* uzs = reinterpret_cast<const char*>(it.uz + r0 * kG);
   const uint8_t* xt = xq + int64_t{t} * H * 2;
   const char* xst = reinterpret_cast<const char*>(xs + int64_t{t} * kNvec);
   for (int i = tid; i < 2 * sc + 2 * zc + 4 * kNvec + kNvec * 8 / 16; i += THREADS) {
@@ -170,16 +182,29 @@ __global__ void __launch_bounds__(W * 32, 1)
   extern __shared__ __align__(16) unsigned char smem[];
   Stage* st = reinterpret_cast<Stage*>(smem);
   __shared__ float hb[kBlockRows];
+  __shared__ GateUpItem tab[kMaxItems];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, items = pairs * nb;
+  const int mine = static_cast<int>(blockIdx.x) < items ? (items - static_cast<int>(blockIdx.x) + gridDim.x - 1) / gridDim.x : 0;
+  if (mine > kMaxItems) __trap();  // the launch's grid is too small
   pdl_wait();  // ids and x are the kernels before's
+  for (int j = threadIdx.x; j < mine; j += THREADS) {
+    const Int4Expert* ex = experts + ids[(blockIdx.x + j * gridDim.x) / nb];
+    tab[j] = {reinterpret_cast<const uint4*>(ex->gate.qweight), reinterpret_cast<const uint4*>(ex->up.qweight), ex->gate.scales, ex->up.scales,
+              ex->gate.zeros, ex->up.zeros};
+  }
+  __syncthreads();
+  auto fill_item = [&](Stage& stage, int j) {
+    if (j < mine) fill<THREADS>(stage, blockIdx.x + j * gridDim.x, items, tab[j], xq, xs, k);
+  };
 #pragma unroll
   for (int j = 0; j < S - 1; ++j) {
-    fill<THREADS>(st[j], blockIdx.x + j * gridDim.x, items, experts, ids, k, xq, xs);
+    fill_item(st[j], j);
     cp_commit();
   }
   int slot = 0;
-  for (int w = blockIdx.x; w < items; w += gridDim.x) {
-    fill<THREADS>(st[(slot + S - 1) % S], w + (S - 1) * gridDim.x, items, experts, ids, k, xq, xs);
+  for (int j = 0; j < mine; ++j) {
+    const int w = blockIdx.x + j * gridDim.x;
+    fill_item(st[(slot + S - 1) % S], j + S - 1);
     cp_commit();
     cp_wait<S - 1>();  // this thread's copies of item w are in
     __syncthreads();   // and everyone's
@@ -216,6 +241,196 @@ __global__ void __launch_bounds__(W * 32, 1)
     // hb is next written after the next round's barrier, which warp 0 reaches after quantising
   }
   cp_wait<0>();  // no copy outlives the block
+  pdl_launch_next();
+}
+
+// ---- down: the engine's kernel, copied (wide_down_kernel<1>), and the pipelined form ----
+
+constexpr int kDownLanes = 16, kDownRowsPer = 2, kDownRows = 4, kDownGroups = 4, kDownThreads = 256, kDownPer = K / kDownGroups;
+constexpr int kRowsD = kDownRows * kDownRowsPer;                 // 8 rows an item
+constexpr int kNvecD = I / 32, kGD = I / kGroup;                 // 16 vectors of h a pair, 4 groups a down row
+static_assert(kNvecD == kDownLanes, "one vector a lane (NV 1)");
+
+__global__ void __launch_bounds__(kDownThreads)
+    engine_down(const Int4Expert* __restrict__ experts, const int32_t* __restrict__ ids, const float* __restrict__ weights, int k,
+                const uint8_t* __restrict__ hq, const VecScale* __restrict__ hs, float* __restrict__ out) {
+  constexpr int RPH = kDownRowsPer;
+  __shared__ float share[kDownGroups][kRowsD];
+  const int t = blockIdx.y, hw = threadIdx.x / kDownLanes, l = threadIdx.x % kDownLanes;
+  const int r = hw % kDownRows, g = hw / kDownRows;
+  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kRowsD + r * RPH, nvec = kNvecD;
+  pdl_wait();
+  const Int4View* d[kDownPer];
+  const uint32_t* q[kDownPer];
+  uint4 wd[RPH][kDownPer];
+  uint16_t sd[RPH][kDownPer];
+  uint8_t zd[RPH][kDownPer];
+  float rw[kDownPer];
+#pragma unroll
+  for (int m = 0; m < kDownPer; ++m) {
+    const int j = g + kDownGroups * m;
+    d[m] = j < k ? &experts[ids[t * k + j]].down : nullptr;
+    q[m] = d[m] ? d[m]->qweight : nullptr;
+    rw[m] = j < k ? __ldg(weights + t * k + j) : 0.0f;
+  }
+#pragma unroll
+  for (int o = 0; o < RPH; ++o)
+#pragma unroll
+    for (int m = 0; m < kDownPer; ++m) {
+      const int64_t v = l, row = row0 + o, gi = row * kGD + (static_cast<int>(v) >> kGshift);
+      const bool ok = q[m] != nullptr;
+      wd[o][m] = ok ? load_stream(reinterpret_cast<const uint4*>(q[m]) + row * nvec + v) : make_uint4(0u, 0u, 0u, 0u);
+      sd[o][m] = ok ? __ldg(d[m]->scales + gi) : uint16_t{0};
+      zd[o][m] = ok ? __ldg(d[m]->zeros + gi) : uint8_t{0};
+    }
+  float acc[RPH] = {};
+#pragma unroll
+  for (int m = 0; m < kDownPer; ++m) {
+    if (!q[m]) continue;
+    const int64_t p = static_cast<int64_t>(t) * k + g + kDownGroups * m;
+    float a[RPH] = {};
+    uint4 hv[4];
+    load_vector(hq + p * I * 2, l, nvec, hv);
+    const VecScale s = hs[p * nvec + l];
+#pragma unroll
+    for (int o = 0; o < RPH; ++o) a[o] += __half2float(__ushort_as_half(sd[o][m])) * vec_dot(wd[o][m], hv, 16 * zd[o][m], s);
+#pragma unroll
+    for (int o = 0; o < RPH; ++o) acc[o] += rw[m] * a[o];
+  }
+  pdl_launch_next();
+#pragma unroll
+  for (int o = 0; o < RPH; ++o) {
+    const float a = group_sum<kDownLanes>(acc[o]);
+    if (l == 0) share[g][r * RPH + o] = a;
+  }
+  __syncthreads();
+  if (threadIdx.x < kRowsD) {
+    float sum = share[0][threadIdx.x];
+#pragma unroll
+    for (int q2 = 1; q2 < kDownGroups; ++q2) sum += share[q2][threadIdx.x];
+    out[t * H + static_cast<int64_t>(blockIdx.x) * kRowsD + threadIdx.x] = sum;
+  }
+}
+
+__device__ __forceinline__ void cp4(void* dst, const void* src) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s), "l"(src) : "memory");
+}
+
+// One down stage: a token's 8 rows of each of its k experts (codes, scales, zero points), the k pairs' h
+// and the token's expert weights.
+struct DownStage {
+  uint4 w[K][kRowsD * kNvecD];   // expert slot j, row r's vector v at r * kNvecD + v
+  uint16_t sc[K][kRowsD * kGD];  // row r's group at r * kGD + group
+  uint8_t z[K][kRowsD * kGD];
+  uint4 h[K][4 * kNvecD];        // pair t k + j's quantised h, chunk-major
+  VecScale hs[K][kNvecD];
+  float rw[K];
+  int valid[K];                  // slot j's expert is resident (and j < k)
+};
+static_assert(kRowsD * kGD * 2 % 16 == 0 && kRowsD * kGD % 16 == 0, "scales and zeros in 16-byte copies");
+
+// A down item's experts (slot j < K; q null: none, or not resident), resolved once as gate/up's.
+struct DownItem {
+  const uint4* q[K];
+  const uint16_t* sc[K];
+  const uint8_t* z[K];
+};
+
+// Item w: token w / (H / 8), row group w % (H / 8), as the engine's grid is laid out.
+__device__ __forceinline__ void fill_down(DownStage& st, int w, int items, const DownItem& it, const float* __restrict__ weights, int k,
+                                          const uint8_t* __restrict__ hq, const VecScale* __restrict__ hs) {
+  if (w >= items) return;
+  constexpr int nb = static_cast<int>(H / kRowsD);
+  const int t = w / nb, rg = w % nb, tid = threadIdx.x;
+  const int j = tid / 32, lane = tid % 32;  // a warp a slot (K warps)
+  if (j >= K) return;
+  const uint4* q = it.q[j];
+  if (lane == 0) st.valid[j] = q != nullptr;
+  if (!q) return;
+  const int64_t r0 = int64_t{rg} * kRowsD, p = int64_t{t} * k + j;
+  const uint4* src = q + r0 * kNvecD;
+  for (int i = lane; i < kRowsD * kNvecD; i += 32) cp16(&st.w[j][i], src + i);  // 128 pieces
+  const uint4* hsrc = reinterpret_cast<const uint4*>(hq + p * I * 2);
+  for (int i = lane; i < 4 * kNvecD; i += 32) cp16(&st.h[j][i], hsrc + i);       // 64 pieces
+  if (lane < 4) cp16(reinterpret_cast<char*>(st.sc[j]) + 16 * lane, reinterpret_cast<const char*>(it.sc[j] + r0 * kGD) + 16 * lane);
+  else if (lane < 6) cp16(reinterpret_cast<char*>(st.z[j]) + 16 * (lane - 4), reinterpret_cast<const char*>(it.z[j] + r0 * kGD) + 16 * (lane - 4));
+  else if (lane < 14) cp16(reinterpret_cast<char*>(st.hs[j]) + 16 * (lane - 6), reinterpret_cast<const char*>(hs + p * kNvecD) + 16 * (lane - 6));
+  else if (lane == 14) cp4(&st.rw[j], weights + p);
+}
+
+template <int S>
+__global__ void __launch_bounds__(kDownThreads, 1)
+    pipe_down(const Int4Expert* __restrict__ experts, const int32_t* __restrict__ ids, const float* __restrict__ weights, int k, int T,
+              const uint8_t* __restrict__ hq, const VecScale* __restrict__ hs, float* __restrict__ out) {
+  constexpr int RPH = kDownRowsPer, nb = static_cast<int>(H / kRowsD);
+  extern __shared__ __align__(16) unsigned char smem[];
+  DownStage* st = reinterpret_cast<DownStage*>(smem);
+  __shared__ float share[kDownGroups][kRowsD];
+  const int hw = threadIdx.x / kDownLanes, l = threadIdx.x % kDownLanes, r = hw % kDownRows, g = hw / kDownRows;
+  __shared__ DownItem tab[kMaxItems];
+  const int items = T * nb;
+  const int mine = static_cast<int>(blockIdx.x) < items ? (items - static_cast<int>(blockIdx.x) + gridDim.x - 1) / gridDim.x : 0;
+  if (mine > kMaxItems) __trap();  // the launch's grid is too small
+  pdl_wait();
+  for (int e = threadIdx.x; e < mine * K; e += kDownThreads) {
+    const int j = e / K, slot_j = e % K, t = (blockIdx.x + j * gridDim.x) / nb;
+    const Int4View* d = slot_j < k ? &experts[ids[t * k + slot_j]].down : nullptr;
+    tab[j].q[slot_j] = d ? reinterpret_cast<const uint4*>(d->qweight) : nullptr;
+    tab[j].sc[slot_j] = d ? d->scales : nullptr;
+    tab[j].z[slot_j] = d ? d->zeros : nullptr;
+  }
+  __syncthreads();
+  auto fill_item = [&](DownStage& stage, int j) {
+    if (j < mine) fill_down(stage, blockIdx.x + j * gridDim.x, items, tab[j], weights, k, hq, hs);
+  };
+#pragma unroll
+  for (int j = 0; j < S - 1; ++j) {
+    fill_item(st[j], j);
+    cp_commit();
+  }
+  int slot = 0;
+  for (int j = 0; j < mine; ++j) {
+    const int w = blockIdx.x + j * gridDim.x;
+    fill_item(st[(slot + S - 1) % S], j + S - 1);
+    cp_commit();
+    cp_wait<S - 1>();
+    __syncthreads();
+    const DownStage& s = st[slot];
+    float acc[RPH] = {};
+#pragma unroll
+    for (int m = 0; m < kDownPer; ++m) {
+      const int j = g + kDownGroups * m;
+      if (j >= k || !s.valid[j]) continue;
+      float a[RPH] = {};
+      uint4 hv[4];
+#pragma unroll
+      for (int c = 0; c < 4; ++c) hv[c] = s.h[j][c * kNvecD + l];
+      const VecScale vs = s.hs[j][l];
+#pragma unroll
+      for (int o = 0; o < RPH; ++o) {
+        const int row = r * RPH + o, gi = row * kGD + (l >> kGshift);
+        a[o] += __half2float(__ushort_as_half(s.sc[j][gi])) * vec_dot(s.w[j][row * kNvecD + l], hv, 16 * s.z[j][gi], vs);
+      }
+#pragma unroll
+      for (int o = 0; o < RPH; ++o) acc[o] += s.rw[j] * a[o];
+    }
+#pragma unroll
+    for (int o = 0; o < RPH; ++o) {
+      const float a = group_sum<kDownLanes>(acc[o]);
+      if (l == 0) share[g][r * RPH + o] = a;
+    }
+    __syncthreads();  // the stage is read (it is refilled next round) and share is written
+    if (threadIdx.x < kRowsD) {
+      float sum = share[0][threadIdx.x];
+#pragma unroll
+      for (int q2 = 1; q2 < kDownGroups; ++q2) sum += share[q2][threadIdx.x];
+      out[static_cast<int64_t>(w / nb) * H + static_cast<int64_t>(w % nb) * kRowsD + threadIdx.x] = sum;
+    }
+    slot = (slot + 1) % S;
+    // share is next written after the next round's first barrier, which these threads reach after reading it
+  }
+  cp_wait<0>();
   pdl_launch_next();
 }
 
@@ -289,6 +504,7 @@ int main() {
   std::printf("%6s %8s | %14s", "tokens", "layer", "engine");
   for (const Pipe& pp : pipes) std::printf(" %14s", pp.name);
   std::printf(" | checks (h bit for bit against the engine's)\n");
+  std::vector<std::string> down_lines;
   for (int T : {1, 2, 4, 8}) {
     std::vector<int32_t> ids(static_cast<size_t>(kSets) * T * K);
     for (int s = 0; s < kSets * T; ++s) {  // k distinct experts a token
@@ -331,7 +547,8 @@ int main() {
     auto engine = [&](int i) { engine_gate_up<<<dim3(I / kBlockRows, T * K), 256>>>(dexp, dids + off(i), K, xq, xs, vq, vs); };
     auto pipe = [&](const Pipe& pp, int i) {
       const size_t smem = pp.stages * sizeof(Stage);
-      pp.kernel<<<sms, pp.threads, smem>>>(dexp, dids + off(i), K, T * K, xq, xs, vq, vs);
+      const int items = T * K * static_cast<int>(I / kBlockRows), grid = std::max(sms, (items + kMaxItems - 1) / kMaxItems);
+      pp.kernel<<<grid, pp.threads, smem>>>(dexp, dids + off(i), K, T * K, xq, xs, vq, vs);
     };
     engine(0), check_h("engine");
     std::vector<bool> runs;
@@ -356,8 +573,66 @@ int main() {
     }
     DEV_CK(cudaGetLastError());
     std::printf(" | %s\n", checks.c_str());
+    {  // down, from the engine's h of routing set 0, against the engine's output
+      layer(0);
+      DEV_CK(cudaDeviceSynchronize());
+      const auto want_out = host_copy(out, static_cast<size_t>(T) * H);
+      float* out2 = nullptr;
+      DEV_CK(cudaMalloc(&out2, T * H * 4));
+      const auto* hq = ws + lay.hq;
+      const auto* hsv = reinterpret_cast<const VecScale*>(ws + lay.hs);
+      std::string dchecks;
+      auto check_out = [&](const char* name) {
+        DEV_CK(cudaDeviceSynchronize());
+        dchecks += std::string(name) + (host_copy(out2, want_out.size()) == want_out ? " ok, " : " DIFFERS, ");
+        DEV_CK(cudaMemset(out2, 0xff, T * H * 4));
+      };
+      auto edown = [&](int i) { engine_down<<<dim3(H / kRowsD, T), kDownThreads>>>(dexp, dids + off(i), dw + off(i), K, hq, hsv, out2); };
+      struct PipeD {
+        const char* name;
+        void (*kernel)(const Int4Expert*, const int32_t*, const float*, int, int, const uint8_t*, const VecScale*, float*);
+        int stages;
+      };
+      const PipeD dpipes[] = {{"pipe 4", pipe_down<4>, 4}, {"pipe 8", pipe_down<8>, 8}};
+      auto pdown = [&](const PipeD& pp, int i) {
+        const int items = T * static_cast<int>(H / kRowsD), grid = std::max(sms, (items + kMaxItems - 1) / kMaxItems);
+        pp.kernel<<<grid, kDownThreads, pp.stages * sizeof(DownStage)>>>(dexp, dids + off(i), dw + off(i), K, T, hq, hsv, out2);
+      };
+      edown(0), check_out("engine");
+      std::vector<bool> druns;
+      for (const PipeD& pp : dpipes) {
+        const size_t smem = pp.stages * sizeof(DownStage);
+        const bool fits = smem <= static_cast<size_t>(optin) &&
+                          cudaFuncSetAttribute(pp.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)) == cudaSuccess;
+        druns.push_back(fits);
+        if (!fits) continue;
+        pdown(pp, 0);
+        DEV_CK(cudaGetLastError());
+        check_out(pp.name);
+      }
+      const double dbytes = double(T) * K * H * (I / 2 + kGD * 3);
+      char line[512];
+      int n = std::snprintf(line, sizeof(line), "%6d down |", T);
+      const float te = time_us(edown, reps);
+      n += std::snprintf(line + n, sizeof(line) - n, " %7.1f (%4.2f)", te, dbytes / (te * 1e-6) / 1e12);
+      for (size_t v = 0; v < std::size(dpipes); ++v) {
+        if (!druns[v]) {
+          n += std::snprintf(line + n, sizeof(line) - n, " %14s", "(no room)");
+          continue;
+        }
+        const float tp = time_us([&](int i) { pdown(dpipes[v], i); }, reps);
+        n += std::snprintf(line + n, sizeof(line) - n, " %7.1f (%4.2f)", tp, dbytes / (tp * 1e-6) / 1e12);
+      }
+      DEV_CK(cudaGetLastError());
+      down_lines.push_back(std::string(line) + " | " + dchecks);
+      cudaFree(out2);
+    }
     for (void* p : {(void*)dids, (void*)dw, (void*)dx, (void*)out, (void*)ws, (void*)hq2}) cudaFree(p);
   }
+  std::printf("\nthe decode MoE's down alone (%lld x %lld), us a call (TB/s of the pairs' bytes), from the engine's h\n%6s %4s | %14s %14s %14s | checks "
+              "(output bit for bit against the engine's); stage %zu bytes\n",
+              static_cast<long long>(H), static_cast<long long>(I), "tokens", "", "engine", "pipe 4", "pipe 8", sizeof(DownStage));
+  for (const std::string& l : down_lines) std::printf("%s\n", l.c_str());
   cudaFree(dexp);
   return 0;
 }
