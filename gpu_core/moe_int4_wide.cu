@@ -20,11 +20,7 @@
 // of a thread is issued before any is used.
 #include <type_traits>
 
-#include "gpu_core/act_quant.cuh"
-#include "gpu_core/int4_row.cuh"
-#include "gpu_core/moe.cuh"
-#include "gpu_core/pdl.cuh"
-#include "gpu_core/workspace_sizes.h"
+#include "gpu_core/moe_int4_wide.cuh"
 
 namespace tandem::gpu {
 
@@ -32,164 +28,13 @@ namespace {
 
 using namespace detail;
 
-constexpr int kBlockRows = 32;                 // a gate/up block's rows (gate and up each): one 32-input vector of h
-constexpr int kDownLanes = 16;                 // lanes per down row
-constexpr int kDownRowsPer = 2;                // down rows per half-warp
-constexpr int kDownRows = 4;                   // half-warps per row group: a block's rows are kDownRows x kDownRowsPer
-constexpr int kDownGroups = 4;                 // half-warps per down row: group g takes the experts g, g + 4, ...
-constexpr int kDownThreads = kDownRows * kDownGroups * kDownLanes;
-constexpr int kMaxK = 8;                       // experts per token
-constexpr int kDownPer = kMaxK / kDownGroups;  // experts per half-warp
 constexpr int kQuantWarps = 8;                 // x quantisation (when its writer did not): vectors per block
-static_assert(32 % (kDownRows * kDownRowsPer) == 0, "H a multiple of 32 is whole down blocks");
-
-__device__ __forceinline__ uint4 zero4() { return make_uint4(0u, 0u, 0u, 0u); }
 
 // x fp32 [T, H] -> quantised rows; block (vector block, token), a warp a vector.
 __global__ void __launch_bounds__(kQuantWarps * 32) quantise_x_kernel(const float* __restrict__ x, int64_t H, QuantX q) {
   pdl_enter();  // x is the kernel before's output; a few blocks: let gate/up launch
   const int t = blockIdx.y, v = static_cast<int>(blockIdx.x) * kQuantWarps + static_cast<int>(threadIdx.x >> 5);
   quantise_vectors(x + t * H, H, q, t, v, static_cast<int>(H / 32));  // this warp's vector alone
-}
-
-// gate/up: block (row block, pair p), its 32 rows r0 .. r0 + 31 of gate and up; warp w the RU = 32 / W
-// rows r0 + RU w .. + RU - 1; lane l the vectors l + 32 i (i < NV) of each. h = silu(gate x) * up x of
-// the 32 rows is one vector of pair p's h, quantised by the block's first warp. W is the launch's
-// choice (gate_up_warps): 32 or 8 (8 with more than 2 vectors a lane).
-template <int NV, int W>
-__global__ void __launch_bounds__(W * 32, W == 8 && NV <= 2 ? 2 : 1)  // up to 2048 inputs: 16 or 32 warps an SM (128 / 64 registers)
-    wide_gate_up_kernel(const Int4Expert* __restrict__ experts, int64_t H, int64_t I, const int32_t* __restrict__ ids, int k,
-                        const uint8_t* __restrict__ xq, const VecScale* __restrict__ xs, uint8_t* __restrict__ hq,
-                        VecScale* __restrict__ hs, int gshift) {
-  constexpr int RU = kBlockRows / W;
-  static_assert(RU * W == kBlockRows, "a block's rows are one quantisation vector of h");
-  __shared__ float hb[kBlockRows];
-  const int G = static_cast<int>(H >> 5) >> gshift;
-  const int p = blockIdx.y, t = p / k, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  pdl_wait();  // every weight address depends on the router's ids
-  const Int4Expert* ex = experts + ids[p];
-  const Int4View gate = ex->gate, up = ex->up;
-  if (!gate.qweight) return;  // not resident on the GPU (hybrid); uniform per block
-  const int r0 = static_cast<int>(blockIdx.x) * kBlockRows + warp * RU, nvec = static_cast<int>(H >> 5);  // 32-bit offsets: H <= 4096, I <= 2048
-  const uint4* qg = reinterpret_cast<const uint4*>(gate.qweight);
-  const uint4* qu = reinterpret_cast<const uint4*>(up.qweight);
-  uint4 wg[RU][NV], wu[RU][NV];
-  uint16_t sg[RU][NV], su[RU][NV];
-  uint8_t zg[RU][NV], zu[RU][NV];
-#pragma unroll
-  for (int r = 0; r < RU; ++r)
-#pragma unroll
-    for (int i = 0; i < NV; ++i) {
-      const int v = lane + 32 * i, row = r0 + r;
-      const bool ok = v < nvec;
-      const int gi = row * G + (v >> gshift);
-      wg[r][i] = ok ? load_stream(qg + row * nvec + v) : zero4();
-      wu[r][i] = ok ? load_stream(qu + row * nvec + v) : zero4();
-      sg[r][i] = ok ? __ldg(gate.scales + gi) : uint16_t{0};
-      su[r][i] = ok ? __ldg(up.scales + gi) : uint16_t{0};
-      zg[r][i] = ok ? __ldg(gate.zeros + gi) : uint8_t{0};
-      zu[r][i] = ok ? __ldg(up.zeros + gi) : uint8_t{0};
-    }
-  const uint8_t* xt = xq + static_cast<int64_t>(t) * H * 2;
-  float g[RU] = {}, u[RU] = {};
-#pragma unroll
-  for (int i = 0; i < NV; ++i) {
-    const int v = lane + 32 * i;
-    if (v >= nvec) break;
-    uint4 xv[4];
-    load_vector(xt, v, nvec, xv);
-    const VecScale s = xs[t * nvec + v];
-#pragma unroll
-    for (int r = 0; r < RU; ++r) {
-      g[r] += __half2float(__ushort_as_half(sg[r][i])) * vec_dot(wg[r][i], xv, 16 * zg[r][i], s);
-      u[r] += __half2float(__ushort_as_half(su[r][i])) * vec_dot(wu[r][i], xv, 16 * zu[r][i], s);
-    }
-  }
-  pdl_launch_next();  // past its loads (pdl.cuh; see gemv_bf16.cu's row_dot)
-#pragma unroll
-  for (int r = 0; r < RU; ++r) {
-    const float gs = group_sum<32>(g[r]), us = group_sum<32>(u[r]);
-    if (lane == 0) hb[warp * RU + r] = gs / (1.0f + __expf(-gs)) * us;
-  }
-  __syncthreads();
-  const int nh = static_cast<int>(I / 32);
-  if (warp == 0) quantise_vector(hb[lane], blockIdx.x, nh, hq + static_cast<int64_t>(p) * I * 2, hs + static_cast<int64_t>(p) * nh);
-}
-
-// down: block (row group, token t) of kDownRows x kDownRowsPer rows; half-warp (r, g) computes the
-// rows r kDownRowsPer + j (j < kDownRowsPer) of the group, each row's share of the experts
-// j = g + kDownGroups m (m < kDownPer, j < k) weighted and summed over its lanes; the block adds the
-// kDownGroups shares of each row in group order. The weight loads go out before h is read.
-template <int NV>
-__global__ void __launch_bounds__(kDownThreads)
-    wide_down_kernel(const Int4Expert* __restrict__ experts, int64_t H, int64_t I, const int32_t* __restrict__ ids,
-                     const float* __restrict__ weights, int k, const uint8_t* __restrict__ hq, const VecScale* __restrict__ hs,
-                     float* __restrict__ out, int gshift) {
-  constexpr int RPH = kDownRowsPer, kRows = kDownRows * RPH;
-  __shared__ float share[kDownGroups][kRows];
-  const int G = static_cast<int>(I >> 5) >> gshift;
-  const int t = blockIdx.y, hw = threadIdx.x / kDownLanes, l = threadIdx.x % kDownLanes;
-  const int r = hw % kDownRows, g = hw / kDownRows;
-  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kRows + r * RPH, nvec = I / 32;
-  pdl_wait();
-  const Int4View* d[kDownPer];
-  const uint32_t* q[kDownPer];  // null: no such expert, or not resident (hybrid)
-  uint4 wd[RPH][kDownPer][NV];
-  uint16_t sd[RPH][kDownPer][NV];
-  uint8_t zd[RPH][kDownPer][NV];
-  float rw[kDownPer];
-#pragma unroll
-  for (int m = 0; m < kDownPer; ++m) {
-    const int j = g + kDownGroups * m;
-    d[m] = j < k ? &experts[ids[t * k + j]].down : nullptr;
-    q[m] = d[m] ? d[m]->qweight : nullptr;
-    rw[m] = j < k ? __ldg(weights + t * k + j) : 0.0f;
-  }
-#pragma unroll
-  for (int o = 0; o < RPH; ++o)
-#pragma unroll
-    for (int m = 0; m < kDownPer; ++m)
-#pragma unroll
-      for (int i = 0; i < NV; ++i) {
-        const int64_t v = l + kDownLanes * i, row = row0 + o;
-        const bool ok = q[m] && v < nvec;
-        const int64_t gi = row * G + (static_cast<int>(v) >> gshift);
-        wd[o][m][i] = ok ? load_stream(reinterpret_cast<const uint4*>(q[m]) + row * nvec + v) : zero4();
-        sd[o][m][i] = ok ? __ldg(d[m]->scales + gi) : uint16_t{0};
-        zd[o][m][i] = ok ? __ldg(d[m]->zeros + gi) : uint8_t{0};
-      }
-  float acc[RPH] = {};
-#pragma unroll
-  for (int m = 0; m < kDownPer; ++m) {
-    if (!q[m]) continue;
-    const int64_t p = static_cast<int64_t>(t) * k + g + kDownGroups * m;
-    float a[RPH] = {};
-#pragma unroll
-    for (int i = 0; i < NV; ++i) {
-      const int64_t v = l + kDownLanes * i;
-      if (v >= nvec) break;
-      uint4 hv[4];
-      load_vector(hq + p * I * 2, v, nvec, hv);
-      const VecScale s = hs[p * nvec + v];
-#pragma unroll
-      for (int o = 0; o < RPH; ++o) a[o] += __half2float(__ushort_as_half(sd[o][m][i])) * vec_dot(wd[o][m][i], hv, 16 * zd[o][m][i], s);
-    }
-#pragma unroll
-    for (int o = 0; o < RPH; ++o) acc[o] += rw[m] * a[o];
-  }
-  pdl_launch_next();  // past its loads (pdl.cuh)
-#pragma unroll
-  for (int o = 0; o < RPH; ++o) {
-    const float a = group_sum<kDownLanes>(acc[o]);
-    if (l == 0) share[g][r * RPH + o] = a;
-  }
-  __syncthreads();
-  if (threadIdx.x < kRows) {
-    float sum = share[0][threadIdx.x];
-#pragma unroll
-    for (int q = 1; q < kDownGroups; ++q) sum += share[q][threadIdx.x];
-    out[t * H + static_cast<int64_t>(blockIdx.x) * kRows + threadIdx.x] = sum;
-  }
 }
 
 // gate/up's warps a block for a launch of `blocks` blocks (stop 49, bench/results/2026-12-06-stop49-h100.md):

@@ -7,10 +7,9 @@
 // (a pair's 32 rows of gate and up, as the engine's blocks) through S stages of shared memory filled by
 // cp.async (no registers held): item j + S - 1's weights, scales, zero points and x stream in while item j
 // computes.
-//   engine: a copy of the engine's wide_gate_up_kernel<2, 8> (checked like the others, so its time is the
-//           engine's);
+//   engine: the engine's wide_gate_up_kernel<2, 8> (gpu_core/moe_int4_wide.cuh), its launch from 2 tokens;
 //   pipe S x W: S stages, W warps of 32 / W rows each; one block an SM (S >= 2 stages of 71.5 KB).
-// The same for down (the second table): the engine's wide_down_kernel<1> copied, and its items (a token's
+// The same for down (the second table): the engine's wide_down_kernel<1>, and its items (a token's
 // 8 rows of each of its k experts, as the engine's blocks) through S stages of 26 KB, the token's h staged
 // with them; each variant's output checked bit for bit against the engine's call.
 // Each row's arithmetic is the engine's (the same lane's vectors in the same order, the same reduction),
@@ -29,9 +28,8 @@
 #include <vector>
 
 #include "bench/dev/dev_util.cuh"
-#include "gpu_core/act_quant.cuh"
-#include "gpu_core/int4_row.cuh"
 #include "gpu_core/moe.cuh"
+#include "gpu_core/moe_int4_wide.cuh"
 #include "gpu_core/pdl.cuh"
 #include "gpu_core/workspace_sizes.h"
 
@@ -44,63 +42,7 @@ using namespace tandem::dev;
 constexpr int64_t H = 2048, I = 512, kGroup = 128;
 constexpr int E = 256, K = 8, kSets = 32;
 constexpr int kGshift = 2;  // group 128 = 32 << 2
-constexpr int kBlockRows = 32;
 constexpr int kNvec = H / 32, kG = H / kGroup, kNV = kNvec / 32;  // 64 vectors a row, 16 groups, 2 vectors a lane
-
-// ---- the engine's kernel, copied (wide_gate_up_kernel<2, 8>) ----
-
-__global__ void __launch_bounds__(256, 2)
-    engine_gate_up(const Int4Expert* __restrict__ experts, const int32_t* __restrict__ ids, int k, const uint8_t* __restrict__ xq,
-                   const VecScale* __restrict__ xs, uint8_t* __restrict__ hq, VecScale* __restrict__ hs) {
-  constexpr int RU = 4, NV = kNV;
-  __shared__ float hb[kBlockRows];
-  const int p = blockIdx.y, t = p / k, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  pdl_wait();
-  const Int4Expert* ex = experts + ids[p];
-  const Int4View gate = ex->gate, up = ex->up;
-  if (!gate.qweight) return;
-  const int r0 = static_cast<int>(blockIdx.x) * kBlockRows + warp * RU, nvec = kNvec;
-  const uint4* qg = reinterpret_cast<const uint4*>(gate.qweight);
-  const uint4* qu = reinterpret_cast<const uint4*>(up.qweight);
-  uint4 wg[RU][NV], wu[RU][NV];
-  uint16_t sg[RU][NV], su[RU][NV];
-  uint8_t zg[RU][NV], zu[RU][NV];
-#pragma unroll
-  for (int r = 0; r < RU; ++r)
-#pragma unroll
-    for (int i = 0; i < NV; ++i) {
-      const int v = lane + 32 * i, row = r0 + r, gi = row * kG + (v >> kGshift);
-      wg[r][i] = load_stream(qg + row * nvec + v);
-      wu[r][i] = load_stream(qu + row * nvec + v);
-      sg[r][i] = __ldg(gate.scales + gi);
-      su[r][i] = __ldg(up.scales + gi);
-      zg[r][i] = __ldg(gate.zeros + gi);
-      zu[r][i] = __ldg(up.zeros + gi);
-    }
-  const uint8_t* xt = xq + static_cast<int64_t>(t) * H * 2;
-  float g[RU] = {}, u[RU] = {};
-#pragma unroll
-  for (int i = 0; i < NV; ++i) {
-    const int v = lane + 32 * i;
-    uint4 xv[4];
-    load_vector(xt, v, nvec, xv);
-    const VecScale s = xs[t * nvec + v];
-#pragma unroll
-    for (int r = 0; r < RU; ++r) {
-      g[r] += __half2float(__ushort_as_half(sg[r][i])) * vec_dot(wg[r][i], xv, 16 * zg[r][i], s);
-      u[r] += __half2float(__ushort_as_half(su[r][i])) * vec_dot(wu[r][i], xv, 16 * zu[r][i], s);
-    }
-  }
-  pdl_launch_next();
-#pragma unroll
-  for (int r = 0; r < RU; ++r) {
-    const float gs = group_sum<32>(g[r]), us = group_sum<32>(u[r]);
-    if (lane == 0) hb[warp * RU + r] = gs / (1.0f + __expf(-gs)) * us;
-  }
-  __syncthreads();
-  const int nh = static_cast<int>(I / 32);
-  if (warp == 0) quantise_vector(hb[lane], blockIdx.x, nh, hq + static_cast<int64_t>(p) * I * 2, hs + static_cast<int64_t>(p) * nh);
-}
 
 // ---- the pipelined form ----
 
@@ -112,6 +54,28 @@ __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_grou
 template <int N>
 __device__ __forceinline__ void cp_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// A block's items j < mine through S shared-memory stages: fill(slot, j) issues item j's copies into
+// stage slot; use(slot, j) runs once every thread's copies of item j are in, and must end with the
+// block's barrier behind its last read of the stage (the stage is refilled in the next round).
+template <int S, typename Fill, typename Use>
+__device__ __forceinline__ void pipeline(int mine, Fill&& fill, Use&& use) {
+#pragma unroll
+  for (int j = 0; j < S - 1; ++j) {
+    if (j < mine) fill(j, j);
+    cp_commit();
+  }
+  int slot = 0;
+  for (int j = 0; j < mine; ++j) {
+    if (j + S - 1 < mine) fill((slot + S - 1) % S, j + S - 1);
+    cp_commit();
+    cp_wait<S - 1>();  // this thread's copies of item j are in
+    __syncthreads();   // and everyone's
+    use(slot, j);
+    slot = (slot + 1) % S;
+  }
+  cp_wait<0>();  // no copy outlives the block
 }
 
 // One stage: an item's 32 rows of gate and up (codes, fp16 scales, zero points) and its token's x.
@@ -193,21 +157,9 @@ __global__ void __launch_bounds__(W * 32, 1)
               ex->gate.zeros, ex->up.zeros};
   }
   __syncthreads();
-  auto fill_item = [&](Stage& stage, int j) {
-    if (j < mine) fill<THREADS>(stage, blockIdx.x + j * gridDim.x, items, tab[j], xq, xs, k);
-  };
-#pragma unroll
-  for (int j = 0; j < S - 1; ++j) {
-    fill_item(st[j], j);
-    cp_commit();
-  }
-  int slot = 0;
-  for (int j = 0; j < mine; ++j) {
+  const auto fill_item = [&](int slot, int j) { fill<THREADS>(st[slot], blockIdx.x + j * gridDim.x, items, tab[j], xq, xs, k); };
+  pipeline<S>(mine, fill_item, [&](int slot, int j) {
     const int w = blockIdx.x + j * gridDim.x;
-    fill_item(st[(slot + S - 1) % S], j + S - 1);
-    cp_commit();
-    cp_wait<S - 1>();  // this thread's copies of item w are in
-    __syncthreads();   // and everyone's
     const Stage& s = st[slot];
     const bool valid = s.valid;  // read before the barrier below: thread 0 refills the stage after it
     if (valid) {
@@ -237,80 +189,16 @@ __global__ void __launch_bounds__(W * 32, 1)
       const int p = w / nb, rb = w % nb, nh = static_cast<int>(I / 32);
       quantise_vector(hb[lane], rb, nh, hq + static_cast<int64_t>(p) * I * 2, hs + static_cast<int64_t>(p) * nh);
     }
-    slot = (slot + 1) % S;
     // hb is next written after the next round's barrier, which warp 0 reaches after quantising
-  }
-  cp_wait<0>();  // no copy outlives the block
+  });
   pdl_launch_next();
 }
 
-// ---- down: the engine's kernel, copied (wide_down_kernel<1>), and the pipelined form ----
+// ---- down: the pipelined form ----
 
-constexpr int kDownLanes = 16, kDownRowsPer = 2, kDownRows = 4, kDownGroups = 4, kDownThreads = 256, kDownPer = K / kDownGroups;
 constexpr int kRowsD = kDownRows * kDownRowsPer;                 // 8 rows an item
 constexpr int kNvecD = I / 32, kGD = I / kGroup;                 // 16 vectors of h a pair, 4 groups a down row
-static_assert(kNvecD == kDownLanes, "one vector a lane (NV 1)");
-
-__global__ void __launch_bounds__(kDownThreads)
-    engine_down(const Int4Expert* __restrict__ experts, const int32_t* __restrict__ ids, const float* __restrict__ weights, int k,
-                const uint8_t* __restrict__ hq, const VecScale* __restrict__ hs, float* __restrict__ out) {
-  constexpr int RPH = kDownRowsPer;
-  __shared__ float share[kDownGroups][kRowsD];
-  const int t = blockIdx.y, hw = threadIdx.x / kDownLanes, l = threadIdx.x % kDownLanes;
-  const int r = hw % kDownRows, g = hw / kDownRows;
-  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kRowsD + r * RPH, nvec = kNvecD;
-  pdl_wait();
-  const Int4View* d[kDownPer];
-  const uint32_t* q[kDownPer];
-  uint4 wd[RPH][kDownPer];
-  uint16_t sd[RPH][kDownPer];
-  uint8_t zd[RPH][kDownPer];
-  float rw[kDownPer];
-#pragma unroll
-  for (int m = 0; m < kDownPer; ++m) {
-    const int j = g + kDownGroups * m;
-    d[m] = j < k ? &experts[ids[t * k + j]].down : nullptr;
-    q[m] = d[m] ? d[m]->qweight : nullptr;
-    rw[m] = j < k ? __ldg(weights + t * k + j) : 0.0f;
-  }
-#pragma unroll
-  for (int o = 0; o < RPH; ++o)
-#pragma unroll
-    for (int m = 0; m < kDownPer; ++m) {
-      const int64_t v = l, row = row0 + o, gi = row * kGD + (static_cast<int>(v) >> kGshift);
-      const bool ok = q[m] != nullptr;
-      wd[o][m] = ok ? load_stream(reinterpret_cast<const uint4*>(q[m]) + row * nvec + v) : make_uint4(0u, 0u, 0u, 0u);
-      sd[o][m] = ok ? __ldg(d[m]->scales + gi) : uint16_t{0};
-      zd[o][m] = ok ? __ldg(d[m]->zeros + gi) : uint8_t{0};
-    }
-  float acc[RPH] = {};
-#pragma unroll
-  for (int m = 0; m < kDownPer; ++m) {
-    if (!q[m]) continue;
-    const int64_t p = static_cast<int64_t>(t) * k + g + kDownGroups * m;
-    float a[RPH] = {};
-    uint4 hv[4];
-    load_vector(hq + p * I * 2, l, nvec, hv);
-    const VecScale s = hs[p * nvec + l];
-#pragma unroll
-    for (int o = 0; o < RPH; ++o) a[o] += __half2float(__ushort_as_half(sd[o][m])) * vec_dot(wd[o][m], hv, 16 * zd[o][m], s);
-#pragma unroll
-    for (int o = 0; o < RPH; ++o) acc[o] += rw[m] * a[o];
-  }
-  pdl_launch_next();
-#pragma unroll
-  for (int o = 0; o < RPH; ++o) {
-    const float a = group_sum<kDownLanes>(acc[o]);
-    if (l == 0) share[g][r * RPH + o] = a;
-  }
-  __syncthreads();
-  if (threadIdx.x < kRowsD) {
-    float sum = share[0][threadIdx.x];
-#pragma unroll
-    for (int q2 = 1; q2 < kDownGroups; ++q2) sum += share[q2][threadIdx.x];
-    out[t * H + static_cast<int64_t>(blockIdx.x) * kRowsD + threadIdx.x] = sum;
-  }
-}
+static_assert(kNvecD == kDownLanes && K == kMaxK, "the 35B's shape: one vector a lane (NV 1), k = 8");
 
 __device__ __forceinline__ void cp4(void* dst, const void* src) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
@@ -381,21 +269,9 @@ __global__ void __launch_bounds__(kDownThreads, 1)
     tab[j].z[slot_j] = d ? d->zeros : nullptr;
   }
   __syncthreads();
-  auto fill_item = [&](DownStage& stage, int j) {
-    if (j < mine) fill_down(stage, blockIdx.x + j * gridDim.x, items, tab[j], weights, k, hq, hs);
-  };
-#pragma unroll
-  for (int j = 0; j < S - 1; ++j) {
-    fill_item(st[j], j);
-    cp_commit();
-  }
-  int slot = 0;
-  for (int j = 0; j < mine; ++j) {
+  const auto fill_item = [&](int slot, int j) { fill_down(st[slot], blockIdx.x + j * gridDim.x, items, tab[j], weights, k, hq, hs); };
+  pipeline<S>(mine, fill_item, [&](int slot, int j) {
     const int w = blockIdx.x + j * gridDim.x;
-    fill_item(st[(slot + S - 1) % S], j + S - 1);
-    cp_commit();
-    cp_wait<S - 1>();
-    __syncthreads();
     const DownStage& s = st[slot];
     float acc[RPH] = {};
 #pragma unroll
@@ -427,10 +303,8 @@ __global__ void __launch_bounds__(kDownThreads, 1)
       for (int q2 = 1; q2 < kDownGroups; ++q2) sum += share[q2][threadIdx.x];
       out[static_cast<int64_t>(w / nb) * H + static_cast<int64_t>(w % nb) * kRowsD + threadIdx.x] = sum;
     }
-    slot = (slot + 1) % S;
-    // share is next written after the next round's first barrier, which these threads reach after reading it
-  }
-  cp_wait<0>();
+    // share is next written after the next round's barrier, which these threads reach after reading it
+  });
   pdl_launch_next();
 }
 
@@ -481,6 +355,43 @@ struct Experts {
   }
   ~Experts() { cudaFree(pool); }
 };
+
+// Runs once (routing set 0) and checks each variant whose stages fit the device's shared memory; returns
+// which fit.
+template <typename V, size_t N, typename Launch, typename Check>
+std::vector<bool> try_variants(const V (&variants)[N], size_t stage_bytes, int optin, Launch&& launch, Check&& check) {
+  std::vector<bool> fit;
+  for (const V& v : variants) {
+    const size_t smem = v.stages * stage_bytes;
+    const bool ok = smem <= static_cast<size_t>(optin) &&
+                    cudaFuncSetAttribute(v.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)) == cudaSuccess;
+    fit.push_back(ok);
+    if (!ok) continue;
+    launch(v, 0);
+    DEV_CK(cudaGetLastError());
+    check(v.name);
+  }
+  return fit;
+}
+
+// " us (TB/s)" of a call that reads `bytes`.
+std::string cell(float us, double bytes) {
+  char c[32];
+  std::snprintf(c, sizeof(c), " %7.1f (%4.2f)", us, bytes / (us * 1e-6) / 1e12);
+  return c;
+}
+
+// Each variant's time (or that it did not fit), as cells.
+template <typename V, size_t N, typename Time>
+std::string variant_cells(const V (&variants)[N], const std::vector<bool>& fit, double bytes, Time&& time) {
+  std::string line;
+  for (size_t v = 0; v < N; ++v) {
+    char c[32];
+    std::snprintf(c, sizeof(c), " %14s", "(no room)");
+    line += fit[v] ? cell(time(variants[v]), bytes) : std::string(c);
+  }
+  return line;
+}
 
 }  // namespace
 
@@ -544,33 +455,20 @@ int main() {
       checks += std::string(name) + (got == want_h ? " ok, " : " DIFFERS, ");
       DEV_CK(cudaMemset(hq2, 0xff, lay.bytes));  // the next variant writes its own
     };
-    auto engine = [&](int i) { engine_gate_up<<<dim3(I / kBlockRows, T * K), 256>>>(dexp, dids + off(i), K, xq, xs, vq, vs); };
+    auto engine = [&](int i) {
+      wide_gate_up_kernel<kNV, 8><<<dim3(I / kBlockRows, T * K), 256>>>(dexp, H, I, dids + off(i), K, xq, xs, vq, vs, kGshift);
+    };
     auto pipe = [&](const Pipe& pp, int i) {
       const size_t smem = pp.stages * sizeof(Stage);
       const int items = T * K * static_cast<int>(I / kBlockRows), grid = std::max(sms, (items + kMaxItems - 1) / kMaxItems);
       pp.kernel<<<grid, pp.threads, smem>>>(dexp, dids + off(i), K, T * K, xq, xs, vq, vs);
     };
     engine(0), check_h("engine");
-    std::vector<bool> runs;
-    for (const Pipe& pp : pipes) {
-      const size_t smem = pp.stages * sizeof(Stage);
-      const bool fits = smem <= static_cast<size_t>(optin) &&
-                        cudaFuncSetAttribute(pp.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)) == cudaSuccess;
-      runs.push_back(fits);
-      if (!fits) continue;
-      pipe(pp, 0);
-      DEV_CK(cudaGetLastError());
-      check_h(pp.name);
-    }
+    const auto runs = try_variants(pipes, sizeof(Stage), optin, pipe, check_h);
     const int reps = 400;
     const double bytes = double(T) * K * 2 * I * (H / 2 + kG * 3);  // the pairs' codes, scales and zero points
-    auto cell = [&](float us) { std::printf(" %7.1f (%4.2f)", us, bytes / (us * 1e-6) / 1e12); };
-    std::printf("%6d %8.1f |", T, time_us(layer, reps));
-    cell(time_us(engine, reps));
-    for (size_t v = 0; v < std::size(pipes); ++v) {
-      if (runs[v]) cell(time_us([&](int i) { pipe(pipes[v], i); }, reps));
-      else std::printf(" %14s", "(no room)");
-    }
+    const std::string up_cells = variant_cells(pipes, runs, bytes, [&](const Pipe& pp) { return time_us([&](int i) { pipe(pp, i); }, reps); });
+    std::printf("%6d %8.1f |%s%s", T, time_us(layer, reps), cell(time_us(engine, reps), bytes).c_str(), up_cells.c_str());
     DEV_CK(cudaGetLastError());
     std::printf(" | %s\n", checks.c_str());
     {  // down, from the engine's h of routing set 0, against the engine's output
@@ -587,7 +485,9 @@ int main() {
         dchecks += std::string(name) + (host_copy(out2, want_out.size()) == want_out ? " ok, " : " DIFFERS, ");
         DEV_CK(cudaMemset(out2, 0xff, T * H * 4));
       };
-      auto edown = [&](int i) { engine_down<<<dim3(H / kRowsD, T), kDownThreads>>>(dexp, dids + off(i), dw + off(i), K, hq, hsv, out2); };
+      auto edown = [&](int i) {
+        wide_down_kernel<1><<<dim3(H / kRowsD, T), kDownThreads>>>(dexp, H, I, dids + off(i), dw + off(i), K, hq, hsv, out2, kGshift);
+      };
       struct PipeD {
         const char* name;
         void (*kernel)(const Int4Expert*, const int32_t*, const float*, int, int, const uint8_t*, const VecScale*, float*);
@@ -599,32 +499,14 @@ int main() {
         pp.kernel<<<grid, kDownThreads, pp.stages * sizeof(DownStage)>>>(dexp, dids + off(i), dw + off(i), K, T, hq, hsv, out2);
       };
       edown(0), check_out("engine");
-      std::vector<bool> druns;
-      for (const PipeD& pp : dpipes) {
-        const size_t smem = pp.stages * sizeof(DownStage);
-        const bool fits = smem <= static_cast<size_t>(optin) &&
-                          cudaFuncSetAttribute(pp.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)) == cudaSuccess;
-        druns.push_back(fits);
-        if (!fits) continue;
-        pdown(pp, 0);
-        DEV_CK(cudaGetLastError());
-        check_out(pp.name);
-      }
+      const auto druns = try_variants(dpipes, sizeof(DownStage), optin, pdown, check_out);
       const double dbytes = double(T) * K * H * (I / 2 + kGD * 3);
-      char line[512];
-      int n = std::snprintf(line, sizeof(line), "%6d down |", T);
-      const float te = time_us(edown, reps);
-      n += std::snprintf(line + n, sizeof(line) - n, " %7.1f (%4.2f)", te, dbytes / (te * 1e-6) / 1e12);
-      for (size_t v = 0; v < std::size(dpipes); ++v) {
-        if (!druns[v]) {
-          n += std::snprintf(line + n, sizeof(line) - n, " %14s", "(no room)");
-          continue;
-        }
-        const float tp = time_us([&](int i) { pdown(dpipes[v], i); }, reps);
-        n += std::snprintf(line + n, sizeof(line) - n, " %7.1f (%4.2f)", tp, dbytes / (tp * 1e-6) / 1e12);
-      }
+      const std::string cells = variant_cells(dpipes, druns, dbytes, [&](const PipeD& pp) { return time_us([&](int i) { pdown(pp, i); }, reps); });
+      char head[32];
+      std::snprintf(head, sizeof(head), "%6d down |", T);
+      const std::string line = head + cell(time_us(edown, reps), dbytes) + cells;
       DEV_CK(cudaGetLastError());
-      down_lines.push_back(std::string(line) + " | " + dchecks);
+      down_lines.push_back(line + " | " + dchecks);
       cudaFree(out2);
     }
     for (void* p : {(void*)dids, (void*)dw, (void*)dx, (void*)out, (void*)ws, (void*)hq2}) cudaFree(p);
