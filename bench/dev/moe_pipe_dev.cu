@@ -276,20 +276,20 @@ __global__ void __launch_bounds__(kDownThreads, 1)
     float acc[RPH] = {};
 #pragma unroll
     for (int m = 0; m < kDownPer; ++m) {
-      const int j = g + kDownGroups * m;
-      if (j >= k || !s.valid[j]) continue;
+      const int e = g + kDownGroups * m;  // the expert slot
+      if (e >= k || !s.valid[e]) continue;
       float a[RPH] = {};
       uint4 hv[4];
 #pragma unroll
-      for (int c = 0; c < 4; ++c) hv[c] = s.h[j][c * kNvecD + l];
-      const VecScale vs = s.hs[j][l];
+      for (int c = 0; c < 4; ++c) hv[c] = s.h[e][c * kNvecD + l];
+      const VecScale vs = s.hs[e][l];
 #pragma unroll
       for (int o = 0; o < RPH; ++o) {
         const int row = r * RPH + o, gi = row * kGD + (l >> kGshift);
-        a[o] += __half2float(__ushort_as_half(s.sc[j][gi])) * vec_dot(s.w[j][row * kNvecD + l], hv, 16 * s.z[j][gi], vs);
+        a[o] += __half2float(__ushort_as_half(s.sc[e][gi])) * vec_dot(s.w[e][row * kNvecD + l], hv, 16 * s.z[e][gi], vs);
       }
 #pragma unroll
-      for (int o = 0; o < RPH; ++o) acc[o] += s.rw[j] * a[o];
+      for (int o = 0; o < RPH; ++o) acc[o] += s.rw[e] * a[o];
     }
 #pragma unroll
     for (int o = 0; o < RPH; ++o) {
