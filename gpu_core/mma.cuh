@@ -2,6 +2,8 @@
 // fp32 accumulation) and the bf16 pair packing its fragments use. Fragment layouts are PTX's: lane
 // 4 g + q holds A rows g and g + 8 at columns 2q, 2q + 1 (a0, a1) and 2q + 8, 2q + 9 (a2, a3), B column g
 // at rows 2q, 2q + 1 (b0) and 2q + 8, 2q + 9 (b1), and C rows g, g + 8 at columns 2q, 2q + 1.
+// Then what the several-token GEMVs on tensor cores (gemv_bf16_mma.cuh, gemv_rows8.cu) share: their
+// weights in flight, their chunk loop, their warps' sum and their launch shape.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -106,7 +108,7 @@ __device__ __forceinline__ void sum_warp_tiles(float (&part)[WARPS][MT][4][32], 
 // (bench/results/2026-12-06-stop50-h100.md, H100):
 // - under 8192 rows (the output projections, 128 blocks): one tile a block of 16 warps; 8 warps kept
 //   one block an SM and 30% of the DRAM busy;
-// - two tiles a block of 8 warps (120 registers: two blocks an SM) where those blocks fit one wave of the
+// - two tiles a block of 8 warps (116-126 registers: two blocks an SM) where those blocks fit one wave of the
 //   device (8192 rows: 256 blocks on 132 SMs; 15.8 us against 16.7 for 1 x 16);
 // - else one tile a block of 8 warps, which leaves a smaller last wave: DeltaNet's in_proj (12352 rows,
 //   1.46 waves of two-tile blocks) 25.0 -> 22.5 us, attention's q/k/v (9216, 1.09 waves) 22.3 -> 20.0,
