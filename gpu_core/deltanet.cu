@@ -7,6 +7,7 @@
 
 #include "gpu_core/block_reduce.cuh"
 #include "gpu_core/conv_step.cuh"
+#include "gpu_core/cp_async.cuh"
 #include "gpu_core/deltanet.cuh"
 #include "gpu_core/pdl.cuh"
 #include "gpu_core/smem.cuh"
@@ -24,6 +25,9 @@ constexpr int kStageTokens = 8;  // delta_head_kernel: tokens whose inputs are s
 __device__ __forceinline__ float silu(float x) { return x / (1.0f + expf(-x)); }
 
 using detail::block_sum;
+using detail::copy_async4;
+using detail::copy_async_commit;
+using detail::copy_async_wait;
 
 // Causal conv + SiLU of channel ch over tokens [t0, t1), the window (the hist inputs before t0,
 // oldest first) in registers and moved along.
@@ -332,27 +336,6 @@ __device__ __forceinline__ void tile_product(const float* A, const float* B, int
   }
 }
 
-// One 4-byte asynchronous copy global -> shared (cp.async, sm_80+), zeros when !ok (nothing is read).
-__device__ __forceinline__ void copy_async4(float* dst, const float* src, bool ok) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(d), "l"(src), "r"(ok ? 4 : 0) : "memory");
-#else
-  *dst = ok ? *src : 0.0f;
-#endif
-}
-__device__ __forceinline__ void copy_async_commit() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;" ::: "memory");
-#endif
-}
-// Waits for this thread's copies but the PENDING most recent groups (1: the chunk staged for later).
-template <int PENDING>
-__device__ __forceinline__ void copy_async_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_group %0;" ::"n"(PENDING) : "memory");
-#endif
-}
 
 // One chunk's inputs in delta_wy_kernel's shared memory (a buffer of wy_buffer_floats).
 struct WyChunk {

@@ -22,12 +22,13 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "bench/dev/dev_util.cuh"
+#include "core/dtype.h"
+#include "gpu_core/cp_async.cuh"
 #include "gpu_core/moe.cuh"
 #include "gpu_core/moe_int4_wide.cuh"
 #include "gpu_core/pdl.cuh"
@@ -46,16 +47,6 @@ constexpr int kNvec = H / 32, kG = H / kGroup, kNV = kNvec / 32;  // 64 vectors 
 
 // ---- the pipelined form ----
 
-__device__ __forceinline__ void cp16(void* dst, const void* src) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
-
 // A block's items j < mine through S shared-memory stages: fill(slot, j) issues item j's copies into
 // stage slot; use(slot, j) runs once every thread's copies of item j are in, and must end with the
 // block's barrier behind its last read of the stage (the stage is refilled in the next round).
@@ -64,18 +55,18 @@ __device__ __forceinline__ void pipeline(int mine, Fill&& fill, Use&& use) {
 #pragma unroll
   for (int j = 0; j < S - 1; ++j) {
     if (j < mine) fill(j, j);
-    cp_commit();
+    copy_async_commit();
   }
   int slot = 0;
   for (int j = 0; j < mine; ++j) {
     if (j + S - 1 < mine) fill((slot + S - 1) % S, j + S - 1);
-    cp_commit();
-    cp_wait<S - 1>();  // this thread's copies of item j are in
+    copy_async_commit();
+    copy_async_wait<S - 1>();  // this thread's copies of item j are in
     __syncthreads();   // and everyone's
     use(slot, j);
     slot = (slot + 1) % S;
   }
-  cp_wait<0>();  // no copy outlives the block
+  copy_async_wait<0>();  // no copy outlives the block
 }
 
 // One stage: an item's 32 rows of gate and up (codes, fp16 scales, zero points) and its token's x.
@@ -93,6 +84,14 @@ static_assert(sizeof(uint16_t) * kBlockRows * kG % 16 == 0 && kBlockRows * kG % 
 // experts' addresses, resolved once after the wait (ids -> expert -> views: two dependent loads) so that
 // a stage's fill issues its copies at once.
 constexpr int kMaxItems = 32;
+
+// This block's items of `items` (items blockIdx.x, + gridDim.x, ...); traps past kMaxItems (a grid too
+// small: pipe_grid sizes it).
+__device__ __forceinline__ int block_items(int items) {
+  const int b = static_cast<int>(blockIdx.x), mine = b < items ? (items - b + static_cast<int>(gridDim.x) - 1) / static_cast<int>(gridDim.x) : 0;
+  if (mine > kMaxItems) __trap();
+  return mine;
+}
 struct GateUpItem {
   const uint4 *qg, *qu;  // null: not resident
   const uint16_t *gs, *us;
@@ -101,9 +100,8 @@ struct GateUpItem {
 
 // Item w: pair w / (I / 32), row block w % (I / 32), as the engine's grid is laid out.
 template <int THREADS>
-__device__ __forceinline__ void fill(Stage& st, int w, int items, const GateUpItem& it, const uint8_t* __restrict__ xq,
+__device__ __forceinline__ void fill(Stage& st, int w, const GateUpItem& it, const uint8_t* __restrict__ xq,
                                      const VecScale* __restrict__ xs, int k) {
-  if (w >= items) return;
   constexpr int nb = static_cast<int>(I / kBlockRows);
   const int p = w / nb, rb = w % nb, t = p / k, tid = threadIdx.x;
   const uint4* qg = it.qg;
@@ -112,8 +110,8 @@ __device__ __forceinline__ void fill(Stage& st, int w, int items, const GateUpIt
   const uint4* qu = it.qu;
   const int64_t r0 = int64_t{rb} * kBlockRows;
   for (int i = tid; i < kBlockRows * kNvec; i += THREADS) {
-    cp16(&st.gate[i], qg + r0 * kNvec + i);
-    cp16(&st.up[i], qu + r0 * kNvec + i);
+    copy_async16(&st.gate[i], qg + r0 * kNvec + i);
+    copy_async16(&st.up[i], qu + r0 * kNvec + i);
   }
   constexpr int sc = kBlockRows * kG * 2 / 16, zc = kBlockRows * kG / 16;  // 16-byte pieces
   const char* gsrc = reinterpret_cast<const char*>(it.gs + r0 * kG);
@@ -124,17 +122,17 @@ __device__ __forceinline__ void fill(Stage& st, int w, int items, const GateUpIt
   const char* xst = reinterpret_cast<const char*>(xs + int64_t{t} * kNvec);
   for (int i = tid; i < 2 * sc + 2 * zc + 4 * kNvec + kNvec * 8 / 16; i += THREADS) {
     int j = i;
-    if (j < sc) { cp16(reinterpret_cast<char*>(st.gs) + 16 * j, gsrc + 16 * j); continue; }
+    if (j < sc) { copy_async16(reinterpret_cast<char*>(st.gs) + 16 * j, gsrc + 16 * j); continue; }
     j -= sc;
-    if (j < sc) { cp16(reinterpret_cast<char*>(st.us) + 16 * j, usrc + 16 * j); continue; }
+    if (j < sc) { copy_async16(reinterpret_cast<char*>(st.us) + 16 * j, usrc + 16 * j); continue; }
     j -= sc;
-    if (j < zc) { cp16(reinterpret_cast<char*>(st.gz) + 16 * j, gzs + 16 * j); continue; }
+    if (j < zc) { copy_async16(reinterpret_cast<char*>(st.gz) + 16 * j, gzs + 16 * j); continue; }
     j -= zc;
-    if (j < zc) { cp16(reinterpret_cast<char*>(st.uz) + 16 * j, uzs + 16 * j); continue; }
+    if (j < zc) { copy_async16(reinterpret_cast<char*>(st.uz) + 16 * j, uzs + 16 * j); continue; }
     j -= zc;
-    if (j < 4 * kNvec) { cp16(&st.x[j], xt + 16 * j); continue; }
+    if (j < 4 * kNvec) { copy_async16(&st.x[j], xt + 16 * j); continue; }
     j -= 4 * kNvec;
-    cp16(reinterpret_cast<char*>(st.xs) + 16 * j, xst + 16 * j);
+    copy_async16(reinterpret_cast<char*>(st.xs) + 16 * j, xst + 16 * j);
   }
 }
 
@@ -148,8 +146,7 @@ __global__ void __launch_bounds__(W * 32, 1)
   __shared__ float hb[kBlockRows];
   __shared__ GateUpItem tab[kMaxItems];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, items = pairs * nb;
-  const int mine = static_cast<int>(blockIdx.x) < items ? (items - static_cast<int>(blockIdx.x) + gridDim.x - 1) / gridDim.x : 0;
-  if (mine > kMaxItems) __trap();  // the launch's grid is too small
+  const int mine = block_items(items);
   pdl_wait();  // ids and x are the kernels before's
   for (int j = threadIdx.x; j < mine; j += THREADS) {
     const Int4Expert* ex = experts + ids[(blockIdx.x + j * gridDim.x) / nb];
@@ -157,7 +154,7 @@ __global__ void __launch_bounds__(W * 32, 1)
               ex->gate.zeros, ex->up.zeros};
   }
   __syncthreads();
-  const auto fill_item = [&](int slot, int j) { fill<THREADS>(st[slot], blockIdx.x + j * gridDim.x, items, tab[j], xq, xs, k); };
+  const auto fill_item = [&](int slot, int j) { fill<THREADS>(st[slot], blockIdx.x + j * gridDim.x, tab[j], xq, xs, k); };
   pipeline<S>(mine, fill_item, [&](int slot, int j) {
     const int w = blockIdx.x + j * gridDim.x;
     const Stage& s = st[slot];
@@ -200,11 +197,6 @@ constexpr int kRowsD = kDownRows * kDownRowsPer;                 // 8 rows an it
 constexpr int kNvecD = I / 32, kGD = I / kGroup;                 // 16 vectors of h a pair, 4 groups a down row
 static_assert(kNvecD == kDownLanes && K == kMaxK, "the 35B's shape: one vector a lane (NV 1), k = 8");
 
-__device__ __forceinline__ void cp4(void* dst, const void* src) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(s), "l"(src) : "memory");
-}
-
 // One down stage: a token's 8 rows of each of its k experts (codes, scales, zero points), the k pairs' h
 // and the token's expert weights.
 struct DownStage {
@@ -226,9 +218,8 @@ struct DownItem {
 };
 
 // Item w: token w / (H / 8), row group w % (H / 8), as the engine's grid is laid out.
-__device__ __forceinline__ void fill_down(DownStage& st, int w, int items, const DownItem& it, const float* __restrict__ weights, int k,
+__device__ __forceinline__ void fill_down(DownStage& st, int w, const DownItem& it, const float* __restrict__ weights, int k,
                                           const uint8_t* __restrict__ hq, const VecScale* __restrict__ hs) {
-  if (w >= items) return;
   constexpr int nb = static_cast<int>(H / kRowsD);
   const int t = w / nb, rg = w % nb, tid = threadIdx.x;
   const int j = tid / 32, lane = tid % 32;  // a warp a slot (K warps)
@@ -238,13 +229,13 @@ __device__ __forceinline__ void fill_down(DownStage& st, int w, int items, const
   if (!q) return;
   const int64_t r0 = int64_t{rg} * kRowsD, p = int64_t{t} * k + j;
   const uint4* src = q + r0 * kNvecD;
-  for (int i = lane; i < kRowsD * kNvecD; i += 32) cp16(&st.w[j][i], src + i);  // 128 pieces
+  for (int i = lane; i < kRowsD * kNvecD; i += 32) copy_async16(&st.w[j][i], src + i);  // 128 pieces
   const uint4* hsrc = reinterpret_cast<const uint4*>(hq + p * I * 2);
-  for (int i = lane; i < 4 * kNvecD; i += 32) cp16(&st.h[j][i], hsrc + i);       // 64 pieces
-  if (lane < 4) cp16(reinterpret_cast<char*>(st.sc[j]) + 16 * lane, reinterpret_cast<const char*>(it.sc[j] + r0 * kGD) + 16 * lane);
-  else if (lane < 6) cp16(reinterpret_cast<char*>(st.z[j]) + 16 * (lane - 4), reinterpret_cast<const char*>(it.z[j] + r0 * kGD) + 16 * (lane - 4));
-  else if (lane < 14) cp16(reinterpret_cast<char*>(st.hs[j]) + 16 * (lane - 6), reinterpret_cast<const char*>(hs + p * kNvecD) + 16 * (lane - 6));
-  else if (lane == 14) cp4(&st.rw[j], weights + p);
+  for (int i = lane; i < 4 * kNvecD; i += 32) copy_async16(&st.h[j][i], hsrc + i);       // 64 pieces
+  if (lane < 4) copy_async16(reinterpret_cast<char*>(st.sc[j]) + 16 * lane, reinterpret_cast<const char*>(it.sc[j] + r0 * kGD) + 16 * lane);
+  else if (lane < 6) copy_async16(reinterpret_cast<char*>(st.z[j]) + 16 * (lane - 4), reinterpret_cast<const char*>(it.z[j] + r0 * kGD) + 16 * (lane - 4));
+  else if (lane < 14) copy_async16(reinterpret_cast<char*>(st.hs[j]) + 16 * (lane - 6), reinterpret_cast<const char*>(hs + p * kNvecD) + 16 * (lane - 6));
+  else if (lane == 14) copy_async4(&st.rw[j], weights + p);
 }
 
 template <int S>
@@ -258,8 +249,7 @@ __global__ void __launch_bounds__(kDownThreads, 1)
   const int hw = threadIdx.x / kDownLanes, l = threadIdx.x % kDownLanes, r = hw % kDownRows, g = hw / kDownRows;
   __shared__ DownItem tab[kMaxItems];
   const int items = T * nb;
-  const int mine = static_cast<int>(blockIdx.x) < items ? (items - static_cast<int>(blockIdx.x) + gridDim.x - 1) / gridDim.x : 0;
-  if (mine > kMaxItems) __trap();  // the launch's grid is too small
+  const int mine = block_items(items);
   pdl_wait();
   for (int e = threadIdx.x; e < mine * K; e += kDownThreads) {
     const int j = e / K, slot_j = e % K, t = (blockIdx.x + j * gridDim.x) / nb;
@@ -269,7 +259,7 @@ __global__ void __launch_bounds__(kDownThreads, 1)
     tab[j].z[slot_j] = d ? d->zeros : nullptr;
   }
   __syncthreads();
-  const auto fill_item = [&](int slot, int j) { fill_down(st[slot], blockIdx.x + j * gridDim.x, items, tab[j], weights, k, hq, hs); };
+  const auto fill_item = [&](int slot, int j) { fill_down(st[slot], blockIdx.x + j * gridDim.x, tab[j], weights, k, hq, hs); };
   pipeline<S>(mine, fill_item, [&](int slot, int j) {
     const int w = blockIdx.x + j * gridDim.x;
     const DownStage& s = st[slot];
@@ -310,13 +300,6 @@ __global__ void __launch_bounds__(kDownThreads, 1)
 
 // ---- host side ----
 
-uint16_t half_bits(float f) {  // positive normal values only
-  const __half h = __float2half_rn(f);
-  uint16_t b;
-  std::memcpy(&b, &h, 2);
-  return b;
-}
-
 // Random experts in the engine's row layout (codes, fp16 scales, zero points 0..15), one pool.
 struct Experts {
   std::vector<Int4Expert> table;
@@ -339,7 +322,7 @@ struct Experts {
         v.qweight = reinterpret_cast<const uint32_t*>(dev + off);
         off += N * Kin / 2;
         auto* s = reinterpret_cast<uint16_t*>(h + off);
-        for (int64_t i = 0; i < N * (Kin / kGroup); ++i) s[i] = half_bits(std::uniform_real_distribution<float>(0.002f, 0.02f)(rng));
+        for (int64_t i = 0; i < N * (Kin / kGroup); ++i) s[i] = tandem::f32_to_f16(std::uniform_real_distribution<float>(0.002f, 0.02f)(rng));
         v.scales = reinterpret_cast<const uint16_t*>(dev + off);
         off += N * (Kin / kGroup) * 2;
         auto* z = reinterpret_cast<uint8_t*>(h + off);
@@ -355,6 +338,9 @@ struct Experts {
   }
   ~Experts() { cudaFree(pool); }
 };
+
+// One block an SM, or enough that none has more than kMaxItems items.
+int pipe_grid(int items, int sms) { return std::max(sms, (items + kMaxItems - 1) / kMaxItems); }
 
 // Runs once (routing set 0) and checks each variant whose stages fit the device's shared memory; returns
 // which fit.
@@ -460,8 +446,7 @@ int main() {
     };
     auto pipe = [&](const Pipe& pp, int i) {
       const size_t smem = pp.stages * sizeof(Stage);
-      const int items = T * K * static_cast<int>(I / kBlockRows), grid = std::max(sms, (items + kMaxItems - 1) / kMaxItems);
-      pp.kernel<<<grid, pp.threads, smem>>>(dexp, dids + off(i), K, T * K, xq, xs, vq, vs);
+      pp.kernel<<<pipe_grid(T * K * static_cast<int>(I / kBlockRows), sms), pp.threads, smem>>>(dexp, dids + off(i), K, T * K, xq, xs, vq, vs);
     };
     engine(0), check_h("engine");
     const auto runs = try_variants(pipes, sizeof(Stage), optin, pipe, check_h);
@@ -495,8 +480,7 @@ int main() {
       };
       const PipeD dpipes[] = {{"pipe 4", pipe_down<4>, 4}, {"pipe 8", pipe_down<8>, 8}};
       auto pdown = [&](const PipeD& pp, int i) {
-        const int items = T * static_cast<int>(H / kRowsD), grid = std::max(sms, (items + kMaxItems - 1) / kMaxItems);
-        pp.kernel<<<grid, kDownThreads, pp.stages * sizeof(DownStage)>>>(dexp, dids + off(i), dw + off(i), K, T, hq, hsv, out2);
+        pp.kernel<<<pipe_grid(T * static_cast<int>(H / kRowsD), sms), kDownThreads, pp.stages * sizeof(DownStage)>>>(dexp, dids + off(i), dw + off(i), K, T, hq, hsv, out2);
       };
       edown(0), check_out("engine");
       const auto druns = try_variants(dpipes, sizeof(DownStage), optin, pdown, check_out);
