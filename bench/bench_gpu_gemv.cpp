@@ -404,24 +404,45 @@ void BM_moe_int4_prefill(benchmark::State& state) {
   cudaFree(ws);
 }
 
-// One DeltaNet layer's decode step at the 35B shape (16/32 heads x 128): bytes = the fp32 state read
-// and written (2 x 2 MiB) + conv state read and written + conv weights + this token's inputs.
+// One DeltaNet layer's decode step at the 35B shape (16/32 heads x 128) for B sequences, one token each
+// (arg): bytes = each sequence's fp32 state read and written (2 x 2 MiB) + its conv window read and
+// written + the conv weights once + the tokens' inputs. The states of 64 / B steps are cycled (128 MiB),
+// so each launch reads them from HBM as a step of the model does.
 void BM_deltanet_decode(benchmark::State& state) {
   if (!gpu_present()) return state.SkipWithError("no CUDA device");
+  const int B = static_cast<int>(state.range(0)), copies = std::max(1, 64 / B);
   tandem::gpu::DeltaNetDecodeArgs p;
   p.Hk = 16, p.Hv = 32, p.dk = 128, p.dv = 128, p.kernel = 4;
-  const int64_t conv_dim = 2 * 16 * 128 + 32 * 128, Vd = 32 * 128, S = int64_t(32) * 128 * 128;
+  const int64_t conv_dim = 2 * 16 * 128 + 32 * 128, Vd = 32 * 128, S = int64_t(32) * 128 * 128, W = conv_dim * 3;
+  const int64_t slots = int64_t{copies} * B;
   float* buf;
-  const int64_t n = conv_dim * 2 + Vd * 2 + 32 * 4 + 128 + conv_dim * 4 + conv_dim * 3 + S;
+  const int64_t n = B * (conv_dim * 2 + Vd * 2 + 32 * 2) + 32 * 2 + 128 + conv_dim * 4 + slots * (W + S);
   cudaMalloc(&buf, n * 4);
   cudaMemset(buf, 0, n * 4);
   float* q = buf;
   auto take = [&](int64_t count) { float* r = q; q += count; return r; };
-  p.qkv = take(conv_dim), p.conv_out = take(conv_dim), p.z = take(Vd), p.out = take(Vd), p.b = take(32), p.a = take(32);
+  p.qkv = take(B * conv_dim), p.conv_out = take(B * conv_dim), p.z = take(B * Vd), p.out = take(B * Vd), p.b = take(B * 32),
+  p.a = take(B * 32);
   p.A_log = take(32), p.dt_bias = take(32), p.norm_w = take(128), p.conv_w = take(conv_dim * 4);
-  p.conv_state = take(conv_dim * 3), p.state = take(S);
-  const double bytes = 2.0 * S * 4 + 2.0 * conv_dim * 3 * 4 + conv_dim * 4 * 4 + (conv_dim + 2 * Vd) * 4;
-  time_kernel(state, bytes, [&] { tandem::gpu::deltanet_decode(p, nullptr); });
+  p.conv_state = take(slots * W), p.state = take(slots * S);
+  p.tokens = B, p.groups = B, p.conv_stride = W, p.state_stride = S;
+  std::vector<int32_t> slot(slots), first(B + 1);
+  for (int64_t i = 0; i < slots; ++i) slot[i] = static_cast<int32_t>(i);
+  for (int g = 0; g <= B; ++g) first[g] = g;
+  int32_t *dslot, *dfirst;
+  cudaMalloc(&dslot, slots * 4);
+  cudaMalloc(&dfirst, (B + 1) * 4);
+  cudaMemcpy(dslot, slot.data(), slots * 4, cudaMemcpyHostToDevice);
+  cudaMemcpy(dfirst, first.data(), (B + 1) * 4, cudaMemcpyHostToDevice);
+  p.first = dfirst;
+  const double bytes = B * (2.0 * S * 4 + 2.0 * W * 4 + (conv_dim + 2 * Vd) * 4) + conv_dim * 4 * 4;
+  int launch = 0;
+  time_kernel(state, bytes, [&] {
+    p.slot = dslot + (launch++ % copies) * B;
+    tandem::gpu::deltanet_decode(p, nullptr);
+  });
+  cudaFree(dslot);
+  cudaFree(dfirst);
   cudaFree(buf);
 }
 
@@ -480,7 +501,7 @@ BENCHMARK(BM_gemv_int4)
     ->Args({8192, 2048, 1})->Args({16384, 512, 1})->Args({512, 2048, 1})->Args({8192, 2048, 4})
     ->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_deltanet_prefill)->Args({512, 0})->Args({4096, 0})->Args({4096, 1})->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_deltanet_decode)->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_deltanet_decode)->Arg(1)->Arg(2)->Arg(4)->Arg(8)->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_moe_int4_decode)->Args({8, 1, 0, 1})->Args({8, 1, 1, 1})->Args({8, 1, 1, 32})->Args({8, 4, 0, 1})->Args({8, 4, 1, 1})
     ->Args({8, 4, 1, 32})->Args({8, 2, 1, 32})->Args({8, 8, 1, 32})->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_moe_int4_prefill)->Arg(256)->Arg(2048)->Arg(4096)->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
