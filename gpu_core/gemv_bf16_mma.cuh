@@ -1,6 +1,6 @@
 // gpu_core/gemv_bf16_mma.cuh: the rows GEMV's several-token kernel on tensor cores (device code;
-// include from .cu only): gemv_bf16.cu launches it (launch_mma), and bench/dev instantiates it with
-// other tile and warp counts to compare.
+// include from .cu only): gemv_bf16.cu launches it (launch_mma); an experiment in bench/dev may
+// instantiate it with other tile and warp counts to compare.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -1,13 +1,11 @@
 #!/usr/bin/env bash
 # The GPU kernels' tests and micro-benchmarks on the GPU machine, in one call that always brings its
 # results back ($OUT/results.tgz, packed after every step, and $OUT/summary.txt):
-#   build   bench_gpu_gemv, tandem_gpu_tests and the bench/dev programs into ../build-gpu-dev
+#   build   bench_gpu_gemv and tandem_gpu_tests into ../build-gpu-dev
 #   tests   tandem_gpu_tests --gtest_filter=$TESTS (default: the speculative suite, the 8-bit rows, the ops
 #           and the int4 MoE kernels)
 #   rows8   bench_gpu_gemv: the 8-bit rows' GEMV against bf16 ($RFILTER, default BM_gemv_(bf16|rows8))
 #   moe     bench_gpu_gemv: one decode MoE layer, 1..8 tokens ($MFILTER, default BM_moe_int4_decode)
-#   pipe    bench/dev/moe_pipe_dev.cu: the decode MoE's gate/up with one resident block an SM walking its
-#           items through shared-memory stages filled by cp.async, checked bit for bit, 1..8 tokens
 # usage (device tool, carry .deps): DEADLINE=400 STEPS="build tests rows8 moe" bash scripts/gpu_dev.sh
 set -uo pipefail
 DEADLINE="${DEADLINE:-400}"
@@ -20,7 +18,7 @@ source "$(dirname "$0")/gpu_steps.sh"
 for s in $STEPS; do
   case "$s" in
     build)
-      build_step bench_gpu_gemv tandem_gpu_tests bench_dev_moe_pipe ;;
+      build_step bench_gpu_gemv tandem_gpu_tests ;;
     tests)
       step gpu-tests "${TESTS_SECS:-200}" "$build/tests/tandem_gpu_tests" --gtest_filter="$TESTS"
       grep -E '^\[  (PASSED|FAILED)' "$res/gpu-tests.log" >> "$res/summary.txt" ;;
@@ -30,9 +28,6 @@ for s in $STEPS; do
     moe)
       step moe 120 "$build/bench/bench_gpu_gemv" --benchmark_filter="${MFILTER:-BM_moe_int4_decode}"
       grep -E '^BM_' "$res/moe.log" >> "$res/summary.txt" ;;
-    pipe)
-      step pipe 90 "$build/bench/bench_dev_moe_pipe"
-      cat "$res/pipe.log" >> "$res/summary.txt" ;;
   esac
   pack
 done
