@@ -169,40 +169,54 @@ void BM_gemm_rows8(benchmark::State& state) {
     cudaFree(p);
 }
 
-// Attention decode of one token at the 35B shape (16 query / 2 KV heads x 256) after `ctx` cached rows,
-// the grid sized for a cache of ctx + 144 rows (the e2e runs' 4096 + 144), the cache in format
-// range(1) (0 bf16, 1 int8, 2 fp8): bytes = the K and V rows read (gpu::kv_row_bytes each, once; a
-// scoring block per KV head takes its group's 8 query heads).
+// Attention decode at the 35B shape (16 query / 2 KV heads x 256, rotary 64) for B sequences, one token
+// each, every one after `ctx` cached rows (args: ctx, KV format 0 bf16 / 1 int8 / 2 fp8, B), the grid
+// sized for caches of ctx + 144 rows (the e2e runs' 4096 + 144): prepare + attend + combine (a scoring
+// block per KV head takes its group's 8 query heads); bytes = the K and V rows read (gpu::kv_row_bytes
+// each, once). The caches of 16 / B steps are cycled (16 sequences' worth), so that each launch reads
+// them from HBM as a model step does.
 void BM_attention_decode(benchmark::State& state) {
   if (!gpu_present()) return state.SkipWithError("no CUDA device");
   const int ctx = static_cast<int>(state.range(0)), max_ctx = ctx + 144, nh = 16, nkv = 2, hd = 256, rot = 64;
   const auto f = static_cast<tandem::RowFormat>(state.range(1));
-  const int64_t rb = tandem::gpu::kv_row_bytes(f, nkv, hd);
+  const int B = static_cast<int>(state.range(2)), copies = std::max(1, 16 / B), slots = copies * B;
+  const int64_t rb = tandem::gpu::kv_row_bytes(f, nkv, hd), stride = int64_t{max_ctx} * rb;
   const int splits = static_cast<int>(tandem::gpu::attention_decode_splits(max_ctx));
   tandem::gpu::AttentionDecodeArgs p;
   p.nh = nh, p.nkv = nkv, p.hd = hd, p.rotary_dim = rot, p.max_ctx = max_ctx, p.max_splits = splits, p.scale = 1.0f / 16.0f;
   float *buf, *part;
   uint8_t *kc, *vc;
-  int32_t* pos;
-  const int64_t floats = int64_t(nh) * 2 * hd + 2 * nkv * hd + 2 * hd + rot / 2 + 2 * nh * hd;
+  int32_t *pos, *slot;
+  const int64_t floats = B * (int64_t(nh) * 2 * hd + 2 * nkv * hd + 2 * nh * hd) + 2 * hd + rot / 2;
   cudaMalloc(&buf, floats * 4);
-  cudaMalloc(&part, int64_t(nh) * splits * (hd + 2) * 4);
-  cudaMalloc(&kc, max_ctx * rb);
-  cudaMalloc(&vc, max_ctx * rb);
-  cudaMalloc(&pos, 4);
+  cudaMalloc(&part, int64_t(B) * nh * splits * (hd + 2) * 4);
+  cudaMalloc(&kc, slots * stride);
+  cudaMalloc(&vc, slots * stride);
+  cudaMalloc(&pos, B * 4);
+  cudaMalloc(&slot, slots * 4);
   cudaMemset(buf, 0, floats * 4);
-  cudaMemset(kc, 0, max_ctx * rb);
-  cudaMemset(vc, 0, max_ctx * rb);
-  cudaMemcpy(pos, &ctx, 4, cudaMemcpyHostToDevice);
+  cudaMemset(kc, 0, slots * stride);
+  cudaMemset(vc, 0, slots * stride);
+  const std::vector<int32_t> at(B, ctx);
+  std::vector<int32_t> ids(slots);
+  std::iota(ids.begin(), ids.end(), 0);
+  cudaMemcpy(pos, at.data(), B * 4, cudaMemcpyHostToDevice);
+  cudaMemcpy(slot, ids.data(), slots * 4, cudaMemcpyHostToDevice);
   float* q = buf;
   auto take = [&](int64_t count) { float* r = q; q += count; return r; };
-  p.qg = take(int64_t(nh) * 2 * hd), p.k = take(nkv * hd), p.v = take(nkv * hd), p.q_norm = take(hd), p.k_norm = take(hd);
-  p.inv_freq = take(rot / 2), p.q_rot = take(nh * hd), p.out = take(nh * hd);
+  p.qg = take(B * int64_t(nh) * 2 * hd), p.k = take(B * nkv * hd), p.v = take(B * nkv * hd), p.q_norm = take(hd), p.k_norm = take(hd);
+  p.inv_freq = take(rot / 2), p.q_rot = take(B * nh * hd), p.out = take(B * nh * hd);
   p.k_cache = kc, p.v_cache = vc, p.kv = f, p.partial = part, p.pos = pos;
-  time_kernel(state, double(ctx + 1) * rb * 2, [&] { tandem::gpu::attention_decode(p, nullptr); });
+  p.tokens = B, p.cache_stride = stride;
+  int launch = 0;
+  time_kernel(state, double(B) * (ctx + 1) * rb * 2, [&] {
+    p.slot = slot + (launch++ % copies) * B;
+    tandem::gpu::attention_decode(p, nullptr);
+  });
   state.SetLabel(std::string(tandem::row_format_name(f)) + ", " + std::to_string(splits) + " splits of " +
                  std::to_string(tandem::gpu::kAttnDecodeSplitRows) + " rows");
-  for (void* ptr : {static_cast<void*>(buf), static_cast<void*>(part), static_cast<void*>(kc), static_cast<void*>(vc), static_cast<void*>(pos)})
+  for (void* ptr : {static_cast<void*>(buf), static_cast<void*>(part), static_cast<void*>(kc), static_cast<void*>(vc), static_cast<void*>(pos),
+                    static_cast<void*>(slot)})
     cudaFree(ptr);
 }
 
@@ -488,7 +502,7 @@ BENCHMARK(BM_gemv_rows8)
     ->Args({8192, 2048, 1, 8, 1})->Args({8192, 2048, 2, 8, 1})->Args({8192, 2048, 8, 8, 1})->Args({12352, 2048, 8, 8, 1})->Args({2048, 4096, 1, 8, 1})->Args({248320, 2048, 1, 1, 1})
     ->Args({8192, 2048, 1, 8, 2})->Args({8192, 2048, 8, 8, 2})->Args({2048, 4096, 1, 8, 2})
     ->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_attention_decode)->ArgsProduct({{512, 4096, 32768}, {0, 1, 2}})->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_attention_decode)->ArgsProduct({{512, 4096, 32768}, {0, 1, 2}, {1}})->ArgsProduct({{4096}, {0}, {2, 4, 8}})->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
 // A 4096-token prompt's two chunks of 2048 (the second attends to the first's 2048 cache rows too).
 BENCHMARK(BM_attention_prefill)->Args({2048, 0})->Args({2048, 2048})->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_gemm_bf16)  // N, K, T
