@@ -170,14 +170,16 @@ void BM_gemm_rows8(benchmark::State& state) {
 }
 
 // Attention decode at the 35B shape (16 query / 2 KV heads x 256, rotary 64) for B sequences, one token
-// each, every one after `ctx` cached rows (args: ctx, KV format 0 bf16 / 1 int8 / 2 fp8, B), the grid
-// sized for caches of ctx + 144 rows (the e2e runs' 4096 + 144): prepare + attend + combine (a scoring
+// each, every one after `ctx` cached rows (args: ctx, KV format 0 bf16 / 1 int8 / 2 fp8, B, cache rows),
+// the grid sized for caches of ctx + 144 rows (the e2e runs' 4096 + 144) or of the rows given (a
+// configured context longer than the conversation): prepare + attend + combine (a scoring
 // block per KV head takes its group's 8 query heads); bytes = the K and V rows read (gpu::kv_row_bytes
 // each, once). The caches of 16 / B steps are cycled (16 sequences' worth), so that each launch reads
 // them from HBM as a model step does.
 void BM_attention_decode(benchmark::State& state) {
   if (!gpu_present()) return state.SkipWithError("no CUDA device");
-  const int ctx = static_cast<int>(state.range(0)), max_ctx = ctx + 144, nh = 16, nkv = 2, hd = 256, rot = 64;
+  const int ctx = static_cast<int>(state.range(0)), nh = 16, nkv = 2, hd = 256, rot = 64;
+  const int max_ctx = state.range(3) > 0 ? static_cast<int>(state.range(3)) : ctx + 144;
   const auto f = static_cast<tandem::RowFormat>(state.range(1));
   const int B = static_cast<int>(state.range(2)), copies = std::max(1, 16 / B), slots = copies * B;
   const int64_t rb = tandem::gpu::kv_row_bytes(f, nkv, hd), stride = int64_t{max_ctx} * rb;
@@ -502,7 +504,10 @@ BENCHMARK(BM_gemv_rows8)
     ->Args({8192, 2048, 1, 8, 1})->Args({8192, 2048, 2, 8, 1})->Args({8192, 2048, 8, 8, 1})->Args({12352, 2048, 8, 8, 1})->Args({2048, 4096, 1, 8, 1})->Args({248320, 2048, 1, 1, 1})
     ->Args({8192, 2048, 1, 8, 2})->Args({8192, 2048, 8, 8, 2})->Args({2048, 4096, 1, 8, 2})
     ->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_attention_decode)->ArgsProduct({{512, 4096, 32768}, {0, 1, 2}, {1}})->ArgsProduct({{4096}, {0}, {2, 4, 8}})->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_attention_decode)  // ctx, format, B, cache rows (0: ctx + 144)
+    ->ArgsProduct({{512, 4096, 32768}, {0, 1, 2}, {1}, {0}})
+    ->ArgsProduct({{4096}, {0}, {2, 4, 8}, {0}})
+    ->ArgsProduct({{4096}, {0}, {1, 8}, {131072}})->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
 // A 4096-token prompt's two chunks of 2048 (the second attends to the first's 2048 cache rows too).
 BENCHMARK(BM_attention_prefill)->Args({2048, 0})->Args({2048, 2048})->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_gemm_bf16)  // N, K, T
