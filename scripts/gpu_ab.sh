@@ -8,6 +8,7 @@
 #   (VTREES="new": the verify step runs the new tree only)
 #   ab       scripts/ab_logits.sh on every HF fixture: --device gpu, hybrid, hybrid with every expert on the CPU
 #   tests    the new tree's GPU suite (tandem_gpu_tests, --gtest_filter=$TESTS when set) and the CLI tests
+#   (every bench step configures a context of $CTX, default $PLEN + $GEN + 16)
 #   e2e      the synthetic 35B GPTQ model (synthesized once, to /tmp/q35), `tandem bench` (prompt $PLEN, $GEN
 #            tokens, $REPEAT repeats) for each of $SCENARIOS, old then new
 #            (gpu-all, hybrid-24gib, hybrid-12gib, hybrid-8gib, hybrid-8gib-link3)
@@ -78,7 +79,7 @@ fi
 
 m=/tmp/q35
 plen="${PLEN:-4096}" gen="${GEN:-64}" repeat="${REPEAT:-2}"
-ctx=$((plen + gen + 16))
+ctx="${CTX:-$((plen + gen + 16))}"  # the configured context (KV cache rows a sequence); CTX: a longer one
 prepare_35b() {  # the synthetic model and the scenarios' placements
   s0=$(date +%s)
   [ -f $m/config.json ] || timeout "$(left)" "$NEW_T" synth --preset qwen3.5-35b-a3b --quant gptq-int4 --routing-skew 1 --out $m > "$OUT/synth.txt" 2>&1
