@@ -22,8 +22,6 @@ struct AttnCase {
 
 class GpuAttention : public ::testing::TestWithParam<std::tuple<AttnCase, RowFormat>> {};
 
-float bf16_round(float x) { return bf16_to_f32(f32_to_bf16(x)); }
-
 // A cache in the GPU's layout (attention.cuh) on the host: rows written from floats as the prepare
 // kernel writes them, values read back as the kernels read them (times the row's scale).
 struct HostCache {
