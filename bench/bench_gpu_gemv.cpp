@@ -169,6 +169,24 @@ void BM_gemm_rows8(benchmark::State& state) {
     cudaFree(p);
 }
 
+// Sequence slots for launches of B sequences whose state is cycled over `copies` sets: ids 0 ..
+// copies * B - 1 on the device; each launch takes the next set's B, so successive launches read other
+// sequences' state from HBM, as successive layers of a model step do.
+struct CycledSlots {
+  int B, copies, launch = 0;
+  int32_t* ids = nullptr;
+  CycledSlots(int B_, int copies_) : B(B_), copies(copies_) {
+    std::vector<int32_t> h(static_cast<size_t>(B) * copies);
+    std::iota(h.begin(), h.end(), 0);
+    cudaMalloc(&ids, h.size() * 4);
+    cudaMemcpy(ids, h.data(), h.size() * 4, cudaMemcpyHostToDevice);
+  }
+  ~CycledSlots() { cudaFree(ids); }
+  CycledSlots(const CycledSlots&) = delete;
+  CycledSlots& operator=(const CycledSlots&) = delete;
+  const int32_t* next() { return ids + (launch++ % copies) * B; }
+};
+
 // Attention decode at the 35B shape (16 query / 2 KV heads x 256, rotary 64) for B sequences, one token
 // each, every one after `ctx` cached rows (args: ctx, KV format 0 bf16 / 1 int8 / 2 fp8, B, cache rows),
 // the grid sized for caches of ctx + 144 rows (the e2e runs' 4096 + 144) or of the rows given (a
@@ -188,37 +206,32 @@ void BM_attention_decode(benchmark::State& state) {
   p.nh = nh, p.nkv = nkv, p.hd = hd, p.rotary_dim = rot, p.max_ctx = max_ctx, p.max_splits = splits, p.scale = 1.0f / 16.0f;
   float *buf, *part;
   uint8_t *kc, *vc;
-  int32_t *pos, *slot;
+  int32_t* pos;
   const int64_t floats = B * (int64_t(nh) * 2 * hd + 2 * nkv * hd + 2 * nh * hd) + 2 * hd + rot / 2;
   cudaMalloc(&buf, floats * 4);
   cudaMalloc(&part, int64_t(B) * nh * splits * (hd + 2) * 4);
   cudaMalloc(&kc, slots * stride);
   cudaMalloc(&vc, slots * stride);
   cudaMalloc(&pos, B * 4);
-  cudaMalloc(&slot, slots * 4);
   cudaMemset(buf, 0, floats * 4);
   cudaMemset(kc, 0, slots * stride);
   cudaMemset(vc, 0, slots * stride);
   const std::vector<int32_t> at(B, ctx);
-  std::vector<int32_t> ids(slots);
-  std::iota(ids.begin(), ids.end(), 0);
   cudaMemcpy(pos, at.data(), B * 4, cudaMemcpyHostToDevice);
-  cudaMemcpy(slot, ids.data(), slots * 4, cudaMemcpyHostToDevice);
+  CycledSlots slot(B, copies);
   float* q = buf;
   auto take = [&](int64_t count) { float* r = q; q += count; return r; };
   p.qg = take(B * int64_t(nh) * 2 * hd), p.k = take(B * nkv * hd), p.v = take(B * nkv * hd), p.q_norm = take(hd), p.k_norm = take(hd);
   p.inv_freq = take(rot / 2), p.q_rot = take(B * nh * hd), p.out = take(B * nh * hd);
   p.k_cache = kc, p.v_cache = vc, p.kv = f, p.partial = part, p.pos = pos;
   p.tokens = B, p.cache_stride = stride;
-  int launch = 0;
   time_kernel(state, double(B) * (ctx + 1) * rb * 2, [&] {
-    p.slot = slot + (launch++ % copies) * B;
+    p.slot = slot.next();
     tandem::gpu::attention_decode(p, nullptr);
   });
   state.SetLabel(std::string(tandem::row_format_name(f)) + ", " + std::to_string(splits) + " splits of " +
                  std::to_string(tandem::gpu::kAttnDecodeSplitRows) + " rows");
-  for (void* ptr : {static_cast<void*>(buf), static_cast<void*>(part), static_cast<void*>(kc), static_cast<void*>(vc), static_cast<void*>(pos),
-                    static_cast<void*>(slot)})
+  for (void* ptr : {static_cast<void*>(buf), static_cast<void*>(part), static_cast<void*>(kc), static_cast<void*>(vc), static_cast<void*>(pos)})
     cudaFree(ptr);
 }
 
@@ -442,22 +455,18 @@ void BM_deltanet_decode(benchmark::State& state) {
   p.A_log = take(32), p.dt_bias = take(32), p.norm_w = take(128), p.conv_w = take(conv_dim * 4);
   p.conv_state = take(slots * W), p.state = take(slots * S);
   p.tokens = B, p.groups = B, p.conv_stride = W, p.state_stride = S;
-  std::vector<int32_t> slot(slots), first(B + 1);
-  for (int64_t i = 0; i < slots; ++i) slot[i] = static_cast<int32_t>(i);
-  for (int g = 0; g <= B; ++g) first[g] = g;
-  int32_t *dslot, *dfirst;
-  cudaMalloc(&dslot, slots * 4);
+  std::vector<int32_t> first(B + 1);  // group g: token g
+  std::iota(first.begin(), first.end(), 0);
+  int32_t* dfirst;
   cudaMalloc(&dfirst, (B + 1) * 4);
-  cudaMemcpy(dslot, slot.data(), slots * 4, cudaMemcpyHostToDevice);
   cudaMemcpy(dfirst, first.data(), (B + 1) * 4, cudaMemcpyHostToDevice);
   p.first = dfirst;
+  CycledSlots slot(B, copies);
   const double bytes = B * (2.0 * S * 4 + 2.0 * W * 4 + (conv_dim + 2 * Vd) * 4) + conv_dim * 4 * 4;
-  int launch = 0;
   time_kernel(state, bytes, [&] {
-    p.slot = dslot + (launch++ % copies) * B;
+    p.slot = slot.next();
     tandem::gpu::deltanet_decode(p, nullptr);
   });
-  cudaFree(dslot);
   cudaFree(dfirst);
   cudaFree(buf);
 }

@@ -17,16 +17,6 @@ __device__ __forceinline__ void copy_async4(float* dst, const float* src, bool o
 #endif
 }
 
-// One 16-byte copy around L1 (both addresses 16-byte aligned): streamed weights.
-__device__ __forceinline__ void copy_async16(void* dst, const void* src) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
-#else
-  *static_cast<uint4*>(dst) = *static_cast<const uint4*>(src);
-#endif
-}
-
 __device__ __forceinline__ void copy_async_commit() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.commit_group;" ::: "memory");

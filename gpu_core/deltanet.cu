@@ -336,7 +336,6 @@ __device__ __forceinline__ void tile_product(const float* A, const float* B, int
   }
 }
 
-
 // One chunk's inputs in delta_wy_kernel's shared memory (a buffer of wy_buffer_floats).
 struct WyChunk {
   float *Rs, *Tm, *Mm, *Ks, *Qs, *EG, *Wl, *EGl;

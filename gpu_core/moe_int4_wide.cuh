@@ -1,6 +1,6 @@
 // gpu_core/moe_int4_wide.cuh: the decode MoE's kernels from integer dot products (device code; include
 // from .cu only): moe_int4_wide.cu launches them (moe_int4_decode_wide, see moe.cuh and that file's
-// notes); an experiment in bench/dev instantiates them to time and check other forms against them.
+// notes); an experiment in bench/dev may instantiate them to time and check other forms against them.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -5,10 +5,10 @@
 # interleaved, and writes a summary to $OUT/summary.md (the logs and each run's JSON: $OUT/results.tgz).
 #
 # usage (device tool, carry [".deps", ".base"]): OLD=.base DEADLINE=560 bash scripts/gpu_ab.sh STEP...
-#   (VTREES="new": the verify step runs the new tree only)
+#   (VTREES="new": the verify step runs the new tree only; every bench step configures a context of $CTX,
+#   default $PLEN + $GEN + 16)
 #   ab       scripts/ab_logits.sh on every HF fixture: --device gpu, hybrid, hybrid with every expert on the CPU
 #   tests    the new tree's GPU suite (tandem_gpu_tests, --gtest_filter=$TESTS when set) and the CLI tests
-#   (every bench step configures a context of $CTX, default $PLEN + $GEN + 16)
 #   e2e      the synthetic 35B GPTQ model (synthesized once, to /tmp/q35), `tandem bench` (prompt $PLEN, $GEN
 #            tokens, $REPEAT repeats) for each of $SCENARIOS, old then new
 #            (gpu-all, hybrid-24gib, hybrid-12gib, hybrid-8gib, hybrid-8gib-link3)
