@@ -33,7 +33,7 @@ DEADLINE="${DEADLINE:-560}"
 STEPS="${STEPS:-build tests dense head}"
 TESTS="${TESTS:-*GemvRows8*:*GemmRows8*:*DenseRows8*:*Int4OnLoad*:GpuModel*:GpuMtpHead*:*GpuAttention*:*GpuKvCache*}"
 PLACEMENTS="${PLACEMENTS:-24GiB 12GiB 8GiB}"
-build=../build-gpu-quant
+build="${BUILD:-../build-gpu-quant}"  # BUILD: a build folder a call before left (build-ab-new from gpu_ab.sh)
 name=gpu-quant
 source "$(dirname "$0")/gpu_steps.sh"
 tandem="$build/tandem"
