@@ -115,16 +115,13 @@ __global__ void __launch_bounds__(kThreads) attend_kernel(AttentionDecodeArgs p)
   __shared__ float score[kChunk];
   __shared__ float po[kWarps][256];
   const int h = blockIdx.x, split = blockIdx.y, t = blockIdx.z, hd = p.hd, kvh = h / (p.nh / p.nkv);
-  detail::pdl_wait();
   const int n_ctx = p.pos[t] + 1, begin = split * kChunk, end = min(n_ctx, begin + kChunk);
+  if (begin >= n_ctx) return;  // past the context: before the wait (see attention_decode)
+  detail::pdl_wait();
   const int64_t th = static_cast<int64_t>(t) * p.nh + h;  // the token's query head
   const int64_t cache0 = p.slot ? static_cast<int64_t>(p.slot[t]) * p.cache_stride : 0;
   const int64_t rb = kv_row_bytes(p.kv, p.nkv, hd);
   float* part = p.partial + (th * p.max_splits + split) * (hd + 2);
-  if (begin >= n_ctx) {
-    if (threadIdx.x == 0) part[hd] = -INFINITY, part[hd + 1] = 0.0f;
-    return;
-  }
   for (int i = threadIdx.x; i < hd; i += blockDim.x) q[i] = p.q_rot[th * hd + i];
   __syncthreads();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -232,17 +229,14 @@ __global__ void __launch_bounds__(kGroupWarps * 32) attend_group_kernel(Attentio
   __shared__ float sc[G][kChunk];
   __shared__ float red[kGroupWarps][GH][HD];
   const int kvh = blockIdx.x, split = blockIdx.y, t = blockIdx.z, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  detail::pdl_wait();
   const int n_ctx = p.pos[t] + 1, begin = split * kChunk, end = min(n_ctx, begin + kChunk);
+  if (begin >= n_ctx) return;  // past the context: before the wait (see attention_decode)
+  detail::pdl_wait();
   const int64_t th0 = static_cast<int64_t>(t) * p.nh + kvh * G;  // the token's first query head of the group
   const uint8_t* kc = p.k_cache + (p.slot ? static_cast<int64_t>(p.slot[t]) * p.cache_stride : 0);
   const uint8_t* vc = p.v_cache + (p.slot ? static_cast<int64_t>(p.slot[t]) * p.cache_stride : 0);
   float* part0 = p.partial + (th0 * p.max_splits + split) * (HD + 2);
   const int64_t head_stride = static_cast<int64_t>(p.max_splits) * (HD + 2);
-  if (begin >= n_ctx) {
-    if (threadIdx.x < G) part0[threadIdx.x * head_stride + HD] = -INFINITY, part0[threadIdx.x * head_stride + HD + 1] = 0.0f;
-    return;
-  }
   const int64_t stride = kv_row_bytes(F, p.nkv, HD);  // bytes between cache rows
   const int r0 = begin + warp * kGroupRows;
   RowBits<E, F> k[kGroupRows];
@@ -346,7 +340,7 @@ __global__ void __launch_bounds__(kCombineParts * 256) combine_kernel(AttentionD
   detail::pdl_enter();
   const int64_t th = static_cast<int64_t>(t) * p.nh + h;
   const float* part = p.partial + th * p.max_splits * (hd + 2);
-  // Splits past the context wrote only m = -inf (their outputs are stale): skip them.
+  // The splits that hold context rows (the scoring blocks of the others left without writing).
   const int used = min(splits, (p.pos[t] + kChunk) / kChunk);
   // The splits' scales e^{m_s - m} are formed once by the block (a thread a split) instead of by every
   // thread for every dimension.
@@ -574,8 +568,12 @@ cudaError_t attention_decode(const AttentionDecodeArgs& p, cudaStream_t stream) 
   if (p.nh < 1 || p.nkv < 1 || p.nh % p.nkv || p.hd < 2 || p.hd > 256 || p.rotary_dim % 2 || p.rotary_dim > p.hd ||
       p.max_ctx < 1 || p.max_splits < 1 || p.tokens < 1)
     return cudaErrorInvalidValue;
-  // The grid covers the whole cache; splits past the current position return at once, so the
-  // launch shape does not depend on *pos (graph-capturable).
+  // The grid covers the whole cache, so the launch shape does not depend on the positions (a captured
+  // step replays at any). A scoring block past its token's position returns at once, before its wait
+  // for the prepare kernel: the positions were copied in before the step's first kernel (pdl.cuh:
+  // written two or more kernels back), so those blocks leave while the kernels before still run,
+  // instead of each waiting for them (a cache of 128k rows is 2,049 splits, 32,784 blocks at 8 tokens,
+  // for a context of a few thousand rows).
   const int splits = (p.max_ctx + kChunk - 1) / kChunk;
   if (splits > p.max_splits) return cudaErrorInvalidValue;
   cudaError_t err = detail::launch(prepare_kernel, dim3(p.nh + p.nkv, p.tokens), dim3(kThreads), 0, stream, p);
