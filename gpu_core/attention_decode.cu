@@ -223,35 +223,39 @@ __device__ __forceinline__ float transpose_sum(float (&v)[G], int lane, int* hea
   return r;
 }
 
-template <int HD, int G, RowFormat F>
-__global__ void __launch_bounds__(kGroupWarps * 32) attend_group_kernel(AttentionDecodeArgs p) {
+// What a scoring block of attend_group_kernel needs for one split of its token's cache.
+struct GroupSplit {
+  const float* q_rot;    // the token's first query head of the group
+  float* partial;        // the same head's partial outputs (split 0)
+  const uint8_t *kc, *vc;
+  int64_t head_stride;   // floats between the query heads' partials
+  int kvh, nkv, n_ctx;
+  float scale;
+};
+
+// One split of the cache for the G query heads of a KV head (see attend_group_kernel). First: the
+// block's first split, which lets the next kernel launch once its loads are issued.
+template <int HD, int G, RowFormat F, bool First>
+__device__ __forceinline__ void attend_group_split(const GroupSplit& a, float (&sc)[G][kChunk], float (&red)[kGroupWarps][G / 2][HD],
+                                                   int split) {
   constexpr int E = HD / 32, GH = G / 2;  // dims a lane holds; heads a round of the output sum
-  __shared__ float sc[G][kChunk];
-  __shared__ float red[kGroupWarps][GH][HD];
-  const int kvh = blockIdx.x, split = blockIdx.y, t = blockIdx.z, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int n_ctx = p.pos[t] + 1, begin = split * kChunk, end = min(n_ctx, begin + kChunk);
-  if (begin >= n_ctx) return;  // past the context: before the wait (see attention_decode)
-  detail::pdl_wait();
-  const int64_t th0 = static_cast<int64_t>(t) * p.nh + kvh * G;  // the token's first query head of the group
-  const uint8_t* kc = p.k_cache + (p.slot ? static_cast<int64_t>(p.slot[t]) * p.cache_stride : 0);
-  const uint8_t* vc = p.v_cache + (p.slot ? static_cast<int64_t>(p.slot[t]) * p.cache_stride : 0);
-  float* part0 = p.partial + (th0 * p.max_splits + split) * (HD + 2);
-  const int64_t head_stride = static_cast<int64_t>(p.max_splits) * (HD + 2);
-  const int64_t stride = kv_row_bytes(F, p.nkv, HD);  // bytes between cache rows
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, begin = split * kChunk, end = min(a.n_ctx, begin + kChunk);
+  float* part0 = a.partial + static_cast<int64_t>(split) * (HD + 2);
+  const int64_t stride = kv_row_bytes(F, a.nkv, HD);  // bytes between cache rows
   const int r0 = begin + warp * kGroupRows;
   RowBits<E, F> k[kGroupRows];
   float ks[kGroupRows], vs[kGroupRows];  // the rows' scales (coded formats)
 #pragma unroll
   for (int j = 0; j < kGroupRows; ++j)
     if (r0 + j < end) {
-      k[j].load(cache_head(kc + (r0 + j) * stride, kvh, HD, F), lane);
-      ks[j] = cache_scale(kc + (r0 + j) * stride, kvh, p.nkv, HD, F);
+      k[j].load(cache_head(a.kc + (r0 + j) * stride, a.kvh, HD, F), lane);
+      ks[j] = cache_scale(a.kc + (r0 + j) * stride, a.kvh, a.nkv, HD, F);
     }
   float q[G][E];
 #pragma unroll
   for (int g = 0; g < G; ++g)
 #pragma unroll
-    for (int e = 0; e < E; ++e) q[g][e] = p.q_rot[(th0 + g) * HD + lane * E + e];
+    for (int e = 0; e < E; ++e) q[g][e] = a.q_rot[g * HD + lane * E + e];
 #pragma unroll
   for (int j = 0; j < kGroupRows; ++j) {
     const int row = warp * kGroupRows + j;
@@ -268,27 +272,27 @@ __global__ void __launch_bounds__(kGroupWarps * 32) attend_group_kernel(Attentio
     }
     int head;
     const float s = transpose_sum<G>(d, lane, &head);
-    if ((lane & (32 / G - 1)) == 0) sc[head][row] = s * ks[j] * p.scale;
+    if ((lane & (32 / G - 1)) == 0) sc[head][row] = s * ks[j] * a.scale;
   }
   RowBits<E, F> v[kGroupRows];  // in flight during the softmax
 #pragma unroll
   for (int j = 0; j < kGroupRows; ++j)
     if (r0 + j < end) {
-      v[j].load(cache_head(vc + (r0 + j) * stride, kvh, HD, F), lane);
-      vs[j] = cache_scale(vc + (r0 + j) * stride, kvh, p.nkv, HD, F);
+      v[j].load(cache_head(a.vc + (r0 + j) * stride, a.kvh, HD, F), lane);
+      vs[j] = cache_scale(a.vc + (r0 + j) * stride, a.kvh, a.nkv, HD, F);
     }
   __syncthreads();
   if (warp < G) {
-    const float a = sc[warp][lane], b = sc[warp][lane + 32];  // -inf past the context
-    float m = fmaxf(a, b);
+    const float x = sc[warp][lane], y = sc[warp][lane + 32];  // -inf past the context
+    float m = fmaxf(x, y);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    const float ea = expf(a - m), eb = expf(b - m);  // m is finite: the chunk has a row
-    float l = ea + eb;
+    const float ex = expf(x - m), ey = expf(y - m);  // m is finite: the chunk has a row
+    float l = ex + ey;
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
-    sc[warp][lane] = ea, sc[warp][lane + 32] = eb;
-    if (lane == 0) part0[warp * head_stride + HD] = m, part0[warp * head_stride + HD + 1] = l;
+    sc[warp][lane] = ex, sc[warp][lane + 32] = ey;
+    if (lane == 0) part0[warp * a.head_stride + HD] = m, part0[warp * a.head_stride + HD + 1] = l;
   }
   __syncthreads();
   float acc[G][E];
@@ -306,7 +310,7 @@ __global__ void __launch_bounds__(kGroupWarps * 32) attend_group_kernel(Attentio
       for (int e = 0; e < E; ++e) acc[g][e] += w * v[j].at(e);
     }
   }
-  detail::pdl_launch_next();  // past its loads (a grid of many blocks: pdl.cuh)
+  if constexpr (First) detail::pdl_launch_next();  // past its loads (a grid of many blocks: pdl.cuh)
 #pragma unroll
   for (int h0 = 0; h0 < G; h0 += GH) {
 #pragma unroll
@@ -319,10 +323,37 @@ __global__ void __launch_bounds__(kGroupWarps * 32) attend_group_kernel(Attentio
       float sum = 0.0f;
 #pragma unroll
       for (int w = 0; w < kGroupWarps; ++w) sum += red[w][g][dim];
-      part0[(h0 + g) * head_stride + dim] = sum;
+      part0[(h0 + g) * a.head_stride + dim] = sum;
     }
-    __syncthreads();  // red is rewritten by the next round
+    __syncthreads();  // red (and sc) are rewritten by the next round or split
   }
+}
+
+// A block's later splits, through a call: inlined in the kernel's loop, the split's body took 60
+// more registers (186-190 against 126 at HD 256, G 8), halving the blocks an SM for every launch.
+template <int HD, int G, RowFormat F>
+__device__ __noinline__ void attend_group_later_split(const GroupSplit& a, float (&sc)[G][kChunk], float (&red)[kGroupWarps][G / 2][HD],
+                                                      int split) {
+  attend_group_split<HD, G, F, false>(a, sc, red, split);
+}
+
+// The block's first split inline, its later ones (attention_decode_split_blocks: a cache far longer
+// than the grid) through attend_group_later_split; two blocks an SM (128 registers: the call's saved
+// registers would otherwise take it past them).
+template <int HD, int G, RowFormat F>
+__global__ void __launch_bounds__(kGroupWarps * 32, 2) attend_group_kernel(AttentionDecodeArgs p) {
+  __shared__ float sc[G][kChunk];
+  __shared__ float red[kGroupWarps][G / 2][HD];
+  const int kvh = blockIdx.x, split = blockIdx.y, t = blockIdx.z;
+  const int n_ctx = p.pos[t] + 1;
+  if (split * kChunk >= n_ctx) return;  // past the context: before the wait (see attention_decode)
+  detail::pdl_wait();
+  const int64_t th0 = static_cast<int64_t>(t) * p.nh + kvh * G;  // the token's first query head of the group
+  const int64_t cache0 = p.slot ? static_cast<int64_t>(p.slot[t]) * p.cache_stride : 0;
+  const GroupSplit a{p.q_rot + th0 * HD, p.partial + th0 * p.max_splits * (HD + 2), p.k_cache + cache0, p.v_cache + cache0,
+                     static_cast<int64_t>(p.max_splits) * (HD + 2), kvh, p.nkv, n_ctx, p.scale};
+  attend_group_split<HD, G, F, true>(a, sc, red, split);
+  for (int s = split + static_cast<int>(gridDim.y); s * kChunk < n_ctx; s += gridDim.y) attend_group_later_split<HD, G, F>(a, sc, red, s);
 }
 
 // One block per head: merge the splits (log-sum-exp) and apply the output gate. Thread (c, i) sums
@@ -536,11 +567,13 @@ cudaError_t launch_prefill_tc(const AttentionDecodeArgs& p, int n, cudaStream_t 
   return cudaGetLastError();
 }
 
-// The scoring blocks for cache format F: grouped for Qwen3.5's shapes, one per query head otherwise.
+// The scoring blocks for cache format F: grouped for Qwen3.5's shapes (attention_decode_split_blocks
+// a KV head and token), one per query head and split otherwise.
 template <RowFormat F>
 cudaError_t launch_attend(const AttentionDecodeArgs& p, int splits, cudaStream_t stream) {
   const int group = p.nh / p.nkv;
-  auto grouped = [&](auto kernel) { return detail::launch(kernel, dim3(p.nkv, splits, p.tokens), dim3(kGroupWarps * 32), 0, stream, p); };
+  const auto blocks = static_cast<unsigned>(attention_decode_split_blocks(splits, p.nkv, p.tokens, gpu_device_caps().multiprocessors));
+  auto grouped = [&](auto kernel) { return detail::launch(kernel, dim3(p.nkv, blocks, p.tokens), dim3(kGroupWarps * 32), 0, stream, p); };
   if (p.hd == 256 && group == 8) return grouped(attend_group_kernel<256, 8, F>);
   if (p.hd == 256 && group == 4) return grouped(attend_group_kernel<256, 4, F>);
   if (p.hd == 128 && group == 8) return grouped(attend_group_kernel<128, 8, F>);
@@ -569,11 +602,11 @@ cudaError_t attention_decode(const AttentionDecodeArgs& p, cudaStream_t stream) 
       p.max_ctx < 1 || p.max_splits < 1 || p.tokens < 1)
     return cudaErrorInvalidValue;
   // The grid covers the whole cache, so the launch shape does not depend on the positions (a captured
-  // step replays at any). A scoring block past its token's position returns at once, before its wait
-  // for the prepare kernel: the positions were copied in before the step's first kernel (pdl.cuh:
-  // written two or more kernels back), so those blocks leave while the kernels before still run,
-  // instead of each waiting for them (a cache of 128k rows is 2,049 splits, 32,784 blocks at 8 tokens,
-  // for a context of a few thousand rows).
+  // step replays at any); the grouped kernels' blocks take several splits where the cache is far longer
+  // than the grid (attention_decode_split_blocks). A scoring block past its token's position returns
+  // at once, before its wait for the prepare kernel: the positions were copied in before the step's
+  // first kernel (pdl.cuh: written two or more kernels back), so those blocks leave while the kernels
+  // before still run instead of each waiting for them.
   const int splits = (p.max_ctx + kChunk - 1) / kChunk;
   if (splits > p.max_splits) return cudaErrorInvalidValue;
   cudaError_t err = detail::launch(prepare_kernel, dim3(p.nh + p.nkv, p.tokens), dim3(kThreads), 0, stream, p);

@@ -2,6 +2,7 @@
 // prefill kernel (attention.cuh), in plain C++ so that host code uses them without the CUDA headers.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "core/row_format.h"
@@ -16,6 +17,17 @@ constexpr int kAttnDecodeSplitRows = 64;
 // AttentionDecodeArgs::max_splits for a cache of max_ctx rows (the partial scratch holds nh x this x
 // (hd + 2) floats).
 inline int64_t attention_decode_splits(int64_t max_ctx) { return (max_ctx + kAttnDecodeSplitRows - 1) / kAttnDecodeSplitRows; }
+
+// Scoring blocks a (token, KV head) of attention_decode's grid, for a cache of `splits` splits on a
+// device of `sms` SMs: one a split, but at most about kAttnDecodeBlocksPerSm an SM over the grid; each
+// block then takes splits y, y + blocks, ... below its token's position. The grid covers the whole
+// cache (its shape may not depend on the positions: captured steps replay at any), so without the cap
+// a configured context far longer than the conversation (128k rows: 2,049 splits, 32,784 blocks at 8
+// tokens) launched waves of blocks with nothing to do.
+constexpr int64_t kAttnDecodeBlocksPerSm = 64;
+inline int64_t attention_decode_split_blocks(int64_t splits, int64_t heads, int64_t tokens, int64_t sms) {
+  return std::max<int64_t>(1, std::min<int64_t>(splits, kAttnDecodeBlocksPerSm * sms / (heads * tokens)));
+}
 
 // The head sizes attention_prefill's tensor-core kernel is built for.
 inline bool attention_prefill_fits(int64_t hd) { return hd == 16 || hd == 32 || hd == 64 || hd == 128 || hd == 256; }

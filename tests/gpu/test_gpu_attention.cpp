@@ -7,6 +7,7 @@
 
 #include "gpu_core/attention.cuh"
 #include "gpu_core/attention_sizes.h"
+#include "gpu_core/device.cuh"
 #include "core/dtype.h"
 #include "core/row_format.h"
 #include "runtime/models/qwen3_5_moe/ops_ref.h"
@@ -234,6 +235,59 @@ TEST_P(GpuAttention, BatchedDecodeEqualsTokenByToken) {
   }
   p.qg = dqg.ptr, p.k = dk.ptr, p.v = dv.ptr, p.pos = dpos.ptr, p.k_cache = kc_b.ptr, p.v_cache = vc_b.ptr;
   p.q_rot = dbatch.ptr, p.out = dbatch.ptr;  // q_rot may alias out (the model does this)
+  p.tokens = n, p.slot = dslot.ptr, p.cache_stride = stride;
+  CUDA_OK(gpu::attention_decode(p, nullptr));
+  CUDA_OK(cudaDeviceSynchronize());
+  EXPECT_EQ(kc_b.to_host(), kc_a.to_host());
+  EXPECT_EQ(vc_b.to_host(), vc_a.to_host());
+  EXPECT_EQ(dbatch.to_host(), dstep.to_host()) << "seed " << test::test_seed();
+}
+
+// A cache far longer than the scoring grid (attention_decode_split_blocks: the blocks of a batched
+// step take several splits each, where one-token calls give each split its own block): 8 tokens of 4
+// sequences (two consecutive positions each) at the 35B shape, contexts below, around and above the
+// grid's reach, against one call per token; caches and outputs bit for bit.
+TEST(GpuAttentionLong, BlocksTakingSeveralSplitsEqualABlockASplit) {
+  TANDEM_REQUIRE_GPU();
+  const AttnCase c{16, 2, 256, 64, 0, 1};
+  const RowFormat f = RowFormat::Bf16;
+  std::mt19937 rng(test::test_seed() + 11);
+  const int row = c.nkv * c.hd, slots = 4, n = 8, rows = gpu::kAttnDecodeSplitRows;
+  const int64_t reach = gpu::kAttnDecodeBlocksPerSm * gpu::gpu_device_caps().multiprocessors / (c.nkv * n);  // splits the grid holds
+  const int first[slots] = {static_cast<int>((reach + 40) * rows), static_cast<int>((reach + 3) * rows + 10), 100, static_cast<int>(reach * rows - 5)};
+  std::vector<int32_t> slot(n), pos(n);
+  for (int t = 0; t < n; ++t) slot[t] = t / 2, pos[t] = first[t / 2] + t % 2;
+  const int max_ctx = static_cast<int>((reach + 48) * rows);
+  const int splits_max = static_cast<int>(gpu::attention_decode_splits(max_ctx));
+  ASSERT_LT(gpu::attention_decode_split_blocks(splits_max, c.nkv, n, gpu::gpu_device_caps().multiprocessors), (pos[0] + rows) / rows)
+      << "the batched call's blocks must take several splits";
+  ASSERT_EQ(gpu::attention_decode_split_blocks(splits_max, c.nkv, 1, gpu::gpu_device_caps().multiprocessors), splits_max)
+      << "one-token calls must give each split its block";
+  const int64_t stride = int64_t(max_ctx) * gpu::kv_row_bytes(f, c.nkv, c.hd);
+  auto q_norm = test::random_floats(rng, c.hd, 0.3f), k_norm = test::random_floats(rng, c.hd, 0.3f);
+  std::vector<float> inv(c.rot / 2);
+  ref::rope_inv_freq(1e7, c.rot, inv.data());
+  HostCache kc0(f, c.nkv, c.hd, 0, slots * stride), vc0(f, c.nkv, c.hd, 0, slots * stride);
+  for (int s = 0; s < slots; ++s) kc0.fill(rng, s * stride, first[s]), vc0.fill(rng, s * stride, first[s]);
+  const auto qg = test::random_floats(rng, n * c.nh * 2 * c.hd), k = test::random_floats(rng, n * row), v = test::random_floats(rng, n * row);
+  test::DeviceBuffer<float> dqn(q_norm), dkn(k_norm), dinv(inv), dqg(qg), dk(k), dv(v);
+  test::DeviceBuffer<float> dqr(int64_t(n) * c.nh * c.hd), dpart(int64_t(n) * c.nh * splits_max * (c.hd + 2));
+  test::DeviceBuffer<float> dstep(int64_t(n) * c.nh * c.hd), dbatch(int64_t(n) * c.nh * c.hd);
+  test::DeviceBuffer<uint8_t> kc_a(kc0.bytes), vc_a(vc0.bytes), kc_b(kc0.bytes), vc_b(vc0.bytes);
+  test::DeviceBuffer<int32_t> dpos(pos), dslot(slot);
+  gpu::AttentionDecodeArgs p;
+  p.q_norm = dqn.ptr, p.k_norm = dkn.ptr, p.inv_freq = dinv.ptr, p.partial = dpart.ptr, p.kv = f;
+  p.nh = c.nh, p.nkv = c.nkv, p.hd = c.hd, p.rotary_dim = c.rot, p.max_ctx = max_ctx, p.max_splits = splits_max;
+  p.scale = 1.0f / std::sqrt(float(c.hd));
+  for (int t = 0; t < n; ++t) {
+    gpu::AttentionDecodeArgs s = p;
+    s.qg = dqg.ptr + int64_t(t) * c.nh * 2 * c.hd, s.k = dk.ptr + int64_t(t) * row, s.v = dv.ptr + int64_t(t) * row;
+    s.pos = dpos.ptr + t, s.k_cache = kc_a.ptr + slot[t] * stride, s.v_cache = vc_a.ptr + slot[t] * stride;
+    s.q_rot = dqr.ptr, s.out = dstep.ptr + int64_t(t) * c.nh * c.hd;
+    CUDA_OK(gpu::attention_decode(s, nullptr));
+  }
+  p.qg = dqg.ptr, p.k = dk.ptr, p.v = dv.ptr, p.pos = dpos.ptr, p.k_cache = kc_b.ptr, p.v_cache = vc_b.ptr;
+  p.q_rot = dbatch.ptr, p.out = dbatch.ptr;
   p.tokens = n, p.slot = dslot.ptr, p.cache_stride = stride;
   CUDA_OK(gpu::attention_decode(p, nullptr));
   CUDA_OK(cudaDeviceSynchronize());
