@@ -198,23 +198,18 @@ TEST(GpuAttentionPrefill, RefusesOtherHeadSizes) {
   EXPECT_EQ(gpu::attention_prefill(p, 4, nullptr), cudaErrorInvalidValue);
 }
 
-// A batched decode step: tokens of several sequences (slots, each with its own cache and context
-// length), two of them consecutive positions of one sequence (a verification step), in one call,
-// against one single-token call per token in order: caches and outputs bit for bit.
-TEST_P(GpuAttention, BatchedDecodeEqualsTokenByToken) {
-  TANDEM_REQUIRE_GPU();
-  const AttnCase c = std::get<0>(GetParam());
-  const RowFormat f = std::get<1>(GetParam());
-  std::mt19937 rng(test::test_seed() + 5);
-  const int row = c.nkv * c.hd, slots = 3, n = 4;
-  const std::vector<int32_t> slot = {0, 1, 2, 2}, pos = {c.start_pos, c.start_pos + 70, c.start_pos + 130, c.start_pos + 131};
-  const int max_ctx = c.start_pos + 140;
-  const int64_t stride = int64_t(max_ctx) * gpu::kv_row_bytes(f, c.nkv, c.hd) + 64;  // bytes between the slots' caches
+// Tokens of several sequences (token t of slot[t] at pos[t]; slot s's cache holding context[s] random
+// rows, stride bytes after slot s - 1's) in one attention_decode call, against one single-token call
+// per token in order: caches and outputs bit for bit.
+void batched_vs_token_by_token(const AttnCase& c, RowFormat f, unsigned seed, const std::vector<int32_t>& slot, const std::vector<int32_t>& pos,
+                               const std::vector<int>& context, int max_ctx, int64_t stride) {
+  std::mt19937 rng(seed);
+  const int row = c.nkv * c.hd, slots = static_cast<int>(context.size()), n = static_cast<int>(slot.size());
   auto q_norm = test::random_floats(rng, c.hd, 0.3f), k_norm = test::random_floats(rng, c.hd, 0.3f);
   std::vector<float> inv(c.rot / 2);
   ref::rope_inv_freq(1e7, c.rot, inv.data());
   HostCache kc0(f, c.nkv, c.hd, 0, slots * stride), vc0(f, c.nkv, c.hd, 0, slots * stride);
-  for (int s = 0; s < slots; ++s) kc0.fill(rng, s * stride, pos[s]), vc0.fill(rng, s * stride, pos[s]);  // each slot's context before its first token
+  for (int s = 0; s < slots; ++s) kc0.fill(rng, s * stride, context[s]), vc0.fill(rng, s * stride, context[s]);
   const auto qg = test::random_floats(rng, n * c.nh * 2 * c.hd), k = test::random_floats(rng, n * row), v = test::random_floats(rng, n * row);
   const int splits_max = static_cast<int>(gpu::attention_decode_splits(max_ctx));
   test::DeviceBuffer<float> dqn(q_norm), dkn(k_norm), dinv(inv), dqg(qg), dk(k), dv(v);
@@ -240,60 +235,41 @@ TEST_P(GpuAttention, BatchedDecodeEqualsTokenByToken) {
   CUDA_OK(cudaDeviceSynchronize());
   EXPECT_EQ(kc_b.to_host(), kc_a.to_host());
   EXPECT_EQ(vc_b.to_host(), vc_a.to_host());
-  EXPECT_EQ(dbatch.to_host(), dstep.to_host()) << "seed " << test::test_seed();
+  EXPECT_EQ(dbatch.to_host(), dstep.to_host()) << "seed " << seed;
+}
+
+// A batched decode step: tokens of several sequences (slots, each with its own cache and context
+// length), two of them consecutive positions of one sequence (a verification step).
+TEST_P(GpuAttention, BatchedDecodeEqualsTokenByToken) {
+  TANDEM_REQUIRE_GPU();
+  const AttnCase c = std::get<0>(GetParam());
+  const RowFormat f = std::get<1>(GetParam());
+  const int max_ctx = c.start_pos + 140;
+  const int64_t stride = int64_t(max_ctx) * gpu::kv_row_bytes(f, c.nkv, c.hd) + 64;  // bytes between the slots' caches
+  batched_vs_token_by_token(c, f, test::test_seed() + 5, {0, 1, 2, 2}, {c.start_pos, c.start_pos + 70, c.start_pos + 130, c.start_pos + 131},
+                            {c.start_pos, c.start_pos + 70, c.start_pos + 130}, max_ctx, stride);
 }
 
 // A cache far longer than the scoring grid (attention_decode_split_blocks: the blocks of a batched
 // step take several splits each, where one-token calls give each split its own block): 8 tokens of 4
 // sequences (two consecutive positions each) at the 35B shape, contexts below, around and above the
-// grid's reach, against one call per token; caches and outputs bit for bit.
+// grid's reach.
 TEST(GpuAttentionLong, BlocksTakingSeveralSplitsEqualABlockASplit) {
   TANDEM_REQUIRE_GPU();
   const AttnCase c{16, 2, 256, 64, 0, 1};
   const RowFormat f = RowFormat::Bf16;
-  std::mt19937 rng(test::test_seed() + 11);
-  const int row = c.nkv * c.hd, slots = 4, n = 8, rows = gpu::kAttnDecodeSplitRows;
-  const int64_t reach = gpu::kAttnDecodeBlocksPerSm * gpu::gpu_device_caps().multiprocessors / (c.nkv * n);  // splits the grid holds
-  const int first[slots] = {static_cast<int>((reach + 40) * rows), static_cast<int>((reach + 3) * rows + 10), 100, static_cast<int>(reach * rows - 5)};
+  const int n = 8, rows = gpu::kAttnDecodeSplitRows, sms = gpu::gpu_device_caps().multiprocessors;
+  const int64_t reach = gpu::kAttnDecodeBlocksPerSm * sms / (c.nkv * n);  // splits the grid holds
+  const std::vector<int> first = {static_cast<int>((reach + 40) * rows), static_cast<int>((reach + 3) * rows + 10), 100,
+                                  static_cast<int>(reach * rows - 5)};
   std::vector<int32_t> slot(n), pos(n);
   for (int t = 0; t < n; ++t) slot[t] = t / 2, pos[t] = first[t / 2] + t % 2;
   const int max_ctx = static_cast<int>((reach + 48) * rows);
-  const int splits_max = static_cast<int>(gpu::attention_decode_splits(max_ctx));
-  ASSERT_LT(gpu::attention_decode_split_blocks(splits_max, c.nkv, n, gpu::gpu_device_caps().multiprocessors), (pos[0] + rows) / rows)
+  const int64_t splits_max = gpu::attention_decode_splits(max_ctx);
+  ASSERT_LT(gpu::attention_decode_split_blocks(splits_max, c.nkv, n, sms), (pos[0] + rows) / rows)
       << "the batched call's blocks must take several splits";
-  ASSERT_EQ(gpu::attention_decode_split_blocks(splits_max, c.nkv, 1, gpu::gpu_device_caps().multiprocessors), splits_max)
-      << "one-token calls must give each split its block";
-  const int64_t stride = int64_t(max_ctx) * gpu::kv_row_bytes(f, c.nkv, c.hd);
-  auto q_norm = test::random_floats(rng, c.hd, 0.3f), k_norm = test::random_floats(rng, c.hd, 0.3f);
-  std::vector<float> inv(c.rot / 2);
-  ref::rope_inv_freq(1e7, c.rot, inv.data());
-  HostCache kc0(f, c.nkv, c.hd, 0, slots * stride), vc0(f, c.nkv, c.hd, 0, slots * stride);
-  for (int s = 0; s < slots; ++s) kc0.fill(rng, s * stride, first[s]), vc0.fill(rng, s * stride, first[s]);
-  const auto qg = test::random_floats(rng, n * c.nh * 2 * c.hd), k = test::random_floats(rng, n * row), v = test::random_floats(rng, n * row);
-  test::DeviceBuffer<float> dqn(q_norm), dkn(k_norm), dinv(inv), dqg(qg), dk(k), dv(v);
-  test::DeviceBuffer<float> dqr(int64_t(n) * c.nh * c.hd), dpart(int64_t(n) * c.nh * splits_max * (c.hd + 2));
-  test::DeviceBuffer<float> dstep(int64_t(n) * c.nh * c.hd), dbatch(int64_t(n) * c.nh * c.hd);
-  test::DeviceBuffer<uint8_t> kc_a(kc0.bytes), vc_a(vc0.bytes), kc_b(kc0.bytes), vc_b(vc0.bytes);
-  test::DeviceBuffer<int32_t> dpos(pos), dslot(slot);
-  gpu::AttentionDecodeArgs p;
-  p.q_norm = dqn.ptr, p.k_norm = dkn.ptr, p.inv_freq = dinv.ptr, p.partial = dpart.ptr, p.kv = f;
-  p.nh = c.nh, p.nkv = c.nkv, p.hd = c.hd, p.rotary_dim = c.rot, p.max_ctx = max_ctx, p.max_splits = splits_max;
-  p.scale = 1.0f / std::sqrt(float(c.hd));
-  for (int t = 0; t < n; ++t) {
-    gpu::AttentionDecodeArgs s = p;
-    s.qg = dqg.ptr + int64_t(t) * c.nh * 2 * c.hd, s.k = dk.ptr + int64_t(t) * row, s.v = dv.ptr + int64_t(t) * row;
-    s.pos = dpos.ptr + t, s.k_cache = kc_a.ptr + slot[t] * stride, s.v_cache = vc_a.ptr + slot[t] * stride;
-    s.q_rot = dqr.ptr, s.out = dstep.ptr + int64_t(t) * c.nh * c.hd;
-    CUDA_OK(gpu::attention_decode(s, nullptr));
-  }
-  p.qg = dqg.ptr, p.k = dk.ptr, p.v = dv.ptr, p.pos = dpos.ptr, p.k_cache = kc_b.ptr, p.v_cache = vc_b.ptr;
-  p.q_rot = dbatch.ptr, p.out = dbatch.ptr;
-  p.tokens = n, p.slot = dslot.ptr, p.cache_stride = stride;
-  CUDA_OK(gpu::attention_decode(p, nullptr));
-  CUDA_OK(cudaDeviceSynchronize());
-  EXPECT_EQ(kc_b.to_host(), kc_a.to_host());
-  EXPECT_EQ(vc_b.to_host(), vc_a.to_host());
-  EXPECT_EQ(dbatch.to_host(), dstep.to_host()) << "seed " << test::test_seed();
+  ASSERT_EQ(gpu::attention_decode_split_blocks(splits_max, c.nkv, 1, sms), splits_max) << "one-token calls must give each split its block";
+  batched_vs_token_by_token(c, f, test::test_seed() + 11, slot, pos, first, max_ctx, int64_t(max_ctx) * gpu::kv_row_bytes(f, c.nkv, c.hd));
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuAttention,
