@@ -607,7 +607,7 @@ cudaError_t attention_decode(const AttentionDecodeArgs& p, cudaStream_t stream) 
   // at once, before its wait for the prepare kernel: the positions were copied in before the step's
   // first kernel (pdl.cuh: written two or more kernels back), so those blocks leave while the kernels
   // before still run instead of each waiting for them.
-  const int splits = (p.max_ctx + kChunk - 1) / kChunk;
+  const int splits = static_cast<int>(attention_decode_splits(p.max_ctx));
   if (splits > p.max_splits) return cudaErrorInvalidValue;
   cudaError_t err = detail::launch(prepare_kernel, dim3(p.nh + p.nkv, p.tokens), dim3(kThreads), 0, stream, p);
   if (err == cudaSuccess) {

@@ -259,7 +259,7 @@ TEST(GpuAttentionLong, BlocksTakingSeveralSplitsEqualABlockASplit) {
   const AttnCase c{16, 2, 256, 64, 0, 1};
   const RowFormat f = RowFormat::Bf16;
   const int n = 8, rows = gpu::kAttnDecodeSplitRows, sms = gpu::gpu_device_caps().multiprocessors;
-  const int64_t reach = gpu::kAttnDecodeBlocksPerSm * sms / (c.nkv * n);  // splits the grid holds
+  const int64_t reach = gpu::attention_decode_split_blocks(int64_t{1} << 30, c.nkv, n, sms);  // splits the grid holds: its cap
   const std::vector<int> first = {static_cast<int>((reach + 40) * rows), static_cast<int>((reach + 3) * rows + 10), 100,
                                   static_cast<int>(reach * rows - 5)};
   std::vector<int32_t> slot(n), pos(n);
