@@ -7,8 +7,11 @@ and 2q + 8, 2q + 9; C rows g, g + 8 at columns 2q, 2q + 1). Exactly the loads, b
 the kernel makes: Q's fragments in the order of a lane's 16-byte K pieces (dims 8q + 32c .. + 7), the
 scores' C tile into shared memory, the probabilities into the output's B fragments (warp h, lane l:
 rows 2l, 2l + 1), and V^T as A from rows 2q, 2q + 1, 2q + 8, 2q + 9 of each 16-row step at the lane's
-dims. Rows past the context are zeros (K, V) and -inf (scores). Float64 throughout: what this checks is
-where every value goes, not rounding. Usage: python3 bench/dev/attn_mma_fragments.py
+dims. Rows past the context are zeros (K, V) and -inf (scores). Float64 there: that part checks where
+every value goes. Then the arithmetic: the relative L2 error of one head's output over 702 rows against
+float64, for the kernel's split-bf16 q and p (hi = bf16(x), lo = bf16(x - hi)) times exact bf16 K / V
+rows with float32 sums, next to main's float32 kernel (the GPU test's bound: 2e-5).
+Usage: python3 bench/dev/attn_mma_fragments.py
 """
 import numpy as np
 
@@ -86,6 +89,37 @@ def split(hd, group, q_heads, k_rows, v_rows, end):
     return out, m
 
 
+def bf16(x):
+    """x rounded to bf16 (nearest, ties to even), as float32."""
+    bits = np.asarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    return (((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16).astype(np.uint32).view(np.float32)
+
+
+def rounding(rng, q_rms, rows=702, hd=256, trials=30):
+    """The largest relative L2 errors over `trials` heads: (float32 kernel, split-bf16 kernel)."""
+    worst32, worst_split = 0.0, 0.0
+    scale = np.float32(1 / np.sqrt(hd))
+    for _ in range(trials):
+        q = (rng.standard_normal(hd) * q_rms).astype(np.float32)
+        k, v = bf16(rng.standard_normal((rows, hd))), bf16(rng.standard_normal((rows, hd)))
+        s64 = k.astype(np.float64) @ q.astype(np.float64) * float(scale)
+        p64 = np.exp(s64 - s64.max())
+        want = p64 @ v.astype(np.float64) / p64.sum()
+        s32 = (k @ q) * scale
+        p32 = np.exp(s32 - s32.max())
+        got32 = (p32 @ v) / p32.sum()
+        q_hi = bf16(q)
+        q_lo = bf16(q - q_hi)
+        s = ((k @ q_hi) + (k @ q_lo)) * scale
+        p = np.exp(s - s.max())
+        p_hi = bf16(p)
+        p_lo = bf16(p - p_hi)
+        got = ((p_hi @ v) + (p_lo @ v)) / p.sum()
+        worst32 = max(worst32, np.linalg.norm(got32 - want) / np.linalg.norm(want))
+        worst_split = max(worst_split, np.linalg.norm(got - want) / np.linalg.norm(want))
+    return worst32, worst_split
+
+
 def main():
     rng = np.random.default_rng(7)
     for hd in (128, 256):
@@ -102,6 +136,9 @@ def main():
                 print(f"hd {hd:3d}  group {group}  rows {end:2d}: {'ok' if ok else 'WRONG'} (max error {err:.1e})")
                 if not ok:
                     raise SystemExit(1)
+    for q_rms in (1.0, 3.0):
+        worst32, worst_split = rounding(rng, q_rms)
+        print(f"q of rms {q_rms:.0f}, 702 rows: largest relative L2 error float32 {worst32:.1e}, split bf16 {worst_split:.1e}")
 
 
 if __name__ == "__main__":
