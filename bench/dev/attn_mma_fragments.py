@@ -9,8 +9,9 @@ scores' C tile into shared memory, the probabilities into the output's B fragmen
 rows 2l, 2l + 1), and V^T as A from rows 2q, 2q + 1, 2q + 8, 2q + 9 of each 16-row step at the lane's
 dims. Rows past the context are zeros (K, V) and -inf (scores). Float64 there: that part checks where
 every value goes. Then the arithmetic: the relative L2 error of one head's output over 702 rows against
-float64, for the kernel's split-bf16 q and p (hi = bf16(x), lo = bf16(x - hi)) times exact bf16 K / V
-rows with float32 sums, next to main's float32 kernel (the GPU test's bound: 2e-5).
+float64 for the kernel's arithmetic (q in three bf16 parts: hi = bf16(x), mid = bf16(x - hi), lo =
+bf16(x - hi - mid); p in two) times exact bf16 K / V rows with float32 sums, next to main's float32
+kernel's and to q in two parts (the GPU test's bound: 2e-5).
 Usage: python3 bench/dev/attn_mma_fragments.py
 """
 import numpy as np
@@ -96,8 +97,8 @@ def bf16(x):
 
 
 def rounding(rng, q_rms, rows=702, hd=256, trials=30):
-    """The largest relative L2 errors over `trials` heads: (float32 kernel, split-bf16 kernel)."""
-    worst32, worst_split = 0.0, 0.0
+    """The largest relative L2 errors over `trials` heads: float32 kernel, q in two bf16 parts, in three."""
+    worst = np.zeros(3)
     scale = np.float32(1 / np.sqrt(hd))
     for _ in range(trials):
         q = (rng.standard_normal(hd) * q_rms).astype(np.float32)
@@ -109,15 +110,16 @@ def rounding(rng, q_rms, rows=702, hd=256, trials=30):
         p32 = np.exp(s32 - s32.max())
         got32 = (p32 @ v) / p32.sum()
         q_hi = bf16(q)
-        q_lo = bf16(q - q_hi)
-        s = ((k @ q_hi) + (k @ q_lo)) * scale
-        p = np.exp(s - s.max())
-        p_hi = bf16(p)
-        p_lo = bf16(p - p_hi)
-        got = ((p_hi @ v) + (p_lo @ v)) / p.sum()
-        worst32 = max(worst32, np.linalg.norm(got32 - want) / np.linalg.norm(want))
-        worst_split = max(worst_split, np.linalg.norm(got - want) / np.linalg.norm(want))
-    return worst32, worst_split
+        q_mid = bf16(q - q_hi)
+        q_lo = bf16(q - q_hi - q_mid)
+        got = [got32]
+        for s in ((k @ q_hi) + (k @ q_mid), (k @ q_hi) + (k @ q_mid) + (k @ q_lo)):
+            p = np.exp(s * scale - (s * scale).max())
+            p_hi = bf16(p)
+            p_lo = bf16(p - p_hi)
+            got.append(((p_hi @ v) + (p_lo @ v)) / p.sum())
+        worst = np.maximum(worst, [np.linalg.norm(x - want) / np.linalg.norm(want) for x in got])
+    return worst
 
 
 def main():
@@ -136,9 +138,10 @@ def main():
                 print(f"hd {hd:3d}  group {group}  rows {end:2d}: {'ok' if ok else 'WRONG'} (max error {err:.1e})")
                 if not ok:
                     raise SystemExit(1)
-    for q_rms in (1.0, 3.0):
-        worst32, worst_split = rounding(rng, q_rms)
-        print(f"q of rms {q_rms:.0f}, 702 rows: largest relative L2 error float32 {worst32:.1e}, split bf16 {worst_split:.1e}")
+    for q_rms in (1.0, 3.0, 10.0):
+        worst = rounding(rng, q_rms)
+        print(f"q of rms {q_rms:2.0f}, 702 rows: largest relative L2 error float32 {worst[0]:.1e}, "
+              f"q in two bf16 parts {worst[1]:.1e}, in three {worst[2]:.1e}")
 
 
 if __name__ == "__main__":
