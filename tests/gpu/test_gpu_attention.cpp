@@ -2,6 +2,7 @@
 // softmax attention over the whole context (several splits), output gate, for every KV cache format.
 // The reference reads the rows the GPU cache holds (bf16 values, or int8 / fp8 codes times their row's
 // scale), so the bound is fp32 rounding (2e-5).
+#include <algorithm>
 #include <cmath>
 #include <tuple>
 
@@ -198,13 +199,15 @@ TEST(GpuAttentionPrefill, RefusesOtherHeadSizes) {
   EXPECT_EQ(gpu::attention_prefill(p, 4, nullptr), cudaErrorInvalidValue);
 }
 
-// Tokens of several sequences (token t of slot[t] at pos[t]; slot s's cache holding context[s] random
-// rows, stride bytes after slot s - 1's) in one attention_decode call, against one single-token call
-// per token in order: caches and outputs bit for bit.
+// Tokens of several sequences (token t of slot[t] at pos[t]; slot s's cache, stride bytes after slot
+// s - 1's, holding random rows before its first token's position) in one attention_decode call, against
+// one single-token call per token in order: caches and outputs bit for bit.
 void batched_vs_token_by_token(const AttnCase& c, RowFormat f, unsigned seed, const std::vector<int32_t>& slot, const std::vector<int32_t>& pos,
-                               const std::vector<int>& context, int max_ctx, int64_t stride) {
+                               int max_ctx, int64_t stride) {
   std::mt19937 rng(seed);
-  const int row = c.nkv * c.hd, slots = static_cast<int>(context.size()), n = static_cast<int>(slot.size());
+  const int n = static_cast<int>(slot.size()), row = c.nkv * c.hd, slots = *std::max_element(slot.begin(), slot.end()) + 1;
+  std::vector<int> context(slots, max_ctx);  // each slot's rows before its first token
+  for (int t = 0; t < n; ++t) context[slot[t]] = std::min(context[slot[t]], pos[t]);
   auto q_norm = test::random_floats(rng, c.hd, 0.3f), k_norm = test::random_floats(rng, c.hd, 0.3f);
   std::vector<float> inv(c.rot / 2);
   ref::rope_inv_freq(1e7, c.rot, inv.data());
@@ -247,7 +250,7 @@ TEST_P(GpuAttention, BatchedDecodeEqualsTokenByToken) {
   const int max_ctx = c.start_pos + 140;
   const int64_t stride = int64_t(max_ctx) * gpu::kv_row_bytes(f, c.nkv, c.hd) + 64;  // bytes between the slots' caches
   batched_vs_token_by_token(c, f, test::test_seed() + 5, {0, 1, 2, 2}, {c.start_pos, c.start_pos + 70, c.start_pos + 130, c.start_pos + 131},
-                            {c.start_pos, c.start_pos + 70, c.start_pos + 130}, max_ctx, stride);
+                            max_ctx, stride);
 }
 
 // A cache far longer than the scoring grid (attention_decode_split_blocks: the blocks of a batched
@@ -269,7 +272,7 @@ TEST(GpuAttentionLong, BlocksTakingSeveralSplitsEqualABlockASplit) {
   ASSERT_LT(gpu::attention_decode_split_blocks(splits_max, c.nkv, n, sms), (pos[0] + rows) / rows)
       << "the batched call's blocks must take several splits";
   ASSERT_EQ(gpu::attention_decode_split_blocks(splits_max, c.nkv, 1, sms), splits_max) << "one-token calls must give each split its block";
-  batched_vs_token_by_token(c, f, test::test_seed() + 11, slot, pos, first, max_ctx, int64_t(max_ctx) * gpu::kv_row_bytes(f, c.nkv, c.hd));
+  batched_vs_token_by_token(c, f, test::test_seed() + 11, slot, pos, max_ctx, int64_t(max_ctx) * gpu::kv_row_bytes(f, c.nkv, c.hd));
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, GpuAttention,
