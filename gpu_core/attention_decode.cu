@@ -20,6 +20,10 @@ constexpr int kChunk = kAttnDecodeSplitRows;  // context rows per split
 
 using detail::block_max;
 using detail::block_sum;
+using detail::mma_bf16;
+using detail::pack_bf16;
+using detail::split3_bf16;
+using detail::split_bf16;
 
 // Cache rows (attention.cuh): value i of a KV head's part of a row, before the row's scale, and the
 // scale.
@@ -27,6 +31,11 @@ template <RowFormat F>
 __device__ __forceinline__ float code_value(uint32_t c) {
   if constexpr (F == RowFormat::Int8) return static_cast<float>(static_cast<int8_t>(c));
   else return detail::fp8_to_float(c);
+}
+// Two codes (the low 16 bits: values 2e, 2e + 1) before their row's scale.
+__device__ __forceinline__ float2 code_values(uint32_t two, RowFormat f) {
+  if (f == RowFormat::Int8) return make_float2(code_value<RowFormat::Int8>(two & 0xffu), code_value<RowFormat::Int8>((two >> 8) & 0xffu));
+  return detail::fp8x2_to_float2(two);
 }
 __device__ __forceinline__ float cache_value(const uint8_t* head, int i, RowFormat f) {
   if (f == RowFormat::Bf16) return __bfloat162float(__ushort_as_bfloat16(reinterpret_cast<const uint16_t*>(head)[i]));
@@ -169,193 +178,190 @@ __global__ void __launch_bounds__(kThreads) attend_kernel(AttentionDecodeArgs p)
 }
 
 // The same partial outputs with one block per (KV head, split) for the G query heads of the group
-// (grid (nkv, splits), 8 warps): each K / V row crosses from L2 once a block instead of once a query
-// head, with 16-byte loads (a lane holds dims lane * E .. lane * E + E - 1, E = HD / 32). Warp w takes
-// the chunk's rows w * 8 .. w * 8 + 7 with all their loads in flight at once. Scores: the lane's E-dim
-// products for the G heads, summed over the warp by a transposing reduction (the G sums cross the
-// warp together: 9 shuffles for G = 8 instead of 40), into shared memory. Softmax: warp g for head g.
-// Output: each warp weighs its 8 V rows for all G heads in registers, and the 8 warps' sums meet in
-// shared memory, G / 2 heads at a time.
+// (grid (nkv, blocks, tokens), 8 warps), on tensor cores (mma.cuh: m16n8k16, bf16 inputs, fp32 sums).
+// Each K / V row crosses from L2 once a block instead of once a query head, and a split's loads (K, V,
+// the coded formats' scales) are all issued before its arithmetic.
+//  - Scores: warp w takes the split's rows 8 w .. 8 w + 7 as S = Q K^T, a 16 x 8 tile a 16 dims (A: the
+//    G query heads, padded to 16; B: the rows). Lane 4 g + q holds row g's dims 8 q + 32 c .. + 7 (one
+//    16-byte load a chunk c), which fixes the order of the dims in Q's fragments too. Q goes in as three
+//    bf16 parts (split3_bf16) and the cache's values are exact in bf16, so the scores carry fp32's
+//    rounding, not bf16's.
+//  - Softmax: warp h for head h over the split's 64 scores (shared memory); the probabilities times
+//    the V rows' scales go back to shared memory as the output's B fragments, again in two bf16 parts.
+//  - Output: warp w takes dims w HD / 8 .. (w + 1) HD / 8 - 1 of every row, O^T = V^T P^T with the
+//    dims as M and 16 rows a step as K: lane 4 g + q loads rows 2 q, 2 q + 1, 2 q + 8, 2 q + 9 of each
+//    step at its dims and pairs them into A fragments by byte permutes. Each warp ends with whole dims
+//    of all G heads and stores them from registers: no sum across warps.
 constexpr int kGroupWarps = 8, kGroupRows = kChunk / kGroupWarps;
+constexpr int kScoreStride = kChunk + 8;  // floats a head's scores (a half-warp's float2 stores meet distinct banks)
+static_assert(kChunk == 64, "the softmax takes two rows a lane");
 
-// The E values of a KV head's row a lane holds (bf16s or codes, before the row's scale), as words.
-template <int E, RowFormat F>
-struct RowBits {
-  static_assert(E == 4 || E == 8, "hd 128 or 256");
-  static constexpr int kWords = F == RowFormat::Bf16 ? E / 2 : E / 4;
+// N consecutive values of a cache row (N = 8: a lane's K piece; N = 2 MT: its V piece) as they load,
+// and as bf16 pairs: pair(e) holds values 2 e, 2 e + 1.
+template <int N, RowFormat F>
+struct CachePiece {
+  static constexpr int kBytes = F == RowFormat::Bf16 ? 2 * N : N;
+  static_assert(kBytes == 2 || kBytes == 4 || kBytes == 8 || kBytes == 16, "one load");
+  static constexpr int kWords = kBytes < 4 ? 1 : kBytes / 4;
   uint32_t w[kWords];
-  __device__ __forceinline__ void load(const uint8_t* head, int lane) {
-    if constexpr (kWords == 4) {
-      const uint4 u = reinterpret_cast<const uint4*>(head)[lane];
+  __device__ __forceinline__ void load(const uint8_t* at) {
+    if constexpr (kBytes == 16) {
+      const uint4 u = *reinterpret_cast<const uint4*>(at);
       w[0] = u.x, w[1] = u.y, w[2] = u.z, w[3] = u.w;
-    } else if constexpr (kWords == 2) {
-      const uint2 u = reinterpret_cast<const uint2*>(head)[lane];
+    } else if constexpr (kBytes == 8) {
+      const uint2 u = *reinterpret_cast<const uint2*>(at);
       w[0] = u.x, w[1] = u.y;
+    } else if constexpr (kBytes == 4) {
+      w[0] = *reinterpret_cast<const uint32_t*>(at);
     } else {
-      w[0] = reinterpret_cast<const uint32_t*>(head)[lane];
+      w[0] = *reinterpret_cast<const uint16_t*>(at);
     }
   }
-  __device__ __forceinline__ float at(int e) const {
-    if constexpr (F == RowFormat::Bf16) return __uint_as_float(e % 2 ? w[e / 2] & 0xffff0000u : w[e / 2] << 16);
-    else return code_value<F>((w[e / 4] >> (8 * (e % 4))) & 0xffu);
+  __device__ __forceinline__ void zero() {
+#pragma unroll
+    for (int i = 0; i < kWords; ++i) w[i] = 0u;
+  }
+  __device__ __forceinline__ uint32_t pair(int e) const {
+    if constexpr (F == RowFormat::Bf16) return w[e];
+    else {  // both formats' codes are exact in bf16
+      const float2 v = code_values(w[e / 2] >> (16 * (e % 2)), F);
+      return pack_bf16(v.x, v.y);
+    }
   }
 };
 
-// v[0..G) summed over the warp; lane ends with the sum of head ((lane >> 4) & 1) * G / 2 + ((lane >> 3) & 1)
-// * G / 4 + ... in v[0] (returned), its head in *head.
-template <int G>
-__device__ __forceinline__ float transpose_sum(float (&v)[G], int lane, int* head) {
-  int h = 0;
-#pragma unroll
-  for (int c = G / 2, o = 16; c >= 1; c /= 2, o /= 2) {
-    const bool upper = lane & o;
-#pragma unroll
-    for (int i = 0; i < c; ++i) {
-      const float send = upper ? v[i] : v[i + c], keep = upper ? v[i + c] : v[i];
-      v[i] = keep + __shfl_xor_sync(0xffffffffu, send, o);
-    }
-    if (upper) h += c;
-  }
-  float r = v[0];
-#pragma unroll
-  for (int o = 32 / G / 2; o > 0; o /= 2) r += __shfl_xor_sync(0xffffffffu, r, o);
-  *head = h;
-  return r;
-}
-
-// What a scoring block of attend_group_kernel needs for one split of its token's cache.
-struct GroupSplit {
-  const float* q_rot;    // the token's first query head of the group
-  float* partial;        // the same head's partial outputs (split 0)
-  const uint8_t *kc, *vc;
-  int64_t head_stride;   // floats between the query heads' partials
-  int kvh, nkv, n_ctx;
-  float scale;
-};
-
-// One split of the cache for the G query heads of a KV head (see attend_group_kernel). First: the
-// block's first split, which lets the next kernel launch once its loads are issued.
-template <int HD, int G, RowFormat F, bool First>
-__device__ __forceinline__ void attend_group_split(const GroupSplit& a, float (&sc)[G][kChunk], float (&red)[kGroupWarps][G / 2][HD],
-                                                   int split) {
-  constexpr int E = HD / 32, GH = G / 2;  // dims a lane holds; heads a round of the output sum
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, begin = split * kChunk, end = min(a.n_ctx, begin + kChunk);
-  float* part0 = a.partial + static_cast<int64_t>(split) * (HD + 2);
-  const int64_t stride = kv_row_bytes(F, a.nkv, HD);  // bytes between cache rows
-  const int r0 = begin + warp * kGroupRows;
-  RowBits<E, F> k[kGroupRows];
-  float ks[kGroupRows], vs[kGroupRows];  // the rows' scales (coded formats)
-#pragma unroll
-  for (int j = 0; j < kGroupRows; ++j)
-    if (r0 + j < end) {
-      k[j].load(cache_head(a.kc + (r0 + j) * stride, a.kvh, HD, F), lane);
-      ks[j] = cache_scale(a.kc + (r0 + j) * stride, a.kvh, a.nkv, HD, F);
-    }
-  float q[G][E];
-#pragma unroll
-  for (int g = 0; g < G; ++g)
-#pragma unroll
-    for (int e = 0; e < E; ++e) q[g][e] = a.q_rot[g * HD + lane * E + e];
-#pragma unroll
-  for (int j = 0; j < kGroupRows; ++j) {
-    const int row = warp * kGroupRows + j;
-    if (r0 + j >= end) {  // the same for every lane
-      if (lane < G) sc[lane][row] = -INFINITY;
-      continue;
-    }
-    float d[G];
-#pragma unroll
-    for (int g = 0; g < G; ++g) {
-      d[g] = 0.0f;
-#pragma unroll
-      for (int e = 0; e < E; ++e) d[g] += q[g][e] * k[j].at(e);
-    }
-    int head;
-    const float s = transpose_sum<G>(d, lane, &head);
-    if ((lane & (32 / G - 1)) == 0) sc[head][row] = s * ks[j] * a.scale;
-  }
-  RowBits<E, F> v[kGroupRows];  // in flight during the softmax
-#pragma unroll
-  for (int j = 0; j < kGroupRows; ++j)
-    if (r0 + j < end) {
-      v[j].load(cache_head(a.vc + (r0 + j) * stride, a.kvh, HD, F), lane);
-      vs[j] = cache_scale(a.vc + (r0 + j) * stride, a.kvh, a.nkv, HD, F);
-    }
-  __syncthreads();
-  if (warp < G) {
-    const float x = sc[warp][lane], y = sc[warp][lane + 32];  // -inf past the context
-    float m = fmaxf(x, y);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    const float ex = expf(x - m), ey = expf(y - m);  // m is finite: the chunk has a row
-    float l = ex + ey;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
-    sc[warp][lane] = ex, sc[warp][lane + 32] = ey;
-    if (lane == 0) part0[warp * a.head_stride + HD] = m, part0[warp * a.head_stride + HD + 1] = l;
-  }
-  __syncthreads();
-  float acc[G][E];
-#pragma unroll
-  for (int g = 0; g < G; ++g)
-#pragma unroll
-    for (int e = 0; e < E; ++e) acc[g][e] = 0.0f;
-#pragma unroll
-  for (int j = 0; j < kGroupRows; ++j) {
-    if (r0 + j >= end) break;
-#pragma unroll
-    for (int g = 0; g < G; ++g) {
-      const float w = sc[g][warp * kGroupRows + j] * vs[j];
-#pragma unroll
-      for (int e = 0; e < E; ++e) acc[g][e] += w * v[j].at(e);
-    }
-  }
-  if constexpr (First) detail::pdl_launch_next();  // past its loads (a grid of many blocks: pdl.cuh)
-#pragma unroll
-  for (int h0 = 0; h0 < G; h0 += GH) {
-#pragma unroll
-    for (int g = 0; g < GH; ++g)
-#pragma unroll
-      for (int e = 0; e < E; ++e) red[warp][g][lane * E + e] = acc[h0 + g][e];
-    __syncthreads();
-    for (int i = threadIdx.x; i < GH * HD; i += blockDim.x) {
-      const int g = i / HD, dim = i % HD;
-      float sum = 0.0f;
-#pragma unroll
-      for (int w = 0; w < kGroupWarps; ++w) sum += red[w][g][dim];
-      part0[(h0 + g) * a.head_stride + dim] = sum;
-    }
-    __syncthreads();  // red (and sc) are rewritten by the next round or split
-  }
-}
-
-// A block's later splits, through a call: inlined in the kernel's loop, the split's body took 60
-// more registers (186-190 against 126 at HD 256, G 8), halving the blocks an SM for every launch.
+// The block's splits y, y + gridDim.y, ... below its token's position (attention_decode_split_blocks).
+// Three blocks an SM (at most 80 registers: bf16 rows at hd 256 spill 8 bytes): on the H100, 8 sequences
+// of 4,096 rows 49.2 us against 51.1 at two blocks an SM (108 registers), 51.5 against 56.6 in a cache of
+// 131,072 rows, one sequence the same (bench/results/2026-12-07-stop54-h100.md).
 template <int HD, int G, RowFormat F>
-__device__ __noinline__ void attend_group_later_split(const GroupSplit& a, float (&sc)[G][kChunk], float (&red)[kGroupWarps][G / 2][HD],
-                                                      int split) {
-  attend_group_split<HD, G, F, false>(a, sc, red, split);
-}
-
-// The block's first split inline, its later ones (attention_decode_split_blocks: a cache far longer
-// than the grid) through attend_group_later_split; two blocks an SM (128 registers: the call's saved
-// registers would otherwise take it past them).
-template <int HD, int G, RowFormat F>
-__global__ void __launch_bounds__(kGroupWarps * 32, 2) attend_group_kernel(AttentionDecodeArgs p) {
-  __shared__ float sc[G][kChunk];
-  __shared__ float red[kGroupWarps][G / 2][HD];
-  const int kvh = blockIdx.x, split = blockIdx.y, t = blockIdx.z;
-  const int n_ctx = p.pos[t] + 1;
-  if (split * kChunk >= n_ctx) return;  // past the context: before the wait (see attention_decode)
+__global__ void __launch_bounds__(kGroupWarps * 32, 3) attend_group_kernel(AttentionDecodeArgs p) {
+  constexpr int KC = HD / 32;      // a lane's K pieces (32-dim chunks of a row)
+  constexpr int KS = HD / 16;      // the scores' steps
+  constexpr int MT = HD / 128;     // the output's 16-dim tiles a warp
+  constexpr int VS = kChunk / 16;  // the output's steps (16 rows each)
+  static_assert(G <= 8 && (HD == 128 || HD == 256), "a group of at most 8 heads; hd 128 or 256");
+  __shared__ uint4 qf[KS][32];  // Q's A fragments: a0, a2 of the high part, a0, a2 of the middle one
+  __shared__ uint2 ql[KS][32];  // and a0, a2 of the low one
+  __shared__ float sc[G][kScoreStride];
+  __shared__ uint4 pf[VS][32];  // P's B fragments: b0, b1 of the high part, b0, b1 of the low
+  const int kvh = blockIdx.x, t = blockIdx.z, n_ctx = p.pos[t] + 1;
+  if (static_cast<int>(blockIdx.y) * kChunk >= n_ctx) return;  // past the context: before the wait (see attention_decode)
   detail::pdl_wait();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, q = lane & 3;
   const int64_t th0 = static_cast<int64_t>(t) * p.nh + kvh * G;  // the token's first query head of the group
   const int64_t cache0 = p.slot ? static_cast<int64_t>(p.slot[t]) * p.cache_stride : 0;
-  const GroupSplit a{p.q_rot + th0 * HD, p.partial + th0 * p.max_splits * (HD + 2), p.k_cache + cache0, p.v_cache + cache0,
-                     static_cast<int64_t>(p.max_splits) * (HD + 2), kvh, p.nkv, n_ctx, p.scale};
-  attend_group_split<HD, G, F, true>(a, sc, red, split);
-  for (int s = split + static_cast<int>(gridDim.y); s * kChunk < n_ctx; s += gridDim.y) attend_group_later_split<HD, G, F>(a, sc, red, s);
+  const uint8_t* kc = cache_head(p.k_cache + cache0, kvh, HD, F);  // the head's values in row 0
+  const uint8_t* vc = cache_head(p.v_cache + cache0, kvh, HD, F);
+  const int vb = row_value_bytes(F);
+  const int64_t stride = kv_row_bytes(F, p.nkv, HD), head_stride = static_cast<int64_t>(p.max_splits) * (HD + 2);
+  const int vdim = warp * 16 * MT + 2 * MT * g;  // the lane's output dims: vdim .. vdim + 2 MT - 1
+  for (int split = blockIdx.y; split * kChunk < n_ctx; split += gridDim.y) {
+    const int begin = split * kChunk, end = min(n_ctx, begin + kChunk);
+    CachePiece<8, F> k[KC];
+    const int krow = begin + warp * kGroupRows + g;
+#pragma unroll
+    for (int c = 0; c < KC; ++c) {
+      if (krow < end) k[c].load(kc + krow * stride + (8 * q + 32 * c) * vb);
+      else k[c].zero();
+    }
+    CachePiece<2 * MT, F> v[VS][4];  // rows 16 s + 2 q, + 1, + 8, + 9
+#pragma unroll
+    for (int s = 0; s < VS; ++s)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int row = begin + 16 * s + 2 * q + (i & 1) + 8 * (i >> 1);
+        if (row < end) v[s][i].load(vc + row * stride + vdim * vb);
+        else v[s][i].zero();
+      }
+    float ks[2] = {1.0f, 1.0f}, vs[2] = {1.0f, 1.0f};  // the scales of the rows this lane softmaxes
+    if (F != RowFormat::Bf16 && warp < G) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int row = begin + 2 * lane + i;
+        if (row < end) ks[i] = cache_scale(p.k_cache + cache0 + row * stride, kvh, p.nkv, HD, F),
+                       vs[i] = cache_scale(p.v_cache + cache0 + row * stride, kvh, p.nkv, HD, F);
+      }
+    }
+    if (split == static_cast<int>(blockIdx.y)) {  // the block's first split: Q's fragments, once
+      detail::pdl_launch_next();                  // past its loads (a grid of many blocks: pdl.cuh)
+      for (int i = threadIdx.x; i < KS * 32; i += blockDim.x) {
+        const int step = i / 32, hg = (i % 32) >> 2, hq = i & 3;
+        uint4 f = make_uint4(0u, 0u, 0u, 0u);
+        uint2 fl = make_uint2(0u, 0u);
+        if (hg < G) {
+          const float4 x = *reinterpret_cast<const float4*>(p.q_rot + (th0 + hg) * HD + 8 * hq + 32 * (step / 2) + 4 * (step % 2));
+          split3_bf16(x.x, x.y, f.x, f.z, fl.x);
+          split3_bf16(x.z, x.w, f.y, f.w, fl.y);
+        }
+        qf[step][i % 32] = f;
+        ql[step][i % 32] = fl;
+      }
+      __syncthreads();
+    }
+    float s4[4] = {0.0f, 0.0f, 0.0f, 0.0f};  // heads g, g + 8 (padding) at rows 2 q, 2 q + 1 of the warp's 8
+#pragma unroll
+    for (int c = 0; c < KC; ++c)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint4 a = qf[2 * c + h][lane];
+        const uint2 al = ql[2 * c + h][lane];
+        const uint32_t b0 = k[c].pair(2 * h), b1 = k[c].pair(2 * h + 1);
+        mma_bf16(s4, a.x, 0u, a.y, 0u, b0, b1);
+        mma_bf16(s4, a.z, 0u, a.w, 0u, b0, b1);
+        mma_bf16(s4, al.x, 0u, al.y, 0u, b0, b1);
+      }
+    if (g < G) *reinterpret_cast<float2*>(&sc[g][warp * kGroupRows + 2 * q]) = make_float2(s4[0], s4[1]);
+    __syncthreads();
+    float* part = p.partial + th0 * head_stride + static_cast<int64_t>(split) * (HD + 2);
+    {
+      // Lane l's rows 2 l, 2 l + 1 are step l / 8's rows 2 (l % 8), + 1: b0 of lane 4 h + l % 8 for l % 8
+      // < 4, else b1 of lane 4 h + l % 8 - 4.
+      uint32_t hi = 0u, lo = 0u;
+      if (warp < G) {
+        const float2 raw = *reinterpret_cast<const float2*>(&sc[warp][2 * lane]);
+        const int r = begin + 2 * lane;
+        const float x = r < end ? raw.x * ks[0] * p.scale : -INFINITY, y = r + 1 < end ? raw.y * ks[1] * p.scale : -INFINITY;
+        float m = fmaxf(x, y);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+        const float ex = expf(x - m), ey = expf(y - m);  // m is finite: the split has a row
+        float l = ex + ey;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) l += __shfl_xor_sync(0xffffffffu, l, o);
+        if (lane == 0) part[warp * head_stride + HD] = m, part[warp * head_stride + HD + 1] = l;
+        split_bf16(ex * vs[0], ey * vs[1], hi, lo);
+      }
+      auto* f = reinterpret_cast<uint32_t*>(&pf[lane / 8][4 * warp + lane % 4]);  // zeros for the padding heads
+      const int b = (lane % 8) / 4;
+      f[b] = hi, f[2 + b] = lo;
+    }
+    __syncthreads();
+    float acc[MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.0f;
+#pragma unroll
+    for (int s = 0; s < VS; ++s) {
+      const uint4 b = pf[s][lane];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        const uint32_t r0 = v[s][0].pair(mt), r1 = v[s][1].pair(mt), r8 = v[s][2].pair(mt), r9 = v[s][3].pair(mt);
+        const uint32_t a0 = __byte_perm(r0, r1, 0x5410), a1 = __byte_perm(r0, r1, 0x7632);  // dims vdim + 2 mt, + 1
+        const uint32_t a2 = __byte_perm(r8, r9, 0x5410), a3 = __byte_perm(r8, r9, 0x7632);
+        mma_bf16(acc[mt], a0, a1, a2, a3, b.x, b.y);
+        mma_bf16(acc[mt], a0, a1, a2, a3, b.z, b.w);
+      }
+    }
+    // acc[mt]: dims vdim + 2 mt (0, 1) and vdim + 2 mt + 1 (2, 3) of heads 2 q (0, 2) and 2 q + 1 (1, 3).
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      if (2 * q + j >= G) continue;
+      float* out = part + (2 * q + j) * head_stride + vdim;
+      if constexpr (MT == 2) *reinterpret_cast<float4*>(out) = make_float4(acc[0][j], acc[0][2 + j], acc[1][j], acc[1][2 + j]);
+      else *reinterpret_cast<float2*>(out) = make_float2(acc[0][j], acc[0][2 + j]);
+    }
+  }
 }
-
 // One block per head: merge the splits (log-sum-exp) and apply the output gate. Thread (c, i) sums
 // output dimension i over the splits c, c + kCombineParts, ... (a quarter of the serial loads each),
 // and the parts meet in shared memory in order.
@@ -411,8 +417,6 @@ __global__ void __launch_bounds__(kCombineParts * 256) combine_kernel(AttentionD
 // it causally, keeps each row's running max in the quad that holds it, and adds P V with P rounded to
 // bf16. Fragment layouts are PTX's for m16n8k16: lane = 4 g + t holds rows g and g + 8.
 constexpr int kTcQ = 64, kTcKV = 32, kTcWarps = 4;
-using detail::mma_bf16;
-using detail::pack_bf16;
 
 // Values c..c+7 of KV head kvh in the cache row at `row` as 8 bf16s (a coded row's values times its
 // scale, rounded to bf16).
@@ -425,8 +429,7 @@ __device__ __forceinline__ uint4 bf16_piece(const uint8_t* row, int kvh, int c, 
 #pragma unroll
   for (int e = 0; e < 4; ++e) {
     const uint32_t pair = (e < 2 ? codes.x : codes.y) >> (16 * (e % 2));  // codes 2e, 2e + 1 in the low 16 bits
-    const float2 v = p.kv == RowFormat::Int8 ? make_float2(code_value<RowFormat::Int8>(pair & 0xffu), code_value<RowFormat::Int8>((pair >> 8) & 0xffu))
-                                            : detail::fp8x2_to_float2(pair);
+    const float2 v = code_values(pair, p.kv);
     w[e] = pack_bf16(v.x * sc, v.y * sc);
   }
   return make_uint4(w[0], w[1], w[2], w[3]);

@@ -40,6 +40,14 @@ __device__ __forceinline__ void split_bf16(float x0, float x1, uint32_t& hi, uin
   lo = pack_bf16(x0 - h0, x1 - h1);
 }
 
+// The same in three pairs, whose sum is x0, x1 to about 2^-27 (x - hi is exact in fp32 and split_bf16
+// takes it apart again): times exact bf16 values, fp32's rounding whatever x's size.
+__device__ __forceinline__ void split3_bf16(float x0, float x1, uint32_t& hi, uint32_t& mid, uint32_t& lo) {
+  const float h0 = __bfloat162float(__float2bfloat16_rn(x0)), h1 = __bfloat162float(__float2bfloat16_rn(x1));
+  hi = pack_bf16(h0, h1);
+  split_bf16(x0 - h0, x1 - h1, mid, lo);
+}
+
 // The several-token GEMVs' weights in flight (gemv_bf16.cu, gemv_rows8.cu): per 16-row tile, rows g and
 // g + 8, two 16-byte vectors each (a struct, so the next pass's copy is one assignment).
 template <int MT>
