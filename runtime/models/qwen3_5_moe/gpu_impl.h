@@ -71,7 +71,9 @@ struct DevLayer {
   bool int4_experts = false;
   bool cpu_experts = false;  // some routed experts live in host memory (hybrid)
   int64_t expert_group = 0;
-  bool expert_act_order = false;  // some GPU expert carries an act-order permutation (moe_int4_decode_wide does not take it)
+  // Some expert the GPU may run (its own, or a host one streamed in a prefill) carries an act-order
+  // permutation: moe_int4_decode_wide does not take it.
+  bool expert_act_order = false;
   gpu::Int4Expert* experts_i4 = nullptr;
   gpu::Bf16Expert* experts_bf16 = nullptr;
 };

@@ -315,15 +315,16 @@ DevLayer Qwen35MoeGpu::Impl::upload_layer(Uploader& up, const LayerWeights& L, i
   std::vector<gpu::Bf16Expert> b16(E);
   std::vector<std::pair<const LinearWeight*, DevLinear>> repack;  // int4 experts: filled in parallel below
   for (int64_t e = 0; e < E; ++e) {
+    // Host experts count too: a streamed prefill runs them on the GPU (gpu_experts with its table).
+    for (const LinearWeight* w : {&m.gate[e], &m.up[e], &m.down[e]})
+      if (d.int4_experts && w->gptq.g_idx) d.expert_act_order = true;
     if (!on_gpu(li, e)) {  // null pointers: the kernels skip it, the host computes it
       d.cpu_experts = true;
       continue;
     }
-    for (const LinearWeight* w : {&m.gate[e], &m.up[e], &m.down[e]}) {
+    for (const LinearWeight* w : {&m.gate[e], &m.up[e], &m.down[e]})
       if ((w->kind == LinearWeight::Kind::Gptq) != d.int4_experts || (d.int4_experts && w->gptq.group_size != d.expert_group))
         fail(w->name, ": the GPU MoE kernels need every expert of a layer in one format and group size");
-      if (d.int4_experts && w->gptq.g_idx) d.expert_act_order = true;
-    }
     if (d.int4_experts) {  // the same pieces in the same order as upload_linear, the repacking deferred
       const DevLinear g = alloc_int4(up, m.gate[e], Kind::Experts), u = alloc_int4(up, m.up[e], Kind::Experts),
                       dn = alloc_int4(up, m.down[e], Kind::Experts);
