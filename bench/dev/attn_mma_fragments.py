@@ -1,17 +1,17 @@
 #!/usr/bin/env python3
 """Checks, on the CPU, the fragment mapping of the tensor-core attention decode (attend_group_kernel in
-gpu_core/attention_decode.cu; for a change to it, before a GPU runs the tests): one split of 64 cache rows for the G query
-heads of a KV head, with every warp's mma.m16n8k16 emulated lane by lane from PTX's fragment layouts
-(lane 4 g + q: A rows g, g + 8 at columns 2q, 2q + 1 and 2q + 8, 2q + 9; B column g at rows 2q, 2q + 1
-and 2q + 8, 2q + 9; C rows g, g + 8 at columns 2q, 2q + 1). Exactly the loads, byte permutes and stores
-the kernel makes: Q's fragments in the order of a lane's 16-byte K pieces (dims 8q + 32c .. + 7), the
-scores' C tile into shared memory, the probabilities into the output's B fragments (warp h, lane l:
-rows 2l, 2l + 1), and V^T as A from rows 2q, 2q + 1, 2q + 8, 2q + 9 of each 16-row step at the lane's
-dims. Rows past the context are zeros (K, V) and -inf (scores). Float64 there: that part checks where
-every value goes. Then the arithmetic: the relative L2 error of one head's output over 702 rows against
-float64 for the kernel's arithmetic (q in three bf16 parts: hi = bf16(x), mid = bf16(x - hi), lo =
-bf16(x - hi - mid); p in two) times exact bf16 K / V rows with float32 sums, next to the float32
-kernel's it replaced (stop 54) and to q in two parts (the GPU test's bound: 2e-5).
+gpu_core/attention_decode.cu; for a change to it, before a GPU runs the tests): one split of 64 cache
+rows for the G query heads of a KV head, with every warp's mma.m16n8k16 emulated lane by lane from PTX's
+fragment layouts (lane 4 g + q: A rows g, g + 8 at columns 2q, 2q + 1 and 2q + 8, 2q + 9; B column g at
+rows 2q, 2q + 1 and 2q + 8, 2q + 9; C rows g, g + 8 at columns 2q, 2q + 1). Exactly the loads, byte
+permutes and stores the kernel makes: Q's fragments in the order of a lane's 16-byte K pieces (dims 8q +
+32c .. + 7), the scores' C tile into shared memory, the probabilities into the output's B fragments
+(warp h, lane l: rows 2l, 2l + 1), and V^T as A from rows 2q, 2q + 1, 2q + 8, 2q + 9 of each 16-row step
+at the lane's dims. Rows past the context are zeros (K, V) and -inf (scores). Float64 there: that part
+checks where every value goes. Then the arithmetic: the relative L2 error of one head's output over 702
+rows against float64 for the kernel's arithmetic (q in three bf16 parts: hi = bf16(x), mid = bf16(x -
+hi), lo = bf16(x - hi - mid); p in two) times exact bf16 K / V rows with float32 sums, next to the
+float32 kernel's it replaced (stop 54) and to q in two parts (the GPU test's bound: 2e-5).
 Usage: python3 bench/dev/attn_mma_fragments.py
 """
 import numpy as np
