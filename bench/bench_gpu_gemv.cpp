@@ -515,6 +515,7 @@ BENCHMARK(BM_gemv_rows8)
     ->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_attention_decode)  // ctx, format, B, cache rows (0: ctx + 144)
     ->ArgsProduct({{512, 4096, 32768}, {0, 1, 2}, {1}, {0}})
+    ->Args({131072, 0, 1, 0})
     ->ArgsProduct({{4096}, {0}, {2, 4, 8}, {0}})
     ->ArgsProduct({{4096}, {0}, {1, 8}, {131072}})->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
 // A 4096-token prompt's two chunks of 2048 (the second attends to the first's 2048 cache rows too).
