@@ -7,8 +7,11 @@
 # launches after 20) for each tree of $NCU_TREES (default all). A patch NAME is bench/dev/NAME.patch, or
 # any path ending in .patch. For a change that lands, gpu_ab.sh's tests and end-to-end steps still apply.
 #
+# Keep KFILTER narrow: a tree's run of the three BM_moe_int4_decode cases took ~30 s on the H100 (stop 55),
+# and with the attention cases over 131,072-row caches in, ~150 s (stop 55: the call ran out of time).
+#
 # usage (device tool, carry [".deps", ".base"]):
-#   PATCHES="moe_order_downpre moe_gateup_dedup" KFILTER='BM_moe_int4_decode/8/[18]/1/32' bash scripts/gpu_kab.sh
+#   PATCHES="moe_gateup_dedup attn_combine_slices" KFILTER='BM_moe_int4_decode/8/[18]/1/32' bash scripts/gpu_kab.sh
 set -uo pipefail
 OUT="${OUT:-$PWD/kab-out}"; mkdir -p "$OUT"
 for f in .deps/*.deb; do dpkg -x "$f" /opt/deps; done
