@@ -23,8 +23,7 @@
 #   kbench   the kernel benchmarks (bench_gpu_gemv) matching $KFILTER: old, new, old, new
 #   ncu      Nsight Compute on the new tree's bench_gpu_gemv ($KFILTER), kernels matching $NCU_KERNELS
 #            (a regex), $NCU_COUNT launches after 20: duration, issue slots, L1 / DRAM / SM throughput,
-#            registers and warps an SM per kernel (the raw report: $OUT/ncu.txt); with $NCU_METRICS (ncu's
-#            --metrics list, e.g. dram__bytes_read.sum) those metrics of each launch too
+#            registers and warps an SM per kernel (the raw report: $OUT/ncu.txt)
 #   profile  nsys's kernel summary of the new tree's `tandem bench --batch $PBATCH` ($PSCENARIO, default
 #            gpu-all), when nsys is there: the kernels' total time, calls and share, largest first
 set -uo pipefail
@@ -187,11 +186,6 @@ for block in re.split(r"\n  (?=\S)", text)[1:]:
         vals.append(m.group(1) if m else "?")
     if any(v != "?" for v in vals): print("| %s | %s |" % (name, " | ".join(vals)))
 PY
-    if [ -n "${NCU_METRICS:-}" ]; then  # raw metrics too (e.g. dram__bytes_read.sum), per kernel launch
-      timeout "$(left)" "$ncu" --kernel-name "regex:${NCU_KERNELS:-.}" --launch-skip 20 --launch-count "${NCU_COUNT:-2}" --metrics "$NCU_METRICS" \
-        build-ab-new/bench/bench_gpu_gemv --benchmark_filter="${KFILTER:-.}" > "$OUT/ncu-metrics.txt" 2>&1
-      { echo; echo '```'; grep -E "^  [a-zA-Z_]|${NCU_METRICS//,/|}" "$OUT/ncu-metrics.txt" | grep -v "^  [A-Z]*$" | head -80; echo '```'; } >> "$summary"
-    fi
   fi
   echo >> "$summary"
 fi
