@@ -4,8 +4,9 @@
 # by side (sources in /tmp/ksrc-NAME, builds in build-k-NAME: a warm machine rebuilds only what changed),
 # then the benchmarks matching $KFILTER run for every tree, twice, interleaved; with $NCU_FILTER, Nsight
 # Compute's duration, DRAM bytes and L2 hit rate of the kernels matching $NCU_KERNELS ($NCU_COUNT
-# launches after 20) for each tree of $NCU_TREES (default all). A patch NAME is bench/dev/NAME.patch, or
-# any path ending in .patch. For a change that lands, gpu_ab.sh's tests and end-to-end steps still apply.
+# launches after 20) for each tree of $NCU_TREES (default all; this step has not run on the machine yet).
+# A patch NAME is bench/dev/NAME.patch, or any path ending in .patch. For a change that lands, gpu_ab.sh's
+# tests and end-to-end steps still apply.
 #
 # Keep KFILTER narrow: a tree's run of the three BM_moe_int4_decode cases took ~30 s on the H100 (stop 55),
 # and with the attention cases over 131,072-row caches in, ~150 s (stop 55: the call ran out of time).
@@ -21,7 +22,7 @@ b0=$(date +%s)
 name() { basename "$1" .patch; }
 for t in $trees; do
   (
-    t=$t; n=$(name "$t"); src=/tmp/ksrc-$n
+    n=$(name "$t"); src=/tmp/ksrc-$n
     rm -rf "$src.new"; cp -r .base "$src.new"
     if [ "$t" != base ]; then
       patch=$t; [[ "$patch" == *.patch ]] || patch=bench/dev/$t.patch
