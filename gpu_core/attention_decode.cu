@@ -362,25 +362,26 @@ __global__ void __launch_bounds__(kGroupWarps * 32, 3) attend_group_kernel(Atten
     }
   }
 }
-// One block per head: merge the splits (log-sum-exp) and apply the output gate. Thread (c, i) sums
-// output dimension i over the splits c, c + kCombineParts, ... (a quarter of the serial loads each),
-// and the parts meet in shared memory in order.
-constexpr int kCombineParts = 4;
+// One block per (head, token, slice of kCombineDims output dims): merge the splits (log-sum-exp) and
+// apply the output gate. Every block forms the splits' scales e^{m_s - m} and the sum l itself (a
+// thread a split, beside the scale); thread (c, i) sums dimension z kCombineDims + i over the
+// splits c, c + kCombineParts, ..., and the parts meet in shared memory in order. The slices put
+// hd / kCombineDims blocks on a head, so a long cache's partials (2 MB a head at 131,072 rows) cross
+// from L2 into as many SMs.
+constexpr int kCombineDims = 64, kCombineParts = 4;
 
-__global__ void __launch_bounds__(kCombineParts * 256) combine_kernel(AttentionDecodeArgs p, int splits) {
+__global__ void __launch_bounds__(kCombineDims * kCombineParts) combine_kernel(AttentionDecodeArgs p, int splits) {
   constexpr int kScaleChunk = 1024;  // splits whose scales are in shared memory at a time
-  __shared__ float red[kCombineParts * 256 / 32];
+  __shared__ float red[kCombineDims * kCombineParts / 32];
   __shared__ float scale[kScaleChunk];
-  __shared__ float sums[kCombineParts][256];
-  __shared__ float l_all;
-  const int h = blockIdx.x, t = blockIdx.y, hd = p.hd, i = threadIdx.x % 256, c = threadIdx.x / 256;  // hd <= 256
+  __shared__ float sums[kCombineParts][kCombineDims];
+  const int h = blockIdx.x, t = blockIdx.y, hd = p.hd, i = threadIdx.x % kCombineDims, c = threadIdx.x / kCombineDims;
+  const int dim = static_cast<int>(blockIdx.z) * kCombineDims + i;
   detail::pdl_enter();
   const int64_t th = static_cast<int64_t>(t) * p.nh + h;
   const float* part = p.partial + th * p.max_splits * (hd + 2);
   // The splits that hold context rows (the scoring blocks of the others left without writing).
   const int used = min(splits, (p.pos[t] + kChunk) / kChunk);
-  // The splits' scales e^{m_s - m} are formed once by the block (a thread a split) instead of by every
-  // thread for every dimension.
   float m = -INFINITY;
   for (int s = threadIdx.x; s < used; s += blockDim.x) m = fmaxf(m, part[s * (hd + 2) + hd]);
   m = block_max(m, red);
@@ -388,24 +389,27 @@ __global__ void __launch_bounds__(kCombineParts * 256) combine_kernel(AttentionD
   for (int s0 = 0; s0 < used; s0 += kScaleChunk) {
     const int n = min(kScaleChunk, used - s0);
     __syncthreads();  // the previous chunk's scales are read
-    for (int s = threadIdx.x; s < n; s += blockDim.x) scale[s] = expf(part[(s0 + s) * (hd + 2) + hd] - m);
+    for (int s = threadIdx.x; s < n; s += blockDim.x) {
+      const float* ml = part + (s0 + s) * (hd + 2) + hd;  // m_s, l_s
+      const float e = expf(ml[0] - m);
+      scale[s] = e;
+      l += ml[1] * e;
+    }
     __syncthreads();
-    if (threadIdx.x == 0)
-      for (int s = 0; s < n; ++s) l += part[(s0 + s) * (hd + 2) + hd + 1] * scale[s];
-    if (i < hd) {
+    if (dim < hd) {
 #pragma unroll 8
-      for (int s = c; s < n; s += kCombineParts) acc += part[(s0 + s) * (hd + 2) + i] * scale[s];
+      for (int s = c; s < n; s += kCombineParts) acc += part[(s0 + s) * (hd + 2) + dim] * scale[s];
     }
   }
+  l = block_sum(l, red);
   sums[c][i] = acc;
-  if (threadIdx.x == 0) l_all = l;
   __syncthreads();
-  if (c == 0 && i < hd) {
+  if (c == 0 && dim < hd) {
     float o = sums[0][i];
 #pragma unroll
     for (int j = 1; j < kCombineParts; ++j) o += sums[j][i];
-    const float gate = p.qg[th * 2 * hd + hd + i];
-    p.out[th * hd + i] = o / l_all / (1.0f + expf(-gate));
+    const float gate = p.qg[th * 2 * hd + hd + dim];
+    p.out[th * hd + dim] = o / l / (1.0f + expf(-gate));
   }
 }
 
@@ -620,7 +624,8 @@ cudaError_t attention_decode(const AttentionDecodeArgs& p, cudaStream_t stream) 
       case RowFormat::Fp8: err = launch_attend<RowFormat::Fp8>(p, splits, stream); break;
     }
   }
-  if (err == cudaSuccess) err = detail::launch(combine_kernel, dim3(p.nh, p.tokens), dim3(kCombineParts * 256), 0, stream, p, splits);
+  if (err == cudaSuccess) err = detail::launch(combine_kernel, dim3(p.nh, p.tokens, (p.hd + kCombineDims - 1) / kCombineDims),
+                                                   dim3(kCombineDims * kCombineParts), 0, stream, p, splits);
   return err;
 }
 
