@@ -8,8 +8,9 @@
 # A patch NAME is bench/dev/NAME.patch, or any path ending in .patch. For a change that lands, gpu_ab.sh's
 # tests and end-to-end steps still apply.
 #
-# Keep KFILTER narrow: a tree's run of the three BM_moe_int4_decode cases took ~30 s on the H100 (stop 55),
-# and with the attention cases over 131,072-row caches in, ~150 s (stop 55: the call ran out of time).
+# Keep KFILTER narrow: a tree's run of the three BM_moe_int4_decode cases takes ~30 s on the H100. A
+# benchmark that never prints has a hung kernel (stop 55's "slow" run was a candidate's hang): wrap the
+# call in `timeout`.
 #
 # usage (device tool, carry [".deps", ".base"]):
 #   PATCHES="moe_gateup_dedup attn_combine_slices" KFILTER='BM_moe_int4_decode/8/[18]/1/32' bash scripts/gpu_kab.sh
