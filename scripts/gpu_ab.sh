@@ -24,8 +24,10 @@
 #   ncu      Nsight Compute on the new tree's bench_gpu_gemv ($KFILTER), kernels matching $NCU_KERNELS
 #            (a regex), $NCU_COUNT launches after 20: duration, issue slots, L1 / DRAM / SM throughput,
 #            registers and warps an SM per kernel (the raw report: $OUT/ncu.txt)
-#   profile  nsys's kernel summary of the new tree's `tandem bench --batch $PBATCH` ($PSCENARIO, default
-#            gpu-all), when nsys is there: the kernels' total time, calls and share, largest first
+#   timeline where the new tree's decode step spends its time, kernel by kernel as the graph runs (CUPTI,
+#            bench/dev/kernel_timeline.cpp injected; the machine has no nsys): `tandem bench --batch B`
+#            for each B of $TBATCHES (default "1 8"), $TSCENARIO (default gpu-all); each kernel's calls,
+#            duration and the time it adds to the step (bench/dev/kernel_timeline.py)
 set -uo pipefail
 OUT="${OUT:-$PWD/gpu-ab-out}"
 mkdir -p "$OUT"
@@ -59,7 +61,7 @@ fi
 wait
 echo "builds: old rc $(cat "$OUT/build-old.rc"), new rc $(cat "$OUT/build-new.rc") in $(( $(date +%s) - b0 )) s" | tee -a "$summary"
 [ "$(cat "$OUT/build-old.rc")" = 0 ] && [ "$(cat "$OUT/build-new.rc")" = 0 ] || { tail -30 "$OUT"/build-*.log; exit 1; }
-OLD_T=build-ab-old/tandem NEW_T=build-ab-new/tandem
+OLD_T=build-ab-old/tandem NEW_T=build-ab-new/tandem here=$PWD
 
 if [[ "$steps" == *" ab "* ]]; then
   echo "## Logits, bit for bit (scripts/ab_logits.sh)" >> "$summary"
@@ -190,24 +192,25 @@ PY
   echo >> "$summary"
 fi
 
-if [[ "$steps" == *" profile "* ]]; then
+if [[ "$steps" == *" timeline "* ]]; then
   prepare_35b
-  nsys=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
-  echo "## Kernel profile: \`tandem bench --batch ${PBATCH:-8}\`, ${PSCENARIO:-gpu-all} (nsys: ${nsys:-not found})" >> "$summary"
-  if [ -n "$nsys" ]; then
-    read -r -a args <<< "$(scenario_args "${PSCENARIO:-gpu-all}")"
-    timeout "$(left)" "$nsys" profile -t cuda --cuda-graph-trace=node -o /tmp/prof -f true "$NEW_T" bench --model $m --prompt-len "$plen" \
-      --gen "$gen" --repeat 1 --warmup 8 --batch "${PBATCH:-8}" "${args[@]}" > "$OUT/profile.log" 2>&1
-    "$nsys" stats -q -r cuda_gpu_kern_sum -f csv -o /tmp/prof_k /tmp/prof.nsys-rep >> "$OUT/profile.log" 2>&1
-    python3 - /tmp/prof_k_cuda_gpu_kern_sum.csv >> "$summary" <<'PY'
-import csv, sys
-try: rows = list(csv.DictReader(open(sys.argv[1])))
-except Exception as e: print("no kernel summary: %s" % e); sys.exit()
-print("| share | total ms | calls | avg us | kernel |"); print("|---|---|---|---|---|")
-for r in rows[:30]:
-    print("| %s%% | %.2f | %s | %.1f | %s |" % (r["Time (%)"], float(r["Total Time (ns)"]) / 1e6, r["Instances"], float(r["Avg (ns)"]) / 1e3, r["Name"][:110]))
-PY
+  cuda=$(dirname "$(dirname "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)")")
+  cupti_lib=$(dirname "$(find "$cuda/" "$cuda/extras/CUPTI/" -name 'libcupti.so' 2>/dev/null | head -1)")
+  g++ -std=c++20 -O2 -shared -fPIC bench/dev/kernel_timeline.cpp -I"$cuda/include" -I"$cuda/extras/CUPTI/include" -L"$cupti_lib" -lcupti \
+    -Wl,-rpath,"$cupti_lib" -o /tmp/libkernel_timeline.so > "$OUT/timeline-build.log" 2>&1
+  echo "## Decode step timeline (CUPTI, bench/dev/kernel_timeline.cpp): \`tandem bench --batch B\`, ${TSCENARIO:-gpu-all}, new tree" >> "$summary"
+  if [ ! -f /tmp/libkernel_timeline.so ]; then
+    echo "the injection library did not build: $(tail -3 "$OUT/timeline-build.log")" >> "$summary"
   fi
+  for b in ${TBATCHES:-1 8}; do
+    [ -f /tmp/libkernel_timeline.so ] && [ "$(left)" -gt 40 ] || break
+    mkdir -p "$OUT/timeline-$b"
+    (cd "$OUT/timeline-$b" && CUDA_INJECTION64_PATH=/tmp/libkernel_timeline.so timeout "$(left)" "$here/$NEW_T" bench --model $m --prompt-len "$plen" \
+      --gen "$gen" --repeat 1 --warmup 8 --batch "$b" $(scenario_args "${TSCENARIO:-gpu-all}") > bench.txt 2> bench.log)
+    echo "### B = $b" >> "$summary"
+    python3 bench/dev/kernel_timeline.py "$OUT/timeline-$b/kernel_timeline.csv" >> "$summary" 2>&1
+    gzip -f "$OUT/timeline-$b/kernel_timeline.csv"
+  done
   echo >> "$summary"
 fi
 

@@ -1,0 +1,110 @@
+#!/usr/bin/env python3
+"""Where a captured decode step's time goes, from bench/dev/kernel_timeline.cpp's kernel_timeline.csv.
+
+Each CUDA graph replayed at least --min-steps times is taken as a step form (a batch size, a verification
+width); its replays are told apart by their nodes (a node seen twice starts the next replay), the first
+--skip of them dropped as warm-up. A step's wall time is its first kernel's start to its last kernel's end.
+Every kernel of the step's main stream (the one with the most kernels) is credited with the time it
+extends the step: its end less the end of the main-stream kernel before it (the first: less the step's
+start), so the credits sum to the step's wall time. Kernels of other streams (the shared expert beside the
+routed ones) are credited nothing: where one ends late, the main-stream kernel after the join carries the
+wait. A kernel's duration includes the time its blocks wait for the kernel before it (programmatic
+dependent launch starts them early), so the credit, not the duration, is what a faster kernel saves.
+
+usage: kernel_timeline.py kernel_timeline.csv [--min-steps 8] [--skip 2] [--top 25]
+"""
+import argparse
+import csv
+import statistics
+from collections import defaultdict
+
+
+def median(xs):
+    return statistics.median(xs) if xs else 0.0
+
+
+def steps_of(recs):
+    """A graph's records (sorted by start) cut into replays: a node seen again starts the next one."""
+    steps, cur, seen = [], [], set()
+    for r in recs:
+        if r["node"] in seen:
+            steps.append(cur)
+            cur, seen = [], set()
+        cur.append(r)
+        seen.add(r["node"])
+    if cur:
+        steps.append(cur)
+    return steps
+
+
+def credit(step):
+    """{kernel: ns the kernel extends the step along the main stream} and the step's wall ns."""
+    per_stream = defaultdict(int)
+    for r in step:
+        per_stream[r["stream"]] += 1
+    main_stream = max(per_stream, key=per_stream.get)
+    start, end = min(r["start"] for r in step), max(r["end"] for r in step)
+    got, last = defaultdict(int), start
+    for r in sorted((r for r in step if r["stream"] == main_stream), key=lambda r: r["end"]):
+        got[r["kernel"]] += r["end"] - last
+        last = r["end"]
+    got["(after the main stream's last kernel)"] += end - last
+    return got, end - start
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("csv")
+    ap.add_argument("--min-steps", type=int, default=8)
+    ap.add_argument("--skip", type=int, default=2)
+    ap.add_argument("--top", type=int, default=25)
+    a = ap.parse_args()
+    graphs = defaultdict(list)
+    with open(a.csv) as f:
+        for row in csv.DictReader(f):
+            r = {k: int(row[k]) for k in ("start_ns", "end_ns", "graph", "node", "stream", "blocks", "threads")}
+            r["start"], r["end"], r["kernel"] = r.pop("start_ns"), r.pop("end_ns"), row["kernel"]
+            if r["graph"]:
+                graphs[r["graph"]].append(r)
+    if not graphs:
+        print("no graph-launched kernels in %s" % a.csv)
+        return
+    for g, recs in sorted(graphs.items()):
+        recs.sort(key=lambda r: r["start"])
+        steps = steps_of(recs)[a.skip:]
+        if len(steps) < a.min_steps:
+            continue
+        walls, credits, durs, calls = [], defaultdict(list), defaultdict(list), defaultdict(list)
+        gaps = [nxt[0]["start"] - max(r["end"] for r in cur) for cur, nxt in zip(steps, steps[1:])]
+        for s in steps:
+            got, wall = credit(s)
+            walls.append(wall)
+            n = defaultdict(int)
+            for r in s:
+                durs[r["kernel"]].append(r["end"] - r["start"])
+                n[r["kernel"]] += 1
+            for k in set(n) | set(got):
+                credits[k].append(got.get(k, 0))
+                calls[k].append(n.get(k, 0))
+        wall = median(walls)
+        total_dur = median([sum(r["end"] - r["start"] for r in s) for s in steps])
+        print("## Graph %d: %d replays of %d kernels; step %.1f us (median; %.1f-%.1f), kernels' durations summed %.1f us;"
+              " %.1f us from a step's last kernel to the next step's first (median)\n"
+              % (g, len(steps), len(steps[0]), wall / 1e3, min(walls) / 1e3, max(walls) / 1e3, total_dur / 1e3, median(gaps) / 1e3))
+        print("| kernel | calls a step | duration us (median) | credited us a step | share of the step |")
+        print("|---|---:|---:|---:|---:|")
+        rows = sorted(credits, key=lambda k: -median(credits[k]))
+        shown = 0.0
+        rows = [k for k in rows if median(credits[k]) or median(calls[k])]
+        for k in rows[: a.top]:
+            c = median(credits[k])
+            shown += c
+            print("| %s | %d | %.2f | %.1f | %.1f%% |" % (k[:100], round(median(calls[k])), median(durs[k]) / 1e3 if durs[k] else 0, c / 1e3, 100 * c / wall))
+        rest = sum(median(credits[k]) for k in rows[a.top:])
+        if rest:
+            print("| (%d more kernels) | | | %.1f | %.1f%% |" % (len(rows) - a.top, rest / 1e3, 100 * rest / wall))
+        print()
+
+
+if __name__ == "__main__":
+    main()
