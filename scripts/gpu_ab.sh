@@ -23,7 +23,8 @@
 #   kbench   the kernel benchmarks (bench_gpu_gemv) matching $KFILTER: old, new, old, new
 #   ncu      Nsight Compute on the new tree's bench_gpu_gemv ($KFILTER), kernels matching $NCU_KERNELS
 #            (a regex), $NCU_COUNT launches after 20: duration, issue slots, L1 / DRAM / SM throughput,
-#            registers and warps an SM per kernel (the raw report: $OUT/ncu.txt)
+#            registers, warps an SM and the four largest warp-stall reasons per kernel (the raw report:
+#            $OUT/ncu.txt)
 #   timeline where the new tree's decode step spends its time, kernel by kernel as the graph runs (CUPTI,
 #            bench/dev/kernel_timeline.cpp injected; the machine has no nsys): `tandem bench --batch B`
 #            for each B of $TBATCHES (default "1 8"), $TSCENARIO (default gpu-all); each kernel's calls,
@@ -173,20 +174,24 @@ if [[ "$steps" == *" ncu "* ]]; then
   if [ -n "$ncu" ]; then
     timeout "$(left)" "$ncu" --kernel-name "regex:${NCU_KERNELS:-.}" --launch-skip 20 --launch-count "${NCU_COUNT:-2}" --section SpeedOfLight \
       --section SchedulerStats --section WarpStateStats --section Occupancy --section LaunchStats \
+      --metrics 'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio' \
       build-ab-new/bench/bench_gpu_gemv --benchmark_filter="${KFILTER:-.}" > "$OUT/ncu.txt" 2>&1
     python3 - "$OUT/ncu.txt" >> "$summary" <<'PY'
 import re, sys
 text = open(sys.argv[1]).read()
 keys = [("Duration", "us"), ("Issued Warp Per Scheduler", "issue"), ("L1/TEX Cache Throughput", "L1 %"), ("DRAM Throughput", "DRAM %"),
         ("Compute (SM) Throughput", "SM %"), ("Registers Per Thread", "regs"), ("Achieved Active Warps Per SM", "warps/SM")]
-print("| kernel | " + " | ".join(k[1] for k in keys) + " |"); print("|---" * (len(keys) + 1) + "|")
+print("| kernel | " + " | ".join(k[1] for k in keys) + " | top stalls (warp cycles an issued instruction) |"); print("|---" * (len(keys) + 2) + "|")
 for block in re.split(r"\n  (?=\S)", text)[1:]:
     name = block.split("(")[0].split("::")[-1].strip()[:60]
     vals = []
     for k, _ in keys:
         m = re.search(re.escape(k) + r"\s+\S*\s+([\d.,]+)", block)
         vals.append(m.group(1) if m else "?")
-    if any(v != "?" for v in vals): print("| %s | %s |" % (name, " | ".join(vals)))
+    stalls = sorted(((float(v.replace(",", "")), r) for r, v in
+                     re.findall(r"smsp__average_warps_issue_stalled_(\w+?)_per_issue_active\.ratio\s+\S+\s+([\d.,]+)", block)), reverse=True)
+    top = ", ".join("%s %.2f" % (r, v) for v, r in stalls[:4]) or "?"
+    if any(v != "?" for v in vals): print("| %s | %s | %s |" % (name, " | ".join(vals), top))
 PY
   fi
   echo >> "$summary"
