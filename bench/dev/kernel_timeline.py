@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Where a captured decode step's time goes, from bench/dev/kernel_timeline.cpp's kernel_timeline.csv.
 
-Each CUDA graph replayed at least --min-steps times is taken as a step form (a batch size, a verification
-width); its replays are told apart by their nodes (a node seen twice starts the next replay), the first
---skip of them dropped as warm-up. A step's wall time is its first kernel's start to its last kernel's end.
+A step is one replay of a CUDA graph: its kernels share the graph launch's correlation id (where CUPTI
+gives none, a node seen twice starts the graph's next replay). Steps of the same graph and kernel count
+are one step form (a batch size, a verification width); a form replayed at least --min-steps times is
+reported, its first --skip replays dropped as warm-up. A step's wall time is its first kernel's start to its last kernel's end.
 Every kernel of the step's main stream (the one with the most kernels) is credited with the time it
 extends the step: its end less the end of the main-stream kernel before it (the first: less the step's
 start), so the credits sum to the step's wall time. Kernels of other streams (the shared expert beside the
@@ -24,7 +25,13 @@ def median(xs):
 
 
 def steps_of(recs):
-    """A graph's records (sorted by start) cut into replays: a node seen again starts the next one."""
+    """A graph's records (sorted by start) cut into replays: by the launch's correlation id, else a node
+    seen again starts the next replay."""
+    if len({r["correlation"] for r in recs}) > 1:
+        by_launch = defaultdict(list)
+        for r in recs:
+            by_launch[r["correlation"]].append(r)
+        return sorted(by_launch.values(), key=lambda s: s[0]["start"])
     steps, cur, seen = [], [], set()
     for r in recs:
         if r["node"] in seen:
@@ -62,35 +69,41 @@ def main():
     graphs = defaultdict(list)
     with open(a.csv) as f:
         for row in csv.DictReader(f):
-            r = {k: int(row[k]) for k in ("start_ns", "end_ns", "graph", "node", "stream", "blocks", "threads")}
+            r = {k: int(row[k]) for k in ("start_ns", "end_ns", "graph", "node", "stream", "correlation", "blocks", "threads")}
             r["start"], r["end"], r["kernel"] = r.pop("start_ns"), r.pop("end_ns"), row["kernel"]
             if r["graph"]:
                 graphs[r["graph"]].append(r)
     if not graphs:
         print("no graph-launched kernels in %s" % a.csv)
         return
-    for g, recs in sorted(graphs.items()):
+    forms = defaultdict(list)
+    for g, recs in graphs.items():
         recs.sort(key=lambda r: r["start"])
-        steps = steps_of(recs)[a.skip:]
+        for s in steps_of(recs):
+            forms[(g, len(s))].append(s)
+    shown_any = False
+    for (g, n), steps in sorted(forms.items()):
+        steps = steps[a.skip:]
         if len(steps) < a.min_steps:
             continue
+        shown_any = True
         walls, credits, durs, calls = [], defaultdict(list), defaultdict(list), defaultdict(list)
         gaps = [nxt[0]["start"] - max(r["end"] for r in cur) for cur, nxt in zip(steps, steps[1:])]
         for s in steps:
             got, wall = credit(s)
             walls.append(wall)
-            n = defaultdict(int)
+            cnt = defaultdict(int)
             for r in s:
                 durs[r["kernel"]].append(r["end"] - r["start"])
-                n[r["kernel"]] += 1
-            for k in set(n) | set(got):
+                cnt[r["kernel"]] += 1
+            for k in set(cnt) | set(got):
                 credits[k].append(got.get(k, 0))
-                calls[k].append(n.get(k, 0))
+                calls[k].append(cnt.get(k, 0))
         wall = median(walls)
         total_dur = median([sum(r["end"] - r["start"] for r in s) for s in steps])
         print("## Graph %d: %d replays of %d kernels; step %.1f us (median; %.1f-%.1f), kernels' durations summed %.1f us;"
               " %.1f us from a step's last kernel to the next step's first (median)\n"
-              % (g, len(steps), len(steps[0]), wall / 1e3, min(walls) / 1e3, max(walls) / 1e3, total_dur / 1e3, median(gaps) / 1e3))
+              % (g, len(steps), n, wall / 1e3, min(walls) / 1e3, max(walls) / 1e3, total_dur / 1e3, median(gaps) / 1e3))
         print("| kernel | calls a step | duration us (median) | credited us a step | share of the step |")
         print("|---|---:|---:|---:|---:|")
         rows = sorted(credits, key=lambda k: -median(credits[k]))
@@ -104,6 +117,10 @@ def main():
         if rest:
             print("| (%d more kernels) | | | %.1f | %.1f%% |" % (len(rows) - a.top, rest / 1e3, 100 * rest / wall))
         print()
+
+    if not shown_any:
+        print("no step form replayed %d times or more (forms: %s)" % (a.min_steps + a.skip, ", ".join(
+            "graph %d x %d kernels: %d" % (g, n, len(v)) for (g, n), v in sorted(forms.items()))))
 
 
 if __name__ == "__main__":
