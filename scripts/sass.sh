@@ -23,9 +23,20 @@ mkdir -p "$out"
 obj="$out/$(basename "$src" .cu).$arch.o"
 "$nvcc" -std=c++20 --expt-relaxed-constexpr -O3 -I"$here" -I"$here/runtime" -arch="$arch" -Xptxas -v -c "$here/$src" -o "$obj" 2> "$out/ptxas.txt"
 python3 - "$out/ptxas.txt" "$regex" <<'PY'
-import re, sys
+import re, subprocess, sys
+def short(mangled):  # the demangled name without return type, namespaces and arguments (template arguments kept)
+    plain = subprocess.run(["c++filt", mangled], capture_output=True, text=True).stdout.strip() or mangled
+    plain = plain.replace("(anonymous namespace)::", "")
+    if plain.endswith(")"):  # cut the argument list: the parenthesis that matches the last
+        depth = 0
+        for i in range(len(plain) - 1, -1, -1):
+            depth += {")": 1, "(": -1}.get(plain[i], 0)
+            if depth == 0:
+                plain = plain[:i]
+                break
+    return re.sub(r"\b\w+::", "", re.sub(r"^void ", "", plain))
 name = None
-print("| kernel (mangled) | registers | stack B | spill stores / loads B |")
+print("| kernel | registers | stack B | spill stores / loads B |")
 print("|---|---:|---:|---|")
 for line in open(sys.argv[1]):
     m = re.search(r"Compiling entry function '([^']+)'", line)
@@ -34,11 +45,22 @@ for line in open(sys.argv[1]):
     if m and name: frame = m.groups(); continue
     m = re.search(r"Used (\d+) registers", line)
     if m and name and re.search(sys.argv[2], name):
-        print("| %s | %s | %s | %s / %s |" % (name[:110], m.group(1), frame[0], frame[1], frame[2])); name = None
+        print("| %s | %s | %s | %s / %s |" % (short(name), m.group(1), frame[0], frame[1], frame[2])); name = None
 PY
 cuobjdump -sass "$obj" > "$out/all.sass"
 python3 - "$out/all.sass" "$regex" "$out" <<'PY'
-import collections, re, sys
+import collections, re, subprocess, sys
+def short(mangled):
+    plain = subprocess.run(["c++filt", mangled], capture_output=True, text=True).stdout.strip() or mangled
+    plain = plain.replace("(anonymous namespace)::", "")
+    if plain.endswith(")"):  # cut the argument list: the parenthesis that matches the last
+        depth = 0
+        for i in range(len(plain) - 1, -1, -1):
+            depth += {")": 1, "(": -1}.get(plain[i], 0)
+            if depth == 0:
+                plain = plain[:i]
+                break
+    return re.sub(r"\b\w+::", "", re.sub(r"^void ", "", plain))
 text, regex, out = open(sys.argv[1]).read(), sys.argv[2], sys.argv[3]
 groups = {"global loads": r"^LDG", "global stores": r"^(STG|RED|ATOM)", "shared": r"^(LDS|STS|LDSM)", "local (spills)": r"^(LDL|STL)",
           "barriers": r"^(BAR|WARPSYNC)", "shuffles/votes": r"^(SHFL|VOTE|MATCH|REDUX)", "tensor core": r"^(HMMA|IMMA|HGMMA)",
@@ -49,6 +71,6 @@ for fn, body in re.findall(r"Function : (\S+)\n(.*?)(?=\n\s*Function : |\Z)", te
     base = collections.Counter(o.split(".")[0] for o in ops)
     mix = {g: sum(n for o, n in base.items() if re.match(p, o)) for g, p in groups.items()}
     open("%s/%s.sass" % (out, fn[:150]), "w").write(body)
-    print("\n%s: %d instructions; %s" % (fn[:110], len(ops), ", ".join("%s %d" % (g, n) for g, n in mix.items() if n)))
+    print("\n%s: %d instructions; %s" % (short(fn), len(ops), ", ".join("%s %d" % (g, n) for g, n in mix.items() if n)))
 PY
 echo "(listings: $out/<mangled name>.sass)"
