@@ -22,8 +22,10 @@ export PATH="$tools/bin:$PATH"
 mkdir -p "$out"
 obj="$out/$(basename "$src" .cu).$arch.o"
 "$nvcc" -std=c++20 --expt-relaxed-constexpr -O3 -I"$here" -I"$here/runtime" -arch="$arch" -Xptxas -v -c "$here/$src" -o "$obj" 2> "$out/ptxas.txt"
-python3 - "$out/ptxas.txt" "$regex" <<'PY'
-import re, subprocess, sys
+cuobjdump -sass "$obj" > "$out/all.sass"
+python3 - "$out" "$regex" <<'PY'
+import collections, re, subprocess, sys
+out, regex = sys.argv[1], sys.argv[2]
 def short(mangled):  # the demangled name without return type, namespaces and arguments (template arguments kept)
     plain = subprocess.run(["c++filt", mangled], capture_output=True, text=True).stdout.strip() or mangled
     plain = plain.replace("(anonymous namespace)::", "")
@@ -35,37 +37,23 @@ def short(mangled):  # the demangled name without return type, namespaces and ar
                 plain = plain[:i]
                 break
     return re.sub(r"\b\w+::", "", re.sub(r"^void ", "", plain))
+# ptxas: registers, stack and spills a kernel
 name = None
 print("| kernel | registers | stack B | spill stores / loads B |")
 print("|---|---:|---:|---|")
-for line in open(sys.argv[1]):
+for line in open(out + "/ptxas.txt"):
     m = re.search(r"Compiling entry function '([^']+)'", line)
     if m: name = m.group(1); continue
     m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line)
     if m and name: frame = m.groups(); continue
     m = re.search(r"Used (\d+) registers", line)
-    if m and name and re.search(sys.argv[2], name):
+    if m and name and re.search(regex, name):
         print("| %s | %s | %s | %s / %s |" % (short(name), m.group(1), frame[0], frame[1], frame[2])); name = None
-PY
-cuobjdump -sass "$obj" > "$out/all.sass"
-python3 - "$out/all.sass" "$regex" "$out" <<'PY'
-import collections, re, subprocess, sys
-def short(mangled):
-    plain = subprocess.run(["c++filt", mangled], capture_output=True, text=True).stdout.strip() or mangled
-    plain = plain.replace("(anonymous namespace)::", "")
-    if plain.endswith(")"):  # cut the argument list: the parenthesis that matches the last
-        depth = 0
-        for i in range(len(plain) - 1, -1, -1):
-            depth += {")": 1, "(": -1}.get(plain[i], 0)
-            if depth == 0:
-                plain = plain[:i]
-                break
-    return re.sub(r"\b\w+::", "", re.sub(r"^void ", "", plain))
-text, regex, out = open(sys.argv[1]).read(), sys.argv[2], sys.argv[3]
+# SASS: the instruction mix a kernel, and its listing
 groups = {"global loads": r"^LDG", "global stores": r"^(STG|RED|ATOM)", "shared": r"^(LDS|STS|LDSM)", "local (spills)": r"^(LDL|STL)",
           "barriers": r"^(BAR|WARPSYNC)", "shuffles/votes": r"^(SHFL|VOTE|MATCH|REDUX)", "tensor core": r"^(HMMA|IMMA|HGMMA)",
           "integer dot": r"^(IDP|IDP4A)", "fp32": r"^(FFMA|FADD|FMUL|FMNMX|MUFU)", "int/logic": r"^(IMAD|IADD|LOP|SHF|LEA|PRMT|ISETP|SEL|I2F|F2I|F2F)"}
-for fn, body in re.findall(r"Function : (\S+)\n(.*?)(?=\n\s*Function : |\Z)", text, re.S):
+for fn, body in re.findall(r"Function : (\S+)\n(.*?)(?=\n\s*Function : |\Z)", open(out + "/all.sass").read(), re.S):
     if not re.search(regex, fn): continue
     ops = [m.group(1) for m in re.finditer(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", body)]
     base = collections.Counter(o.split(".")[0] for o in ops)
