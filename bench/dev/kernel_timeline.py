@@ -12,7 +12,11 @@ routed ones) are credited nothing: where one ends late, the main-stream kernel a
 wait. A kernel's duration includes the time its blocks wait for the kernel before it (programmatic
 dependent launch starts them early), so the credit, not the duration, is what a faster kernel saves.
 
-usage: kernel_timeline.py kernel_timeline.csv [--min-steps 8] [--skip 2] [--top 25]
+Then the median step's main-stream kernels from the --seq-from-th on, --seq of them, in order: each one's
+start against the end of the one before (negative: it started early, a programmatic launch), duration
+and credit, so a layer's chain reads kernel by kernel.
+
+usage: kernel_timeline.py kernel_timeline.csv [--min-steps 8] [--skip 2] [--top 25] [--seq 24] [--seq-from 40]
 """
 import argparse
 import csv
@@ -65,6 +69,8 @@ def main():
     ap.add_argument("--min-steps", type=int, default=8)
     ap.add_argument("--skip", type=int, default=2)
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--seq", type=int, default=24)
+    ap.add_argument("--seq-from", type=int, default=40)
     a = ap.parse_args()
     graphs = defaultdict(list)
     with open(a.csv) as f:
@@ -106,17 +112,28 @@ def main():
               % (g, len(steps), n, wall / 1e3, min(walls) / 1e3, max(walls) / 1e3, total_dur / 1e3, median(gaps) / 1e3))
         print("| kernel | calls a step | duration us (median) | credited us a step | share of the step |")
         print("|---|---:|---:|---:|---:|")
-        rows = sorted(credits, key=lambda k: -median(credits[k]))
-        shown = 0.0
-        rows = [k for k in rows if median(credits[k]) or median(calls[k])]
+        rows = [k for k in sorted(credits, key=lambda k: -median(credits[k])) if median(credits[k]) or median(calls[k])]
         for k in rows[: a.top]:
             c = median(credits[k])
-            shown += c
             print("| %s | %d | %.2f | %.1f | %.1f%% |" % (k[:100], round(median(calls[k])), median(durs[k]) / 1e3 if durs[k] else 0, c / 1e3, 100 * c / wall))
         rest = sum(median(credits[k]) for k in rows[a.top:])
         if rest:
             print("| (%d more kernels) | | | %.1f | %.1f%% |" % (len(rows) - a.top, rest / 1e3, 100 * rest / wall))
         print()
+        if a.seq > 0:
+            mid = sorted(steps, key=lambda s: credit(s)[1])[len(steps) // 2]
+            per_stream = defaultdict(int)
+            for r in mid:
+                per_stream[r["stream"]] += 1
+            chain = sorted((r for r in mid if r["stream"] == max(per_stream, key=per_stream.get)), key=lambda r: r["end"])
+            print("The median step's main-stream kernels %d.. in order (us):\n" % a.seq_from)
+            print("| # | kernel | start - previous end | duration | credit | blocks x threads |")
+            print("|---:|---|---:|---:|---:|---|")
+            for i in range(a.seq_from, min(len(chain), a.seq_from + a.seq)):
+                r, prev_end = chain[i], chain[i - 1]["end"] if i else min(x["start"] for x in mid)
+                print("| %d | %s | %.2f | %.2f | %.2f | %d x %d |" % (i, r["kernel"][:80], (r["start"] - prev_end) / 1e3, (r["end"] - r["start"]) / 1e3,
+                                                                  (r["end"] - prev_end) / 1e3, r["blocks"], r["threads"]))
+            print()
 
     if not shown_any:
         print("no step form replayed %d times or more (forms: %s)" % (a.min_steps + a.skip, ", ".join(
