@@ -21,7 +21,7 @@ usage: kernel_timeline.py kernel_timeline.csv [--min-steps 8] [--skip 2] [--top 
 import argparse
 import csv
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 
 def median(xs):
@@ -48,15 +48,17 @@ def steps_of(recs):
     return steps
 
 
+def main_chain(step):
+    """The step's kernels on its main stream (the one with the most), by end."""
+    main_stream = Counter(r["stream"] for r in step).most_common(1)[0][0]
+    return sorted((r for r in step if r["stream"] == main_stream), key=lambda r: r["end"])
+
+
 def credit(step):
     """{kernel: ns the kernel extends the step along the main stream} and the step's wall ns."""
-    per_stream = defaultdict(int)
-    for r in step:
-        per_stream[r["stream"]] += 1
-    main_stream = max(per_stream, key=per_stream.get)
     start, end = min(r["start"] for r in step), max(r["end"] for r in step)
     got, last = defaultdict(int), start
-    for r in sorted((r for r in step if r["stream"] == main_stream), key=lambda r: r["end"]):
+    for r in main_chain(step):
         got[r["kernel"]] += r["end"] - last
         last = r["end"]
     got["(after the main stream's last kernel)"] += end - last
@@ -121,11 +123,8 @@ def main():
             print("| (%d more kernels) | | | %.1f | %.1f%% |" % (len(rows) - a.top, rest / 1e3, 100 * rest / wall))
         print()
         if a.seq > 0:
-            mid = sorted(steps, key=lambda s: credit(s)[1])[len(steps) // 2]
-            per_stream = defaultdict(int)
-            for r in mid:
-                per_stream[r["stream"]] += 1
-            chain = sorted((r for r in mid if r["stream"] == max(per_stream, key=per_stream.get)), key=lambda r: r["end"])
+            mid = steps[sorted(range(len(steps)), key=walls.__getitem__)[len(steps) // 2]]
+            chain = main_chain(mid)
             print("The median step's main-stream kernels %d.. in order (us):\n" % a.seq_from)
             print("| # | kernel | start - previous end | duration | credit | blocks x threads |")
             print("|---:|---|---:|---:|---:|---|")
