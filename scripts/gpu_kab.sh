@@ -13,7 +13,7 @@
 # call in `timeout`.
 #
 # usage (device tool, carry [".deps", ".base"]):
-#   PATCHES="moe_prefetch_next_wave moe_prefetch_both" KFILTER='BM_moe_int4_decode/8/[128]/1/32' timeout 250 bash scripts/gpu_kab.sh
+#   PATCHES=attn_prefetch_next_wave KFILTER='BM_attention_decode/4096/0/8/0/' timeout 250 bash scripts/gpu_kab.sh
 set -uo pipefail
 OUT="${OUT:-$PWD/kab-out}"; mkdir -p "$OUT"
 for f in .deps/*.deb; do dpkg -x "$f" /opt/deps; done
