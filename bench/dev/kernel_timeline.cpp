@@ -45,13 +45,16 @@ bool cupti_ok(CUptiResult r, const char* what) {
   return false;
 }
 
-// The demangled name up to its argument list (template arguments kept: they tell the variants apart).
+// The demangled name up to its argument list, without `void ` and anonymous namespaces (template
+// arguments kept: they tell the variants apart).
 std::string kernel_name(const char* mangled) {
   if (!mangled) return "?";
   int status = 0;
   char* plain = abi::__cxa_demangle(mangled, nullptr, nullptr, &status);
   std::string s = status == 0 && plain ? plain : mangled;
   std::free(plain);
+  for (size_t a; (a = s.find("(anonymous namespace)::")) != std::string::npos;) s.erase(a, 23);
+  if (s.rfind("void ", 0) == 0) s.erase(0, 5);
   if (const size_t paren = s.find('('); paren != std::string::npos) s.resize(paren);
   for (char& c : s)
     if (c == ',') c = ';';  // one CSV field

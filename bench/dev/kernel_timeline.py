@@ -4,24 +4,25 @@
 A step is one replay of a CUDA graph: its kernels share the graph launch's correlation id (where CUPTI
 gives none, a node seen twice starts the graph's next replay). Steps of the same graph and kernel count
 are one step form (a batch size, a verification width); a form replayed at least --min-steps times is
-reported, its first --skip replays dropped as warm-up. A step's wall time is its first kernel's start to its last kernel's end.
-Every kernel of the step's main stream (the one with the most kernels) is credited with the time it
-extends the step: its end less the end of the main-stream kernel before it (the first: less the step's
-start), so the credits sum to the step's wall time. Kernels of other streams (the shared expert beside the
-routed ones) are credited nothing: where one ends late, the main-stream kernel after the join carries the
-wait. A kernel's duration includes the time its blocks wait for the kernel before it (programmatic
-dependent launch starts them early), so the credit, not the duration, is what a faster kernel saves.
+reported, its first --skip replays dropped as warm-up. A step's wall time is its first kernel's start to
+its last kernel's end. A kernel is named with its launch shape (blocks x threads), which tells apart the
+GEMVs of different matrices. Every kernel is credited with the time it extends the step's frontier (its
+end less the latest end of the kernels that ended before it; nothing when it ends inside that), so the
+credits sum to the step's wall time. A graph's kernels run on streams of the driver's choosing (a stream
+id says nothing of the chain), hence the frontier rather than a main stream. A kernel's duration
+includes the time its blocks wait for the kernel before it (programmatic dependent launch starts them
+early), so the credit, not the duration, is what a faster kernel saves.
 
-Then the median step's main-stream kernels from the --seq-from-th on, --seq of them, in order: each one's
-start against the end of the one before (negative: it started early, a programmatic launch), duration
-and credit, so a layer's chain reads kernel by kernel.
+Then the median step's kernels from the --seq-from-th on, --seq of them, in the order they start: each
+one's start against the frontier so far (negative: it started early, a programmatic launch or a kernel
+beside the chain), duration and credit, so a layer's chain reads kernel by kernel.
 
 usage: kernel_timeline.py kernel_timeline.csv [--min-steps 8] [--skip 2] [--top 25] [--seq 24] [--seq-from 40]
 """
 import argparse
 import csv
 import statistics
-from collections import Counter, defaultdict
+from collections import defaultdict
 
 
 def median(xs):
@@ -48,21 +49,19 @@ def steps_of(recs):
     return steps
 
 
-def main_chain(step):
-    """The step's kernels on its main stream (the one with the most), by end."""
-    main_stream = Counter(r["stream"] for r in step).most_common(1)[0][0]
-    return sorted((r for r in step if r["stream"] == main_stream), key=lambda r: r["end"])
+def label(r):
+    return "%s [%d x %d]" % (r["kernel"], r["blocks"], r["threads"])
 
 
 def credit(step):
-    """{kernel: ns the kernel extends the step along the main stream} and the step's wall ns."""
-    start, end = min(r["start"] for r in step), max(r["end"] for r in step)
-    got, last = defaultdict(int), start
-    for r in main_chain(step):
-        got[r["kernel"]] += r["end"] - last
-        last = r["end"]
-    got["(after the main stream's last kernel)"] += end - last
-    return got, end - start
+    """{kernel label: ns the kernel extends the step's frontier} and the step's wall ns."""
+    start = min(r["start"] for r in step)
+    got, front = defaultdict(int), start
+    for r in sorted(step, key=lambda r: r["end"]):
+        if r["end"] > front:
+            got[label(r)] += r["end"] - front
+            front = r["end"]
+    return got, front - start
 
 
 def main():
@@ -102,8 +101,8 @@ def main():
             walls.append(wall)
             cnt = defaultdict(int)
             for r in s:
-                durs[r["kernel"]].append(r["end"] - r["start"])
-                cnt[r["kernel"]] += 1
+                durs[label(r)].append(r["end"] - r["start"])
+                cnt[label(r)] += 1
             for k in set(cnt) | set(got):
                 credits[k].append(got.get(k, 0))
                 calls[k].append(cnt.get(k, 0))
@@ -117,21 +116,23 @@ def main():
         rows = [k for k in sorted(credits, key=lambda k: -median(credits[k])) if median(credits[k]) or median(calls[k])]
         for k in rows[: a.top]:
             c = median(credits[k])
-            print("| %s | %d | %.2f | %.1f | %.1f%% |" % (k[:100], round(median(calls[k])), median(durs[k]) / 1e3 if durs[k] else 0, c / 1e3, 100 * c / wall))
+            print("| %s | %d | %.2f | %.1f | %.1f%% |" % (k[:110], round(median(calls[k])), median(durs[k]) / 1e3 if durs[k] else 0, c / 1e3, 100 * c / wall))
         rest = sum(median(credits[k]) for k in rows[a.top:])
         if rest:
             print("| (%d more kernels) | | | %.1f | %.1f%% |" % (len(rows) - a.top, rest / 1e3, 100 * rest / wall))
         print()
         if a.seq > 0:
             mid = steps[sorted(range(len(steps)), key=walls.__getitem__)[len(steps) // 2]]
-            chain = main_chain(mid)
-            print("The median step's main-stream kernels %d.. in order (us):\n" % a.seq_from)
-            print("| # | kernel | start - previous end | duration | credit | blocks x threads |")
-            print("|---:|---|---:|---:|---:|---|")
-            for i in range(a.seq_from, min(len(chain), a.seq_from + a.seq)):
-                r, prev_end = chain[i], chain[i - 1]["end"] if i else min(x["start"] for x in mid)
-                print("| %d | %s | %.2f | %.2f | %.2f | %d x %d |" % (i, r["kernel"][:80], (r["start"] - prev_end) / 1e3, (r["end"] - r["start"]) / 1e3,
-                                                                  (r["end"] - prev_end) / 1e3, r["blocks"], r["threads"]))
+            chain = sorted(mid, key=lambda r: r["start"])
+            print("The median step's kernels %d.. in the order they start (us):\n" % a.seq_from)
+            print("| # | kernel | start - frontier | duration | credit |")
+            print("|---:|---|---:|---:|---:|")
+            front = chain[0]["start"]
+            for i, r in enumerate(chain):
+                if a.seq_from <= i < a.seq_from + a.seq:
+                    print("| %d | %s | %.2f | %.2f | %.2f |" % (i, label(r)[:90], (r["start"] - front) / 1e3, (r["end"] - r["start"]) / 1e3,
+                                                             max(0, r["end"] - front) / 1e3))
+                front = max(front, r["end"])
             print()
 
     if not shown_any:
