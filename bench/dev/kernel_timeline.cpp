@@ -55,7 +55,15 @@ std::string kernel_name(const char* mangled) {
   std::free(plain);
   for (size_t a; (a = s.find("(anonymous namespace)::")) != std::string::npos;) s.erase(a, 23);
   if (s.rfind("void ", 0) == 0) s.erase(0, 5);
-  if (const size_t paren = s.find('('); paren != std::string::npos) s.resize(paren);
+  int depth = 0;  // the argument list: the first '(' outside template arguments (`(RowFormat)0` is inside)
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '<') ++depth;
+    else if (s[i] == '>') --depth;
+    else if (s[i] == '(' && depth == 0) {
+      s.resize(i);
+      break;
+    }
+  }
   for (char& c : s)
     if (c == ',') c = ';';  // one CSV field
   return s;
