@@ -13,7 +13,7 @@
 # call in `timeout`.
 #
 # usage (device tool, carry [".deps", ".base"]):
-#   PATCHES=attn_prefetch_next_wave KFILTER='BM_attention_decode/4096/0/8/0/' timeout 250 bash scripts/gpu_kab.sh
+#   PATCHES="NAME ..." KFILTER='BM_attention_decode/4096/0/8/0/' timeout 250 bash scripts/gpu_kab.sh   (NAME: bench/dev/NAME.patch)
 set -uo pipefail
 OUT="${OUT:-$PWD/kab-out}"; mkdir -p "$OUT"
 for f in .deps/*.deb; do dpkg -x "$f" /opt/deps; done
