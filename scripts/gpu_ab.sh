@@ -201,6 +201,7 @@ if [[ "$steps" == *" timeline "* ]]; then
   prepare_35b
   cuda=$(dirname "$(dirname "$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)")")
   cupti_lib=$(dirname "$(find "$cuda/" "$cuda/extras/CUPTI/" -name 'libcupti.so' 2>/dev/null | head -1)")
+  rm -f /tmp/libkernel_timeline.so  # a warm machine's earlier build is not this tree's
   g++ -std=c++20 -O2 -shared -fPIC bench/dev/kernel_timeline.cpp -I"$cuda/include" -I"$cuda/extras/CUPTI/include" -L"$cupti_lib" -lcupti \
     -Wl,-rpath,"$cupti_lib" -o /tmp/libkernel_timeline.so > "$OUT/timeline-build.log" 2>&1
   echo "## Decode step timeline (CUPTI, bench/dev/kernel_timeline.cpp): \`tandem bench --batch B\`, ${TSCENARIO:-gpu-all}, new tree" >> "$summary"

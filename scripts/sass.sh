@@ -23,20 +23,13 @@ mkdir -p "$out"
 obj="$out/$(basename "$src" .cu).$arch.o"
 "$nvcc" -std=c++20 --expt-relaxed-constexpr -O3 -I"$here" -I"$here/runtime" -arch="$arch" -Xptxas -v -c "$here/$src" -o "$obj" 2> "$out/ptxas.txt"
 cuobjdump -sass "$obj" > "$out/all.sass"
-python3 - "$out" "$regex" <<'PY'
-import collections, re, subprocess, sys
-out, regex = sys.argv[1], sys.argv[2]
-def short(mangled):  # the demangled name without return type, namespaces and arguments (template arguments kept)
-    plain = subprocess.run(["c++filt", mangled], capture_output=True, text=True).stdout.strip() or mangled
-    plain = plain.replace("(anonymous namespace)::", "")
-    if plain.endswith(")"):  # cut the argument list: the parenthesis that matches the last
-        depth = 0
-        for i in range(len(plain) - 1, -1, -1):
-            depth += {")": 1, "(": -1}.get(plain[i], 0)
-            if depth == 0:
-                plain = plain[:i]
-                break
-    return re.sub(r"\b\w+::", "", re.sub(r"^void ", "", plain))
+python3 - "$out" "$regex" "$here/scripts" <<'PY'
+import collections, os, re, subprocess, sys
+out, regex, scripts = sys.argv[1], sys.argv[2], sys.argv[3]
+sys.path.insert(0, scripts)
+from kernel_steps import short as short_name  # the name as the ncu tables print it
+def short(mangled):
+    return short_name(subprocess.run(["c++filt", mangled], capture_output=True, text=True).stdout.strip() or mangled)
 # ptxas: registers, stack and spills a kernel
 name = None
 print("| kernel | registers | stack B | spill stores / loads B |")

@@ -45,27 +45,13 @@ bool cupti_ok(CUptiResult r, const char* what) {
   return false;
 }
 
-// The demangled name up to its argument list, without `void ` and anonymous namespaces (template
-// arguments kept: they tell the variants apart).
+// The demangled name (kernel_timeline.py shortens it, as scripts/kernel_steps.py does ncu's).
 std::string kernel_name(const char* mangled) {
   if (!mangled) return "?";
   int status = 0;
   char* plain = abi::__cxa_demangle(mangled, nullptr, nullptr, &status);
   std::string s = status == 0 && plain ? plain : mangled;
   std::free(plain);
-  for (size_t a; (a = s.find("(anonymous namespace)::")) != std::string::npos;) s.erase(a, 23);
-  if (s.rfind("void ", 0) == 0) s.erase(0, 5);
-  int depth = 0;  // the argument list: the first '(' outside template arguments (`(RowFormat)0` is inside)
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (s[i] == '<') ++depth;
-    else if (s[i] == '>') --depth;
-    else if (s[i] == '(' && depth == 0) {
-      s.resize(i);
-      break;
-    }
-  }
-  for (char& c : s)
-    if (c == ',') c = ';';  // one CSV field
   return s;
 }
 
@@ -98,8 +84,8 @@ void write_records() {
     return;
   }
   std::fprintf(f, "start_ns,end_ns,graph,node,stream,correlation,blocks,threads,kernel\n");
-  for (const Record& r : records)
-    std::fprintf(f, "%llu,%llu,%u,%llu,%u,%u,%d,%d,%s\n", static_cast<unsigned long long>(r.start), static_cast<unsigned long long>(r.end),
+  for (const Record& r : records)  // the name quoted: a C++ name holds commas, never a double quote
+    std::fprintf(f, "%llu,%llu,%u,%llu,%u,%u,%d,%d,\"%s\"\n", static_cast<unsigned long long>(r.start), static_cast<unsigned long long>(r.end),
                  r.graph, static_cast<unsigned long long>(r.graph_node), r.stream, r.correlation, r.grid, r.block, r.name.c_str());
   std::fclose(f);
   std::fprintf(stderr, "kernel_timeline: %zu kernels in kernel_timeline.csv\n", records.size());

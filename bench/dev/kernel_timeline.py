@@ -21,8 +21,13 @@ usage: kernel_timeline.py kernel_timeline.csv [--min-steps 8] [--skip 2] [--top 
 """
 import argparse
 import csv
+import os
 import statistics
+import sys
 from collections import defaultdict
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts"))
+from kernel_steps import short  # noqa: E402  (the kernel's name as the ncu tables print it)
 
 
 def median(xs):
@@ -50,7 +55,7 @@ def steps_of(recs):
 
 
 def label(r):
-    return "%s [%d x %d]" % (r["kernel"], r["blocks"], r["threads"])
+    return "%s [%d x %d]" % (short(r["kernel"]), r["blocks"], r["threads"])
 
 
 def credit(step):
