@@ -58,8 +58,14 @@ struct RowsOut {
 // Whether out is a valid layout of N rows (1..kMaxParts parts, increasing ends, the last N, no null dst).
 bool rows_out_fits(const RowsOut& out, int64_t N);
 
-cudaError_t gemv_bf16(const uint16_t* W, int64_t N, int64_t K, const float* x, int T, float* y, cudaStream_t stream);
-cudaError_t gemv_bf16(const uint16_t* W, int64_t N, int64_t K, const float* x, int T, const RowsOut& y, cudaStream_t stream);
+// early_next (one token): the kernel after this one is a grid of a few small blocks, so each block lets it
+// launch as soon as it is past its wait (pdl.cuh) rather than past its loads; with several waves of
+// blocks the last wave's start then launches it, and it waits resident (its own loads done) for this
+// one to end. Without it a many-block kernel lets the next launch only once every block is past its
+// loads, so that big successors do not take SM slots from later waves.
+cudaError_t gemv_bf16(const uint16_t* W, int64_t N, int64_t K, const float* x, int T, float* y, cudaStream_t stream, bool early_next = false);
+cudaError_t gemv_bf16(const uint16_t* W, int64_t N, int64_t K, const float* x, int T, const RowsOut& y, cudaStream_t stream,
+                      bool early_next = false);
 
 // gemv_rows8 (W8A16, rows8_layout.h): y [T, N] = x [T, K] W^T for W 8-bit codes [N, K] (int8 or FP8
 // E4M3) with a scale per row, T <= kMaxGemvTokens, K % 16 == 0, rows 16-byte aligned, the weights read

@@ -84,24 +84,27 @@ __device__ __forceinline__ void row_finish(const uint16_t* __restrict__ W, int64
 // The row's first weight vectors, loaded before the kernel waits for the one before it (pdl.cuh:
 // weights are never written), then the rest of the dot product; the next kernel may launch once every
 // block is past its loads (earlier, its blocks would take SM slots from this grid's later waves).
+// early_next: the next kernel may launch once the block is past its wait (gemv_bf16's early_next).
 template <int TMAX, bool SWIGLU, int PRE>
 __device__ __forceinline__ void row_dot(const uint16_t* __restrict__ W, int64_t N, int64_t K, const float* __restrict__ x,
-                                        const float* __restrict__ u, int T, int64_t row, int lane, float (&acc)[TMAX]) {
+                                        const float* __restrict__ u, int T, int64_t row, int lane, float (&acc)[TMAX],
+                                        bool early_next = false) {
   uint4 pre[PRE];
   row_prefetch(W, N, K, row, lane, pre);
   detail::pdl_wait();
+  if (early_next) detail::pdl_launch_next();
   row_finish<TMAX, SWIGLU, false, PRE>(W, N, K, x, u, T, row, lane, pre, acc);
-  detail::pdl_launch_next();
+  if (!early_next) detail::pdl_launch_next();
 }
 
 template <int TMAX, bool SWIGLU = false, int PRE = 4>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     gemv_bf16_kernel(const uint16_t* __restrict__ W, int64_t N, int64_t K, const float* __restrict__ x, int T, RowsOut y,
-                     const float* __restrict__ u = nullptr) {
+                     const float* __restrict__ u = nullptr, bool early_next = false) {
   const int lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   float acc[TMAX];
-  row_dot<TMAX, SWIGLU, PRE>(W, N, K, x, u, T, row, lane, acc);
+  row_dot<TMAX, SWIGLU, PRE>(W, N, K, x, u, T, row, lane, acc, early_next);
   if (row >= N) return;  // whole warps exit together: shuffles below stay full-warp
   detail::warp_store_row<TMAX>(acc, T, 1.0f, lane, [&](int t) { return y.at(t, row); });
 }
@@ -243,17 +246,18 @@ bool rows_out_fits(const RowsOut& out, int64_t N) {
   return true;
 }
 
-cudaError_t gemv_bf16(const uint16_t* W, int64_t N, int64_t K, const float* x, int T, float* y, cudaStream_t stream) {
-  return gemv_bf16(W, N, K, x, T, RowsOut::one(y, N), stream);
+cudaError_t gemv_bf16(const uint16_t* W, int64_t N, int64_t K, const float* x, int T, float* y, cudaStream_t stream, bool early_next) {
+  return gemv_bf16(W, N, K, x, T, RowsOut::one(y, N), stream, early_next);
 }
 
-cudaError_t gemv_bf16(const uint16_t* W, int64_t N, int64_t K, const float* x, int T, const RowsOut& y, cudaStream_t stream) {
+cudaError_t gemv_bf16(const uint16_t* W, int64_t N, int64_t K, const float* x, int T, const RowsOut& y, cudaStream_t stream,
+                      bool early_next) {
   if (T < 1 || T > kMaxGemvTokens || K % 8 != 0 || N < 1 || !rows_out_fits(y, N)) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>((N + kWarpsPerBlock - 1) / kWarpsPerBlock)), block(kWarpsPerBlock * 32);
   const float* none = nullptr;
   if (T > 1) return launch_mma<false>(W, N, K, x, nullptr, T, y, stream);
   return with_pre(K, [&](auto pre) {
-    return detail::launch(gemv_bf16_kernel<1, false, pre.value>, grid, block, 0, stream, W, N, K, x, T, y, none);
+    return detail::launch(gemv_bf16_kernel<1, false, pre.value>, grid, block, 0, stream, W, N, K, x, T, y, none, early_next);
   });
 }
 
@@ -264,7 +268,7 @@ cudaError_t gemv_bf16_swiglu(const uint16_t* W, int64_t N, int64_t K, const floa
   const RowsOut out = RowsOut::one(y, N);
   if (T > 1) return launch_mma<true>(W, N, K, g, u, T, out, stream);
   return with_pre(K, [&](auto pre) {
-    return detail::launch(gemv_bf16_kernel<1, true, pre.value>, grid, block, 0, stream, W, N, K, g, T, out, u);
+    return detail::launch(gemv_bf16_kernel<1, true, pre.value>, grid, block, 0, stream, W, N, K, g, T, out, u, false);
   });
 }
 

@@ -43,14 +43,14 @@ gpu::AttentionDecodeArgs Qwen35MoeGpu::Impl::attention_args(const DevLayer& L, i
   return p;
 }
 
-void Qwen35MoeGpu::Impl::linear(const DevLinear& L, const float* in, float* out) {
+void Qwen35MoeGpu::Impl::linear(const DevLinear& L, const float* in, float* out, bool early_next) {
   if (L.int4) {
     CK(gpu::gather_x_half(in, L.q.perm, L.in, 1, xh, stream));
     CK(gpu::gemv_int4(L.q, xh, 1, out, stream));
   } else if (L.rows8) {
     CK(gpu::gemv_rows8(L.q8, in, 1, out, stream));
   } else {
-    CK(gpu::gemv_bf16(L.w, L.out, L.in, in, 1, out, stream));
+    CK(gpu::gemv_bf16(L.w, L.out, L.in, in, 1, out, stream, early_next));
   }
 }
 
@@ -200,7 +200,7 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
     norm_x(L.in_norm);
     if (L.kind == LayerKind::LinearAttention) {
       if (L.in_proj.out) {
-        linear(L.in_proj, x, qkv);  // qkv|z|b|a, as laid out in the workspace
+        linear(L.in_proj, x, qkv, true);  // qkv|z|b|a, as laid out in the workspace; the conv after it: 32 small blocks
       } else {
         linear(L.qkv, x, qkv);
         linear(L.z, x, z);
@@ -214,7 +214,7 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
       linear(L.out_proj, core, o);
     } else {
       if (L.in_proj.out) {
-        linear(L.in_proj, x, qg);  // q|k|v
+        linear(L.in_proj, x, qg, true);  // q|k|v; the q/k norm and rope after it: a block a head
       } else {
         linear(L.q, x, qg);
         linear(L.k, x, kk);
