@@ -48,10 +48,25 @@ cudaError_t moe_int4_decode(const Int4Expert* experts, int64_t H, int64_t I, int
 // moe_int4_wide_workspace(T, k, H, I) bytes (workspace_sizes.h). Needs moe_int4_decode_wide_fits (no act order; H and I multiples of 32,
 // group_size 32 times a power of two, H <= 4096, I <= 2048, k <= 8); returns cudaErrorInvalidValue
 // otherwise. sm_80+ (warp reductions).
+//
+// shared (w set; one token): the launch of down also computes the shared expert's down projection,
+// out [H] = (silu(g) * u) [in] W^T for W bf16 [H, in] (in % 8 == 0, in <= 1024), in blocks scheduled
+// before the routed ones, each row as gemv_bf16_swiglu computes it (the same bits), so that the shared
+// expert needs no launch or stream of its own. g and u must be written before this call (they are read
+// before down's wait for gate/up: pdl.cuh). One token only: at 8, rows computed token after token
+// in this form made the step 2-3% slower than the tensor-core GEMV beside the experts
+// (bench/results/2026-12-07-stop58-h100.md).
+struct SharedDown {
+  const uint16_t* w = nullptr;
+  int64_t in = 0;
+  const float* g = nullptr;
+  const float* u = nullptr;
+  float* out = nullptr;
+};
 bool moe_int4_decode_wide_fits(int64_t H, int64_t I, int64_t group_size, int k, bool act_order);
 cudaError_t moe_int4_decode_wide(const Int4Expert* experts, int64_t H, int64_t I, int64_t group_size, const int32_t* ids,
                                  const float* weights, int T, int k, const float* x, bool x_quantised, void* workspace, float* out,
-                                 cudaStream_t stream);
+                                 cudaStream_t stream, const SharedDown& shared = {});
 
 // Prefill: the routed experts of n tokens grouped by expert, so each resident expert's weights are
 // streamed once per 32 of its tokens instead of once per token (a 256-token chunk at top-8 of 256 reads

@@ -70,8 +70,9 @@ bool moe_int4_decode_wide_fits(int64_t H, int64_t I, int64_t group_size, int k, 
 
 cudaError_t moe_int4_decode_wide(const Int4Expert* experts, int64_t H, int64_t I, int64_t group_size, const int32_t* ids,
                                  const float* weights, int T, int k, const float* x, bool x_quantised, void* workspace, float* out,
-                                 cudaStream_t stream) {
+                                 cudaStream_t stream, const SharedDown& shared) {
   if (T < 1 || T > kMaxGemvTokens || !moe_int4_decode_wide_fits(H, I, group_size, k, false)) return cudaErrorInvalidValue;
+  if (shared.w && (T != 1 || shared.in < 8 || shared.in % 8 != 0 || shared.in > 1024 || !shared.g || !shared.u || !shared.out)) return cudaErrorInvalidValue;
   const WideMoeLayout lay = wide_moe_layout(T, k, H, I);
   auto* base = static_cast<uint8_t*>(workspace);
   const QuantX q = wide_moe_x(workspace, T, k, H, I);
@@ -99,9 +100,12 @@ cudaError_t moe_int4_decode_wide(const Int4Expert* experts, int64_t H, int64_t I
     return go(wide_gate_up_kernel<nv.value, 8>, 8);
   });
   if (err != cudaSuccess) return err;
-  const dim3 down_grid(static_cast<unsigned>(H / (kDownRows * kDownRowsPer)), static_cast<unsigned>(T));
+  const dim3 down_grid(static_cast<unsigned>(H / (kDownRows * kDownRowsPer)), static_cast<unsigned>(T + (shared.w ? 1 : 0)));
   return with_vectors(vectors_per_lane(I, kDownLanes), [&](auto nv) {
-    return launch(wide_down_kernel<nv.value>, down_grid, dim3(kDownThreads), 0, stream, experts, H, I, ids, weights, k, hq, hs, out, gs);
+    auto go = [&](auto kernel) {
+      return launch(kernel, down_grid, dim3(kDownThreads), 0, stream, experts, H, I, ids, weights, k, hq, hs, out, gs, shared);
+    };
+    return shared.w ? go(wide_down_kernel<nv.value, true>) : go(wide_down_kernel<nv.value, false>);
   });
 }
 

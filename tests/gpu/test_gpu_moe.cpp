@@ -7,6 +7,7 @@
 #include <memory>
 #include <numeric>
 
+#include "gpu_core/gemv.cuh"
 #include "gpu_core/moe.cuh"
 #include "gpu_core/ops.cuh"
 #include "tests/gpu/gpu_test_util.h"
@@ -197,6 +198,46 @@ TEST(GpuMoeInt4Wide, NormQuantisedXGivesTheSameBits) {
   EXPECT_EQ(o1.to_host(), o2.to_host());
   EXPECT_EQ(gpu::rmsnorm_zc(dh.ptr, dnw.ptr, 48, 1, 1e-6f, x2.ptr, nullptr, gpu::wide_moe_x(ws2.ptr, 1, c.k, 48, c.I)), cudaErrorInvalidValue)
       << "rows that are not whole vectors";
+}
+
+// The shared expert's down in the routed down launch (SharedDown, one token): its rows bit for bit as
+// gemv_bf16_swiglu gives them, the routed sum as without it; several tokens and shapes it does not take
+// refused.
+TEST(GpuMoeInt4Wide, SharedDownInTheDownLaunch) {
+  TANDEM_REQUIRE_GPU();
+  const MoeCase c{16, 8, 1, 2048, 512, 128};
+  const int64_t Is = 512;
+  std::mt19937 rng(test::test_seed() + 7);
+  const ExpertSet set(rng, c);
+  const auto x = test::random_floats(rng, c.H), g = test::random_floats(rng, Is), u = test::random_floats(rng, Is);
+  std::vector<uint16_t> wsh(c.H * Is);
+  for (uint16_t& v : wsh) v = f32_to_bf16(std::normal_distribution<float>(0.0f, 0.05f)(rng));
+  std::vector<int32_t> ids;
+  std::vector<float> w;
+  random_routing(rng, c, 1, ids, w);
+  test::DeviceBuffer<gpu::Int4Expert> dexp(set.experts);
+  test::DeviceBuffer<int32_t> dids(ids);
+  test::DeviceBuffer<uint16_t> dwsh(wsh);
+  test::DeviceBuffer<float> dw(w), dx(x), dg(g), du(u), plain(c.H), routed(c.H), sd(c.H), want(c.H);
+  test::DeviceBuffer<uint8_t> ws(gpu::moe_int4_wide_workspace(2, c.k, c.H, c.I));
+  gpu::SharedDown sh;
+  sh.w = dwsh.ptr, sh.in = Is, sh.g = dg.ptr, sh.u = du.ptr, sh.out = sd.ptr;
+  CUDA_OK(gpu::moe_int4_decode_wide(dexp.ptr, c.H, c.I, c.gs, dids.ptr, dw.ptr, 1, c.k, dx.ptr, false, ws.ptr, plain.ptr, nullptr));
+  CUDA_OK(gpu::moe_int4_decode_wide(dexp.ptr, c.H, c.I, c.gs, dids.ptr, dw.ptr, 1, c.k, dx.ptr, false, ws.ptr, routed.ptr, nullptr, sh));
+  CUDA_OK(gpu::gemv_bf16_swiglu(dwsh.ptr, c.H, Is, dg.ptr, du.ptr, 1, want.ptr, nullptr));
+  CUDA_OK(cudaDeviceSynchronize());
+  EXPECT_EQ(routed.to_host(), plain.to_host()) << "the routed sum";
+  EXPECT_EQ(sd.to_host(), want.to_host()) << "the shared expert's rows";
+  const auto refused = [&](const gpu::SharedDown& b, int T) {
+    return gpu::moe_int4_decode_wide(dexp.ptr, c.H, c.I, c.gs, dids.ptr, dw.ptr, T, c.k, dx.ptr, false, ws.ptr, routed.ptr, nullptr, b) ==
+           cudaErrorInvalidValue;
+  };
+  EXPECT_TRUE(refused(sh, 2)) << "two tokens";
+  gpu::SharedDown bad = sh;
+  bad.in = 1032;
+  EXPECT_TRUE(refused(bad, 1)) << "more inputs than the launch holds in registers";
+  bad = sh, bad.out = nullptr;
+  EXPECT_TRUE(refused(bad, 1)) << "no output";
 }
 
 // The grouped prefill kernel (moe_int4_grouped_tc, tensor cores) for a chunk of tokens: against the

@@ -260,11 +260,13 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
       hy.post_copy(x, topk_ids, topk_w, 1, stream);
     }
     mark(tr, li, 2);
-    // The shared expert's down GEMV (its gate / up came with the router) beside the routed experts, on
-    // the side stream; both only read x, sg, su and write their own rows. Without an x_proj stack (8-bit
-    // shared projections beside a bf16 router) its gate, up and gate logit go there too. With the link
-    // the shared expert goes beside it too (the link's kernels leave most SMs idle).
-    const bool beside = shared_beside_ok(L) && L.sh_down.swiglu_fused() && (!split || linked) && !deferring();
+    // The shared expert's down (its gate / up came with the router) in the routed experts' down launch
+    // (shared_in_down), else its GEMV beside the routed experts, on the side stream; both only read x, sg,
+    // su and write their own rows. Without an x_proj stack (8-bit shared projections beside a bf16
+    // router) its gate, up and gate logit go there too. With the link the shared expert goes beside it
+    // (the link's kernels leave most SMs idle).
+    const bool in_down = !linked && shared_in_down(L);
+    const bool beside = !in_down && shared_beside_ok(L) && L.sh_down.swiglu_fused() && (!split || linked) && !deferring();
     if (beside) {
       CK(cudaEventRecord(fork_ev, stream));
       CK(cudaStreamWaitEvent(side, fork_ev, 0));
@@ -282,7 +284,8 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
       CK(gpu::l2_prefetch(reinterpret_cast<const char*>(next_in->w) + (bytes - take), take, side));
       CK(cudaEventRecord(pf_join_ev, side));
     }
-    if (!link_only) gpu_experts(L, x, topk_ids, topk_w, 1, xh, hscratch, moe_out, nullptr, x_quantised);
+    if (!link_only)
+      gpu_experts(L, x, topk_ids, topk_w, 1, xh, hscratch, moe_out, nullptr, x_quantised, in_down ? shared_down_of(L, sg, su, sd) : gpu::SharedDown{});
     if (linked)  // read in place over PCIe, added to the GPU experts' sum
       CK(gpu::moe_int4_tiles_decode(link.tables[li], static_cast<int>(c.num_experts), H, c.moe_intermediate_size, link.group_size,
                                     topk_ids, topk_w, k, link.m, link.act_order, x, link.scratch, moe_out, stream, !link_only));
@@ -297,6 +300,7 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
     }
     if (beside) {
       CK(cudaStreamWaitEvent(stream, join_ev, 0));
+    } else if (in_down) {  // sd came with the routed experts
     } else if (!L.sh_down.swiglu_fused()) {
       CK(gpu::silu_mul(sg, su, c.shared_expert_intermediate_size, stream));
       linear(L.sh_down, sg, sd);

@@ -277,8 +277,22 @@ struct Qwen35MoeGpu::Impl {
   // GPU-resident experts into `out` (the kernels skip the host-resident ones); xh / hs are scratch.
   // `table`: the layer's expert table with its host experts streamed in (prefill_streamed), nullptr: L's own.
   // x_quantised: the kernel that wrote x also wrote it into hs as moe_x(L, n, hs) asked.
+  // shared (w set; one token, where shared_in_down(L)): the shared expert's down into shared.out in the
+  // routed experts' down launch.
   void gpu_experts(const DevLayer& L, const float* x_dev, const int32_t* ids_dev, const float* w_dev, int64_t n, uint16_t* xh_buf, void* hs, float* out,
-                   const gpu::Int4Expert* table, bool x_quantised);
+                   const gpu::Int4Expert* table, bool x_quantised, const gpu::SharedDown& shared = {});
+  // Whether L's shared expert's down can run in its routed experts' down launch at one token
+  // (gpu::SharedDown): the wide kernel, the shared gate and up from the x_proj stack (with the router,
+  // before the experts), a bf16 down of rows it takes. shared_down_of: that launch's argument for sg,
+  // su -> sd. (Several tokens keep the tensor-core GEMV beside the experts: gpu_core/moe.cuh.)
+  bool shared_in_down(const DevLayer& L) const {
+    return wide_experts(L) && L.x_proj.out && L.sh_down.bf16() && L.sh_down.in % 8 == 0 && L.sh_down.in <= 1024;
+  }
+  static gpu::SharedDown shared_down_of(const DevLayer& L, const float* sg, const float* su, float* sd) {
+    gpu::SharedDown s;
+    s.w = L.sh_down.w, s.in = L.sh_down.in, s.g = sg, s.u = su, s.out = sd;
+    return s;
+  }
 
   // Whether L's GPU experts run on gpu::moe_int4_decode_wide (int4, shapes it takes, no act order).
   bool wide_experts(const DevLayer& L) const;

@@ -32,11 +32,12 @@ gpu::QuantX Qwen35MoeGpu::Impl::moe_x(const DevLayer& L, int64_t n, void* hs) co
 
 // GPU-resident experts into `out` (the kernels skip the host-resident ones); xh / hs are scratch.
 void Qwen35MoeGpu::Impl::gpu_experts(const DevLayer& L, const float* x_dev, const int32_t* ids_dev, const float* w_dev, int64_t n, uint16_t* xh_buf, void* hs, float* out,
-                                     const gpu::Int4Expert* table, bool x_quantised) {
+                                     const gpu::Int4Expert* table, bool x_quantised, const gpu::SharedDown& shared) {
   const ModelConfig& c = model.config();
   const gpu::Int4Expert* experts = table ? table : L.experts_i4;
   const int64_t H = c.hidden_size, I = c.moe_intermediate_size;
   const int k = c.num_experts_per_tok;
+  if (shared.w && (n != 1 || !shared_in_down(L))) fail("internal: the shared expert's down in a launch that does not take it");
   if (L.int4_experts && n > gpu::kMaxGemvTokens) {  // a prompt chunk: each expert's tokens together (workspace: pgroup)
     if (!pgroup) fail("internal: ", n, " tokens of int4 experts without the grouped workspace");
     CK(gpu::moe_int4_grouped_tc(experts, static_cast<int>(c.num_experts), H, I, L.expert_group, ids_dev, w_dev, static_cast<int>(n), k,
@@ -49,7 +50,7 @@ void Qwen35MoeGpu::Impl::gpu_experts(const DevLayer& L, const float* x_dev, cons
     const int32_t* ids = ids_dev + t * k;
     const float* w = w_dev + t * k;
     if (wide_experts(L)) {
-      CK(gpu::moe_int4_decode_wide(experts, H, I, L.expert_group, ids, w, T, k, x, x_quantised, hs, out + t * H, stream));
+      CK(gpu::moe_int4_decode_wide(experts, H, I, L.expert_group, ids, w, T, k, x, x_quantised, hs, out + t * H, stream, shared));
     } else if (L.int4_experts) {  // shapes and act order the wide kernel does not take
       CK(gpu::gather_x_half(x, nullptr, H, T, xh_buf, stream));
       auto* h16 = static_cast<uint16_t*>(hs);
