@@ -85,8 +85,9 @@ struct Qwen35MoeGpu::Impl {
   GpuMemoryPlan plan;
   char* arena = nullptr;
   cudaStream_t stream = nullptr;
-  // Decode: the shared expert's down GEMV on `side`, forked from and joined back into `stream` around
-  // the routed experts (inside the step's graph when captured).
+  // The shared expert's down GEMV on `side`, forked from and joined back into `stream` around the
+  // routed experts (inside the step's graph when captured), where it does not run in their down launch
+  // (shared_in_down: several tokens, 8-bit rows, the link).
   cudaStream_t side = nullptr;
   cudaEvent_t fork_ev = nullptr, join_ev = nullptr;
   cudaEvent_t pf_fork_ev = nullptr, pf_join_ev = nullptr;  // the L2 prefetch (l2_prefetch), on `side`
