@@ -32,7 +32,7 @@ using detail::row_prefetch;
 template <int TMAX, bool SWIGLU, int PRE>
 __device__ __forceinline__ void row_dot(const uint16_t* __restrict__ W, int64_t N, int64_t K, const float* __restrict__ x,
                                         const float* __restrict__ u, int T, int64_t row, int lane, float (&acc)[TMAX],
-                                        bool early_next = false) {
+                                        bool early_next) {
   uint4 pre[PRE];
   row_prefetch(W, N, K, row, lane, pre);
   detail::pdl_wait();
@@ -44,7 +44,7 @@ __device__ __forceinline__ void row_dot(const uint16_t* __restrict__ W, int64_t 
 template <int TMAX, bool SWIGLU = false, int PRE = 4>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     gemv_bf16_kernel(const uint16_t* __restrict__ W, int64_t N, int64_t K, const float* __restrict__ x, int T, RowsOut y,
-                     const float* __restrict__ u = nullptr, bool early_next = false) {
+                     const float* __restrict__ u, bool early_next) {
   const int lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   float acc[TMAX];

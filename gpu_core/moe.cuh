@@ -64,6 +64,8 @@ struct SharedDown {
   float* out = nullptr;
 };
 bool moe_int4_decode_wide_fits(int64_t H, int64_t I, int64_t group_size, int k, bool act_order);
+// Whether the down launch takes a shared expert's down of `in` inputs (SharedDown::in).
+bool shared_down_fits(int64_t in);
 cudaError_t moe_int4_decode_wide(const Int4Expert* experts, int64_t H, int64_t I, int64_t group_size, const int32_t* ids,
                                  const float* weights, int T, int k, const float* x, bool x_quantised, void* workspace, float* out,
                                  cudaStream_t stream, const SharedDown& shared = {});

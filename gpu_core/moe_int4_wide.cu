@@ -68,11 +68,13 @@ bool moe_int4_decode_wide_fits(int64_t H, int64_t I, int64_t group_size, int k, 
          H % group_size == 0 && I % group_size == 0 && vectors_per_lane(H, 32) <= 4 && vectors_per_lane(I, kDownLanes) <= 4;
 }
 
+bool shared_down_fits(int64_t in) { return in >= 8 && in % 8 == 0 && in <= 1024; }  // shared_down_row: every vector in registers
+
 cudaError_t moe_int4_decode_wide(const Int4Expert* experts, int64_t H, int64_t I, int64_t group_size, const int32_t* ids,
                                  const float* weights, int T, int k, const float* x, bool x_quantised, void* workspace, float* out,
                                  cudaStream_t stream, const SharedDown& shared) {
   if (T < 1 || T > kMaxGemvTokens || !moe_int4_decode_wide_fits(H, I, group_size, k, false)) return cudaErrorInvalidValue;
-  if (shared.w && (T != 1 || shared.in < 8 || shared.in % 8 != 0 || shared.in > 1024 || !shared.g || !shared.u || !shared.out)) return cudaErrorInvalidValue;
+  if (shared.w && (T != 1 || !shared_down_fits(shared.in) || !shared.g || !shared.u || !shared.out)) return cudaErrorInvalidValue;
   const WideMoeLayout lay = wide_moe_layout(T, k, H, I);
   auto* base = static_cast<uint8_t*>(workspace);
   const QuantX q = wide_moe_x(workspace, T, k, H, I);

@@ -287,7 +287,7 @@ struct Qwen35MoeGpu::Impl {
   // before the experts), a bf16 down of rows it takes. shared_down_of: that launch's argument for sg,
   // su -> sd. (Several tokens keep the tensor-core GEMV beside the experts: gpu_core/moe.cuh.)
   bool shared_in_down(const DevLayer& L) const {
-    return wide_experts(L) && L.x_proj.out && L.sh_down.bf16() && L.sh_down.in % 8 == 0 && L.sh_down.in <= 1024;
+    return wide_experts(L) && L.x_proj.out && L.sh_down.bf16() && gpu::shared_down_fits(L.sh_down.in);
   }
   static gpu::SharedDown shared_down_of(const DevLayer& L, const float* sg, const float* su, float* sd) {
     gpu::SharedDown s;
