@@ -80,8 +80,9 @@ struct Rows8View {
   int64_t N = 0, K = 0;
   RowFormat format = RowFormat::Int8;  // Int8 or Fp8
 };
-cudaError_t gemv_rows8(const Rows8View& W, const float* x, int T, float* y, cudaStream_t stream);
-cudaError_t gemv_rows8(const Rows8View& W, const float* x, int T, const RowsOut& y, cudaStream_t stream);
+// early_next: as gemv_bf16's (one token).
+cudaError_t gemv_rows8(const Rows8View& W, const float* x, int T, float* y, cudaStream_t stream, bool early_next = false);
+cudaError_t gemv_rows8(const Rows8View& W, const float* x, int T, const RowsOut& y, cudaStream_t stream, bool early_next = false);
 // gemv_rows8 of silu(g) * u (g, u fp32 [T, K]), formed as the input is read: silu_mul(g, u) then
 // gemv_rows8(g), bit for bit, in one launch and without writing g (the shared expert's down projection).
 cudaError_t gemv_rows8_swiglu(const Rows8View& W, const float* g, const float* u, int T, float* y, cudaStream_t stream);

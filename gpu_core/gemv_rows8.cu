@@ -62,10 +62,11 @@ __device__ __forceinline__ ChunkInputs chunk_inputs(int64_t K, int64_t c) {
 // One token, one warp a row. A lane's first PRE 16-code vectors are loaded before the kernel waits for
 // the one before it (pdl.cuh: weights are never written; every vector of rows up to 4096 inputs, so a
 // warp waits for memory once), the rest in the loop; the next kernel may launch once every block is past
-// its loads. SWIGLU: the input is silu(x) * u, formed as it is read.
+// its loads (early_next: once every block is past its wait, gemv.cuh). SWIGLU: the input is silu(x) * u,
+// formed as it is read.
 template <RowFormat F, int PRE, bool SWIGLU>
 __global__ void gemv_rows8_kernel(const uint8_t* __restrict__ q, const float* __restrict__ scales, int64_t N, int64_t K,
-                                  const float* __restrict__ x, const float* __restrict__ u, RowsOut y) {
+                                  const float* __restrict__ x, const float* __restrict__ u, RowsOut y, bool early_next) {
   const int lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
   if (row >= N) return;  // whole warps: the shuffles of warp_store_row stay full-warp
@@ -75,6 +76,8 @@ __global__ void gemv_rows8_kernel(const uint8_t* __restrict__ q, const float* __
 #pragma unroll
   for (int i = 0; i < PRE; ++i) pre[i] = lane + 32 * i < chunks ? detail::load_stream(w + lane + 32 * i) : make_uint4(0u, 0u, 0u, 0u);
   detail::pdl_wait();
+  early_next = early_next && !SWIGLU;  // only the input projections ask it
+  if (early_next) detail::pdl_launch_next();
   float acc[1] = {0.0f};
   const auto chunk = [&](int64_t c, const uint4& v) {
     float wf[16];
@@ -92,7 +95,7 @@ __global__ void gemv_rows8_kernel(const uint8_t* __restrict__ q, const float* __
     if (lane + 32 * i < chunks) chunk(lane + 32 * i, pre[i]);
 #pragma unroll 2
   for (int64_t c = lane + 32 * PRE; c < chunks; c += 32) chunk(c, detail::load_stream(w + c));  // weights: not into L1
-  detail::pdl_launch_next();
+  if (!early_next) detail::pdl_launch_next();
   detail::warp_store_row<1>(acc, 1, scales[row], lane, [&](int t) { return y.at(t, row); });
 }
 
@@ -170,12 +173,13 @@ __global__ void __launch_bounds__(WARPS * 32)
 // prefetched), several on tensor cores in mma.cuh's with_mma_shape (SwiGLU's too: the fused and the
 // two-launch forms sum in one order).
 template <bool SWIGLU>
-cudaError_t launch_rows8(const Rows8View& W, const float* x, const float* u, int T, const RowsOut& y, cudaStream_t stream) {
+cudaError_t launch_rows8(const Rows8View& W, const float* x, const float* u, int T, const RowsOut& y, cudaStream_t stream,
+                         bool early_next = false) {
   const bool i8 = W.format == RowFormat::Int8;
   if (T == 1) {
     const auto kernel = i8 ? gemv_rows8_kernel<RowFormat::Int8, 8, SWIGLU> : gemv_rows8_kernel<RowFormat::Fp8, 8, SWIGLU>;
     const dim3 grid(static_cast<unsigned>((W.N + kRowsPerBlock - 1) / kRowsPerBlock)), block(32 * kRowsPerBlock);
-    return detail::launch(kernel, grid, block, 0, stream, W.codes, W.scales, W.N, W.K, x, u, y);
+    return detail::launch(kernel, grid, block, 0, stream, W.codes, W.scales, W.N, W.K, x, u, y, early_next);
   }
   return detail::with_mma_shape(W.N, [&](auto mt, auto warps) {
     const auto kernel = i8 ? gemv_rows8_mma_kernel<RowFormat::Int8, mt(), SWIGLU, warps()> : gemv_rows8_mma_kernel<RowFormat::Fp8, mt(), SWIGLU, warps()>;
@@ -190,13 +194,13 @@ bool rows8_ok(const Rows8View& W, int T) {
 
 }  // namespace
 
-cudaError_t gemv_rows8(const Rows8View& W, const float* x, int T, float* y, cudaStream_t stream) {
-  return gemv_rows8(W, x, T, RowsOut::one(y, W.N), stream);
+cudaError_t gemv_rows8(const Rows8View& W, const float* x, int T, float* y, cudaStream_t stream, bool early_next) {
+  return gemv_rows8(W, x, T, RowsOut::one(y, W.N), stream, early_next);
 }
 
-cudaError_t gemv_rows8(const Rows8View& W, const float* x, int T, const RowsOut& y, cudaStream_t stream) {
+cudaError_t gemv_rows8(const Rows8View& W, const float* x, int T, const RowsOut& y, cudaStream_t stream, bool early_next) {
   if (!rows8_ok(W, T) || !rows_out_fits(y, W.N)) return cudaErrorInvalidValue;
-  return launch_rows8<false>(W, x, nullptr, T, y, stream);
+  return launch_rows8<false>(W, x, nullptr, T, y, stream, early_next);
 }
 
 cudaError_t gemv_rows8_swiglu(const Rows8View& W, const float* g, const float* u, int T, float* y, cudaStream_t stream) {

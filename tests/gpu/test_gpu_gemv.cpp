@@ -256,11 +256,13 @@ TEST_P(GpuGemvRows8, MatchesDequantizedReference) {
     const std::vector<double> magnitude = rows8_reference(h, x, c.N, c.K, T, true);
     EXPECT_LT(error_over_magnitude(y, want, magnitude), 1e-5) << row_format_name(f) << " T " << T << ", seed " << test::test_seed();
     std::vector<double> alone;
-    test::DeviceBuffer<float> d1(c.N);
+    test::DeviceBuffer<float> d1(c.N), d2(c.N);
     for (int t = 0; t < T; ++t) {
       CUDA_OK(gpu::gemv_rows8(v, dx.ptr + int64_t(t) * c.K, 1, d1.ptr, nullptr));
+      CUDA_OK(gpu::gemv_rows8(v, dx.ptr + int64_t(t) * c.K, 1, d2.ptr, nullptr, true));
       CUDA_OK(cudaDeviceSynchronize());
       const auto one = d1.to_host();
+      EXPECT_EQ(d2.to_host(), one) << "early_next changes when the next kernel may launch, not the sums";
       alone.insert(alone.end(), one.begin(), one.end());
     }
     EXPECT_LT(error_over_magnitude(y, alone, magnitude), 1e-5) << row_format_name(f) << " T " << T << " against one-token launches";

@@ -48,7 +48,7 @@ void Qwen35MoeGpu::Impl::linear(const DevLinear& L, const float* in, float* out,
     CK(gpu::gather_x_half(in, L.q.perm, L.in, 1, xh, stream));
     CK(gpu::gemv_int4(L.q, xh, 1, out, stream));
   } else if (L.rows8) {
-    CK(gpu::gemv_rows8(L.q8, in, 1, out, stream));
+    CK(gpu::gemv_rows8(L.q8, in, 1, out, stream, early_next));
   } else {
     CK(gpu::gemv_bf16(L.w, L.out, L.in, in, 1, out, stream, early_next));
   }

@@ -385,7 +385,7 @@ struct Qwen35MoeGpu::Impl {
     const bool stacked = L.sh_gate_up.out != 0;
     return !L.sh_expert_gate.int4 && (stacked ? !L.sh_gate_up.int4 : !L.sh_gate.int4 && !L.sh_up.int4);
   }
-  void linear(const DevLinear& L, const float* in, float* out, bool early_next = false);  // early_next: gemv_bf16's
+  void linear(const DevLinear& L, const float* in, float* out, bool early_next = false);  // early_next: gemv_bf16's / gemv_rows8's
 
   static constexpr int kMarks = 5;  // per layer: start, mixer done, routed, GPU experts done, end
   void mark(Trace* tr, size_t layer, int which) {
