@@ -88,8 +88,9 @@ cudaError_t gemv_rows8(const Rows8View& W, const float* x, int T, const RowsOut&
 cudaError_t gemv_rows8_swiglu(const Rows8View& W, const float* g, const float* u, int T, float* y, cudaStream_t stream);
 // The decode router of one token in one launch: the norm before it, h += a (+ sigmoid(gate[0]) *
 // shared) when a is given, as add_rmsnorm_zc (else h is only read, as rmsnorm_zc), x = the normalised
-// row (norm_w, eps), written for the kernels after it; y = W x as gemv_bf16 computes it, whose first E
-// outputs are router logits, and router_topk (ops.cuh) of them done by the launch's last block. Every
+// row (norm_w, eps), written for the kernels after it; y = W x as gemv_bf16 computes it into y's parts
+// (RowsOut), whose first E outputs, in the first part, are router logits, and router_topk (ops.cuh) of
+// them done by the launch's last block. Every
 // output bit for bit as the norm launch + gemv_bf16 + router_topk: each block normalises the row
 // itself, with the norm kernel's arithmetic, while its first weights load. One token; K <= 4096.
 // counter: a device word, zero before the first launch and left zero after each (launches sharing one
@@ -97,7 +98,7 @@ cudaError_t gemv_rows8_swiglu(const Rows8View& W, const float* g, const float* u
 // host as host_post would after the launch. With qx.parts (K a multiple of 32) the blocks also write x
 // quantised for moe_int4_decode_wide between them (workspace_sizes.h's QuantX).
 cudaError_t gemv_bf16_router_topk_norm(const uint16_t* W, int64_t N, int64_t K, float* h, const float* a, const float* shared,
-                                       const float* gate, const float* norm_w, float eps, float* x, float* y, int E, int k,
+                                       const float* gate, const float* norm_w, float eps, float* x, const RowsOut& y, int E, int k,
                                        unsigned* counter, int32_t* ids, float* weights, cudaStream_t stream,
                                        const HostPost* post = nullptr, QuantX qx = {});
 // gemv_bf16 of silu(g) * u (g, u fp32 [T, K]), the SwiGLU product formed as the input is read: the

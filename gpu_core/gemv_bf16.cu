@@ -62,18 +62,19 @@ cudaError_t launch_mma(const uint16_t* W, int64_t N, int64_t K, const float* x, 
   });
 }
 
-// The router GEMV's end (T = 1): every block stores its rows and fences, takes a ticket; the block
-// holding the last ticket runs on_last() (all threads), reads logits[0..E) back from L2 and runs the
+// The router GEMV's end (T = 1): every block stores its rows (y's parts) and fences, takes a ticket; the
+// block holding the last ticket runs on_last() (all threads), reads logits[0..E) (y's first part) back
+// from L2 and runs the
 // warp top-k there, then re-arms the counter for the next
 // launch. Returns whether this block was the last.
 template <typename OnLast>
-__device__ __forceinline__ bool route_tail(float acc, int64_t row, int lane, int64_t N, float* y, int E, int k, unsigned* counter,
+__device__ __forceinline__ bool route_tail(float acc, int64_t row, int lane, int64_t N, const RowsOut& y, int E, int k, unsigned* counter,
                                            int32_t* ids, float* weights, OnLast&& on_last) {
   if (row < N) {  // no early return: the block meets at the barrier below
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
     if (lane == 0) {
-      y[row] = acc;
+      *y.at(0, row) = acc;
       __threadfence();  // visible device-wide before this block's ticket
     }
   }
@@ -84,7 +85,7 @@ __device__ __forceinline__ bool route_tail(float acc, int64_t row, int lane, int
   if (!last) return false;
   __threadfence();
   on_last();
-  if (threadIdx.x < 32) detail::warp_router_topk(y, E, k, ids, weights);
+  if (threadIdx.x < 32) detail::warp_router_topk(y.dst[0], E, k, ids, weights);  // the logits: y's first part
   if (threadIdx.x == 0) *counter = 0u;
   return true;
 }
@@ -111,7 +112,7 @@ __device__ __forceinline__ void post_route(const HostPost& post, const float* xs
 template <int PER, int PRE>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     gemv_bf16_norm_topk_kernel(const uint16_t* __restrict__ W, int64_t N, int64_t K, float* h, const float* a, const float* s,
-                               const float* gate, const float* norm_w, float eps, float* x, float* y, int E, int k, unsigned* counter,
+                               const float* gate, const float* norm_w, float eps, float* x, RowsOut y, int E, int k, unsigned* counter,
                                int32_t* ids, float* weights, HostPost post, QuantX qx) {
   extern __shared__ __align__(16) float sm[];  // x [K], then h' [K]
   float* xs = sm;
@@ -153,9 +154,10 @@ cudaError_t with_pre(int64_t K, Launch&& launch) {
 
 // gemv_bf16_norm_topk_kernel's launch.
 cudaError_t launch_norm_gemv(const uint16_t* W, int64_t N, int64_t K, float* h, const float* a, const float* shared, const float* gate,
-                             const float* norm_w, float eps, float* x, float* y, int E, int k, unsigned* counter, int32_t* ids,
+                             const float* norm_w, float eps, float* x, const RowsOut& y, int E, int k, unsigned* counter, int32_t* ids,
                              float* weights, const HostPost& post, const QuantX& qx, cudaStream_t stream) {
   if (K % 8 != 0 || K > 16 * kWarpsPerBlock * 32 || N < 1 || !counter || (shared && (!a || !gate))) return cudaErrorInvalidValue;
+  if (!rows_out_fits(y, N) || y.end[0] < E) return cudaErrorInvalidValue;  // the logits in the first part
   if (qx.parts && (K % 32 != 0 || !qx.vectors)) return cudaErrorInvalidValue;
   if (post.flag && (!post.x || !post.ids || !post.weights)) return cudaErrorInvalidValue;
   const dim3 grid(static_cast<unsigned>((N + kWarpsPerBlock - 1) / kWarpsPerBlock)), block(kWarpsPerBlock * 32);
@@ -175,7 +177,7 @@ cudaError_t launch_norm_gemv(const uint16_t* W, int64_t N, int64_t K, float* h, 
 }  // namespace
 
 cudaError_t gemv_bf16_router_topk_norm(const uint16_t* W, int64_t N, int64_t K, float* h, const float* a, const float* shared,
-                                       const float* gate, const float* norm_w, float eps, float* x, float* y, int E, int k,
+                                       const float* gate, const float* norm_w, float eps, float* x, const RowsOut& y, int E, int k,
                                        unsigned* counter, int32_t* ids, float* weights, cudaStream_t stream, const HostPost* post,
                                        QuantX qx) {
   if (E < 1 || E > N || E > detail::kRouterMaxExperts || k < 1 || k > E || k > detail::kRouterMaxTopK) return cudaErrorInvalidValue;

@@ -228,9 +228,9 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
     }
     pending.a = o;
     mark(tr, li, 1);
-    // router|shared gate|shared up|shared expert gate stacked, or the router alone; bf16: the norm before
-    // it and the top-k in the GEMV's launch
-    const DevLinear& R = L.x_proj.out ? L.x_proj : L.router;
+    // router|shared gate|shared up|shared expert gate stacked, router|shared expert gate, or the router
+    // alone; bf16: the norm before it and the top-k in the GEMV's launch
+    const DevLinear& R = L.x_proj.out ? L.x_proj : L.router_gate.out ? L.router_gate : L.router;
     const bool split = L.cpu_experts && opts.host_experts;
     // one graph: the router's last block posts its result to the host (an int4 router: host_post below)
     const bool post_in_router = split && posting && R.bf16();
@@ -238,14 +238,16 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
     bool x_quantised = false;
     if (R.bf16()) {
       const gpu::HostPost post = hy.post(static_cast<int>(li));
-      CK(gpu::gemv_bf16_router_topk_norm(R.w, R.out, R.in, h, pending.a, pending.shared, pending.gate, L.post_norm, eps, x, router,
+      gpu::RowsOut y = gpu::RowsOut::one(router, R.out);  // x_proj's rows as laid out in the workspace
+      if (&R == &L.router_gate) y.dst[1] = sgate, y.end[0] = L.router.out, y.end[1] = R.out, y.parts = 2;
+      CK(gpu::gemv_bf16_router_topk_norm(R.w, R.out, R.in, h, pending.a, pending.shared, pending.gate, L.post_norm, eps, x, y,
                                          static_cast<int>(c.num_experts), k, route_ticket, topk_ids, topk_w, stream,
                                          post_in_router ? &post : nullptr, qx));
       x_quantised = qx.parts != nullptr;
       pending = {};
     } else {
       x_quantised = norm_x(L.post_norm, qx);
-      linear(R, x, router);
+      linear(R, x, router);  // the router alone (the stacks are bf16)
       CK(gpu::router_topk(router, c.num_experts, k, 1, topk_ids, topk_w, stream));
     }
     // GpuOptions::link_experts: some host experts computed here from host memory; in a layer with no
@@ -296,7 +298,7 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
         linear(L.sh_gate, x, sg);
         linear(L.sh_up, x, su);
       }
-      linear(L.sh_expert_gate, x, sgate);
+      if (!L.router_gate.out) linear(L.sh_expert_gate, x, sgate);
     }
     if (beside) {
       CK(cudaStreamWaitEvent(stream, join_ev, 0));

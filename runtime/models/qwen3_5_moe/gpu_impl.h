@@ -59,6 +59,9 @@ struct DevLayer {
   const float *in_norm, *post_norm;
   DevLinear in_proj;  // DeltaNet qkv|z|b|a, attention q|k|v stacked (stack_rows), for decode
   DevLinear x_proj;   // router|shared gate|shared up|shared expert gate stacked, for decode
+  // router|shared expert gate stacked where x_proj is not (8-bit shared gate / up): the gate logit in the
+  // router's launch
+  DevLinear router_gate;
   DevLinear qkv, z, b, a, out_proj;
   const float *conv_w, *A_log, *dt_bias, *dn_norm;
   float *conv_state, *ssm_state;  // slot 0's; slot s at + s * conv_stride / ssm_stride
@@ -375,9 +378,9 @@ struct Qwen35MoeGpu::Impl {
   // The shared expert's down projection of silu(g) * u [T, in], formed as it reads (bf16 or 8-bit rows:
   // swiglu_fused): silu_mul then the GEMV, in one launch.
   void swiglu_down(const DevLinear& L, const float* g, const float* u, int T, float* out, cudaStream_t on);
-  // The shared expert's gate, up (sg, su: [n, shared intermediate] each) and gate logit (sgate [n]) of n
-  // tokens of x on `on`, where no x_proj stack computed them with the router (8-bit shared projections
-  // beside a bf16 router): so they can go beside the routed experts too. shared_beside_ok: the layer's
+  // The shared expert's gate, up (sg, su: [n, shared intermediate] each) and gate logit (sgate [n], unless
+  // router_gate computed it) of n tokens of x on `on`, where no x_proj stack computed them with the router
+  // (8-bit shared projections beside a bf16 router): so they can go beside the routed experts too. shared_beside_ok: the layer's
   // are GEMVs that need no workspace of the routed experts' (bf16 or 8-bit rows, not int4).
   void shared_inputs(const DevLayer& L, const float* x, int64_t n, float* sg, float* su, float* sgate, cudaStream_t on);
   static bool shared_beside_ok(const DevLayer& L) {

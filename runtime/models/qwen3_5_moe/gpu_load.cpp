@@ -303,12 +303,19 @@ DevLayer Qwen35MoeGpu::Impl::upload_layer(Uploader& up, const LayerWeights& L, i
     d.v_cache = static_cast<uint8_t*>(up.zeroed(kv, Kind::Kv));
   }
   const MoeWeights& m = L.moe;
+  // The router's rows, then the shared expert's gate and up (one GEMV into sg|su), then its gate logit's
+  // row: the four stacked (x_proj). With 8-bit gate and up the logit's row follows the router's instead,
+  // the two stacked (router_gate).
   d.router = upload_linear(up, m.router, Kind::Dense);
-  d.sh_gate_up = upload_stacked(up, {&m.shared_gate, &m.shared_up}, q8_shared, {&d.sh_gate, &d.sh_up});  // one GEMV into sg|su
-  d.sh_expert_gate = upload_linear(up, m.shared_expert_gate, Kind::Dense);  // before sh_down: stacked with the three above
+  const bool shared8 = as_rows8(m.shared_gate, q8_shared);
+  if (shared8) d.sh_expert_gate = upload_linear(up, m.shared_expert_gate, Kind::Dense);
+  d.sh_gate_up = upload_stacked(up, {&m.shared_gate, &m.shared_up}, q8_shared, {&d.sh_gate, &d.sh_up});
+  if (!shared8) d.sh_expert_gate = upload_linear(up, m.shared_expert_gate, Kind::Dense);
   d.sh_down = upload_linear(up, m.shared_down, Kind::Dense, q8_shared);
   const DevLinear* x_parts[] = {&d.router, &d.sh_gate, &d.sh_up, &d.sh_expert_gate};
   d.x_proj = stack_rows(x_parts);
+  const DevLinear* gate_parts[] = {&d.router, &d.sh_expert_gate};
+  if (!d.x_proj.out) d.router_gate = stack_rows(gate_parts);
   d.int4_experts = m.gate[0].kind == LinearWeight::Kind::Gptq;
   d.expert_group = d.int4_experts ? m.gate[0].gptq.group_size : 0;
   std::vector<gpu::Int4Expert> i4(E);

@@ -95,7 +95,7 @@ void Qwen35MoeGpu::Impl::gemv_rows(const DevLinear& L, const float* in, int64_t 
 
 void Qwen35MoeGpu::Impl::shared_inputs(const DevLayer& L, const float* x, int64_t n, float* sg, float* su, float* sgate, cudaStream_t on) {
   gemv_stack(L.sh_gate_up, {{&L.sh_gate, sg}, {&L.sh_up, su}}, x, n, on);
-  gemv_rows(L.sh_expert_gate, x, n, gpu::RowsOut::one(sgate, L.sh_expert_gate.out), on);
+  if (!L.router_gate.out) gemv_rows(L.sh_expert_gate, x, n, gpu::RowsOut::one(sgate, L.sh_expert_gate.out), on);
 }
 
 // The members of a stacked projection (DevLayer::in_proj, x_proj, sh_gate_up) for n tokens, each into
@@ -175,9 +175,11 @@ bool Qwen35MoeGpu::Impl::prefill_layer(size_t li, float* hbuf, int64_t n, const 
   mark(tr, li, 1);
   const gpu::QuantX qx = moe_x(L, n, phs);  // x quantised for the decode MoE by its norm
   CK(gpu::add_rmsnorm_zc(hbuf, po, nullptr, nullptr, L.post_norm, H, rows_n, eps, px, stream, qx));  // h += o, then the norm
-  // A step's rows: the router with the shared expert's gate, up and gate logit in one launch (x_proj)
+  // A step's rows: the router with the shared expert's gate, up and gate logit in one launch (x_proj),
+  // or with its gate logit (router_gate)
   const bool x_stacked = gemv && L.x_proj.out;
   if (x_stacked) linear_stack(L.x_proj, {{&L.router, prouter}, {&L.sh_gate, psg}, {&L.sh_up, psu}, {&L.sh_expert_gate, psgate}}, px, n, gemv);
+  else if (L.router_gate.out) linear_stack(L.router_gate, {{&L.router, prouter}, {&L.sh_expert_gate, psgate}}, px, n, gemv);
   else linear_rows(L.router, px, n, prouter, gemv);
   CK(gpu::router_topk(prouter, c.num_experts, k, rows_n, ptopk_ids, ptopk_w, stream));
   // Streamed: the layer's host experts run on the GPU from `streamed`, the host computes none.
@@ -202,7 +204,7 @@ bool Qwen35MoeGpu::Impl::prefill_layer(size_t li, float* hbuf, int64_t n, const 
   gpu_experts(L, px, ptopk_ids, ptopk_w, n, pxh, phs, pmoe, streamed, qx.parts != nullptr);
   if (!x_stacked && !beside) {
     linear_stack(L.sh_gate_up, {{&L.sh_gate, psg}, {&L.sh_up, psu}}, px, n, gemv);
-    linear_rows(L.sh_expert_gate, px, n, psgate, gemv);
+    if (!L.router_gate.out) linear_rows(L.sh_expert_gate, px, n, psgate, gemv);
   }
   if (beside) {
     CK(cudaStreamWaitEvent(stream, join_ev, 0));
