@@ -14,7 +14,8 @@
 #   e2e      the synthetic 35B GPTQ model (synthesized once, to /tmp/q35), `tandem bench` (prompt $PLEN, $GEN
 #            tokens, $REPEAT repeats) for each of $SCENARIOS, old then new
 #            (gpu-all, hybrid-24gib, hybrid-12gib, hybrid-8gib, hybrid-8gib-link3; also gpu-int8: 24 GiB holding
-#            every routed expert with int8 dense weights and lm_head, issue 28's case)
+#            every routed expert with int8 dense weights and lm_head, issue 28's case; gpu-int8-sh16: the same
+#            with the shared experts kept bf16)
 #   batch    `tandem bench --batch $BATCHES` on the synthetic 35B for each of $BSCENARIOS (default gpu-all
 #            hybrid-24gib hybrid-8gib), old then new: aggregate decode at each batch size, ITL, bound
 #   verify   `tandem bench --verify-cost 1,2,3,4` after a 1024-token prompt, all on the GPU, old then new
@@ -99,6 +100,7 @@ prepare_35b() {  # the synthetic model and the scenarios' placements
   yaml hybrid-8gib 8GiB $'cpu_experts: all\n'
   yaml hybrid-8gib-link3 8GiB $'cpu_experts: all\nexperts:\n  link:\n    in_place: 3\n'
   yaml gpu-int8 24GiB $'dense:\n  format: int8\n  lm_head: int8\n'  # every routed expert fits: issue 28's int8 dense
+  yaml gpu-int8-sh16 24GiB $'dense:\n  format: int8\n  lm_head: int8\nrules:\n  - match: "layers.*.mlp.shared_expert"\n    format: bf16\n'
 }
 scenario_args() {  # scenario -> the bench's device flags
   if [ "$1" = gpu-all ]; then echo "--device gpu --gpu-mem 1000GiB --context $ctx"; else echo "--device hybrid --config $OUT/e2e/$1.yaml"; fi
