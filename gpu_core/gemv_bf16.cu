@@ -62,11 +62,10 @@ cudaError_t launch_mma(const uint16_t* W, int64_t N, int64_t K, const float* x, 
   });
 }
 
-// The router GEMV's end (T = 1): every block stores its rows (y's parts) and fences, takes a ticket; the
-// block holding the last ticket runs on_last() (all threads), reads logits[0..E) (y's first part) back
-// from L2 and runs the
-// warp top-k there, then re-arms the counter for the next
-// launch. Returns whether this block was the last.
+// The router GEMV's end (T = 1): every block stores its rows (into y's parts) and fences, takes a
+// ticket; the block holding the last ticket runs on_last() (all threads), reads logits[0..E) (y's first
+// part) back from L2 and runs the warp top-k there, then re-arms the counter for the next launch.
+// Returns whether this block was the last.
 template <typename OnLast>
 __device__ __forceinline__ bool route_tail(float acc, int64_t row, int lane, int64_t N, const RowsOut& y, int E, int k, unsigned* counter,
                                            int32_t* ids, float* weights, OnLast&& on_last) {
