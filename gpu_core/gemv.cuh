@@ -90,9 +90,9 @@ cudaError_t gemv_rows8_swiglu(const Rows8View& W, const float* g, const float* u
 // shared) when a is given, as add_rmsnorm_zc (else h is only read, as rmsnorm_zc), x = the normalised
 // row (norm_w, eps), written for the kernels after it; y = W x as gemv_bf16 computes it into y's parts
 // (RowsOut), whose first E outputs, in the first part, are router logits, and router_topk (ops.cuh) of
-// them done by the launch's last block. Every
-// output bit for bit as the norm launch + gemv_bf16 + router_topk: each block normalises the row
-// itself, with the norm kernel's arithmetic, while its first weights load. One token; K <= 4096.
+// them done by the launch's last block. Every output bit for bit as the norm launch + gemv_bf16 +
+// router_topk: each block normalises the row itself, with the norm kernel's arithmetic, while its first
+// weights load. One token; K <= 4096.
 // counter: a device word, zero before the first launch and left zero after each (launches sharing one
 // must be stream-ordered). With post (handoff.cuh) the last block also posts x, ids and weights to the
 // host as host_post would after the launch. With qx.parts (K a multiple of 32) the blocks also write x
