@@ -7,6 +7,8 @@
 #
 # usage: scripts/sass.sh gpu_core/moe_int4_wide.cu [REGEX] [ARCH]
 #   e.g. scripts/sass.sh gpu_core/attention_decode.cu attend_group_kernel
+# FILE is a path in the tree that holds this copy of the script, whatever the current directory: to
+# compare with another tree (.base), run that tree's copy (bash .base/scripts/sass.sh FILE).
 set -euo pipefail
 src="$1" regex="${2:-.}" arch="${3:-sm_90}"
 here=$(cd "$(dirname "$0")/.." && pwd)
