@@ -379,9 +379,10 @@ struct Qwen35MoeGpu::Impl {
   // swiglu_fused): silu_mul then the GEMV, in one launch.
   void swiglu_down(const DevLinear& L, const float* g, const float* u, int T, float* out, cudaStream_t on);
   // The shared expert's gate, up (sg, su: [n, shared intermediate] each) and gate logit (sgate [n], unless
-  // router_gate computed it) of n tokens of x on `on`, where no x_proj stack computed them with the router
-  // (8-bit shared projections beside a bf16 router): so they can go beside the routed experts too. shared_beside_ok: the layer's
-  // are GEMVs that need no workspace of the routed experts' (bf16 or 8-bit rows, not int4).
+  // router_gate computed it) of n tokens of x on `on`, where no x_proj stack computed them with the
+  // router (8-bit shared projections beside a bf16 router): so they can go beside the routed experts too.
+  // shared_beside_ok: the layer's are GEMVs that need no workspace of the routed experts' (bf16 or 8-bit
+  // rows, not int4).
   void shared_inputs(const DevLayer& L, const float* x, int64_t n, float* sg, float* su, float* sgate, cudaStream_t on);
   static bool shared_beside_ok(const DevLayer& L) {
     if (L.x_proj.out) return true;
