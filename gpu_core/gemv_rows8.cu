@@ -76,7 +76,7 @@ __global__ void gemv_rows8_kernel(const uint8_t* __restrict__ q, const float* __
 #pragma unroll
   for (int i = 0; i < PRE; ++i) pre[i] = lane + 32 * i < chunks ? detail::load_stream(w + lane + 32 * i) : make_uint4(0u, 0u, 0u, 0u);
   detail::pdl_wait();
-  early_next = early_next && !SWIGLU;  // only the input projections ask it
+  early_next = early_next && !SWIGLU;  // only the input projections ask it; constant for SwiGLU (76 registers, not 80)
   if (early_next) detail::pdl_launch_next();
   float acc[1] = {0.0f};
   const auto chunk = [&](int64_t c, const uint4& v) {

@@ -238,8 +238,9 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
     bool x_quantised = false;
     if (R.bf16()) {
       const gpu::HostPost post = hy.post(static_cast<int>(li));
-      gpu::RowsOut y = gpu::RowsOut::one(router, R.out);  // x_proj's rows as laid out in the workspace
-      if (&R == &L.router_gate) y.dst[1] = sgate, y.end[0] = L.router.out, y.end[1] = R.out, y.parts = 2;
+      // x_proj's rows as laid out in the workspace; router_gate's gate logit into sgate
+      const gpu::RowsOut y =
+          &R == &L.router_gate ? stack_out(R, {{&L.router, router}, {&L.sh_expert_gate, sgate}}) : gpu::RowsOut::one(router, R.out);
       CK(gpu::gemv_bf16_router_topk_norm(R.w, R.out, R.in, h, pending.a, pending.shared, pending.gate, L.post_norm, eps, x, y,
                                          static_cast<int>(c.num_experts), k, route_ticket, topk_ids, topk_w, stream,
                                          post_in_router ? &post : nullptr, qx));

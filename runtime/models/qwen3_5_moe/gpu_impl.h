@@ -318,6 +318,9 @@ struct Qwen35MoeGpu::Impl {
     float* out;
   };
   void linear_stack(const DevLinear& stack, std::initializer_list<StackMember> members, const float* in, int64_t n, bool gemv);
+  // The stack's outputs split by member, each into its own rows (one token's layout; gemv_rows moves
+  // each part per token).
+  static gpu::RowsOut stack_out(const DevLinear& stack, std::initializer_list<StackMember> members);
   // The same as GEMVs on `on` (bf16 or 8-bit members): the stack in one launch for every 8 tokens, or
   // member by member where there is no stack.
   void gemv_stack(const DevLinear& stack, std::initializer_list<StackMember> members, const float* in, int64_t n, cudaStream_t on);

@@ -110,11 +110,7 @@ void Qwen35MoeGpu::Impl::linear_stack(const DevLinear& stack, std::initializer_l
   gemv_stack(stack, members, in, n, stream);
 }
 
-void Qwen35MoeGpu::Impl::gemv_stack(const DevLinear& stack, std::initializer_list<StackMember> members, const float* in, int64_t n, cudaStream_t on) {
-  if (!stack.out) {
-    for (const StackMember& m : members) gemv_rows(*m.part, in, n, gpu::RowsOut::one(m.out, m.part->out), on);
-    return;
-  }
+gpu::RowsOut Qwen35MoeGpu::Impl::stack_out(const DevLinear& stack, std::initializer_list<StackMember> members) {
   if (members.size() > static_cast<size_t>(gpu::RowsOut::kMaxParts)) fail("internal: a stack of ", members.size(), " members");
   gpu::RowsOut o;
   for (const StackMember& m : members) {
@@ -123,7 +119,15 @@ void Qwen35MoeGpu::Impl::gemv_stack(const DevLinear& stack, std::initializer_lis
     ++o.parts;
   }
   if (o.end[o.parts - 1] != stack.out) fail("internal: a stack of ", stack.out, " rows read as members of ", o.end[o.parts - 1]);
-  gemv_rows(stack, in, n, o, on);
+  return o;
+}
+
+void Qwen35MoeGpu::Impl::gemv_stack(const DevLinear& stack, std::initializer_list<StackMember> members, const float* in, int64_t n, cudaStream_t on) {
+  if (!stack.out) {
+    for (const StackMember& m : members) gemv_rows(*m.part, in, n, gpu::RowsOut::one(m.out, m.part->out), on);
+    return;
+  }
+  gemv_rows(stack, in, n, stack_out(stack, members), on);
 }
 
 // One layer of batched prefill for n tokens whose hidden states are h [n, H] (updated in place) at
