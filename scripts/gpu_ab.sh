@@ -99,8 +99,9 @@ prepare_35b() {  # the synthetic model and the scenarios' placements
   yaml hybrid-12gib 12GiB $'experts:\n  select: frequency\n'
   yaml hybrid-8gib 8GiB $'cpu_experts: all\n'
   yaml hybrid-8gib-link3 8GiB $'cpu_experts: all\nexperts:\n  link:\n    in_place: 3\n'
-  yaml gpu-int8 24GiB $'dense:\n  format: int8\n  lm_head: int8\n'  # every routed expert fits: issue 28's int8 dense
-  yaml gpu-int8-sh16 24GiB $'dense:\n  format: int8\n  lm_head: int8\nrules:\n  - match: "layers.*.mlp.shared_expert"\n    format: bf16\n'
+  local int8=$'dense:\n  format: int8\n  lm_head: int8\n'
+  yaml gpu-int8 24GiB "$int8"  # every routed expert fits: issue 28's int8 dense
+  yaml gpu-int8-sh16 24GiB "$int8"$'rules:\n  - match: "layers.*.mlp.shared_expert"\n    format: bf16\n'
 }
 scenario_args() {  # scenario -> the bench's device flags
   if [ "$1" = gpu-all ]; then echo "--device gpu --gpu-mem 1000GiB --context $ctx"; else echo "--device hybrid --config $OUT/e2e/$1.yaml"; fi
