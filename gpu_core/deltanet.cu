@@ -49,13 +49,16 @@ __global__ void conv_kernel(DeltaNetDecodeArgs p, int channels) {
   float* window = p.conv_state + (p.slot ? static_cast<int64_t>(p.slot[g]) * p.conv_stride : 0);
   const int hist = p.kernel - 1;
   float win[kMaxHist];
-  if (on)
-    for (int j = 0; j < hist; ++j) win[j] = window[j * channels + ch];
+#pragma unroll
+  for (int j = 0; j < kMaxHist; ++j)
+    if (on && j < hist) win[j] = window[j * channels + ch];
   detail::pdl_enter();
   if (!on) return;
   auto keep = [&](int copy) {
     if (p.kept_conv)
-      for (int j = 0; j < hist; ++j) p.kept_conv[copy * p.conv_stride + j * channels + ch] = win[j];
+#pragma unroll
+      for (int j = 0; j < kMaxHist; ++j)
+        if (j < hist) p.kept_conv[copy * p.conv_stride + j * channels + ch] = win[j];
   };
   keep(0);
   for (int tb = t0; tb < t1; tb += kStageTokens) {
@@ -70,7 +73,9 @@ __global__ void conv_kernel(DeltaNetDecodeArgs p, int channels) {
       keep(tb + u - t0 + 1);
     }
   }
-  for (int j = 0; j < hist; ++j) window[j * channels + ch] = win[j];
+#pragma unroll
+  for (int j = 0; j < kMaxHist; ++j)
+    if (j < hist) window[j * channels + ch] = win[j];
 }
 
 // ---- the recurrence's per-thread pieces, shared by the decode and prefill kernels ----
@@ -169,9 +174,10 @@ __global__ void conv_tokens_kernel(const float* __restrict__ x, const float* __r
   if (ch >= channels) return;
   const int hist = kernel - 1;
   float win[kMaxHist];
-  for (int j = 0; j < hist; ++j) {
+#pragma unroll
+  for (int j = 0; j < kMaxHist; ++j) {
     const int tt = t0 - hist + j;
-    win[j] = tt >= 0 ? x[int64_t(tt) * channels + ch] : window[(hist + tt) * channels + ch];
+    if (j < hist) win[j] = tt >= 0 ? x[int64_t(tt) * channels + ch] : window[(hist + tt) * channels + ch];
   }
   conv_tokens(x, w, win, y, ch, channels, kernel, t0, min(T, t0 + kConvTokens));
 }

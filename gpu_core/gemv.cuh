@@ -96,11 +96,13 @@ cudaError_t gemv_rows8_swiglu(const Rows8View& W, const float* g, const float* u
 // counter: a device word, zero before the first launch and left zero after each (launches sharing one
 // must be stream-ordered). With post (handoff.cuh) the last block also posts x, ids and weights to the
 // host as host_post would after the launch. With qx.parts (K a multiple of 32) the blocks also write x
-// quantised for moe_int4_decode_wide between them (workspace_sizes.h's QuantX).
+// quantised for moe_int4_decode_wide between them (workspace_sizes.h's QuantX). With w8 (K inputs too)
+// the launch also computes w8's 8-bit rows from the same x, as gemv_rows8 computes them, into y's rows N
+// .. N + w8->N (the 8-bit shared expert's gate and up, so that they need no launch of their own).
 cudaError_t gemv_bf16_router_topk_norm(const uint16_t* W, int64_t N, int64_t K, float* h, const float* a, const float* shared,
                                        const float* gate, const float* norm_w, float eps, float* x, const RowsOut& y, int E, int k,
                                        unsigned* counter, int32_t* ids, float* weights, cudaStream_t stream,
-                                       const HostPost* post = nullptr, QuantX qx = {});
+                                       const HostPost* post = nullptr, QuantX qx = {}, const Rows8View* w8 = nullptr);
 // gemv_bf16 of silu(g) * u (g, u fp32 [T, K]), the SwiGLU product formed as the input is read: the
 // same numbers as silu_mul(g, u) then gemv_bf16(g), bit for bit, in one launch and without writing g.
 cudaError_t gemv_bf16_swiglu(const uint16_t* W, int64_t N, int64_t K, const float* g, const float* u, int T, float* y,

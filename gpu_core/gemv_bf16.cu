@@ -13,6 +13,7 @@
 #include "gpu_core/mma.cuh"
 #include "gpu_core/norm_row.cuh"
 #include "gpu_core/pdl.cuh"
+#include "gpu_core/rows8_row.cuh"
 #include "gpu_core/topk_warp.cuh"
 
 namespace tandem::gpu {
@@ -64,16 +65,17 @@ cudaError_t launch_mma(const uint16_t* W, int64_t N, int64_t K, const float* x, 
 
 // The router GEMV's end (T = 1): every block stores its rows (into y's parts) and fences, takes a
 // ticket; the block holding the last ticket runs on_last() (all threads), reads logits[0..E) (y's first
-// part) back from L2 and runs the warp top-k there, then re-arms the counter for the next launch.
-// Returns whether this block was the last.
+// part) back from L2 and runs the warp top-k there, then re-arms the counter for the next launch. A
+// row's sum is stored times `scale` (1 for bf16 rows; an 8-bit row's scale, as warp_store_row applies
+// it). Returns whether this block was the last.
 template <typename OnLast>
-__device__ __forceinline__ bool route_tail(float acc, int64_t row, int lane, int64_t N, const RowsOut& y, int E, int k, unsigned* counter,
-                                           int32_t* ids, float* weights, OnLast&& on_last) {
+__device__ __forceinline__ bool route_tail(float acc, float scale, int64_t row, int lane, int64_t N, const RowsOut& y, int E, int k,
+                                           unsigned* counter, int32_t* ids, float* weights, OnLast&& on_last) {
   if (row < N) {  // no early return: the block meets at the barrier below
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
     if (lane == 0) {
-      *y.at(0, row) = acc;
+      *y.at(0, row) = acc * scale;
       __threadfence();  // visible device-wide before this block's ticket
     }
   }
@@ -107,32 +109,49 @@ __device__ __forceinline__ void post_route(const HostPost& post, const float* xs
 // (norm_row, the norm kernel's arithmetic) while its first weight vectors load, then computes its
 // rows from there; the last block writes h' and x for the kernels after it (every block has read h
 // by then: its ticket follows its reads), and with post.flag posts x, ids and weights to the host.
-// With qx.parts the blocks quantise x's vectors between them (off the last block's path).
-template <int PER, int PRE>
+// With qx.parts the blocks quantise x's vectors between them (off the last block's path). Rows N ..
+// N + w8.N (ROWS8; else none, w8 unused) are w8's 8-bit rows, each as gemv_rows8's one-token kernel
+// computes it (rows8_row.cuh), from the same x. ROWS8 is a template argument so that the bf16-only
+// launches keep the code they had without it (as a runtime branch it cost them 1.1% on the H100).
+template <int PER, int PRE, bool ROWS8>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
-    gemv_bf16_norm_topk_kernel(const uint16_t* __restrict__ W, int64_t N, int64_t K, float* h, const float* a, const float* s,
+    gemv_bf16_norm_topk_kernel(const uint16_t* __restrict__ W, int64_t N, Rows8View w8, int64_t K, float* h, const float* a, const float* s,
                                const float* gate, const float* norm_w, float eps, float* x, RowsOut y, int E, int k, unsigned* counter,
                                int32_t* ids, float* weights, HostPost post, QuantX qx) {
   extern __shared__ __align__(16) float sm[];  // x [K], then h' [K]
   float* xs = sm;
   float* hs = sm + K;
   const int lane = threadIdx.x & 31;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5), row8 = row - N;
+  const bool is8 = ROWS8 && row8 >= 0 && row8 < w8.N;  // whole warps
   uint4 pre[PRE];
-  row_prefetch(W, N, K, row, lane, pre);
+  if (is8) detail::rows8_prefetch(w8.codes, K, row8, lane, pre);
+  else row_prefetch(W, N, K, row, lane, pre);
   detail::pdl_wait();
   const float sig = s ? 1.0f + expf(-gate[0]) : 1.0f;
   detail::norm_row<PER>(
       h, a, s, sig, norm_w, K, eps, [&](int64_t i, float v) { hs[i] = v; }, [&](int64_t i, float v) { xs[i] = v; });
   __syncthreads();
   float dot[1];
-  row_finish<1, false, true, PRE>(W, N, K, xs, nullptr, 1, row, lane, pre, dot);
+  float scale = 1.0f;
+  if constexpr (ROWS8) {
+    if (is8) {
+      dot[0] = w8.format == RowFormat::Int8 ? detail::rows8_finish<RowFormat::Int8, PRE, false, true>(w8.codes, K, xs, nullptr, row8, lane, pre)
+                                            : detail::rows8_finish<RowFormat::Fp8, PRE, false, true>(w8.codes, K, xs, nullptr, row8, lane, pre);
+      scale = w8.scales[row8];
+    } else {
+      row_finish<1, false, true, PRE>(W, N, K, xs, nullptr, 1, row, lane, pre, dot);
+    }
+  } else {
+    row_finish<1, false, true, PRE>(W, N, K, xs, nullptr, 1, row, lane, pre, dot);
+  }
   detail::pdl_launch_next();
   if (qx.parts) {  // x quantised for the decode MoE: every block holds the same x, each quantises its share
     const int warps = static_cast<int>(blockDim.x >> 5);
     detail::quantise_vectors(xs, K, qx, 0, static_cast<int>(blockIdx.x) * warps + (threadIdx.x >> 5), static_cast<int>(gridDim.x) * warps);
   }
-  const bool last = route_tail(dot[0], row, lane, N, y, E, k, counter, ids, weights, [&] {
+  const int64_t rows = ROWS8 ? N + w8.N : N;
+  const bool last = route_tail(dot[0], scale, row, lane, rows, y, E, k, counter, ids, weights, [&] {
     for (int64_t i = threadIdx.x; i < K; i += blockDim.x) {
       if (a) h[i] = hs[i];
       x[i] = xs[i];
@@ -152,20 +171,25 @@ cudaError_t with_pre(int64_t K, Launch&& launch) {
 }
 
 // gemv_bf16_norm_topk_kernel's launch.
-cudaError_t launch_norm_gemv(const uint16_t* W, int64_t N, int64_t K, float* h, const float* a, const float* shared, const float* gate,
+cudaError_t launch_norm_gemv(const uint16_t* W, int64_t N, const Rows8View& w8, int64_t K, float* h, const float* a, const float* shared, const float* gate,
                              const float* norm_w, float eps, float* x, const RowsOut& y, int E, int k, unsigned* counter, int32_t* ids,
                              float* weights, const HostPost& post, const QuantX& qx, cudaStream_t stream) {
   if (K % 8 != 0 || K > 16 * kWarpsPerBlock * 32 || N < 1 || !counter || (shared && (!a || !gate))) return cudaErrorInvalidValue;
-  if (!rows_out_fits(y, N) || y.end[0] < E) return cudaErrorInvalidValue;  // the logits in the first part
+  if (w8.N && (w8.K != K || !w8.codes || !w8.scales || w8.format == RowFormat::Bf16 || K % 16 != 0)) return cudaErrorInvalidValue;
+  if (!rows_out_fits(y, N + w8.N) || y.end[0] < E) return cudaErrorInvalidValue;  // the logits in the first part
   if (qx.parts && (K % 32 != 0 || !qx.vectors)) return cudaErrorInvalidValue;
   if (post.flag && (!post.x || !post.ids || !post.weights)) return cudaErrorInvalidValue;
-  const dim3 grid(static_cast<unsigned>((N + kWarpsPerBlock - 1) / kWarpsPerBlock)), block(kWarpsPerBlock * 32);
+  const dim3 grid(static_cast<unsigned>((N + w8.N + kWarpsPerBlock - 1) / kWarpsPerBlock)), block(kWarpsPerBlock * 32);
   const size_t smem = 2 * static_cast<size_t>(K) * sizeof(float);
   return detail::with_norm_per_thread(K, kWarpsPerBlock * 32, [&](auto per) {
     if constexpr (per.value > 0) {  // K <= 16 x threads (checked above): never the loop form
       return with_pre(K, [&](auto pre) {
-        return detail::launch(gemv_bf16_norm_topk_kernel<per.value, pre.value>, grid, block, smem, stream, W, N, K, h, a, shared, gate,
-                              norm_w, eps, x, y, E, k, counter, ids, weights, post, qx);
+        auto go = [&](auto kernel) {
+          return detail::launch(kernel, grid, block, smem, stream, W, N, w8, K, h, a, shared, gate, norm_w, eps, x, y, E, k, counter, ids,
+                                weights, post, qx);
+        };
+        if (w8.N) return go(gemv_bf16_norm_topk_kernel<per.value, pre.value, true>);
+        return go(gemv_bf16_norm_topk_kernel<per.value, pre.value, false>);
       });
     } else {
       return cudaErrorInvalidValue;
@@ -178,9 +202,9 @@ cudaError_t launch_norm_gemv(const uint16_t* W, int64_t N, int64_t K, float* h, 
 cudaError_t gemv_bf16_router_topk_norm(const uint16_t* W, int64_t N, int64_t K, float* h, const float* a, const float* shared,
                                        const float* gate, const float* norm_w, float eps, float* x, const RowsOut& y, int E, int k,
                                        unsigned* counter, int32_t* ids, float* weights, cudaStream_t stream, const HostPost* post,
-                                       QuantX qx) {
+                                       QuantX qx, const Rows8View* w8) {
   if (E < 1 || E > N || E > detail::kRouterMaxExperts || k < 1 || k > E || k > detail::kRouterMaxTopK) return cudaErrorInvalidValue;
-  return launch_norm_gemv(W, N, K, h, a, shared, gate, norm_w, eps, x, y, E, k, counter, ids, weights, post ? *post : HostPost{}, qx,
+  return launch_norm_gemv(W, N, w8 ? *w8 : Rows8View{}, K, h, a, shared, gate, norm_w, eps, x, y, E, k, counter, ids, weights, post ? *post : HostPost{}, qx,
                           stream);
 }
 

@@ -11,6 +11,7 @@
 #include "gpu_core/mma.cuh"
 #include "gpu_core/pdl.cuh"
 #include "gpu_core/rows8_layout.h"
+#include "gpu_core/rows8_row.cuh"
 
 namespace tandem::gpu {
 
@@ -18,24 +19,9 @@ namespace {
 
 constexpr int kRowsPerBlock = 8;  // one token: one warp a row
 
-// The 4 codes of w as floats (exact). int8: each byte b + 128 (the sign bit flipped) as the low byte
-// of 2^23's float, less 2^23 + 128: a byte permute and an add a code, where a conversion instruction runs
-// at a quarter of the rate or less and was the 8-bit GEMVs' limit; fp8: E4M3 values converted two at a
-// time (fp8.cuh).
-template <RowFormat F>
-__device__ __forceinline__ void codes4(uint32_t w, float* f) {
-  if constexpr (F == RowFormat::Int8) {
-    const uint32_t u = w ^ 0x80808080u;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) f[i] = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7540u + i)) - 8388736.0f;
-  } else {
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const float2 v = detail::fp8x2_to_float2(w >> (16 * i));
-      f[2 * i] = v.x, f[2 * i + 1] = v.y;
-    }
-  }
-}
+using detail::chunk_inputs;
+using detail::ChunkInputs;
+using detail::codes4;
 
 // Codes 0, 1 and 2, 3 of w as two bf16 pairs, the lower code in the low half: every int8 and E4M3 value
 // has at most 4 significant bits (E4M3) or 7 (int8), so its float's low 16 bits are zero and
@@ -46,17 +32,6 @@ __device__ __forceinline__ void codes_bf16(uint32_t w, uint32_t& c01, uint32_t& 
   codes4<F>(w, f);
   c01 = __byte_perm(__float_as_uint(f[0]), __float_as_uint(f[1]), 0x7632u);
   c23 = __byte_perm(__float_as_uint(f[2]), __float_as_uint(f[3]), 0x7632u);
-}
-
-// Where the inputs of a row's 16-code vector c are (rows8_position): word i holds inputs x0 + i * step ..
-// + 3. In a whole 512-input block, vector c = 32 b + l holds 512 b + 4 l + 128 i; past them, in order.
-struct ChunkInputs {
-  int64_t x0;
-  int step;
-};
-__device__ __forceinline__ ChunkInputs chunk_inputs(int64_t K, int64_t c) {
-  if (c < K / 512 * 32) return {c / 32 * 512 + 4 * (c % 32), 128};
-  return {c * 16, 4};
 }
 
 // One token, one warp a row. A lane's first PRE 16-code vectors are loaded before the kernel waits for
@@ -70,31 +45,12 @@ __global__ void gemv_rows8_kernel(const uint8_t* __restrict__ q, const float* __
   const int lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
   if (row >= N) return;  // whole warps: the shuffles of warp_store_row stay full-warp
-  const uint4* w = reinterpret_cast<const uint4*>(q + row * K);
-  const int64_t chunks = K / 16;  // 16 weights a load
   uint4 pre[PRE];
-#pragma unroll
-  for (int i = 0; i < PRE; ++i) pre[i] = lane + 32 * i < chunks ? detail::load_stream(w + lane + 32 * i) : make_uint4(0u, 0u, 0u, 0u);
+  detail::rows8_prefetch(q, K, row, lane, pre);
   detail::pdl_wait();
   early_next = early_next && !SWIGLU;  // only the input projections ask it; constant for SwiGLU (76 registers, not 80)
   if (early_next) detail::pdl_launch_next();
-  float acc[1] = {0.0f};
-  const auto chunk = [&](int64_t c, const uint4& v) {
-    float wf[16];
-    codes4<F>(v.x, wf), codes4<F>(v.y, wf + 4), codes4<F>(v.z, wf + 8), codes4<F>(v.w, wf + 12);
-    const ChunkInputs in = chunk_inputs(K, c);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      float4 a = __ldg(reinterpret_cast<const float4*>(x + in.x0 + i * in.step));
-      if constexpr (SWIGLU) a = detail::swiglu4(a, __ldg(reinterpret_cast<const float4*>(u + in.x0 + i * in.step)));
-      acc[0] += wf[4 * i] * a.x + wf[4 * i + 1] * a.y + wf[4 * i + 2] * a.z + wf[4 * i + 3] * a.w;
-    }
-  };
-#pragma unroll
-  for (int i = 0; i < PRE; ++i)
-    if (lane + 32 * i < chunks) chunk(lane + 32 * i, pre[i]);
-#pragma unroll 2
-  for (int64_t c = lane + 32 * PRE; c < chunks; c += 32) chunk(c, detail::load_stream(w + c));  // weights: not into L1
+  const float acc[1] = {detail::rows8_finish<F, PRE, SWIGLU, false>(q, K, x, u, row, lane, pre)};
   if (!early_next) detail::pdl_launch_next();
   detail::warp_store_row<1>(acc, 1, scales[row], lane, [&](int t) { return y.at(t, row); });
 }

@@ -49,15 +49,17 @@ cudaError_t moe_int4_decode(const Int4Expert* experts, int64_t H, int64_t I, int
 // group_size 32 times a power of two, H <= 4096, I <= 2048, k <= 8); returns cudaErrorInvalidValue
 // otherwise. sm_80+ (warp reductions).
 //
-// shared (w set; one token): the launch of down also computes the shared expert's down projection,
-// out [H] = (silu(g) * u) [in] W^T for W bf16 [H, in] (in % 8 == 0, in <= 1024), in blocks scheduled
-// before the routed ones, each row as gemv_bf16_swiglu computes it (the same bits), so that the shared
-// expert needs no launch or stream of its own. g and u must be written before this call (they are read
+// shared (w or w8.codes set; one token): the launch of down also computes the shared expert's down
+// projection, out [H] = (silu(g) * u) [in] W^T for W bf16 [H, in] (in % 8 == 0, in <= 1024) or int8
+// rows w8 [H, in] (in % 16 == 0), in blocks scheduled before the routed ones, each row as
+// gemv_bf16_swiglu / gemv_rows8_swiglu computes it (the same bits), so that the shared expert needs no
+// launch or stream of its own. g and u must be written before this call (they are read
 // before down's wait for gate/up: pdl.cuh). One token only: at 8, rows computed token after token
 // in this form made the step 2-3% slower than the tensor-core GEMV beside the experts
 // (bench/results/2026-12-07-stop58-h100.md).
 struct SharedDown {
   const uint16_t* w = nullptr;
+  Rows8View w8;  // instead of w: int8 rows (codes set)
   int64_t in = 0;
   const float* g = nullptr;
   const float* u = nullptr;

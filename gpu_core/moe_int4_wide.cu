@@ -70,11 +70,24 @@ bool moe_int4_decode_wide_fits(int64_t H, int64_t I, int64_t group_size, int k, 
 
 bool shared_down_fits(int64_t in) { return in >= 8 && in % 8 == 0 && in <= 1024; }  // shared_down_row: every vector in registers
 
+namespace {
+
+// Whether `shared` asks for a shared down the down launch can take (moe.cuh), given one token and H rows.
+bool shared_ok(const SharedDown& shared, int T, int64_t H) {
+  if (!shared_down_fits(shared.in) || T != 1 || !shared.g || !shared.u || !shared.out) return false;
+  if (shared.w) return !shared.w8.codes;
+  const Rows8View& w8 = shared.w8;
+  return w8.scales && w8.format == RowFormat::Int8 && w8.N == H && w8.K == shared.in && shared.in % 16 == 0;
+}
+
+}  // namespace
+
 cudaError_t moe_int4_decode_wide(const Int4Expert* experts, int64_t H, int64_t I, int64_t group_size, const int32_t* ids,
                                  const float* weights, int T, int k, const float* x, bool x_quantised, void* workspace, float* out,
                                  cudaStream_t stream, const SharedDown& shared) {
   if (T < 1 || T > kMaxGemvTokens || !moe_int4_decode_wide_fits(H, I, group_size, k, false)) return cudaErrorInvalidValue;
-  if (shared.w && (T != 1 || !shared_down_fits(shared.in) || !shared.g || !shared.u || !shared.out)) return cudaErrorInvalidValue;
+  const bool has_shared = shared.w || shared.w8.codes;
+  if (has_shared && !shared_ok(shared, T, H)) return cudaErrorInvalidValue;
   const WideMoeLayout lay = wide_moe_layout(T, k, H, I);
   auto* base = static_cast<uint8_t*>(workspace);
   const QuantX q = wide_moe_x(workspace, T, k, H, I);
@@ -102,12 +115,13 @@ cudaError_t moe_int4_decode_wide(const Int4Expert* experts, int64_t H, int64_t I
     return go(wide_gate_up_kernel<nv.value, 8>, 8);
   });
   if (err != cudaSuccess) return err;
-  const dim3 down_grid(static_cast<unsigned>(H / (kDownRows * kDownRowsPer)), static_cast<unsigned>(T + (shared.w ? 1 : 0)));
+  const dim3 down_grid(static_cast<unsigned>(H / (kDownRows * kDownRowsPer)), static_cast<unsigned>(T + (has_shared ? 1 : 0)));
   return with_vectors(vectors_per_lane(I, kDownLanes), [&](auto nv) {
     auto go = [&](auto kernel) {
       return launch(kernel, down_grid, dim3(kDownThreads), 0, stream, experts, H, I, ids, weights, k, hq, hs, out, gs, shared);
     };
-    return shared.w ? go(wide_down_kernel<nv.value, true>) : go(wide_down_kernel<nv.value, false>);
+    if (shared.w) return go(wide_down_kernel<nv.value, kSharedBf16>);
+    return shared.w8.codes ? go(wide_down_kernel<nv.value, kSharedInt8>) : go(wide_down_kernel<nv.value, kNoShared>);
   });
 }
 

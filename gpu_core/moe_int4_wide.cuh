@@ -12,6 +12,7 @@
 #include "gpu_core/int4_row.cuh"
 #include "gpu_core/moe.cuh"
 #include "gpu_core/pdl.cuh"
+#include "gpu_core/rows8_row.cuh"
 #include "gpu_core/workspace_sizes.h"
 
 namespace tandem::gpu::detail {
@@ -92,45 +93,61 @@ __global__ void __launch_bounds__(W * 32, W == 8 && NV <= 2 ? 2 : 1)  // up to 2
   if (warp == 0) quantise_vector(hb[lane], blockIdx.x, nh, hq + static_cast<int64_t>(p) * I * 2, hs + static_cast<int64_t>(p) * nh);
 }
 
+// What a down launch computes besides the routed experts (moe.cuh's SharedDown): nothing, a bf16 shared
+// down (sh.w) or an int8 one (sh.w8).
+enum SharedKind : int { kNoShared = 0, kSharedBf16 = 1, kSharedInt8 = 2 };
+
 // The shared expert's down rows of a one-token down launch (moe.cuh's SharedDown): block x's warps take
-// the rows kDownThreads / 32 x + warp, each as gemv_bf16_swiglu's one-token kernel computes a row
-// (gemv_row.cuh: the same loads, order and sums). g and u were written before gate/up, so they are read
-// before the wait (pdl.cuh); the store comes after it.
+// the rows kDownThreads / 32 x + warp, each as gemv_bf16_swiglu's / gemv_rows8_swiglu's one-token kernel
+// computes a row (gemv_row.cuh, rows8_row.cuh: the same loads, order and sums). g and u were written
+// before gate/up, so they are read before the wait (pdl.cuh); the store comes after it.
+template <int KIND>
 __device__ __forceinline__ void shared_down_row(const SharedDown& sh, int64_t H) {
-  constexpr int PRE = 4;  // gemv_bf16's for rows of up to 1024 inputs (with_pre), all of sh.in (checked at the launch)
   const int lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * (kDownThreads / 32) + (threadIdx.x >> 5);
-  uint4 pre[PRE];
-  row_prefetch(sh.w, H, sh.in, row, lane, pre);
-  float acc[1];
-  row_finish<1, true, false, PRE, false>(sh.w, H, sh.in, sh.g, sh.u, 1, row, lane, pre, acc);
+  float acc[1] = {0.0f};
+  float scale = 1.0f;
+  if constexpr (KIND == kSharedBf16) {
+    constexpr int PRE = 4;  // gemv_bf16's for rows of up to 1024 inputs (with_pre), all of sh.in (checked at the launch)
+    uint4 pre[PRE];
+    row_prefetch(sh.w, H, sh.in, row, lane, pre);
+    row_finish<1, true, false, PRE, false>(sh.w, H, sh.in, sh.g, sh.u, 1, row, lane, pre, acc);
+  } else {
+    constexpr int PRE = 2;  // every 16-code vector of rows up to 1024 inputs
+    if (row < H) {
+      uint4 pre[PRE];
+      rows8_prefetch(sh.w8.codes, sh.in, row, lane, pre);
+      acc[0] = rows8_finish<RowFormat::Int8, PRE, true, false>(sh.w8.codes, sh.in, sh.g, sh.u, row, lane, pre);
+      scale = sh.w8.scales[row];
+    }
+  }
   pdl_wait();
   pdl_launch_next();
   if (row >= H) return;
-  warp_store_row<1>(acc, 1, 1.0f, lane, [&](int) { return sh.out + row; });
+  warp_store_row<1>(acc, 1, scale, lane, [&](int) { return sh.out + row; });
 }
 
 // down: block (row group, token t) of kDownRows x kDownRowsPer rows; half-warp (r, g) computes the
 // rows r kDownRowsPer + j (j < kDownRowsPer) of the group, each row's share of the experts
 // j = g + kDownGroups m (m < kDownPer, j < k) weighted and summed over its lanes; the block adds the
 // kDownGroups shares of each row in group order. The weight loads go out before h is read.
-// SHARED (one token): blocks (x, 0) compute the shared expert's rows (shared_down_row), and the
-// token's blocks are (x, 1).
-template <int NV, bool SHARED>
+// SHARED (a SharedKind; one token): blocks (x, 0) compute the shared expert's rows (shared_down_row),
+// and the token's blocks are (x, 1).
+template <int NV, int SHARED>
 __global__ void __launch_bounds__(kDownThreads)
     wide_down_kernel(const Int4Expert* __restrict__ experts, int64_t H, int64_t I, const int32_t* __restrict__ ids,
                      const float* __restrict__ weights, int k, const uint8_t* __restrict__ hq, const VecScale* __restrict__ hs,
                      float* __restrict__ out, int gshift, SharedDown sh) {
-  if constexpr (SHARED) {
+  if constexpr (SHARED != kNoShared) {
     if (blockIdx.y == 0) {
-      shared_down_row(sh, H);
+      shared_down_row<SHARED>(sh, H);
       return;
     }
   }
   constexpr int RPH = kDownRowsPer, kRows = kDownRows * RPH;
   __shared__ float share[kDownGroups][kRows];
   const int G = static_cast<int>(I >> 5) >> gshift;
-  const int t = static_cast<int>(blockIdx.y) - SHARED, hw = threadIdx.x / kDownLanes, l = threadIdx.x % kDownLanes;
+  const int t = static_cast<int>(blockIdx.y) - (SHARED != kNoShared ? 1 : 0), hw = threadIdx.x / kDownLanes, l = threadIdx.x % kDownLanes;
   const int r = hw % kDownRows, g = hw / kDownRows;
   const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kRows + r * RPH, nvec = I / 32;
   pdl_wait();

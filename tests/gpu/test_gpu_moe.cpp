@@ -10,6 +10,7 @@
 #include "gpu_core/gemv.cuh"
 #include "gpu_core/moe.cuh"
 #include "gpu_core/ops.cuh"
+#include "gpu_core/rows8_layout.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/gpu/gptq_random.h"
 #include "tests/unit/test_util.h"
@@ -201,8 +202,8 @@ TEST(GpuMoeInt4Wide, NormQuantisedXGivesTheSameBits) {
 }
 
 // The shared expert's down in the routed down launch (SharedDown, one token): its rows bit for bit as
-// gemv_bf16_swiglu gives them, the routed sum as without it; several tokens and shapes it does not take
-// refused.
+// gemv_bf16_swiglu (bf16) and gemv_rows8_swiglu (int8 rows) give them, the routed sum as without it;
+// several tokens and shapes or formats it does not take refused.
 TEST(GpuMoeInt4Wide, SharedDownInTheDownLaunch) {
   TANDEM_REQUIRE_GPU();
   const MoeCase c{16, 8, 1, 2048, 512, 128};
@@ -238,6 +239,26 @@ TEST(GpuMoeInt4Wide, SharedDownInTheDownLaunch) {
   EXPECT_TRUE(refused(bad, 1)) << "more inputs than the launch holds in registers";
   bad = sh, bad.out = nullptr;
   EXPECT_TRUE(refused(bad, 1)) << "no output";
+
+  // The same with the shared down as int8 rows (the 8-bit dense format's): its rows bit for bit as
+  // gemv_rows8_swiglu's, the routed sum unchanged; fp8 rows, both forms at once and rows of another
+  // shape refused.
+  const gpu::Rows8Host h8 = gpu::quantize_rows8(wsh.data(), c.H, Is, RowFormat::Int8);
+  test::DeviceBuffer<uint8_t> dq(h8.codes);
+  test::DeviceBuffer<float> dsc(h8.scales), sd8(c.H), want8(c.H);
+  gpu::SharedDown sh8 = sh;
+  sh8.w = nullptr, sh8.w8 = gpu::Rows8View{dq.ptr, dsc.ptr, c.H, Is, RowFormat::Int8}, sh8.out = sd8.ptr;
+  CUDA_OK(gpu::moe_int4_decode_wide(dexp.ptr, c.H, c.I, c.gs, dids.ptr, dw.ptr, 1, c.k, dx.ptr, false, ws.ptr, routed.ptr, nullptr, sh8));
+  CUDA_OK(gpu::gemv_rows8_swiglu(sh8.w8, dg.ptr, du.ptr, 1, want8.ptr, nullptr));
+  CUDA_OK(cudaDeviceSynchronize());
+  EXPECT_EQ(routed.to_host(), plain.to_host()) << "the routed sum (int8 shared rows)";
+  EXPECT_EQ(sd8.to_host(), want8.to_host()) << "the shared expert's int8 rows";
+  bad = sh8, bad.w8.format = RowFormat::Fp8;
+  EXPECT_TRUE(refused(bad, 1)) << "fp8 rows";
+  bad = sh8, bad.w = dwsh.ptr;
+  EXPECT_TRUE(refused(bad, 1)) << "bf16 and int8 rows at once";
+  bad = sh8, bad.w8.N = c.H / 2;
+  EXPECT_TRUE(refused(bad, 1)) << "rows of another shape";
 }
 
 // The grouped prefill kernel (moe_int4_grouped_tc, tensor cores) for a chunk of tokens: against the

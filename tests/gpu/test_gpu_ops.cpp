@@ -7,8 +7,10 @@
 #include "gpu_core/gemv.cuh"
 #include "gpu_core/handoff.cuh"
 #include "gpu_core/ops.cuh"
+#include "gpu_core/rows8_layout.h"
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/row_format.h"
 #include "runtime/models/qwen3_5_moe/ops_ref.h"
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/unit/test_util.h"
@@ -175,6 +177,66 @@ TEST(GpuRouterFused, WithItsNormEqualsNormThenRouter) {
         EXPECT_EQ(w1.to_host(), w2.to_host()) << what;
         EXPECT_EQ(t1.to_host()[0], 0u) << what;
       }
+    }
+}
+
+// gemv_bf16_router_topk_norm with 8-bit rows after its bf16 ones (w8: the 8-bit shared expert's gate and
+// up in the router's launch): the bf16 rows, ids, weights, h and x as without them, and the 8-bit rows bit
+// for bit what gemv_rows8 gives from the norm launch's x, for int8 and fp8 codes, at the 35B shape
+// (router and gate logit, 2 x 512 shared rows) and an odd one (a partial 512-input block, 40 rows);
+// mismatched inputs and a y too short for them refused.
+TEST(GpuRouterFused, EightBitRowsAsTheirOwnLaunch) {
+  TANDEM_REQUIRE_GPU();
+  struct Case {
+    int64_t N, N8, K;
+    int E, k;
+  };
+  for (const Case c : {Case{257, 1024, 2048, 256, 8}, Case{33, 40, 528, 32, 4}})
+    for (const RowFormat f : {RowFormat::Int8, RowFormat::Fp8}) {
+      std::mt19937 rng(test::test_seed() + 31 + static_cast<int>(f));
+      std::vector<uint16_t> W(c.N * c.K), W8(c.N8 * c.K);
+      for (auto& v : W) v = f32_to_bf16(std::normal_distribution<float>(0, 0.2f)(rng));
+      for (auto& v : W8) v = f32_to_bf16(std::normal_distribution<float>(0, 0.2f)(rng));
+      const gpu::Rows8Host h8 = gpu::quantize_rows8(W8.data(), c.N8, c.K, f);
+      const auto norm_w = test::random_floats(rng, c.K), h = test::random_floats(rng, c.K), a = test::random_floats(rng, c.K);
+      test::DeviceBuffer<uint16_t> dW(W);
+      test::DeviceBuffer<uint8_t> dq(h8.codes);
+      test::DeviceBuffer<float> ds(h8.scales), dnw(norm_w), h1(h), h2(h), da(a), x1(c.K), x2(c.K), y1(c.E), g1(c.N - c.E), r1(c.N8);
+      test::DeviceBuffer<float> y2(c.N), r2(c.N8), w1(c.k), w2(c.k);
+      test::DeviceBuffer<int32_t> i1(c.k), i2(c.k);
+      test::DeviceBuffer<unsigned> t1(std::vector<unsigned>{0u});
+      const gpu::Rows8View v8{dq.ptr, ds.ptr, c.N8, c.K, f};
+      gpu::RowsOut y;  // logits | the other bf16 rows | the 8-bit rows, each part a buffer of its own
+      y.dst[0] = y1.ptr, y.end[0] = c.E, y.dst[1] = g1.ptr, y.end[1] = c.N, y.dst[2] = r1.ptr, y.end[2] = c.N + c.N8, y.parts = 3;
+      CUDA_OK(gpu::gemv_bf16_router_topk_norm(dW.ptr, c.N, c.K, h1.ptr, da.ptr, nullptr, nullptr, dnw.ptr, 1e-6f, x1.ptr, y, c.E, c.k, t1.ptr,
+                                              i1.ptr, w1.ptr, nullptr, nullptr, {}, &v8));
+      CUDA_OK(gpu::add_rmsnorm_zc(h2.ptr, da.ptr, nullptr, nullptr, dnw.ptr, c.K, 1, 1e-6f, x2.ptr, nullptr));
+      CUDA_OK(gpu::gemv_bf16(dW.ptr, c.N, c.K, x2.ptr, 1, y2.ptr, nullptr));
+      CUDA_OK(gpu::router_topk(y2.ptr, c.E, c.k, 1, i2.ptr, w2.ptr, nullptr));
+      CUDA_OK(gpu::gemv_rows8(v8, x2.ptr, 1, r2.ptr, nullptr));
+      CUDA_OK(cudaDeviceSynchronize());
+      const std::string what = str_cat(c.N, " + ", c.N8, " x ", c.K, " ", row_format_name(f));
+      std::vector<float> bf = y1.to_host();
+      const std::vector<float> g = g1.to_host();
+      bf.insert(bf.end(), g.begin(), g.end());
+      EXPECT_EQ(bf, y2.to_host()) << what;
+      EXPECT_EQ(r1.to_host(), r2.to_host()) << what << " (8-bit rows)";
+      EXPECT_EQ(i1.to_host(), i2.to_host()) << what;
+      EXPECT_EQ(w1.to_host(), w2.to_host()) << what;
+      EXPECT_EQ(h1.to_host(), h2.to_host()) << what;
+      EXPECT_EQ(x1.to_host(), x2.to_host()) << what;
+      EXPECT_EQ(t1.to_host()[0], 0u) << what;
+      const gpu::Rows8View other_k{dq.ptr, ds.ptr, c.N8, c.K + 16, f};
+      EXPECT_EQ(gpu::gemv_bf16_router_topk_norm(dW.ptr, c.N, c.K, h1.ptr, da.ptr, nullptr, nullptr, dnw.ptr, 1e-6f, x1.ptr, y, c.E, c.k,
+                                                t1.ptr, i1.ptr, w1.ptr, nullptr, nullptr, {}, &other_k),
+                cudaErrorInvalidValue)
+          << what;
+      gpu::RowsOut short_y = y;
+      short_y.end[2] = c.N + c.N8 - 1;
+      EXPECT_EQ(gpu::gemv_bf16_router_topk_norm(dW.ptr, c.N, c.K, h1.ptr, da.ptr, nullptr, nullptr, dnw.ptr, 1e-6f, x1.ptr, short_y, c.E,
+                                                c.k, t1.ptr, i1.ptr, w1.ptr, nullptr, nullptr, {}, &v8),
+                cudaErrorInvalidValue)
+          << what;
     }
 }
 

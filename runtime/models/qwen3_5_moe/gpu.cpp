@@ -231,6 +231,7 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
     // router|shared gate|shared up|shared expert gate stacked, router|shared expert gate, or the router
     // alone; bf16: the norm before it and the top-k in the GEMV's launch
     const DevLinear& R = L.x_proj.out ? L.x_proj : L.router_gate.out ? L.router_gate : L.router;
+    const bool sh8 = shared8_in_router(L);  // and the 8-bit shared gate / up in the same launch
     const bool split = L.cpu_experts && opts.host_experts;
     // one graph: the router's last block posts its result to the host (an int4 router: host_post below)
     const bool post_in_router = split && posting && R.bf16();
@@ -239,11 +240,12 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
     if (R.bf16()) {
       const gpu::HostPost post = hy.post(static_cast<int>(li));
       // x_proj's rows as laid out in the workspace; router_gate's gate logit into sgate
-      const gpu::RowsOut y =
+      gpu::RowsOut y =
           &R == &L.router_gate ? stack_out(R, {{&L.router, router}, {&L.sh_expert_gate, sgate}}) : gpu::RowsOut::one(router, R.out);
+      if (sh8) y.dst[2] = sg, y.end[2] = R.out + L.sh_gate_up.out, y.parts = 3;  // sg|su, as laid out in the workspace
       CK(gpu::gemv_bf16_router_topk_norm(R.w, R.out, R.in, h, pending.a, pending.shared, pending.gate, L.post_norm, eps, x, y,
                                          static_cast<int>(c.num_experts), k, route_ticket, topk_ids, topk_w, stream,
-                                         post_in_router ? &post : nullptr, qx));
+                                         post_in_router ? &post : nullptr, qx, sh8 ? &L.sh_gate_up.q8 : nullptr));
       x_quantised = qx.parts != nullptr;
       pending = {};
     } else {
@@ -273,7 +275,7 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
     if (beside) {
       CK(cudaEventRecord(fork_ev, stream));
       CK(cudaStreamWaitEvent(side, fork_ev, 0));
-      if (!L.x_proj.out) shared_inputs(L, x, 1, sg, su, sgate, side);
+      if (!L.x_proj.out && !sh8) shared_inputs(L, x, 1, sg, su, sgate, side);
       swiglu_down(L.sh_down, sg, su, 1, sd, side);
       CK(cudaEventRecord(join_ev, side));
     }
@@ -292,7 +294,7 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
     if (linked)  // read in place over PCIe, added to the GPU experts' sum
       CK(gpu::moe_int4_tiles_decode(link.tables[li], static_cast<int>(c.num_experts), H, c.moe_intermediate_size, link.group_size,
                                     topk_ids, topk_w, k, link.m, link.act_order, x, link.scratch, moe_out, stream, !link_only));
-    if (!L.x_proj.out && !beside) {
+    if (!L.x_proj.out && !beside && !sh8) {
       if (L.sh_gate_up.out) {
         linear(L.sh_gate_up, x, sg);  // sg|su, as laid out in the workspace
       } else {

@@ -286,18 +286,28 @@ struct Qwen35MoeGpu::Impl {
   void gpu_experts(const DevLayer& L, const float* x_dev, const int32_t* ids_dev, const float* w_dev, int64_t n, uint16_t* xh_buf, void* hs, float* out,
                    const gpu::Int4Expert* table, bool x_quantised, const gpu::SharedDown& shared = {});
   // Whether L's shared expert's down can run in its routed experts' down launch at one token
-  // (gpu::SharedDown): the wide kernel, the shared gate and up from the x_proj stack (with the router,
-  // before the experts), a bf16 down of rows it takes. shared_down_of: that launch's argument for sg,
-  // su -> sd. (Several tokens keep the tensor-core GEMV beside the experts: gpu_core/moe.cuh.)
+  // (gpu::SharedDown): the wide kernel, the shared gate and up computed with the router (the x_proj
+  // stack, or 8-bit rows beside router_gate: shared8_in_router), a down of rows it takes (bf16, or int8
+  // rows). shared_down_of: that launch's argument for sg, su -> sd. (Several tokens keep the tensor-core
+  // GEMV beside the experts: gpu_core/moe.cuh.)
   bool shared_in_down(const DevLayer& L) const {
-    return wide_experts(L) && L.x_proj.out && L.sh_down.bf16() && gpu::shared_down_fits(L.sh_down.in);
+    if (!wide_experts(L) || !gpu::shared_down_fits(L.sh_down.in)) return false;
+    if (L.x_proj.out) return L.sh_down.bf16();
+    return shared8_in_router(L) && L.sh_down.rows8 && L.sh_down.q8.format == RowFormat::Int8 && L.sh_down.in % 16 == 0;
   }
   static gpu::SharedDown shared_down_of(const DevLayer& L, const float* sg, const float* su, float* sd) {
     gpu::SharedDown s;
-    s.w = L.sh_down.w, s.in = L.sh_down.in, s.g = sg, s.u = su, s.out = sd;
+    if (L.sh_down.rows8) s.w8 = L.sh_down.q8;
+    else s.w = L.sh_down.w;
+    s.in = L.sh_down.in, s.g = sg, s.u = su, s.out = sd;
     return s;
   }
 
+  // Whether L's 8-bit shared gate / up (sh_gate_up's rows) are computed in the one-token router's launch
+  // with router_gate (gpu::gemv_bf16_router_topk_norm's w8), into sg|su.
+  static bool shared8_in_router(const DevLayer& L) {
+    return L.router_gate.out && L.sh_gate_up.rows8 && L.sh_gate_up.in == L.router_gate.in && L.sh_gate_up.in % 16 == 0;
+  }
   // Whether L's GPU experts run on gpu::moe_int4_decode_wide (int4, shapes it takes, no act order).
   bool wide_experts(const DevLayer& L) const;
   // Where the kernel that writes n tokens' x (before L's experts) also writes it quantised for the
