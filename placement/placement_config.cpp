@@ -68,15 +68,23 @@ class Reader {
     fail(source_, line ? str_cat(":", line) : "", ": key '", key, "': ", a...);
   }
 
-  // Every key of `map` must be one of `known`; returns nothing, throws with the nearest valid key.
+  // Every key of `map` must be one of `known`, and appear once (YAML readers keep one of two same keys
+  // and drop the other without a word: an override appended to a config would do nothing); returns
+  // nothing, throws with the nearest valid key or both lines of a repeated one.
   void check_keys(const YAML::Node& map, const std::string& where, const std::vector<std::string>& known) const {
     if (!map.IsMap()) fail_at(map, where, "expected a mapping of keys (", join(known), ")");
+    std::vector<std::pair<std::string, int>> seen;  // key, line
     for (auto it = map.begin(); it != map.end(); ++it) {
       const std::string k = it->first.as<std::string>();
+      const int at = it->first.Mark().line + 1;
+      for (const auto& [key, line] : seen)
+        if (key == k)
+          fail(source_, ":", at, ": key ", quote(path(where, k)), " appears twice (first at line ", line,
+               "): give it once, with the value you mean");
+      seen.emplace_back(k, at);
       if (std::find(known.begin(), known.end(), k) != known.end()) continue;
       const std::string near = nearest(k, known);
-      const int line = it->first.Mark().line + 1;
-      fail(source_, ":", line, ": unknown key ", quote(path(where, k)),
+      fail(source_, ":", at, ": unknown key ", quote(path(where, k)),
            near.empty() ? str_cat(" (valid keys: ", join(known), ")") : str_cat(" (did you mean '", near, "'?)"));
     }
   }

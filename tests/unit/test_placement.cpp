@@ -80,6 +80,14 @@ TEST(PlacementYamlErrors, NameFileLineAndKey) {
   test::expect_error([] { yaml("experts:\n  select: layers 9-3\n"); }, {"test.yaml:2", "empty"});
   test::expect_error([] { yaml("experts:\n  cpu_format: int3\n"); }, {"test.yaml:2", "experts.cpu_format", "int4"});
   test::expect_error([] { yaml("rules:\n  - place: cpu\n"); }, {"test.yaml:2", "rules[0]", "match"});
+  // A key given twice is refused (a YAML reader keeps one and drops the other silently: an override
+  // appended to a shipped config would do nothing), at every level, naming both lines.
+  test::expect_error([] { yaml("dense:\n  format: bf16\ndense:\n  format: int8\n"); },
+                     {"test.yaml:3", "key 'dense' appears twice", "first at line 1"});
+  test::expect_error([] { yaml("gpu:\n  memory: 24GiB\n  memory: 8GiB\n"); }, {"test.yaml:3", "key 'gpu.memory' appears twice", "line 2"});
+  test::expect_error([] { yaml("rules:\n  - match: lm_head\n    format: bf16\n    format: int8\n"); },
+                     {"test.yaml:4", "'rules[0].format' appears twice", "line 3"});
+  EXPECT_EQ(yaml("gpu:\n  memory: 24GiB\n  reserve: 1GiB\n").gpu_reserve, 1ull << 30);  // different keys: fine
   test::expect_error([] { yaml("rules:\n  - match: lm_head\n"); }, {"test.yaml:2", "needs 'place' or 'format'"});
   test::expect_error([] { yaml("rules:\n  - match: x\n    place: disk\n"); }, {"test.yaml:3", "rules[0].place", "gpu, cpu"});
   test::expect_error([] { yaml("rules: lm_head\n"); }, {"test.yaml:1", "expected a list"});
