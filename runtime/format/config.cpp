@@ -1,5 +1,6 @@
 #include "runtime/format/config.h"
 
+#include <cctype>
 #include <climits>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -12,6 +13,78 @@ namespace tandem {
 using json = nlohmann::json;
 
 namespace {
+
+// Whether a GPTQ `dynamic` pattern repeats a repeat, and where. Python's re (GPTQModel's) refuses a
+// quantifier on a quantifier ('.?*', 'a**': "multiple repeat"); std::regex takes some of them and then
+// backtracks without bound, as it does on a repeated group that itself repeats ('(a*)*', '(.+)+'):
+// such a config.json would hang the load on the first module name it is tried on. Module-name patterns
+// need neither, so both are refused. Returns "" or what is wrong; other syntax is left to std::regex.
+std::string repeated_repeat(const std::string& p) {
+  struct Group {
+    bool repeats = false;  // its body has a quantifier
+  };
+  std::vector<Group> open(1);
+  enum class Prev { None, Atom, Quant, LazyQuant, Group } prev = Prev::None;
+  bool closed_repeats = false;  // with prev == Group: the group just closed had a quantifier inside
+  auto quantifier_len = [&](size_t i) -> size_t {  // 0: no quantifier at i
+    const char c = p[i];
+    if (c == '*' || c == '+' || c == '?') return 1;
+    if (c != '{') return 0;
+    size_t j = i + 1, digits = 0;
+    while (j < p.size() && std::isdigit(static_cast<unsigned char>(p[j]))) ++j, ++digits;
+    if (!digits) return 0;
+    if (j < p.size() && p[j] == ',') {
+      ++j;
+      while (j < p.size() && std::isdigit(static_cast<unsigned char>(p[j]))) ++j;
+    }
+    return j < p.size() && p[j] == '}' ? j + 1 - i : 0;
+  };
+  for (size_t i = 0; i < p.size();) {
+    if (const size_t q = quantifier_len(i)) {
+      if (p[i] == '?' && prev == Prev::Quant) {  // lazy: '*?', '+?', '??', '{m,n}?'
+        prev = Prev::LazyQuant;
+        ++i;
+        continue;
+      }
+      if (prev == Prev::Quant || prev == Prev::LazyQuant)
+        return str_cat("'", p.substr(i, q), "' at offset ", i, " of '", p, "' repeats a repeat (Python's re refuses it: multiple repeat)");
+      if (prev == Prev::Group && closed_repeats && p[i] != '?')  // '(a+)?' runs the group at most once
+        return str_cat("'", p.substr(i, q), "' at offset ", i, " of '", p, "' repeats a group that repeats inside (a nested repeat, which backtracks without bound)");
+      open.back().repeats = true;
+      prev = Prev::Quant;
+      i += q;
+      continue;
+    }
+    const char c = p[i];
+    if (c == '\\') {
+      prev = Prev::Atom;
+      i += 2;
+    } else if (c == '[') {  // a class: up to its closing ']' (a ']' first in it, or escaped, is a member)
+      size_t j = i + 1;
+      if (j < p.size() && p[j] == '^') ++j;
+      if (j < p.size() && p[j] == ']') ++j;
+      while (j < p.size() && p[j] != ']') j += p[j] == '\\' ? 2 : 1;
+      prev = Prev::Atom;
+      i = j + 1;
+    } else if (c == '(') {
+      open.emplace_back();
+      prev = Prev::None;
+      i += i + 1 < p.size() && p[i + 1] == '?' ? 3 : 1;  // (?: (?= (?!: the '?' is no quantifier
+    } else if (c == ')') {
+      if (open.size() > 1) {
+        closed_repeats = open.back().repeats;
+        open.pop_back();
+        open.back().repeats = open.back().repeats || closed_repeats;
+      }
+      prev = Prev::Group;
+      ++i;
+    } else {
+      prev = c == '|' || c == '^' ? Prev::None : Prev::Atom;
+      ++i;
+    }
+  }
+  return "";
+}
 
 constexpr int64_t kMaxDim = int64_t{1} << 24;
 constexpr uint64_t kMaxConfigBytes = 16 << 20;  // real config.json files are a few KB
@@ -156,6 +229,7 @@ void parse_quant(const Reader& q, QuantConfig& out) {
         pat = pat.substr(2);
       }
       rule.pattern = pat;
+      if (const std::string why = repeated_repeat(pat); !why.empty()) d.bad(key.c_str(), str_cat("refused regular expression: ", why));
       try {
         rule.regex = std::make_shared<const std::regex>(pat, std::regex::ECMAScript | std::regex::optimize);
       } catch (const std::regex_error& e) {

@@ -138,6 +138,16 @@ TEST(Config, GptqErrors) {
   expect_error([&] { parse(with("group_size", 24)); }, {"group_size 24", "does not divide"});
   expect_error([&] { parse(with("checkpoint_format", "marlin")); }, {"checkpoint_format", "gptq_v2"});
   expect_error([&] { parse(with("dynamic", {{"-:(unclosed", json::object()}})); }, {"dynamic", "regular expression"});
+  // Patterns std::regex would backtrack on without bound (a fuzzer's '.?*' hung the load) are refused by
+  // name; their neighbours that are fine still load and match as before.
+  expect_error([&] { parse(with("dynamic", {{"-:.?*shared_expert.*", json::object()}})); }, {"dynamic", "'*' at offset 2 of '.?*shared_expert.*'", "multiple repeat"});
+  expect_error([&] { parse(with("dynamic", {{"a{2}*", json::object()}})); }, {"multiple repeat"});
+  expect_error([&] { parse(with("dynamic", {{"-:(.*)+x", json::object()}})); }, {"'+' at offset 4 of '(.*)+x'", "nested repeat"});
+  expect_error([&] { parse(with("dynamic", {{"((a|b*)c)*", json::object()}})); }, {"nested repeat"});
+  const ModelConfig ok = parse(with("dynamic", {{"-:.*?attn[*+?]*.*", json::object()}, {"-:(x+)?model\\.lm_(head){1,2}", json::object()}}));
+  EXPECT_FALSE(ok.quant.for_module("model.layers.3.self_attn.q_proj").quantized);
+  EXPECT_FALSE(ok.quant.for_module("model.lm_head").quantized);
+  EXPECT_TRUE(ok.quant.for_module("model.layers.0.mlp.experts.1.up_proj").quantized);
   EXPECT_EQ(parse(with("checkpoint_format", "gptq_v2")).quant.zero_format, GptqZeroFormat::V2);
   EXPECT_EQ(parse(with("checkpoint_format", "gptq")).quant.zero_format, GptqZeroFormat::V1);
 }
