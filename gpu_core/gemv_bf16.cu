@@ -134,14 +134,10 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   __syncthreads();
   float dot[1];
   float scale = 1.0f;
-  if constexpr (ROWS8) {
-    if (is8) {
-      dot[0] = w8.format == RowFormat::Int8 ? detail::rows8_finish<RowFormat::Int8, PRE, false, true>(w8.codes, K, xs, nullptr, row8, lane, pre)
-                                            : detail::rows8_finish<RowFormat::Fp8, PRE, false, true>(w8.codes, K, xs, nullptr, row8, lane, pre);
-      scale = w8.scales[row8];
-    } else {
-      row_finish<1, false, true, PRE>(W, N, K, xs, nullptr, 1, row, lane, pre, dot);
-    }
+  if (is8) {  // a constant false in the bf16-only instances
+    dot[0] = w8.format == RowFormat::Int8 ? detail::rows8_finish<RowFormat::Int8, PRE, false, true>(w8.codes, K, xs, nullptr, row8, lane, pre)
+                                          : detail::rows8_finish<RowFormat::Fp8, PRE, false, true>(w8.codes, K, xs, nullptr, row8, lane, pre);
+    scale = w8.scales[row8];
   } else {
     row_finish<1, false, true, PRE>(W, N, K, xs, nullptr, 1, row, lane, pre, dot);
   }

@@ -20,10 +20,7 @@ namespace {
 // such a config.json would hang the load on the first module name it is tried on. Module-name patterns
 // need neither, so both are refused. Returns "" or what is wrong; other syntax is left to std::regex.
 std::string repeated_repeat(const std::string& p) {
-  struct Group {
-    bool repeats = false;  // its body has a quantifier
-  };
-  std::vector<Group> open(1);
+  std::vector<bool> repeats(1);  // per open group (the pattern's outermost first): its body has a quantifier
   enum class Prev { None, Atom, Quant, LazyQuant, Group } prev = Prev::None;
   bool closed_repeats = false;  // with prev == Group: the group just closed had a quantifier inside
   auto quantifier_len = [&](size_t i) -> size_t {  // 0: no quantifier at i
@@ -50,7 +47,7 @@ std::string repeated_repeat(const std::string& p) {
         return str_cat("'", p.substr(i, q), "' at offset ", i, " of '", p, "' repeats a repeat (Python's re refuses it: multiple repeat)");
       if (prev == Prev::Group && closed_repeats && p[i] != '?')  // '(a+)?' runs the group at most once
         return str_cat("'", p.substr(i, q), "' at offset ", i, " of '", p, "' repeats a group that repeats inside (a nested repeat, which backtracks without bound)");
-      open.back().repeats = true;
+      repeats.back() = true;
       prev = Prev::Quant;
       i += q;
       continue;
@@ -67,14 +64,14 @@ std::string repeated_repeat(const std::string& p) {
       prev = Prev::Atom;
       i = j + 1;
     } else if (c == '(') {
-      open.emplace_back();
+      repeats.push_back(false);
       prev = Prev::None;
       i += i + 1 < p.size() && p[i + 1] == '?' ? 3 : 1;  // (?: (?= (?!: the '?' is no quantifier
     } else if (c == ')') {
-      if (open.size() > 1) {
-        closed_repeats = open.back().repeats;
-        open.pop_back();
-        open.back().repeats = open.back().repeats || closed_repeats;
+      if (repeats.size() > 1) {
+        closed_repeats = repeats.back();
+        repeats.pop_back();
+        repeats.back() = repeats.back() || closed_repeats;
       }
       prev = Prev::Group;
       ++i;
