@@ -139,6 +139,65 @@ void BM_gemv_rows8(benchmark::State& state) {
   cudaFree(y);
 }
 
+// The one-token router stack (gemv_bf16_router_topk_norm: the residual add and norm, the router's GEMV
+// and the top-k in its last block, one launch) at the 35B's shapes. Form 0: bf16 dense, the router's 256
+// rows, the shared expert's gate and up (512 + 512) and its gate logit's row stacked (x_proj, 5.2 MB).
+// Form 1: int8 dense, the router and the gate logit's row in bf16 (router_gate, 1.1 MB) with the shared
+// gate and up as 8-bit rows in the same launch (w8, 2.1 MB). Form 2: form 1 without the 8-bit rows.
+// Bytes: the weights'. copies: weight sets in rotation (32: each launch reads its weights from HBM).
+void BM_router_stack(benchmark::State& state) {
+  if (!gpu_present()) return state.SkipWithError("no CUDA device");
+  namespace g = tandem::gpu;
+  const int form = static_cast<int>(state.range(0));
+  const int64_t copies = state.range(1), H = 2048, E = 256, S = 1024, I = 512;
+  const int k = 8;
+  const int64_t nb = form == 0 ? E + 1 + S : E + 1, n8 = form == 1 ? S : 0;  // bf16 rows, 8-bit rows
+  uint16_t* W;
+  uint8_t *W8, *ws;
+  float *s8, *v, *y, *wts;
+  int32_t* ids;
+  unsigned* counter;
+  cudaMalloc(&W, copies * nb * H * 2);
+  cudaMalloc(&W8, std::max<int64_t>(1, copies * n8 * H));
+  cudaMalloc(&s8, std::max<int64_t>(1, copies * n8) * 4);
+  cudaMalloc(&v, (5 * H + 1) * 4);  // h, a, shared, norm weights, x, gate
+  cudaMalloc(&y, (nb + n8) * 4);
+  cudaMalloc(&wts, k * 4);
+  cudaMalloc(&ids, k * 4);
+  cudaMalloc(&counter, 4);
+  const size_t ws_bytes = g::moe_int4_wide_workspace(1, k, H, I);
+  cudaMalloc(&ws, ws_bytes);
+  cudaMemset(W, 0x11, copies * nb * H * 2);
+  cudaMemset(W8, 0x11, std::max<int64_t>(1, copies * n8 * H));
+  cudaMemset(s8, 0, std::max<int64_t>(1, copies * n8) * 4);
+  cudaMemset(v, 0, (5 * H + 1) * 4);
+  cudaMemset(counter, 0, 4);
+  float *h = v, *a = v + H, *sh = v + 2 * H, *nw = v + 3 * H, *x = v + 4 * H, *gate = v + 5 * H;
+  const g::QuantX qx = g::wide_moe_x(ws, 1, k, H, I);
+  g::RowsOut out = g::RowsOut::one(y, nb);
+  if (form != 0) {
+    out.dst[1] = y + E, out.end[0] = E, out.end[1] = E + 1, out.parts = 2;
+    if (n8) out.dst[2] = y + E + 1, out.end[2] = E + 1 + n8, out.parts = 3;
+  }
+  int64_t launch = 0;
+  const auto run = [&] {
+    const int64_t c = launch++ % copies;
+    const g::Rows8View w8{W8 + c * n8 * H, s8 + c * n8, n8, H, tandem::RowFormat::Int8};
+    return g::gemv_bf16_router_topk_norm(W + c * nb * H, nb, H, h, a, sh, gate, nw, 1e-6f, x, out, static_cast<int>(E), k, counter, ids,
+                                         wts, nullptr, nullptr, qx, n8 ? &w8 : nullptr);
+  };
+  if (const cudaError_t err = run(); err != cudaSuccess) {
+    state.SkipWithError(cudaGetErrorString(err));
+  } else {
+    time_kernel(state, double(nb * H * 2 + n8 * (H + 4)), [&] { run(); });
+    state.SetLabel(std::string(form == 0 ? "bf16 stack" : form == 1 ? "bf16 router + int8 shared rows" : "bf16 router alone") +
+                   (copies > 1 ? ", from HBM" : ", same matrix"));
+  }
+  for (void* p : {static_cast<void*>(W), static_cast<void*>(W8), static_cast<void*>(s8), static_cast<void*>(v), static_cast<void*>(y),
+                  static_cast<void*>(wts), static_cast<void*>(ids), static_cast<void*>(counter), static_cast<void*>(ws)})
+    cudaFree(p);
+}
+
 // A prompt chunk's 8-bit projection (gemm_rows8: codes to bf16, the split-bf16 cuBLAS GEMM, the row
 // scales), against BM_gemm_bf16 at the same N, K, T: what reading codes instead of bf16 costs in prefill.
 void BM_gemm_rows8(benchmark::State& state) {
@@ -513,6 +572,7 @@ BENCHMARK(BM_gemv_rows8)
     ->Args({8192, 2048, 1, 8, 1})->Args({8192, 2048, 2, 8, 1})->Args({8192, 2048, 8, 8, 1})->Args({12352, 2048, 8, 8, 1})->Args({2048, 4096, 1, 8, 1})->Args({248320, 2048, 1, 1, 1})
     ->Args({8192, 2048, 1, 8, 2})->Args({8192, 2048, 8, 8, 2})->Args({2048, 4096, 1, 8, 2})
     ->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_router_stack)->ArgsProduct({{0, 1, 2}, {1, 32}})->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);  // form, copies
 BENCHMARK(BM_attention_decode)  // ctx, format, B, cache rows (0: ctx + 144)
     ->ArgsProduct({{512, 4096, 32768}, {0, 1, 2}, {1}, {0}})
     ->Args({131072, 0, 1, 0})
