@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "gpu_core/attention.cuh"
+#include "gpu_core/device.cuh"
 #include "gpu_core/gemm.cuh"
 #include "gpu_core/gemv.cuh"
 #include "gpu_core/int4_layout.h"
@@ -145,9 +146,15 @@ void BM_gemv_rows8(benchmark::State& state) {
 // Form 1: int8 dense, the router and the gate logit's row in bf16 (router_gate, 1.1 MB) with the shared
 // gate and up as 8-bit rows in the same launch (w8, 2.1 MB). Form 2: form 1 without the 8-bit rows.
 // Bytes: the weights'. copies: weight sets in rotation (32: each launch reads its weights from HBM).
+// pdl 1: launched as the decode graph launches it (programmatic dependent launch, sm_90 and later):
+// each launch may start, and load its weights, while the one before it finishes.
 void BM_router_stack(benchmark::State& state) {
   if (!gpu_present()) return state.SkipWithError("no CUDA device");
   namespace g = tandem::gpu;
+  int major = 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
+  if (state.range(2) && major < 9) return state.SkipWithError("programmatic dependent launch needs sm_90");
+  const g::ProgrammaticLaunchScope programmatic(state.range(2) != 0);
   const int form = static_cast<int>(state.range(0));
   const int64_t copies = state.range(1), H = 2048, E = 256, S = 1024, I = 512;
   const int k = 8;
@@ -191,7 +198,7 @@ void BM_router_stack(benchmark::State& state) {
   } else {
     time_kernel(state, double(nb * H * 2 + n8 * (H + 4)), [&] { run(); });
     state.SetLabel(std::string(form == 0 ? "bf16 stack" : form == 1 ? "bf16 router + int8 shared rows" : "bf16 router alone") +
-                   (copies > 1 ? ", from HBM" : ", same matrix"));
+                   (copies > 1 ? ", from HBM" : ", same matrix") + (state.range(2) ? ", PDL" : ""));
   }
   for (void* p : {static_cast<void*>(W), static_cast<void*>(W8), static_cast<void*>(s8), static_cast<void*>(v), static_cast<void*>(y),
                   static_cast<void*>(wts), static_cast<void*>(ids), static_cast<void*>(counter), static_cast<void*>(ws)})
@@ -572,7 +579,7 @@ BENCHMARK(BM_gemv_rows8)
     ->Args({8192, 2048, 1, 8, 1})->Args({8192, 2048, 2, 8, 1})->Args({8192, 2048, 8, 8, 1})->Args({12352, 2048, 8, 8, 1})->Args({2048, 4096, 1, 8, 1})->Args({248320, 2048, 1, 1, 1})
     ->Args({8192, 2048, 1, 8, 2})->Args({8192, 2048, 8, 8, 2})->Args({2048, 4096, 1, 8, 2})
     ->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_router_stack)->ArgsProduct({{0, 1, 2}, {1, 32}})->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);  // form, copies
+BENCHMARK(BM_router_stack)->ArgsProduct({{0, 1, 2}, {1, 32}, {0, 1}})->UseManualTime()->MinTime(0.2)->Unit(benchmark::kMillisecond);  // form, copies, pdl
 BENCHMARK(BM_attention_decode)  // ctx, format, B, cache rows (0: ctx + 144)
     ->ArgsProduct({{512, 4096, 32768}, {0, 1, 2}, {1}, {0}})
     ->Args({131072, 0, 1, 0})

@@ -2,7 +2,8 @@
 # A CUDA source's machine code on this machine (no GPU needed): compiles FILE.cu as the build does for one
 # architecture (default sm_90), prints each kernel's registers, stack and spills (ptxas), and for the
 # kernels whose mangled name matches REGEX the SASS instruction mix (loads, stores, spills, barriers, math,
-# per kernel) and the listing itself in $OUT_DIR (default /tmp/sass). cuobjdump and nvdisasm, which the
+# per kernel; for a kernel that waits for the kernel before it, how many 16-byte loads it issues before
+# the wait) and the listing itself in $OUT_DIR (default /tmp/sass). cuobjdump and nvdisasm, which the
 # toolkit here lacks, come once from PyPI (nvidia-cuda-cuobjdump, nvidia-cuda-nvdisasm) into .cache/sass-tools.
 #
 # usage: scripts/sass.sh gpu_core/moe_int4_wide.cu [REGEX] [ARCH]
@@ -55,5 +56,9 @@ for fn, body in re.findall(r"Function : (\S+)\n(.*?)(?=\n\s*Function : |\Z)", op
     mix = {g: sum(n for o, n in base.items() if re.match(p, o)) for g, p in groups.items()}
     open("%s/%s.sass" % (out, fn[:150]), "w").write(body)
     print("\n%s: %d instructions; %s" % (short(fn), len(ops), ", ".join("%s %d" % (g, n) for g, n in mix.items() if n)))
+    if "ACQBULK" in ops:  # griddepcontrol.wait: what a PDL-launched kernel loads before it (gpu_core/load_stream.cuh)
+        w = ops.index("ACQBULK")
+        print("  griddepcontrol.wait (ACQBULK) at instruction %d; 16-byte global loads before it: %d"
+              % (w, sum(1 for o in ops[:w] if o.startswith("LDG") and ".128" in o)))
 PY
 echo "(listings: $out/<mangled name>.sass)"
