@@ -56,7 +56,7 @@ for fn, body in re.findall(r"Function : (\S+)\n(.*?)(?=\n\s*Function : |\Z)", op
     mix = {g: sum(n for o, n in base.items() if re.match(p, o)) for g, p in groups.items()}
     open("%s/%s.sass" % (out, fn[:150]), "w").write(body)
     print("\n%s: %d instructions; %s" % (short(fn), len(ops), ", ".join("%s %d" % (g, n) for g, n in mix.items() if n)))
-    if "ACQBULK" in ops:  # griddepcontrol.wait: what a PDL-launched kernel loads before it (gpu_core/load_stream.cuh)
+    if "ACQBULK" in ops:  # griddepcontrol.wait (pdl.cuh): the weight loads a PDL-launched kernel issues before it
         w = ops.index("ACQBULK")
         print("  griddepcontrol.wait (ACQBULK) at instruction %d; 16-byte global loads before it: %d"
               % (w, sum(1 for o in ops[:w] if o.startswith("LDG") and ".128" in o)))
