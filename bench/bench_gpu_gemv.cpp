@@ -151,9 +151,7 @@ void BM_gemv_rows8(benchmark::State& state) {
 void BM_router_stack(benchmark::State& state) {
   if (!gpu_present()) return state.SkipWithError("no CUDA device");
   namespace g = tandem::gpu;
-  int major = 0;
-  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
-  if (state.range(2) && major < 9) return state.SkipWithError("programmatic dependent launch needs sm_90");
+  if (state.range(2) && g::gpu_device_caps().cc_major < 9) return state.SkipWithError("programmatic dependent launch needs sm_90");
   const g::ProgrammaticLaunchScope programmatic(state.range(2) != 0);
   const int form = static_cast<int>(state.range(0));
   const int64_t copies = state.range(1), H = 2048, E = 256, S = 1024, I = 512;
