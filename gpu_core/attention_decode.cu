@@ -75,29 +75,33 @@ __device__ void store_cache_head(const float* x, uint8_t* row, int kvh, int nkv,
 }
 
 // Blocks x = 0..nh-1 prepare query heads, nh..nh+nkv-1 key heads (and store v), of token y (decode:
-// the one token; prefill: token y of the chunk, at position pos[y]).
+// the one token; prefill: token y of the chunk, at position pos[y]). hd <= kThreads
+// (attention_prefill_fits): thread i holds element i. Every load goes out before the block's first
+// use of one: the norm weight, the rotation's frequency and the position before the wait (weights are
+// never written; the positions were copied in before the step's first kernel: pdl.cuh), the head's
+// row and v together after it. (In loops of their own, as before, they were four round trips.)
 __global__ void prepare_kernel(AttentionDecodeArgs p) {
   __shared__ float red[kThreads / 32];
   __shared__ float buf[256], key[256];
-  const int b = blockIdx.x, t = blockIdx.y, hd = p.hd, half = p.rotary_dim / 2;
-  detail::pdl_enter();
-  const bool is_q = b < p.nh;
+  const int b = blockIdx.x, t = blockIdx.y, hd = p.hd, half = p.rotary_dim / 2, i = threadIdx.x;
+  const bool is_q = b < p.nh, in = i < hd, rotated = in && i < p.rotary_dim;
   const int head = is_q ? b : b - p.nh;
-  const float* src = is_q ? p.qg + (static_cast<int64_t>(t) * p.nh + head) * 2 * hd : p.k + (static_cast<int64_t>(t) * p.nkv + head) * hd;
-  const float* w = is_q ? p.q_norm : p.k_norm;
+  const float w = in ? (is_q ? p.q_norm : p.k_norm)[i] : 0.0f;
+  const float freq = rotated ? p.inv_freq[i < half ? i : i - half] : 0.0f;
   const int pos = p.pos[t];
+  detail::pdl_enter();
+  const float* src = is_q ? p.qg + (static_cast<int64_t>(t) * p.nh + head) * 2 * hd : p.k + (static_cast<int64_t>(t) * p.nkv + head) * hd;
+  const float x = in ? src[i] : 0.0f;
+  const float v = in && !is_q ? p.v[(static_cast<int64_t>(t) * p.nkv + head) * hd + i] : 0.0f;
   const int64_t cache0 = p.slot ? static_cast<int64_t>(p.slot[t]) * p.cache_stride : 0;
-  float ss = 0.0f;
-  for (int i = threadIdx.x; i < hd; i += blockDim.x) ss += src[i] * src[i];
-  const float r = rsqrtf(block_sum(ss, red) / hd + p.eps);
-  for (int i = threadIdx.x; i < hd; i += blockDim.x) buf[i] = src[i] * r * (1.0f + w[i]);
+  const float r = rsqrtf(block_sum(in ? x * x : 0.0f, red) / hd + p.eps);
+  if (in) buf[i] = x * r * (1.0f + w);
   __syncthreads();
-  for (int i = threadIdx.x; i < hd; i += blockDim.x) {
+  if (in) {
     float y = buf[i];
-    if (i < p.rotary_dim) {
-      const int f = i < half ? i : i - half;
+    if (rotated) {
       float sn, cs;
-      sincosf(static_cast<float>(pos) * p.inv_freq[f], &sn, &cs);
+      sincosf(static_cast<float>(pos) * freq, &sn, &cs);
       y = i < half ? buf[i] * cs - buf[i + half] * sn : buf[i] * cs + buf[i - half] * sn;
     }
     if (is_q) p.q_rot[(static_cast<int64_t>(t) * p.nh + head) * hd + i] = y;
@@ -107,7 +111,7 @@ __global__ void prepare_kernel(AttentionDecodeArgs p) {
   const int64_t row = cache0 + static_cast<int64_t>(pos) * kv_row_bytes(p.kv, p.nkv, hd);
   __syncthreads();  // key[] is written
   store_cache_head(key, p.k_cache + row, head, p.nkv, hd, p.kv, red);
-  for (int i = threadIdx.x; i < hd; i += blockDim.x) buf[i] = p.v[(static_cast<int64_t>(t) * p.nkv + head) * hd + i];
+  if (in) buf[i] = v;
   __syncthreads();  // buf[] is rewritten (its last readers were before key[]'s barrier)
   store_cache_head(buf, p.v_cache + row, head, p.nkv, hd, p.kv, red);
 }
@@ -377,11 +381,16 @@ __global__ void __launch_bounds__(kCombineDims * kCombineParts) combine_kernel(A
   __shared__ float sums[kCombineParts][kCombineDims];
   const int h = blockIdx.x, t = blockIdx.y, hd = p.hd, i = threadIdx.x % kCombineDims, c = threadIdx.x / kCombineDims;
   const int dim = static_cast<int>(blockIdx.z) * kCombineDims + i;
-  detail::pdl_enter();
   const int64_t th = static_cast<int64_t>(t) * p.nh + h;
+  // Read before the wait (pdl.cuh: written two or more kernels back), so that they are not round trips
+  // of their own in the chain after it: the position (copied in before the step's first kernel) and
+  // the output gate (the q projection's, three kernels back).
+  const int pos = p.pos[t];
+  const float gate = c == 0 && dim < hd ? p.qg[th * 2 * hd + hd + dim] : 0.0f;
+  detail::pdl_enter();
   const float* part = p.partial + th * p.max_splits * (hd + 2);
   // The splits that hold context rows (the scoring blocks of the others left without writing).
-  const int used = min(splits, (p.pos[t] + kChunk) / kChunk);
+  const int used = min(splits, (pos + kChunk) / kChunk);
   float m = -INFINITY;
   for (int s = threadIdx.x; s < used; s += blockDim.x) m = fmaxf(m, part[s * (hd + 2) + hd]);
   m = block_max(m, red);
@@ -408,7 +417,6 @@ __global__ void __launch_bounds__(kCombineDims * kCombineParts) combine_kernel(A
     float o = sums[0][i];
 #pragma unroll
     for (int j = 1; j < kCombineParts; ++j) o += sums[j][i];
-    const float gate = p.qg[th * 2 * hd + hd + dim];
     p.out[th * hd + dim] = o / l / (1.0f + expf(-gate));
   }
 }

@@ -479,14 +479,19 @@ __global__ void __launch_bounds__(kWyThreads) delta_wy_kernel(DeltaNetDecodeArgs
 }
 
 // Prefill step 4: out = gated RMSNorm(o, z) per (token, value head), in place.
+// The norm weight and z are read before the wait in the source (z is the input projection's, written
+// three kernels back: pdl.cuh), so that they go out with out's load: read after the block's sum, as
+// before, they were a second round trip to memory. (ptxas places these .nc loads just after the wait,
+// beside out's: sass.sh.)
 __global__ void gated_norm_kernel(float* out, const float* __restrict__ z, const float* __restrict__ norm_w, int dv, float eps) {
   __shared__ float red[32];
-  detail::pdl_enter();
   const int64_t base = static_cast<int64_t>(blockIdx.x) * dv;
   const int j = threadIdx.x;
+  const float w = j < dv ? norm_w[j] : 0.0f, zj = j < dv ? z[base + j] : 0.0f;
+  detail::pdl_enter();
   const float o = j < dv ? out[base + j] : 0.0f;
   const float sq = block_sum(o * o, red);
-  if (j < dv) out[base + j] = gated_rms(o, sq, dv, eps, norm_w[j], z[base + j]);
+  if (j < dv) out[base + j] = gated_rms(o, sq, dv, eps, w, zj);
 }
 
 // gated_norm_kernel over T tokens' raw outputs (decode after delta_head_kernel, prefill after the recurrence).

@@ -21,6 +21,7 @@ namespace tandem::gpu {
 namespace {
 
 constexpr int kWarpsPerBlock = 8;
+static_assert(kWarpsPerBlock >= 2, "route_tail: warp 0 ranks the experts while the others write");
 
 using detail::load_stream;
 using detail::row_finish;
@@ -64,8 +65,10 @@ cudaError_t launch_mma(const uint16_t* W, int64_t N, int64_t K, const float* x, 
 }
 
 // The router GEMV's end (T = 1): every block stores its rows (into y's parts) and fences, takes a
-// ticket; the block holding the last ticket runs on_last() (all threads), reads logits[0..E) (y's first
-// part) back from L2 and runs the warp top-k there, then re-arms the counter for the next launch. A
+// ticket; in the block holding the last ticket, warp 0 reads logits[0..E) (y's first part) back from L2
+// and runs the warp top-k there while the other warps run on_last(first, stride) (their thread
+// threadIdx.x - 32 of blockDim.x - 32: the writes the kernels after it read), then warp 0 re-arms the
+// counter for the next launch. A
 // row's sum is stored times `scale` (1 for bf16 rows; an 8-bit row's scale, as warp_store_row applies
 // it). Returns whether this block was the last.
 template <typename OnLast>
@@ -85,9 +88,12 @@ __device__ __forceinline__ bool route_tail(float acc, float scale, int64_t row, 
   __syncthreads();
   if (!last) return false;
   __threadfence();
-  on_last();
-  if (threadIdx.x < 32) detail::warp_router_topk(y.dst[0], E, k, ids, weights);  // the logits: y's first part
-  if (threadIdx.x == 0) *counter = 0u;
+  if (threadIdx.x < 32) {
+    detail::warp_router_topk(y.dst[0], E, k, ids, weights);  // the logits: y's first part
+    if (threadIdx.x == 0) *counter = 0u;
+  } else {
+    on_last(static_cast<int>(threadIdx.x) - 32, static_cast<int>(blockDim.x) - 32);
+  }
   return true;
 }
 
@@ -128,9 +134,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   if (is8) detail::rows8_prefetch(w8.codes, K, row8, lane, pre);
   else row_prefetch(W, N, K, row, lane, pre);
   detail::pdl_wait();
-  const float sig = s ? 1.0f + expf(-gate[0]) : 1.0f;
   detail::norm_row<PER>(
-      h, a, s, sig, norm_w, K, eps, [&](int64_t i, float v) { hs[i] = v; }, [&](int64_t i, float v) { xs[i] = v; });
+      h, a, s, gate, norm_w, K, eps, [&](int64_t i, float v) { hs[i] = v; }, [&](int64_t i, float v) { xs[i] = v; });
   __syncthreads();
   float dot[1];
   float scale = 1.0f;
@@ -147,8 +152,8 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     detail::quantise_vectors(xs, K, qx, 0, static_cast<int>(blockIdx.x) * warps + (threadIdx.x >> 5), static_cast<int>(gridDim.x) * warps);
   }
   const int64_t rows = ROWS8 ? N + w8.N : N;
-  const bool last = route_tail(dot[0], scale, row, lane, rows, y, E, k, counter, ids, weights, [&] {
-    for (int64_t i = threadIdx.x; i < K; i += blockDim.x) {
+  const bool last = route_tail(dot[0], scale, row, lane, rows, y, E, k, counter, ids, weights, [&](int first, int stride) {
+    for (int64_t i = first; i < K; i += stride) {
       if (a) h[i] = hs[i];
       x[i] = xs[i];
     }

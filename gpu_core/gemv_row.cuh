@@ -25,7 +25,7 @@ __device__ __forceinline__ void row_prefetch(const uint16_t* __restrict__ W, int
 #pragma unroll
   for (int i = 0; i < PRE; ++i) {
     const int64_t c = lane + 32 * i;
-    pre[i] = row < N && c < chunks ? load_stream(w + c) : make_uint4(0u, 0u, 0u, 0u);
+    pre[i] = row < N && c < chunks ? load_early(w + c) : make_uint4(0u, 0u, 0u, 0u);
   }
 }
 

@@ -94,6 +94,7 @@ cudaError_t moe_int4_decode_wide(const Int4Expert* experts, int64_t H, int64_t I
   const auto* xs = static_cast<const VecScale*>(q.vectors);
   auto* hq = base + lay.hq;
   auto* hs = reinterpret_cast<VecScale*>(base + lay.hs);
+  auto* down = reinterpret_cast<DownRef*>(base + lay.down);
   const int gs = group_shift(group_size);
   cudaError_t err = cudaSuccess;
   if (!x_quantised) {
@@ -107,7 +108,7 @@ cudaError_t moe_int4_decode_wide(const Int4Expert* experts, int64_t H, int64_t I
   err = with_vectors(vectors_per_lane(H, 32), [&](auto nv) {
     auto go = [&](auto kernel, int w) {
       return launch(kernel, up_grid, dim3(w * 32), 0, stream, experts, H, I, ids, k, static_cast<const uint8_t*>(q.parts), xs, hq,
-                    hs, gs);
+                    hs, down, gs);
     };
     if constexpr (nv.value <= 2) {  // 4 vectors a lane would spill at 32 warps' 64 registers
       if (warps == 32) return go(wide_gate_up_kernel<nv.value, 32>, 32);
@@ -118,7 +119,8 @@ cudaError_t moe_int4_decode_wide(const Int4Expert* experts, int64_t H, int64_t I
   const dim3 down_grid(static_cast<unsigned>(H / (kDownRows * kDownRowsPer)), static_cast<unsigned>(T + (has_shared ? 1 : 0)));
   return with_vectors(vectors_per_lane(I, kDownLanes), [&](auto nv) {
     auto go = [&](auto kernel) {
-      return launch(kernel, down_grid, dim3(kDownThreads), 0, stream, experts, H, I, ids, weights, k, hq, hs, out, gs, shared);
+      return launch(kernel, down_grid, dim3(kDownThreads), 0, stream, static_cast<const DownRef*>(down), H, I, weights, k, hq, hs, out, gs,
+                    shared);
     };
     if (shared.w) return go(wide_down_kernel<nv.value, kSharedBf16>);
     return shared.w8.codes ? go(wide_down_kernel<nv.value, kSharedInt8>) : go(wide_down_kernel<nv.value, kNoShared>);

@@ -29,7 +29,17 @@ static_assert(32 % (kDownRows * kDownRowsPer) == 0, "H a multiple of 32 is whole
 
 __device__ __forceinline__ uint4 zero4() { return make_uint4(0u, 0u, 0u, 0u); }
 
-// gate/up: block (row block, pair p), its 32 rows r0 .. r0 + 31 of gate and up; warp w the RU = 32 / W
+// A pair's down weights, written by its gate/up blocks' first block for the down launch: there they are
+// one load after the wait, where ids[] then experts[id] were two (null qweight: not resident).
+struct DownRef {
+  const uint32_t* qweight;
+  const uint16_t* scales;
+  const uint8_t* zeros;
+};
+static_assert(sizeof(DownRef) == kWideDownRefBytes, "workspace_sizes.h carves kWideDownRefBytes a pair");
+
+// gate/up: block (row block, pair p), its 32 rows r0 .. r0 + 31 of gate and up (block (0, p) also
+// hands the pair's down weights to the down launch: down[p]); warp w the RU = 32 / W
 // rows r0 + RU w .. + RU - 1; lane l the vectors l + 32 i (i < NV) of each. h = silu(gate x) * up x of
 // the 32 rows is one vector of pair p's h, quantised by the block's first warp. W is the launch's
 // choice (gate_up_warps): 32 or 8 (8 with more than 2 vectors a lane).
@@ -37,7 +47,7 @@ template <int NV, int W>
 __global__ void __launch_bounds__(W * 32, W == 8 && NV <= 2 ? 2 : 1)  // up to 2048 inputs: 16 or 32 warps an SM (128 / 64 registers)
     wide_gate_up_kernel(const Int4Expert* __restrict__ experts, int64_t H, int64_t I, const int32_t* __restrict__ ids, int k,
                         const uint8_t* __restrict__ xq, const VecScale* __restrict__ xs, uint8_t* __restrict__ hq,
-                        VecScale* __restrict__ hs, int gshift) {
+                        VecScale* __restrict__ hs, DownRef* __restrict__ down, int gshift) {
   constexpr int RU = kBlockRows / W;
   static_assert(RU * W == kBlockRows, "a block's rows are one quantisation vector of h");
   __shared__ float hb[kBlockRows];
@@ -46,6 +56,7 @@ __global__ void __launch_bounds__(W * 32, W == 8 && NV <= 2 ? 2 : 1)  // up to 2
   pdl_wait();  // every weight address depends on the router's ids
   const Int4Expert* ex = experts + ids[p];
   const Int4View gate = ex->gate, up = ex->up;
+  if (blockIdx.x == 0 && threadIdx.x == 0) down[p] = {ex->down.qweight, ex->down.scales, ex->down.zeros};
   if (!gate.qweight) return;  // not resident on the GPU (hybrid); uniform per block
   const int r0 = static_cast<int>(blockIdx.x) * kBlockRows + warp * RU, nvec = static_cast<int>(H >> 5);  // 32-bit offsets: H <= 4096, I <= 2048
   const uint4* qg = reinterpret_cast<const uint4*>(gate.qweight);
@@ -130,14 +141,14 @@ __device__ __forceinline__ void shared_down_row(const SharedDown& sh, int64_t H)
 // down: block (row group, token t) of kDownRows x kDownRowsPer rows; half-warp (r, g) computes the
 // rows r kDownRowsPer + j (j < kDownRowsPer) of the group, each row's share of the experts
 // j = g + kDownGroups m (m < kDownPer, j < k) weighted and summed over its lanes; the block adds the
-// kDownGroups shares of each row in group order. The weight loads go out before h is read.
+// kDownGroups shares of each row in group order. The experts' weights come from the gate/up launch's
+// DownRef of each pair; the weight loads go out before h is read.
 // SHARED (a SharedKind; one token): blocks (x, 0) compute the shared expert's rows (shared_down_row),
 // and the token's blocks are (x, 1).
 template <int NV, int SHARED>
 __global__ void __launch_bounds__(kDownThreads)
-    wide_down_kernel(const Int4Expert* __restrict__ experts, int64_t H, int64_t I, const int32_t* __restrict__ ids,
-                     const float* __restrict__ weights, int k, const uint8_t* __restrict__ hq, const VecScale* __restrict__ hs,
-                     float* __restrict__ out, int gshift, SharedDown sh) {
+    wide_down_kernel(const DownRef* __restrict__ down, int64_t H, int64_t I, const float* __restrict__ weights, int k,
+                     const uint8_t* __restrict__ hq, const VecScale* __restrict__ hs, float* __restrict__ out, int gshift, SharedDown sh) {
   if constexpr (SHARED != kNoShared) {
     if (blockIdx.y == 0) {
       shared_down_row<SHARED>(sh, H);
@@ -151,8 +162,7 @@ __global__ void __launch_bounds__(kDownThreads)
   const int r = hw % kDownRows, g = hw / kDownRows;
   const int64_t row0 = static_cast<int64_t>(blockIdx.x) * kRows + r * RPH, nvec = I / 32;
   pdl_wait();
-  const Int4View* d[kDownPer];
-  const uint32_t* q[kDownPer];  // null: no such expert, or not resident (hybrid)
+  DownRef d[kDownPer];  // the gate/up launch's (qweight null: no such expert, or not resident: hybrid)
   uint4 wd[RPH][kDownPer][NV];
   uint16_t sd[RPH][kDownPer][NV];
   uint8_t zd[RPH][kDownPer][NV];
@@ -160,8 +170,7 @@ __global__ void __launch_bounds__(kDownThreads)
 #pragma unroll
   for (int m = 0; m < kDownPer; ++m) {
     const int j = g + kDownGroups * m;
-    d[m] = j < k ? &experts[ids[t * k + j]].down : nullptr;
-    q[m] = d[m] ? d[m]->qweight : nullptr;
+    d[m] = j < k ? down[t * k + j] : DownRef{nullptr, nullptr, nullptr};
     rw[m] = j < k ? __ldg(weights + t * k + j) : 0.0f;
   }
 #pragma unroll
@@ -171,16 +180,16 @@ __global__ void __launch_bounds__(kDownThreads)
 #pragma unroll
       for (int i = 0; i < NV; ++i) {
         const int64_t v = l + kDownLanes * i, row = row0 + o;
-        const bool ok = q[m] && v < nvec;
+        const bool ok = d[m].qweight && v < nvec;
         const int64_t gi = row * G + (static_cast<int>(v) >> gshift);
-        wd[o][m][i] = ok ? load_stream(reinterpret_cast<const uint4*>(q[m]) + row * nvec + v) : zero4();
-        sd[o][m][i] = ok ? __ldg(d[m]->scales + gi) : uint16_t{0};
-        zd[o][m][i] = ok ? __ldg(d[m]->zeros + gi) : uint8_t{0};
+        wd[o][m][i] = ok ? load_stream(reinterpret_cast<const uint4*>(d[m].qweight) + row * nvec + v) : zero4();
+        sd[o][m][i] = ok ? __ldg(d[m].scales + gi) : uint16_t{0};
+        zd[o][m][i] = ok ? __ldg(d[m].zeros + gi) : uint8_t{0};
       }
   float acc[RPH] = {};
 #pragma unroll
   for (int m = 0; m < kDownPer; ++m) {
-    if (!q[m]) continue;
+    if (!d[m].qweight) continue;
     const int64_t p = static_cast<int64_t>(t) * k + g + kDownGroups * m;
     float a[RPH] = {};
 #pragma unroll

@@ -44,12 +44,16 @@ __device__ __forceinline__ void norm_row_loaded(float (&hv)[PER], const float (&
   }
 }
 
-// h' = hi (ar == nullptr) or hi + ar (+ sr / sig added to ar first), y = h' * rsqrt(mean(h'^2) + eps)
-// * (1 + w), for a row of n <= PER * blockDim.x: thread t holds elements t + m * blockDim.x in
-// registers, every load issued before any use. store_h(i, h'_i) (only with ar), then store_y(i, y_i).
+// h' = hi (ar == nullptr) or hi + ar (+ sr / sig added to ar first, sig = 1 + exp(-gate[0]): the
+// shared expert's gate; gate is read only with sr), y = h' * rsqrt(mean(h'^2) + eps) * (1 + w), for a
+// row of n <= PER * blockDim.x: thread t holds elements t + m * blockDim.x in registers, every load
+// issued before any use. sig is formed after the row's loads are out: formed before them (as the
+// callers did), it held them back by one more round trip to memory. store_h(i, h'_i) (only with ar),
+// then store_y(i, y_i).
 template <int PER, typename StoreH, typename StoreY>
-__device__ __forceinline__ void norm_row(const float* hi, const float* ar, const float* sr, float sig, const float* w, int64_t n,
+__device__ __forceinline__ void norm_row(const float* hi, const float* ar, const float* sr, const float* gate, const float* w, int64_t n,
                                          float eps, StoreH&& store_h, StoreY&& store_y) {
+  const float g = sr ? *gate : 0.0f;
   float hv[PER], av[PER], sv[PER], wv[PER];
 #pragma unroll
   for (int m = 0; m < PER; ++m) {
@@ -60,6 +64,7 @@ __device__ __forceinline__ void norm_row(const float* hi, const float* ar, const
     sv[m] = in && sr ? sr[i] : 0.0f;
     wv[m] = in ? w[i] : 0.0f;
   }
+  const float sig = sr ? 1.0f + expf(-g) : 1.0f;
   norm_row_loaded<PER>(hv, av, sv, wv, ar != nullptr, sr != nullptr, sig, n, eps, store_h, store_y);
 }
 

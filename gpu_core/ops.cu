@@ -43,8 +43,8 @@ __global__ void norm_kernel(const float* hin, float* hout, const float* __restri
   const float* ar = a ? a + blockIdx.x * n : nullptr;
   const float* sr = s ? s + blockIdx.x * n : nullptr;
   float* yr = y + blockIdx.x * n;
-  const float sig = s ? 1.0f + expf(-gate[blockIdx.x]) : 1.0f;
   if constexpr (PER == 0) {
+    const float sig = s ? 1.0f + expf(-gate[blockIdx.x]) : 1.0f;
     float ss = 0.0f;
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
       float v = hi[i];
@@ -59,7 +59,7 @@ __global__ void norm_kernel(const float* hin, float* hout, const float* __restri
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) yr[i] = hv[i] * r * (1.0f + w[i]);
   } else {
     detail::norm_row<PER>(
-        hi, ar, sr, sig, w, n, eps, [&](int64_t i, float v) { ho[i] = v; }, [&](int64_t i, float v) { yr[i] = v; });
+        hi, ar, sr, s ? gate + blockIdx.x : nullptr, w, n, eps, [&](int64_t i, float v) { ho[i] = v; }, [&](int64_t i, float v) { yr[i] = v; });
   }
   if (qx.parts) {  // the row quantised for the decode MoE from what the block wrote
     __syncthreads();

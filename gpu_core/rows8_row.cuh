@@ -51,7 +51,7 @@ __device__ __forceinline__ void rows8_prefetch(const uint8_t* __restrict__ q, in
   const uint4* w = reinterpret_cast<const uint4*>(q + row * K);
   const int64_t chunks = K / 16;  // 16 weights a load
 #pragma unroll
-  for (int i = 0; i < PRE; ++i) pre[i] = lane + 32 * i < chunks ? load_stream(w + lane + 32 * i) : make_uint4(0u, 0u, 0u, 0u);
+  for (int i = 0; i < PRE; ++i) pre[i] = lane + 32 * i < chunks ? load_early(w + lane + 32 * i) : make_uint4(0u, 0u, 0u, 0u);
 }
 
 // Lane `lane`'s share of row `row` . x (one token; not reduced across the warp, not scaled) from the

@@ -66,8 +66,11 @@ inline size_t moe_int4_grouped_workspace(int64_t n, int k, int64_t H, int64_t I,
 // sum a 32-input vector), its pieces 256-byte aligned in this order: x's parts [T, 2H], x's vectors
 // [T, H / 32], h's parts [T k, 2I], h's vectors [T k, I / 32].
 inline constexpr uint64_t kWideVectorBytes = 8;
+// A (token, expert) pair's down weights as the gate/up launch hands them to the down launch
+// (moe_int4_wide.cuh's DownRef: three pointers).
+inline constexpr uint64_t kWideDownRefBytes = 24;
 struct WideMoeLayout {
-  uint64_t xq = 0, xs = 0, hq = 0, hs = 0;  // byte offsets
+  uint64_t xq = 0, xs = 0, hq = 0, hs = 0, down = 0;  // byte offsets
   uint64_t bytes = 0;
 };
 inline WideMoeLayout wide_moe_layout(int64_t T, int k, int64_t H, int64_t I) {
@@ -78,6 +81,7 @@ inline WideMoeLayout wide_moe_layout(int64_t T, int k, int64_t H, int64_t I) {
   w.xs = c.take(t * static_cast<uint64_t>(H / 32) * kWideVectorBytes);
   w.hq = c.take(p * static_cast<uint64_t>(I) * 2);
   w.hs = c.take(p * static_cast<uint64_t>(I / 32) * kWideVectorBytes);
+  w.down = c.take(p * kWideDownRefBytes);
   w.bytes = c.off;
   return w;
 }
