@@ -63,8 +63,9 @@ inline size_t moe_int4_grouped_workspace(int64_t n, int k, int64_t H, int64_t I,
 
 // moe_int4_decode_wide's workspace for T tokens of k experts each: the tokens' x and the (token, expert)
 // pairs' h quantised (moe_int4_wide.cu: two int8 parts an input, chunk-major, and 8 bytes of scale and
-// sum a 32-input vector), its pieces 256-byte aligned in this order: x's parts [T, 2H], x's vectors
-// [T, H / 32], h's parts [T k, 2I], h's vectors [T k, I / 32].
+// sum a 32-input vector), and the pairs' down weights, its pieces 256-byte aligned in this order: x's
+// parts [T, 2H], x's vectors [T, H / 32], h's parts [T k, 2I], h's vectors [T k, I / 32], the pairs'
+// DownRefs [T k].
 inline constexpr uint64_t kWideVectorBytes = 8;
 // A (token, expert) pair's down weights as the gate/up launch hands them to the down launch
 // (moe_int4_wide.cuh's DownRef: three pointers).
