@@ -81,6 +81,7 @@ __device__ void store_cache_head(const float* x, uint8_t* row, int kvh, int nkv,
 // never written; the positions were copied in before the step's first kernel: pdl.cuh), the head's
 // row and v together after it. (In loops of their own, as before, they were four round trips.)
 __global__ void prepare_kernel(AttentionDecodeArgs p) {
+  static_assert(kThreads == 256, "a thread an element of heads up to 256 (buf, key; the launches' hd checks)");
   __shared__ float red[kThreads / 32];
   __shared__ float buf[256], key[256];
   const int b = blockIdx.x, t = blockIdx.y, hd = p.hd, half = p.rotary_dim / 2, i = threadIdx.x;
@@ -613,7 +614,7 @@ cudaError_t attention_prefill(const AttentionDecodeArgs& p, int n, cudaStream_t 
 }
 
 cudaError_t attention_decode(const AttentionDecodeArgs& p, cudaStream_t stream) {
-  if (p.nh < 1 || p.nkv < 1 || p.nh % p.nkv || p.hd < 2 || p.hd > 256 || p.rotary_dim % 2 || p.rotary_dim > p.hd ||
+  if (p.nh < 1 || p.nkv < 1 || p.nh % p.nkv || p.hd < 2 || p.hd > kThreads || p.rotary_dim % 2 || p.rotary_dim > p.hd ||
       p.max_ctx < 1 || p.max_splits < 1 || p.tokens < 1)
     return cudaErrorInvalidValue;
   // The grid covers the whole cache, so the launch shape does not depend on the positions (a captured
