@@ -388,7 +388,7 @@ __global__ void __launch_bounds__(kCombineDims * kCombineParts) combine_kernel(A
   // the output gate (the q projection's, three kernels back).
   const int pos = p.pos[t];
   const float gate = c == 0 && dim < hd ? p.qg[th * 2 * hd + hd + dim] : 0.0f;
-  detail::pdl_enter();
+  detail::pdl_enter_next_first();  // the output projection after it reads weights alone before its wait
   const float* part = p.partial + th * p.max_splits * (hd + 2);
   // The splits that hold context rows (the scoring blocks of the others left without writing).
   const int used = min(splits, (pos + kChunk) / kChunk);

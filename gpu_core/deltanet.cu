@@ -52,7 +52,9 @@ __global__ void conv_kernel(DeltaNetDecodeArgs p, int channels) {
 #pragma unroll
   for (int j = 0; j < kMaxHist; ++j)
     if (on && j < hist) win[j] = window[j * channels + ch];
-  detail::pdl_enter();
+  // The recurrence after it reads its state (its own, from the step before) before its wait: it may
+  // launch and load while the input projection before this kernel still streams.
+  detail::pdl_enter_next_first();
   if (!on) return;
   auto keep = [&](int copy) {
     if (p.kept_conv)
@@ -488,7 +490,7 @@ __global__ void gated_norm_kernel(float* out, const float* __restrict__ z, const
   const int64_t base = static_cast<int64_t>(blockIdx.x) * dv;
   const int j = threadIdx.x;
   const float w = j < dv ? norm_w[j] : 0.0f, zj = j < dv ? z[base + j] : 0.0f;
-  detail::pdl_enter();
+  detail::pdl_enter_next_first();  // the output projection after it reads weights alone before its wait
   const float o = j < dv ? out[base + j] : 0.0f;
   const float sq = block_sum(o * o, red);
   if (j < dv) out[base + j] = gated_rms(o, sq, dv, eps, w, zj);

@@ -37,7 +37,9 @@ template <int PER>
 __global__ void norm_kernel(const float* hin, float* hout, const float* __restrict__ a, const float* __restrict__ s,
                             const float* __restrict__ gate, const float* __restrict__ w, int64_t n, float eps, float* __restrict__ y,
                             QuantX qx) {
-  detail::pdl_enter();
+  // Every kernel after a norm (the projections, the router, the lm_head, prefill's GEMMs) reads only
+  // weights before its wait: it may launch and load while the kernel before this one still runs.
+  detail::pdl_enter_next_first();
   const float* hi = hin + blockIdx.x * n;
   float* ho = a ? hout + blockIdx.x * n : nullptr;
   const float* ar = a ? a + blockIdx.x * n : nullptr;

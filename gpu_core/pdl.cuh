@@ -10,7 +10,9 @@
 //     its first write (pdl_wait returns once the predecessor has completed and its writes are visible);
 //   - pdl_launch_next() only after its own pdl_wait(), so that when a kernel starts, everything before
 //     its predecessor has completed: a read before pdl_wait() of data written two or more kernels back
-//     (the DeltaNet state of the previous step) is safe.
+//     (the DeltaNet state of the previous step) is safe. The one exception: pdl_enter_next_first below,
+//     for the few kernels (norm, DeltaNet conv, gated norm, attention combine) whose successors read
+//     nothing before their wait that was written less than three kernels back.
 // Where a kernel triggers: grids of a few blocks right after their wait (pdl_enter: the next kernel's
 // launch and weight loads overlap all of their latency-bound work); grids of many blocks once each block
 // is past its loads (earlier, the next kernel's waiting blocks would hold SM slots and bandwidth while
@@ -43,6 +45,17 @@ __device__ __forceinline__ void pdl_launch_next() {
 __device__ __forceinline__ void pdl_enter() {
   pdl_wait();
   pdl_launch_next();
+}
+
+// Both, the trigger first: the one exception to the contract's second rule, for a kernel of a few
+// blocks whose successor reads before its wait only what was written three or more kernels back
+// (weights; a state the successor itself wrote a step before). The successor then launches and loads
+// while this kernel still waits for its predecessor, which may still run: so nothing that predecessor
+// or this kernel writes may be read before the successor's wait. The rule's guarantee holds again one
+// kernel on: the successor triggers only after its own wait.
+__device__ __forceinline__ void pdl_enter_next_first() {
+  pdl_launch_next();
+  pdl_wait();
 }
 
 // kernel<<<grid, block, smem, stream>>>(args...), with the programmatic-serialization attribute while

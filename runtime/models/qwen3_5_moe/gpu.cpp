@@ -211,7 +211,7 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
       p.qkv = qkv, p.z = z, p.b = b, p.a = a, p.conv_out = conv_out, p.out = core;
       p.slot = pos_dev + 1, p.first = pos_dev + 2;
       CK(gpu::deltanet_decode(p, stream));
-      linear(L.out_proj, core, o);
+      linear(L.out_proj, core, o, true);  // the router's launch after it: a block per 8 rows, one wave
     } else {
       if (L.in_proj.out) {
         linear(L.in_proj, x, qg, true);  // q|k|v; the q/k norm and rope after it: a block a head
@@ -224,7 +224,7 @@ void Qwen35MoeGpu::Impl::enqueue(int32_t id, const int32_t* id_src, const int32_
       p.qg = qg, p.k = kk, p.v = vv, p.pos = pos_dev, p.q_rot = q_rot, p.partial = attn_part, p.out = attn_out;
       p.slot = pos_dev + 1;
       CK(gpu::attention_decode(p, stream));
-      linear(L.o, attn_out, o);
+      linear(L.o, attn_out, o, true);  // as out_proj
     }
     pending.a = o;
     mark(tr, li, 1);
