@@ -81,9 +81,9 @@ __device__ void store_cache_head(const float* x, uint8_t* row, int kvh, int nkv,
 // never written; the positions were copied in before the step's first kernel: pdl.cuh), the head's
 // row and v together after it. (In loops of their own, as before, they were four round trips.)
 __global__ void prepare_kernel(AttentionDecodeArgs p) {
-  static_assert(kThreads == 256, "a thread an element of heads up to 256 (buf, key; the launches' hd checks)");
+  static_assert(kThreads >= 256, "a thread an element of every head attention_prefill_fits takes (256 at most)");
   __shared__ float red[kThreads / 32];
-  __shared__ float buf[256], key[256];
+  __shared__ float buf[kThreads], key[kThreads];
   const int b = blockIdx.x, t = blockIdx.y, hd = p.hd, half = p.rotary_dim / 2, i = threadIdx.x;
   const bool is_q = b < p.nh, in = i < hd, rotated = in && i < p.rotary_dim;
   const int head = is_q ? b : b - p.nh;

@@ -68,9 +68,8 @@ cudaError_t launch_mma(const uint16_t* W, int64_t N, int64_t K, const float* x, 
 // ticket; in the block holding the last ticket, warp 0 reads logits[0..E) (y's first part) back from L2
 // and runs the warp top-k there while the other warps run on_last(first, stride) (their thread
 // threadIdx.x - 32 of blockDim.x - 32: the writes the kernels after it read), then warp 0 re-arms the
-// counter for the next launch. A
-// row's sum is stored times `scale` (1 for bf16 rows; an 8-bit row's scale, as warp_store_row applies
-// it). Returns whether this block was the last.
+// counter for the next launch. A row's sum is stored times `scale` (1 for bf16 rows; an 8-bit row's
+// scale, as warp_store_row applies it). Returns whether this block was the last.
 template <typename OnLast>
 __device__ __forceinline__ bool route_tail(float acc, float scale, int64_t row, int lane, int64_t N, const RowsOut& y, int E, int k,
                                            unsigned* counter, int32_t* ids, float* weights, OnLast&& on_last) {
