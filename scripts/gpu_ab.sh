@@ -17,7 +17,8 @@
 #            every routed expert with int8 dense weights and lm_head, issue 28's case; gpu-int8-sh16: the same
 #            with the shared experts kept bf16)
 #   batch    `tandem bench --batch $BATCHES` on the synthetic 35B for each of $BSCENARIOS (default gpu-all
-#            hybrid-24gib hybrid-8gib), old then new: aggregate decode at each batch size, ITL, bound
+#            hybrid-24gib hybrid-8gib), old and new (old first in the first scenario, new first in the
+#            next, and so on): aggregate decode at each batch size, ITL, bound
 #   verify   `tandem bench --verify-cost 1,2,3,4` after a 1024-token prompt, all on the GPU, old then new
 #            (with --draft 4 when $VDRAFT is set; with $VLM_HEAD, the drafts' lm_head copy speculative.lm_head,
 #            a YAML key: --device hybrid with a $VMEM budget, default 64GiB, that holds every expert): the
@@ -110,11 +111,14 @@ scenario_args() {  # scenario -> the bench's device flags
 if [[ "$steps" == *" batch "* ]]; then
   prepare_35b
   batches="${BATCHES:-1,2,4,8}"
-  echo "## Batched decode: prompt $plen, $gen tokens a sequence, $repeat repeats, batch $batches (synthetic 35B GPTQ-Int4), old then new" >> "$summary"
+  echo "## Batched decode: prompt $plen, $gen tokens a sequence, $repeat repeats, batch $batches (synthetic 35B GPTQ-Int4), old and new in turn" >> "$summary"
   echo "| scenario | tree | batch | aggregate tok/s [min-max] | per sequence | ITL p50 / p99 ms | vs B=1 | bound tok/s | of bound |" >> "$summary"
   echo "|---|---|---|---|---|---|---|---|---|" >> "$summary"
+  first=old  # the tree that runs first alternates by scenario: the second run of a pair has read ~1% low (stop 65)
   for s in ${BSCENARIOS:-gpu-all hybrid-24gib hybrid-8gib}; do
-    for which in old new; do
+    order="old new"; [ $first = new ] && order="new old"
+    [ $first = old ] && first=new || first=old
+    for which in $order; do
       t=$OLD_T; [ $which = new ] && t=$NEW_T
       [ "$(left)" -gt 40 ] || { echo "batch $s $which: no time left" >> "$OUT/e2e.log"; continue; }
       timeout "$(left)" "$t" bench --model $m --prompt-len "$plen" --gen "$gen" --repeat "$repeat" --batch "$batches" --warmup "${WARMUP:-64}" --json $(scenario_args "$s") \
