@@ -114,10 +114,8 @@ if [[ "$steps" == *" batch "* ]]; then
   echo "## Batched decode: prompt $plen, $gen tokens a sequence, $repeat repeats, batch $batches (synthetic 35B GPTQ-Int4), old and new in turn" >> "$summary"
   echo "| scenario | tree | batch | aggregate tok/s [min-max] | per sequence | ITL p50 / p99 ms | vs B=1 | bound tok/s | of bound |" >> "$summary"
   echo "|---|---|---|---|---|---|---|---|---|" >> "$summary"
-  first=old  # the tree that runs first alternates by scenario: the second run of a pair has read ~1% low (stop 65)
+  order="old new"  # which tree runs first alternates by scenario: the second run of a pair has read ~1% low (stop 65)
   for s in ${BSCENARIOS:-gpu-all hybrid-24gib hybrid-8gib}; do
-    order="old new"; [ $first = new ] && order="new old"
-    [ $first = old ] && first=new || first=old
     for which in $order; do
       t=$OLD_T; [ $which = new ] && t=$NEW_T
       [ "$(left)" -gt 40 ] || { echo "batch $s $which: no time left" >> "$OUT/e2e.log"; continue; }
@@ -134,6 +132,7 @@ for r in rows:
           r["bound_decode_tok_s"], 100 * r["decode_ratio_to_bound"]))
 PY
     done
+    [ "$order" = "old new" ] && order="new old" || order="old new"
   done
   echo >> "$summary"
 fi
